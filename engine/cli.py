@@ -1,0 +1,209 @@
+"""The ``soapbox`` command.
+
+Sub-commands (``soapbox COMMAND --help`` for each):
+
+* ``models`` / ``clusters``: the sample models and cluster presets (``--json``).
+* ``validate FILE``: check a model, cluster or strategy file; exit 0 when valid, 1 with
+  every problem listed otherwise.
+* ``model gpt``: write a GPT-style model file from its shape.
+* ``baseline``: build a baseline strategy for a model on a cluster and write it.
+
+Errors a user can fix are printed as ``soapbox: error: ...`` with exit status 2 (1 for an
+invalid file under ``validate``); no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from .cluster import PRESETS, preset
+from .errors import SoapboxError, ValidationError
+from .formats import resolve_cluster, resolve_model, save_json, validate_file
+from .graph import PRECISIONS
+from .models import SAMPLE_MODELS
+from .models.transformer import GPTConfig, gpt
+from .search.baselines import BASELINES, make_baseline
+from .strategy import RECOMPUTE, SCHEDULES
+
+__all__ = ["main", "build_parser", "add_strategy_options", "strategy_options"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return v
+
+
+def add_strategy_options(p: argparse.ArgumentParser) -> None:
+    """Options that shape a baseline strategy; the same on ``baseline``, ``simulate`` and
+    ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere."""
+    g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
+    g.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (megatron, fsdp)")
+    g.add_argument("--pp", type=_positive_int, help="pipeline stages (megatron)")
+    g.add_argument("--dp", type=_positive_int, help="data-parallel replicas (megatron; default: the rest)")
+    g.add_argument("--micro-batch", type=_positive_int, help="micro-batch size in samples")
+    g.add_argument("--vpp", type=_positive_int, help="model chunks per stage: interleaved 1F1B (megatron)")
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
+    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g.add_argument("--zero-stage", type=int, choices=(1, 2, 3), help="ZeRO/FSDP sharding stage (fsdp; default 3)")
+
+
+def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k, None) for k in
+            ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="soapbox",
+        description="Explore, simulate and search parallelization strategies for DNN training.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("models", help="list the sample models")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("clusters", help="list the cluster presets")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("validate", help="check a model, cluster or strategy file")
+    p.add_argument("file")
+    p.add_argument("--model", help="model to check a strategy against (default: the one it names)")
+    p.add_argument("--cluster", help="cluster to check a strategy against (default: the one it names)")
+
+    p = sub.add_parser("model", help="build a model file")
+    msub = p.add_subparsers(dest="family", required=True, metavar="FAMILY")
+    g = msub.add_parser("gpt", help="a GPT-style decoder from its shape")
+    g.add_argument("--layers", type=_positive_int, required=True)
+    g.add_argument("--hidden", type=_positive_int, required=True)
+    g.add_argument("--heads", type=_positive_int, required=True)
+    g.add_argument("--kv-heads", type=_positive_int, help="grouped-query attention: key/value heads")
+    g.add_argument("--ffn-hidden", type=_positive_int, help="MLP width (default 4*hidden, or LLaMA's rule with --swiglu)")
+    g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP, RMSNorm, rotary positions, no biases (LLaMA)")
+    g.add_argument("--seq-len", type=_positive_int, required=True)
+    g.add_argument("--vocab", type=_positive_int, required=True)
+    g.add_argument("--batch", type=_positive_int, required=True, help="global batch in sequences")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp16")
+    g.add_argument("--name", default="gpt")
+    g.add_argument("-o", "--output", required=True, help="model file to write")
+
+    p = sub.add_parser("baseline", help="build a baseline strategy and write it as JSON")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name (e.g. dgx-a100-80gb:2) or cluster file")
+    p.add_argument("--kind", required=True, choices=list(BASELINES), help="which baseline")
+    add_strategy_options(p)
+    p.add_argument("-o", "--output", required=True, help="strategy file to write")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    return parser
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from .models import sample_dir
+
+    rows = []
+    for name, (_, _, desc) in SAMPLE_MODELS.items():
+        g = resolve_model(name)
+        rows.append({"name": name, "description": desc, "ops": len(g), "parameters": g.param_count,
+                     "fwd_flops": g.fwd_flops, "batch": g.batch_size, "precision": g.precision,
+                     "file": str(sample_dir() / f"{name}.json")})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<14} {'ops':>6} {'parameters':>17} {'fwd FLOPs':>10} {'batch':>6}  description")
+    for r in rows:
+        print(f"{r['name']:<14} {r['ops']:>6} {r['parameters']:>17,} {r['fwd_flops']:>10.3g} {r['batch']:>6}  "
+              f"{r['description']}")
+    return 0
+
+
+def _cmd_clusters(args: argparse.Namespace) -> int:
+    rows = []
+    for name, (_, takes_count, desc) in PRESETS.items():
+        c = preset(f"{name}:1" if takes_count else name)
+        rows.append({"name": f"{name}:N" if takes_count else name, "description": desc,
+                     "gpus_per_node" if takes_count else "gpus": c.num_devices,
+                     "device_types": sorted({d.type for d in c.devices})})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        gpus = r.get("gpus", r.get("gpus_per_node"))
+        unit = "GPUs per node" if "gpus_per_node" in r else "GPUs"
+        print(f"{r['name']:<16} {gpus:>3} {unit:<14} {r['description']}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        print(validate_file(args.file, args.model, args.cluster))
+        return 0
+    except ValidationError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    swiglu = args.swiglu
+    cfg = GPTConfig(args.layers, args.hidden, args.heads, args.seq_len, args.vocab, args.batch,
+                    kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, swiglu=swiglu,
+                    norm="rmsnorm" if swiglu else "layernorm", positions="rotary" if swiglu else "learned",
+                    bias=not swiglu, tie_embeddings=not swiglu, dropout=0.0 if swiglu else 0.1,
+                    precision=args.precision, name=args.name)
+    argv = " ".join(sys.argv[1:]) if sys.argv else ""
+    g = gpt(cfg, source=f"soapbox {argv}".strip())
+    save_json(g.to_dict(), args.output)
+    print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "
+          f"{g.fwd_flops + g.bwd_flops:.3e} FLOPs per iteration")
+    return 0
+
+
+def _cmd_baseline(args: argparse.Namespace) -> int:
+    g = resolve_model(args.model)
+    c = resolve_cluster(args.cluster)
+    s = make_baseline(args.kind, g, c, **strategy_options(args))
+    save_json(s.to_dict(), args.output)
+    used = len(s.devices_used())
+    summary = {"output": args.output, "model": g.name, "cluster": c.name, "kind": args.kind,
+               "ops": len(s.configs), "devices_used": used, "devices": c.num_devices,
+               "pipeline": s.pipeline.to_dict(), "options": s.found_by.get("options", {})}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"wrote {args.output}: {args.kind} strategy for {g.name} ({len(g)} ops) on {c.name}, "
+              f"{used} of {c.num_devices} devices used, {s.pipeline.stages} stage(s), "
+              f"{s.pipeline.microbatches} microbatch(es); valid")
+    return 0
+
+
+COMMANDS = {
+    "models": _cmd_models,
+    "clusters": _cmd_clusters,
+    "validate": _cmd_validate,
+    "model": _cmd_model,
+    "baseline": _cmd_baseline,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (SoapboxError, ValueError) as exc:
+        print(f"soapbox: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("soapbox: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,558 @@
+"""Clusters: device types, devices, nodes, links and the path between any two devices.
+
+A cluster is a list of node groups. Each node holds GPUs of one device type joined by an
+intra-node interconnect, and NICs that join it to a non-blocking network fabric:
+
+* ``switch``: every GPU has a link to and from a switch (NVSwitch; PCIe switch), at the
+  GPU's per-direction bandwidth; GPU-to-GPU traffic crosses two links.
+* ``mesh``: a direct link between every ordered pair of GPUs (NVLink all-to-all).
+
+Links are one-directional queues: a full-duplex cable is two links. A NIC's uplink is one
+link shared by every GPU attached to that NIC (GPU ``g`` of a node with ``n`` NICs and ``k``
+GPUs uses NIC ``g * n // k``). The fabric is non-blocking (a full fat tree, as on Selene,
+``hardware_specs.csv``), so a transfer between nodes crosses four links: GPU→NIC (PCIe),
+NIC→fabric, fabric→NIC, NIC→GPU.
+
+Paths are shortest paths in the link graph weighted by the time to move 1 MB (latency +
+size/bandwidth summed over the path); GPUs never forward traffic (each GPU is split into a
+sending and a receiving endpoint).
+
+Bandwidths are per direction, in bytes/s; latencies in seconds; memory in bytes. Specs and
+their sources: ``shared/validation/hardware_specs.csv``, cited per constant below.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import Any, Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+
+from .errors import Problem, ValidationError
+
+__all__ = [
+    "DeviceType",
+    "Device",
+    "Link",
+    "NodeSpec",
+    "Cluster",
+    "DEVICE_TYPES",
+    "PRESETS",
+    "preset",
+    "preset_names",
+    "cluster_from_dict",
+    "MAX_DEVICES",
+]
+
+GB = 1e9
+GIB = 2**30
+#: Largest cluster accepted (devices); beyond this the path tables and task graphs stop
+#: being interactive. 16,384 is above every published run in ``published_runs_public.csv``.
+MAX_DEVICES = 16384
+
+# Latencies are assumptions of the right order, to be calibrated against measurements
+# (issue 3): NVLink/NVSwitch hop ~1 us, PCIe hop ~1 us, InfiniBand port-to-port plus
+# host software ~2 us per direction. Small transfers are latency-bound; large ones are not.
+NVLINK_LATENCY_S = 1e-6
+PCIE_LATENCY_S = 1e-6
+IB_LATENCY_S = 2e-6
+
+# Per-direction bandwidths, bytes/s (hardware_specs.csv).
+NVLINK1_PAIR_BW = 20 * GB  # one NVLink1 link per GPU pair, 20 GB/s per direction (P100)
+NVLINK2_PAIR_BW = 25 * GB  # one NVLink2 link, 25 GB/s per direction (V100)
+A100_NVSWITCH_BW = 300 * GB  # 600 GB/s bidirectional per GPU (NVLink3, DGX A100)
+H100_NVSWITCH_BW = 450 * GB  # 900 GB/s bidirectional per GPU (NVLink4, DGX H100)
+V100_DGX2_NVSWITCH_BW = 150 * GB  # Megatron-LM 2019 blog: 300 GB/s between GPUs, bidirectional
+PCIE3_BW = 15.75 * GB  # PCIe Gen3 x16 per direction
+PCIE4_BW = 31.5 * GB  # PCIe Gen4 x16 per direction
+PCIE5_BW = 63 * GB  # PCIe Gen5 x16 per direction
+IB_FDR_BW = 56e9 / 8  # 56 Gb/s FDR InfiniBand (FlexFlow's K80 cluster)
+IB_EDR_BW = 100e9 / 8  # 100 Gb/s per port per direction (IBTA)
+IB_HDR_BW = 200e9 / 8
+IB_NDR_BW = 400e9 / 8
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """A kind of accelerator.
+
+    Attributes
+    ----------
+    name : str
+    peak_flops_per_s : mapping of precision -> FLOP/s
+        Dense peak per dtype (``fp32``, ``tf32``, ``fp16``, ``bf16``, ``fp8``); a precision
+        missing here is not supported by the device.
+    mem_bw_bytes_per_s : float
+    memory_bytes : int
+    source : str
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    mem_bw_bytes_per_s: float
+    memory_bytes: int
+    source: str = ""
+
+    def peak(self, precision: str) -> float:
+        """Peak FLOP/s at ``precision``; ``ValueError`` when the device lacks it."""
+        try:
+            return self.peak_flops_per_s[precision]
+        except KeyError:
+            have = ", ".join(self.peak_flops_per_s)
+            raise ValueError(f"{self.name} has no {precision} peak (it has {have})") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_flops_per_s": dict(self.peak_flops_per_s),
+            "mem_bw_bytes_per_s": self.mem_bw_bytes_per_s,
+            "memory_bytes": self.memory_bytes,
+            "source": self.source,
+        }
+
+
+_CSV = "shared/validation/hardware_specs.csv"
+#: Device types of the presets, dense peaks (no 2:4 sparsity).
+DEVICE_TYPES: dict[str, DeviceType] = {
+    d.name: d
+    for d in [
+        DeviceType("A100-SXM4-40GB", {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+                   1555 * GB, 40 * GIB, f"NVIDIA A100 datasheet ({_CSV})"),
+        DeviceType("A100-SXM4-80GB", {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+                   2039 * GB, 80 * GIB, f"NVIDIA A100 datasheet ({_CSV})"),
+        DeviceType("H100-SXM5-80GB",
+                   {"fp32": 66.9e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
+                   3350 * GB, 80 * GIB, f"NVIDIA H100 page, glennklockwood ({_CSV})"),
+        DeviceType("V100-SXM2-32GB", {"fp32": 15.7e12, "fp16": 125e12}, 900 * GB, 32 * GIB,
+                   f"NVIDIA V100 datasheet, AWS P3 post ({_CSV})"),
+        # DGX-2H runs V100s at higher clocks: 130 TFLOP/s fp16 implied by the Megatron-LM
+        # blog's "39 TF = 30% of peak" (derivation in the CSV); fp32 kept at the SXM2 figure.
+        DeviceType("V100-SXM3-32GB", {"fp32": 15.7e12, "fp16": 130e12}, 900 * GB, 32 * GIB,
+                   f"Megatron-LM 2019 blog, derived ({_CSV})"),
+        DeviceType("P100-SXM2-16GB", {"fp32": 10.6e12, "fp16": 21.2e12}, 732 * GB, 16 * GIB,
+                   f"NVIDIA P100 launch specs ({_CSV})"),
+        # One GK210 die (half a K80 board): 8.73 TFLOP/s fp32 per board with boost / 2;
+        # no fast fp16 path, so fp16 runs at the fp32 rate.
+        DeviceType("K80-GK210", {"fp32": 8.73e12 / 2, "fp16": 8.73e12 / 2}, 240 * GB, 12 * GIB,
+                   f"NVIDIA Tesla K80 board spec ({_CSV})"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator: ``id`` is its index in the cluster (0..n-1), used in configs."""
+
+    id: int
+    name: str
+    type: str
+    node: int
+
+
+@dataclass(frozen=True)
+class Link:
+    """A one-directional link (a queue in the simulator)."""
+
+    id: int
+    src: str
+    dst: str
+    bw_bytes_per_s: float
+    latency_s: float
+    kind: str
+
+    def transfer_time_s(self, size_bytes: float) -> float:
+        """FlexFlow's assumption 2: latency + size / bandwidth."""
+        return self.latency_s + size_bytes / self.bw_bytes_per_s
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A group of ``repeat`` identical nodes (sizes in elements, rates per direction)."""
+
+    name: str
+    gpus: int
+    device_type: str
+    intra_topology: str  # "switch" | "mesh"
+    intra_bw_bytes_per_s: float
+    intra_latency_s: float = NVLINK_LATENCY_S
+    intra_kind: str = "nvlink"
+    nics: int = 1
+    nic_bw_bytes_per_s: float = IB_EDR_BW
+    nic_latency_s: float = IB_LATENCY_S
+    attach_bw_bytes_per_s: float = PCIE3_BW  # GPU <-> NIC (PCIe)
+    repeat: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "repeat": self.repeat,
+            "gpus": self.gpus,
+            "device_type": self.device_type,
+            "intra": {"topology": self.intra_topology, "kind": self.intra_kind,
+                      "bw_bytes_per_s": self.intra_bw_bytes_per_s, "latency_s": self.intra_latency_s},
+            "nics": {"count": self.nics, "bw_bytes_per_s": self.nic_bw_bytes_per_s,
+                     "latency_s": self.nic_latency_s, "attach_bw_bytes_per_s": self.attach_bw_bytes_per_s},
+        }
+
+
+class Cluster:
+    """Devices and links built from node specs.
+
+    Parameters
+    ----------
+    name : str
+    nodes : sequence of NodeSpec
+    device_types : mapping of name -> DeviceType
+    description : str
+
+    Raises
+    ------
+    ValidationError
+        For unknown device types, non-positive bandwidths or counts, negative latencies, or
+        several nodes without NICs; every problem is listed.
+    """
+
+    def __init__(self, name: str, nodes: Sequence[NodeSpec], device_types: Mapping[str, DeviceType],
+                 description: str = "") -> None:
+        self.name = name
+        self.description = description
+        self.node_specs = tuple(nodes)
+        self.device_types = dict(device_types)
+        problems = _check_nodes(self.node_specs, self.device_types)
+        if problems:
+            raise ValidationError(problems, name)
+        self._build()
+
+    # -- construction ---------------------------------------------------------------------
+    def _build(self) -> None:
+        devices: list[Device] = []
+        links: list[Link] = []
+        node_names: list[str] = []
+
+        def add_link(src: str, dst: str, bw: float, lat: float, kind: str) -> None:
+            links.append(Link(len(links), src, dst, float(bw), float(lat), kind))
+
+        multi_node = sum(s.repeat for s in self.node_specs) > 1
+        for spec in self.node_specs:
+            for r in range(spec.repeat):
+                node = len(node_names)
+                nname = f"{spec.name}{r}" if spec.repeat > 1 else spec.name
+                node_names.append(nname)
+                ids = []
+                for g in range(spec.gpus):
+                    d = Device(len(devices), f"{nname}/gpu{g}", spec.device_type, node)
+                    devices.append(d)
+                    ids.append(d.id)
+                if spec.intra_topology == "switch" and spec.gpus > 1:
+                    sw = f"{nname}/switch"
+                    for d in ids:
+                        add_link(_out(d), sw, spec.intra_bw_bytes_per_s, spec.intra_latency_s, spec.intra_kind)
+                        add_link(sw, _in(d), spec.intra_bw_bytes_per_s, spec.intra_latency_s, spec.intra_kind)
+                elif spec.intra_topology == "mesh":
+                    for a in ids:
+                        for b in ids:
+                            if a != b:
+                                add_link(_out(a), _in(b), spec.intra_bw_bytes_per_s, spec.intra_latency_s,
+                                         spec.intra_kind)
+                if multi_node:
+                    # A NIC's send and receive sides are separate endpoints, so traffic
+                    # between two GPUs of one node never hairpins through their NIC.
+                    for n in range(spec.nics):
+                        nic = f"{nname}/nic{n}"
+                        add_link(f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        add_link("fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                    for g, d in enumerate(ids):
+                        nic = f"{nname}/nic{g * spec.nics // spec.gpus}"
+                        add_link(_out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S, "pcie")
+                        add_link(f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S, "pcie")
+        self.devices = tuple(devices)
+        self.links = tuple(links)
+        self.node_names = tuple(node_names)
+        self._graph = nx.DiGraph()
+        for lk in links:
+            self._graph.add_edge(lk.src, lk.dst, id=lk.id, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    def device_type(self, device: int) -> DeviceType:
+        return self.device_types[self.devices[device].type]
+
+    def check_device(self, device: int) -> None:
+        if not isinstance(device, int) or not 0 <= device < self.num_devices:
+            raise ValueError(f"device {device!r} does not exist; {self.name} has devices 0..{self.num_devices - 1}")
+
+    def path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link ids, in order, that a transfer from device ``src`` to ``dst`` crosses.
+
+        Returns ``()`` when ``src == dst``. Raises ``ValueError`` for unknown devices or when
+        no path exists.
+
+        Examples
+        --------
+        >>> c = preset("dgx-a100-80gb:2")
+        >>> [c.links[i].kind for i in c.path(0, 1)]
+        ['nvlink', 'nvlink']
+        >>> [c.links[i].kind for i in c.path(0, 8)]
+        ['pcie', 'network', 'network', 'pcie']
+        """
+        return self._path(src, dst)
+
+    @lru_cache(maxsize=1 << 16)
+    def _path(self, src: int, dst: int) -> tuple[int, ...]:
+        self.check_device(src)
+        self.check_device(dst)
+        if src == dst:
+            return ()
+        try:
+            nodes = nx.dijkstra_path(self._graph, _out(src), _in(dst), weight="weight")
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            raise ValueError(f"no path from {self.devices[src].name} to {self.devices[dst].name}") from None
+        return tuple(self._graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+
+    def path_bandwidth(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal."""
+        p = self.path(src, dst)
+        return min((self.links[i].bw_bytes_per_s for i in p), default=math.inf)
+
+    @cached_property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """NumPy views: ``device_node`` [device], ``device_memory_bytes`` [device],
+        ``device_mem_bw_bytes_per_s`` [device], ``link_bw_bytes_per_s`` [link],
+        ``link_latency_s`` [link]."""
+        arr = {
+            "device_node": np.array([d.node for d in self.devices], dtype=np.int64),
+            "device_memory_bytes": np.array([self.device_type(d.id).memory_bytes for d in self.devices],
+                                            dtype=np.int64),
+            "device_mem_bw_bytes_per_s": np.array([self.device_type(d.id).mem_bw_bytes_per_s
+                                                   for d in self.devices]),
+            "link_bw_bytes_per_s": np.array([lk.bw_bytes_per_s for lk in self.links]),
+            "link_latency_s": np.array([lk.latency_s for lk in self.links]),
+        }
+        for a in arr.values():
+            a.setflags(write=False)
+        return arr
+
+    def peak_flops_per_s(self, precision: str) -> np.ndarray:
+        """[device] peak FLOP/s at ``precision`` (``ValueError`` if a device lacks it)."""
+        return np.array([self.device_type(d.id).peak(precision) for d in self.devices])
+
+    def to_networkx(self) -> nx.DiGraph:
+        """Endpoints (GPU send/receive sides, switches, NICs, fabric) joined by links."""
+        return self._graph.copy()
+
+    def summary(self) -> str:
+        types: dict[str, int] = {}
+        for d in self.devices:
+            types[d.type] = types.get(d.type, 0) + 1
+        kinds = ", ".join(f"{n} x {t}" for t, n in types.items())
+        return f"{self.num_nodes} node(s), {self.num_devices} GPUs ({kinds})"
+
+    def to_dict(self) -> dict[str, Any]:
+        used = {s.device_type for s in self.node_specs}
+        return {
+            "format": "soapbox.cluster/1",
+            "name": self.name,
+            "description": self.description,
+            "device_types": {n: t.to_dict() for n, t in self.device_types.items() if n in used},
+            "nodes": [s.to_dict() for s in self.node_specs],
+        }
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}: {self.summary()}, {len(self.links)} links)"
+
+    def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+def _out(device: int) -> str:
+    return f"gpu{device}:send"
+
+
+def _in(device: int) -> str:
+    return f"gpu{device}:recv"
+
+
+def _check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> list[Problem]:
+    problems: list[Problem] = []
+    if not nodes:
+        problems.append(Problem("nodes", "a cluster needs at least one node"))
+    total_nodes = sum(max(s.repeat, 0) for s in nodes)
+    total_devices = sum(max(s.repeat, 0) * max(s.gpus, 0) for s in nodes)
+    if total_devices > MAX_DEVICES:
+        problems.append(Problem("nodes", f"{total_devices:,} GPUs is over the limit of {MAX_DEVICES:,}"))
+    for i, s in enumerate(nodes):
+        at = f"nodes[{i}] ({s.name})"
+        if s.device_type not in types:
+            problems.append(Problem(f"{at}.device_type",
+                                    f"unknown device type {s.device_type!r}; known: {', '.join(sorted(types))}"))
+        for fld, v in (("repeat", s.repeat), ("gpus", s.gpus)):
+            if not isinstance(v, int) or v < 1:
+                problems.append(Problem(f"{at}.{fld}", f"must be a positive integer, got {v!r}"))
+        if s.intra_topology not in ("switch", "mesh"):
+            problems.append(Problem(f"{at}.intra.topology", f"must be 'switch' or 'mesh', got {s.intra_topology!r}"))
+        for fld, v in (("intra.bw_bytes_per_s", s.intra_bw_bytes_per_s),
+                       ("nics.bw_bytes_per_s", s.nic_bw_bytes_per_s),
+                       ("nics.attach_bw_bytes_per_s", s.attach_bw_bytes_per_s)):
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                problems.append(Problem(f"{at}.{fld}", f"bandwidth must be a positive number of bytes/s, got {v!r}"))
+        for fld, v in (("intra.latency_s", s.intra_latency_s), ("nics.latency_s", s.nic_latency_s)):
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                problems.append(Problem(f"{at}.{fld}", f"latency must be a number of seconds >= 0, got {v!r}"))
+        if total_nodes > 1 and (not isinstance(s.nics, int) or s.nics < 1):
+            problems.append(Problem(f"{at}.nics.count",
+                                    f"a cluster of {total_nodes} nodes needs at least one NIC per node, got {s.nics!r}"))
+        elif isinstance(s.nics, int) and isinstance(s.gpus, int) and s.nics > s.gpus >= 1:
+            problems.append(Problem(f"{at}.nics.count", f"{s.nics} NICs for {s.gpus} GPUs: at most one NIC per GPU"))
+    for name, t in types.items():
+        at = f"device_types.{name}"
+        if not t.peak_flops_per_s:
+            problems.append(Problem(f"{at}.peak_flops_per_s", "needs at least one precision"))
+        for prec, v in t.peak_flops_per_s.items():
+            if not (isinstance(v, (int, float)) and v > 0):
+                problems.append(Problem(f"{at}.peak_flops_per_s.{prec}", f"must be a positive FLOP/s, got {v!r}"))
+        if not (isinstance(t.mem_bw_bytes_per_s, (int, float)) and t.mem_bw_bytes_per_s > 0):
+            problems.append(Problem(f"{at}.mem_bw_bytes_per_s", f"must be positive, got {t.mem_bw_bytes_per_s!r}"))
+        if not (isinstance(t.memory_bytes, (int, float)) and t.memory_bytes > 0):
+            problems.append(Problem(f"{at}.memory_bytes", f"must be positive, got {t.memory_bytes!r}"))
+    return problems
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def _p100_4x4(_: int | None) -> Cluster:
+    """FlexFlow's P100 cluster (Jia et al. SysML'19 §8): 4 nodes x 4 P100, NVLink within a
+    node, 100 Gb/s EDR InfiniBand between nodes (one NIC per node, shared by its GPUs)."""
+    spec = NodeSpec("node", 4, "P100-SXM2-16GB", "mesh", NVLINK1_PAIR_BW, nics=1, nic_bw_bytes_per_s=IB_EDR_BW,
+                    attach_bw_bytes_per_s=PCIE3_BW, repeat=4)
+    return Cluster("p100-4x4", [spec], DEVICE_TYPES, _p100_4x4.__doc__.split("\n")[0] + " ...")
+
+
+def _k80_16x4(_: int | None) -> Cluster:
+    """FlexFlow's K80 cluster (Jia et al. SysML'19 §8): 16 nodes x 4 K80 GPUs on a PCIe
+    switch, 56 Gb/s FDR InfiniBand between nodes (one NIC per node)."""
+    spec = NodeSpec("node", 4, "K80-GK210", "switch", PCIE3_BW, PCIE_LATENCY_S, "pcie", nics=1,
+                    nic_bw_bytes_per_s=IB_FDR_BW, attach_bw_bytes_per_s=PCIE3_BW, repeat=16)
+    return Cluster("k80-16x4", [spec], DEVICE_TYPES, "FlexFlow's K80 cluster: 16 nodes x 4 K80 (PCIe), 56 Gb/s IB")
+
+
+def _dgx(device: str, switch_bw: float, nic_bw: float, attach_bw: float, gpus: int, label: str, doc: str):
+    def make(n: int | None) -> Cluster:
+        n = 1 if n is None else n
+        spec = NodeSpec("dgx", gpus, device, "switch", switch_bw, NVLINK_LATENCY_S, "nvlink", nics=8,
+                        nic_bw_bytes_per_s=nic_bw, attach_bw_bytes_per_s=attach_bw, repeat=n)
+        return Cluster(f"{label}:{n}", [spec], DEVICE_TYPES, f"{n} x {doc}")
+
+    make.__doc__ = doc
+    return make
+
+
+def _hetero_demo(_: int | None) -> Cluster:
+    """A mixed cluster for hardware-aware placement: one DGX-H100-like node (4 x H100,
+    NVSwitch, 2 x NDR 400 Gb/s), one A100-40GB node (4 x A100, NVSwitch, 2 x HDR 200 Gb/s)
+    and one V100 node (4 x V100, NVLink2 mesh, 1 x EDR 100 Gb/s)."""
+    nodes = [
+        NodeSpec("h100-node", 4, "H100-SXM5-80GB", "switch", H100_NVSWITCH_BW, nics=2,
+                 nic_bw_bytes_per_s=IB_NDR_BW, attach_bw_bytes_per_s=PCIE5_BW),
+        NodeSpec("a100-node", 4, "A100-SXM4-40GB", "switch", A100_NVSWITCH_BW, nics=2,
+                 nic_bw_bytes_per_s=IB_HDR_BW, attach_bw_bytes_per_s=PCIE4_BW),
+        NodeSpec("v100-node", 4, "V100-SXM2-32GB", "mesh", NVLINK2_PAIR_BW, nics=1,
+                 nic_bw_bytes_per_s=IB_EDR_BW, attach_bw_bytes_per_s=PCIE3_BW),
+    ]
+    return Cluster("hetero-demo", nodes, DEVICE_TYPES,
+                   "mixed: 4 x H100 (NDR), 4 x A100-40GB (HDR), 4 x V100 (EDR)")
+
+
+#: Preset name -> (factory taking the node count or None, takes_count, one-line description).
+PRESETS: dict[str, tuple[Any, bool, str]] = {
+    "p100-4x4": (_p100_4x4, False, "FlexFlow's P100 cluster: 4 nodes x 4 P100, NVLink, 100 Gb/s EDR IB"),
+    "k80-16x4": (_k80_16x4, False, "FlexFlow's K80 cluster: 16 nodes x 4 K80, PCIe, 56 Gb/s FDR IB"),
+    "dgx-a100-80gb": (_dgx("A100-SXM4-80GB", A100_NVSWITCH_BW, IB_HDR_BW, PCIE4_BW, 8, "dgx-a100-80gb",
+                           "DGX A100 80GB: 8 x A100, NVSwitch 600 GB/s, 8 x HDR 200 Gb/s IB"), True,
+                      "N x DGX A100 80GB (8 GPUs, NVSwitch, 8 x 200 Gb/s IB)"),
+    "dgx-a100-40gb": (_dgx("A100-SXM4-40GB", A100_NVSWITCH_BW, IB_HDR_BW, PCIE4_BW, 8, "dgx-a100-40gb",
+                           "DGX A100 40GB: 8 x A100, NVSwitch 600 GB/s, 8 x HDR 200 Gb/s IB"), True,
+                      "N x DGX A100 40GB (8 GPUs, NVSwitch, 8 x 200 Gb/s IB)"),
+    "dgx-h100": (_dgx("H100-SXM5-80GB", H100_NVSWITCH_BW, IB_NDR_BW, PCIE5_BW, 8, "dgx-h100",
+                      "DGX H100: 8 x H100, NVSwitch 900 GB/s, 8 x NDR 400 Gb/s IB"), True,
+                 "N x DGX H100 (8 GPUs, NVSwitch, 8 x 400 Gb/s IB)"),
+    "v100-dgx2": (_dgx("V100-SXM3-32GB", V100_DGX2_NVSWITCH_BW, IB_EDR_BW, PCIE3_BW, 16, "v100-dgx2",
+                       "DGX-2H: 16 x V100, NVSwitch 300 GB/s, 8 x EDR 100 Gb/s IB"), True,
+                  "N x DGX-2H (16 V100, NVSwitch, 8 x 100 Gb/s IB)"),
+    "hetero-demo": (_hetero_demo, False, "mixed: 4 x H100 (NDR), 4 x A100-40GB (HDR), 4 x V100 (EDR)"),
+}
+
+_PRESET_RE = re.compile(r"^(?P<base>[a-z0-9-]+?)(?::(?P<n>\d+))?$")
+
+
+def preset_names() -> list[str]:
+    """Preset names as a user types them (``dgx-a100-80gb:N`` for sized ones)."""
+    return [f"{k}:N" if takes else k for k, (_, takes, _) in PRESETS.items()]
+
+
+def preset(name: str) -> Cluster:
+    """Build a preset cluster by name, e.g. ``"p100-4x4"`` or ``"dgx-a100-80gb:16"``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown preset, a missing or zero node count, or a size over
+        :data:`MAX_DEVICES`.
+    """
+    m = _PRESET_RE.match(name.strip())
+    base = m.group("base") if m else name
+    if not m or base not in PRESETS:
+        raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(preset_names())} (or a cluster file)")
+    factory, takes_count, _ = PRESETS[base]
+    n = m.group("n")
+    if takes_count:
+        if n is None:
+            raise ValueError(f"cluster {base!r} needs a node count: {base}:N, e.g. {base}:2")
+        if int(n) < 1:
+            raise ValueError(f"cluster {name!r}: node count must be at least 1")
+        return factory(int(n))
+    if n is not None:
+        raise ValueError(f"cluster {base!r} has a fixed size; write {base!r} without ':{n}'")
+    return factory(None)
+
+
+def cluster_from_dict(data: Mapping[str, Any]) -> Cluster:
+    """Build a :class:`Cluster` from a schema-valid ``soapbox.cluster/1`` mapping.
+
+    Device types named in the file override the built-in ones of the same name; a node may
+    use a built-in type without declaring it.
+    """
+    types = dict(DEVICE_TYPES)
+    for name, t in data.get("device_types", {}).items():
+        types[name] = DeviceType(name, dict(t["peak_flops_per_s"]), t["mem_bw_bytes_per_s"],
+                                 t["memory_bytes"], t.get("source", ""))
+    nodes = []
+    for nd in data["nodes"]:
+        intra = nd.get("intra", {})
+        nics = nd.get("nics", {})
+        nodes.append(NodeSpec(
+            name=nd["name"], gpus=nd["gpus"], device_type=nd["device_type"],
+            intra_topology=intra.get("topology", "switch"),
+            intra_bw_bytes_per_s=intra.get("bw_bytes_per_s", A100_NVSWITCH_BW),
+            intra_latency_s=intra.get("latency_s", NVLINK_LATENCY_S),
+            intra_kind=intra.get("kind", "nvlink"),
+            nics=nics.get("count", 1),
+            nic_bw_bytes_per_s=nics.get("bw_bytes_per_s", IB_EDR_BW),
+            nic_latency_s=nics.get("latency_s", IB_LATENCY_S),
+            attach_bw_bytes_per_s=nics.get("attach_bw_bytes_per_s", PCIE3_BW),
+            repeat=nd.get("repeat", 1),
+        ))
+    return Cluster(data["name"], nodes, types, data.get("description", ""))

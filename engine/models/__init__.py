@@ -1,0 +1,54 @@
+"""The sample model library: builders for every model in ``sample_models/``.
+
+Each sample is a builder call with the paper's sizes; ``sample_models/<name>.json`` holds
+its output, written by ``python -m engine.models`` and checked against the builders by the
+tests (so a file and its builder never drift apart).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Callable
+
+from ..graph import OpGraph
+
+__all__ = ["SAMPLE_MODELS", "sample_names", "build_sample", "sample_dir"]
+
+#: name -> (module, function, one-line description). Sizes are each builder's defaults.
+SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {
+    "alexnet": ("cnn", "alexnet", "AlexNet (torchvision variant), batch 256, 224x224 (FlexFlow)"),
+    "inception_v3": ("cnn", "inception_v3", "Inception-v3, batch 64, 299x299 (FlexFlow)"),
+    "resnet101": ("cnn", "resnet101", "ResNet-101, batch 64, 224x224 (FlexFlow)"),
+    "rnntc": ("rnn", "rnntc", "RNN text classification: 4 LSTM layers, 40 steps, batch 64 (FlexFlow)"),
+    "rnnlm": ("rnn", "rnnlm", "RNN language model: 2 LSTM layers, 40 steps, vocab 10k, batch 64 (FlexFlow)"),
+    "nmt": ("rnn", "nmt", "NMT: 2+2 LSTM layers, hidden 1024, attention, vocab 32k, 40 steps, batch 64 (FlexFlow)"),
+    "transformer": ("transformer", "pase_transformer",
+                    "Transformer 6+6 layers, d_model 1024, seq 256, vocab 50k, batch 64 (PaSE)"),
+    "gpt2": ("transformer", "gpt2", "GPT-2 124M, seq 1024, batch 8"),
+    "gpt3-175b": ("transformer", "gpt3_175b", "GPT-3 175B, seq 2048, batch 1536 (Megatron SC'21)"),
+    "bert-large": ("transformer", "bert_large", "BERT-large 336M with MLM head, seq 512, batch 32"),
+    "llama2-7b": ("transformer", "llama2_7b", "LLaMA-2 7B (SwiGLU, RMSNorm), seq 4096, batch 1024"),
+}
+
+
+def sample_names() -> list[str]:
+    return list(SAMPLE_MODELS)
+
+
+def builder(name: str) -> Callable[[], OpGraph]:
+    """The builder function of sample ``name`` (``KeyError`` if unknown)."""
+    module, func, _ = SAMPLE_MODELS[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
+
+
+def build_sample(name: str) -> OpGraph:
+    """Build sample ``name`` with its builder's default sizes."""
+    if name not in SAMPLE_MODELS:
+        raise ValueError(f"unknown sample model {name!r}; samples: {', '.join(SAMPLE_MODELS)}")
+    return builder(name)()
+
+
+def sample_dir() -> Path:
+    """The ``sample_models/`` folder beside the package (present in a source checkout)."""
+    return Path(__file__).resolve().parents[2] / "sample_models"

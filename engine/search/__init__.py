@@ -1,0 +1,1 @@
+"""Search algorithms and baselines: functions from (graph, cluster, options) to strategies."""

@@ -1,0 +1,350 @@
+"""Baseline strategies: data parallel, model parallel, FlexFlow's expert, Megatron and FSDP.
+
+Every baseline is a function ``(graph, cluster, **options) -> Strategy`` registered in
+:data:`BASELINES`, so the CLI and the app list them without a hard-coded menu. Options a
+baseline does not take are refused with the list of those it does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from ..cluster import Cluster
+from ..graph import Op, OpGraph
+from ..ops import REDUCTION, REPLICA_DIM
+from ..strategy import (
+    RECOMPUTE,
+    Config,
+    PipelineSettings,
+    Strategy,
+    check_strategy,
+    partition_coords,
+)
+
+__all__ = [
+    "BASELINES",
+    "Baseline",
+    "make_baseline",
+    "data_parallel",
+    "model_parallel",
+    "expert",
+    "megatron",
+    "fsdp",
+]
+
+
+def _largest_divisor(size: int, at_most: int) -> int:
+    """Largest d <= at_most dividing size (1 when size is 0, the replica dim)."""
+    for d in range(min(size, at_most), 0, -1):
+        if size % d == 0:
+            return d
+    return 1
+
+
+def _grid(op: Op, degrees: Mapping[str, int], device_of: Callable[[dict[str, int]], int]) -> Config:
+    probe = Config(degrees, ())
+    return Config(degrees, tuple(device_of(c) for c in partition_coords(op, probe)))
+
+
+def _range_config(op: Op, dim: str, n: int, first_device: int = 0) -> Config:
+    """Split ``op`` along ``dim`` over up to ``n`` consecutive devices."""
+    if dim not in op.dim_names:
+        return Config.single(first_device)
+    d = _largest_divisor(op.dim(dim).size, n)
+    return Config({dim: d} if d > 1 else {}, tuple(range(first_device, first_device + d)))
+
+
+def _finish(graph: OpGraph, cluster: Cluster, configs: dict[str, Config], algorithm: str,
+            options: Mapping[str, Any], **settings: Any) -> Strategy:
+    s = Strategy(configs, model_name=graph.name, model_fingerprint=graph.fingerprint,
+                 cluster_name=cluster.name, cluster_devices=cluster.num_devices,
+                 found_by={"algorithm": f"baseline:{algorithm}", "options": dict(options)}, **settings)
+    return check_strategy(s, graph, cluster, f"baseline {algorithm}")
+
+
+def _microbatches(graph: OpGraph, dp: int, micro_batch: int | None) -> int:
+    batch = graph.batch_size
+    if micro_batch is None:
+        return 1
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    if batch % (micro_batch * dp):
+        raise ValueError(f"global batch {batch} is not a multiple of micro_batch ({micro_batch}) x dp ({dp})")
+    return batch // (micro_batch * dp)
+
+
+# --------------------------------------------------------------------------- simple ones
+
+
+def data_parallel(graph: OpGraph, cluster: Cluster, micro_batch: int | None = None) -> Strategy:
+    """Every op split along its sample dim over all devices (fewer when the batch is not
+    divisible by the device count: the largest divisor of the batch is used).
+
+    ``micro_batch`` adds gradient accumulation: batch / (micro_batch x devices) steps.
+    """
+    n = _largest_divisor(graph.batch_size, cluster.num_devices)
+    configs = {op.name: _range_config(op, "sample", n) for op in graph.ops}
+    m = _microbatches(graph, n, micro_batch)
+    return _finish(graph, cluster, configs, "data-parallel", {"micro_batch": micro_batch},
+                   pipeline=PipelineSettings(1, m))
+
+
+def model_parallel(graph: OpGraph, cluster: Cluster) -> Strategy:
+    """Each op whole on one device; the op sequence (topological order) is cut into one
+    contiguous run per device with about equal forward + backward FLOPs."""
+    n = cluster.num_devices
+    work = [op.fwd_flops + op.bwd_flops for op in graph.ops]
+    total = sum(work) or 1.0
+    configs, done = {}, 0.0
+    for op, w in zip(graph.ops, work):
+        centre = done + w / 2
+        configs[op.name] = Config.single(min(n - 1, int(centre / total * n)))
+        done += w
+    return _finish(graph, cluster, configs, "model-parallel", {})
+
+
+#: Op kinds FlexFlow's expert strategy treats as fully-connected layers (model parallel).
+_FC_KINDS = ("linear",)
+
+
+def expert(graph: OpGraph, cluster: Cluster) -> Strategy:
+    """FlexFlow's expert-designed baseline (Jia et al. SysML'19 §8.1, after Krizhevsky's
+    "one weird trick", 2014): data parallelism for convolutional, recurrent and all other
+    layers, model parallelism (split output features over the devices) for fully-connected
+    layers."""
+    n = cluster.num_devices
+    dp = _largest_divisor(graph.batch_size, n)
+    configs = {}
+    for op in graph.ops:
+        if op.kind in _FC_KINDS:
+            configs[op.name] = _range_config(op, "feature", n)
+        else:
+            configs[op.name] = _range_config(op, "sample", dp)
+    return _finish(graph, cluster, configs, "expert", {})
+
+
+# --------------------------------------------------------------------------- Megatron
+
+
+_LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
+
+
+def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
+    """Model chunk of every op: layer blocks split evenly; ops before the first layer go
+    to chunk 0, after the last to the last chunk, inputs with their first consumer."""
+    layers: list[str] = []
+    for op in graph.ops:
+        if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
+            layers.append(op.block)
+    if n_chunks == 1:
+        return {op.name: 0 for op in graph.ops}
+    if not layers:
+        raise ValueError(f"model {graph.name!r} has no numbered layer blocks to split into pipeline stages")
+    if len(layers) % n_chunks:
+        raise ValueError(f"{len(layers)} layers do not split evenly into {n_chunks} pipeline chunks "
+                         f"(pp x vpp)")
+    per = len(layers) // n_chunks
+    layer_chunk = {b: i // per for i, b in enumerate(layers)}
+    chunk: dict[str, int] = {}
+    seen_layer = False
+    for op in graph.ops:
+        if op.block in layer_chunk:
+            chunk[op.name] = layer_chunk[op.block]
+            seen_layer = True
+        elif op.kind != "input":
+            chunk[op.name] = n_chunks - 1 if seen_layer else 0
+    for op in graph.ops:
+        if op.kind == "input":
+            users = [chunk[c] for c in graph.consumers(op.name) if c in chunk]
+            chunk[op.name] = min(users) if users else 0
+    return chunk
+
+
+def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tuple[str | None, int]]:
+    """Tensor-parallel dim of every op (Shoeybi et al. 2019 §3), by propagating which axis of
+    each tensor is split across the tensor-parallel group:
+
+    * a linear reading a replicated tensor is column-parallel (splits ``feature``); one
+      reading a tensor split on its contracted axis is row-parallel (``in_feature``, an
+      all-reduce follows), which pairs QKV with the attention output projection and the
+      MLP's first layer with its second;
+    * ops whose inputs are split keep the split when one of their dims maps it (attention
+      heads through reshape, transpose, batch_matmul, softmax, dropout; the MLP
+      activation); otherwise they gather and replicate;
+    * the largest embedding is vocabulary-parallel; cross-entropy over split logits is
+      vocabulary-parallel;
+    * with sequence parallelism (Korthikanti et al. 2022 §4.2.2) replicated ops with a
+      ``length`` dim split it instead, and row-parallel outputs are reduce-scattered.
+
+    Returns op name -> (tp dim or None when tp is 1, tensor degree along it).
+    """
+    plan: dict[str, tuple[str | None, int]] = {}
+    state: dict[tuple[str, int], int | None] = {}  # (op, output) -> split axis
+    emb = [op for op in graph.ops if op.kind == "embedding"]
+    vocab_op = max(emb, key=lambda o: o.attrs["num_embeddings"]).name if emb else None
+
+    def length_axis(op: Op) -> int | None:
+        if not sequence_parallel or "length" not in op.dim_names:
+            return None
+        d = op.dim("length")
+        return d.out_axis if d.size % tp == 0 and d.out_axis is not None else None
+
+    for op in graph.ops:
+        ins = [state.get((r.op, r.index)) for r in op.inputs]
+        if op.kind == "linear" and sequence_parallel:
+            # all-gather the sequence before a column-parallel linear
+            ins = [None if (ax is not None and op.in_tensors[i].axes[ax] == "length") else ax
+                   for i, ax in enumerate(ins)]
+        split = [(i, ax) for i, ax in enumerate(ins) if ax is not None]
+        choice: tuple[str, int | None] | None = None
+        if tp > 1 and split:
+            for d in op.dims:
+                if d.is_replica or not d.size or d.size % tp:
+                    continue
+                if all(d.in_axes[i] == ax for i, ax in split):
+                    out = d.out_axis
+                    if d.kind == REDUCTION:
+                        out = length_axis(op)
+                    choice = (d.name, out)
+                    break
+        if choice is None and tp > 1:
+            if op.kind == "linear" and op.dim("feature").size % tp == 0:
+                choice = ("feature", len(op.out_tensors[0].shape) - 1)
+            elif op.name == vocab_op and op.dim("vocab").size % tp == 0:
+                choice = ("vocab", length_axis(op))
+            elif length_axis(op) is not None and op.kind != "input":
+                choice = ("length", length_axis(op))
+            else:
+                choice = (REPLICA_DIM, None)
+        if choice is None:
+            plan[op.name] = (None, 1)
+            for k in range(len(op.out_tensors)):
+                state[(op.name, k)] = None
+            continue
+        plan[op.name] = (choice[0], tp)
+        for k in range(len(op.out_tensors)):
+            state[(op.name, k)] = choice[1]
+    return plan
+
+
+def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int | None = None,
+             micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
+             sequence_parallel: bool = False, schedule: str | None = None) -> Strategy:
+    """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
+    ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
+    chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
+
+    Ranks are laid out as Megatron does: tensor-parallel ranks adjacent (inside a node),
+    then data-parallel, then pipeline: device = stage*(dp*tp) + dp_rank*tp + tp_rank.
+
+    Raises
+    ------
+    ValueError
+        When tp*pp*dp exceeds the devices, the batch does not split into micro-batches, or
+        the layers do not split into pp*vpp chunks.
+    """
+    n = cluster.num_devices
+    for name, v in (("tp", tp), ("pp", pp), ("vpp", vpp)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if dp is None:
+        if n % (tp * pp):
+            raise ValueError(f"tp ({tp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}")
+        dp = n // (tp * pp)
+    if not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    if tp * pp * dp > n:
+        raise ValueError(f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} devices, but {cluster.name} has {n}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if graph.batch_size % dp:
+        raise ValueError(f"global batch {graph.batch_size} is not divisible by dp ({dp})")
+    if micro_batch is None:
+        micro_batch = graph.batch_size // dp if pp == 1 else 1
+    m = _microbatches(graph, dp, micro_batch)
+    schedule = schedule or ("interleaved" if vpp > 1 else "1f1b")
+    chunk = _chunks(graph, pp * vpp)
+    plan = _tp_plan(graph, tp, sequence_parallel)
+    configs = {}
+    for op in graph.ops:
+        base = (chunk[op.name] % pp) * dp * tp
+        dim, deg = plan[op.name]
+        degrees: dict[str, int] = {}
+        if dp > 1 and "sample" in op.dim_names:
+            degrees["sample"] = dp
+        if dim is not None:
+            degrees[dim] = deg
+
+        def device_of(c: dict[str, int], base=base, dim=dim) -> int:
+            return base + c.get("sample", 0) * tp + (c.get(dim, 0) if dim else 0)
+
+        configs[op.name] = _grid(op, degrees, device_of)
+    options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
+               "sequence_parallel": sequence_parallel}
+    return _finish(graph, cluster, configs, "megatron", options,
+                   pipeline=PipelineSettings(pp, m, schedule, vpp),
+                   stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel)
+
+
+def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
+         recompute: str = "none") -> Strategy:
+    """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
+    over every device (or over ``devices / tp`` groups with Megatron tensor parallelism
+    inside), parameters, gradients and optimizer state sharded by ``zero_stage``;
+    ``micro_batch`` sets gradient accumulation."""
+    if zero_stage not in (1, 2, 3):
+        raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
+    s = megatron(graph, cluster, tp=tp, pp=1, micro_batch=micro_batch, recompute=recompute)
+    opts = dict(s.found_by["options"])
+    opts.update(zero_stage=zero_stage)
+    for k in ("pp", "vpp", "sequence_parallel"):
+        opts.pop(k, None)
+    return replace(s, zero_stage=zero_stage, found_by={"algorithm": "baseline:fsdp", "options": opts})
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    build: Callable[..., Strategy]
+    summary: str
+    options: tuple[str, ...]
+
+
+BASELINES: dict[str, Baseline] = {
+    b.name: b
+    for b in [
+        Baseline("data-parallel", data_parallel, "sample dim split over all devices", ("micro_batch",)),
+        Baseline("model-parallel", model_parallel, "ops placed on devices in order, balanced by FLOPs", ()),
+        Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
+        Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
+                 ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule")),
+        Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp)",
+                 ("zero_stage", "micro_batch", "tp", "recompute")),
+    ]
+}
+
+
+def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:
+    """Build baseline ``kind``; options left as ``None`` are ignored.
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind, an option the kind does not take, or options it cannot honour.
+    """
+    if kind not in BASELINES:
+        raise ValueError(f"unknown strategy kind {kind!r}; kinds: {', '.join(BASELINES)}")
+    b = BASELINES[kind]
+    given = {k: v for k, v in options.items() if v is not None and v is not False}
+    extra = sorted(set(given) - set(b.options))
+    if extra:
+        flags = ", ".join("--" + e.replace("_", "-") for e in extra)
+        takes = ", ".join("--" + o.replace("_", "-") for o in b.options) or "no options"
+        raise ValueError(f"{kind} does not take {flags}; it takes {takes}")
+    return b.build(graph, cluster, **given)

@@ -1,0 +1,335 @@
+"""Configs and strategies: how every operator is partitioned and placed.
+
+A :class:`Config` is FlexFlow's parallelization configuration of one op (Jia et al.
+SysML'19, §4): a degree for each parallel dim and the device of each partition. Partitions
+are numbered row-major over the op's dims in the order :attr:`engine.graph.Op.dims` lists
+them (sample first, the replica dim last); ``devices[k]`` runs partition ``k``.
+
+A :class:`Strategy` maps every op to a config and adds what spans ops: pipeline settings
+(stages, microbatches, schedule), activation recomputation, ZeRO/FSDP parameter sharding
+(Rajbhandari et al. SC'20: stage 1 shards optimizer state, 2 also gradients, 3 also
+parameters) and Megatron's sequence parallelism (Korthikanti et al. 2022).
+
+:func:`validate_strategy` lists every problem with its path in the strategy file
+(``ops.conv1.degrees.sample: 3 does not divide sample (64)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from itertools import product as iproduct
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+from .cluster import Cluster
+from .errors import Problem, ValidationError
+from .graph import Op, OpGraph
+from .ops import REPLICA_DIM
+
+__all__ = [
+    "Config",
+    "PipelineSettings",
+    "Strategy",
+    "SCHEDULES",
+    "RECOMPUTE",
+    "validate_strategy",
+    "check_strategy",
+    "partition_coords",
+    "strategy_from_dict",
+]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Degrees per parallel dim (only those > 1 are kept) and one device per partition."""
+
+    degrees: Mapping[str, int]
+    devices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        clean = {k: int(v) for k, v in sorted(self.degrees.items()) if v != 1}
+        object.__setattr__(self, "degrees", MappingProxyType(clean))
+        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+
+    @property
+    def num_partitions(self) -> int:
+        return math.prod(self.degrees.values())
+
+    def degree(self, dim: str) -> int:
+        return self.degrees.get(dim, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"degrees": dict(self.degrees), "devices": list(self.devices)}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and dict(self.degrees) == dict(other.degrees) \
+            and self.devices == other.devices
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.degrees.items()), self.devices))
+
+    @classmethod
+    def single(cls, device: int) -> "Config":
+        """The whole op on one device."""
+        return cls({}, (device,))
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """Pipeline parallelism (Huang et al. GPipe 2019; Narayanan et al. SC'21 §2.2).
+
+    ``stages`` = 1 with ``microbatches`` > 1 is plain gradient accumulation.
+    ``virtual_stages`` > 1 is the interleaved 1F1B schedule (model chunks per device).
+    """
+
+    stages: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stages": self.stages, "microbatches": self.microbatches, "schedule": self.schedule,
+                "virtual_stages": self.virtual_stages}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A config for every op, plus the settings that span ops.
+
+    Attributes
+    ----------
+    configs : mapping of op name -> Config
+    stage_of : mapping of op name -> pipeline stage (empty when ``pipeline.stages`` == 1)
+        With ``virtual_stages`` v > 1 this is the model chunk, 0..stages*v-1; chunk c runs
+        on the devices of stage ``c % stages`` (Megatron's interleaved assignment).
+    pipeline : PipelineSettings
+    recompute : str
+        ``none``, ``selective`` (attention internals, Korthikanti et al. 2022) or ``full``.
+    zero_stage : int
+        0: no sharding; 1, 2, 3: ZeRO stages (3 = FSDP full sharding).
+    sequence_parallel : bool
+    model_name, model_fingerprint, cluster_name : str
+        What the strategy was made for.
+    found_by : mapping
+        ``algorithm`` and its ``options``, ``seed``, ``budget``.
+    cost : mapping
+        Simulated results (e.g. ``iteration_time_s``), when known.
+    """
+
+    configs: Mapping[str, Config]
+    pipeline: PipelineSettings = PipelineSettings()
+    stage_of: Mapping[str, int] = field(default_factory=dict)
+    recompute: str = "none"
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    model_name: str = ""
+    model_fingerprint: str = ""
+    cluster_name: str = ""
+    cluster_devices: int = 0
+    found_by: Mapping[str, Any] = field(default_factory=dict)
+    cost: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, op: str) -> Config:
+        return self.configs[op]
+
+    def with_config(self, op: str, config: Config) -> "Strategy":
+        """A copy with ``op``'s config replaced (the strategy is immutable)."""
+        configs = dict(self.configs)
+        configs[op] = config
+        return replace(self, configs=configs, cost={})
+
+    def devices_used(self) -> set[int]:
+        return {d for c in self.configs.values() for d in c.devices}
+
+    def to_dict(self) -> dict[str, Any]:
+        ops = {}
+        for name, c in self.configs.items():
+            entry = c.to_dict()
+            if self.stage_of:
+                entry["stage"] = self.stage_of.get(name, 0)
+            ops[name] = entry
+        return {
+            "format": "soapbox.strategy/1",
+            "model": {"name": self.model_name, "fingerprint": self.model_fingerprint},
+            "cluster": {"name": self.cluster_name, "devices": self.cluster_devices},
+            "found_by": dict(self.found_by),
+            "cost": dict(self.cost),
+            "pipeline": self.pipeline.to_dict(),
+            "recompute": self.recompute,
+            "zero_stage": self.zero_stage,
+            "sequence_parallel": self.sequence_parallel,
+            "ops": ops,
+        }
+
+
+def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
+    """Build a :class:`Strategy` from a schema-valid ``soapbox.strategy/1`` mapping."""
+    configs = {}
+    stage_of = {}
+    for name, entry in data["ops"].items():
+        configs[name] = Config(entry.get("degrees", {}), tuple(entry["devices"]))
+        if "stage" in entry:
+            stage_of[name] = entry["stage"]
+    pipe = data.get("pipeline", {})
+    settings = PipelineSettings(pipe.get("stages", 1), pipe.get("microbatches", 1), pipe.get("schedule", "1f1b"),
+                                pipe.get("virtual_stages", 1))
+    model = data.get("model", {})
+    cluster = data.get("cluster", {})
+    if settings.stages == 1:
+        stage_of = {}
+    return Strategy(configs, settings, stage_of, data.get("recompute", "none"), data.get("zero_stage", 0),
+                    data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
+                    cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
+                    data.get("cost", {}))
+
+
+def partition_coords(op: Op, config: Config) -> list[dict[str, int]]:
+    """Index along each split dim of every partition, in the order of ``config.devices``.
+
+    Examples
+    --------
+    >>> from engine.graph import GraphBuilder
+    >>> b = GraphBuilder("m"); x = b.input("x", [4, 6]); _ = b.add("linear", "fc", [x], out_features=2)
+    >>> partition_coords(b.build()["fc"], Config({"sample": 2, "feature": 2}, (0, 1, 2, 3)))
+    [{'sample': 0, 'feature': 0}, {'sample': 0, 'feature': 1}, {'sample': 1, 'feature': 0}, {'sample': 1, 'feature': 1}]
+    """
+    split = [d.name for d in op.dims if config.degree(d.name) > 1]
+    ranges = [range(config.degree(n)) for n in split]
+    return [dict(zip(split, idx)) for idx in iproduct(*ranges)]
+
+
+def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
+    """Every reason ``strategy`` cannot run ``graph`` on ``cluster``; empty when valid."""
+    problems: list[Problem] = []
+    add = problems.append
+    if strategy.model_fingerprint and strategy.model_fingerprint != graph.fingerprint:
+        add(Problem("model.fingerprint",
+                    f"the strategy was made for model {strategy.model_name!r} with fingerprint "
+                    f"{strategy.model_fingerprint}, but {graph.name!r} has {graph.fingerprint}"))
+    if strategy.cluster_devices and strategy.cluster_devices != cluster.num_devices:
+        add(Problem("cluster.devices",
+                    f"the strategy was made for {strategy.cluster_devices} devices "
+                    f"({strategy.cluster_name}), but {cluster.name} has {cluster.num_devices}"))
+    for name in strategy.configs:
+        if name not in graph:
+            add(Problem(f"ops.{name}", f"no op named {name!r} in model {graph.name!r}"))
+    pipe = strategy.pipeline
+    for fld, v in (("stages", pipe.stages), ("microbatches", pipe.microbatches),
+                   ("virtual_stages", pipe.virtual_stages)):
+        if not isinstance(v, int) or v < 1:
+            add(Problem(f"pipeline.{fld}", f"must be a positive integer, got {v!r}"))
+    if pipe.schedule not in SCHEDULES:
+        add(Problem("pipeline.schedule", f"unknown schedule {pipe.schedule!r}; valid: {', '.join(SCHEDULES)}"))
+    elif pipe.schedule == "interleaved":
+        if pipe.virtual_stages < 2:
+            add(Problem("pipeline.virtual_stages", "the interleaved schedule needs virtual_stages >= 2"))
+        if isinstance(pipe.stages, int) and pipe.stages > 1 and pipe.microbatches % pipe.stages:
+            add(Problem("pipeline.microbatches",
+                        f"the interleaved schedule needs microbatches ({pipe.microbatches}) to be a multiple "
+                        f"of stages ({pipe.stages}) (Narayanan et al. SC'21 §2.2.2)"))
+    elif pipe.virtual_stages != 1:
+        add(Problem("pipeline.virtual_stages", f"virtual_stages > 1 needs schedule 'interleaved', got {pipe.schedule!r}"))
+    if strategy.recompute not in RECOMPUTE:
+        add(Problem("recompute", f"unknown recompute {strategy.recompute!r}; valid: {', '.join(RECOMPUTE)}"))
+    if strategy.zero_stage not in (0, 1, 2, 3):
+        add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
+    for precision in {graph.precision}:
+        for t in {d.type for d in cluster.devices}:
+            if precision not in cluster.device_types[t].peak_flops_per_s:
+                add(Problem("cluster", f"{t} has no {precision} peak; the model {graph.name!r} runs in {precision}"))
+
+    microbatches = pipe.microbatches if isinstance(pipe.microbatches, int) and pipe.microbatches > 0 else 1
+    for op in graph.ops:
+        at = f"ops.{op.name}"
+        config = strategy.configs.get(op.name)
+        if config is None:
+            add(Problem(at, "no config for this op"))
+            continue
+        problems += _check_config(op, config, cluster, at, microbatches)
+        if strategy.stage_of or pipe.stages > 1:
+            stage = strategy.stage_of.get(op.name)
+            if stage is None:
+                add(Problem(f"{at}.stage", f"no pipeline stage given (the strategy has {pipe.stages} stages)"))
+            elif not isinstance(stage, int) or not 0 <= stage < pipe.stages * pipe.virtual_stages:
+                add(Problem(f"{at}.stage", f"stage {stage!r} is out of range "
+                                           f"0..{pipe.stages * pipe.virtual_stages - 1}"))
+    if pipe.stages > 1:
+        problems += _check_stages(strategy, graph)
+    return problems
+
+
+def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int) -> list[Problem]:
+    problems: list[Problem] = []
+    dims = {d.name: d for d in op.dims}
+    for dim, deg in config.degrees.items():
+        where = f"{at}.degrees.{dim}"
+        if dim not in dims:
+            valid = ", ".join(d.name for d in op.dims)
+            problems.append(Problem(where, f"{op.kind} {op.name!r} has no dim {dim!r}; valid: {valid}"))
+            continue
+        if not isinstance(deg, int) or deg < 1:
+            problems.append(Problem(where, f"degree must be a positive integer, got {deg!r}"))
+            continue
+        d = dims[dim]
+        if d.size and d.size % deg:
+            problems.append(Problem(where, f"{deg} does not divide {dim} ({d.size})"))
+    if "sample" in dims and microbatches > 1:
+        deg = config.degree("sample")
+        size = dims["sample"].size
+        if size % (deg * microbatches) == 0:
+            pass
+        elif size % deg == 0:
+            problems.append(Problem(f"{at}.degrees.sample",
+                                    f"{microbatches} microbatches of {size // deg} samples per partition do not divide "
+                                    f"evenly (batch {size}, sample degree {deg})"))
+    want = config.num_partitions
+    if len(config.devices) != want:
+        problems.append(Problem(f"{at}.devices",
+                                f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
+    seen: set[int] = set()
+    for k, dev in enumerate(config.devices):
+        if not 0 <= dev < cluster.num_devices:
+            problems.append(Problem(f"{at}.devices[{k}]",
+                                    f"device {dev} does not exist; {cluster.name} has devices 0..{cluster.num_devices - 1}"))
+        elif dev in seen:
+            problems.append(Problem(f"{at}.devices[{k}]", f"device {dev} runs two partitions of this op"))
+        seen.add(dev)
+    return problems
+
+
+def _check_stages(strategy: Strategy, graph: OpGraph) -> list[Problem]:
+    problems = []
+    stage_devices: dict[int, set[int]] = {}
+    for op in graph.ops:
+        s = strategy.stage_of.get(op.name)
+        c = strategy.configs.get(op.name)
+        if s is None or c is None:
+            continue
+        stage_devices.setdefault(s, set()).update(c.devices)
+        for ref in op.inputs:
+            ps = strategy.stage_of.get(ref.op)
+            if ps is not None and isinstance(s, int) and isinstance(ps, int) and ps > s:
+                problems.append(Problem(f"ops.{op.name}.stage",
+                                        f"stage {s} reads {ref.op!r} from a later stage {ps}"))
+    # Stages own disjoint devices; with the interleaved schedule, chunk c runs on the
+    # devices of stage c mod stages, so only chunks of different stages must be disjoint.
+    n = strategy.pipeline.stages
+    chunks = sorted(stage_devices)
+    for i, a in enumerate(chunks):
+        for b in chunks[i + 1:]:
+            shared = stage_devices[a] & stage_devices[b]
+            if shared and a % n != b % n:
+                problems.append(Problem("ops", f"stages {a} and {b} share device(s) {sorted(shared)[:8]}"))
+    return problems
+
+
+def check_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster, source: str | None = None) -> Strategy:
+    """Return ``strategy`` when valid; raise :class:`ValidationError` listing every problem."""
+    problems = validate_strategy(strategy, graph, cluster)
+    if problems:
+        raise ValidationError(problems, source)
+    return strategy
