@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import networkx as nx
@@ -271,6 +271,7 @@ class Cluster:
         self.devices = tuple(devices)
         self.links = tuple(links)
         self.node_names = tuple(node_names)
+        self._paths: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> link ids
         self._graph = nx.DiGraph()
         for lk in links:
             self._graph.add_edge(lk.src, lk.dst, id=lk.id, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
@@ -305,10 +306,13 @@ class Cluster:
         >>> [c.links[i].kind for i in c.path(0, 8)]
         ['pcie', 'network', 'network', 'pcie']
         """
-        return self._path(src, dst)
+        key = (src, dst)
+        found = self._paths.get(key)
+        if found is None:
+            found = self._paths[key] = self._route(src, dst)
+        return found
 
-    @lru_cache(maxsize=1 << 16)
-    def _path(self, src: int, dst: int) -> tuple[int, ...]:
+    def _route(self, src: int, dst: int) -> tuple[int, ...]:
         self.check_device(src)
         self.check_device(dst)
         if src == dst:
@@ -369,12 +373,6 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}: {self.summary()}, {len(self.links)} links)"
-
-    def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
 
 def _out(device: int) -> str:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
@@ -525,7 +524,3 @@ def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
     if problems:
         raise ValidationError(problems)
     return OpGraph(builder.name, builder.precision, builder._ops, builder.description, builder.source)
-
-
-def product(values: Iterable[int]) -> int:
-    return math.prod(values)

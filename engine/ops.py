@@ -496,12 +496,9 @@ def _bmm_dims(ins, outs, attrs):
     b_n_axis, b_k_axis = (r - 2, r - 1) if tb else (r - 1, r - 2)
     dims = []
     for ax in range(r - 2):
+        # With grouped heads (b has fewer heads than a) a split of a's heads maps onto b's
+        # proportionally; a degree above b's head count replicates b's heads.
         name = y.axes[ax]
-        if a.shape[ax] != b.shape[ax]:
-            # grouped heads: each partition of a's heads needs a whole group of b's heads;
-            # b is split along it only when the degree is a multiple of the group count,
-            # which the task-graph builder resolves; here b's axis maps proportionally.
-            pass
         dims.append(ParallelDim(name, _axis_kind(name), y.shape[ax], ax, (ax, ax)))
     dims.append(ParallelDim(y.axes[r - 2], ATTRIBUTE, y.shape[r - 2], r - 2, (r - 2, None)))
     dims.append(ParallelDim(y.axes[r - 1], ATTRIBUTE, y.shape[r - 1], r - 1, (None, b_n_axis)))

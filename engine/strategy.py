@@ -20,12 +20,11 @@ import math
 from dataclasses import dataclass, field, replace
 from itertools import product as iproduct
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
 from .graph import Op, OpGraph
-from .ops import REPLICA_DIM
 
 __all__ = [
     "Config",
@@ -51,9 +50,11 @@ class Config:
     devices: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        clean = {k: int(v) for k, v in sorted(self.degrees.items()) if v != 1}
+        # Values are kept as given (not coerced with int()) so that validation can report a
+        # degree of 2.5 instead of silently running 2.
+        clean = {k: v for k, v in sorted(self.degrees.items()) if v != 1}
         object.__setattr__(self, "degrees", MappingProxyType(clean))
-        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+        object.__setattr__(self, "devices", tuple(self.devices))
 
     @property
     def num_partitions(self) -> int:
@@ -277,8 +278,8 @@ def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatche
         d = dims[dim]
         if d.size and d.size % deg:
             problems.append(Problem(where, f"{deg} does not divide {dim} ({d.size})"))
-    if "sample" in dims and microbatches > 1:
-        deg = config.degree("sample")
+    deg = config.degree("sample")
+    if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
         size = dims["sample"].size
         if size % (deg * microbatches) == 0:
             pass

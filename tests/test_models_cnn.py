@@ -66,7 +66,8 @@ def check_common(g: OpGraph, batch: int, size: int) -> None:
 
 class TestAlexNet:
     @pytest.fixture(scope="class")
-    def g(self) -> OpGraph:
+    @staticmethod
+    def g() -> OpGraph:
         return alexnet()
 
     def test_param_count(self, g):
@@ -126,11 +127,13 @@ class TestAlexNet:
 
 class TestInceptionV3:
     @pytest.fixture(scope="class")
-    def g(self) -> OpGraph:
+    @staticmethod
+    def g() -> OpGraph:
         return inception_v3()
 
     @pytest.fixture(scope="class")
-    def g_aux(self) -> OpGraph:
+    @staticmethod
+    def g_aux() -> OpGraph:
         return inception_v3(aux_logits=True)
 
     def test_param_count(self, g, g_aux):
@@ -200,7 +203,8 @@ class TestInceptionV3:
 
 class TestResNet101:
     @pytest.fixture(scope="class")
-    def g(self) -> OpGraph:
+    @staticmethod
+    def g() -> OpGraph:
         return resnet101()
 
     def test_param_count(self, g):

@@ -7,7 +7,6 @@ baseline does not take are refused with the list of those it does.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -133,8 +132,10 @@ _LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
 
 
 def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
-    """Model chunk of every op: layer blocks split evenly; ops before the first layer go
-    to chunk 0, after the last to the last chunk, inputs with their first consumer."""
+    """Model chunk of every op: layer blocks split evenly; any other op joins the chunk of
+    the next layer after it in topological order (the last chunk after the last layer), so
+    an encoder-decoder's decoder embedding sits with the first decoder layer; inputs join
+    their first consumer."""
     layers: list[str] = []
     for op in graph.ops:
         if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
@@ -149,13 +150,12 @@ def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
     per = len(layers) // n_chunks
     layer_chunk = {b: i // per for i, b in enumerate(layers)}
     chunk: dict[str, int] = {}
-    seen_layer = False
-    for op in graph.ops:
+    following = n_chunks - 1
+    for op in reversed(graph.ops):
         if op.block in layer_chunk:
-            chunk[op.name] = layer_chunk[op.block]
-            seen_layer = True
+            following = chunk[op.name] = layer_chunk[op.block]
         elif op.kind != "input":
-            chunk[op.name] = n_chunks - 1 if seen_layer else 0
+            chunk[op.name] = following
     for op in graph.ops:
         if op.kind == "input":
             users = [chunk[c] for c in graph.consumers(op.name) if c in chunk]
