@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any, Sequence
 
@@ -157,8 +158,7 @@ def _cmd_model(args: argparse.Namespace) -> int:
                     norm="rmsnorm" if swiglu else "layernorm", positions="rotary" if swiglu else "learned",
                     bias=not swiglu, tie_embeddings=not swiglu, dropout=0.0 if swiglu else 0.1,
                     precision=args.precision, name=args.name)
-    argv = " ".join(sys.argv[1:]) if sys.argv else ""
-    g = gpt(cfg, source=f"soapbox {argv}".strip())
+    g = gpt(cfg, source=shlex.join(["soapbox", *args.argv]))
     save_json(g.to_dict(), args.output)
     print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "
           f"{g.fwd_flops + g.bwd_flops:.3e} FLOPs per iteration")
@@ -194,7 +194,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return COMMANDS[args.command](args)
     except (SoapboxError, ValueError) as exc:

@@ -274,7 +274,8 @@ class Cluster:
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> link ids
         self._graph = nx.DiGraph()
         for lk in links:
-            self._graph.add_edge(lk.src, lk.dst, id=lk.id, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
+            self._graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind,
+                                 weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -317,8 +318,12 @@ class Cluster:
         self.check_device(dst)
         if src == dst:
             return ()
+        # Two GPUs of one node talk over the node's interconnect, never out through the
+        # network and back, even where that detour would be faster.
+        same_node = self.devices[src].node == self.devices[dst].node
+        weight = (lambda u, v, e: None if e["kind"] == "network" else e["weight"]) if same_node else "weight"
         try:
-            nodes = nx.dijkstra_path(self._graph, _out(src), _in(dst), weight="weight")
+            nodes = nx.dijkstra_path(self._graph, _out(src), _in(dst), weight=weight)
         except (nx.NetworkXNoPath, nx.NodeNotFound):
             raise ValueError(f"no path from {self.devices[src].name} to {self.devices[dst].name}") from None
         return tuple(self._graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
@@ -391,8 +396,16 @@ def _check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> 
     total_devices = sum(max(s.repeat, 0) * max(s.gpus, 0) for s in nodes)
     if total_devices > MAX_DEVICES:
         problems.append(Problem("nodes", f"{total_devices:,} GPUs is over the limit of {MAX_DEVICES:,}"))
+    used: dict[str, int] = {}
     for i, s in enumerate(nodes):
         at = f"nodes[{i}] ({s.name})"
+        repeat = s.repeat if isinstance(s.repeat, int) and s.repeat > 0 else 1
+        for name in ([f"{s.name}{r}" for r in range(repeat)] if repeat > 1 else [s.name]):
+            if name in used:
+                problems.append(Problem(f"{at}.name", f"node name {name!r} is already used by nodes[{used[name]}]; "
+                                                      "node names must be unique"))
+                break
+            used[name] = i
         if s.device_type not in types:
             problems.append(Problem(f"{at}.device_type",
                                     f"unknown device type {s.device_type!r}; known: {', '.join(sorted(types))}"))
@@ -493,7 +506,7 @@ PRESETS: dict[str, tuple[Any, bool, str]] = {
     "hetero-demo": (_hetero_demo, False, "mixed: 4 x H100 (NDR), 4 x A100-40GB (HDR), 4 x V100 (EDR)"),
 }
 
-_PRESET_RE = re.compile(r"^(?P<base>[a-z0-9-]+?)(?::(?P<n>\d+))?$")
+_PRESET_RE = re.compile(r"^(?P<base>[a-z0-9-]+?)(?::(?P<n>-?\d+))?$")
 
 
 def preset_names() -> list[str]:

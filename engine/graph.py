@@ -512,6 +512,12 @@ def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
             problems.append(Problem(where(i, exc.field), str(exc)))
             failed.add(od["name"])
             continue
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            # An attribute of a type no check above anticipated: still a problem report,
+            # never a traceback.
+            problems.append(Problem(where(i, "attrs"), f"invalid attributes for {od['kind']}: {exc!r}"))
+            failed.add(od["name"])
+            continue
         expected = od.get("out_shapes")
         if expected is not None:
             got = [list(t.shape) for t in op.out_tensors]

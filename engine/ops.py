@@ -300,12 +300,21 @@ def _input_infer(ins, attrs, precision):
     if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
         raise OpError(f"must be a non-empty list of positive integers, got {shape!r}", "attrs.shape")
     dtype = attrs.get("dtype", precision)
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise OpError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}", "attrs.dtype")
-    axes = attrs.get("axes") or _default_axes(len(shape))
+    axes = _axis_names(attrs) or _default_axes(len(shape))
     if len(axes) != len(shape):
         raise OpError(f"{len(axes)} axis names for a rank-{len(shape)} shape", "attrs.axes")
     return [TensorInfo(tuple(shape), _dedupe(axes), dtype)]
+
+
+def _axis_names(attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    axes = attrs.get("axes")
+    if axes is None:
+        return None
+    if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) and a for a in axes):
+        raise OpError(f"must be a list of axis names (strings), got {axes!r}", "attrs.axes")
+    return tuple(axes)
 
 
 def _default_axes(rank: int) -> tuple[str, ...]:
@@ -750,7 +759,10 @@ def _split_dims(ins, outs, attrs):
 def _reshape_infer(ins, attrs, precision):
     _expect_inputs(ins, (1,))
     x = ins[0]
-    shape = list(_require(attrs, "shape"))
+    shape = _require(attrs, "shape")
+    if not isinstance(shape, (list, tuple)):
+        raise OpError(f"must be a list of integers, got {shape!r}", "attrs.shape")
+    shape = list(shape)
     if not shape or not all(isinstance(s, int) and (s > 0 or s == -1) for s in shape) or shape.count(-1) > 1:
         raise OpError(f"must be positive integers with at most one -1, got {shape!r}", "attrs.shape")
     if -1 in shape:
@@ -763,7 +775,7 @@ def _reshape_infer(ins, attrs, precision):
             f"shape {shape} holds {math.prod(shape)} elements, the input {list(x.shape)} holds {x.numel}",
             "attrs.shape",
         )
-    axes = attrs.get("axes")
+    axes = _axis_names(attrs)
     if axes is None:
         axes = _reshape_default_axes(x, shape)
     elif len(axes) != len(shape):
@@ -836,7 +848,8 @@ def _transpose_infer(ins, attrs, precision):
     _expect_inputs(ins, (1,))
     x = ins[0]
     perm = _require(attrs, "perm")
-    if sorted(perm) != list(range(len(x.shape))):
+    if not isinstance(perm, (list, tuple)) or not all(isinstance(p, int) for p in perm) \
+            or sorted(perm) != list(range(len(x.shape))):
         raise OpError(f"must be a permutation of 0..{len(x.shape) - 1}, got {perm!r}", "attrs.perm")
     return [TensorInfo(tuple(x.shape[p] for p in perm), tuple(x.axes[p] for p in perm), x.dtype)]
 

@@ -128,8 +128,11 @@ def _check_format(data: Any, want: str | None) -> str:
     if fmt is None:
         expected = want or " or ".join(FORMATS)
         raise ValidationError([Problem("format", f"missing; expected {expected!r}")])
+    if not isinstance(fmt, str):
+        example = want or "soapbox.model/1"
+        raise ValidationError([Problem("format", f"must be a string such as {example!r}, got {type(fmt).__name__}")])
     if fmt not in FORMATS:
-        kind = str(fmt).split("/")[0]
+        kind = fmt.split("/")[0]
         known = [f for f in FORMATS if f.split("/")[0] == kind]
         if known:
             msg = f"version {fmt!r} is not supported; this soapbox reads {', '.join(known)}"
