@@ -6,6 +6,8 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``validate FILE``: check a model, cluster or strategy file; exit 0 when valid, 1 with
   every problem listed otherwise.
 * ``model gpt``: write a GPT-style model file from its shape.
+* ``cluster NAME -o FILE``: write a preset as an editable cluster file.
+* ``schema model|cluster|strategy``: print a format's JSON Schema.
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
 
 Errors a user can fix are printed as ``soapbox: error: ...`` with exit status 2 (1 for an
@@ -22,7 +24,7 @@ from typing import Any, Sequence
 
 from .cluster import PRESETS, preset
 from .errors import SoapboxError, ValidationError
-from .formats import resolve_cluster, resolve_model, save_json, validate_file
+from .formats import resolve_cluster, resolve_model, save_json, schema, validate_file
 from .graph import PRECISIONS
 from .models import SAMPLE_MODELS
 from .models.transformer import GPTConfig, gpt
@@ -74,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("clusters", help="list the cluster presets")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("cluster", help="write a preset as an editable cluster file")
+    p.add_argument("name", help="preset name, e.g. dgx-a100-80gb:2 or hetero-demo")
+    p.add_argument("-o", "--output", required=True, help="cluster file to write")
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a file format")
+    p.add_argument("kind", choices=("model", "cluster", "strategy"))
 
     p = sub.add_parser("validate", help="check a model, cluster or strategy file")
     p.add_argument("file")
@@ -142,6 +151,18 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    c = preset(args.name)
+    save_json(c.to_dict(), args.output)
+    print(f"wrote {args.output}: {c.name}, {c.summary()}; edit it and pass it as --cluster {args.output}")
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(schema(f"soapbox.{args.kind}/1"), indent=2))
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         print(validate_file(args.file, args.model, args.cluster))
@@ -186,6 +207,8 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 COMMANDS = {
     "models": _cmd_models,
     "clusters": _cmd_clusters,
+    "cluster": _cmd_cluster,
+    "schema": _cmd_schema,
     "validate": _cmd_validate,
     "model": _cmd_model,
     "baseline": _cmd_baseline,
@@ -205,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("soapbox: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a command that stopped reading (`| head`)
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

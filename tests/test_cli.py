@@ -303,3 +303,24 @@ def test_no_command_is_a_usage_error(capsys):
         main([])
     assert exc.value.code == 2
     assert "the following arguments are required: COMMAND" in capsys.readouterr().err
+
+
+class TestClusterAndSchema:
+    def test_cluster_writes_an_editable_file(self, capsys, tmp_path):
+        out = tmp_path / "c.json"
+        assert main(["cluster", "dgx-h100:2", "-o", str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["format"] == "soapbox.cluster/1" and data["nodes"][0]["repeat"] == 2
+        assert main(["validate", str(out)]) == 0
+        assert "dgx-h100:2, 2 node(s), 16 GPUs (16 x H100-SXM5-80GB)" in capsys.readouterr().out
+
+    def test_cluster_unknown_preset(self, capsys, tmp_path):
+        assert main(["cluster", "tpu-v5", "-o", str(tmp_path / "c.json")]) == 2
+        assert "unknown cluster 'tpu-v5'" in capsys.readouterr().err
+        assert not (tmp_path / "c.json").exists()
+
+    @pytest.mark.parametrize("kind", ["model", "cluster", "strategy"])
+    def test_schema(self, capsys, kind):
+        assert main(["schema", kind]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["properties"]["format"] == {"const": f"soapbox.{kind}/1"}

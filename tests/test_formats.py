@@ -247,21 +247,21 @@ class TestSchemaViolations:
                 "nodes": [{"name": "n", "gpus": 0, "device_type": "X",
                            "intra": {"bw_bytes_per_s": 0, "latency_s": -1}, "nics": {"count": -1}}]}
         assert problems(load_cluster, data) == [
-            "nodes[0] (n).gpus: 0 is less than the minimum of 1",
-            "nodes[0] (n).intra.bw_bytes_per_s: 0 is less than or equal to the minimum of 0",
-            "nodes[0] (n).intra.latency_s: -1 is less than the minimum of 0",
-            "nodes[0] (n).nics.count: -1 is less than the minimum of 0",
+            "nodes[0] (n).gpus: must be at least 1, got 0",
+            "nodes[0] (n).intra.bw_bytes_per_s: must be greater than 0 (bytes/s), got 0",
+            "nodes[0] (n).intra.latency_s: must be at least 0 (s), got -1",
+            "nodes[0] (n).nics.count: must be at least 0, got -1",
         ]
 
     def test_strategy(self):
         data = {"format": "soapbox.strategy/1", "ops": {"a": {"degrees": {"sample": 0}, "devices": []}, "b": {}},
                 "pipeline": {"stages": 0, "schedule": "x"}}
         assert problems(load_strategy, data) == [
-            "ops.a.degrees.sample: 0 is less than the minimum of 1",
+            "ops.a.degrees.sample: must be at least 1, got 0",
             "ops.a.devices: [] has less than 1 item",
             'ops.b: "devices" is a required property',
             'pipeline.schedule: "x" is not one of "gpipe", "1f1b" or "interleaved"',
-            "pipeline.stages: 0 is less than the minimum of 1",
+            "pipeline.stages: must be at least 1, got 0",
         ]
 
 

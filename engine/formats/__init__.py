@@ -154,6 +154,15 @@ def _schema_at(root: Mapping[str, Any], path: list[Any]) -> Any:
     return node
 
 
+def _unit_hint(path: list[Any]) -> str:
+    """`` (bytes/s)`` for a field named ``..._bytes_per_s`` and so on: units live in names."""
+    name = next((k for k in reversed(path) if isinstance(k, str)), "")
+    for suffix, unit in (("_bytes_per_s", " bytes/s"), ("_bytes", " bytes"), ("_s", " s"), ("_per_s", " per s")):
+        if name.endswith(suffix):
+            return f" ({unit.strip()})"
+    return ""
+
+
 def schema_problems(data: Any, format_id: str) -> list[Problem]:
     """Every JSON Schema violation of ``data`` against ``format_id``, in file order."""
     validator = _validator(format_id)
@@ -164,7 +173,13 @@ def schema_problems(data: Any, format_id: str) -> list[Problem]:
     for e in validator.iter_errors(data):
         msg = e.message
         spath = list(e.schema_path)
-        if spath and spath[-1] == "additionalProperties":
+        keyword = spath[-1] if spath else ""
+        if keyword in ("minimum", "exclusiveMinimum"):
+            limit = _schema_at(root, spath)
+            unit = _unit_hint(list(e.instance_path))
+            msg = (f"must be {'greater than' if keyword == 'exclusiveMinimum' else 'at least'} {limit}{unit}, "
+                   f"got {e.instance!r}")
+        if keyword == "additionalProperties":
             allowed = sorted((_schema_at(root, spath[:-1]) or {}).get("properties", {}))
             msg += f"; allowed: {', '.join(allowed)}" if allowed else ""
         problems.append((list(e.instance_path), Problem(_render_path(data, list(e.instance_path)) or "(top level)",
