@@ -195,12 +195,16 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
     summary = {"output": args.output, "model": g.name, "cluster": c.name, "kind": args.kind,
                "ops": len(s.configs), "devices_used": used, "devices": c.num_devices,
                "pipeline": s.pipeline.to_dict(), "options": s.found_by.get("options", {})}
+    notes = list(s.found_by.get("notes", []))
+    summary["notes"] = notes
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         print(f"wrote {args.output}: {args.kind} strategy for {g.name} ({len(g)} ops) on {c.name}, "
               f"{used} of {c.num_devices} devices used, {s.pipeline.stages} stage(s), "
               f"{s.pipeline.microbatches} microbatch(es); valid")
+        for note in notes:
+            print(f"note: {note}")
     return 0
 
 

@@ -121,12 +121,19 @@ class Op:
     def is_view(self) -> bool:
         return op_kind(self.kind).is_view
 
+    def _gathered_param_bytes(self) -> int:
+        """Parameter bytes a pass touches: the whole tensors, or for a table lookup only the
+        gathered rows (one output row per id)."""
+        if op_kind(self.kind).gathers_params:
+            return sum(t.size_bytes for t in self.out_tensors)
+        return self.param_bytes
+
     @property
     def fwd_bytes_read(self) -> int:
         """Bytes the forward pass reads: inputs and parameters (0 for views)."""
         if self.is_view:
             return 0
-        return sum(t.size_bytes for t in self.in_tensors) + self.param_bytes
+        return sum(t.size_bytes for t in self.in_tensors) + self._gathered_param_bytes()
 
     @property
     def fwd_bytes_written(self) -> int:
@@ -137,19 +144,23 @@ class Op:
 
     @property
     def bwd_bytes_read(self) -> int:
-        """Bytes the backward pass reads: output gradients, saved float inputs, parameters."""
+        """Bytes the backward pass reads: output gradients, the saved float inputs it needs,
+        and the parameters (a lookup's backward needs no table)."""
         if self.is_view or self.kind == "input":
             return 0
+        kind = op_kind(self.kind)
         grads = sum(t.size_bytes for t in self.out_tensors if t.dtype in FLOAT_DTYPES)
-        saved = sum(t.size_bytes for t in self.in_tensors if t.dtype in FLOAT_DTYPES)
-        return grads + saved + self.param_bytes
+        saved = sum(t.size_bytes for t in self.in_tensors if t.dtype in FLOAT_DTYPES) if kind.bwd_reads_inputs else 0
+        params = 0 if kind.gathers_params else self.param_bytes
+        return grads + saved + params
 
     @property
     def bwd_bytes_written(self) -> int:
-        """Bytes the backward pass writes: float input gradients and parameter gradients."""
+        """Bytes the backward pass writes: float input gradients and parameter gradients
+        (only the gathered rows for a lookup)."""
         if self.is_view or self.kind == "input":
             return 0
-        return sum(t.size_bytes for t in self.in_tensors if t.dtype in FLOAT_DTYPES) + self.param_bytes
+        return sum(t.size_bytes for t in self.in_tensors if t.dtype in FLOAT_DTYPES) + self._gathered_param_bytes()
 
     # -- partitions ----------------------------------------------------------------------
     def partition_shapes(
@@ -167,8 +178,9 @@ class Op:
             deg = int(degrees.get(d.name, 1))
             if deg == 1 or d.is_replica:
                 continue
-            if d.size % deg:
-                raise ValueError(f"{self.name}: degree {deg} does not divide {d.name} ({d.size})")
+            why = d.degree_problem(deg)
+            if why:
+                raise ValueError(f"{self.name}: degree {why}")
             if d.out_axis is not None:
                 for o in outs:
                     o[d.out_axis] //= deg
@@ -426,14 +438,13 @@ class GraphBuilder:
 
 
 def _shape_key(op: Op) -> list[tuple[int, ...]]:
-    # Shapes up to transposition: a language model's output layer (h, V) may share the
-    # token embedding (V, h).
-    return sorted(tuple(sorted(p.shape)) for p in op.params)
+    return [p.shape for p in op.params]
 
 
 def check_param_groups(ops: Sequence[Op]) -> list[Problem]:
-    """Ops sharing a ``param_group`` must hold parameters of the same shapes (up to
-    transposition of each tensor)."""
+    """Ops sharing a ``param_group`` must hold parameters of exactly the same shapes, so that
+    their partitions' parameter regions line up axis by axis (a linear's weight is stored
+    (out, in), so a language model's output layer matches the token embedding's (V, h))."""
     problems = []
     first: dict[str, Op] = {}
     for i, op in enumerate(ops):

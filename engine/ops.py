@@ -149,6 +149,10 @@ class ParallelDim:
         the whole input along this dim (the input is replicated).
     param_axes : tuple of (int or None)
         For each parameter, the axis this dim partitions, or ``None`` (replicated).
+    group : int
+        When non-zero, a degree must divide ``group`` or be a multiple of it: grouped-query
+        attention's head dim, where ``group`` is the number of key/value heads and a
+        partition's query heads must not straddle two key/value heads.
     """
 
     name: str
@@ -157,6 +161,16 @@ class ParallelDim:
     out_axis: int | None
     in_axes: tuple[int | None, ...]
     param_axes: tuple[int | None, ...] = ()
+    group: int = 0
+
+    def degree_problem(self, degree: int) -> str | None:
+        """Why ``degree`` is not valid for this dim, or ``None`` when it is."""
+        if self.size and self.size % degree:
+            return f"{degree} does not divide {self.name} ({self.size})"
+        if self.group and self.group % degree and degree % self.group:
+            return (f"{degree} splits the {self.size} {self.name}s across their {self.group} key/value groups; "
+                    f"use a degree that divides {self.group} or is a multiple of it")
+        return None
 
     @property
     def is_replica(self) -> bool:
@@ -283,6 +297,12 @@ class OpKind:
     #: True for ops that only re-label memory (reshape): they move no bytes.
     is_view: bool = False
     attrs: tuple[str, ...] = field(default=())
+    #: False for ops whose backward pass needs none of their inputs (add, concat, split,
+    #: transpose: the gradient is routed, not computed from saved activations).
+    bwd_reads_inputs: bool = True
+    #: True for table lookups (embedding): forward reads only the gathered rows, not the
+    #: whole table, and backward scatters into the gathered rows only.
+    gathers_params: bool = False
 
 
 def _no_params(ins: Sequence[TensorInfo], attrs: Mapping[str, Any]) -> list[ParamInfo]:
@@ -438,7 +458,9 @@ def _linear_infer(ins, attrs, precision):
 
 
 def _linear_params(ins, attrs):
-    ps = [ParamInfo("weight", (ins[0].shape[-1], attrs["out_features"]))]
+    # (out, in) as PyTorch's nn.Linear stores it, so a language model's output layer has the
+    # token embedding's (vocab, hidden) layout and the two can share one parameter tensor.
+    ps = [ParamInfo("weight", (attrs["out_features"], ins[0].shape[-1]))]
     if attrs.get("bias", True):
         ps.append(ParamInfo("bias", (attrs["out_features"],)))
     return ps
@@ -453,17 +475,17 @@ def _linear_dims(ins, outs, attrs):
         ParallelDim(name, _axis_kind(name), y.shape[ax], ax, (ax,), (None,) * nparams)
         for ax, name in enumerate(y.axes[:-1])
     ]
-    # Column-parallel (Megatron §3): split output features, weight columns and bias.
-    dims.append(ParallelDim("feature", PARAMETER, y.shape[-1], rank - 1, (None,), (1, 0) if bias else (1,)))
-    # Row-parallel: split input features and weight rows; outputs are partial sums.
+    # Column-parallel (Megatron §3): split output features, weight rows and bias.
+    dims.append(ParallelDim("feature", PARAMETER, y.shape[-1], rank - 1, (None,), (0, 0) if bias else (0,)))
+    # Row-parallel: split input features and weight columns; outputs are partial sums.
     dims.append(
-        ParallelDim("in_feature", REDUCTION, x.shape[-1], None, (rank - 1,), (0, None) if bias else (0,))
+        ParallelDim("in_feature", REDUCTION, x.shape[-1], None, (rank - 1,), (1, None) if bias else (1,))
     )
     return dims
 
 
 def _linear_flops(ins, outs, params, attrs):
-    fan_in = params[0][0]
+    fan_in = params[0][1]
     return 2.0 * math.prod(outs[0]) * fan_in
 
 
@@ -505,10 +527,12 @@ def _bmm_dims(ins, outs, attrs):
     b_n_axis, b_k_axis = (r - 2, r - 1) if tb else (r - 1, r - 2)
     dims = []
     for ax in range(r - 2):
-        # With grouped heads (b has fewer heads than a) a split of a's heads maps onto b's
-        # proportionally; a degree above b's head count replicates b's heads.
+        # With grouped heads (b has fewer heads than a, Ainslie et al. 2023) a split of a's
+        # heads maps onto b's proportionally when the degree divides b's head count, and
+        # replicates one of b's heads per partition when it is a multiple of it.
         name = y.axes[ax]
-        dims.append(ParallelDim(name, _axis_kind(name), y.shape[ax], ax, (ax, ax)))
+        group = b.shape[ax] if b.shape[ax] != a.shape[ax] else 0
+        dims.append(ParallelDim(name, _axis_kind(name), y.shape[ax], ax, (ax, ax), group=group))
     dims.append(ParallelDim(y.axes[r - 2], ATTRIBUTE, y.shape[r - 2], r - 2, (r - 2, None)))
     dims.append(ParallelDim(y.axes[r - 1], ATTRIBUTE, y.shape[r - 1], r - 1, (None, b_n_axis)))
     dims.append(ParallelDim("inner", REDUCTION, a.shape[-1], None, (r - 1, b_k_axis)))
@@ -910,7 +934,7 @@ def _build_registry() -> dict[str, OpKind]:
                _bmm_infer, _no_params, _bmm_dims, _bmm_flops, 2.0, attrs=("transpose_b",)),
         OpKind("embedding", "Table lookup of integer ids; attrs: num_embeddings, embedding_dim.",
                _embedding_infer, _embedding_params, _embedding_dims, _zero_flops, 1.0,
-               attrs=("num_embeddings", "embedding_dim")),
+               attrs=("num_embeddings", "embedding_dim"), gathers_params=True),
         OpKind("lstm", "One unrolled LSTM step; inputs x_t[, h_prev, c_prev]; outputs h_t, c_t; attrs: hidden_size.",
                _lstm_infer, _lstm_params, _lstm_dims, _lstm_flops, 2.0, attrs=("hidden_size",)),
         OpKind("layernorm", "Layer normalisation over the last axis (gain and bias).",
@@ -920,16 +944,16 @@ def _build_registry() -> dict[str, OpKind]:
         OpKind("batchnorm", "Batch normalisation of NCHW activations (gain and bias per channel).",
                _batchnorm_infer, _batchnorm_params, _batchnorm_dims, _per_element(BATCHNORM_FLOPS_PER_ELEMENT), 2.0),
         OpKind("softmax", "Softmax along one axis; attrs: axis.",
-               _softmax_infer, _no_params, _softmax_dims, _per_element(SOFTMAX_FLOPS_PER_ELEMENT), 2.0,
+               _softmax_infer, _no_params, _softmax_dims, _per_element(SOFTMAX_FLOPS_PER_ELEMENT), 1.0,
                attrs=("axis",)),
         OpKind("concat", "Concatenate inputs along one axis; attrs: axis.",
-               _concat_infer, _no_params, _concat_dims, _zero_flops, 1.0, attrs=("axis",)),
+               _concat_infer, _no_params, _concat_dims, _zero_flops, 1.0, attrs=("axis",), bwd_reads_inputs=False),
         OpKind("split", "Split one input along an axis; attrs: axis, sizes, squeeze.",
-               _split_infer, _no_params, _split_dims, _zero_flops, 1.0, attrs=("axis", "sizes", "squeeze")),
+               _split_infer, _no_params, _split_dims, _zero_flops, 1.0, attrs=("axis", "sizes", "squeeze"), bwd_reads_inputs=False),
         OpKind("reshape", "Re-label the same elements with a new shape (flatten too); attrs: shape, axes.",
                _reshape_infer, _no_params, _reshape_dims, _zero_flops, 1.0, is_view=True, attrs=("shape", "axes")),
         OpKind("transpose", "Permute axes; attrs: perm.",
-               _transpose_infer, _no_params, _transpose_dims, _zero_flops, 1.0, attrs=("perm",)),
+               _transpose_infer, _no_params, _transpose_dims, _zero_flops, 1.0, attrs=("perm",), bwd_reads_inputs=False),
         OpKind("softmax_cross_entropy", "Softmax cross-entropy of logits against integer labels (one loss per example).",
                _ce_infer, _no_params, _ce_dims, _ce_flops, 1.0),
     ]
@@ -937,7 +961,7 @@ def _build_registry() -> dict[str, OpKind]:
         kinds.append(
             OpKind(name, f"Elementwise {name} of {n_in} equal-shaped input(s).",
                    _elementwise_infer(n_in), _no_params, _elementwise_dims, _per_element(cost), 1.0,
-                   attrs=("rate",) if name == "dropout" else ())
+                   attrs=("rate",) if name == "dropout" else (), bwd_reads_inputs=name != "add")
         )
     return {k.name: k for k in kinds}
 

@@ -275,9 +275,9 @@ def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatche
         if not isinstance(deg, int) or deg < 1:
             problems.append(Problem(where, f"degree must be a positive integer, got {deg!r}"))
             continue
-        d = dims[dim]
-        if d.size and d.size % deg:
-            problems.append(Problem(where, f"{deg} does not divide {dim} ({d.size})"))
+        why = dims[dim].degree_problem(deg)
+        if why:
+            problems.append(Problem(where, why))
     deg = config.degree("sample")
     if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
         size = dims["sample"].size

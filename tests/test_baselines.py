@@ -536,3 +536,25 @@ def test_llama2_data_parallel_on_a_bf16_cluster():
     s = data_parallel(g, c)
     assert all(s[op.name] == Config({"sample": 16}, tuple(range(16))) for op in g.ops)
     assert validate_strategy(s, g, c) == []
+
+
+class TestMegatronReviewRegressions:
+    """Pinned after the semantic review of the Megatron baseline (issue 2)."""
+
+    def test_heads_not_divisible_by_tp_is_refused(self):
+        g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
+        with pytest.raises(ValueError, match=r"^tp 8 does not divide the 12 heads of 'layers.0.attn.q.split_heads'"):
+            megatron(g, c, tp=8)
+
+    def test_unsplittable_vocabulary_is_noted(self):
+        g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
+        s = megatron(g, c, tp=4)
+        assert s["lm_head"].degree("replica") == 4
+        assert [n.split(":")[0] for n in s.found_by["notes"]] == ["embed.tokens", "lm_head"]
+        assert "50257 is not divisible by tp 4" in s.found_by["notes"][0]
+
+    def test_every_token_embedding_is_vocab_parallel(self):
+        g, c = graph("transformer"), cluster("p100-4x4")
+        s = megatron(g, c, tp=4)
+        assert s["encoder.embed"].degree("vocab") == s["decoder.embed"].degree("vocab") == 4
+        assert "notes" not in s.found_by

@@ -85,8 +85,8 @@ class TestParamGroups:
         with pytest.raises(ValidationError) as exc:
             b.build()
         assert [str(p) for p in exc.value.problems] == [
-            "ops[2] (b).param_group: shares 'g' with 'a', but its parameters have shapes [[8, 5], [5]] "
-            "against [[8, 3], [3]]"]
+            "ops[2] (b).param_group: shares 'g' with 'a', but its parameters have shapes [[5, 8], [5]] "
+            "against [[3, 8], [3]]"]
 
     def test_group_without_parameters(self):
         b = GraphBuilder("bad")

@@ -84,11 +84,14 @@ def test_every_kind_is_covered_by_a_dims_case():
     assert set(OP_KINDS) - set(DIM_CASES) - elementwise - {"input"} == set()
 
 
-def test_linear_reduction_dim_maps_the_input_and_weight_rows():
+def test_linear_weight_layout_and_dims():
     g = build(DIM_CASES["linear"][0])
+    assert g["op"].params[0].shape == (8, 16)  # (out, in) as PyTorch's nn.Linear
     red = g["op"].dim("in_feature")
     assert red.needs_reduction and red.out_axis is None
-    assert red.in_axes == (1,) and red.param_axes == (0, None)  # weight rows; bias not split
+    assert red.in_axes == (1,) and red.param_axes == (1, None)  # weight columns; bias not split
+    col = g["op"].dim("feature")
+    assert col.param_axes == (0, 0)  # weight rows and bias
 
 
 # ----------------------------------------------------------------------------- exact values
@@ -365,3 +368,38 @@ def test_replica_partitions_redo_the_whole_op():
     g = build(DIM_CASES["linear"][0])
     fwd, _ = g["op"].partition_flops({"replica": 3})
     assert fwd == g["op"].fwd_flops
+
+
+class TestReviewRegressions:
+    """Pinned after the semantic review of the catalogue (issue 2)."""
+
+    def test_grouped_heads_degree_must_align_with_kv_groups(self):
+        # 12 query heads over 6 key/value heads: degree 4 would give a partition query heads
+        # 0-2, straddling kv heads 0 and 1.
+        bhsd = ["sample", "head", "length", "head_dim"]
+        g = build(lambda b: b.add("batch_matmul", "m", [b.input("q", [2, 12, 5, 8], axes=bhsd),
+                                                        b.input("k", [2, 6, 5, 8], axes=bhsd)], transpose_b=True))
+        head = g["m"].dim("head")
+        assert head.group == 6
+        assert head.degree_problem(4) == ("4 splits the 12 heads across their 6 key/value groups; "
+                                          "use a degree that divides 6 or is a multiple of it")
+        assert head.degree_problem(3) is None and head.degree_problem(12) is None
+        assert g["m"].partition_shapes({"head": 3})[0] == [(2, 4, 5, 8), (2, 2, 5, 8)]
+        assert g["m"].partition_shapes({"head": 12})[0] == [(2, 1, 5, 8), (2, 1, 5, 8)]
+
+    def test_embedding_moves_only_gathered_rows(self):
+        g = build(lambda b: b.add("embedding", "e", [b.input("ids", [4, 6], dtype="int64", axes=["sample", "length"])],
+                                  num_embeddings=1000, embedding_dim=8))
+        op = g["e"]
+        out = 4 * 6 * 8 * 4
+        assert op.fwd_bytes_read == 4 * 6 * 8 + out  # ids + gathered rows, not the 32 kB table
+        assert op.bwd_bytes_read == out  # output gradient only
+        assert op.bwd_bytes_written == out  # scatter into the gathered rows
+
+    def test_add_backward_reads_no_saved_inputs(self):
+        g = build(lambda b: b.add("add", "a", [b.input("x", [2, 4]), b.input("y", [2, 4])]))
+        assert g["a"].bwd_bytes_read == 2 * 4 * 4  # the output gradient only
+
+    def test_softmax_backward_factor(self):
+        g = build(lambda b: b.add("softmax", "s", [b.input("x", [2, 5])]))
+        assert g["s"].bwd_flops == g["s"].fwd_flops  # no weight gradient: 1x

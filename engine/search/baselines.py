@@ -57,10 +57,12 @@ def _range_config(op: Op, dim: str, n: int, first_device: int = 0) -> Config:
 
 
 def _finish(graph: OpGraph, cluster: Cluster, configs: dict[str, Config], algorithm: str,
-            options: Mapping[str, Any], **settings: Any) -> Strategy:
+            options: Mapping[str, Any], notes: list[str] | None = None, **settings: Any) -> Strategy:
+    found_by: dict[str, Any] = {"algorithm": f"baseline:{algorithm}", "options": dict(options)}
+    if notes:
+        found_by["notes"] = list(notes)
     s = Strategy(configs, model_name=graph.name, model_fingerprint=graph.fingerprint,
-                 cluster_name=cluster.name, cluster_devices=cluster.num_devices,
-                 found_by={"algorithm": f"baseline:{algorithm}", "options": dict(options)}, **settings)
+                 cluster_name=cluster.name, cluster_devices=cluster.num_devices, found_by=found_by, **settings)
     return check_strategy(s, graph, cluster, f"baseline {algorithm}")
 
 
@@ -163,7 +165,8 @@ def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
     return chunk
 
 
-def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tuple[str | None, int]]:
+def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
+             ) -> tuple[dict[str, tuple[str | None, int]], list[str]]:
     """Tensor-parallel dim of every op (Shoeybi et al. 2019 §3), by propagating which axis of
     each tensor is split across the tensor-parallel group:
 
@@ -174,17 +177,26 @@ def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tupl
     * ops whose inputs are split keep the split when one of their dims maps it (attention
       heads through reshape, transpose, batch_matmul, softmax, dropout; the MLP
       activation); otherwise they gather and replicate;
-    * the largest embedding is vocabulary-parallel; cross-entropy over split logits is
-      vocabulary-parallel;
+    * embeddings with the largest table (token embeddings; not positions or token types)
+      are vocabulary-parallel; cross-entropy over split logits is vocabulary-parallel;
     * with sequence parallelism (Korthikanti et al. 2022 §4.2.2) replicated ops with a
       ``length`` dim split it instead, and row-parallel outputs are reduce-scattered.
 
-    Returns op name -> (tp dim or None when tp is 1, tensor degree along it).
+    Returns op name -> (tp dim or None when tp is 1, tensor degree along it), and notes on
+    ops that had to be replicated across the tensor-parallel group.
+
+    Raises
+    ------
+    ValueError
+        When ``tp`` does not divide an op's attention heads (Megatron-LM asserts that both
+        the query and the key/value head counts are multiples of the tensor-parallel size).
     """
     plan: dict[str, tuple[str | None, int]] = {}
+    notes: list[str] = []
     state: dict[tuple[str, int], int | None] = {}  # (op, output) -> split axis
     emb = [op for op in graph.ops if op.kind == "embedding"]
-    vocab_op = max(emb, key=lambda o: o.attrs["num_embeddings"]).name if emb else None
+    largest = max((o.attrs["num_embeddings"] for o in emb), default=0)
+    vocab_ops = {o.name for o in emb if o.attrs["num_embeddings"] == largest}
 
     def length_axis(op: Op) -> int | None:
         if not sequence_parallel or "length" not in op.dim_names:
@@ -193,6 +205,9 @@ def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tupl
         return d.out_axis if d.size % tp == 0 and d.out_axis is not None else None
 
     for op in graph.ops:
+        if tp > 1 and "head" in op.dim_names and op.dim("head").size % tp:
+            raise ValueError(f"tp {tp} does not divide the {op.dim('head').size} heads of {op.name!r} "
+                             "(Megatron-LM needs query and key/value heads to be multiples of tp)")
         ins = [state.get((r.op, r.index)) for r in op.inputs]
         if op.kind == "linear" and sequence_parallel:
             # all-gather the sequence before a column-parallel linear
@@ -213,12 +228,18 @@ def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tupl
         if choice is None and tp > 1:
             if op.kind == "linear" and op.dim("feature").size % tp == 0:
                 choice = ("feature", len(op.out_tensors[0].shape) - 1)
-            elif op.name == vocab_op and op.dim("vocab").size % tp == 0:
+            elif op.name in vocab_ops and op.dim("vocab").size % tp == 0:
                 choice = ("vocab", length_axis(op))
             elif length_axis(op) is not None and op.kind != "input":
                 choice = ("length", length_axis(op))
             else:
                 choice = (REPLICA_DIM, None)
+                size = (op.dim("feature").size if op.kind == "linear"
+                        else op.dim("vocab").size if op.name in vocab_ops else None)
+                if size is not None:
+                    notes.append(f"{op.name}: {size} is not divisible by tp {tp}, so it is replicated on every "
+                                 "tensor-parallel rank (Megatron-LM pads the vocabulary to a multiple of "
+                                 "128 x tp; build the model with a padded vocabulary to match)")
         if choice is None:
             plan[op.name] = (None, 1)
             for k in range(len(op.out_tensors)):
@@ -227,7 +248,7 @@ def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, tupl
         plan[op.name] = (choice[0], tp)
         for k in range(len(op.out_tensors)):
             state[(op.name, k)] = choice[1]
-    return plan
+    return plan, notes
 
 
 def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int | None = None,
@@ -267,7 +288,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     m = _microbatches(graph, dp, micro_batch)
     schedule = schedule or ("interleaved" if vpp > 1 else "1f1b")
     chunk = _chunks(graph, pp * vpp)
-    plan = _tp_plan(graph, tp, sequence_parallel)
+    plan, notes = _tp_plan(graph, tp, sequence_parallel)
     configs = {}
     for op in graph.ops:
         base = (chunk[op.name] % pp) * dp * tp
@@ -284,7 +305,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         configs[op.name] = _grid(op, degrees, device_of)
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}
-    return _finish(graph, cluster, configs, "megatron", options,
+    return _finish(graph, cluster, configs, "megatron", options, notes,
                    pipeline=PipelineSettings(pp, m, schedule, vpp),
                    stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel)
 
@@ -302,7 +323,10 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     opts.update(zero_stage=zero_stage)
     for k in ("pp", "vpp", "sequence_parallel"):
         opts.pop(k, None)
-    return replace(s, zero_stage=zero_stage, found_by={"algorithm": "baseline:fsdp", "options": opts})
+    found_by = {"algorithm": "baseline:fsdp", "options": opts}
+    if "notes" in s.found_by:
+        found_by["notes"] = s.found_by["notes"]
+    return replace(s, zero_stage=zero_stage, found_by=found_by)
 
 
 # --------------------------------------------------------------------------- registry
