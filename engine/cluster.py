@@ -232,10 +232,23 @@ class Cluster:
         links: list[Link] = []
         node_names: list[str] = []
 
-        def add_link(src: str, dst: str, bw: float, lat: float, kind: str) -> None:
+        # Structural routing tables, one entry per device (link ids, -1 when absent).
+        n_dev = sum(sp.repeat * sp.gpus for sp in self.node_specs)
+        self._up = [-1] * n_dev  # GPU -> switch
+        self._down = [-1] * n_dev  # switch -> GPU
+        self._mesh: dict[tuple[int, int], int] = {}
+        self._nic_tx = [-1] * n_dev  # GPU -> its NIC (PCIe)
+        self._nic_rx = [-1] * n_dev  # its NIC -> GPU
+        self._uplink = [-1] * n_dev  # its NIC -> fabric (shared by the GPUs on that NIC)
+        self._downlink = [-1] * n_dev  # fabric -> its NIC
+        self._nic_of = [-1] * n_dev  # global NIC index
+
+        def add_link(src: str, dst: str, bw: float, lat: float, kind: str) -> int:
             links.append(Link(len(links), src, dst, float(bw), float(lat), kind))
+            return len(links) - 1
 
         multi_node = sum(s.repeat for s in self.node_specs) > 1
+        n_nics = 0
         for spec in self.node_specs:
             for r in range(spec.repeat):
                 node = len(node_names)
@@ -249,25 +262,36 @@ class Cluster:
                 if spec.intra_topology == "switch" and spec.gpus > 1:
                     sw = f"{nname}/switch"
                     for d in ids:
-                        add_link(_out(d), sw, spec.intra_bw_bytes_per_s, spec.intra_latency_s, spec.intra_kind)
-                        add_link(sw, _in(d), spec.intra_bw_bytes_per_s, spec.intra_latency_s, spec.intra_kind)
+                        self._up[d] = add_link(_out(d), sw, spec.intra_bw_bytes_per_s, spec.intra_latency_s,
+                                               spec.intra_kind)
+                        self._down[d] = add_link(sw, _in(d), spec.intra_bw_bytes_per_s, spec.intra_latency_s,
+                                                 spec.intra_kind)
                 elif spec.intra_topology == "mesh":
                     for a in ids:
                         for b in ids:
                             if a != b:
-                                add_link(_out(a), _in(b), spec.intra_bw_bytes_per_s, spec.intra_latency_s,
-                                         spec.intra_kind)
+                                self._mesh[a, b] = add_link(_out(a), _in(b), spec.intra_bw_bytes_per_s,
+                                                            spec.intra_latency_s, spec.intra_kind)
                 if multi_node:
                     # A NIC's send and receive sides are separate endpoints, so traffic
                     # between two GPUs of one node never hairpins through their NIC.
+                    first_nic = n_nics
+                    nic_links = []
                     for n in range(spec.nics):
                         nic = f"{nname}/nic{n}"
-                        add_link(f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
-                        add_link("fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        up = add_link(f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        down = add_link("fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        nic_links.append((up, down))
+                        n_nics += 1
                     for g, d in enumerate(ids):
-                        nic = f"{nname}/nic{g * spec.nics // spec.gpus}"
-                        add_link(_out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S, "pcie")
-                        add_link(f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S, "pcie")
+                        k = g * spec.nics // spec.gpus
+                        nic = f"{nname}/nic{k}"
+                        self._nic_tx[d] = add_link(_out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                                   "pcie")
+                        self._nic_rx[d] = add_link(f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                                   "pcie")
+                        self._uplink[d], self._downlink[d] = nic_links[k]
+                        self._nic_of[d] = first_nic + k
         self.devices = tuple(devices)
         self.links = tuple(links)
         self.node_names = tuple(node_names)
@@ -314,6 +338,23 @@ class Cluster:
         return found
 
     def _route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Structural route: O(1) from the node specs (the topology family is fixed)."""
+        self.check_device(src)
+        self.check_device(dst)
+        if src == dst:
+            return ()
+        if self.devices[src].node == self.devices[dst].node:
+            if (src, dst) in self._mesh:
+                return (self._mesh[src, dst],)
+            if self._up[src] >= 0:
+                return (self._up[src], self._down[dst])
+        elif self._nic_tx[src] >= 0 and self._nic_rx[dst] >= 0:
+            return (self._nic_tx[src], self._uplink[src], self._downlink[dst], self._nic_rx[dst])
+        return self.shortest_path(src, dst)
+
+    def shortest_path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Route by Dijkstra over the link graph (weights: time to move 1 MB); the reference
+        the structural route is tested against."""
         self.check_device(src)
         self.check_device(dst)
         if src == dst:
@@ -332,6 +373,45 @@ class Cluster:
         """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal."""
         p = self.path(src, dst)
         return min((self.links[i].bw_bytes_per_s for i in p), default=math.inf)
+
+    def collective_group(self, devices: Sequence[int]) -> tuple[float, float, tuple[int, ...]]:
+        """Effective per-rank bandwidth (bytes/s), per-step latency (s) and the links a
+        collective over ``devices`` occupies.
+
+        Inside one node the ring runs over the intra-node links at the GPU's link rate. Across
+        nodes, NCCL runs one ring per NIC (channels), so the traffic that must leave each node
+        (the whole buffer's ring share) is spread over the distinct NICs the group's GPUs on
+        that node use: the bandwidth is the smaller of the intra-node rate (when a node holds
+        several ranks) and, over nodes, NICs used x min(NIC rate, PCIe attach rate). The
+        latency is the slowest path between ring neighbours (devices in id order).
+        """
+        devs = sorted(set(devices))
+        if len(devs) <= 1:
+            return math.inf, 0.0, ()
+        for d in devs:
+            self.check_device(d)
+        by_node: dict[int, list[int]] = {}
+        for d in devs:
+            by_node.setdefault(self.devices[d].node, []).append(d)
+        bw = math.inf
+        latency = 0.0
+        links: set[int] = set()
+        ring = devs + devs[:1]
+        for a, b in zip(ring, ring[1:]):
+            p = self.path(a, b)
+            links.update(p)
+            latency = max(latency, sum(self.links[i].latency_s for i in p))
+            if self.devices[a].node == self.devices[b].node:
+                bw = min(bw, min(self.links[i].bw_bytes_per_s for i in p))
+        if len(by_node) > 1:
+            for members in by_node.values():
+                nics = {self._nic_of[d] for d in members}
+                rate = min(min(self.links[self._uplink[d]].bw_bytes_per_s for d in members),
+                           min(self.links[self._nic_tx[d]].bw_bytes_per_s for d in members))
+                bw = min(bw, len(nics) * rate)
+                for d in members:  # every member's NIC carries a channel
+                    links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
+        return bw, latency, tuple(sorted(links))
 
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:

@@ -107,15 +107,18 @@ def model_parallel(graph: OpGraph, cluster: Cluster) -> Strategy:
     return _finish(graph, cluster, configs, "model-parallel", {})
 
 
-#: Op kinds FlexFlow's expert strategy treats as fully-connected layers (model parallel).
-_FC_KINDS = ("linear",)
+#: Op kinds FlexFlow's expert strategy treats as fully-connected layers (model parallel). An
+#: embedding is a fully-connected layer applied to one-hot inputs, and model-parallel
+#: embeddings are what keep the expert strategy's traffic for NMT well below data
+#: parallelism's (FlexFlow §8.2: 24.2 GB against 65.8 GB per iteration).
+_FC_KINDS = ("linear", "embedding")
 
 
 def expert(graph: OpGraph, cluster: Cluster) -> Strategy:
     """FlexFlow's expert-designed baseline (Jia et al. SysML'19 §8.1, after Krizhevsky's
     "one weird trick", 2014): data parallelism for convolutional, recurrent and all other
     layers, model parallelism (split output features over the devices) for fully-connected
-    layers."""
+    layers and embeddings."""
     n = cluster.num_devices
     dp = _largest_divisor(graph.batch_size, n)
     configs = {}

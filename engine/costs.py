@@ -1,0 +1,231 @@
+"""Cost models: how long an operator partition, a transfer or a collective takes.
+
+Operator time (FlexFlow's assumption 1: task times are predictable) comes from
+
+* a **measured profile table** keyed by (op kind, partition shapes, precision, device type),
+  FlexFlow's "measure each distinct operator once" (Jia et al. SysML'19 §5.1), when it has
+  the entry; otherwise
+* a **roofline** (Williams et al. CACM 2009): ``max(FLOPs / (peak x efficiency),
+  bytes / (memory bandwidth x efficiency)) + kernel overhead``, with the achievable fraction
+  of peak per kind of op given by the named constants below.
+
+Transfers follow FlexFlow's assumption 2 per link: latency + bytes / bandwidth, with a link
+efficiency (the fraction of the nominal rate NCCL reaches). Collectives use the ring or tree
+formulas over the group's slowest path, whichever is faster (NCCL's choice), see
+:func:`collective_time_s`.
+
+Every constant below was chosen from a published figure or is a calibration (marked) of a
+physically meaningful quantity against ``shared/validation/published_runs_public.csv``; none
+is fitted per row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .errors import Problem, ValidationError
+
+__all__ = [
+    "CostModel",
+    "ProfileTable",
+    "collective_time_s",
+    "COLLECTIVES",
+    "MATMUL_KINDS",
+]
+
+#: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
+MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm"})
+
+# Achievable fraction of dense peak FLOP/s for large matrix multiplies. Calibration: NVIDIA's
+# cuBLAS reaches ~70-80% of the A100's 312 TFLOP/s on large fp16 GEMMs, and Megatron's GPT-3
+# runs reach 138-163 TFLOP/s end to end (44-52% of peak, SC'21 Table 1) including bubbles and
+# communication; 0.75 leaves those to the simulator.
+MATMUL_EFFICIENCY = 0.75
+# Batched matmuls of attention (small inner dimension, many heads) run less efficiently.
+BMM_EFFICIENCY = 0.55
+# Non-matmul FLOPs run on the CUDA cores, whose peak is the fp32 SIMT rate.
+POINTWISE_FLOPS_EFFICIENCY = 0.8
+# Fraction of HBM bandwidth that memory-bound kernels reach (STREAM-like kernels on A100/H100
+# reach 85-92% of the datasheet bandwidth).
+MEMORY_EFFICIENCY = 0.85
+# Fixed cost per kernel launch (CUDA launch latency is ~3-5 us; back-to-back launches overlap
+# it partly). FlexFlow's assumption 4 sets it to 0; real iteration times need it.
+KERNEL_OVERHEAD_S = 3e-6
+# Fraction of a link's nominal bandwidth that NCCL transfers reach (nccl-tests bus bandwidth
+# on NVSwitch and HDR InfiniBand is ~80-90% of the nominal rate).
+LINK_EFFICIENCY = 0.85
+# Bytes moved per parameter by a mixed-precision Adam step: read fp32 master weight, fp32
+# gradient, two fp32 moments; write weight, two moments and the half-precision copy
+# (Rajbhandari et al. SC'20 §3 count 16 bytes of state per parameter).
+ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+@dataclass
+class ProfileTable:
+    """Measured operator times, ``soapbox.profile/1``.
+
+    Entries are keyed by (kind, partition input/output/param shapes, precision, device type)
+    and hold forward and backward seconds. A profile file is JSON::
+
+        {"format": "soapbox.profile/1",
+         "entries": [{"kind": "linear", "inputs": [[8, 1024]], "outputs": [[8, 4096]],
+                      "params": [[4096, 1024], [4096]], "precision": "fp16",
+                      "device_type": "A100-SXM4-80GB", "fwd_s": 1.2e-5, "bwd_s": 2.5e-5}]}
+    """
+
+    entries: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+
+    @staticmethod
+    def key(kind: str, ins: Sequence[Sequence[int]], outs: Sequence[Sequence[int]],
+            params: Sequence[Sequence[int]], precision: str, device_type: str) -> tuple:
+        return (kind, tuple(map(tuple, ins)), tuple(map(tuple, outs)), tuple(map(tuple, params)),
+                precision, device_type)
+
+    def add(self, kind: str, ins, outs, params, precision: str, device_type: str, fwd_s: float,
+            bwd_s: float) -> None:
+        self.entries[self.key(kind, ins, outs, params, precision, device_type)] = (float(fwd_s), float(bwd_s))
+
+    def get(self, key: tuple) -> tuple[float, float] | None:
+        return self.entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "soapbox.profile/1", "entries": [
+            {"kind": k[0], "inputs": [list(s) for s in k[1]], "outputs": [list(s) for s in k[2]],
+             "params": [list(s) for s in k[3]], "precision": k[4], "device_type": k[5], "fwd_s": v[0], "bwd_s": v[1]}
+            for k, v in self.entries.items()]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<data>") -> "ProfileTable":
+        """Load and check a profile table; every bad entry is reported with its index."""
+        problems: list[Problem] = []
+        if not isinstance(data, Mapping) or data.get("format") != "soapbox.profile/1":
+            fmt = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValidationError([Problem("format", f"expected 'soapbox.profile/1', got {fmt!r}")], source)
+        table = cls()
+        for i, e in enumerate(data.get("entries", [])):
+            at = f"entries[{i}]"
+            try:
+                fwd, bwd = float(e["fwd_s"]), float(e["bwd_s"])
+                if not (fwd >= 0 and bwd >= 0 and math.isfinite(fwd) and math.isfinite(bwd)):
+                    raise ValueError("times must be finite seconds >= 0")
+                table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"],
+                          e["device_type"], fwd, bwd)
+            except (KeyError, TypeError, ValueError) as exc:
+                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                problems.append(Problem(at, what))
+        if problems:
+            raise ValidationError(problems, source)
+        return table
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ProfileTable":
+        from .formats import read_json
+
+        return cls.from_dict(read_json(path), str(path))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Operator, transfer and collective times. All efficiencies are fractions of peak."""
+
+    matmul_efficiency: float = MATMUL_EFFICIENCY
+    bmm_efficiency: float = BMM_EFFICIENCY
+    pointwise_efficiency: float = POINTWISE_FLOPS_EFFICIENCY
+    memory_efficiency: float = MEMORY_EFFICIENCY
+    kernel_overhead_s: float = KERNEL_OVERHEAD_S
+    link_efficiency: float = LINK_EFFICIENCY
+    optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
+    profile: ProfileTable | None = None
+
+    def op_time_s(self, kind: str, flops: float, bytes_moved: float, precision: str, device_type,
+                  matmul: bool | None = None) -> float:
+        """Roofline time of one kernel: ``max(compute, memory) + overhead`` seconds.
+
+        Parameters
+        ----------
+        kind : str
+            Op kind; decides which peak (tensor core or SIMT) and efficiency apply.
+        flops : float
+        bytes_moved : float
+            Bytes read and written in HBM.
+        precision : str
+        device_type : DeviceType
+        """
+        if flops == 0 and bytes_moved == 0:
+            return 0.0
+        if kind in MATMUL_KINDS if matmul is None else matmul:
+            eff = self.bmm_efficiency if kind == "batch_matmul" else self.matmul_efficiency
+            peak = device_type.peak(precision) * eff
+        else:
+            peak = device_type.peak("fp32") * self.pointwise_efficiency
+        compute = flops / peak
+        memory = bytes_moved / (device_type.mem_bw_bytes_per_s * self.memory_efficiency)
+        return max(compute, memory) + self.kernel_overhead_s
+
+    def partition_times_s(self, op, degrees: Mapping[str, int], precision: str, device_type) -> tuple[float, float]:
+        """(forward, backward) seconds of one partition of ``op`` under ``degrees``: the
+        profile entry when there is one, else the roofline."""
+        ins, outs, params = op.partition_shapes(degrees)
+        if self.profile is not None:
+            hit = self.profile.get(ProfileTable.key(op.kind, ins, outs, params, precision, device_type.name))
+            if hit is not None:
+                return hit
+        if op.kind == "input":
+            return 0.0, 0.0
+        parts = max(1, math.prod(v for k, v in degrees.items() if k != "replica"))
+        fwd_flops, bwd_flops = op.partition_flops(degrees)
+        fwd_bytes = (op.fwd_bytes_read + op.fwd_bytes_written) / parts
+        bwd_bytes = (op.bwd_bytes_read + op.bwd_bytes_written) / parts
+        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, precision, device_type)
+        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, precision, device_type)
+        if op.is_view:
+            fwd = bwd = 0.0
+        return fwd, bwd
+
+    def link_time_s(self, size_bytes: float, bw_bytes_per_s: float, latency_s: float) -> float:
+        """FlexFlow's assumption 2, with the achievable fraction of the link's rate."""
+        return latency_s + size_bytes / (bw_bytes_per_s * self.link_efficiency)
+
+    def optimizer_time_s(self, params: float, device_type) -> float:
+        """One Adam step over ``params`` parameters (memory-bound)."""
+        if params <= 0:
+            return 0.0
+        return params * self.optimizer_bytes_per_param / (device_type.mem_bw_bytes_per_s * self.memory_efficiency) \
+            + self.kernel_overhead_s
+
+
+def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: float, latency_s: float,
+                      link_efficiency: float = LINK_EFFICIENCY) -> float:
+    """Time of a collective over ``n`` ranks whose slowest per-rank path has bandwidth
+    ``bw_bytes_per_s`` and latency ``latency_s``; ``size_bytes`` is the full buffer.
+
+    Ring algorithms (Patarasuk & Yuan 2009; NCCL's performance notes): all-reduce moves
+    2(n-1)/n of the buffer through each rank in 2(n-1) steps; reduce-scatter and all-gather
+    (n-1)/n in n-1 steps; broadcast pipelines the buffer in n-1 steps. The double binary tree
+    (Sanders et al. 2009, NCCL 2.4) all-reduce takes 2 log2(n) latency steps at full
+    bandwidth; the faster of ring and tree is used, as NCCL's tuner does.
+
+    >>> round(collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0), 4)
+    0.0175
+    """
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    bw = bw_bytes_per_s * link_efficiency
+    if kind == "all_reduce":
+        ring = 2 * (n - 1) / n * size_bytes / bw + 2 * (n - 1) * latency_s
+        tree = 2 * size_bytes / bw + 2 * math.ceil(math.log2(n)) * latency_s
+        return min(ring, tree)
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n * size_bytes / bw + (n - 1) * latency_s
+    if kind == "broadcast":
+        return size_bytes / bw + (n - 1) * latency_s
+    raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
