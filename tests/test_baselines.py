@@ -190,13 +190,16 @@ class TestExpert:
         assert {op.kind for op in ops} == kinds
         assert all(s[op.name] == Config({"sample": 16}, tuple(range(16))) for op in ops)
 
-    def test_rnntc_lstm_and_embedding_data_parallel_classifier_on_two(self):
+    def test_rnntc_lstm_data_parallel_embedding_and_classifier_model_parallel(self):
         g = graph("rnntc")
         s = expert(g, cluster("p100-4x4"))
         dp16 = Config({"sample": 16}, tuple(range(16)))
-        lstm = [op for op in g.ops if op.kind in ("lstm", "embedding")]
-        assert len(lstm) == 4 * 40 + 1
+        lstm = [op for op in g.ops if op.kind == "lstm"]
+        assert len(lstm) == 4 * 40
         assert all(s[op.name] == dp16 for op in lstm)
+        # embeddings are fully-connected layers on one-hot inputs: split over the devices
+        emb = next(op for op in g.ops if op.kind == "embedding")
+        assert s[emb.name] == Config({"feature": 16}, tuple(range(16)))
         assert g["classifier"].out_tensors[0].shape == (64, 2)
         assert s["classifier"] == Config({"feature": 2}, (0, 1))
 
