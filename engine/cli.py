@@ -9,6 +9,8 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``cluster NAME -o FILE``: write a preset as an editable cluster file.
 * ``schema model|cluster|strategy``: print a format's JSON Schema.
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
+* ``simulate``: simulate one iteration of a strategy (file or baseline kind); ``--json``,
+  ``--trace`` for a Chrome trace.
 
 Errors a user can fix are printed as ``soapbox: error: ...`` with exit status 2 (1 for an
 invalid file under ``validate``); no traceback.
@@ -104,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", choices=PRECISIONS, default="fp16")
     g.add_argument("--name", default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
+
+    p = sub.add_parser("simulate", help="simulate one training iteration of a strategy")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name or cluster file")
+    p.add_argument("--strategy", required=True, help="a strategy file, or a baseline kind: " + ", ".join(BASELINES))
+    add_strategy_options(p)
+    p.add_argument("--profile", help="measured profile table (soapbox.profile/1) to use before the roofline")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the iteration to this file")
 
     p = sub.add_parser("baseline", help="build a baseline strategy and write it as JSON")
     p.add_argument("--model", required=True, help="sample model name or model file")
@@ -208,12 +219,42 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .costs import CostModel, ProfileTable
+    from .formats import load_strategy
+    from .formats.trace import write_chrome_trace
+    from .report import format_summary, simulate_strategy
+
+    g = resolve_model(args.model)
+    c = resolve_cluster(args.cluster)
+    if args.strategy in BASELINES:
+        s = make_baseline(args.strategy, g, c, **strategy_options(args))
+    else:
+        given = [k for k, v in strategy_options(args).items() if v not in (None, False)]
+        if given:
+            raise ValueError(f"baseline options ({', '.join('--' + k.replace('_', '-') for k in given)}) "
+                             f"apply to a baseline kind, not to the strategy file {args.strategy}")
+        s = load_strategy(args.strategy, g, c)
+    cost = CostModel(profile=ProfileTable.load(args.profile)) if args.profile else CostModel()
+    result = simulate_strategy(g, s, c, cost)
+    if args.trace:
+        n = write_chrome_trace(args.trace, g, c, result.timeline, result.memory)
+        if not args.json:
+            print(f"wrote {args.trace}: {n:,} trace events (open in https://ui.perfetto.dev)")
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        print(format_summary(result))
+    return 0
+
+
 COMMANDS = {
     "models": _cmd_models,
     "clusters": _cmd_clusters,
     "cluster": _cmd_cluster,
     "schema": _cmd_schema,
     "validate": _cmd_validate,
+    "simulate": _cmd_simulate,
     "model": _cmd_model,
     "baseline": _cmd_baseline,
 }

@@ -345,6 +345,7 @@ class _Builder:
         self.grid: dict[int, tuple[list[str], np.ndarray]] = {}
         self.devs: dict[int, np.ndarray] = {}
         self._coll_cache: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
+        self.coll_devices: list[tuple[int, list[int]]] = []  # collective task -> its devices
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]
         self.link_lat = cluster.arrays["link_latency_s"]
 
@@ -367,6 +368,7 @@ class _Builder:
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.cost.link_efficiency)
         t = int(self.buf.add(1, COLL, op=op, mb=mb, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])[0])
         self.buf.multi_res.append((t, np.asarray([self.D + lk for lk in links], np.int64)))
+        self.coll_devices.append((t, devs))
         self.buf.edges(np.asarray(preds, np.int64), np.full(len(preds), t))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
         self.buf.comm_bytes += factor * size_bytes
@@ -681,7 +683,11 @@ class _Builder:
         self.grad_sync()
         self.schedule()
         tg = self.buf.finish(self.D, len(self.c.links))
-        tg.info = {"microbatches": self.m, "ops": len(self.g.ops)}
+        ptr = np.zeros(len(self.coll_devices) + 1, np.int64)
+        np.cumsum([len(d) for _, d in self.coll_devices], out=ptr[1:])
+        idx = np.asarray([x for _, d in self.coll_devices for x in d], np.int64)
+        tasks = np.asarray([t for t, _ in self.coll_devices], np.int64)
+        tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks)}
         return tg
 
 

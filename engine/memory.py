@@ -1,0 +1,176 @@
+"""Per-device memory over a simulated iteration.
+
+Static memory per device (Rajbhandari et al. SC'20 §3 for the mixed-precision Adam counts):
+
+* weights: the partitions' parameters in the model's dtype; ZeRO-3 keeps a 1/n shard;
+* gradients: the same size; ZeRO-2 and -3 keep a 1/n shard;
+* optimizer state: Adam's two moments, plus an fp32 master copy when the model trains in
+  fp16/bf16 (12 bytes per parameter; 8 in fp32); ZeRO-1 and above keep a 1/n shard;
+* communication buffers: the largest collective the device takes part in.
+
+Activations are tracked over the timeline: what an op partition saves for its backward pass is
+allocated when its forward task ends and freed when its backward task ends, per microbatch,
+so the peak follows the pipeline schedule (1F1B holds fewer microbatches than GPipe). With
+full recomputation only layer inputs are kept; selective recomputation drops the attention
+core's activations (Korthikanti et al. 2022 §5).
+
+A strategy whose peak exceeds a device's capacity is infeasible; the report says which
+device and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cluster import Cluster
+from .graph import OpGraph
+from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
+from .simulate import Timeline
+from .strategy import Strategy, partition_coords
+from .taskgraph import BWD, FWD, _SELECTIVE_KINDS
+
+__all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param"]
+
+
+def optimizer_bytes_per_param(precision: str) -> int:
+    """Adam state per parameter: moments (2 x fp32), plus an fp32 master copy in mixed
+    precision."""
+    return 8 if precision == "fp32" else 12
+
+
+@dataclass
+class MemoryReport:
+    """Memory per device, in bytes (all arrays are ``[device]``)."""
+
+    weights_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    comm_buffer_bytes: np.ndarray
+    activations_peak_bytes: np.ndarray
+    peak_bytes: np.ndarray
+    capacity_bytes: np.ndarray
+    #: per device: (times_s, bytes) of the memory curve, for traces and plots
+    curves: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def static_bytes(self) -> np.ndarray:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.comm_buffer_bytes
+
+    @property
+    def feasible(self) -> bool:
+        return bool(np.all(self.peak_bytes <= self.capacity_bytes))
+
+    def over_capacity(self) -> list[tuple[int, float]]:
+        """(device, bytes over capacity) for every device that does not fit, worst first."""
+        over = self.peak_bytes - self.capacity_bytes
+        idx = np.nonzero(over > 0)[0]
+        return sorted(((int(d), float(over[d])) for d in idx), key=lambda x: -x[1])
+
+
+def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> MemoryReport:
+    """Memory of every device over ``timeline`` (which must come from the same strategy)."""
+    D = cluster.num_devices
+    tg = timeline.tasks
+    m = max(1, strategy.pipeline.microbatches)
+    zero = strategy.zero_stage
+    pbytes = DTYPE_BYTES[graph.precision]
+    # -- parameters per device, shared groups counted once per (group, region, device)
+    params = np.zeros(D)
+    seen: set[tuple] = set()
+    shard = np.ones(D)  # largest data-parallel shard divisor a device's parameters see
+    for op in graph.ops:
+        if not op.param_count or op.kind == "input":
+            continue
+        cfg = strategy.configs[op.name]
+        _, _, pshapes = op.partition_shapes(cfg.degrees)
+        elems = float(sum(math.prod(s) for s in pshapes))
+        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
+        split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
+        repl = [n for n in names if n not in split and op.dim(n).kind != "C"]
+        copies = math.prod(cfg.degree(n) for n in repl)
+        for k, coord in enumerate(partition_coords(op, cfg)):
+            d = cfg.devices[k]
+            key = (op.param_group or op.name, tuple((n, coord[n]) for n in split), d)
+            if key in seen:
+                continue
+            seen.add(key)
+            params[d] += elems
+            shard[d] = max(shard[d], copies)
+    weights = params * pbytes
+    grads = params * pbytes
+    optim = params * optimizer_bytes_per_param(graph.precision)
+    if zero >= 1:
+        optim = optim / shard
+    if zero >= 2:
+        grads = grads / shard
+    if zero >= 3:
+        weights = weights / shard
+    # -- communication buffers: the largest collective each device joins
+    comm = np.zeros(D)
+    coll_devs = tg.info.get("coll_devices")
+    if coll_devs is not None:
+        ptr, idx, tasks = coll_devs
+        for j, t in enumerate(tasks):
+            ds = idx[ptr[j]:ptr[j + 1]]
+            comm[ds] = np.maximum(comm[ds], tg.size_bytes[t])
+    # -- activations over time
+    saved = _saved_bytes(graph, strategy, m)  # op index -> bytes per partition per microbatch
+    is_f = tg.kind == FWD
+    is_b = tg.kind == BWD
+    f_idx = np.nonzero(is_f)[0]
+    b_idx = np.nonzero(is_b)[0]
+    # match backward to forward by (op, part, mb)
+    key_f = (tg.op[f_idx].astype(np.int64) * (1 << 20) + tg.part[f_idx]) * (m + 1) + tg.mb[f_idx]
+    key_b = (tg.op[b_idx].astype(np.int64) * (1 << 20) + tg.part[b_idx]) * (m + 1) + tg.mb[b_idx]
+    amount = saved[tg.op[f_idx]]
+    has_b = np.isin(key_f, key_b)
+    order_b = np.argsort(key_b)
+    pos = np.searchsorted(key_b[order_b], key_f)
+    pos = np.minimum(pos, max(order_b.size - 1, 0))
+    free_t = np.where(has_b, timeline.end_s[b_idx[order_b[pos]]] if order_b.size else np.inf, np.inf)
+    alloc_t = timeline.end_s[f_idx]
+    dev = tg.device[f_idx]
+    times = np.concatenate([alloc_t, free_t])
+    delta = np.concatenate([amount, -amount])
+    devs = np.concatenate([dev, dev])
+    keep = np.isfinite(times) & (delta != 0)
+    times, delta, devs = times[keep], delta[keep], devs[keep]
+    order = np.lexsort((delta, times, devs))  # frees before allocations at equal times
+    times, delta, devs = times[order], delta[order], devs[order]
+    act_peak = np.zeros(D)
+    curves: list[tuple[np.ndarray, np.ndarray]] = []
+    static = weights + grads + optim + comm
+    bounds = np.searchsorted(devs, np.arange(D + 1))
+    for d in range(D):
+        lo, hi = bounds[d], bounds[d + 1]
+        level = np.cumsum(delta[lo:hi])
+        if level.size:
+            act_peak[d] = max(0.0, float(level.max()))
+        curves.append((times[lo:hi], static[d] + level))
+    capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
+    return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity, curves)
+
+
+def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int) -> np.ndarray:
+    """[op] bytes one partition saves for its backward pass, per microbatch."""
+    out = np.zeros(len(graph.ops))
+    recompute = strategy.recompute
+    for i, op in enumerate(graph.ops):
+        if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
+            continue
+        if recompute == "selective" and (op.kind in _SELECTIVE_KINDS or op.kind == "dropout" and any(
+                graph[r.op].kind == "softmax" for r in op.inputs)):
+            continue
+        if recompute == "full" and not any(graph[r.op].block != op.block for r in op.inputs):
+            continue  # recomputed from the layer's input during the backward pass
+        cfg = strategy.configs[op.name]
+        degrees = dict(cfg.degrees)
+        if m > 1 and "sample" in op.dim_names:
+            degrees["sample"] = degrees.get("sample", 1) * m
+        ins, _, _ = op.partition_shapes(degrees)
+        out[i] = sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)
+                     if t.dtype in FLOAT_DTYPES)
+    return out
