@@ -150,6 +150,13 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         if level.size:
             act_peak[d] = max(0.0, float(level.max()))
         curves.append((times[lo:hi], static[d] + level))
+    image = tg.info.get("device_image")
+    if image is not None:  # symmetric simulation: mirror representatives' activations
+        for d in range(D):
+            i = int(image[d])
+            if i >= 0 and i != d:
+                act_peak[d] = act_peak[i]
+                curves[d] = (curves[i][0], static[d] + (curves[i][1] - static[i]))
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
     return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity, curves)
 

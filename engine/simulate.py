@@ -23,7 +23,7 @@ import numpy as np
 
 from .taskgraph import BWD, COLL, FWD, UPDATE, XFER, TaskGraph
 
-__all__ = ["Timeline", "simulate", "run_schedule"]
+__all__ = ["Timeline", "simulate", "run_schedule", "mirror", "POLICIES"]
 
 
 @nb.njit(cache=True)
@@ -66,8 +66,11 @@ def _pop(hk, hi, n):
 
 
 @nb.njit(cache=True)
-def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res):  # pragma: no cover
+def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res, rank):  # pragma: no cover
+    """List scheduling. ``rank`` empty: FIFO by ready time (FlexFlow's Algorithm 1); else
+    tasks are dispatched in ``rank`` order (a fixed topological priority)."""
     n = dur.shape[0]
+    static = rank.shape[0] == n
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     ready = np.zeros(n)
@@ -81,11 +84,11 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     h = 0
     for t in range(n):
         if left[t] == 0:
-            h = _push(hk, hi, h, 0.0, t)
+            h = _push(hk, hi, h, rank[t] if static else 0.0, t)
     done = 0
     while h > 0:
         r, t, h = _pop(hk, hi, h)
-        s = r
+        s = ready[t]
         rp = -1
         for k in range(res_ptr[t], res_ptr[t + 1]):
             q = res_idx[k]
@@ -109,14 +112,14 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
                 ready[c] = rc
             left[c] -= 1
             if left[c] <= 0:
-                h = _push(hk, hi, h, ready[c], c)
+                h = _push(hk, hi, h, rank[c] if static else ready[c], c)
         for k in range(succ_ptr[t], succ_ptr[t + 1]):
             v = succ_idx[k]
             if e > ready[v]:
                 ready[v] = e
             left[v] -= 1
             if left[v] == 0:
-                h = _push(hk, hi, h, ready[v], v)
+                h = _push(hk, hi, h, rank[v] if static else ready[v], v)
     return start, end, order[:done], res_pred
 
 
@@ -138,13 +141,44 @@ def _longest_path(order, dur, succ_ptr, succ_idx, chain_next, chain_lag):  # pra
     return est
 
 
-def run_schedule(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Run the event loop: (start_s, end_s, dispatch order, resource predecessor) per task."""
+def mirror(per_device: np.ndarray, tg: TaskGraph) -> np.ndarray:
+    """Copy each representative device's value to the devices that mirror it (a reduced,
+    symmetric simulation holds tasks only for representatives)."""
+    image = tg.info.get("device_image")
+    if image is None:
+        return per_device
+    out = per_device.copy()
+    has = image >= 0
+    out[has] = per_device[image[has]]
+    return out
+
+
+POLICIES = ("fifo", "static")
+
+
+def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Run the event loop: (start_s, end_s, dispatch order, resource predecessor) per task.
+
+    ``fifo``: FlexFlow's Algorithm 1, tasks take their resources in order of ready time.
+    ``static``: tasks take their resources in one fixed topological order (Kahn's, ties by
+    task id) whatever the durations; start times are then a max-plus function of the
+    durations, so a faster device or link never delays anything. FIFO is the realistic
+    policy but, like any greedy list scheduler, can show Graham's anomalies (Graham 1969):
+    speeding a task up reorders a queue and can lengthen the schedule slightly.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
     npred = tg.npred.copy()
     has_chain = tg.chain_next >= 0
     np.add.at(npred, tg.chain_next[has_chain], 1)  # a chained hop waits for its previous hop
-    return _run(tg.dur_s, tg.res_ptr, tg.res_idx, tg.succ_ptr, tg.succ_idx, npred, tg.chain_next,
-                tg.chain_lag_s, tg.n_devices + tg.n_links)
+    n_res = tg.n_devices + tg.n_links
+    args = (tg.res_ptr, tg.res_idx, tg.succ_ptr, tg.succ_idx, npred, tg.chain_next, tg.chain_lag_s, n_res)
+    rank = np.zeros(0)
+    if policy == "static":
+        _, _, order, _ = _run(np.zeros(tg.num_tasks), *args, rank)  # zero durations: Kahn's order by id
+        rank = np.empty(tg.num_tasks)
+        rank[order] = np.arange(order.size, dtype=np.float64)
+    return _run(tg.dur_s, *args, rank)
 
 
 @dataclass
@@ -178,7 +212,8 @@ class Timeline:
         """[device] seconds each GPU spends on compute and optimizer tasks."""
         tg = self.tasks
         on_dev = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
-        return np.bincount(tg.device[on_dev], weights=tg.dur_s[on_dev], minlength=tg.n_devices)
+        busy = np.bincount(tg.device[on_dev], weights=tg.dur_s[on_dev], minlength=tg.n_devices)
+        return mirror(busy, tg)
 
     @property
     def utilization(self) -> np.ndarray:
@@ -249,8 +284,8 @@ class Timeline:
         return float(self.device_busy_s.max()) if self.device_busy_s.size else 0.0
 
 
-def simulate(tg: TaskGraph) -> Timeline:
-    """Simulate one iteration of ``tg``.
+def simulate(tg: TaskGraph, policy: str = "fifo") -> Timeline:
+    """Simulate one iteration of ``tg`` (``policy``: see :func:`run_schedule`).
 
     Raises
     ------
@@ -258,7 +293,7 @@ def simulate(tg: TaskGraph) -> Timeline:
         When some task never becomes ready (a dependency cycle, which a valid strategy's
         task graph never has).
     """
-    start, end, order, res_pred = run_schedule(tg)
+    start, end, order, res_pred = run_schedule(tg, policy)
     if order.size != tg.num_tasks:
         stuck = np.nonzero(np.isnan(start))[0][:5]
         raise ValueError(f"{tg.num_tasks - order.size} task(s) never became ready (first: {stuck.tolist()}); "

@@ -47,6 +47,8 @@ from .strategy import Config, Strategy
 
 __all__ = [
     "TaskGraph",
+    "Symmetry",
+    "find_symmetry",
     "build_task_graph",
     "FWD",
     "BWD",
@@ -152,7 +154,7 @@ class _Buffer:
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
                                                   ("kind", "op", "part", "mb", "device", "dur", "size", "flops",
                                                    "coll", "link", "res")}
-        self.multi_res: list[tuple[int, np.ndarray]] = []
+        self.multi_res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, their resources)
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
         self.chain_from: list[np.ndarray] = []
@@ -160,18 +162,31 @@ class _Buffer:
         self.chain_lag: list[np.ndarray] = []
         self.comm_bytes = 0.0
 
+    _DTYPES = {"kind": np.int8, "op": np.int32, "part": np.int32, "mb": np.int32, "device": np.int32,
+               "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
+               "res": np.int64}
+
     def add(self, n: int, kind: int, *, op=-1, part=-1, mb=-1, device=-1, dur=0.0, size=0.0, flops=0.0,
             coll=-1, link=-1, res=-1) -> np.ndarray:
+        """Append ``n`` tasks; each column is a scalar (kept as is until :meth:`finish`) or
+        an array of length ``n``."""
         ids = np.arange(self.n, self.n + n, dtype=np.int64)
         self.n += n
         c = self.cols
-        c["kind"].append(np.full(n, kind, np.int8))
-        for key, val, dt in (("op", op, np.int32), ("part", part, np.int32), ("mb", mb, np.int32),
-                             ("device", device, np.int32), ("dur", dur, np.float64), ("size", size, np.float64),
-                             ("flops", flops, np.float64), ("coll", coll, np.int8), ("link", link, np.int32),
-                             ("res", res, np.int64)):
-            c[key].append(np.broadcast_to(np.asarray(val, dtype=dt), (n,)))
+        for key, val in (("kind", kind), ("op", op), ("part", part), ("mb", mb), ("device", device), ("dur", dur),
+                         ("size", size), ("flops", flops), ("coll", coll), ("link", link), ("res", res)):
+            c[key].append((n, val))
         return ids
+
+    def _column(self, key: str) -> np.ndarray:
+        parts = self.cols[key]
+        dt = self._DTYPES[key]
+        out = np.empty(self.n, dt)
+        pos = 0
+        for n, val in parts:
+            out[pos:pos + n] = val
+            pos += n
+        return out
 
     def edges(self, src, dst) -> None:
         src = np.asarray(src, np.int64).ravel()
@@ -181,27 +196,28 @@ class _Buffer:
             self.dst.append(dst)
 
     def finish(self, n_devices: int, n_links: int) -> TaskGraph:
-        cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.cols.items()}
+        cat = {k: self._column(k) for k in self.cols}
         n = self.n
         # resources: single-resource tasks from "res", collectives from multi_res
         single = cat["res"].astype(np.int64)
         counts = (single >= 0).astype(np.int64)
-        multi = {t: r for t, r in self.multi_res}
-        for t, r in multi.items():
-            counts[t] = r.size
+        for ids, r in self.multi_res:
+            counts[ids] = r.size
         res_ptr = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=res_ptr[1:])
         res_idx = np.empty(res_ptr[-1], np.int64)
         has = np.nonzero(single >= 0)[0]
         res_idx[res_ptr[has]] = single[has]
-        for t, r in multi.items():
-            res_idx[res_ptr[t]:res_ptr[t + 1]] = r
+        for ids, r in self.multi_res:
+            pos = res_ptr[ids][:, None] + np.arange(r.size)[None, :]
+            res_idx[pos.ravel()] = np.tile(r, ids.size)
         # successors
         src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
         dst = np.concatenate(self.dst) if self.dst else np.zeros(0, np.int64)
-        if src.size:
-            key = np.unique(src * n + dst)  # drop duplicate edges
-            src, dst = key // n, key % n
+        # CSR by source. A duplicate edge is harmless: it is counted in npred as often as it
+        # appears among the successors.
+        order = np.argsort(src, kind="stable")
+        dst = dst[order]
         succ_ptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
         npred = np.bincount(dst, minlength=n).astype(np.int64)
@@ -329,12 +345,88 @@ def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarray, np.n
     return holder.astype(np.int64), r.astype(np.int64), elems.astype(np.int64)
 
 
+# --------------------------------------------------------------------------- symmetry
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """Translation symmetry of a strategy: axes (degree, device stride) that every op's
+    device grid follows. Partitions at coordinate 0 on every axis are *representatives*;
+    every other partition runs the same tasks at the same times on its own devices.
+
+    Attributes
+    ----------
+    axes : tuple of (degree, device stride)
+    dims : mapping op name -> names of the dims that run along the axes
+    """
+
+    axes: tuple[tuple[int, int], ...]
+    dims: dict[str, tuple[str, ...]]
+
+    @property
+    def replicas(self) -> int:
+        return math.prod(k for k, _ in self.axes)
+
+
+def _dim_strides(op: Op, config: Config) -> dict[str, tuple[int, int]]:
+    """(degree, device stride) of every split dim along which the device grid is affine."""
+    names = [d.name for d in op.dims if config.degree(d.name) > 1]
+    if not names:
+        return {}
+    shape = [config.degree(n) for n in names]
+    grid = np.asarray(config.devices, np.int64).reshape(shape)
+    out = {}
+    for j, n in enumerate(names):
+        diff = np.diff(grid, axis=j)
+        if diff.size and np.all(diff == diff.flat[0]):
+            out[n] = (shape[j], int(diff.flat[0]))
+    return out
+
+
+def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symmetry | None:
+    """The translation symmetry under which simulating representatives is exact, or None.
+
+    Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
+    of its dims; (2) one device type and one node spec; (3) no link shared between devices,
+    which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
+    NIC per GPU (DGX presets), the fabric being non-blocking. Transfers that cross replicas are
+    checked when the task graph is built (they make the reduction inexact, and the builder
+    then simulates everything).
+    """
+    if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
+        return None
+    spec = cluster.node_specs[0]
+    if spec.repeat > 1 and spec.nics < spec.gpus:
+        return None
+    common: set[tuple[int, int]] | None = None
+    per_op: dict[str, dict[str, tuple[int, int]]] = {}
+    for op in graph.ops:
+        st = _dim_strides(op, strategy.configs[op.name])
+        per_op[op.name] = st
+        axes = set(st.values())
+        if len(axes) != len(st):
+            axes = {a for a in axes if list(st.values()).count(a) == 1}
+        common = axes if common is None else common & axes
+        if not common:
+            return None
+    if not common:
+        return None
+    axes = tuple(sorted(common, key=lambda a: a[1]))
+    dims = {name: tuple(n for n, a in st.items() if a in common) for name, st in per_op.items()}
+    return Symmetry(axes, dims)
+
+
 # --------------------------------------------------------------------------- builder
 
 
 class _Builder:
-    def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel) -> None:
+    def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel,
+                 symmetry: Symmetry | None = None) -> None:
         self.g, self.s, self.c, self.cost = graph, strategy, cluster, cost
+        self.sym = symmetry
+        self.rep: dict[int, np.ndarray] = {}  # op -> [part] True for representative partitions
+        self.image: dict[int, np.ndarray] = {}  # op -> [part] the representative it mirrors
+        self.cross_replica = 0  # transfers between replicas (make a reduction inexact)
         self.buf = _Buffer()
         self.D = cluster.num_devices
         self.m = max(1, strategy.pipeline.microbatches)
@@ -345,7 +437,13 @@ class _Builder:
         self.grid: dict[int, tuple[list[str], np.ndarray]] = {}
         self.devs: dict[int, np.ndarray] = {}
         self._coll_cache: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
-        self.coll_devices: list[tuple[int, list[int]]] = []  # collective task -> its devices
+        self.coll_devices: list[tuple[np.ndarray, list[int]]] = []  # collective tasks -> their devices
+        self.sent: dict[tuple, np.ndarray] = {}  # transfers already made, see _per_mb
+        self.grad_reduced: dict[tuple, np.ndarray] = {}  # input-gradient all-reduces, see _grad_reduce
+        self.plans: dict[tuple, tuple] = {}  # transfer plans of identical edges (repeated layers)
+        names = sorted({d.type for d in cluster.devices})
+        self.types = [cluster.device_types[n] for n in names]
+        self.type_index = np.array([names.index(d.type) for d in cluster.devices], np.int64)
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]
         self.link_lat = cluster.arrays["link_latency_s"]
 
@@ -360,29 +458,42 @@ class _Builder:
     def collective(self, kind: str, size_bytes: float, devices, preds, op: int = -1, mb: int = -1) -> int:
         """Add one collective task over ``devices`` after ``preds``; returns its id (or -1
         when the group is one device: the data is already in place)."""
+        ids = self.collectives(kind, size_bytes, devices, np.asarray(preds, np.int64).reshape(1, -1), op,
+                               np.asarray([mb]))
+        return int(ids[0]) if ids is not None else -1
+
+    def collectives(self, kind: str, size_bytes: float, devices, preds: np.ndarray, op: int,
+                    mbs: np.ndarray) -> np.ndarray | None:
+        """One collective per row of ``preds`` ([k, n_preds] task ids), all over the same
+        ``devices`` and of the same size (e.g. one per microbatch); returns their ids, or
+        None when the group is a single device."""
         devs = sorted(set(int(d) for d in devices))
         if len(devs) <= 1 or size_bytes <= 0:
-            return -1
+            return None
         bw, lat, links = self.group(devs)
         n = len(devs)
+        k = preds.shape[0]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.cost.link_efficiency)
-        t = int(self.buf.add(1, COLL, op=op, mb=mb, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])[0])
-        self.buf.multi_res.append((t, np.asarray([self.D + lk for lk in links], np.int64)))
-        self.coll_devices.append((t, devs))
-        self.buf.edges(np.asarray(preds, np.int64), np.full(len(preds), t))
+        ids = self.buf.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])
+        self.buf.multi_res.append((ids, np.asarray([self.D + lk for lk in links], np.int64)))
+        self.coll_devices.append((ids, devs))
+        self.buf.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
-        self.buf.comm_bytes += factor * size_bytes
-        return t
+        self.buf.comm_bytes += factor * size_bytes * k
+        return ids
 
     def transfers(self, src_tasks: np.ndarray, dst_tasks: np.ndarray, src_dev: np.ndarray, dst_dev: np.ndarray,
-                  size_bytes: np.ndarray, op: int, mb: np.ndarray) -> None:
+                  size_bytes: np.ndarray, op: int, mb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Edges from ``src_tasks`` to ``dst_tasks`` through transfer hops where the devices
-        differ (vectorised over pairs)."""
+        differ (vectorised over pairs). Returns the first and last hop of every pair's
+        transfer (-1 where no transfer was needed)."""
+        first_hop = np.full(src_tasks.size, -1, np.int64)
+        last_hop = np.full(src_tasks.size, -1, np.int64)
         same = (src_dev == dst_dev) | (size_bytes <= 0)
         self.buf.edges(src_tasks[same], dst_tasks[same])
         idx = np.nonzero(~same)[0]
         if idx.size == 0:
-            return
+            return first_hop, last_hop
         # One path lookup per distinct device pair, then one block of hop tasks per path
         # length, vectorised over every transfer with that many hops.
         pair = src_dev[idx].astype(np.int64) * self.D + dst_dev[idx]
@@ -409,53 +520,87 @@ class _Builder:
                                    res=self.D + lk)
                 if prev is None:
                     self.buf.edges(src_tasks[sel], ids)
+                    first_hop[sel] = ids
                 else:
                     self.buf.chain_from.append(prev)
                     self.buf.chain_to.append(ids)
                     self.buf.chain_lag.append(link_lat[links[:, h - 1]])
                 prev = ids
             self.buf.edges(prev, dst_tasks[sel])
+            last_hop[sel] = prev
         self.buf.comm_bytes += float(size_bytes[idx].sum())
+        return first_hop, last_hop
 
     # -- compute tasks --------------------------------------------------------------
     def compute_tasks(self) -> None:
         s, g = self.s, self.g
         recompute = s.recompute
+        memo: dict[tuple, tuple] = {}  # identical ops (repeated layers) under identical configs
         for oi, op in enumerate(g.ops):
             config = s.configs[op.name]
-            names, grid = _coords(op, config)
-            self.grid[oi] = (names, grid)
             devs = np.asarray(config.devices, np.int64)
             self.devs[oi] = devs
             P = devs.size
-            degrees = dict(config.degrees)
-            if self.m > 1 and "sample" in op.dim_names:
-                degrees["sample"] = degrees.get("sample", 1) * self.m
-            fwd_t = np.empty(P)
-            bwd_t = np.empty(P)
-            times: dict[str, tuple[float, float]] = {}
-            for k, d in enumerate(devs):
-                dt = self.c.device_type(int(d))
-                if dt.name not in times:
-                    times[dt.name] = self.cost.partition_times_s(op, degrees, self.precision, dt)
-                fwd_t[k], bwd_t[k] = times[dt.name]
-            if recompute == "full" and op.kind != "input" or \
-                    recompute == "selective" and (op.kind in _SELECTIVE_KINDS or self._attention_dropout(op)):
-                bwd_t = bwd_t + fwd_t
-            fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
-            mbs = np.repeat(np.arange(self.m), P)
-            parts = np.tile(np.arange(P), self.m)
-            dev = np.tile(devs, self.m)
-            f = self.buf.add(self.m * P, FWD, op=oi, part=parts, mb=mbs, device=dev, dur=np.tile(fwd_t, self.m),
-                             flops=fwd_f, res=dev)
-            self.fwd[oi] = f.reshape(self.m, P)
+            sig = (self._signature(op), tuple(config.degrees.items()), self.sym.dims.get(op.name) if self.sym else None,
+                   recompute == "selective" and self._attention_dropout(op))
+            hit = memo.get(sig)
+            kinds = self.type_index[devs]
+            uk = np.unique(kinds) if len(self.types) > 1 else np.zeros(1, np.int64)
+            if hit is None or len(self.types) > 1:
+                names, grid = _coords(op, config)
+                degrees = dict(config.degrees)
+                if self.m > 1 and "sample" in op.dim_names:
+                    degrees["sample"] = degrees.get("sample", 1) * self.m
+                fwd_t = np.empty(P)
+                bwd_t = np.empty(P)
+                for ti in uk:
+                    f_s, b_s = self.cost.partition_times_s(op, degrees, self.precision, self.types[ti])
+                    fwd_t[kinds == ti], bwd_t[kinds == ti] = f_s, b_s
+                if recompute == "full" and op.kind != "input" or \
+                        recompute == "selective" and (op.kind in _SELECTIVE_KINDS or self._attention_dropout(op)):
+                    bwd_t = bwd_t + fwd_t
+                fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
+                rep, image = self._representatives(op, names, grid)
+                hit = memo[sig] = (names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image)
+            names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
+            self.grid[oi] = (names, grid)
+            self.rep[oi], self.image[oi] = rep, image
+            keep = np.nonzero(rep)[0]
+            R = keep.size
+            mbs = np.repeat(np.arange(self.m), R)
+            parts = np.tile(keep, self.m)
+            dev = np.tile(devs[keep], self.m)
+            f = self.buf.add(self.m * R, FWD, op=oi, part=parts, mb=mbs, device=dev,
+                             dur=np.tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
+            # every partition's entry points at its representative's task
+            slot = np.searchsorted(keep, image)
+            self.fwd[oi] = f[:, slot]
             self.fwd_ready[oi] = self.fwd[oi]
             if op.kind != "input":
-                b = self.buf.add(self.m * P, BWD, op=oi, part=parts, mb=mbs, device=dev,
-                                 dur=np.tile(bwd_t, self.m), flops=bwd_f, res=dev)
-                self.bwd[oi] = b.reshape(self.m, P)
+                b = self.buf.add(self.m * R, BWD, op=oi, part=parts, mb=mbs, device=dev,
+                                 dur=np.tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
+                self.bwd[oi] = b[:, slot]
                 # a partition's backward follows its own forward
-                self.buf.edges(self.fwd[oi], self.bwd[oi])
+                self.buf.edges(f, b)
+
+    @staticmethod
+    def _signature(op: Op) -> tuple:
+        """What an op's partitions depend on, apart from its name and neighbours."""
+        return (op.kind, tuple(t.shape for t in op.in_tensors), tuple(t.shape for t in op.out_tensors),
+                tuple(sorted((k, str(v)) for k, v in op.attrs.items())))
+
+    def _representatives(self, op: Op, names: list[str], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[part] mask of representative partitions and [part] index of each one's image."""
+        P = grid.shape[0]
+        if self.sym is None or not self.sym.dims.get(op.name):
+            return np.ones(P, bool), np.arange(P)
+        cols = [names.index(n) for n in self.sym.dims[op.name]]
+        rep = np.all(grid[:, cols] == 0, axis=1)
+        zeroed = grid.copy()
+        zeroed[:, cols] = 0
+        shape = [int(grid[:, j].max()) + 1 for j in range(grid.shape[1])]
+        image = np.ravel_multi_index(zeroed.T, shape) if shape else np.zeros(P, np.int64)
+        return rep, image.astype(np.int64)
 
     def _attention_dropout(self, op: Op) -> bool:
         return op.kind == "dropout" and any(self.g[r.op].kind == "softmax" for r in op.inputs)
@@ -476,11 +621,14 @@ class _Builder:
             ready = self.fwd[oi].copy()
             for c in range(int(cls.max()) + 1):
                 members = np.nonzero(cls == c)[0]
-                nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype]
-                for mb in range(self.m):
-                    t = self.collective(kind, nbytes, self.devs[oi][members], self.fwd[oi][mb, members], oi, mb)
-                    if t >= 0:
-                        ready[mb, members] = t
+                if not self.rep[oi][members].any():
+                    continue  # mirrored by a representative group
+                per_mb = self.m if "sample" in op.out_tensors[0].axes else 1
+                nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
+                ids = self.collectives(kind, nbytes, self.devs[oi][members], self.fwd[oi][:, members], oi,
+                                       np.arange(self.m))
+                if ids is not None:
+                    ready[:, members] = ids[:, None]
             self.fwd_ready[oi] = ready
 
     def _scatter_after(self, op: Op) -> bool:
@@ -504,16 +652,23 @@ class _Builder:
             pnames, pgrid = self.grid[p]
             cnames, cgrid = self.grid[c]
             tensor = prod.out_tensors[o]
-            nbytes = DTYPE_BYTES[tensor.dtype]
+            # regions are of the whole batch; a microbatch carries 1/m of the sample axis
+            nbytes = DTYPE_BYTES[tensor.dtype] / (self.m if "sample" in tensor.axes else 1)
             # forward: holders = producer partitions; identical data across reduction (after
             # the all-reduce) and replica dims
-            hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
-            h_lo, h_hi = _out_regions(prod, pcfg, pnames, pgrid, o)
-            r_lo, r_hi = _in_regions(cons, ccfg, cnames, cgrid, i)
-            holder, recv, elems = _plan(h_lo, h_hi, self.devs[p], _classes(pgrid, pnames, hkeep),
-                                        r_lo, r_hi, self.devs[c])
+            base = int(min(self.devs[p].min(), self.devs[c].min()))
+            pkey = (self._signature(prod), o, tuple(pcfg.degrees.items()), self._signature(cons), i,
+                    tuple(ccfg.degrees.items()), (self.devs[p] - base).tobytes(), (self.devs[c] - base).tobytes())
+            hit = self.plans.get(pkey)
+            if hit is None:
+                hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
+                h_lo, h_hi = _out_regions(prod, pcfg, pnames, pgrid, o)
+                r_lo, r_hi = _in_regions(cons, ccfg, cnames, cgrid, i)
+                fwd_plan = _plan(h_lo, h_hi, self.devs[p], _classes(pgrid, pnames, hkeep), r_lo, r_hi, self.devs[c])
+                hit = self.plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
+            h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
             self._per_mb(self.fwd_ready[p], self.fwd[c], holder, recv, elems * nbytes, self.devs[p],
-                         self.devs[c], c)
+                         self.devs[c], c, p, c, key=(p, o))
             # backward: gradients flow back for float tensors into ops that have a backward
             if tensor.dtype not in FLOAT_DTYPES or p not in self.bwd:
                 continue
@@ -522,13 +677,20 @@ class _Builder:
             ckeep = {n for n in cnames if n not in partial and cons.dim(n).kind != REPLICA}
             ready = self.bwd[c]
             if partial:
-                ready = self._grad_reduce(c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes)
-            h2, r2, e2 = _plan(r_lo, r_hi, self.devs[c], _classes(cgrid, cnames, ckeep), h_lo, h_hi, self.devs[p])
-            self._per_mb(ready, self.bwd[p], h2, r2, e2 * nbytes, self.devs[c], self.devs[p], p)
+                ready = self._grad_reduce(c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes, (p, o))
+            if "bwd" not in bwd_plans:
+                bwd_plans["bwd"] = _plan(r_lo, r_hi, self.devs[c], _classes(cgrid, cnames, ckeep), h_lo, h_hi,
+                                         self.devs[p])
+            h2, r2, e2 = bwd_plans["bwd"]
+            self._per_mb(ready, self.bwd[p], h2, r2, e2 * nbytes, self.devs[c], self.devs[p], p, c, p,
+                         key=(p, o, "grad") if not partial else None, backward=True)
 
-    def _grad_reduce(self, c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes) -> np.ndarray:
+    def _grad_reduce(self, c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes, tensor) -> np.ndarray:
         """All-reduce partial input gradients over partitions that differ only in dims that
-        do not split the input; returns [mb, part] tasks after which each holds the sum."""
+        do not split the input; returns [mb, part] tasks after which each holds the sum.
+
+        Consumers of one tensor on the same devices (Q, K and V reading one LayerNorm) add
+        their partial gradients locally first and share one all-reduce, as autograd does."""
         keep = {n for n in cnames if n not in partial}
         cls = _classes(cgrid, cnames, keep)
         ready = self.bwd[c].copy()
@@ -536,22 +698,76 @@ class _Builder:
         for k in range(int(cls.max()) + 1):
             members = np.nonzero(cls == k)[0]
             devs = self.devs[c][members]
-            if np.unique(devs).size <= 1:
+            if np.unique(devs).size <= 1 or not self.rep[c][members].any():
                 continue
-            for mb in range(self.m):
-                t = self.collective("all_reduce", float(elems[members[0]]) * nbytes, devs,
-                                    self.bwd[c][mb, members], c, mb)
-                ready[mb, members] = t
+            key = (tensor, tuple(sorted(int(d) for d in devs)), int(elems[members[0]]))
+            ids = self.grad_reduced.get(key)
+            if ids is not None:
+                self.buf.edges(self.bwd[c][:, members], np.repeat(ids, members.size))
+            else:
+                ids = self.collectives("all_reduce", float(elems[members[0]]) * nbytes, devs,
+                                       self.bwd[c][:, members], c, np.arange(self.m))
+                if ids is not None:
+                    self.grad_reduced[key] = ids
+            if ids is not None:
+                ready[:, members] = ids[:, None]
         return ready
 
-    def _per_mb(self, src_tasks, dst_tasks, holder, recv, size_bytes, src_dev, dst_dev, op) -> None:
+    def _per_mb(self, src_tasks, dst_tasks, holder, recv, size_bytes, src_dev, dst_dev, op,
+                src_op: int, dst_op: int, key: tuple | None = None, backward: bool = False) -> None:
+        """Transfers for every (holder, receiver) pair, in every microbatch.
+
+        A region is sent to a device once: in the forward pass a second consumer on the same
+        device waits for the first one's transfer (``key`` names the tensor); in the backward
+        pass gradients for the same producer partition from one device are summed there and
+        sent once, after every contributing backward task.
+        """
+        if holder.size == 0:
+            return
+        keep = self.rep[dst_op][recv]
+        if not keep.all():
+            holder, recv, size_bytes = holder[keep], recv[keep], size_bytes[keep]
+        if self.sym is not None:
+            self.cross_replica += int(np.count_nonzero(~self.rep[src_op][holder] & (size_bytes > 0)))
         if holder.size == 0:
             return
         m = self.m
+        moving = (size_bytes > 0) & (src_dev[holder] != dst_dev[recv])
+        if key is not None and moving.any():
+            cache = self.sent
+            # forward: (tensor, holder partition, destination device) -> last hops [mb]
+            # backward: (tensor, producer partition, source device) -> first hops [mb]
+            ids = [None] * holder.size
+            old = np.zeros(holder.size, bool)
+            for j in np.nonzero(moving)[0]:
+                k = (key, int(recv[j]) if backward else int(holder[j]),
+                     int(src_dev[holder[j]]) if backward else int(dst_dev[recv[j]]))
+                ids[j] = k
+                old[j] = k in cache
+            reuse = np.nonzero(old)[0]
+            for j in reuse:
+                hops = cache[ids[j]]
+                if backward:
+                    self.buf.edges(src_tasks[:, holder[j]], hops)
+                else:
+                    self.buf.edges(hops, dst_tasks[:, recv[j]])
+            fresh = np.nonzero(~old)[0]
+            holder, recv, size_bytes = holder[fresh], recv[fresh], size_bytes[fresh]
+            ids = [ids[j] for j in fresh]
+            if holder.size == 0:
+                return
+        else:
+            key = None
         s = src_tasks[:, holder].ravel()
         d = dst_tasks[:, recv].ravel()
-        self.transfers(s, d, np.tile(src_dev[holder], m), np.tile(dst_dev[recv], m),
-                       np.tile(size_bytes.astype(np.float64), m), op, np.repeat(np.arange(m), holder.size))
+        first, last = self.transfers(s, d, np.tile(src_dev[holder], m), np.tile(dst_dev[recv], m),
+                                     np.tile(size_bytes.astype(np.float64), m), op,
+                                     np.repeat(np.arange(m), holder.size))
+        if key is not None:
+            hops = (first if backward else last).reshape(m, holder.size)
+            for j, k in enumerate(ids):
+                if k is not None and hops[0, j] >= 0:
+                    self.sent[k] = hops[:, j].copy()
 
     # -- gradient synchronisation and update --------------------------------------------
     def grad_sync(self) -> None:
@@ -582,22 +798,26 @@ class _Builder:
                     devs.append(int(self.devs[oi][k]))
                     parts.append((oi, k))
             for devs, parts, elems in regions.values():
+                if not any(self.rep[oi][k] for oi, k in parts):
+                    continue  # mirrored by a representative region
                 udevs = sorted(set(devs))
                 share = elems / len(udevs) if zero >= 1 else elems
                 device_params[udevs] += share
                 kind = "reduce_scatter" if zero >= 2 else "all_reduce"
                 # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
                 # otherwise gradients accumulate locally and are synchronised once.
-                mbs = range(self.m) if zero >= 3 else [self.m - 1]
-                for mb in mbs:
-                    tasks = [int(self.bwd[oi][mb, k]) for oi, k in parts]
-                    t = self.collective(kind, elems * pbytes, udevs, tasks, members[0], mb if zero >= 3 else -1)
-                    if t >= 0:
-                        deps.append(np.array([[d, t] for d in udevs], np.int64))
+                rows = np.arange(self.m) if zero >= 3 else np.array([self.m - 1])
+                preds = np.stack([self.bwd[oi][rows, k] for oi, k in parts], axis=1)
+                ids = self.collectives(kind, elems * pbytes, udevs, preds, members[0],
+                                       rows if zero >= 3 else np.array([-1]))
+                if ids is not None:
+                    mine = np.array([d for d in udevs if d in self.rep_devices], np.int64)
+                    deps.append(np.stack([np.repeat(mine, ids.size), np.tile(ids, mine.size)], axis=1))
                 if zero in (1, 2):
                     gathers.append((udevs, elems * pbytes, members[0]))
         # every device's last-microbatch backward tasks also precede its update
-        last = [np.stack([self.devs[oi], self.bwd[oi][self.m - 1]], axis=1) for oi in self.bwd]
+        last = [np.stack([self.devs[oi][self.rep[oi]], self.bwd[oi][self.m - 1][self.rep[oi]]], axis=1)
+                for oi in self.bwd]
         pairs = np.concatenate(deps + last) if deps or last else np.zeros((0, 2), np.int64)
         update: dict[int, int] = {}
         for d in np.unique(pairs[:, 0]):
@@ -609,7 +829,9 @@ class _Builder:
             self.buf.edges(pairs[:, 1], upd)
         # ZeRO-1/2: parameters are all-gathered after the sharded update
         for udevs, nbytes, oi in gathers:
-            self.collective("all_gather", nbytes, udevs, [update[d] for d in udevs if d in update], oi, -1)
+            preds = [update[d] for d in udevs if d in update]
+            if preds:
+                self.collective("all_gather", nbytes, udevs, preds, oi, -1)
 
     def fsdp_gathers(self) -> None:
         """ZeRO-3: all-gather each op's parameters before its forward and backward, per
@@ -637,57 +859,82 @@ class _Builder:
         preds = [] if prev is None else list(np.asarray(prev).ravel()[:1])
         t = self.collective("all_gather", nbytes, self.devs[oi], preds, oi, mb)
         if t >= 0:
-            self.buf.edges(np.full(tasks.shape[1], t), tasks[mb])
+            mine = np.unique(tasks[mb])
+            self.buf.edges(np.full(mine.size, t), mine)
         return t if t >= 0 else None
 
     # -- schedules ---------------------------------------------------------------------
     def schedule(self) -> None:
-        """Barrier tasks between consecutive schedule units on each device."""
+        """Barrier tasks between consecutive schedule units on each device (vectorised)."""
         pipe = self.s.pipeline
         p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), self.m
         if m == 1 and p == 1:
             return
-        chunk_of = {oi: self.s.stage_of.get(op.name, 0) for oi, op in enumerate(self.g.ops)}
-        # tasks per (device, chunk, mb, phase)
-        units: dict[tuple[int, int, int, int], list[np.ndarray]] = {}
-        for oi in self.fwd:
-            ch = chunk_of[oi]
-            for phase, table in ((FWD, self.fwd), (BWD, self.bwd)):
-                if oi not in table:
-                    continue
-                tasks = table[oi]
-                for mb in range(m):
-                    for k, d in enumerate(self.devs[oi]):
-                        units.setdefault((int(d), ch, mb, phase), []).append(tasks[mb, k:k + 1])
-        devices = sorted({key[0] for key in units})
-        for d in devices:
-            chunks = sorted({key[1] for key in units if key[0] == d})
-            stage = chunks[0] % p
+        chunk_of = np.array([self.s.stage_of.get(op.name, 0) for op in self.g.ops], np.int64)
+        task, dev, chunk, mb, phase = [], [], [], [], []
+        for phase_id, table in ((FWD, self.fwd), (BWD, self.bwd)):
+            for oi, tasks in table.items():
+                keep = np.nonzero(self.rep[oi])[0]
+                t = tasks[:, keep]  # [mb, rep part]
+                task.append(t.ravel())
+                dev.append(np.tile(self.devs[oi][keep], m))
+                chunk.append(np.full(t.size, chunk_of[oi]))
+                mb.append(np.repeat(np.arange(m), keep.size))
+                phase.append(np.full(t.size, phase_id))
+        task, dev, chunk, mb, phase = (np.concatenate(x) for x in (task, dev, chunk, mb, phase))
+        # rank of every (local chunk, microbatch, phase) unit in each stage's schedule
+        U = 2 * m * v
+        rank = np.full((p, v, m, 2), -1, np.int64)
+        for stage in range(p):
             order = _schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
-                [(0, mb, ph) for mb in range(m) for ph in (FWD, BWD)]
-            seq = []
-            for local_chunk, mb, phase in order:
-                ch = stage + local_chunk * p if p > 1 else chunks[0]
-                if (d, ch, mb, phase) in units:
-                    seq.append(np.concatenate(units[(d, ch, mb, phase)]))
-            for a, b in zip(seq, seq[1:]):
-                bar = self.buf.add(1, BARRIER)
-                self.buf.edges(a, np.full(a.size, bar[0]))
-                self.buf.edges(np.full(b.size, bar[0]), b)
+                [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
+            for r, (lc, k, ph) in enumerate(order):
+                rank[stage, lc, k, ph] = r
+        stage = chunk % p
+        local = chunk // p if p > 1 else np.zeros_like(chunk)
+        r = rank[stage, local, mb, phase]
+        # barrier (device, r) sits between units r and r + 1 of that device
+        udev, dslot = np.unique(dev, return_inverse=True)
+        base = self.buf.add(udev.size * (U - 1), BARRIER)[0] if U > 1 else 0
+        bar = base + dslot * (U - 1) + r
+        # only barriers between units a device really has (all ranks exist for a full stage)
+        after = r < U - 1
+        self.buf.edges(task[after], bar[after])
+        before = r > 0
+        self.buf.edges(bar[before] - 1, task[before])
+        # barriers of a device follow each other, so order holds even across a unit the
+        # device has no task in
+        if U > 2:
+            chain = (base + np.arange(udev.size)[:, None] * (U - 1) + np.arange(U - 2)[None, :]).ravel()
+            self.buf.edges(chain, chain + 1)
+
+    def _device_image(self) -> np.ndarray:
+        """[device] the representative device whose timeline each device mirrors (itself
+        without symmetry; -1 for unused devices)."""
+        image = np.full(self.D, -1, np.int64)
+        for oi in self.devs:
+            image[self.devs[oi]] = self.devs[oi][self.image[oi]]
+        return image
 
     def build(self) -> TaskGraph:
         self.compute_tasks()
+        self.rep_devices = {int(d) for oi in self.devs for d in self.devs[oi][self.rep[oi]]}
         self.reductions()
         self.data_edges()
         self.fsdp_gathers()
         self.grad_sync()
         self.schedule()
         tg = self.buf.finish(self.D, len(self.c.links))
-        ptr = np.zeros(len(self.coll_devices) + 1, np.int64)
-        np.cumsum([len(d) for _, d in self.coll_devices], out=ptr[1:])
-        idx = np.asarray([x for _, d in self.coll_devices for x in d], np.int64)
-        tasks = np.asarray([t for t, _ in self.coll_devices], np.int64)
-        tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks)}
+        tasks = np.concatenate([ids for ids, _ in self.coll_devices]) if self.coll_devices else np.zeros(0, np.int64)
+        sizes = np.concatenate([np.full(ids.size, len(d)) for ids, d in self.coll_devices]) \
+            if self.coll_devices else np.zeros(0, np.int64)
+        ptr = np.zeros(tasks.size + 1, np.int64)
+        np.cumsum(sizes, out=ptr[1:])
+        idx = np.concatenate([np.tile(np.asarray(d, np.int64), ids.size) for ids, d in self.coll_devices]) \
+            if self.coll_devices else np.zeros(0, np.int64)
+        tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks),
+                   "symmetry": self.sym, "cross_replica_transfers": self.cross_replica,
+                   "device_image": self._device_image()}
         return tg
 
 
@@ -729,7 +976,8 @@ def _schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[t
     return out
 
 
-def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None) -> TaskGraph:
+def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
+                     symmetry: str = "auto") -> TaskGraph:
     """Build the task graph of one training iteration of ``graph`` under ``strategy``.
 
     Parameters
@@ -738,9 +986,20 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
         ``strategy`` must be valid for them (:func:`engine.strategy.validate_strategy`).
     cost : CostModel, optional
         Defaults to the calibrated roofline.
+    symmetry : {"auto", "off"}
+        ``auto`` simulates one representative per set of identical replicas when
+        :func:`find_symmetry` finds an exact symmetry (and no transfer crosses replicas);
+        the timeline then holds the representatives' tasks, and ``info["device_image"]``
+        maps every device to the representative it mirrors.
 
     Returns
     -------
     TaskGraph
     """
-    return _Builder(graph, strategy, cluster, cost or CostModel()).build()
+    cost = cost or CostModel()
+    sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
+    if sym is not None:
+        tg = _Builder(graph, strategy, cluster, cost, sym).build()
+        if tg.info["cross_replica_transfers"] == 0:
+            return tg
+    return _Builder(graph, strategy, cluster, cost).build()
