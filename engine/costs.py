@@ -21,7 +21,6 @@ is fitted per row.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field

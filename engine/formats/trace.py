@@ -18,7 +18,7 @@ from ..cluster import Cluster
 from ..graph import OpGraph
 from ..memory import MemoryReport
 from ..simulate import Timeline
-from ..taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
+from ..taskgraph import BWD, COLL_NAMES, FWD, UPDATE, XFER
 
 __all__ = ["trace_events", "write_chrome_trace"]
 
