@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .errors import Problem, ValidationError
+from .errors import ValidationError
 
 __all__ = [
     "CostModel",
@@ -104,25 +104,21 @@ class ProfileTable:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<data>") -> "ProfileTable":
-        """Load and check a profile table; every bad entry is reported with its index."""
-        problems: list[Problem] = []
-        if not isinstance(data, Mapping) or data.get("format") != "soapbox.profile/1":
-            fmt = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ValidationError([Problem("format", f"expected 'soapbox.profile/1', got {fmt!r}")], source)
-        table = cls()
-        for i, e in enumerate(data.get("entries", [])):
-            at = f"entries[{i}]"
-            try:
-                fwd, bwd = float(e["fwd_s"]), float(e["bwd_s"])
-                if not (fwd >= 0 and bwd >= 0 and math.isfinite(fwd) and math.isfinite(bwd)):
-                    raise ValueError("times must be finite seconds >= 0")
-                table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"],
-                          e["device_type"], fwd, bwd)
-            except (KeyError, TypeError, ValueError) as exc:
-                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                problems.append(Problem(at, what))
+        """Load and check a profile table against ``profile.schema.json``; every bad entry
+        is reported with its path (``entries[3].inputs: ...``)."""
+        from .formats import _check_format, schema_problems
+
+        try:
+            _check_format(data, "soapbox.profile/1")
+        except ValidationError as exc:
+            raise exc.with_source(source) from None
+        problems = schema_problems(data, "soapbox.profile/1")
         if problems:
             raise ValidationError(problems, source)
+        table = cls()
+        for e in data["entries"]:
+            table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"], e["device_type"],
+                      e["fwd_s"], e["bwd_s"])
         return table
 
     @classmethod

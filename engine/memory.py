@@ -116,6 +116,10 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         for j, t in enumerate(tasks):
             ds = idx[ptr[j]:ptr[j + 1]]
             comm[ds] = np.maximum(comm[ds], tg.size_bytes[t])
+    image = tg.info.get("device_image")
+    if image is not None:  # a collective's buffer is built only where a representative joins it
+        has = image >= 0
+        comm[has] = comm[image[has]]
     # -- activations over time
     saved = _saved_bytes(graph, strategy, m)  # op index -> bytes per partition per microbatch
     is_f = tg.kind == FWD
@@ -150,7 +154,6 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         if level.size:
             act_peak[d] = max(0.0, float(level.max()))
         curves.append((times[lo:hi], static[d] + level))
-    image = tg.info.get("device_image")
     if image is not None:  # symmetric simulation: mirror representatives' activations
         for d in range(D):
             i = int(image[d])

@@ -23,7 +23,7 @@ import numpy as np
 
 from .taskgraph import BWD, COLL, FWD, UPDATE, XFER, TaskGraph
 
-__all__ = ["Timeline", "simulate", "run_schedule", "mirror", "POLICIES"]
+__all__ = ["Timeline", "simulate", "run_schedule", "run_reference", "mirror", "POLICIES"]
 
 
 @nb.njit(cache=True)
@@ -151,6 +151,54 @@ def mirror(per_device: np.ndarray, tg: TaskGraph) -> np.ndarray:
     has = image >= 0
     out[has] = per_device[image[has]]
     return out
+
+
+def run_reference(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
+    """The FIFO event loop in plain Python (heapq): the oracle the compiled loop is tested
+    against, and the baseline of ``benchmarks/bench_simulate.py``. Returns (start_s, end_s)."""
+    import heapq
+
+    n = tg.num_tasks
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    ready = np.zeros(n)
+    left = tg.npred.copy()
+    has_chain = tg.chain_next >= 0
+    np.add.at(left, tg.chain_next[has_chain], 1)
+    last = np.zeros(tg.n_devices + tg.n_links)
+    dur, rp, ri, sp, si = tg.dur_s.tolist(), tg.res_ptr.tolist(), tg.res_idx.tolist(), tg.succ_ptr.tolist(), \
+        tg.succ_idx.tolist()
+    chain, lag = tg.chain_next.tolist(), tg.chain_lag_s.tolist()
+    left_l, ready_l, last_l = left.tolist(), ready.tolist(), last.tolist()
+    heap = [(0.0, t) for t in range(n) if left_l[t] == 0]
+    heapq.heapify(heap)
+    start_l, end_l = [0.0] * n, [0.0] * n
+    while heap:
+        r, t = heapq.heappop(heap)
+        s = ready_l[t]
+        for k in range(rp[t], rp[t + 1]):
+            if last_l[ri[k]] > s:
+                s = last_l[ri[k]]
+        e = s + dur[t]
+        start_l[t], end_l[t] = s, e
+        for k in range(rp[t], rp[t + 1]):
+            last_l[ri[k]] = e
+        c = chain[t]
+        if c >= 0:
+            ready_l[c] = max(ready_l[c], s + lag[t])
+            left_l[c] -= 1
+            if left_l[c] <= 0:
+                heapq.heappush(heap, (ready_l[c], c))
+        for k in range(sp[t], sp[t + 1]):
+            v = si[k]
+            if e > ready_l[v]:
+                ready_l[v] = e
+            left_l[v] -= 1
+            if left_l[v] == 0:
+                heapq.heappush(heap, (ready_l[v], v))
+    start[:] = start_l
+    end[:] = end_l
+    return start, end
 
 
 POLICIES = ("fifo", "static")

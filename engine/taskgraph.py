@@ -871,9 +871,23 @@ class _Builder:
         if m == 1 and p == 1:
             return
         chunk_of = np.array([self.s.stage_of.get(op.name, 0) for op in self.g.ops], np.int64)
-        task, dev, chunk, mb, phase = [], [], [], [], []
+        # Only a unit's source ops (no producer in the same model chunk) wait for the barrier
+        # before it, and only its sink ops (no consumer in the chunk) feed the barrier after
+        # it: every other task of the unit is ordered through them by data dependencies.
+        # In the backward pass the roles swap.
+        has_prod = np.zeros(len(self.g.ops), bool)
+        has_cons = np.zeros(len(self.g.ops), bool)
+        for (pi, _, ci, _) in self.g.edges:
+            if chunk_of[pi] == chunk_of[ci]:
+                has_cons[pi] = True
+                has_prod[ci] = True
+        task, dev, chunk, mb, phase, src, snk = [], [], [], [], [], [], []
         for phase_id, table in ((FWD, self.fwd), (BWD, self.bwd)):
             for oi, tasks in table.items():
+                is_src = not (has_prod[oi] if phase_id == FWD else has_cons[oi])
+                is_snk = not (has_cons[oi] if phase_id == FWD else has_prod[oi])
+                if not (is_src or is_snk):
+                    continue
                 keep = np.nonzero(self.rep[oi])[0]
                 t = tasks[:, keep]  # [mb, rep part]
                 task.append(t.ravel())
@@ -881,7 +895,9 @@ class _Builder:
                 chunk.append(np.full(t.size, chunk_of[oi]))
                 mb.append(np.repeat(np.arange(m), keep.size))
                 phase.append(np.full(t.size, phase_id))
-        task, dev, chunk, mb, phase = (np.concatenate(x) for x in (task, dev, chunk, mb, phase))
+                src.append(np.full(t.size, is_src))
+                snk.append(np.full(t.size, is_snk))
+        task, dev, chunk, mb, phase, src, snk = (np.concatenate(x) for x in (task, dev, chunk, mb, phase, src, snk))
         # rank of every (local chunk, microbatch, phase) unit in each stage's schedule
         U = 2 * m * v
         rank = np.full((p, v, m, 2), -1, np.int64)
@@ -898,9 +914,9 @@ class _Builder:
         base = self.buf.add(udev.size * (U - 1), BARRIER)[0] if U > 1 else 0
         bar = base + dslot * (U - 1) + r
         # only barriers between units a device really has (all ranks exist for a full stage)
-        after = r < U - 1
+        after = (r < U - 1) & snk
         self.buf.edges(task[after], bar[after])
-        before = r > 0
+        before = (r > 0) & src
         self.buf.edges(bar[before] - 1, task[before])
         # barriers of a device follow each other, so order holds even across a unit the
         # device has no task in

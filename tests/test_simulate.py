@@ -17,7 +17,7 @@ from engine.cluster import preset
 from engine.graph import GraphBuilder
 from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert, megatron
-from engine.simulate import simulate
+from engine.simulate import run_reference, simulate
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
 from engine.taskgraph import BARRIER, COLL, XFER, _schedule_order, build_task_graph
 
@@ -297,6 +297,16 @@ def test_fifo_graham_anomaly_regression():
     static = [simulate(build_task_graph(g, s, k), "static").makespan_s for k in (c, fast)]
     assert fifo[1] == pytest.approx(fifo[0] * 1.0018254501325767, rel=1e-9)  # the anomaly
     assert static[1] <= static[0]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case())
+def test_compiled_loop_matches_python_reference(case):
+    g, s, c = case
+    tg = build_task_graph(g, s, c)
+    tl = simulate(tg)
+    start, end = run_reference(tg)
+    assert np.array_equal(tl.start_s, start) and np.array_equal(tl.end_s, end)
 
 
 def test_deterministic():

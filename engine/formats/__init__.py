@@ -48,6 +48,7 @@ FORMATS = {
     "soapbox.model/1": "model.schema.json",
     "soapbox.cluster/1": "cluster.schema.json",
     "soapbox.strategy/1": "strategy.schema.json",
+    "soapbox.profile/1": "profile.schema.json",
 }
 #: Files larger than this are refused before parsing (a 1536-GPU GPT-3 strategy is ~5 MB).
 MAX_FILE_BYTES = 256 * 2**20

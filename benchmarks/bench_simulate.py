@@ -1,0 +1,84 @@
+"""Simulator speed: task-graph build time and full-simulation throughput, 1k to 1M+ tasks.
+
+Prints one row per case: tasks, edges, build seconds, simulation seconds and simulated tasks
+per second (median of ``--repeat`` runs after one warm-up), and, for the cases small enough,
+the same simulation by the pure-Python reference loop (``engine.simulate.run_reference``) in
+the same process, with the speed-up ratio. The last case is GPT-3 175B on 1,024 A100s with
+Megatron's layout (tp 8, pp 16, dp 8, 1F1B, micro-batch 1): end-to-end seconds (baseline
+construction excluded: build + simulate), target < 2 s.
+
+Usage: python benchmarks/bench_simulate.py [--repeat 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.search.baselines import data_parallel, expert, megatron
+from engine.simulate import run_reference, simulate
+from engine.taskgraph import build_task_graph
+
+REFERENCE_MAX_TASKS = 300_000  # the Python loop takes ~1 s per 250k tasks
+
+
+def cases(quick: bool):
+    inc = resolve_model("inception_v3")
+    gpt3 = resolve_model("gpt3-175b")
+    out = [
+        ("inception_v3 dp 4 GPUs", inc, lambda c: data_parallel(inc, c), "dgx-a100-80gb:1", {"symmetry": "off"}),
+        ("inception_v3 expert p100-4x4", inc, lambda c: expert(inc, c), "p100-4x4", {}),
+        ("inception_v3 dp 16 GPUs mb 4", inc, lambda c: data_parallel(inc, c, micro_batch=1),
+         "dgx-a100-80gb:2", {"symmetry": "off"}),
+        ("inception_v3 dp 64 GPUs mb 1", inc, lambda c: data_parallel(inc, c, micro_batch=1),
+         "dgx-a100-80gb:8", {"symmetry": "off"}),
+    ]
+    if not quick:
+        out += [
+            ("nmt expert k80-16x4", resolve_model("nmt"), None, "k80-16x4", {}),
+            ("gpt3 tp8 pp16 dp8 1024 GPUs", gpt3,
+             lambda c: megatron(gpt3, c, tp=8, pp=16, dp=8, micro_batch=1), "dgx-a100-80gb:128", {}),
+        ]
+    return out
+
+
+def median_time(fn, repeat: int):
+    fn()  # warm-up (compiles, fills caches)
+    times = []
+    result = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small cases only")
+    args = ap.parse_args()
+    print(f"# {platform.node()} {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}; median of {args.repeat} runs after a warm-up")
+    print(f"{'case':34} {'tasks':>9} {'edges':>9} {'build s':>8} {'sim s':>7} {'Mtasks/s':>9} "
+          f"{'python s':>9} {'ratio':>6} {'end-to-end s':>12}")
+    for name, g, make, cl, kw in cases(args.quick):
+        c = preset(cl)
+        s = make(c) if make else expert(g, c)
+        build_s, tg = median_time(lambda: build_task_graph(g, s, c, **kw), args.repeat)
+        sim_s, tl = median_time(lambda: simulate(tg), args.repeat)
+        py = ratio = ""
+        if tg.num_tasks <= REFERENCE_MAX_TASKS:
+            py_s, _ = median_time(lambda: run_reference(tg), max(1, args.repeat // 2))
+            py, ratio = f"{py_s:9.3f}", f"{py_s / sim_s:6.1f}"
+        e2e = f"{build_s + sim_s:12.2f}"
+        print(f"{name:34} {tg.num_tasks:9,} {tg.num_edges:9,} {build_s:8.3f} {sim_s:7.3f} "
+              f"{tg.num_tasks / sim_s / 1e6:9.2f} {py:>9} {ratio:>6} {e2e}  makespan {tl.makespan_s:.4g} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Exact symmetric reduction (engine.taskgraph.find_symmetry, build_task_graph's
+``symmetry``): simulating one representative per set of identical replicas gives exactly the
+full simulation's makespan and per-device results, with several times fewer tasks; it is not
+used where replicas would contend for a shared link or differ in hardware, nor where
+transfers cross replicas."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.formats.trace import COMPUTE_TID, write_chrome_trace
+from engine.memory import memory_report
+from engine.search.baselines import data_parallel, expert, fsdp, megatron
+from engine.simulate import simulate
+from engine.strategy import Config, Strategy
+from engine.taskgraph import BWD, FWD, UPDATE, Symmetry, build_task_graph, find_symmetry
+
+MODELS: dict[str, object] = {}
+
+
+def model(name: str):
+    if name not in MODELS:
+        MODELS[name] = resolve_model(name)
+    return MODELS[name]
+
+
+#: (id, model, cluster, strategy builder, minimum task reduction factor)
+SYMMETRIC = [
+    ("gpt2-megatron-tp4", "gpt2", "dgx-a100-80gb:1", lambda g, c: megatron(g, c, tp=4, micro_batch=1), 3),
+    ("gpt2-megatron-tp2-pp4", "gpt2", "dgx-a100-80gb:2",
+     lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1), 3),
+    ("inception-dp-microbatch", "inception_v3", "dgx-a100-80gb:2",
+     lambda g, c: data_parallel(g, c, micro_batch=2), 3),
+    ("gpt2-fsdp-zero3", "gpt2", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, zero_stage=3), 3),
+]
+IDS = [case[0] for case in SYMMETRIC]
+
+class Run:
+    """Both simulations of one case, built once."""
+
+    def __init__(self, model_name: str, cluster_name: str, build) -> None:
+        self.graph = g = model(model_name)
+        self.cluster = c = preset(cluster_name)
+        self.strategy = s = build(g, c)
+        self.sym = find_symmetry(g, s, c)
+        self.reduced = build_task_graph(g, s, c, symmetry="auto")
+        self.full = build_task_graph(g, s, c, symmetry="off")
+        self.tl_reduced = simulate(self.reduced)
+        self.tl_full = simulate(self.full)
+        self.mem_reduced = memory_report(g, s, c, self.tl_reduced)
+        self.mem_full = memory_report(g, s, c, self.tl_full)
+
+
+@pytest.fixture(scope="module", params=SYMMETRIC, ids=IDS)
+def case(request) -> tuple[Run, int]:
+    _, m, c, build, factor = request.param
+    return Run(m, c, build), factor
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+class TestExactReduction:
+    def test_symmetry_is_found_and_used(self, case):
+        r, _ = case
+        assert isinstance(r.sym, Symmetry)
+        assert r.sym.replicas > 1
+        assert r.reduced.info["symmetry"] == r.sym
+        assert r.reduced.info["cross_replica_transfers"] == 0
+        assert r.full.info["symmetry"] is None
+
+    def test_makespan_is_exactly_the_full_one(self, case):
+        r, _ = case
+        assert r.tl_reduced.makespan_s == r.tl_full.makespan_s
+
+    def test_several_times_fewer_tasks(self, case):
+        r, factor = case
+        assert r.reduced.num_tasks * factor <= r.full.num_tasks
+
+    def test_device_busy_time_of_every_device(self, case):
+        r, _ = case
+        np.testing.assert_array_equal(r.tl_reduced.device_busy_s, r.tl_full.device_busy_s)
+        np.testing.assert_array_equal(r.tl_reduced.utilization, r.tl_full.utilization)
+
+    @pytest.mark.parametrize("field", ["weights_bytes", "grads_bytes", "optimizer_bytes", "activations_peak_bytes",
+                                       "capacity_bytes"])
+    def test_memory_components_of_every_device(self, case, field):
+        r, _ = case
+        np.testing.assert_array_equal(getattr(r.mem_reduced, field), getattr(r.mem_full, field))
+
+    def test_comm_buffers_of_every_device(self, case):
+        # regression: buffers of collectives with no representative member are mirrored
+        r, _ = case
+        np.testing.assert_array_equal(r.mem_reduced.comm_buffer_bytes, r.mem_full.comm_buffer_bytes)
+
+    def test_memory_peak_of_every_device(self, case):
+        r, _ = case
+        np.testing.assert_array_equal(r.mem_reduced.peak_bytes, r.mem_full.peak_bytes)
+        assert r.mem_reduced.feasible == r.mem_full.feasible
+
+    def test_comm_bytes_count_only_the_representatives(self, case):
+        """``comm_bytes`` is not mirrored: the reduced graph holds fewer transfers and
+        collectives, so it never counts more than the full one."""
+        r, _ = case
+        assert 0 < r.reduced.comm_bytes <= r.full.comm_bytes
+
+
+class TestDeviceImage:
+    def test_representatives_map_to_themselves(self, case):
+        r, _ = case
+        image = r.reduced.info["device_image"]
+        used = image >= 0
+        assert image.shape == (r.cluster.num_devices,)
+        np.testing.assert_array_equal(image[image[used]], image[used])
+        assert np.unique(image[used]).size * r.sym.replicas == np.count_nonzero(used)
+
+    def test_only_representatives_hold_compute_tasks(self, case):
+        r, _ = case
+        tg = r.reduced
+        image = tg.info["device_image"]
+        on_dev = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
+        reps = set(np.unique(image[image >= 0]).tolist())
+        assert set(np.unique(tg.device[on_dev]).tolist()) == reps
+
+    def test_full_image_is_the_identity(self, case):
+        r, _ = case
+        image = r.full.info["device_image"]
+        used = np.nonzero(image >= 0)[0]
+        np.testing.assert_array_equal(image[used], used)
+
+
+# --------------------------------------------------------------------------- not used
+
+
+@pytest.mark.parametrize("cluster_name, why", [
+    ("p100-4x4", "4 GPUs share one NIC: replicas contend for it"),
+    ("hetero-demo", "three node kinds with different GPUs"),
+])
+def test_no_symmetry_on_shared_or_heterogeneous_hardware(cluster_name, why):
+    g = model("alexnet")
+    c = preset(cluster_name)
+    s = data_parallel(g, c)
+    assert find_symmetry(g, s, c) is None, why
+    auto = build_task_graph(g, s, c, symmetry="auto")
+    off = build_task_graph(g, s, c, symmetry="off")
+    assert auto.info["symmetry"] is None
+    assert auto.num_tasks == off.num_tasks
+    assert simulate(auto).makespan_s == simulate(off).makespan_s
+
+
+def test_same_strategy_is_reduced_on_a_dgx():
+    """The contrast to the test above: the same data-parallel strategy on one NIC per GPU."""
+    g = model("alexnet")
+    c = preset("dgx-a100-80gb:2")
+    s = data_parallel(g, c)
+    sym = find_symmetry(g, s, c)
+    assert sym is not None and sym.axes == ((16, 1),)
+    assert build_task_graph(g, s, c).num_tasks * 8 <= build_task_graph(g, s, c, symmetry="off").num_tasks
+
+
+def test_cross_replica_transfers_fall_back_to_the_full_graph():
+    """FlexFlow's expert strategy: convs split by sample and FC layers by feature over the
+    same 8 devices share the axis (8, 1), but the FC layers gather activations from every
+    replica; the builder detects this and simulates everything."""
+    g = model("alexnet")
+    c = preset("dgx-a100-80gb:1")
+    s = expert(g, c)
+    assert find_symmetry(g, s, c) is not None
+    auto = build_task_graph(g, s, c, symmetry="auto")
+    off = build_task_graph(g, s, c, symmetry="off")
+    assert auto.info["symmetry"] is None
+    assert auto.num_tasks == off.num_tasks
+    assert simulate(auto).makespan_s == simulate(off).makespan_s
+
+
+def test_single_device_has_no_symmetry():
+    g = model("alexnet")
+    c = preset("dgx-a100-80gb:1")
+    s = Strategy({op.name: Config({}, [0]) for op in g.ops})
+    assert find_symmetry(g, s, c) is None
+    tg = build_task_graph(g, s, c)
+    assert tg.info["symmetry"] is None
+
+
+# --------------------------------------------------------------------------- traces
+
+
+class TestTraceOfAReducedRun:
+    """build_task_graph: with symmetry "the timeline then holds the representatives' tasks";
+    the trace therefore draws compute only on representative devices, while collectives
+    appear on every rank of a representative's group and memory counters on every device
+    (mirrored by memory_report)."""
+
+    @pytest.fixture(scope="class")
+    def events(self, tmp_path_factory):
+        r = Run(*SYMMETRIC[0][1:4])
+        path = tmp_path_factory.mktemp("sym") / "t.json"
+        write_chrome_trace(path, r.graph, r.cluster, r.tl_reduced, r.mem_reduced)
+        with open(path, encoding="utf-8") as f:
+            return r, json.load(f)["traceEvents"]
+
+    def test_compute_events_on_representatives_only(self, events):
+        r, evs = events
+        image = r.reduced.info["device_image"]
+        reps = set(np.unique(image[image >= 0]).tolist())
+        compute_pids = {e["pid"] for e in evs if e["ph"] == "X" and e.get("tid") == COMPUTE_TID
+                        and e["pid"] < r.cluster.num_devices}
+        assert compute_pids == reps
+        assert len(reps) < r.cluster.num_devices
+
+    def test_every_device_is_declared_and_has_a_memory_track(self, events):
+        r, evs = events
+        D = r.cluster.num_devices
+        assert {e["pid"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"} >= set(range(D))
+        assert {e["pid"] for e in evs if e["ph"] == "C"} == set(range(D))
+
+    def test_collectives_reach_mirrored_devices(self, events):
+        r, evs = events
+        image = r.reduced.info["device_image"]
+        coll_pids = {e["pid"] for e in evs if e["ph"] == "X" and e.get("cat") == "collective"}
+        assert any(image[d] != d for d in coll_pids)
+
+    def test_mirrored_memory_tracks_peak_like_the_full_run(self, events):
+        r, evs = events
+        for d in range(r.cluster.num_devices):
+            top = max(e["args"]["GB"] for e in evs if e["ph"] == "C" and e["pid"] == d)
+            assert top == pytest.approx(r.mem_full.peak_bytes[d] / 1e9, abs=1e-6)
