@@ -69,11 +69,11 @@ def main() -> None:
     for name, g, make, cl, kw in cases(args.quick):
         c = preset(cl)
         s = make(c) if make else expert(g, c)
-        build_s, tg = median_time(lambda: build_task_graph(g, s, c, **kw), args.repeat)
-        sim_s, tl = median_time(lambda: simulate(tg), args.repeat)
+        build_s, tg = median_time(lambda g=g, s=s, c=c, kw=kw: build_task_graph(g, s, c, **kw), args.repeat)
+        sim_s, tl = median_time(lambda tg=tg: simulate(tg), args.repeat)
         py = ratio = ""
         if tg.num_tasks <= REFERENCE_MAX_TASKS:
-            py_s, _ = median_time(lambda: run_reference(tg), max(1, args.repeat // 2))
+            py_s, _ = median_time(lambda tg=tg: run_reference(tg), max(1, args.repeat // 2))
             py, ratio = f"{py_s:9.3f}", f"{py_s / sim_s:6.1f}"
         e2e = f"{build_s + sim_s:12.2f}"
         print(f"{name:34} {tg.num_tasks:9,} {tg.num_edges:9,} {build_s:8.3f} {sim_s:7.3f} "

@@ -27,18 +27,19 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.cluster import preset  # noqa: E402
-from engine.models.transformer import GPTConfig, gpt  # noqa: E402
-from engine.report import simulate_strategy  # noqa: E402
-from engine.search.baselines import fsdp, megatron  # noqa: E402
+from engine.cluster import preset
+from engine.models.transformer import GPTConfig, gpt
+from engine.report import simulate_strategy
+from engine.search.baselines import fsdp, megatron
 
 
 def _default_csv() -> Path:
@@ -80,6 +81,7 @@ class RowResult:
     wall_s: float = 0.0
     cluster: str = ""
     assumptions: list[str] = field(default_factory=list)
+    not_compared: str | None = None  # why metric2 is not compared, when it is not
     skipped: str | None = None
 
 
@@ -244,6 +246,7 @@ class Predictor:
         self.rows = {int(r["row_id"]): r for r in rows}
         self.cache: dict[int, RowResult] = {}
         self.sim_cache: dict[int, tuple[float, float]] = {}  # row id -> (t, achieved FLOP/s per GPU)
+        self._pending_notes: list[str] = []
 
     def _baseline_row(self, row: dict[str, str]) -> dict[str, str]:
         src = source_of(row)
@@ -271,6 +274,7 @@ class Predictor:
                         metric_name=row["metric_name"], published=_float(row, "metric_value"),
                         metric2_name=row.get("metric2_name", ""), published2=_float(row, "metric2_value"))
         t0 = time.perf_counter()
+        outer_notes, self._pending_notes = self._pending_notes, []
         try:
             setup = setup_for(row)
             res.layout, res.cluster, res.assumptions = setup.layout, setup.cluster_name, setup.assumptions
@@ -295,9 +299,11 @@ class Predictor:
                 try:
                     res.predicted2, _ = self._metric(row, res.metric2_name, res.published2, setup, t, F)
                 except Skip as e:
-                    res.assumptions.append(f"metric2 {res.metric2_name} not compared: {e}")
+                    res.not_compared = str(e)
         except Skip as e:
             res.skipped = str(e)
+        res.assumptions.extend(self._pending_notes)
+        self._pending_notes = outer_notes
         res.wall_s = time.perf_counter() - t0
         if res.predicted is not None and res.published:
             res.error_pct = 100.0 * (res.predicted - res.published) / res.published
@@ -325,6 +331,11 @@ class Predictor:
             if int(base["row_id"]) == int(row["row_id"]):
                 raise Skip("row is its own weak-scaling baseline")
             base_rate = self.per_gpu_flops(base)
+            note = (f"weak-scaling efficiency = predicted FLOP/s per GPU / predicted FLOP/s of the single-GPU "
+                    f"baseline row {base['row_id']} ({base_rate / 1e12:.1f} TFLOP/s)")
+            pending = self._pending_notes
+            if note not in pending:
+                pending.append(note)
             return 100.0 * (F / (t * gpus)) / base_rate, None
         raise Skip(f"no conversion from iteration time to {name!r} in shared/validation/README.md")
 
@@ -405,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"       note: {a}", flush=True)
     total = time.perf_counter() - t_all
 
+    uncompared: dict[str, list[str]] = {}
+    for r in results:
+        if r.not_compared:
+            uncompared.setdefault(f"{r.metric2_name}: {r.not_compared}", []).append(str(r.row_id))
+    for why, ids in uncompared.items():
+        print(f"\nSecondary metric not compared ({why}): rows {', '.join(ids)}")
     skipped = [r for r in results if r.skipped]
     if skipped:
         print("\nSkipped rows:")

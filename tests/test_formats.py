@@ -202,7 +202,7 @@ class TestBadFormat:
 
     def test_unknown(self):
         assert problems(load_strategy, {"format": "soapbox.graph/1"}) == [
-            "format: unknown format 'soapbox.graph/1'; known: soapbox.model/1, soapbox.cluster/1, soapbox.strategy/1"]
+            "format: unknown format 'soapbox.graph/1'; known: soapbox.model/1, soapbox.cluster/1, soapbox.strategy/1, soapbox.profile/1"]
 
     def test_model_file_given_to_load_cluster(self, tmp_path):
         path = tmp_path / "m.json"
