@@ -223,8 +223,9 @@ def setup_for(row: dict[str, str]) -> Setup:
                          "batch, no gradient accumulation)")
         # MPT (llm-foundry): ALiBi (no position parameters -> 'rotary', which adds none), no
         # biases, LayerNorm, tied embeddings; the benchmark yamls set every dropout to 0.
+        # attn_impl: flash in the benchmark yamls -> fused causal attention.
         cfg = GPTConfig(layers, hidden, heads, seq, vocab, B, kv_heads=kv, ffn_hidden=ffn, positions="rotary",
-                        bias=False, tie_embeddings=True, dropout=0.0, precision=precision,
+                        bias=False, tie_embeddings=True, dropout=0.0, precision=precision, flash_attention=True,
                         name=f"row-{row['row_id']}")
 
         def build(g, c, mbs=mbs, recompute=recompute):

@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=_positive_int, required=True)
     g.add_argument("--vocab", type=_positive_int, required=True)
     g.add_argument("--batch", type=_positive_int, required=True, help="global batch in sequences")
+    g.add_argument("--flash-attention", action="store_true", help="fused causal attention (FlashAttention)")
     g.add_argument("--precision", choices=PRECISIONS, default="fp16")
     g.add_argument("--name", default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
@@ -189,7 +190,7 @@ def _cmd_model(args: argparse.Namespace) -> int:
                     kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, swiglu=swiglu,
                     norm="rmsnorm" if swiglu else "layernorm", positions="rotary" if swiglu else "learned",
                     bias=not swiglu, tie_embeddings=not swiglu, dropout=0.0 if swiglu else 0.1,
-                    precision=args.precision, name=args.name)
+                    flash_attention=args.flash_attention, precision=args.precision, name=args.name)
     g = gpt(cfg, source=shlex.join(["soapbox", *args.argv]))
     save_json(g.to_dict(), args.output)
     print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "

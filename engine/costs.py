@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
-MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm"})
+MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention"})
 
 # Achievable fraction of dense peak FLOP/s for large matrix multiplies. Calibration: NVIDIA's
 # cuBLAS reaches ~70-80% of the A100's 312 TFLOP/s on large fp16 GEMMs, and Megatron's GPT-3
@@ -46,6 +46,10 @@ MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm"})
 MATMUL_EFFICIENCY = 0.75
 # Batched matmuls of attention (small inner dimension, many heads) run less efficiently.
 BMM_EFFICIENCY = 0.55
+# Fused attention: FlashAttention-2 reaches 50-73% of the A100's peak in the forward pass and
+# less in the backward pass (Dao 2023, §4.1: 187-225 TFLOP/s forward and backward together at
+# head dimension 128, i.e. 0.6-0.72 of 312).
+ATTENTION_EFFICIENCY = 0.6
 # Non-matmul FLOPs run on the CUDA cores, whose peak is the fp32 SIMT rate.
 POINTWISE_FLOPS_EFFICIENCY = 0.8
 # Fraction of HBM bandwidth that memory-bound kernels reach (STREAM-like kernels on A100/H100
@@ -134,6 +138,7 @@ class CostModel:
 
     matmul_efficiency: float = MATMUL_EFFICIENCY
     bmm_efficiency: float = BMM_EFFICIENCY
+    attention_efficiency: float = ATTENTION_EFFICIENCY
     pointwise_efficiency: float = POINTWISE_FLOPS_EFFICIENCY
     memory_efficiency: float = MEMORY_EFFICIENCY
     kernel_overhead_s: float = KERNEL_OVERHEAD_S
@@ -158,7 +163,8 @@ class CostModel:
         if flops == 0 and bytes_moved == 0:
             return 0.0
         if kind in MATMUL_KINDS if matmul is None else matmul:
-            eff = self.bmm_efficiency if kind == "batch_matmul" else self.matmul_efficiency
+            eff = {"batch_matmul": self.bmm_efficiency, "attention": self.attention_efficiency}.get(
+                kind, self.matmul_efficiency)
             peak = device_type.peak(precision) * eff
         else:
             peak = device_type.peak("fp32") * self.pointwise_efficiency

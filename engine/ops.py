@@ -884,6 +884,50 @@ def _transpose_dims(ins, outs, attrs):
     return [ParallelDim(name, _axis_kind(name), y.shape[ax], ax, (perm[ax],)) for ax, name in enumerate(y.axes)]
 
 
+# fused attention (FlashAttention) ------------------------------------------------------------
+# FlashAttention (Dao et al. NeurIPS'22; FlashAttention-2, Dao 2023) computes
+# softmax(Q K^T / sqrt(d)) V in tiles without writing the s x s matrix to HBM, skips the
+# blocks a causal mask zeroes (about half), and recomputes S and P in the backward pass,
+# which runs five matmuls of the forward's two: 2.5x the forward FLOPs.
+FLASH_BWD_FACTOR = 2.5
+
+
+def _attention_infer(ins, attrs, precision):
+    _expect_inputs(ins, (3,))
+    q, k, v = ins
+    for i, t in enumerate(ins):
+        _expect_float(t, i)
+        if len(t.shape) != 4:
+            raise OpError(f"input {i} must be (batch, heads, length, head_dim), got {list(t.shape)}", f"inputs[{i}]")
+    if k.shape != v.shape:
+        raise OpError(f"key and value shapes differ: {list(k.shape)} vs {list(v.shape)}", "inputs[2]")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise OpError(f"query {list(q.shape)} and key {list(k.shape)} differ in batch or head_dim", "inputs[1]")
+    if k.shape[1] > q.shape[1] or q.shape[1] % k.shape[1]:
+        raise OpError(f"{k.shape[1]} key/value heads must divide {q.shape[1]} query heads", "inputs[1]")
+    if not isinstance(attrs.get("causal", False), bool):
+        raise OpError(f"must be true or false, got {attrs['causal']!r}", "attrs.causal")
+    return [q]
+
+
+def _attention_dims(ins, outs, attrs):
+    q, k, _ = ins
+    b, h, s, _ = q.shape
+    group = k.shape[1] if k.shape[1] != h else 0
+    return [
+        ParallelDim(q.axes[0], _axis_kind(q.axes[0]), b, 0, (0, 0, 0)),
+        ParallelDim(q.axes[1], ATTRIBUTE, h, 1, (1, 1, 1), group=group),
+        # splitting queries along the sequence: every partition needs all keys and values
+        ParallelDim(q.axes[2], ATTRIBUTE, s, 2, (2, None, None)),
+    ]
+
+
+def _attention_flops(ins, outs, params, attrs):
+    q, k = ins[0], ins[1]
+    full = 4.0 * math.prod(q[:3]) * k[2] * q[3]  # QK^T and PV
+    return full / 2 if attrs.get("causal", False) else full
+
+
 # softmax cross-entropy loss ---------------------------------------------------------------------
 def _ce_infer(ins, attrs, precision):
     _expect_inputs(ins, (2,))
@@ -954,6 +998,9 @@ def _build_registry() -> dict[str, OpKind]:
                _reshape_infer, _no_params, _reshape_dims, _zero_flops, 1.0, is_view=True, attrs=("shape", "axes")),
         OpKind("transpose", "Permute axes; attrs: perm.",
                _transpose_infer, _no_params, _transpose_dims, _zero_flops, 1.0, attrs=("perm",), bwd_reads_inputs=False),
+        OpKind("attention", "Fused scaled dot-product attention (FlashAttention) of q, k, v; attrs: causal.",
+               _attention_infer, _no_params, _attention_dims, _attention_flops, FLASH_BWD_FACTOR,
+               attrs=("causal",)),
         OpKind("softmax_cross_entropy", "Softmax cross-entropy of logits against integer labels (one loss per example).",
                _ce_infer, _no_params, _ce_dims, _ce_flops, 1.0),
     ]

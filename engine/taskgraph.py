@@ -777,14 +777,14 @@ class _Builder:
         groups: dict[str, list[int]] = {}
         for oi, op in enumerate(self.g.ops):
             if op.param_count and op.kind != "input":
-                groups.setdefault(op.param_group or op.name, []).append(oi)
+                groups.setdefault(self._sync_unit(op), []).append(oi)
         device_params = np.zeros(self.D)  # parameters each device's optimizer updates
         deps: list[np.ndarray] = []  # (device, task) pairs the updates wait for
         pbytes = DTYPE_BYTES[self.precision]
         gathers: list[tuple[list[int], float, int]] = []
         for members in groups.values():
             # param region -> (devices, [part tasks per op], elements)
-            regions: dict[tuple, tuple[list[int], list[tuple[int, int]], float]] = {}
+            regions: dict[tuple, list] = {}  # region -> [devices, parts, elements, tensors counted]
             for oi in members:
                 op = self.g.ops[oi]
                 names, grid = self.grid[oi]
@@ -792,12 +792,16 @@ class _Builder:
                 split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
                 _, _, pshapes = op.partition_shapes(cfg.degrees)
                 elems = float(sum(math.prod(sh) for sh in pshapes))
+                tensor = op.param_group or op.name  # shared parameters are one tensor
                 for k in range(grid.shape[0]):
                     key = tuple((names[j], int(grid[k, j])) for j in split)
-                    devs, parts, _ = regions.setdefault(key, ([], [], elems))
-                    devs.append(int(self.devs[oi][k]))
-                    parts.append((oi, k))
-            for devs, parts, elems in regions.values():
+                    entry = regions.setdefault(key, [[], [], 0.0, set()])
+                    entry[0].append(int(self.devs[oi][k]))
+                    entry[1].append((oi, k))
+                    if tensor not in entry[3]:
+                        entry[3].add(tensor)
+                        entry[2] += elems
+            for devs, parts, elems, _ in regions.values():
                 if not any(self.rep[oi][k] for oi, k in parts):
                     continue  # mirrored by a representative region
                 udevs = sorted(set(devs))
@@ -833,35 +837,58 @@ class _Builder:
             if preds:
                 self.collective("all_gather", nbytes, udevs, preds, oi, -1)
 
+    def _sync_unit(self, op: Op) -> str:
+        """Parameters synchronised together: a shared ``param_group``; with ZeRO-3, the
+        op's block (FSDP wraps whole transformer blocks, as llm-foundry and torchtitan do);
+        otherwise the op itself."""
+        if op.param_group:
+            return op.param_group
+        if self.s.zero_stage >= 3 and op.block:
+            return f"block:{op.block}"
+        return op.name
+
     def fsdp_gathers(self) -> None:
-        """ZeRO-3: all-gather each op's parameters before its forward and backward, per
-        microbatch, prefetched one parameterised op ahead."""
+        """ZeRO-3 / FSDP: all-gather each wrapped unit's parameters before its forward and
+        its backward, every microbatch, prefetched one unit ahead (FSDP's forward and
+        backward prefetch)."""
         if self.s.zero_stage < 3:
             return
         pbytes = DTYPE_BYTES[self.precision]
-        prev_f = None
-        order = [oi for oi, op in enumerate(self.g.ops) if op.param_count and op.kind != "input"]
-        for mb in range(self.m):
-            prev_f = None
-            for oi in order:
-                t = self._gather_op(oi, mb, self.fwd[oi], prev_f, pbytes)
-                prev_f = self.fwd[oi][mb] if t is not None else prev_f
-            prev_b = None
-            for oi in reversed(order):
-                self._gather_op(oi, mb, self.bwd[oi], prev_b, pbytes)
-                prev_b = self.bwd[oi][mb]
-
-    def _gather_op(self, oi, mb, tasks, prev, pbytes):
-        op = self.g.ops[oi]
-        cfg = self.s.configs[op.name]
-        _, _, pshapes = op.partition_shapes(cfg.degrees)
-        nbytes = float(sum(math.prod(sh) for sh in pshapes)) * pbytes
-        preds = [] if prev is None else list(np.asarray(prev).ravel()[:1])
-        t = self.collective("all_gather", nbytes, self.devs[oi], preds, oi, mb)
-        if t >= 0:
-            mine = np.unique(tasks[mb])
-            self.buf.edges(np.full(mine.size, t), mine)
-        return t if t >= 0 else None
+        units: dict[str, list[int]] = {}
+        for oi, op in enumerate(self.g.ops):
+            if op.param_count and op.kind != "input":
+                units.setdefault(self._sync_unit(op), []).append(oi)
+        plan = []  # (ops, devices, bytes per device)
+        for ops in units.values():
+            devs = sorted({int(d) for oi in ops for d in self.devs[oi]})
+            nbytes = 0.0
+            seen = set()
+            for oi in ops:
+                op = self.g.ops[oi]
+                if (op.param_group or op.name) in seen:
+                    continue
+                seen.add(op.param_group or op.name)
+                _, _, pshapes = op.partition_shapes(self.s.configs[op.name].degrees)
+                nbytes += float(sum(math.prod(sh) for sh in pshapes)) * pbytes
+            plan.append((ops, devs, nbytes))
+        # each pass gathers a unit before its first use in that pass: forward in op order,
+        # backward in reverse (a tied embedding's unit is used first by the output layer)
+        by_fwd = sorted(plan, key=lambda u: min(u[0]))
+        by_bwd = sorted(plan, key=lambda u: -max(u[0]))
+        for phase, order, pick in ((self.fwd, by_fwd, min), (self.bwd, by_bwd, max)):
+            prev = None
+            for ops, devs, nbytes in order:
+                used = [oi for oi in ops if oi in phase]
+                if not used:
+                    continue
+                preds = np.zeros((self.m, 0), np.int64) if prev is None else prev
+                lead = pick(used)
+                ids = self.collectives("all_gather", nbytes, devs, preds, lead, np.arange(self.m))
+                if ids is not None:
+                    for oi in used:
+                        mine = phase[oi][:, self.rep[oi]]
+                        self.buf.edges(np.repeat(ids, mine.shape[1]), mine)
+                prev = phase[lead][:, :1]  # the next unit's gather starts when this unit starts
 
     # -- schedules ---------------------------------------------------------------------
     def schedule(self) -> None:
@@ -877,15 +904,19 @@ class _Builder:
         # In the backward pass the roles swap.
         has_prod = np.zeros(len(self.g.ops), bool)
         has_cons = np.zeros(len(self.g.ops), bool)
+        has_bwd_prod = np.zeros(len(self.g.ops), bool)  # an in-chunk producer with a backward task
         for (pi, _, ci, _) in self.g.edges:
             if chunk_of[pi] == chunk_of[ci]:
                 has_cons[pi] = True
                 has_prod[ci] = True
+                if pi in self.bwd:
+                    has_bwd_prod[ci] = True
         task, dev, chunk, mb, phase, src, snk = [], [], [], [], [], [], []
         for phase_id, table in ((FWD, self.fwd), (BWD, self.bwd)):
             for oi, tasks in table.items():
                 is_src = not (has_prod[oi] if phase_id == FWD else has_cons[oi])
-                is_snk = not (has_cons[oi] if phase_id == FWD else has_prod[oi])
+                # the backward pass ends at ops whose producers have no backward (inputs)
+                is_snk = not (has_cons[oi] if phase_id == FWD else has_bwd_prod[oi])
                 if not (is_src or is_snk):
                     continue
                 keep = np.nonzero(self.rep[oi])[0]

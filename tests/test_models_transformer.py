@@ -127,3 +127,15 @@ def test_sample_registry_batches():
 def test_unknown_sample():
     with pytest.raises(ValueError, match="unknown sample model 'vgg'; samples: alexnet"):
         build_sample("vgg")
+
+
+def test_flash_attention_replaces_the_attention_core():
+    base = dict(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, batch=2)
+    plain = gpt(GPTConfig(**base))
+    fused = gpt(GPTConfig(**base, flash_attention=True))
+    assert "layers.0.attn.core" in fused and "layers.0.attn.scores" not in fused
+    assert fused.param_count == plain.param_count
+    core = fused["layers.0.attn.core"]
+    assert core.attrs["causal"] is True
+    # the causal fused op does half the two matmuls' FLOPs
+    assert core.fwd_flops == (plain["layers.0.attn.scores"].fwd_flops + plain["layers.0.attn.context"].fwd_flops) / 2

@@ -66,6 +66,10 @@ DIM_CASES = {
                 {"sample": "S", "feature": "A", "replica": "C"}),
     "transpose": (lambda b: b.add("transpose", "op", [b.input("x", [2, 3, 4])], perm=[0, 2, 1]),
                   {"sample": "S", "feature": "A", "length": "A", "replica": "C"}),
+    "attention": (lambda b: b.add("attention", "op", [b.input(n, [2, 4, 8, 16], axes=["sample", "head", "length",
+                                                                                    "head_dim"]) for n in "qkv"],
+                                  causal=True),
+                  {"sample": "S", "head": "A", "length": "A", "replica": "C"}),
     "softmax_cross_entropy": (lambda b: b.add("softmax_cross_entropy", "op",
                                               [b.input("x", [4, 10]), b.input("y", [4], dtype="int64")]),
                               {"sample": "S", "vocab": "R", "replica": "C"}),
@@ -306,7 +310,7 @@ class TestShapeOps:
 
 class TestRegistry:
     def test_unknown_kind_lists_valid(self):
-        with pytest.raises(OpError, match="unknown op kind 'conv3d'; valid: add, batch_matmul"):
+        with pytest.raises(OpError, match="unknown op kind 'conv3d'; valid: add, attention, batch_matmul"):
             op_kind("conv3d")
 
     def test_aliases(self):
@@ -403,3 +407,27 @@ class TestReviewRegressions:
     def test_softmax_backward_factor(self):
         g = build(lambda b: b.add("softmax", "s", [b.input("x", [2, 5])]))
         assert g["s"].bwd_flops == g["s"].fwd_flops  # no weight gradient: 1x
+
+
+class TestFusedAttention:
+    def test_flops_and_bytes(self):
+        bhsd = ["sample", "head", "length", "head_dim"]
+        g = build(lambda b: b.add("attention", "a", [b.input(n, [2, 4, 8, 16], axes=bhsd) for n in "qkv"],
+                                  causal=True))
+        op = g["a"]
+        # QK^T and PV: 4 * b*h*s * s_kv * d, halved by the causal mask
+        assert op.fwd_flops == 4 * 2 * 4 * 8 * 8 * 16 / 2 == 16384
+        assert op.bwd_flops == 2.5 * 16384  # FlashAttention-2's backward: five matmuls to two
+        # no s x s matrix in memory: q, k, v read and o written
+        assert op.fwd_bytes_read == 3 * 2 * 4 * 8 * 16 * 4 and op.fwd_bytes_written == 2 * 4 * 8 * 16 * 4
+
+    def test_grouped_query_and_errors(self):
+        bhsd = ["sample", "head", "length", "head_dim"]
+        g = build(lambda b: b.add("attention", "a", [b.input("q", [2, 8, 8, 16], axes=bhsd),
+                                                     b.input("k", [2, 2, 8, 16], axes=bhsd),
+                                                     b.input("v", [2, 2, 8, 16], axes=bhsd)]))
+        assert g["a"].dim("head").group == 2
+        b = GraphBuilder("t")
+        with pytest.raises(OpError, match="3 key/value heads must divide 8 query heads"):
+            b.add("attention", "a", [b.input("q", [2, 8, 8, 16]), b.input("k", [2, 3, 8, 16]),
+                                     b.input("v", [2, 3, 8, 16])])

@@ -56,6 +56,7 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = True
     dropout: float = 0.1  # 0 removes the dropout ops
+    flash_attention: bool = False  # one fused causal attention op instead of its matmuls and softmax
     precision: str = "fp16"
     name: str = "gpt"
 
@@ -89,8 +90,9 @@ class _Blocks:
     """Shared layer pieces over one :class:`GraphBuilder`."""
 
     def __init__(self, b: GraphBuilder, batch: int, hidden: int, heads: int, kv_heads: int,
-                 bias: bool, norm: str, dropout: float) -> None:
+                 bias: bool, norm: str, dropout: float, flash: bool = False, causal: bool = False) -> None:
         self.b = b
+        self.flash, self.causal = flash, causal
         self.batch, self.hidden, self.heads, self.kv_heads = batch, hidden, heads, kv_heads
         self.head_dim = hidden // heads
         self.bias, self.norm_kind, self.rate = bias, norm, dropout
@@ -119,9 +121,12 @@ class _Blocks:
         q = self._heads(f"{name}.q", self.linear(f"{name}.q", x, self.hidden), seq, self.heads)
         k = self._heads(f"{name}.k", self.linear(f"{name}.k", kv_src, kv_width), kv_seq, self.kv_heads)
         v = self._heads(f"{name}.v", self.linear(f"{name}.v", kv_src, kv_width), kv_seq, self.kv_heads)
-        scores = self.b.add("batch_matmul", f"{name}.scores", [q, k], transpose_b=True)  # [b, h, s, s_kv]
-        probs = self.drop(f"{name}.attn_dropout", self.b.add("softmax", f"{name}.softmax", [scores], axis=-1))
-        ctx = self.b.add("batch_matmul", f"{name}.context", [probs, v])  # [b, h, s, d]
+        if self.flash:
+            ctx = self.b.add("attention", f"{name}.core", [q, k, v], causal=self.causal and memory is None)
+        else:
+            scores = self.b.add("batch_matmul", f"{name}.scores", [q, k], transpose_b=True)  # [b, h, s, s_kv]
+            probs = self.drop(f"{name}.attn_dropout", self.b.add("softmax", f"{name}.softmax", [scores], axis=-1))
+            ctx = self.b.add("batch_matmul", f"{name}.context", [probs, v])  # [b, h, s, d]
         ctx = self.b.add("transpose", f"{name}.to_bshd", [ctx], perm=[0, 2, 1, 3])
         ctx = self.b.add("reshape", f"{name}.merge_heads", [ctx], shape=[self.batch, seq, self.hidden],
                          axes=["sample", "length", "feature"])
@@ -169,7 +174,8 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     kv = cfg.kv_heads or cfg.heads
     ffn = cfg.ffn_hidden or (swiglu_ffn_hidden(cfg.hidden) if cfg.swiglu else 4 * cfg.hidden)
     b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg, kv, ffn), source)
-    blk = _Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout)
+    blk = _Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
+                  causal=True)
     bs = [cfg.batch, cfg.seq_len]
     b.block = "embedding"
     tokens = b.input("tokens", bs, dtype="int64", axes=["sample", "length"])
@@ -198,7 +204,8 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
 def _describe(cfg: GPTConfig, kv: int, ffn: int) -> str:
     attn = f"{cfg.heads} heads" + (f" ({kv} kv heads)" if kv != cfg.heads else "")
     mlp = f"SwiGLU {ffn}" if cfg.swiglu else f"MLP {ffn}"
-    return (f"GPT-style decoder: {cfg.layers} layers, hidden {cfg.hidden}, {attn}, {mlp}, "
+    fused = ", FlashAttention" if cfg.flash_attention else ""
+    return (f"GPT-style decoder: {cfg.layers} layers, hidden {cfg.hidden}, {attn}{fused}, {mlp}, "
             f"{cfg.norm}, seq {cfg.seq_len}, vocab {cfg.vocab}, batch {cfg.batch}, {cfg.precision}")
 
 
