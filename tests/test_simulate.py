@@ -23,7 +23,7 @@ from engine.taskgraph import BARRIER, COLL, XFER, _schedule_order, build_task_gr
 
 TOY = DeviceType("toy", {"fp32": 1e12}, 1e18, 10**12)  # 1 TFLOP/s, memory never the bottleneck
 #: Ideal costs: peak FLOP/s and link rates reached exactly, no launch overhead, free optimizer.
-IDEAL = CostModel(matmul_efficiency=1.0, bmm_efficiency=1.0, pointwise_efficiency=1.0, memory_efficiency=1.0,
+IDEAL = CostModel(matmul_efficiency=1.0, matmul_half_dim=0.0, bmm_efficiency=1.0, pointwise_efficiency=1.0, memory_efficiency=1.0,
                   kernel_overhead_s=0.0, link_efficiency=1.0, optimizer_bytes_per_param=0.0)
 
 
@@ -277,25 +277,26 @@ def test_faster_links_or_devices_never_slower(case, factor, what):
 
 
 def test_fifo_graham_anomaly_regression():
-    """Found by searching the property above (33 of 3,000 random cases): under FIFO, devices
-    ten times faster reorder a link queue and the iteration ends 0.18% later; the static
-    policy on the same case is not slower."""
+    """Found by searching the property above under ideal costs (40 of 3,000 random cases):
+    under FIFO, devices ten times faster reorder a queue and the iteration ends 0.04% later;
+    the static policy on the same case is not slower."""
     b = GraphBuilder("p")
     x = b.input("x", [8, 16])
     h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=32)])
-    h = b.add("linear", "fc2", [h], out_features=16)
     y = b.add("linear", "out", [h], out_features=8)
     b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [8], dtype="int64")])
     g = b.build()
-    s = Strategy({"x": Config.single(0), "fc1": Config.single(0), "act": Config.single(0),
-                  "fc2": Config({"in_feature": 2}, (0, 1)), "out": Config({"in_feature": 4}, (4, 2, 5, 6)),
-                  "labels": Config.single(0), "loss": Config({"vocab": 4}, (0, 2, 1, 3))})
-    c = toy_cluster(gpus=4, nodes=2, bw=1e9, latency=0.0, topology="mesh")
+    s = Strategy({"x": Config({"feature": 2, "sample": 2}, (5, 2, 1, 7)),
+                  "fc1": Config({"feature": 4, "sample": 2}, (0, 1, 5, 3, 2, 7, 6, 4)),
+                  "act": Config({"sample": 2}, (4, 5)),
+                  "out": Config({"feature": 4, "sample": 2}, (4, 5, 6, 3, 7, 1, 2, 0)),
+                  "labels": Config.single(0), "loss": Config({"vocab": 2}, (4, 5))}, PipelineSettings(1, 2))
+    c = toy_cluster(gpus=4, nodes=2, bw=1e9, latency=1e-6, topology="switch")
     assert validate_strategy(s, g, c) == []
     fast = faster(c, devices=10.0)
-    fifo = [simulate(build_task_graph(g, s, k)).makespan_s for k in (c, fast)]
-    static = [simulate(build_task_graph(g, s, k), "static").makespan_s for k in (c, fast)]
-    assert fifo[1] == pytest.approx(fifo[0] * 1.0018254501325767, rel=1e-9)  # the anomaly
+    fifo = [simulate(build_task_graph(g, s, k, IDEAL)).makespan_s for k in (c, fast)]
+    static = [simulate(build_task_graph(g, s, k, IDEAL), "static").makespan_s for k in (c, fast)]
+    assert fifo[1] == pytest.approx(fifo[0] * 1.0003754138641687, rel=1e-9)  # the anomaly
     assert static[1] <= static[0]
 
 
