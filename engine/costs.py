@@ -219,16 +219,15 @@ class CostModel:
 
 
 def _inner_dim(kind: str, ins, outs, params) -> float | None:
-    """min(K, N) of the GEMM behind a matmul-like partition (elements), or None."""
+    """min(K, N) of a linear layer's GEMM (elements), or None.
+
+    Only linear layers, where the published transformer runs calibrate it; convolutions and
+    LSTM gates keep the large-GEMM fraction, their small-channel cases being memory-bound
+    in the roofline already (a size factor on top would count that twice).
+    """
     if kind == "linear":
         n, k = params[0]  # weight (out, in)
         return min(n, k)
-    if kind == "conv2d":
-        out_ch, cg, kh, kw = params[0]
-        return min(out_ch, cg * kh * kw)
-    if kind == "lstm":
-        (fan_x, gates), (fan_h, _), _ = params
-        return min(fan_x + fan_h, gates)
     return None
 
 

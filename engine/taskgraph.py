@@ -33,6 +33,7 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,6 +235,12 @@ class _Buffer:
             coll=cat["coll"].astype(np.int8), link=cat["link"].astype(np.int32), res_ptr=res_ptr, res_idx=res_idx,
             succ_ptr=succ_ptr, succ_idx=dst.astype(np.int64), npred=npred, chain_next=chain_next,
             chain_lag_s=chain_lag, n_devices=n_devices, n_links=n_links, comm_bytes=self.comm_bytes)
+
+
+def _tile(x: np.ndarray, m: int) -> np.ndarray:
+    """``np.tile`` of a 1-D array ``m`` times, without its Python overhead."""
+    x = np.asarray(x)
+    return np.broadcast_to(x, (m, x.shape[0])).reshape(-1)
 
 
 # --------------------------------------------------------------------------- regions
@@ -441,6 +448,7 @@ class _Builder:
         self.sent: dict[tuple, np.ndarray] = {}  # transfers already made, see _per_mb
         self.grad_reduced: dict[tuple, np.ndarray] = {}  # input-gradient all-reduces, see _grad_reduce
         self.plans: dict[tuple, tuple] = {}  # transfer plans of identical edges (repeated layers)
+        self.class_cache: dict[tuple, np.ndarray] = {}  # partition classes of identical ops
         names = sorted({d.type for d in cluster.devices})
         self.types = [cluster.device_types[n] for n in names]
         self.type_index = np.array([names.index(d.type) for d in cluster.devices], np.int64)
@@ -568,17 +576,17 @@ class _Builder:
             keep = np.nonzero(rep)[0]
             R = keep.size
             mbs = np.repeat(np.arange(self.m), R)
-            parts = np.tile(keep, self.m)
-            dev = np.tile(devs[keep], self.m)
+            parts = _tile(keep, self.m)
+            dev = _tile(devs[keep], self.m)
             f = self.buf.add(self.m * R, FWD, op=oi, part=parts, mb=mbs, device=dev,
-                             dur=np.tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
+                             dur=_tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
             # every partition's entry points at its representative's task
             slot = np.searchsorted(keep, image)
             self.fwd[oi] = f[:, slot]
             self.fwd_ready[oi] = self.fwd[oi]
             if op.kind != "input":
                 b = self.buf.add(self.m * R, BWD, op=oi, part=parts, mb=mbs, device=dev,
-                                 dur=np.tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
+                                 dur=_tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
                 self.bwd[oi] = b[:, slot]
                 # a partition's backward follows its own forward
                 self.buf.edges(f, b)
@@ -692,7 +700,10 @@ class _Builder:
         Consumers of one tensor on the same devices (Q, K and V reading one LayerNorm) add
         their partial gradients locally first and share one all-reduce, as autograd does."""
         keep = {n for n in cnames if n not in partial}
-        cls = _classes(cgrid, cnames, keep)
+        ckey = (self._signature(cons), tuple(self.s.configs[cons.name].degrees.items()), tuple(sorted(keep)))
+        cls = self.class_cache.get(ckey)
+        if cls is None:
+            cls = self.class_cache[ckey] = _classes(cgrid, cnames, keep)
         ready = self.bwd[c].copy()
         elems = np.prod(r_hi - r_lo, axis=1)
         for k in range(int(cls.max()) + 1):
@@ -758,10 +769,19 @@ class _Builder:
                 return
         else:
             key = None
+        local = (src_dev[holder] == dst_dev[recv]) | (size_bytes <= 0)
+        if local.any():  # a dependency, no transfer
+            self.buf.edges(src_tasks[:, holder[local]], dst_tasks[:, recv[local]])
+            if local.all():
+                return
+            keep = ~local
+            holder, recv, size_bytes = holder[keep], recv[keep], size_bytes[keep]
+            if key is not None:
+                ids = [k for k, moving_pair in zip(ids, keep) if moving_pair]
         s = src_tasks[:, holder].ravel()
         d = dst_tasks[:, recv].ravel()
-        first, last = self.transfers(s, d, np.tile(src_dev[holder], m), np.tile(dst_dev[recv], m),
-                                     np.tile(size_bytes.astype(np.float64), m), op,
+        first, last = self.transfers(s, d, _tile(src_dev[holder], m), _tile(dst_dev[recv], m),
+                                     _tile(size_bytes.astype(np.float64), m), op,
                                      np.repeat(np.arange(m), holder.size))
         if key is not None:
             hops = (first if backward else last).reshape(m, holder.size)
@@ -793,30 +813,37 @@ class _Builder:
                 _, _, pshapes = op.partition_shapes(cfg.degrees)
                 elems = float(sum(math.prod(sh) for sh in pshapes))
                 tensor = op.param_group or op.name  # shared parameters are one tensor
-                for k in range(grid.shape[0]):
-                    key = tuple((names[j], int(grid[k, j])) for j in split)
+                # partitions grouped by the parameter region they hold (vectorised)
+                if split:
+                    codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
+                else:
+                    codes = np.zeros(grid.shape[0], np.int64)
+                order = np.argsort(codes, kind="stable")
+                bounds = np.flatnonzero(np.diff(codes[order])) + 1
+                for part_ids in np.split(order, bounds):
+                    key = (tuple(names[j] for j in split), int(codes[part_ids[0]]))
                     entry = regions.setdefault(key, [[], [], 0.0, set()])
-                    entry[0].append(int(self.devs[oi][k]))
-                    entry[1].append((oi, k))
+                    entry[0].append(self.devs[oi][part_ids])
+                    entry[1].append((oi, part_ids))
                     if tensor not in entry[3]:
                         entry[3].add(tensor)
                         entry[2] += elems
             for devs, parts, elems, _ in regions.values():
-                if not any(self.rep[oi][k] for oi, k in parts):
+                if not any(self.rep[oi][ks].any() for oi, ks in parts):
                     continue  # mirrored by a representative region
-                udevs = sorted(set(devs))
+                udevs = sorted(set(np.concatenate(devs).tolist()))
                 share = elems / len(udevs) if zero >= 1 else elems
                 device_params[udevs] += share
                 kind = "reduce_scatter" if zero >= 2 else "all_reduce"
                 # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
                 # otherwise gradients accumulate locally and are synchronised once.
                 rows = np.arange(self.m) if zero >= 3 else np.array([self.m - 1])
-                preds = np.stack([self.bwd[oi][rows, k] for oi, k in parts], axis=1)
+                preds = np.concatenate([self.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
                 ids = self.collectives(kind, elems * pbytes, udevs, preds, members[0],
                                        rows if zero >= 3 else np.array([-1]))
                 if ids is not None:
                     mine = np.array([d for d in udevs if d in self.rep_devices], np.int64)
-                    deps.append(np.stack([np.repeat(mine, ids.size), np.tile(ids, mine.size)], axis=1))
+                    deps.append(np.stack([np.repeat(mine, ids.size), _tile(ids, mine.size)], axis=1))
                 if zero in (1, 2):
                     gathers.append((udevs, elems * pbytes, members[0]))
         # every device's last-microbatch backward tasks also precede its update
@@ -922,7 +949,7 @@ class _Builder:
                 keep = np.nonzero(self.rep[oi])[0]
                 t = tasks[:, keep]  # [mb, rep part]
                 task.append(t.ravel())
-                dev.append(np.tile(self.devs[oi][keep], m))
+                dev.append(_tile(self.devs[oi][keep], m))
                 chunk.append(np.full(t.size, chunk_of[oi]))
                 mb.append(np.repeat(np.arange(m), keep.size))
                 phase.append(np.full(t.size, phase_id))
@@ -1044,9 +1071,17 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     TaskGraph
     """
     cost = cost or CostModel()
-    sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
-    if sym is not None:
-        tg = _Builder(graph, strategy, cluster, cost, sym).build()
-        if tg.info["cross_replica_transfers"] == 0:
-            return tg
-    return _Builder(graph, strategy, cluster, cost).build()
+    # The builder makes few Python objects but many arrays; pausing the cyclic garbage
+    # collector avoids its full passes over a large heap (no reference cycles are made).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
+        if sym is not None:
+            tg = _Builder(graph, strategy, cluster, cost, sym).build()
+            if tg.info["cross_replica_transfers"] == 0:
+                return tg
+        return _Builder(graph, strategy, cluster, cost).build()
+    finally:
+        if was_enabled:
+            gc.enable()
