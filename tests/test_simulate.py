@@ -56,7 +56,8 @@ class TestTwoMatmulsOnTwoDevices:
     """
 
     @pytest.fixture(scope="class")
-    def timeline(self):
+    @staticmethod
+    def timeline():
         g = mlp()
         s = strategy(g, {"x": Config.single(0), "fc1": Config.single(0), "fc2": Config.single(1)})
         return simulate(build_task_graph(g, s, toy_cluster(), IDEAL))

@@ -99,7 +99,8 @@ class TestHumanReport:
 
 class TestJson:
     @pytest.fixture(scope="class")
-    def summary(self):
+    @staticmethod
+    def summary():
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             assert main([*ALEXNET_DP, "--json"]) == 0
@@ -241,10 +242,11 @@ class TestProfile:
     OPS = ("conv1", "conv2")
 
     @pytest.fixture(scope="class")
-    def setup(self, tmp_path_factory):
+    @staticmethod
+    def setup(tmp_path_factory):
         g = resolve_model("alexnet")
         c = preset("p100-4x4")
-        table = _dp_profile(g, c, self.OPS, self.FWD_S, self.BWD_S)
+        table = _dp_profile(g, c, TestProfile.OPS, TestProfile.FWD_S, TestProfile.BWD_S)
         path = tmp_path_factory.mktemp("prof") / "profile.json"
         path.write_text(json.dumps(table.to_dict()), encoding="utf-8")
         return g, c, table, path

@@ -197,7 +197,8 @@ class TestTraceOfAReducedRun:
     (mirrored by memory_report)."""
 
     @pytest.fixture(scope="class")
-    def events(self, tmp_path_factory):
+    @staticmethod
+    def events(tmp_path_factory):
         r = Run(*SYMMETRIC[0][1:4])
         path = tmp_path_factory.mktemp("sym") / "t.json"
         write_chrome_trace(path, r.graph, r.cluster, r.tl_reduced, r.mem_reduced)
