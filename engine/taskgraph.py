@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import math
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,47 +148,51 @@ class TaskGraph:
         return ptr, src[order]
 
 
-class _Buffer:
-    """Accumulates tasks and edges as arrays, one block per call."""
+_SHIFT = 32
+_MASK = (1 << _SHIFT) - 1
 
-    def __init__(self) -> None:
-        self.n = 0
-        self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
-                                                  ("kind", "op", "part", "mb", "device", "dur", "size", "flops",
-                                                   "coll", "link", "res")}
-        self.multi_res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, their resources)
-        self.src: list[np.ndarray] = []
-        self.dst: list[np.ndarray] = []
-        self.chain_from: list[np.ndarray] = []
-        self.chain_to: list[np.ndarray] = []
-        self.chain_lag: list[np.ndarray] = []
-        self.comm_bytes = 0.0
+
+class _Segment:
+    """Tasks and edges made for one part of the graph (an op's compute, a tensor's transfers,
+    a parameter unit's synchronisation, or a fixed block), as arrays.
+
+    A task is addressed by a *handle*, ``slot << 32 | local index``, so that a segment can be
+    rebuilt (delta simulation) without renumbering the others; :meth:`_Builder.assemble`
+    turns handles into task ids, concatenating segments in slot order.
+    """
 
     _DTYPES = {"kind": np.int8, "op": np.int32, "part": np.int32, "mb": np.int32, "device": np.int32,
                "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
                "res": np.int64}
 
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.n = 0
+        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
+        self.multi_res: list[tuple[np.ndarray, np.ndarray]] = []  # (task handles, their resources)
+        self.src: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+        self.chain_from: list[np.ndarray] = []
+        self.chain_to: list[np.ndarray] = []
+        self.chain_lag: list[np.ndarray] = []
+        self.coll_devices: list[tuple[np.ndarray, list[int]]] = []  # collective handles -> devices
+        self.comm_bytes = 0.0
+        self.cross_replica = 0
+        self.device_params: np.ndarray | None = None  # parameters each device's optimizer updates
+        self._frozen: dict[str, Any] | None = None
+        self._shared: tuple | None = None  # (arrays, index, start, end) after freeze_all
+
     def add(self, n: int, kind: int, *, op=-1, part=-1, mb=-1, device=-1, dur=0.0, size=0.0, flops=0.0,
             coll=-1, link=-1, res=-1) -> np.ndarray:
-        """Append ``n`` tasks; each column is a scalar (kept as is until :meth:`finish`) or
-        an array of length ``n``."""
-        ids = np.arange(self.n, self.n + n, dtype=np.int64)
+        """Append ``n`` tasks and return their handles; each column is a scalar (kept as is
+        until :meth:`freeze`) or an array of length ``n``."""
+        ids = (self.slot << _SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
         self.n += n
         c = self.cols
         for key, val in (("kind", kind), ("op", op), ("part", part), ("mb", mb), ("device", device), ("dur", dur),
                          ("size", size), ("flops", flops), ("coll", coll), ("link", link), ("res", res)):
             c[key].append((n, val))
         return ids
-
-    def _column(self, key: str) -> np.ndarray:
-        parts = self.cols[key]
-        dt = self._DTYPES[key]
-        out = np.empty(self.n, dt)
-        pos = 0
-        for n, val in parts:
-            out[pos:pos + n] = val
-            pos += n
-        return out
 
     def edges(self, src, dst) -> None:
         src = np.asarray(src, np.int64).ravel()
@@ -196,45 +201,69 @@ class _Buffer:
             self.src.append(src)
             self.dst.append(dst)
 
-    def finish(self, n_devices: int, n_links: int) -> TaskGraph:
-        cat = {k: self._column(k) for k in self.cols}
-        n = self.n
-        # resources: single-resource tasks from "res", collectives from multi_res
-        single = cat["res"].astype(np.int64)
-        counts = (single >= 0).astype(np.int64)
-        for ids, r in self.multi_res:
-            counts[ids] = r.size
-        res_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(counts, out=res_ptr[1:])
-        res_idx = np.empty(res_ptr[-1], np.int64)
-        has = np.nonzero(single >= 0)[0]
-        res_idx[res_ptr[has]] = single[has]
-        for ids, r in self.multi_res:
-            pos = res_ptr[ids][:, None] + np.arange(r.size)[None, :]
-            res_idx[pos.ravel()] = np.tile(r, ids.size)
-        # successors
-        src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
-        dst = np.concatenate(self.dst) if self.dst else np.zeros(0, np.int64)
-        # CSR by source. A duplicate edge is harmless: it is counted in npred as often as it
-        # appears among the successors.
-        order = np.argsort(src, kind="stable")
-        dst = dst[order]
-        succ_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-        npred = np.bincount(dst, minlength=n).astype(np.int64)
-        chain_next = np.full(n, -1, np.int64)
-        chain_lag = np.zeros(n)
-        if self.chain_from:
-            cf = np.concatenate(self.chain_from)
-            chain_next[cf] = np.concatenate(self.chain_to)
-            chain_lag[cf] = np.concatenate(self.chain_lag)
-        return TaskGraph(
-            kind=cat["kind"].astype(np.int8), op=cat["op"].astype(np.int32), part=cat["part"].astype(np.int32),
-            mb=cat["mb"].astype(np.int32), device=cat["device"].astype(np.int32), dur_s=cat["dur"].astype(np.float64),
-            size_bytes=cat["size"].astype(np.float64), flops=cat["flops"].astype(np.float64),
-            coll=cat["coll"].astype(np.int8), link=cat["link"].astype(np.int32), res_ptr=res_ptr, res_idx=res_idx,
-            succ_ptr=succ_ptr, succ_idx=dst.astype(np.int64), npred=npred, chain_next=chain_next,
-            chain_lag_s=chain_lag, n_devices=n_devices, n_links=n_links, comm_bytes=self.comm_bytes)
+    @classmethod
+    def freeze_all(cls, segs: list["_Segment"]) -> dict[str, Any] | None:
+        """Freeze many segments at once: one array per column for all of them, each segment
+        keeping views of its slice (far fewer small allocations than one by one). Returns
+        the combined arrays when every segment was new (a first assembly), else None."""
+        todo = [sg for sg in segs if sg._frozen is None]
+        if not todo:
+            return None
+        total = sum(sg.n for sg in todo)
+        cols = {}
+        for key, dt in cls._DTYPES.items():
+            out = np.empty(total, dt)
+            pos = 0
+            for n, val in chain.from_iterable(sg.cols[key] for sg in todo):
+                out[pos:pos + n] = val
+                pos += n
+            cols[key] = out
+        starts = np.cumsum([0] + [sg.n for sg in todo])
+        flat = {}
+        for name, dt in (("src", np.int64), ("dst", np.int64), ("chain_from", np.int64), ("chain_to", np.int64),
+                         ("chain_lag", np.float64)):
+            per = [getattr(sg, name) for sg in todo]
+            arrays = list(chain.from_iterable(per))
+            bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
+            flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
+        shared = (cols, flat)
+        for j, sg in enumerate(todo):
+            sg._frozen = {}  # views are made on demand by freeze()
+            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))
+            sg.cols = {}
+            sg.src = sg.dst = sg.chain_from = sg.chain_to = sg.chain_lag = []
+        if len(todo) != len(segs):
+            return None
+        return {"cols": cols, **{name: arr for name, (arr, _) in flat.items()}}
+
+    def freeze(self) -> dict[str, Any]:
+        """The segment's arrays (computed once; a built segment never changes)."""
+        if self._frozen == {} and self._shared is not None:
+            (cols, flat), j, a, b = self._shared
+            self._frozen = {"cols": {k: v[a:b] for k, v in cols.items()}}
+            for name, (arr, bounds) in flat.items():
+                self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
+            self._shared = None
+        if self._frozen is None:
+            cols = {}
+            for key, parts in self.cols.items():
+                out = np.empty(self.n, self._DTYPES[key])
+                pos = 0
+                for n, val in parts:
+                    out[pos:pos + n] = val
+                    pos += n
+                cols[key] = out
+
+            def cat(xs, dt=np.int64):
+                return np.concatenate(xs) if xs else np.zeros(0, dt)
+
+            self._frozen = {
+                "cols": cols, "src": cat(self.src), "dst": cat(self.dst), "chain_from": cat(self.chain_from),
+                "chain_to": cat(self.chain_to), "chain_lag": cat(self.chain_lag, np.float64),
+            }
+            self.cols = {}
+            self.src = self.dst = self.chain_from = self.chain_to = self.chain_lag = []
+        return self._frozen
 
 
 def _tile(x: np.ndarray, m: int) -> np.ndarray:
@@ -433,8 +462,10 @@ class _Builder:
         self.sym = symmetry
         self.rep: dict[int, np.ndarray] = {}  # op -> [part] True for representative partitions
         self.image: dict[int, np.ndarray] = {}  # op -> [part] the representative it mirrors
-        self.cross_replica = 0  # transfers between replicas (make a reduction inexact)
-        self.buf = _Buffer()
+        self.segments: dict[tuple, _Segment] = {}
+        self.slot_of: dict[tuple, int] = {}  # segment key -> slot (canonical order, kept on rebuild)
+        self.refs: dict[tuple, set[int]] = {}  # segment key -> ops whose tables it reads
+        self.buf: _Segment | None = None  # the segment being built
         self.D = cluster.num_devices
         self.m = max(1, strategy.pipeline.microbatches)
         self.precision = graph.precision
@@ -444,9 +475,8 @@ class _Builder:
         self.grid: dict[int, tuple[list[str], np.ndarray]] = {}
         self.devs: dict[int, np.ndarray] = {}
         self._coll_cache: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
-        self.coll_devices: list[tuple[np.ndarray, list[int]]] = []  # collective tasks -> their devices
-        self.sent: dict[tuple, np.ndarray] = {}  # transfers already made, see _per_mb
-        self.grad_reduced: dict[tuple, np.ndarray] = {}  # input-gradient all-reduces, see _grad_reduce
+        self.sent: dict[tuple, np.ndarray] = {}  # transfers already made (per tensor), see _per_mb
+        self.grad_reduced: dict[tuple, np.ndarray] = {}  # input-gradient all-reduces (per tensor)
         self.plans: dict[tuple, tuple] = {}  # transfer plans of identical edges (repeated layers)
         self.class_cache: dict[tuple, np.ndarray] = {}  # partition classes of identical ops
         names = sorted({d.type for d in cluster.devices})
@@ -484,7 +514,7 @@ class _Builder:
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.cost.link_efficiency)
         ids = self.buf.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])
         self.buf.multi_res.append((ids, np.asarray([self.D + lk for lk in links], np.int64)))
-        self.coll_devices.append((ids, devs))
+        self.buf.coll_devices.append((ids, devs))
         self.buf.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
         self.buf.comm_bytes += factor * size_bytes * k
@@ -540,56 +570,62 @@ class _Builder:
         return first_hop, last_hop
 
     # -- compute tasks --------------------------------------------------------------
-    def compute_tasks(self) -> None:
+    def _build_compute(self, oi: int) -> None:
+        """Segment ("op", oi): the op's forward and backward tasks, its reductions, and its
+        edges to the schedule's barriers and the devices' optimizer steps."""
         s, g = self.s, self.g
         recompute = s.recompute
-        memo: dict[tuple, tuple] = {}  # identical ops (repeated layers) under identical configs
-        for oi, op in enumerate(g.ops):
-            config = s.configs[op.name]
-            devs = np.asarray(config.devices, np.int64)
-            self.devs[oi] = devs
-            P = devs.size
-            sig = (self._signature(op), tuple(config.degrees.items()), self.sym.dims.get(op.name) if self.sym else None,
-                   recompute == "selective" and self._attention_dropout(op))
-            hit = memo.get(sig)
-            kinds = self.type_index[devs]
-            uk = np.unique(kinds) if len(self.types) > 1 else np.zeros(1, np.int64)
-            if hit is None or len(self.types) > 1:
-                names, grid = _coords(op, config)
-                degrees = dict(config.degrees)
-                if self.m > 1 and "sample" in op.dim_names:
-                    degrees["sample"] = degrees.get("sample", 1) * self.m
-                fwd_t = np.empty(P)
-                bwd_t = np.empty(P)
-                for ti in uk:
-                    f_s, b_s = self.cost.partition_times_s(op, degrees, self.precision, self.types[ti])
-                    fwd_t[kinds == ti], bwd_t[kinds == ti] = f_s, b_s
-                if recompute == "full" and op.kind != "input" or \
-                        recompute == "selective" and (op.kind in _SELECTIVE_KINDS or self._attention_dropout(op)):
-                    bwd_t = bwd_t + fwd_t
-                fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
-                rep, image = self._representatives(op, names, grid)
-                hit = memo[sig] = (names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image)
-            names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
-            self.grid[oi] = (names, grid)
-            self.rep[oi], self.image[oi] = rep, image
-            keep = np.nonzero(rep)[0]
-            R = keep.size
-            mbs = np.repeat(np.arange(self.m), R)
-            parts = _tile(keep, self.m)
-            dev = _tile(devs[keep], self.m)
-            f = self.buf.add(self.m * R, FWD, op=oi, part=parts, mb=mbs, device=dev,
-                             dur=_tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
-            # every partition's entry points at its representative's task
-            slot = np.searchsorted(keep, image)
-            self.fwd[oi] = f[:, slot]
-            self.fwd_ready[oi] = self.fwd[oi]
-            if op.kind != "input":
-                b = self.buf.add(self.m * R, BWD, op=oi, part=parts, mb=mbs, device=dev,
-                                 dur=_tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
-                self.bwd[oi] = b[:, slot]
-                # a partition's backward follows its own forward
-                self.buf.edges(f, b)
+        op = g.ops[oi]
+        config = s.configs[op.name]
+        devs = np.asarray(config.devices, np.int64)
+        self.devs[oi] = devs
+        P = devs.size
+        sig = (self._signature(op), tuple(config.degrees.items()), self.sym.dims.get(op.name) if self.sym else None,
+               recompute == "selective" and self._attention_dropout(op))
+        hit = self.memo.get(sig)
+        kinds = self.type_index[devs]
+        uk = np.unique(kinds) if len(self.types) > 1 else np.zeros(1, np.int64)
+        if hit is None or len(self.types) > 1:
+            names, grid = _coords(op, config)
+            degrees = dict(config.degrees)
+            if self.m > 1 and "sample" in op.dim_names:
+                degrees["sample"] = degrees.get("sample", 1) * self.m
+            fwd_t = np.empty(P)
+            bwd_t = np.empty(P)
+            for ti in uk:
+                f_s, b_s = self.cost.partition_times_s(op, degrees, self.precision, self.types[ti])
+                fwd_t[kinds == ti], bwd_t[kinds == ti] = f_s, b_s
+            if recompute == "full" and op.kind != "input" or \
+                    recompute == "selective" and (op.kind in _SELECTIVE_KINDS or self._attention_dropout(op)):
+                bwd_t = bwd_t + fwd_t
+            fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
+            rep, image = self._representatives(op, names, grid)
+            hit = self.memo[sig] = (names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image)
+        names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
+        self.grid[oi] = (names, grid)
+        self.rep[oi], self.image[oi] = rep, image
+        keep = np.nonzero(rep)[0]
+        R = keep.size
+        mbs = np.repeat(np.arange(self.m), R)
+        parts = _tile(keep, self.m)
+        dev = _tile(devs[keep], self.m)
+        f = self.buf.add(self.m * R, FWD, op=oi, part=parts, mb=mbs, device=dev,
+                         dur=_tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
+        # every partition's entry points at its representative's task
+        slot = np.searchsorted(keep, image)
+        self.fwd[oi] = f[:, slot]
+        self.fwd_ready[oi] = self.fwd[oi]
+        self.bwd.pop(oi, None)
+        if op.kind != "input":
+            b = self.buf.add(self.m * R, BWD, op=oi, part=parts, mb=mbs, device=dev,
+                             dur=_tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
+            self.bwd[oi] = b[:, slot]
+            # a partition's backward follows its own forward
+            self.buf.edges(f, b)
+            # its last backward precedes its device's optimizer step
+            self.buf.edges(b[-1], self.update_handles[devs[keep]])
+        self._reduce(oi)
+        self._barrier_edges(oi)
 
     @staticmethod
     def _signature(op: Op) -> tuple:
@@ -614,30 +650,30 @@ class _Builder:
         return op.kind == "dropout" and any(self.g[r.op].kind == "softmax" for r in op.inputs)
 
     # -- forward reductions -----------------------------------------------------------
-    def reductions(self) -> None:
-        """All-reduce (or reduce-scatter) partial sums of ops split along a reduction dim."""
-        for oi, op in enumerate(self.g.ops):
-            names, grid = self.grid[oi]
-            red = [n for n in names if op.dim(n).kind == REDUCTION]
-            if not red:
-                continue
-            keep = {n for n in names if n not in red}
-            cls = _classes(grid, names, keep)
-            lo, hi = _out_regions(op, self.s.configs[op.name], names, grid, 0)
-            elems = np.prod(hi - lo, axis=1)
-            kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
-            ready = self.fwd[oi].copy()
-            for c in range(int(cls.max()) + 1):
-                members = np.nonzero(cls == c)[0]
-                if not self.rep[oi][members].any():
-                    continue  # mirrored by a representative group
-                per_mb = self.m if "sample" in op.out_tensors[0].axes else 1
-                nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
-                ids = self.collectives(kind, nbytes, self.devs[oi][members], self.fwd[oi][:, members], oi,
-                                       np.arange(self.m))
-                if ids is not None:
-                    ready[:, members] = ids[:, None]
-            self.fwd_ready[oi] = ready
+    def _reduce(self, oi: int) -> None:
+        """All-reduce (or reduce-scatter) partial sums of an op split along a reduction dim."""
+        op = self.g.ops[oi]
+        names, grid = self.grid[oi]
+        red = [n for n in names if op.dim(n).kind == REDUCTION]
+        if not red:
+            return
+        keep = {n for n in names if n not in red}
+        cls = _classes(grid, names, keep)
+        lo, hi = _out_regions(op, self.s.configs[op.name], names, grid, 0)
+        elems = np.prod(hi - lo, axis=1)
+        kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
+        ready = self.fwd[oi].copy()
+        for c in range(int(cls.max()) + 1):
+            members = np.nonzero(cls == c)[0]
+            if not self.rep[oi][members].any():
+                continue  # mirrored by a representative group
+            per_mb = self.m if "sample" in op.out_tensors[0].axes else 1
+            nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
+            ids = self.collectives(kind, nbytes, self.devs[oi][members], self.fwd[oi][:, members], oi,
+                                   np.arange(self.m))
+            if ids is not None:
+                ready[:, members] = ids[:, None]
+        self.fwd_ready[oi] = ready
 
     def _scatter_after(self, op: Op) -> bool:
         """Sequence parallelism: a row-parallel output whose consumers split 'length' over the
@@ -652,9 +688,12 @@ class _Builder:
         return True
 
     # -- data edges ------------------------------------------------------------------
-    def data_edges(self) -> None:
+    def _build_tensor(self, p: int, o: int) -> None:
+        """Segment ("tensor", p, o): transfers of output ``o`` of op ``p`` to every consumer,
+        and the gradients back (deduplicated per tensor, so the segment stands alone)."""
         g = self.g
-        for (p, o, c, i) in g.edges:
+        self.sent, self.grad_reduced = {}, {}
+        for (c, i) in self.users[(p, o)]:
             prod, cons = g.ops[p], g.ops[c]
             pcfg, ccfg = self.s.configs[prod.name], self.s.configs[cons.name]
             pnames, pgrid = self.grid[p]
@@ -739,7 +778,7 @@ class _Builder:
         if not keep.all():
             holder, recv, size_bytes = holder[keep], recv[keep], size_bytes[keep]
         if self.sym is not None:
-            self.cross_replica += int(np.count_nonzero(~self.rep[src_op][holder] & (size_bytes > 0)))
+            self.buf.cross_replica += int(np.count_nonzero(~self.rep[src_op][holder] & (size_bytes > 0)))
         if holder.size == 0:
             return
         m = self.m
@@ -790,79 +829,62 @@ class _Builder:
                     self.sent[k] = hops[:, j].copy()
 
     # -- gradient synchronisation and update --------------------------------------------
-    def grad_sync(self) -> None:
-        """One collective per group of partitions holding the same parameter region (ops of
-        one ``param_group`` together), then one optimizer step per device."""
+    def _build_sync(self, members: list[int]) -> None:
+        """Segment ("sync", unit): gradient synchronisation of one parameter unit (ops of one
+        ``param_group``, or an FSDP block), its ZeRO gathers, and its share of each device's
+        optimizer step."""
         zero = self.s.zero_stage
-        groups: dict[str, list[int]] = {}
-        for oi, op in enumerate(self.g.ops):
-            if op.param_count and op.kind != "input":
-                groups.setdefault(self._sync_unit(op), []).append(oi)
         device_params = np.zeros(self.D)  # parameters each device's optimizer updates
-        deps: list[np.ndarray] = []  # (device, task) pairs the updates wait for
         pbytes = DTYPE_BYTES[self.precision]
-        gathers: list[tuple[list[int], float, int]] = []
-        for members in groups.values():
-            # param region -> (devices, [part tasks per op], elements)
-            regions: dict[tuple, list] = {}  # region -> [devices, parts, elements, tensors counted]
-            for oi in members:
-                op = self.g.ops[oi]
-                names, grid = self.grid[oi]
-                cfg = self.s.configs[op.name]
-                split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
-                _, _, pshapes = op.partition_shapes(cfg.degrees)
-                elems = float(sum(math.prod(sh) for sh in pshapes))
-                tensor = op.param_group or op.name  # shared parameters are one tensor
-                # partitions grouped by the parameter region they hold (vectorised)
-                if split:
-                    codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
-                else:
-                    codes = np.zeros(grid.shape[0], np.int64)
-                order = np.argsort(codes, kind="stable")
-                bounds = np.flatnonzero(np.diff(codes[order])) + 1
-                for part_ids in np.split(order, bounds):
-                    key = (tuple(names[j] for j in split), int(codes[part_ids[0]]))
-                    entry = regions.setdefault(key, [[], [], 0.0, set()])
-                    entry[0].append(self.devs[oi][part_ids])
-                    entry[1].append((oi, part_ids))
-                    if tensor not in entry[3]:
-                        entry[3].add(tensor)
-                        entry[2] += elems
-            for devs, parts, elems, _ in regions.values():
-                if not any(self.rep[oi][ks].any() for oi, ks in parts):
-                    continue  # mirrored by a representative region
-                udevs = sorted(set(np.concatenate(devs).tolist()))
-                share = elems / len(udevs) if zero >= 1 else elems
-                device_params[udevs] += share
-                kind = "reduce_scatter" if zero >= 2 else "all_reduce"
-                # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
-                # otherwise gradients accumulate locally and are synchronised once.
-                rows = np.arange(self.m) if zero >= 3 else np.array([self.m - 1])
-                preds = np.concatenate([self.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
-                ids = self.collectives(kind, elems * pbytes, udevs, preds, members[0],
-                                       rows if zero >= 3 else np.array([-1]))
-                if ids is not None:
-                    mine = np.array([d for d in udevs if d in self.rep_devices], np.int64)
-                    deps.append(np.stack([np.repeat(mine, ids.size), _tile(ids, mine.size)], axis=1))
-                if zero in (1, 2):
-                    gathers.append((udevs, elems * pbytes, members[0]))
-        # every device's last-microbatch backward tasks also precede its update
-        last = [np.stack([self.devs[oi][self.rep[oi]], self.bwd[oi][self.m - 1][self.rep[oi]]], axis=1)
-                for oi in self.bwd]
-        pairs = np.concatenate(deps + last) if deps or last else np.zeros((0, 2), np.int64)
-        update: dict[int, int] = {}
-        for d in np.unique(pairs[:, 0]):
-            d = int(d)
-            dur = self.cost.optimizer_time_s(device_params[d], self.c.device_type(d))
-            update[d] = int(self.buf.add(1, UPDATE, device=d, dur=dur, res=d)[0])
-        if pairs.size:
-            upd = np.array([update[int(d)] for d in pairs[:, 0]], np.int64)
-            self.buf.edges(pairs[:, 1], upd)
-        # ZeRO-1/2: parameters are all-gathered after the sharded update
-        for udevs, nbytes, oi in gathers:
-            preds = [update[d] for d in udevs if d in update]
-            if preds:
-                self.collective("all_gather", nbytes, udevs, preds, oi, -1)
+        # param region -> (devices, [part tasks per op], elements)
+        regions: dict[tuple, list] = {}  # region -> [devices, parts, elements, tensors counted]
+        for oi in members:
+            op = self.g.ops[oi]
+            names, grid = self.grid[oi]
+            cfg = self.s.configs[op.name]
+            split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
+            _, _, pshapes = op.partition_shapes(cfg.degrees)
+            elems = float(sum(math.prod(sh) for sh in pshapes))
+            tensor = op.param_group or op.name  # shared parameters are one tensor
+            # partitions grouped by the parameter region they hold (vectorised)
+            if split:
+                codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
+            else:
+                codes = np.zeros(grid.shape[0], np.int64)
+            order = np.argsort(codes, kind="stable")
+            bounds = np.flatnonzero(np.diff(codes[order])) + 1
+            for part_ids in np.split(order, bounds):
+                key = (tuple(names[j] for j in split), int(codes[part_ids[0]]))
+                entry = regions.setdefault(key, [[], [], 0.0, set()])
+                entry[0].append(self.devs[oi][part_ids])
+                entry[1].append((oi, part_ids))
+                if tensor not in entry[3]:
+                    entry[3].add(tensor)
+                    entry[2] += elems
+        for devs, parts, elems, _ in regions.values():
+            if not any(self.rep[oi][ks].any() for oi, ks in parts):
+                continue  # mirrored by a representative region
+            udevs = sorted(set(np.concatenate(devs).tolist()))
+            share = elems / len(udevs) if zero >= 1 else elems
+            device_params[udevs] += share
+            kind = "reduce_scatter" if zero >= 2 else "all_reduce"
+            # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
+            # otherwise gradients accumulate locally and are synchronised once.
+            rows = np.arange(self.m) if zero >= 3 else np.array([self.m - 1])
+            preds = np.concatenate([self.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
+            ids = self.collectives(kind, elems * pbytes, udevs, preds, members[0],
+                                   rows if zero >= 3 else np.array([-1]))
+            if ids is not None:
+                mine = np.array([d for d in udevs if d in self.rep_devices], np.int64)
+                self.buf.edges(_tile(ids, mine.size), np.repeat(self.update_handles[mine], ids.size))
+            if zero in (1, 2):
+                # ZeRO-1/2: parameters are all-gathered after the sharded update
+                preds = [self.update_handles[d] for d in udevs if d in self.rep_devices]
+                if preds:
+                    self.collective("all_gather", elems * pbytes, udevs, preds, members[0], -1)
+        self.buf.device_params = device_params
+        if zero >= 3:
+            self._fsdp_gathers(members)
 
     def _sync_unit(self, op: Op) -> str:
         """Parameters synchronised together: a shared ``param_group``; with ZeRO-3, the
@@ -874,113 +896,122 @@ class _Builder:
             return f"block:{op.block}"
         return op.name
 
-    def fsdp_gathers(self) -> None:
-        """ZeRO-3 / FSDP: all-gather each wrapped unit's parameters before its forward and
-        its backward, every microbatch, prefetched one unit ahead (FSDP's forward and
-        backward prefetch)."""
-        if self.s.zero_stage < 3:
-            return
-        pbytes = DTYPE_BYTES[self.precision]
-        units: dict[str, list[int]] = {}
+    def _fsdp_plan(self) -> None:
+        """ZeRO-3 / FSDP units and, per pass, the unit each one prefetches after: forward in
+        op order, backward in reverse (a tied embedding's unit is first used by the output
+        layer)."""
+        self.units: dict[str, list[int]] = {}
         for oi, op in enumerate(self.g.ops):
             if op.param_count and op.kind != "input":
-                units.setdefault(self._sync_unit(op), []).append(oi)
-        plan = []  # (ops, devices, bytes per device)
-        for ops in units.values():
-            devs = sorted({int(d) for oi in ops for d in self.devs[oi]})
-            nbytes = 0.0
-            seen = set()
-            for oi in ops:
-                op = self.g.ops[oi]
-                if (op.param_group or op.name) in seen:
-                    continue
-                seen.add(op.param_group or op.name)
-                _, _, pshapes = op.partition_shapes(self.s.configs[op.name].degrees)
-                nbytes += float(sum(math.prod(sh) for sh in pshapes)) * pbytes
-            plan.append((ops, devs, nbytes))
-        # each pass gathers a unit before its first use in that pass: forward in op order,
-        # backward in reverse (a tied embedding's unit is used first by the output layer)
-        by_fwd = sorted(plan, key=lambda u: min(u[0]))
-        by_bwd = sorted(plan, key=lambda u: -max(u[0]))
-        for phase, order, pick in ((self.fwd, by_fwd, min), (self.bwd, by_bwd, max)):
+                self.units.setdefault(self._sync_unit(op), []).append(oi)
+        self.prefetch: dict[tuple[str, int], int | None] = {}  # (unit, phase) -> lead op before it
+        for phase, pick, sign in ((FWD, min, 1), (BWD, max, -1)):
+            order = sorted(self.units, key=lambda u: sign * pick(self.units[u]))
             prev = None
-            for ops, devs, nbytes in order:
-                used = [oi for oi in ops if oi in phase]
-                if not used:
-                    continue
-                preds = np.zeros((self.m, 0), np.int64) if prev is None else prev
-                lead = pick(used)
-                ids = self.collectives("all_gather", nbytes, devs, preds, lead, np.arange(self.m))
-                if ids is not None:
-                    for oi in used:
-                        mine = phase[oi][:, self.rep[oi]]
-                        self.buf.edges(np.repeat(ids, mine.shape[1]), mine)
-                prev = phase[lead][:, :1]  # the next unit's gather starts when this unit starts
+            for u in order:
+                self.prefetch[(u, phase)] = prev
+                prev = pick(self.units[u])
+
+    def _fsdp_gathers(self, members: list[int]) -> None:
+        """All-gather a unit's parameters before its forward and its backward, every
+        microbatch, prefetched one unit ahead (FSDP's forward and backward prefetch)."""
+        pbytes = DTYPE_BYTES[self.precision]
+        devs = sorted({int(d) for oi in members for d in self.devs[oi]})
+        nbytes = 0.0
+        seen = set()
+        for oi in members:
+            op = self.g.ops[oi]
+            if (op.param_group or op.name) in seen:
+                continue
+            seen.add(op.param_group or op.name)
+            _, _, pshapes = op.partition_shapes(self.s.configs[op.name].degrees)
+            nbytes += float(sum(math.prod(sh) for sh in pshapes)) * pbytes
+        unit = self._sync_unit(self.g.ops[members[0]])
+        for phase, table, pick in ((FWD, self.fwd, min), (BWD, self.bwd, max)):
+            used = [oi for oi in members if oi in table]
+            if not used:
+                continue
+            lead = pick(used)
+            before = self.prefetch.get((unit, phase))
+            preds = np.zeros((self.m, 0), np.int64) if before is None or before not in table \
+                else table[before][:, :1]  # the next unit's gather starts when the one before starts
+            ids = self.collectives("all_gather", nbytes, devs, preds, lead, np.arange(self.m))
+            if ids is not None:
+                for oi in used:
+                    mine = table[oi][:, self.rep[oi]]
+                    self.buf.edges(np.repeat(ids, mine.shape[1]), mine)
 
     # -- schedules ---------------------------------------------------------------------
-    def schedule(self) -> None:
-        """Barrier tasks between consecutive schedule units on each device (vectorised)."""
+    def _schedule_plan(self) -> None:
+        """Fixed segment ("barriers",): for every device, a chain of U - 1 barrier tasks
+        between its U schedule units; ops add their own edges to them (_barrier_edges)."""
         pipe = self.s.pipeline
         p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), self.m
+        self.U = 0
         if m == 1 and p == 1:
             return
-        chunk_of = np.array([self.s.stage_of.get(op.name, 0) for op in self.g.ops], np.int64)
+        self.chunk_of = np.array([self.s.stage_of.get(op.name, 0) for op in self.g.ops], np.int64)
         # Only a unit's source ops (no producer in the same model chunk) wait for the barrier
         # before it, and only its sink ops (no consumer in the chunk) feed the barrier after
-        # it: every other task of the unit is ordered through them by data dependencies.
-        # In the backward pass the roles swap.
-        has_prod = np.zeros(len(self.g.ops), bool)
-        has_cons = np.zeros(len(self.g.ops), bool)
-        has_bwd_prod = np.zeros(len(self.g.ops), bool)  # an in-chunk producer with a backward task
+        # it: every other task of the unit is ordered through them by data dependencies. In
+        # the backward pass the roles swap; it ends at ops whose producers have no backward.
+        n = len(self.g.ops)
+        has_prod, has_cons, has_bwd_prod = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
         for (pi, _, ci, _) in self.g.edges:
-            if chunk_of[pi] == chunk_of[ci]:
+            if self.chunk_of[pi] == self.chunk_of[ci]:
                 has_cons[pi] = True
                 has_prod[ci] = True
-                if pi in self.bwd:
+                if self.g.ops[pi].kind != "input":
                     has_bwd_prod[ci] = True
-        task, dev, chunk, mb, phase, src, snk = [], [], [], [], [], [], []
-        for phase_id, table in ((FWD, self.fwd), (BWD, self.bwd)):
-            for oi, tasks in table.items():
-                is_src = not (has_prod[oi] if phase_id == FWD else has_cons[oi])
-                # the backward pass ends at ops whose producers have no backward (inputs)
-                is_snk = not (has_cons[oi] if phase_id == FWD else has_bwd_prod[oi])
-                if not (is_src or is_snk):
-                    continue
-                keep = np.nonzero(self.rep[oi])[0]
-                t = tasks[:, keep]  # [mb, rep part]
-                task.append(t.ravel())
-                dev.append(_tile(self.devs[oi][keep], m))
-                chunk.append(np.full(t.size, chunk_of[oi]))
-                mb.append(np.repeat(np.arange(m), keep.size))
-                phase.append(np.full(t.size, phase_id))
-                src.append(np.full(t.size, is_src))
-                snk.append(np.full(t.size, is_snk))
-        task, dev, chunk, mb, phase, src, snk = (np.concatenate(x) for x in (task, dev, chunk, mb, phase, src, snk))
-        # rank of every (local chunk, microbatch, phase) unit in each stage's schedule
-        U = 2 * m * v
-        rank = np.full((p, v, m, 2), -1, np.int64)
+        self.unit_roles = (has_prod, has_cons, has_bwd_prod)
+        self.U = 2 * m * v
+        self.rank = np.full((p, v, m, 2), -1, np.int64)
         for stage in range(p):
             order = _schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
                 [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
             for r, (lc, k, ph) in enumerate(order):
-                rank[stage, lc, k, ph] = r
-        stage = chunk % p
-        local = chunk // p if p > 1 else np.zeros_like(chunk)
-        r = rank[stage, local, mb, phase]
-        # barrier (device, r) sits between units r and r + 1 of that device
-        udev, dslot = np.unique(dev, return_inverse=True)
-        base = self.buf.add(udev.size * (U - 1), BARRIER)[0] if U > 1 else 0
-        bar = base + dslot * (U - 1) + r
-        # only barriers between units a device really has (all ranks exist for a full stage)
-        after = (r < U - 1) & snk
-        self.buf.edges(task[after], bar[after])
-        before = (r > 0) & src
-        self.buf.edges(bar[before] - 1, task[before])
-        # barriers of a device follow each other, so order holds even across a unit the
-        # device has no task in
-        if U > 2:
-            chain = (base + np.arange(udev.size)[:, None] * (U - 1) + np.arange(U - 2)[None, :]).ravel()
-            self.buf.edges(chain, chain + 1)
+                self.rank[stage, lc, k, ph] = r
+
+    def _barriers_of(self, device: int) -> np.ndarray:
+        """Handles of ``device``'s U - 1 barriers: segment ("barriers", device), made on first
+        use (its slot is reserved, so the task order does not depend on when)."""
+        key = ("barriers", device)
+        seg = self.segments.get(key)
+        if seg is None:
+            seg = self.segments[key] = _Segment(self.slot_of[key])
+            self.refs[key] = set()
+            seg.barrier_ids = seg.add(self.U - 1, BARRIER)
+            if self.U > 2:
+                seg.edges(seg.barrier_ids[:-1], seg.barrier_ids[1:])
+        return seg.barrier_ids
+
+    def _barrier_edges(self, oi: int) -> None:
+        """Edges between an op's source/sink tasks and its devices' schedule barriers."""
+        if not self.U:
+            return
+        p = max(1, self.s.pipeline.stages)
+        has_prod, has_cons, has_bwd_prod = self.unit_roles
+        chunk = int(self.chunk_of[oi])
+        stage, local = chunk % p, (chunk // p if p > 1 else 0)
+        keep = np.nonzero(self.rep[oi])[0]
+        devs = self.devs[oi][keep]
+        for phase, table in ((FWD, self.fwd), (BWD, self.bwd)):
+            if oi not in table:
+                continue
+            is_src = not (has_prod[oi] if phase == FWD else has_cons[oi])
+            is_snk = not (has_cons[oi] if phase == FWD else has_bwd_prod[oi])
+            if not (is_src or is_snk):
+                continue
+            r = self.rank[stage, local, :, phase]  # [mb]
+            tasks = table[oi][:, keep]  # [mb, rep part]
+            bars = np.stack([self._barriers_of(int(d)) for d in devs], axis=1)  # [U - 1, rep part]
+            cols = np.arange(devs.size)[None, :]
+            if is_snk:
+                ok = r < self.U - 1
+                self.buf.edges(tasks[ok], bars[r[ok][:, None], cols])
+            if is_src:
+                ok = r > 0
+                self.buf.edges(bars[r[ok][:, None] - 1, cols], tasks[ok])
 
     def _device_image(self) -> np.ndarray:
         """[device] the representative device whose timeline each device mirrors (itself
@@ -990,25 +1021,143 @@ class _Builder:
             image[self.devs[oi]] = self.devs[oi][self.image[oi]]
         return image
 
+    # -- segments ----------------------------------------------------------------------
+    def _begin(self, key: tuple, refs) -> None:
+        slot = self.slot_of.setdefault(key, len(self.slot_of))
+        self.buf = self.segments[key] = _Segment(slot)
+        self.refs[key] = set(refs)
+
     def build(self) -> TaskGraph:
-        self.compute_tasks()
+        self.memo: dict[tuple, tuple] = {}  # identical ops (repeated layers) under identical configs
+        self.users: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for (p, o, c, i) in self.g.edges:
+            self.users.setdefault((p, o), []).append((c, i))
+        self._fsdp_plan()
+        for d in range(self.D):  # reserved: made only for devices with tasks
+            self.slot_of[("barriers", d)] = d
+        self._schedule_plan()
+        self._begin(("updates",), ())
+        self.update_handles = self.buf.add(self.D, UPDATE, device=np.arange(self.D), res=np.arange(self.D))
+        for oi in range(len(self.g.ops)):
+            self._begin(("op", oi), (oi,))
+            self._build_compute(oi)
         self.rep_devices = {int(d) for oi in self.devs for d in self.devs[oi][self.rep[oi]]}
-        self.reductions()
-        self.data_edges()
-        self.fsdp_gathers()
-        self.grad_sync()
-        self.schedule()
-        tg = self.buf.finish(self.D, len(self.c.links))
-        tasks = np.concatenate([ids for ids, _ in self.coll_devices]) if self.coll_devices else np.zeros(0, np.int64)
-        sizes = np.concatenate([np.full(ids.size, len(d)) for ids, d in self.coll_devices]) \
-            if self.coll_devices else np.zeros(0, np.int64)
+        for (p, o), users in self.users.items():
+            self._begin(("tensor", p, o), {p, *(c for c, _ in users)})
+            self._build_tensor(p, o)
+        for unit, members in self.units.items():
+            self._begin(("sync", unit), self._sync_refs(unit, members))
+            self._build_sync(members)
+        self.buf = None
+        return self.assemble()
+
+    def _sync_refs(self, unit: str, members: list[int]) -> set[int]:
+        refs = set(members)
+        if self.s.zero_stage >= 3:
+            refs |= {self.prefetch[(unit, ph)] for ph in (FWD, BWD)} - {None}
+        return refs
+
+    def rebuild(self, strategy: Strategy, op: str) -> TaskGraph:
+        """Change ``op``'s config to ``strategy``'s and rebuild only the segments that read
+        it (its compute, the tensors it makes or reads, its parameter unit and the units that
+        prefetch after it). The result is identical, array for array, to a full build of
+        ``strategy`` (segments keep their slots, so the task order is the same)."""
+        oi = self.g.index[op]
+        self.s = strategy
+        affected = [k for k, refs in self.refs.items() if oi in refs]
+        self._begin(("op", oi), (oi,))
+        self._build_compute(oi)
+        self.rep_devices = {int(d) for o in self.devs for d in self.devs[o][self.rep[o]]}
+        for key in affected:
+            if key[0] == "tensor":
+                self._begin(key, self.refs[key])
+                self._build_tensor(key[1], key[2])
+        for key in affected:
+            if key[0] == "sync":
+                members = self.units[key[1]]
+                self._begin(key, self._sync_refs(key[1], members))
+                self._build_sync(members)
+        self.buf = None
+        return self.assemble()
+
+    def assemble(self) -> TaskGraph:
+        """Concatenate the segments in slot order and turn handles into task ids."""
+        segs = sorted((sg for key, sg in self.segments.items()
+                       if key[0] != "barriers" or key[1] in self.rep_devices), key=lambda sg: sg.slot)
+        whole = _Segment.freeze_all(segs)  # the combined arrays on a first assembly
+        frozen = [] if whole is not None else [sg.freeze() for sg in segs]
+
+        def joined(name: str) -> np.ndarray:
+            return whole[name] if whole is not None else np.concatenate([f[name] for f in frozen])
+        sizes = np.array([sg.n for sg in segs], np.int64)
+        offset = np.zeros(max(sg.slot for sg in segs) + 1, np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        offset[[sg.slot for sg in segs]] = starts
+        n = int(sizes.sum())
+
+        def gid(h: np.ndarray) -> np.ndarray:
+            return offset[h >> _SHIFT] + (h & _MASK)
+
+        cols = {k: (whole["cols"][k].copy() if whole is not None else np.concatenate([f["cols"][k] for f in frozen]))
+                for k in _Segment._DTYPES}
+        # optimizer steps: one per device that runs a representative partition
+        params = np.zeros(self.D)
+        for sg in segs:
+            if sg.device_params is not None:
+                params += sg.device_params
+        upd = gid(self.update_handles)
+        cols["dur"][upd] = [self.cost.optimizer_time_s(params[d], self.c.device_type(d))
+                            if d in self.rep_devices else 0.0 for d in range(self.D)]
+        # resources
+        single = cols["res"]
+        counts = (single >= 0).astype(np.int64)
+        multi = [(h, r) for sg in segs for h, r in sg.multi_res]
+        if multi:  # one vectorised pass over every collective's resources
+            m_ids = gid(np.concatenate([h for h, _ in multi]))
+            m_len = np.concatenate([np.full(h.size, r.size) for h, r in multi])
+            m_res = np.concatenate([np.tile(r, h.size) for h, r in multi])
+            counts[m_ids] = m_len
+        res_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=res_ptr[1:])
+        res_idx = np.empty(res_ptr[-1], np.int64)
+        has = np.nonzero(single >= 0)[0]
+        res_idx[res_ptr[has]] = single[has]
+        if multi:
+            starts_m = np.repeat(res_ptr[m_ids], m_len)
+            within = np.arange(m_res.size) - np.repeat(np.cumsum(m_len) - m_len, m_len)
+            res_idx[starts_m + within] = m_res
+        # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
+        src = gid(joined("src"))
+        dst = gid(joined("dst"))
+        order = np.argsort(src, kind="stable")
+        dst = dst[order]
+        succ_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+        npred = np.bincount(dst, minlength=n).astype(np.int64)
+        chain_next = np.full(n, -1, np.int64)
+        chain_lag = np.zeros(n)
+        cf = joined("chain_from")
+        if cf.size:
+            chain_next[gid(cf)] = gid(joined("chain_to"))
+            chain_lag[gid(cf)] = joined("chain_lag")
+        # collectives' devices
+        cd = [(h, d) for sg in segs for h, d in sg.coll_devices]
+        tasks = gid(np.concatenate([ids for ids, _ in cd])) if cd else np.zeros(0, np.int64)
+        sizes_cd = np.concatenate([np.full(ids.size, len(d)) for ids, d in cd]) if cd else np.zeros(0, np.int64)
         ptr = np.zeros(tasks.size + 1, np.int64)
-        np.cumsum(sizes, out=ptr[1:])
-        idx = np.concatenate([np.tile(np.asarray(d, np.int64), ids.size) for ids, d in self.coll_devices]) \
-            if self.coll_devices else np.zeros(0, np.int64)
+        np.cumsum(sizes_cd, out=ptr[1:])
+        idx = np.concatenate([np.tile(np.asarray(d, np.int64), ids.size) for ids, d in cd]) if cd \
+            else np.zeros(0, np.int64)
+        tg = TaskGraph(
+            kind=cols["kind"], op=cols["op"], part=cols["part"], mb=cols["mb"], device=cols["device"],
+            dur_s=cols["dur"], size_bytes=cols["size"], flops=cols["flops"], coll=cols["coll"], link=cols["link"],
+            res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=dst, npred=npred,
+            chain_next=chain_next, chain_lag_s=chain_lag, n_devices=self.D, n_links=len(self.c.links),
+            comm_bytes=float(sum(sg.comm_bytes for sg in segs)))
         tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks),
-                   "symmetry": self.sym, "cross_replica_transfers": self.cross_replica,
-                   "device_image": self._device_image()}
+                   "symmetry": self.sym, "cross_replica_transfers": sum(sg.cross_replica for sg in segs),
+                   "device_image": self._device_image(),
+                   "segments": [(key, self.segments[key].slot, int(self.segments[key].n)) for key in self.segments]}
         return tg
 
 

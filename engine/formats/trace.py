@@ -57,7 +57,7 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
                "tid": COMPUTE_TID, "ts": float(ts[t]), "dur": float(dur[t]),
                "args": {"op": names[tg.op[t]], "partition": int(tg.part[t]), "microbatch": int(tg.mb[t]),
                         "flops": float(tg.flops[t])}}
-    for t in np.nonzero(tg.kind == UPDATE)[0]:
+    for t in np.nonzero((tg.kind == UPDATE) & (tg.dur_s > 0))[0]:  # devices with parameters to update
         yield {"ph": "X", "name": "optimizer step", "cat": "update", "pid": int(tg.device[t]), "tid": COMPUTE_TID,
                "ts": float(ts[t]), "dur": float(dur[t])}
     for t in np.nonzero(tg.kind == XFER)[0]:
