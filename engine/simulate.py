@@ -70,7 +70,6 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     """List scheduling. ``rank`` empty: FIFO by ready time (FlexFlow's Algorithm 1); else
     tasks are dispatched in ``rank`` order (a fixed topological priority)."""
     n = dur.shape[0]
-    static = rank.shape[0] == n
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     ready = np.zeros(n)
@@ -79,13 +78,23 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     last_task = np.full(n_res, -1, np.int64)  # task that last held each resource
     res_pred = np.full(n, -1, np.int64)  # the task whose release of a resource set our start
     order = np.empty(n, np.int64)
+    initial = np.nonzero(left == 0)[0]
+    return _loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
+                 last, last_task, res_pred, order, 0, initial)
+
+
+@nb.njit(cache=True)
+def _loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
+          last_task, res_pred, order, done, initial):  # pragma: no cover
+    """The event loop from a given state: ``done`` tasks already dispatched (``order[:done]``),
+    ``initial`` the tasks ready to go (all predecessors dispatched)."""
+    n = dur.shape[0]
+    static = rank.shape[0] == n
     hk = np.empty(n + 1)
     hi = np.empty(n + 1, np.int64)
     h = 0
-    for t in range(n):
-        if left[t] == 0:
-            h = _push(hk, hi, h, rank[t] if static else 0.0, t)
-    done = 0
+    for t in initial:
+        h = _push(hk, hi, h, rank[t] if static else ready[t], t)
     while h > 0:
         r, t, h = _pop(hk, hi, h)
         s = ready[t]
@@ -120,7 +129,7 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
             left[v] -= 1
             if left[v] == 0:
                 h = _push(hk, hi, h, rank[v] if static else ready[v], v)
-    return start, end, order[:done], res_pred
+    return start, end, order[:done], res_pred, ready
 
 
 @nb.njit(cache=True)
@@ -204,8 +213,9 @@ def run_reference(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
 POLICIES = ("fifo", "static")
 
 
-def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Run the event loop: (start_s, end_s, dispatch order, resource predecessor) per task.
+def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, ...]:
+    """Run the event loop: (start_s, end_s, dispatch order, resource predecessor, ready_s)
+    per task.
 
     ``fifo``: FlexFlow's Algorithm 1, tasks take their resources in order of ready time.
     ``static``: tasks take their resources in one fixed topological order (Kahn's, ties by
@@ -223,7 +233,7 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, np.nd
     args = (tg.res_ptr, tg.res_idx, tg.succ_ptr, tg.succ_idx, npred, tg.chain_next, tg.chain_lag_s, n_res)
     rank = np.zeros(0)
     if policy == "static":
-        _, _, order, _ = _run(np.zeros(tg.num_tasks), *args, rank)  # zero durations: Kahn's order by id
+        order = _run(np.zeros(tg.num_tasks), *args, rank)[2]  # zero durations: Kahn's order by id
         rank = np.empty(tg.num_tasks)
         rank[order] = np.arange(order.size, dtype=np.float64)
     return _run(tg.dur_s, *args, rank)
@@ -341,12 +351,16 @@ def simulate(tg: TaskGraph, policy: str = "fifo") -> Timeline:
         When some task never becomes ready (a dependency cycle, which a valid strategy's
         task graph never has).
     """
-    start, end, order, res_pred = run_schedule(tg, policy)
+    start, end, order, res_pred, ready = run_schedule(tg, policy)
+    return _timeline(tg, start, end, order, res_pred, ready)
+
+
+def _timeline(tg, start, end, order, res_pred, ready) -> Timeline:
     if order.size != tg.num_tasks:
         stuck = np.nonzero(np.isnan(start))[0][:5]
         raise ValueError(f"{tg.num_tasks - order.size} task(s) never became ready (first: {stuck.tolist()}); "
                          "the task graph has a cycle")
-    return Timeline(tg, start, end, order, res_pred)
+    return Timeline(tg, start, end, order, res_pred, {"ready_s": ready})
 
 
 

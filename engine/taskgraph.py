@@ -165,8 +165,11 @@ class _Segment:
                "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
                "res": np.int64}
 
+    _serials = iter(range(1, 1 << 62))
+
     def __init__(self, slot: int) -> None:
         self.slot = slot
+        self.serial = next(_Segment._serials)  # identity across assemblies (delta simulation)
         self.n = 0
         self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
         self.multi_res: list[tuple[np.ndarray, np.ndarray]] = []  # (task handles, their resources)
@@ -1084,6 +1087,7 @@ class _Builder:
         """Concatenate the segments in slot order and turn handles into task ids."""
         segs = sorted((sg for key, sg in self.segments.items()
                        if key[0] != "barriers" or key[1] in self.rep_devices), key=lambda sg: sg.slot)
+        starts = np.concatenate([[0], np.cumsum([sg.n for sg in segs])[:-1]]).astype(np.int64)
         whole = _Segment.freeze_all(segs)  # the combined arrays on a first assembly
         frozen = [] if whole is not None else [sg.freeze() for sg in segs]
 
@@ -1091,7 +1095,6 @@ class _Builder:
             return whole[name] if whole is not None else np.concatenate([f[name] for f in frozen])
         sizes = np.array([sg.n for sg in segs], np.int64)
         offset = np.zeros(max(sg.slot for sg in segs) + 1, np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         offset[[sg.slot for sg in segs]] = starts
         n = int(sizes.sum())
 
@@ -1157,8 +1160,31 @@ class _Builder:
         tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks),
                    "symmetry": self.sym, "cross_replica_transfers": sum(sg.cross_replica for sg in segs),
                    "device_image": self._device_image(),
-                   "segments": [(key, self.segments[key].slot, int(self.segments[key].n)) for key in self.segments]}
+                   # slot -> (first task id, tasks, segment serial): which tasks a delta can reuse
+                   "slots": {sg.slot: (int(st), int(sg.n), sg.serial) for sg, st in zip(segs, starts)}}
         return tg
+
+    def snapshot(self, op: str) -> dict[str, Any]:
+        """What :meth:`rebuild` of ``op`` replaces, so that :meth:`restore` can undo it."""
+        oi = self.g.index[op]
+        keys = [k for k, refs in self.refs.items() if oi in refs]
+        tables = {name: getattr(self, name).get(oi) for name in ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep",
+                                                               "image")}
+        return {"oi": oi, "segments": {k: (self.segments[k], self.refs[k]) for k in keys}, "tables": tables,
+                "strategy": self.s, "rep_devices": set(self.rep_devices)}
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        oi = snap["oi"]
+        for k, (seg, refs) in snap["segments"].items():
+            self.segments[k], self.refs[k] = seg, refs
+        for name, value in snap["tables"].items():
+            table = getattr(self, name)
+            if value is None:
+                table.pop(oi, None)
+            else:
+                table[oi] = value
+        self.s = snap["strategy"]
+        self.rep_devices = snap["rep_devices"]
 
 
 def _schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:

@@ -1,0 +1,213 @@
+"""Delta simulation: re-simulate after one op's config changes (FlexFlow's Algorithm 2).
+
+FlexFlow (Jia et al. SysML'19 §5.3) replaces the changed op's tasks and propagates new start
+and end times only through what they touch. soapbox does the same in two steps, and the
+result is identical, task for task, to a full simulation of the new strategy:
+
+1. **Task graph.** :meth:`engine.taskgraph._Builder.rebuild` regenerates only the segments
+   that read the op (its compute, the tensors it makes or reads, its parameter unit);
+   every other segment is reused, and the assembled arrays equal a full build's.
+2. **Timeline.** The simulator is FIFO by ready time with a task-id tie-break, so the tasks
+   that became ready strictly before the first moment a changed task can matter (``t_c``)
+   are dispatched exactly as before. :func:`resume` keeps that prefix of the old timeline,
+   rebuilds the event loop's state from it (resource free times, predecessors left, ready
+   times) and runs the loop from there.
+
+``t_c`` is the earliest of: the old ready time of every removed task and of every kept task
+whose predecessors changed; and, for every new task whose predecessors are all kept, the
+latest old end of those predecessors (a lower bound of its new ready time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cluster import Cluster
+from .costs import CostModel
+from .errors import ValidationError
+from .graph import OpGraph
+from .simulate import Timeline, _loop, _timeline, simulate
+from .strategy import Config, Strategy, _check_config
+from .taskgraph import TaskGraph, _Builder
+
+__all__ = ["DeltaSimulator", "resume"]
+
+
+def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
+    """Simulate ``new`` reusing the prefix of ``old_tl`` that ``new`` cannot change.
+
+    ``new`` must come from the same builder as ``old`` (its ``info["slots"]`` says which
+    segments are shared). The result equals :func:`engine.simulate.simulate` of ``new``.
+    """
+    o_slots, n_slots = old.info["slots"], new.info["slots"]
+    old_to_new = np.full(old.num_tasks, -1, np.int64)
+    kept_new = np.zeros(new.num_tasks, bool)
+    for slot, (ns, nn, serial) in n_slots.items():
+        hit = o_slots.get(slot)
+        if hit is not None and hit[2] == serial:
+            os_, on, _ = hit
+            old_to_new[os_:os_ + on] = np.arange(ns, ns + nn)
+            kept_new[ns:ns + nn] = True
+    removed = old_to_new < 0
+    ready_old = old_tl.extra["ready_s"]
+    t_c = np.inf
+    if removed.any():
+        t_c = min(t_c, float(ready_old[removed].min()))
+    # kept tasks whose predecessors changed, seen from the old graph ...
+    o_src = np.repeat(np.arange(old.num_tasks), np.diff(old.succ_ptr))
+    o_dst = old.succ_idx
+    hit = removed[o_src] & ~removed[o_dst]
+    if hit.any():
+        t_c = min(t_c, float(ready_old[o_dst[hit]].min()))
+    # ... and from the new one; and kept tasks whose duration changed (optimizer steps)
+    n_src = np.repeat(np.arange(new.num_tasks), np.diff(new.succ_ptr))
+    n_dst = new.succ_idx
+    new_to_old = np.full(new.num_tasks, -1, np.int64)
+    new_to_old[old_to_new[~removed]] = np.nonzero(~removed)[0]
+    touched = kept_new[n_dst] & ~kept_new[n_src]
+    if touched.any():
+        old_ids = new_to_old[n_dst[touched]]
+        t_c = min(t_c, float(ready_old[old_ids].min()))
+    kept_old = np.nonzero(~removed)[0]
+    changed_dur = new.dur_s[old_to_new[kept_old]] != old.dur_s[kept_old]
+    if changed_dur.any():
+        t_c = min(t_c, float(ready_old[kept_old[changed_dur]].min()))
+    # new tasks whose predecessors are all kept: their ready time is at least the latest
+    # old end of those predecessors
+    end_old_in_new = np.full(new.num_tasks, np.nan)
+    end_old_in_new[old_to_new[kept_old]] = old_tl.end_s[kept_old]
+    fresh = ~kept_new
+    has_fresh_pred = np.zeros(new.num_tasks, bool)
+    np.logical_or.at(has_fresh_pred, n_dst, fresh[n_src])
+    chained = new.chain_next[new.chain_next >= 0]
+    has_fresh_pred[chained] |= fresh[chained]
+    bound = np.zeros(new.num_tasks)
+    kept_edge = ~fresh[n_src]
+    np.maximum.at(bound, n_dst[kept_edge], end_old_in_new[n_src[kept_edge]])
+    frontier = fresh & ~has_fresh_pred
+    if frontier.any():
+        t_c = min(t_c, float(bound[frontier].min()))
+    # the prefix: old tasks that became ready strictly before t_c (all kept, by construction)
+    prefix_old = old_tl.order[ready_old[old_tl.order] < t_c]
+    return _continue(new, old_tl, prefix_old, old_to_new)
+
+
+def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_new: np.ndarray) -> Timeline:
+    n = new.num_tasks
+    P = old_to_new[prefix_old]  # dispatched tasks, in dispatch order (new ids)
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    start[P] = old_tl.start_s[prefix_old]
+    end[P] = old_tl.end_s[prefix_old]
+    ready = np.zeros(n)
+    ready[P] = old_tl.extra["ready_s"][prefix_old]
+    done_mask = np.zeros(n, bool)
+    done_mask[P] = True
+    left = new.npred.copy()
+    has_chain = new.chain_next >= 0
+    np.add.at(left, new.chain_next[has_chain], 1)
+    src = np.repeat(np.arange(n), np.diff(new.succ_ptr))
+    dst = new.succ_idx
+    e = done_mask[src]
+    np.subtract.at(left, dst[e], 1)
+    np.maximum.at(ready, dst[e], end[src[e]])
+    ch = np.nonzero(has_chain & done_mask)[0]
+    np.subtract.at(left, new.chain_next[ch], 1)
+    np.maximum.at(ready, new.chain_next[ch], start[ch] + new.chain_lag_s[ch])
+    # resource state: the last prefix task on each resource, by dispatch order
+    n_res = new.n_devices + new.n_links
+    last = np.zeros(n_res)
+    last_task = np.full(n_res, -1, np.int64)
+    counts = np.diff(new.res_ptr)[P]
+    res = new.res_idx[np.repeat(new.res_ptr[P], counts) + (np.arange(counts.sum()) -
+                                                            np.repeat(np.cumsum(counts) - counts, counts))]
+    owner = np.repeat(P, counts)
+    pos = np.repeat(np.arange(P.size), counts)
+    order_by = np.lexsort((pos, res))
+    res_s, owner_s = res[order_by], owner[order_by]
+    if res_s.size:
+        lastpos = np.flatnonzero(np.r_[res_s[1:] != res_s[:-1], True])
+        last_task[res_s[lastpos]] = owner_s[lastpos]
+        last[res_s[lastpos]] = end[owner_s[lastpos]]
+    res_pred = np.full(n, -1, np.int64)
+    rp_old = old_tl.resource_pred[prefix_old]
+    res_pred[P] = np.where(rp_old >= 0, old_to_new[np.maximum(rp_old, 0)], -1)
+    order = np.empty(n, np.int64)
+    order[:P.size] = P
+    initial = np.nonzero((left == 0) & ~done_mask)[0]
+    start, end, order, res_pred, ready = _loop(
+        new.dur_s, new.res_ptr, new.res_idx, new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s,
+        np.zeros(0), start, end, ready, left, last, last_task, res_pred, order, P.size, initial)
+    tl = _timeline(new, start, end, order, res_pred, ready)
+    tl.extra["reused_tasks"] = int(P.size)
+    return tl
+
+
+class DeltaSimulator:
+    """A strategy's task graph and timeline, edited one op's config at a time.
+
+    Examples
+    --------
+    >>> from engine.formats import resolve_model
+    >>> from engine.cluster import preset
+    >>> from engine.search.baselines import data_parallel
+    >>> g, c = resolve_model("alexnet"), preset("p100-4x4")
+    >>> sim = DeltaSimulator(g, data_parallel(g, c), c)
+    >>> before = sim.timeline.makespan_s
+    >>> _ = sim.change("fc8", Config({"feature": 4}, (0, 1, 2, 3)))
+    >>> sim.timeline.makespan_s != before
+    True
+    >>> sim.revert(); sim.timeline.makespan_s == before
+    True
+    """
+
+    def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None) -> None:
+        self.graph, self.cluster = graph, cluster
+        self.cost = cost or CostModel()
+        self._builder = _Builder(graph, strategy, cluster, self.cost)  # no symmetry: edits break it
+        self.tasks = self._builder.build()
+        self.timeline = simulate(self.tasks)
+        self._undo: tuple[Any, TaskGraph, Timeline] | None = None
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._builder.s
+
+    def check(self, op: str, config: Config) -> list:
+        """Problems with giving ``op`` ``config`` (empty when valid)."""
+        return _check_config(self.graph[op], config, self.cluster, f"ops.{op}",
+                             max(1, self.strategy.pipeline.microbatches))
+
+    def change(self, op: str, config: Config) -> Timeline:
+        """Give ``op`` a new config and re-simulate; :meth:`revert` undoes the last change.
+
+        Raises
+        ------
+        ValidationError
+            When the config is not valid for the op (nothing changes then).
+        """
+        problems = self.check(op, config)
+        if problems:
+            raise ValidationError(problems, f"config for {op}")
+        snap = self._builder.snapshot(op)
+        old_tasks, old_tl = self.tasks, self.timeline
+        new_strategy = self.strategy.with_config(op, config)
+        if new_strategy.sequence_parallel:  # reductions then depend on consumers: rebuild all
+            self._builder = _Builder(self.graph, new_strategy, self.cluster, self.cost)
+            self.tasks = self._builder.build()
+            self.timeline = simulate(self.tasks)
+        else:
+            self.tasks = self._builder.rebuild(new_strategy, op)
+            self.timeline = resume(old_tasks, old_tl, self.tasks)
+        self._undo = (snap, old_tasks, old_tl)
+        return self.timeline
+
+    def revert(self) -> None:
+        """Undo the last :meth:`change` (only the last one)."""
+        if self._undo is None:
+            raise ValueError("nothing to revert")
+        snap, self.tasks, self.timeline = self._undo
+        self._builder.restore(snap)
+        self._undo = None
