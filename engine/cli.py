@@ -11,6 +11,7 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
 * ``simulate``: simulate one iteration of a strategy (file or baseline kind); ``--json``,
   ``--trace`` for a Chrome trace.
+* ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
 
 Errors a user can fix are printed as ``soapbox: error: ...`` with exit status 2 (1 for an
 invalid file under ``validate``); no traceback.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from typing import Any, Sequence
@@ -30,6 +32,7 @@ from .formats import resolve_cluster, resolve_model, save_json, schema, validate
 from .graph import PRECISIONS
 from .models import SAMPLE_MODELS
 from .models.transformer import GPTConfig, gpt
+from .search import ALGORITHMS
 from .search.baselines import BASELINES, make_baseline
 from .strategy import RECOMPUTE, SCHEDULES
 
@@ -116,6 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="measured profile table (soapbox.profile/1) to use before the roofline")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the iteration to this file")
+
+    p = sub.add_parser("search", help="search for a faster strategy")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name or cluster file")
+    p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS))
+    p.add_argument("--budget", default="30s", help="proposals (5000) or time (30s, 2m); default 30s")
+    p.add_argument("--seed", type=int, default=0, help="random seed (an iteration budget is reproducible)")
+    p.add_argument("--chains", type=_positive_int, default=4, help="starting points (data parallel, expert, random)")
+    p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
+    add_strategy_options(p)
+    p.add_argument("-o", "--output", help="write the best strategy here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("baseline", help="build a baseline strategy and write it as JSON")
     p.add_argument("--model", required=True, help="sample model name or model file")
@@ -249,6 +265,66 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar(budget):
+    def show(p) -> None:
+        if budget.iterations:
+            frac = min(1.0, p.iteration / budget.iterations)
+        elif budget.seconds:
+            frac = min(1.0, p.elapsed_s / budget.seconds)
+        else:
+            frac = 0.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {p.iteration:6d} proposals {p.elapsed_s:6.1f} s  "
+                         f"current {p.current_cost_s * 1e3:9.3f} ms  best {p.best_cost_s * 1e3:9.3f} ms  "
+                         f"accepted {p.acceptance_rate * 100:4.1f}%  chains {p.chains}")
+        sys.stderr.flush()
+    return show
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from .formats import load_strategy
+    from .search.mcmc import Budget
+
+    if args.algo not in ALGORITHMS:
+        raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}")
+    budget = Budget.parse(args.budget)
+    g = resolve_model(args.model)
+    c = resolve_cluster(args.cluster)
+    initial = None
+    if args.strategy:
+        initial = make_baseline(args.strategy, g, c, **strategy_options(args)) if args.strategy in BASELINES \
+            else load_strategy(args.strategy, g, c)
+    search, _ = ALGORITHMS[args.algo]
+    show = None if args.quiet or args.json or not sys.stderr.isatty() and not os.environ.get("SOAPBOX_PROGRESS") \
+        else _progress_bar(budget)
+    try:
+        result = search(g, c, budget, seed=args.seed, chains=args.chains, progress=show, initial=initial)
+    finally:
+        if show is not None:
+            sys.stderr.write("\n")
+    if args.output:
+        save_json(result.best.to_dict(), args.output)
+    summary = {"model": g.name, "cluster": c.name, "algorithm": args.algo, "budget": str(budget),
+               "seed": args.seed, "best_cost_s": result.best_cost_s, "baselines": result.baselines,
+               "speedup_vs_data_parallel": result.speedup_vs_data_parallel,
+               "speedup_vs_best_baseline": min(result.baselines.values()) / result.best_cost_s,
+               "iterations": result.iterations, "elapsed_s": result.elapsed_s,
+               "locally_optimal": result.locally_optimal, "cancelled": result.cancelled, "output": args.output}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{g.name} on {c.name}: {args.algo}, {result.iterations} proposals in {result.elapsed_s:.1f} s (seed {args.seed})")
+    print(f"  best            {result.best_cost_s * 1e3:.3f} ms per iteration"
+          f"{' (locally optimal)' if result.locally_optimal else ''}")
+    for name, cost in result.baselines.items():
+        print(f"  {name:<15} {cost * 1e3:.3f} ms  ({cost / result.best_cost_s:.2f}x slower than best)")
+    if result.speedup_vs_data_parallel:
+        print(f"  speedup over data parallel: {result.speedup_vs_data_parallel:.2f}x")
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
 COMMANDS = {
     "models": _cmd_models,
     "clusters": _cmd_clusters,
@@ -256,6 +332,7 @@ COMMANDS = {
     "schema": _cmd_schema,
     "validate": _cmd_validate,
     "simulate": _cmd_simulate,
+    "search": _cmd_search,
     "model": _cmd_model,
     "baseline": _cmd_baseline,
 }

@@ -1,0 +1,387 @@
+"""MCMC strategy search (FlexFlow, Jia et al. SysML'19 §6), with multi-start successive halving.
+
+Each step proposes a change to one operator's config: a random valid config for a random op,
+or (FlexFlow's optional move) the config of a neighbouring op copied onto it. The proposal is
+simulated by delta simulation and accepted by the Metropolis-Hastings rule
+``min(1, exp(beta * (cost(S) - cost(S*))))`` (§6.2), where the cost is the simulated
+iteration time and a strategy over any device's memory is rejected. ``beta`` defaults to
+``100 / cost(initial)``: a proposal 1% slower than the current strategy is accepted with
+probability e^-1.
+
+Many chains start at once (data parallel, FlexFlow's expert strategy, random strategies);
+the budget is spent in rungs, and after each rung the worse half of the chains is dropped
+(successive halving, Jamieson & Talwalkar 2016), so that sampling many starting points costs
+little more than running the promising ones. The search stops when the budget (iterations or
+seconds) is spent or the best cost has not improved for half of it, and returns the best
+strategy seen, polished by a greedy pass over single-op changes so that none improves it.
+
+Progress is one stream of :class:`Progress` rows that the CLI renders as a progress bar and
+the app as a live trace; the callback may return ``False`` to cancel, and the best strategy
+so far is returned.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field, replace
+from itertools import product as iproduct
+from typing import Callable
+
+
+
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..delta import DeltaSimulator
+from ..graph import Op, OpGraph
+from ..memory import memory_report
+from ..strategy import Config, Strategy
+from .baselines import data_parallel, expert
+
+__all__ = ["Budget", "Progress", "SearchResult", "mcmc", "candidate_configs", "random_config"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An iteration count, a number of seconds, or both (whichever runs out first)."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Budget":
+        """``"5000"`` (proposals), ``"30s"``, ``"2m"`` or ``"1h"``.
+
+        >>> Budget.parse("30s"), Budget.parse("5000")
+        (Budget(iterations=None, seconds=30.0), Budget(iterations=5000, seconds=None))
+        """
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        if not m:
+            raise ValueError(f"budget {text!r} is not a number of proposals (5000) or a time (30s, 2m, 1h)")
+        value, unit = float(m.group(1)), m.group(2)
+        if value <= 0:
+            raise ValueError(f"budget {text!r} must be positive")
+        if unit:
+            return cls(seconds=value * {"s": 1, "m": 60, "h": 3600}[unit])
+        if value != int(value):
+            raise ValueError(f"budget {text!r}: a number of proposals must be a whole number")
+        return cls(iterations=int(value))
+
+    def __str__(self) -> str:
+        parts = []
+        if self.iterations is not None:
+            parts.append(f"{self.iterations} proposals")
+        if self.seconds is not None:
+            parts.append(f"{self.seconds:g} s")
+        return " or ".join(parts) or "unlimited"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One row of the search's progress stream (times in seconds)."""
+
+    iteration: int
+    elapsed_s: float
+    current_cost_s: float
+    best_cost_s: float
+    acceptance_rate: float
+    chains: int = 1
+
+
+@dataclass
+class SearchResult:
+    best: Strategy
+    best_cost_s: float
+    baselines: dict[str, float]
+    iterations: int
+    elapsed_s: float
+    trace: list[Progress] = field(default_factory=list)
+    cancelled: bool = False
+    locally_optimal: bool = False  # the final polish finished: no single-op change improves ``best``
+    algorithm: str = "mcmc"
+
+    @property
+    def speedup_vs_data_parallel(self) -> float | None:
+        dp = self.baselines.get("data-parallel")
+        return dp / self.best_cost_s if dp and self.best_cost_s > 0 else None
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _dims(op: Op) -> list:
+    """Dims a search splits: all but the replica dim (redundant work never pays in FlexFlow's
+    cost model)."""
+    return [d for d in op.dims if not d.is_replica]
+
+
+def _divisors(n: int, at_most: int) -> list[int]:
+    return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
+
+
+def candidate_configs(op: Op, n_devices: int, microbatches: int = 1, max_degrees: int = 64) -> list[Config]:
+    """Every config a search considers for ``op``: degrees that divide their dims (at most
+    ``max_degrees`` combinations, smallest products first) placed on aligned blocks of
+    consecutive devices (as FlexFlow's SOAP space is usually sampled)."""
+    dims = _dims(op)
+    options = []
+    for d in dims:
+        ks = _divisors(d.size, n_devices)
+        if d.name == "sample" and microbatches > 1:
+            ks = [k for k in ks if d.size % (k * microbatches) == 0]
+        ks = [k for k in ks if d.degree_problem(k) is None]
+        options.append(ks or [1])
+    combos = []
+    for ks in iproduct(*options):
+        parts = math.prod(ks)
+        if parts <= n_devices and n_devices % parts == 0:
+            combos.append(ks)
+    combos.sort(key=lambda ks: (math.prod(ks), ks))
+    out = []
+    for ks in combos[:max_degrees]:
+        parts = math.prod(ks)
+        degrees = {d.name: k for d, k in zip(dims, ks) if k > 1}
+        for start in range(0, n_devices, parts):
+            out.append(Config(degrees, tuple(range(start, start + parts))))
+    return out
+
+
+def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int = 1) -> Config:
+    """A random valid config: random degrees (product dividing the device count), placed on a
+    random aligned block of consecutive devices, or on random devices one time in five."""
+    dims = _dims(op)
+    degrees: dict[str, int] = {}
+    budget = n_devices
+    for d in rng.sample(dims, len(dims)):
+        ks = [k for k in _divisors(d.size, budget) if budget % k == 0 and d.degree_problem(k) is None]
+        if d.name == "sample" and microbatches > 1:
+            ks = [k for k in ks if d.size % (k * microbatches) == 0]
+        k = rng.choice(ks) if ks else 1
+        if k > 1:
+            degrees[d.name] = k
+            budget //= k
+    parts = math.prod(degrees.values())
+    if rng.random() < 0.2:
+        devices = tuple(rng.sample(range(n_devices), parts))
+    else:
+        start = rng.randrange(0, n_devices, parts) if n_devices % parts == 0 else 0
+        devices = tuple(range(start, start + parts))
+    return Config(degrees, devices)
+
+
+# --------------------------------------------------------------------------- chains
+
+
+class _Chain:
+    def __init__(self, name: str, sim: DeltaSimulator, rng: random.Random, beta: float, cost: float) -> None:
+        self.name, self.sim, self.rng, self.beta = name, sim, rng, beta
+        self.cost = cost
+        self.best_cost = cost
+        self.best = sim.strategy
+        self.proposals = 0
+        self.accepted = 0
+
+
+def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: bool) -> float:
+    """Simulated iteration time, or inf when a device runs out of memory."""
+    if check_memory and not memory_report(graph, sim.strategy, cluster, sim.timeline).feasible:
+        return math.inf
+    return sim.timeline.makespan_s
+
+
+def _propose(chain: _Chain, graph: OpGraph, cluster: Cluster, names: list[str], neighbours: dict[str, list[str]],
+             microbatches: int) -> tuple[str, Config]:
+    rng = chain.rng
+    name = rng.choice(names)
+    op = graph[name]
+    if rng.random() < 0.2 and neighbours[name]:
+        # FlexFlow's optional move: copy a neighbouring op's config when it fits this op
+        other = chain.sim.strategy[rng.choice(neighbours[name])]
+        if not chain.sim.check(name, other):
+            return name, other
+    return name, random_config(op, cluster.num_devices, rng, microbatches)
+
+
+def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: float | None = None,
+         chains: int = 4, progress: Callable[[Progress], bool | None] | None = None,
+         cost: CostModel | None = None, check_memory: bool = True, polish: bool = True,
+         initial: Strategy | None = None) -> SearchResult:
+    """Search FlexFlow's SOAP space for a fast strategy of ``graph`` on ``cluster``.
+
+    Parameters
+    ----------
+    budget : Budget
+        Proposals, seconds, or both.
+    seed : int
+        Makes an iteration-budget search exactly reproducible.
+    beta : float, optional
+        Metropolis-Hastings inverse temperature (1/s); default ``100 / cost(start)``.
+    chains : int
+        Starting points: data parallel, expert, then random strategies.
+    progress : callable, optional
+        Called with a :class:`Progress` row every few proposals; returning ``False`` cancels.
+    check_memory : bool
+        Reject strategies over any device's memory.
+    polish : bool
+        Finish with a greedy pass over single-op changes of the best strategy.
+    initial : Strategy, optional
+        An extra starting point (e.g. a strategy being edited in the app).
+
+    Returns
+    -------
+    SearchResult
+        The best strategy (never slower than the best baseline), its cost, the baselines'
+        costs, the progress trace.
+    """
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    cost_model = cost or CostModel()
+    m = 1
+    starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
+                                         ("expert", expert(graph, cluster))]
+    if initial is not None:
+        starts.insert(0, ("initial", initial))
+    names = [op.name for op in graph.ops]
+    for k in range(max(0, chains - len(starts))):
+        r = random.Random(rng.random())
+        configs = {n: random_config(graph[n], cluster.num_devices, r, m) for n in names}
+        starts.append((f"random-{k}", replace(starts[0][1], configs=configs, found_by={}, cost={})))
+    neighbours = {n: [] for n in names}
+    for (p, _, c, _) in graph.edges:
+        neighbours[graph.ops[p].name].append(graph.ops[c].name)
+        neighbours[graph.ops[c].name].append(graph.ops[p].name)
+
+    live: list[_Chain] = []
+    baselines: dict[str, float] = {}
+    for name, strategy in starts:
+        sim = DeltaSimulator(graph, strategy, cluster, cost_model)
+        c = _cost(sim, graph, cluster, check_memory)
+        if name in ("data-parallel", "expert"):
+            baselines[name] = c
+        b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else sim.timeline.makespan_s)
+        live.append(_Chain(name, sim, random.Random(rng.random()), b, c))
+    best_chain = min(live, key=lambda ch: ch.best_cost)
+    best, best_cost = best_chain.best, best_chain.best_cost
+    trace: list[Progress] = []
+    total_iters = budget.iterations
+    rungs = max(1, math.ceil(math.log2(len(live)))) if len(live) > 1 else 1
+    it = 0
+    last_improvement = 0
+    cancelled = False
+
+    def out_of_budget() -> bool:
+        if total_iters is not None and it >= total_iters:
+            return True
+        if budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
+            return True
+        # stop when the best has not improved for half of the budget
+        if total_iters is not None and it - last_improvement >= total_iters / 2 and it > 0:
+            return True
+        if budget.seconds is not None and time.perf_counter() - t0 - last_time[0] >= budget.seconds / 2:
+            return True
+        return False
+
+    last_time = [0.0]
+    rung = 0
+    while live and not cancelled and not out_of_budget():
+        # a rung: every live chain gets an equal share of the rung's proposals
+        rung_iters = None if total_iters is None else max(1, total_iters // (rungs * len(live)))
+        rung_secs = None if budget.seconds is None else budget.seconds / rungs / len(live)
+        for chain in list(live):
+            t_start = time.perf_counter()
+            k = 0
+            while not out_of_budget():
+                if rung_iters is not None and k >= rung_iters:
+                    break
+                if rung_secs is not None and time.perf_counter() - t_start >= rung_secs:
+                    break
+                name, config = _propose(chain, graph, cluster, names, neighbours, m)
+                it += 1
+                k += 1
+                chain.proposals += 1
+                if config == chain.sim.strategy[name] or chain.sim.check(name, config):
+                    continue
+                chain.sim.change(name, config)
+                new = _cost(chain.sim, graph, cluster, check_memory)
+                delta = chain.cost - new  # > 0 when better
+                if new < math.inf and (delta >= 0 or chain.rng.random() < math.exp(chain.beta * delta)):
+                    chain.cost = new
+                    chain.accepted += 1
+                    if new < chain.best_cost:
+                        chain.best_cost, chain.best = new, chain.sim.strategy
+                    if new < best_cost:
+                        best, best_cost = chain.sim.strategy, new
+                        last_improvement = it
+                        last_time[0] = time.perf_counter() - t0
+                else:
+                    chain.sim.revert()
+                if it % 10 == 0:
+                    row = Progress(it, time.perf_counter() - t0, chain.cost, best_cost,
+                                   sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)),
+                                   len(live))
+                    trace.append(row)
+                    if progress is not None and progress(row) is False:
+                        cancelled = True
+                        break
+            if cancelled:
+                break
+        rung += 1
+        if len(live) > 1:
+            live.sort(key=lambda ch: ch.best_cost)
+            live = live[: max(1, len(live) // 2)]
+        if rung >= rungs and total_iters is None and budget.seconds is None:
+            break
+    polished = False
+    if polish and not cancelled:
+        # the polish gets as many evaluations as the search had proposals, or what is left of
+        # the time budget (at least a fifth of it)
+        deadline = None if budget.seconds is None else t0 + max(budget.seconds, time.perf_counter() - t0 +
+                                                                 budget.seconds / 5)
+        best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, check_memory,
+                                                 max_evals=budget.iterations or 10**9, deadline=deadline)
+    elapsed = time.perf_counter() - t0
+    trace.append(Progress(it, elapsed, best_cost, best_cost,
+                          sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)), len(live)))
+    if progress is not None:
+        progress(trace[-1])
+    found_by = {"algorithm": "mcmc", "seed": seed, "budget": str(budget), "options": {"chains": chains,
+                                                                                       "beta": beta}}
+    best = replace(best, found_by=found_by, cost={"iteration_time_s": best_cost},
+                   model_name=graph.name, model_fingerprint=graph.fingerprint, cluster_name=cluster.name,
+                   cluster_devices=cluster.num_devices)
+    return SearchResult(best, best_cost, baselines, it, elapsed, trace, cancelled, locally_optimal=polished)
+
+
+def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: float, cost: CostModel | None = None,
+                 check_memory: bool = True, max_evals: int = 10**9, deadline: float | None = None,
+                 ) -> tuple[Strategy, float, bool]:
+    """Greedy descent over single-op changes: try every candidate config
+    (:func:`candidate_configs`) of every op, keep any improvement, repeat until a full round
+    finds none (FlexFlow's local-optimality check). Returns (strategy, cost, whether it
+    finished: False when ``max_evals`` or the ``deadline`` (a perf_counter time) came first)."""
+    sim = DeltaSimulator(graph, strategy, cluster, cost)
+    best = _cost(sim, graph, cluster, check_memory)
+    evals = 0
+    m = max(1, strategy.pipeline.microbatches)
+    while True:
+        improved = False
+        for op in graph.ops:
+            for config in candidate_configs(op, cluster.num_devices, m):
+                if evals >= max_evals or (deadline is not None and time.perf_counter() >= deadline):
+                    return sim.strategy, best, False
+                if config == sim.strategy[op.name] or sim.check(op.name, config):
+                    continue
+                evals += 1
+                sim.change(op.name, config)
+                new = _cost(sim, graph, cluster, check_memory)
+                if new < best * (1 - 1e-12):
+                    best, improved = new, True
+                else:
+                    sim.revert()
+        if not improved:
+            return sim.strategy, best, True
+
+
+
