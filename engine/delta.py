@@ -56,13 +56,13 @@ def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
     if removed.any():
         t_c = min(t_c, float(ready_old[removed].min()))
     # kept tasks whose predecessors changed, seen from the old graph ...
-    o_src = np.repeat(np.arange(old.num_tasks), np.diff(old.succ_ptr))
+    o_src = old.edge_src
     o_dst = old.succ_idx
     hit = removed[o_src] & ~removed[o_dst]
     if hit.any():
         t_c = min(t_c, float(ready_old[o_dst[hit]].min()))
     # ... and from the new one; and kept tasks whose duration changed (optimizer steps)
-    n_src = np.repeat(np.arange(new.num_tasks), np.diff(new.succ_ptr))
+    n_src = new.edge_src
     n_dst = new.succ_idx
     new_to_old = np.full(new.num_tasks, -1, np.int64)
     new_to_old[old_to_new[~removed]] = np.nonzero(~removed)[0]
@@ -108,7 +108,7 @@ def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_n
     left = new.npred.copy()
     has_chain = new.chain_next >= 0
     np.add.at(left, new.chain_next[has_chain], 1)
-    src = np.repeat(np.arange(n), np.diff(new.succ_ptr))
+    src = new.edge_src
     dst = new.succ_idx
     e = done_mask[src]
     np.subtract.at(left, dst[e], 1)

@@ -139,6 +139,14 @@ class TaskGraph:
     def num_edges(self) -> int:
         return int(self.succ_idx.shape[0])
 
+    @property
+    def edge_src(self) -> np.ndarray:
+        """[edge] source task of every successor edge (computed once)."""
+        src = self.info.get("_edge_src")
+        if src is None:
+            src = self.info["_edge_src"] = np.repeat(np.arange(self.num_tasks), np.diff(self.succ_ptr))
+        return src
+
     def pred_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """CSR predecessors (``pred_ptr`` [task + 1], ``pred_idx`` [edges])."""
         src = np.repeat(np.arange(self.num_tasks), np.diff(self.succ_ptr))
@@ -485,6 +493,7 @@ class _Builder:
         names = sorted({d.type for d in cluster.devices})
         self.types = [cluster.device_types[n] for n in names]
         self.type_index = np.array([names.index(d.type) for d in cluster.devices], np.int64)
+        self._path_row = None  # device pair -> row of _path_links (see _paths)
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]
         self.link_lat = cluster.arrays["link_latency_s"]
 
@@ -539,17 +548,14 @@ class _Builder:
         # length, vectorised over every transfer with that many hops.
         pair = src_dev[idx].astype(np.int64) * self.D + dst_dev[idx]
         upairs, inverse = np.unique(pair, return_inverse=True)
-        paths = [self.c.path(int(k // self.D), int(k % self.D)) for k in upairs]
-        hops = np.array([len(pth) for pth in paths])
+        table, hop_count = self._paths(upairs)  # [pair, hop] link ids (-1 padded), [pair]
+        hops = hop_count
         link_bw = self.link_bw
         link_lat = self.link_lat
         for nh in np.unique(hops):
-            which = np.nonzero(hops == nh)[0]  # distinct pairs with nh hops
-            table = np.array([paths[w] for w in which], np.int64)  # [pair, hop] link ids
-            row = np.full(upairs.size, -1, np.int64)
-            row[which] = np.arange(which.size)
-            sel = idx[hops[inverse] == nh]
-            links = table[row[inverse[hops[inverse] == nh]]]  # [transfer, hop]
+            mine = hops[inverse] == nh
+            sel = idx[mine]
+            links = table[inverse[mine], :nh]  # [transfer, hop]
             bottleneck = link_bw[links].min(axis=1) * self.cost.link_efficiency
             size = size_bytes[sel]
             stream = size / bottleneck
@@ -571,6 +577,39 @@ class _Builder:
             last_hop[sel] = prev
         self.buf.comm_bytes += float(size_bytes[idx].sum())
         return first_hop, last_hop
+
+    def _paths(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Link ids ([pair, hop], -1 padded) and hop counts of device pairs
+        (``src * D + dst``), from a table filled on first use."""
+        if self._path_row is None:
+            self._path_row = {} if self.D > 2048 else np.full(self.D * self.D, -1, np.int64)
+            self._path_links = np.full((0, 4), -1, np.int64)
+            self._path_hops = np.zeros(0, np.int64)
+        if isinstance(self._path_row, dict):
+            rows = np.array([self._path_row.get(int(k), -1) for k in pairs], np.int64)
+        else:
+            rows = self._path_row[pairs]
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            found = [self.c.path(int(pairs[j] // self.D), int(pairs[j] % self.D)) for j in missing]
+            width = max(self._path_links.shape[1], max(len(pth) for pth in found))
+            block = np.full((missing.size, width), -1, np.int64)
+            for r, pth in enumerate(found):
+                block[r, :len(pth)] = pth
+            if width > self._path_links.shape[1]:
+                pad = np.full((self._path_links.shape[0], width - self._path_links.shape[1]), -1, np.int64)
+                self._path_links = np.hstack([self._path_links, pad])
+            first = self._path_links.shape[0]
+            self._path_links = np.vstack([self._path_links, block])
+            self._path_hops = np.concatenate([self._path_hops, [len(pth) for pth in found]])
+            new_rows = np.arange(first, first + missing.size)
+            if isinstance(self._path_row, dict):
+                for j, r in zip(missing, new_rows):
+                    self._path_row[int(pairs[j])] = int(r)
+            else:
+                self._path_row[pairs[missing]] = new_rows
+            rows[missing] = new_rows
+        return self._path_links[rows], self._path_hops[rows]
 
     # -- compute tasks --------------------------------------------------------------
     def _build_compute(self, oi: int) -> None:
@@ -717,8 +756,9 @@ class _Builder:
                 fwd_plan = _plan(h_lo, h_hi, self.devs[p], _classes(pgrid, pnames, hkeep), r_lo, r_hi, self.devs[c])
                 hit = self.plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
+            shared = len(self.users[(p, o)]) > 1  # dedupe only matters with several consumers
             self._per_mb(self.fwd_ready[p], self.fwd[c], holder, recv, elems * nbytes, self.devs[p],
-                         self.devs[c], c, p, c, key=(p, o))
+                         self.devs[c], c, p, c, key=(p, o) if shared else None)
             # backward: gradients flow back for float tensors into ops that have a backward
             if tensor.dtype not in FLOAT_DTYPES or p not in self.bwd:
                 continue
@@ -733,7 +773,7 @@ class _Builder:
                                          self.devs[p])
             h2, r2, e2 = bwd_plans["bwd"]
             self._per_mb(ready, self.bwd[p], h2, r2, e2 * nbytes, self.devs[c], self.devs[p], p, c, p,
-                         key=(p, o, "grad") if not partial else None, backward=True)
+                         key=(p, o, "grad") if shared and not partial else None, backward=True)
 
     def _grad_reduce(self, c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes, tensor) -> np.ndarray:
         """All-reduce partial input gradients over partitions that differ only in dims that
@@ -1044,7 +1084,7 @@ class _Builder:
         for oi in range(len(self.g.ops)):
             self._begin(("op", oi), (oi,))
             self._build_compute(oi)
-        self.rep_devices = {int(d) for oi in self.devs for d in self.devs[oi][self.rep[oi]]}
+        self.rep_devices = self._rep_devices()
         for (p, o), users in self.users.items():
             self._begin(("tensor", p, o), {p, *(c for c, _ in users)})
             self._build_tensor(p, o)
@@ -1053,6 +1093,13 @@ class _Builder:
             self._build_sync(members)
         self.buf = None
         return self.assemble()
+
+    def _rep_devices(self) -> set[int]:
+        """Devices that run a representative partition of some op."""
+        used = np.zeros(self.D, bool)
+        for oi, devs in self.devs.items():
+            used[devs[self.rep[oi]]] = True
+        return set(np.flatnonzero(used).tolist())
 
     def _sync_refs(self, unit: str, members: list[int]) -> set[int]:
         refs = set(members)
@@ -1070,7 +1117,7 @@ class _Builder:
         affected = [k for k, refs in self.refs.items() if oi in refs]
         self._begin(("op", oi), (oi,))
         self._build_compute(oi)
-        self.rep_devices = {int(d) for o in self.devs for d in self.devs[o][self.rep[o]]}
+        self.rep_devices = self._rep_devices()
         for key in affected:
             if key[0] == "tensor":
                 self._begin(key, self.refs[key])

@@ -1,0 +1,209 @@
+"""Delta simulation (FlexFlow Algorithm 2) and MCMC search (FlexFlow §6)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.cli import main
+from engine.cluster import Cluster, DeviceType, NodeSpec, preset
+from engine.costs import CostModel
+from engine.delta import DeltaSimulator
+from engine.errors import ValidationError
+from engine.formats import load_strategy, resolve_model
+from engine.graph import GraphBuilder
+from engine.search.baselines import data_parallel, expert
+from engine.search.mcmc import Budget, candidate_configs, local_polish, mcmc, random_config
+from engine.simulate import simulate
+from engine.strategy import Config
+from engine.taskgraph import _Builder
+
+ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
+          "npred", "chain_next", "chain_lag_s")
+
+MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnntc")}
+
+
+def full(graph, strategy, cluster):
+    tg = _Builder(graph, strategy, cluster, CostModel()).build()
+    return tg, simulate(tg)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(MODELS)), st.sampled_from(["p100-4x4", "dgx-a100-80gb:1"]), st.integers(0, 10**6),
+       st.integers(3, 8))
+def test_delta_equals_full_simulation(model, cluster_name, seed, steps):
+    """Random sequences of single-op changes (and reverts) on several sample models: the task
+    graph equals a full build array for array and the timeline a full simulation task for task."""
+    g, c = MODELS[model], preset(cluster_name)
+    sim = DeltaSimulator(g, data_parallel(g, c), c)
+    rng = random.Random(seed)
+    names = [op.name for op in g.ops]
+    for _ in range(steps):
+        name = rng.choice(names)
+        config = random_config(g[name], c.num_devices, rng)
+        if sim.check(name, config):
+            continue
+        sim.change(name, config)
+        if rng.random() < 0.25:
+            sim.revert()
+        tg, tl = full(g, sim.strategy, c)
+        for key in ARRAYS:
+            assert np.array_equal(getattr(sim.tasks, key), getattr(tg, key)), key
+        assert np.array_equal(sim.timeline.start_s, tl.start_s)
+        assert np.array_equal(sim.timeline.end_s, tl.end_s)
+        assert np.array_equal(sim.timeline.order, tl.order)
+
+
+class TestDeltaSimulator:
+    def test_reuses_the_unchanged_prefix(self):
+        g, c = MODELS["inception_v3"], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        tl = sim.change("fc", Config({"feature": 4}, (0, 1, 2, 3)))  # the last layer: most of the timeline stays
+        assert tl.extra["reused_tasks"] > sim.tasks.num_tasks // 4
+
+    def test_invalid_config_is_refused_and_changes_nothing(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        before = sim.timeline.makespan_s
+        with pytest.raises(ValidationError, match=r"ops.fc6.degrees.feature: 3 does not divide feature \(4096\)"):
+            sim.change("fc6", Config({"feature": 3}, (0, 1, 2)))
+        assert sim.timeline.makespan_s == before
+
+    def test_revert_only_the_last_change(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        with pytest.raises(ValueError, match="nothing to revert"):
+            sim.revert()
+
+
+class TestBudget:
+    @pytest.mark.parametrize("text, want", [("5000", Budget(iterations=5000)), ("30s", Budget(seconds=30.0)),
+                                            ("2m", Budget(seconds=120.0)), ("1h", Budget(seconds=3600.0))])
+    def test_parse(self, text, want):
+        assert Budget.parse(text) == want
+
+    @pytest.mark.parametrize("text, message", [("fast", "is not a number of proposals"), ("0", "must be positive"),
+                                               ("2.5", "must be a whole number")])
+    def test_errors(self, text, message):
+        with pytest.raises(ValueError, match=message):
+            Budget.parse(text)
+
+
+def tiny():
+    """A small model and cluster where every single-op change can be checked by brute force."""
+    b = GraphBuilder("tiny")
+    x = b.input("x", [16, 64])
+    h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=256)])
+    y = b.add("linear", "fc2", [h], out_features=64)
+    b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [16], dtype="int64")])
+    t = DeviceType("toy", {"fp32": 1e12}, 1e11, 10**11)
+    c = Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9, repeat=1)],
+                {"toy": t})
+    return b.build(), c
+
+
+class TestMcmc:
+    def test_never_worse_than_the_best_baseline_and_beats_data_parallel(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        r = mcmc(g, c, Budget(iterations=150), seed=0, polish=False)
+        assert r.best_cost_s <= min(r.baselines.values())
+        assert r.speedup_vs_data_parallel > 1.5  # AlexNet's large FC layers favour model parallelism
+        assert r.best.found_by["algorithm"] == "mcmc" and r.best.found_by["seed"] == 0
+        assert r.best.cost["iteration_time_s"] == r.best_cost_s
+        assert r.best.model_fingerprint == g.fingerprint
+        # the best strategy's reported cost is what a fresh simulation gives
+        assert simulate(_Builder(g, r.best, c, CostModel()).build()).makespan_s == r.best_cost_s
+
+    def test_reproducible_with_a_seed(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        a = mcmc(g, c, Budget(iterations=60), seed=3, polish=False)
+        b = mcmc(g, c, Budget(iterations=60), seed=3, polish=False)
+        assert a.best_cost_s == b.best_cost_s and a.best.to_dict()["ops"] == b.best.to_dict()["ops"]
+
+    def test_cancel_returns_the_best_so_far(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        seen = []
+
+        def stop(p):
+            seen.append(p)
+            return len(seen) < 3
+
+        r = mcmc(g, c, Budget(iterations=10_000), seed=0, progress=stop)
+        assert r.cancelled and r.iterations < 100
+        assert r.best_cost_s <= min(r.baselines.values())
+        assert all(p.best_cost_s >= r.best_cost_s for p in seen)
+
+    def test_progress_rows(self):
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        rows = []
+        r = mcmc(g, c, Budget(iterations=40), seed=0, progress=rows.append, polish=False)
+        # stops at the budget, or earlier when the best has not improved for half of it
+        assert rows and rows[-1].iteration == r.iterations <= 40
+        assert all(0 <= p.acceptance_rate <= 1 and p.best_cost_s <= p.current_cost_s + 1e-12 for p in rows[:-1])
+        assert [p.best_cost_s for p in rows] == sorted((p.best_cost_s for p in rows), reverse=True)
+
+    def test_result_is_locally_optimal(self):
+        """FlexFlow's check: after the search, no single-op change improves the best strategy
+        (verified here by full simulation of every candidate change)."""
+        g, c = tiny()
+        r = mcmc(g, c, Budget(iterations=200), seed=0)
+        assert r.locally_optimal
+        for op in g.ops:
+            for config in candidate_configs(op, c.num_devices):
+                if config == r.best[op.name]:
+                    continue
+                s = r.best.with_config(op.name, config)
+                _, tl = full(g, s, c)
+                assert tl.makespan_s >= r.best_cost_s * (1 - 1e-9), (op.name, config)
+
+
+def test_candidate_configs_are_valid():
+    g, c = MODELS["inception_v3"], preset("p100-4x4")
+    sim = DeltaSimulator(g, data_parallel(g, c), c)
+    for op in g.ops[:40]:
+        for config in candidate_configs(op, c.num_devices):
+            assert sim.check(op.name, config) == [], (op.name, config)
+
+
+def test_local_polish_never_makes_it_worse():
+    g, c = tiny()
+    s = data_parallel(g, c)
+    _, tl = full(g, s, c)
+    best, cost, done = local_polish(g, c, s, tl.makespan_s)
+    assert done and cost <= tl.makespan_s
+
+
+class TestCli:
+    def test_search_json_and_output(self, capsys, tmp_path):
+        out = tmp_path / "best.json"
+        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "40", "--seed", "0",
+                     "-o", str(out), "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        for key in ("best_cost_s", "baselines", "speedup_vs_data_parallel", "iterations"):
+            assert key in summary
+        assert summary["iterations"] == 40
+        assert math.isclose(summary["speedup_vs_data_parallel"],
+                            summary["baselines"]["data-parallel"] / summary["best_cost_s"])
+        s = load_strategy(out, MODELS["alexnet"], preset("p100-4x4"))
+        assert s.found_by["algorithm"] == "mcmc" and s.found_by["budget"] == "40 proposals"
+        assert s.cost["iteration_time_s"] == summary["best_cost_s"]
+
+    def test_bad_budget_and_algorithm(self, capsys):
+        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "soon"]) == 2
+        assert "budget 'soon' is not a number of proposals" in capsys.readouterr().err
+        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "annealing"]) == 2
+        assert "unknown search algorithm 'annealing'; available: mcmc" in capsys.readouterr().err
+
+
+def test_expert_start_is_a_chain():
+    g, c = MODELS["alexnet"], preset("p100-4x4")
+    r = mcmc(g, c, Budget(iterations=20), seed=0, polish=False)
+    _, tl = full(g, expert(g, c), c)
+    assert r.baselines["expert"] == tl.makespan_s
