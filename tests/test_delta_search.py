@@ -188,7 +188,7 @@ class TestCli:
         summary = json.loads(capsys.readouterr().out)
         for key in ("best_cost_s", "baselines", "speedup_vs_data_parallel", "iterations"):
             assert key in summary
-        assert summary["iterations"] == 40
+        assert 0 < summary["iterations"] <= 40  # early stop: no improvement for half the budget
         assert math.isclose(summary["speedup_vs_data_parallel"],
                             summary["baselines"]["data-parallel"] / summary["best_cost_s"])
         s = load_strategy(out, MODELS["alexnet"], preset("p100-4x4"))
