@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from .cluster import Cluster
@@ -33,6 +34,57 @@ from .strategy import Config, Strategy, _check_config
 from .taskgraph import TaskGraph, _Builder
 
 __all__ = ["DeltaSimulator", "resume"]
+
+
+@nb.njit(cache=True)
+def _frontier(succ_ptr, succ_idx, fresh, end_old_in_new, chain_next):  # pragma: no cover
+    """For every task: whether a fresh (rebuilt) task precedes it, and the latest old end of
+    its kept predecessors."""
+    n = fresh.shape[0]
+    has_fresh_pred = np.zeros(n, np.bool_)
+    bound = np.zeros(n)
+    for t in range(n):
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            v = succ_idx[k]
+            if fresh[t]:
+                has_fresh_pred[v] = True
+            elif end_old_in_new[t] > bound[v]:
+                bound[v] = end_old_in_new[t]
+        c = chain_next[t]
+        if c >= 0 and fresh[t]:
+            has_fresh_pred[c] = True
+    return has_fresh_pred, bound
+
+
+@nb.njit(cache=True)
+def _restore(P, start, end, succ_ptr, succ_idx, chain_next, chain_lag, npred, res_ptr, res_idx, n_res):  # pragma: no cover
+    """Event-loop state after the dispatched prefix ``P`` (in dispatch order): predecessors
+    left, ready times, and each resource's free time and last task."""
+    n = npred.shape[0]
+    left = npred.copy()
+    for t in range(n):
+        if chain_next[t] >= 0:
+            left[chain_next[t]] += 1
+    ready = np.zeros(n)
+    last = np.zeros(n_res)
+    last_task = np.full(n_res, -1, np.int64)
+    for i in range(P.shape[0]):
+        t = P[i]
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            v = succ_idx[k]
+            left[v] -= 1
+            if end[t] > ready[v]:
+                ready[v] = end[t]
+        c = chain_next[t]
+        if c >= 0:
+            left[c] -= 1
+            r = start[t] + chain_lag[t]
+            if r > ready[c]:
+                ready[c] = r
+        for k in range(res_ptr[t], res_ptr[t + 1]):
+            last[res_idx[k]] = end[t]
+            last_task[res_idx[k]] = t
+    return left, ready, last, last_task
 
 
 def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
@@ -76,16 +128,10 @@ def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
         t_c = min(t_c, float(ready_old[kept_old[changed_dur]].min()))
     # new tasks whose predecessors are all kept: their ready time is at least the latest
     # old end of those predecessors
-    end_old_in_new = np.full(new.num_tasks, np.nan)
+    end_old_in_new = np.zeros(new.num_tasks)
     end_old_in_new[old_to_new[kept_old]] = old_tl.end_s[kept_old]
     fresh = ~kept_new
-    has_fresh_pred = np.zeros(new.num_tasks, bool)
-    np.logical_or.at(has_fresh_pred, n_dst, fresh[n_src])
-    chained = new.chain_next[new.chain_next >= 0]
-    has_fresh_pred[chained] |= fresh[chained]
-    bound = np.zeros(new.num_tasks)
-    kept_edge = ~fresh[n_src]
-    np.maximum.at(bound, n_dst[kept_edge], end_old_in_new[n_src[kept_edge]])
+    has_fresh_pred, bound = _frontier(new.succ_ptr, new.succ_idx, fresh, end_old_in_new, new.chain_next)
     frontier = fresh & ~has_fresh_pred
     if frontier.any():
         t_c = min(t_c, float(bound[frontier].min()))
@@ -101,36 +147,12 @@ def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_n
     end = np.full(n, np.nan)
     start[P] = old_tl.start_s[prefix_old]
     end[P] = old_tl.end_s[prefix_old]
-    ready = np.zeros(n)
+    left, ready, last, last_task = _restore(P, start, end, new.succ_ptr, new.succ_idx, new.chain_next,
+                                            new.chain_lag_s, new.npred, new.res_ptr, new.res_idx,
+                                            new.n_devices + new.n_links)
     ready[P] = old_tl.extra["ready_s"][prefix_old]
     done_mask = np.zeros(n, bool)
     done_mask[P] = True
-    left = new.npred.copy()
-    has_chain = new.chain_next >= 0
-    np.add.at(left, new.chain_next[has_chain], 1)
-    src = new.edge_src
-    dst = new.succ_idx
-    e = done_mask[src]
-    np.subtract.at(left, dst[e], 1)
-    np.maximum.at(ready, dst[e], end[src[e]])
-    ch = np.nonzero(has_chain & done_mask)[0]
-    np.subtract.at(left, new.chain_next[ch], 1)
-    np.maximum.at(ready, new.chain_next[ch], start[ch] + new.chain_lag_s[ch])
-    # resource state: the last prefix task on each resource, by dispatch order
-    n_res = new.n_devices + new.n_links
-    last = np.zeros(n_res)
-    last_task = np.full(n_res, -1, np.int64)
-    counts = np.diff(new.res_ptr)[P]
-    res = new.res_idx[np.repeat(new.res_ptr[P], counts) + (np.arange(counts.sum()) -
-                                                            np.repeat(np.cumsum(counts) - counts, counts))]
-    owner = np.repeat(P, counts)
-    pos = np.repeat(np.arange(P.size), counts)
-    order_by = np.lexsort((pos, res))
-    res_s, owner_s = res[order_by], owner[order_by]
-    if res_s.size:
-        lastpos = np.flatnonzero(np.r_[res_s[1:] != res_s[:-1], True])
-        last_task[res_s[lastpos]] = owner_s[lastpos]
-        last[res_s[lastpos]] = end[owner_s[lastpos]]
     res_pred = np.full(n, -1, np.int64)
     rp_old = old_tl.resource_pred[prefix_old]
     res_pred[P] = np.where(rp_old >= 0, old_to_new[np.maximum(rp_old, 0)], -1)
