@@ -89,7 +89,7 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         elems = float(sum(math.prod(s) for s in pshapes))
         names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
         split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
-        repl = [n for n in names if n not in split and op.dim(n).kind != "C"]
+        repl = [n for n in names if n not in split and not op.dim(n).is_replica]
         copies = math.prod(cfg.degree(n) for n in repl)
         for k, coord in enumerate(partition_coords(op, cfg)):
             d = cfg.devices[k]

@@ -217,7 +217,7 @@ class _Segment:
         """Freeze many segments at once: one array per column for all of them, each segment
         keeping views of its slice (far fewer small allocations than one by one). Returns
         the combined arrays when every segment was new (a first assembly), else None."""
-        todo = [sg for sg in segs if sg._frozen is None]
+        todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
         total = sum(sg.n for sg in todo)
@@ -239,8 +239,7 @@ class _Segment:
             flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
         shared = (cols, flat)
         for j, sg in enumerate(todo):
-            sg._frozen = {}  # views are made on demand by freeze()
-            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))
+            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
             sg.cols = {}
             sg.src = sg.dst = sg.chain_from = sg.chain_to = sg.chain_lag = []
         if len(todo) != len(segs):
@@ -249,7 +248,7 @@ class _Segment:
 
     def freeze(self) -> dict[str, Any]:
         """The segment's arrays (computed once; a built segment never changes)."""
-        if self._frozen == {} and self._shared is not None:
+        if self._shared is not None:
             (cols, flat), j, a, b = self._shared
             self._frozen = {"cols": {k: v[a:b] for k, v in cols.items()}}
             for name, (arr, bounds) in flat.items():

@@ -268,22 +268,17 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
     total_iters = budget.iterations
     rungs = max(1, math.ceil(math.log2(len(live)))) if len(live) > 1 else 1
     it = 0
-    last_improvement = 0
+    improved_at = (0, 0.0)  # (proposal, seconds) of the last improvement of the best
     cancelled = False
 
     def out_of_budget() -> bool:
-        if total_iters is not None and it >= total_iters:
+        elapsed = time.perf_counter() - t0
+        if total_iters is not None and (it >= total_iters or (it > 0 and it - improved_at[0] >= total_iters / 2)):
             return True
-        if budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
-            return True
-        # stop when the best has not improved for half of the budget
-        if total_iters is not None and it - last_improvement >= total_iters / 2 and it > 0:
-            return True
-        if budget.seconds is not None and time.perf_counter() - t0 - last_time[0] >= budget.seconds / 2:
-            return True
-        return False
+        # stop as well when the best has not improved for half of the budget
+        return budget.seconds is not None and (elapsed >= budget.seconds or
+                                               elapsed - improved_at[1] >= budget.seconds / 2)
 
-    last_time = [0.0]
     rung = 0
     while live and not cancelled and not out_of_budget():
         # a rung: every live chain gets an equal share of the rung's proposals
@@ -313,8 +308,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
                         chain.best_cost, chain.best = new, chain.sim.strategy
                     if new < best_cost:
                         best, best_cost = chain.sim.strategy, new
-                        last_improvement = it
-                        last_time[0] = time.perf_counter() - t0
+                        improved_at = (it, time.perf_counter() - t0)
                 else:
                     chain.sim.revert()
                 if it % 10 == 0:
