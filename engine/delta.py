@@ -37,23 +37,45 @@ __all__ = ["DeltaSimulator", "resume"]
 
 
 @nb.njit(cache=True)
-def _frontier(succ_ptr, succ_idx, fresh, end_old_in_new, chain_next):  # pragma: no cover
-    """For every task: whether a fresh (rebuilt) task precedes it, and the latest old end of
-    its kept predecessors."""
-    n = fresh.shape[0]
-    has_fresh_pred = np.zeros(n, np.bool_)
-    bound = np.zeros(n)
-    for t in range(n):
-        for k in range(succ_ptr[t], succ_ptr[t + 1]):
-            v = succ_idx[k]
-            if fresh[t]:
+def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, end_old, dur_old,
+                  dur_new):  # pragma: no cover
+    """``t_c``: the earliest moment a change can act (see the module docstring), in one pass
+    over the old and the new successor lists."""
+    n_old = old_to_new.shape[0]
+    n_new = n_ptr.shape[0] - 1
+    new_to_old = np.full(n_new, -1, np.int64)
+    for t in range(n_old):
+        if old_to_new[t] >= 0:
+            new_to_old[old_to_new[t]] = t
+    t_c = np.inf
+    for u in range(n_old):
+        if old_to_new[u] < 0:  # removed, and kept tasks it preceded
+            if ready_old[u] < t_c:
+                t_c = ready_old[u]
+            for k in range(o_ptr[u], o_ptr[u + 1]):
+                v = o_idx[k]
+                if old_to_new[v] >= 0 and ready_old[v] < t_c:
+                    t_c = ready_old[v]
+        elif dur_new[old_to_new[u]] != dur_old[u] and ready_old[u] < t_c:  # kept, duration changed
+            t_c = ready_old[u]
+    has_fresh_pred = np.zeros(n_new, np.bool_)
+    bound = np.zeros(n_new)  # latest old end of a task's kept predecessors
+    for u in range(n_new):
+        fresh = new_to_old[u] < 0
+        for k in range(n_ptr[u], n_ptr[u + 1]):
+            v = n_idx[k]
+            if fresh:
                 has_fresh_pred[v] = True
-            elif end_old_in_new[t] > bound[v]:
-                bound[v] = end_old_in_new[t]
-        c = chain_next[t]
-        if c >= 0 and fresh[t]:
-            has_fresh_pred[c] = True
-    return has_fresh_pred, bound
+                if new_to_old[v] >= 0 and ready_old[new_to_old[v]] < t_c:  # kept, new predecessor
+                    t_c = ready_old[new_to_old[v]]
+            elif end_old[new_to_old[u]] > bound[v]:
+                bound[v] = end_old[new_to_old[u]]
+        if fresh and n_chain[u] >= 0:
+            has_fresh_pred[n_chain[u]] = True
+    for v in range(n_new):  # new tasks whose predecessors are all kept
+        if new_to_old[v] < 0 and not has_fresh_pred[v] and bound[v] < t_c:
+            t_c = bound[v]
+    return t_c
 
 
 @nb.njit(cache=True)
@@ -87,54 +109,33 @@ def _restore(P, start, end, succ_ptr, succ_idx, chain_next, chain_lag, npred, re
     return left, ready, last, last_task
 
 
+def _task_map(old_segs, new_segs, n_old: int) -> np.ndarray:
+    """Old task id -> new task id for tasks of segments both graphs share (same slot and
+    serial), -1 for the others. ``*_segs``: (slot, first task, tasks, serial) per segment."""
+    o_slot, o_start, o_n, o_serial = old_segs
+    n_slot, n_start, _, n_serial = new_segs
+    size = int(max(o_slot.max(initial=0), n_slot.max(initial=0))) + 1
+    where = np.full(size, -1, np.int64)
+    where[n_slot] = np.arange(n_slot.size)
+    j = where[o_slot]
+    shared = (j >= 0) & (n_serial[np.maximum(j, 0)] == o_serial)
+    shift = np.where(shared, n_start[np.maximum(j, 0)] - o_start, -1 - n_old)  # -1 - n_old: not shared
+    per_task = np.repeat(shift, o_n)
+    out = np.arange(n_old, dtype=np.int64) + per_task
+    out[out < 0] = -1
+    return out
+
+
 def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
     """Simulate ``new`` reusing the prefix of ``old_tl`` that ``new`` cannot change.
 
-    ``new`` must come from the same builder as ``old`` (its ``info["slots"]`` says which
+    ``new`` must come from the same builder as ``old`` (its ``info["segments"]`` says which
     segments are shared). The result equals :func:`engine.simulate.simulate` of ``new``.
     """
-    o_slots, n_slots = old.info["slots"], new.info["slots"]
-    old_to_new = np.full(old.num_tasks, -1, np.int64)
-    kept_new = np.zeros(new.num_tasks, bool)
-    for slot, (ns, nn, serial) in n_slots.items():
-        hit = o_slots.get(slot)
-        if hit is not None and hit[2] == serial:
-            os_, on, _ = hit
-            old_to_new[os_:os_ + on] = np.arange(ns, ns + nn)
-            kept_new[ns:ns + nn] = True
-    removed = old_to_new < 0
+    old_to_new = _task_map(old.info["segments"], new.info["segments"], old.num_tasks)
     ready_old = old_tl.extra["ready_s"]
-    t_c = np.inf
-    if removed.any():
-        t_c = min(t_c, float(ready_old[removed].min()))
-    # kept tasks whose predecessors changed, seen from the old graph ...
-    o_src = old.edge_src
-    o_dst = old.succ_idx
-    hit = removed[o_src] & ~removed[o_dst]
-    if hit.any():
-        t_c = min(t_c, float(ready_old[o_dst[hit]].min()))
-    # ... and from the new one; and kept tasks whose duration changed (optimizer steps)
-    n_src = new.edge_src
-    n_dst = new.succ_idx
-    new_to_old = np.full(new.num_tasks, -1, np.int64)
-    new_to_old[old_to_new[~removed]] = np.nonzero(~removed)[0]
-    touched = kept_new[n_dst] & ~kept_new[n_src]
-    if touched.any():
-        old_ids = new_to_old[n_dst[touched]]
-        t_c = min(t_c, float(ready_old[old_ids].min()))
-    kept_old = np.nonzero(~removed)[0]
-    changed_dur = new.dur_s[old_to_new[kept_old]] != old.dur_s[kept_old]
-    if changed_dur.any():
-        t_c = min(t_c, float(ready_old[kept_old[changed_dur]].min()))
-    # new tasks whose predecessors are all kept: their ready time is at least the latest
-    # old end of those predecessors
-    end_old_in_new = np.zeros(new.num_tasks)
-    end_old_in_new[old_to_new[kept_old]] = old_tl.end_s[kept_old]
-    fresh = ~kept_new
-    has_fresh_pred, bound = _frontier(new.succ_ptr, new.succ_idx, fresh, end_old_in_new, new.chain_next)
-    frontier = fresh & ~has_fresh_pred
-    if frontier.any():
-        t_c = min(t_c, float(bound[frontier].min()))
+    t_c = _first_change(old.succ_ptr, old.succ_idx, new.succ_ptr, new.succ_idx, new.chain_next, old_to_new,
+                        ready_old, old_tl.end_s, old.dur_s, new.dur_s)
     # the prefix: old tasks that became ready strictly before t_c (all kept, by construction)
     prefix_old = old_tl.order[ready_old[old_tl.order] < t_c]
     return _continue(new, old_tl, prefix_old, old_to_new)

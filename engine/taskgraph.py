@@ -39,6 +39,7 @@ from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from .cluster import Cluster
@@ -173,6 +174,13 @@ class _Segment:
                "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
                "res": np.int64}
 
+    #: Per-segment arrays other than the task columns: edges (handles), cut-through chains
+    #: (``chain_next[chain_from] = chain_to`` with lag), and each collective's resources and
+    #: devices (``coll_h`` repeated per collective row; lengths in ``coll_nres``/``coll_ndev``).
+    _FLAT = {"src": np.int64, "dst": np.int64, "chain_from": np.int64, "chain_to": np.int64,
+             "chain_lag": np.float64, "coll_h": np.int64, "coll_nres": np.int64, "coll_res": np.int64,
+             "coll_ndev": np.int64, "coll_dev": np.int64}
+
     _serials = iter(range(1, 1 << 62))
 
     def __init__(self, slot: int) -> None:
@@ -180,13 +188,8 @@ class _Segment:
         self.serial = next(_Segment._serials)  # identity across assemblies (delta simulation)
         self.n = 0
         self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
-        self.multi_res: list[tuple[np.ndarray, np.ndarray]] = []  # (task handles, their resources)
-        self.src: list[np.ndarray] = []
-        self.dst: list[np.ndarray] = []
-        self.chain_from: list[np.ndarray] = []
-        self.chain_to: list[np.ndarray] = []
-        self.chain_lag: list[np.ndarray] = []
-        self.coll_devices: list[tuple[np.ndarray, list[int]]] = []  # collective handles -> devices
+        # edges, cut-through chains and collectives' resources/devices, as lists of arrays
+        self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
         self.comm_bytes = 0.0
         self.cross_replica = 0
         self.device_params: np.ndarray | None = None  # parameters each device's optimizer updates
@@ -209,14 +212,15 @@ class _Segment:
         src = np.asarray(src, np.int64).ravel()
         dst = np.asarray(dst, np.int64).ravel()
         if src.size:
-            self.src.append(src)
-            self.dst.append(dst)
+            self.flat["src"].append(src)
+            self.flat["dst"].append(dst)
 
     @classmethod
     def freeze_all(cls, segs: list["_Segment"]) -> dict[str, Any] | None:
         """Freeze many segments at once: one array per column for all of them, each segment
         keeping views of its slice (far fewer small allocations than one by one). Returns
-        the combined arrays when every segment was new (a first assembly), else None."""
+        the combined arrays (``arrays``: column or flat name -> array) and each segment's
+        bounds in them (``bounds``) when every segment was new (a first assembly), else None."""
         todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
@@ -231,9 +235,8 @@ class _Segment:
             cols[key] = out
         starts = np.cumsum([0] + [sg.n for sg in todo])
         flat = {}
-        for name, dt in (("src", np.int64), ("dst", np.int64), ("chain_from", np.int64), ("chain_to", np.int64),
-                         ("chain_lag", np.float64)):
-            per = [getattr(sg, name) for sg in todo]
+        for name, dt in cls._FLAT.items():
+            per = [sg.flat[name] for sg in todo]
             arrays = list(chain.from_iterable(per))
             bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
             flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
@@ -241,10 +244,12 @@ class _Segment:
         for j, sg in enumerate(todo):
             sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
             sg.cols = {}
-            sg.src = sg.dst = sg.chain_from = sg.chain_to = sg.chain_lag = []
+            sg.flat = {}
         if len(todo) != len(segs):
             return None
-        return {"cols": cols, **{name: arr for name, (arr, _) in flat.items()}}
+        arrays = {**cols, **{name: arr for name, (arr, _) in flat.items()}}
+        bounds = {name: starts for name in cols} | {name: b for name, (_, b) in flat.items()}
+        return {"arrays": arrays, "bounds": bounds}
 
     def freeze(self) -> dict[str, Any]:
         """The segment's arrays (computed once; a built segment never changes)."""
@@ -264,16 +269,43 @@ class _Segment:
                     pos += n
                 cols[key] = out
 
-            def cat(xs, dt=np.int64):
-                return np.concatenate(xs) if xs else np.zeros(0, dt)
-
-            self._frozen = {
-                "cols": cols, "src": cat(self.src), "dst": cat(self.dst), "chain_from": cat(self.chain_from),
-                "chain_to": cat(self.chain_to), "chain_lag": cat(self.chain_lag, np.float64),
-            }
+            self._frozen = {"cols": cols}
+            for name, dt in self._FLAT.items():
+                xs = self.flat[name]
+                self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
             self.cols = {}
-            self.src = self.dst = self.chain_from = self.chain_to = self.chain_lag = []
+            self.flat = {}
         return self._frozen
+
+
+_ALL_ARRAYS = (*_Segment._DTYPES, *_Segment._FLAT)
+
+
+@nb.njit(cache=True)
+def _csr(src_h: np.ndarray, dst_h: np.ndarray, offset: np.ndarray, n: int):  # pragma: no cover - compiled
+    """Successor lists from edges given as handles (``offset[slot]`` is the slot's first task
+    id): CSR by source, each source's edges in their original order (a stable counting
+    sort), and predecessor counts."""
+    m = src_h.shape[0]
+    src = np.empty(m, np.int64)
+    succ_ptr = np.zeros(n + 1, np.int64)
+    npred = np.zeros(n, np.int64)
+    succ_idx = np.empty(m, np.int64)
+    for e in range(m):
+        u = offset[src_h[e] >> 32] + (src_h[e] & 0xFFFFFFFF)
+        v = offset[dst_h[e] >> 32] + (dst_h[e] & 0xFFFFFFFF)
+        src[e] = u
+        succ_idx[e] = v
+        succ_ptr[u + 1] += 1
+        npred[v] += 1
+    for t in range(n):
+        succ_ptr[t + 1] += succ_ptr[t]
+    fill = succ_ptr[:-1].copy()
+    out = np.empty(m, np.int64)
+    for e in range(m):
+        out[fill[src[e]]] = succ_idx[e]
+        fill[src[e]] += 1
+    return succ_ptr, out, npred
 
 
 def _tile(x: np.ndarray, m: int) -> np.ndarray:
@@ -476,6 +508,9 @@ class _Builder:
         self.slot_of: dict[tuple, int] = {}  # segment key -> slot (canonical order, kept on rebuild)
         self.refs: dict[tuple, set[int]] = {}  # segment key -> ops whose tables it reads
         self.buf: _Segment | None = None  # the segment being built
+        self._keys: list[tuple] = []  # segment keys in slot order (refreshed when keys are added)
+        self._keys_len = -1
+        self._asm: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
         self.D = cluster.num_devices
         self.m = max(1, strategy.pipeline.microbatches)
         self.precision = graph.precision
@@ -485,7 +520,7 @@ class _Builder:
         self.grid: dict[int, tuple[list[str], np.ndarray]] = {}
         self.devs: dict[int, np.ndarray] = {}
         self._coll_cache: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
-        self.sent: dict[tuple, np.ndarray] = {}  # transfers already made (per tensor), see _per_mb
+        self.sent: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # transfers made (per tensor), see _per_mb
         self.grad_reduced: dict[tuple, np.ndarray] = {}  # input-gradient all-reduces (per tensor)
         self.plans: dict[tuple, tuple] = {}  # transfer plans of identical edges (repeated layers)
         self.class_cache: dict[tuple, np.ndarray] = {}  # partition classes of identical ops
@@ -524,8 +559,13 @@ class _Builder:
         k = preds.shape[0]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.cost.link_efficiency)
         ids = self.buf.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])
-        self.buf.multi_res.append((ids, np.asarray([self.D + lk for lk in links], np.int64)))
-        self.buf.coll_devices.append((ids, devs))
+        res = np.asarray([self.D + lk for lk in links], np.int64)
+        f = self.buf.flat
+        f["coll_h"].append(ids)
+        f["coll_nres"].append(np.full(k, res.size, np.int64))
+        f["coll_res"].append(_tile(res, k))
+        f["coll_ndev"].append(np.full(k, n, np.int64))
+        f["coll_dev"].append(_tile(np.asarray(devs, np.int64), k))
         self.buf.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
         self.buf.comm_bytes += factor * size_bytes * k
@@ -568,9 +608,10 @@ class _Builder:
                     self.buf.edges(src_tasks[sel], ids)
                     first_hop[sel] = ids
                 else:
-                    self.buf.chain_from.append(prev)
-                    self.buf.chain_to.append(ids)
-                    self.buf.chain_lag.append(link_lat[links[:, h - 1]])
+                    f = self.buf.flat
+                    f["chain_from"].append(prev)
+                    f["chain_to"].append(ids)
+                    f["chain_lag"].append(link_lat[links[:, h - 1]])
                 prev = ids
             self.buf.edges(prev, dst_tasks[sel])
             last_hop[sel] = prev
@@ -826,26 +867,21 @@ class _Builder:
         m = self.m
         moving = (size_bytes > 0) & (src_dev[holder] != dst_dev[recv])
         if key is not None and moving.any():
-            cache = self.sent
-            # forward: (tensor, holder partition, destination device) -> last hops [mb]
-            # backward: (tensor, producer partition, source device) -> first hops [mb]
-            ids = [None] * holder.size
-            old = np.zeros(holder.size, bool)
-            for j in np.nonzero(moving)[0]:
-                k = (key, int(recv[j]) if backward else int(holder[j]),
-                     int(src_dev[holder[j]]) if backward else int(dst_dev[recv[j]]))
-                ids[j] = k
-                old[j] = k in cache
+            # forward: (holder partition, destination device) -> last hops [mb]
+            # backward: (producer partition, source device) -> first hops [mb]
+            code = (recv * self.D + src_dev[holder]) if backward else (holder * self.D + dst_dev[recv])
+            known, rows = self.sent.get(key, (np.zeros(0, np.int64), np.zeros((0, m), np.int64)))
+            at = np.minimum(np.searchsorted(known, code), max(known.size - 1, 0))
+            old = moving & (known[at] == code) if known.size else np.zeros(holder.size, bool)
             reuse = np.nonzero(old)[0]
-            for j in reuse:
-                hops = cache[ids[j]]
+            if reuse.size:  # one edge per microbatch to (from) the hops already made
+                hops = rows[at[reuse]].ravel()
                 if backward:
-                    self.buf.edges(src_tasks[:, holder[j]], hops)
+                    self.buf.edges(src_tasks[:, holder[reuse]].T, hops)
                 else:
-                    self.buf.edges(hops, dst_tasks[:, recv[j]])
+                    self.buf.edges(hops, dst_tasks[:, recv[reuse]].T)
             fresh = np.nonzero(~old)[0]
-            holder, recv, size_bytes = holder[fresh], recv[fresh], size_bytes[fresh]
-            ids = [ids[j] for j in fresh]
+            holder, recv, size_bytes, code = holder[fresh], recv[fresh], size_bytes[fresh], code[fresh]
             if holder.size == 0:
                 return
         else:
@@ -858,7 +894,7 @@ class _Builder:
             keep = ~local
             holder, recv, size_bytes = holder[keep], recv[keep], size_bytes[keep]
             if key is not None:
-                ids = [k for k, moving_pair in zip(ids, keep) if moving_pair]
+                code = code[keep]
         s = src_tasks[:, holder].ravel()
         d = dst_tasks[:, recv].ravel()
         first, last = self.transfers(s, d, _tile(src_dev[holder], m), _tile(dst_dev[recv], m),
@@ -866,9 +902,12 @@ class _Builder:
                                      np.repeat(np.arange(m), holder.size))
         if key is not None:
             hops = (first if backward else last).reshape(m, holder.size)
-            for j, k in enumerate(ids):
-                if k is not None and hops[0, j] >= 0:
-                    self.sent[k] = hops[:, j].copy()
+            made = hops[0] >= 0
+            if made.any():  # remember them (a later pair with the same code wins, as in a dict)
+                c_all = np.concatenate([known, code[made]])
+                r_all = np.concatenate([rows, hops[:, made].T])
+                last_of = c_all.size - 1 - np.unique(c_all[::-1], return_index=True)[1]
+                self.sent[key] = (c_all[last_of], r_all[last_of])
 
     # -- gradient synchronisation and update --------------------------------------------
     def _build_sync(self, members: list[int]) -> None:
@@ -1129,85 +1168,126 @@ class _Builder:
         self.buf = None
         return self.assemble()
 
+    def _spliced(self, segs: list[_Segment]) -> dict[str, Any]:
+        """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
+
+        The first assembly concatenates everything; later ones (after :meth:`rebuild`) copy
+        runs of segments unchanged since the previous assembly as slices of its arrays and
+        insert only the new segments, so the Python work is per changed segment."""
+        whole = _Segment.freeze_all(segs)
+        prev = self._asm
+        if whole is not None or prev is None:
+            if whole is None:  # no previous assembly to splice from (not reached by build())
+                whole = {"arrays": {}, "bounds": {}}
+                frozen = [sg.freeze() for sg in segs]
+                for name in _ALL_ARRAYS:
+                    parts = [f["cols"][name] if name in _Segment._DTYPES else f[name] for f in frozen]
+                    whole["arrays"][name] = np.concatenate(parts)
+                    whole["bounds"][name] = np.concatenate([[0], np.cumsum([x.size for x in parts])])
+            whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
+            return whole
+        pos = prev["pos"]
+        pieces: list = []  # [first, end) runs of the previous assembly's segments, or new segments
+        for sg in segs:
+            j = pos.get(id(sg))
+            if j is None:
+                pieces.append(sg)
+            elif pieces and type(pieces[-1]) is list and pieces[-1][1] == j:
+                pieces[-1][1] = j + 1
+            else:
+                pieces.append([j, j + 1])
+        frozen = {id(p): p.freeze() for p in pieces if type(p) is not list}
+        arrays, bounds = {}, {}
+        for name in _ALL_ARRAYS:
+            w, off = prev["arrays"][name], prev["bounds"][name]
+            parts, ends = [], [np.zeros(1, np.int64)]
+            at = 0  # elements so far
+            for p in pieces:
+                if type(p) is list:
+                    a, b = off[p[0]], off[p[1]]
+                    parts.append(w[a:b])
+                    ends.append(off[p[0] + 1:p[1] + 1] + (at - a))
+                    at += b - a
+                else:
+                    f = frozen[id(p)]
+                    x = f["cols"][name] if name in _Segment._DTYPES else f[name]
+                    parts.append(x)
+                    at += x.size
+                    ends.append(np.array([at], np.int64))
+            arrays[name] = np.concatenate(parts)
+            bounds[name] = np.concatenate(ends)
+        return {"arrays": arrays, "bounds": bounds}
+
     def assemble(self) -> TaskGraph:
         """Concatenate the segments in slot order and turn handles into task ids."""
-        segs = sorted((sg for key, sg in self.segments.items()
-                       if key[0] != "barriers" or key[1] in self.rep_devices), key=lambda sg: sg.slot)
-        starts = np.concatenate([[0], np.cumsum([sg.n for sg in segs])[:-1]]).astype(np.int64)
-        whole = _Segment.freeze_all(segs)  # the combined arrays on a first assembly
-        frozen = [] if whole is not None else [sg.freeze() for sg in segs]
-
-        def joined(name: str) -> np.ndarray:
-            return whole[name] if whole is not None else np.concatenate([f[name] for f in frozen])
-        sizes = np.array([sg.n for sg in segs], np.int64)
-        offset = np.zeros(max(sg.slot for sg in segs) + 1, np.int64)
-        offset[[sg.slot for sg in segs]] = starts
-        n = int(sizes.sum())
+        if self._keys_len != len(self.segments):
+            self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
+            self._keys_len = len(self.segments)
+        segs = [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in self.rep_devices]
+        asm = self._spliced(segs)
+        A = asm["arrays"]
+        starts = asm["bounds"]["kind"]
+        n = int(starts[-1])
+        slots = np.array([sg.slot for sg in segs], np.int64)
+        offset = np.zeros(int(slots.max()) + 1, np.int64)
+        offset[slots] = starts[:-1]
 
         def gid(h: np.ndarray) -> np.ndarray:
             return offset[h >> _SHIFT] + (h & _MASK)
 
-        cols = {k: (whole["cols"][k].copy() if whole is not None else np.concatenate([f["cols"][k] for f in frozen]))
-                for k in _Segment._DTYPES}
+        cols = {k: A[k] for k in _Segment._DTYPES}
         # optimizer steps: one per device that runs a representative partition
         params = np.zeros(self.D)
+        comm_bytes, cross = 0.0, 0
         for sg in segs:
             if sg.device_params is not None:
                 params += sg.device_params
+            comm_bytes += sg.comm_bytes
+            cross += sg.cross_replica
         upd = gid(self.update_handles)
         cols["dur"][upd] = [self.cost.optimizer_time_s(params[d], self.c.device_type(d))
                             if d in self.rep_devices else 0.0 for d in range(self.D)]
-        # resources
+        # resources: one per task (its device or link), several for a collective
         single = cols["res"]
         counts = (single >= 0).astype(np.int64)
-        multi = [(h, r) for sg in segs for h, r in sg.multi_res]
-        if multi:  # one vectorised pass over every collective's resources
-            m_ids = gid(np.concatenate([h for h, _ in multi]))
-            m_len = np.concatenate([np.full(h.size, r.size) for h, r in multi])
-            m_res = np.concatenate([np.tile(r, h.size) for h, r in multi])
-            counts[m_ids] = m_len
+        coll = gid(A["coll_h"])
+        counts[coll] = A["coll_nres"]
         res_ptr = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=res_ptr[1:])
         res_idx = np.empty(res_ptr[-1], np.int64)
         has = np.nonzero(single >= 0)[0]
         res_idx[res_ptr[has]] = single[has]
-        if multi:
-            starts_m = np.repeat(res_ptr[m_ids], m_len)
-            within = np.arange(m_res.size) - np.repeat(np.cumsum(m_len) - m_len, m_len)
-            res_idx[starts_m + within] = m_res
+        if coll.size:
+            m_len = A["coll_nres"]
+            starts_m = np.repeat(res_ptr[coll], m_len)
+            within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
+            res_idx[starts_m + within] = A["coll_res"]
         # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
-        src = gid(joined("src"))
-        dst = gid(joined("dst"))
-        order = np.argsort(src, kind="stable")
-        dst = dst[order]
-        succ_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-        npred = np.bincount(dst, minlength=n).astype(np.int64)
+        succ_ptr, succ_idx, npred = _csr(A["src"], A["dst"], offset, n)
         chain_next = np.full(n, -1, np.int64)
         chain_lag = np.zeros(n)
-        cf = joined("chain_from")
+        cf = A["chain_from"]
         if cf.size:
-            chain_next[gid(cf)] = gid(joined("chain_to"))
-            chain_lag[gid(cf)] = joined("chain_lag")
+            chain_next[gid(cf)] = gid(A["chain_to"])
+            chain_lag[gid(cf)] = A["chain_lag"]
         # collectives' devices
-        cd = [(h, d) for sg in segs for h, d in sg.coll_devices]
-        tasks = gid(np.concatenate([ids for ids, _ in cd])) if cd else np.zeros(0, np.int64)
-        sizes_cd = np.concatenate([np.full(ids.size, len(d)) for ids, d in cd]) if cd else np.zeros(0, np.int64)
-        ptr = np.zeros(tasks.size + 1, np.int64)
-        np.cumsum(sizes_cd, out=ptr[1:])
-        idx = np.concatenate([np.tile(np.asarray(d, np.int64), ids.size) for ids, d in cd]) if cd \
-            else np.zeros(0, np.int64)
+        ptr = np.zeros(coll.size + 1, np.int64)
+        np.cumsum(A["coll_ndev"], out=ptr[1:])
         tg = TaskGraph(
             kind=cols["kind"], op=cols["op"], part=cols["part"], mb=cols["mb"], device=cols["device"],
             dur_s=cols["dur"], size_bytes=cols["size"], flops=cols["flops"], coll=cols["coll"], link=cols["link"],
-            res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=dst, npred=npred,
+            res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=succ_idx, npred=npred,
             chain_next=chain_next, chain_lag_s=chain_lag, n_devices=self.D, n_links=len(self.c.links),
-            comm_bytes=float(sum(sg.comm_bytes for sg in segs)))
-        tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, idx, tasks),
-                   "symmetry": self.sym, "cross_replica_transfers": sum(sg.cross_replica for sg in segs),
+            comm_bytes=comm_bytes)
+        tg.info = {"microbatches": self.m, "ops": len(self.g.ops), "coll_devices": (ptr, A["coll_dev"], coll),
+                   "symmetry": self.sym, "cross_replica_transfers": cross,
                    "device_image": self._device_image(),
-                   # slot -> (first task id, tasks, segment serial): which tasks a delta can reuse
-                   "slots": {sg.slot: (int(st), int(sg.n), sg.serial) for sg, st in zip(segs, starts)}}
+                   # per segment, in task order: slot, first task id, tasks, serial (identity of
+                   # its contents): which tasks a delta simulation can reuse
+                   "segments": (slots, starts[:-1].copy(), np.diff(starts),
+                                np.array([sg.serial for sg in segs], np.int64))}
+        # the arrays are spliced from on the next assembly: TaskGraph arrays are never modified
+        self._asm = {**asm, "pos": {id(sg): j for j, sg in enumerate(segs)}, "segs": segs}
         return tg
 
     def snapshot(self, op: str) -> dict[str, Any]:
@@ -1217,7 +1297,7 @@ class _Builder:
         tables = {name: getattr(self, name).get(oi) for name in ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep",
                                                                "image")}
         return {"oi": oi, "segments": {k: (self.segments[k], self.refs[k]) for k in keys}, "tables": tables,
-                "strategy": self.s, "rep_devices": set(self.rep_devices)}
+                "strategy": self.s, "rep_devices": set(self.rep_devices), "asm": self._asm}
 
     def restore(self, snap: dict[str, Any]) -> None:
         oi = snap["oi"]
@@ -1231,6 +1311,7 @@ class _Builder:
                 table[oi] = value
         self.s = snap["strategy"]
         self.rep_devices = snap["rep_devices"]
+        self._asm = snap["asm"]
 
 
 def _schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
