@@ -78,27 +78,28 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     zero = strategy.zero_stage
     pbytes = DTYPE_BYTES[graph.precision]
     # -- parameters per device, shared groups counted once per (group, region, device)
+    # (Vectorised: every parameter partition gets an integer code for its (tensor, region,
+    # device); the first of equal codes counts, as a set of seen keys would.)
+    codes, devs_p, elems_p, copies_p = [], [], [], []
+    groups: dict[str, int] = {}
+    cache = _graph_cache(graph)
+    param_ops = cache.get("param_ops")
+    if param_ops is None:
+        param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
+    for op in param_ops:
+        regions, devices, elems, copies = _param_partitions(cache, op, strategy.configs[op.name])
+        gid = groups.setdefault(op.param_group or op.name, len(groups))
+        codes.append((gid * (1 << 24) + regions) * D + devices)
+        devs_p.append(devices)
+        elems_p.append(np.full(devices.size, elems))
+        copies_p.append(np.full(devices.size, copies))
     params = np.zeros(D)
-    seen: set[tuple] = set()
     shard = np.ones(D)  # largest data-parallel shard divisor a device's parameters see
-    for op in graph.ops:
-        if not op.param_count or op.kind == "input":
-            continue
-        cfg = strategy.configs[op.name]
-        _, _, pshapes = op.partition_shapes(cfg.degrees)
-        elems = float(sum(math.prod(s) for s in pshapes))
-        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
-        split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
-        repl = [n for n in names if n not in split and not op.dim(n).is_replica]
-        copies = math.prod(cfg.degree(n) for n in repl)
-        for k, coord in enumerate(partition_coords(op, cfg)):
-            d = cfg.devices[k]
-            key = (op.param_group or op.name, tuple((n, coord[n]) for n in split), d)
-            if key in seen:
-                continue
-            seen.add(key)
-            params[d] += elems
-            shard[d] = max(shard[d], copies)
+    if codes:
+        _, first = np.unique(np.concatenate(codes), return_index=True)
+        devs_p = np.concatenate(devs_p)[first]
+        np.add.at(params, devs_p, np.concatenate(elems_p)[first])
+        np.maximum.at(shard, devs_p, np.concatenate(copies_p)[first])
     weights = params * pbytes
     grads = params * pbytes
     optim = params * optimizer_bytes_per_param(graph.precision)
@@ -113,15 +114,13 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     coll_devs = tg.info.get("coll_devices")
     if coll_devs is not None:
         ptr, idx, tasks = coll_devs
-        for j, t in enumerate(tasks):
-            ds = idx[ptr[j]:ptr[j + 1]]
-            comm[ds] = np.maximum(comm[ds], tg.size_bytes[t])
+        np.maximum.at(comm, idx, np.repeat(tg.size_bytes[tasks], np.diff(ptr)))
     image = tg.info.get("device_image")
     if image is not None:  # a collective's buffer is built only where a representative joins it
         has = image >= 0
         comm[has] = comm[image[has]]
     # -- activations over time
-    saved = _saved_bytes(graph, strategy, m)  # op index -> bytes per partition per microbatch
+    saved = _saved_bytes(graph, strategy, m, cache)  # op index -> bytes per partition per microbatch
     is_f = tg.kind == FWD
     is_b = tg.kind == BWD
     f_idx = np.nonzero(is_f)[0]
@@ -130,11 +129,13 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     key_f = (tg.op[f_idx].astype(np.int64) * (1 << 20) + tg.part[f_idx]) * (m + 1) + tg.mb[f_idx]
     key_b = (tg.op[b_idx].astype(np.int64) * (1 << 20) + tg.part[b_idx]) * (m + 1) + tg.mb[b_idx]
     amount = saved[tg.op[f_idx]]
-    has_b = np.isin(key_f, key_b)
     order_b = np.argsort(key_b)
-    pos = np.searchsorted(key_b[order_b], key_f)
-    pos = np.minimum(pos, max(order_b.size - 1, 0))
-    free_t = np.where(has_b, timeline.end_s[b_idx[order_b[pos]]] if order_b.size else np.inf, np.inf)
+    pos = np.minimum(np.searchsorted(key_b[order_b], key_f), max(order_b.size - 1, 0))
+    if order_b.size:
+        has_b = key_b[order_b[pos]] == key_f
+        free_t = np.where(has_b, timeline.end_s[b_idx[order_b[pos]]], np.inf)
+    else:
+        free_t = np.full(key_f.size, np.inf)
     alloc_t = timeline.end_s[f_idx]
     dev = tg.device[f_idx]
     times = np.concatenate([alloc_t, free_t])
@@ -164,23 +165,63 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity, curves)
 
 
-def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int) -> np.ndarray:
+def _graph_cache(graph: OpGraph) -> dict:
+    """Per-(op, config) results kept on the graph (a search asks for the same ones often)."""
+    cache = graph.__dict__.get("_memory_cache")
+    if cache is None or len(cache) > 200_000:  # bounded: a long search sees many configs
+        cache = graph.__dict__["_memory_cache"] = {"region_ids": {}}  # (ids only grow within a cache)
+    return cache
+
+
+def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """An op's parameter partitions under ``cfg``: the parameter region each holds (an id,
+    equal for equal regions of ops sharing parameters), its device, elements per partition
+    and the number of copies of each region (its replication). ``cache``: _graph_cache's."""
+    ck = ("params", op.name, tuple(cfg.degrees.items()), cfg.devices)
+    hit = cache.get(ck)
+    if hit is None:
+        _, _, pshapes = op.partition_shapes(cfg.degrees)
+        elems = float(sum(math.prod(s) for s in pshapes))
+        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
+        split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
+        repl = [n for n in names if n not in split and not op.dim(n).is_replica]
+        copies = float(math.prod(cfg.degree(n) for n in repl))
+        ids = cache.setdefault("region_ids", {})
+        regions = np.array([ids.setdefault(tuple((n, coord[n]) for n in split), len(ids))
+                            for coord in partition_coords(op, cfg)], np.int64)
+        hit = cache[ck] = (regions, np.asarray(cfg.devices, np.int64), elems, copies)
+    return hit
+
+
+def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.ndarray:
     """[op] bytes one partition saves for its backward pass, per microbatch."""
     out = np.zeros(len(graph.ops))
     recompute = strategy.recompute
-    for i, op in enumerate(graph.ops):
-        if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
-            continue
-        if recompute == "selective" and (op.kind in _SELECTIVE_KINDS or op.kind == "dropout" and any(
-                graph[r.op].kind == "softmax" for r in op.inputs)):
-            continue
-        if recompute == "full" and not any(graph[r.op].block != op.block for r in op.inputs):
-            continue  # recomputed from the layer's input during the backward pass
+    saving = cache.get(("saving", recompute))
+    if saving is None:
+        saving = cache[("saving", recompute)] = [(i, op) for i, op in enumerate(graph.ops)
+                                                 if _saves_activations(graph, op, recompute)]
+    for i, op in saving:
         cfg = strategy.configs[op.name]
-        degrees = dict(cfg.degrees)
-        if m > 1 and "sample" in op.dim_names:
-            degrees["sample"] = degrees.get("sample", 1) * m
-        ins, _, _ = op.partition_shapes(degrees)
-        out[i] = sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)
-                     if t.dtype in FLOAT_DTYPES)
+        ck = ("saved", op.name, tuple(cfg.degrees.items()), m)
+        hit = cache.get(ck)
+        if hit is None:
+            degrees = dict(cfg.degrees)
+            if m > 1 and "sample" in op.dim_names:
+                degrees["sample"] = degrees.get("sample", 1) * m
+            ins, _, _ = op.partition_shapes(degrees)
+            hit = cache[ck] = sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)
+                                  if t.dtype in FLOAT_DTYPES)
+        out[i] = hit
     return out
+
+
+def _saves_activations(graph: OpGraph, op, recompute: str) -> bool:
+    """Whether ``op`` keeps inputs for its backward pass under ``recompute``."""
+    if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
+        return False
+    if recompute == "selective" and (op.kind in _SELECTIVE_KINDS or op.kind == "dropout" and any(
+            graph[r.op].kind == "softmax" for r in op.inputs)):
+        return False
+    # with full recomputation only layer inputs are kept; the rest is recomputed from them
+    return not (recompute == "full" and not any(graph[r.op].block != op.block for r in op.inputs))

@@ -1098,6 +1098,10 @@ class _Builder:
         """[device] the representative device whose timeline each device mirrors (itself
         without symmetry; -1 for unused devices)."""
         image = np.full(self.D, -1, np.int64)
+        if self.sym is None:  # every partition is a representative: used devices mirror themselves
+            used = np.fromiter(self.rep_devices, np.int64, len(self.rep_devices))
+            image[used] = used
+            return image
         for oi in self.devs:
             image[self.devs[oi]] = self.devs[oi][self.image[oi]]
         return image
@@ -1168,7 +1172,7 @@ class _Builder:
         self.buf = None
         return self.assemble()
 
-    def _spliced(self, segs: list[_Segment]) -> dict[str, Any]:
+    def _spliced(self, segs: list[_Segment], serials: np.ndarray) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
 
         The first assembly concatenates everything; later ones (after :meth:`rebuild`) copy
@@ -1186,16 +1190,17 @@ class _Builder:
                     whole["bounds"][name] = np.concatenate([[0], np.cumsum([x.size for x in parts])])
             whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
             return whole
-        pos = prev["pos"]
+        # each segment's index in the previous assembly (by serial; -1 when new), then runs
+        # of consecutive previous segments and the new segments between them
+        p_ser, p_order = prev["serials"], prev["serial_order"]
+        k = np.minimum(np.searchsorted(p_ser[p_order], serials), p_ser.size - 1)
+        j = np.where(p_ser[p_order[k]] == serials, p_order[k], -1)
+        kept = j >= 0
+        run_start = kept & np.concatenate([[True], (j[1:] != j[:-1] + 1) | ~kept[:-1]])
+        begin = np.flatnonzero(run_start | ~kept).tolist() + [len(segs)]
         pieces: list = []  # [first, end) runs of the previous assembly's segments, or new segments
-        for sg in segs:
-            j = pos.get(id(sg))
-            if j is None:
-                pieces.append(sg)
-            elif pieces and type(pieces[-1]) is list and pieces[-1][1] == j:
-                pieces[-1][1] = j + 1
-            else:
-                pieces.append([j, j + 1])
+        for b, e in zip(begin[:-1], begin[1:]):
+            pieces.append([int(j[b]), int(j[b]) + e - b] if kept[b] else segs[b])
         frozen = {id(p): p.freeze() for p in pieces if type(p) is not list}
         arrays, bounds = {}, {}
         for name in _ALL_ARRAYS:
@@ -1224,7 +1229,8 @@ class _Builder:
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
             self._keys_len = len(self.segments)
         segs = [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in self.rep_devices]
-        asm = self._spliced(segs)
+        serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
+        asm = self._spliced(segs, serials)
         A = asm["arrays"]
         starts = asm["bounds"]["kind"]
         n = int(starts[-1])
@@ -1284,10 +1290,9 @@ class _Builder:
                    "device_image": self._device_image(),
                    # per segment, in task order: slot, first task id, tasks, serial (identity of
                    # its contents): which tasks a delta simulation can reuse
-                   "segments": (slots, starts[:-1].copy(), np.diff(starts),
-                                np.array([sg.serial for sg in segs], np.int64))}
+                   "segments": (slots, starts[:-1].copy(), np.diff(starts), serials)}
         # the arrays are spliced from on the next assembly: TaskGraph arrays are never modified
-        self._asm = {**asm, "pos": {id(sg): j for j, sg in enumerate(segs)}, "segs": segs}
+        self._asm = {**asm, "serials": serials, "serial_order": np.argsort(serials)}
         return tg
 
     def snapshot(self, op: str) -> dict[str, Any]:

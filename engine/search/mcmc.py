@@ -268,7 +268,9 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
     total_iters = budget.iterations
     rungs = max(1, math.ceil(math.log2(len(live)))) if len(live) > 1 else 1
     it = 0
-    improved_at = (0, 0.0)  # (proposal, seconds) of the last improvement of the best
+    # (proposal, seconds) of the last improvement of the best; the clock starts after the
+    # starting chains are built (on large models that takes a good part of a short budget)
+    improved_at = (0, time.perf_counter() - t0)
     cancelled = False
 
     def out_of_budget() -> bool:
