@@ -207,3 +207,13 @@ def test_expert_start_is_a_chain():
     r = mcmc(g, c, Budget(iterations=20), seed=0, polish=False)
     _, tl = full(g, expert(g, c), c)
     assert r.baselines["expert"] == tl.makespan_s
+
+
+def test_random_starts_are_skipped_when_setup_eats_the_time_budget():
+    """Building the data-parallel and expert chains takes far more than a tenth of 1 ms, so
+    no random start is made; with a proposal budget all four chains start."""
+    g, c = MODELS["alexnet"], preset("p100-4x4")
+    quick = mcmc(g, c, Budget(seconds=0.001), seed=0, polish=False)
+    assert quick.trace[-1].chains <= 2
+    full_start = mcmc(g, c, Budget(iterations=40), seed=0, polish=False)  # rung 1: 4 x 5 proposals
+    assert full_start.trace[0].chains == 4
