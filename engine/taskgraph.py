@@ -507,6 +507,7 @@ class _Builder:
         self.segments: dict[tuple, _Segment] = {}
         self.slot_of: dict[tuple, int] = {}  # segment key -> slot (canonical order, kept on rebuild)
         self.refs: dict[tuple, set[int]] = {}  # segment key -> ops whose tables it reads
+        self.readers: dict[int, set[tuple]] = {}  # op -> keys of the segments that read it
         self.buf: _Segment | None = None  # the segment being built
         self._keys: list[tuple] = []  # segment keys in slot order (refreshed when keys are added)
         self._keys_len = -1
@@ -1060,7 +1061,7 @@ class _Builder:
         seg = self.segments.get(key)
         if seg is None:
             seg = self.segments[key] = _Segment(self.slot_of[key])
-            self.refs[key] = set()
+            self._set_refs(key, set())
             seg.barrier_ids = seg.add(self.U - 1, BARRIER)
             if self.U > 2:
                 seg.edges(seg.barrier_ids[:-1], seg.barrier_ids[1:])
@@ -1110,7 +1111,7 @@ class _Builder:
     def _begin(self, key: tuple, refs) -> None:
         slot = self.slot_of.setdefault(key, len(self.slot_of))
         self.buf = self.segments[key] = _Segment(slot)
-        self.refs[key] = set(refs)
+        self._set_refs(key, set(refs))
 
     def build(self) -> TaskGraph:
         self.memo: dict[tuple, tuple] = {}  # identical ops (repeated layers) under identical configs
@@ -1137,17 +1138,43 @@ class _Builder:
         return self.assemble()
 
     def _rep_devices(self) -> set[int]:
-        """Devices that run a representative partition of some op."""
-        used = np.zeros(self.D, bool)
-        for oi, devs in self.devs.items():
-            used[devs[self.rep[oi]]] = True
-        return set(np.flatnonzero(used).tolist())
+        """Devices that run a representative partition of some op (and, per device, how
+        many ops do: kept up to date by :meth:`_count_rep_devices` on a rebuild)."""
+        self._rep_count = np.zeros(self.D, np.int64)
+        self._rep_devs_of = {}
+        for oi in self.devs:
+            self._count_rep_devices(oi)
+        return set(np.flatnonzero(self._rep_count).tolist())
+
+    def _count_rep_devices(self, oi: int) -> bool:
+        """Recount op ``oi``'s devices with representative partitions; whether the set of
+        such devices over all ops may have changed."""
+        old = self._rep_devs_of.get(oi)
+        new = np.unique(self.devs[oi][self.rep[oi]])
+        if old is not None:
+            if np.array_equal(old, new):
+                return False
+            self._rep_count[old] -= 1
+        self._rep_count[new] += 1
+        self._rep_devs_of[oi] = new
+        return True
 
     def _sync_refs(self, unit: str, members: list[int]) -> set[int]:
         refs = set(members)
         if self.s.zero_stage >= 3:
             refs |= {self.prefetch[(unit, ph)] for ph in (FWD, BWD)} - {None}
         return refs
+
+    def _set_refs(self, key: tuple, refs: set[int]) -> None:
+        for o in self.refs.get(key, ()):
+            self.readers[o].discard(key)
+        self.refs[key] = refs
+        for o in refs:
+            self.readers.setdefault(o, set()).add(key)
+
+    def _reading(self, oi: int) -> list[tuple]:
+        """Keys of the segments that read op ``oi``, in slot (build) order."""
+        return sorted(self.readers.get(oi, ()), key=self.slot_of.__getitem__)
 
     def rebuild(self, strategy: Strategy, op: str) -> TaskGraph:
         """Change ``op``'s config to ``strategy``'s and rebuild only the segments that read
@@ -1156,10 +1183,11 @@ class _Builder:
         ``strategy`` (segments keep their slots, so the task order is the same)."""
         oi = self.g.index[op]
         self.s = strategy
-        affected = [k for k, refs in self.refs.items() if oi in refs]
+        affected = self._reading(oi)
         self._begin(("op", oi), (oi,))
         self._build_compute(oi)
-        self.rep_devices = self._rep_devices()
+        if self._count_rep_devices(oi):
+            self.rep_devices = set(np.flatnonzero(self._rep_count).tolist())
         for key in affected:
             if key[0] == "tensor":
                 self._begin(key, self.refs[key])
@@ -1298,22 +1326,27 @@ class _Builder:
     def snapshot(self, op: str) -> dict[str, Any]:
         """What :meth:`rebuild` of ``op`` replaces, so that :meth:`restore` can undo it."""
         oi = self.g.index[op]
-        keys = [k for k, refs in self.refs.items() if oi in refs]
+        keys = self._reading(oi)
         tables = {name: getattr(self, name).get(oi) for name in ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep",
                                                                "image")}
         return {"oi": oi, "segments": {k: (self.segments[k], self.refs[k]) for k in keys}, "tables": tables,
-                "strategy": self.s, "rep_devices": set(self.rep_devices), "asm": self._asm}
+                "strategy": self.s, "rep_devices": set(self.rep_devices), "asm": self._asm,
+                "rep_devs_of": self._rep_devs_of[oi]}
 
     def restore(self, snap: dict[str, Any]) -> None:
         oi = snap["oi"]
         for k, (seg, refs) in snap["segments"].items():
-            self.segments[k], self.refs[k] = seg, refs
+            self.segments[k] = seg
+            self._set_refs(k, refs)
         for name, value in snap["tables"].items():
             table = getattr(self, name)
             if value is None:
                 table.pop(oi, None)
             else:
                 table[oi] = value
+        self._rep_count[self._rep_devs_of[oi]] -= 1
+        self._rep_count[snap["rep_devs_of"]] += 1
+        self._rep_devs_of[oi] = snap["rep_devs_of"]
         self.s = snap["strategy"]
         self.rep_devices = snap["rep_devices"]
         self._asm = snap["asm"]
