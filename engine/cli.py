@@ -24,7 +24,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .cluster import PRESETS, preset
 from .errors import SoapboxError, ValidationError
@@ -69,12 +69,19 @@ def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
             ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: A command added by a layer above the engine (the app adds ``serve``): help text, a function
+#: that adds its arguments, and the function that runs it.
+ExtraCommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="soapbox",
         description="Explore, simulate and search parallelization strategies for DNN training.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_args, _) in (extra or {}).items():
+        add_args(sub.add_parser(name, help=help_text))
 
     p = sub.add_parser("models", help="list the sample models")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -338,13 +345,15 @@ COMMANDS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, extra: Mapping[str, ExtraCommand] | None = None) -> int:
+    """Run the ``soapbox`` command; ``extra`` adds commands from outside the engine."""
+    parser = build_parser(extra)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    run = {**COMMANDS, **{k: v[2] for k, v in (extra or {}).items()}}
     try:
-        return COMMANDS[args.command](args)
+        return run[args.command](args)
     except (SoapboxError, ValueError) as exc:
         print(f"soapbox: error: {exc}", file=sys.stderr)
         return 2

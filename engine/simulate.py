@@ -133,6 +133,40 @@ def _loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank
 
 
 @nb.njit(cache=True)
+def _critical_walk(t, start, end, pred_ptr, pred_idx, resource_pred, chain_prev):  # pragma: no cover
+    """From task ``t`` back to a task with nothing before it: each step goes to the data
+    predecessor that ended last if it ended when ``t`` started, else to the task that held the
+    resource, else to the previous hop of a cut-through transfer. Returns the tasks, last first."""
+    path = np.empty(start.shape[0], np.int64)
+    n = 0
+    path[n] = t
+    n += 1
+    while n < start.shape[0]:
+        s = start[t]
+        best = -1
+        k_best = -1
+        e_best = -np.inf
+        for k in range(pred_ptr[t], pred_ptr[t + 1]):
+            p = pred_idx[k]
+            if end[p] > e_best:
+                e_best = end[p]
+                k_best = p
+        if k_best >= 0 and abs(end[k_best] - s) <= 1e-12:
+            best = k_best
+        rp = resource_pred[t]
+        if best < 0 and rp >= 0 and abs(end[rp] - s) <= 1e-12:
+            best = rp
+        if best < 0 and chain_prev[t] >= 0:
+            best = chain_prev[t]
+        if best < 0:
+            break
+        path[n] = best
+        n += 1
+        t = best
+    return path[:n]
+
+
+@nb.njit(cache=True)
 def _longest_path(order, dur, succ_ptr, succ_idx, chain_next, chain_lag):  # pragma: no cover
     """Earliest start of every task with unlimited resources (dependency critical path)."""
     n = dur.shape[0]
@@ -317,26 +351,9 @@ class Timeline:
         chain_prev = np.full(tg.num_tasks, -1, np.int64)
         has = tg.chain_next >= 0
         chain_prev[tg.chain_next[has]] = np.nonzero(has)[0]
-        t = int(np.nanargmax(self.end_s))
-        path = [t]
-        while True:
-            s = self.start_s[t]
-            best = -1
-            preds = pred_idx[pred_ptr[t]:pred_ptr[t + 1]]
-            if preds.size:
-                k = preds[np.argmax(self.end_s[preds])]
-                if np.isclose(self.end_s[k], s, rtol=0, atol=1e-12):
-                    best = int(k)
-            if best < 0 and self.resource_pred[t] >= 0 and np.isclose(self.end_s[self.resource_pred[t]], s,
-                                                                       rtol=0, atol=1e-12):
-                best = int(self.resource_pred[t])
-            if best < 0 and chain_prev[t] >= 0:
-                best = int(chain_prev[t])
-            if best < 0:
-                break
-            path.append(best)
-            t = best
-        return np.asarray(path[::-1], np.int64)
+        path = _critical_walk(int(np.nanargmax(self.end_s)), self.start_s, self.end_s, pred_ptr, pred_idx,
+                              self.resource_pred, chain_prev)
+        return path[::-1].copy()
 
     def busiest_device_work_s(self) -> float:
         return float(self.device_busy_s.max()) if self.device_busy_s.size else 0.0

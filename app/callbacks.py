@@ -1,0 +1,534 @@
+"""Callbacks: plain functions of their inputs (tests call them directly), wired to the page by
+:func:`register`.
+
+State flows one way: every user action goes through :func:`on_event`, which returns a new
+state (the session's ``dcc.Store``) and a message; the views are drawn from the state by
+:func:`render_explore` and friends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+
+from engine.formats.trace import trace_events
+from engine.strategy import strategy_from_dict
+
+from . import jobs
+from . import workspace as W
+from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure,
+                      build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
+from .fmt import format_bytes, format_count, format_rate, format_seconds
+from .views import (config_diff, config_label, gantt_data, graph_layout, memory_data, op_details, summary_data,
+                    topology_data, why_text)
+
+__all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_compare", "zoom_gantt", "decode_upload",
+           "search_start", "search_poll", "search_stop", "export_strategy", "export_trace", "share_link",
+           "register", "MAX_UPLOAD_BYTES"]
+
+#: largest file accepted by the upload box (a GPT-3 model file is ~1 MB)
+MAX_UPLOAD_BYTES = 50_000_000
+
+
+# --------------------------------------------------------------------------- events -> state
+
+
+def decode_upload(contents: str, filename: str) -> str:
+    """The text of a ``dcc.Upload`` data URL; raises ValueError saying what is wrong."""
+    if not contents or "," not in contents:
+        raise ValueError(f"{filename}: empty upload")
+    payload = contents.split(",", 1)[1]
+    if len(payload) * 3 // 4 > MAX_UPLOAD_BYTES:
+        raise ValueError(f"{filename}: larger than {format_bytes(MAX_UPLOAD_BYTES)}; soapbox files are far smaller")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{filename}: the upload is not valid base64 data") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{filename}: not a UTF-8 text file (byte {e.start} is not text); "
+                         "soapbox reads JSON files") from None
+
+
+def on_event(trigger: str | None, state: dict | None, *, query: str = "", model: str | None = None,
+             cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
+             filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
+             devices: str | None = None, click: dict | None = None, compare_name: str | None = None
+             ) -> tuple[dict, str]:
+    """Apply one user action to the session state.
+
+    ``trigger`` names the component that fired; the keyword arguments carry what it sent.
+    Returns (new state, message). Nothing here raises for bad input: a refused action
+    returns the state unchanged and a message naming what and where.
+    """
+    if state is None or trigger in (None, "url"):
+        if state is not None:
+            return state, ""
+        try:
+            return W.state_from_query(query or "")
+        except (ValueError, Exception) as e:  # a damaged link still opens the default
+            return W.new_state(), f"The link could not be loaded ({e}); showing the default instead."
+    try:
+        if trigger == "pick-model" and model and model != state["model"].get("name"):
+            return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
+        if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
+                                                       or "data" in state["cluster"]):
+            return _fresh(state, cluster=cluster), f"Cluster: {cluster}."
+        if trigger == "pick-baseline" and baseline and baseline != state.get("baseline"):
+            return W.select_baseline(state, baseline)
+        if trigger == "upload" and upload is not None:
+            try:
+                text = decode_upload(upload, filename or "upload")
+            except ValueError as e:
+                return state, f"Import refused: {e}"
+            new, msg, ok = W.import_file(state, text, filename or "upload")
+            return new, msg if ok else f"Import refused: {msg}"
+        if trigger == "edit-apply":
+            try:
+                devs = W.parse_devices(devices or "", W.cluster_of(state).num_devices)
+                deg = {}
+                for dim, v in (degrees or {}).items():
+                    if v in (None, ""):
+                        v = 1
+                    if float(v) != int(float(v)) or int(float(v)) < 1:
+                        raise ValueError(f"degree of {dim}: {v!r} is not a whole number >= 1")
+                    deg[dim] = int(float(v))
+            except ValueError as e:
+                return state, f"Edit refused: {e}"
+            new, msg = W.apply_edit(state, list(ops or state.get("selected") or []), deg, devs)
+            if new is not state:
+                new["selected"] = list(ops or state.get("selected") or [])
+            return new, msg
+        if trigger == "undo":
+            return W.undo(state)
+        if trigger == "redo":
+            return W.redo(state)
+        if trigger == "op-graph" and click:
+            pts = click.get("points") or []
+            if not pts or "customdata" not in pts[0]:
+                return state, ""
+            node = pts[0]["customdata"]
+            layout = graph_layout(W.graph_of(state), bool(state.get("collapse")))
+            members = layout["members"].get(node, [node])
+            new = dict(state, selected=members)
+            return new, f"Selected {node}" + (f" ({len(members)} ops)" if len(members) > 1 else "") + "."
+        if trigger == "edit-ops":
+            return dict(state, selected=list(ops or [])), ""
+        if trigger == "search-adopt":
+            job = jobs.get(state["sid"])
+            if job is None or job.result is None:
+                return state, "No finished search to adopt yet."
+            r = job.result
+            return W.adopt_strategy(state, r.best, f"Adopted the search's best ({format_seconds(r.best_cost_s)}).")
+        if trigger == "compare-add":
+            return W.add_to_compare(state, compare_name)
+        if trigger == "compare-clear":
+            return dict(state, compare=[]), "Cleared the comparison."
+    except Exception as e:  # never lose the session over one action
+        return state, f"That did not work: {type(e).__name__}: {e}"
+    return state, ""
+
+
+def _fresh(state: dict, model: str | None = None, cluster: str | None = None) -> dict:
+    """A new state for another sample model or preset cluster, keeping the session id, the
+    starting baseline (data parallel where it cannot run) and what the user is comparing when
+    it still applies."""
+    m = model or (state["model"]["name"] if "data" not in state["model"] else W.DEFAULT_MODEL)
+    c = cluster or (state["cluster"]["name"] if "data" not in state["cluster"] else W.DEFAULT_CLUSTER)
+    try:
+        new = W.new_state(m, c, state.get("baseline", "data-parallel"), sid=state["sid"])
+    except ValueError:
+        new = W.new_state(m, c, "data-parallel", sid=state["sid"])
+    new["version"] = state.get("version", 0) + 1
+    return new
+
+
+# --------------------------------------------------------------------------- views
+
+
+def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    labels: dict[str, str] = {}
+    for op in graph.ops:
+        labels[op.name] = config_label(strategy[op.name]) + f" on {len(strategy[op.name].devices)}"
+    palette: dict[str, str] = {}
+    colour_of, hover = {}, {}
+    for node in layout["nodes"]:
+        ms = layout["members"][node]
+        ls = {labels[m] for m in ms}
+        lab = next(iter(ls)) if len(ls) == 1 else "mixed"
+        if lab not in palette:
+            palette[lab] = "#BBBBBB" if lab == "mixed" else CONFIG_PALETTE[len(palette) % len(CONFIG_PALETTE)]
+        colour_of[node] = palette[lab]
+        if len(ms) == 1:
+            op = graph[ms[0]]
+            hover[node] = (f"{op.name} ({op.kind})<br>out {' x '.join(map(str, op.out_tensors[0].shape))}"
+                           f"<br>{op.fwd_flops / 1e9:.3g} GFLOP fwd · {op.param_count:,} params<br>{labels[op.name]} GPU(s)")
+        else:
+            hover[node] = f"{node}: {len(ms)} ops<br>{lab}"
+    legend = {c: lab for lab, c in palette.items()}
+    return colour_of, legend, hover
+
+
+_render_cache: "OrderedDict[tuple, dict]" = OrderedDict()
+_render_lock = threading.Lock()
+
+
+def _render_key(state: dict, collapse: bool, metric: str) -> tuple:
+    content = json.dumps([state["model"], state["cluster"], state["strategy"]["ops"],
+                          {k: v for k, v in state["strategy"].items() if k not in ("ops", "found_by", "cost")}],
+                         sort_keys=True)
+    return (hashlib.sha256(content.encode()).hexdigest(), collapse, metric, tuple(state.get("selected") or ()))
+
+
+def render_explore(state: dict, collapse: bool = False, metric: str = "utilization") -> dict[str, Any]:
+    """Every Explore view for ``state``: summary cards, why-text, op graph, op panel, Gantt,
+    topology and memory. Returns a dict keyed by component id.
+
+    Views of a strategy already drawn (for this or another session: a first page load shows
+    the same default to everyone) come from a small cache; the session's simulation is then
+    built in the background, ready for its first edit."""
+    key = _render_key(state, collapse, metric)
+    with _render_lock:
+        hit = _render_cache.get(key)
+        if hit is not None:
+            _render_cache.move_to_end(key)
+    if hit is not None:
+        threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
+        return hit
+    out = _render_explore(state, collapse, metric)
+    with _render_lock:
+        _render_cache[key] = out
+        while len(_render_cache) > 32:
+            _render_cache.popitem(last=False)
+    return out
+
+
+def warm_up() -> None:
+    """Draw the default page once (compiles the simulator's kernels, fills the caches), so
+    that the first visitor does not wait for it."""
+    state, _ = on_event("url", None)
+    render_explore(state, True, "utilization")
+    render_editor(state)
+    render_compare(state)
+
+
+def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
+    ws = W.workspace(state)
+    g, c, tl = ws.graph, ws.cluster, ws.timeline
+    s = ws.strategy
+    mem = ws.memory
+    dp_cost = W.baseline_cost_s(state)
+    summ = summary_data(g, tl, mem, dp_cost)
+    selected = [n for n in (state.get("selected") or []) if n in g.index]
+    layout = graph_layout(g, collapse)
+    colour_of, legend, hover = _colours(g, s, layout)
+    sel_nodes = {n for n in layout["nodes"] if set(layout["members"][n]) & set(selected)}
+    gd = gantt_data(g, c, tl, selected=selected)
+    used = sorted(s.devices_used())
+    if metric == "memory":
+        per_dev = np.where(mem.capacity_bytes > 0, mem.peak_bytes / mem.capacity_bytes, 0.0)
+    else:
+        per_dev = tl.utilization
+    topo = topology_data(c, per_dev, metric)
+    sel_devs = sorted({d for n in selected for d in s[n].devices})
+    topo_fig = build_topology_figure(topo)
+    if sel_devs:
+        gp = {x["id"]: x for x in topo["gpus"]}
+        topo_fig.add_scatter(x=[gp[d]["x"] for d in sel_devs], y=[gp[d]["y"] for d in sel_devs], mode="markers",
+                             marker=dict(size=24, symbol="square-open", color="#FFD400", line=dict(width=3)),
+                             name="selected op's GPUs", hoverinfo="skip")
+    dp_comm = None
+    if dp_cost:
+        dp_comm = {"comm_bytes": _dp_comm(state)}
+    return {
+        "sum-time": format_seconds(summ["iteration_time_s"]),
+        "sum-throughput": format_rate(summ["throughput_samples_per_s"]),
+        "sum-speedup": f"{summ['speedup_vs_data_parallel']:.2f}x" if summ["speedup_vs_data_parallel"] else "–",
+        "sum-comm": format_bytes(summ["comm_bytes"]),
+        "sum-memory": format_bytes(summ["peak_memory_bytes"]) + ("" if summ["feasible"] else " (over!)"),
+        "sum-tasks": format_count(summ["tasks"]),
+        "why": why_text(summ, dp_comm, tl),
+        "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
+        "op-panel": _op_panel(g, s, tl, selected),
+        "gantt": build_gantt_figure(gd),
+        "topology": topo_fig,
+        "memory": build_memory_figure(memory_data(mem, used)),
+        "summary": summ,
+    }
+
+
+def _dp_comm(state: dict) -> float | None:
+    from engine.search.baselines import data_parallel
+    from engine.taskgraph import build_task_graph
+
+    key = ("dp-comm", state["model"].get("name"), json.dumps(state["cluster"], sort_keys=True)[:200])
+    hit = _dp_comm_cache.get(key)
+    if hit is None:
+        g, c = W.graph_of(state), W.cluster_of(state)
+        hit = _dp_comm_cache[key] = build_task_graph(g, data_parallel(g, c), c).comm_bytes
+    return hit
+
+
+_dp_comm_cache: dict[tuple, float] = {}
+
+
+def _op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
+    if not selected:
+        return html.P("Click an op in the graph to see it here and edit its config.")
+    name = selected[0]
+    d = op_details(graph, strategy, timeline, name)
+    rows = [("op", f"{d['name']} ({d['kind']})"), ("block", d["block"] or "–"),
+            ("output", ", ".join(" x ".join(map(str, s)) for s in d["outputs"])),
+            ("dims", ", ".join(f"{x['name']} {x['size']} [{x['kind']}]" for x in d["dims"])),
+            ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
+            ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
+            ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–")]
+    body = [html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]
+    extra = [html.P(f"+ {len(selected) - 1} more selected op(s): an edit applies to all of them.")] \
+        if len(selected) > 1 else []
+    return html.Div([html.Table(body, className="kv")] + extra)
+
+
+def render_editor(state: dict) -> tuple[list, list, str]:
+    """Options of the op picker, degree inputs for the selected op's dims, and its devices."""
+    g = W.graph_of(state)
+    s = strategy_from_dict(state["strategy"])
+    options = [{"label": op.name, "value": op.name} for op in g.ops if op.kind != "input"]
+    selected = [n for n in (state.get("selected") or []) if n in g.index]
+    if not selected:
+        return options, [html.P("Select an op to edit its degrees.", className="hint")], ""
+    op = g[selected[0]]
+    cfg = s[op.name]
+    inputs = []
+    for d in op.dims:
+        inputs.append(html.Div([
+            html.Label(f"{d.name} ({d.kind}, size {d.size})"),
+            dcc.Input(id={"type": "deg", "dim": d.name}, type="number", min=1, step=1, value=cfg.degree(d.name)),
+        ], className="deg"))
+    devs = list(cfg.devices)
+    text = f"{devs[0]}-{devs[-1]}" if devs == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1 else \
+        ", ".join(map(str, devs))
+    return options, inputs, text
+
+
+def zoom_gantt(state: dict, relayout: dict | None) -> Any:
+    """Redraw the Gantt for the x range the user zoomed to (full detail when few tasks are in
+    it); ``no_update`` for other relayouts."""
+    if not relayout or not state:
+        return no_update
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        window = (float(relayout["xaxis.range[0]"]) / 1e3, float(relayout["xaxis.range[1]"]) / 1e3)
+    elif "xaxis.range" in relayout:
+        a, b = relayout["xaxis.range"]
+        window = (float(a) / 1e3, float(b) / 1e3)
+    elif relayout.get("xaxis.autorange"):
+        window = None
+    else:
+        return no_update
+    ws = W.workspace(state)
+    selected = [n for n in (state.get("selected") or []) if n in ws.graph.index]
+    return build_gantt_figure(gantt_data(ws.graph, ws.cluster, ws.timeline, window=window, selected=selected))
+
+
+def render_compare(state: dict) -> tuple[Any, Any, Any]:
+    items = state.get("compare") or []
+    if not items:
+        return html.P("Keep strategies here to compare them side by side."), "", empty_figure(
+            "Keep two or more strategies to compare them.")
+    from engine.memory import memory_report
+    from engine.report import simulate_strategy
+
+    g, c = W.graph_of(state), W.cluster_of(state)
+    rows, gantts, strategies = [], [], []
+    for it in items:
+        s = strategy_from_dict(it["strategy"])
+        r = simulate_strategy(g, s, c, check=False)
+        strategies.append((it["name"], s))
+        rows.append(html.Tr([html.Td(it["name"]), html.Td(format_seconds(r.iteration_time_s)),
+                             html.Td(format_rate(r.throughput_samples_per_s)),
+                             html.Td(format_bytes(float(r.memory.peak_bytes.max()))),
+                             html.Td(format_bytes(r.timeline.comm_bytes)),
+                             html.Td("yes" if r.memory.feasible else "NO")]))
+        gantts.append((it["name"], gantt_data(g, c, r.timeline, max_bars=1500)))
+    table = html.Table([html.Tr([html.Th(h) for h in ("strategy", "iteration time", "throughput", "peak memory",
+                                                      "communication", "fits")])] + rows, className="compare")
+    diff: Any = ""
+    if len(strategies) >= 2:
+        (na, a), (nb, b) = strategies[0], strategies[-1]
+        d = config_diff(a, b)
+        head = html.P(f"{len(d)} op(s) differ between {na} and {nb}" + (" (first 50 shown)" if len(d) > 50 else ""))
+        diff = html.Div([head, html.Table([html.Tr([html.Th("op"), html.Th(na), html.Th(nb)])] +
+                                          [html.Tr([html.Td(x["op"]), html.Td(x["a"]), html.Td(x["b"])])
+                                           for x in d[:50]], className="diff")])
+    return table, diff, build_compare_figure(gantts)
+
+
+# --------------------------------------------------------------------------- search
+
+
+def search_start(state: dict, algorithm: str, budget: str, seed: Any) -> tuple[str, bool]:
+    """Start the session's search; (status, poll disabled)."""
+    try:
+        seed_i = int(seed or 0)
+        job = jobs.start(state["sid"], W.graph_of(state), W.cluster_of(state), algorithm, budget or "20s", seed_i,
+                         initial=strategy_from_dict(state["strategy"]))
+    except ValueError as e:
+        return f"Search not started: {e}", True
+    return job.status(), False
+
+
+def search_poll(state: dict) -> tuple[Any, str, bool]:
+    """(trace figure, status, poll disabled) for the session's search."""
+    job = jobs.get(state["sid"]) if state else None
+    if job is None:
+        return empty_figure("Start a search to see its cost trace here."), "", True
+    title = f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
+    return build_trace_figure(job.rows, title), job.status(), not job.running
+
+
+def search_stop(state: dict) -> str:
+    return "Stopping: the search returns its best so far..." if jobs.stop(state["sid"]) else "No search is running."
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_strategy(state: dict) -> dict:
+    data = W.strategy_export(state)
+    name = f"strategy-{state['model'].get('name', 'model')}-{state['cluster'].get('name', 'cluster')}.json"
+    return {"content": json.dumps(data, indent=1), "filename": name.replace(":", "_"), "type": "application/json"}
+
+
+def export_trace(state: dict) -> dict:
+    ws = W.workspace(state)
+    events = list(trace_events(ws.graph, ws.cluster, ws.timeline, ws.memory))
+    body = json.dumps({"displayTimeUnit": "ms", "otherData": {"generator": "soapbox"}, "traceEvents": events},
+                      separators=(",", ":"))
+    name = f"trace-{state['model'].get('name', 'model')}-{state['cluster'].get('name', 'cluster')}.json"
+    return {"content": body, "filename": name.replace(":", "_"), "type": "application/json"}
+
+
+def share_link(state: dict, href: str | None) -> str:
+    base = (href or "").split("?")[0]
+    try:
+        return base + W.share_query(state)
+    except ValueError as e:
+        return f"Cannot share: {e}"
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
+    @app.callback(
+        Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
+        Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
+        Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
+        Input("pick-baseline", "value"), Input("upload", "contents"), Input("edit-apply", "n_clicks"),
+        Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
+        Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
+        Input("compare-clear", "n_clicks"),
+        State("upload", "filename"), State({"type": "deg", "dim": ALL}, "value"),
+        State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
+        State("collapse", "value"), State("state", "data"))
+    def _reduce(query, model, cluster, baseline, upload, _a, _u, _r, click, ops, _ad, _ca, _cc, filename,
+                deg_values, deg_ids, devices, compare_name, collapse, state):
+        trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        if state is not None:
+            state = dict(state, collapse=bool(collapse))
+        degrees = {i["dim"]: v for i, v in zip(deg_ids or [], deg_values or [])}
+        new, msg = on_event(trigger, state, query=query or "", model=model, cluster=cluster, baseline=baseline,
+                            upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
+                            click=click, compare_name=compare_name)
+        return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
+                new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
+                new.get("baseline"), new.get("selected") or [])
+
+    explore_ids = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
+                   "op-graph", "op-panel", "gantt", "topology", "memory"]
+    props = {"op-graph": "figure", "gantt": "figure", "topology": "figure", "memory": "figure"}
+
+    @app.callback([Output(i, props.get(i, "children")) for i in explore_ids],
+                  Input("state", "data"), Input("collapse", "value"), Input("topo-metric", "value"))
+    def _explore(state, collapse, metric):
+        if not state:
+            return [no_update] * len(explore_ids)
+        t = time.perf_counter()
+        out = render_explore(state, bool(collapse), metric or "utilization")
+        app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
+        return [out[i] for i in explore_ids]
+
+    @app.callback(Output("edit-ops", "options"), Output("edit-degrees", "children"),
+                  Output("edit-devices", "value"), Input("state", "data"))
+    def _editor(state):
+        if not state:
+            return no_update, no_update, no_update
+        return render_editor(state)
+
+    @app.callback(Output("gantt", "figure", allow_duplicate=True), Input("gantt", "relayoutData"),
+                  State("state", "data"), prevent_initial_call=True)
+    def _zoom(relayout, state):
+        return zoom_gantt(state, relayout)
+
+    @app.callback(Output("compare-table", "children"), Output("compare-diff", "children"),
+                  Output("compare-gantt", "figure"), Input("state", "data"))
+    def _compare(state):
+        if not state:
+            return no_update, no_update, no_update
+        return render_compare(state)
+
+    @app.callback(Output("search-status", "children"), Output("search-poll", "disabled"),
+                  Input("search-start", "n_clicks"), State("state", "data"), State("search-algo", "value"),
+                  State("search-budget", "value"), State("search-seed", "value"), prevent_initial_call=True)
+    def _start(_n, state, algo, budget, seed):
+        return search_start(state, algo, budget, seed)
+
+    @app.callback(Output("search-trace", "figure"), Output("search-status", "children", allow_duplicate=True),
+                  Output("search-poll", "disabled", allow_duplicate=True),
+                  Input("search-poll", "n_intervals"), State("state", "data"), prevent_initial_call="initial_duplicate")
+    def _poll(_n, state):
+        return search_poll(state)
+
+    @app.callback(Output("search-status", "children", allow_duplicate=True), Input("search-stop", "n_clicks"),
+                  State("state", "data"), prevent_initial_call=True)
+    def _stop(_n, state):
+        return search_stop(state)
+
+    @app.callback(Output("download", "data"), Input("export-strategy", "n_clicks"), State("state", "data"),
+                  prevent_initial_call=True)
+    def _export_strategy(_n, state):
+        return export_strategy(state)
+
+    @app.callback(Output("download", "data", allow_duplicate=True), Input("export-trace", "n_clicks"),
+                  State("state", "data"), prevent_initial_call=True)
+    def _export_trace(_n, state):
+        return export_trace(state)
+
+    @app.callback(Output("share-url", "value"), Input("share", "n_clicks"), State("state", "data"),
+                  State("url", "href"), prevent_initial_call=True)
+    def _share(_n, state, href):
+        return share_link(state, href)
+
+    app.clientside_callback(
+        """
+        function(clicks) {
+            const t = window.dash_clientside.callback_context.triggered_id;
+            if (!t || !clicks.some(c => c)) { return window.dash_clientside.no_update; }
+            const el = document.getElementById(t.fig);
+            const gd = el && el.querySelector('.js-plotly-plot');
+            if (gd) { Plotly.downloadImage(gd, {format: t.fmt, filename: 'soapbox-' + t.fig}); }
+            return '';
+        }
+        """,
+        Output("img-dummy", "children"), Input({"type": "img", "fig": ALL, "fmt": ALL}, "n_clicks"),
+        prevent_initial_call=True)

@@ -1,0 +1,56 @@
+"""Number formatting shared by every view, so each prints times, sizes and rates the same way."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["format_seconds", "format_bytes", "format_rate", "format_count"]
+
+
+def format_seconds(s: float | None) -> str:
+    """``0.0123`` -> ``"12.3 ms"``; ``None``/NaN -> ``"–"``.
+
+    >>> format_seconds(0.0123), format_seconds(2.5e-6), format_seconds(75.0)
+    ('12.3 ms', '2.50 µs', '75.0 s')
+    """
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "–"
+    if math.isinf(s):
+        return "∞"
+    a = abs(s)
+    if a >= 1:
+        return f"{s:.3g} s" if a < 100 else f"{s:.0f} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    if a >= 1e-6:
+        return f"{s * 1e6:.3g} µs"
+    return f"{s * 1e9:.3g} ns" if a > 0 else "0 s"
+
+
+def format_bytes(b: float | None) -> str:
+    """Decimal units (as bandwidths and GPU memories are quoted): ``23.6e9`` -> ``"23.6 GB"``.
+
+    >>> format_bytes(23.6e9), format_bytes(512), format_bytes(1.5e6)
+    ('23.6 GB', '512 B', '1.5 MB')
+    """
+    if b is None:
+        return "–"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(b) >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def format_rate(per_s: float | None, unit: str = "samples") -> str:
+    """``1234.5`` -> ``"1.23k samples/s"``."""
+    if per_s is None:
+        return "–"
+    for prefix, scale in (("M", 1e6), ("k", 1e3)):
+        if per_s >= scale:
+            return f"{per_s / scale:.3g}{prefix} {unit}/s"
+    return f"{per_s:.3g} {unit}/s"
+
+
+def format_count(n: int) -> str:
+    """``40701`` -> ``"40,701"``."""
+    return f"{n:,}"

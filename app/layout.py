@@ -1,0 +1,165 @@
+"""The page: pickers, tabs and the components callbacks write into (ids are the contract
+with :mod:`app.callbacks` and the browser tests)."""
+
+from __future__ import annotations
+
+from dash import dcc, html
+
+from engine.cluster import PRESETS
+from engine.models import sample_names
+from engine.search import ALGORITHMS
+from engine.search.baselines import BASELINES
+
+from .learn import TOPICS
+
+__all__ = ["make_layout", "cluster_options"]
+
+_GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+
+def cluster_options() -> list[dict[str, str]]:
+    """Presets; sized ones (``dgx-a100-80gb:N``) offered at a few sizes."""
+    out = []
+    for name, (_, takes_count, doc) in PRESETS.items():
+        sizes = [f"{name}:{n}" for n in (1, 2, 4, 8)] if takes_count else [name]
+        out += [{"label": s, "value": s, "title": doc} for s in sizes]
+    return out
+
+
+def learn(topic: str) -> html.Details:
+    title, text = TOPICS[topic]
+    return html.Details([html.Summary(f"? {title}"), dcc.Markdown(text)], className="learn", id=f"learn-{topic}")
+
+
+def _card(label: str, value_id: str) -> html.Div:
+    return html.Div([html.Div(label, className="card-label"), html.Div("–", id=value_id, className="card-value")],
+                    className="card")
+
+
+def _explore() -> html.Div:
+    return html.Div([
+        html.Div([_card("iteration time", "sum-time"), _card("throughput", "sum-throughput"),
+                  _card("speedup over data parallel", "sum-speedup"), _card("communication / iteration", "sum-comm"),
+                  _card("peak memory", "sum-memory"), _card("tasks simulated", "sum-tasks")],
+                 className="cards", id="summary"),
+        html.P(id="why", className="why"),
+        html.Div([
+            html.Div([
+                html.H3("Operator graph"),
+                dcc.Checklist(id="collapse", options=[{"label": " collapse blocks", "value": "on"}], value=["on"],
+                              inline=True),
+                dcc.Graph(id="op-graph", config=_GRAPH_CONFIG),
+                learn("graph"), learn("soap"),
+            ], className="panel wide"),
+            html.Div([
+                html.H3("Op and edit"),
+                html.Div(id="op-panel", className="op-panel"),
+                html.Label("ops to edit"),
+                dcc.Dropdown(id="edit-ops", multi=True, placeholder="click an op, or pick ops here"),
+                html.Div(id="edit-degrees", className="degrees"),
+                html.Label("devices (e.g. 0-3 or 0,2,4,6)"),
+                dcc.Input(id="edit-devices", type="text", debounce=False, className="devices"),
+                html.Div([html.Button("Apply", id="edit-apply", n_clicks=0, className="primary"),
+                          html.Button("Undo", id="undo", n_clicks=0), html.Button("Redo", id="redo", n_clicks=0)],
+                         className="buttons"),
+            ], className="panel narrow"),
+        ], className="row"),
+        html.Div([html.H3("Timeline of one iteration"),
+                  dcc.Graph(id="gantt", config=_GRAPH_CONFIG),
+                  learn("gantt"), learn("pipeline")], className="panel"),
+        html.Div([
+            html.Div([html.H3("Cluster"),
+                      dcc.RadioItems(id="topo-metric", options=[{"label": " utilisation", "value": "utilization"},
+                                                                {"label": " memory", "value": "memory"}],
+                                     value="utilization", inline=True),
+                      dcc.Graph(id="topology", config=_GRAPH_CONFIG), learn("topology")], className="panel half"),
+            html.Div([html.H3("Memory per GPU"), dcc.Graph(id="memory", config=_GRAPH_CONFIG), learn("memory")],
+                     className="panel half"),
+        ], className="row"),
+    ])
+
+
+def _search() -> html.Div:
+    return html.Div([
+        html.Div([
+            html.Label("algorithm"),
+            dcc.Dropdown(id="search-algo", options=[{"label": f"{k}: {v[1]}", "value": k}
+                                                    for k, v in ALGORITHMS.items()],
+                         value=next(iter(ALGORITHMS)), clearable=False),
+            html.Label("budget (seconds like 20s, or a number of proposals)"),
+            dcc.Input(id="search-budget", type="text", value="20s"),
+            html.Label("seed"),
+            dcc.Input(id="search-seed", type="number", value=0, min=0, step=1),
+            html.Div([html.Button("Start search", id="search-start", n_clicks=0, className="primary"),
+                      html.Button("Stop", id="search-stop", n_clicks=0),
+                      html.Button("Adopt best", id="search-adopt", n_clicks=0)], className="buttons"),
+            html.P(id="search-status", className="status"),
+        ], className="panel narrow"),
+        html.Div([dcc.Graph(id="search-trace", config=_GRAPH_CONFIG), learn("search")], className="panel wide"),
+        dcc.Interval(id="search-poll", interval=500, disabled=True),
+    ], className="row")
+
+
+def _compare() -> html.Div:
+    return html.Div([
+        html.Div([dcc.Input(id="compare-name", type="text", placeholder="name (optional)"),
+                  html.Button("Keep current strategy", id="compare-add", n_clicks=0, className="primary"),
+                  html.Button("Clear", id="compare-clear", n_clicks=0)], className="buttons"),
+        html.Div(id="compare-table"),
+        html.Div(id="compare-diff"),
+        dcc.Graph(id="compare-gantt", config=_GRAPH_CONFIG),
+    ], className="panel")
+
+
+def _export() -> html.Div:
+    figs = [("gantt", "timeline"), ("op-graph", "operator graph"), ("topology", "cluster"), ("memory", "memory"),
+            ("search-trace", "search trace"), ("compare-gantt", "comparison")]
+    return html.Div([
+        html.Div([html.Button("Download strategy (JSON)", id="export-strategy", n_clicks=0, className="primary"),
+                  html.Button("Download Chrome trace (Perfetto)", id="export-trace", n_clicks=0)],
+                 className="buttons"),
+        html.P("Import a strategy, model or cluster file with the upload box at the top."),
+        html.H4("Share"),
+        html.Div([html.Button("Make a link to this state", id="share", n_clicks=0),
+                  dcc.Input(id="share-url", type="text", readOnly=True, className="share")], className="buttons"),
+        html.H4("Figures"),
+        html.Div([html.Div([html.Span(label), html.Button("PNG", id={"type": "img", "fig": fid, "fmt": "png"}),
+                            html.Button("SVG", id={"type": "img", "fig": fid, "fmt": "svg"})], className="imgrow")
+                  for fid, label in figs]),
+        dcc.Download(id="download"),
+        html.Div(id="img-dummy", style={"display": "none"}),
+    ], className="panel")
+
+
+def make_layout() -> html.Div:
+    models = sample_names()
+    return html.Div([
+        dcc.Location(id="url", refresh=False),
+        dcc.Store(id="state", storage_type="memory"),
+        dcc.Store(id="gantt-window", storage_type="memory"),
+        html.Header([
+            html.H1("soapbox"),
+            html.Span("see, search and hand-edit how a DNN is parallelized", className="tagline"),
+        ]),
+        html.Div([
+            html.Div([html.Label("model"), dcc.Dropdown(id="pick-model", options=models, value=None,
+                                                         clearable=False)], className="pick"),
+            html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
+                                                           clearable=False)], className="pick"),
+            html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),
+                                                              value=None, clearable=False)], className="pick"),
+            dcc.Upload(id="upload", children=html.Div(["Drop or ", html.A("choose"),
+                                                      " a model, cluster or strategy file"]),
+                       className="upload", multiple=False),
+        ], className="pickers"),
+        html.Div(id="message", className="message", role="status"),
+        dcc.Tabs(id="tabs", value="explore", children=[
+            dcc.Tab(label="Explore", value="explore", children=_explore()),
+            dcc.Tab(label="Search", value="search", children=_search()),
+            dcc.Tab(label="Compare", value="compare", children=_compare()),
+            dcc.Tab(label="Export", value="export", children=_export()),
+            dcc.Tab(label="Learn", value="learn", children=html.Div([
+                html.Div([html.H3(title), dcc.Markdown(text)], className="panel") for title, text in TOPICS.values()
+            ])),
+        ]),
+    ], className="page")

@@ -1,0 +1,337 @@
+"""What each view shows, computed from the engine's objects as plain arrays and dicts.
+
+The figure builders in :mod:`app.figures` draw these; keeping the two apart lets tests check
+the numbers without a figure and the figures without a simulation.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from engine.cluster import Cluster
+from engine.graph import OpGraph
+from engine.memory import MemoryReport
+from engine.simulate import Timeline
+from engine.strategy import Config, Strategy
+from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
+
+from .fmt import format_bytes, format_seconds
+
+__all__ = ["gantt_data", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
+           "summary_data", "why_text", "config_diff", "MAX_BARS"]
+
+#: bars drawn per Gantt view at most; beyond it, neighbouring tasks of one kind on one row
+#: whose gap is under a pixel-sized interval are drawn as one bar (zooming in redraws them)
+MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
+_PHASE = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
+
+
+# --------------------------------------------------------------------------- Gantt
+
+
+def _merge(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
+    """Bars of tasks (sorted by row, then start) merged where the gap to the previous task on
+    the row is at most ``eps``: (first index of each bar, start, end, tasks per bar)."""
+    if start.size == 0:
+        z = np.zeros(0)
+        return np.zeros(0, np.int64), z, z, np.zeros(0, np.int64)
+    new = np.ones(start.size, bool)
+    if eps >= 0:
+        new[1:] = (row[1:] != row[:-1]) | (start[1:] - end[:-1] > eps)
+    idx = np.flatnonzero(new)
+    return idx, np.minimum.reduceat(start, idx), np.maximum.reduceat(end, idx), np.diff(np.append(idx, start.size))
+
+
+def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tuple[float, float] | None = None,
+               selected: list[str] | None = None, max_bars: int = MAX_BARS) -> dict[str, Any]:
+    """Rows and bars of the timeline: per used GPU a compute row (forward, backward, optimizer
+    step) and a collectives row, then one row per link that carries transfers.
+
+    ``window`` (seconds) limits the view; when more than ``max_bars`` tasks fall in it,
+    neighbouring tasks are merged per row and kind (the hover says how many). The critical
+    chain and the selected ops' tasks come as overlays, never merged.
+    """
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
+    makespan = timeline.makespan_s
+    t0, t1 = window if window else (0.0, makespan)
+    names = [op.name for op in graph.ops]
+    kind = tg.kind
+    dev_used = np.unique(tg.device[(kind == FWD) | (kind == BWD)])
+    dev_row = np.full(tg.n_devices, -1, np.int64)
+    dev_row[dev_used] = np.arange(dev_used.size) * 2
+    labels: list[str] = []
+    for d in dev_used:
+        labels += [f"GPU {d}", f"GPU {d} collectives"]
+    links_used = np.unique(tg.link[kind == XFER])
+    link_row = np.full(max(tg.n_links, 1), -1, np.int64)
+    link_row[links_used] = 2 * dev_used.size + np.arange(links_used.size)
+    for lk in links_used:
+        link = cluster.links[int(lk)]
+        labels.append(f"{link.src} → {link.dst}")
+    # a row per task (collectives: see below)
+    row = np.full(tg.num_tasks, -1, np.int64)
+    comp = (kind == FWD) | (kind == BWD) | ((kind == UPDATE) & (tg.dur_s > 0))
+    row[comp] = dev_row[tg.device[comp]]
+    hop = kind == XFER
+    row[hop] = link_row[tg.link[hop]]
+    # collectives: a bar on the collectives row of every device that takes part, so the
+    # task list below is (task, row) pairs: each other task once, a collective per device
+    pair_task = np.flatnonzero(row >= 0)
+    pair_row = row[pair_task]
+    coll_devs = tg.info.get("coll_devices")
+    if coll_devs is not None:
+        ptr, idx, tasks = coll_devs
+        if tasks.size:
+            ct = np.repeat(tasks, np.diff(ptr))
+            cr = dev_row[idx]
+            ok = cr >= 0
+            pair_task = np.concatenate([pair_task, ct[ok]])
+            pair_row = np.concatenate([pair_row, cr[ok] + 1])
+    vis = (end[pair_task] >= t0) & (start[pair_task] <= t1) & (end[pair_task] > start[pair_task])
+    pair_task, pair_row = pair_task[vis], pair_row[vis]
+    ids = np.arange(pair_task.size)  # pair index
+    eps = -1.0
+    if ids.size > max_bars:
+        eps = (t1 - t0) / 1500
+    bars: dict[str, dict[str, Any]] = {}
+    while True:
+        bars, total = {}, 0
+        for k, label in _PHASE.items():
+            sel = ids[kind[pair_task] == k]
+            if sel.size == 0:
+                continue
+            t, r = pair_task[sel], pair_row[sel]
+            o = np.lexsort((start[t], r))
+            t, r = t[o], r[o]
+            first, b_start, b_end, count = _merge(r, start[t], end[t], eps)
+            bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
+            total += first.size
+        if total <= max_bars or eps < 0:
+            break
+        eps *= 2
+    for label, b in bars.items():
+        b["text"] = [_task_text(tg, names, int(t), int(c), s, e) for t, c, s, e in
+                     zip(b["task"], b["count"], b["start"], b["end"])]
+    overlays = {}
+    crit = timeline.critical_tasks
+    first_row = np.full(tg.num_tasks, -1, np.int64)
+    first_row[pair_task[::-1]] = pair_row[::-1]  # a collective's first device's row
+    row = np.where(row >= 0, row, first_row)
+    crit = crit[(row[crit] >= 0) & (end[crit] > start[crit])]
+    overlays["critical path"] = crit
+    if selected:
+        want = np.array([graph.index[n] for n in selected if n in graph.index], np.int64)
+        sel = np.flatnonzero(np.isin(tg.op, want) & (row >= 0) & comp)
+        overlays["selected"] = sel[:2 * max_bars]
+    over = {name: {"start": start[t], "end": end[t], "row": row[t],
+                   "text": [_task_text(tg, names, int(i), 1, start[i], end[i]) for i in t]}
+            for name, t in overlays.items()}
+    return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
+            "merged": eps >= 0, "tasks_in_view": int(ids.size)}
+
+
+def _task_text(tg, names: list[str], t: int, count: int, s: float, e: float) -> str:
+    k = int(tg.kind[t])
+    if count > 1:
+        return f"{count} {_PHASE[k]} tasks · {format_seconds(s)} – {format_seconds(e)} (zoom in for each)"
+    op = names[tg.op[t]] if tg.op[t] >= 0 else ""
+    dur = format_seconds(e - s)
+    if k in (FWD, BWD):
+        return f"{op} {_PHASE[k]} · part {tg.part[t]} · microbatch {tg.mb[t]} · {dur}"
+    if k == XFER:
+        return f"{op} transfer · {format_bytes(tg.size_bytes[t])} · microbatch {tg.mb[t]} · {dur}"
+    if k == COLL:
+        return f"{op} {COLL_NAMES[tg.coll[t]]} · {format_bytes(tg.size_bytes[t])} · {dur}"
+    return f"optimizer step · {dur}"
+
+
+# --------------------------------------------------------------------------- op graph
+
+
+@lru_cache(maxsize=32)
+def graph_layout(graph: OpGraph, collapse: bool) -> dict[str, Any]:
+    """Positions of a layered drawing (computed once per graph and mode): layers by longest
+    path from the inputs, order within a layer by the barycentre of predecessors (two sweeps).
+    With ``collapse`` every block (``op.block``) is one node."""
+    if collapse:
+        key = [op.block or op.name for op in graph.ops]
+    else:
+        key = [op.name for op in graph.ops]
+    nodes = list(dict.fromkeys(key))
+    members: dict[str, list[str]] = {n: [] for n in nodes}
+    for op, k in zip(graph.ops, key):
+        members[k].append(op.name)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    for (p, _, c, _) in graph.edges:
+        a, b = key[p], key[c]
+        if a != b:
+            g.add_edge(a, b)
+    layer = {}
+    for n in nx.topological_sort(g):
+        layer[n] = max((layer[p] + 1 for p in g.predecessors(n)), default=0)
+    layers: dict[int, list[str]] = {}
+    for n in nodes:
+        layers.setdefault(layer[n], []).append(n)
+    pos_y = {}
+    for li in sorted(layers):
+        for i, n in enumerate(layers[li]):
+            pos_y[n] = float(i)
+    for _ in range(2):
+        for li in sorted(layers):
+            row = layers[li]
+            bary = {n: np.mean([pos_y[p] for p in g.predecessors(n)]) if g.in_degree(n) else pos_y[n] for n in row}
+            row.sort(key=lambda n: bary[n])
+            mid = (len(row) - 1) / 2
+            for i, n in enumerate(row):
+                pos_y[n] = i - mid
+    edges = list(g.edges())
+    return {"nodes": nodes, "x": [float(layer[n]) for n in nodes], "y": [pos_y[n] for n in nodes],
+            "members": members, "edges": edges, "collapsed": collapse}
+
+
+def config_label(config: Config) -> str:
+    """A short name of a config's split: ``"sample 4"``, ``"sample 2 · channel 2"``,
+    ``"none"``."""
+    return " · ".join(f"{k} {v}" for k, v in config.degrees.items()) or "none"
+
+
+def op_details(graph: OpGraph, strategy: Strategy, timeline: Timeline, name: str) -> dict[str, Any]:
+    """What the op panel shows for one op."""
+    op = graph[name]
+    tg = timeline.tasks
+    oi = graph.index[name]
+    mine = tg.op == oi
+    busy = {}
+    for k in (FWD, BWD, XFER, COLL):
+        sel = mine & (tg.kind == k)
+        busy[_PHASE[k]] = float(tg.dur_s[sel].sum())
+    cfg = strategy[name]
+    return {
+        "name": name, "kind": op.kind, "block": op.block,
+        "outputs": [list(t.shape) for t in op.out_tensors],
+        "dims": [{"name": d.name, "size": d.size, "kind": d.kind} for d in op.dims],
+        "fwd_flops": op.fwd_flops, "bwd_flops": op.bwd_flops, "params": op.param_count,
+        "config": cfg.to_dict(), "label": config_label(cfg),
+        "time_s": busy, "partitions": cfg.num_partitions,
+    }
+
+
+# --------------------------------------------------------------------------- topology, memory
+
+
+def topology_data(cluster: Cluster, per_device: np.ndarray, metric: str) -> dict[str, Any]:
+    """Positions of GPUs, switches, NICs and the fabric, the links between them (with their
+    bandwidths) and a value per GPU (``metric``: utilisation or memory fraction)."""
+    pos: dict[str, tuple[float, float]] = {}
+    nodes = cluster.node_names
+    per_node: dict[int, list[int]] = {}
+    for d in cluster.devices:
+        per_node.setdefault(d.node, []).append(d.id)
+    width = max(len(v) for v in per_node.values()) + 1
+    for ni, name in enumerate(nodes):
+        devs = per_node.get(ni, [])
+        x0 = ni * width
+        for j, d in enumerate(devs):
+            pos[f"gpu{d}"] = (x0 + j, 2.0)
+        pos[f"{name}/switch"] = (x0 + (len(devs) - 1) / 2, 1.2)
+        for k in range(8):
+            for side in ("tx", "rx"):
+                pos[f"{name}/nic{k}:{side}"] = (x0 + k * 0.8, 0.6)
+    pos["fabric"] = ((len(nodes) * width - 1) / 2, -0.4)
+
+    def where(end: str) -> tuple[float, float] | None:
+        if end.startswith("gpu") and ":" in end:
+            return pos.get(end.split(":")[0])
+        return pos.get(end)
+
+    edges = []
+    seen = set()
+    for lk in cluster.links:
+        a, b = where(lk.src), where(lk.dst)
+        if a is None or b is None:
+            continue
+        key = tuple(sorted((a, b)))
+        if key in seen:
+            continue
+        seen.add(key)
+        edges.append({"from": a, "to": b, "kind": lk.kind, "bw": lk.bw_bytes_per_s})
+    gpus = [{"id": d.id, "name": d.name, "type": d.type, "x": pos[f"gpu{d.id}"][0], "y": pos[f"gpu{d.id}"][1],
+             "value": float(per_device[d.id])} for d in cluster.devices]
+    hubs = [{"name": n, "x": p[0], "y": p[1]} for n, p in pos.items()
+            if not n.startswith("gpu") and any(e["from"] == p or e["to"] == p for e in edges)]
+    return {"gpus": gpus, "hubs": hubs, "edges": edges, "metric": metric, "nodes": list(nodes)}
+
+
+def memory_data(report: MemoryReport, devices: list[int]) -> dict[str, Any]:
+    """Per device (bytes): weights, gradients, optimizer state, buffers, peak activations and
+    capacity."""
+    d = np.asarray(devices, np.int64)
+    return {"devices": [int(x) for x in d],
+            "parts": {"weights": report.weights_bytes[d], "gradients": report.grads_bytes[d],
+                      "optimizer": report.optimizer_bytes[d], "comm buffers": report.comm_buffer_bytes[d],
+                      "activations (peak)": report.activations_peak_bytes[d]},
+            "capacity": report.capacity_bytes[d], "feasible": report.feasible,
+            "over": report.over_capacity()}
+
+
+def summary_data(graph: OpGraph, timeline: Timeline, report: MemoryReport, dp_cost_s: float | None) -> dict:
+    t = timeline.makespan_s
+    tg = timeline.tasks
+    return {
+        "iteration_time_s": t,
+        "throughput_samples_per_s": graph.batch_size / t if t > 0 else None,
+        "speedup_vs_data_parallel": dp_cost_s / t if dp_cost_s and t > 0 else None,
+        "comm_bytes": timeline.comm_bytes,
+        "critical_path_s": timeline.critical_path_s,
+        "tasks": tg.num_tasks,
+        "peak_memory_bytes": float(report.peak_bytes.max()) if report.peak_bytes.size else 0.0,
+        "feasible": report.feasible,
+        "mean_utilization": float(np.mean(timeline.utilization[timeline.utilization > 0]))
+        if np.any(timeline.utilization > 0) else 0.0,
+    }
+
+
+def why_text(summary: dict, dp: dict | None, timeline: Timeline) -> str:
+    """Why the current strategy is as fast as it is, from its numbers (and data parallel's)."""
+    tg = timeline.tasks
+    crit = timeline.critical_tasks
+    dur = tg.dur_s[crit]
+    total = float(dur.sum()) or 1.0
+    comp = float(dur[(tg.kind[crit] == FWD) | (tg.kind[crit] == BWD)].sum()) / total
+    comm = float(dur[(tg.kind[crit] == XFER) | (tg.kind[crit] == COLL)].sum()) / total
+    lines = [f"The critical chain (the tasks that set the iteration time) is {comp:.0%} compute and "
+             f"{comm:.0%} communication; the rest is waiting."]
+    if dp and dp.get("comm_bytes"):
+        ratio = summary["comm_bytes"] / dp["comm_bytes"]
+        lines.append(f"It moves {format_bytes(summary['comm_bytes'])} per iteration, {ratio:.2f}x data "
+                     f"parallel's {format_bytes(dp['comm_bytes'])}.")
+    sp = summary.get("speedup_vs_data_parallel")
+    if sp:
+        if sp > 1.01:
+            lines.append(f"It is {sp:.2f}x faster than data parallel: " +
+                         ("less data moves, and less of it on the critical chain." if dp and
+                          summary["comm_bytes"] < dp["comm_bytes"] else
+                          "its work is spread so that devices wait less."))
+        elif sp < 0.99:
+            lines.append(f"It is {1 / sp:.2f}x slower than data parallel.")
+        else:
+            lines.append("It is as fast as data parallel.")
+    if comm > 0.3:
+        lines.append("Communication dominates: try splitting large-parameter ops along their parameter dims "
+                     "(less gradient sync) or keeping neighbouring ops on the same devices (fewer transfers).")
+    elif summary.get("mean_utilization", 1) < 0.5:
+        lines.append("GPUs are idle more than half the time: the work is not spread evenly.")
+    return " ".join(lines)
+
+
+def config_diff(a: Strategy, b: Strategy) -> list[dict[str, str]]:
+    """Ops whose configs differ between two strategies of one model, in op order."""
+    return [{"op": op, "a": f"{config_label(a[op])} on {len(a[op].devices)} GPU(s)",
+             "b": f"{config_label(b[op])} on {len(b[op].devices)} GPU(s)"}
+            for op in a.configs if op in b.configs and a[op] != b[op]]
