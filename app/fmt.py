@@ -11,7 +11,7 @@ def format_seconds(s: float | None) -> str:
     """``0.0123`` -> ``"12.3 ms"``; ``None``/NaN -> ``"–"``.
 
     >>> format_seconds(0.0123), format_seconds(2.5e-6), format_seconds(75.0)
-    ('12.3 ms', '2.50 µs', '75.0 s')
+    ('12.3 ms', '2.5 µs', '75 s')
     """
     if s is None or (isinstance(s, float) and math.isnan(s)):
         return "–"
