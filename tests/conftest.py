@@ -1,0 +1,51 @@
+"""Shared fixtures: the explorer served in-process for the browser tests, and Playwright
+pointed at the system's Chromium (``apt-get install chromium``; Playwright's own browser
+download is not used)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import threading
+
+import pytest
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """Playwright uses the system's Chromium (see README: the test command installs it)."""
+    path = os.environ.get("SOAPBOX_CHROMIUM") or _chromium()
+    if not os.path.exists(path):
+        pytest.fail(f"Chromium not found at {path}: install it (apt-get install -y chromium) or set SOAPBOX_CHROMIUM")
+    return {**browser_type_launch_args, "executable_path": path, "args": ["--no-sandbox"]}
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """The explorer on a free local port, warmed up like ``soapbox serve``, for the session."""
+    from werkzeug.serving import make_server
+
+    from app import create_app
+    from app.callbacks import warm_up
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no request log in test reports
+    app = create_app()
+    warm_up()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = make_server("127.0.0.1", port, app.server, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}/"
+    server.shutdown()

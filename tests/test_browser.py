@@ -1,0 +1,168 @@
+"""The explorer in a real headless Chromium, driven as a user would (Playwright).
+
+Each test opens its own page (its own session state) on the app served by ``app_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+TIMEOUT_MS = 60_000
+
+
+def open_app(page: Page, url: str) -> None:
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    expect(page.locator("#sum-time")).to_contain_text("ms")
+    expect(page.locator("#gantt .barlayer .point").first).to_be_visible()
+
+
+def pick(page: Page, dropdown: str, option: str) -> None:
+    page.click(f"#{dropdown}")
+    page.locator("input.dash-dropdown-search:visible").fill(option)  # long lists show a filtered part
+    page.get_by_role("option", name=option, exact=True).first.click()
+    page.keyboard.press("Escape")
+
+
+def summary(page: Page) -> str:
+    return page.inner_text("#sum-time")
+
+
+def changed_summary(page: Page, old: str) -> str:
+    """The iteration time once it differs from ``old`` (the views redraw after the message)."""
+    expect(page.locator("#sum-time")).not_to_have_text(old)
+    return summary(page)
+
+
+def edit_op(page: Page, op: str, degrees: dict[str, int], devices: str) -> None:
+    chosen = page.locator("#edit-ops .dash-dropdown-value-item").all_inner_texts()
+    if op not in chosen:  # (picking a chosen op again would unselect it)
+        pick(page, "edit-ops", op)
+    for dim, value in degrees.items():
+        box = page.locator(f"input[id='{{\"dim\":\"{dim}\",\"type\":\"deg\"}}']")
+        box.fill(str(value))
+    page.fill("#edit-devices", devices)
+    page.click("#edit-apply")
+
+
+@pytest.mark.browser
+class TestExplorer:
+    def test_pick_inception_on_p100_shows_gantt_and_summary(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        pick(page, "pick-model", "alexnet")
+        expect(page.locator("#message")).to_contain_text("alexnet")
+        pick(page, "pick-model", "inception_v3")
+        pick(page, "pick-cluster", "k80-16x4")
+        expect(page.locator("#message")).to_contain_text("k80-16x4")
+        pick(page, "pick-cluster", "p100-4x4")
+        expect(page.locator("#message")).to_contain_text("p100-4x4")
+        expect(page.locator("#pick-model")).to_contain_text("inception_v3")
+        expect(page.locator("#gantt .barlayer .point").first).to_be_visible()
+        # 16 GPUs: a compute row per GPU in the timeline
+        expect(page.locator("#gantt .ytick", has_text=re.compile(r"^GPU 15$"))).to_have_count(1)
+        for card in ("#sum-time", "#sum-throughput", "#sum-speedup", "#sum-comm", "#sum-memory", "#sum-tasks"):
+            expect(page.locator(card)).not_to_have_text("–")
+        expect(page.locator("#sum-speedup")).to_have_text("1.00x")  # data parallel against itself
+
+    def test_hand_edit_changes_the_cost_and_undo_restores_it(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        before = summary(page)
+        edit_op(page, "fc", {"sample": 2}, "0-1")
+        expect(page.locator("#message")).to_contain_text("Changed fc")
+        expect(page.locator("#sum-time")).not_to_have_text(before)
+        page.click("#undo")
+        expect(page.locator("#message")).to_contain_text("Undid")
+        expect(page.locator("#sum-time")).to_have_text(before)
+
+    def test_invalid_edit_is_refused_and_nothing_is_lost(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        before = summary(page)
+        edit_op(page, "fc", {"sample": 2}, "0-1")
+        expect(page.locator("#message")).to_contain_text("Changed fc")
+        edited = changed_summary(page, before)
+        edit_op(page, "fc", {"sample": 3}, "0-2")  # 3 does not divide the batch of 64
+        expect(page.locator("#message")).to_contain_text("Edit refused")
+        expect(page.locator("#message")).to_contain_text("fc")
+        expect(page.locator("#sum-time")).to_have_text(edited)
+
+    def test_short_search_trace_grows_and_can_be_adopted(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        pick(page, "pick-model", "alexnet")
+        expect(page.locator("#message")).to_contain_text("alexnet")
+        page.locator("#tabs").get_by_text("Search", exact=True).click()
+        page.fill("#search-budget", "400")
+        page.click("#search-start")
+        points = page.locator("#search-trace .scatterlayer .trace").first.locator("path.js-line")
+        expect(page.locator("#search-status")).to_contain_text("proposals")
+        first = page.inner_text("#search-status")
+        m = re.search(r"([\d,]+) proposals", first)
+        assert m
+        # the status (and trace) keep growing while it runs, then it finishes
+        expect(page.locator("#search-status")).to_contain_text(re.compile("finished|stopped"), timeout=120_000)
+        final = page.inner_text("#search-status")
+        n_final = int(re.search(r"after ([\d,]+) proposals", final).group(1).replace(",", ""))
+        assert n_final > int(m.group(1).replace(",", ""))
+        assert page.locator("#search-trace .scatterlayer .trace").count() >= 2
+        expect(points).to_have_count(1)
+        page.click("#search-adopt")
+        expect(page.locator("#message")).to_contain_text("Adopted")
+        page.locator("#tabs").get_by_text("Explore", exact=True).click()
+        assert float(page.inner_text("#sum-speedup").rstrip("x")) > 1.0
+
+    def test_export_then_import_gives_the_same_cost(self, page: Page, app_url: str, tmp_path):
+        open_app(page, app_url)
+        before = summary(page)
+        edit_op(page, "fc", {"sample": 4}, "4-7")
+        expect(page.locator("#message")).to_contain_text("Changed fc")
+        edited = changed_summary(page, before)
+        page.locator("#tabs").get_by_text("Export", exact=True).click()
+        with page.expect_download() as dl:
+            page.click("#export-strategy")
+        path = tmp_path / "strategy.json"
+        dl.value.save_as(path)
+        data = json.loads(path.read_text())
+        assert data["format"] == "soapbox.strategy/1" and data["ops"]["fc"]["devices"] == [4, 5, 6, 7]
+        page.locator("#tabs").get_by_text("Explore", exact=True).click()
+        pick(page, "pick-baseline", "expert")
+        expect(page.locator("#message")).to_contain_text("expert")
+        changed_summary(page, edited)
+        page.set_input_files("#upload input[type=file]", str(path))
+        expect(page.locator("#message")).to_contain_text("Imported strategy")
+        expect(page.locator("#sum-time")).to_have_text(edited)
+        page.locator("#tabs").get_by_text("Export", exact=True).click()
+        with page.expect_download() as dl2:
+            page.click("#export-trace")
+        trace = json.loads(open(dl2.value.path()).read())
+        assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+
+    def test_malformed_upload_shows_a_clear_error_and_the_page_still_works(self, page: Page, app_url: str, tmp_path):
+        open_app(page, app_url)
+        before = summary(page)
+        bad = tmp_path / "broken.json"
+        bad.write_text('{"format": "soapbox.strategy/1", "ops": {')
+        page.set_input_files("#upload input[type=file]", str(bad))
+        expect(page.locator("#message")).to_contain_text("Import refused")
+        expect(page.locator("#message")).to_contain_text("broken.json")
+        expect(page.locator("#message")).to_contain_text("line 1")
+        expect(page.locator("#sum-time")).to_have_text(before)
+        pick(page, "pick-baseline", "expert")  # still responsive
+        expect(page.locator("#message")).to_contain_text("expert")
+
+    def test_two_sessions_keep_separate_state(self, browser, app_url: str):
+        a = browser.new_context().new_page()
+        b = browser.new_context().new_page()
+        open_app(a, app_url)
+        open_app(b, app_url)
+        shared = summary(b)
+        edit_op(a, "fc", {"sample": 2}, "0-1")
+        expect(a.locator("#message")).to_contain_text("Changed fc")
+        expect(a.locator("#sum-time")).not_to_have_text(shared)
+        b.click("#undo")  # b has nothing to undo: a's edit is not in b's history
+        expect(b.locator("#message")).to_contain_text("Nothing to undo")
+        expect(b.locator("#sum-time")).to_have_text(shared)
+        b.reload()
+        expect(b.locator("#sum-time")).to_have_text(shared)
