@@ -320,24 +320,25 @@ def _replay(state: dict, entries: list[dict], key: str) -> dict:
     return _with_configs(state, entries, key)
 
 
+def _step(state: dict, back: bool) -> tuple[dict, str]:
+    """Undo (``back``) or redo the last edit: move it from one stack to the other."""
+    src, dst, key, verb = ("undo", "redo", "before", "Undid") if back else ("redo", "undo", "after", "Redid")
+    if not state[src]:
+        return state, f"Nothing to {src}."
+    entries = state[src][-1]
+    new = _replay(state, entries, key)
+    new[src] = state[src][:-1]
+    new[dst] = state[dst] + [entries]
+    what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
+    return _bump(new), f"{verb} the change to {what}."
+
+
 def undo(state: dict) -> tuple[dict, str]:
-    if not state["undo"]:
-        return state, "Nothing to undo."
-    entries = state["undo"][-1]
-    new = _replay(state, entries, "before")
-    new["undo"] = state["undo"][:-1]
-    new["redo"] = state["redo"] + [entries]
-    return _bump(new), f"Undid the change to {entries[0]['op'] if len(entries) == 1 else f'{len(entries)} ops'}."
+    return _step(state, back=True)
 
 
 def redo(state: dict) -> tuple[dict, str]:
-    if not state["redo"]:
-        return state, "Nothing to redo."
-    entries = state["redo"][-1]
-    new = _replay(state, entries, "after")
-    new["redo"] = state["redo"][:-1]
-    new["undo"] = state["undo"] + [entries]
-    return _bump(new), f"Redid the change to {entries[0]['op'] if len(entries) == 1 else f'{len(entries)} ops'}."
+    return _step(state, back=False)
 
 
 def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
