@@ -137,13 +137,20 @@ class TestGanttData:
 
     def test_hover_text(self, alexnet, dp):
         g, c = alexnet
+        tg = dp.tasks
         d = V.gantt_data(g, c, dp.timeline, max_bars=NO_MERGE)
         b = d["bars"]["forward"]
-        i = int(np.flatnonzero(dp.tasks.op[b["task"]] == g.index["fc6"])[0])
-        assert b["text"][i].startswith("fc6 forward · part ")
-        assert all(" all-reduce" in t or "collective" not in t for t in d["bars"]["collective"]["text"][:1])
+        i = int(np.flatnonzero(tg.op[b["task"]] == g.index["fc6"])[0])
+        t = int(b["task"][i])
+        assert b["text"][i] == (f"fc6 forward · part {tg.part[t]} · microbatch 0 · "
+                                f"{format_seconds(tg.dur_s[t])}")
+        b = d["bars"]["collective"]
+        i = int(np.flatnonzero(tg.op[b["task"]] == g.index["fc6"])[0])
+        t = int(b["task"][i])
+        assert b["text"][i] == f"fc6 all_reduce · {format_bytes(tg.size_bytes[t])} · {format_seconds(tg.dur_s[t])}"
+        assert d["bars"]["optimizer"]["text"][0].startswith("optimizer step · ")
 
-    @pytest.mark.parametrize("max_bars", [3000, 400, 150])
+    @pytest.mark.parametrize("max_bars", [3000, 1000, 250])
     def test_merging_keeps_every_task_and_the_span(self, alexnet, ex, max_bars):
         g, c = alexnet
         full = V.gantt_data(g, c, ex.timeline, max_bars=NO_MERGE)
@@ -170,18 +177,14 @@ class TestGanttData:
         merged_texts = [t for b in d["bars"].values() for t, n in zip(b["text"], b["count"]) if n > 1]
         assert merged_texts and all("tasks" in t and "zoom in" in t for t in merged_texts)
 
-    @pytest.mark.xfail(reason="BUG: gantt_data loops forever when max_bars is below one bar per row and kind "
-                              "(doubling eps cannot merge further) or when the window has zero width (eps = 0)",
-                       strict=True)
-    @pytest.mark.parametrize("window, max_bars", [(None, 40), ("point", 2)])
-    def test_merging_always_terminates(self, alexnet, dp, window, max_bars):
+    @pytest.mark.xfail(reason="BUG: gantt_data loops forever when max_bars is below the fewest bars merging can "
+                              "give (one per row and kind): eps doubles without end", raises=_Timeout, strict=True)
+    def test_merging_always_terminates(self, alexnet, dp):
         g, c = alexnet
-        if window == "point":  # a zero-width window through the busiest moment
-            mid = float(np.median(dp.timeline.start_s[dp.tasks.kind == COLL]))
-            window = (mid, mid)
-        d = within(5, V.gantt_data, g, c, dp.timeline, window=window, max_bars=max_bars)
+        # 16 GPUs x (forward, backward, optimizer, collective rows) = 64 bars at the least
+        d = within(2, V.gantt_data, g, c, dp.timeline, max_bars=40)
         assert d["merged"] is True
-        assert sum(int(b["count"].sum()) for b in d["bars"].values()) == d["tasks_in_view"]
+        assert sum(int(b["count"].sum()) for b in d["bars"].values()) == d["tasks_in_view"] == 816
 
     def test_window_limits_bars(self, alexnet, ex):
         g, c = alexnet
@@ -371,7 +374,7 @@ class TestTopology:
         c = preset("p100-4x4")
         t = V.topology_data(c, np.full(16, 0.5), "memory")
         fig = F.build_topology_figure(t)
-        gpu = [tr for tr in fig.data if tr.name == "GPU"][0]
+        gpu = next(tr for tr in fig.data if tr.name == "GPU")
         assert list(gpu.customdata) == list(range(16))
         assert list(gpu.marker.color) == [0.5] * 16
         assert gpu.hovertext[0].endswith("memory used / capacity 50%")
@@ -459,7 +462,7 @@ class TestViewData:
         assert V.config_label(Config({}, (0,))) == "none"
 
     def test_op_details(self, alexnet, dp):
-        g, c = alexnet
+        g, _ = alexnet
         d = V.op_details(g, dp.strategy, dp.timeline, "fc6")
         tg = dp.tasks
         mine = tg.op == g.index["fc6"]
@@ -475,7 +478,7 @@ class TestViewData:
         diff = V.config_diff(dp.strategy, ex.strategy)
         changed = [op for op in dp.strategy.configs if dp.strategy[op] != ex.strategy[op]]
         assert [x["op"] for x in diff] == changed and len(changed) == 3
-        fc8 = [x for x in diff if x["op"] == "fc8"][0]
+        fc8 = next(x for x in diff if x["op"] == "fc8")
         assert fc8 == {"op": "fc8", "a": "sample 16 on 16 GPU(s)", "b": "feature 10 on 10 GPU(s)"}
         assert V.config_diff(dp.strategy, dp.strategy) == []
 

@@ -7,10 +7,12 @@ hard-coded menu.
 from __future__ import annotations
 
 from .mcmc import Budget, Progress, SearchResult, mcmc
+from .pase import pase
 
 __all__ = ["ALGORITHMS", "Budget", "Progress", "SearchResult"]
 
 #: name -> (search function, one-line description)
 ALGORITHMS = {
     "mcmc": (mcmc, "FlexFlow's MCMC over the SOAP space with delta simulation and successive halving"),
+    "pase": (pase, "PaSE's dynamic programming: the exact optimum of a per-op + per-edge cost (Elango IPDPS'21)"),
 }

@@ -1,0 +1,345 @@
+"""PaSE: the optimum of a per-op + per-edge cost by dynamic programming (Elango, IPDPS'21).
+
+PaSE's cost of a strategy φ is a sum over vertices and edges of the operator graph,
+
+    F(φ) = Σ_v t_l(v, φ_v) + Σ_(u,v) t_x(u, v, φ_u, φ_v),
+
+and it is minimised exactly by eliminating vertices one at a time in an order that keeps the
+*dependent sets* small (Algorithm GENERATESEQ, Fig. 3): each step takes the unprocessed vertex
+whose connected set of processed vertices has the fewest unprocessed neighbours. Eliminating
+v_i tabulates R(i, φ_D(i)) — the best cost of everything processed so far that touches v_i,
+for every configuration of its dependent set D(i) — as the min over v_i's configs of its own
+cost, its edges to D(i) and the tables of the processed sets it joins (Theorem 1). The last
+table is the optimum; walking the argmin tables back gives the strategy. A table holds
+Π_{u ∈ {v_i} ∪ D(i)} |C(u)| entries: the largest dependent set is reported, and an instance
+whose table would not fit in ``max_table_bytes`` is refused before any work.
+
+Config space (as PaSE restricts it): each op splits its data and parameter dimensions (FlexFlow
+kinds S, A, P; no reduction or replica splits), degrees dividing the dimension with at least
+``min_part`` elements per partition, their product dividing the device count, partitions on
+the first devices in row-major order.
+
+Costs, from the simulator's cost model (:mod:`engine.costs`):
+
+* t_l(v, c): forward + backward time of one partition (the roofline or a profile table), plus
+  the all-reduce of its parameter gradients over the partitions that replicate them
+  (ring/tree collective over the group's slowest path).
+* t_x(u, v, c_u, c_v): the elements a consumer partition must fetch (its input region less
+  what the producer partition on its own device holds), for the partition that fetches the
+  most, twice (activations forward, their gradients backward), at the slowest path bandwidth
+  of the devices involved, plus one latency when anything moves.
+
+The optimum of F is then simulated like any strategy, so it can be compared with the others.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..costs import CostModel, collective_time_s
+from ..graph import Op, OpGraph
+from ..ops import DTYPE_BYTES
+from ..strategy import Config, Strategy
+from .baselines import data_parallel, expert
+
+__all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult"]
+
+#: largest DP table (bytes) an instance may need before it is refused
+MAX_TABLE_BYTES = 2 * 1024**3
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
+    """PaSE's configs of ``op``: degrees over its S, A and P dims that divide the dims (at
+    least ``min_part`` elements a partition) with a product dividing ``n_devices``, on
+    devices ``0 .. product-1``. The unsplit config comes first."""
+    dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
+    out: list[dict[str, int]] = [{}]
+    for d in dims:
+        ks = [k for k in _divisors(d.size) if k <= n_devices and d.size // k >= min_part
+              and n_devices % k == 0 and d.degree_problem(k) is None]
+        out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
+               if n_devices % (math.prod(c.values()) * k) == 0]
+    out.sort(key=lambda c: (math.prod(c.values()), sorted(c.items())))
+    return [Config(c, tuple(range(math.prod(c.values())))) for c in out]
+
+
+@dataclass
+class PaseProblem:
+    """Vertices (ops), their configs and costs (seconds), and edge cost matrices
+    ``edges[(u, v)]`` of shape [configs of u, configs of v]."""
+
+    graph: OpGraph
+    cluster: Cluster
+    configs: list[list[Config]]
+    vertex_cost: list[np.ndarray]
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    def cost(self, choice: list[int]) -> float:
+        """F(φ) of one choice of config index per op."""
+        total = sum(float(self.vertex_cost[v][c]) for v, c in enumerate(choice))
+        return total + sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
+
+
+def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tuple[int, ...],
+             n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """[device, axis] lo and hi of the region of one tensor each partition holds or needs
+    (rows past the config's partitions are empty), devices row-major over ``op.dims``."""
+    lo = np.zeros((n_devices, n_axes), np.int64)
+    hi = np.zeros((n_devices, n_axes), np.int64)
+    parts = cfg.num_partitions
+    hi[:parts] = np.asarray(shape, np.int64)
+    # partition index -> coordinate along each dim (row-major over op.dims order)
+    p = np.arange(parts)
+    stride = parts
+    for d in op.dims:
+        k = cfg.degree(d.name)
+        stride //= k
+        coord = (p // stride) % k
+        ax = tensor_axes(d)
+        if ax is None or k == 1:
+            continue
+        step = shape[ax] // k
+        lo[:parts, ax] = coord * step
+        hi[:parts, ax] = (coord + 1) * step
+    return lo, hi
+
+
+def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, min_part: int = 1) -> PaseProblem:
+    """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring)."""
+    cost = cost or CostModel()
+    D = cluster.num_devices
+    dtype = cluster.device_type(0)
+    groups: dict[int, tuple[float, float]] = {}
+
+    def group(n: int) -> tuple[float, float]:
+        if n not in groups:
+            bw, lat, _ = cluster.collective_group(tuple(range(n))) if n > 1 else (math.inf, 0.0, ())
+            groups[n] = (bw, lat)
+        return groups[n]
+
+    configs = [pase_configs(op, D, min_part) for op in graph.ops]
+    pbytes = DTYPE_BYTES[graph.precision]
+    vertex = []
+    for op, cs in zip(graph.ops, configs):
+        costs = np.zeros(len(cs))
+        for k, c in enumerate(cs):
+            f, b = cost.partition_times_s(op, c.degrees, graph.precision, dtype) if op.kind != "input" else (0, 0)
+            t = f + b
+            if op.param_count:
+                _, _, pshapes = op.partition_shapes(c.degrees)
+                elems = float(sum(math.prod(s) for s in pshapes))
+                repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
+                if repl > 1 and elems > 0:
+                    bw, lat = group(repl)
+                    t += collective_time_s("all_reduce", elems * pbytes, repl, bw, lat, cost.link_efficiency)
+            costs[k] = t
+        vertex.append(costs)
+    problem = PaseProblem(graph, cluster, configs, vertex)
+    cache: dict[tuple, np.ndarray] = {}
+    for (p, o, c, i) in graph.edges:
+        prod, cons = graph.ops[p], graph.ops[c]
+        tensor = prod.out_tensors[o]
+        shape = tuple(tensor.shape)
+        key = (prod.kind, tuple((d.name, d.kind, d.size, d.out_axis) for d in prod.dims),
+               cons.kind, tuple((d.name, d.kind, d.size, d.in_axes[i] if i < len(d.in_axes) else None)
+                                for d in cons.dims), shape, tensor.dtype)
+        m = cache.get(key)
+        if m is None:
+            m = cache[key] = _edge_costs(prod, configs[p], cons, configs[c], i, shape, DTYPE_BYTES[tensor.dtype],
+                                         D, group, cost.link_efficiency)
+        if (p, c) in problem.edges:  # two tensors between the same ops
+            problem.edges[(p, c)] = problem.edges[(p, c)] + m
+        else:
+            problem.edges[(p, c)] = m
+    return problem
+
+
+def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int, shape: tuple[int, ...],
+                nbytes: float, D: int, group: Callable[[int], tuple[float, float]], eff: float) -> np.ndarray:
+    A = len(shape)
+    P_lo = np.zeros((len(pcs), D, A), np.int64)
+    P_hi = np.zeros((len(pcs), D, A), np.int64)
+    for k, c in enumerate(pcs):
+        P_lo[k], P_hi[k] = _regions(prod, c, lambda d: d.out_axis, A, shape, D)
+    C_lo = np.zeros((len(ccs), D, A), np.int64)
+    C_hi = np.zeros((len(ccs), D, A), np.int64)
+    for k, c in enumerate(ccs):
+        C_lo[k], C_hi[k] = _regions(cons, c, lambda d: d.in_axes[i] if i < len(d.in_axes) else None, A, shape, D)
+    need = np.prod(C_hi[:, 0] - C_lo[:, 0], axis=1).astype(np.float64)  # [cv] elements a partition reads
+    # [cu, cv, device] elements the consumer partition finds on its own device
+    ov = np.minimum(P_hi[:, None], C_hi[None]) - np.maximum(P_lo[:, None], C_lo[None])
+    local = np.prod(np.clip(ov, 0, None), axis=3).astype(np.float64)
+    parts_c = np.array([c.num_partitions for c in ccs])
+    valid = np.arange(D)[None, :] < parts_c[:, None]  # [cv, device]
+    local = np.where(valid[None], local, np.inf).min(axis=2)  # the partition that has least
+    remote = np.maximum(need[None, :] - local, 0.0)  # [cu, cv]
+    parts_p = np.array([c.num_partitions for c in pcs])
+    span = np.maximum(parts_p[:, None], parts_c[None, :])
+    bw = np.vectorize(lambda n: group(int(n))[0] * eff if n > 1 else math.inf)(span)
+    lat = np.vectorize(lambda n: group(int(n))[1])(span)
+    return np.where(remote > 0, 2 * remote * nbytes / bw + lat, 0.0)
+
+
+# --------------------------------------------------------------------------- ordering, DP
+
+
+def generate_seq(n: int, edges: list[tuple[int, int]]) -> tuple[list[int], list[list[int]]]:
+    """PaSE's GENERATESEQ (Fig. 3): the order in which to process vertices, and each one's
+    dependent set D(i) — the unprocessed vertices adjacent to the connected set of processed
+    vertices it joins. Greedy: the next vertex is one whose D is smallest (ties: lowest id)."""
+    dep: list[set[int]] = [set() for _ in range(n)]
+    for u, v in edges:
+        if u != v:
+            dep[u].add(v)
+            dep[v].add(u)
+    alive = [True] * n
+    order, sets = [], []
+    import heapq
+
+    heap = [(len(dep[v]), v) for v in range(n)]
+    heapq.heapify(heap)
+    while heap:
+        size, v = heapq.heappop(heap)
+        if not alive[v] or size != len(dep[v]):
+            continue  # stale entry
+        alive[v] = False
+        order.append(v)
+        d = sorted(dep[v])
+        sets.append(d)
+        for u in d:  # u's set now includes everything v's set reached
+            dep[u] = (dep[u] | dep[v]) - {u, v}
+            heapq.heappush(heap, (len(dep[u]), u))
+    return order, sets
+
+
+@dataclass
+class PaseResult:
+    choice: list[int]
+    cost_s: float
+    order: list[int]
+    largest_dependent_set: int
+    largest_table_entries: int
+    seconds: float
+
+
+def table_sizes(problem: PaseProblem, order: list[int], sets: list[list[int]]) -> list[int]:
+    """Entries of each elimination step's table (its vertex and dependent set)."""
+    n = [len(c) for c in problem.configs]
+    return [n[v] * math.prod(n[u] for u in d) for v, d in zip(order, sets)]
+
+
+def solve(problem: PaseProblem, max_table_bytes: int = MAX_TABLE_BYTES) -> PaseResult:
+    """The configs minimising F, by Theorem 1's recurrence over GENERATESEQ's order.
+
+    Raises
+    ------
+    ValueError
+        When a table would exceed ``max_table_bytes`` (naming the step, its dependent set
+        and the size), before any table is built.
+    """
+    t0 = time.perf_counter()
+    g = problem.graph
+    nv = len(problem.configs)
+    order, sets = generate_seq(nv, list(problem.edges))
+    sizes = table_sizes(problem, order, sets)
+    worst = int(np.argmax(sizes)) if sizes else 0
+    if sizes and sizes[worst] * 8 > max_table_bytes:
+        v = order[worst]
+        raise ValueError(
+            f"PaSE's table for op {g.ops[v].name!r} would hold {sizes[worst]:,} entries "
+            f"({sizes[worst] * 8 / 1e9:.1f} GB > {max_table_bytes / 1e9:.1f} GB): its dependent set has "
+            f"{len(sets[worst])} ops ({', '.join(g.ops[u].name for u in sets[worst][:6])}"
+            f"{', ...' if len(sets[worst]) > 6 else ''}); use fewer devices, a larger min_part, or MCMC")
+    # factors: scope (tuple of vertices) -> table; a vertex's pending factors
+    factors: dict[int, list[tuple[tuple[int, ...], np.ndarray]]] = {v: [] for v in range(nv)}
+    for v in range(nv):
+        factors[v].append(((v,), problem.vertex_cost[v]))
+    for (u, v), m in problem.edges.items():
+        factors[u].append(((u, v), m))  # held by whichever is eliminated first
+        factors[v].append(((u, v), m))
+    done = [False] * nv
+    argmins: list[tuple[int, tuple[int, ...], np.ndarray]] = []
+    total = 0.0
+    for v, dset in zip(order, sets):
+        scope = (v, *dset)
+        axis = {u: k for k, u in enumerate(scope)}
+        shape = [len(problem.configs[u]) for u in scope]
+        table = np.zeros(shape)
+        for fs, f in factors[v]:
+            if any(done[u] for u in fs):
+                continue  # consumed when another vertex of its scope was eliminated
+            # align the factor's axes with the table's
+            src = [axis[u] for u in fs]
+            perm = np.argsort(src)
+            view_shape = [1] * len(scope)
+            for u in fs:
+                view_shape[axis[u]] = len(problem.configs[u])
+            table += np.transpose(f, perm).reshape(view_shape)
+        best = table.argmin(axis=0)
+        msg = table.min(axis=0)
+        done[v] = True
+        argmins.append((v, tuple(dset), best))
+        if dset:
+            factors[dset[0]].append((tuple(dset), msg))
+            for u in dset[1:]:
+                factors[u].append((tuple(dset), msg))
+        else:  # a connected component is finished
+            total += float(msg)
+    choice = [0] * nv
+    for v, dset, best in reversed(argmins):
+        choice[v] = int(best[tuple(choice[u] for u in dset)]) if dset else int(best)
+    return PaseResult(choice, total, order, max((len(s) for s in sets), default=0), max(sizes, default=0),
+                      time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def pase(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
+         progress: Callable[[Any], Any] | None = None, initial: Strategy | None = None,
+         cost: CostModel | None = None, min_part: int = 1, max_table_bytes: int = MAX_TABLE_BYTES, **_: Any):
+    """Search by PaSE's DP; the result is simulated like the other searches' (budget, seed
+    and initial strategy do not apply: the DP is exact for its cost and deterministic).
+
+    Returns
+    -------
+    SearchResult
+        ``best`` is PaSE's optimum with ``found_by`` recording the DP's cost, its largest
+        dependent set and table; ``best_cost_s`` its simulated iteration time.
+    """
+    from ..simulate import simulate
+    from ..taskgraph import build_task_graph
+    from .mcmc import Progress, SearchResult
+
+    t0 = time.perf_counter()
+    cost_model = cost or CostModel()
+    problem = build_problem(graph, cluster, cost_model, min_part)
+    built = time.perf_counter() - t0
+    r = solve(problem, max_table_bytes)
+    configs = {op.name: problem.configs[v][r.choice[v]] for v, op in enumerate(graph.ops)}
+    dp = data_parallel(graph, cluster)
+    best = replace(dp, configs=configs)
+    sim = simulate(build_task_graph(graph, best, cluster, cost_model)).makespan_s
+    baselines = {name: simulate(build_task_graph(graph, s, cluster, cost_model)).makespan_s
+                 for name, s in (("data-parallel", dp), ("expert", expert(graph, cluster)))}
+    elapsed = time.perf_counter() - t0
+    best = replace(best, found_by={"algorithm": "pase", "options": {"min_part": min_part},
+                                   "pase_cost_s": r.cost_s, "largest_dependent_set": r.largest_dependent_set,
+                                   "largest_table_entries": r.largest_table_entries,
+                                   "dp_seconds": r.seconds, "setup_seconds": built},
+                   cost={"iteration_time_s": sim}, model_name=graph.name, model_fingerprint=graph.fingerprint,
+                   cluster_name=cluster.name, cluster_devices=cluster.num_devices)
+    row = Progress(1, elapsed, sim, sim, 1.0, 1)
+    if progress is not None:
+        progress(row)
+    return SearchResult(best, sim, baselines, 1, elapsed, [row], algorithm="pase")

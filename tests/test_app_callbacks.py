@@ -1,0 +1,462 @@
+"""The explorer's callbacks (app.callbacks), called as plain functions: no Dash server, no browser."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from dash import no_update
+
+from app import callbacks as C
+from app import jobs
+from app import workspace as W
+from app.fmt import format_seconds
+from engine.cluster import preset
+from engine.formats import load_strategy, resolve_model
+from engine.report import simulate_strategy
+from engine.search import ALGORITHMS
+from engine.search.baselines import data_parallel, expert
+
+EXPLORE_IDS = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
+               "op-graph", "op-panel", "gantt", "topology", "memory"]
+
+
+def data_url(raw: bytes) -> str:
+    return "data:application/json;base64," + base64.b64encode(raw).decode()
+
+
+@pytest.fixture
+def alex() -> dict:
+    """A fresh alexnet on p100-4x4 state with its own session id."""
+    return W.new_state("alexnet")
+
+
+@pytest.fixture(scope="module")
+def alexnet():
+    return resolve_model("alexnet"), preset("p100-4x4")
+
+
+def poll_until_done(state: dict, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        fig, status, disabled = C.search_poll(state)
+        if disabled:
+            return fig, status
+        assert time.monotonic() < deadline, f"search still running after {timeout} s: {status}"
+        time.sleep(0.05)
+
+
+class TestOnEventUrl:
+    @pytest.mark.parametrize("trigger", ["url", None])
+    def test_first_load_gives_the_default(self, trigger):
+        state, msg = C.on_event(trigger, None)
+        assert msg == ""
+        assert state["model"] == {"name": W.DEFAULT_MODEL} == {"name": "inception_v3"}
+        assert state["cluster"] == {"name": "p100-4x4"}
+        assert state["baseline"] == "data-parallel" and state["undo"] == []
+        g = resolve_model("inception_v3")
+        assert state["strategy"]["ops"] == data_parallel(g, preset("p100-4x4")).to_dict()["ops"]
+
+    def test_existing_state_is_kept(self, alex):
+        assert C.on_event("url", alex, query="?model=inception_v3") == (alex, "")
+
+    def test_shared_link(self, alex):
+        edited, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        state, msg = C.on_event("url", None, query=W.share_query(edited))
+        assert msg == "Loaded the shared strategy."
+        assert state["model"] == {"name": "alexnet"}
+        assert state["strategy"]["ops"] == edited["strategy"]["ops"]
+
+    @pytest.mark.parametrize("query, what", [("?model=alexnet&s=abc", "link"), ("?model=nope", "nope"),
+                                             ("?model=alexnet&cluster=p100-4x4&s=%%%", "link")])
+    def test_damaged_link_still_opens_the_default(self, query, what):
+        state, msg = C.on_event("url", None, query=query)
+        assert state["model"] == {"name": "inception_v3"} and state["cluster"] == {"name": "p100-4x4"}
+        assert state["strategy"]["ops"] == W.new_state()["strategy"]["ops"]
+        assert msg.startswith("The link could not be loaded") and msg.endswith("showing the default instead.")
+        assert what in msg
+
+
+class TestDecodeUpload:
+    def test_text(self):
+        assert C.decode_upload(data_url('{"a": "é"}'.encode()), "f.json") == '{"a": "é"}'
+
+    @pytest.mark.parametrize("contents", ["", None, "no comma here"])
+    def test_empty(self, contents):
+        with pytest.raises(ValueError, match=r"^f\.json: empty upload$"):
+            C.decode_upload(contents, "f.json")
+
+    def test_not_base64(self):
+        with pytest.raises(ValueError) as e:
+            C.decode_upload("data:application/json;base64,@@not base64@@", "bad.json")
+        assert str(e.value) == "bad.json: the upload is not valid base64 data"
+
+    def test_not_utf8(self):
+        with pytest.raises(ValueError) as e:
+            C.decode_upload(data_url(b'{"a": 1}\xff\xfe'), "latin.json")
+        assert str(e.value).startswith("latin.json: not a UTF-8 text file (byte 8 is not text)")
+
+    def test_too_large(self, monkeypatch):
+        monkeypatch.setattr(C, "MAX_UPLOAD_BYTES", 10)
+        with pytest.raises(ValueError) as e:
+            C.decode_upload(data_url(b"x" * 100), "big.json")
+        assert str(e.value).startswith("big.json: larger than 10 B")
+        assert C.decode_upload(data_url(b"x" * 6), "small.json") == "xxxxxx"
+
+
+class TestOnEventUpload:
+    def test_malformed_json(self, alex):
+        before = json.dumps(alex, sort_keys=True)
+        state, msg = C.on_event("upload", alex, upload=data_url(b"{not json"), filename="broken.json")
+        assert state is alex and json.dumps(alex, sort_keys=True) == before
+        assert msg.startswith("Import refused: broken.json")
+        assert "invalid JSON" in msg
+
+    def test_bad_encoding(self, alex):
+        state, msg = C.on_event("upload", alex, upload="data:x;base64,???", filename="b.json")
+        assert state is alex and msg == "Import refused: b.json: the upload is not valid base64 data"
+
+    def test_too_large(self, alex, monkeypatch):
+        monkeypatch.setattr(C, "MAX_UPLOAD_BYTES", 10)
+        state, msg = C.on_event("upload", alex, upload=data_url(b"x" * 100), filename="big.json")
+        assert state is alex and msg.startswith("Import refused: big.json: larger than")
+
+    def test_no_filename(self, alex):
+        state, msg = C.on_event("upload", alex, upload=data_url(b"[]"))
+        assert state is alex and msg.startswith("Import refused: upload: not a soapbox file")
+
+    def test_strategy_file(self, alex):
+        edited, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        content = C.export_strategy(edited)["content"]
+        state, msg = C.on_event("upload", alex, upload=data_url(content.encode()), filename="s.json")
+        assert msg == "Imported strategy from s.json."
+        assert state["strategy"]["ops"] == edited["strategy"]["ops"]
+
+
+class TestOnEventEdit:
+    def test_valid(self, alex):
+        state, msg = C.on_event("edit-apply", alex, ops=["fc6"],
+                                degrees={"feature": 4, "sample": None, "in_feature": "", "replica": 1},
+                                devices="0-3")
+        assert msg == "Changed fc6 to feature 4 on devices 0-3."
+        assert state["strategy"]["ops"]["fc6"] == {"degrees": {"feature": 4}, "devices": [0, 1, 2, 3]}
+        assert state["selected"] == ["fc6"] and alex["selected"] is None
+
+    def test_float_and_text_degrees(self, alex):
+        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": "2", "sample": 2.0},
+                                devices="0, 1, 2, 3")
+        assert msg == "Changed fc6 to feature 2 x sample 2 on devices 0-3."
+
+    def test_uses_the_selection(self, alex):
+        s = dict(alex, selected=["fc7"])
+        state, msg = C.on_event("edit-apply", s, degrees={"feature": 2}, devices="4-5")
+        assert msg == "Changed fc7 to feature 2 on devices 4-5."
+        assert state["selected"] == ["fc7"]
+
+    @pytest.mark.parametrize("degrees", [{"sample": "abc"}, {"sample": 0}, {"sample": -2}, {"sample": 2.5},
+                                         {"sample": "inf"}, {"sample": "nan"}])
+    def test_bad_degree_is_refused(self, alex, degrees):
+        before = json.dumps(alex, sort_keys=True)
+        state, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees=degrees, devices="0-1")
+        assert state is alex and json.dumps(alex, sort_keys=True) == before
+        assert msg
+
+    @pytest.mark.parametrize("v", [0, -2, 2.5])
+    def test_bad_degree_message(self, alex, v):
+        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
+        assert msg == f"Edit refused: degree of sample: {v!r} is not a whole number >= 1"
+
+    @pytest.mark.xfail(reason="BUG: a degree that is not a finite number ('abc', 'inf', 'nan') escapes the "
+                              "'degree of <dim>' check: float()/int() raise first, so the message does not name the "
+                              "dim ('inf' even says 'That did not work: OverflowError')", strict=True)
+    @pytest.mark.parametrize("v", ["abc", "inf", "nan"])
+    def test_non_number_degree_message_names_the_dim(self, alex, v):
+        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
+        assert msg.startswith("Edit refused: degree of sample")
+
+    @pytest.mark.parametrize("devices, what", [("0-x", "'0-x'"), ("99", "99 does not exist"), ("", "none given"),
+                                               (None, "none given")])
+    def test_bad_devices_are_refused(self, alex, devices, what):
+        state, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices=devices)
+        assert state is alex and msg.startswith("Edit refused: devices: ") and what in msg
+
+    def test_invalid_config_is_refused(self, alex):
+        state, msg = C.on_event("edit-apply", alex, ops=["fc8"], degrees={"feature": 3}, devices="0-2")
+        assert state is alex
+        assert msg == "Edit refused: ops.fc8.degrees.feature: 3 does not divide feature (1000)"
+
+    def test_undo_redo(self, alex):
+        s1, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        s0, msg = C.on_event("undo", s1)
+        assert msg == "Undid the change to fc6." and s0["strategy"]["ops"] == alex["strategy"]["ops"]
+        s2, msg = C.on_event("redo", s0)
+        assert msg == "Redid the change to fc6." and s2["strategy"]["ops"] == s1["strategy"]["ops"]
+
+
+class TestOnEventOther:
+    def test_pick_model_keeps_the_session(self, alex):
+        state, msg = C.on_event("pick-model", alex, model="inception_v3")
+        assert state["model"] == {"name": "inception_v3"} and state["sid"] == alex["sid"]
+        assert state["version"] == alex["version"] + 1
+        assert msg == "Model: inception_v3, under data-parallel."
+        assert C.on_event("pick-model", alex, model="alexnet") == (alex, "")
+
+    def test_pick_cluster(self, alex):
+        state, msg = C.on_event("pick-cluster", alex, cluster="dgx-a100-80gb:1")
+        assert msg == "Cluster: dgx-a100-80gb:1." and W.cluster_of(state).num_devices == 8
+        assert state["sid"] == alex["sid"]
+
+    def test_pick_unknown_cluster(self, alex):
+        state, msg = C.on_event("pick-cluster", alex, cluster="nope")
+        assert state is alex and msg.startswith("That did not work: ValueError: unknown cluster 'nope'")
+
+    def test_pick_baseline(self, alex, alexnet):
+        g, c = alexnet
+        state, msg = C.on_event("pick-baseline", alex, baseline="expert")
+        assert msg == "Strategy set to the expert baseline." and state["baseline"] == "expert"
+        assert state["strategy"]["ops"] == expert(g, c).to_dict()["ops"]
+
+    def test_click_an_op(self, alex):
+        state, msg = C.on_event("op-graph", alex, click={"points": [{"customdata": "fc6"}]})
+        assert state["selected"] == ["fc6"] and msg == "Selected fc6."
+        assert alex["selected"] is None
+
+    def test_click_a_block(self, alex):
+        s = dict(alex, collapse=True)
+        state, msg = C.on_event("op-graph", s, click={"points": [{"customdata": "classifier"}]})
+        g = W.graph_of(alex)
+        want = [op.name for op in g.ops if op.block == "classifier"]
+        assert state["selected"] == want
+        assert msg == f"Selected classifier ({len(want)} ops)."
+
+    @pytest.mark.parametrize("click", [{"points": []}, {"points": [{"x": 1}]}])
+    def test_click_on_nothing(self, alex, click):
+        assert C.on_event("op-graph", alex, click=click) == (alex, "")
+
+    def test_pick_ops(self, alex):
+        state, msg = C.on_event("edit-ops", alex, ops=["conv1", "conv2"])
+        assert state["selected"] == ["conv1", "conv2"] and msg == ""
+
+    def test_adopt_without_search(self, alex):
+        assert C.on_event("search-adopt", alex) == (alex, "No finished search to adopt yet.")
+
+    def test_compare_add_and_clear(self, alex):
+        s, msg = C.on_event("compare-add", alex, compare_name="first")
+        assert [c["name"] for c in s["compare"]] == ["first"]
+        s2, msg = C.on_event("compare-add", s, compare_name="first")
+        assert s2 is s and "already" in msg
+        s3, msg = C.on_event("compare-clear", s)
+        assert s3["compare"] == [] and msg == "Cleared the comparison."
+
+    def test_unknown_trigger(self, alex):
+        assert C.on_event("something-else", alex) == (alex, "")
+
+
+class TestRenderExplore:
+    def test_all_views(self, alex):
+        out = C.render_explore(alex)
+        assert set(EXPLORE_IDS) <= set(out) and "summary" in out
+        for k in ("op-graph", "gantt", "topology", "memory"):
+            assert isinstance(out[k], go.Figure), k
+        ws = W.workspace(alex)
+        assert out["sum-time"] == format_seconds(ws.timeline.makespan_s) == "50 ms"
+        assert out["sum-speedup"] == "1.00x"
+        assert out["sum-tasks"] == f"{ws.timeline.tasks.num_tasks:,}"
+        assert out["why"].startswith("The critical chain")
+        assert "Click an op" in str(out["op-panel"])
+        assert len(out["gantt"].layout.yaxis.ticktext) == 32
+
+    def test_edit_of_a_heavy_op_changes_the_time(self, alex):
+        before = C.render_explore(alex)["sum-time"]
+        s, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        assert msg.startswith("Changed")
+        out = C.render_explore(s)
+        assert out["sum-time"] != before
+        assert out["sum-time"] == format_seconds(W.workspace(s).timeline.makespan_s) == "32.3 ms"
+        assert out["sum-speedup"] == f"{W.baseline_cost_s(s) / W.workspace(s).timeline.makespan_s:.2f}x"
+        panel = str(out["op-panel"])
+        assert "fc6 (linear)" in panel and "feature 4 on 4 GPU(s)" in panel
+        ring = [tr for tr in out["op-graph"].data if tr.name == "selected"]
+        assert len(ring) == 1 and list(ring[0].customdata) == ["fc6"]
+        assert "selected" in [tr.name for tr in out["gantt"].data]
+        sel = [tr for tr in out["topology"].data if tr.name == "selected op's GPUs"]
+        assert len(sel) == 1 and len(sel[0].x) == 4
+
+    def test_memory_metric(self, alex):
+        out = C.render_explore(alex, collapse=True, metric="memory")
+        mem = W.workspace(alex).memory
+        gpu = next(tr for tr in out["topology"].data if tr.name == "GPU")
+        np.testing.assert_allclose(gpu.marker.color, mem.peak_bytes / mem.capacity_bytes, rtol=1e-12)
+        nodes = sum(len(tr.x) for tr in out["op-graph"].data[1:])
+        assert nodes == 4  # alexnet collapsed: data, labels, features, classifier
+
+    def test_repeat_is_cached(self, alex):
+        assert C.render_explore(alex) is C.render_explore(alex)
+
+
+class TestRenderEditor:
+    def test_no_selection(self, alex):
+        options, inputs, devices = C.render_editor(alex)
+        assert [o["value"] for o in options] == [op.name for op in W.graph_of(alex).ops if op.kind != "input"]
+        assert devices == "" and "Select an op" in str(inputs)
+
+    def test_selected_op(self, alex):
+        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices="3, 9")
+        _, inputs, devices = C.render_editor(s)
+        assert devices == "3, 9"
+        assert len(inputs) == 4  # sample, feature, in_feature, replica
+        values = {div.children[1].id["dim"]: div.children[1].value for div in inputs}
+        assert values == {"sample": 1, "feature": 2, "in_feature": 1, "replica": 1}
+        s2, _ = C.on_event("edit-ops", alex, ops=["fc6"])
+        assert C.render_editor(s2)[2] == "0-15"
+
+
+class TestZoomGantt:
+    def test_zoom_range(self, alex):
+        fig = C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0})
+        assert isinstance(fig, go.Figure)
+        assert fig.layout.xaxis.range == (20.0, 25.0)
+        for tr in fig.data:
+            if tr.name in ("critical path", "selected"):
+                continue
+            end = np.asarray(tr.base) + np.asarray(tr.x)
+            assert (end >= 20.0 - 1e-9).all() and (np.asarray(tr.base) <= 25.0 + 1e-9).all()
+
+    def test_zoom_range_list(self, alex):
+        fig = C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]})
+        assert fig.layout.xaxis.range == (5.0, 10.0)
+
+    def test_autorange(self, alex):
+        fig = C.zoom_gantt(alex, {"xaxis.autorange": True})
+        assert fig.layout.xaxis.range == (0.0, W.workspace(alex).timeline.makespan_s * 1e3)
+
+    @pytest.mark.parametrize("relayout", [None, {}, {"dragmode": "pan"}, {"yaxis.range[0]": 1, "yaxis.range[1]": 2},
+                                          {"xaxis.range[0]": 1.0}, {"autosize": True}])
+    def test_unrelated(self, alex, relayout):
+        assert C.zoom_gantt(alex, relayout) is no_update
+
+    def test_no_state(self):
+        assert C.zoom_gantt(None, {"xaxis.range": [0, 1]}) is no_update
+
+
+class TestSearch:
+    def test_runs_to_the_end_and_can_be_adopted(self, alex):
+        status, disabled = C.search_start(alex, "mcmc", "30", 0)
+        assert disabled is False and status.startswith("mcmc")
+        fig, status = poll_until_done(alex)
+        job = jobs.get(alex["sid"])
+        assert job.error is None and job.result is not None
+        assert len(job.rows) > 0
+        assert status.startswith("mcmc finished: best ") and status.endswith("Adopt it to edit it.")
+        assert f"{job.result.best_cost_s * 1e3:.3f} ms" in status
+        _, best = fig.data
+        assert list(best.x) == [r["iteration"] for r in job.rows]
+        assert list(best.y) == pytest.approx([r["best_cost_s"] * 1e3 for r in job.rows])
+        assert fig.layout.title.text == "mcmc, budget 30 proposals, seed 0"
+        assert C.search_stop(alex) == "No search is running."
+        state, msg = C.on_event("search-adopt", alex)
+        assert msg == f"Adopted the search's best ({format_seconds(job.result.best_cost_s)})."
+        assert state["strategy"]["ops"] == job.result.best.to_dict()["ops"]
+        assert W.workspace(state).timeline.makespan_s == pytest.approx(job.result.best_cost_s, rel=1e-9)
+        back, _ = C.on_event("undo", state)
+        assert back["strategy"]["ops"] == alex["strategy"]["ops"]
+
+    def test_stop_and_one_at_a_time(self, alex):
+        status, disabled = C.search_start(alex, "mcmc", "100000000", 1)
+        assert disabled is False
+        status, disabled = C.search_start(alex, "mcmc", "30", 1)
+        assert disabled is True and status == ("Search not started: a search is already running in this session; "
+                                               "stop it first")
+        other = W.new_state("alexnet")
+        assert C.search_poll(other)[2] is True  # another session sees no search
+        assert C.search_stop(alex) == "Stopping: the search returns its best so far..."
+        _, status = poll_until_done(alex)
+        assert status.startswith("mcmc stopped: best ")
+        assert jobs.get(alex["sid"]).result.cancelled
+
+    @pytest.mark.parametrize("algorithm, budget, seed, what", [
+        ("nope", "30", 0, f"unknown search algorithm 'nope'; available: {', '.join(ALGORITHMS)}"),
+        ("mcmc", "abc", 0, "budget 'abc'"),
+        ("mcmc", "30", "x", "'x'"),
+    ])
+    def test_refused(self, alex, algorithm, budget, seed, what):
+        status, disabled = C.search_start(alex, algorithm, budget, seed)
+        assert disabled is True and status.startswith("Search not started: ") and what in status
+        assert jobs.get(alex["sid"]) is None
+
+    def test_poll_without_search(self, alex):
+        fig, status, disabled = C.search_poll(alex)
+        assert disabled is True and status == ""
+        assert fig.layout.annotations[0].text.startswith("Start a search")
+        assert C.search_stop(alex) == "No search is running."
+
+
+class TestExport:
+    def test_strategy(self, alex, alexnet):
+        g, c = alexnet
+        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        out = C.export_strategy(s)
+        assert out["filename"] == "strategy-alexnet-p100-4x4.json" and out["type"] == "application/json"
+        data = json.loads(out["content"])
+        strategy = load_strategy(data, g, c)
+        assert data["ops"] == s["strategy"]["ops"]
+        assert simulate_strategy(g, strategy, c).iteration_time_s == data["cost"]["iteration_time_s"]
+        assert data["cost"]["iteration_time_s"] == W.workspace(s).timeline.makespan_s
+
+    def test_trace(self, alex):
+        out = C.export_trace(alex)
+        assert out["filename"] == "trace-alexnet-p100-4x4.json"
+        body = json.loads(out["content"])
+        assert body["displayTimeUnit"] == "ms"
+        assert isinstance(body["traceEvents"], list) and len(body["traceEvents"]) > 0
+        complete = [e for e in body["traceEvents"] if e.get("ph") == "X"]
+        assert complete
+        end_us = max(e["ts"] + e["dur"] for e in complete)
+        assert end_us == pytest.approx(W.workspace(alex).timeline.makespan_s * 1e6, rel=1e-6)
+
+    def test_filename_without_colon(self):
+        s = W.new_state("alexnet", "dgx-a100-80gb:1")
+        assert C.export_trace(s)["filename"] == "trace-alexnet-dgx-a100-80gb_1.json"
+
+    def test_share_link(self, alex):
+        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        url = C.share_link(s, "http://host:8050/?model=x&s=old")
+        assert url.startswith("http://host:8050/?model=alexnet&cluster=p100-4x4&s=")
+        state, _ = W.state_from_query(url.split("/", 3)[3])
+        assert state["strategy"]["ops"] == s["strategy"]["ops"]
+        m = resolve_model("alexnet").to_dict()
+        uploaded, _, ok = W.import_file(alex, json.dumps(m), "m.json")
+        assert ok and C.share_link(uploaded, None).startswith("Cannot share: ")
+
+
+class TestRenderCompare:
+    def test_nothing_kept(self, alex):
+        table, diff, fig = C.render_compare(alex)
+        assert "Keep strategies here" in str(table) and diff == ""
+        assert fig.layout.annotations[0].text.startswith("Keep two or more")
+
+    def test_two_kept(self, alex):
+        s, _ = W.add_to_compare(alex, "dp")
+        s, _ = C.on_event("pick-baseline", s, baseline="expert")
+        s, _ = W.add_to_compare(s, "ex")
+        table, diff, fig = C.render_compare(s)
+        assert "dp" in str(table) and "ex" in str(table)
+        assert "3 op(s) differ between dp and ex" in str(diff)
+        assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
+        assert fig.layout.xaxis.matches == "x2"
+
+    @pytest.mark.xfail(reason="BUG: render_compare simulates with engine.report.simulate_strategy, whose task graph "
+                              "uses symmetry; a symmetric strategy's timeline holds only representative devices, so "
+                              "the compare Gantt shows one GPU of eight", strict=True)
+    def test_symmetric_strategy_shows_every_gpu(self):
+        s = W.new_state("alexnet", "dgx-a100-80gb:1")
+        s, _ = W.add_to_compare(s, "a")
+        s, _ = W.add_to_compare(s, "b")
+        explore = C.render_explore(s)
+        assert len(explore["gantt"].layout.yaxis.ticktext) == 16
+        _, _, fig = C.render_compare(s)
+        assert len(fig.layout.yaxis.ticktext) == 16
