@@ -1,0 +1,69 @@
+"""PaSE's dynamic programming: search time on the instances of PaSE's paper (issue 6).
+
+For each instance: build the cost tables (configs, vertex and edge costs) and run the DP,
+median of ``--repeats`` runs in this process; the largest dependent set and table; the
+optimum's analytic cost and simulated iteration time. The reference times are those the
+issue gives for PaSE's own code on a 2-core machine; the ratio is reference / ours.
+
+Clusters: P100 nodes as in FlexFlow's cluster (4 GPUs a node, NVLink, EDR InfiniBand), 1, 2
+or 4 nodes for 4, 8 or 16 devices.
+
+Usage: python benchmarks/bench_pase.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+from engine.cluster import DEVICE_TYPES, IB_EDR_BW, NVLINK1_PAIR_BW, PCIE3_BW, Cluster, NodeSpec
+from engine.formats import resolve_model
+from engine.search.pase import build_problem, solve
+from engine.simulate import simulate
+from engine.taskgraph import build_task_graph
+
+#: (model, devices, PaSE's reference seconds from the issue)
+CASES = [("alexnet", 4, 1.0), ("inception_v3", 4, 11.7), ("inception_v3", 16, 29.3), ("transformer", 4, 12.8),
+         ("transformer", 8, 43.9)]
+
+
+def p100_nodes(devices: int) -> Cluster:
+    spec = NodeSpec("node", 4, "P100-SXM2-16GB", "mesh", NVLINK1_PAIR_BW, nics=1, nic_bw_bytes_per_s=IB_EDR_BW,
+                    attach_bw_bytes_per_s=PCIE3_BW, repeat=devices // 4)
+    return Cluster(f"p100-{devices // 4}x4", [spec], DEVICE_TYPES)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    print(f"{'model':13} {'GPUs':>4} {'tables s':>8} {'DP s':>6} {'total s':>7} {'PaSE ref s':>10} {'ratio':>6} "
+          f"{'|D| max':>7} {'table max':>10} {'F ms':>7} {'simulated ms':>12}")
+    for model, n, ref in CASES:
+        g, c = resolve_model(model), p100_nodes(n)
+        build_t, dp_t, totals = [], [], []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            problem = build_problem(g, c)
+            b = time.perf_counter() - t
+            r = solve(problem)
+            build_t.append(b)
+            dp_t.append(r.seconds)
+            totals.append(time.perf_counter() - t)
+        best = {op.name: problem.configs[v][r.choice[v]] for v, op in enumerate(g.ops)}
+        from engine.search.baselines import data_parallel
+        from dataclasses import replace
+
+        s = replace(data_parallel(g, c), configs=best)
+        sim = simulate(build_task_graph(g, s, c)).makespan_s
+        tot = statistics.median(totals)
+        print(f"{model:13} {n:4d} {statistics.median(build_t):8.2f} {statistics.median(dp_t):6.2f} {tot:7.2f} "
+              f"{ref:10.1f} {ref / tot:6.1f} {r.largest_dependent_set:7d} {r.largest_table_entries:10,} "
+              f"{r.cost_s * 1e3:7.2f} {sim * 1e3:12.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
