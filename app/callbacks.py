@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -96,13 +97,7 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
         if trigger == "edit-apply":
             try:
                 devs = W.parse_devices(devices or "", W.cluster_of(state).num_devices)
-                deg = {}
-                for dim, v in (degrees or {}).items():
-                    if v in (None, ""):
-                        v = 1
-                    if float(v) != int(float(v)) or int(float(v)) < 1:
-                        raise ValueError(f"degree of {dim}: {v!r} is not a whole number >= 1")
-                    deg[dim] = int(float(v))
+                deg = {dim: _degree(dim, v) for dim, v in (degrees or {}).items()}
             except ValueError as e:
                 return state, f"Edit refused: {e}"
             new, msg = W.apply_edit(state, list(ops or state.get("selected") or []), deg, devs)
@@ -137,6 +132,20 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
     except Exception as e:  # never lose the session over one action
         return state, f"That did not work: {type(e).__name__}: {e}"
     return state, ""
+
+
+def _degree(dim: str, value: Any) -> int:
+    """A degree typed by the user (empty: 1); ValueError naming the dim otherwise."""
+    if value in (None, ""):
+        return 1
+    try:
+        f = float(value)
+        ok = math.isfinite(f) and f == int(f) and f >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"degree of {dim}: {value!r} is not a whole number >= 1")
+    return int(f)
 
 
 def _fresh(state: dict, model: str | None = None, cluster: str | None = None) -> dict:
@@ -340,19 +349,28 @@ def zoom_gantt(state: dict, relayout: dict | None) -> Any:
     return build_gantt_figure(gantt_data(ws.graph, ws.cluster, ws.timeline, window=window, selected=selected))
 
 
+def _simulate_every_device(g, s, c):
+    """A simulation with a task for every device (no symmetric reduction), for timelines."""
+    from engine.memory import memory_report
+    from engine.report import SimulationResult
+    from engine.simulate import simulate
+    from engine.taskgraph import build_task_graph
+
+    tg = build_task_graph(g, s, c, symmetry="off")
+    tl = simulate(tg)
+    return SimulationResult(g, s, c, tg, tl, memory_report(g, s, c, tl))
+
+
 def render_compare(state: dict) -> tuple[Any, Any, Any]:
     items = state.get("compare") or []
     if not items:
         return html.P("Keep strategies here to compare them side by side."), "", empty_figure(
             "Keep two or more strategies to compare them.")
-    from engine.memory import memory_report
-    from engine.report import simulate_strategy
-
     g, c = W.graph_of(state), W.cluster_of(state)
     rows, gantts, strategies = [], [], []
     for it in items:
         s = strategy_from_dict(it["strategy"])
-        r = simulate_strategy(g, s, c, check=False)
+        r = _simulate_every_device(g, s, c)
         strategies.append((it["name"], s))
         rows.append(html.Tr([html.Td(it["name"]), html.Td(format_seconds(r.iteration_time_s)),
                              html.Td(format_rate(r.throughput_samples_per_s)),

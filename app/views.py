@@ -111,8 +111,8 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             first, b_start, b_end, count = _merge(r, start[t], end[t], eps)
             bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
             total += first.size
-        if total <= max_bars or eps < 0:
-            break
+        if total <= max_bars or eps < 0 or eps > (t1 - t0):
+            break  # (past the window's width every row and kind is one bar already)
         eps *= 2
     for label, b in bars.items():
         b["text"] = [_task_text(tg, names, int(t), int(c), s, e) for t, c, s, e in

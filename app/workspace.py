@@ -382,7 +382,7 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
     try:
         data = parse_json_text(text, filename)
     except (ValidationError, ValueError) as e:
-        return state, f"{filename}: {e}", False
+        return state, str(e), False  # (the parser's message starts with the file name)
     fmt = data.get("format", "") if isinstance(data, dict) else ""
     kind = fmt.split("/")[0].removeprefix("soapbox.") if fmt.startswith("soapbox.") else ""
     try:
@@ -469,16 +469,21 @@ def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
         payload = json.loads(zlib.decompress(base64.urlsafe_b64decode(raw)))
     except (ValueError, zlib.error) as e:
         raise ValueError(f"link: the strategy part ('s') is damaged ({e})") from None
-    if "s" in payload:
-        s = load_strategy(payload["s"], graph_of(state), cluster_of(state))
-    else:
-        kind = payload.get("b", "data-parallel")
-        s = make_baseline(kind, graph_of(state), cluster_of(state))
-        state["baseline"] = kind
-        for op, c in payload.get("d", {}).items():
-            if op not in s.configs:
-                raise ValueError(f"link: op {op!r} is not in {state['model']['name']}")
-            s = s.with_config(op, Config(c.get("degrees", {}), tuple(c["devices"])))
-        s = load_strategy(s.to_dict(), graph_of(state), cluster_of(state))  # validates every config
+    try:
+        if "s" in payload:
+            s = load_strategy(payload["s"], graph_of(state), cluster_of(state))
+        else:
+            kind = payload.get("b", "data-parallel")
+            s = make_baseline(kind, graph_of(state), cluster_of(state))
+            state["baseline"] = kind
+            for op, c in payload.get("d", {}).items():
+                if op not in s.configs:
+                    raise ValueError(f"op {op!r} is not in {state['model']['name']}")
+                s = s.with_config(op, Config(c.get("degrees", {}), tuple(c["devices"])))
+            s = load_strategy(s.to_dict(), graph_of(state), cluster_of(state))  # validates every config
+    except (AttributeError, KeyError, TypeError) as e:
+        raise ValueError(f"link: the strategy part ('s') is not a soapbox share ({type(e).__name__}: {e})") from None
+    except (ValidationError, ValueError) as e:
+        raise ValueError(f"link: {e}") from None
     state["strategy"] = s.to_dict()
     return state, "Loaded the shared strategy."

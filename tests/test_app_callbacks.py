@@ -170,9 +170,6 @@ class TestOnEventEdit:
         _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
         assert msg == f"Edit refused: degree of sample: {v!r} is not a whole number >= 1"
 
-    @pytest.mark.xfail(reason="BUG: a degree that is not a finite number ('abc', 'inf', 'nan') escapes the "
-                              "'degree of <dim>' check: float()/int() raise first, so the message does not name the "
-                              "dim ('inf' even says 'That did not work: OverflowError')", strict=True)
     @pytest.mark.parametrize("v", ["abc", "inf", "nan"])
     def test_non_number_degree_message_names_the_dim(self, alex, v):
         _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
@@ -449,9 +446,6 @@ class TestRenderCompare:
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert fig.layout.xaxis.matches == "x2"
 
-    @pytest.mark.xfail(reason="BUG: render_compare simulates with engine.report.simulate_strategy, whose task graph "
-                              "uses symmetry; a symmetric strategy's timeline holds only representative devices, so "
-                              "the compare Gantt shows one GPU of eight", strict=True)
     def test_symmetric_strategy_shows_every_gpu(self):
         s = W.new_state("alexnet", "dgx-a100-80gb:1")
         s, _ = W.add_to_compare(s, "a")

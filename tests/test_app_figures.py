@@ -177,8 +177,6 @@ class TestGanttData:
         merged_texts = [t for b in d["bars"].values() for t, n in zip(b["text"], b["count"]) if n > 1]
         assert merged_texts and all("tasks" in t and "zoom in" in t for t in merged_texts)
 
-    @pytest.mark.xfail(reason="BUG: gantt_data loops forever when max_bars is below the fewest bars merging can "
-                              "give (one per row and kind): eps doubles without end", raises=_Timeout, strict=True)
     def test_merging_always_terminates(self, alexnet, dp):
         g, c = alexnet
         # 16 GPUs x (forward, backward, optimizer, collective rows) = 64 bars at the least

@@ -288,8 +288,6 @@ class TestImportFile:
         assert msg.startswith("upload-1.json: ")
         assert what in msg
 
-    @pytest.mark.xfail(reason="BUG: import_file prefixes the filename to a parse error that already starts with it "
-                              "('f.json: f.json: 1 problem found')", strict=True)
     def test_malformed_json_names_the_file_once(self, alex):
         _, msg, _ = W.import_file(alex, "{bad", "f.json")
         assert msg.count("f.json") == 1
@@ -394,9 +392,6 @@ class TestShareLinks:
         with pytest.raises(ValueError, match="ops.fc6.degrees.feature"):
             W.state_from_query(link({"d": {"fc6": {"degrees": {"feature": 3}, "devices": [0, 1, 2]}}}))
 
-    @pytest.mark.xfail(reason="BUG: state_from_query lets AttributeError/KeyError escape for a link whose payload "
-                              "decodes but has the wrong shape, instead of a ValueError about the link",
-                       raises=(AttributeError, KeyError), strict=True)
     @pytest.mark.parametrize("payload", [[1], "x", {"d": []}, {"d": {"fc6": {"degrees": {}}}}])
     def test_link_with_wrong_shape(self, payload):
         with pytest.raises(ValueError, match="link"):
