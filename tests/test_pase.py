@@ -115,3 +115,46 @@ def test_search_interface_and_valid_strategy():
     dp = data_parallel(g, c)
     dp_choice = [cs.index(dp[op.name]) for op, cs in zip(g.ops, problem.configs)]
     assert r.best.found_by["pase_cost_s"] <= problem.cost(dp_choice)
+
+
+class TestDifferentiable:
+    def test_gradient_matches_finite_differences(self):
+        from engine.search.differentiable import _memory_terms, relaxed_cost
+
+        problem = build_problem(list(small_graphs())[1], toy_cluster())
+        rng = np.random.default_rng(1)
+        probs = [rng.dirichlet(np.ones(len(c))) for c in problem.configs]
+        mem, cap = _memory_terms(problem)
+        used = sum(p @ m for p, m in zip(probs, mem))
+        cap = np.full_like(cap, 0.5 * used.max())  # the penalty active on the busiest devices
+        e, grads = relaxed_cost(problem, probs, mem, cap)
+        for v in range(len(probs)):
+            for k in range(len(probs[v])):
+                h = 1e-5
+                up = [p.copy() for p in probs]
+                down = [p.copy() for p in probs]
+                up[v][k] += h
+                down[v][k] -= h
+                slope = (relaxed_cost(problem, up, mem, cap)[0] - relaxed_cost(problem, down, mem, cap)[0]) / (2 * h)
+                assert slope == pytest.approx(grads[v][k], rel=1e-4, abs=1e-12)  # central differences
+
+    @pytest.mark.parametrize("graph", list(small_graphs()), ids=lambda g: g.name)
+    def test_reaches_within_5_percent_of_the_dp_optimum(self, graph):
+        from engine.search.differentiable import optimise
+
+        cluster = toy_cluster()
+        problem = build_problem(graph, cluster)
+        exact = solve(problem).cost_s
+        dp = data_parallel(graph, cluster)
+        start = [cs.index(dp[op.name]) for op, cs in zip(graph.ops, problem.configs)]
+        r = optimise(problem, steps=200, seed=0, start=start)  # warm start, as the search does
+        assert problem.cost(r.choice) == pytest.approx(r.cost_s)
+        assert r.cost_s <= exact * 1.05
+
+    def test_search_interface(self):
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        r = ALGORITHMS["differentiable"][0](g, c, None, seed=0, steps=100)
+        assert validate_strategy(r.best, g, c) == [] and r.best.found_by["algorithm"] == "differentiable"
+        exact = solve(build_problem(g, c)).cost_s
+        assert r.best.found_by["model_cost_s"] <= exact * 1.05
+        assert r.trace and r.trace[-1].best_cost_s == r.best_cost_s

@@ -7,6 +7,7 @@ hard-coded menu.
 from __future__ import annotations
 
 from .mcmc import Budget, Progress, SearchResult, mcmc
+from .differentiable import differentiable
 from .pase import pase
 
 __all__ = ["ALGORITHMS", "Budget", "Progress", "SearchResult"]
@@ -15,4 +16,6 @@ __all__ = ["ALGORITHMS", "Budget", "Progress", "SearchResult"]
 ALGORITHMS = {
     "mcmc": (mcmc, "FlexFlow's MCMC over the SOAP space with delta simulation and successive halving"),
     "pase": (pase, "PaSE's dynamic programming: the exact optimum of a per-op + per-edge cost (Elango IPDPS'21)"),
+    "differentiable": (differentiable, "softmax-relaxed configs (DARTS-style), gradient descent with annealing, "
+                                       "then discretised and polished"),
 }
