@@ -8,7 +8,11 @@ issue gives for PaSE's own code on a 2-core machine; the ratio is reference / ou
 Clusters: P100 nodes as in FlexFlow's cluster (4 GPUs a node, NVLink, EDR InfiniBand), 1, 2
 or 4 nodes for 4, 8 or 16 devices.
 
-Usage: python benchmarks/bench_pase.py [--repeats 3]
+With ``--diff``: the differentiable search on the same cost tables (warm start from data
+parallel, 400 steps, then the polish) against the DP optimum of F, on FlexFlow's six models on
+p100-4x4 and PaSE's Transformer on 8 GPUs: the gap and both times.
+
+Usage: python benchmarks/bench_pase.py [--repeats 3] [--diff]
 """
 
 from __future__ import annotations
@@ -35,11 +39,34 @@ def p100_nodes(devices: int) -> Cluster:
     return Cluster(f"p100-{devices // 4}x4", [spec], DEVICE_TYPES)
 
 
+def differentiable_gap() -> None:
+    from engine.cluster import preset
+    from engine.search.baselines import data_parallel
+    from engine.search.differentiable import optimise
+
+    print(f"{'model':13} {'cluster':10} {'DP F ms':>9} {'DP s':>6} {'diff F ms':>9} {'gap':>8} {'diff s':>7}")
+    for model, cl in [(m, "p100-4x4") for m in ("alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt")] + \
+            [("transformer", "p100-2x4")]:
+        g = resolve_model(model)
+        c = preset(cl) if cl != "p100-2x4" else p100_nodes(8)
+        problem = build_problem(g, c)
+        r = solve(problem)
+        dp = data_parallel(g, c)
+        start = [cs.index(dp[op.name]) if dp[op.name] in cs else 0 for op, cs in zip(g.ops, problem.configs)]
+        d = optimise(problem, seed=0, start=start)
+        print(f"{model:13} {cl:10} {r.cost_s * 1e3:9.3f} {r.seconds:6.2f} {d.cost_s * 1e3:9.3f} "
+              f"{d.cost_s / r.cost_s - 1:+8.2%} {d.seconds:7.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--diff", action="store_true", help="the differentiable search's gap instead")
     args = ap.parse_args()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    if args.diff:
+        differentiable_gap()
+        return
     print(f"{'model':13} {'GPUs':>4} {'tables s':>8} {'DP s':>6} {'total s':>7} {'PaSE ref s':>10} {'ratio':>6} "
           f"{'|D| max':>7} {'table max':>10} {'F ms':>7} {'simulated ms':>12}")
     for model, n, ref in CASES:
