@@ -9,6 +9,7 @@ from __future__ import annotations
 from .mcmc import Budget, Progress, SearchResult, mcmc
 from .differentiable import differentiable
 from .pase import pase
+from .pipeline import pipeline
 
 __all__ = ["ALGORITHMS", "Budget", "Progress", "SearchResult"]
 
@@ -16,6 +17,8 @@ __all__ = ["ALGORITHMS", "Budget", "Progress", "SearchResult"]
 ALGORITHMS = {
     "mcmc": (mcmc, "FlexFlow's MCMC over the SOAP space with delta simulation and successive halving"),
     "pase": (pase, "PaSE's dynamic programming: the exact optimum of a per-op + per-edge cost (Elango IPDPS'21)"),
+    "pipeline": (pipeline, "Alpa-style pipeline stages by dynamic programming, intra-op layouts inside, "
+                           "stage communication, microbatches and hardware-aware placement"),
     "differentiable": (differentiable, "softmax-relaxed configs (DARTS-style), gradient descent with annealing, "
                                        "then discretised and polished"),
 }

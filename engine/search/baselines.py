@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..cluster import Cluster
 from ..graph import Op, OpGraph
@@ -136,11 +136,20 @@ def expert(graph: OpGraph, cluster: Cluster) -> Strategy:
 _LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
 
 
-def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
-    """Model chunk of every op: layer blocks split evenly; any other op joins the chunk of
-    the next layer after it in topological order (the last chunk after the last layer), so
-    an encoder-decoder's decoder embedding sits with the first decoder layer; inputs join
-    their first consumer."""
+def layer_blocks(graph: OpGraph) -> list[str]:
+    """The numbered layer blocks (``layers.0``, ``encoder.3``, ...) in order."""
+    layers: list[str] = []
+    for op in graph.ops:
+        if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
+            layers.append(op.block)
+    return layers
+
+
+def _chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) -> dict[str, int]:
+    """Model chunk of every op: layer blocks split evenly (or ``counts`` layers per chunk);
+    any other op joins the chunk of the next layer after it in topological order (the last
+    chunk after the last layer), so an encoder-decoder's decoder embedding sits with the first
+    decoder layer; inputs join their first consumer."""
     layers: list[str] = []
     for op in graph.ops:
         if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
@@ -149,11 +158,18 @@ def _chunks(graph: OpGraph, n_chunks: int) -> dict[str, int]:
         return {op.name: 0 for op in graph.ops}
     if not layers:
         raise ValueError(f"model {graph.name!r} has no numbered layer blocks to split into pipeline stages")
-    if len(layers) % n_chunks:
-        raise ValueError(f"{len(layers)} layers do not split evenly into {n_chunks} pipeline chunks "
-                         f"(pp x vpp)")
-    per = len(layers) // n_chunks
-    layer_chunk = {b: i // per for i, b in enumerate(layers)}
+    if counts is not None:
+        if len(counts) != n_chunks or sum(counts) != len(layers) or min(counts) < 1:
+            raise ValueError(f"layers per stage {list(counts)} must be {n_chunks} counts >= 1 adding up to "
+                             f"the {len(layers)} layers")
+        owner = [k for k, c in enumerate(counts) for _ in range(c)]
+        layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
+    else:
+        if len(layers) % n_chunks:
+            raise ValueError(f"{len(layers)} layers do not split evenly into {n_chunks} pipeline chunks "
+                             f"(pp x vpp)")
+        per = len(layers) // n_chunks
+        layer_chunk = {b: i // per for i, b in enumerate(layers)}
     chunk: dict[str, int] = {}
     following = n_chunks - 1
     for op in reversed(graph.ops):
@@ -256,13 +272,18 @@ def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
 
 def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int | None = None,
              micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
-             sequence_parallel: bool = False, schedule: str | None = None) -> Strategy:
+             sequence_parallel: bool = False, schedule: str | None = None,
+             layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
     ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
     chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
 
     Ranks are laid out as Megatron does: tensor-parallel ranks adjacent (inside a node),
     then data-parallel, then pipeline: device = stage*(dp*tp) + dp_rank*tp + tp_rank.
+
+    ``layers_per_stage`` (one count per stage, no interleaving) replaces the even split, and
+    ``stage_mesh`` puts stage s on the s'-th block of dp*tp devices, s' = stage_mesh[s]
+    (the pipeline planner's choices, :mod:`engine.search.pipeline`).
 
     Raises
     ------
@@ -290,11 +311,14 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         micro_batch = graph.batch_size // dp if pp == 1 else 1
     m = _microbatches(graph, dp, micro_batch)
     schedule = schedule or ("interleaved" if vpp > 1 else "1f1b")
-    chunk = _chunks(graph, pp * vpp)
+    chunk = _chunks(graph, pp * vpp, layers_per_stage if vpp == 1 else None)
+    mesh = list(stage_mesh) if stage_mesh is not None else list(range(pp))
+    if sorted(mesh) != list(range(pp)):
+        raise ValueError(f"stage_mesh must be a permutation of 0..{pp - 1}, got {mesh}")
     plan, notes = _tp_plan(graph, tp, sequence_parallel)
     configs = {}
     for op in graph.ops:
-        base = (chunk[op.name] % pp) * dp * tp
+        base = mesh[chunk[op.name] % pp] * dp * tp
         dim, deg = plan[op.name]
         degrees: dict[str, int] = {}
         if dp > 1 and "sample" in op.dim_names:
@@ -350,7 +374,8 @@ BASELINES: dict[str, Baseline] = {
         Baseline("model-parallel", model_parallel, "ops placed on devices in order, balanced by FLOPs", ()),
         Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
-                 ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule")),
+                 ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
+                  "layers_per_stage", "stage_mesh")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp)",
                  ("zero_stage", "micro_batch", "tp", "recompute")),
     ]

@@ -1,0 +1,384 @@
+"""Pipeline planning after Alpa's inter-operator pass (Zheng et al. OSDI'22 §5).
+
+The layers are cut into ``pp`` consecutive stages, the cluster into ``pp`` meshes of
+``dp x tp`` devices, and each stage runs Megatron-style intra-op parallelism inside its mesh
+(tensor parallel of degree ``tp`` within a node, ``dp`` data-parallel replicas). For B
+microbatches, Alpa's objective (Eq. 2) is the pipeline's latency
+
+    T = Σ_s t_s + (B − 1) · max_s t_s,
+
+t_s being stage s's latency for one microbatch (forward + backward). For every (tp, pp, dp,
+microbatch size) the layer split minimising T is found by Alpa's dynamic programme: for a cap
+t_max on any stage's latency, the least Σ t_s over splits with every t_s <= t_max (a DP over
+(stages, layers)); T = that + (B − 1) t_max, minimised over caps tried in increasing order
+(stopping once (B − 1) t_max alone exceeds the best; caps are the stage latencies' quantiles).
+
+Beyond Alpa, where its users hit limits:
+
+* **Communication between stages** (Alpa issue #459): each stage boundary sends one
+  microbatch's activations forward and their gradients back over the slowest link between the
+  two meshes; it is added to the sending stage's latency.
+* **Microbatches chosen**: the microbatch size is searched with the rest (B = batch / (dp x size)),
+  and the data-parallel gradient all-reduce of the slowest stage is added once per iteration.
+* **Hardware-aware placement** on heterogeneous clusters: a stage's latency is computed on the
+  device type of its mesh (its slowest GPU) and the links of that mesh, every assignment of
+  stages to meshes is tried (up to 6 stages; beyond, by speed order), and the DP then gives the
+  faster meshes more layers. ``hardware_aware=False`` plans as if every mesh were like the
+  first one (the comparison in BENCHMARKS.md).
+* **Memory**: a plan whose stage would hold more than its GPUs' memory (weights, gradients and
+  Adam state of its layers over tp, plus 1F1B's in-flight activations) is skipped.
+
+The analytic model ranks plans; the best few are simulated (:mod:`engine.simulate`, memory
+included) and the fastest feasible one is returned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..costs import CostModel, collective_time_s
+from ..graph import OpGraph
+from ..ops import DTYPE_BYTES
+from ..strategy import Strategy
+from .baselines import _tp_plan, data_parallel, layer_blocks, megatron
+
+__all__ = ["Plan", "plan_pipeline", "pipeline"]
+
+
+@dataclass
+class Plan:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    microbatches: int
+    layers_per_stage: list[int]
+    stage_mesh: list[int]
+    model_cost_s: float  # Alpa's T plus the data-parallel sync, analytic
+    recompute: str = "none"
+
+    def describe(self) -> str:
+        return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}, micro-batch {self.micro_batch} "
+                f"({self.microbatches} microbatches), recompute {self.recompute}, layers per stage "
+                f"{self.layers_per_stage}, meshes {self.stage_mesh}")
+
+
+def _units(graph: OpGraph) -> list[list[int]]:
+    """Op indices of each layer, the ops before the first layer joining it and the ops after
+    the last joining that (as the Megatron baseline assigns them)."""
+    layers = layer_blocks(graph)
+    index = {b: k for k, b in enumerate(layers)}
+    units: list[list[int]] = [[] for _ in layers]
+    pending: list[int] = []
+    last = -1
+    for i, op in enumerate(graph.ops):
+        k = index.get(op.block) if op.block else None
+        if k is None:
+            pending.append(i)
+            continue
+        units[k].extend(pending)
+        pending = []
+        units[k].append(i)
+        last = k
+    if pending and last >= 0:
+        units[last].extend(pending)
+    return units
+
+
+class _Model:
+    """Per-layer latencies and sizes under (tp, dp, microbatches) on each mesh type."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel):
+        self.g, self.c, self.cost = graph, cluster, cost
+        self.units = _units(graph)
+        self.pbytes = DTYPE_BYTES[graph.precision]
+        self._plans: dict[int, dict] = {}
+        self._groups: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._times: dict[tuple, np.ndarray] = {}
+        self._sizes: dict[tuple, tuple] = {}
+
+    def group(self, devices: tuple[int, ...]) -> tuple[float, float]:
+        if len(devices) <= 1:
+            return math.inf, 0.0
+        hit = self._groups.get(devices)
+        if hit is None:
+            bw, lat, _ = self.c.collective_group(devices)
+            hit = self._groups[devices] = (bw * self.cost.link_efficiency, lat)
+        return hit
+
+    def tp_plan(self, tp: int) -> dict:
+        if tp not in self._plans:
+            self._plans[tp] = _tp_plan(self.g, tp, False)[0]
+        return self._plans[tp]
+
+    def layer_times(self, tp: int, dp: int, m: int, dtype, tp_group: tuple[int, ...], recompute: str) -> np.ndarray:
+        """[layer] seconds of one microbatch's forward + backward (+ the recomputed forward)
+        on one mesh (cached per device type: a tensor-parallel group sits inside one node)."""
+        key = (tp, dp, m, dtype.name, recompute)
+        hit = self._times.get(key)
+        if hit is not None:
+            return hit
+        plan = self.tp_plan(tp)
+        bw, lat = self.group(tp_group)
+        out = np.zeros(len(self.units))
+        for k, ops in enumerate(self.units):
+            t = 0.0
+            for i in ops:
+                op = self.g.ops[i]
+                if op.kind == "input":
+                    continue
+                dim, deg = plan[op.name]
+                degrees = {"sample": dp * m} if "sample" in op.dim_names else {}
+                if dim is not None and deg > 1:
+                    degrees[dim] = deg
+                f, b = self.cost.partition_times_s(op, degrees, self.g.precision, dtype)
+                t += f + b + (f if recompute == "full" else 0.0)
+                if dim is not None and deg > 1 and op.dim(dim).kind == "R":  # row-parallel: all-reduce out
+                    _, outs, _ = op.partition_shapes(degrees)
+                    size = float(sum(math.prod(s) for s in outs)) * self.pbytes
+                    t += (3 if recompute == "full" else 2) * collective_time_s(
+                        "all_reduce", size, tp, bw / self.cost.link_efficiency, lat, self.cost.link_efficiency)
+            out[k] = t
+        self._times[key] = out
+        return out
+
+    def layer_sizes(self, tp: int, dp: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[layer] parameters per GPU, activation bytes kept per microbatch per GPU, and the
+        bytes of the layer's output per microbatch per GPU (what a stage boundary sends)."""
+        hit = self._sizes.get((tp, dp, m))
+        if hit is not None:
+            return hit
+        plan = self.tp_plan(tp)
+        params = np.zeros(len(self.units))
+        acts = np.zeros(len(self.units))
+        outb = np.zeros(len(self.units))
+        for k, ops in enumerate(self.units):
+            for i in ops:
+                op = self.g.ops[i]
+                dim, deg = plan[op.name]
+                degrees = {"sample": dp * m} if "sample" in op.dim_names else {}
+                if dim is not None and deg > 1:
+                    degrees[dim] = deg
+                ins, outs, ps = op.partition_shapes(degrees)
+                params[k] += float(sum(math.prod(s) for s in ps))
+                acts[k] += float(sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)))
+            last = self.g.ops[ops[-1]] if ops else None
+            if last is not None:
+                _, outs, _ = last.partition_shapes({"sample": dp * m} if "sample" in last.dim_names else {})
+                outb[k] = float(sum(math.prod(s) for s in outs)) * self.pbytes
+        self._sizes[(tp, dp, m)] = (params, acts, outb)
+        return params, acts, outb
+
+
+def _split(times: list[np.ndarray], boundary: list[np.ndarray], B: int, ok: np.ndarray,
+           caps: int = 64) -> tuple[float, list[int]] | None:
+    """Alpa's DP: ``times[s]`` [layer] latencies on stage s's mesh, ``boundary[s]`` [layer]
+    the cost of ending stage s after that layer; ``ok[s, i, j]`` whether layers i..j-1 fit
+    stage s's memory. Returns (T, layers per stage) or None."""
+    pp = len(times)
+    L = times[0].size
+    # t[s, i, j]: stage s running layers i..j-1
+    t = np.full((pp, L + 1, L + 1), np.inf)
+    for s in range(pp):
+        pre = np.concatenate([[0.0], np.cumsum(times[s])])
+        span = pre[None, :] - pre[:, None]
+        comm = np.zeros(L + 1)
+        if s < pp - 1:
+            comm[1:] = boundary[s]
+        tt = span + comm[None, :]
+        tt[np.tril_indices(L + 1)] = np.inf  # need j > i
+        tt[~ok[s]] = np.inf
+        t[s] = tt
+    finite = np.unique(t[np.isfinite(t)])
+    if finite.size == 0:
+        return None
+    cand = np.unique(np.quantile(finite, np.linspace(0, 1, min(caps, finite.size)), method="higher"))
+    best: tuple[float, list[int]] | None = None
+    for cap in cand:
+        if best is not None and (B - 1) * cap >= best[0]:
+            break
+        tc = np.where(t <= cap, t, np.inf)
+        f = np.full(L + 1, np.inf)
+        f[0] = 0.0
+        arg = np.zeros((pp, L + 1), np.int64)
+        for s in range(pp):
+            cand_f = f[:, None] + tc[s]  # [i, j]
+            arg[s] = cand_f.argmin(axis=0)
+            f = cand_f.min(axis=0)
+        if not np.isfinite(f[L]):
+            continue
+        total = f[L] + (B - 1) * cap
+        if best is None or total < best[0]:
+            j, counts = L, []
+            for s in range(pp - 1, -1, -1):
+                i = int(arg[s, j])
+                counts.append(j - i)
+                j = i
+            best = (float(total), counts[::-1])
+    return best
+
+
+def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, hardware_aware: bool = True,
+                  tps: tuple[int, ...] = (1, 2, 4, 8), micro_batches: tuple[int, ...] = (1, 2, 4, 8),
+                  max_pp: int | None = None, recomputes: tuple[str, ...] = ("none", "full")) -> list[Plan]:
+    """Every feasible plan's analytic cost, best first (see the module docstring)."""
+    cost = cost or CostModel()
+    n = cluster.num_devices
+    L = len(layer_blocks(graph))
+    if L == 0:
+        raise ValueError(f"model {graph.name!r} has no numbered layer blocks to cut into pipeline stages")
+    model = _Model(graph, cluster, cost)
+    batch = graph.batch_size
+    per_node = max(sum(1 for d in cluster.devices if d.node == 0), 1)
+    mem_cap = np.array([cluster.device_type(d).memory_bytes for d in range(n)], dtype=np.float64)
+    opt_bytes = 2 * model.pbytes + (8 if graph.precision == "fp32" else 12)
+    plans: list[Plan] = []
+    for tp in tps:
+        if tp > per_node or n % tp:
+            continue
+        try:
+            model.tp_plan(tp)
+        except ValueError:
+            continue  # heads not divisible, ...
+        for pp in range(1, min(L, max_pp or L) + 1):
+            if (n // tp) % pp:
+                continue
+            dp = n // (tp * pp)
+            if batch % dp:
+                continue
+            mesh_size = dp * tp
+            meshes = [tuple(range(k * mesh_size, (k + 1) * mesh_size)) for k in range(pp)]
+            speed = [min(cluster.device_type(d).peak_flops_per_s.get(graph.precision, 0.0) for d in mesh)
+                     for mesh in meshes]
+            for mb in micro_batches:
+                if (batch // dp) % mb:
+                    continue
+                B = batch // (dp * mb)
+                m = B  # the engine's sample degree carries dp * microbatches
+                # per mesh: the device type it runs at (hardware-aware) or the first mesh's
+                types = [min((cluster.device_type(d) for d in mesh), key=lambda t: t.peak_flops_per_s.get(
+                    graph.precision, 0.0)) for mesh in meshes]
+                if not hardware_aware:
+                    types = [cluster.device_type(0)] * pp
+                params, acts, outb = model.layer_sizes(tp, dp, m)
+                for recompute in recomputes:
+                    plans += _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params,
+                                        acts, outb, recompute, hardware_aware, mem_cap, opt_bytes, cost)
+    plans.sort(key=lambda p: p.model_cost_s)
+    return plans
+
+
+def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params, acts, outb, recompute,
+               hardware_aware, mem_cap, opt_bytes, cost) -> list[Plan]:
+    """The best layer split for every assignment of stages to meshes, for one layout."""
+    n = cluster.num_devices
+    L = params.size
+    mesh_size = len(meshes[0])
+    plans = []
+    times_by_mesh = [model.layer_times(tp, dp, m, types[k], meshes[k][:tp], recompute) for k in range(pp)]
+    if recompute == "full":  # only each layer's input is kept between forward and backward
+        acts = np.concatenate([[outb[0]], outb[:-1]])
+    pre_p = np.concatenate([[0.0], np.cumsum(params)])
+    pre_a = np.concatenate([[0.0], np.cumsum(acts)])
+    orders = [list(range(pp))]
+    if hardware_aware and len(set(speed)) > 1:
+        if pp <= 6:  # every assignment that differs in which kind of mesh runs which stage
+            kinds = [types[k].name for k in range(pp)]
+            seen, orders = set(), []
+            for perm in itertools.permutations(range(pp)):
+                key = tuple(kinds[k] for k in perm)
+                if key not in seen:
+                    seen.add(key)
+                    orders.append(list(perm))
+        else:
+            orders = [sorted(range(pp), key=lambda k: -speed[k])]
+    for order in orders:
+        times = [times_by_mesh[order[s]] for s in range(pp)]
+        boundary = []
+        for s in range(pp - 1):
+            a, b = meshes[order[s]][0], meshes[order[s + 1]][0]
+            bw = cluster.path_bandwidth(a, b) * cost.link_efficiency if hardware_aware else \
+                cluster.path_bandwidth(0, min(n - 1, mesh_size)) * cost.link_efficiency
+            boundary.append(2 * outb / bw)
+        ok = np.zeros((pp, L + 1, L + 1), bool)
+        for s in range(pp):
+            inflight = pp - s  # 1F1B: stage s holds up to pp - s microbatches
+            wt = (pre_p[None, :] - pre_p[:, None]) * opt_bytes
+            ac = (pre_a[None, :] - pre_a[:, None]) * min(inflight, B)
+            ok[s] = wt + ac <= mem_cap[meshes[order[s]][0]]
+        res = _split(times, boundary, B, ok)
+        if res is None:
+            continue
+        total, counts = res
+        # data-parallel gradient sync of the heaviest stage, once per iteration
+        sync = 0.0
+        if dp > 1:
+            at = 0
+            for s, cnt in enumerate(counts):
+                mesh = meshes[order[s]]
+                bw, lat = model.group(tuple(mesh[::tp]))
+                size = (pre_p[at + cnt] - pre_p[at]) * model.pbytes
+                sync = max(sync, collective_time_s("all_reduce", size, dp, bw / cost.link_efficiency,
+                                                   lat, cost.link_efficiency))
+                at += cnt
+        plans.append(Plan(tp, pp, dp, mb, B, counts, list(order), total + sync, recompute))
+    return plans
+
+
+def build_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> Strategy:
+    return megatron(graph, cluster, tp=plan.tp, pp=plan.pp, dp=plan.dp, micro_batch=plan.micro_batch,
+                    recompute=plan.recompute, layers_per_stage=plan.layers_per_stage if plan.pp > 1 else None,
+                    stage_mesh=plan.stage_mesh if plan.pp > 1 else None)
+
+
+def pipeline(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
+             progress: Callable[[Any], Any] | None = None, initial: Strategy | None = None,
+             cost: CostModel | None = None, hardware_aware: bool = True, simulate_top: int = 4, **_: Any):
+    """The search interface: plan, simulate the ``simulate_top`` best plans (memory
+    included) and return the fastest feasible one."""
+    from ..report import simulate_strategy
+    from .mcmc import Progress, SearchResult
+
+    t0 = time.perf_counter()
+    cost_model = cost or CostModel()
+    plans = plan_pipeline(graph, cluster, cost_model, hardware_aware)
+    if not plans:
+        raise ValueError(f"no pipeline plan fits {graph.name} on {cluster.name} (memory, batch or layers)")
+    best = None
+    rows: list[Progress] = []
+    tried = 0
+    for plan in plans:
+        if tried >= simulate_top:
+            break
+        try:
+            s = build_plan(graph, cluster, plan)
+        except ValueError:
+            continue
+        tried += 1
+        r = simulate_strategy(graph, s, cluster, cost_model, check=False)
+        cost_s = r.iteration_time_s if r.memory.feasible else math.inf
+        if best is None or cost_s < best[0]:
+            best = (cost_s, s, plan)
+        rows.append(Progress(tried, time.perf_counter() - t0, cost_s, best[0], 1.0, 1))
+        if progress is not None and progress(rows[-1]) is False:
+            break
+    if best is None or not math.isfinite(best[0]):
+        raise ValueError(f"none of the best {simulate_top} pipeline plans fits in memory on {cluster.name}")
+    cost_s, s, plan = best
+    baselines = {}
+    try:
+        baselines["data-parallel"] = simulate_strategy(graph, data_parallel(graph, cluster), cluster, cost_model,
+                                                       check=False).iteration_time_s
+    except ValueError:
+        pass
+    s = replace(s, found_by={"algorithm": "pipeline", "plan": plan.describe(), "model_cost_s": plan.model_cost_s,
+                             "options": {"hardware_aware": hardware_aware}},
+                cost={"iteration_time_s": cost_s})
+    return SearchResult(s, cost_s, baselines, tried, time.perf_counter() - t0, rows, algorithm="pipeline")

@@ -1,0 +1,87 @@
+"""The Alpa-style pipeline planner (engine/search/pipeline.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.search import ALGORITHMS
+from engine.search.baselines import megatron
+from engine.search.pipeline import _split, build_plan, plan_pipeline
+from engine.strategy import validate_strategy
+
+
+def brute_split(times, boundary, B, ok):
+    pp, L = len(times), times[0].size
+    best = None
+    for cuts in itertools.combinations(range(1, L), pp - 1):
+        edges = (0, *cuts, L)
+        lat = []
+        for s in range(pp):
+            i, j = edges[s], edges[s + 1]
+            if not ok[s, i, j]:
+                break
+            lat.append(times[s][i:j].sum() + (boundary[s][j - 1] if s < pp - 1 else 0.0))
+        else:
+            total = sum(lat) + (B - 1) * max(lat)
+            if best is None or total < best[0] - 1e-15:
+                best = (total, [edges[s + 1] - edges[s] for s in range(pp)])
+    return best
+
+
+class TestSplit:
+    @pytest.mark.parametrize("seed", range(6))
+    def test_alpa_dp_equals_brute_force_with_every_cap(self, seed):
+        rng = np.random.default_rng(seed)
+        L, pp, B = 7, 3, int(rng.integers(1, 9))
+        times = [rng.random(L) * (1 + s) for s in range(pp)]  # meshes of different speeds
+        boundary = [rng.random(L) * 0.2 for _ in range(pp - 1)]
+        ok = rng.random((pp, L + 1, L + 1)) > 0.1
+        got = _split(times, boundary, B, ok, caps=10_000)  # every distinct stage latency as a cap
+        want = brute_split(times, boundary, B, ok)
+        if want is None:
+            assert got is None
+        else:
+            assert got[0] == pytest.approx(want[0], rel=1e-12)
+            assert sum(got[1]) == L and len(got[1]) == pp
+
+
+class TestPlanner:
+    def test_hardware_aware_placement_beats_speed_blind_on_hetero_demo(self):
+        g, c = resolve_model("gpt2"), preset("hetero-demo")
+        search = ALGORITHMS["pipeline"][0]
+        aware = search(g, c, None)
+        blind = search(g, c, None, hardware_aware=False)
+        assert validate_strategy(aware.best, g, c) == [] and validate_strategy(blind.best, g, c) == []
+        assert aware.best_cost_s < blind.best_cost_s
+        assert aware.best.found_by["algorithm"] == "pipeline"
+
+    def test_faster_meshes_get_more_layers(self):
+        g, c = resolve_model("gpt2"), preset("hetero-demo")
+        plans = [p for p in plan_pipeline(g, c) if p.pp == 3 and p.tp == 4 and p.recompute == "none"]
+        best = plans[0]  # the H100 mesh is mesh 0, the V100 mesh is mesh 2
+        per_mesh = dict(zip(best.stage_mesh, best.layers_per_stage))
+        assert per_mesh[0] >= per_mesh[2]
+
+    def test_plans_build_valid_strategies_with_their_split(self):
+        g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+        plans = plan_pipeline(g, c)
+        assert plans == sorted(plans, key=lambda p: p.model_cost_s)
+        for p in plans[:5]:
+            s = build_plan(g, c, p)
+            assert validate_strategy(s, g, c) == []
+            assert s.pipeline.stages == p.pp and s.pipeline.microbatches == p.microbatches
+
+    def test_uneven_split_and_placement_in_the_megatron_builder(self):
+        g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+        s = megatron(g, c, tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[8, 4], stage_mesh=[1, 0])
+        assert validate_strategy(s, g, c) == []
+        assert s["layers.0.attn.q"].devices[0] >= 4  # stage 0 on the second mesh
+        stages = {s.stage_of[op.name] for op in g.ops if op.block == "layers.7"}
+        assert stages == {0}
+        with pytest.raises(ValueError, match="layers per stage"):
+            megatron(g, c, tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[6, 5])
