@@ -24,6 +24,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 from .cluster import PRESETS, preset
@@ -130,7 +131,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p = sub.add_parser("search", help="search for a faster strategy")
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name or cluster file")
-    p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS))
+    p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS) +
+                   ", or all (each in turn, compared side by side)")
     p.add_argument("--budget", default="30s", help="proposals (5000) or time (30s, 2m); default 30s")
     p.add_argument("--seed", type=int, default=0, help="random seed (an iteration budget is reproducible)")
     p.add_argument("--chains", type=_positive_int, default=4, help="starting points (data parallel, expert, random)")
@@ -292,11 +294,13 @@ def _cmd_search(args: argparse.Namespace) -> int:
     from .formats import load_strategy
     from .search.mcmc import Budget
 
-    if args.algo not in ALGORITHMS:
-        raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}")
+    if args.algo not in ALGORITHMS and args.algo != "all":
+        raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}, all")
     budget = Budget.parse(args.budget)
     g = resolve_model(args.model)
     c = resolve_cluster(args.cluster)
+    if args.algo == "all":
+        return _search_all(args, g, c, budget)
     initial = None
     if args.strategy:
         initial = make_baseline(args.strategy, g, c, **strategy_options(args)) if args.strategy in BASELINES \
@@ -329,6 +333,51 @@ def _cmd_search(args: argparse.Namespace) -> int:
         print(f"  speedup over data parallel: {result.speedup_vs_data_parallel:.2f}x")
     if args.output:
         print(f"wrote {args.output}")
+    return 0
+
+
+def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Run each search on ``g`` / ``c`` and return one row per algorithm: best simulated cost,
+    speedup over data parallel, search time, and the time it first came within 1% of the best
+    cost any of them found (from its progress trace), or an error message."""
+    rows = []
+    results = {}
+    for name in algorithms or list(ALGORITHMS):
+        search, _ = ALGORITHMS[name]
+        t = time.perf_counter()
+        try:
+            results[name] = search(g, c, budget, seed=seed)
+        except (ValueError, SoapboxError) as exc:
+            rows.append({"algorithm": name, "error": str(exc), "search_s": time.perf_counter() - t})
+    if results:
+        best = min(r.best_cost_s for r in results.values())
+        for name, r in results.items():
+            within = next((p.elapsed_s for p in r.trace if p.best_cost_s <= best * 1.01), None)
+            if within is None and r.best_cost_s <= best * 1.01:
+                within = r.elapsed_s
+            rows.append({"algorithm": name, "best_cost_s": r.best_cost_s,
+                         "speedup_vs_data_parallel": r.speedup_vs_data_parallel, "search_s": r.elapsed_s,
+                         "time_to_within_1pct_s": within, "iterations": r.iterations,
+                         "strategy": r.best.found_by.get("plan", "")})
+    order = {n: k for k, n in enumerate(algorithms or list(ALGORITHMS))}
+    return sorted(rows, key=lambda r: order[r["algorithm"]])
+
+
+def _search_all(args: argparse.Namespace, g, c, budget) -> int:
+    rows = compare_searches(g, c, budget, args.seed)
+    if args.json:
+        print(json.dumps({"model": g.name, "cluster": c.name, "budget": str(budget), "seed": args.seed,
+                          "algorithms": rows}))
+        return 0
+    print(f"{g.name} on {c.name}, budget {budget}, seed {args.seed}")
+    print(f"  {'algorithm':15} {'best ms':>10} {'vs data parallel':>16} {'search s':>9} {'to within 1% s':>15}")
+    for r in rows:
+        if "error" in r:
+            print(f"  {r['algorithm']:15} refused: {r['error']}")
+            continue
+        sp = f"{r['speedup_vs_data_parallel']:.2f}x" if r["speedup_vs_data_parallel"] else "-"
+        w = f"{r['time_to_within_1pct_s']:.1f}" if r["time_to_within_1pct_s"] is not None else "never"
+        print(f"  {r['algorithm']:15} {r['best_cost_s'] * 1e3:10.3f} {sp:>16} {r['search_s']:9.1f} {w:>15}")
     return 0
 
 
