@@ -199,7 +199,22 @@ class TestCli:
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "soon"]) == 2
         assert "budget 'soon' is not a number of proposals" in capsys.readouterr().err
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "annealing"]) == 2
-        assert "unknown search algorithm 'annealing'; available: mcmc" in capsys.readouterr().err
+        assert "unknown search algorithm 'annealing'; available: mcmc, pase, pipeline, differentiable, all" \
+            in capsys.readouterr().err
+
+    def test_all_algorithms_side_by_side(self, capsys):
+        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "all", "--budget", "20",
+                     "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        rows = {r["algorithm"]: r for r in out["algorithms"]}
+        assert list(rows) == ["mcmc", "pase", "pipeline", "differentiable"]
+        assert "no numbered layer blocks" in rows["pipeline"]["error"]  # AlexNet has no layers to pipeline
+        best = min(r["best_cost_s"] for r in rows.values() if "error" not in r)
+        for r in rows.values():
+            if "error" not in r:
+                assert r["best_cost_s"] >= best and r["search_s"] > 0
+                within = r["time_to_within_1pct_s"]
+                assert (within is not None) == (r["best_cost_s"] <= best * 1.01)
 
 
 def test_expert_start_is_a_chain():

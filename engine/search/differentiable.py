@@ -178,12 +178,14 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
     if getattr(budget, "iterations", None):
         steps = int(budget.iterations)
     rows: list[Progress] = []
+    best_f = [math.inf]
 
     def report(step: int, elapsed: float, f: float) -> None:
-        row = Progress(step, time.perf_counter() - t0, f, min([f] + [r.best_cost_s for r in rows]), 1.0, 1)
-        rows.append(row)
+        # live rows carry the model's cost F of the current argmax (not a simulated time),
+        # so they are streamed but not kept in the result's trace
+        best_f[0] = min(best_f[0], f)
         if progress is not None:
-            progress(row)
+            progress(Progress(step, time.perf_counter() - t0, f, best_f[0], 1.0, 1))
 
     dp = data_parallel(graph, cluster)
     start_from = initial if initial is not None else dp
