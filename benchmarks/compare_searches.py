@@ -3,7 +3,12 @@ PaSE's Transformer on p100-4x4 and GPT-3 175B on dgx-a100-80gb:192, each algorit
 simulated iteration time, its speedup over data parallel, its search time and the time it first
 came within 1% of the best any of them found (``engine.cli.compare_searches``).
 
-Usage: python benchmarks/compare_searches.py [--budget 30s] [--cases all|small]
+``--plot OUT.html`` also draws the table (speedup over data parallel per algorithm and case,
+and each algorithm's time to within 1% of the best) as a Plotly page; ``--from-table FILE``
+draws it from a table this script printed before, without searching again.
+
+Usage: python benchmarks/compare_searches.py [--budget 30s] [--cases all|small] [--plot OUT.html]
+       python benchmarks/compare_searches.py --from-table table.md --plot OUT.html
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", default="30s")
     ap.add_argument("--cases", choices=["all", "small"], default="all")
+    ap.add_argument("--plot", help="write the comparison as a Plotly HTML page here")
+    ap.add_argument("--from-table", help="plot a table printed by an earlier run instead of searching")
     args = ap.parse_args()
+    if args.from_table:
+        plot(parse_table(open(args.from_table).read()), args.plot or "search-comparison.html")
+        return
     budget = Budget.parse(args.budget)
     cases = [(m, c) for c in ("p100-4x4", "k80-16x4") for m in SIX] + [("transformer", "p100-4x4")]
     if args.cases == "small":
@@ -42,6 +52,40 @@ def main() -> None:
         g, c = resolve_model("gpt3-175b"), preset("dgx-a100-80gb:192")
         for r in compare_searches(g, c, budget, algorithms=["pase", "pipeline"]):
             _row("gpt3-175b", "dgx-a100-80gb:192", r)
+
+
+def parse_table(text: str) -> list[dict]:
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("model", "---") or cells[3].startswith("refused"):
+            continue
+        rows.append({"case": f"{cells[0]} / {cells[1]}", "algorithm": cells[2], "best_ms": float(cells[3]),
+                     "speedup": float(cells[4]) if cells[4] not in ("-", "") else None,
+                     "search_s": float(cells[5]), "within_s": None if cells[6] == "never" else float(cells[6])})
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Speedup over data parallel (bars, per case and algorithm) and time to within 1% of the
+    best (markers; a missing marker: never within 1%)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["simulated speedup over data parallel", "time to within 1% of the best (s)"])
+    for a in algos:
+        got = {r["case"]: r for r in rows if r["algorithm"] == a}
+        fig.add_trace(go.Bar(name=a, x=cases, y=[got[c]["speedup"] if c in got else None for c in cases],
+                             legendgroup=a), row=1, col=1)
+        fig.add_trace(go.Scatter(name=a, x=cases, y=[got[c]["within_s"] if c in got else None for c in cases],
+                                 mode="markers", marker=dict(size=10), legendgroup=a, showlegend=False), row=2, col=1)
+    fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_layout(barmode="group", height=750, title="soapbox: searches side by side")
+    fig.write_html(path, include_plotlyjs="cdn")
+    print(f"wrote {path}")
 
 
 def _row(model: str, cl: str, r: dict) -> None:

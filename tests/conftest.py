@@ -49,3 +49,20 @@ def app_url():
     thread.start()
     yield f"http://127.0.0.1:{port}/"
     server.shutdown()
+
+
+@pytest.fixture
+def alex() -> dict:
+    """A fresh app state: AlexNet on p100-4x4, data parallel, with its own session id."""
+    from app import workspace
+
+    return workspace.new_state("alexnet")
+
+
+@pytest.fixture(scope="module")
+def alexnet():
+    """(graph, cluster): AlexNet on p100-4x4."""
+    from engine.cluster import preset
+    from engine.formats import resolve_model
+
+    return resolve_model("alexnet"), preset("p100-4x4")

@@ -29,15 +29,6 @@ def data_url(raw: bytes) -> str:
     return "data:application/json;base64," + base64.b64encode(raw).decode()
 
 
-@pytest.fixture
-def alex() -> dict:
-    """A fresh alexnet on p100-4x4 state with its own session id."""
-    return W.new_state("alexnet")
-
-
-@pytest.fixture(scope="module")
-def alexnet():
-    return resolve_model("alexnet"), preset("p100-4x4")
 
 
 def poll_until_done(state: dict, timeout: float = 60.0):

@@ -23,10 +23,6 @@ KIND = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", 
 NO_MERGE = 10**9
 
 
-@pytest.fixture(scope="module")
-def alexnet():
-    return resolve_model("alexnet"), preset("p100-4x4")
-
 
 @pytest.fixture(scope="module")
 def dp(alexnet):

@@ -29,15 +29,6 @@ def fresh_cost(state: dict) -> float:
     return simulate_strategy(g, strategy_from_dict(state["strategy"]), c).iteration_time_s
 
 
-@pytest.fixture
-def alex() -> dict:
-    """A fresh alexnet on p100-4x4 state, data parallel, with its own session id."""
-    return W.new_state("alexnet")
-
-
-@pytest.fixture(scope="module")
-def alexnet():
-    return resolve_model("alexnet"), preset("p100-4x4")
 
 
 def link(payload) -> str:
