@@ -114,8 +114,15 @@ def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tu
     return lo, hi
 
 
-def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, min_part: int = 1) -> PaseProblem:
-    """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring)."""
+def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, min_part: int = 1,
+                  max_table_bytes: int | None = MAX_TABLE_BYTES) -> PaseProblem:
+    """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        When the DP's largest table would exceed ``max_table_bytes`` (checked from the config
+        counts and the ordering alone, before any cost is computed)."""
     cost = cost or CostModel()
     D = cluster.num_devices
     dtype = cluster.device_type(0)
@@ -128,6 +135,9 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         return groups[n]
 
     configs = [pase_configs(op, D, min_part) for op in graph.ops]
+    if max_table_bytes is not None:  # refuse before any cost is computed
+        edges = list(dict.fromkeys((p, c) for (p, _, c, _) in graph.edges))
+        _check_tables(graph, [len(c) for c in configs], edges, max_table_bytes)
     pbytes = DTYPE_BYTES[graph.precision]
     vertex = []
     for op, cs in zip(graph.ops, configs):
@@ -238,6 +248,22 @@ def table_sizes(problem: PaseProblem, order: list[int], sets: list[list[int]]) -
     return [n[v] * math.prod(n[u] for u in d) for v, d in zip(order, sets)]
 
 
+def _check_tables(g: OpGraph, counts: list[int], edges: list[tuple[int, int]], max_table_bytes: int):
+    """GENERATESEQ's order and dependent sets, and each step's table size; ValueError naming
+    the op, its dependent set and the size when a table would exceed ``max_table_bytes``."""
+    order, sets = generate_seq(len(counts), edges)
+    sizes = [counts[v] * math.prod(counts[u] for u in d) for v, d in zip(order, sets)]
+    worst = int(np.argmax(sizes)) if sizes else 0
+    if sizes and sizes[worst] * 8 > max_table_bytes:
+        v = order[worst]
+        raise ValueError(
+            f"PaSE's table for op {g.ops[v].name!r} would hold {sizes[worst]:,} entries "
+            f"({sizes[worst] * 8 / 1e9:.1f} GB > {max_table_bytes / 1e9:.1f} GB): its dependent set has "
+            f"{len(sets[worst])} ops ({', '.join(g.ops[u].name for u in sets[worst][:6])}"
+            f"{', ...' if len(sets[worst]) > 6 else ''}); use fewer devices, a larger min_part, or MCMC")
+    return order, sets, sizes
+
+
 def solve(problem: PaseProblem, max_table_bytes: int = MAX_TABLE_BYTES) -> PaseResult:
     """The configs minimising F, by Theorem 1's recurrence over GENERATESEQ's order.
 
@@ -250,16 +276,7 @@ def solve(problem: PaseProblem, max_table_bytes: int = MAX_TABLE_BYTES) -> PaseR
     t0 = time.perf_counter()
     g = problem.graph
     nv = len(problem.configs)
-    order, sets = generate_seq(nv, list(problem.edges))
-    sizes = table_sizes(problem, order, sets)
-    worst = int(np.argmax(sizes)) if sizes else 0
-    if sizes and sizes[worst] * 8 > max_table_bytes:
-        v = order[worst]
-        raise ValueError(
-            f"PaSE's table for op {g.ops[v].name!r} would hold {sizes[worst]:,} entries "
-            f"({sizes[worst] * 8 / 1e9:.1f} GB > {max_table_bytes / 1e9:.1f} GB): its dependent set has "
-            f"{len(sets[worst])} ops ({', '.join(g.ops[u].name for u in sets[worst][:6])}"
-            f"{', ...' if len(sets[worst]) > 6 else ''}); use fewer devices, a larger min_part, or MCMC")
+    order, sets, sizes = _check_tables(g, [len(c) for c in problem.configs], list(problem.edges), max_table_bytes)
     # factors: scope (tuple of vertices) -> table; a vertex's pending factors
     factors: dict[int, list[tuple[tuple[int, ...], np.ndarray]]] = {v: [] for v in range(nv)}
     for v in range(nv):
@@ -323,7 +340,7 @@ def pase(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
 
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
-    problem = build_problem(graph, cluster, cost_model, min_part)
+    problem = build_problem(graph, cluster, cost_model, min_part, max_table_bytes)
     built = time.perf_counter() - t0
     r = solve(problem, max_table_bytes)
     configs = {op.name: problem.configs[v][r.choice[v]] for v, op in enumerate(graph.ops)}
