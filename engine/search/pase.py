@@ -58,10 +58,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
-    """PaSE's configs of ``op``: degrees over its S, A and P dims that divide the dims (at
-    least ``min_part`` elements a partition) with a product dividing ``n_devices``, on
-    devices ``0 .. product-1``. The unsplit config comes first."""
+def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, int]]:
     dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
@@ -70,7 +67,14 @@ def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
         out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
                if n_devices % (math.prod(c.values()) * k) == 0]
     out.sort(key=lambda c: (math.prod(c.values()), sorted(c.items())))
-    return [Config(c, tuple(range(math.prod(c.values())))) for c in out]
+    return out
+
+
+def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
+    """PaSE's configs of ``op``: degrees over its S, A and P dims that divide the dims (at
+    least ``min_part`` elements a partition) with a product dividing ``n_devices``, on
+    devices ``0 .. product-1``. The unsplit config comes first."""
+    return [Config(c, tuple(range(math.prod(c.values())))) for c in _pase_degrees(op, n_devices, min_part)]
 
 
 @dataclass
@@ -134,10 +138,16 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
             groups[n] = (bw, lat)
         return groups[n]
 
-    configs = [pase_configs(op, D, min_part) for op in graph.ops]
-    if max_table_bytes is not None:  # refuse before any cost is computed
+    if max_table_bytes is not None:  # refuse before any config or cost is made
+        degrees = {}
+        for op in graph.ops:
+            sig = (op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))
+            if sig not in degrees:
+                degrees[sig] = len(_pase_degrees(op, D, min_part))
+        counts = [degrees[(op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))] for op in graph.ops]
         edges = list(dict.fromkeys((p, c) for (p, _, c, _) in graph.edges))
-        _check_tables(graph, [len(c) for c in configs], edges, max_table_bytes)
+        _check_tables(graph, counts, edges, max_table_bytes)
+    configs = [pase_configs(op, D, min_part) for op in graph.ops]
     pbytes = DTYPE_BYTES[graph.precision]
     vertex = []
     for op, cs in zip(graph.ops, configs):

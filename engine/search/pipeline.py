@@ -373,12 +373,16 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0
         raise ValueError(f"none of the best {simulate_top} pipeline plans fits in memory on {cluster.name}")
     cost_s, s, plan = best
     baselines = {}
+    notes = []
     try:
-        baselines["data-parallel"] = simulate_strategy(graph, data_parallel(graph, cluster), cluster, cost_model,
-                                                       check=False).iteration_time_s
-    except ValueError:
-        pass
+        dp = simulate_strategy(graph, data_parallel(graph, cluster), cluster, cost_model, check=False)
+        if dp.memory.feasible:
+            baselines["data-parallel"] = dp.iteration_time_s
+        else:
+            notes.append("data parallel does not fit in memory: no speedup over it is reported")
+    except ValueError as e:
+        notes.append(f"data parallel cannot run: {e}")
     s = replace(s, found_by={"algorithm": "pipeline", "plan": plan.describe(), "model_cost_s": plan.model_cost_s,
-                             "options": {"hardware_aware": hardware_aware}},
+                             "options": {"hardware_aware": hardware_aware}, "notes": notes},
                 cost={"iteration_time_s": cost_s})
     return SearchResult(s, cost_s, baselines, tried, time.perf_counter() - t0, rows, algorithm="pipeline")
