@@ -173,7 +173,7 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
 
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
-    problem = build_problem(graph, cluster, cost_model)
+    problem = build_problem(graph, cluster, cost_model, max_table_bytes=None)  # no DP tables are made here
     seconds = getattr(budget, "seconds", None)
     if getattr(budget, "iterations", None):
         steps = int(budget.iterations)
