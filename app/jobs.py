@@ -47,7 +47,8 @@ class SearchJob:
             r = self.result
             how = "stopped" if r.cancelled else "finished"
             sp = r.speedup_vs_data_parallel
-            return (f"{self.algorithm} {how}: best {r.best_cost_s * 1e3:.3f} ms after {r.iterations:,} proposals "
+            unit = "proposals" if self.algorithm == "mcmc" else "steps"
+            return (f"{self.algorithm} {how}: best {r.best_cost_s * 1e3:.3f} ms after {r.iterations:,} {unit} "
                     f"in {r.elapsed_s:.1f} s" + (f" ({sp:.2f}x data parallel)" if sp else "") +
                     ". Adopt it to edit it.")
         return ""
