@@ -58,6 +58,10 @@ __all__ = [
     "baseline_cost_s",
 ]
 
+#: the explorer simulates every partition of every op on every device at each edit; beyond
+#: these sizes an upload is refused with a pointer to the CLI (which reduces symmetric replicas)
+MAX_APP_OPS = 20_000
+MAX_APP_DEVICES = 1_024
 DEFAULT_MODEL = "inception_v3"
 DEFAULT_CLUSTER = "p100-4x4"
 #: more ops changed than this between the cached simulation and the state: rebuild instead
@@ -388,6 +392,9 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
     try:
         if kind == "model":
             g = load_model(data)
+            if len(g.ops) > MAX_APP_OPS:
+                return state, (f"{filename}: {len(g.ops):,} ops is more than the explorer simulates interactively "
+                               f"({MAX_APP_OPS:,}); use `soapbox simulate` / `soapbox search` for it"), False
             new = copy.deepcopy(state)
             new["model"] = {"name": g.name, "data": data}
             new["strategy"] = make_baseline("data-parallel", g, cluster_of(new)).to_dict()
@@ -395,6 +402,9 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             return _bump(new), f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel.", True
         if kind == "cluster":
             c = load_cluster(data)
+            if c.num_devices > MAX_APP_DEVICES:
+                return state, (f"{filename}: {c.num_devices:,} devices is more than the explorer simulates "
+                               f"interactively ({MAX_APP_DEVICES:,}); use `soapbox simulate` / `soapbox search`"), False
             new = copy.deepcopy(state)
             new["cluster"] = {"name": c.name, "data": data}
             new["strategy"] = make_baseline("data-parallel", graph_of(new), c).to_dict()

@@ -439,3 +439,25 @@ class TestBaselines:
         exported = W.strategy_export(alex)
         s = load_strategy(json.loads(json.dumps(exported)), g, c)
         assert simulate_strategy(g, s, c).iteration_time_s == exported["cost"]["iteration_time_s"]
+
+
+class TestUploadLimits:
+    def test_a_cluster_too_large_for_the_explorer_is_refused_and_nothing_is_lost(self, alex):
+        import json as _json
+
+        from engine.cluster import preset as _preset
+
+        big = _json.dumps(_preset("dgx-a100-80gb:160").to_dict())  # 1,280 GPUs
+        new, msg, ok = W.import_file(alex, big, "big.json")
+        assert not ok and new is alex
+        assert "big.json" in msg and "1,280 devices" in msg and "soapbox simulate" in msg
+
+    def test_a_model_too_large_for_the_explorer_is_refused(self, alex, monkeypatch):
+        import json as _json
+
+        from engine.formats import resolve_model as _resolve
+
+        monkeypatch.setattr(W, "MAX_APP_OPS", 10)
+        text = _json.dumps(_resolve("alexnet").to_dict())
+        new, msg, ok = W.import_file(alex, text, "alexnet.json")
+        assert not ok and new is alex and "24 ops" in msg
