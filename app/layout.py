@@ -26,6 +26,14 @@ def cluster_options() -> list[dict[str, str]]:
     return out
 
 
+def image_buttons(fig: str) -> html.Div:
+    """PNG and SVG download buttons for the figure ``fig`` (drawn in the browser)."""
+    return html.Div([html.Span("download"),
+                     html.Button("PNG", id={"type": "img", "fig": fig, "fmt": "png"}, className="small"),
+                     html.Button("SVG", id={"type": "img", "fig": fig, "fmt": "svg"}, className="small")],
+                    className="imgrow")
+
+
 def learn(topic: str) -> html.Details:
     title, text = TOPICS[topic]
     return html.Details([html.Summary(f"? {title}"), dcc.Markdown(text)], className="learn", id=f"learn-{topic}")
@@ -48,7 +56,7 @@ def _explore() -> html.Div:
                 html.H3("Operator graph"),
                 dcc.Checklist(id="collapse", options=[{"label": " collapse blocks", "value": "on"}], value=["on"],
                               inline=True),
-                dcc.Graph(id="op-graph", config=_GRAPH_CONFIG),
+                dcc.Graph(id="op-graph", config=_GRAPH_CONFIG), image_buttons("op-graph"),
                 learn("graph"), learn("soap"),
             ], className="panel wide"),
             html.Div([
@@ -65,16 +73,17 @@ def _explore() -> html.Div:
             ], className="panel narrow"),
         ], className="row"),
         html.Div([html.H3("Timeline of one iteration"),
-                  dcc.Graph(id="gantt", config=_GRAPH_CONFIG),
+                  dcc.Graph(id="gantt", config=_GRAPH_CONFIG), image_buttons("gantt"),
                   learn("gantt"), learn("pipeline")], className="panel"),
         html.Div([
             html.Div([html.H3("Cluster"),
                       dcc.RadioItems(id="topo-metric", options=[{"label": " utilisation", "value": "utilization"},
                                                                 {"label": " memory", "value": "memory"}],
                                      value="utilization", inline=True),
-                      dcc.Graph(id="topology", config=_GRAPH_CONFIG), learn("topology")], className="panel half"),
-            html.Div([html.H3("Memory per GPU"), dcc.Graph(id="memory", config=_GRAPH_CONFIG), learn("memory")],
+                      dcc.Graph(id="topology", config=_GRAPH_CONFIG), image_buttons("topology"), learn("topology")],
                      className="panel half"),
+            html.Div([html.H3("Memory per GPU"), dcc.Graph(id="memory", config=_GRAPH_CONFIG), image_buttons("memory"),
+                      learn("memory")], className="panel half"),
         ], className="row"),
     ])
 
@@ -95,7 +104,8 @@ def _search() -> html.Div:
                       html.Button("Adopt best", id="search-adopt", n_clicks=0)], className="buttons"),
             html.P(id="search-status", className="status"),
         ], className="panel narrow"),
-        html.Div([dcc.Graph(id="search-trace", config=_GRAPH_CONFIG), learn("search")], className="panel wide"),
+        html.Div([dcc.Graph(id="search-trace", config=_GRAPH_CONFIG), image_buttons("search-trace"), learn("search")],
+                 className="panel wide"),
         dcc.Interval(id="search-poll", interval=500, disabled=True),
     ], className="row")
 
@@ -107,27 +117,21 @@ def _compare() -> html.Div:
                   html.Button("Clear", id="compare-clear", n_clicks=0)], className="buttons"),
         html.Div(id="compare-table"),
         html.Div(id="compare-diff"),
-        dcc.Graph(id="compare-gantt", config=_GRAPH_CONFIG),
+        dcc.Graph(id="compare-gantt", config=_GRAPH_CONFIG), image_buttons("compare-gantt"),
     ], className="panel")
 
 
 def _export() -> html.Div:
-    figs = [("gantt", "timeline"), ("op-graph", "operator graph"), ("topology", "cluster"), ("memory", "memory"),
-            ("search-trace", "search trace"), ("compare-gantt", "comparison")]
     return html.Div([
         html.Div([html.Button("Download strategy (JSON)", id="export-strategy", n_clicks=0, className="primary"),
                   html.Button("Download Chrome trace (Perfetto)", id="export-trace", n_clicks=0)],
                  className="buttons"),
-        html.P("Import a strategy, model or cluster file with the upload box at the top."),
+        html.P("Import a strategy, model or cluster file with the upload box at the top. Every figure has PNG "
+               "and SVG buttons under it (and the camera in its toolbar)."),
         html.H4("Share"),
         html.Div([html.Button("Make a link to this state", id="share", n_clicks=0),
                   dcc.Input(id="share-url", type="text", readOnly=True, className="share")], className="buttons"),
-        html.H4("Figures"),
-        html.Div([html.Div([html.Span(label), html.Button("PNG", id={"type": "img", "fig": fid, "fmt": "png"}),
-                            html.Button("SVG", id={"type": "img", "fig": fid, "fmt": "svg"})], className="imgrow")
-                  for fid, label in figs]),
         dcc.Download(id="download"),
-        html.Div(id="img-dummy", style={"display": "none"}),
     ], className="panel")
 
 
@@ -137,6 +141,7 @@ def make_layout() -> html.Div:
         dcc.Location(id="url", refresh=False),
         dcc.Store(id="state", storage_type="memory"),
         dcc.Store(id="gantt-window", storage_type="memory"),
+        html.Div(id="img-dummy", style={"display": "none"}),
         html.Header([
             html.H1("soapbox"),
             html.Span("see, search and hand-edit how a DNN is parallelized", className="tagline"),

@@ -182,3 +182,13 @@ class TestExplorer:
         other.set_default_timeout(TIMEOUT_MS)
         other.goto(url)
         expect(other.locator("#sum-time")).to_have_text(edited)
+
+    def test_figures_export_as_svg_and_png(self, page: Page, app_url: str, tmp_path):
+        open_app(page, app_url)
+        for fmt, head in (("svg", b"<svg"), ("png", b"\x89PNG")):
+            button = page.locator(f"button[id*='\"fig\":\"gantt\"'][id*='\"fmt\":\"{fmt}\"']")
+            with page.expect_download() as dl:
+                button.click()
+            path = tmp_path / f"gantt.{fmt}"
+            dl.value.save_as(path)
+            assert path.read_bytes()[:4] == head[:4]
