@@ -192,3 +192,19 @@ class TestExplorer:
             path = tmp_path / f"gantt.{fmt}"
             dl.value.save_as(path)
             assert path.read_bytes()[:4] == head[:4]
+
+    def test_compare_two_strategies_side_by_side(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        page.locator("#tabs").get_by_text("Compare", exact=True).click()
+        page.fill("#compare-name", "data parallel")
+        page.click("#compare-add")
+        expect(page.locator("#message")).to_contain_text("Kept 'data parallel'")
+        pick(page, "pick-baseline", "expert")
+        expect(page.locator("#message")).to_contain_text("expert")
+        page.fill("#compare-name", "expert")
+        page.click("#compare-add")
+        expect(page.locator("#message")).to_contain_text("2 kept")
+        expect(page.locator("#compare-table table tr")).to_have_count(3)  # header + 2
+        expect(page.locator("#compare-diff")).to_contain_text("op(s) differ between data parallel and expert")
+        # both timelines on one shared time axis
+        expect(page.locator("#compare-gantt .subplot")).to_have_count(2)
