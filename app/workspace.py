@@ -272,7 +272,7 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
     """
     if not ops:
         return state, "Select an op first (click one in the graph or pick it in the editor)."
-    graph, cluster = graph_of(state), cluster_of(state)
+    graph = graph_of(state)
     strategy = _strategy(state)
     ws = workspace(state)
     config = Config({k: int(v) for k, v in degrees.items() if int(v) != 1}, tuple(devices))

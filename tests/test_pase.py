@@ -14,7 +14,7 @@ from engine.formats import resolve_model
 from engine.graph import GraphBuilder
 from engine.search import ALGORITHMS
 from engine.search.baselines import data_parallel
-from engine.search.pase import build_problem, generate_seq, pase, pase_configs, solve, table_sizes
+from engine.search.pase import build_problem, generate_seq, pase_configs, solve
 from engine.strategy import validate_strategy
 
 
