@@ -411,7 +411,8 @@ def search_poll(state: dict) -> tuple[Any, str, bool]:
     if job is None:
         return empty_figure("Start a search to see its cost trace here."), "", True
     title = f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
-    return build_trace_figure(job.rows, title), job.status(), not job.running
+    running = job.running  # read before the rows: a finished job has appended its last row
+    return build_trace_figure(list(job.rows), title), job.status(), not running
 
 
 def search_stop(state: dict) -> str:
