@@ -77,7 +77,7 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
             return state, ""
         try:
             return W.state_from_query(query or "")
-        except (ValueError, Exception) as e:  # a damaged link still opens the default
+        except Exception as e:  # a damaged link still opens the default
             return W.new_state(), f"The link could not be loaded ({e}); showing the default instead."
     try:
         if trigger == "pick-model" and model and model != state["model"].get("name"):
@@ -256,9 +256,8 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         topo_fig.add_scatter(x=[gp[d]["x"] for d in sel_devs], y=[gp[d]["y"] for d in sel_devs], mode="markers",
                              marker=dict(size=24, symbol="square-open", color="#FFD400", line=dict(width=3)),
                              name="selected op's GPUs", hoverinfo="skip")
-    dp_comm = None
-    if dp_cost:
-        dp_comm = {"comm_bytes": _dp_comm(state)}
+    dp_comm_bytes = W.baseline_comm_bytes(state)
+    dp_comm = {"comm_bytes": dp_comm_bytes} if dp_comm_bytes else None
     return {
         "sum-time": format_seconds(summ["iteration_time_s"]),
         "sum-throughput": format_rate(summ["throughput_samples_per_s"]),
@@ -274,21 +273,6 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "memory": build_memory_figure(memory_data(mem, used)),
         "summary": summ,
     }
-
-
-def _dp_comm(state: dict) -> float | None:
-    from engine.search.baselines import data_parallel
-    from engine.taskgraph import build_task_graph
-
-    key = ("dp-comm", state["model"].get("name"), json.dumps(state["cluster"], sort_keys=True)[:200])
-    hit = _dp_comm_cache.get(key)
-    if hit is None:
-        g, c = W.graph_of(state), W.cluster_of(state)
-        hit = _dp_comm_cache[key] = build_task_graph(g, data_parallel(g, c), c).comm_bytes
-    return hit
-
-
-_dp_comm_cache: dict[tuple, float] = {}
 
 
 def _op_panel(graph, strategy, timeline, selected: list[str]) -> Any:

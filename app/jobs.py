@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from engine.search import ALGORITHMS, Budget, Progress, SearchResult
 
@@ -104,6 +103,3 @@ def stop(sid: str) -> bool:
     job._stop.set()
     return True
 
-
-def snapshot(job: SearchJob) -> dict[str, Any]:
-    return {"running": job.running, "rows": list(job.rows), "status": job.status()}

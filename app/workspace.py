@@ -56,6 +56,7 @@ __all__ = [
     "strategy_export",
     "parse_devices",
     "baseline_cost_s",
+    "baseline_comm_bytes",
 ]
 
 #: the explorer simulates every partition of every op on every device at each edit; beyond
@@ -116,19 +117,33 @@ def cluster_of(state: dict) -> Cluster:
 
 
 @lru_cache(maxsize=64)
-def _baseline_cost(model_key: str, cluster_key: str, kind: str, graph: OpGraph, cluster: Cluster) -> float | None:
+def _baseline(model_key: str, cluster_key: str, kind: str, graph: OpGraph, cluster: Cluster
+              ) -> tuple[float, float] | None:
+    """(iteration time s, communication bytes) of a baseline, simulated once per pair."""
     from engine.report import simulate_strategy
 
     try:
-        return simulate_strategy(graph, make_baseline(kind, graph, cluster), cluster, check=False).iteration_time_s
+        r = simulate_strategy(graph, make_baseline(kind, graph, cluster), cluster, check=False)
     except (ValueError, SoapboxError):
         return None
+    return r.iteration_time_s, r.timeline.comm_bytes
+
+
+def _baseline_of(state: dict, kind: str) -> tuple[float, float] | None:
+    g, c = graph_of(state), cluster_of(state)
+    return _baseline(g.fingerprint, _digest(c.to_dict()), kind, g, c)
 
 
 def baseline_cost_s(state: dict, kind: str = "data-parallel") -> float | None:
     """Simulated iteration time of a baseline for the state's model and cluster (cached)."""
-    g, c = graph_of(state), cluster_of(state)
-    return _baseline_cost(g.fingerprint, _digest(c.to_dict()), kind, g, c)
+    hit = _baseline_of(state, kind)
+    return hit[0] if hit else None
+
+
+def baseline_comm_bytes(state: dict, kind: str = "data-parallel") -> float | None:
+    """Bytes a baseline moves per iteration (the same cached simulation)."""
+    hit = _baseline_of(state, kind)
+    return hit[1] if hit else None
 
 
 # --------------------------------------------------------------------------- state
@@ -320,17 +335,13 @@ def _with_configs(state: dict, entries: list[dict], key: str) -> dict:
     return new
 
 
-def _replay(state: dict, entries: list[dict], key: str) -> dict:
-    return _with_configs(state, entries, key)
-
-
 def _step(state: dict, back: bool) -> tuple[dict, str]:
     """Undo (``back``) or redo the last edit: move it from one stack to the other."""
     src, dst, key, verb = ("undo", "redo", "before", "Undid") if back else ("redo", "undo", "after", "Redid")
     if not state[src]:
         return state, f"Nothing to {src}."
     entries = state[src][-1]
-    new = _replay(state, entries, key)
+    new = _with_configs(state, entries, key)
     new[src] = state[src][:-1]
     new[dst] = state[dst] + [entries]
     what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
