@@ -281,9 +281,7 @@ def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatche
     deg = config.degree("sample")
     if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
         size = dims["sample"].size
-        if size % (deg * microbatches) == 0:
-            pass
-        elif size % deg == 0:
+        if size % (deg * microbatches) and size % deg == 0:
             problems.append(Problem(f"{at}.degrees.sample",
                                     f"{microbatches} microbatches of {size // deg} samples per partition do not divide "
                                     f"evenly (batch {size}, sample degree {deg})"))

@@ -150,10 +150,7 @@ def _chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) 
     any other op joins the chunk of the next layer after it in topological order (the last
     chunk after the last layer), so an encoder-decoder's decoder embedding sits with the first
     decoder layer; inputs join their first consumer."""
-    layers: list[str] = []
-    for op in graph.ops:
-        if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
-            layers.append(op.block)
+    layers = layer_blocks(graph)
     if n_chunks == 1:
         return {op.name: 0 for op in graph.ops}
     if not layers:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +31,8 @@ from ..costs import CostModel
 from ..graph import OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
-from .pase import PaseProblem, build_problem
+from ..memory import optimizer_bytes_per_param
+from .pase import PaseProblem, build_problem, finish
 
 __all__ = ["relaxed_cost", "optimise", "differentiable"]
 
@@ -42,7 +43,7 @@ def _memory_terms(problem: PaseProblem) -> tuple[list[np.ndarray], np.ndarray]:
     g, c = problem.graph, problem.cluster
     D = c.num_devices
     pbytes = DTYPE_BYTES[g.precision]
-    per_param = 2 * pbytes + (8 if g.precision == "fp32" else 12)
+    per_param = 2 * pbytes + optimizer_bytes_per_param(g.precision)  # weights, gradients, Adam
     out = []
     for op, cs in zip(g.ops, problem.configs):
         m = np.zeros((len(cs), D))
@@ -166,9 +167,7 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
                    cost: CostModel | None = None, steps: int = 400, **_: Any):
     """The search interface (CLI, app): the relaxed descent, discretised and polished, then
     simulated. A time budget bounds the descent; ``steps`` its length otherwise."""
-    from ..simulate import simulate
-    from ..taskgraph import build_task_graph
-    from .baselines import data_parallel, expert
+    from .baselines import data_parallel
     from .mcmc import Progress, SearchResult
 
     t0 = time.perf_counter()
@@ -177,7 +176,6 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
     seconds = getattr(budget, "seconds", None)
     if getattr(budget, "iterations", None):
         steps = int(budget.iterations)
-    rows: list[Progress] = []
     best_f = [math.inf]
 
     def report(step: int, elapsed: float, f: float) -> None:
@@ -192,17 +190,10 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
     start = [cs.index(start_from[op.name]) if start_from[op.name] in cs else 0
              for op, cs in zip(graph.ops, problem.configs)]
     r = optimise(problem, steps=steps, seed=seed, seconds=seconds, progress=report, start=start)
-    configs = {op.name: problem.configs[v][r.choice[v]] for v, op in enumerate(graph.ops)}
-    best = replace(dp, configs=configs)
-    sim = simulate(build_task_graph(graph, best, cluster, cost_model)).makespan_s
-    baselines = {name: simulate(build_task_graph(graph, s, cluster, cost_model)).makespan_s
-                 for name, s in (("data-parallel", dp), ("expert", expert(graph, cluster)))}
-    best = replace(best, found_by={"algorithm": "differentiable", "seed": seed, "options": {"steps": steps},
-                                   "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s},
-                   cost={"iteration_time_s": sim}, model_name=graph.name, model_fingerprint=graph.fingerprint,
-                   cluster_name=cluster.name, cluster_devices=cluster.num_devices)
-    elapsed = time.perf_counter() - t0
-    rows.append(Progress(r.steps, elapsed, sim, sim, 1.0, 1))
+    best, sim, baselines = finish(graph, cluster, problem, r.choice, cost_model,
+                                  {"algorithm": "differentiable", "seed": seed, "options": {"steps": steps},
+                                   "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s})
+    final = Progress(r.steps, time.perf_counter() - t0, sim, sim, 1.0, 1)
     if progress is not None:
-        progress(rows[-1])
-    return SearchResult(best, sim, baselines, r.steps, elapsed, rows, algorithm="differentiable")
+        progress(final)
+    return SearchResult(best, sim, baselines, r.steps, final.elapsed_s, [final], algorithm="differentiable")

@@ -47,6 +47,7 @@ from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Config, Strategy
 from .baselines import data_parallel, expert
+from .mcmc import _divisors
 
 __all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult"]
 
@@ -54,15 +55,11 @@ __all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solv
 MAX_TABLE_BYTES = 2 * 1024**3
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-
 def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, int]]:
     dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
-        ks = [k for k in _divisors(d.size) if k <= n_devices and d.size // k >= min_part
+        ks = [k for k in _divisors(d.size, n_devices) if d.size // k >= min_part
               and n_devices % k == 0 and d.degree_problem(k) is None]
         out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
                if n_devices % (math.prod(c.values()) * k) == 0]
@@ -344,8 +341,6 @@ def pase(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
         ``best`` is PaSE's optimum with ``found_by`` recording the DP's cost, its largest
         dependent set and table; ``best_cost_s`` its simulated iteration time.
     """
-    from ..simulate import simulate
-    from ..taskgraph import build_task_graph
     from .mcmc import Progress, SearchResult
 
     t0 = time.perf_counter()
@@ -353,20 +348,30 @@ def pase(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
     problem = build_problem(graph, cluster, cost_model, min_part, max_table_bytes)
     built = time.perf_counter() - t0
     r = solve(problem, max_table_bytes)
-    configs = {op.name: problem.configs[v][r.choice[v]] for v, op in enumerate(graph.ops)}
-    dp = data_parallel(graph, cluster)
-    best = replace(dp, configs=configs)
-    sim = simulate(build_task_graph(graph, best, cluster, cost_model)).makespan_s
-    baselines = {name: simulate(build_task_graph(graph, s, cluster, cost_model)).makespan_s
-                 for name, s in (("data-parallel", dp), ("expert", expert(graph, cluster)))}
+    found_by = {"algorithm": "pase", "options": {"min_part": min_part}, "pase_cost_s": r.cost_s,
+                "largest_dependent_set": r.largest_dependent_set, "largest_table_entries": r.largest_table_entries,
+                "dp_seconds": r.seconds, "setup_seconds": built}
+    best, sim, baselines = finish(graph, cluster, problem, r.choice, cost_model, found_by)
     elapsed = time.perf_counter() - t0
-    best = replace(best, found_by={"algorithm": "pase", "options": {"min_part": min_part},
-                                   "pase_cost_s": r.cost_s, "largest_dependent_set": r.largest_dependent_set,
-                                   "largest_table_entries": r.largest_table_entries,
-                                   "dp_seconds": r.seconds, "setup_seconds": built},
-                   cost={"iteration_time_s": sim}, model_name=graph.name, model_fingerprint=graph.fingerprint,
-                   cluster_name=cluster.name, cluster_devices=cluster.num_devices)
     row = Progress(1, elapsed, sim, sim, 1.0, 1)
     if progress is not None:
         progress(row)
     return SearchResult(best, sim, baselines, 1, elapsed, [row], algorithm="pase")
+
+
+def finish(graph: OpGraph, cluster: Cluster, problem: PaseProblem, choice: list[int], cost: CostModel,
+           found_by: dict[str, Any]) -> tuple[Strategy, float, dict[str, float]]:
+    """The strategy of a choice of configs (data parallel's settings otherwise), its simulated
+    iteration time, and the baselines' (data parallel, expert) for the search result."""
+    from ..simulate import simulate
+    from ..taskgraph import build_task_graph
+
+    dp = data_parallel(graph, cluster)
+    best = replace(dp, configs={op.name: problem.configs[v][choice[v]] for v, op in enumerate(graph.ops)})
+    sim = simulate(build_task_graph(graph, best, cluster, cost)).makespan_s
+    baselines = {name: simulate(build_task_graph(graph, s, cluster, cost)).makespan_s
+                 for name, s in (("data-parallel", dp), ("expert", expert(graph, cluster)))}
+    best = replace(best, found_by=found_by, cost={"iteration_time_s": sim}, model_name=graph.name,
+                   model_fingerprint=graph.fingerprint, cluster_name=cluster.name,
+                   cluster_devices=cluster.num_devices)
+    return best, sim, baselines

@@ -45,6 +45,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..costs import CostModel, collective_time_s
 from ..graph import OpGraph
+from ..memory import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from .baselines import _tp_plan, data_parallel, layer_blocks, megatron
@@ -238,7 +239,7 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     batch = graph.batch_size
     per_node = max(sum(1 for d in cluster.devices if d.node == 0), 1)
     mem_cap = np.array([cluster.device_type(d).memory_bytes for d in range(n)], dtype=np.float64)
-    opt_bytes = 2 * model.pbytes + (8 if graph.precision == "fp32" else 12)
+    opt_bytes = 2 * model.pbytes + optimizer_bytes_per_param(graph.precision)  # weights, gradients, Adam
     plans: list[Plan] = []
     for tp in tps:
         if tp > per_node or n % tp:
