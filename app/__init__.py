@@ -1,29 +1,114 @@
 """The soapbox explorer: a Dash app over :mod:`engine` (the engine never imports it).
 
-``create_app()`` builds the app; ``soapbox serve`` runs it. Session state lives in the page's
-``dcc.Store`` (see :mod:`app.workspace`); views are pure figure builders (:mod:`app.figures`)
-over view data (:mod:`app.views`); callbacks are plain functions (:mod:`app.callbacks`).
+``create_app()`` builds the app; ``soapbox serve`` runs it. Session state lives in the tab's
+``dcc.Store`` (``sessionStorage``; see :mod:`app.workspace`); views are pure figure builders
+(:mod:`app.figures`) over view data (:mod:`app.views`); callbacks are plain functions
+(:mod:`app.callbacks`). Searches run in worker processes (:mod:`app.jobs`) and, with uploads,
+are kept in an SQLite database under the data directory (:mod:`app.store`).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "MAX_REQUEST_BYTES", "IDLE_EVICT_S"]
 
 ASSETS = Path(__file__).parent / "assets"
 
+#: the largest request body the server reads (Flask's ``MAX_CONTENT_LENGTH``); above the upload
+#: box's limit plus the state sent with it, so that the upload check, not a bare 413, answers
+MAX_REQUEST_BYTES = 32 * 2**20
+#: a JSON request body nested deeper than this is refused before it is parsed (a session state
+#: is nested about 8 deep)
+MAX_REQUEST_DEPTH = 64
+#: a session's cached simulation is dropped after this long without a request (the tab also
+#: says when it closes, see ``assets/bye.js``)
+IDLE_EVICT_S = 600.0
 
-def create_app():
+
+def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = None,
+               idle_evict_s: float = IDLE_EVICT_S):
     """The Dash app, with its layout and callbacks (one instance serves many sessions; each
-    browser tab has its own state)."""
-    from dash import Dash
+    browser tab has its own state).
 
+    Parameters
+    ----------
+    data_dir : path, optional
+        Where the database of uploads and searches lives (created if missing; default the
+        platform's user data directory, see :func:`app.store.default_data_dir`).
+    workers : int, optional
+        Searches run at once, each in its own process (default: cores - 1, at least 1).
+    idle_evict_s : float
+        Seconds without a request after which a session's cached simulation is dropped.
+    """
+    from dash import Dash
+    from flask import abort, request
+
+    from . import jobs, store
     from .callbacks import register
     from .layout import make_layout
 
+    db = store.configure(Path(data_dir or store.default_data_dir()) / "soapbox.sqlite3")
+    interrupted = db.recover()
+    jobs.configure(db, workers)
     app = Dash(__name__, title="soapbox", assets_folder=str(ASSETS), suppress_callback_exceptions=False,
                update_title=None)
     app.layout = make_layout
     register(app)
+    server = app.server
+    server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+
+    @server.before_request
+    def _refuse_deep_json():
+        if request.method == "POST" and request.mimetype == "application/json":
+            if _json_too_deep(request.get_data(cache=True), MAX_REQUEST_DEPTH):
+                abort(400, description=f"request nested deeper than {MAX_REQUEST_DEPTH} levels")
+
+    @server.post("/_soapbox/bye")
+    def _bye():
+        """The tab closed: drop its cached simulation now (``navigator.sendBeacon``)."""
+        from . import workspace
+
+        sid = request.get_data(cache=False)[:64].decode("ascii", "replace")
+        workspace.forget(sid)
+        return "", 204
+
+    threading.Thread(target=_janitor, args=(idle_evict_s,), name="soapbox-janitor", daemon=True).start()
+    app.soapbox_info = {"data_dir": str(db.path.parent), "interrupted": interrupted, "workers": jobs.pool().workers}
     return app
+
+
+def _json_too_deep(body: bytes, limit: int) -> bool:
+    from engine.formats import _too_deep_at
+
+    return _too_deep_at(body, limit) is not None
+
+
+def _janitor(idle_evict_s: float) -> None:
+    """Drop idle sessions' simulations and give freed memory back to the system."""
+    import time
+
+    from . import workspace
+
+    period = max(1.0, min(60.0, idle_evict_s / 4))
+    while True:
+        time.sleep(period)
+        if workspace.evict_idle(idle_evict_s):
+            release_memory()
+
+
+def release_memory() -> None:
+    """Collect garbage and ask glibc to return free heap pages (``malloc_trim``): freed arrays of
+    a dropped simulation otherwise stay in the process's resident memory."""
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass

@@ -22,6 +22,8 @@ import numpy as np
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from engine.formats.trace import trace_events
+from engine.errors import SoapboxError
+from engine.formats import load_strategy
 from engine.strategy import strategy_from_dict
 
 from . import jobs
@@ -36,8 +38,8 @@ __all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_com
            "search_start", "search_poll", "search_stop", "export_strategy", "export_trace", "share_link",
            "register", "MAX_UPLOAD_BYTES"]
 
-#: largest file accepted by the upload box (a GPT-3 model file is ~1 MB)
-MAX_UPLOAD_BYTES = 50_000_000
+#: largest file accepted by the upload box (a GPT-3 model file is ~1 MB, a 20,000-op model ~6 MB)
+MAX_UPLOAD_BYTES = 16_000_000
 
 
 # --------------------------------------------------------------------------- events -> state
@@ -72,13 +74,18 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
     Returns (new state, message). Nothing here raises for bad input: a refused action
     returns the state unchanged and a message naming what and where.
     """
+    if state is not None:
+        try:
+            W.check_state(state)
+        except ValueError as e:  # a state from an older soapbox, or a crafted one
+            return W.new_state(), f"The page's saved state could not be used ({_first_line(e)}); starting afresh."
     if state is None or trigger in (None, "url"):
         if state is not None:
             return state, ""
         try:
             return W.state_from_query(query or "")
         except Exception as e:  # a damaged link still opens the default
-            return W.new_state(), f"The link could not be loaded ({e}); showing the default instead."
+            return W.new_state(), f"The link could not be loaded ({_first_line(e)}); showing the default instead."
     try:
         if trigger == "pick-model" and model and model != state["model"].get("name"):
             return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
@@ -120,11 +127,15 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
         if trigger == "edit-ops":
             return dict(state, selected=list(ops or [])), ""
         if trigger == "search-adopt":
-            job = jobs.get(state["sid"])
-            if job is None or job.result is None:
+            found = jobs.best(state["sid"])
+            if found is None:
                 return state, "No finished search to adopt yet."
-            r = job.result
-            return W.adopt_strategy(state, r.best, f"Adopted the search's best ({format_seconds(r.best_cost_s)}).")
+            best, cost_s = found
+            try:
+                best = load_strategy(best.to_dict(), W.graph_of(state), W.cluster_of(state))
+            except ValueError:
+                return state, "The search's best was found for another model or cluster; run a search here first."
+            return W.adopt_strategy(state, best, f"Adopted the search's best ({format_seconds(cost_s)}).")
         if trigger == "compare-add":
             return W.add_to_compare(state, compare_name)
         if trigger == "compare-clear":
@@ -132,6 +143,13 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
     except Exception as e:  # never lose the session over one action
         return state, f"That did not work: {type(e).__name__}: {e}"
     return state, ""
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    if len(lines) > 1 and lines[0].endswith("found:"):
+        return lines[0].rsplit(":", 2)[0] + ": " + lines[1].lstrip("- ")
+    return lines[0] if lines else type(e).__name__
 
 
 def _degree(dim: str, value: Any) -> int:
@@ -379,27 +397,40 @@ def render_compare(state: dict) -> tuple[Any, Any, Any]:
 
 
 def search_start(state: dict, algorithm: str, budget: str, seed: Any) -> tuple[str, bool]:
-    """Start the session's search; (status, poll disabled)."""
+    """Queue the session's search (it runs in a worker process); (status, poll disabled)."""
     try:
+        W.check_state(state)
         seed_i = int(seed or 0)
-        job = jobs.start(state["sid"], W.graph_of(state), W.cluster_of(state), algorithm, budget or "20s", seed_i,
-                         initial=strategy_from_dict(state["strategy"]))
-    except ValueError as e:
-        return f"Search not started: {e}", True
-    return job.status(), False
+        if not 0 <= seed_i < 2**63:
+            raise ValueError(f"seed {seed_i} must be between 0 and 2**63 - 1")
+        job = jobs.start(state["sid"], W.refs(state), algorithm, budget or "20s", seed_i,
+                         initial=load_strategy(state["strategy"], W.graph_of(state), W.cluster_of(state)))
+    except (ValueError, OverflowError, TypeError) as e:
+        return f"Search not started: {_first_line(e)}", True
+    return job.message(), False
+
+
+def _trace_title(job: jobs.JobView) -> str:
+    return f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
 
 
 def search_poll(state: dict) -> tuple[Any, str, bool]:
     """(trace figure, status, poll disabled) for the session's search."""
-    job = jobs.get(state["sid"]) if state else None
+    try:
+        W.check_state(state)
+        job = jobs.get(state["sid"])
+    except ValueError:
+        job = None
     if job is None:
         return empty_figure("Start a search to see its cost trace here."), "", True
-    title = f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
-    running = job.running  # read before the rows: a finished job has appended its last row
-    return build_trace_figure(list(job.rows), title), job.status(), not running
+    return build_trace_figure(job.rows, _trace_title(job)), job.message(), not job.running
 
 
 def search_stop(state: dict) -> str:
+    try:
+        W.check_state(state)
+    except ValueError:
+        return "No search is running."
     return "Stopping: the search returns its best so far..." if jobs.stop(state["sid"]) else "No search is running."
 
 
@@ -437,25 +468,46 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
-        Input("pick-baseline", "value"), Input("upload", "contents"), Input("edit-apply", "n_clicks"),
+        Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
         Input("compare-clear", "n_clicks"),
-        State("upload", "filename"), State({"type": "deg", "dim": ALL}, "value"),
+        State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"))
-    def _reduce(query, model, cluster, baseline, upload, _a, _u, _r, click, ops, _ad, _ca, _cc, filename,
+    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc,
                 deg_values, deg_ids, devices, compare_name, collapse, state):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        if trigger == "upload-ok":
+            trigger = "upload"
+        uploaded = uploaded if isinstance(uploaded, dict) else {}
+        upload, filename = uploaded.get("contents"), str(uploaded.get("filename") or "upload")[:200]
         if state is not None:
             state = dict(state, collapse=bool(collapse))
         degrees = {i["dim"]: v for i, v in zip(deg_ids or [], deg_values or [])}
-        new, msg = on_event(trigger, state, query=query or "", model=model, cluster=cluster, baseline=baseline,
+        new, msg = on_event(trigger, state, query=str(query or ""), model=model, cluster=cluster, baseline=baseline,
                             upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
                             click=click, compare_name=compare_name)
         return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
                 new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
                 new.get("baseline"), new.get("selected") or [])
+
+    app.clientside_callback(
+        f"""
+        function(contents, filename) {{
+            if (!contents) {{ return [window.dash_clientside.no_update, window.dash_clientside.no_update]; }}
+            const bytes = Math.floor((contents.length - contents.indexOf(',') - 1) * 3 / 4);
+            if (bytes > {MAX_UPLOAD_BYTES}) {{
+                const mb = (bytes / 1e6).toFixed(1);
+                return [window.dash_clientside.no_update,
+                        'Import refused: ' + filename + ' is ' + mb + ' MB; the explorer takes files up to '
+                        + '{MAX_UPLOAD_BYTES / 1e6:g} MB (use the soapbox command line for larger ones).'];
+            }}
+            return [{{contents: contents, filename: filename}}, window.dash_clientside.no_update];
+        }}
+        """,
+        Output("upload-ok", "data"), Output("message", "children", allow_duplicate=True),
+        Input("upload", "contents"), State("upload", "filename"), prevent_initial_call=True)
 
     explore_ids = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
                    "op-graph", "op-panel", "gantt", "topology", "memory"]
@@ -467,28 +519,41 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         if not state:
             return [no_update] * len(explore_ids)
         t = time.perf_counter()
-        out = render_explore(state, bool(collapse), metric or "utilization")
+        try:
+            W.check_state(state)
+            out = render_explore(state, bool(collapse), metric or "utilization")
+        except (ValueError, SoapboxError) as e:  # a stale or crafted state: say so, draw nothing
+            return [no_update] * explore_ids.index("why") + [f"Cannot draw this state: {_first_line(e)}"] + \
+                [no_update] * (len(explore_ids) - explore_ids.index("why") - 1)
         app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
         return [out[i] for i in explore_ids]
 
     @app.callback(Output("edit-ops", "options"), Output("edit-degrees", "children"),
                   Output("edit-devices", "value"), Input("state", "data"))
     def _editor(state):
-        if not state:
+        try:
+            W.check_state(state)
+            return render_editor(state)
+        except (ValueError, SoapboxError):
             return no_update, no_update, no_update
-        return render_editor(state)
 
     @app.callback(Output("gantt", "figure", allow_duplicate=True), Input("gantt", "relayoutData"),
                   State("state", "data"), prevent_initial_call=True)
     def _zoom(relayout, state):
-        return zoom_gantt(state, relayout)
+        try:
+            W.check_state(state)
+            return zoom_gantt(state, relayout)
+        except (ValueError, SoapboxError, TypeError):
+            return no_update
 
     @app.callback(Output("compare-table", "children"), Output("compare-diff", "children"),
                   Output("compare-gantt", "figure"), Input("state", "data"))
     def _compare(state):
-        if not state:
-            return no_update, no_update, no_update
-        return render_compare(state)
+        try:
+            W.check_state(state)
+            return render_compare(state)
+        except (ValueError, SoapboxError, KeyError, TypeError) as e:
+            return html.P(f"Cannot compare: {_first_line(e)}"), "", no_update
 
     @app.callback(Output("search-status", "children"), Output("search-poll", "disabled"),
                   Input("search-start", "n_clicks"), State("state", "data"), State("search-algo", "value"),
@@ -510,16 +575,28 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     @app.callback(Output("download", "data"), Input("export-strategy", "n_clicks"), State("state", "data"),
                   prevent_initial_call=True)
     def _export_strategy(_n, state):
-        return export_strategy(state)
+        try:
+            W.check_state(state)
+            return export_strategy(state)
+        except (ValueError, SoapboxError):
+            return no_update
 
     @app.callback(Output("download", "data", allow_duplicate=True), Input("export-trace", "n_clicks"),
                   State("state", "data"), prevent_initial_call=True)
     def _export_trace(_n, state):
-        return export_trace(state)
+        try:
+            W.check_state(state)
+            return export_trace(state)
+        except (ValueError, SoapboxError):
+            return no_update
 
     @app.callback(Output("share-url", "value"), Input("share", "n_clicks"), State("state", "data"),
                   State("url", "href"), prevent_initial_call=True)
     def _share(_n, state, href):
+        try:
+            W.check_state(state)
+        except ValueError as e:
+            return f"Cannot share: {_first_line(e)}"
         return share_link(state, href)
 
     app.clientside_callback(

@@ -13,19 +13,70 @@ __all__ = ["main"]
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all; default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
-    p.add_argument("--debug", action="store_true", help="Dash debug mode (reloads on code changes)")
+    p.add_argument("--port", type=_port, default=8050, help="port (default 8050)")
+    p.add_argument("--data-dir", help="where uploads and searches are kept (an SQLite database; default "
+                                      "the platform's user data directory, e.g. ~/.local/share/soapbox)")
+    p.add_argument("--workers", type=_count, help="searches run at once, each in its own process "
+                                                  "(default: cores - 1, at least 1); more wait in a queue")
+    p.add_argument("--threads", type=_count, default=8, help="request threads (default 8)")
+    p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
+                   help="drop a session's cached simulation after this long without a request (default 600)")
+    p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
+                                                        "(reloads on code changes)")
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= v <= 256:
+        raise argparse.ArgumentTypeError(f"{v} must be between 1 and 256")
+    return v
+
+
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a port number (0-65535)")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 1 <= v <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"{text} must be between 1 and {7 * 86400} seconds")
+    return v
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from . import create_app
+    from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app
     from .callbacks import warm_up
 
-    app = create_app()
+    try:
+        app = create_app(args.data_dir, args.workers, args.idle_evict or IDLE_EVICT_S)
+    except OSError as e:
+        raise ValueError(f"cannot use the data directory {args.data_dir or '(default)'}: {e.strerror or e}") from None
     warm_up()
+    info = app.soapbox_info
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"soapbox explorer: http://{shown}:{args.port}/  (Ctrl+C to stop)", flush=True)
-    app.run(host=args.host, port=args.port, debug=args.debug)
+    print(f"data: {info['data_dir']}; searches run {info['workers']} at a time"
+          + (f"; {info['interrupted']} search(es) interrupted by the last stop" if info["interrupted"] else ""),
+          flush=True)
+    if args.debug:
+        app.run(host=args.host, port=args.port, debug=True)
+        return 0
+    import waitress  # a production WSGI server: a fixed pool of request threads, bounded bodies
+
+    waitress.serve(app.server, host=args.host, port=args.port, threads=args.threads,
+                   max_request_body_size=MAX_REQUEST_BYTES, ident="soapbox")
     return 0
 
 

@@ -5,6 +5,8 @@ Each is tested on the figure's dict (tests/test_app_figures.py); none reads sess
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
@@ -191,9 +193,13 @@ def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> go.Figu
     """Search progress: current and best cost (ms) against proposals."""
     fig = go.Figure()
     it = [r["iteration"] for r in rows]
-    fig.add_trace(go.Scatter(x=it, y=[r["current_cost_s"] * 1e3 for r in rows], mode="lines", name="current",
+
+    def ms(v: float | None) -> float | None:  # None (no strategy that fits yet): a gap in the line
+        return None if v is None or not math.isfinite(v) else v * 1e3
+
+    fig.add_trace(go.Scatter(x=it, y=[ms(r["current_cost_s"]) for r in rows], mode="lines", name="current",
                              line=dict(color="#999")))
-    fig.add_trace(go.Scatter(x=it, y=[r["best_cost_s"] * 1e3 for r in rows], mode="lines", name="best",
+    fig.add_trace(go.Scatter(x=it, y=[ms(r["best_cost_s"]) for r in rows], mode="lines", name="best",
                              line=dict(color=CRITICAL_COLOUR, width=2)))
     fig.update_layout(height=300, margin=_MARGIN, xaxis_title="proposals", yaxis_title="iteration time (ms)",
                       title=title or None, legend=dict(orientation="h", y=1.02, yanchor="bottom"))

@@ -139,7 +139,10 @@ def make_layout() -> html.Div:
     models = sample_names()
     return html.Div([
         dcc.Location(id="url", refresh=False),
-        dcc.Store(id="state", storage_type="memory"),
+        # the session's state lives in the tab's sessionStorage: it survives a reload and a
+        # server restart, and each tab is its own session
+        dcc.Store(id="state", storage_type="session"),
+        dcc.Store(id="upload-ok", storage_type="memory"),
         dcc.Store(id="gantt-window", storage_type="memory"),
         html.Div(id="img-dummy", style={"display": "none"}),
         html.Header([

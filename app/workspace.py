@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
+import re
 import threading
+import time
 import uuid
 import zlib
 from collections import OrderedDict
@@ -26,9 +27,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from engine.cluster import Cluster, preset
+from engine.cluster import PRESETS, Cluster, preset, preset_names
 from engine.delta import DeltaSimulator
-from engine.errors import SoapboxError, ValidationError
+from engine.errors import Problem, SoapboxError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, parse_json_text, resolve_model
 from engine.graph import OpGraph
 from engine.memory import MemoryReport, memory_report
@@ -36,6 +37,8 @@ from engine.models import sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.simulate import Timeline
 from engine.strategy import Config, Strategy, strategy_from_dict
+
+from . import store
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -63,10 +66,17 @@ __all__ = [
 #: these sizes an upload is refused with a pointer to the CLI (which reduces symmetric replicas)
 MAX_APP_OPS = 20_000
 MAX_APP_DEVICES = 1_024
+#: a share link longer than this is refused before decoding (a link names the configs that
+#: differ from a baseline: a few KB; a whole 1,024-GPU strategy compresses to well under this)
+MAX_LINK_CHARS = 256 * 1024
+#: and one that inflates past this is refused while inflating (zlib bombs)
+MAX_LINK_INFLATED_BYTES = 8 * 2**20
 DEFAULT_MODEL = "inception_v3"
 DEFAULT_CLUSTER = "p100-4x4"
 #: more ops changed than this between the cached simulation and the state: rebuild instead
 _DELTA_LIMIT = 8
+#: undo (and redo) steps kept in a session's state
+MAX_HISTORY = 100
 _MAX_SESSIONS = 32  # workspaces kept in memory (least recently used dropped first)
 
 
@@ -75,29 +85,49 @@ _MAX_SESSIONS = 32  # workspaces kept in memory (least recently used dropped fir
 
 @lru_cache(maxsize=16)
 def _sample(name: str) -> OpGraph:
+    if name not in sample_names():  # a name from a request: never a path (see module docstring)
+        raise ValueError(f"unknown sample model {str(name)[:80]!r}; samples: {', '.join(sample_names())}")
     return resolve_model(name)
+
+
+_PRESET_NAME = re.compile(r"^(?P<base>[a-z0-9-]{1,40})(?::(?P<n>\d{1,12}))?$")
 
 
 @lru_cache(maxsize=16)
 def _preset(name: str) -> Cluster:
+    """A cluster preset by name, refused before it is built when it has more devices than the
+    explorer simulates (the device count of ``base:N`` is N times that of ``base:1``)."""
+    m = _PRESET_NAME.match(str(name))
+    if not m or m.group("base") not in PRESETS:
+        raise ValueError(f"unknown cluster {str(name)[:80]!r}; presets: {', '.join(preset_names())}")
+    if m.group("n") is not None and int(m.group("n")) > 1:
+        per_node = _preset(f"{m.group('base')}:1").num_devices
+        n = int(m.group("n"))
+        if n * per_node > MAX_APP_DEVICES:
+            raise ValueError(f"cluster {name}: {n * per_node:,} GPUs is more than the explorer simulates "
+                             f"interactively ({MAX_APP_DEVICES:,}); use `soapbox simulate` / `soapbox search`")
     return preset(name)
 
 
-_uploaded: "OrderedDict[str, Any]" = OrderedDict()  # content hash -> parsed graph or cluster
+_uploaded: "OrderedDict[str, Any]" = OrderedDict()  # kind:digest -> parsed graph or cluster
 _uploaded_lock = threading.Lock()
 
 
-def _digest(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _from_upload(kind: str, data: dict) -> Any:
-    key = kind + ":" + _digest(data)
+def _from_upload(kind: str, sid: str, digest: str) -> Any:
+    """The model or cluster session ``sid`` uploaded under ``digest`` (from the store; parsed
+    objects are cached by content)."""
+    key = f"{kind}:{digest}"
     with _uploaded_lock:
         hit = _uploaded.get(key)
         if hit is not None:
             _uploaded.move_to_end(key)
-            return hit
+    st = store.current()
+    if hit is not None and st.has_upload(sid, digest, kind):
+        return hit
+    data = None if hit is not None else st.get_upload(sid, digest, kind)
+    if data is None:
+        raise ValueError(f"the {kind} this page names ({digest[:12]}...) was not uploaded in this session (or has "
+                         f"expired); upload it again")
     obj = load_model(data) if kind == "model" else load_cluster(data)
     with _uploaded_lock:
         _uploaded[key] = obj
@@ -107,13 +137,20 @@ def _from_upload(kind: str, data: dict) -> Any:
 
 
 def graph_of(state: dict) -> OpGraph:
+    """The state's model: a sample, or a model this session uploaded; never a path."""
     m = state["model"]
-    return _sample(m["name"]) if "data" not in m else _from_upload("model", m["data"])
+    return _sample(m["name"]) if "upload" not in m else _from_upload("model", state["sid"], m["upload"])
 
 
 def cluster_of(state: dict) -> Cluster:
+    """The state's cluster: a preset, or a cluster this session uploaded; never a path."""
     c = state["cluster"]
-    return _preset(c["name"]) if "data" not in c else _from_upload("cluster", c["data"])
+    return _preset(c["name"]) if "upload" not in c else _from_upload("cluster", state["sid"], c["upload"])
+
+
+def refs(state: dict) -> dict:
+    """What names the state's model and cluster (for a search worker to resolve the same way)."""
+    return {"sid": state["sid"], "model": dict(state["model"]), "cluster": dict(state["cluster"])}
 
 
 @lru_cache(maxsize=64)
@@ -131,7 +168,7 @@ def _baseline(model_key: str, cluster_key: str, kind: str, graph: OpGraph, clust
 
 def _baseline_of(state: dict, kind: str) -> tuple[float, float] | None:
     g, c = graph_of(state), cluster_of(state)
-    return _baseline(g.fingerprint, _digest(c.to_dict()), kind, g, c)
+    return _baseline(g.fingerprint, store.digest_of(c.to_dict()), kind, g, c)
 
 
 def baseline_cost_s(state: dict, kind: str = "data-parallel") -> float | None:
@@ -169,8 +206,64 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
     return state
 
 
+_NAME = {"type": "string", "minLength": 1, "maxLength": 200}
+_REF = {"type": "object", "required": ["name"], "additionalProperties": False,
+        "properties": {"name": _NAME, "upload": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}}
+_CONFIG = {"type": "object"}
+_EDIT = {"type": "array", "maxItems": MAX_APP_OPS, "items": {
+    "type": "object", "required": ["op", "before", "after"],
+    "properties": {"op": {"type": "string", "maxLength": 1000}, "before": _CONFIG, "after": _CONFIG}}}
+#: the shape of a session state as the browser sends it back (checked before any use: the
+#: browser's storage may hold a state from an older soapbox, or a crafted one)
+STATE_SCHEMA = {
+    "type": "object",
+    "required": ["sid", "model", "cluster", "strategy", "undo", "redo", "version", "compare"],
+    "properties": {
+        "sid": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "model": _REF, "cluster": _REF,
+        "strategy": {"type": "object", "required": ["format", "ops"]},
+        "undo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},
+        "redo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},
+        "version": {"type": "integer", "minimum": 0, "maximum": 2**53},
+        "compare": {"type": "array", "maxItems": 6, "items": {
+            "type": "object", "required": ["name", "strategy"],
+            "properties": {"name": _NAME, "strategy": {"type": "object"}, "cost_s": {"type": ["number", "null"]}}}},
+        "selected": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": MAX_APP_OPS,
+                                                  "items": {"type": "string", "maxLength": 1000}}]},
+        "baseline": {"enum": list(BASELINES)},
+        "collapse": {"type": "boolean"},
+    },
+}
+
+
+@lru_cache(maxsize=1)
+def _state_validator():
+    import jsonschema_rs
+
+    return jsonschema_rs.Draft202012Validator(STATE_SCHEMA)
+
+
+def check_state(state: Any) -> None:
+    """Raise :class:`ValidationError` naming the first thing wrong with a session state that
+    came from the browser (its shape only; the strategy is checked against the model and
+    cluster when it is simulated)."""
+    try:
+        json.dumps(state, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as e:
+        raise ValidationError([Problem("", f"not a JSON state ({type(e).__name__})")], "the page's state") from None
+    v = _state_validator()
+    if not v.is_valid(state):
+        e = next(iter(v.iter_errors(state)))
+        where = ".".join(str(k) for k in e.instance_path) or "(top level)"
+        raise ValidationError([Problem(where, e.message[:300])], "the page's state")
+
+
 def _strategy(state: dict) -> Strategy:
-    return strategy_from_dict(state["strategy"])
+    """The state's strategy, schema-checked (the state comes from the browser)."""
+    try:
+        return load_strategy(state["strategy"])
+    except ValidationError as e:
+        raise e.with_source("the page's strategy") from None
 
 
 def _bump(state: dict) -> dict:
@@ -190,6 +283,7 @@ class Workspace:
     sim: DeltaSimulator
     version: int = -1
     _memory: MemoryReport | None = field(default=None, repr=False)
+    used_at: float = field(default_factory=time.monotonic, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -218,7 +312,9 @@ def _same_settings(a: Strategy, b: Strategy) -> bool:
 
 def workspace(state: dict) -> Workspace:
     """The session's workspace, brought in line with ``state`` (delta simulation when at most
-    a few ops differ from what it last simulated, else a full build)."""
+    a few ops differ from what it last simulated, else a full build). The state's strategy is
+    checked against the model and cluster first (the state comes from the browser: it may be
+    stale or crafted); an invalid one raises :class:`ValidationError`."""
     graph, cluster = graph_of(state), cluster_of(state)
     strategy = _strategy(state)
     sid = state["sid"]
@@ -226,24 +322,57 @@ def workspace(state: dict) -> Workspace:
         ws = _workspaces.get(sid)
         if ws is not None:
             _workspaces.move_to_end(sid)
+            ws.used_at = time.monotonic()
     if ws is not None and ws.graph is graph and ws.cluster is cluster and _same_settings(ws.strategy, strategy):
         with ws.lock:
             if ws.version == state.get("version") and ws.strategy.configs == strategy.configs:
                 return ws
             changed = [op for op, c in strategy.configs.items() if ws.strategy.configs[op] != c]
             if len(changed) <= _DELTA_LIMIT:
+                problems = [p for op in changed for p in ws.sim.check(op, strategy.configs[op])]
+                if problems:
+                    raise ValidationError(problems, "the page's strategy")
                 for op in changed:
                     ws.sim.change(op, strategy.configs[op])
                 ws.sim._undo = None  # changes here are not undone one by one
                 ws.version = state.get("version", 0)
                 ws._memory = None
                 return ws
+    strategy = load_strategy(state["strategy"], graph, cluster)  # every problem, with where
     ws = Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), state.get("version", 0))
     with _ws_lock:
         _workspaces[sid] = ws
         while len(_workspaces) > _MAX_SESSIONS:
             _workspaces.popitem(last=False)
     return ws
+
+
+_forgotten = [0]  # workspaces dropped by forget() since the last evict_idle()
+
+
+def forget(sid: str) -> bool:
+    """Drop session ``sid``'s workspace (its tab was closed); whether there was one."""
+    with _ws_lock:
+        gone = _workspaces.pop(str(sid), None) is not None
+        _forgotten[0] += gone
+    return gone
+
+
+def evict_idle(max_idle_s: float) -> int:
+    """Drop workspaces unused for ``max_idle_s`` seconds; how many were dropped, counting
+    those :func:`forget` dropped since the last call."""
+    now = time.monotonic()
+    with _ws_lock:
+        old = [sid for sid, ws in _workspaces.items() if now - ws.used_at > max_idle_s]
+        for sid in old:
+            del _workspaces[sid]
+        n, _forgotten[0] = len(old) + _forgotten[0], 0
+    return n
+
+
+def cached_sessions() -> int:
+    with _ws_lock:
+        return len(_workspaces)
 
 
 # --------------------------------------------------------------------------- actions
@@ -307,7 +436,7 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
     new = _with_configs(state, entries, "after")
     new["strategy"]["found_by"] = {"algorithm": "hand-edited", "from": state["strategy"].get("found_by", {})}
     new["strategy"]["cost"] = {}
-    new["undo"] = state["undo"] + [entries]
+    new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
     new["redo"] = []
     what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
     return _bump(new), f"Changed {what} to {_describe(config)}."
@@ -343,7 +472,7 @@ def _step(state: dict, back: bool) -> tuple[dict, str]:
     entries = state[src][-1]
     new = _with_configs(state, entries, key)
     new[src] = state[src][:-1]
-    new[dst] = state[dst] + [entries]
+    new[dst] = (state[dst] + [entries])[-MAX_HISTORY:]
     what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
     return _bump(new), f"{verb} the change to {what}."
 
@@ -364,7 +493,7 @@ def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, 
     entries = [{"op": op, "before": old[op].to_dict(), "after": c.to_dict()}
                for op, c in strategy.configs.items() if op in old.configs and old[op] != c]
     if _same_settings(old, strategy) and entries:
-        new["undo"] = state["undo"] + [entries]
+        new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
     else:  # settings (pipeline, ZeRO, ...) changed too: the history no longer applies
         new["undo"] = []
     new["redo"] = []
@@ -387,39 +516,65 @@ def adopt_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict,
     return _set_strategy(state, strategy, message)
 
 
+def _cheap_size_problem(kind: str, data: dict) -> str | None:
+    """A model with too many ops or a cluster with too many GPUs, told from the parsed file
+    before any schema check or build (a 60,000-op file is refused in milliseconds)."""
+    if kind == "model":
+        ops = data.get("ops")
+        if isinstance(ops, list) and len(ops) > MAX_APP_OPS:
+            return (f"{len(ops):,} ops is more than the explorer simulates interactively ({MAX_APP_OPS:,}); "
+                    f"use `soapbox simulate` / `soapbox search` for it")
+    if kind == "cluster":
+        total = 0
+        for nd in data.get("nodes") or []:
+            if isinstance(nd, dict):
+                g, r = nd.get("gpus", 1), nd.get("repeat", 1)
+                if isinstance(g, (int, float)) and isinstance(r, (int, float)) and g > 0 and r > 0:
+                    total += g * r
+        if total > MAX_APP_DEVICES:
+            return (f"{total:,.0f} devices is more than the explorer simulates interactively ({MAX_APP_DEVICES:,}); "
+                    f"use `soapbox simulate` / `soapbox search`")
+    return None
+
+
 def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]:
     """Import a model, cluster or strategy file (told apart by its ``format`` field).
 
     Returns (state, message, ok). A model or cluster replaces the current one (the strategy
-    becomes data parallel on it); a strategy must fit the current model and cluster. On any
-    problem the state is returned unchanged with every problem and where it is.
+    becomes data parallel on it) and is kept in the store for this session, the state naming it
+    by digest; a strategy must fit the current model and cluster. On any problem the state is
+    returned unchanged with every problem and where it is.
     """
     try:
         data = parse_json_text(text, filename)
     except (ValidationError, ValueError) as e:
         return state, str(e), False  # (the parser's message starts with the file name)
     fmt = data.get("format", "") if isinstance(data, dict) else ""
+    fmt = fmt if isinstance(fmt, str) else ""
     kind = fmt.split("/")[0].removeprefix("soapbox.") if fmt.startswith("soapbox.") else ""
     try:
+        if kind in ("model", "cluster"):
+            too_big = _cheap_size_problem(kind, data)
+            if too_big:
+                return state, f"{filename}: {too_big}", False
         if kind == "model":
             g = load_model(data)
-            if len(g.ops) > MAX_APP_OPS:
-                return state, (f"{filename}: {len(g.ops):,} ops is more than the explorer simulates interactively "
-                               f"({MAX_APP_OPS:,}); use `soapbox simulate` / `soapbox search` for it"), False
+            digest = store.current().put_upload(state["sid"], "model", g.name, data)
             new = copy.deepcopy(state)
-            new["model"] = {"name": g.name, "data": data}
+            new["model"] = {"name": g.name, "upload": digest}
             new["strategy"] = make_baseline("data-parallel", g, cluster_of(new)).to_dict()
-            new.update(undo=[], redo=[], selected=None, baseline="data-parallel")
+            new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
             return _bump(new), f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel.", True
         if kind == "cluster":
             c = load_cluster(data)
             if c.num_devices > MAX_APP_DEVICES:
                 return state, (f"{filename}: {c.num_devices:,} devices is more than the explorer simulates "
                                f"interactively ({MAX_APP_DEVICES:,}); use `soapbox simulate` / `soapbox search`"), False
+            digest = store.current().put_upload(state["sid"], "cluster", c.name, data)
             new = copy.deepcopy(state)
-            new["cluster"] = {"name": c.name, "data": data}
+            new["cluster"] = {"name": c.name, "upload": digest}
             new["strategy"] = make_baseline("data-parallel", graph_of(new), c).to_dict()
-            new.update(undo=[], redo=[], baseline="data-parallel")
+            new.update(undo=[], redo=[], baseline="data-parallel", compare=[])
             return _bump(new), f"Loaded cluster {c.name} ({c.num_devices} GPUs) from {filename}; strategy: data parallel.", True
         if kind == "strategy":
             s = load_strategy(data, graph_of(state), cluster_of(state))
@@ -462,7 +617,7 @@ def share_query(state: dict) -> str:
     """A URL query (``?model=..&cluster=..&s=..``) that reproduces the state: the configs that
     differ from the baseline, zlib-compressed and base64url-encoded. Uploaded models and
     clusters are not in the link (the message says so)."""
-    if "data" in state["model"] or "data" in state["cluster"]:
+    if "upload" in state["model"] or "upload" in state["cluster"]:
         raise ValueError("a model or cluster loaded from a file cannot be shared by link; export the files instead")
     kind = state.get("baseline", "data-parallel")
     base = make_baseline(kind, graph_of(state), cluster_of(state))
@@ -481,15 +636,28 @@ def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
     what is wrong with the link."""
     from urllib.parse import parse_qs
 
+    if len(query) > MAX_LINK_CHARS:
+        raise ValueError(f"link: {len(query):,} characters is longer than a soapbox share link can be "
+                         f"({MAX_LINK_CHARS:,})")
     q = {k: v[0] for k, v in parse_qs(query.lstrip("?")).items()}
     state = new_state(q.get("model", DEFAULT_MODEL), q.get("cluster", DEFAULT_CLUSTER), sid=sid)
     if "s" not in q:
         return state, ""
     try:
         raw = q["s"] + "=" * (-len(q["s"]) % 4)
-        payload = json.loads(zlib.decompress(base64.urlsafe_b64decode(raw)))
-    except (ValueError, zlib.error) as e:
+        inflater = zlib.decompressobj()
+        text = inflater.decompress(base64.urlsafe_b64decode(raw), MAX_LINK_INFLATED_BYTES)
+        if inflater.unconsumed_tail:
+            raise ValueError(f"it inflates to more than {MAX_LINK_INFLATED_BYTES // 2**20} MiB")
+        if not inflater.eof:
+            raise ValueError("it is cut short")
+        payload = parse_json_text(text.decode("utf-8"), "link")
+    except ValidationError as e:
+        raise ValueError(f"link: the strategy part ('s') is damaged ({e.problems[0]})") from None
+    except (ValueError, zlib.error, UnicodeDecodeError) as e:
         raise ValueError(f"link: the strategy part ('s') is damaged ({e})") from None
+    if not isinstance(payload, dict):
+        raise ValueError("link: the strategy part ('s') is not a soapbox share")
     try:
         if "s" in payload:
             s = load_strategy(payload["s"], graph_of(state), cluster_of(state))

@@ -31,15 +31,16 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.fixture(scope="session")
-def app_url():
-    """The explorer on a free local port, warmed up like ``soapbox serve``, for the session."""
+def app_url(tmp_path_factory):
+    """The explorer on a free local port, warmed up like ``soapbox serve``, for the session
+    (its uploads and searches in a temporary data directory)."""
     from werkzeug.serving import make_server
 
     from app import create_app
     from app.callbacks import warm_up
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no request log in test reports
-    app = create_app()
+    app = create_app(data_dir=tmp_path_factory.mktemp("soapbox-data"))
     warm_up()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -332,26 +332,41 @@ class TestZoomGantt:
 
 
 class TestSearch:
+    """Searches run in worker processes (app.worker) and are read back from the store."""
+
     def test_runs_to_the_end_and_can_be_adopted(self, alex):
         status, disabled = C.search_start(alex, "mcmc", "30", 0)
         assert disabled is False and status.startswith("mcmc")
         fig, status = poll_until_done(alex)
         job = jobs.get(alex["sid"])
-        assert job.error is None and job.result is not None
-        assert len(job.rows) > 0
+        assert job.status == "finished" and job.error is None and job.result is not None
+        assert len(job.rows) > 0 and job.rows[-1]["iteration"] == job.result["iterations"]
         assert status.startswith("mcmc finished: best ") and status.endswith("Adopt it to edit it.")
-        assert f"{job.result.best_cost_s * 1e3:.3f} ms" in status
+        assert f"best {format_seconds(job.best_cost_s)}" in status
+        assert job.best_cost_s == pytest.approx(job.result["best_cost_s"], rel=1e-12)
         _, best = fig.data
         assert list(best.x) == [r["iteration"] for r in job.rows]
         assert list(best.y) == pytest.approx([r["best_cost_s"] * 1e3 for r in job.rows])
         assert fig.layout.title.text == "mcmc, budget 30 proposals, seed 0"
         assert C.search_stop(alex) == "No search is running."
         state, msg = C.on_event("search-adopt", alex)
-        assert msg == f"Adopted the search's best ({format_seconds(job.result.best_cost_s)})."
-        assert state["strategy"]["ops"] == job.result.best.to_dict()["ops"]
-        assert W.workspace(state).timeline.makespan_s == pytest.approx(job.result.best_cost_s, rel=1e-9)
+        assert msg == f"Adopted the search's best ({format_seconds(job.best_cost_s)})."
+        strategy, cost_s = jobs.best(alex["sid"])
+        assert state["strategy"]["ops"] == strategy.to_dict()["ops"]
+        assert W.workspace(state).timeline.makespan_s == pytest.approx(cost_s, rel=1e-9)
         back, _ = C.on_event("undo", state)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
+
+    def test_the_same_search_in_process_gives_the_same_best(self, alex):
+        """The worker runs the engine's search unchanged: seeded, an iteration budget gives
+        the same best as calling the search here."""
+        from engine.search import Budget
+
+        C.search_start(alex, "mcmc", "30", 3)
+        poll_until_done(alex)
+        g, c = W.graph_of(alex), W.cluster_of(alex)
+        here = ALGORITHMS["mcmc"][0](g, c, Budget.parse("30"), seed=3, initial=load_strategy(alex["strategy"], g, c))
+        assert jobs.get(alex["sid"]).best_cost_s == here.best_cost_s
 
     def test_stop_and_one_at_a_time(self, alex):
         status, disabled = C.search_start(alex, "mcmc", "100000000", 1)
@@ -361,15 +376,41 @@ class TestSearch:
                                                "stop it first")
         other = W.new_state("alexnet")
         assert C.search_poll(other)[2] is True  # another session sees no search
+        deadline = time.monotonic() + 60
+        while not jobs.get(alex["sid"]).rows:  # running, with progress
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         assert C.search_stop(alex) == "Stopping: the search returns its best so far..."
         _, status = poll_until_done(alex)
         assert status.startswith("mcmc stopped: best ")
-        assert jobs.get(alex["sid"]).result.cancelled
+        assert jobs.get(alex["sid"]).result["cancelled"] is True
+
+    def test_a_queued_search_shows_its_place_and_can_be_stopped_before_it_starts(self, alex):
+        sessions = [W.new_state("alexnet") for _ in range(jobs.pool().workers)]
+        for s in sessions:  # occupy every worker
+            C.search_start(s, "mcmc", "100000000", 0)
+        status, disabled = C.search_start(alex, "mcmc", "30", 0)
+        assert not disabled and "queued" in status and "server runs" in status
+        assert jobs.get(alex["sid"]).queue_position >= 1
+        assert C.search_stop(alex).startswith("Stopping")
+        assert jobs.get(alex["sid"]).status == "stopped"
+        for s in sessions:
+            C.search_stop(s)
+        for s in sessions:
+            poll_until_done(s)
+
+    def test_a_time_budget_holds_with_set_up_counted(self, alex):
+        C.search_start(alex, "mcmc", "2s", 0)
+        poll_until_done(alex)
+        r = jobs.get(alex["sid"]).result
+        assert r["run_s"] <= 2.0 * 1.2, r  # claimed -> finished, set-up included
 
     @pytest.mark.parametrize("algorithm, budget, seed, what", [
         ("nope", "30", 0, f"unknown search algorithm 'nope'; available: {', '.join(ALGORITHMS)}"),
         ("mcmc", "abc", 0, "budget 'abc'"),
         ("mcmc", "30", "x", "'x'"),
+        ("mcmc", "30", -1, "seed -1"),
+        ("mcmc", "2h", 0, "at most 10 minutes"),
     ])
     def test_refused(self, alex, algorithm, budget, seed, what):
         status, disabled = C.search_start(alex, algorithm, budget, seed)
@@ -381,6 +422,12 @@ class TestSearch:
         assert disabled is True and status == ""
         assert fig.layout.annotations[0].text.startswith("Start a search")
         assert C.search_stop(alex) == "No search is running."
+
+    def test_a_crafted_state_cannot_start_or_read_a_search(self, alex):
+        bad = dict(alex, model={"name": "/etc/hostname"})
+        status, disabled = C.search_start(bad, "mcmc", "30", 0)
+        assert disabled and "unknown sample model '/etc/hostname'" in status
+        assert C.search_poll({"sid": "../../x"})[2] is True
 
 
 class TestExport:

@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 
+from app import store
 from app import workspace as W
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
@@ -317,7 +318,10 @@ class TestImportFile:
         new, msg, ok = W.import_file(alex, json.dumps(data), "model.json")
         assert ok is True, msg
         assert msg.startswith("Loaded model my-alexnet (24 ops) from model.json")
-        assert new["model"]["name"] == "my-alexnet" and new["model"]["data"] == data
+        assert new["model"]["name"] == "my-alexnet" and set(new["model"]) == {"name", "upload"}
+        # the content is kept in the store for this session only; the state names its digest
+        assert store.current().get_upload(alex["sid"], new["model"]["upload"], "model") == data
+        assert store.current().get_upload("0" * 32, new["model"]["upload"], "model") is None
         assert new["sid"] == alex["sid"] and new["undo"] == [] and new["baseline"] == "data-parallel"
         assert "data" not in alex["model"]
         ws = W.workspace(new)

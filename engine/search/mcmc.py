@@ -43,6 +43,10 @@ from .baselines import data_parallel, expert
 __all__ = ["Budget", "Progress", "SearchResult", "mcmc", "candidate_configs", "random_config"]
 
 
+#: share of a time budget kept for the final polish (the chains stop at the rest)
+POLISH_SHARE = 0.15
+
+
 @dataclass(frozen=True)
 class Budget:
     """An iteration count, a number of seconds, or both (whichever runs out first)."""
@@ -88,6 +92,9 @@ class Progress:
     best_cost_s: float
     acceptance_rate: float
     chains: int = 1
+    #: the best strategy so far, where the search has one at this row (a reference, not a
+    #: copy: a consumer that keeps it, such as the app's worker, serialises it at once)
+    best: Strategy | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -286,14 +293,17 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         if total_iters is not None and (it >= total_iters or (it > 0 and it - improved_at[0] >= total_iters / 2)):
             return True
         # stop as well when the best has not improved for half of the budget
-        return budget.seconds is not None and (elapsed >= budget.seconds or
+        return budget.seconds is not None and (elapsed >= search_s or
                                                elapsed - improved_at[1] >= budget.seconds / 2)
 
+    # a time budget holds for the whole call: set-up (above) counts, and the final polish gets
+    # the last POLISH_SHARE of it rather than running past it
+    search_s = None if budget.seconds is None else budget.seconds * (1.0 - POLISH_SHARE if polish else 1.0)
     rung = 0
     while live and not cancelled and not out_of_budget():
         # a rung: every live chain gets an equal share of the rung's proposals
         rung_iters = None if total_iters is None else max(1, total_iters // (rungs * len(live)))
-        rung_secs = None if budget.seconds is None else budget.seconds / rungs / len(live)
+        rung_secs = None if budget.seconds is None else search_s / rungs / len(live)
         for chain in list(live):
             t_start = time.perf_counter()
             k = 0
@@ -324,7 +334,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
                 if it % 10 == 0:
                     row = Progress(it, time.perf_counter() - t0, chain.cost, best_cost,
                                    sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)),
-                                   len(live))
+                                   len(live), best=best)
                     trace.append(row)
                     if progress is not None and progress(row) is False:
                         cancelled = True
@@ -340,9 +350,8 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
     polished = False
     if polish and not cancelled:
         # the polish gets as many evaluations as the search had proposals, or what is left of
-        # the time budget (at least a fifth of it)
-        deadline = None if budget.seconds is None else t0 + max(budget.seconds, time.perf_counter() - t0 +
-                                                                 budget.seconds / 5)
+        # the time budget
+        deadline = None if budget.seconds is None else t0 + budget.seconds
         best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, check_memory,
                                                  max_evals=budget.iterations or 10**9, deadline=deadline)
     elapsed = time.perf_counter() - t0

@@ -367,7 +367,8 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0
         cost_s = r.iteration_time_s if r.memory.feasible else math.inf
         if best is None or cost_s < best[0]:
             best = (cost_s, s, plan)
-        rows.append(Progress(tried, time.perf_counter() - t0, cost_s, best[0], 1.0, 1))
+        rows.append(Progress(tried, time.perf_counter() - t0, cost_s, best[0], 1.0, 1,
+                             best=best[1] if math.isfinite(best[0]) else None))
         if progress is not None and progress(rows[-1]) is False:
             break
     if best is None or not math.isfinite(best[0]):

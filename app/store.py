@@ -1,0 +1,314 @@
+"""What the explorer must not forget, in an embedded SQLite database.
+
+A session's edits live in its browser tab (``sessionStorage``), so they survive a reload and a
+server restart by themselves. What lives on the server is kept here, in one SQLite file under
+the data directory (``soapbox serve --data-dir``; by default the platform's user data
+directory, e.g. ``~/.local/share/soapbox`` on Linux):
+
+* **uploads**: the model and cluster files a session uploaded, keyed by (session id, content
+  digest). The session's state names an upload by its digest only; the server resolves it for
+  that session and for no other, so a crafted state cannot name a file on the server's disk.
+* **searches**: every search a session started, its progress rows, its best strategy so far
+  and its result. Searches run in worker processes (:mod:`app.worker`) that write here; the
+  page polls from here. A search that was queued or running when the server died is marked
+  ``interrupted`` at the next start and keeps the best strategy it had written.
+
+SQLite is used in WAL mode (readers never block the one writer) with a busy timeout, one
+connection per thread and process. Sizes are bounded: a few searches per session, a few
+uploads per session, finished searches dropped after :data:`KEEP_DAYS` days.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["Store", "SearchRow", "configure", "current", "default_data_dir", "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION",
+           "UPLOADS_PER_SESSION", "FINAL", "STATUSES"]
+
+#: searches kept per session (oldest finished ones dropped first)
+SEARCHES_PER_SESSION = 5
+#: uploads kept per session (least recently used dropped first); the state names one model
+#: and one cluster, a few more let undo across an import still resolve
+UPLOADS_PER_SESSION = 8
+#: finished searches and uploads untouched for this long are deleted at start-up
+KEEP_DAYS = 14
+#: progress rows stored per search (a long MCMC run emits one per 10 proposals); beyond this,
+#: every other stored row is dropped, so the trace keeps its shape at half the resolution
+MAX_PROGRESS_ROWS = 4000
+
+STATUSES = ("queued", "running", "finished", "stopped", "failed", "interrupted")
+#: statuses after which a search no longer changes
+FINAL = ("finished", "stopped", "failed", "interrupted")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS uploads (
+    sid TEXT NOT NULL, digest TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+    data TEXT NOT NULL, used_at REAL NOT NULL, PRIMARY KEY (sid, digest));
+CREATE TABLE IF NOT EXISTS searches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, sid TEXT NOT NULL, algorithm TEXT NOT NULL,
+    budget TEXT NOT NULL, budget_s REAL, seed INTEGER NOT NULL, refs TEXT NOT NULL,
+    initial TEXT, status TEXT NOT NULL, stop_requested INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL, started_at REAL, finished_at REAL, worker_pid INTEGER,
+    best_cost_s REAL, best TEXT, result TEXT, error TEXT);
+CREATE INDEX IF NOT EXISTS searches_sid ON searches (sid, id);
+CREATE INDEX IF NOT EXISTS searches_status ON searches (status, id);
+CREATE TABLE IF NOT EXISTS progress (
+    search_id INTEGER NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (search_id, seq));
+"""
+
+
+def default_data_dir() -> Path:
+    """The platform's per-user data directory for soapbox (``platformdirs``)."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("soapbox", appauthor=False))
+
+
+def digest_of(data: Any) -> str:
+    """A content digest of a JSON-able value (SHA-256 of its canonical JSON, 32 hex digits)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+class SearchRow(dict):
+    """One row of the ``searches`` table as a dict (``row["status"]`` ...), JSON fields decoded."""
+
+
+class Store:
+    """The explorer's database at ``path`` (created with its tables when missing).
+
+    Safe to share between threads (one connection per thread) and processes (SQLite's own
+    locking; every write is one short transaction).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._conn().executescript(_SCHEMA)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=True)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (taken at once: ``BEGIN IMMEDIATE``)."""
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # ------------------------------------------------------------------ uploads
+
+    def put_upload(self, sid: str, kind: str, name: str, data: dict) -> str:
+        """Keep an uploaded model or cluster for session ``sid``; its content digest."""
+        digest = digest_of(data)
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO uploads (sid, digest, kind, name, data, used_at) VALUES (?, ?, ?, ?, ?, ?) "
+                       "ON CONFLICT (sid, digest) DO UPDATE SET used_at = excluded.used_at",
+                       (sid, digest, kind, name, json.dumps(data, separators=(",", ":")), now))
+            db.execute("DELETE FROM uploads WHERE sid = ? AND digest NOT IN (SELECT digest FROM uploads WHERE sid = ? "
+                       "ORDER BY used_at DESC LIMIT ?)", (sid, sid, UPLOADS_PER_SESSION))
+        return digest
+
+    def has_upload(self, sid: str, digest: str, kind: str) -> bool:
+        return self._conn().execute("SELECT 1 FROM uploads WHERE sid = ? AND digest = ? AND kind = ?",
+                                    (sid, digest, kind)).fetchone() is not None
+
+    def get_upload(self, sid: str, digest: str, kind: str) -> dict | None:
+        """The content session ``sid`` uploaded under ``digest`` (None when it did not)."""
+        row = self._conn().execute("SELECT data FROM uploads WHERE sid = ? AND digest = ? AND kind = ?",
+                                   (sid, digest, kind)).fetchone()
+        return None if row is None else json.loads(row["data"])
+
+    # ------------------------------------------------------------------ searches
+
+    def create_search(self, sid: str, algorithm: str, budget: str, budget_s: float | None, seed: int,
+                      refs: dict, initial: dict | None) -> int:
+        """Queue a search; its id. Older finished searches of the session beyond
+        :data:`SEARCHES_PER_SESSION` are dropped with their progress."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO searches (sid, algorithm, budget, budget_s, seed, refs, initial, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+                (sid, algorithm, budget, budget_s, seed, json.dumps(refs), json.dumps(initial) if initial else None,
+                 time.time()))
+            new_id = int(cur.lastrowid)
+            old = [r[0] for r in db.execute(
+                "SELECT id FROM searches WHERE sid = ? AND status IN ('finished', 'stopped', 'failed', 'interrupted') "
+                "ORDER BY id DESC LIMIT -1 OFFSET ?", (sid, SEARCHES_PER_SESSION - 1))]
+            self._delete(db, old)
+        return new_id
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, ids: list[int]) -> None:
+        for i in ids:
+            db.execute("DELETE FROM progress WHERE search_id = ?", (i,))
+            db.execute("DELETE FROM searches WHERE id = ?", (i,))
+
+    def claim_next(self, worker_pid: int) -> SearchRow | None:
+        """Mark the oldest queued search running for ``worker_pid`` and return it."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM searches WHERE status = 'queued' ORDER BY id LIMIT 1").fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE searches SET status = 'running', started_at = ?, worker_pid = ? WHERE id = ?",
+                       (time.time(), worker_pid, row["id"]))
+        out = self._row(row)
+        out["status"] = "running"
+        return out
+
+    def add_progress(self, search_id: int, rows: list[dict]) -> None:
+        """Append progress rows (thinning old ones past :data:`MAX_PROGRESS_ROWS`)."""
+        if not rows:
+            return
+        with self._tx() as db:
+            last = db.execute("SELECT COALESCE(MAX(seq), -1), COUNT(*) FROM progress WHERE search_id = ?",
+                              (search_id,)).fetchone()
+            seq, count = int(last[0]) + 1, int(last[1])
+            db.executemany("INSERT INTO progress (search_id, seq, row) VALUES (?, ?, ?)",
+                           [(search_id, seq + k, json.dumps(r)) for k, r in enumerate(rows)])
+            if count + len(rows) > MAX_PROGRESS_ROWS:  # drop every other older row
+                db.execute("DELETE FROM progress WHERE search_id = ? AND seq IN (SELECT seq FROM (SELECT seq, "
+                           "ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM progress WHERE search_id = ? AND seq < ?) "
+                           "WHERE rn % 2 = 0)", (search_id, search_id, seq))
+
+    def set_best(self, search_id: int, cost_s: float, strategy: dict) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE searches SET best_cost_s = ?, best = ? WHERE id = ?",
+                       (cost_s, json.dumps(strategy, separators=(",", ":")), search_id))
+
+    def finish(self, search_id: int, status: str, result: dict | None = None, error: str | None = None,
+               best: dict | None = None, best_cost_s: float | None = None) -> None:
+        """Record how a search ended (status one of :data:`FINAL`)."""
+        assert status in FINAL, status
+        with self._tx() as db:
+            db.execute("UPDATE searches SET status = ?, finished_at = ?, result = ?, error = ?, "
+                       "best = COALESCE(?, best), best_cost_s = COALESCE(?, best_cost_s) WHERE id = ? "
+                       "AND status NOT IN ('finished', 'stopped', 'failed', 'interrupted')",
+                       (status, time.time(), json.dumps(result) if result is not None else None, error,
+                        json.dumps(best, separators=(",", ":")) if best is not None else None, best_cost_s,
+                        search_id))
+
+    def request_stop(self, search_id: int) -> str | None:
+        """Ask a search to stop; a queued one is stopped at once. Its status before."""
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM searches WHERE id = ?", (search_id,)).fetchone()
+            if row is None:
+                return None
+            if row["status"] == "queued":
+                db.execute("UPDATE searches SET status = 'stopped', finished_at = ?, error = NULL WHERE id = ?",
+                           (time.time(), search_id))
+            elif row["status"] == "running":
+                db.execute("UPDATE searches SET stop_requested = 1 WHERE id = ?", (search_id,))
+            return row["status"]
+
+    def stop_requested(self, search_id: int) -> bool:
+        row = self._conn().execute("SELECT stop_requested, status FROM searches WHERE id = ?",
+                                   (search_id,)).fetchone()
+        return row is None or bool(row["stop_requested"]) or row["status"] in FINAL
+
+    def search(self, search_id: int) -> SearchRow | None:
+        row = self._conn().execute("SELECT * FROM searches WHERE id = ?", (search_id,)).fetchone()
+        return None if row is None else self._row(row)
+
+    def latest_search(self, sid: str) -> SearchRow | None:
+        """The session's most recent search."""
+        row = self._conn().execute("SELECT * FROM searches WHERE sid = ? ORDER BY id DESC LIMIT 1",
+                                   (sid,)).fetchone()
+        return None if row is None else self._row(row)
+
+    def running_searches(self) -> list[SearchRow]:
+        return [self._row(r) for r in self._conn().execute("SELECT * FROM searches WHERE status = 'running'")]
+
+    def progress(self, search_id: int) -> list[dict]:
+        return [json.loads(r[0]) for r in self._conn().execute(
+            "SELECT row FROM progress WHERE search_id = ? ORDER BY seq", (search_id,))]
+
+    def queue_position(self, search_id: int) -> int:
+        """1 for the next search to start, 2 for the one after, ...; 0 when not queued."""
+        row = self._conn().execute(
+            "SELECT COUNT(*) FROM searches WHERE status = 'queued' AND id <= ? AND "
+            "(SELECT status FROM searches WHERE id = ?) = 'queued'", (search_id, search_id)).fetchone()
+        return int(row[0])
+
+    def counts(self) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in self._conn().execute("SELECT status, COUNT(*) FROM searches GROUP BY status")}
+
+    def recover(self) -> int:
+        """At server start: every search left queued or running by a server that is gone is
+        marked ``interrupted`` (keeping its best so far); old rows are pruned. Returns how many
+        were interrupted."""
+        now = time.time()
+        cutoff = now - KEEP_DAYS * 86400
+        with self._tx() as db:
+            n = db.execute("UPDATE searches SET status = 'interrupted', finished_at = ?, error = "
+                           "'the server stopped while this search was ' || status WHERE status IN ('queued', 'running')",
+                           (now,)).rowcount
+            old = [r[0] for r in db.execute("SELECT id FROM searches WHERE finished_at < ?", (cutoff,))]
+            self._delete(db, old)
+            db.execute("DELETE FROM uploads WHERE used_at < ?", (cutoff,))
+        return int(n)
+
+    @staticmethod
+    def _row(row: sqlite3.Row) -> SearchRow:
+        out = SearchRow(dict(row))
+        for key in ("refs", "initial", "best", "result"):
+            if out.get(key) is not None:
+                out[key] = json.loads(out[key])
+        return out
+
+
+# --------------------------------------------------------------------------- the process's store
+
+_current: Store | None = None
+_current_lock = threading.Lock()
+
+
+def configure(path: str | os.PathLike) -> Store:
+    """Open the store at ``path`` (a SQLite file) as this process's store."""
+    global _current
+    with _current_lock:
+        if _current is None or _current.path != Path(path):
+            _current = Store(path)
+        return _current
+
+
+def current() -> Store:
+    """This process's store; a fresh one in a temporary folder when none was configured (tests
+    and library use; ``soapbox serve`` configures the data directory's)."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            import tempfile
+
+            _current = Store(Path(tempfile.mkdtemp(prefix="soapbox-")) / "soapbox.sqlite3")
+        return _current

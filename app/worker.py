@@ -1,0 +1,134 @@
+"""A search worker: a separate process that runs one queued search and exits.
+
+Started by :class:`app.jobs.SearchPool` as ``python -m app.worker DB PARENT_PID`` (a fresh
+interpreter: no state copied from the threaded server). It claims the oldest queued
+search in the store, resolves the model and cluster the search names (samples, presets or the
+session's own uploads: never a path), runs the engine's search, streams progress rows and the
+best strategy so far into the store, and records the result. One search per process: when it
+exits, the memory the search used goes back to the system, and the pool starts a fresh worker.
+
+The worker never outlives the server: on Linux it asks the kernel to kill it when its parent
+dies (``PR_SET_PDEATHSIG``), elsewhere it checks its parent between progress rows.
+
+This module imports the engine and :mod:`app.store` / :mod:`app.workspace` only (no Dash).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import fields
+from typing import Any
+
+__all__ = ["main", "run_search", "FLUSH_S"]
+
+#: progress rows are written to the store at most this often (and the stop flag read)
+FLUSH_S = 0.25
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except OSError:
+            pass
+
+
+def _finite(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monotonic) -> str:
+    """Run the claimed search ``row`` to its end; returns the status recorded.
+
+    Time budgets count from the moment the search was claimed: resolving the model and
+    building the starting strategies spend the same budget as the search itself."""
+    from engine.search import ALGORITHMS, Budget
+    from engine.strategy import strategy_from_dict
+
+    from . import workspace as W
+
+    t_claim = clock()
+    sid = row["id"]
+    best_seen = [math.inf, 0.0]  # cost of the best stored, when it was stored
+    pending: list[dict] = []
+    last_flush = [clock()]
+    stop = [False]
+
+    def flush(final: bool = False) -> None:
+        store.add_progress(sid, pending)
+        pending.clear()
+        last_flush[0] = clock()
+        if not final:
+            stop[0] = stop[0] or store.stop_requested(sid)
+
+    try:
+        fn = ALGORITHMS[row["algorithm"]][0]
+        budget = Budget.parse(row["budget"])
+        refs = row["refs"]
+        graph, cluster = W.graph_of(refs), W.cluster_of(refs)
+        initial = strategy_from_dict(row["initial"]) if row.get("initial") else None
+        if budget.seconds is not None:
+            budget = Budget(budget.iterations, max(0.05, budget.seconds - (clock() - t_claim)))
+
+        def on_progress(p) -> bool:
+            d = {f.name: _finite(getattr(p, f.name)) for f in fields(p) if f.name != "best"}
+            pending.append(d)
+            best = getattr(p, "best", None)
+            now = clock()
+            if best is not None and p.best_cost_s < best_seen[0] and now - best_seen[1] >= 0.5:
+                store.set_best(sid, p.best_cost_s, best.to_dict())
+                best_seen[:] = [p.best_cost_s, now]
+            if now - last_flush[0] >= FLUSH_S:
+                flush()
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    os._exit(0)  # the server is gone: nobody will read this search
+            return not stop[0]
+
+        result = fn(graph, cluster, budget, seed=int(row["seed"]), progress=on_progress, initial=initial)
+        flush(final=True)
+        summary = {"best_cost_s": _finite(result.best_cost_s), "iterations": result.iterations,
+                   "elapsed_s": result.elapsed_s, "cancelled": result.cancelled,
+                   "baselines": {k: _finite(v) for k, v in result.baselines.items()},
+                   "speedup_vs_data_parallel": _finite(result.speedup_vs_data_parallel),
+                   "locally_optimal": result.locally_optimal, "run_s": clock() - t_claim}
+        status = "stopped" if result.cancelled else "finished"
+        fits = math.isfinite(result.best_cost_s)
+        store.finish(sid, status, result=summary, best=result.best.to_dict() if fits else None,
+                     best_cost_s=result.best_cost_s if fits else None,
+                     error=None if fits else "no strategy found fits in memory")
+        return status
+    except Exception as e:  # the search failed: say why on the page; the worker exits normally
+        try:
+            flush(final=True)
+        except Exception:
+            pass
+        store.finish(sid, "failed", error=f"{type(e).__name__}: {e}")
+        return "failed"
+
+
+def main(db_path: str, parent_pid: int, poll_s: float = 0.1) -> None:
+    """Worker process entry point: wait for a queued search, run it, exit."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the server's terminal: the server decides
+    from .store import configure
+
+    store = configure(db_path)
+    while True:
+        if os.getppid() != parent_pid:
+            return
+        row = store.claim_next(os.getpid())
+        if row is None:
+            time.sleep(poll_s)
+            continue
+        run_search(store, row, parent_pid)
+        return
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
