@@ -92,7 +92,7 @@ def _janitor(idle_evict_s: float) -> None:
 
     from . import workspace
 
-    period = max(1.0, min(60.0, idle_evict_s / 4))
+    period = min(5.0, idle_evict_s / 4)
     while True:
         time.sleep(period)
         if workspace.evict_idle(idle_evict_s):

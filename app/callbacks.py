@@ -35,11 +35,13 @@ from .views import (config_diff, config_label, gantt_data, graph_layout, memory_
                     topology_data, why_text)
 
 __all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_compare", "zoom_gantt", "decode_upload",
-           "search_start", "search_poll", "search_stop", "export_strategy", "export_trace", "share_link",
+           "search_start", "search_poll", "search_poll_changed", "search_stop", "export_strategy", "export_trace", "share_link",
            "register", "MAX_UPLOAD_BYTES"]
 
 #: largest file accepted by the upload box (a GPT-3 model file is ~1 MB, a 20,000-op model ~6 MB)
 MAX_UPLOAD_BYTES = 16_000_000
+#: points of a search's trace drawn (a long search's rows are thinned evenly, the last kept)
+MAX_TRACE_POINTS = 1500
 
 
 # --------------------------------------------------------------------------- events -> state
@@ -426,6 +428,24 @@ def search_poll(state: dict) -> tuple[Any, str, bool]:
     return build_trace_figure(job.rows, _trace_title(job)), job.message(), not job.running
 
 
+def search_poll_changed(state: dict, seen: dict | None) -> tuple[Any, Any, bool, dict]:
+    """:func:`search_poll` for the page's interval: the trace figure and status only when the
+    search changed since the page last drew it (``seen``: its id, rows and status then)."""
+    try:
+        W.check_state(state)
+        job = jobs.get(state["sid"])
+    except ValueError:
+        job = None
+    if job is None:
+        return empty_figure("Start a search to see its cost trace here."), "", True, {}
+    now = {"id": job.id, "rows": len(job.rows), "status": job.status, "best": job.best_cost_s}
+    if seen == now:
+        return no_update, no_update, not job.running, now
+    rows = job.rows if len(job.rows) <= MAX_TRACE_POINTS else \
+        job.rows[:-1:math.ceil(len(job.rows) / MAX_TRACE_POINTS)] + job.rows[-1:]
+    return build_trace_figure(rows, _trace_title(job)), job.message(), not job.running, now
+
+
 def search_stop(state: dict) -> str:
     try:
         W.check_state(state)
@@ -562,10 +582,11 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         return search_start(state, algo, budget, seed)
 
     @app.callback(Output("search-trace", "figure"), Output("search-status", "children", allow_duplicate=True),
-                  Output("search-poll", "disabled", allow_duplicate=True),
-                  Input("search-poll", "n_intervals"), State("state", "data"), prevent_initial_call="initial_duplicate")
-    def _poll(_n, state):
-        return search_poll(state)
+                  Output("search-poll", "disabled", allow_duplicate=True), Output("search-seen", "data"),
+                  Input("search-poll", "n_intervals"), State("state", "data"), State("search-seen", "data"),
+                  prevent_initial_call="initial_duplicate")
+    def _poll(_n, state, seen):
+        return search_poll_changed(state, seen)
 
     @app.callback(Output("search-status", "children", allow_duplicate=True), Input("search-stop", "n_clicks"),
                   State("state", "data"), prevent_initial_call=True)

@@ -107,6 +107,7 @@ def _search() -> html.Div:
         html.Div([dcc.Graph(id="search-trace", config=_GRAPH_CONFIG), image_buttons("search-trace"), learn("search")],
                  className="panel wide"),
         dcc.Interval(id="search-poll", interval=500, disabled=True),
+        dcc.Store(id="search-seen", storage_type="memory"),  # what the trace last drew
     ], className="row")
 
 

@@ -28,6 +28,9 @@ __all__ = ["main", "run_search", "FLUSH_S"]
 
 #: progress rows are written to the store at most this often (and the stop flag read)
 FLUSH_S = 0.25
+#: scheduling priority below the server's (a search under load gets fewer proposals in its
+#: budget rather than slowing every page down)
+NICENESS = 5
 
 
 def _die_with_parent() -> None:
@@ -116,6 +119,10 @@ def main(db_path: str, parent_pid: int, poll_s: float = 0.1) -> None:
     """Worker process entry point: wait for a queued search, run it, exit."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the server's terminal: the server decides
+    try:  # the page's requests come first: a search is batch work with a wall-clock budget
+        os.nice(NICENESS)
+    except OSError:
+        pass
     from .store import configure
 
     store = configure(db_path)

@@ -258,12 +258,28 @@ def check_state(state: Any) -> None:
         raise ValidationError([Problem(where, e.message[:300])], "the page's state")
 
 
+_parsed: "OrderedDict[str, Strategy]" = OrderedDict()  # strategy content digest -> Strategy
+_parsed_lock = threading.Lock()
+
+
 def _strategy(state: dict) -> Strategy:
-    """The state's strategy, schema-checked (the state comes from the browser)."""
+    """The state's strategy, schema-checked (the state comes from the browser); parsed once per
+    content (an edit's callbacks all ask for the same one)."""
+    key = store.digest_of(state["strategy"])
+    with _parsed_lock:
+        hit = _parsed.get(key)
+        if hit is not None:
+            _parsed.move_to_end(key)
+            return hit
     try:
-        return load_strategy(state["strategy"])
+        s = load_strategy(state["strategy"])
     except ValidationError as e:
         raise e.with_source("the page's strategy") from None
+    with _parsed_lock:
+        _parsed[key] = s
+        while len(_parsed) > 64:
+            _parsed.popitem(last=False)
+    return s
 
 
 def _bump(state: dict) -> dict:
@@ -434,7 +450,10 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
     if not entries:
         return state, "No change: the op already has that config."
     new = _with_configs(state, entries, "after")
-    new["strategy"]["found_by"] = {"algorithm": "hand-edited", "from": state["strategy"].get("found_by", {})}
+    origin = state["strategy"].get("found_by", {})
+    if origin.get("algorithm") == "hand-edited":  # one level: what the hand edits started from
+        origin = origin.get("from", {})
+    new["strategy"]["found_by"] = {"algorithm": "hand-edited", "from": origin}
     new["strategy"]["cost"] = {}
     new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
     new["redo"] = []

@@ -1,0 +1,325 @@
+"""The explorer under load (issue 10): many sessions editing and searching at once.
+
+Starts ``soapbox serve`` as a separate process on loopback with a fresh data directory, then
+drives ``--sessions`` concurrent sessions over HTTP exactly as the page's JavaScript does (the
+same ``/_dash-update-component`` requests, built from the server's ``/_dash-dependencies``):
+
+* **page render**: ``GET /``, the layout and the dependencies, then the first state and the
+  Explore, editor and Compare views (the last three in parallel, as the browser sends them);
+* **edit -> figures**: a random valid single-op edit of Inception-v3 on p100-4x4 (16 GPUs),
+  then the Explore, editor and Compare views of the new state, in parallel; a think time of
+  ``--think`` seconds (uniform) between edits;
+* **search**: every session starts one ``--budget`` MCMC search right after its first render
+  and polls it every 0.5 s (the page's interval) while it keeps editing.
+
+Each session runs for ``--duration`` seconds, then closes its tab (``/_soapbox/bye``). Reported:
+p50/p95 of page render and of edit -> figures; each search's run time (claimed -> finished,
+from the store) against its budget, and its time in the queue; the server's resident memory
+and threads, and its worker processes, after warm-up, at the end of the load, and
+``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
+sessions and a fixed duration; the server is stopped at the end.
+
+Usage: python benchmarks/bench_load.py [--sessions 20] [--duration 60] [--budget 3s] [--think 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- a Dash client
+
+
+class DashClient:
+    """Calls the app's callbacks over HTTP as the page would (no browser)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/") + "/"
+        self.deps = self.get_json("_dash-dependencies")
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.base + path, timeout=120) as r:
+            return r.read()
+
+    def get_json(self, path: str):
+        return json.loads(self.get(path))
+
+    def post(self, path: str, body: bytes, ctype: str = "application/json") -> bytes:
+        req = urllib.request.Request(self.base + path, data=body, headers={"Content-Type": ctype}, method="POST")
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.read()
+
+    def dep(self, first_input: str):
+        return next(d for d in self.deps if d["inputs"] and d["inputs"][0]["id"] == first_input
+                    and d.get("clientside_function") is None)
+
+    def call(self, first_input: str, values: dict, changed: list[str]) -> dict:
+        """Run the server callback whose first input is ``first_input``; ``values`` maps
+        ``"id.prop"`` to what the page holds. Returns ``{id: {prop: value}}``."""
+        d = self.dep(first_input)
+
+        def entry(spec):
+            if spec["id"].startswith("{"):  # a pattern (ALL) input: the components on the page
+                return values.get(f"{spec['id']}.{spec['property']}", [])
+            return {"id": spec["id"], "property": spec["property"],
+                    "value": values.get(f"{spec['id']}.{spec['property']}")}
+
+        out = d["output"]
+        parts = [p.rsplit(".", 1) for p in out.strip(".").split("...")]
+        outputs = [{"id": i, "property": p} for i, p in parts]
+        body = {"output": out, "outputs": outputs if out.startswith("..") else outputs[0],
+                "inputs": [entry(s) for s in d["inputs"]], "state": [entry(s) for s in d.get("state", [])],
+                "changedPropIds": changed}
+        raw = self.post("_dash-update-component", json.dumps(body).encode())
+        return json.loads(raw)["response"] if raw else {}
+
+
+# --------------------------------------------------------------------------- one session
+
+
+def _edits(seed: int, n: int):
+    """``n`` random valid single-op edits of Inception-v3 on p100-4x4 (degrees, devices)."""
+    from app import workspace as W
+    from engine.search.mcmc import random_config
+
+    state = W.new_state("inception_v3", "p100-4x4")
+    g, c = W.graph_of(state), W.cluster_of(state)
+    sim = W.workspace(state).sim
+    rng = random.Random(seed)
+    names = [op.name for op in g.ops if op.kind != "input"]
+    out = []
+    while len(out) < n:
+        name = rng.choice(names)
+        cfg = random_config(g[name], c.num_devices, rng)
+        if not sim.check(name, cfg):
+            out.append((name, dict(cfg.degrees), ",".join(map(str, cfg.devices)), [d.name for d in g[name].dims]))
+    return out
+
+
+class Session(threading.Thread):
+    def __init__(self, base: str, k: int, args, start_at: float) -> None:
+        super().__init__(name=f"session-{k}", daemon=True)
+        self.base, self.k, self.args, self.start_at = base, k, args, start_at
+        self.render_s: float | None = None
+        self.edit_s: list[float] = []
+        self.errors: list[str] = []
+        self.sid: str | None = None
+        self.rng = random.Random(k)
+
+    def views(self, client: DashClient, pool: ThreadPoolExecutor, state: dict) -> None:
+        """The callbacks the page fires for a new state (Explore, editor, Compare), in parallel."""
+        v = {"state.data": state, "collapse.value": ["on"], "topo-metric.value": "utilization"}
+        deps = [d for d in client.deps if d["inputs"] and d["inputs"][0]["id"] == "state"]
+        for f in [pool.submit(_call_dep, client, d, v) for d in deps]:
+            f.result()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as e:  # recorded and reported: a failed session is a finding
+            self.errors.append(f"{type(e).__name__}: {e}")
+
+    def _run(self) -> None:
+        time.sleep(max(0.0, self.start_at - time.monotonic()))
+        pool = ThreadPoolExecutor(3)
+        t = time.perf_counter()
+        client = DashClient(self.base)
+        client.get("")
+        client.get("_dash-layout")
+        r = client.call("url", {"url.search": ""}, [])
+        state = r["state"]["data"]
+        self.sid = state["sid"]
+        self.views(client, pool, state)
+        self.render_s = time.perf_counter() - t
+        client.call("search-start", {"search-start.n_clicks": 1, "state.data": state, "search-algo.value": "mcmc",
+                                     "search-budget.value": self.args.budget, "search-seed.value": self.k},
+                    ["search-start.n_clicks"])
+        edits = _edits(self.k, 1000)
+        end = self.start_at + self.args.duration
+        polling = True
+        next_poll = time.monotonic() + 0.5
+        next_edit = time.monotonic() + self.rng.uniform(*self.args.think)
+        i = 0
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if polling and now >= next_poll:
+                out = client.call("search-poll", {"search-poll.n_intervals": 1, "state.data": state},
+                                  ["search-poll.n_intervals"])
+                polling = not out["search-poll"]["disabled"]
+                next_poll = now + 0.5
+            if now >= next_edit:
+                name, degrees, devices, dims = edits[i]
+                i += 1
+                t = time.perf_counter()
+                deg = [{"id": {"dim": d, "type": "deg"}, "property": "value", "value": degrees.get(d, 1)} for d in dims]
+                r = client.call("url", {"state.data": state, "edit-apply.n_clicks": i, "edit-ops.value": [name],
+                                        "edit-devices.value": devices, "collapse.value": ["on"],
+                                        '{"dim":["ALL"],"type":"deg"}.value': deg,
+                                        '{"dim":["ALL"],"type":"deg"}.id': [{"id": x["id"], "property": "id",
+                                                                              "value": x["id"]} for x in deg]},
+                                ["edit-apply.n_clicks"])
+                new = r["state"]["data"]
+                if new.get("version") == state.get("version"):
+                    if not r["message"]["children"].startswith("No change"):
+                        self.errors.append(f"edit refused: {r['message']['children']}")
+                    continue  # the random edit was the op's config already: draw another
+                state = new
+                self.views(client, pool, state)
+                self.edit_s.append(time.perf_counter() - t)
+                next_edit = time.monotonic() + self.rng.uniform(*self.args.think)
+            time.sleep(max(0.0, min(next_poll if polling else end, next_edit, end) - time.monotonic()))
+        while polling and time.monotonic() < end + 600:  # let its search finish before the tab closes
+            out = client.call("search-poll", {"search-poll.n_intervals": 1, "state.data": state},
+                              ["search-poll.n_intervals"])
+            polling = not out["search-poll"]["disabled"]
+            time.sleep(0.5)
+        client.post("_soapbox/bye", self.sid.encode(), "text/plain")
+        pool.shutdown()
+
+
+def _call_dep(client: DashClient, d: dict, values: dict) -> dict:
+    # like DashClient.call, for a given dependency (several share the first input "state")
+    out = d["output"]
+    parts = [p.rsplit(".", 1) for p in out.strip(".").split("...")]
+    outputs = [{"id": i, "property": p} for i, p in parts]
+    body = {"output": out, "outputs": outputs if out.startswith("..") else outputs[0],
+            "inputs": [{"id": s["id"], "property": s["property"], "value": values.get(f"{s['id']}.{s['property']}")}
+                       for s in d["inputs"]],
+            "state": [{"id": s["id"], "property": s["property"], "value": values.get(f"{s['id']}.{s['property']}")}
+                      for s in d.get("state", [])], "changedPropIds": ["state.data"]}
+    return json.loads(client.post("_dash-update-component", json.dumps(body).encode()) or b"{}")
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "Threads"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    res = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in res.split()]
+
+
+def snapshot(pid: int) -> dict:
+    s = _proc_status(pid)
+    kids = _children(pid)
+    kid_rss = 0
+    for k in kids:
+        try:
+            kid_rss += _proc_status(k)["VmRSS"]
+        except (FileNotFoundError, KeyError):
+            pass
+    return {"rss_mb": s["VmRSS"] / 1024, "threads": s["Threads"], "workers": len(kids), "workers_rss_mb": kid_rss / 1024}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=20)
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds each session edits")
+    ap.add_argument("--budget", default="3s", help="each session's MCMC search budget")
+    ap.add_argument("--think", type=float, nargs=2, default=(2.0, 4.0), help="seconds between edits (uniform)")
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds to wait after the sessions end")
+    ap.add_argument("--ramp", type=float, default=5.0, help="sessions start spread over this many seconds")
+    ap.add_argument("--json", help="write the figures here as JSON too")
+    args = ap.parse_args()
+    args.think = tuple(args.think)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tempfile.mkdtemp(prefix="soapbox-load-")
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--data-dir", data],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        while "soapbox explorer:" not in (line := server.stdout.readline()):
+            if not line and server.poll() is not None:
+                raise SystemExit("soapbox serve did not start")
+        threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()  # drain its log
+        base = f"http://127.0.0.1:{port}/"
+        for _ in range(300):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        DashClient(base).call("url", {"url.search": ""}, [])  # the first request of all
+        time.sleep(3)
+        before = snapshot(server.pid)
+        print(f"server after warm-up: {before}", flush=True)
+        t0 = time.monotonic() + 0.5
+        sessions = [Session(base, k, args, t0 + args.ramp * k / max(1, args.sessions)) for k in range(args.sessions)]
+        for s in sessions:
+            s.start()
+        peak = dict(before)
+        while any(s.is_alive() for s in sessions):
+            snap = snapshot(server.pid)
+            peak = {k: max(peak[k], snap[k]) for k in peak}
+            time.sleep(1.0)
+        ended = snapshot(server.pid)
+        time.sleep(args.settle)
+        settled = snapshot(server.pid)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    db = sqlite3.connect(Path(data) / "soapbox.sqlite3")
+    rows = db.execute("SELECT status, budget_s, created_at, started_at, finished_at FROM searches").fetchall()
+    run = [f - s for st, b, c, s, f in rows if s and f]
+    wait = [s - c for st, b, c, s, f in rows if s]
+    budget_s = rows[0][1] if rows else None
+    within = sum(1 for r in run if budget_s and r <= 1.2 * budget_s)
+    renders = [s.render_s for s in sessions if s.render_s is not None]
+    edits = [e for s in sessions for e in s.edit_s]
+    errors = [e for s in sessions for e in s.errors]
+
+    def pct(xs, q):
+        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else (xs[0] if xs else float("nan"))
+
+    res = {
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+        "sessions": args.sessions, "duration_s": args.duration, "budget": args.budget, "think_s": list(args.think),
+        "page_render_s": {"p50": pct(renders, 50), "p95": pct(renders, 95), "n": len(renders)},
+        "edit_to_figures_s": {"p50": pct(edits, 50), "p95": pct(edits, 95), "max": max(edits, default=float("nan")),
+                              "n": len(edits)},
+        "searches": {"n": len(rows), "statuses": {st: sum(1 for r in rows if r[0] == st) for st in {r[0] for r in rows}},
+                     "run_s_median": statistics.median(run) if run else None, "run_s_max": max(run, default=None),
+                     "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None)},
+        "server_before": before, "server_peak": peak, "server_at_end": ended, "server_settled": settled,
+        "rss_growth_after_settle_mb": settled["rss_mb"] - before["rss_mb"], "errors": errors[:10],
+        "error_count": len(errors),
+    }
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

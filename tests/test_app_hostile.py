@@ -1,0 +1,254 @@
+"""The explorer's server against crafted requests, bad links and oversized input (issue 10).
+
+The rule under test: a name that came from a request resolves only to a sample model, a
+cluster preset or content this session uploaded; nothing a client sends makes the server open
+a path, inflate without bound, build a huge cluster, or lose the session's state.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import callbacks as C
+from app import store
+from app import workspace as W
+from engine.formats import resolve_model
+
+# --------------------------------------------------------------------------- who opens what
+
+_opened: list[str] | None = None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _opened.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+@contextmanager
+def files_opened():
+    """Every path opened by this process inside the block (Python's ``open`` audit event)."""
+    global _opened
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+def _link(payload: bytes) -> str:
+    return "?s=" + base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+# --------------------------------------------------------------------------- names and paths
+
+
+class TestNamesNeverOpenPaths:
+    @pytest.mark.parametrize("name", ["/etc/hostname", "../../etc/passwd.json", "/dev/zero", "model.json",
+                                      "alexnet/../../x", "C:\\windows\\x.json"])
+    def test_a_model_name_in_the_state_is_refused_without_opening_it(self, alex, name):
+        crafted = dict(alex, model={"name": name})
+        with files_opened() as opened:
+            new, msg = C.on_event("pick-baseline", crafted, baseline="expert")
+            render = None
+            with pytest.raises(ValueError, match="unknown sample model"):
+                render = W.graph_of(crafted)
+        assert render is None and new is crafted
+        assert f"unknown sample model {name!r}" in msg
+        assert not [p for p in opened if name in p or p.startswith(("/etc", "/dev"))], opened
+
+    def test_a_fifo_named_by_a_request_is_never_opened(self, alex, tmp_path):
+        fifo = tmp_path / "model.json"
+        os.mkfifo(fifo)
+        done = []
+
+        def attempt():
+            done.append(C.on_event("pick-baseline", dict(alex, model={"name": str(fifo)}), baseline="expert"))
+
+        t = threading.Thread(target=attempt, daemon=True)
+        t.start()
+        t.join(20)
+        assert done, "the server blocked on a FIFO named in a request"
+        assert "unknown sample model" in done[0][1]
+
+    @pytest.mark.parametrize("name", ["/etc/hostname", "x.json", "dgx-h100:100000000", "dgx-a100-80gb:129",
+                                      "p100-4x4:2", "hetero-demo:" + "9" * 400])
+    def test_a_cluster_name_is_a_preset_within_the_explorer_s_size(self, alex, name):
+        t = time.perf_counter()
+        with files_opened() as opened:
+            new, msg = C.on_event("pick-cluster", alex, cluster=name)
+        assert time.perf_counter() - t < 5.0
+        assert new is alex and msg.startswith("That did not work: ValueError: ")
+        assert "unknown cluster" in msg or "more than the explorer simulates" in msg or "fixed size" in msg
+        assert not [p for p in opened if p.startswith(("/etc", "/dev")) or p.endswith("x.json")]
+
+    def test_an_upload_of_another_session_cannot_be_named(self, alex):
+        m = resolve_model("alexnet").to_dict()
+        m["name"] = "mine"
+        mine, _, ok = W.import_file(alex, json.dumps(m), "m.json")
+        assert ok
+        other = W.new_state("alexnet")
+        crafted = dict(other, model=mine["model"], strategy=mine["strategy"])
+        with pytest.raises(ValueError, match="was not uploaded in this session"):
+            W.graph_of(crafted)
+        _, msg = C.on_event("pick-baseline", crafted, baseline="expert")
+        assert "was not uploaded in this session" in msg
+        assert W.graph_of(mine).name == "mine"  # its owner still has it
+
+
+class TestCraftedStates:
+    @pytest.mark.parametrize("mutate", [
+        lambda s: {**s, "sid": "../../etc"},
+        lambda s: {**s, "model": {"name": "alexnet", "data": {"format": "soapbox.model/1"}}},  # an older soapbox's
+        lambda s: {**s, "undo": [[{"op": "fc6"}]]},
+        lambda s: {**s, "compare": [{"name": "x", "strategy": {}}] * 7},
+        lambda s: {**s, "version": 10**30},
+        lambda s: {**s, "selected": [1, 2]},
+        lambda s: {**s, "strategy": "yes"},
+        lambda s: {k: v for k, v in s.items() if k != "cluster"},
+        lambda s: {**s, "model": {"name": "\ud800"}},
+    ])
+    def test_the_session_starts_afresh_with_a_message(self, alex, mutate):
+        new, msg = C.on_event("undo", mutate(alex))
+        assert msg.startswith("The page's saved state could not be used (the page's state: ")
+        W.check_state(new)
+        assert new["model"] == {"name": W.DEFAULT_MODEL}
+
+    def test_a_strategy_that_does_not_fit_the_model_is_refused_by_name(self, alex):
+        bad = json.loads(json.dumps(alex))
+        bad["strategy"]["ops"]["fc6"]["devices"] = [99]
+        bad["version"] += 1
+        with pytest.raises(ValueError, match="fc6"):
+            C.render_explore(bad)
+
+    def test_an_undo_stack_is_bounded(self, alex):
+        s = alex
+        for k in range(W.MAX_HISTORY + 5):
+            s, _ = C.on_event("edit-apply", s, ops=["fc6"], degrees={"sample": 2 if k % 2 else 4},
+                              devices="0-1" if k % 2 else "0-3")
+        assert len(s["undo"]) == W.MAX_HISTORY
+        W.check_state(s)
+
+
+class TestShareLinks:
+    def test_a_zip_bomb_is_refused_while_inflating(self):
+        bomb = zlib.compress(b"[" * 10 + b"0" * (150 * 2**20), 9)  # 153 KB, 150 MiB inflated
+        t = time.perf_counter()
+        with pytest.raises(ValueError, match="inflates to more than 8 MiB"):
+            W.state_from_query(_link(bomb))
+        assert time.perf_counter() - t < 5.0
+
+    def test_a_too_long_link_is_refused_before_decoding(self):
+        with pytest.raises(ValueError, match="longer than a soapbox share link"):
+            W.state_from_query("?s=" + "A" * (W.MAX_LINK_CHARS + 1))
+
+    @pytest.mark.parametrize("payload, what", [
+        (b"[" * 5000 + b"]" * 5000, "nested more than"),
+        (json.dumps({"b": "data-parallel", "d": {"fc6": {"devices": [5.5]}}}).encode(), "fc6"),
+        (json.dumps({"b": "nope"}).encode(), "nope"),
+        (json.dumps([1, 2]).encode(), "not a soapbox share"),
+        (b'"\\ud800"', "link"),
+        (json.dumps({"s": {"format": "soapbox.strategy/1", "ops": {"fc6": {"devices": [10**30]}}}}).encode(), "link"),
+    ])
+    def test_damaged_links_say_what(self, payload, what):
+        with pytest.raises(ValueError, match="link") as e:
+            W.state_from_query("?model=alexnet&cluster=p100-4x4&" + _link(zlib.compress(payload))[1:])
+        assert what in str(e.value)
+
+    def test_a_damaged_link_still_opens_the_default(self):
+        state, msg = C.on_event("url", None, query="?model=/etc/hostname")
+        assert state["model"] == {"name": W.DEFAULT_MODEL} and "could not be loaded" in msg
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(query=st.one_of(
+        st.text(max_size=300),
+        st.builds(lambda m, c, s: f"?model={m}&cluster={c}&s={s}",
+                  st.sampled_from(["alexnet", "nope", "", "/etc/hostname", "gpt2"]),
+                  st.sampled_from(["p100-4x4", "dgx-h100:2", "dgx-h100:99999999", "x", ""]),
+                  st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=", max_size=200)),
+        st.builds(lambda obj: "?model=alexnet&s=" + base64.urlsafe_b64encode(
+            zlib.compress(json.dumps(obj).encode())).decode(),
+            st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20)),
+                         lambda ch: st.one_of(st.lists(ch, max_size=4),
+                                              st.dictionaries(st.sampled_from(["b", "d", "s", "fc6", "devices",
+                                                                               "degrees", "sample", "format", "ops"]),
+                                                              ch, max_size=4)), max_leaves=20))))
+    def test_fuzzed_links_end_in_a_valid_state_and_words(self, query):
+        state, msg = C.on_event("url", None, query=query)
+        W.check_state(state)
+        assert isinstance(msg, str)
+
+
+class TestUploads:
+    def test_a_huge_model_is_refused_before_it_is_loaded(self, alex):
+        m = resolve_model("alexnet").to_dict()
+        op = m["ops"][-1]
+        m["ops"] = m["ops"] + [dict(op, name=f"x{k}") for k in range(60_001)]
+        text = json.dumps(m)
+        t = time.perf_counter()
+        new, msg, ok = W.import_file(alex, text, "huge.json")
+        assert not ok and new is alex and "more than the explorer simulates" in msg
+        assert time.perf_counter() - t < 3.0  # parsing only: no schema check, no build
+
+    def test_a_cluster_with_a_huge_repeat_is_refused_at_once(self, alex):
+        c = {"format": "soapbox.cluster/1", "name": "x", "nodes": [{"name": "n", "gpus": 8, "device_type": "A100-80GB",
+                                                                     "repeat": 10**8}]}
+        t = time.perf_counter()
+        new, msg, ok = W.import_file(alex, json.dumps(c), "c.json")
+        assert not ok and new is alex and "800,000,000 devices" in msg
+        assert time.perf_counter() - t < 1.0
+
+    def test_a_deep_file_is_refused_with_where(self, alex):
+        new, msg, ok = W.import_file(alex, "[" * 2000 + "]" * 2000, "deep.json")
+        assert not ok and new is alex and "deep.json" in msg and "nested" in msg
+
+
+# --------------------------------------------------------------------------- the HTTP server
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from app import create_app
+
+    app = create_app(data_dir=tmp_path_factory.mktemp("hostile-data"))
+    return app.server.test_client()
+
+
+class TestServer:
+    def test_a_request_over_the_size_limit_is_refused_unread(self, client):
+        from app import MAX_REQUEST_BYTES
+
+        r = client.post("/_dash-update-component", data=b" " * (MAX_REQUEST_BYTES + 1),
+                        content_type="application/json")
+        assert r.status_code == 413
+
+    def test_a_deeply_nested_request_is_refused_before_parsing(self, client):
+        r = client.post("/_dash-update-component", data=b"[" * 100_000 + b"]" * 100_000,
+                        content_type="application/json")
+        assert r.status_code == 400 and b"nested deeper" in r.data
+
+    def test_bye_drops_the_session_s_simulation(self, client, alex):
+        W.workspace(alex)
+        assert client.post("/_soapbox/bye", data=alex["sid"].encode()).status_code == 204
+        assert W.forget(alex["sid"]) is False  # already gone
+
+    def test_the_data_directory_holds_the_database(self, tmp_path):
+        from app import create_app
+
+        app = create_app(data_dir=tmp_path / "d")
+        assert (tmp_path / "d" / "soapbox.sqlite3").exists()
+        assert app.soapbox_info["data_dir"] == str(tmp_path / "d")
+        assert store.current().path == tmp_path / "d" / "soapbox.sqlite3"
