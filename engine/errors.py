@@ -8,17 +8,51 @@ one pass instead of one traceback at a time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["Problem", "SoapboxError", "ValidationError"]
+__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "printable", "MAX_MESSAGE_CHARS",
+           "MAX_PROBLEMS_SHOWN"]
+
+#: A problem's path or message longer than this is cut (a hostile file can hold a name of
+#: megabytes, and schema messages quote the offending value).
+MAX_MESSAGE_CHARS = 500
+#: At most this many problems are printed; the rest are counted (all stay in ``problems``).
+MAX_PROBLEMS_SHOWN = 200
+
+# Control characters (terminal escapes and line breaks that could forge a line of the report
+# among them) and lone surrogates (which cannot be encoded, so printing them raises) are
+# shown as escapes.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` safe to print: control characters and lone surrogates escaped
+    (``\\x1b``, ``\\ud800``), cut to ``limit`` characters with a note of how much was left out.
+
+    >>> printable("a\\x1b[31mb"), printable("x" * 20, limit=10)
+    ('a\\\\x1b[31mb', 'xxxxxxxxxx... (10 more characters)')
+    """
+    text = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+    return text
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with an input: ``path`` says where, ``message`` says what."""
+    """One thing wrong with an input: ``path`` says where, ``message`` says what.
+
+    Both are made printable (see :func:`printable`) when the problem is created, so that a
+    file's hostile names never reach a terminal raw.
+    """
 
     path: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", printable(str(self.path)))
+        object.__setattr__(self, "message", printable(str(self.message)))
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
@@ -47,12 +81,26 @@ class ValidationError(SoapboxError, ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        head = f"{self.source}: " if self.source else ""
+        head = f"{printable(self.source)}: " if self.source else ""
         n = len(self.problems)
         lines = [f"{head}{n} problem{'s' if n != 1 else ''} found:"]
-        lines += [f"  - {p}" for p in self.problems]
+        lines += [f"  - {p}" for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        if n > MAX_PROBLEMS_SHOWN:
+            lines.append(f"  ... and {n - MAX_PROBLEMS_SHOWN:,} more")
         return "\n".join(lines)
 
     def with_source(self, source: str) -> "ValidationError":
         """Return a copy that names ``source`` (e.g. the file path) in its message."""
         return ValidationError(self.problems, source)
+
+
+class OutputError(SoapboxError, OSError):
+    """A result could not be written: ``cannot write PATH: reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot write {printable(str(path))}: {reason}")
+
+    def __str__(self) -> str:
+        return self.args[0]
