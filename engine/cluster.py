@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
-from .errors import Problem, ValidationError
+from .errors import Problem, ValidationError, printable
 
 __all__ = [
     "DeviceType",
@@ -46,6 +46,11 @@ __all__ = [
     "preset_names",
     "cluster_from_dict",
     "MAX_DEVICES",
+    "MAX_LINKS",
+    "BW_RANGE_BYTES_PER_S",
+    "FLOPS_RANGE_PER_S",
+    "MEMORY_RANGE_BYTES",
+    "MAX_LATENCY_S",
 ]
 
 GB = 1e9
@@ -53,6 +58,22 @@ GIB = 2**30
 #: Largest cluster accepted (devices); beyond this the path tables and task graphs stop
 #: being interactive. 16,384 is above every published run in ``published_runs_public.csv``.
 MAX_DEVICES = 16384
+#: Most links (one-directional queues) a cluster may have: a mesh node of n GPUs has n(n-1),
+#: so this also bounds mesh nodes (512 GPUs); 2,048 DGX H100 nodes (16,384 GPUs) have 98,304.
+MAX_LINKS = 2**18
+# Physical ranges of rates and capacities: below them a file describes no real machine and
+# times or utilisations stop being numbers (1e-300 bytes/s gives infinite transfer times).
+# Files (the JSON Schema) are held to the whole range; a cluster built in code may go above a
+# rate's maximum (1e18 bytes/s idealises a link that costs nothing) but not below its
+# minimum, and must stay finite.
+#: Link and memory bandwidth, bytes/s: 1 MB/s to 1 PB/s (NVLink4 is 4.5e11, HBM3 3.35e12).
+BW_RANGE_BYTES_PER_S = (1e6, 1e15)
+#: Peak FLOP/s of a device at any precision: 1 GFLOP/s to 1 EFLOP/s (an H100's fp8: 2e15).
+FLOPS_RANGE_PER_S = (1e9, 1e18)
+#: Memory of a device, bytes: 1 MiB to 1 PiB (an H100 has 80 GiB).
+MEMORY_RANGE_BYTES = (2**20, 2**50)
+#: Longest link latency, s (a round trip between continents is ~0.2 s).
+MAX_LATENCY_S = 1.0
 
 # Latencies are assumptions of the right order, to be calibrated against measurements
 # (issue 3): NVLink/NVSwitch hop ~1 us, PCIe hop ~1 us, InfiniBand port-to-port plus
@@ -468,18 +489,60 @@ def _in(device: int) -> str:
     return f"gpu{device}:recv"
 
 
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DEVICES
+
+
+def _in_range(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _rate_ok(v: Any, lo: float) -> bool:
+    return _in_range(v, lo, math.inf) and math.isfinite(v)
+
+
+def _size_problems(nodes: Sequence[NodeSpec]) -> list[Problem]:
+    """Devices and links the nodes would make, counted before anything is built (a
+    ``repeat`` of 10**8 must be refused, not enumerated)."""
+    total_devices = total_links = 0
+    for s in nodes:
+        if not (_is_count(s.repeat) and _is_count(s.gpus)):
+            continue  # reported per node
+        nics = s.nics if _is_count(s.nics) else 0
+        intra = s.gpus * (s.gpus - 1) if s.intra_topology == "mesh" else 2 * s.gpus if s.gpus > 1 else 0
+        total_devices += s.repeat * s.gpus
+        total_links += s.repeat * (intra + 2 * nics + 2 * s.gpus)
+    if total_devices > MAX_DEVICES:
+        return [Problem("nodes", f"{total_devices:,} GPUs is over the limit of {MAX_DEVICES:,}")]
+    if total_links > MAX_LINKS:
+        return [Problem("nodes", f"{total_links:,} links is over the limit of {MAX_LINKS:,} "
+                                 f"(a mesh node of n GPUs has n(n-1) links; use a switch)")]
+    return []
+
+
+def _e(x: float) -> str:
+    """``1e6`` for 1000000.0 (as a schema or a person writes it)."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+
+
 def _check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> list[Problem]:
     problems: list[Problem] = []
     if not nodes:
         problems.append(Problem("nodes", "a cluster needs at least one node"))
-    total_nodes = sum(max(s.repeat, 0) for s in nodes)
-    total_devices = sum(max(s.repeat, 0) * max(s.gpus, 0) for s in nodes)
-    if total_devices > MAX_DEVICES:
-        problems.append(Problem("nodes", f"{total_devices:,} GPUs is over the limit of {MAX_DEVICES:,}"))
+    if len(nodes) > MAX_DEVICES:
+        return [Problem("nodes", f"{len(nodes):,} node groups is over the limit of {MAX_DEVICES:,}")]
+    size = _size_problems(nodes)
+    if size:
+        return size
+    total_nodes = sum(s.repeat for s in nodes if _is_count(s.repeat))
     used: dict[str, int] = {}
+    bw_lo = BW_RANGE_BYTES_PER_S[0]
     for i, s in enumerate(nodes):
         at = f"nodes[{i}] ({s.name})"
-        repeat = s.repeat if isinstance(s.repeat, int) and s.repeat > 0 else 1
+        repeat = s.repeat if _is_count(s.repeat) else 1
         for name in ([f"{s.name}{r}" for r in range(repeat)] if repeat > 1 else [s.name]):
             if name in used:
                 problems.append(Problem(f"{at}.name", f"node name {name!r} is already used by nodes[{used[name]}]; "
@@ -490,34 +553,46 @@ def _check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> 
             problems.append(Problem(f"{at}.device_type",
                                     f"unknown device type {s.device_type!r}; known: {', '.join(sorted(types))}"))
         for fld, v in (("repeat", s.repeat), ("gpus", s.gpus)):
-            if not isinstance(v, int) or v < 1:
-                problems.append(Problem(f"{at}.{fld}", f"must be a positive integer, got {v!r}"))
+            if not _is_count(v):
+                problems.append(Problem(f"{at}.{fld}", f"must be an integer from 1 to {MAX_DEVICES:,}, got {v!r}"))
         if s.intra_topology not in ("switch", "mesh"):
             problems.append(Problem(f"{at}.intra.topology", f"must be 'switch' or 'mesh', got {s.intra_topology!r}"))
         for fld, v in (("intra.bw_bytes_per_s", s.intra_bw_bytes_per_s),
                        ("nics.bw_bytes_per_s", s.nic_bw_bytes_per_s),
                        ("nics.attach_bw_bytes_per_s", s.attach_bw_bytes_per_s)):
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                problems.append(Problem(f"{at}.{fld}", f"bandwidth must be a positive number of bytes/s, got {v!r}"))
+            if not _rate_ok(v, bw_lo):
+                problems.append(Problem(f"{at}.{fld}", f"bandwidth must be a finite number of bytes/s of at least "
+                                                       f"{_e(bw_lo)} (1 MB/s), got {v!r}"))
         for fld, v in (("intra.latency_s", s.intra_latency_s), ("nics.latency_s", s.nic_latency_s)):
-            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
-                problems.append(Problem(f"{at}.{fld}", f"latency must be a number of seconds >= 0, got {v!r}"))
+            if not _in_range(v, 0.0, MAX_LATENCY_S):
+                problems.append(Problem(f"{at}.{fld}", f"latency must be a number of seconds from 0 to "
+                                                       f"{MAX_LATENCY_S:g}, got {v!r}"))
         if total_nodes > 1 and (not isinstance(s.nics, int) or s.nics < 1):
             problems.append(Problem(f"{at}.nics.count",
                                     f"a cluster of {total_nodes} nodes needs at least one NIC per node, got {s.nics!r}"))
         elif isinstance(s.nics, int) and isinstance(s.gpus, int) and s.nics > s.gpus >= 1:
             problems.append(Problem(f"{at}.nics.count", f"{s.nics} NICs for {s.gpus} GPUs: at most one NIC per GPU"))
+    used_types = {s.device_type for s in nodes}
+    f_lo = FLOPS_RANGE_PER_S[0]
+    m_lo, m_hi = MEMORY_RANGE_BYTES
     for name, t in types.items():
+        if name not in used_types and name in DEVICE_TYPES and t is DEVICE_TYPES[name]:
+            continue  # a built-in nobody uses
         at = f"device_types.{name}"
         if not t.peak_flops_per_s:
             problems.append(Problem(f"{at}.peak_flops_per_s", "needs at least one precision"))
         for prec, v in t.peak_flops_per_s.items():
-            if not (isinstance(v, (int, float)) and v > 0):
-                problems.append(Problem(f"{at}.peak_flops_per_s.{prec}", f"must be a positive FLOP/s, got {v!r}"))
-        if not (isinstance(t.mem_bw_bytes_per_s, (int, float)) and t.mem_bw_bytes_per_s > 0):
-            problems.append(Problem(f"{at}.mem_bw_bytes_per_s", f"must be positive, got {t.mem_bw_bytes_per_s!r}"))
-        if not (isinstance(t.memory_bytes, (int, float)) and t.memory_bytes > 0):
-            problems.append(Problem(f"{at}.memory_bytes", f"must be positive, got {t.memory_bytes!r}"))
+            if not _rate_ok(v, f_lo):
+                problems.append(Problem(f"{at}.peak_flops_per_s.{prec}",
+                                        f"must be a finite number of FLOP/s of at least {_e(f_lo)} (1 GFLOP/s), "
+                                        f"got {v!r}"))
+        if not _rate_ok(t.mem_bw_bytes_per_s, bw_lo):
+            problems.append(Problem(f"{at}.mem_bw_bytes_per_s",
+                                    f"must be a finite number of bytes/s of at least {_e(bw_lo)} (1 MB/s), "
+                                    f"got {t.mem_bw_bytes_per_s!r}"))
+        if not _in_range(t.memory_bytes, m_lo, m_hi):
+            problems.append(Problem(f"{at}.memory_bytes",
+                                    f"must be from {m_lo:,} to {m_hi:,} bytes (1 MiB to 1 PiB), got {t.memory_bytes!r}"))
     return problems
 
 
@@ -548,6 +623,7 @@ def _dgx(device: str, switch_bw: float, nic_bw: float, attach_bw: float, gpus: i
         return Cluster(f"{label}:{n}", [spec], DEVICE_TYPES, f"{n} x {doc}")
 
     make.__doc__ = doc
+    make.gpus_per_node = gpus  # lets preset() check a size before building anything
     return make
 
 
@@ -603,10 +679,12 @@ def preset(name: str) -> Cluster:
         For an unknown preset, a missing or zero node count, or a size over
         :data:`MAX_DEVICES`.
     """
-    m = _PRESET_RE.match(name.strip())
+    if not isinstance(name, str):
+        raise ValueError(f"a cluster name must be a string, got {type(name).__name__}")
+    m = _PRESET_RE.match(name.strip()) if len(name) <= 100 else None
     base = m.group("base") if m else name
     if not m or base not in PRESETS:
-        raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(preset_names())} (or a cluster file)")
+        raise ValueError(f"unknown cluster {printable(name, 100)!r}; presets: {', '.join(preset_names())}")
     factory, takes_count, _ = PRESETS[base]
     n = m.group("n")
     if takes_count:
@@ -614,6 +692,9 @@ def preset(name: str) -> Cluster:
             raise ValueError(f"cluster {base!r} needs a node count: {base}:N, e.g. {base}:2")
         if int(n) < 1:
             raise ValueError(f"cluster {name!r}: node count must be at least 1")
+        gpus = int(n) * factory.gpus_per_node  # (n has at most 100 digits: checked above)
+        if gpus > MAX_DEVICES:
+            raise ValidationError([Problem("nodes", f"{gpus:,} GPUs is over the limit of {MAX_DEVICES:,}")], name)
         return factory(int(n))
     if n is not None:
         raise ValueError(f"cluster {base!r} has a fixed size; write {base!r} without ':{n}'")
@@ -624,12 +705,15 @@ def cluster_from_dict(data: Mapping[str, Any]) -> Cluster:
     """Build a :class:`Cluster` from a schema-valid ``soapbox.cluster/1`` mapping.
 
     Device types named in the file override the built-in ones of the same name; a node may
-    use a built-in type without declaring it.
+    use a built-in type without declaring it. The number of devices and links is checked
+    before any is made.
     """
     types = dict(DEVICE_TYPES)
     for name, t in data.get("device_types", {}).items():
+        mem = t["memory_bytes"]
         types[name] = DeviceType(name, dict(t["peak_flops_per_s"]), t["mem_bw_bytes_per_s"],
-                                 t["memory_bytes"], t.get("source", ""))
+                                 int(mem) if isinstance(mem, float) and math.isfinite(mem) else mem,
+                                 t.get("source", ""))
     nodes = []
     for nd in data["nodes"]:
         intra = nd.get("intra", {})

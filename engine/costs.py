@@ -26,7 +26,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .errors import ValidationError
 
 __all__ = [
     "CostModel",
@@ -114,26 +113,24 @@ class ProfileTable:
     def from_dict(cls, data: Mapping[str, Any], source: str = "<data>") -> "ProfileTable":
         """Load and check a profile table against ``profile.schema.json``; every bad entry
         is reported with its path (``entries[3].inputs: ...``)."""
-        from .formats import _check_format, schema_problems
+        from .formats import load_checked
 
-        try:
-            _check_format(data, "soapbox.profile/1")
-        except ValidationError as exc:
-            raise exc.with_source(source) from None
-        problems = schema_problems(data, "soapbox.profile/1")
-        if problems:
-            raise ValidationError(problems, source)
+        return cls._from_checked(load_checked(data, "soapbox.profile/1", source)[0])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ProfileTable":
+        """Read a profile file (size-capped, see :func:`engine.formats.read_json`) and check it."""
+        from .formats import load_checked
+
+        return cls._from_checked(load_checked(path, "soapbox.profile/1")[0])
+
+    @classmethod
+    def _from_checked(cls, data: Mapping[str, Any]) -> "ProfileTable":
         table = cls()
         for e in data["entries"]:
             table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"], e["device_type"],
                       e["fwd_s"], e["bwd_s"])
         return table
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "ProfileTable":
-        from .formats import read_json
-
-        return cls.from_dict(read_json(path), str(path))
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ class TestPresetErrors:
     def test_unknown(self):
         with pytest.raises(ValueError) as exc:
             preset("tpu-v4")
-        assert str(exc.value) == f"unknown cluster 'tpu-v4'; presets: {PRESET_LIST} (or a cluster file)"
+        # (a preset name never opens a file; the CLI's resolver adds "(or a cluster file)")
+        assert str(exc.value) == f"unknown cluster 'tpu-v4'; presets: {PRESET_LIST}"
 
     def test_empty_name(self):
         with pytest.raises(ValueError, match=r"^unknown cluster ''; presets: p100-4x4"):
@@ -379,20 +380,21 @@ class TestClusterErrors:
         with pytest.raises(ValidationError) as exc:
             Cluster("t", [node_spec(intra_bw_bytes_per_s=0)], DEVICE_TYPES)
         assert str(exc.value) == ("t: 1 problem found:\n  - nodes[0] (n).intra.bw_bytes_per_s: bandwidth must be "
-                                  "a positive number of bytes/s, got 0")
+                                  "a finite number of bytes/s of at least 1e6 (1 MB/s), got 0")
 
     @pytest.mark.parametrize("bw", [-1.0, math.nan, math.inf])
     def test_bad_nic_bandwidth(self, bw):
         with pytest.raises(ValidationError) as exc:
             Cluster("t", [node_spec(nic_bw_bytes_per_s=bw, repeat=2)], DEVICE_TYPES)
         assert problem_text(exc) == [
-            f"nodes[0] (n).nics.bw_bytes_per_s: bandwidth must be a positive number of bytes/s, got {bw!r}"]
+            f"nodes[0] (n).nics.bw_bytes_per_s: bandwidth must be a finite number of bytes/s of at least 1e6 "
+            f"(1 MB/s), got {bw!r}"]
 
     def test_negative_latency(self):
         with pytest.raises(ValidationError) as exc:
             Cluster("t", [node_spec(intra_latency_s=-1e-6)], DEVICE_TYPES)
         assert problem_text(exc) == [
-            "nodes[0] (n).intra.latency_s: latency must be a number of seconds >= 0, got -1e-06"]
+            "nodes[0] (n).intra.latency_s: latency must be a number of seconds from 0 to 1, got -1e-06"]
 
     def test_unknown_device_type(self):
         with pytest.raises(ValidationError) as exc:
@@ -474,9 +476,9 @@ class TestRoundTrip:
 
     def test_file_type_overrides_builtin(self):
         d = cached("p100-4x4").to_dict()
-        d["device_types"]["P100-SXM2-16GB"]["peak_flops_per_s"] = {"fp32": 1.0}
+        d["device_types"]["P100-SXM2-16GB"]["peak_flops_per_s"] = {"fp32": 1e9}  # (the least accepted)
         c = cluster_from_dict(d)
-        assert c.device_type(0).peak("fp32") == 1.0
+        assert c.device_type(0).peak("fp32") == 1e9
         assert DEVICE_TYPES["P100-SXM2-16GB"].peak("fp32") == 10.6e12  # the built-in is untouched
 
     def test_defaults(self):

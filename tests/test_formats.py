@@ -248,7 +248,7 @@ class TestSchemaViolations:
                            "intra": {"bw_bytes_per_s": 0, "latency_s": -1}, "nics": {"count": -1}}]}
         assert problems(load_cluster, data) == [
             "nodes[0] (n).gpus: must be at least 1, got 0",
-            "nodes[0] (n).intra.bw_bytes_per_s: must be greater than 0 (bytes/s), got 0",
+            "nodes[0] (n).intra.bw_bytes_per_s: must be at least 1,000,000 (bytes/s), got 0",
             "nodes[0] (n).intra.latency_s: must be at least 0 (s), got -1",
             "nodes[0] (n).nics.count: must be at least 0, got -1",
         ]

@@ -19,6 +19,7 @@ from ..graph import OpGraph
 from ..memory import MemoryReport
 from ..simulate import Timeline
 from ..taskgraph import BWD, COLL_NAMES, FWD, UPDATE, XFER
+from . import atomic_writer
 
 __all__ = ["trace_events", "write_chrome_trace"]
 
@@ -111,15 +112,20 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
 
 def write_chrome_trace(path: str | os.PathLike, graph: OpGraph, cluster: Cluster, timeline: Timeline,
                        memory: MemoryReport | None = None) -> int:
-    """Write the trace to ``path`` (streamed, then renamed into place); returns the number of
-    events written."""
-    tmp = f"{path}.tmp"
+    """Write the trace to ``path`` (streamed into a unique temporary file beside it, then
+    renamed into place: see :func:`engine.formats.atomic_writer`); returns the number of
+    events written. The folder must exist.
+
+    Raises
+    ------
+    OutputError
+        ``cannot write PATH: reason``.
+    """
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_writer(path) as f:
         f.write('{"displayTimeUnit": "ms", "otherData": {"generator": "soapbox"}, "traceEvents": [\n')
         for ev in trace_events(graph, cluster, timeline, memory):
-            f.write((",\n" if n else "") + json.dumps(ev, separators=(",", ":")))
+            f.write((",\n" if n else "") + json.dumps(ev, separators=(",", ":"), allow_nan=False))
             n += 1
         f.write("\n]}\n")
-    os.replace(tmp, path)
     return n
