@@ -25,7 +25,10 @@ import numpy as np
 from .errors import Problem, ValidationError
 from .ops import (
     DTYPE_BYTES,
+    FLOAT_ATTRS,
     FLOAT_DTYPES,
+    MAX_RANK,
+    MAX_TENSOR_ELEMENTS,
     OpError,
     ParallelDim,
     ParamInfo,
@@ -34,9 +37,20 @@ from .ops import (
     replica_dim,
 )
 
-__all__ = ["TensorRef", "Op", "OpGraph", "GraphBuilder", "PRECISIONS"]
+__all__ = ["TensorRef", "Op", "OpGraph", "GraphBuilder", "PRECISIONS", "MAX_OPS", "MAX_MODEL_BYTES",
+           "MAX_MODEL_FLOPS"]
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: Most ops in a model (checked from the file before any op is built). The largest sample,
+#: GPT-3 175B, has 2,410; an unrolled RNN of thousands of steps stays well below.
+MAX_OPS = 200_000
+#: Most bytes all ops of a model read and write in one iteration (forward and backward, each
+#: op's tensors counted where it touches them): 2**60 ~ 1.2e18, 400x GPT-3 175B's 2.7e15, so
+#: every sum the simulator makes stays inside int64.
+MAX_MODEL_BYTES = 2**60
+#: Most forward + backward FLOPs of a model: 1e30, 1e11 x GPT-3 175B's 3.4e18 (times stay
+#: finite and meaningful at any accepted device speed).
+MAX_MODEL_FLOPS = 1e30
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,15 @@ def _thaw(value: Any) -> Any:
         return {k: _thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
+    return value
+
+
+def _integral(value: Any) -> Any:
+    """Integral floats (``5.0``) made ints, in lists too: the integers of an op's attrs."""
+    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
     return value
 
 
@@ -402,7 +425,7 @@ class GraphBuilder:
         if name in self._index:
             raise OpError(f"duplicate op name {name!r}", "name")
         spec = op_kind(kind)
-        attrs = {k: _thaw(v) for k, v in attrs.items()}
+        attrs = {k: _thaw(v) if k in FLOAT_ATTRS else _integral(_thaw(v)) for k, v in attrs.items()}
         unknown = sorted(set(attrs) - set(spec.attrs))
         if unknown:
             valid = ", ".join(spec.attrs) or "none"
@@ -419,6 +442,12 @@ class GraphBuilder:
             in_tensors.append(producer.out_tensors[ref.index])
         outs = spec.infer(in_tensors, attrs, self.precision)
         params = spec.params(in_tensors, attrs)
+        for what, tensors in (("output", outs), ("parameter", params)):
+            for i, t in enumerate(tensors):
+                if len(t.shape) > MAX_RANK or t.numel > MAX_TENSOR_ELEMENTS:
+                    raise OpError(f"{what} {i} of shape {list(t.shape)} has {t.numel:,} elements in {len(t.shape)} "
+                                  f"axes; the limits are {MAX_TENSOR_ELEMENTS:,} (2**44) elements and {MAX_RANK} axes",
+                                  "attrs" if attrs else "inputs")
         dims = list(spec.dims(in_tensors, outs, attrs)) + [replica_dim(len(in_tensors), len(params))]
         shapes = ([t.shape for t in in_tensors], [t.shape for t in outs], [p.shape for p in params])
         fwd = float(spec.fwd_flops(*shapes, attrs))
@@ -430,8 +459,9 @@ class GraphBuilder:
         )
 
     def build(self) -> OpGraph:
-        """Check parameter groups and return the graph; raises :class:`ValidationError`."""
-        problems = check_param_groups(self._ops)
+        """Check parameter groups and the model's size and return the graph; raises
+        :class:`ValidationError`."""
+        problems = check_param_groups(self._ops) + check_model_size(self._ops, must_compute=False)
         if problems:
             raise ValidationError(problems, self.name)
         return OpGraph(self.name, self.precision, self._ops, self.description, self.source)
@@ -463,6 +493,28 @@ def check_param_groups(ops: Sequence[Op]) -> list[Problem]:
     return problems
 
 
+def check_model_size(ops: Sequence[Op], must_compute: bool = True) -> list[Problem]:
+    """A model stays within :data:`MAX_OPS`, :data:`MAX_MODEL_BYTES` and
+    :data:`MAX_MODEL_FLOPS`, and (``must_compute``, for files) computes something: an op
+    other than inputs and views, else an iteration takes no time and its throughput is
+    infinite. (Graphs built in code may hold a single reshape to look at.)"""
+    problems = []
+    if len(ops) > MAX_OPS:
+        problems.append(Problem("ops", f"{len(ops):,} ops; the limit is {MAX_OPS:,}"))
+    if must_compute and ops and all(op.kind == "input" or op.is_view for op in ops):
+        problems.append(Problem("ops", "the model computes nothing: every op is an input or a reshape; add the "
+                                       "layers that use the inputs"))
+    total_bytes = sum(op.fwd_bytes_read + op.fwd_bytes_written + op.bwd_bytes_read + op.bwd_bytes_written
+                      + op.param_bytes for op in ops)
+    if total_bytes > MAX_MODEL_BYTES:
+        problems.append(Problem("ops", f"the ops read and write {total_bytes:.3g} bytes per iteration; the limit is "
+                                       f"{MAX_MODEL_BYTES:.3g} (2**60)"))
+    flops = sum(op.fwd_flops + op.bwd_flops for op in ops)
+    if not flops <= MAX_MODEL_FLOPS:
+        problems.append(Problem("ops", f"{flops:.3g} FLOPs per iteration; the limit is {MAX_MODEL_FLOPS:.0e}"))
+    return problems
+
+
 def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
     """Build an :class:`OpGraph` from a schema-valid ``soapbox.model/1`` mapping.
 
@@ -471,6 +523,8 @@ def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
     :class:`ValidationError`. Ops whose inputs already failed are not re-reported.
     """
     ops_data = list(data["ops"])
+    if len(ops_data) > MAX_OPS:  # before anything is built
+        raise ValidationError([Problem("ops", f"{len(ops_data):,} ops; the limit is {MAX_OPS:,}")])
     problems: list[Problem] = []
 
     def where(i: int, fld: str = "") -> str:
@@ -538,6 +592,8 @@ def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
         builder._index[op.name] = len(builder._ops)
         builder._ops.append(op)
     problems += check_param_groups(builder._ops)
+    if not problems:  # (sizes of a graph with failed ops would mislead)
+        problems += check_model_size(builder._ops)
     if problems:
         raise ValidationError(problems)
     return OpGraph(builder.name, builder.precision, builder._ops, builder.description, builder.source)

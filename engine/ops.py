@@ -51,6 +51,11 @@ __all__ = [
     "OP_KINDS",
     "op_kind",
     "ELEMENTWISE_KINDS",
+    "MAX_DIM",
+    "MAX_RANK",
+    "MAX_TENSOR_ELEMENTS",
+    "MAX_OP_TENSORS",
+    "FLOAT_ATTRS",
 ]
 
 SAMPLE = "S"
@@ -79,6 +84,21 @@ DTYPE_BYTES: dict[str, int] = {
     "int64": 8,
 }
 FLOAT_DTYPES = ("fp32", "fp16", "bf16")
+
+# Sizes the simulator represents exactly: element counts and byte counts stay far inside
+# int64 (2**63) and FLOPs and seconds far inside float64, whatever a file says.
+#: Largest size of one axis and of any size attribute (out_features, kernel, padding, ...).
+MAX_DIM = 2**31 - 1
+#: Most axes a tensor may have.
+MAX_RANK = 16
+#: Most elements in one tensor: 2**44 ~ 1.8e13, 28x GPT-3 175B's largest activation
+#: (attention scores at batch 1536: 6.2e11); its bytes (<= 2**47) fit int64 with room to sum.
+MAX_TENSOR_ELEMENTS = 2**44
+#: Most inputs of one op and most outputs of one split.
+MAX_OP_TENSORS = 4096
+#: Attributes that hold real numbers; every other number in ``attrs`` is an integer, and
+#: one written ``5.0`` is read as ``5``.
+FLOAT_ATTRS = frozenset({"rate"})
 
 # FLOPs per output element of pointwise ops. Counting conventions, not measurements: these
 # ops are memory-bound, so their time comes from bytes moved, and the FLOPs only need to be
@@ -199,12 +219,18 @@ class OpError(ValueError):
 # --------------------------------------------------------------------------- helpers
 
 
-def _int_pair(value: Any, name: str) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return (int(value[0]), int(value[1]))
-    raise OpError(f"expected an integer or a pair of integers, got {value!r}", f"attrs.{name}")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    """``value`` (an integer or a pair) as a pair, each in ``minimum..MAX_DIM``."""
+    pair = (value, value) if _is_int(value) else tuple(value) if isinstance(value, (list, tuple)) else None
+    if pair is None or len(pair) != 2 or not all(_is_int(v) for v in pair):
+        raise OpError(f"expected an integer or a pair of integers, got {value!r}", f"attrs.{name}")
+    if not all(minimum <= v <= MAX_DIM for v in pair):
+        raise OpError(f"must be between {minimum} and {MAX_DIM:,}, got {value!r}", f"attrs.{name}")
+    return (pair[0], pair[1])
 
 
 def _require(attrs: Mapping[str, Any], name: str) -> Any:
@@ -215,14 +241,36 @@ def _require(attrs: Mapping[str, Any], name: str) -> Any:
 
 def _positive_int(attrs: Mapping[str, Any], name: str, default: int | None = None) -> int:
     value = attrs.get(name, default) if default is not None else _require(attrs, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise OpError(f"must be a positive integer, got {value!r}", f"attrs.{name}")
+    if value > MAX_DIM:
+        raise OpError(f"must be at most {MAX_DIM:,}, got {value!r}", f"attrs.{name}")
     return value
+
+
+def _flag(attrs: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A true/false attribute (``bias``, ``transpose_b``, ...); ``"yes"`` or 1 is refused."""
+    value = attrs.get(name, default)
+    if not isinstance(value, bool):
+        raise OpError(f"must be true or false, got {value!r}", f"attrs.{name}")
+    return value
+
+
+def _shape_attr(attrs: Mapping[str, Any], name: str, allow_infer: bool = False) -> list[int]:
+    """A shape attribute: 1 to MAX_RANK sizes, each 1..MAX_DIM (or one -1 to infer)."""
+    shape = _require(attrs, name)
+    ok = isinstance(shape, (list, tuple)) and 0 < len(shape) <= MAX_RANK and all(
+        _is_int(s) and (0 < s <= MAX_DIM or (allow_infer and s == -1)) for s in shape)
+    if not ok or (allow_infer and list(shape).count(-1) > 1):
+        infer = " (or one -1 to infer)" if allow_infer else ""
+        raise OpError(f"must be a list of 1 to {MAX_RANK} sizes from 1 to {MAX_DIM:,}{infer}, got {shape!r}",
+                      f"attrs.{name}")
+    return list(shape)
 
 
 def _axis(attrs: Mapping[str, Any], rank: int, default: int = -1) -> int:
     axis = attrs.get("axis", default)
-    if not isinstance(axis, int) or not -rank <= axis < rank:
+    if not _is_int(axis) or not -rank <= axis < rank:
         raise OpError(f"axis {axis!r} is out of range for a rank-{rank} tensor", "attrs.axis")
     return axis % rank
 
@@ -316,9 +364,7 @@ def _zero_flops(ins, outs, params, attrs) -> float:
 # input -------------------------------------------------------------------------------
 def _input_infer(ins, attrs, precision):
     _expect_inputs(ins, (0,))
-    shape = _require(attrs, "shape")
-    if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise OpError(f"must be a non-empty list of positive integers, got {shape!r}", "attrs.shape")
+    shape = _shape_attr(attrs, "shape")
     dtype = attrs.get("dtype", precision)
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise OpError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}", "attrs.dtype")
@@ -359,10 +405,11 @@ def _conv_infer(ins, attrs, precision):
         raise OpError(f"input must be (batch, channel, height, width), got shape {list(x.shape)}", "inputs[0]")
     n, c, h, w = x.shape
     k = _positive_int(attrs, "out_channels")
-    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel")
-    sh, sw = _int_pair(attrs.get("stride", 1), "stride")
-    ph, pw = _int_pair(attrs.get("padding", 0), "padding")
+    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel", 1)
+    sh, sw = _int_pair(attrs.get("stride", 1), "stride", 1)
+    ph, pw = _int_pair(attrs.get("padding", 0), "padding", 0)
     g = _positive_int(attrs, "groups", 1)
+    _flag(attrs, "bias", True)
     if c % g or k % g:
         raise OpError(f"groups {g} must divide in channels {c} and out channels {k}", "attrs.groups")
     ho = _conv_out(h, kh, sh, ph, "height", "attrs.kernel")
@@ -373,7 +420,7 @@ def _conv_infer(ins, attrs, precision):
 def _conv_params(ins, attrs):
     c = ins[0].shape[1]
     k = attrs["out_channels"]
-    kh, kw = _int_pair(attrs["kernel"], "kernel")
+    kh, kw = _int_pair(attrs["kernel"], "kernel", 1)
     g = attrs.get("groups", 1)
     ps = [ParamInfo("weight", (k, c // g, kh, kw))]
     if attrs.get("bias", True):
@@ -415,11 +462,11 @@ def _pool_infer(ins, attrs, precision):
     if mode not in ("max", "avg"):
         raise OpError(f"mode must be 'max' or 'avg', got {mode!r}", "attrs.mode")
     n, c, h, w = x.shape
-    if attrs.get("global", False):
+    if _flag(attrs, "global", False):
         return [TensorInfo((n, c, 1, 1), ("sample", "channel", "height", "width"), x.dtype)]
-    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel")
-    sh, sw = _int_pair(attrs.get("stride", (kh, kw)), "stride")
-    ph, pw = _int_pair(attrs.get("padding", 0), "padding")
+    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel", 1)
+    sh, sw = _int_pair(attrs.get("stride", (kh, kw)), "stride", 1)
+    ph, pw = _int_pair(attrs.get("padding", 0), "padding", 0)
     ho = _conv_out(h, kh, sh, ph, "height", "attrs.kernel")
     wo = _conv_out(w, kw, sw, pw, "width", "attrs.kernel")
     return [TensorInfo((n, c, ho, wo), ("sample", "channel", "height", "width"), x.dtype)]
@@ -443,7 +490,7 @@ def _pool_flops(ins, outs, params, attrs):
         # one op per input element, attributed per output element for multiplicativity
         n, c, h, w = ins[0]
         return float(n * c * h * w)
-    kh, kw = _int_pair(attrs["kernel"], "kernel")
+    kh, kw = _int_pair(attrs["kernel"], "kernel", 1)
     return float(math.prod(outs[0]) * kh * kw)
 
 
@@ -453,6 +500,7 @@ def _linear_infer(ins, attrs, precision):
     x = ins[0]
     _expect_float(x, 0)
     out = _positive_int(attrs, "out_features")
+    _flag(attrs, "bias", True)
     axes = _dedupe(x.axes[:-1] + ("feature",))
     return [TensorInfo(x.shape[:-1] + (out,), axes, x.dtype)]
 
@@ -499,7 +547,7 @@ def _bmm_infer(ins, attrs, precision):
         raise OpError(
             f"inputs must have the same rank >= 3, got shapes {list(a.shape)} and {list(b.shape)}", "inputs"
         )
-    tb = bool(attrs.get("transpose_b", False))
+    tb = _flag(attrs, "transpose_b", False)
     k_b, n = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
     n_axis = b.axes[-2] if tb else b.axes[-1]
     if a.shape[-1] != k_b:
@@ -710,7 +758,7 @@ def _elementwise_infer(n_inputs):
                 )
         if n_inputs == 1 and "rate" in attrs:
             rate = attrs["rate"]
-            if not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1:
                 raise OpError(f"must be in [0, 1), got {rate!r}", "attrs.rate")
         return [first]
 
@@ -748,11 +796,12 @@ def _split_infer(ins, attrs, precision):
     x = ins[0]
     axis = _axis(attrs, len(x.shape))
     sizes = _require(attrs, "sizes")
-    if not isinstance(sizes, list) or not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
-        raise OpError(f"must be a non-empty list of positive integers, got {sizes!r}", "attrs.sizes")
+    if not isinstance(sizes, (list, tuple)) or not 0 < len(sizes) <= MAX_OP_TENSORS \
+            or not all(_is_int(s) and s > 0 for s in sizes):
+        raise OpError(f"must be a list of 1 to {MAX_OP_TENSORS} positive integers, got {sizes!r}", "attrs.sizes")
     if sum(sizes) != x.shape[axis]:
         raise OpError(f"sizes add up to {sum(sizes)}, but axis {axis} has {x.shape[axis]}", "attrs.sizes")
-    squeeze = bool(attrs.get("squeeze", False))
+    squeeze = _flag(attrs, "squeeze", False)
     if squeeze and any(s != 1 for s in sizes):
         raise OpError("squeeze needs every size to be 1", "attrs.squeeze")
     outs = []
@@ -783,12 +832,7 @@ def _split_dims(ins, outs, attrs):
 def _reshape_infer(ins, attrs, precision):
     _expect_inputs(ins, (1,))
     x = ins[0]
-    shape = _require(attrs, "shape")
-    if not isinstance(shape, (list, tuple)):
-        raise OpError(f"must be a list of integers, got {shape!r}", "attrs.shape")
-    shape = list(shape)
-    if not shape or not all(isinstance(s, int) and (s > 0 or s == -1) for s in shape) or shape.count(-1) > 1:
-        raise OpError(f"must be positive integers with at most one -1, got {shape!r}", "attrs.shape")
+    shape = _shape_attr(attrs, "shape", allow_infer=True)
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if x.numel % known:
@@ -872,7 +916,7 @@ def _transpose_infer(ins, attrs, precision):
     _expect_inputs(ins, (1,))
     x = ins[0]
     perm = _require(attrs, "perm")
-    if not isinstance(perm, (list, tuple)) or not all(isinstance(p, int) for p in perm) \
+    if not isinstance(perm, (list, tuple)) or not all(_is_int(p) for p in perm) \
             or sorted(perm) != list(range(len(x.shape))):
         raise OpError(f"must be a permutation of 0..{len(x.shape) - 1}, got {perm!r}", "attrs.perm")
     return [TensorInfo(tuple(x.shape[p] for p in perm), tuple(x.axes[p] for p in perm), x.dtype)]

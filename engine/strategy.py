@@ -36,10 +36,29 @@ __all__ = [
     "check_strategy",
     "partition_coords",
     "strategy_from_dict",
+    "MAX_MICROBATCHES",
+    "MAX_VIRTUAL_STAGES",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+#: Most microbatches an iteration may be cut into (each one multiplies the tasks to
+#: simulate; Megatron's GPT-3 175B runs 96).
+MAX_MICROBATCHES = 65536
+#: Most model chunks per pipeline stage (interleaved 1F1B; Megatron uses 2 to 12).
+MAX_VIRTUAL_STAGES = 1024
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as None (JSON has no Infinity: a search that found
+    nothing that fits records its cost as null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -157,8 +176,8 @@ class Strategy:
             "format": "soapbox.strategy/1",
             "model": {"name": self.model_name, "fingerprint": self.model_fingerprint},
             "cluster": {"name": self.cluster_name, "devices": self.cluster_devices},
-            "found_by": dict(self.found_by),
-            "cost": dict(self.cost),
+            "found_by": _json_safe(dict(self.found_by)),
+            "cost": _json_safe(dict(self.cost)),
             "pipeline": self.pipeline.to_dict(),
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
@@ -244,6 +263,13 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
                 add(Problem("cluster", f"{t} has no {precision} peak; the model {graph.name!r} runs in {precision}"))
 
     microbatches = pipe.microbatches if isinstance(pipe.microbatches, int) and pipe.microbatches > 0 else 1
+    if microbatches > min(MAX_MICROBATCHES, graph.batch_size):
+        add(Problem("pipeline.microbatches",
+                    f"{microbatches:,} microbatches: at most {min(MAX_MICROBATCHES, graph.batch_size):,} (each holds at "
+                    f"least one sample of the batch of {graph.batch_size:,}; the limit is {MAX_MICROBATCHES:,})"))
+        microbatches = 1
+    if isinstance(pipe.virtual_stages, int) and pipe.virtual_stages > MAX_VIRTUAL_STAGES:
+        add(Problem("pipeline.virtual_stages", f"at most {MAX_VIRTUAL_STAGES:,}, got {pipe.virtual_stages:,}"))
     for op in graph.ops:
         at = f"ops.{op.name}"
         config = strategy.configs.get(op.name)
@@ -291,7 +317,9 @@ def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatche
                                 f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
     seen: set[int] = set()
     for k, dev in enumerate(config.devices):
-        if not 0 <= dev < cluster.num_devices:
+        if not isinstance(dev, int) or isinstance(dev, bool):
+            problems.append(Problem(f"{at}.devices[{k}]", f"a device id must be an integer, got {dev!r}"))
+        elif not 0 <= dev < cluster.num_devices:
             problems.append(Problem(f"{at}.devices[{k}]",
                                     f"device {dev} does not exist; {cluster.name} has devices 0..{cluster.num_devices - 1}"))
         elif dev in seen:
