@@ -13,24 +13,37 @@ Sub-commands (``soapbox COMMAND --help`` for each):
   ``--trace`` for a Chrome trace.
 * ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
 
-Errors a user can fix are printed as ``soapbox: error: ...`` with exit status 2 (1 for an
-invalid file under ``validate``); no traceback.
+Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
+(printed as one line ``soapbox: error: ...``, no traceback: a bad argument, an unreadable
+or invalid input, an output that cannot be written); 3 ``simulate`` of a strategy that does
+not fit in memory (the report is printed and says which devices are over), or ``search``
+that found no strategy that fits; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). An
+interrupted write leaves the file it would replace as it was and no temporary file.
+
+Names: ``--model``, ``--cluster``, ``--strategy``, ``--profile`` and ``validate FILE`` may
+be paths, since a user typed them; the model and cluster a strategy file names resolve only
+to samples and presets.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from .cluster import PRESETS, preset
-from .errors import SoapboxError, ValidationError
+from .cluster import MAX_DEVICES, PRESETS, preset
+from .errors import SoapboxError, ValidationError, printable
 from .formats import resolve_cluster, resolve_model, save_json, schema, validate_file
 from .graph import PRECISIONS
+from .ops import MAX_DIM
+from .report import json_text
 from .models import SAMPLE_MODELS
 from .models.transformer import GPTConfig, gpt
 from .search import ALGORITHMS
@@ -40,25 +53,44 @@ from .strategy import RECOMPUTE, SCHEDULES
 __all__ = ["main", "build_parser", "add_strategy_options", "strategy_options"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
+EXIT_INVALID_FILE = 1
+EXIT_ERROR = 2
+EXIT_DOES_NOT_FIT = 3
+EPILOG = ("exit status: 0 done; 1 invalid file (validate); 2 error (one line 'soapbox: error: ...'); "
+          "3 the strategy does not fit in memory (simulate) or no strategy found fits (search); "
+          "130 interrupted; 143 terminated")
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``lo`` to ``hi``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text) if len(text) <= 30 else None
+        except ValueError:
+            v = None
+        if v is None:
+            raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not an integer")
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"{v} must be at most {hi:,}")
+        return v
+    return parse
+
+
+_positive_int = _int_in(1, MAX_DIM)
+_device_count = _int_in(1, MAX_DEVICES)
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
     """Options that shape a baseline strategy; the same on ``baseline``, ``simulate`` and
     ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere."""
     g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
-    g.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (megatron, fsdp)")
-    g.add_argument("--pp", type=_positive_int, help="pipeline stages (megatron)")
-    g.add_argument("--dp", type=_positive_int, help="data-parallel replicas (megatron; default: the rest)")
+    g.add_argument("--tp", type=_device_count, help="tensor-parallel degree (megatron, fsdp)")
+    g.add_argument("--pp", type=_device_count, help="pipeline stages (megatron)")
+    g.add_argument("--dp", type=_device_count, help="data-parallel replicas (megatron; default: the rest)")
     g.add_argument("--micro-batch", type=_positive_int, help="micro-batch size in samples")
-    g.add_argument("--vpp", type=_positive_int, help="model chunks per stage: interleaved 1F1B (megatron)")
+    g.add_argument("--vpp", type=_int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
@@ -79,6 +111,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     parser = argparse.ArgumentParser(
         prog="soapbox",
         description="Explore, simulate and search parallelization strategies for DNN training.",
+        epilog=EPILOG,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, add_args, _) in (extra or {}).items():
@@ -95,9 +128,9 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("-o", "--output", required=True, help="cluster file to write")
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
-    p.add_argument("kind", choices=("model", "cluster", "strategy"))
+    p.add_argument("kind", choices=("model", "cluster", "strategy", "profile"))
 
-    p = sub.add_parser("validate", help="check a model, cluster or strategy file")
+    p = sub.add_parser("validate", help="check a model, cluster, strategy or profile file")
     p.add_argument("file")
     p.add_argument("--model", help="model to check a strategy against (default: the one it names)")
     p.add_argument("--cluster", help="cluster to check a strategy against (default: the one it names)")
@@ -105,10 +138,10 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p = sub.add_parser("model", help="build a model file")
     msub = p.add_subparsers(dest="family", required=True, metavar="FAMILY")
     g = msub.add_parser("gpt", help="a GPT-style decoder from its shape")
-    g.add_argument("--layers", type=_positive_int, required=True)
+    g.add_argument("--layers", type=_int_in(1, 4096), required=True)
     g.add_argument("--hidden", type=_positive_int, required=True)
-    g.add_argument("--heads", type=_positive_int, required=True)
-    g.add_argument("--kv-heads", type=_positive_int, help="grouped-query attention: key/value heads")
+    g.add_argument("--heads", type=_int_in(1, 65536), required=True)
+    g.add_argument("--kv-heads", type=_int_in(1, 65536), help="grouped-query attention: key/value heads")
     g.add_argument("--ffn-hidden", type=_positive_int, help="MLP width (default 4*hidden, or LLaMA's rule with --swiglu)")
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP, RMSNorm, rotary positions, no biases (LLaMA)")
     g.add_argument("--seq-len", type=_positive_int, required=True)
@@ -119,7 +152,9 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     g.add_argument("--name", default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
 
-    p = sub.add_parser("simulate", help="simulate one training iteration of a strategy")
+    p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
+                       epilog="exit status 3: the strategy does not fit in memory (the report says where); "
+                              "2: an error")
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name or cluster file")
     p.add_argument("--strategy", required=True, help="a strategy file, or a baseline kind: " + ", ".join(BASELINES))
@@ -128,14 +163,18 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the iteration to this file")
 
-    p = sub.add_parser("search", help="search for a faster strategy")
+    p = sub.add_parser("search", help="search for a faster strategy",
+                       epilog="exit status 3: no strategy found fits in memory; 2: an error")
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name or cluster file")
     p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS) +
                    ", or all (each in turn, compared side by side)")
-    p.add_argument("--budget", default="30s", help="proposals (5000) or time (30s, 2m); default 30s")
-    p.add_argument("--seed", type=int, default=0, help="random seed (an iteration budget is reproducible)")
-    p.add_argument("--chains", type=_positive_int, default=4, help="starting points (data parallel, expert, random)")
+    p.add_argument("--budget", default="30s",
+                   help="proposals (5000) or time (30s, 2m, 1h); at most 10**9 proposals or 7 days; default 30s")
+    p.add_argument("--seed", type=_int_in(-(2**63), 2**63 - 1), default=0,
+                   help="random seed (an iteration budget is reproducible)")
+    p.add_argument("--chains", type=_int_in(1, 256), default=4,
+                   help="starting points (data parallel, expert, random); at most 256")
     p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
     add_strategy_options(p)
     p.add_argument("-o", "--output", help="write the best strategy here")
@@ -224,8 +263,8 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_baseline(args: argparse.Namespace) -> int:
-    g = resolve_model(args.model)
-    c = resolve_cluster(args.cluster)
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
     s = make_baseline(args.kind, g, c, **strategy_options(args))
     save_json(s.to_dict(), args.output)
     used = len(s.devices_used())
@@ -235,9 +274,9 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
     notes = list(s.found_by.get("notes", []))
     summary["notes"] = notes
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary))
     else:
-        print(f"wrote {args.output}: {args.kind} strategy for {g.name} ({len(g)} ops) on {c.name}, "
+        print(f"wrote {args.output}: {args.kind} strategy for {printable(g.name)} ({len(g)} ops) on {printable(c.name)}, "
               f"{used} of {c.num_devices} devices used, {s.pipeline.stages} stage(s), "
               f"{s.pipeline.microbatches} microbatch(es); valid")
         for note in notes:
@@ -251,8 +290,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .formats.trace import write_chrome_trace
     from .report import format_summary, simulate_strategy
 
-    g = resolve_model(args.model)
-    c = resolve_cluster(args.cluster)
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
     if args.strategy in BASELINES:
         s = make_baseline(args.strategy, g, c, **strategy_options(args))
     else:
@@ -268,10 +307,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.trace}: {n:,} trace events (open in https://ui.perfetto.dev)")
     if args.json:
-        print(json.dumps(result.summary()))
+        print(json_text(result.summary()))
     else:
         print(format_summary(result))
-    return 0
+    return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
 
 
 def _progress_bar(budget):
@@ -297,8 +336,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.algo not in ALGORITHMS and args.algo != "all":
         raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}, all")
     budget = Budget.parse(args.budget)
-    g = resolve_model(args.model)
-    c = resolve_cluster(args.cluster)
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
     if args.algo == "all":
         return _search_all(args, g, c, budget)
     initial = None
@@ -315,25 +354,43 @@ def _cmd_search(args: argparse.Namespace) -> int:
             sys.stderr.write("\n")
     if args.output:
         save_json(result.best.to_dict(), args.output)
+    best = result.best_cost_s
+    fits = math.isfinite(best)
+    fitting = [v for v in result.baselines.values() if math.isfinite(v)]
+    notes = [] if fits else ["no strategy found fits in memory: best_cost_s is null"]
+    notes += [f"baseline {name} does not fit in memory: its cost is null"
+              for name, v in result.baselines.items() if not math.isfinite(v)]
     summary = {"model": g.name, "cluster": c.name, "algorithm": args.algo, "budget": str(budget),
-               "seed": args.seed, "best_cost_s": result.best_cost_s, "baselines": result.baselines,
-               "speedup_vs_data_parallel": result.speedup_vs_data_parallel,
-               "speedup_vs_best_baseline": min(result.baselines.values()) / result.best_cost_s,
+               "seed": args.seed, "best_cost_s": best if fits else None,
+               "baselines": {k: (v if math.isfinite(v) else None) for k, v in result.baselines.items()},
+               "speedup_vs_data_parallel": result.speedup_vs_data_parallel if fits else None,
+               "speedup_vs_best_baseline": min(fitting) / best if fits and fitting and best > 0 else None,
                "iterations": result.iterations, "elapsed_s": result.elapsed_s,
-               "locally_optimal": result.locally_optimal, "cancelled": result.cancelled, "output": args.output}
+               "locally_optimal": result.locally_optimal, "cancelled": result.cancelled, "output": args.output,
+               "notes": notes}
+    status = 0 if fits else EXIT_DOES_NOT_FIT
     if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"{g.name} on {c.name}: {args.algo}, {result.iterations} proposals in {result.elapsed_s:.1f} s (seed {args.seed})")
-    print(f"  best            {result.best_cost_s * 1e3:.3f} ms per iteration"
-          f"{' (locally optimal)' if result.locally_optimal else ''}")
+        print(json_text(summary))
+        return status
+    print(f"{printable(g.name)} on {printable(c.name)}: {args.algo}, {result.iterations} proposals in "
+          f"{result.elapsed_s:.1f} s (seed {args.seed})")
+    if fits:
+        print(f"  best            {best * 1e3:.3f} ms per iteration"
+              f"{' (locally optimal)' if result.locally_optimal else ''}")
+    else:
+        print("  best            none found fits in memory")
     for name, cost in result.baselines.items():
-        print(f"  {name:<15} {cost * 1e3:.3f} ms  ({cost / result.best_cost_s:.2f}x slower than best)")
-    if result.speedup_vs_data_parallel:
+        if not math.isfinite(cost):
+            print(f"  {name:<15} does not fit in memory")
+        elif fits and best > 0:
+            print(f"  {name:<15} {cost * 1e3:.3f} ms  ({cost / best:.2f}x slower than best)")
+        else:
+            print(f"  {name:<15} {cost * 1e3:.3f} ms")
+    if result.speedup_vs_data_parallel and fits:
         print(f"  speedup over data parallel: {result.speedup_vs_data_parallel:.2f}x")
     if args.output:
         print(f"wrote {args.output}")
-    return 0
+    return status
 
 
 def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -352,9 +409,11 @@ def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | No
     if results:
         best = min(r.best_cost_s for r in results.values())
         for name, r in results.items():
-            within = next((p.elapsed_s for p in r.trace if p.best_cost_s <= best * 1.01), None)
-            if within is None and r.best_cost_s <= best * 1.01:
-                within = r.elapsed_s
+            within = None
+            if math.isfinite(best):  # (when nothing fits, no search comes within 1% of anything)
+                within = next((p.elapsed_s for p in r.trace if p.best_cost_s <= best * 1.01), None)
+                if within is None and r.best_cost_s <= best * 1.01:
+                    within = r.elapsed_s
             rows.append({"algorithm": name, "best_cost_s": r.best_cost_s,
                          "speedup_vs_data_parallel": r.speedup_vs_data_parallel, "search_s": r.elapsed_s,
                          "time_to_within_1pct_s": within, "iterations": r.iterations,
@@ -366,10 +425,10 @@ def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | No
 def _search_all(args: argparse.Namespace, g, c, budget) -> int:
     rows = compare_searches(g, c, budget, args.seed)
     if args.json:
-        print(json.dumps({"model": g.name, "cluster": c.name, "budget": str(budget), "seed": args.seed,
-                          "algorithms": rows}))
+        print(json_text({"model": g.name, "cluster": c.name, "budget": str(budget), "seed": args.seed,
+                         "algorithms": rows}))
         return 0
-    print(f"{g.name} on {c.name}, budget {budget}, seed {args.seed}")
+    print(f"{printable(g.name)} on {printable(c.name)}, budget {budget}, seed {args.seed}")
     print(f"  {'algorithm':15} {'best ms':>10} {'vs data parallel':>16} {'search s':>9} {'to within 1% s':>15}")
     for r in rows:
         if "error" in r:
@@ -377,7 +436,8 @@ def _search_all(args: argparse.Namespace, g, c, budget) -> int:
             continue
         sp = f"{r['speedup_vs_data_parallel']:.2f}x" if r["speedup_vs_data_parallel"] else "-"
         w = f"{r['time_to_within_1pct_s']:.1f}" if r["time_to_within_1pct_s"] is not None else "never"
-        print(f"  {r['algorithm']:15} {r['best_cost_s'] * 1e3:10.3f} {sp:>16} {r['search_s']:9.1f} {w:>15}")
+        cost = f"{r['best_cost_s'] * 1e3:10.3f}" if math.isfinite(r["best_cost_s"]) else f"{'no fit':>10}"
+        print(f"  {r['algorithm']:15} {cost} {sp:>16} {r['search_s']:9.1f} {w:>15}")
     return 0
 
 
@@ -394,24 +454,52 @@ COMMANDS = {
 }
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks and temporary-file
+    clean-ups run as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None, extra: Mapping[str, ExtraCommand] | None = None) -> int:
-    """Run the ``soapbox`` command; ``extra`` adds commands from outside the engine."""
+    """Run the ``soapbox`` command; ``extra`` adds commands from outside the engine.
+
+    Returns the exit status (see the module docstring): 0, 1, 2, 3, 130 or 143.
+    """
     parser = build_parser(extra)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
     run = {**COMMANDS, **{k: v[2] for k, v in (extra or {}).items()}}
+    # The engine's own commands turn SIGTERM into an exception (temporary files are removed);
+    # a command added from outside (the app's server) keeps its own signal handling.
+    own = args.command in COMMANDS and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
     try:
         return run[args.command](args)
-    except (SoapboxError, ValueError) as exc:
-        print(f"soapbox: error: {exc}", file=sys.stderr)
-        return 2
+    except (SoapboxError, ValueError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):  # output piped into a command that stopped reading (`| head`)
+            sys.stderr.close()
+            return 0
+        text = str(exc) if isinstance(exc, (SoapboxError, ValueError)) else \
+            f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}"
+        lines = "\n".join(printable(line, 100_000) for line in text.split("\n"))
+        print(f"soapbox: error: {lines}", file=sys.stderr)
+        return EXIT_ERROR
+    except RecursionError:  # (no input should reach one; a last line of defence)
+        print("soapbox: error: an input is nested too deeply", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("soapbox: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into a command that stopped reading (`| head`)
-        sys.stderr.close()
-        return 0
+    except _Terminated:
+        print("soapbox: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

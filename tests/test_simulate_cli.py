@@ -89,9 +89,24 @@ class TestHumanReport:
         capsys.readouterr()
         rc, out, _ = run(capsys, "simulate", "--model", str(path), "--cluster", "p100-4x4",
                          "--strategy", "data-parallel")
-        assert rc == 0  # an infeasible strategy is a result, not an error
+        # The report is printed in full and the exit status says the strategy does not fit
+        # (issue 10: it was 0, so scripts could not tell; now 3, documented in --help).
+        assert rc == 3
         line = next(ln for ln in out.splitlines() if ln.strip().startswith("feasible"))
         assert "NO: over memory capacity on 16 device(s): device " in line
+        assert "iteration time" in out
+
+    def test_infeasible_json_says_so_in_words(self, capsys, tmp_path):
+        path = tmp_path / "big.json"
+        assert main(["model", "gpt", *BIG_GPT_ARGS, "-o", str(path)]) == 0
+        capsys.readouterr()
+        rc, out, err = run(capsys, "simulate", "--model", str(path), "--cluster", "p100-4x4",
+                           "--strategy", "data-parallel", "--json")
+        assert rc == 3 and err == ""
+        obj = json.loads(out)
+        assert obj["feasible"] is False
+        assert obj["memory"].startswith("does not fit in memory: over capacity on 16 device(s): device ")
+        assert obj["notes"] == [f"the strategy {obj['memory']}"]
 
 
 # --------------------------------------------------------------------------- --json

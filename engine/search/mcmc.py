@@ -56,21 +56,30 @@ class Budget:
 
     @classmethod
     def parse(cls, text: str) -> "Budget":
-        """``"5000"`` (proposals), ``"30s"``, ``"2m"`` or ``"1h"``.
+        """``"5000"`` (proposals), ``"30s"``, ``"2m"`` or ``"1h"``: at most 10**9 proposals or
+        7 days (604,800 s).
 
         >>> Budget.parse("30s"), Budget.parse("5000")
         (Budget(iterations=None, seconds=30.0), Budget(iterations=5000, seconds=None))
         """
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        max_iterations, max_seconds = 10**9, 7 * 86400
+        shown = repr(str(text)[:40] + ("..." if len(str(text)) > 40 else ""))
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text)) if len(str(text)) <= 1000 else None
         if not m:
-            raise ValueError(f"budget {text!r} is not a number of proposals (5000) or a time (30s, 2m, 1h)")
+            raise ValueError(f"budget {shown} is not a number of proposals (5000) or a time (30s, 2m, 1h): "
+                             f"at most {max_iterations:,} proposals or 7 days")
         value, unit = float(m.group(1)), m.group(2)
         if value <= 0:
-            raise ValueError(f"budget {text!r} must be positive")
+            raise ValueError(f"budget {shown} must be positive")
         if unit:
-            return cls(seconds=value * {"s": 1, "m": 60, "h": 3600}[unit])
+            seconds = value * {"s": 1, "m": 60, "h": 3600}[unit]
+            if seconds > max_seconds:
+                raise ValueError(f"budget {shown} is more than 7 days ({max_seconds:,} s), the longest a search runs")
+            return cls(seconds=seconds)
+        if value > max_iterations:  # (before int(): 400 nines are inf as a float)
+            raise ValueError(f"budget {shown} is more than {max_iterations:,} proposals, the most a search runs")
         if value != int(value):
-            raise ValueError(f"budget {text!r}: a number of proposals must be a whole number")
+            raise ValueError(f"budget {shown}: a number of proposals must be a whole number")
         return cls(iterations=int(value))
 
     def __str__(self) -> str:
