@@ -18,6 +18,9 @@ RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir . \
     && /opt/venv/bin/soapbox models > /dev/null
 # numba caches compiled kernels; the source tree is read-only to the server's user
 ENV PATH=/opt/venv/bin:$PATH NUMBA_CACHE_DIR=/tmp/numba-cache
+# uploads and searches (SQLite) survive a container restart in this volume
+RUN mkdir -p /data && chown nobody /data
+VOLUME /data
 EXPOSE 8050
 USER nobody
-CMD ["soapbox", "serve", "--host", "0.0.0.0", "--port", "8050"]
+CMD ["soapbox", "serve", "--host", "0.0.0.0", "--port", "8050", "--data-dir", "/data"]

@@ -90,12 +90,15 @@ def _janitor(idle_evict_s: float) -> None:
     """Drop idle sessions' simulations and give freed memory back to the system."""
     import time
 
-    from . import workspace
+    from . import callbacks, workspace
 
     period = min(5.0, idle_evict_s / 4)
     while True:
         time.sleep(period)
-        if workspace.evict_idle(idle_evict_s):
+        dropped = workspace.evict_idle(idle_evict_s)
+        # drawn views are cheap to redraw and large to keep: a minute unused is enough
+        dropped += callbacks.trim_render_cache(min(60.0, idle_evict_s))
+        if dropped:
             release_memory()
 
 

@@ -208,8 +208,10 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
     return colour_of, legend, hover
 
 
-_render_cache: "OrderedDict[tuple, dict]" = OrderedDict()
+_render_cache: "OrderedDict[tuple, tuple[dict, float]]" = OrderedDict()  # key -> (views, last used)
 _render_lock = threading.Lock()
+_RENDER_CACHE_SIZE = 12
+_pinned: set[tuple] = set()  # the default page (drawn at warm-up): kept however idle
 
 
 def _render_key(state: dict, collapse: bool, metric: str) -> tuple:
@@ -230,16 +232,29 @@ def render_explore(state: dict, collapse: bool = False, metric: str = "utilizati
     with _render_lock:
         hit = _render_cache.get(key)
         if hit is not None:
+            _render_cache[key] = (hit[0], time.monotonic())
             _render_cache.move_to_end(key)
     if hit is not None:
-        threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
-        return hit
+        if not W.has_workspace(state["sid"]):
+            threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
+        return hit[0]
     out = _render_explore(state, collapse, metric)
     with _render_lock:
-        _render_cache[key] = out
-        while len(_render_cache) > 32:
-            _render_cache.popitem(last=False)
+        _render_cache[key] = (out, time.monotonic())
+        while len(_render_cache) > _RENDER_CACHE_SIZE:
+            old = next((k for k in _render_cache if k not in _pinned), next(iter(_render_cache)))
+            del _render_cache[old]
     return out
+
+
+def trim_render_cache(max_idle_s: float) -> int:
+    """Drop drawn views unused for ``max_idle_s`` seconds (the default page stays); how many."""
+    now = time.monotonic()
+    with _render_lock:
+        old = [k for k, (_, used) in _render_cache.items() if now - used > max_idle_s and k not in _pinned]
+        for k in old:
+            del _render_cache[k]
+    return len(old)
 
 
 def warm_up() -> None:
@@ -247,6 +262,7 @@ def warm_up() -> None:
     that the first visitor does not wait for it."""
     state, _ = on_event("url", None)
     render_explore(state, True, "utilization")
+    _pinned.add(_render_key(state, True, "utilization"))
     render_editor(state)
     render_compare(state)
 

@@ -386,6 +386,11 @@ def evict_idle(max_idle_s: float) -> int:
     return n
 
 
+def has_workspace(sid: str) -> bool:
+    with _ws_lock:
+        return sid in _workspaces
+
+
 def cached_sessions() -> int:
     with _ws_lock:
         return len(_workspaces)

@@ -276,12 +276,15 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
 
     live: list[_Chain] = []
     baselines: dict[str, float] = {}
+    build_s = 0.0  # the longest a starting simulation took to build (the polish builds one too)
     for name, strategy in starts:
         if name.startswith("random-") and budget.seconds is not None and \
                 time.perf_counter() - t0 > setup_share * budget.seconds:
             break
+        t_build = time.perf_counter()
         sim = DeltaSimulator(graph, strategy, cluster, cost_model)
         c = _cost(sim, graph, cluster, check_memory)
+        build_s = max(build_s, time.perf_counter() - t_build)
         if name in ("data-parallel", "expert"):
             baselines[name] = c
         b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else sim.timeline.makespan_s)
@@ -357,10 +360,10 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         if rung >= rungs and total_iters is None and budget.seconds is None:
             break
     polished = False
-    if polish and not cancelled:
+    deadline = None if budget.seconds is None else t0 + budget.seconds
+    if polish and not cancelled and (deadline is None or deadline - time.perf_counter() > 2 * build_s):
         # the polish gets as many evaluations as the search had proposals, or what is left of
-        # the time budget
-        deadline = None if budget.seconds is None else t0 + budget.seconds
+        # the time budget (when that is more than building its simulation takes)
         best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, check_memory,
                                                  max_evals=budget.iterations or 10**9, deadline=deadline)
     elapsed = time.perf_counter() - t0
