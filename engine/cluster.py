@@ -505,13 +505,13 @@ def _size_problems(nodes: Sequence[NodeSpec]) -> list[Problem]:
     """Devices and links the nodes would make, counted before anything is built (a
     ``repeat`` of 10**8 must be refused, not enumerated)."""
     total_devices = total_links = 0
-    for s in nodes:
-        if not (_is_count(s.repeat) and _is_count(s.gpus)):
-            continue  # reported per node
+    sized = [s for s in nodes if _is_count(s.repeat) and _is_count(s.gpus)]  # (others are reported per node)
+    multi_node = sum(s.repeat for s in sized) > 1
+    for s in sized:
         nics = s.nics if _is_count(s.nics) else 0
         intra = s.gpus * (s.gpus - 1) if s.intra_topology == "mesh" else 2 * s.gpus if s.gpus > 1 else 0
         total_devices += s.repeat * s.gpus
-        total_links += s.repeat * (intra + 2 * nics + 2 * s.gpus)
+        total_links += s.repeat * (intra + (2 * nics + 2 * s.gpus if multi_node else 0))
     if total_devices > MAX_DEVICES:
         return [Problem("nodes", f"{total_devices:,} GPUs is over the limit of {MAX_DEVICES:,}")]
     if total_links > MAX_LINKS:
@@ -581,6 +581,9 @@ def _check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> 
         at = f"device_types.{name}"
         if not t.peak_flops_per_s:
             problems.append(Problem(f"{at}.peak_flops_per_s", "needs at least one precision"))
+        elif "fp32" not in t.peak_flops_per_s:
+            problems.append(Problem(f"{at}.peak_flops_per_s", "needs an fp32 peak: ops other than matrix "
+                                                              "multiplies run at the fp32 rate"))
         for prec, v in t.peak_flops_per_s.items():
             if not _rate_ok(v, f_lo):
                 problems.append(Problem(f"{at}.peak_flops_per_s.{prec}",

@@ -96,6 +96,7 @@ MAX_SCHEMA_PROBLEMS = 1000
 # Integral floats up to this magnitude are exactly representable, so 5.0 -> 5 is exact.
 _EXACT_INT = 2**53
 _SCAN_CHUNK = 1 << 22  # bytes scanned at a time by the depth check (bounds its memory)
+_TOO_DEEP = f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep (soapbox files need a few levels)"
 
 
 @lru_cache(maxsize=None)
@@ -274,8 +275,7 @@ def _loads(raw: bytes, text: str, source: str, surrogates: bool) -> Any:
         raise fail("", "empty file: expected a JSON object")
     at = _too_deep_at(raw)
     if at is not None:
-        raise fail(_line_col(raw, at), f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep "
-                                       "(soapbox files need a few levels)")
+        raise fail(_line_col(raw, at), _TOO_DEEP)
     try:
         data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
@@ -286,7 +286,7 @@ def _loads(raw: bytes, text: str, source: str, surrogates: bool) -> Any:
         raise fail(_line_col(raw, pos) if pos >= 0 else "",
                    f"{exc.token} is not a finite number; write a number within +-1.8e308") from None
     except RecursionError:  # (the depth check above should have caught it)
-        raise fail("", f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep") from None
+        raise fail("", _TOO_DEEP) from None
     except ValueError:  # an integer of more than 4,300 digits (Python's limit)
         m = re.search(rb"[0-9]{4301}", raw)
         raise fail(_line_col(raw, m.start()) if m else "",
@@ -362,7 +362,7 @@ def check_json_data(data: Any, source: str = "<data>") -> Any:
     try:
         text = json.dumps(data, ensure_ascii=False, allow_nan=False)
     except RecursionError:
-        raise fail(_find(data), f"nested more than {MAX_JSON_DEPTH} deep") from None
+        raise fail(_find(data), _TOO_DEEP) from None
     except (ValueError, TypeError):  # NaN/inf, a cycle, a set or another non-JSON value or key
         path = _find(data, _not_json)
         if path is None:
@@ -375,7 +375,8 @@ def check_json_data(data: Any, source: str = "<data>") -> Any:
         if path is not None and value is not None and not isinstance(value, (Mapping, list, tuple)):
             raise fail(path, f"a {type(value).__name__} is not JSON data (objects, arrays, strings, numbers, "
                              "true, false and null are)") from None
-        raise fail(path, f"nested more than {MAX_JSON_DEPTH} deep (or a value contains itself)") from None
+        raise fail(path, f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep, or a value contains "
+                         "itself") from None
     try:
         raw = text.encode("utf-8")
     except UnicodeEncodeError:
@@ -385,7 +386,7 @@ def check_json_data(data: Any, source: str = "<data>") -> Any:
         raise fail(None, f"larger than the limit of {MAX_FILE_BYTES // 2**20} MiB as JSON")
     at = _too_deep_at(raw)
     if at is not None:
-        raise fail(_find(data), f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep")
+        raise fail(_find(data), _TOO_DEEP)
     return json.loads(text)
 
 
