@@ -48,6 +48,7 @@ from engine.cluster import preset
 from engine.costs import CostModel, ProfileTable
 from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, read_json
+from engine.graph import GraphBuilder
 from engine.models import sample_dir
 from engine.models.transformer import GPTConfig, gpt
 from engine.report import format_summary, json_text, simulate_strategy
@@ -81,6 +82,34 @@ def tiny_gpt():
     return gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, batch=8))
 
 
+def tiny_llama():
+    """LLaMA's shape in small (RMSNorm, SwiGLU, grouped-query fused attention, bf16)."""
+    return gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, batch=8, kv_heads=2, swiglu=True,
+                         norm="rmsnorm", positions="rotary", bias=False, tie_embeddings=False, dropout=0.0,
+                         flash_attention=True, precision="bf16", name="tiny-llama"))
+
+
+def op_zoo():
+    """The kinds no seed above holds, with every optional attribute set once."""
+    b = GraphBuilder("zoo")
+    x = b.input("x", [8, 4, 6, 6])
+    c = b.add("conv2d", "conv", [x], out_channels=8, kernel=[3, 1], stride=[1, 2], padding=[1, 0], groups=2,
+              bias=False)
+    n = b.add("batchnorm", "bn", [c])
+    p = b.add("pool2d", "pool", [n], mode="avg", kernel=2, stride=1, padding=0)
+    g = b.add("pool2d", "gpool", [p], mode="max", **{"global": True})
+    f = b.add("reshape", "flat", [g], shape=[8, -1])
+    s = b.add("sigmoid", "sig", [f])
+    t = b.add("tanh", "tanh", [f])
+    halves = b.add("split", "split", [b.add("mul", "gate", [s, t])], axis=1, sizes=[4, 4])
+    cat = b.add("concat", "cat", halves, axis=1)
+    q = b.add("reshape", "heads", [cat], shape=[8, 2, 4, 1], axes=["sample", "head", "length", "dim"])
+    k = b.add("transpose", "kt", [q], perm=[0, 1, 2, 3])
+    a = b.add("batch_matmul", "scores", [q, k], transpose_b=True)
+    b.add("softmax", "probs", [a], axis=-1)
+    return b.build()
+
+
 @lru_cache(maxsize=None)
 def seeds(small: bool = False) -> dict[str, list[tuple[str, Any, Any]]]:
     """kind -> [(label, data, context)]: context is what a loaded file is run against
@@ -90,6 +119,9 @@ def seeds(small: bool = False) -> dict[str, list[tuple[str, Any, Any]]]:
     for name in models:
         out["model"].append((name, read_json(sample_dir() / f"{name}.json"), None))
     out["model"].append(("tiny-gpt", tiny_gpt().to_dict(), None))
+    out["model"].append(("op zoo", op_zoo().to_dict(), None))
+    if not small:
+        out["model"].append(("tiny-llama", tiny_llama().to_dict(), None))
     for name in (SEED_CLUSTERS[:3] if small else SEED_CLUSTERS):
         out["cluster"].append((name, preset(name).to_dict(), None))
     alex, p100 = load_model(sample_dir() / "alexnet.json"), preset("p100-4x4")
@@ -382,10 +414,12 @@ def classify(fn: Callable[[], str]) -> tuple[str, str]:
 def run_case(seed: int, i: int, tmpdir: str, small: bool = False) -> dict[str, Any]:
     kind, label, payload, context, as_file = make_case(seed, i, small)
     outcome, detail = classify(lambda: evaluate(kind, payload, context, as_file, tmpdir))
-    row = {"i": i, "kind": kind, "seed": label, "as_file": as_file, "outcome": outcome, "detail": detail}
+    row = {"i": i, "kind": kind, "seed": label, "as_file": as_file, "outcome": outcome, "detail": detail,
+           "cli": False}
     if as_file and i % 5 == 0:
         path = os.path.join(tmpdir, f"case.{kind}.json")
         c_outcome, c_detail = classify(lambda: cli_validate(path))
+        row["cli"] = True
         if c_outcome.startswith(("traceback", "not finite")):
             row.update(outcome=f"cli {c_outcome}", detail=c_detail)
     return row
@@ -438,6 +472,8 @@ def run(args: argparse.Namespace) -> tuple[Counter, dict[str, list[dict[str, Any
     def record(row: dict[str, Any]) -> None:
         nonlocal done
         counts[(row["kind"], row["outcome"])] += 1
+        counts["from a file" if row["as_file"] else "from a mapping" if row["as_file"] is False else "?"] += 1
+        counts["also through soapbox validate"] += bool(row.get("cli"))
         examples.setdefault(row["outcome"], []).append(row)
         done += 1
         if done % 500 == 0:
@@ -490,7 +526,7 @@ def main() -> None:
     print(f"fuzzing {args.cases:,} cases (seed {args.seed}, {args.workers} workers, {args.timeout_s:g} s a case)",
           file=sys.stderr)
     counts, examples, elapsed = run(args)
-    outcomes = sorted({o for _, o in counts})
+    outcomes = sorted({key[1] for key in counts if isinstance(key, tuple)})
     print(f"{args.cases:,} cases in {elapsed:.0f} s (seed {args.seed})\n")
     print(f"| outcome | {' | '.join(KINDS)} | total |")
     print(f"|---|{'---:|' * (len(KINDS) + 1)}")
@@ -499,6 +535,8 @@ def main() -> None:
         print(f"| {o} | {' | '.join(f'{n:,}' for n in row)} | {sum(row):,} |")
     total = [sum(counts[(k, o)] for o in outcomes) for k in KINDS]
     print(f"| **all** | {' | '.join(f'{n:,}' for n in total)} | {sum(total):,} |")
+    print(f"\n{counts['from a file']:,} loaded from a file, {counts['from a mapping']:,} from a mapping in memory; "
+          f"{counts['also through soapbox validate']:,} also through `soapbox validate`")
     bad = [o for o in outcomes if o.startswith(("traceback", "cli", "not finite")) or o in ("hang", "crash")]
     refused = Counter(r["detail"].split(":")[0][:60] for o in outcomes if o.startswith("refused")
                       for r in examples[o])
@@ -511,8 +549,7 @@ def main() -> None:
         for r in examples[o][: args.show]:
             print(f"  case {r['i']} ({r['kind']} from {r['seed']}, {'file' if r['as_file'] else 'mapping'}):\n"
                   f"    {r['detail'][-800:]}")
-    print(f"\ntracebacks: {sum(len(examples[o]) for o in bad if o not in ('hang',))}, "
-          f"hangs: {len(examples.get('hang', []))}")
+    print(f"\ntracebacks: {sum(len(examples[o]) for o in bad if o != 'hang')}, hangs: {len(examples.get('hang', []))}")
 
 
 if __name__ == "__main__":

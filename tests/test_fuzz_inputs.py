@@ -651,7 +651,7 @@ class TestOutputs:
         assert os.listdir(tmp_path) == []
 
     def test_strategy_cost_inf_written_as_null(self, tmp_path):
-        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        g = resolve_model("alexnet")
         s = Strategy({op.name: Config.single(0) for op in g.ops}, cost={"iteration_time_s": math.inf},
                      found_by={"budget": {"seconds": math.nan}})
         save_json(s.to_dict(), tmp_path / "s.json")

@@ -731,7 +731,10 @@ def _pid_alive(pid: int) -> bool:
 
 def _sweep_stale(folder: Path, name: str) -> None:
     """Remove temporary files of ``name`` left by writers that died (``kill -9``) on this
-    machine; a live writer's file is kept."""
+    machine; a live writer's file is kept. (Not on Windows, where ``os.kill(pid, 0)``
+    would end the process instead of asking whether it runs.)"""
+    if os.name == "nt":
+        return
     try:
         entries = os.listdir(folder)
     except OSError:
