@@ -279,7 +279,7 @@ def python_only(data: Any, ch: Chooser) -> Any:
     cyc: list[Any] = []
     cyc.append(cyc)
     value = ch.choice([(1, 2), {1, 2}, b"bytes", {1: "int key"}, {(1, 2): "tuple key"}, cyc, object(),
-                       float("nan"), {"\ud800": 1}, range(3)])
+                       float("nan"), {"\ud800": 1}, range(3), 10**5000])
     return _with(data, path, lambda _: value)
 
 

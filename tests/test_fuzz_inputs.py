@@ -243,6 +243,9 @@ class TestNumbersAndText:
         assert problems(parse_json_text, '{"a":\n ' + "9" * 5000 + "}") == [
             "line 2 column 2: invalid JSON: a number of more than 4,300 digits"]
 
+    def test_integer_of_5000_digits_in_a_mapping(self):
+        assert problems(check_json_data, {"a": [1, -10**5000]}) == ["a[1]: an integer of more than 4,300 digits"]
+
     def test_lone_surrogate_in_a_file(self, tmp_path):
         # Regression: a "\ud800" string raised UnicodeEncodeError in schema checking.
         path = tmp_path / "m.json"

@@ -96,6 +96,7 @@ MAX_SCHEMA_PROBLEMS = 1000
 # Integral floats up to this magnitude are exactly representable, so 5.0 -> 5 is exact.
 _EXACT_INT = 2**53
 _SCAN_CHUNK = 1 << 22  # bytes scanned at a time by the depth check (bounds its memory)
+_HUGE_INT = 10**4300
 _TOO_DEEP = f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep (soapbox files need a few levels)"
 
 
@@ -205,6 +206,8 @@ def parse_json_text(text: str | bytes, source: str = "<input>") -> Any:
     except UnicodeEncodeError:  # a lone surrogate in the text itself
         raw = text.encode("utf-8", "surrogatepass")
         surrogates = True
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValidationError([Problem("", f"larger than the limit of {MAX_FILE_BYTES // 2**20} MiB")], source)
     return _loads(raw, text, source, surrogates)
 
 
@@ -347,7 +350,9 @@ def _check_strings(data: Any, source: str) -> None:
 def _not_json(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
-    return not isinstance(value, (str, int, bool, type(None), Mapping, list, tuple))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) >= _HUGE_INT  # Python writes integers of at most 4,300 digits
+    return not isinstance(value, (str, bool, type(None), Mapping, list, tuple))
 
 
 def check_json_data(data: Any, source: str = "<data>") -> Any:
@@ -372,6 +377,8 @@ def check_json_data(data: Any, source: str = "<data>") -> Any:
         value = _at(data, path) if path is not None else None
         if isinstance(value, float):
             raise fail(path, f"{value!r} is not a finite number") from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise fail(path, "an integer of more than 4,300 digits") from None
         if path is not None and value is not None and not isinstance(value, (Mapping, list, tuple)):
             raise fail(path, f"a {type(value).__name__} is not JSON data (objects, arrays, strings, numbers, "
                              "true, false and null are)") from None
