@@ -42,10 +42,10 @@ from .cluster import MAX_DEVICES, PRESETS, preset
 from .errors import SoapboxError, ValidationError, printable
 from .formats import resolve_cluster, resolve_model, save_json, schema, validate_file
 from .graph import PRECISIONS
-from .ops import MAX_DIM
-from .report import json_text
 from .models import SAMPLE_MODELS
 from .models.transformer import GPTConfig, gpt
+from .ops import MAX_DIM
+from .report import json_text
 from .search import ALGORITHMS
 from .search.baselines import BASELINES, make_baseline
 from .strategy import RECOMPUTE, SCHEDULES
@@ -80,6 +80,15 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
 
 _positive_int = _int_in(1, MAX_DIM)
 _device_count = _int_in(1, MAX_DEVICES)
+
+
+def _name(text: str) -> str:
+    """An argparse type: a model name as the model schema accepts it (1 to 256 characters)."""
+    from .formats import MAX_NAME_CHARS
+
+    if not 0 < len(text) <= MAX_NAME_CHARS:
+        raise argparse.ArgumentTypeError(f"a name of 1 to {MAX_NAME_CHARS} characters, got {len(text):,}")
+    return text
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -149,7 +158,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     g.add_argument("--batch", type=_positive_int, required=True, help="global batch in sequences")
     g.add_argument("--flash-attention", action="store_true", help="fused causal attention (FlashAttention)")
     g.add_argument("--precision", choices=PRECISIONS, default="fp16")
-    g.add_argument("--name", default="gpt")
+    g.add_argument("--name", type=_name, default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
 
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
@@ -245,7 +254,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 0
     except ValidationError as exc:
         print(str(exc), file=sys.stderr)
-        return 1
+        return EXIT_INVALID_FILE
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
