@@ -63,7 +63,9 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     @server.before_request
     def _refuse_deep_json():
         if request.method == "POST" and request.mimetype == "application/json":
-            if _json_too_deep(request.get_data(cache=True), MAX_REQUEST_DEPTH):
+            from engine.formats import too_deep_at
+
+            if too_deep_at(request.get_data(cache=True), MAX_REQUEST_DEPTH) is not None:
                 abort(400, description=f"request nested deeper than {MAX_REQUEST_DEPTH} levels")
 
     @server.post("/_soapbox/bye")
@@ -78,12 +80,6 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     threading.Thread(target=_janitor, args=(idle_evict_s,), name="soapbox-janitor", daemon=True).start()
     app.soapbox_info = {"data_dir": str(db.path.parent), "interrupted": interrupted, "workers": jobs.pool().workers}
     return app
-
-
-def _json_too_deep(body: bytes, limit: int) -> bool:
-    from engine.formats import _too_deep_at
-
-    return _too_deep_at(body, limit) is not None
 
 
 def _janitor(idle_evict_s: float) -> None:

@@ -225,10 +225,10 @@ class TestNesting:
         g, c = resolve_model("gpt3-175b"), preset("dgx-a100-80gb:192")
         s = make_baseline("megatron", g, c, tp=8, pp=12, dp=16, micro_batch=1)
         raw = json.dumps(s.to_dict()).encode()
-        formats._too_deep_at(raw)
+        formats.too_deep_at(raw)
         t = time.perf_counter()
         for _ in range(5):
-            assert formats._too_deep_at(raw) is None
+            assert formats.too_deep_at(raw) is None
         assert (time.perf_counter() - t) / 5 < 0.1  # measured ~3 ms; generous for a loaded CI machine
 
 

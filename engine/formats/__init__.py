@@ -58,6 +58,7 @@ __all__ = [
     "FORMATS",
     "MAX_FILE_BYTES",
     "MAX_JSON_DEPTH",
+    "too_deep_at",
     "MAX_NAME_CHARS",
     "read_json",
     "parse_json_text",
@@ -237,7 +238,7 @@ def _line_col(raw: bytes, pos: int) -> str:
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
-def _too_deep_at(raw: bytes, limit: int = MAX_JSON_DEPTH) -> int | None:
+def too_deep_at(raw: bytes, limit: int = MAX_JSON_DEPTH) -> int | None:
     """Offset of the first ``[`` or ``{`` nested deeper than ``limit`` in JSON text, or None.
 
     Runs at array speed (~1 ms per MB): escapes are blanked (``\\"`` no longer counts as a
@@ -276,7 +277,7 @@ def _loads(raw: bytes, text: str, source: str, surrogates: bool) -> Any:
 
     if not text.strip():
         raise fail("", "empty file: expected a JSON object")
-    at = _too_deep_at(raw)
+    at = too_deep_at(raw)
     if at is not None:
         raise fail(_line_col(raw, at), _TOO_DEEP)
     try:
@@ -391,13 +392,14 @@ def check_json_data(data: Any, source: str = "<data>") -> Any:
         raise  # (not reached: _check_strings raises)
     if len(raw) > MAX_FILE_BYTES:
         raise fail(None, f"larger than the limit of {MAX_FILE_BYTES // 2**20} MiB as JSON")
-    at = _too_deep_at(raw)
+    at = too_deep_at(raw)
     if at is not None:
         raise fail(_find(data), _TOO_DEEP)
     return json.loads(text)
 
 
 def _at(data: Any, path: list[Any]) -> Any:
+    """The node at ``path`` in ``data`` (a file or a schema), or None where there is none."""
     node = data
     for key in path:
         try:
@@ -452,16 +454,6 @@ def _check_format(data: Any, want: str | None) -> str:
     return fmt
 
 
-def _schema_at(root: Mapping[str, Any], path: list[Any]) -> Any:
-    node: Any = root
-    for key in path:
-        try:
-            node = node[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return node
-
-
 #: Unit of a field, from the suffix of its name (units live in names).
 _UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes", "bytes"), ("_s", "s"))
 
@@ -491,7 +483,7 @@ _BOUND_WORDS = {"minimum": "at least", "exclusiveMinimum": "greater than", "maxi
 def _schema_message(e: Any, root: Mapping[str, Any]) -> str:
     spath = list(e.schema_path)
     keyword = spath[-1] if spath else ""
-    limit = _schema_at(root, spath)
+    limit = _at(root, spath)
     if keyword in _BOUND_WORDS:
         return f"must be {_BOUND_WORDS[keyword]} {_number(limit)}{_unit_hint(list(e.instance_path))}, got {e.instance!r}"
     if keyword == "maxItems":
@@ -502,7 +494,7 @@ def _schema_message(e: Any, root: Mapping[str, Any]) -> str:
         return f"is {len(e.instance):,} characters long; at most {limit:,} are allowed"
     msg = e.message
     if keyword == "additionalProperties":
-        allowed = sorted((_schema_at(root, spath[:-1]) or {}).get("properties", {}))
+        allowed = sorted((_at(root, spath[:-1]) or {}).get("properties", {}))
         msg += f"; allowed: {', '.join(allowed)}" if allowed else ""
     return msg
 
@@ -545,7 +537,7 @@ def _wants_int(node: Mapping[str, Any]) -> bool:
 
 def _deref(node: Any, root: Mapping[str, Any]) -> Any:
     while isinstance(node, Mapping) and "$ref" in node:
-        node = _schema_at(root, node["$ref"].removeprefix("#/").split("/"))
+        node = _at(root, node["$ref"].removeprefix("#/").split("/"))
     return node
 
 
