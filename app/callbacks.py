@@ -432,26 +432,25 @@ def _trace_title(job: jobs.JobView) -> str:
     return f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
 
 
-def search_poll(state: dict) -> tuple[Any, str, bool]:
-    """(trace figure, status, poll disabled) for the session's search."""
+def _session_job(state: Any) -> jobs.JobView | None:
+    """The latest search of the session ``state`` names (None for none, or a bad state)."""
     try:
         W.check_state(state)
-        job = jobs.get(state["sid"])
+        return jobs.get(state["sid"])
     except ValueError:
-        job = None
-    if job is None:
-        return empty_figure("Start a search to see its cost trace here."), "", True
-    return build_trace_figure(job.rows, _trace_title(job)), job.message(), not job.running
+        return None
+
+
+def search_poll(state: dict) -> tuple[Any, str, bool]:
+    """(trace figure, status, poll disabled) for the session's search."""
+    fig, status, disabled, _ = search_poll_changed(state, None)
+    return fig, status, disabled
 
 
 def search_poll_changed(state: dict, seen: dict | None) -> tuple[Any, Any, bool, dict]:
     """:func:`search_poll` for the page's interval: the trace figure and status only when the
     search changed since the page last drew it (``seen``: its id, rows and status then)."""
-    try:
-        W.check_state(state)
-        job = jobs.get(state["sid"])
-    except ValueError:
-        job = None
+    job = _session_job(state)
     if job is None:
         return empty_figure("Start a search to see its cost trace here."), "", True, {}
     now = {"id": job.id, "rows": len(job.rows), "status": job.status, "best": job.best_cost_s}

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from engine.cli import int_in
 from engine.cli import main as engine_main
 
 __all__ = ["main"]
@@ -13,36 +14,16 @@ __all__ = ["main"]
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all; default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8050, help="port (default 8050)")
+    p.add_argument("--port", type=int_in(0, 65535), default=8050, help="port (default 8050)")
     p.add_argument("--data-dir", help="where uploads and searches are kept (an SQLite database; default "
                                       "the platform's user data directory, e.g. ~/.local/share/soapbox)")
-    p.add_argument("--workers", type=_count, help="searches run at once, each in its own process "
+    p.add_argument("--workers", type=int_in(1, 256), help="searches run at once, each in its own process "
                                                   "(default: cores - 1, at least 1); more wait in a queue")
-    p.add_argument("--threads", type=_count, default=8, help="request threads (default 8)")
+    p.add_argument("--threads", type=int_in(1, 256), default=8, help="request threads (default 8)")
     p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
                    help="drop a session's cached simulation after this long without a request (default 600)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
                                                         "(reloads on code changes)")
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= v <= 256:
-        raise argparse.ArgumentTypeError(f"{v} must be between 1 and 256")
-    return v
-
-
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"{v} is not a port number (0-65535)")
-    return v
 
 
 def _seconds(text: str) -> float:

@@ -16,6 +16,7 @@ and, if it does not within :data:`GRACE_S`, its worker is killed (the best so fa
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import os
 import subprocess
@@ -61,10 +62,6 @@ class JobView:
     def running(self) -> bool:
         """Queued or running: it may still change."""
         return self.status in ("queued", "running")
-
-    @property
-    def adoptable(self) -> bool:
-        return self.best_cost_s is not None and not self.running
 
     def message(self) -> str:
         unit = "proposals" if self.algorithm == "mcmc" else "steps"
@@ -133,8 +130,8 @@ class SearchPool:
         while not self._stopping.wait(_TICK_S):
             try:
                 self.tick()
-            except Exception:  # a locked database or a vanished process: try again next tick
-                pass
+            except Exception:  # a locked database or a vanished process: logged, tried again next tick
+                logging.getLogger("soapbox.jobs").exception("search pool: tick failed")
 
     def tick(self) -> None:
         """One round of the manager: reap and replace workers, watch running searches."""
@@ -249,15 +246,12 @@ def _progress(store: S.Store, search_id: int) -> list[dict]:
     """The search's progress rows (read from the store once; later polls read what is new)."""
     with _rows_lock:
         seen, rows = _rows.get(search_id, (-1, []))
-    new = store._conn().execute("SELECT seq, row FROM progress WHERE search_id = ? AND seq > ? ORDER BY seq",
-                                (search_id, seen)).fetchall()
+    new = store.progress_since(search_id, seen)
     if new:
-        import json
-
-        rows = rows + [json.loads(r[1]) for r in new]
+        rows = rows + [r for _, r in new]
         if len(rows) > S.MAX_PROGRESS_ROWS:
             rows = rows[:-1:2] + rows[-1:]
-        seen = int(new[-1][0])
+        seen = new[-1][0]
     with _rows_lock:
         _rows[search_id] = (seen, rows)
         _rows.move_to_end(search_id)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["Store", "SearchRow", "configure", "current", "default_data_dir", "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION",
+__all__ = ["Store", "configure", "current", "default_data_dir", "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION",
            "UPLOADS_PER_SESSION", "FINAL", "STATUSES"]
 
 #: searches kept per session (oldest finished ones dropped first)
@@ -75,10 +75,6 @@ def default_data_dir() -> Path:
 def digest_of(data: Any) -> str:
     """A content digest of a JSON-able value (SHA-256 of its canonical JSON, 32 hex digits)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
-
-
-class SearchRow(dict):
-    """One row of the ``searches`` table as a dict (``row["status"]`` ...), JSON fields decoded."""
 
 
 class Store:
@@ -174,7 +170,7 @@ class Store:
             db.execute("DELETE FROM progress WHERE search_id = ?", (i,))
             db.execute("DELETE FROM searches WHERE id = ?", (i,))
 
-    def claim_next(self, worker_pid: int) -> SearchRow | None:
+    def claim_next(self, worker_pid: int) -> dict | None:
         """Mark the oldest queued search running for ``worker_pid`` and return it."""
         with self._tx() as db:
             row = db.execute("SELECT * FROM searches WHERE status = 'queued' ORDER BY id LIMIT 1").fetchone()
@@ -236,22 +232,23 @@ class Store:
                                    (search_id,)).fetchone()
         return row is None or bool(row["stop_requested"]) or row["status"] in FINAL
 
-    def search(self, search_id: int) -> SearchRow | None:
+    def search(self, search_id: int) -> dict | None:
         row = self._conn().execute("SELECT * FROM searches WHERE id = ?", (search_id,)).fetchone()
         return None if row is None else self._row(row)
 
-    def latest_search(self, sid: str) -> SearchRow | None:
+    def latest_search(self, sid: str) -> dict | None:
         """The session's most recent search."""
         row = self._conn().execute("SELECT * FROM searches WHERE sid = ? ORDER BY id DESC LIMIT 1",
                                    (sid,)).fetchone()
         return None if row is None else self._row(row)
 
-    def running_searches(self) -> list[SearchRow]:
+    def running_searches(self) -> list[dict]:
         return [self._row(r) for r in self._conn().execute("SELECT * FROM searches WHERE status = 'running'")]
 
-    def progress(self, search_id: int) -> list[dict]:
-        return [json.loads(r[0]) for r in self._conn().execute(
-            "SELECT row FROM progress WHERE search_id = ? ORDER BY seq", (search_id,))]
+    def progress_since(self, search_id: int, seq: int) -> list[tuple[int, dict]]:
+        """(seq, row) of the search's progress rows after ``seq``, in order."""
+        return [(int(r[0]), json.loads(r[1])) for r in self._conn().execute(
+            "SELECT seq, row FROM progress WHERE search_id = ? AND seq > ? ORDER BY seq", (search_id, seq))]
 
     def queue_position(self, search_id: int) -> int:
         """1 for the next search to start, 2 for the one after, ...; 0 when not queued."""
@@ -259,9 +256,6 @@ class Store:
             "SELECT COUNT(*) FROM searches WHERE status = 'queued' AND id <= ? AND "
             "(SELECT status FROM searches WHERE id = ?) = 'queued'", (search_id, search_id)).fetchone()
         return int(row[0])
-
-    def counts(self) -> dict[str, int]:
-        return {r[0]: int(r[1]) for r in self._conn().execute("SELECT status, COUNT(*) FROM searches GROUP BY status")}
 
     def recover(self) -> int:
         """At server start: every search left queued or running by a server that is gone is
@@ -279,8 +273,9 @@ class Store:
         return int(n)
 
     @staticmethod
-    def _row(row: sqlite3.Row) -> SearchRow:
-        out = SearchRow(dict(row))
+    def _row(row: sqlite3.Row) -> dict:
+        """A ``searches`` row as a dict, its JSON fields decoded."""
+        out = dict(row)
         for key in ("refs", "initial", "best", "result"):
             if out.get(key) is not None:
                 out[key] = json.loads(out[key])

@@ -36,7 +36,7 @@ from engine.memory import MemoryReport, memory_report
 from engine.models import sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.simulate import Timeline
-from engine.strategy import Config, Strategy, strategy_from_dict
+from engine.strategy import Config, Strategy
 
 from . import store
 
@@ -391,11 +391,6 @@ def has_workspace(sid: str) -> bool:
         return sid in _workspaces
 
 
-def cached_sessions() -> int:
-    with _ws_lock:
-        return len(_workspaces)
-
-
 # --------------------------------------------------------------------------- actions
 
 
@@ -590,10 +585,7 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
             return _bump(new), f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel.", True
         if kind == "cluster":
-            c = load_cluster(data)
-            if c.num_devices > MAX_APP_DEVICES:
-                return state, (f"{filename}: {c.num_devices:,} devices is more than the explorer simulates "
-                               f"interactively ({MAX_APP_DEVICES:,}); use `soapbox simulate` / `soapbox search`"), False
+            c = load_cluster(data)  # (its size was checked above, from the file)
             digest = store.current().put_upload(state["sid"], "cluster", c.name, data)
             new = copy.deepcopy(state)
             new["cluster"] = {"name": c.name, "upload": digest}

@@ -50,7 +50,7 @@ from .search import ALGORITHMS
 from .search.baselines import BASELINES, make_baseline
 from .strategy import RECOMPUTE, SCHEDULES
 
-__all__ = ["main", "build_parser", "add_strategy_options", "strategy_options"]
+__all__ = ["main", "int_in", "build_parser", "add_strategy_options", "strategy_options"]
 
 
 EXIT_INVALID_FILE = 1
@@ -61,7 +61,7 @@ EPILOG = ("exit status: 0 done; 1 invalid file (validate); 2 error (one line 'so
           "130 interrupted; 143 terminated")
 
 
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: an integer from ``lo`` to ``hi``."""
     def parse(text: str) -> int:
         try:
@@ -78,8 +78,8 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-_positive_int = _int_in(1, MAX_DIM)
-_device_count = _int_in(1, MAX_DEVICES)
+_positive_int = int_in(1, MAX_DIM)
+_device_count = int_in(1, MAX_DEVICES)
 
 
 def _name(text: str) -> str:
@@ -99,7 +99,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=_device_count, help="pipeline stages (megatron)")
     g.add_argument("--dp", type=_device_count, help="data-parallel replicas (megatron; default: the rest)")
     g.add_argument("--micro-batch", type=_positive_int, help="micro-batch size in samples")
-    g.add_argument("--vpp", type=_int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
+    g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
@@ -147,10 +147,10 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p = sub.add_parser("model", help="build a model file")
     msub = p.add_subparsers(dest="family", required=True, metavar="FAMILY")
     g = msub.add_parser("gpt", help="a GPT-style decoder from its shape")
-    g.add_argument("--layers", type=_int_in(1, 4096), required=True)
+    g.add_argument("--layers", type=int_in(1, 4096), required=True)
     g.add_argument("--hidden", type=_positive_int, required=True)
-    g.add_argument("--heads", type=_int_in(1, 65536), required=True)
-    g.add_argument("--kv-heads", type=_int_in(1, 65536), help="grouped-query attention: key/value heads")
+    g.add_argument("--heads", type=int_in(1, 65536), required=True)
+    g.add_argument("--kv-heads", type=int_in(1, 65536), help="grouped-query attention: key/value heads")
     g.add_argument("--ffn-hidden", type=_positive_int, help="MLP width (default 4*hidden, or LLaMA's rule with --swiglu)")
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP, RMSNorm, rotary positions, no biases (LLaMA)")
     g.add_argument("--seq-len", type=_positive_int, required=True)
@@ -180,9 +180,9 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                    ", or all (each in turn, compared side by side)")
     p.add_argument("--budget", default="30s",
                    help="proposals (5000) or time (30s, 2m, 1h); at most 10**9 proposals or 7 days; default 30s")
-    p.add_argument("--seed", type=_int_in(-(2**63), 2**63 - 1), default=0,
+    p.add_argument("--seed", type=int_in(-(2**63), 2**63 - 1), default=0,
                    help="random seed (an iteration budget is reproducible)")
-    p.add_argument("--chains", type=_int_in(1, 256), default=4,
+    p.add_argument("--chains", type=int_in(1, 256), default=4,
                    help="starting points (data parallel, expert, random); at most 256")
     p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
     add_strategy_options(p)
