@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
-__all__ = ["create_app", "MAX_REQUEST_BYTES", "IDLE_EVICT_S"]
+__all__ = ["create_app", "limit_malloc_arenas", "release_memory", "MAX_REQUEST_BYTES", "IDLE_EVICT_S"]
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -26,6 +27,10 @@ MAX_REQUEST_DEPTH = 64
 #: a session's cached simulation is dropped after this long without a request (the tab also
 #: says when it closes, see ``assets/bye.js``)
 IDLE_EVICT_S = 600.0
+#: seconds unused after which a drawn view, a parsed strategy or a search's trace is dropped
+CACHE_IDLE_S = 30.0
+#: freed memory is handed back to the system after this many seconds without a request
+QUIET_S = 2.0
 
 
 def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = None,
@@ -62,6 +67,7 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
 
     @server.before_request
     def _refuse_deep_json():
+        _last_request[0] = time.monotonic()
         if request.method == "POST" and request.mimetype == "application/json":
             from engine.formats import too_deep_at
 
@@ -82,20 +88,48 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     return app
 
 
-def _janitor(idle_evict_s: float) -> None:
-    """Drop idle sessions' simulations and give freed memory back to the system."""
-    import time
+_last_request = [time.monotonic()]  # when the server last saw a request (monotonic seconds)
 
-    from . import callbacks, workspace
+
+def _janitor(idle_evict_s: float) -> None:
+    """Drop idle sessions' simulations and cached views; give freed memory back to the
+    system once the server is quiet."""
+    from . import callbacks, jobs, workspace
 
     period = min(5.0, idle_evict_s / 4)
+    caches_s = min(CACHE_IDLE_S, idle_evict_s)
+    pending = 0
     while True:
-        time.sleep(period)
-        dropped = workspace.evict_idle(idle_evict_s)
-        # drawn views are cheap to redraw and large to keep: a minute unused is enough
-        dropped += callbacks.trim_render_cache(min(60.0, idle_evict_s))
-        if dropped:
-            release_memory()
+        time.sleep(min(period, QUIET_S))
+        pending += workspace.evict_idle(idle_evict_s)
+        # drawn views, parsed strategies and search traces are cheap to make again and large
+        # to keep (BENCHMARKS.md: what a burst of sessions left otherwise stays resident)
+        pending += callbacks.trim_render_cache(caches_s)
+        pending += workspace.trim_parsed(caches_s)
+        pending += jobs.trim_progress(caches_s)
+        if pending and time.monotonic() - _last_request[0] >= QUIET_S:
+            release_memory()  # (it holds the allocator's lock while it walks the heap: not under load)
+            pending = 0
+
+
+#: glibc ``mallopt`` parameter number of ``M_ARENA_MAX`` (malloc.h)
+_M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas(n: int = 2) -> bool:
+    """Let glibc keep at most ``n`` malloc arenas (its default is 8 per core): each request
+    thread otherwise gets an arena of its own, and memory freed in one stays resident there
+    (measured with benchmarks/bench_load.py: BENCHMARKS.md). Call before threads start;
+    whether it took effect."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, int(n)))
+    except (OSError, AttributeError):
+        return False
 
 
 def release_memory() -> None:

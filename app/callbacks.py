@@ -258,13 +258,23 @@ def trim_render_cache(max_idle_s: float) -> int:
 
 
 def warm_up() -> None:
-    """Draw the default page once (compiles the simulator's kernels, fills the caches), so
-    that the first visitor does not wait for it."""
+    """Draw the default page once and edit it once (compiles the simulator's kernels, the
+    delta simulation's included, and fills the caches), so that neither the first visitor nor
+    the first edit waits for it, and what the server holds after start-up is what it holds
+    when idle."""
     state, _ = on_event("url", None)
     render_explore(state, True, "utilization")
     _pinned.add(_render_key(state, True, "utilization"))
     render_editor(state)
     render_compare(state)
+    g = W.graph_of(state)
+    op = next(o for o in g.ops if o.kind != "input")
+    edited, _ = W.apply_edit(dict(state, sid=f"{state['sid']}-warm-up"), [op.name], {}, [0])
+    for s in (edited, W.undo(edited)[0]):  # a delta change each way
+        render_explore(s, True, "utilization")
+        render_editor(s)
+    W.forget(edited["sid"])
+    trim_render_cache(0.0)
 
 
 def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
@@ -289,9 +299,10 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     topo_fig = build_topology_figure(topo)
     if sel_devs:
         gp = {x["id"]: x for x in topo["gpus"]}
-        topo_fig.add_scatter(x=[gp[d]["x"] for d in sel_devs], y=[gp[d]["y"] for d in sel_devs], mode="markers",
-                             marker=dict(size=24, symbol="square-open", color="#FFD400", line=dict(width=3)),
-                             name="selected op's GPUs", hoverinfo="skip")
+        topo_fig["data"].append(dict(
+            type="scatter", x=[gp[d]["x"] for d in sel_devs], y=[gp[d]["y"] for d in sel_devs], mode="markers",
+            marker=dict(size=24, symbol="square-open", color="#FFD400", line=dict(width=3)),
+            name="selected op's GPUs", hoverinfo="skip"))
     dp_comm_bytes = W.baseline_comm_bytes(state)
     dp_comm = {"comm_bytes": dp_comm_bytes} if dp_comm_bytes else None
     return {

@@ -37,9 +37,10 @@ def _seconds(text: str) -> float:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app
+    from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app, limit_malloc_arenas
     from .callbacks import warm_up
 
+    limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
     try:
         app = create_app(args.data_dir, args.workers, args.idle_evict or IDLE_EVICT_S)
     except OSError as e:

@@ -33,7 +33,8 @@ from engine.strategy import Strategy, strategy_from_dict
 from . import store as S
 from .fmt import format_seconds
 
-__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure"]
+__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure",
+           "trim_progress"]
 
 #: longest a search may run in the explorer (a shared server); longer ones belong to the CLI
 MAX_SEARCH_S = 600.0
@@ -94,6 +95,16 @@ class JobView:
         return f"Search failed: {self.error}.{tail}"
 
 
+def _worker_env() -> dict[str, str]:
+    """The environment of a worker: the server's, with ``app`` importable from wherever the
+    server imported it (a source tree found from the current folder included)."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in {os.path.abspath(p) for p in sys.path if p}:  # a source tree, found from the current folder
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
 class SearchPool:
     """Worker processes that run queued searches (see the module docstring)."""
 
@@ -124,7 +135,7 @@ class SearchPool:
         while len(self._procs) < self.workers:
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-m", "app.worker", str(self.store.path), str(os.getpid())],
-                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=False))
+                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=False, env=_worker_env()))
 
     def _manage(self) -> None:
         while not self._stopping.wait(_TICK_S):
@@ -238,14 +249,14 @@ def start(sid: str, refs: dict, algorithm: str, budget_text: str, seed: int,
     return view
 
 
-_rows: "OrderedDict[int, tuple[int, list[dict]]]" = OrderedDict()  # search id -> (rows read, rows)
+_rows: "OrderedDict[int, tuple[int, list[dict], float]]" = OrderedDict()  # search id -> (rows read, rows, used)
 _rows_lock = threading.Lock()
 
 
 def _progress(store: S.Store, search_id: int) -> list[dict]:
     """The search's progress rows (read from the store once; later polls read what is new)."""
     with _rows_lock:
-        seen, rows = _rows.get(search_id, (-1, []))
+        seen, rows, _ = _rows.get(search_id, (-1, [], 0.0))
     new = store.progress_since(search_id, seen)
     if new:
         rows = rows + [r for _, r in new]
@@ -253,11 +264,22 @@ def _progress(store: S.Store, search_id: int) -> list[dict]:
             rows = rows[:-1:2] + rows[-1:]
         seen = new[-1][0]
     with _rows_lock:
-        _rows[search_id] = (seen, rows)
+        _rows[search_id] = (seen, rows, time.monotonic())
         _rows.move_to_end(search_id)
         while len(_rows) > 64:
             _rows.popitem(last=False)
     return rows
+
+
+def trim_progress(max_idle_s: float) -> int:
+    """Forget the progress rows of searches nobody polled for ``max_idle_s`` seconds (they are
+    read from the store again if asked for); how many."""
+    now = time.monotonic()
+    with _rows_lock:
+        old = [k for k, (_, _, used) in _rows.items() if now - used > max_idle_s]
+        for k in old:
+            del _rows[k]
+    return len(old)
 
 
 def get(sid: str) -> JobView | None:

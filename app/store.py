@@ -95,11 +95,19 @@ class Store:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=True)
+            # one connection per thread (the server's request threads, its janitor and pool
+            # manager, each worker). Kept small: no statement cache (compiling one of these
+            # statements takes microseconds; the cached ones, made while sessions come and go
+            # and kept for good, pinned freed memory in the server: BENCHMARKS.md) and a
+            # 512 KiB page cache (SQLite's default is 2 MiB per connection; the database is
+            # read by index)
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=True,
+                                   cached_statements=0)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA cache_size=-512")
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 

@@ -98,16 +98,17 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     eps = -1.0
     if ids.size > max_bars:
         eps = (t1 - t0) / 1500
+    per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
+    for k, label in _PHASE.items():
+        sel = ids[kind[pair_task] == k]
+        if sel.size:
+            t, r = pair_task[sel], pair_row[sel]
+            o = np.lexsort((start[t], r))
+            per_kind[label] = (t[o], r[o])
     bars: dict[str, dict[str, Any]] = {}
     while True:
         bars, total = {}, 0
-        for k, label in _PHASE.items():
-            sel = ids[kind[pair_task] == k]
-            if sel.size == 0:
-                continue
-            t, r = pair_task[sel], pair_row[sel]
-            o = np.lexsort((start[t], r))
-            t, r = t[o], r[o]
+        for label, (t, r) in per_kind.items():
             first, b_start, b_end, count = _merge(r, start[t], end[t], eps)
             bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
             total += first.size
@@ -115,8 +116,7 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             break  # (past the window's width every row and kind is one bar already)
         eps *= 2
     for label, b in bars.items():
-        b["text"] = [_task_text(tg, names, int(t), int(c), s, e) for t, c, s, e in
-                     zip(b["task"], b["count"], b["start"], b["end"])]
+        b["text"] = _task_texts(tg, names, b["task"], b["count"], b["start"], b["end"])
     overlays = {}
     crit = timeline.critical_tasks
     first_row = np.full(tg.num_tasks, -1, np.int64)
@@ -129,25 +129,39 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
         sel = np.flatnonzero(np.isin(tg.op, want) & (row >= 0) & comp)
         overlays["selected"] = sel[:2 * max_bars]
     over = {name: {"start": start[t], "end": end[t], "row": row[t],
-                   "text": [_task_text(tg, names, int(i), 1, start[i], end[i]) for i in t]}
+                   "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
             for name, t in overlays.items()}
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
             "merged": eps >= 0, "tasks_in_view": int(ids.size)}
 
 
-def _task_text(tg, names: list[str], t: int, count: int, s: float, e: float) -> str:
-    k = int(tg.kind[t])
-    if count > 1:
-        return f"{count} {_PHASE[k]} tasks · {format_seconds(s)} – {format_seconds(e)} (zoom in for each)"
-    op = names[tg.op[t]] if tg.op[t] >= 0 else ""
-    dur = format_seconds(e - s)
-    if k in (FWD, BWD):
-        return f"{op} {_PHASE[k]} · part {tg.part[t]} · microbatch {tg.mb[t]} · {dur}"
-    if k == XFER:
-        return f"{op} transfer · {format_bytes(tg.size_bytes[t])} · microbatch {tg.mb[t]} · {dur}"
-    if k == COLL:
-        return f"{op} {COLL_NAMES[tg.coll[t]]} · {format_bytes(tg.size_bytes[t])} · {dur}"
-    return f"optimizer step · {dur}"
+def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, starts: np.ndarray,
+                ends: np.ndarray) -> list[str]:
+    """Hover text of each bar: task ``tasks[i]`` standing for ``counts[i]`` merged tasks from
+    ``starts[i]`` to ``ends[i]`` (seconds). The task arrays are read once, as Python lists (a
+    view has thousands of bars: indexing NumPy per bar cost more than the formatting)."""
+    tasks = np.asarray(tasks, np.int64)
+    kind, op, part, mb = (tg.kind[tasks].tolist(), tg.op[tasks].tolist(), tg.part[tasks].tolist(),
+                          tg.mb[tasks].tolist())
+    size, coll = tg.size_bytes[tasks].tolist(), tg.coll[tasks].tolist()
+    out = []
+    for i, (c, s, e) in enumerate(zip(np.asarray(counts).tolist(), np.asarray(starts, np.float64).tolist(),
+                                      np.asarray(ends, np.float64).tolist())):
+        k = kind[i]
+        if c > 1:
+            out.append(f"{c} {_PHASE[k]} tasks · {format_seconds(s)} – {format_seconds(e)} (zoom in for each)")
+            continue
+        name = names[op[i]] if op[i] >= 0 else ""
+        dur = format_seconds(e - s)
+        if k == FWD or k == BWD:
+            out.append(f"{name} {_PHASE[k]} · part {part[i]} · microbatch {mb[i]} · {dur}")
+        elif k == XFER:
+            out.append(f"{name} transfer · {format_bytes(size[i])} · microbatch {mb[i]} · {dur}")
+        elif k == COLL:
+            out.append(f"{name} {COLL_NAMES[coll[i]]} · {format_bytes(size[i])} · {dur}")
+        else:
+            out.append(f"optimizer step · {dur}")
+    return out
 
 
 # --------------------------------------------------------------------------- op graph

@@ -258,8 +258,9 @@ def check_state(state: Any) -> None:
         raise ValidationError([Problem(where, e.message[:300])], "the page's state")
 
 
-_parsed: "OrderedDict[str, Strategy]" = OrderedDict()  # strategy content digest -> Strategy
+_parsed: "OrderedDict[str, tuple[Strategy, float]]" = OrderedDict()  # content digest -> (Strategy, last used)
 _parsed_lock = threading.Lock()
+_PARSED_SIZE = 64
 
 
 def _strategy(state: dict) -> Strategy:
@@ -269,17 +270,28 @@ def _strategy(state: dict) -> Strategy:
     with _parsed_lock:
         hit = _parsed.get(key)
         if hit is not None:
+            _parsed[key] = (hit[0], time.monotonic())
             _parsed.move_to_end(key)
-            return hit
+            return hit[0]
     try:
         s = load_strategy(state["strategy"])
     except ValidationError as e:
         raise e.with_source("the page's strategy") from None
     with _parsed_lock:
-        _parsed[key] = s
-        while len(_parsed) > 64:
+        _parsed[key] = (s, time.monotonic())
+        while len(_parsed) > _PARSED_SIZE:
             _parsed.popitem(last=False)
     return s
+
+
+def trim_parsed(max_idle_s: float) -> int:
+    """Forget parsed strategies unused for ``max_idle_s`` seconds; how many."""
+    now = time.monotonic()
+    with _parsed_lock:
+        old = [k for k, (_, used) in _parsed.items() if now - used > max_idle_s]
+        for k in old:
+            del _parsed[k]
+    return len(old)
 
 
 def _bump(state: dict) -> dict:

@@ -19,7 +19,7 @@ and threads, and its worker processes, after warm-up, at the end of the load, an
 ``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
 sessions and a fixed duration; the server is stopped at the end.
 
-Usage: python benchmarks/bench_load.py [--sessions 20] [--duration 60] [--budget 3s] [--think 2 4]
+Usage: python benchmarks/bench_load.py [--sessions 20] [--duration 60] [--budget 3s] [--think 2 4] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -246,6 +246,9 @@ def main() -> int:
     ap.add_argument("--think", type=float, nargs=2, default=(2.0, 4.0), help="seconds between edits (uniform)")
     ap.add_argument("--settle", type=float, default=15.0, help="seconds to wait after the sessions end")
     ap.add_argument("--ramp", type=float, default=5.0, help="sessions start spread over this many seconds")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the sessions this many times, one set after another (memory after each: a leak grows "
+                         "with every round, a one-time cost does not)")
     ap.add_argument("--json", help="write the figures here as JSON too")
     args = ap.parse_args()
     args.think = tuple(args.think)
@@ -272,18 +275,23 @@ def main() -> int:
         time.sleep(3)
         before = snapshot(server.pid)
         print(f"server after warm-up: {before}", flush=True)
-        t0 = time.monotonic() + 0.5
-        sessions = [Session(base, k, args, t0 + args.ramp * k / max(1, args.sessions)) for k in range(args.sessions)]
-        for s in sessions:
-            s.start()
-        peak = dict(before)
-        while any(s.is_alive() for s in sessions):
-            snap = snapshot(server.pid)
-            peak = {k: max(peak[k], snap[k]) for k in peak}
-            time.sleep(1.0)
-        ended = snapshot(server.pid)
-        time.sleep(args.settle)
-        settled = snapshot(server.pid)
+        peak, sessions, rounds = dict(before), [], []
+        for r in range(args.rounds):
+            t0 = time.monotonic() + 0.5
+            batch = [Session(base, 1000 * r + k, args, t0 + args.ramp * k / max(1, args.sessions))
+                     for k in range(args.sessions)]
+            sessions += batch
+            for s in batch:
+                s.start()
+            while any(s.is_alive() for s in batch):
+                snap = snapshot(server.pid)
+                peak = {k: max(peak[k], snap[k]) for k in peak}
+                time.sleep(1.0)
+            ended = snapshot(server.pid)
+            time.sleep(args.settle)
+            settled = snapshot(server.pid)
+            rounds.append({"at_end": ended, "settled": settled})
+            print(f"round {r + 1}: at end {ended}, settled {settled}", flush=True)
     finally:
         server.terminate()
         try:
@@ -314,7 +322,9 @@ def main() -> int:
                      "run_s_median": statistics.median(run) if run else None, "run_s_max": max(run, default=None),
                      "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None)},
         "server_before": before, "server_peak": peak, "server_at_end": ended, "server_settled": settled,
-        "rss_growth_after_settle_mb": settled["rss_mb"] - before["rss_mb"], "errors": errors[:10],
+        "rss_growth_after_settle_mb": settled["rss_mb"] - before["rss_mb"],
+        "rounds": args.rounds, "settled_rss_mb_per_round": [x["settled"]["rss_mb"] for x in rounds],
+        "errors": errors[:10],
         "error_count": len(errors),
     }
     print(json.dumps(res, indent=1))

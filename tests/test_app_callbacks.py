@@ -25,10 +25,14 @@ EXPLORE_IDS = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-mem
                "op-graph", "op-panel", "gantt", "topology", "memory"]
 
 
+def _figures(views: dict) -> dict:
+    """Explore's views with each figure (a plain dict, as the page takes it) loaded into
+    ``go.Figure``, which validates it in full."""
+    return {k: go.Figure(v) if k in ("op-graph", "gantt", "topology", "memory") else v for k, v in views.items()}
+
+
 def data_url(raw: bytes) -> str:
     return "data:application/json;base64," + base64.b64encode(raw).decode()
-
-
 
 
 def poll_until_done(state: dict, timeout: float = 60.0):
@@ -36,7 +40,7 @@ def poll_until_done(state: dict, timeout: float = 60.0):
     while True:
         fig, status, disabled = C.search_poll(state)
         if disabled:
-            return fig, status
+            return go.Figure(fig), status
         assert time.monotonic() < deadline, f"search still running after {timeout} s: {status}"
         time.sleep(0.05)
 
@@ -249,7 +253,7 @@ class TestRenderExplore:
         out = C.render_explore(alex)
         assert set(EXPLORE_IDS) <= set(out) and "summary" in out
         for k in ("op-graph", "gantt", "topology", "memory"):
-            assert isinstance(out[k], go.Figure), k
+            out[k] = go.Figure(out[k])  # a plain figure dict, valid for Plotly
         ws = W.workspace(alex)
         assert out["sum-time"] == format_seconds(ws.timeline.makespan_s) == "50 ms"
         assert out["sum-speedup"] == "1.00x"
@@ -262,7 +266,7 @@ class TestRenderExplore:
         before = C.render_explore(alex)["sum-time"]
         s, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
         assert msg.startswith("Changed")
-        out = C.render_explore(s)
+        out = _figures(C.render_explore(s))
         assert out["sum-time"] != before
         assert out["sum-time"] == format_seconds(W.workspace(s).timeline.makespan_s) == "32.3 ms"
         assert out["sum-speedup"] == f"{W.baseline_cost_s(s) / W.workspace(s).timeline.makespan_s:.2f}x"
@@ -275,7 +279,7 @@ class TestRenderExplore:
         assert len(sel) == 1 and len(sel[0].x) == 4
 
     def test_memory_metric(self, alex):
-        out = C.render_explore(alex, collapse=True, metric="memory")
+        out = _figures(C.render_explore(alex, collapse=True, metric="memory"))
         mem = W.workspace(alex).memory
         gpu = next(tr for tr in out["topology"].data if tr.name == "GPU")
         np.testing.assert_allclose(gpu.marker.color, mem.peak_bytes / mem.capacity_bytes, rtol=1e-12)
@@ -305,8 +309,7 @@ class TestRenderEditor:
 
 class TestZoomGantt:
     def test_zoom_range(self, alex):
-        fig = C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0})
-        assert isinstance(fig, go.Figure)
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0}))
         assert fig.layout.xaxis.range == (20.0, 25.0)
         for tr in fig.data:
             if tr.name in ("critical path", "selected"):
@@ -315,11 +318,11 @@ class TestZoomGantt:
             assert (end >= 20.0 - 1e-9).all() and (np.asarray(tr.base) <= 25.0 + 1e-9).all()
 
     def test_zoom_range_list(self, alex):
-        fig = C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]})
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]}))
         assert fig.layout.xaxis.range == (5.0, 10.0)
 
     def test_autorange(self, alex):
-        fig = C.zoom_gantt(alex, {"xaxis.autorange": True})
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.autorange": True}))
         assert fig.layout.xaxis.range == (0.0, W.workspace(alex).timeline.makespan_s * 1e3)
 
     @pytest.mark.parametrize("relayout", [None, {}, {"dragmode": "pan"}, {"yaxis.range[0]": 1, "yaxis.range[1]": 2},
@@ -349,6 +352,10 @@ class TestSearch:
         assert list(best.y) == pytest.approx([r["best_cost_s"] * 1e3 for r in job.rows])
         assert fig.layout.title.text == "mcmc, budget 30 proposals, seed 0"
         assert C.search_stop(alex) == "No search is running."
+        # its trace, dropped from memory once nobody polls it, is read from the store again
+        time.sleep(0.01)
+        assert jobs.trim_progress(0.0) >= 1 and job.id not in jobs._rows
+        assert jobs.get(alex["sid"]).rows == job.rows
         state, msg = C.on_event("search-adopt", alex)
         assert msg == f"Adopted the search's best ({format_seconds(job.best_cost_s)})."
         strategy, cost_s = jobs.best(alex["sid"])
@@ -438,6 +445,7 @@ class TestSearch:
     def test_poll_without_search(self, alex):
         fig, status, disabled = C.search_poll(alex)
         assert disabled is True and status == ""
+        fig = go.Figure(fig)
         assert fig.layout.annotations[0].text.startswith("Start a search")
         assert C.search_stop(alex) == "No search is running."
 
@@ -490,6 +498,7 @@ class TestRenderCompare:
     def test_nothing_kept(self, alex):
         table, diff, fig = C.render_compare(alex)
         assert "Keep strategies here" in str(table) and diff == ""
+        fig = go.Figure(fig)
         assert fig.layout.annotations[0].text.startswith("Keep two or more")
 
     def test_two_kept(self, alex):
@@ -497,6 +506,7 @@ class TestRenderCompare:
         s, _ = C.on_event("pick-baseline", s, baseline="expert")
         s, _ = W.add_to_compare(s, "ex")
         table, diff, fig = C.render_compare(s)
+        fig = go.Figure(fig)
         assert "dp" in str(table) and "ex" in str(table)
         assert "3 op(s) differ between dp and ex" in str(diff)
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
@@ -506,7 +516,7 @@ class TestRenderCompare:
         s = W.new_state("alexnet", "dgx-a100-80gb:1")
         s, _ = W.add_to_compare(s, "a")
         s, _ = W.add_to_compare(s, "b")
-        explore = C.render_explore(s)
+        explore = _figures(C.render_explore(s))
         assert len(explore["gantt"].layout.yaxis.ticktext) == 16
         _, _, fig = C.render_compare(s)
-        assert len(fig.layout.yaxis.ticktext) == 16
+        assert len(go.Figure(fig).layout.yaxis.ticktext) == 16

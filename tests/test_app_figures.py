@@ -7,9 +7,10 @@ import signal
 from collections import Counter
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 
-from app import figures as F
+from app import figures as _figures
 from app import views as V
 from app.fmt import format_bytes, format_count, format_rate, format_seconds
 from engine.cluster import preset
@@ -18,6 +19,26 @@ from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import Config
 from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER
+
+
+class _Validating:
+    """:mod:`app.figures` with every figure it builds (a plain dict, as the page takes it)
+    loaded into ``go.Figure``, which validates it in full: a mistyped or unknown property
+    fails the test."""
+
+    def __getattr__(self, name):
+        f = getattr(_figures, name)
+        if not (callable(f) and name.endswith("_figure")):
+            return f
+
+        def validated(*args, **kwargs):
+            fig = f(*args, **kwargs)
+            assert isinstance(fig, dict) and set(fig) <= {"data", "layout"}
+            return go.Figure(fig)
+        return validated
+
+
+F = _Validating()
 
 KIND = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
 NO_MERGE = 10**9

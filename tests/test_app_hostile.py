@@ -252,3 +252,28 @@ class TestServer:
         assert (tmp_path / "d" / "soapbox.sqlite3").exists()
         assert app.soapbox_info["data_dir"] == str(tmp_path / "d")
         assert store.current().path == tmp_path / "d" / "soapbox.sqlite3"
+
+
+class TestWhatTheServerKeeps:
+    def test_parsed_strategies_are_dropped_when_unused(self, alex):
+        s = W._strategy(alex)
+        assert W._strategy(alex) is s  # the callbacks of one edit parse it once
+        time.sleep(0.01)
+        assert W.trim_parsed(3600.0) == 0
+        assert W.trim_parsed(0.0) >= 1 and not W._parsed
+        assert W._strategy(alex) == s
+
+    def test_warm_up_draws_and_edits_then_keeps_only_the_default_page(self):
+        C.warm_up()
+        assert not [sid for sid in W._workspaces if sid.endswith("-warm-up")]
+        assert set(C._render_cache) <= C._pinned
+
+    def test_workers_import_the_app_the_server_runs(self, monkeypatch):
+        from app import jobs
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(jobs.__file__)))
+        monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != root and p])
+        assert jobs._worker_env()["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+        monkeypatch.setattr(sys, "path", [root] + sys.path)
+        assert jobs._worker_env()["PYTHONPATH"] == "/elsewhere"  # found there already: nothing added
