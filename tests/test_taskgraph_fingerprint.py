@@ -1,0 +1,141 @@
+"""A fingerprint of the task-graph builder's output (issue 11).
+
+Every other test of the builder's arrays compares the builder with itself (delta against a full
+build, symmetry on against off), so a change that altered both sides alike would pass them.
+These cases pin what the builder produces today: a SHA-256 of every ``TaskGraph`` array and of
+its ``info`` (segment table, collective groups, device image, symmetry), one per case, chosen to
+cover every path of the builder: data parallel, an expert mixture of configs, model parallel
+across a recurrent model, Megatron tp 2 x pp 2 interleaved with sequence parallelism and
+selective recomputation, FSDP ZeRO-3 across two nodes, a symmetric DGX case (one replica
+simulated), the heterogeneous demo cluster and the K80 cluster.
+
+A refactor of the builder must leave every hash as it is. A deliberate change of behaviour
+updates them, says why in its commit, and is the only kind of change that may: run
+``python tests/test_taskgraph_fingerprint.py`` to print the current hashes. (Floating-point
+results are hashed by their bits: a NumPy or numba upgrade that reorders a sum would show here
+too, and is then checked against the simulator's other tests before the hashes are renewed.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.models.transformer import gpt2
+from engine.search.baselines import data_parallel, expert, fsdp, megatron, model_parallel
+from engine.taskgraph import TaskGraph, build_task_graph
+
+#: name -> (sample model or a function making one, cluster preset, strategy maker)
+CASES: dict[str, tuple[str | Callable, str, Callable]] = {
+    "alexnet-dp-p100": ("alexnet", "p100-4x4", lambda g, c: data_parallel(g, c)),
+    "inception-expert-p100": ("inception_v3", "p100-4x4", lambda g, c: expert(g, c)),
+    "nmt-model-parallel-p100": ("nmt", "p100-4x4", lambda g, c: model_parallel(g, c)),
+    "gpt2-megatron-tp2-pp2-vpp2-sp-selective": (
+        "gpt2", "dgx-a100-80gb:1",
+        lambda g, c: megatron(g, c, tp=2, pp=2, vpp=2, recompute="selective", sequence_parallel=True)),
+    "gpt2-fsdp-zero3-2-nodes": (lambda: gpt2(batch=32, seq_len=512), "dgx-a100-80gb:2",
+                                lambda g, c: fsdp(g, c, zero_stage=3, micro_batch=1)),
+    "alexnet-dp-dgx-symmetric": ("alexnet", "dgx-a100-80gb:2", lambda g, c: data_parallel(g, c)),
+    "resnet101-dp-hetero": ("resnet101", "hetero-demo", lambda g, c: data_parallel(g, c)),
+    "rnntc-expert-k80": ("rnntc", "k80-16x4", lambda g, c: expert(g, c)),
+}
+
+#: case -> SHA-256 of the task graph (see :func:`fingerprint`), as built before issue 11
+EXPECTED = {
+    "alexnet-dp-dgx-symmetric": "d0ae0cf750fb1f01787f3c1a62cd1e701db76898a4c6e50b1776d5c630482647",
+    "alexnet-dp-p100": "9ca2d38fce4e13a5970d56f4fcaabd34eb56fee755f42dbab3fd0a3c6b246786",
+    "gpt2-fsdp-zero3-2-nodes": "bcf1597dc609eed1bce0e46d09e3c5cd73397b5abbd2bb25f5005ea64dacee06",
+    "gpt2-megatron-tp2-pp2-vpp2-sp-selective": "c3b393dc8e327a72eba7c973fa7d7f1529057ee792c6122375561bfabf420e25",
+    "inception-expert-p100": "a85234a77aea1e96cab840ec8e8df2c7ca17612ebec5c0e7971f406b95a0d7bc",
+    "nmt-model-parallel-p100": "fd81867ca0050dfd8f17afb64d5af6a36f75d6769aecb0da500a6fde45cd4844",
+    "resnet101-dp-hetero": "d4182bbe1d0d6349bec3e9ef26554daa11e5386f485dab542714c1101d941011",
+    "rnntc-expert-k80": "59548b28617c3dd323a3106c6f3593e8f2476377f20f4c9ea6d4fb478175ad42",
+}
+
+_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
+           "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")
+
+
+def _feed(h: "hashlib._Hash", value: Any, where: str) -> None:
+    """Hash ``value`` by its exact bytes (arrays: dtype, shape, contents; floats: their bits)."""
+    if isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        h.update(f"{where}:array:{a.dtype.str}:{a.shape}:".encode())
+        h.update(a.tobytes())
+    elif isinstance(value, (bool, int, np.integer)):
+        h.update(f"{where}:int:{int(value)};".encode())
+    elif isinstance(value, (float, np.floating)):
+        h.update(f"{where}:float:{float(value).hex()};".encode())
+    elif isinstance(value, str):
+        h.update(f"{where}:str:{value!r};".encode())
+    elif value is None:
+        h.update(f"{where}:none;".encode())
+    elif isinstance(value, (tuple, list)):
+        h.update(f"{where}:seq:{len(value)};".encode())
+        for i, v in enumerate(value):
+            _feed(h, v, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        h.update(f"{where}:map:{len(value)};".encode())
+        for k in sorted(value, key=str):
+            _feed(h, value[k], f"{where}.{k}")
+    elif hasattr(value, "__dict__"):  # a record such as the symmetry found
+        _feed(h, {k: v for k, v in vars(value).items()}, f"{where}<{type(value).__name__}>")
+    else:
+        raise TypeError(f"{where}: cannot fingerprint a {type(value).__name__}")
+
+
+def fingerprint(tg: TaskGraph) -> str:
+    """SHA-256 over every array of ``tg``, its counts, ``comm_bytes`` and public ``info``
+    (keys starting with ``_`` are caches readers fill in)."""
+    h = hashlib.sha256()
+    for name in _ARRAYS:
+        _feed(h, getattr(tg, name), name)
+    _feed(h, tg.n_devices, "n_devices")
+    _feed(h, tg.n_links, "n_links")
+    _feed(h, tg.comm_bytes, "comm_bytes")
+    _feed(h, {k: v for k, v in tg.info.items() if not k.startswith("_")}, "info")
+    return h.hexdigest()
+
+
+def build(case: str) -> TaskGraph:
+    model, cluster, make = CASES[case]
+    g, c = (model() if callable(model) else resolve_model(model)), preset(cluster)
+    return build_task_graph(g, make(g, c), c)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fingerprint_unchanged(case):
+    assert fingerprint(build(case)) == EXPECTED[case], (
+        f"{case}: the task graph changed; a refactor must not change it (a deliberate change of "
+        "behaviour updates EXPECTED and says why)")
+
+
+def test_the_cases_cover_the_builder_s_paths():
+    graphs = {case: build(case) for case in CASES}
+    assert graphs["alexnet-dp-dgx-symmetric"].info["symmetry"] is not None  # one replica simulated
+    assert graphs["alexnet-dp-p100"].info["symmetry"] is None
+    gpt = graphs["gpt2-megatron-tp2-pp2-vpp2-sp-selective"]
+    assert gpt.info["microbatches"] > 1
+    assert gpt.n_devices == 8
+    for case, tg in graphs.items():
+        kinds = set(np.unique(tg.kind).tolist())
+        assert len(kinds) >= 3, case
+
+
+def test_fingerprint_sees_a_one_ulp_change():
+    tg = build("alexnet-dp-p100")
+    before = fingerprint(tg)
+    tg.dur_s[7] = np.nextafter(tg.dur_s[7], np.inf)
+    assert fingerprint(tg) != before
+
+
+if __name__ == "__main__":  # print the current hashes (for a deliberate change of behaviour)
+    for name in sorted(CASES):
+        print(f'    "{name}": "{fingerprint(build(name))}",')
+    sys.exit(0)
