@@ -1,4 +1,4 @@
-"""A fingerprint of the task-graph builder's output (issue 11).
+"""A fingerprint of the task-graph builder's output and of seeded searches (issue 11).
 
 Every other test of the builder's arrays compares the builder with itself (delta against a full
 build, symmetry on against off), so a change that altered both sides alike would pass them.
@@ -19,6 +19,7 @@ too, and is then checked against the simulator's other tests before the hashes a
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ import pytest
 from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.models.transformer import gpt2
+from engine.search import ALGORITHMS, Budget
 from engine.search.baselines import data_parallel, expert, fsdp, megatron, model_parallel
 from engine.taskgraph import TaskGraph, build_task_graph
 
@@ -135,7 +137,45 @@ def test_fingerprint_sees_a_one_ulp_change():
     assert fingerprint(tg) != before
 
 
+# --------------------------------------------------------------------------- seeded searches
+
+#: algorithm -> (model, cluster): each search with a budget of 30 proposals (or steps), seed 1
+SEARCH_CASES = {
+    "mcmc": ("alexnet", "p100-4x4"),
+    "pase": ("alexnet", "p100-4x4"),
+    "differentiable": ("alexnet", "p100-4x4"),
+    "pipeline": ("resnet101", "p100-4x4"),
+}
+
+#: algorithm -> (best cost in seconds as float.hex, SHA-256 of the best strategy's JSON without
+#: ``found_by``, proposals)
+SEARCH_EXPECTED: dict[str, tuple[str, str, int]] = {
+    "differentiable": ('0x1.876961dc09030p-6', 'aaf66c91a9aa20c70c9142a4175628cd92563194ba912889d2dd651cba841d76', 30),
+    "mcmc": ('0x1.6124f1d2bd840p-6', 'f7571562a373f5db4c93b944e8de3c1caf5b9cb505571080dc18c774ac86d294', 30),
+    "pase": ('0x1.60b30532ce639p-6', '3bb38de3a7380e9e49151093dcd9ec0a93702cf038ad3a33a2d49af4572434ec', 1),
+    "pipeline": ('0x1.948f535fe552cp-5', 'a3a73e8174bb06ef444e9f47b5ffa8acda9a580fb12dffff319ac0aac048a39f', 4),
+}
+
+
+def search_fingerprint(algorithm: str) -> tuple[str, str, int]:
+    model, cluster = SEARCH_CASES[algorithm]
+    g, c = resolve_model(model), preset(cluster)
+    r = ALGORITHMS[algorithm][0](g, c, Budget.parse("30"), seed=1)
+    chosen = {k: v for k, v in r.best.to_dict().items() if k != "found_by"}  # (found_by holds timings)
+    text = json.dumps(chosen, sort_keys=True)
+    return float(r.best_cost_s).hex(), hashlib.sha256(text.encode()).hexdigest(), r.iterations
+
+
+@pytest.mark.parametrize("algorithm", sorted(SEARCH_CASES))
+def test_seeded_search_unchanged(algorithm):
+    assert search_fingerprint(algorithm) == SEARCH_EXPECTED[algorithm], (
+        f"{algorithm}: the seeded search found something else; a refactor must not change it")
+
+
 if __name__ == "__main__":  # print the current hashes (for a deliberate change of behaviour)
     for name in sorted(CASES):
         print(f'    "{name}": "{fingerprint(build(name))}",')
+    print()
+    for name in sorted(SEARCH_CASES):
+        print(f'    "{name}": {search_fingerprint(name)!r},')
     sys.exit(0)
