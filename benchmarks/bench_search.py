@@ -26,7 +26,7 @@ from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
 from engine.search.mcmc import Budget, mcmc, random_config
 from engine.simulate import simulate
-from engine.taskgraph import _Builder
+from engine.taskgraph import TaskGraphBuilder
 
 DELTA_CASES = [("inception_v3", "p100-4x4"), ("inception_v3", "k80-16x4"), ("nmt", "p100-4x4"), ("nmt", "k80-16x4")]
 QUALITY_MODELS = ["alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt"]
@@ -50,7 +50,7 @@ def delta_vs_full(proposals: int) -> None:
             sim.change(name, config)
             d_times.append(time.perf_counter() - t)
             t = time.perf_counter()
-            simulate(_Builder(g, sim.strategy, c, CostModel()).build())
+            simulate(TaskGraphBuilder(g, sim.strategy, c, CostModel()).build())
             f_times.append(time.perf_counter() - t)
             sim.revert()
         d, f = statistics.median(d_times), statistics.median(f_times)

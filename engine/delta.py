@@ -4,7 +4,7 @@ FlexFlow (Jia et al. SysML'19 §5.3) replaces the changed op's tasks and propaga
 and end times only through what they touch. soapbox does the same in two steps, and the
 result is identical, task for task, to a full simulation of the new strategy:
 
-1. **Task graph.** :meth:`engine.taskgraph._Builder.rebuild` regenerates only the segments
+1. **Task graph.** :meth:`engine.taskgraph.TaskGraphBuilder.rebuild` regenerates only the segments
    that read the op (its compute, the tensors it makes or reads, its parameter unit);
    every other segment is reused, and the assembled arrays equal a full build's.
 2. **Timeline.** The simulator is FIFO by ready time with a task-id tie-break, so the tasks
@@ -31,7 +31,7 @@ from .errors import ValidationError
 from .graph import OpGraph
 from .simulate import Timeline, _loop, _timeline, simulate
 from .strategy import Config, Strategy, _check_config
-from .taskgraph import TaskGraph, _Builder
+from .taskgraph import TaskGraph, TaskGraphBuilder
 
 __all__ = ["DeltaSimulator", "resume"]
 
@@ -189,7 +189,7 @@ class DeltaSimulator:
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None) -> None:
         self.graph, self.cluster = graph, cluster
         self.cost = cost or CostModel()
-        self._builder = _Builder(graph, strategy, cluster, self.cost)  # no symmetry: edits break it
+        self._builder = TaskGraphBuilder(graph, strategy, cluster, self.cost)  # no symmetry: edits break it
         self.tasks = self._builder.build()
         self.timeline = simulate(self.tasks)
         self._undo: tuple[Any, TaskGraph, Timeline] | None = None
@@ -218,7 +218,7 @@ class DeltaSimulator:
         old_tasks, old_tl = self.tasks, self.timeline
         new_strategy = self.strategy.with_config(op, config)
         if new_strategy.sequence_parallel:  # reductions then depend on consumers: rebuild all
-            self._builder = _Builder(self.graph, new_strategy, self.cluster, self.cost)
+            self._builder = TaskGraphBuilder(self.graph, new_strategy, self.cluster, self.cost)
             self.tasks = self._builder.build()
             self.timeline = simulate(self.tasks)
         else:

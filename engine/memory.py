@@ -29,8 +29,8 @@ from .cluster import Cluster
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
-from .strategy import Strategy, partition_coords
-from .taskgraph import BWD, FWD, _SELECTIVE_KINDS
+from .strategy import Strategy, partition_coords, selective_recompute_reruns
+from .taskgraph import BWD, FWD
 
 __all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param"]
 
@@ -220,8 +220,7 @@ def _saves_activations(graph: OpGraph, op, recompute: str) -> bool:
     """Whether ``op`` keeps inputs for its backward pass under ``recompute``."""
     if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
         return False
-    if recompute == "selective" and (op.kind in _SELECTIVE_KINDS or op.kind == "dropout" and any(
-            graph[r.op].kind == "softmax" for r in op.inputs)):
+    if recompute == "selective" and selective_recompute_reruns(graph, op):
         return False
     # with full recomputation only layer inputs are kept; the rest is recomputed from them
     return not (recompute == "full" and not any(graph[r.op].block != op.block for r in op.inputs))

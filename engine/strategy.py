@@ -27,6 +27,7 @@ from .errors import Problem, ValidationError
 from .graph import Op, OpGraph
 
 __all__ = [
+    "selective_recompute_reruns",
     "Config",
     "PipelineSettings",
     "Strategy",
@@ -42,6 +43,16 @@ __all__ = [
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+
+
+def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
+    """Whether selective recomputation reruns ``op``'s forward before its backward (and so
+    does not keep its activations): the attention core between the QK^T matmul and the
+    context matmul, with the dropout on the attention probabilities (Korthikanti et al. 2022
+    §5). One rule for the task-graph builder and the memory model."""
+    return op.kind in ("batch_matmul", "softmax") or (
+        op.kind == "dropout" and any(graph[r.op].kind == "softmax" for r in op.inputs))
+
 #: Most microbatches an iteration may be cut into (each one multiplies the tasks to
 #: simulate; Megatron's GPT-3 175B runs 96).
 MAX_MICROBATCHES = 65536

@@ -22,7 +22,7 @@ from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import Budget, candidate_configs, local_polish, mcmc, random_config
 from engine.simulate import simulate
 from engine.strategy import Config
-from engine.taskgraph import _Builder
+from engine.taskgraph import TaskGraphBuilder
 
 ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
           "npred", "chain_next", "chain_lag_s")
@@ -31,7 +31,7 @@ MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnn
 
 
 def full(graph, strategy, cluster):
-    tg = _Builder(graph, strategy, cluster, CostModel()).build()
+    tg = TaskGraphBuilder(graph, strategy, cluster, CostModel()).build()
     return tg, simulate(tg)
 
 
@@ -119,7 +119,7 @@ class TestMcmc:
         assert r.best.cost["iteration_time_s"] == r.best_cost_s
         assert r.best.model_fingerprint == g.fingerprint
         # the best strategy's reported cost is what a fresh simulation gives
-        assert simulate(_Builder(g, r.best, c, CostModel()).build()).makespan_s == r.best_cost_s
+        assert simulate(TaskGraphBuilder(g, r.best, c, CostModel()).build()).makespan_s == r.best_cost_s
 
     def test_reproducible_with_a_seed(self):
         g, c = MODELS["alexnet"], preset("p100-4x4")

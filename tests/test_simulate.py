@@ -19,7 +19,7 @@ from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert, megatron
 from engine.simulate import run_reference, simulate
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
-from engine.taskgraph import BARRIER, COLL, XFER, _schedule_order, build_task_graph
+from engine.taskgraph import BARRIER, COLL, XFER, schedule_order, build_task_graph
 
 TOY = DeviceType("toy", {"fp32": 1e12}, 1e18, 10**12)  # 1 TFLOP/s, memory never the bottleneck
 #: Ideal costs: peak FLOP/s and link rates reached exactly, no launch overhead, free optimizer.
@@ -158,14 +158,14 @@ def test_bubble_shrinks_with_more_microbatches():
 
 class TestScheduleOrder:
     def test_1f1b_last_stage_alternates(self):
-        assert _schedule_order("1f1b", 4, 1, 3, 3) == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1)]
+        assert schedule_order("1f1b", 4, 1, 3, 3) == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1)]
 
     def test_1f1b_first_stage_warms_up(self):
-        order = _schedule_order("1f1b", 4, 1, 4, 0)
+        order = schedule_order("1f1b", 4, 1, 4, 0)
         assert order[:4] == [(0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0)]
 
     def test_interleaved_covers_every_unit_once(self):
-        order = _schedule_order("interleaved", 4, 2, 8, 1)
+        order = schedule_order("interleaved", 4, 2, 8, 1)
         assert sorted(order) == sorted((c, mb, ph) for c in range(2) for mb in range(8) for ph in (0, 1))
         fwd = [u for u in order if u[2] == 0]
         assert fwd[:4] == [(0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0)]  # chunk 0 for p microbatches first

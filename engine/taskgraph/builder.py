@@ -1,514 +1,40 @@
-"""Task graphs: (OpGraph, Strategy, Cluster) -> arrays of compute, transfer and collective tasks.
-
-Following FlexFlow's execution simulator (Jia et al. SysML'19 §5), every partition of every op
-gets a forward and a backward *compute task* on its device, per microbatch, and data moves in
-*transfer tasks* wherever a consumer partition needs a region of a tensor that another device
-holds (size = overlap volume x bytes per element). Beyond FlexFlow:
-
-* **Reductions.** A producer split along a reduction dim (row-parallel linear, vocabulary-
-  parallel embedding) holds partial sums: an all-reduce (a reduce-scatter when the consumers
-  are split the same way under sequence parallelism) runs before consumers read. In the
-  backward pass, consumer partitions that each read a whole input they do not split (a
-  column-parallel linear's input) hold partial input gradients, reduced the same way.
-* **Gradient synchronisation** of replicated parameters: one collective per group of
-  partitions holding the same parameter region, over that group's real links, starting when
-  the group's last backward task ends, so it overlaps the rest of the backward pass. ZeRO
-  stages 1-2 reduce-scatter gradients and all-gather parameters after the update; stage 3
-  (FSDP) also all-gathers parameters before each forward and backward and reduce-scatters
-  gradients per microbatch (Rajbhandari et al. SC'20).
-* **Pipelines.** Microbatches run in GPipe, 1F1B or interleaved 1F1B order (Narayanan et al.
-  SC'21 §2.2), enforced by zero-duration barrier tasks between consecutive schedule units on
-  each device; with one stage and several microbatches this is gradient accumulation.
-* **Recomputation**: full recomputation reruns every op's forward before its backward;
-  selective reruns the attention core (Korthikanti et al. 2022).
-* **Transfers over several links** are one task per link, pipelined (cut-through): hop k+1
-  may start ``latency_k`` after hop k starts, and every hop streams for the bottleneck time, so
-  an uncontended transfer takes sum(latency) + bytes / min(bandwidth), as on real networks.
-
-Tasks are numbered and stored as NumPy arrays (``[task]``); dependencies as CSR successor
-lists. No Python object is made per task.
-
-Preconditions not checked here: the strategy passed :func:`engine.strategy.validate_strategy`.
-"""
+"""The task-graph builder: segments of compute, transfer and collective tasks for one training
+iteration (see :mod:`engine.taskgraph`)."""
 
 from __future__ import annotations
 
 import gc
 import math
-from itertools import chain
-from dataclasses import dataclass, field
 from typing import Any
 
-import numba as nb
 import numpy as np
 
-from .cluster import Cluster
-from .costs import CostModel, collective_time_s
-from .graph import Op, OpGraph
-from .ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, REPLICA
-from .strategy import Config, Strategy
+from ..cluster import Cluster
+from ..costs import CostModel, collective_time_s
+from ..graph import Op, OpGraph
+from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, REPLICA
+from ..strategy import Strategy, selective_recompute_reruns
+from .regions import classes, coords, in_regions, out_regions, tile, transfer_plan
+from .schedule import schedule_order
+from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
+from .symmetry import Symmetry, find_symmetry
+from .tasks import BARRIER, BWD, COLL, COLL_INDEX, FWD, UPDATE, XFER, TaskGraph
 
-__all__ = [
-    "TaskGraph",
-    "Symmetry",
-    "find_symmetry",
-    "build_task_graph",
-    "FWD",
-    "BWD",
-    "XFER",
-    "COLL",
-    "UPDATE",
-    "BARRIER",
-    "KIND_NAMES",
-    "COLL_NAMES",
-]
-
-FWD, BWD, XFER, COLL, UPDATE, BARRIER = 0, 1, 2, 3, 4, 5
-KIND_NAMES = ("forward", "backward", "transfer", "collective", "update", "barrier")
-COLL_NAMES = ("all_reduce", "reduce_scatter", "all_gather")
-_COLL_INDEX = {n: i for i, n in enumerate(COLL_NAMES)}
-#: Ops whose forward selective recomputation reruns (Korthikanti et al. 2022 §5: the
-#: attention core between the QK^T matmul and the context matmul).
-_SELECTIVE_KINDS = {"batch_matmul", "softmax"}
+__all__ = ["TaskGraphBuilder", "build_task_graph"]
 
 
-@dataclass
-class TaskGraph:
-    """Tasks as arrays. Resources are numbered devices first (0..D-1), then links
-    (D..D+L-1).
-
-    Attributes (all ``[task]`` unless noted)
-    ----------
-    kind : int8
-        FWD, BWD, XFER, COLL, UPDATE or BARRIER.
-    op : int32
-        Op index (FWD/BWD/XFER/COLL of an op), -1 for per-device tasks.
-    part : int32
-        Partition of the op (FWD/BWD), -1 otherwise.
-    mb : int32
-        Microbatch, -1 for per-iteration tasks (gradient sync, update).
-    device : int32
-        Device of FWD/BWD/UPDATE tasks, -1 otherwise.
-    dur_s : float64
-        Duration in seconds.
-    size_bytes : float64
-        Bytes a transfer hop carries, or a collective's buffer size.
-    flops : float64
-        FLOPs of compute tasks.
-    coll : int8
-        Index into COLL_NAMES for collectives, -1 otherwise.
-    link : int32
-        Link of a transfer hop, -1 otherwise.
-    res_ptr, res_idx : int64
-        CSR resources ([task + 1], [nnz]).
-    succ_ptr, succ_idx : int64
-        CSR successors ([task + 1], [edges]).
-    npred : int64
-        Number of predecessors.
-    chain_next : int64
-        Next hop of a transfer (released ``chain_lag_s`` after this hop starts), -1 if none.
-    chain_lag_s : float64
-    """
-
-    kind: np.ndarray
-    op: np.ndarray
-    part: np.ndarray
-    mb: np.ndarray
-    device: np.ndarray
-    dur_s: np.ndarray
-    size_bytes: np.ndarray
-    flops: np.ndarray
-    coll: np.ndarray
-    link: np.ndarray
-    res_ptr: np.ndarray
-    res_idx: np.ndarray
-    succ_ptr: np.ndarray
-    succ_idx: np.ndarray
-    npred: np.ndarray
-    chain_next: np.ndarray
-    chain_lag_s: np.ndarray
-    n_devices: int
-    n_links: int
-    comm_bytes: float = 0.0  # bytes sent over all links in one iteration (collectives counted per rank)
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_tasks(self) -> int:
-        return int(self.kind.shape[0])
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.succ_idx.shape[0])
-
-    @property
-    def edge_src(self) -> np.ndarray:
-        """[edge] source task of every successor edge (computed once)."""
-        src = self.info.get("_edge_src")
-        if src is None:
-            src = self.info["_edge_src"] = np.repeat(np.arange(self.num_tasks), np.diff(self.succ_ptr))
-        return src
-
-    def pred_lists(self) -> tuple[np.ndarray, np.ndarray]:
-        """CSR predecessors (``pred_ptr`` [task + 1], ``pred_idx`` [edges])."""
-        src = np.repeat(np.arange(self.num_tasks), np.diff(self.succ_ptr))
-        order = np.argsort(self.succ_idx, kind="stable")
-        ptr = np.zeros(self.num_tasks + 1, np.int64)
-        np.cumsum(np.bincount(self.succ_idx, minlength=self.num_tasks), out=ptr[1:])
-        return ptr, src[order]
-
-
-_SHIFT = 32
-_MASK = (1 << _SHIFT) - 1
-
-
-class _Segment:
-    """Tasks and edges made for one part of the graph (an op's compute, a tensor's transfers,
-    a parameter unit's synchronisation, or a fixed block), as arrays.
-
-    A task is addressed by a *handle*, ``slot << 32 | local index``, so that a segment can be
-    rebuilt (delta simulation) without renumbering the others; :meth:`_Builder.assemble`
-    turns handles into task ids, concatenating segments in slot order.
-    """
-
-    _DTYPES = {"kind": np.int8, "op": np.int32, "part": np.int32, "mb": np.int32, "device": np.int32,
-               "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
-               "res": np.int64}
-
-    #: Per-segment arrays other than the task columns: edges (handles), cut-through chains
-    #: (``chain_next[chain_from] = chain_to`` with lag), and each collective's resources and
-    #: devices (``coll_h`` repeated per collective row; lengths in ``coll_nres``/``coll_ndev``).
-    _FLAT = {"src": np.int64, "dst": np.int64, "chain_from": np.int64, "chain_to": np.int64,
-             "chain_lag": np.float64, "coll_h": np.int64, "coll_nres": np.int64, "coll_res": np.int64,
-             "coll_ndev": np.int64, "coll_dev": np.int64}
-
-    _serials = iter(range(1, 1 << 62))
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.serial = next(_Segment._serials)  # identity across assemblies (delta simulation)
-        self.n = 0
-        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
-        # edges, cut-through chains and collectives' resources/devices, as lists of arrays
-        self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
-        self.comm_bytes = 0.0
-        self.cross_replica = 0
-        self.device_params: np.ndarray | None = None  # parameters each device's optimizer updates
-        self._frozen: dict[str, Any] | None = None
-        self._shared: tuple | None = None  # (arrays, index, start, end) after freeze_all
-
-    def add(self, n: int, kind: int, *, op=-1, part=-1, mb=-1, device=-1, dur=0.0, size=0.0, flops=0.0,
-            coll=-1, link=-1, res=-1) -> np.ndarray:
-        """Append ``n`` tasks and return their handles; each column is a scalar (kept as is
-        until :meth:`freeze`) or an array of length ``n``."""
-        ids = (self.slot << _SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
-        self.n += n
-        c = self.cols
-        for key, val in (("kind", kind), ("op", op), ("part", part), ("mb", mb), ("device", device), ("dur", dur),
-                         ("size", size), ("flops", flops), ("coll", coll), ("link", link), ("res", res)):
-            c[key].append((n, val))
-        return ids
-
-    def edges(self, src, dst) -> None:
-        src = np.asarray(src, np.int64).ravel()
-        dst = np.asarray(dst, np.int64).ravel()
-        if src.size:
-            self.flat["src"].append(src)
-            self.flat["dst"].append(dst)
-
-    @classmethod
-    def freeze_all(cls, segs: list["_Segment"]) -> dict[str, Any] | None:
-        """Freeze many segments at once: one array per column for all of them, each segment
-        keeping views of its slice (far fewer small allocations than one by one). Returns
-        the combined arrays (``arrays``: column or flat name -> array) and each segment's
-        bounds in them (``bounds``) when every segment was new (a first assembly), else None."""
-        todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
-        if not todo:
-            return None
-        total = sum(sg.n for sg in todo)
-        cols = {}
-        for key, dt in cls._DTYPES.items():
-            out = np.empty(total, dt)
-            pos = 0
-            for n, val in chain.from_iterable(sg.cols[key] for sg in todo):
-                out[pos:pos + n] = val
-                pos += n
-            cols[key] = out
-        starts = np.cumsum([0] + [sg.n for sg in todo])
-        flat = {}
-        for name, dt in cls._FLAT.items():
-            per = [sg.flat[name] for sg in todo]
-            arrays = list(chain.from_iterable(per))
-            bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
-            flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
-        shared = (cols, flat)
-        for j, sg in enumerate(todo):
-            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
-            sg.cols = {}
-            sg.flat = {}
-        if len(todo) != len(segs):
-            return None
-        arrays = {**cols, **{name: arr for name, (arr, _) in flat.items()}}
-        bounds = {name: starts for name in cols} | {name: b for name, (_, b) in flat.items()}
-        return {"arrays": arrays, "bounds": bounds}
-
-    def freeze(self) -> dict[str, Any]:
-        """The segment's arrays (computed once; a built segment never changes)."""
-        if self._shared is not None:
-            (cols, flat), j, a, b = self._shared
-            self._frozen = {"cols": {k: v[a:b] for k, v in cols.items()}}
-            for name, (arr, bounds) in flat.items():
-                self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
-            self._shared = None
-        if self._frozen is None:
-            cols = {}
-            for key, parts in self.cols.items():
-                out = np.empty(self.n, self._DTYPES[key])
-                pos = 0
-                for n, val in parts:
-                    out[pos:pos + n] = val
-                    pos += n
-                cols[key] = out
-
-            self._frozen = {"cols": cols}
-            for name, dt in self._FLAT.items():
-                xs = self.flat[name]
-                self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
-            self.cols = {}
-            self.flat = {}
-        return self._frozen
-
-
-_ALL_ARRAYS = (*_Segment._DTYPES, *_Segment._FLAT)
-
-
-@nb.njit(cache=True)
-def _csr(src_h: np.ndarray, dst_h: np.ndarray, offset: np.ndarray, n: int):  # pragma: no cover - compiled
-    """Successor lists from edges given as handles (``offset[slot]`` is the slot's first task
-    id): CSR by source, each source's edges in their original order (a stable counting
-    sort), and predecessor counts."""
-    m = src_h.shape[0]
-    src = np.empty(m, np.int64)
-    succ_ptr = np.zeros(n + 1, np.int64)
-    npred = np.zeros(n, np.int64)
-    succ_idx = np.empty(m, np.int64)
-    for e in range(m):
-        u = offset[src_h[e] >> 32] + (src_h[e] & 0xFFFFFFFF)
-        v = offset[dst_h[e] >> 32] + (dst_h[e] & 0xFFFFFFFF)
-        src[e] = u
-        succ_idx[e] = v
-        succ_ptr[u + 1] += 1
-        npred[v] += 1
-    for t in range(n):
-        succ_ptr[t + 1] += succ_ptr[t]
-    fill = succ_ptr[:-1].copy()
-    out = np.empty(m, np.int64)
-    for e in range(m):
-        out[fill[src[e]]] = succ_idx[e]
-        fill[src[e]] += 1
-    return succ_ptr, out, npred
-
-
-def _tile(x: np.ndarray, m: int) -> np.ndarray:
-    """``np.tile`` of a 1-D array ``m`` times, without its Python overhead."""
-    x = np.asarray(x)
-    return np.broadcast_to(x, (m, x.shape[0])).reshape(-1)
-
-
-# --------------------------------------------------------------------------- regions
-
-
-def _coords(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
-    """Names of the split dims and the [part, dim] coordinate matrix (row-major over op.dims)."""
-    names = [d.name for d in op.dims if config.degree(d.name) > 1]
-    shape = [config.degree(n) for n in names]
-    if not names:
-        return [], np.zeros((1, 0), np.int64)
-    grid = np.indices(shape).reshape(len(shape), -1).T
-    return names, grid
-
-
-def _ranges(coord: np.ndarray, degree: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    lo = (coord * size) // degree
-    hi = -((-(coord + 1) * size) // degree)  # ceil
-    return lo, hi
-
-
-def _out_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """[part, axis] lo/hi of the region of output ``k`` each partition writes."""
-    shape = op.out_tensors[k].shape
-    n = grid.shape[0]
-    lo = np.zeros((n, len(shape)), np.int64)
-    hi = np.tile(np.asarray(shape, np.int64), (n, 1))
-    for j, name in enumerate(names):
-        d = op.dim(name)
-        if d.out_axis is None:
-            continue
-        lo[:, d.out_axis], hi[:, d.out_axis] = _ranges(grid[:, j], config.degree(name), shape[d.out_axis])
-    return lo, hi
-
-
-def _in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
-    """[part, axis] lo/hi of the region of input ``i`` each partition reads, with the halo a
-    convolution or pooling window needs beyond a split of height or width."""
-    shape = op.in_tensors[i].shape
-    n = grid.shape[0]
-    lo = np.zeros((n, len(shape)), np.int64)
-    hi = np.tile(np.asarray(shape, np.int64), (n, 1))
-    windowed = op.kind in ("conv2d", "pool2d") and not op.attrs.get("global", False)
-    for j, name in enumerate(names):
-        d = op.dim(name)
-        ax = d.in_axes[i] if i < len(d.in_axes) else None
-        if ax is None:
-            continue
-        deg = config.degree(name)
-        if windowed and name in ("height", "width"):
-            which = 0 if name == "height" else 1
-            kern = _pair(op.attrs.get("kernel", 1))[which]
-            stride = _pair(op.attrs.get("stride", op.attrs.get("kernel", 1) if op.kind == "pool2d" else 1))[which]
-            pad = _pair(op.attrs.get("padding", 0))[which]
-            olo, ohi = _ranges(grid[:, j], deg, op.out_tensors[0].shape[d.out_axis])
-            lo[:, ax] = np.clip(olo * stride - pad, 0, shape[ax])
-            hi[:, ax] = np.clip((ohi - 1) * stride - pad + kern, 0, shape[ax])
-        else:
-            lo[:, ax], hi[:, ax] = _ranges(grid[:, j], deg, shape[ax])
-    return lo, hi
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
-def _classes(grid: np.ndarray, names: list[str], keep: set[str]) -> np.ndarray:
-    """Class id per partition: partitions equal on the dims in ``keep`` share a class."""
-    cols = [j for j, n in enumerate(names) if n in keep]
-    if not cols:
-        return np.zeros(grid.shape[0], np.int64)
-    _, inv = np.unique(grid[:, cols], axis=0, return_inverse=True)
-    return inv.ravel().astype(np.int64)
-
-
-def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Which holder sends how many elements to which receiver.
-
-    Holders in one class hold identical data; for every (class, receiver) whose regions
-    overlap, one holder sends: the one on the receiver's device if any (nothing moves), else
-    holder ``receiver mod class size`` (spreading load). Returns (holder, receiver, elements)
-    arrays, elements 0 for same-device pairs (a dependency without a transfer).
-    """
-    n_cls = int(h_cls.max()) + 1
-    first = np.zeros(n_cls, np.int64)
-    order = np.argsort(h_cls, kind="stable")
-    counts = np.bincount(h_cls, minlength=n_cls)
-    np.cumsum(counts[:-1], out=first[1:])
-    rep = order[first]  # a representative holder per class (same region in the class)
-    lo = np.maximum(h_lo[rep][:, None, :], r_lo[None, :, :])
-    hi = np.minimum(h_hi[rep][:, None, :], r_hi[None, :, :])
-    vol = np.prod(np.clip(hi - lo, 0, None), axis=2)  # [class, receiver]
-    g, r = np.nonzero(vol)
-    if g.size == 0:
-        return (np.zeros(0, np.int64),) * 3
-    # The holder on the receiver's device when the class has one (a sorted (class, device)
-    # key lookup), else member ``receiver mod class size``.
-    n_dev = int(max(h_dev.max(), r_dev.max())) + 1
-    hkey = h_cls.astype(np.int64) * n_dev + h_dev
-    by_key = np.argsort(hkey, kind="stable")
-    want = g * n_dev + r_dev[r]
-    pos = np.searchsorted(hkey[by_key], want)
-    pos = np.minimum(pos, by_key.size - 1)
-    found = hkey[by_key[pos]] == want
-    fallback = order[first[g] + r % counts[g]]
-    holder = np.where(found, by_key[pos], fallback)
-    elems = vol[g, r]
-    elems = np.where(h_dev[holder] == r_dev[r], 0, elems)
-    return holder.astype(np.int64), r.astype(np.int64), elems.astype(np.int64)
-
-
-# --------------------------------------------------------------------------- symmetry
-
-
-@dataclass(frozen=True)
-class Symmetry:
-    """Translation symmetry of a strategy: axes (degree, device stride) that every op's
-    device grid follows. Partitions at coordinate 0 on every axis are *representatives*;
-    every other partition runs the same tasks at the same times on its own devices.
-
-    Attributes
-    ----------
-    axes : tuple of (degree, device stride)
-    dims : mapping op name -> names of the dims that run along the axes
-    """
-
-    axes: tuple[tuple[int, int], ...]
-    dims: dict[str, tuple[str, ...]]
-
-    @property
-    def replicas(self) -> int:
-        return math.prod(k for k, _ in self.axes)
-
-
-def _dim_strides(op: Op, config: Config) -> dict[str, tuple[int, int]]:
-    """(degree, device stride) of every split dim along which the device grid is affine."""
-    names = [d.name for d in op.dims if config.degree(d.name) > 1]
-    if not names:
-        return {}
-    shape = [config.degree(n) for n in names]
-    grid = np.asarray(config.devices, np.int64).reshape(shape)
-    out = {}
-    for j, n in enumerate(names):
-        diff = np.diff(grid, axis=j)
-        if diff.size and np.all(diff == diff.flat[0]):
-            out[n] = (shape[j], int(diff.flat[0]))
-    return out
-
-
-def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symmetry | None:
-    """The translation symmetry under which simulating representatives is exact, or None.
-
-    Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
-    of its dims; (2) one device type and one node spec; (3) no link shared between devices,
-    which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
-    NIC per GPU (DGX presets), the fabric being non-blocking. Transfers that cross replicas are
-    checked when the task graph is built (they make the reduction inexact, and the builder
-    then simulates everything).
-    """
-    if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
-        return None
-    spec = cluster.node_specs[0]
-    if spec.repeat > 1 and spec.nics < spec.gpus:
-        return None
-    common: set[tuple[int, int]] | None = None
-    per_op: dict[str, dict[str, tuple[int, int]]] = {}
-    for op in graph.ops:
-        st = _dim_strides(op, strategy.configs[op.name])
-        per_op[op.name] = st
-        axes = set(st.values())
-        if len(axes) != len(st):
-            axes = {a for a in axes if list(st.values()).count(a) == 1}
-        common = axes if common is None else common & axes
-        if not common:
-            return None
-    if not common:
-        return None
-    axes = tuple(sorted(common, key=lambda a: a[1]))
-    dims = {name: tuple(n for n, a in st.items() if a in common) for name, st in per_op.items()}
-    return Symmetry(axes, dims)
-
-
-# --------------------------------------------------------------------------- builder
-
-
-class _Builder:
+class TaskGraphBuilder:
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel,
                  symmetry: Symmetry | None = None) -> None:
         self.g, self.s, self.c, self.cost = graph, strategy, cluster, cost
         self.sym = symmetry
         self.rep: dict[int, np.ndarray] = {}  # op -> [part] True for representative partitions
         self.image: dict[int, np.ndarray] = {}  # op -> [part] the representative it mirrors
-        self.segments: dict[tuple, _Segment] = {}
+        self.segments: dict[tuple, Segment] = {}
         self.slot_of: dict[tuple, int] = {}  # segment key -> slot (canonical order, kept on rebuild)
         self.refs: dict[tuple, set[int]] = {}  # segment key -> ops whose tables it reads
         self.readers: dict[int, set[tuple]] = {}  # op -> keys of the segments that read it
-        self.buf: _Segment | None = None  # the segment being built
+        self.buf: Segment | None = None  # the segment being built
         self._keys: list[tuple] = []  # segment keys in slot order (refreshed when keys are added)
         self._keys_len = -1
         self._asm: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
@@ -559,14 +85,14 @@ class _Builder:
         n = len(devs)
         k = preds.shape[0]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.cost.link_efficiency)
-        ids = self.buf.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=_COLL_INDEX[kind])
+        ids = self.buf.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
         res = np.asarray([self.D + lk for lk in links], np.int64)
         f = self.buf.flat
         f["coll_h"].append(ids)
         f["coll_nres"].append(np.full(k, res.size, np.int64))
-        f["coll_res"].append(_tile(res, k))
+        f["coll_res"].append(tile(res, k))
         f["coll_ndev"].append(np.full(k, n, np.int64))
-        f["coll_dev"].append(_tile(np.asarray(devs, np.int64), k))
+        f["coll_dev"].append(tile(np.asarray(devs, np.int64), k))
         self.buf.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
         self.buf.comm_bytes += factor * size_bytes * k
@@ -664,12 +190,12 @@ class _Builder:
         self.devs[oi] = devs
         P = devs.size
         sig = (self._signature(op), tuple(config.degrees.items()), self.sym.dims.get(op.name) if self.sym else None,
-               recompute == "selective" and self._attention_dropout(op))
+               recompute == "selective" and selective_recompute_reruns(g, op))
         hit = self.memo.get(sig)
         kinds = self.type_index[devs]
         uk = np.unique(kinds) if len(self.types) > 1 else np.zeros(1, np.int64)
         if hit is None or len(self.types) > 1:
-            names, grid = _coords(op, config)
+            names, grid = coords(op, config)
             degrees = dict(config.degrees)
             if self.m > 1 and "sample" in op.dim_names:
                 degrees["sample"] = degrees.get("sample", 1) * self.m
@@ -679,7 +205,7 @@ class _Builder:
                 f_s, b_s = self.cost.partition_times_s(op, degrees, self.precision, self.types[ti])
                 fwd_t[kinds == ti], bwd_t[kinds == ti] = f_s, b_s
             if recompute == "full" and op.kind != "input" or \
-                    recompute == "selective" and (op.kind in _SELECTIVE_KINDS or self._attention_dropout(op)):
+                    recompute == "selective" and selective_recompute_reruns(g, op):
                 bwd_t = bwd_t + fwd_t
             fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
             rep, image = self._representatives(op, names, grid)
@@ -690,10 +216,10 @@ class _Builder:
         keep = np.nonzero(rep)[0]
         R = keep.size
         mbs = np.repeat(np.arange(self.m), R)
-        parts = _tile(keep, self.m)
-        dev = _tile(devs[keep], self.m)
+        parts = tile(keep, self.m)
+        dev = tile(devs[keep], self.m)
         f = self.buf.add(self.m * R, FWD, op=oi, part=parts, mb=mbs, device=dev,
-                         dur=_tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
+                         dur=tile(fwd_t[keep], self.m), flops=fwd_f, res=dev).reshape(self.m, R)
         # every partition's entry points at its representative's task
         slot = np.searchsorted(keep, image)
         self.fwd[oi] = f[:, slot]
@@ -701,7 +227,7 @@ class _Builder:
         self.bwd.pop(oi, None)
         if op.kind != "input":
             b = self.buf.add(self.m * R, BWD, op=oi, part=parts, mb=mbs, device=dev,
-                             dur=_tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
+                             dur=tile(bwd_t[keep], self.m), flops=bwd_f, res=dev).reshape(self.m, R)
             self.bwd[oi] = b[:, slot]
             # a partition's backward follows its own forward
             self.buf.edges(f, b)
@@ -729,9 +255,6 @@ class _Builder:
         image = np.ravel_multi_index(zeroed.T, shape) if shape else np.zeros(P, np.int64)
         return rep, image.astype(np.int64)
 
-    def _attention_dropout(self, op: Op) -> bool:
-        return op.kind == "dropout" and any(self.g[r.op].kind == "softmax" for r in op.inputs)
-
     # -- forward reductions -----------------------------------------------------------
     def _reduce(self, oi: int) -> None:
         """All-reduce (or reduce-scatter) partial sums of an op split along a reduction dim."""
@@ -741,8 +264,8 @@ class _Builder:
         if not red:
             return
         keep = {n for n in names if n not in red}
-        cls = _classes(grid, names, keep)
-        lo, hi = _out_regions(op, self.s.configs[op.name], names, grid, 0)
+        cls = classes(grid, names, keep)
+        lo, hi = out_regions(op, self.s.configs[op.name], names, grid, 0)
         elems = np.prod(hi - lo, axis=1)
         kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
         ready = self.fwd[oi].copy()
@@ -792,9 +315,9 @@ class _Builder:
             hit = self.plans.get(pkey)
             if hit is None:
                 hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
-                h_lo, h_hi = _out_regions(prod, pcfg, pnames, pgrid, o)
-                r_lo, r_hi = _in_regions(cons, ccfg, cnames, cgrid, i)
-                fwd_plan = _plan(h_lo, h_hi, self.devs[p], _classes(pgrid, pnames, hkeep), r_lo, r_hi, self.devs[c])
+                h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
+                r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
+                fwd_plan = transfer_plan(h_lo, h_hi, self.devs[p], classes(pgrid, pnames, hkeep), r_lo, r_hi, self.devs[c])
                 hit = self.plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
             shared = len(self.users[(p, o)]) > 1  # dedupe only matters with several consumers
@@ -810,7 +333,7 @@ class _Builder:
             if partial:
                 ready = self._grad_reduce(c, cons, cnames, cgrid, r_lo, r_hi, partial, nbytes, (p, o))
             if "bwd" not in bwd_plans:
-                bwd_plans["bwd"] = _plan(r_lo, r_hi, self.devs[c], _classes(cgrid, cnames, ckeep), h_lo, h_hi,
+                bwd_plans["bwd"] = transfer_plan(r_lo, r_hi, self.devs[c], classes(cgrid, cnames, ckeep), h_lo, h_hi,
                                          self.devs[p])
             h2, r2, e2 = bwd_plans["bwd"]
             self._per_mb(ready, self.bwd[p], h2, r2, e2 * nbytes, self.devs[c], self.devs[p], p, c, p,
@@ -826,7 +349,7 @@ class _Builder:
         ckey = (self._signature(cons), tuple(self.s.configs[cons.name].degrees.items()), tuple(sorted(keep)))
         cls = self.class_cache.get(ckey)
         if cls is None:
-            cls = self.class_cache[ckey] = _classes(cgrid, cnames, keep)
+            cls = self.class_cache[ckey] = classes(cgrid, cnames, keep)
         ready = self.bwd[c].copy()
         elems = np.prod(r_hi - r_lo, axis=1)
         for k in range(int(cls.max()) + 1):
@@ -898,8 +421,8 @@ class _Builder:
                 code = code[keep]
         s = src_tasks[:, holder].ravel()
         d = dst_tasks[:, recv].ravel()
-        first, last = self.transfers(s, d, _tile(src_dev[holder], m), _tile(dst_dev[recv], m),
-                                     _tile(size_bytes.astype(np.float64), m), op,
+        first, last = self.transfers(s, d, tile(src_dev[holder], m), tile(dst_dev[recv], m),
+                                     tile(size_bytes.astype(np.float64), m), op,
                                      np.repeat(np.arange(m), holder.size))
         if key is not None:
             hops = (first if backward else last).reshape(m, holder.size)
@@ -958,7 +481,7 @@ class _Builder:
                                    rows if zero >= 3 else np.array([-1]))
             if ids is not None:
                 mine = np.array([d for d in udevs if d in self.rep_devices], np.int64)
-                self.buf.edges(_tile(ids, mine.size), np.repeat(self.update_handles[mine], ids.size))
+                self.buf.edges(tile(ids, mine.size), np.repeat(self.update_handles[mine], ids.size))
             if zero in (1, 2):
                 # ZeRO-1/2: parameters are all-gathered after the sharded update
                 preds = [self.update_handles[d] for d in udevs if d in self.rep_devices]
@@ -1049,7 +572,7 @@ class _Builder:
         self.U = 2 * m * v
         self.rank = np.full((p, v, m, 2), -1, np.int64)
         for stage in range(p):
-            order = _schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
+            order = schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
                 [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
             for r, (lc, k, ph) in enumerate(order):
                 self.rank[stage, lc, k, ph] = r
@@ -1060,7 +583,7 @@ class _Builder:
         key = ("barriers", device)
         seg = self.segments.get(key)
         if seg is None:
-            seg = self.segments[key] = _Segment(self.slot_of[key])
+            seg = self.segments[key] = Segment(self.slot_of[key])
             self._set_refs(key, set())
             seg.barrier_ids = seg.add(self.U - 1, BARRIER)
             if self.U > 2:
@@ -1110,7 +633,7 @@ class _Builder:
     # -- segments ----------------------------------------------------------------------
     def _begin(self, key: tuple, refs) -> None:
         slot = self.slot_of.setdefault(key, len(self.slot_of))
-        self.buf = self.segments[key] = _Segment(slot)
+        self.buf = self.segments[key] = Segment(slot)
         self._set_refs(key, set(refs))
 
     def build(self) -> TaskGraph:
@@ -1200,20 +723,20 @@ class _Builder:
         self.buf = None
         return self.assemble()
 
-    def _spliced(self, segs: list[_Segment], serials: np.ndarray) -> dict[str, Any]:
+    def _spliced(self, segs: list[Segment], serials: np.ndarray) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
 
         The first assembly concatenates everything; later ones (after :meth:`rebuild`) copy
         runs of segments unchanged since the previous assembly as slices of its arrays and
         insert only the new segments, so the Python work is per changed segment."""
-        whole = _Segment.freeze_all(segs)
+        whole = Segment.freeze_all(segs)
         prev = self._asm
         if whole is not None or prev is None:
             if whole is None:  # no previous assembly to splice from (not reached by build())
                 whole = {"arrays": {}, "bounds": {}}
                 frozen = [sg.freeze() for sg in segs]
-                for name in _ALL_ARRAYS:
-                    parts = [f["cols"][name] if name in _Segment._DTYPES else f[name] for f in frozen]
+                for name in ALL_ARRAYS:
+                    parts = [f["cols"][name] if name in Segment._DTYPES else f[name] for f in frozen]
                     whole["arrays"][name] = np.concatenate(parts)
                     whole["bounds"][name] = np.concatenate([[0], np.cumsum([x.size for x in parts])])
             whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
@@ -1231,7 +754,7 @@ class _Builder:
             pieces.append([int(j[b]), int(j[b]) + e - b] if kept[b] else segs[b])
         frozen = {id(p): p.freeze() for p in pieces if type(p) is not list}
         arrays, bounds = {}, {}
-        for name in _ALL_ARRAYS:
+        for name in ALL_ARRAYS:
             w, off = prev["arrays"][name], prev["bounds"][name]
             parts, ends = [], [np.zeros(1, np.int64)]
             at = 0  # elements so far
@@ -1243,7 +766,7 @@ class _Builder:
                     at += b - a
                 else:
                     f = frozen[id(p)]
-                    x = f["cols"][name] if name in _Segment._DTYPES else f[name]
+                    x = f["cols"][name] if name in Segment._DTYPES else f[name]
                     parts.append(x)
                     at += x.size
                     ends.append(np.array([at], np.int64))
@@ -1267,9 +790,9 @@ class _Builder:
         offset[slots] = starts[:-1]
 
         def gid(h: np.ndarray) -> np.ndarray:
-            return offset[h >> _SHIFT] + (h & _MASK)
+            return offset[h >> SHIFT] + (h & MASK)
 
-        cols = {k: A[k] for k in _Segment._DTYPES}
+        cols = {k: A[k] for k in Segment._DTYPES}
         # optimizer steps: one per device that runs a representative partition
         params = np.zeros(self.D)
         comm_bytes, cross = 0.0, 0
@@ -1297,7 +820,7 @@ class _Builder:
             within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
             res_idx[starts_m + within] = A["coll_res"]
         # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
-        succ_ptr, succ_idx, npred = _csr(A["src"], A["dst"], offset, n)
+        succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)
         chain_next = np.full(n, -1, np.int64)
         chain_lag = np.zeros(n)
         cf = A["chain_from"]
@@ -1352,44 +875,6 @@ class _Builder:
         self._asm = snap["asm"]
 
 
-def _schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
-    """Order of (model chunk on this stage, microbatch, phase) units on pipeline ``stage``.
-
-    GPipe: all forwards, then all backwards (Huang et al. 2019). 1F1B: ``p - stage - 1``
-    warm-up forwards, then one forward and one backward alternately, then the remaining
-    backwards (PipeDream-Flush; Narayanan et al. SC'21 §2.2.1). Interleaved: Megatron-LM's
-    schedule over ``v`` chunks per stage (SC'21 §2.2.2), warm-up of
-    ``(p - stage - 1) * 2 + (v - 1) * p`` forward units.
-
-    >>> _schedule_order("1f1b", 2, 1, 3, 0)
-    [(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 2, 0), (0, 1, 1), (0, 2, 1)]
-    """
-    if schedule == "gpipe":
-        return [(0, mb, FWD) for mb in range(m)] + [(0, mb, BWD) for mb in range(m)]
-    if schedule == "1f1b" or v == 1:
-        warm = min(p - stage - 1, m)
-        out = [(0, mb, FWD) for mb in range(warm)]
-        for i in range(m - warm):
-            out += [(0, warm + i, FWD), (0, i, BWD)]
-        out += [(0, mb, BWD) for mb in range(m - warm, m)]
-        return out
-    total = m * v
-
-    def unit(k: int, forward: bool) -> tuple[int, int, int]:
-        group = k // (p * v)
-        chunk = (k % (p * v)) // p
-        if not forward:
-            chunk = v - 1 - chunk
-        return (chunk, group * p + k % p, FWD if forward else BWD)
-
-    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
-    out = [unit(k, True) for k in range(warm)]
-    for i in range(total - warm):
-        out += [unit(warm + i, True), unit(i, False)]
-    out += [unit(k, False) for k in range(total - warm, total)]
-    return out
-
-
 def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
                      symmetry: str = "auto") -> TaskGraph:
     """Build the task graph of one training iteration of ``graph`` under ``strategy``.
@@ -1418,10 +903,10 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     try:
         sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
         if sym is not None:
-            tg = _Builder(graph, strategy, cluster, cost, sym).build()
+            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build()
             if tg.info["cross_replica_transfers"] == 0:
                 return tg
-        return _Builder(graph, strategy, cluster, cost).build()
+        return TaskGraphBuilder(graph, strategy, cluster, cost).build()
     finally:
         if was_enabled:
             gc.enable()

@@ -1,0 +1,127 @@
+"""Partition geometry: the coordinates of an op's partitions, the tensor regions each holds and
+reads (with the conv/pool halo), and which holder sends what to which reader."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Op
+from ..strategy import Config
+
+__all__ = ["tile", "coords", "ranges", "out_regions", "in_regions", "pair", "classes", "transfer_plan"]
+
+def tile(x: np.ndarray, m: int) -> np.ndarray:
+    """``np.tile`` of a 1-D array ``m`` times, without its Python overhead."""
+    x = np.asarray(x)
+    return np.broadcast_to(x, (m, x.shape[0])).reshape(-1)
+
+
+# --------------------------------------------------------------------------- regions
+
+
+def coords(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
+    """Names of the split dims and the [part, dim] coordinate matrix (row-major over op.dims)."""
+    names = [d.name for d in op.dims if config.degree(d.name) > 1]
+    shape = [config.degree(n) for n in names]
+    if not names:
+        return [], np.zeros((1, 0), np.int64)
+    grid = np.indices(shape).reshape(len(shape), -1).T
+    return names, grid
+
+
+def ranges(coord: np.ndarray, degree: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    lo = (coord * size) // degree
+    hi = -((-(coord + 1) * size) // degree)  # ceil
+    return lo, hi
+
+
+def out_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[part, axis] lo/hi of the region of output ``k`` each partition writes."""
+    shape = op.out_tensors[k].shape
+    n = grid.shape[0]
+    lo = np.zeros((n, len(shape)), np.int64)
+    hi = np.tile(np.asarray(shape, np.int64), (n, 1))
+    for j, name in enumerate(names):
+        d = op.dim(name)
+        if d.out_axis is None:
+            continue
+        lo[:, d.out_axis], hi[:, d.out_axis] = ranges(grid[:, j], config.degree(name), shape[d.out_axis])
+    return lo, hi
+
+
+def in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """[part, axis] lo/hi of the region of input ``i`` each partition reads, with the halo a
+    convolution or pooling window needs beyond a split of height or width."""
+    shape = op.in_tensors[i].shape
+    n = grid.shape[0]
+    lo = np.zeros((n, len(shape)), np.int64)
+    hi = np.tile(np.asarray(shape, np.int64), (n, 1))
+    windowed = op.kind in ("conv2d", "pool2d") and not op.attrs.get("global", False)
+    for j, name in enumerate(names):
+        d = op.dim(name)
+        ax = d.in_axes[i] if i < len(d.in_axes) else None
+        if ax is None:
+            continue
+        deg = config.degree(name)
+        if windowed and name in ("height", "width"):
+            which = 0 if name == "height" else 1
+            kern = pair(op.attrs.get("kernel", 1))[which]
+            stride = pair(op.attrs.get("stride", op.attrs.get("kernel", 1) if op.kind == "pool2d" else 1))[which]
+            pad = pair(op.attrs.get("padding", 0))[which]
+            olo, ohi = ranges(grid[:, j], deg, op.out_tensors[0].shape[d.out_axis])
+            lo[:, ax] = np.clip(olo * stride - pad, 0, shape[ax])
+            hi[:, ax] = np.clip((ohi - 1) * stride - pad + kern, 0, shape[ax])
+        else:
+            lo[:, ax], hi[:, ax] = ranges(grid[:, j], deg, shape[ax])
+    return lo, hi
+
+
+def pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def classes(grid: np.ndarray, names: list[str], keep: set[str]) -> np.ndarray:
+    """Class id per partition: partitions equal on the dims in ``keep`` share a class."""
+    cols = [j for j, n in enumerate(names) if n in keep]
+    if not cols:
+        return np.zeros(grid.shape[0], np.int64)
+    _, inv = np.unique(grid[:, cols], axis=0, return_inverse=True)
+    return inv.ravel().astype(np.int64)
+
+
+def transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which holder sends how many elements to which receiver.
+
+    Holders in one class hold identical data; for every (class, receiver) whose regions
+    overlap, one holder sends: the one on the receiver's device if any (nothing moves), else
+    holder ``receiver mod class size`` (spreading load). Returns (holder, receiver, elements)
+    arrays, elements 0 for same-device pairs (a dependency without a transfer).
+    """
+    n_cls = int(h_cls.max()) + 1
+    first = np.zeros(n_cls, np.int64)
+    order = np.argsort(h_cls, kind="stable")
+    counts = np.bincount(h_cls, minlength=n_cls)
+    np.cumsum(counts[:-1], out=first[1:])
+    rep = order[first]  # a representative holder per class (same region in the class)
+    lo = np.maximum(h_lo[rep][:, None, :], r_lo[None, :, :])
+    hi = np.minimum(h_hi[rep][:, None, :], r_hi[None, :, :])
+    vol = np.prod(np.clip(hi - lo, 0, None), axis=2)  # [class, receiver]
+    g, r = np.nonzero(vol)
+    if g.size == 0:
+        return (np.zeros(0, np.int64),) * 3
+    # The holder on the receiver's device when the class has one (a sorted (class, device)
+    # key lookup), else member ``receiver mod class size``.
+    n_dev = int(max(h_dev.max(), r_dev.max())) + 1
+    hkey = h_cls.astype(np.int64) * n_dev + h_dev
+    by_key = np.argsort(hkey, kind="stable")
+    want = g * n_dev + r_dev[r]
+    pos = np.searchsorted(hkey[by_key], want)
+    pos = np.minimum(pos, by_key.size - 1)
+    found = hkey[by_key[pos]] == want
+    fallback = order[first[g] + r % counts[g]]
+    holder = np.where(found, by_key[pos], fallback)
+    elems = vol[g, r]
+    elems = np.where(h_dev[holder] == r_dev[r], 0, elems)
+    return holder.astype(np.int64), r.astype(np.int64), elems.astype(np.int64)
+
+

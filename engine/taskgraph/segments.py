@@ -1,0 +1,164 @@
+"""Segments: the tasks and edges built for one part of the graph, addressed by handles so that
+one segment can be rebuilt without renumbering the others, and the CSR assembly of edges."""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+import numba as nb
+import numpy as np
+
+__all__ = ["Segment", "SHIFT", "MASK", "ALL_ARRAYS", "csr_from_handles"]
+
+SHIFT = 32
+MASK = (1 << SHIFT) - 1
+
+
+class Segment:
+    """Tasks and edges made for one part of the graph (an op's compute, a tensor's transfers,
+    a parameter unit's synchronisation, or a fixed block), as arrays.
+
+    A task is addressed by a *handle*, ``slot << 32 | local index``, so that a segment can be
+    rebuilt (delta simulation) without renumbering the others; :meth:`TaskGraphBuilder.assemble`
+    turns handles into task ids, concatenating segments in slot order.
+    """
+
+    _DTYPES = {"kind": np.int8, "op": np.int32, "part": np.int32, "mb": np.int32, "device": np.int32,
+               "dur": np.float64, "size": np.float64, "flops": np.float64, "coll": np.int8, "link": np.int32,
+               "res": np.int64}
+
+    #: Per-segment arrays other than the task columns: edges (handles), cut-through chains
+    #: (``chain_next[chain_from] = chain_to`` with lag), and each collective's resources and
+    #: devices (``coll_h`` repeated per collective row; lengths in ``coll_nres``/``coll_ndev``).
+    _FLAT = {"src": np.int64, "dst": np.int64, "chain_from": np.int64, "chain_to": np.int64,
+             "chain_lag": np.float64, "coll_h": np.int64, "coll_nres": np.int64, "coll_res": np.int64,
+             "coll_ndev": np.int64, "coll_dev": np.int64}
+
+    _serials = iter(range(1, 1 << 62))
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.serial = next(Segment._serials)  # identity across assemblies (delta simulation)
+        self.n = 0
+        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
+        # edges, cut-through chains and collectives' resources/devices, as lists of arrays
+        self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
+        self.comm_bytes = 0.0
+        self.cross_replica = 0
+        self.device_params: np.ndarray | None = None  # parameters each device's optimizer updates
+        self._frozen: dict[str, Any] | None = None
+        self._shared: tuple | None = None  # (arrays, index, start, end) after freeze_all
+
+    def add(self, n: int, kind: int, *, op=-1, part=-1, mb=-1, device=-1, dur=0.0, size=0.0, flops=0.0,
+            coll=-1, link=-1, res=-1) -> np.ndarray:
+        """Append ``n`` tasks and return their handles; each column is a scalar (kept as is
+        until :meth:`freeze`) or an array of length ``n``."""
+        ids = (self.slot << SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
+        self.n += n
+        c = self.cols
+        for key, val in (("kind", kind), ("op", op), ("part", part), ("mb", mb), ("device", device), ("dur", dur),
+                         ("size", size), ("flops", flops), ("coll", coll), ("link", link), ("res", res)):
+            c[key].append((n, val))
+        return ids
+
+    def edges(self, src, dst) -> None:
+        src = np.asarray(src, np.int64).ravel()
+        dst = np.asarray(dst, np.int64).ravel()
+        if src.size:
+            self.flat["src"].append(src)
+            self.flat["dst"].append(dst)
+
+    @classmethod
+    def freeze_all(cls, segs: list["Segment"]) -> dict[str, Any] | None:
+        """Freeze many segments at once: one array per column for all of them, each segment
+        keeping views of its slice (far fewer small allocations than one by one). Returns
+        the combined arrays (``arrays``: column or flat name -> array) and each segment's
+        bounds in them (``bounds``) when every segment was new (a first assembly), else None."""
+        todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
+        if not todo:
+            return None
+        total = sum(sg.n for sg in todo)
+        cols = {}
+        for key, dt in cls._DTYPES.items():
+            out = np.empty(total, dt)
+            pos = 0
+            for n, val in chain.from_iterable(sg.cols[key] for sg in todo):
+                out[pos:pos + n] = val
+                pos += n
+            cols[key] = out
+        starts = np.cumsum([0] + [sg.n for sg in todo])
+        flat = {}
+        for name, dt in cls._FLAT.items():
+            per = [sg.flat[name] for sg in todo]
+            arrays = list(chain.from_iterable(per))
+            bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
+            flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
+        shared = (cols, flat)
+        for j, sg in enumerate(todo):
+            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
+            sg.cols = {}
+            sg.flat = {}
+        if len(todo) != len(segs):
+            return None
+        arrays = {**cols, **{name: arr for name, (arr, _) in flat.items()}}
+        bounds = {name: starts for name in cols} | {name: b for name, (_, b) in flat.items()}
+        return {"arrays": arrays, "bounds": bounds}
+
+    def freeze(self) -> dict[str, Any]:
+        """The segment's arrays (computed once; a built segment never changes)."""
+        if self._shared is not None:
+            (cols, flat), j, a, b = self._shared
+            self._frozen = {"cols": {k: v[a:b] for k, v in cols.items()}}
+            for name, (arr, bounds) in flat.items():
+                self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
+            self._shared = None
+        if self._frozen is None:
+            cols = {}
+            for key, parts in self.cols.items():
+                out = np.empty(self.n, self._DTYPES[key])
+                pos = 0
+                for n, val in parts:
+                    out[pos:pos + n] = val
+                    pos += n
+                cols[key] = out
+
+            self._frozen = {"cols": cols}
+            for name, dt in self._FLAT.items():
+                xs = self.flat[name]
+                self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
+            self.cols = {}
+            self.flat = {}
+        return self._frozen
+
+
+ALL_ARRAYS = (*Segment._DTYPES, *Segment._FLAT)
+
+
+@nb.njit(cache=True)
+def csr_from_handles(src_h: np.ndarray, dst_h: np.ndarray, offset: np.ndarray, n: int):  # pragma: no cover - compiled
+    """Successor lists from edges given as handles (``offset[slot]`` is the slot's first task
+    id): CSR by source, each source's edges in their original order (a stable counting
+    sort), and predecessor counts."""
+    m = src_h.shape[0]
+    src = np.empty(m, np.int64)
+    succ_ptr = np.zeros(n + 1, np.int64)
+    npred = np.zeros(n, np.int64)
+    succ_idx = np.empty(m, np.int64)
+    for e in range(m):
+        u = offset[src_h[e] >> 32] + (src_h[e] & 0xFFFFFFFF)
+        v = offset[dst_h[e] >> 32] + (dst_h[e] & 0xFFFFFFFF)
+        src[e] = u
+        succ_idx[e] = v
+        succ_ptr[u + 1] += 1
+        npred[v] += 1
+    for t in range(n):
+        succ_ptr[t + 1] += succ_ptr[t]
+    fill = succ_ptr[:-1].copy()
+    out = np.empty(m, np.int64)
+    for e in range(m):
+        out[fill[src[e]]] = succ_idx[e]
+        fill[src[e]] += 1
+    return succ_ptr, out, npred
+
+

@@ -1,0 +1,83 @@
+"""Translation symmetry of a strategy: when simulating one replica is exact."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..graph import Op, OpGraph
+from ..strategy import Config, Strategy
+
+__all__ = ["Symmetry", "find_symmetry", "dim_strides"]
+
+@dataclass(frozen=True)
+class Symmetry:
+    """Translation symmetry of a strategy: axes (degree, device stride) that every op's
+    device grid follows. Partitions at coordinate 0 on every axis are *representatives*;
+    every other partition runs the same tasks at the same times on its own devices.
+
+    Attributes
+    ----------
+    axes : tuple of (degree, device stride)
+    dims : mapping op name -> names of the dims that run along the axes
+    """
+
+    axes: tuple[tuple[int, int], ...]
+    dims: dict[str, tuple[str, ...]]
+
+    @property
+    def replicas(self) -> int:
+        return math.prod(k for k, _ in self.axes)
+
+
+def dim_strides(op: Op, config: Config) -> dict[str, tuple[int, int]]:
+    """(degree, device stride) of every split dim along which the device grid is affine."""
+    names = [d.name for d in op.dims if config.degree(d.name) > 1]
+    if not names:
+        return {}
+    shape = [config.degree(n) for n in names]
+    grid = np.asarray(config.devices, np.int64).reshape(shape)
+    out = {}
+    for j, n in enumerate(names):
+        diff = np.diff(grid, axis=j)
+        if diff.size and np.all(diff == diff.flat[0]):
+            out[n] = (shape[j], int(diff.flat[0]))
+    return out
+
+
+def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symmetry | None:
+    """The translation symmetry under which simulating representatives is exact, or None.
+
+    Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
+    of its dims; (2) one device type and one node spec; (3) no link shared between devices,
+    which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
+    NIC per GPU (DGX presets), the fabric being non-blocking. Transfers that cross replicas are
+    checked when the task graph is built (they make the reduction inexact, and the builder
+    then simulates everything).
+    """
+    if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
+        return None
+    spec = cluster.node_specs[0]
+    if spec.repeat > 1 and spec.nics < spec.gpus:
+        return None
+    common: set[tuple[int, int]] | None = None
+    per_op: dict[str, dict[str, tuple[int, int]]] = {}
+    for op in graph.ops:
+        st = dim_strides(op, strategy.configs[op.name])
+        per_op[op.name] = st
+        axes = set(st.values())
+        if len(axes) != len(st):
+            axes = {a for a in axes if list(st.values()).count(a) == 1}
+        common = axes if common is None else common & axes
+        if not common:
+            return None
+    if not common:
+        return None
+    axes = tuple(sorted(common, key=lambda a: a[1]))
+    dims = {name: tuple(n for n, a in st.items() if a in common) for name, st in per_op.items()}
+    return Symmetry(axes, dims)
+
+
