@@ -29,8 +29,8 @@ from .cluster import Cluster
 from .costs import CostModel
 from .errors import ValidationError
 from .graph import OpGraph
-from .simulate import Timeline, _loop, _timeline, simulate
-from .strategy import Config, Strategy, _check_config
+from .simulate import Timeline, event_loop, timeline_from, simulate
+from .strategy import Config, Strategy, check_config
 from .taskgraph import TaskGraph, TaskGraphBuilder
 
 __all__ = ["DeltaSimulator", "resume"]
@@ -160,10 +160,10 @@ def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_n
     order = np.empty(n, np.int64)
     order[:P.size] = P
     initial = np.nonzero((left == 0) & ~done_mask)[0]
-    start, end, order, res_pred, ready = _loop(
+    start, end, order, res_pred, ready = event_loop(
         new.dur_s, new.res_ptr, new.res_idx, new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s,
         np.zeros(0), start, end, ready, left, last, last_task, res_pred, order, P.size, initial)
-    tl = _timeline(new, start, end, order, res_pred, ready)
+    tl = timeline_from(new, start, end, order, res_pred, ready)
     tl.extra["reused_tasks"] = int(P.size)
     return tl
 
@@ -200,7 +200,7 @@ class DeltaSimulator:
 
     def check(self, op: str, config: Config) -> list:
         """Problems with giving ``op`` ``config`` (empty when valid)."""
-        return _check_config(self.graph[op], config, self.cluster, f"ops.{op}",
+        return check_config(self.graph[op], config, self.cluster, f"ops.{op}",
                              max(1, self.strategy.pipeline.microbatches))
 
     def change(self, op: str, config: Config) -> Timeline:

@@ -79,12 +79,12 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     res_pred = np.full(n, -1, np.int64)  # the task whose release of a resource set our start
     order = np.empty(n, np.int64)
     initial = np.nonzero(left == 0)[0]
-    return _loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
+    return event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
                  last, last_task, res_pred, order, 0, initial)
 
 
 @nb.njit(cache=True)
-def _loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
+def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
           last_task, res_pred, order, done, initial):  # pragma: no cover
     """The event loop from a given state: ``done`` tasks already dispatched (``order[:done]``),
     ``initial`` the tasks ready to go (all predecessors dispatched)."""
@@ -369,10 +369,10 @@ def simulate(tg: TaskGraph, policy: str = "fifo") -> Timeline:
         task graph never has).
     """
     start, end, order, res_pred, ready = run_schedule(tg, policy)
-    return _timeline(tg, start, end, order, res_pred, ready)
+    return timeline_from(tg, start, end, order, res_pred, ready)
 
 
-def _timeline(tg, start, end, order, res_pred, ready) -> Timeline:
+def timeline_from(tg, start, end, order, res_pred, ready) -> Timeline:
     if order.size != tg.num_tasks:
         stuck = np.nonzero(np.isnan(start))[0][:5]
         raise ValueError(f"{tg.num_tasks - order.size} task(s) never became ready (first: {stuck.tolist()}); "

@@ -28,6 +28,8 @@ from .graph import Op, OpGraph
 
 __all__ = [
     "selective_recompute_reruns",
+    "divisors",
+    "check_config",
     "Config",
     "PipelineSettings",
     "Strategy",
@@ -43,6 +45,12 @@ __all__ = [
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+
+
+def divisors(n: int, at_most: int) -> list[int]:
+    """The divisors of ``n`` up to ``at_most``, ascending: the degrees a dim of size ``n`` can
+    be split into on at most ``at_most`` devices."""
+    return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
 
 
 def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
@@ -287,7 +295,7 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         if config is None:
             add(Problem(at, "no config for this op"))
             continue
-        problems += _check_config(op, config, cluster, at, microbatches)
+        problems += check_config(op, config, cluster, at, microbatches)
         if strategy.stage_of or pipe.stages > 1:
             stage = strategy.stage_of.get(op.name)
             if stage is None:
@@ -300,7 +308,7 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     return problems
 
 
-def _check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int) -> list[Problem]:
+def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int) -> list[Problem]:
     problems: list[Problem] = []
     dims = {d.name: d for d in op.dims}
     for dim, deg in config.degrees.items():

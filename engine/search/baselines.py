@@ -181,7 +181,7 @@ def _chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) 
     return chunk
 
 
-def _tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
+def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
              ) -> tuple[dict[str, tuple[str | None, int]], list[str]]:
     """Tensor-parallel dim of every op (Shoeybi et al. 2019 §3), by propagating which axis of
     each tensor is split across the tensor-parallel group:
@@ -312,7 +312,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     mesh = list(stage_mesh) if stage_mesh is not None else list(range(pp))
     if sorted(mesh) != list(range(pp)):
         raise ValueError(f"stage_mesh must be a permutation of 0..{pp - 1}, got {mesh}")
-    plan, notes = _tp_plan(graph, tp, sequence_parallel)
+    plan, notes = tp_plan(graph, tp, sequence_parallel)
     configs = {}
     for op in graph.ops:
         base = mesh[chunk[op.name] % pp] * dp * tp

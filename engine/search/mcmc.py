@@ -37,7 +37,7 @@ from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
 from ..memory import memory_report
-from ..strategy import Config, Strategy
+from ..strategy import Config, Strategy, divisors
 from .baselines import data_parallel, expert
 
 __all__ = ["Budget", "Progress", "SearchResult", "mcmc", "candidate_configs", "random_config"]
@@ -133,10 +133,6 @@ def _dims(op: Op) -> list:
     return [d for d in op.dims if not d.is_replica]
 
 
-def _divisors(n: int, at_most: int) -> list[int]:
-    return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
-
-
 def candidate_configs(op: Op, n_devices: int, microbatches: int = 1, max_degrees: int = 64) -> list[Config]:
     """Every config a search considers for ``op``: degrees that divide their dims (at most
     ``max_degrees`` combinations, smallest products first) placed on aligned blocks of
@@ -144,7 +140,7 @@ def candidate_configs(op: Op, n_devices: int, microbatches: int = 1, max_degrees
     dims = _dims(op)
     options = []
     for d in dims:
-        ks = _divisors(d.size, n_devices)
+        ks = divisors(d.size, n_devices)
         if d.name == "sample" and microbatches > 1:
             ks = [k for k in ks if d.size % (k * microbatches) == 0]
         ks = [k for k in ks if d.degree_problem(k) is None]
@@ -171,7 +167,7 @@ def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int 
     degrees: dict[str, int] = {}
     budget = n_devices
     for d in rng.sample(dims, len(dims)):
-        ks = [k for k in _divisors(d.size, budget) if budget % k == 0 and d.degree_problem(k) is None]
+        ks = [k for k in divisors(d.size, budget) if budget % k == 0 and d.degree_problem(k) is None]
         if d.name == "sample" and microbatches > 1:
             ks = [k for k in ks if d.size % (k * microbatches) == 0]
         k = rng.choice(ks) if ks else 1

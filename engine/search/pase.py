@@ -45,9 +45,8 @@ from ..cluster import Cluster
 from ..costs import CostModel, collective_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
-from ..strategy import Config, Strategy
+from ..strategy import Config, Strategy, divisors
 from .baselines import data_parallel, expert
-from .mcmc import _divisors
 
 __all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult"]
 
@@ -59,7 +58,7 @@ def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, i
     dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
-        ks = [k for k in _divisors(d.size, n_devices) if d.size // k >= min_part
+        ks = [k for k in divisors(d.size, n_devices) if d.size // k >= min_part
               and n_devices % k == 0 and d.degree_problem(k) is None]
         out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
                if n_devices % (math.prod(c.values()) * k) == 0]

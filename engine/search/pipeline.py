@@ -48,7 +48,7 @@ from ..graph import OpGraph
 from ..memory import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
-from .baselines import _tp_plan, data_parallel, layer_blocks, megatron
+from .baselines import tp_plan, data_parallel, layer_blocks, megatron
 
 __all__ = ["Plan", "plan_pipeline", "pipeline"]
 
@@ -116,7 +116,7 @@ class _Model:
 
     def tp_plan(self, tp: int) -> dict:
         if tp not in self._plans:
-            self._plans[tp] = _tp_plan(self.g, tp, False)[0]
+            self._plans[tp] = tp_plan(self.g, tp, False)[0]
         return self._plans[tp]
 
     def layer_times(self, tp: int, dp: int, m: int, dtype, tp_group: tuple[int, ...], recompute: str) -> np.ndarray:
