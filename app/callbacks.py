@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from engine.formats.trace import trace_events
+from engine.trace import trace_events
 from engine.errors import SoapboxError
 from engine.formats import load_strategy
 from engine.strategy import strategy_from_dict

@@ -47,7 +47,7 @@ from engine.cli import main as cli_main
 from engine.cluster import preset
 from engine.costs import CostModel, ProfileTable
 from engine.errors import SoapboxError, ValidationError
-from engine.formats import load_cluster, load_model, load_strategy, read_json
+from engine.formats import load_cluster, load_model, load_profile, load_strategy, read_json
 from engine.graph import GraphBuilder
 from engine.models import sample_dir
 from engine.models.transformer import GPTConfig, gpt
@@ -359,7 +359,7 @@ def evaluate(kind: str, payload: Any, context: Any, as_file: bool, tmpdir: str) 
         g, c = context
         return check_result(g, load_strategy(src, g, c), c)
     g, c = context
-    table = ProfileTable.load(src) if as_file else ProfileTable.from_dict(src)
+    table = load_profile(src)
     return check_result(g, data_parallel(g, c), c, CostModel(profile=table))
 
 

@@ -294,9 +294,10 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .costs import CostModel, ProfileTable
+    from .costs import CostModel
+    from .formats import load_profile
     from .formats import load_strategy
-    from .formats.trace import write_chrome_trace
+    from .trace import write_chrome_trace
     from .report import format_summary, simulate_strategy
 
     g = resolve_model(args.model, allow_path=True)
@@ -309,7 +310,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"baseline options ({', '.join('--' + k.replace('_', '-') for k in given)}) "
                              f"apply to a baseline kind, not to the strategy file {args.strategy}")
         s = load_strategy(args.strategy, g, c)
-    cost = CostModel(profile=ProfileTable.load(args.profile)) if args.profile else CostModel()
+    cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
     result = simulate_strategy(g, s, c, cost)
     if args.trace:
         n = write_chrome_trace(args.trace, g, c, result.timeline, result.memory)

@@ -22,7 +22,6 @@ is fitted per row.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -110,22 +109,9 @@ class ProfileTable:
             for k, v in self.entries.items()]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "<data>") -> "ProfileTable":
-        """Load and check a profile table against ``profile.schema.json``; every bad entry
-        is reported with its path (``entries[3].inputs: ...``)."""
-        from .formats import load_checked
-
-        return cls._from_checked(load_checked(data, "soapbox.profile/1", source)[0])
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "ProfileTable":
-        """Read a profile file (size-capped, see :func:`engine.formats.read_json`) and check it."""
-        from .formats import load_checked
-
-        return cls._from_checked(load_checked(path, "soapbox.profile/1")[0])
-
-    @classmethod
-    def _from_checked(cls, data: Mapping[str, Any]) -> "ProfileTable":
+    def from_checked(cls, data: Mapping[str, Any]) -> "ProfileTable":
+        """The table of a schema-checked ``soapbox.profile/1`` mapping (load files with
+        :func:`engine.formats.load_profile`, which checks them first)."""
         table = cls()
         for e in data["entries"]:
             table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"], e["device_type"],

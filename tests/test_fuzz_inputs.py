@@ -35,6 +35,7 @@ from engine.formats import (
     check_json_data,
     load_cluster,
     load_model,
+    load_profile,
     load_strategy,
     parse_json_text,
     read_json,
@@ -499,7 +500,7 @@ class TestProfileBounds:
         data = {"format": "soapbox.profile/1", "entries": [
             {"kind": "relu", "inputs": [[2**40]], "outputs": [[1]], "precision": "fp16", "device_type": "x",
              "fwd_s": 1e308, "bwd_s": 5e-324}]}
-        assert problems(ProfileTable.from_dict, data) == [
+        assert problems(load_profile, data) == [
             "entries[0].fwd_s: must be at most 86,400 (s), got 1e+308",
             "entries[0].inputs[0][0]: must be at most 2,147,483,647, got 1099511627776"]
 

@@ -14,7 +14,7 @@ import pytest
 from engine.cli import main
 from engine.cluster import preset
 from engine.costs import CostModel, ProfileTable
-from engine.formats import read_json, resolve_model, save_json
+from engine.formats import load_profile, read_json, resolve_model, save_json
 from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel
 from engine.taskgraph import FWD
@@ -268,7 +268,7 @@ class TestProfile:
 
     def test_profiled_ops_take_the_measured_time(self, setup):
         g, c, _, path = setup
-        r = simulate_strategy(g, data_parallel(g, c), c, CostModel(profile=ProfileTable.load(path)))
+        r = simulate_strategy(g, data_parallel(g, c), c, CostModel(profile=load_profile(path)))
         tg = r.tasks
         for name in self.OPS:
             oi = g.ops.index(g[name])

@@ -13,7 +13,7 @@ import pytest
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.formats.trace import COMPUTE_TID, write_chrome_trace
+from engine.trace import COMPUTE_TID, write_chrome_trace
 from engine.memory import memory_report
 from engine.search.baselines import data_parallel, expert, fsdp, megatron
 from engine.simulate import simulate

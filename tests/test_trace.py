@@ -1,4 +1,4 @@
-"""Chrome trace export (engine.formats.trace): the file is valid Trace Event Format JSON,
+"""Chrome trace export (engine.trace): the file is valid Trace Event Format JSON,
 every event is well formed, tracks and flows line up with the task graph, memory counters
 follow the memory report, and all times are microseconds."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.formats.trace import (
+from engine.trace import (
     COLLECTIVE_TID,
     COMPUTE_TID,
     LINKS_PID,

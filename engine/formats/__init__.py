@@ -50,6 +50,7 @@ import jsonschema_rs
 import numpy as np
 
 from ..cluster import Cluster, cluster_from_dict, preset
+from ..costs import ProfileTable
 from ..errors import OutputError, Problem, ValidationError, printable
 from ..graph import OpGraph, graph_from_dict
 from ..strategy import Strategy, strategy_from_dict, validate_strategy
@@ -68,6 +69,7 @@ __all__ = [
     "load_model",
     "load_cluster",
     "load_strategy",
+    "load_profile",
     "load_checked",
     "resolve_model",
     "resolve_cluster",
@@ -649,6 +651,13 @@ def load_strategy(data_or_path: Any, graph: OpGraph | None = None, cluster: Clus
     return strategy
 
 
+def load_profile(data_or_path: Any, source: str | None = None) -> ProfileTable:
+    """Load a ``soapbox.profile/1`` file (path) or mapping into a :class:`ProfileTable`; every
+    bad entry is reported with its path (``entries[3].inputs: ...``)."""
+    data, source = load_checked(data_or_path, "soapbox.profile/1", source)
+    return _built(ProfileTable.from_checked, data, source)
+
+
 def resolve_model(spec: str, *, allow_path: bool = False) -> OpGraph:
     """A sample model by name (``alexnet``); with ``allow_path``, also a model file's path.
 
@@ -826,9 +835,7 @@ def validate_file(path: str | os.PathLike, model: str | None = None, cluster: st
     except ValidationError as exc:
         raise exc.with_source(source) from None
     if fmt == "soapbox.profile/1":
-        from ..costs import ProfileTable
-
-        table = ProfileTable.from_dict(data, source)
+        table = load_profile(data, source)
         return f"{source}: valid {fmt}: {len(table)} entries"
     data, _ = load_checked(data, fmt, source)
     if fmt == "soapbox.model/1":

@@ -14,12 +14,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..graph import OpGraph
-from ..memory import MemoryReport
-from ..simulate import Timeline
-from ..taskgraph import BWD, COLL_NAMES, FWD, UPDATE, XFER
-from . import atomic_writer
+from .cluster import Cluster
+from .formats import atomic_writer
+from .graph import OpGraph
+from .memory import MemoryReport
+from .simulate import Timeline
+from .taskgraph import BWD, COLL_NAMES, FWD, UPDATE, XFER
 
 __all__ = ["trace_events", "write_chrome_trace"]
 
