@@ -189,10 +189,6 @@ class CostModel:
             fwd = bwd = 0.0
         return fwd, bwd
 
-    def link_time_s(self, size_bytes: float, bw_bytes_per_s: float, latency_s: float) -> float:
-        """FlexFlow's assumption 2, with the achievable fraction of the link's rate."""
-        return latency_s + size_bytes / (bw_bytes_per_s * self.link_efficiency)
-
     def optimizer_time_s(self, params: float, device_type) -> float:
         """One Adam step over ``params`` parameters (memory-bound)."""
         if params <= 0:

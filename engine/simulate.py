@@ -21,7 +21,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 
-from .taskgraph import BWD, COLL, FWD, UPDATE, XFER, TaskGraph
+from .taskgraph import BWD, FWD, UPDATE, TaskGraph
 
 __all__ = ["Timeline", "simulate", "run_schedule", "run_reference", "mirror", "POLICIES"]
 
@@ -311,20 +311,6 @@ class Timeline:
     def utilization(self) -> np.ndarray:
         """[device] busy fraction of the iteration."""
         return self.device_busy_s / self.makespan_s if self.makespan_s > 0 else np.zeros(self.tasks.n_devices)
-
-    @cached_property
-    def link_bytes(self) -> np.ndarray:
-        """[link] bytes each link carries in one iteration (transfer hops; collectives add
-        their per-rank share to every link they occupy)."""
-        tg = self.tasks
-        out = np.zeros(tg.n_links)
-        hop = tg.kind == XFER
-        np.add.at(out, tg.link[hop], tg.size_bytes[hop])
-        coll = np.nonzero(tg.kind == COLL)[0]
-        for t in coll:
-            res = tg.res_idx[tg.res_ptr[t]:tg.res_ptr[t + 1]] - tg.n_devices
-            out[res] += tg.size_bytes[t]
-        return out
 
     @property
     def comm_bytes(self) -> float:

@@ -248,12 +248,6 @@ class PaseResult:
     seconds: float
 
 
-def table_sizes(problem: PaseProblem, order: list[int], sets: list[list[int]]) -> list[int]:
-    """Entries of each elimination step's table (its vertex and dependent set)."""
-    n = [len(c) for c in problem.configs]
-    return [n[v] * math.prod(n[u] for u in d) for v, d in zip(order, sets)]
-
-
 def _check_tables(g: OpGraph, counts: list[int], edges: list[tuple[int, int]], max_table_bytes: int):
     """GENERATESEQ's order and dependent sets, and each step's table size; ValueError naming
     the op, its dependent set and the size when a table would exceed ``max_table_bytes``."""
