@@ -52,6 +52,14 @@ def gpt_file(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def big_gpt_file(tmp_path_factory) -> str:
+    """A GPT that does not fit on p100-4x4 under data parallelism."""
+    path = tmp_path_factory.mktemp("sim") / "big.json"
+    assert main(["model", "gpt", *BIG_GPT_ARGS, "-o", str(path)]) == 0
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def alexnet_dp_file(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("sim") / "dp.json"
     assert main(["baseline", "--model", "alexnet", "--cluster", "p100-4x4", "--kind", "data-parallel",
@@ -83,11 +91,8 @@ class TestHumanReport:
         assert f"{r.tasks.num_tasks:,} tasks" in out
         assert "feasible           yes: every device fits in memory" in out
 
-    def test_infeasible_strategy_names_the_devices(self, capsys, tmp_path):
-        path = tmp_path / "big.json"
-        assert main(["model", "gpt", *BIG_GPT_ARGS, "-o", str(path)]) == 0
-        capsys.readouterr()
-        rc, out, _ = run(capsys, "simulate", "--model", str(path), "--cluster", "p100-4x4",
+    def test_infeasible_strategy_names_the_devices(self, capsys, big_gpt_file):
+        rc, out, _ = run(capsys, "simulate", "--model", big_gpt_file, "--cluster", "p100-4x4",
                          "--strategy", "data-parallel")
         # The report is printed in full and the exit status says the strategy does not fit
         # (issue 10: it was 0, so scripts could not tell; now 3, documented in --help).
@@ -96,11 +101,8 @@ class TestHumanReport:
         assert "NO: over memory capacity on 16 device(s): device " in line
         assert "iteration time" in out
 
-    def test_infeasible_json_says_so_in_words(self, capsys, tmp_path):
-        path = tmp_path / "big.json"
-        assert main(["model", "gpt", *BIG_GPT_ARGS, "-o", str(path)]) == 0
-        capsys.readouterr()
-        rc, out, err = run(capsys, "simulate", "--model", str(path), "--cluster", "p100-4x4",
+    def test_infeasible_json_says_so_in_words(self, capsys, big_gpt_file):
+        rc, out, err = run(capsys, "simulate", "--model", big_gpt_file, "--cluster", "p100-4x4",
                            "--strategy", "data-parallel", "--json")
         assert rc == 3 and err == ""
         obj = json.loads(out)
