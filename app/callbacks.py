@@ -15,7 +15,6 @@ import json
 import math
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from engine.formats import load_strategy
 from engine.strategy import strategy_from_dict
 
 from . import jobs
+from .cache import IdleCache
 from . import workspace as W
 from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure,
                       build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
@@ -208,10 +208,8 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
     return colour_of, legend, hover
 
 
-_render_cache: "OrderedDict[tuple, tuple[dict, float]]" = OrderedDict()  # key -> (views, last used)
-_render_lock = threading.Lock()
-_RENDER_CACHE_SIZE = 12
-_pinned: set[tuple] = set()  # the default page (drawn at warm-up): kept however idle
+#: drawn Explore views by content (the default page, drawn at warm-up, is pinned: kept however idle)
+_render_cache = IdleCache(12)
 
 
 def _render_key(state: dict, collapse: bool, metric: str) -> tuple:
@@ -229,32 +227,19 @@ def render_explore(state: dict, collapse: bool = False, metric: str = "utilizati
     the same default to everyone) come from a small cache; the session's simulation is then
     built in the background, ready for its first edit."""
     key = _render_key(state, collapse, metric)
-    with _render_lock:
-        hit = _render_cache.get(key)
-        if hit is not None:
-            _render_cache[key] = (hit[0], time.monotonic())
-            _render_cache.move_to_end(key)
+    hit = _render_cache.get(key)
     if hit is not None:
         if not W.has_workspace(state["sid"]):
             threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
-        return hit[0]
+        return hit
     out = _render_explore(state, collapse, metric)
-    with _render_lock:
-        _render_cache[key] = (out, time.monotonic())
-        while len(_render_cache) > _RENDER_CACHE_SIZE:
-            old = next((k for k in _render_cache if k not in _pinned), next(iter(_render_cache)))
-            del _render_cache[old]
+    _render_cache.put(key, out)
     return out
 
 
 def trim_render_cache(max_idle_s: float) -> int:
     """Drop drawn views unused for ``max_idle_s`` seconds (the default page stays); how many."""
-    now = time.monotonic()
-    with _render_lock:
-        old = [k for k, (_, used) in _render_cache.items() if now - used > max_idle_s and k not in _pinned]
-        for k in old:
-            del _render_cache[k]
-    return len(old)
+    return _render_cache.trim(max_idle_s)
 
 
 def warm_up() -> None:
@@ -264,7 +249,7 @@ def warm_up() -> None:
     when idle."""
     state, _ = on_event("url", None)
     render_explore(state, True, "utilization")
-    _pinned.add(_render_key(state, True, "utilization"))
+    _render_cache.pinned.add(_render_key(state, True, "utilization"))
     render_editor(state)
     render_compare(state)
     g = W.graph_of(state)

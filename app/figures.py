@@ -64,7 +64,7 @@ def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[st
         traces.append(dict(
             type="bar", name=label, orientation="h", base=_ms(b["start"]), x=_ms(b["end"] - b["start"]),
             y=np.asarray(b["row"], np.float64), width=0.8, marker=dict(color=KIND_COLOURS[label], line=dict(width=0)),
-            hovertext=list(b["text"]), hoverinfo="text", legendgroup=label, showlegend=showlegend))
+            hovertext=b["text"], hoverinfo="text", legendgroup=label, showlegend=showlegend))
     for label, o in data["overlays"].items():
         if len(o["start"]) == 0:
             continue
@@ -72,7 +72,7 @@ def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[st
         traces.append(dict(
             type="bar", name=label, orientation="h", base=_ms(o["start"]), x=_ms(o["end"] - o["start"]),
             y=np.asarray(o["row"], np.float64), width=0.95,
-            marker=dict(color="rgba(0,0,0,0)", line=dict(color=colour, width=2)), hovertext=list(o["text"]),
+            marker=dict(color="rgba(0,0,0,0)", line=dict(color=colour, width=2)), hovertext=o["text"],
             hoverinfo="text", showlegend=showlegend))
     return traces
 

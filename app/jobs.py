@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from engine.search import ALGORITHMS, Budget
 from engine.strategy import Strategy, strategy_from_dict
 
 from . import store as S
+from .cache import IdleCache
 from .fmt import format_seconds
 
 __all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure",
@@ -249,37 +249,26 @@ def start(sid: str, refs: dict, algorithm: str, budget_text: str, seed: int,
     return view
 
 
-_rows: "OrderedDict[int, tuple[int, list[dict], float]]" = OrderedDict()  # search id -> (rows read, rows, used)
-_rows_lock = threading.Lock()
+_rows = IdleCache(64)  # search id -> (progress rows read up to this seq, the rows)
 
 
 def _progress(store: S.Store, search_id: int) -> list[dict]:
     """The search's progress rows (read from the store once; later polls read what is new)."""
-    with _rows_lock:
-        seen, rows, _ = _rows.get(search_id, (-1, [], 0.0))
+    seen, rows = _rows.get(search_id, (-1, []))
     new = store.progress_since(search_id, seen)
     if new:
         rows = rows + [r for _, r in new]
         if len(rows) > S.MAX_PROGRESS_ROWS:
             rows = rows[:-1:2] + rows[-1:]
         seen = new[-1][0]
-    with _rows_lock:
-        _rows[search_id] = (seen, rows, time.monotonic())
-        _rows.move_to_end(search_id)
-        while len(_rows) > 64:
-            _rows.popitem(last=False)
+    _rows.put(search_id, (seen, rows))
     return rows
 
 
 def trim_progress(max_idle_s: float) -> int:
     """Forget the progress rows of searches nobody polled for ``max_idle_s`` seconds (they are
     read from the store again if asked for); how many."""
-    now = time.monotonic()
-    with _rows_lock:
-        old = [k for k, (_, _, used) in _rows.items() if now - used > max_idle_s]
-        for k in old:
-            del _rows[k]
-    return len(old)
+    return _rows.trim(max_idle_s)
 
 
 def get(sid: str) -> JobView | None:

@@ -39,6 +39,7 @@ from engine.simulate import Timeline
 from engine.strategy import Config, Strategy
 
 from . import store
+from .cache import IdleCache
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -258,40 +259,27 @@ def check_state(state: Any) -> None:
         raise ValidationError([Problem(where, e.message[:300])], "the page's state")
 
 
-_parsed: "OrderedDict[str, tuple[Strategy, float]]" = OrderedDict()  # content digest -> (Strategy, last used)
-_parsed_lock = threading.Lock()
-_PARSED_SIZE = 64
+_parsed = IdleCache(64)  # strategy content digest -> Strategy
 
 
 def _strategy(state: dict) -> Strategy:
     """The state's strategy, schema-checked (the state comes from the browser); parsed once per
     content (an edit's callbacks all ask for the same one)."""
     key = store.digest_of(state["strategy"])
-    with _parsed_lock:
-        hit = _parsed.get(key)
-        if hit is not None:
-            _parsed[key] = (hit[0], time.monotonic())
-            _parsed.move_to_end(key)
-            return hit[0]
+    hit = _parsed.get(key)
+    if hit is not None:
+        return hit
     try:
         s = load_strategy(state["strategy"])
     except ValidationError as e:
         raise e.with_source("the page's strategy") from None
-    with _parsed_lock:
-        _parsed[key] = (s, time.monotonic())
-        while len(_parsed) > _PARSED_SIZE:
-            _parsed.popitem(last=False)
+    _parsed.put(key, s)
     return s
 
 
 def trim_parsed(max_idle_s: float) -> int:
     """Forget parsed strategies unused for ``max_idle_s`` seconds; how many."""
-    now = time.monotonic()
-    with _parsed_lock:
-        old = [k for k, (_, used) in _parsed.items() if now - used > max_idle_s]
-        for k in old:
-            del _parsed[k]
-    return len(old)
+    return _parsed.trim(max_idle_s)
 
 
 def _bump(state: dict) -> dict:

@@ -260,13 +260,13 @@ class TestWhatTheServerKeeps:
         assert W._strategy(alex) is s  # the callbacks of one edit parse it once
         time.sleep(0.01)
         assert W.trim_parsed(3600.0) == 0
-        assert W.trim_parsed(0.0) >= 1 and not W._parsed
+        assert W.trim_parsed(0.0) >= 1 and len(W._parsed) == 0
         assert W._strategy(alex) == s
 
     def test_warm_up_draws_and_edits_then_keeps_only_the_default_page(self):
         C.warm_up()
         assert not [sid for sid in W._workspaces if sid.endswith("-warm-up")]
-        assert set(C._render_cache) <= C._pinned
+        assert set(C._render_cache) <= C._render_cache.pinned
 
     def test_workers_import_the_app_the_server_runs(self, monkeypatch):
         from app import jobs
@@ -277,3 +277,19 @@ class TestWhatTheServerKeeps:
         assert jobs._worker_env()["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
         monkeypatch.setattr(sys, "path", [root] + sys.path)
         assert jobs._worker_env()["PYTHONPATH"] == "/elsewhere"  # found there already: nothing added
+
+
+class TestIdleCache:
+    def test_least_recently_used_goes_first_and_pinned_stays(self):
+        from app.cache import IdleCache
+
+        c = IdleCache(2)
+        c.pinned.add("p")
+        c.put("p", 0)
+        c.put("a", 1)
+        c.put("b", 2)  # full: "a" (not pinned, least recently used) goes
+        assert list(c) == ["p", "b"] and c.get("a") is None and c.get("p") == 0
+        time.sleep(0.01)
+        assert c.trim(3600.0) == 0
+        assert c.trim(0.0) == 1 and list(c) == ["p"]
+        assert c.get("b", "gone") == "gone"
