@@ -10,6 +10,7 @@ The tests check each figure by loading it into ``go.Figure``, which validates it
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from typing import Any
 
@@ -42,10 +43,19 @@ MEMORY_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer": "#0
 _MARGIN = dict(l=10, r=10, t=30, b=30)
 
 
+@lru_cache(maxsize=1)
+def _template() -> dict[str, Any]:
+    """Plotly's default template as JSON (what ``go.Figure`` puts in every layout: the look,
+    and axis margins that grow to fit tick labels such as "GPU 12 collectives"); made once."""
+    import plotly.io as pio
+
+    return pio.templates[pio.templates.default].to_plotly_json()
+
+
 def _figure(data: list[dict[str, Any]], **layout: Any) -> dict[str, Any]:
-    """A figure as Plotly's JSON form: ``{"data": traces, "layout": layout}`` (layout entries
-    given as None are left out)."""
-    return {"data": data, "layout": {k: v for k, v in layout.items() if v is not None}}
+    """A figure as Plotly's JSON form: ``{"data": traces, "layout": layout}`` with Plotly's
+    default template (layout entries given as None are left out)."""
+    return {"data": data, "layout": {"template": _template(), **{k: v for k, v in layout.items() if v is not None}}}
 
 
 def empty_figure(message: str = "") -> dict[str, Any]:

@@ -34,6 +34,9 @@ class _Validating:
         def validated(*args, **kwargs):
             fig = f(*args, **kwargs)
             assert isinstance(fig, dict) and set(fig) <= {"data", "layout"}
+            # Plotly's default look, as go.Figure gives it (without it tick labels such as
+            # "GPU 0 collectives" were cut off: the template lets axis margins grow to fit)
+            assert fig["layout"]["template"]["layout"]["yaxis"]["automargin"] is True
             return go.Figure(fig)
         return validated
 
