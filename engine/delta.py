@@ -196,7 +196,7 @@ class DeltaSimulator:
 
     @property
     def strategy(self) -> Strategy:
-        return self._builder.s
+        return self._builder.strategy
 
     def check(self, op: str, config: Config) -> list:
         """Problems with giving ``op`` ``config`` (empty when valid)."""

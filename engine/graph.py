@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
@@ -214,6 +215,12 @@ class Op:
                 if ax is not None:
                     params[i][ax] //= deg
         return [tuple(s) for s in ins], [tuple(s) for s in outs], [tuple(s) for s in params]
+
+    def partition_param_elements(self, degrees: Mapping[str, int]) -> float:
+        """Parameter elements one partition holds under ``degrees`` (all its parameter
+        tensors; a shared ``param_group`` is counted by each op that holds it)."""
+        _, _, params = self.partition_shapes(degrees)
+        return float(sum(math.prod(s) for s in params))
 
     def partition_flops(self, degrees: Mapping[str, int]) -> tuple[float, float]:
         """(forward, backward) FLOPs of one partition, from the op's formula on its shapes."""

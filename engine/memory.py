@@ -180,8 +180,7 @@ def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, flo
     ck = ("params", op.name, tuple(cfg.degrees.items()), cfg.devices)
     hit = cache.get(ck)
     if hit is None:
-        _, _, pshapes = op.partition_shapes(cfg.degrees)
-        elems = float(sum(math.prod(s) for s in pshapes))
+        elems = op.partition_param_elements(cfg.degrees)
         names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
         split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
         repl = [n for n in names if n not in split and not op.dim(n).is_replica]

@@ -48,8 +48,8 @@ def _memory_terms(problem: PaseProblem) -> tuple[list[np.ndarray], np.ndarray]:
     for op, cs in zip(g.ops, problem.configs):
         m = np.zeros((len(cs), D))
         for k, cfg in enumerate(cs):
-            ins, _, params = op.partition_shapes(cfg.degrees)
-            keep = sum(math.prod(s) for s in params) * per_param
+            ins, _, _ = op.partition_shapes(cfg.degrees)
+            keep = op.partition_param_elements(cfg.degrees) * per_param
             keep += sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors))
             m[k, list(cfg.devices)] = keep
         out.append(m)

@@ -152,8 +152,7 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
             f, b = cost.partition_times_s(op, c.degrees, graph.precision, dtype) if op.kind != "input" else (0, 0)
             t = f + b
             if op.param_count:
-                _, _, pshapes = op.partition_shapes(c.degrees)
-                elems = float(sum(math.prod(s) for s in pshapes))
+                elems = op.partition_param_elements(c.degrees)
                 repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
                 if repl > 1 and elems > 0:
                     bw, lat = group(repl)

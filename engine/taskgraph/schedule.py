@@ -1,10 +1,17 @@
-"""Pipeline schedules: the order of forward and backward units on each stage."""
+"""Pipeline schedules: the order of forward and backward units on each stage, and the barrier
+edges that hold every device to it."""
 
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
+
+from .context import BuildContext, OpTables
+from .segments import Segment
 from .tasks import BWD, FWD
 
-__all__ = ["schedule_order"]
+__all__ = ["schedule_order", "SchedulePlan"]
 
 
 def schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
@@ -43,3 +50,68 @@ def schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tu
         out += [unit(warm + i, True), unit(i, False)]
     out += [unit(k, False) for k in range(total - warm, total)]
     return out
+
+
+class SchedulePlan:
+    """Where each (model chunk, microbatch, phase) unit falls in its stage's schedule.
+
+    Every device gets a chain of ``units - 1`` zero-duration barrier tasks between its
+    ``units`` schedule units (segment ("barriers", device)); an op's *source* tasks of a unit
+    (no producer in the same model chunk) wait for the barrier before it, and its *sink*
+    tasks (no consumer in the chunk) feed the barrier after it: every other task of the unit
+    is ordered through them by data dependencies. In the backward pass the roles swap, and a
+    unit ends at ops whose producers have no backward. With one stage and one microbatch
+    there is nothing to order (``units == 0``)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        pipe = ctx.strategy.pipeline
+        p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), ctx.microbatches
+        self.stages = p
+        self.units = 0
+        if m == 1 and p == 1:
+            return
+        g = ctx.graph
+        self.chunk_of = np.array([ctx.strategy.stage_of.get(op.name, 0) for op in g.ops], np.int64)  # [op]
+        n = len(g.ops)
+        self.has_prod, self.has_cons, self.has_bwd_prod = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        for (pi, _, ci, _) in g.edges:
+            if self.chunk_of[pi] == self.chunk_of[ci]:
+                self.has_cons[pi] = True
+                self.has_prod[ci] = True
+                if g.ops[pi].kind != "input":
+                    self.has_bwd_prod[ci] = True
+        self.units = 2 * m * v
+        self.rank = np.full((p, v, m, 2), -1, np.int64)  # [stage, chunk, mb, phase] position in the order
+        for stage in range(p):
+            order = schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
+                [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
+            for r, (lc, k, ph) in enumerate(order):
+                self.rank[stage, lc, k, ph] = r
+
+    def edges(self, seg: Segment, oi: int, tables: OpTables, barriers_of: Callable[[int], np.ndarray]) -> None:
+        """Edges between op ``oi``'s source/sink tasks and its devices' barriers
+        (``barriers_of(device)``: the device's ``units - 1`` barrier handles)."""
+        if not self.units:
+            return
+        p = self.stages
+        chunk = int(self.chunk_of[oi])
+        stage, local = chunk % p, (chunk // p if p > 1 else 0)
+        keep = np.nonzero(tables.rep[oi])[0]
+        devs = tables.devs[oi][keep]
+        for phase, table in ((FWD, tables.fwd), (BWD, tables.bwd)):
+            if oi not in table:
+                continue
+            is_src = not (self.has_prod[oi] if phase == FWD else self.has_cons[oi])
+            is_snk = not (self.has_cons[oi] if phase == FWD else self.has_bwd_prod[oi])
+            if not (is_src or is_snk):
+                continue
+            r = self.rank[stage, local, :, phase]  # [mb]
+            tasks = table[oi][:, keep]  # [mb, rep part]
+            bars = np.stack([barriers_of(int(d)) for d in devs], axis=1)  # [units - 1, rep part]
+            cols = np.arange(devs.size)[None, :]
+            if is_snk:
+                ok = r < self.units - 1
+                seg.edges(tasks[ok], bars[r[ok][:, None], cols])
+            if is_src:
+                ok = r > 0
+                seg.edges(bars[r[ok][:, None] - 1, cols], tasks[ok])

@@ -1,0 +1,182 @@
+"""The segment store (which segment reads which op's tables, in which slot) and the assembly of
+its segments into one :class:`TaskGraph`, splicing unchanged runs from the previous assembly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .context import BuildContext, OpTables
+from .emit import Emitter
+from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
+from .tasks import BARRIER, TaskGraph
+
+__all__ = ["SegmentStore", "assemble"]
+
+
+class SegmentStore:
+    """Segments by key (``("op", oi)``, ``("tensor", p, o)``, ``("sync", unit)``,
+    ``("updates",)``, ``("barriers", device)``), each in a fixed slot (the canonical task
+    order, kept through rebuilds), and which ops' tables each reads."""
+
+    def __init__(self, n_devices: int) -> None:
+        self.segments: dict[tuple, Segment] = {}
+        # ("barriers", d) has slot d: made only for devices with tasks, in an order that
+        # does not depend on when
+        self.slot_of: dict[tuple, int] = {("barriers", d): d for d in range(n_devices)}
+        self.refs: dict[tuple, set[int]] = {}  # segment key -> ops whose tables it reads
+        self.readers: dict[int, set[tuple]] = {}  # op -> keys of the segments that read it
+        self._keys: list[tuple] = []  # keys in slot order (refreshed when keys are added)
+        self.previous: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
+
+    def begin(self, key: tuple, refs) -> Segment:
+        """A new, empty segment for ``key`` (replacing any old one) reading ``refs``."""
+        slot = self.slot_of.setdefault(key, len(self.slot_of))
+        seg = self.segments[key] = Segment(slot)
+        self.set_refs(key, set(refs))
+        return seg
+
+    def set_refs(self, key: tuple, refs: set[int]) -> None:
+        for o in self.refs.get(key, ()):
+            self.readers[o].discard(key)
+        self.refs[key] = refs
+        for o in refs:
+            self.readers.setdefault(o, set()).add(key)
+
+    def reading(self, oi: int) -> list[tuple]:
+        """Keys of the segments that read op ``oi``, in slot (build) order."""
+        return sorted(self.readers.get(oi, ()), key=self.slot_of.__getitem__)
+
+    def barriers(self, device: int, count: int) -> np.ndarray:
+        """Handles of ``device``'s chain of ``count`` barriers, made on first use."""
+        key = ("barriers", device)
+        seg = self.segments.get(key)
+        if seg is None:
+            seg = self.segments[key] = Segment(self.slot_of[key])
+            self.set_refs(key, set())
+            seg.barrier_ids = seg.add(count, BARRIER)
+            if count > 1:
+                seg.edges(seg.barrier_ids[:-1], seg.barrier_ids[1:])
+        return seg.barrier_ids
+
+    def live(self, rep_devices: set[int]) -> list[Segment]:
+        """The segments of the graph in slot order (barriers only of devices in use)."""
+        if len(self._keys) != len(self.segments):
+            self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
+        return [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in rep_devices]
+
+    def splice(self, segs: list[Segment], serials: np.ndarray) -> dict[str, Any]:
+        """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
+
+        The first assembly concatenates everything; later ones (after a rebuild) copy runs of
+        segments unchanged since the previous assembly as slices of its arrays and insert
+        only the new segments, so the Python work is per changed segment."""
+        whole = Segment.freeze_all(segs)
+        prev = self.previous
+        if whole is not None:  # every segment is new (a first assembly)
+            whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
+            return whole
+        assert prev is not None, "segments frozen outside an assembly"
+        # each segment's index in the previous assembly (by serial; -1 when new), then runs
+        # of consecutive previous segments and the new segments between them
+        p_ser, p_order = prev["serials"], prev["serial_order"]
+        k = np.minimum(np.searchsorted(p_ser[p_order], serials), p_ser.size - 1)
+        j = np.where(p_ser[p_order[k]] == serials, p_order[k], -1)
+        kept = j >= 0
+        run_start = kept & np.concatenate([[True], (j[1:] != j[:-1] + 1) | ~kept[:-1]])
+        begin = np.flatnonzero(run_start | ~kept).tolist() + [len(segs)]
+        pieces: list = []  # [first, end) runs of the previous assembly's segments, or new segments
+        for b, e in zip(begin[:-1], begin[1:]):
+            pieces.append([int(j[b]), int(j[b]) + e - b] if kept[b] else segs[b])
+        frozen = {id(p): p.freeze() for p in pieces if type(p) is not list}
+        arrays, bounds = {}, {}
+        for name in ALL_ARRAYS:
+            w, off = prev["arrays"][name], prev["bounds"][name]
+            parts, ends = [], [np.zeros(1, np.int64)]
+            at = 0  # elements so far
+            for p in pieces:
+                if type(p) is list:
+                    a, b = off[p[0]], off[p[1]]
+                    parts.append(w[a:b])
+                    ends.append(off[p[0] + 1:p[1] + 1] + (at - a))
+                    at += b - a
+                else:
+                    f = frozen[id(p)]
+                    x = f["cols"][name] if name in Segment._DTYPES else f[name]
+                    parts.append(x)
+                    at += x.size
+                    ends.append(np.array([at], np.int64))
+            arrays[name] = np.concatenate(parts)
+            bounds[name] = np.concatenate(ends)
+        return {"arrays": arrays, "bounds": bounds}
+
+
+def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emitter,
+             device_image: np.ndarray) -> TaskGraph:
+    """Concatenate the store's segments in slot order, turn handles into task ids, price each
+    device's optimizer step, and build the CSR arrays of successors and resources."""
+    D = ctx.n_devices
+    segs = store.live(tables.rep_devices)
+    serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
+    asm = store.splice(segs, serials)
+    A = asm["arrays"]
+    starts = asm["bounds"]["kind"]
+    n = int(starts[-1])
+    slots = np.array([sg.slot for sg in segs], np.int64)
+    offset = np.zeros(int(slots.max()) + 1, np.int64)  # [slot] first task id
+    offset[slots] = starts[:-1]
+
+    def gid(h: np.ndarray) -> np.ndarray:
+        return offset[h >> SHIFT] + (h & MASK)
+
+    cols = {k: A[k] for k in Segment._DTYPES}
+    # optimizer steps: one per device that runs a representative partition
+    params = np.zeros(D)
+    comm_bytes, cross = 0.0, 0
+    for sg in segs:
+        if sg.device_params is not None:
+            params += sg.device_params
+        comm_bytes += sg.comm_bytes
+        cross += sg.cross_replica
+    cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
+    # resources: one per task (its device or link), several for a collective
+    single = cols["res"]
+    counts = (single >= 0).astype(np.int64)
+    coll = gid(A["coll_h"])
+    counts[coll] = A["coll_nres"]
+    res_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=res_ptr[1:])
+    res_idx = np.empty(res_ptr[-1], np.int64)
+    has = np.nonzero(single >= 0)[0]
+    res_idx[res_ptr[has]] = single[has]
+    if coll.size:
+        m_len = A["coll_nres"]
+        starts_m = np.repeat(res_ptr[coll], m_len)
+        within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
+        res_idx[starts_m + within] = A["coll_res"]
+    # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
+    succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)
+    chain_next = np.full(n, -1, np.int64)
+    chain_lag = np.zeros(n)
+    cf = A["chain_from"]
+    if cf.size:
+        chain_next[gid(cf)] = gid(A["chain_to"])
+        chain_lag[gid(cf)] = A["chain_lag"]
+    # collectives' devices
+    ptr = np.zeros(coll.size + 1, np.int64)
+    np.cumsum(A["coll_ndev"], out=ptr[1:])
+    tg = TaskGraph(
+        kind=cols["kind"], op=cols["op"], part=cols["part"], mb=cols["mb"], device=cols["device"],
+        dur_s=cols["dur"], size_bytes=cols["size"], flops=cols["flops"], coll=cols["coll"], link=cols["link"],
+        res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=succ_idx, npred=npred,
+        chain_next=chain_next, chain_lag_s=chain_lag, n_devices=D, n_links=len(ctx.cluster.links),
+        comm_bytes=comm_bytes)
+    tg.info = {"microbatches": ctx.microbatches, "ops": len(ctx.graph.ops), "coll_devices": (ptr, A["coll_dev"], coll),
+               "symmetry": ctx.sym, "cross_replica_transfers": cross, "device_image": device_image,
+               # per segment, in task order: slot, first task id, tasks, serial (identity of
+               # its contents): which tasks a delta simulation can reuse
+               "segments": (slots, starts[:-1].copy(), np.diff(starts), serials)}
+    # the arrays are spliced from on the next assembly: TaskGraph arrays are never modified
+    store.previous = {**asm, "serials": serials, "serial_order": np.argsort(serials)}
+    return tg

@@ -1,0 +1,136 @@
+"""Compute segments: an op's forward and backward tasks on every partition and microbatch, and
+the collectives that sum partial outputs of an op split along a reduction dim."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Op
+from ..ops import DTYPE_BYTES, REDUCTION
+from ..strategy import selective_recompute_reruns
+from .context import BuildContext, OpTables
+from .emit import Emitter
+from .regions import classes, coords, out_regions, tile
+from .segments import Segment
+from .tasks import BWD, FWD
+
+__all__ = ["ComputeBuilder", "op_signature"]
+
+
+def op_signature(op: Op) -> tuple:
+    """What an op's partitions depend on, apart from its name and neighbours (identical
+    layers of a deep model share it, and so share their tables)."""
+    return (op.kind, tuple(t.shape for t in op.in_tensors), tuple(t.shape for t in op.out_tensors),
+            tuple(sorted((k, str(v)) for k, v in op.attrs.items())))
+
+
+class ComputeBuilder:
+    """Builds segment ("op", oi) and publishes the op's rows of :class:`OpTables`."""
+
+    def __init__(self, ctx: BuildContext, tables: OpTables, emit: Emitter) -> None:
+        self.ctx, self.tables, self.emit = ctx, tables, emit
+        #: op signature, degrees, symmetric dims, recomputed? -> the partition tables of that
+        #: op (identical ops of repeated layers under identical configs compute them once)
+        self._memo: dict[tuple, tuple] = {}
+
+    def build(self, seg: Segment, oi: int) -> None:
+        """The op's forward and backward tasks, the backward's edge to the optimizer steps,
+        and its forward reductions."""
+        ctx, t = self.ctx, self.tables
+        s, g, m = ctx.strategy, ctx.graph, ctx.microbatches
+        op = g.ops[oi]
+        config = s.configs[op.name]
+        devs = np.asarray(config.devices, np.int64)
+        t.devs[oi] = devs
+        selective = s.recompute == "selective" and selective_recompute_reruns(g, op)
+        reruns = selective or s.recompute == "full" and op.kind != "input"  # forward again before backward
+        sig = (op_signature(op), tuple(config.degrees.items()), ctx.sym.dims.get(op.name) if ctx.sym else None,
+               selective)
+        hit = self._memo.get(sig)
+        if hit is None or self.emit.heterogeneous:
+            names, grid = coords(op, config)
+            degrees = dict(config.degrees)
+            if m > 1 and "sample" in op.dim_names:
+                degrees["sample"] = degrees.get("sample", 1) * m
+            fwd_t, bwd_t = self.emit.partition_times_s(op, degrees, devs)
+            if reruns:
+                bwd_t = bwd_t + fwd_t
+            fwd_f, bwd_f = op.partition_flops(degrees) if op.kind != "input" else (0.0, 0.0)
+            rep, image = self._representatives(op, names, grid)
+            hit = self._memo[sig] = (names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image)
+        names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
+        t.grid[oi] = (names, grid)
+        t.rep[oi], t.image[oi] = rep, image
+        keep = np.nonzero(rep)[0]
+        R = keep.size
+        mbs = np.repeat(np.arange(m), R)
+        parts = tile(keep, m)
+        dev = tile(devs[keep], m)
+        f = seg.add(m * R, FWD, op=oi, part=parts, mb=mbs, device=dev, dur=tile(fwd_t[keep], m), flops=fwd_f,
+                    res=dev).reshape(m, R)
+        # every partition's entry points at its representative's task
+        slot = np.searchsorted(keep, image)
+        t.fwd[oi] = f[:, slot]
+        t.fwd_ready[oi] = t.fwd[oi]
+        t.bwd.pop(oi, None)
+        if op.kind != "input":
+            b = seg.add(m * R, BWD, op=oi, part=parts, mb=mbs, device=dev, dur=tile(bwd_t[keep], m), flops=bwd_f,
+                        res=dev).reshape(m, R)
+            t.bwd[oi] = b[:, slot]
+            seg.edges(f, b)  # a partition's backward follows its own forward
+            seg.edges(b[-1], t.updates[devs[keep]])  # its last backward precedes the optimizer step
+        self._reduce(seg, oi)
+
+    def _representatives(self, op: Op, names: list[str], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[part] mask of representative partitions and [part] index of each one's image."""
+        P = grid.shape[0]
+        sym = self.ctx.sym
+        if sym is None or not sym.dims.get(op.name):
+            return np.ones(P, bool), np.arange(P)
+        cols = [names.index(n) for n in sym.dims[op.name]]
+        rep = np.all(grid[:, cols] == 0, axis=1)
+        zeroed = grid.copy()
+        zeroed[:, cols] = 0
+        shape = [int(grid[:, j].max()) + 1 for j in range(grid.shape[1])]
+        image = np.ravel_multi_index(zeroed.T, shape) if shape else np.zeros(P, np.int64)
+        return rep, image.astype(np.int64)
+
+    def _reduce(self, seg: Segment, oi: int) -> None:
+        """All-reduce (or reduce-scatter) partial sums of an op split along a reduction dim;
+        consumers then read after the collective (``fwd_ready``)."""
+        t, m = self.tables, self.ctx.microbatches
+        op = self.ctx.graph.ops[oi]
+        names, grid = t.grid[oi]
+        red = [n for n in names if op.dim(n).kind == REDUCTION]
+        if not red:
+            return
+        keep = {n for n in names if n not in red}
+        cls = classes(grid, names, keep)
+        lo, hi = out_regions(op, self.ctx.strategy.configs[op.name], names, grid, 0)
+        elems = np.prod(hi - lo, axis=1)
+        kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
+        ready = t.fwd[oi].copy()
+        for c in range(int(cls.max()) + 1):
+            members = np.nonzero(cls == c)[0]
+            if not t.rep[oi][members].any():
+                continue  # mirrored by a representative group
+            per_mb = m if "sample" in op.out_tensors[0].axes else 1
+            nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
+            ids = self.emit.collectives(seg, kind, nbytes, t.devs[oi][members], t.fwd[oi][:, members], oi,
+                                        np.arange(m))
+            if ids is not None:
+                ready[:, members] = ids[:, None]
+        t.fwd_ready[oi] = ready
+
+    def _scatter_after(self, op: Op) -> bool:
+        """Sequence parallelism: a row-parallel output whose consumers split 'length' over the
+        same devices is reduce-scattered (Korthikanti et al. 2022 §4.2.2)."""
+        s = self.ctx.strategy
+        if not s.sequence_parallel:
+            return False
+        cfg = s.configs[op.name]
+        for user in self.ctx.graph.consumers(op.name):
+            ucfg = s.configs[user]
+            if ucfg.degree("length") <= 1 or set(ucfg.devices) != set(cfg.devices):
+                return False
+        return True

@@ -1,0 +1,186 @@
+"""The one place tasks get their durations: compute partitions by device type, transfer hops
+along network paths, collectives over their groups, and optimizer steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costs import collective_time_s
+from ..graph import Op
+from .context import BuildContext
+from .regions import tile
+from .segments import Segment
+from .tasks import COLL, COLL_INDEX, XFER
+
+__all__ = ["Emitter"]
+
+
+class Emitter:
+    """Adds transfer and collective tasks to a segment, and prices compute partitions and
+    optimizer steps, with the cluster's paths and collective groups looked up once per build.
+
+    Transfers over several links are one task per link, pipelined (cut-through): hop k+1 may
+    start ``latency_k`` after hop k starts (the segment's chain arrays), and every hop streams
+    for ``bytes / (min bandwidth x link efficiency)``; the last hop adds its own latency, so an
+    uncontended transfer takes ``sum(latency) + bytes / bottleneck``."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.ctx = ctx
+        cluster = ctx.cluster
+        names = sorted({d.type for d in cluster.devices})
+        self.device_types = [cluster.device_types[n] for n in names]
+        self.type_of = np.array([names.index(d.type) for d in cluster.devices], np.int64)  # [device]
+        self.link_bw = cluster.arrays["link_bw_bytes_per_s"]  # [link]
+        self.link_lat = cluster.arrays["link_latency_s"]  # [link]
+        self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
+        self._paths = _PathTable(cluster)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether the cluster has several device types (partition times depend on where)."""
+        return len(self.device_types) > 1
+
+    # -- compute ---------------------------------------------------------------------
+    def partition_times_s(self, op: Op, degrees: dict[str, int], devs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[part] forward and backward seconds of ``op``'s partitions on ``devs`` (one cost
+        per device type present)."""
+        kinds = self.type_of[devs]
+        fwd_s = np.empty(devs.size)
+        bwd_s = np.empty(devs.size)
+        for ti in (np.unique(kinds) if self.heterogeneous else np.zeros(1, np.int64)):
+            f_s, b_s = self.ctx.cost.partition_times_s(op, degrees, self.ctx.graph.precision, self.device_types[ti])
+            fwd_s[kinds == ti], bwd_s[kinds == ti] = f_s, b_s
+        return fwd_s, bwd_s
+
+    def optimizer_times_s(self, params: np.ndarray, active: set[int]) -> list[float]:
+        """[device] seconds of each device's optimizer step over ``params`` [device]
+        parameters (0 on devices not in ``active``)."""
+        c = self.ctx.cluster
+        return [self.ctx.cost.optimizer_time_s(params[d], c.device_type(d)) if d in active else 0.0
+                for d in range(c.num_devices)]
+
+    # -- collectives -----------------------------------------------------------------
+    def group(self, devices) -> tuple[float, float, tuple[int, ...]]:
+        """:meth:`Cluster.collective_group` of ``devices``, looked up once per build."""
+        key = tuple(sorted(set(int(d) for d in devices)))
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._groups[key] = self.ctx.cluster.collective_group(key)
+        return hit
+
+    def collective(self, seg: Segment, kind: str, size_bytes: float, devices, preds, op: int = -1,
+                   mb: int = -1) -> int:
+        """Add one collective task over ``devices`` after ``preds``; returns its handle (or -1
+        when the group is one device: the data is already in place)."""
+        ids = self.collectives(seg, kind, size_bytes, devices, np.asarray(preds, np.int64).reshape(1, -1), op,
+                               np.asarray([mb]))
+        return int(ids[0]) if ids is not None else -1
+
+    def collectives(self, seg: Segment, kind: str, size_bytes: float, devices, preds: np.ndarray, op: int,
+                    mbs: np.ndarray) -> np.ndarray | None:
+        """One collective per row of ``preds`` ([k, n_preds] handles), all over the same
+        ``devices`` and of the same size (e.g. one per microbatch); returns their handles, or
+        None when the group is a single device."""
+        devs = sorted(set(int(d) for d in devices))
+        if len(devs) <= 1 or size_bytes <= 0:
+            return None
+        bw, lat, links = self.group(devs)
+        n = len(devs)
+        k = preds.shape[0]
+        dur = collective_time_s(kind, size_bytes, n, bw, lat, self.ctx.cost.link_efficiency)
+        ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
+        res = np.asarray([self.ctx.n_devices + lk for lk in links], np.int64)
+        f = seg.flat
+        f["coll_h"].append(ids)
+        f["coll_nres"].append(np.full(k, res.size, np.int64))
+        f["coll_res"].append(tile(res, k))
+        f["coll_ndev"].append(np.full(k, n, np.int64))
+        f["coll_dev"].append(tile(np.asarray(devs, np.int64), k))
+        seg.edges(preds, np.repeat(ids, preds.shape[1]))
+        factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)  # bytes each rank sends, in buffers
+        seg.comm_bytes += factor * size_bytes * k
+        return ids
+
+    # -- transfers -------------------------------------------------------------------
+    def transfers(self, seg: Segment, src_tasks: np.ndarray, dst_tasks: np.ndarray, src_dev: np.ndarray,
+                  dst_dev: np.ndarray, size_bytes: np.ndarray, op: int,
+                  mb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Edges from ``src_tasks`` to ``dst_tasks`` through transfer hops where the devices
+        differ (vectorised over pairs). Returns the first and last hop of every pair's
+        transfer (-1 where no transfer was needed)."""
+        D = self.ctx.n_devices
+        first_hop = np.full(src_tasks.size, -1, np.int64)
+        last_hop = np.full(src_tasks.size, -1, np.int64)
+        same = (src_dev == dst_dev) | (size_bytes <= 0)
+        seg.edges(src_tasks[same], dst_tasks[same])
+        idx = np.nonzero(~same)[0]
+        if idx.size == 0:
+            return first_hop, last_hop
+        # One path lookup per distinct device pair, then one block of hop tasks per path
+        # length, vectorised over every transfer with that many hops.
+        pair = src_dev[idx].astype(np.int64) * D + dst_dev[idx]
+        upairs, inverse = np.unique(pair, return_inverse=True)
+        table, hops = self._paths.lookup(upairs)  # [pair, hop] link ids (-1 padded), [pair]
+        for nh in np.unique(hops):
+            mine = hops[inverse] == nh
+            sel = idx[mine]
+            links = table[inverse[mine], :nh]  # [transfer, hop]
+            bottleneck = self.link_bw[links].min(axis=1) * self.ctx.cost.link_efficiency
+            size = size_bytes[sel]
+            stream = size / bottleneck
+            prev = None
+            for h in range(nh):
+                lk = links[:, h]
+                dur = stream + (self.link_lat[lk] if h == nh - 1 else 0.0)
+                ids = seg.add(sel.size, XFER, op=op, mb=mb[sel], dur=dur, size=size, link=lk, res=D + lk)
+                if prev is None:
+                    seg.edges(src_tasks[sel], ids)
+                    first_hop[sel] = ids
+                else:
+                    f = seg.flat
+                    f["chain_from"].append(prev)
+                    f["chain_to"].append(ids)
+                    f["chain_lag"].append(self.link_lat[links[:, h - 1]])
+                prev = ids
+            seg.edges(prev, dst_tasks[sel])
+            last_hop[sel] = prev
+        seg.comm_bytes += float(size_bytes[idx].sum())
+        return first_hop, last_hop
+
+
+class _PathTable:
+    """Link ids of the paths between device pairs (``src * D + dst``), filled on first use:
+    a dense row index for up to 2,048 devices, a dict beyond (D^2 entries would not fit)."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.D = cluster.num_devices
+        self.row = {} if self.D > 2048 else np.full(self.D * self.D, -1, np.int64)
+        self.links = np.full((0, 4), -1, np.int64)  # [row, hop], -1 padded
+        self.hops = np.zeros(0, np.int64)  # [row]
+
+    def lookup(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[pair, hop] link ids (-1 padded) and [pair] hop counts."""
+        dense = not isinstance(self.row, dict)
+        rows = self.row[pairs] if dense else np.array([self.row.get(int(k), -1) for k in pairs], np.int64)
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            found = [self.cluster.path(int(pairs[j] // self.D), int(pairs[j] % self.D)) for j in missing]
+            width = max(self.links.shape[1], max(len(pth) for pth in found))
+            block = np.full((missing.size, width), -1, np.int64)
+            for r, pth in enumerate(found):
+                block[r, :len(pth)] = pth
+            if width > self.links.shape[1]:
+                pad = np.full((self.links.shape[0], width - self.links.shape[1]), -1, np.int64)
+                self.links = np.hstack([self.links, pad])
+            first = self.links.shape[0]
+            self.links = np.vstack([self.links, block])
+            self.hops = np.concatenate([self.hops, [len(pth) for pth in found]])
+            new_rows = np.arange(first, first + missing.size)
+            if dense:
+                self.row[pairs[missing]] = new_rows
+            else:
+                for j, r in zip(missing, new_rows):
+                    self.row[int(pairs[j])] = int(r)
+            rows[missing] = new_rows
+        return self.links[rows], self.hops[rows]

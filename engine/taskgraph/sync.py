@@ -1,0 +1,144 @@
+"""Synchronisation segments: gradients of replicated parameters reduced over the partitions that
+hold the same region, ZeRO's sharded update and gathers (Rajbhandari et al. SC'20), and FSDP's
+per-microbatch parameter gathers with one unit of prefetch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Op
+from ..ops import DTYPE_BYTES
+from .context import BuildContext, OpTables
+from .emit import Emitter
+from .regions import tile
+from .segments import Segment
+from .tasks import BWD, FWD
+
+__all__ = ["FsdpPlan", "SyncBuilder", "sync_unit"]
+
+
+def sync_unit(op: Op, zero_stage: int) -> str:
+    """Parameters synchronised together: a shared ``param_group``; with ZeRO-3, the op's block
+    (FSDP wraps whole transformer blocks, as llm-foundry and torchtitan do); otherwise the op
+    itself."""
+    if op.param_group:
+        return op.param_group
+    if zero_stage >= 3 and op.block:
+        return f"block:{op.block}"
+    return op.name
+
+
+class FsdpPlan:
+    """The parameter units of a build (unit -> member ops) and, per pass, the op after whose
+    start each unit's ZeRO-3 gather is issued: forward in op order, backward in reverse (a tied
+    embedding's unit is first used by the output layer)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        zero = ctx.strategy.zero_stage
+        self.zero_stage = zero
+        self.units: dict[str, list[int]] = {}
+        for oi, op in enumerate(ctx.graph.ops):
+            if op.param_count and op.kind != "input":
+                self.units.setdefault(sync_unit(op, zero), []).append(oi)
+        self.prefetch: dict[tuple[str, int], int | None] = {}  # (unit, phase) -> lead op of the unit before
+        for phase, pick, sign in ((FWD, min, 1), (BWD, max, -1)):
+            prev = None
+            for u in sorted(self.units, key=lambda u: sign * pick(self.units[u])):
+                self.prefetch[(u, phase)] = prev
+                prev = pick(self.units[u])
+
+    def refs(self, unit: str) -> set[int]:
+        """The ops whose tables segment ("sync", unit) reads."""
+        refs = set(self.units[unit])
+        if self.zero_stage >= 3:
+            refs |= {self.prefetch[(unit, ph)] for ph in (FWD, BWD)} - {None}
+        return refs
+
+
+class SyncBuilder:
+    """Builds segment ("sync", unit): one parameter unit's gradient synchronisation, its ZeRO
+    gathers, and its share of each device's optimizer step (``seg.device_params``)."""
+
+    def __init__(self, ctx: BuildContext, tables: OpTables, emit: Emitter, plan: FsdpPlan) -> None:
+        self.ctx, self.tables, self.emit, self.plan = ctx, tables, emit, plan
+
+    def build(self, seg: Segment, unit: str) -> None:
+        ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
+        members = self.plan.units[unit]
+        zero = ctx.strategy.zero_stage
+        device_params = np.zeros(ctx.n_devices)  # parameters each device's optimizer updates
+        pbytes = DTYPE_BYTES[ctx.graph.precision]
+        regions: dict[tuple, list] = {}  # region -> [devices, (op, parts), elements, tensors counted]
+        for oi in members:
+            op = ctx.graph.ops[oi]
+            names, grid = t.grid[oi]
+            cfg = ctx.strategy.configs[op.name]
+            split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
+            elems = op.partition_param_elements(cfg.degrees)
+            tensor = op.param_group or op.name  # shared parameters are one tensor
+            # partitions grouped by the parameter region they hold (vectorised)
+            if split:
+                codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
+            else:
+                codes = np.zeros(grid.shape[0], np.int64)
+            order = np.argsort(codes, kind="stable")
+            bounds = np.flatnonzero(np.diff(codes[order])) + 1
+            for part_ids in np.split(order, bounds):
+                key = (tuple(names[j] for j in split), int(codes[part_ids[0]]))
+                entry = regions.setdefault(key, [[], [], 0.0, set()])
+                entry[0].append(t.devs[oi][part_ids])
+                entry[1].append((oi, part_ids))
+                if tensor not in entry[3]:
+                    entry[3].add(tensor)
+                    entry[2] += elems
+        for devs, parts, elems, _ in regions.values():
+            if not any(t.rep[oi][ks].any() for oi, ks in parts):
+                continue  # mirrored by a representative region
+            udevs = sorted(set(np.concatenate(devs).tolist()))
+            device_params[udevs] += elems / len(udevs) if zero >= 1 else elems
+            kind = "reduce_scatter" if zero >= 2 else "all_reduce"
+            # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
+            # otherwise gradients accumulate locally and are synchronised once.
+            rows = np.arange(m) if zero >= 3 else np.array([m - 1])
+            preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
+            ids = self.emit.collectives(seg, kind, elems * pbytes, udevs, preds, members[0],
+                                        rows if zero >= 3 else np.array([-1]))
+            if ids is not None:
+                mine = np.array([d for d in udevs if d in t.rep_devices], np.int64)
+                seg.edges(tile(ids, mine.size), np.repeat(t.updates[mine], ids.size))
+            if zero in (1, 2):
+                # ZeRO-1/2: parameters are all-gathered after the sharded update
+                preds = [t.updates[d] for d in udevs if d in t.rep_devices]
+                if preds:
+                    self.emit.collective(seg, "all_gather", elems * pbytes, udevs, preds, members[0], -1)
+        seg.device_params = device_params
+        if zero >= 3:
+            self._fsdp_gathers(seg, unit, members)
+
+    def _fsdp_gathers(self, seg: Segment, unit: str, members: list[int]) -> None:
+        """All-gather a unit's parameters before its forward and its backward, every
+        microbatch, prefetched one unit ahead (FSDP's forward and backward prefetch)."""
+        ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
+        pbytes = DTYPE_BYTES[ctx.graph.precision]
+        devs = sorted({int(d) for oi in members for d in t.devs[oi]})
+        nbytes = 0.0
+        seen = set()
+        for oi in members:
+            op = ctx.graph.ops[oi]
+            if (op.param_group or op.name) in seen:
+                continue
+            seen.add(op.param_group or op.name)
+            nbytes += op.partition_param_elements(ctx.strategy.configs[op.name].degrees) * pbytes
+        for phase, table, pick in ((FWD, t.fwd, min), (BWD, t.bwd, max)):
+            used = [oi for oi in members if oi in table]
+            if not used:
+                continue
+            lead = pick(used)
+            before = self.plan.prefetch.get((unit, phase))
+            preds = np.zeros((m, 0), np.int64) if before is None or before not in table \
+                else table[before][:, :1]  # the next unit's gather starts when the one before starts
+            ids = self.emit.collectives(seg, "all_gather", nbytes, devs, preds, lead, np.arange(m))
+            if ids is not None:
+                for oi in used:
+                    mine = table[oi][:, t.rep[oi]]
+                    seg.edges(np.repeat(ids, mine.shape[1]), mine)
