@@ -92,7 +92,7 @@ def _search() -> html.Div:
     return html.Div([
         html.Div([
             html.Label("algorithm"),
-            dcc.Dropdown(id="search-algo", options=[{"label": f"{k}: {v[1]}", "value": k}
+            dcc.Dropdown(id="search-algo", options=[{"label": f"{k}: {v.description}", "value": k}
                                                     for k, v in ALGORITHMS.items()],
                          value=next(iter(ALGORITHMS)), clearable=False),
             html.Label("budget (seconds like 20s, or a number of proposals)"),

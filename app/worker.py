@@ -71,7 +71,7 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
             stop[0] = stop[0] or store.stop_requested(sid)
 
     try:
-        fn = ALGORITHMS[row["algorithm"]][0]
+        algorithm = ALGORITHMS[row["algorithm"]]
         budget = Budget.parse(row["budget"])
         refs = row["refs"]
         graph, cluster = W.graph_of(refs), W.cluster_of(refs)
@@ -93,13 +93,14 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
                     os._exit(0)  # the server is gone: nobody will read this search
             return not stop[0]
 
-        result = fn(graph, cluster, budget, seed=int(row["seed"]), progress=on_progress, initial=initial)
+        result = algorithm.run(graph, cluster, budget, seed=int(row["seed"]), progress=on_progress, initial=initial)
         flush(final=True)
         summary = {"best_cost_s": _finite(result.best_cost_s), "iterations": result.iterations,
                    "elapsed_s": result.elapsed_s, "cancelled": result.cancelled,
                    "baselines": {k: _finite(v) for k, v in result.baselines.items()},
                    "speedup_vs_data_parallel": _finite(result.speedup_vs_data_parallel),
-                   "locally_optimal": result.locally_optimal, "run_s": clock() - t_claim}
+                   "locally_optimal": result.locally_optimal, "run_s": clock() - t_claim,
+                   "best_time_s": _finite(result.best_time_s), "notes": list(result.notes)}
         status = "stopped" if result.cancelled else "finished"
         fits = math.isfinite(result.best_cost_s)
         store.finish(sid, status, result=summary, best=result.best.to_dict() if fits else None,

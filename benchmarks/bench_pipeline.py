@@ -20,6 +20,7 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.report import simulate_strategy
 from engine.search.baselines import megatron
+from engine.search.api import PipelineOptions
 from engine.search.pipeline import pipeline
 
 
@@ -40,7 +41,7 @@ def hetero() -> None:
         g, c = resolve_model(model), preset("hetero-demo")
         try:
             aware = pipeline(g, c, None)
-            blind = pipeline(g, c, None, hardware_aware=False)
+            blind = pipeline(g, c, None, options=PipelineOptions(hardware_aware=False))
         except ValueError as e:
             print(f"{model} on hetero-demo: {e}")
             continue

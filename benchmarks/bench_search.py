@@ -24,7 +24,8 @@ from engine.costs import CostModel
 from engine.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import Budget, mcmc, random_config
+from engine.search.api import Budget
+from engine.search.mcmc import mcmc, random_config
 from engine.simulate import simulate
 from engine.taskgraph import TaskGraphBuilder
 

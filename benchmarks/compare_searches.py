@@ -20,7 +20,7 @@ import time
 from engine.cli import compare_searches
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.search.mcmc import Budget
+from engine.search.api import Budget
 
 SIX = ["alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt"]
 

@@ -28,6 +28,7 @@ to samples and presets.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -182,8 +183,12 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                    help="proposals (5000) or time (30s, 2m, 1h); at most 10**9 proposals or 7 days; default 30s")
     p.add_argument("--seed", type=int_in(-(2**63), 2**63 - 1), default=0,
                    help="random seed (an iteration budget is reproducible)")
-    p.add_argument("--chains", type=int_in(1, 256), default=4,
-                   help="starting points (data parallel, expert, random); at most 256")
+    p.add_argument("--chains", type=int_in(1, 256), default=None,
+                   help="mcmc: starting points (data parallel, expert, random); at most 256; default 4")
+    p.add_argument("--option", action="append", metavar="NAME=VALUE",
+                   help="an option of the algorithm (repeatable): mcmc " + _option_names("mcmc") +
+                   "; pase " + _option_names("pase") + "; pipeline " + _option_names("pipeline") +
+                   "; differentiable " + _option_names("differentiable"))
     p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
     add_strategy_options(p)
     p.add_argument("-o", "--output", help="write the best strategy here")
@@ -339,12 +344,32 @@ def _progress_bar(budget):
     return show
 
 
+def _option_names(algorithm: str) -> str:
+    return "(" + ", ".join(f.name for f in dataclasses.fields(ALGORITHMS[algorithm].options)) + ")"
+
+
+def _search_options(args: argparse.Namespace):
+    """The typed options of ``--algo`` from ``--option`` and ``--chains`` (an option another
+    algorithm takes is an error, not silently dropped)."""
+    pairs = list(args.option or [])
+    if args.chains is not None:
+        if args.algo != "mcmc":
+            raise ValueError(f"--chains applies to mcmc, not {args.algo}")
+        pairs.append(f"chains={args.chains}")
+    if args.algo == "all":
+        if pairs:
+            raise ValueError("--option and --chains apply to one algorithm, not to --algo all")
+        return None
+    return ALGORITHMS[args.algo].parse_options(pairs)
+
+
 def _cmd_search(args: argparse.Namespace) -> int:
     from .formats import load_strategy
-    from .search.mcmc import Budget
+    from .search import Budget
 
     if args.algo not in ALGORITHMS and args.algo != "all":
         raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}, all")
+    options = _search_options(args)
     budget = Budget.parse(args.budget)
     g = resolve_model(args.model, allow_path=True)
     c = resolve_cluster(args.cluster, allow_path=True)
@@ -354,11 +379,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.strategy:
         initial = make_baseline(args.strategy, g, c, **strategy_options(args)) if args.strategy in BASELINES \
             else load_strategy(args.strategy, g, c)
-    search, _ = ALGORITHMS[args.algo]
     show = None if args.quiet or args.json or not sys.stderr.isatty() and not os.environ.get("SOAPBOX_PROGRESS") \
         else _progress_bar(budget)
     try:
-        result = search(g, c, budget, seed=args.seed, chains=args.chains, progress=show, initial=initial)
+        result = ALGORITHMS[args.algo].run(g, c, budget, seed=args.seed, progress=show, initial=initial,
+                                           options=options)
     finally:
         if show is not None:
             sys.stderr.write("\n")
@@ -368,8 +393,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     fits = math.isfinite(best)
     fitting = [v for v in result.baselines.values() if math.isfinite(v)]
     notes = [] if fits else ["no strategy found fits in memory: best_cost_s is null"]
-    notes += [f"baseline {name} does not fit in memory: its cost is null"
-              for name, v in result.baselines.items() if not math.isfinite(v)]
+    notes += result.notes
     summary = {"model": g.name, "cluster": c.name, "algorithm": args.algo, "budget": str(budget),
                "seed": args.seed, "best_cost_s": best if fits else None,
                "baselines": {k: (v if math.isfinite(v) else None) for k, v in result.baselines.items()},
@@ -398,6 +422,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
             print(f"  {name:<15} {cost * 1e3:.3f} ms")
     if result.speedup_vs_data_parallel and fits:
         print(f"  speedup over data parallel: {result.speedup_vs_data_parallel:.2f}x")
+    for note in result.notes:
+        if not note.startswith("baseline "):  # (the baselines' lines above say it)
+            print(f"  note: {printable(note)}")
     if args.output:
         print(f"wrote {args.output}")
     return status
@@ -410,10 +437,9 @@ def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | No
     rows = []
     results = {}
     for name in algorithms or list(ALGORITHMS):
-        search, _ = ALGORITHMS[name]
         t = time.perf_counter()
         try:
-            results[name] = search(g, c, budget, seed=seed)
+            results[name] = ALGORITHMS[name].run(g, c, budget, seed=seed)
         except (ValueError, SoapboxError) as exc:
             rows.append({"algorithm": name, "error": str(exc), "search_s": time.perf_counter() - t})
     if results:

@@ -317,6 +317,9 @@ class Cluster:
         self.links = tuple(links)
         self.node_names = tuple(node_names)
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> link ids
+        # sorted devices -> (per-rank bandwidth, per-step latency, links): the one cache of
+        # collective groups (the builder, PaSE and the pipeline planner all read it)
+        self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
         self._graph = nx.DiGraph()
         for lk in links:
             self._graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind,
@@ -406,7 +409,15 @@ class Cluster:
         several ranks) and, over nodes, NICs used x min(NIC rate, PCIe attach rate). The
         latency is the slowest path between ring neighbours (devices in id order).
         """
-        devs = sorted(set(devices))
+        key = tuple(sorted(set(devices)))
+        hit = self._groups.get(key)
+        if hit is None:
+            if len(self._groups) >= 100_000:  # bounded: a long search meets many groups
+                self._groups.clear()
+            hit = self._groups[key] = self._collective_group(list(key))
+        return hit
+
+    def _collective_group(self, devs: list[int]) -> tuple[float, float, tuple[int, ...]]:
         if len(devs) <= 1:
             return math.inf, 0.0, ()
         for d in devs:

@@ -30,6 +30,7 @@ __all__ = [
     "CostModel",
     "ProfileTable",
     "collective_time_s",
+    "transfer_time_s",
     "COLLECTIVES",
     "MATMUL_KINDS",
 ]
@@ -208,6 +209,18 @@ def _inner_dim(kind: str, ins, outs, params) -> float | None:
         n, k = params[0]  # weight (out, in)
         return min(n, k)
     return None
+
+
+def transfer_time_s(size_bytes, bw_bytes_per_s, latency_s, link_efficiency: float = LINK_EFFICIENCY):
+    """Seconds to move ``size_bytes`` point to point over a path whose bottleneck bandwidth
+    is ``bw_bytes_per_s`` and whose latency is ``latency_s``, uncontended: latency plus
+    streaming at the achievable share of the bottleneck (cut-through: hops overlap, so the
+    bottleneck sets the rate). Works elementwise on NumPy arrays.
+
+    >>> transfer_time_s(1e9, 100e9, 1e-6, 0.5)
+    0.020001
+    """
+    return size_bytes / (bw_bytes_per_s * link_efficiency) + latency_s
 
 
 def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: float, latency_s: float,

@@ -21,6 +21,7 @@ device and by how much.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,11 +166,16 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity, curves)
 
 
+#: graph -> per-(op, config) results (a search asks for the same ones often); an entry goes
+#: with its graph
+_CACHES: "weakref.WeakKeyDictionary[OpGraph, dict]" = weakref.WeakKeyDictionary()
+
+
 def _graph_cache(graph: OpGraph) -> dict:
-    """Per-(op, config) results kept on the graph (a search asks for the same ones often)."""
-    cache = graph.__dict__.get("_memory_cache")
-    if cache is None or len(cache) > 200_000:  # bounded: a long search sees many configs
-        cache = graph.__dict__["_memory_cache"] = {"region_ids": {}}  # (ids only grow within a cache)
+    """The per-(op, config) results of ``graph``, bounded (a long search sees many configs)."""
+    cache = _CACHES.get(graph)
+    if cache is None or len(cache) > 200_000:
+        cache = _CACHES[graph] = {"region_ids": {}}  # (ids only grow within a cache)
     return cache
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from itertools import product as iproduct
 from types import MappingProxyType
 from typing import Any, Mapping
+
+import numpy as np
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
@@ -38,6 +39,7 @@ __all__ = [
     "validate_strategy",
     "check_strategy",
     "partition_coords",
+    "partition_grid",
     "strategy_from_dict",
     "MAX_MICROBATCHES",
     "MAX_VIRTUAL_STAGES",
@@ -51,6 +53,17 @@ def divisors(n: int, at_most: int) -> list[int]:
     """The divisors of ``n`` up to ``at_most``, ascending: the degrees a dim of size ``n`` can
     be split into on at most ``at_most`` devices."""
     return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
+
+
+def degree_choices(dim, n_devices: int, microbatches: int = 1, min_part: int = 1) -> list[int]:
+    """The degrees a search may split ``dim`` (an op's :class:`Dim`) into on ``n_devices``,
+    ascending: divisors of its size that divide ``n_devices``, that the dim accepts
+    (:meth:`Dim.degree_problem`: e.g. whole attention heads), leave at least ``min_part``
+    elements a partition, and, for the sample dim cut into ``microbatches``, split every
+    microbatch evenly. The one rule of every search's config space."""
+    return [k for k in divisors(dim.size, n_devices)
+            if n_devices % k == 0 and dim.size // k >= min_part and dim.degree_problem(k) is None
+            and (dim.name != "sample" or microbatches <= 1 or dim.size % (k * microbatches) == 0)]
 
 
 def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
@@ -226,19 +239,34 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("cost", {}))
 
 
-def partition_coords(op: Op, config: Config) -> list[dict[str, int]]:
-    """Index along each split dim of every partition, in the order of ``config.devices``.
+def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
+    """The split dims' names (in ``op.dims`` order) and the [part, dim] coordinate matrix,
+    row-major: partition ``p`` runs on ``config.devices[p]``. The one definition of which
+    partition is which (the builder, the memory model, PaSE and the baselines read it).
 
-    Examples
-    --------
+    >>> from engine.graph import GraphBuilder
+    >>> b = GraphBuilder("m"); x = b.input("x", [4, 6]); _ = b.add("linear", "fc", [x], out_features=2)
+    >>> names, grid = partition_grid(b.build()["fc"], Config({"sample": 2, "feature": 2}, (0, 1, 2, 3)))
+    >>> names, grid.tolist()
+    (['sample', 'feature'], [[0, 0], [0, 1], [1, 0], [1, 1]])
+    """
+    names = [d.name for d in op.dims if config.degree(d.name) > 1]
+    if not names:
+        return [], np.zeros((1, 0), np.int64)
+    shape = [config.degree(n) for n in names]
+    return names, np.indices(shape).reshape(len(shape), -1).T
+
+
+def partition_coords(op: Op, config: Config) -> list[dict[str, int]]:
+    """:func:`partition_grid` as one ``{dim: index}`` per partition.
+
     >>> from engine.graph import GraphBuilder
     >>> b = GraphBuilder("m"); x = b.input("x", [4, 6]); _ = b.add("linear", "fc", [x], out_features=2)
     >>> partition_coords(b.build()["fc"], Config({"sample": 2, "feature": 2}, (0, 1, 2, 3)))
     [{'sample': 0, 'feature': 0}, {'sample': 0, 'feature': 1}, {'sample': 1, 'feature': 0}, {'sample': 1, 'feature': 1}]
     """
-    split = [d.name for d in op.dims if config.degree(d.name) > 1]
-    ranges = [range(config.degree(n)) for n in split]
-    return [dict(zip(split, idx)) for idx in iproduct(*ranges)]
+    names, grid = partition_grid(op, config)
+    return [dict(zip(names, row)) for row in grid.tolist()]
 
 
 def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:

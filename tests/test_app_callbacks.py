@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import types
 
 import numpy as np
 import plotly.graph_objects as go
@@ -372,7 +373,7 @@ class TestSearch:
         C.search_start(alex, "mcmc", "30", 3)
         poll_until_done(alex)
         g, c = W.graph_of(alex), W.cluster_of(alex)
-        here = ALGORITHMS["mcmc"][0](g, c, Budget.parse("30"), seed=3, initial=load_strategy(alex["strategy"], g, c))
+        here = ALGORITHMS["mcmc"].run(g, c, Budget.parse("30"), seed=3, initial=load_strategy(alex["strategy"], g, c))
         assert jobs.get(alex["sid"]).best_cost_s == here.best_cost_s
 
     def test_stop_and_one_at_a_time(self, alex):
@@ -413,13 +414,13 @@ class TestSearch:
         from engine.search import Budget
 
         seen = {}
-        real = ALGORITHMS["mcmc"][0]
+        real = ALGORITHMS["mcmc"].run
 
-        def fake_search(graph, cluster, budget, seed=0, progress=None, initial=None):
+        def fake_search(graph, cluster, budget, *, seed=0, progress=None, initial=None, cost=None, options=None):
             seen["budget"] = budget
             return real(graph, cluster, Budget.parse("10"), seed=seed, initial=initial)
 
-        monkeypatch.setitem(ALGORITHMS, "mcmc", (fake_search, "fake"))
+        monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(run=fake_search, description="fake"))
         ticks = iter([0.0] + [1.5] * 1000)
         st = store.Store(tmp_path / "db.sqlite3")  # not the pool's: no worker claims this one
         sid = st.create_search(alex["sid"], "mcmc", "2s", 2.0, 0, W.refs(alex), None)

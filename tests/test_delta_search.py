@@ -19,7 +19,8 @@ from engine.errors import ValidationError
 from engine.formats import load_strategy, resolve_model
 from engine.graph import GraphBuilder
 from engine.search.baselines import data_parallel, expert
-from engine.search.mcmc import Budget, candidate_configs, local_polish, mcmc, random_config
+from engine.search.api import Budget, MCMCOptions
+from engine.search.mcmc import candidate_configs, local_polish, mcmc, random_config
 from engine.simulate import simulate
 from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
@@ -112,7 +113,7 @@ def tiny():
 class TestMcmc:
     def test_never_worse_than_the_best_baseline_and_beats_data_parallel(self):
         g, c = MODELS["alexnet"], preset("p100-4x4")
-        r = mcmc(g, c, Budget(iterations=150), seed=0, polish=False)
+        r = mcmc(g, c, Budget(iterations=150), seed=0, options=MCMCOptions(polish=False))
         assert r.best_cost_s <= min(r.baselines.values())
         assert r.speedup_vs_data_parallel > 1.5  # AlexNet's large FC layers favour model parallelism
         assert r.best.found_by["algorithm"] == "mcmc" and r.best.found_by["seed"] == 0
@@ -123,8 +124,8 @@ class TestMcmc:
 
     def test_reproducible_with_a_seed(self):
         g, c = MODELS["alexnet"], preset("p100-4x4")
-        a = mcmc(g, c, Budget(iterations=60), seed=3, polish=False)
-        b = mcmc(g, c, Budget(iterations=60), seed=3, polish=False)
+        a = mcmc(g, c, Budget(iterations=60), seed=3, options=MCMCOptions(polish=False))
+        b = mcmc(g, c, Budget(iterations=60), seed=3, options=MCMCOptions(polish=False))
         assert a.best_cost_s == b.best_cost_s and a.best.to_dict()["ops"] == b.best.to_dict()["ops"]
 
     def test_cancel_returns_the_best_so_far(self):
@@ -143,7 +144,7 @@ class TestMcmc:
     def test_progress_rows(self):
         g, c = MODELS["alexnet"], preset("p100-4x4")
         rows = []
-        r = mcmc(g, c, Budget(iterations=40), seed=0, progress=rows.append, polish=False)
+        r = mcmc(g, c, Budget(iterations=40), seed=0, progress=rows.append, options=MCMCOptions(polish=False))
         # stops at the budget, or earlier when the best has not improved for half of it
         assert rows and rows[-1].iteration == r.iterations <= 40
         assert all(0 <= p.acceptance_rate <= 1 and p.best_cost_s <= p.current_cost_s + 1e-12 for p in rows[:-1])
@@ -219,7 +220,7 @@ class TestCli:
 
 def test_expert_start_is_a_chain():
     g, c = MODELS["alexnet"], preset("p100-4x4")
-    r = mcmc(g, c, Budget(iterations=20), seed=0, polish=False)
+    r = mcmc(g, c, Budget(iterations=20), seed=0, options=MCMCOptions(polish=False))
     _, tl = full(g, expert(g, c), c)
     assert r.baselines["expert"] == tl.makespan_s
 
@@ -228,7 +229,7 @@ def test_random_starts_are_skipped_when_setup_eats_the_time_budget():
     """Building the data-parallel and expert chains takes far more than a tenth of 1 ms, so
     no random start is made; with a proposal budget all four chains start."""
     g, c = MODELS["alexnet"], preset("p100-4x4")
-    quick = mcmc(g, c, Budget(seconds=0.001), seed=0, polish=False)
+    quick = mcmc(g, c, Budget(seconds=0.001), seed=0, options=MCMCOptions(polish=False))
     assert quick.trace[-1].chains <= 2
-    full_start = mcmc(g, c, Budget(iterations=40), seed=0, polish=False)  # rung 1: 4 x 5 proposals
+    full_start = mcmc(g, c, Budget(iterations=40), seed=0, options=MCMCOptions(polish=False))  # rung 1: 4 x 5 proposals
     assert full_start.trace[0].chains == 4

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ from engine.formats import (
 from engine.graph import GraphBuilder
 from engine.report import finite_json, json_text, simulate_strategy
 from engine.search.baselines import data_parallel, make_baseline
-from engine.search.mcmc import Budget, SearchResult
+from engine.search.api import Budget, MCMCOptions, SearchResult, parse_options
 from engine.strategy import Config, Strategy
 
 _spec = importlib.util.spec_from_file_location(
@@ -726,10 +727,13 @@ class TestFiniteOutputs:
     def test_search_json_when_nothing_fits(self, capsys, monkeypatch):
         g, c = resolve_model("alexnet"), preset("p100-4x4")
         s = data_parallel(g, c)
-        result = SearchResult(s, math.inf, {"data-parallel": math.inf, "expert": 0.02}, 3, 0.1)
+        result = SearchResult(s, math.inf, {"data-parallel": math.inf, "expert": 0.02}, 3, 0.1, notes=[
+            "baseline data-parallel does not fit in memory: no speedup over it is reported"])
 
         import engine.cli as cli
-        monkeypatch.setitem(cli.ALGORITHMS, "mcmc", (lambda *a, **k: result, "stub"))
+        stub = types.SimpleNamespace(run=lambda *a, **k: result, options=MCMCOptions, description="stub",
+                                     parse_options=lambda pairs: parse_options(MCMCOptions, pairs))
+        monkeypatch.setitem(cli.ALGORITHMS, "mcmc", stub)
         rc, out, err = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "3",
                            "--json")
         assert rc == 3 and err == ""
@@ -738,7 +742,7 @@ class TestFiniteOutputs:
         assert obj["best_cost_s"] is None and obj["baselines"] == {"data-parallel": None, "expert": 0.02}
         assert obj["speedup_vs_best_baseline"] is None
         assert obj["notes"] == ["no strategy found fits in memory: best_cost_s is null",
-                                "baseline data-parallel does not fit in memory: its cost is null"]
+                                "baseline data-parallel does not fit in memory: no speedup over it is reported"]
         rc, out, _ = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "3")
         assert rc == 3
         assert "best            none found fits in memory" in out

@@ -13,6 +13,7 @@ from engine.cluster import Cluster, DeviceType, NodeSpec, preset
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
 from engine.search import ALGORITHMS
+from engine.search.api import DifferentiableOptions
 from engine.search.baselines import data_parallel
 from engine.search.pase import build_problem, generate_seq, pase_configs, solve
 from engine.strategy import validate_strategy
@@ -105,7 +106,7 @@ def test_configs_follow_pase_restrictions():
 
 def test_search_interface_and_valid_strategy():
     g, c = resolve_model("alexnet"), preset("p100-4x4")
-    r = ALGORITHMS["pase"][0](g, c, None, seed=0)
+    r = ALGORITHMS["pase"].run(g, c, None, seed=0)
     assert validate_strategy(r.best, g, c) == []
     assert r.best.found_by["algorithm"] == "pase" and r.best.found_by["largest_dependent_set"] >= 1
     assert r.best.cost["iteration_time_s"] == r.best_cost_s
@@ -153,7 +154,7 @@ class TestDifferentiable:
 
     def test_search_interface(self):
         g, c = resolve_model("alexnet"), preset("p100-4x4")
-        r = ALGORITHMS["differentiable"][0](g, c, None, seed=0, steps=100)
+        r = ALGORITHMS["differentiable"].run(g, c, None, seed=0, options=DifferentiableOptions(steps=100))
         assert validate_strategy(r.best, g, c) == [] and r.best.found_by["algorithm"] == "differentiable"
         exact = solve(build_problem(g, c)).cost_s
         assert r.best.found_by["model_cost_s"] <= exact * 1.05

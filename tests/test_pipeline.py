@@ -10,6 +10,7 @@ import pytest
 from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS
+from engine.search.api import PipelineOptions
 from engine.search.baselines import megatron
 from engine.search.pipeline import _split, build_plan, plan_pipeline
 from engine.strategy import validate_strategy
@@ -53,9 +54,9 @@ class TestSplit:
 class TestPlanner:
     def test_hardware_aware_placement_beats_speed_blind_on_hetero_demo(self):
         g, c = resolve_model("gpt2"), preset("hetero-demo")
-        search = ALGORITHMS["pipeline"][0]
+        search = ALGORITHMS["pipeline"].run
         aware = search(g, c, None)
-        blind = search(g, c, None, hardware_aware=False)
+        blind = search(g, c, None, options=PipelineOptions(hardware_aware=False))
         assert validate_strategy(aware.best, g, c) == [] and validate_strategy(blind.best, g, c) == []
         assert aware.best_cost_s < blind.best_cost_s
         assert aware.best.found_by["algorithm"] == "pipeline"

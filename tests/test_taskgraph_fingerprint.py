@@ -165,7 +165,7 @@ SEARCH_EXPECTED: dict[str, tuple[str, str, int]] = {
 def search_fingerprint(algorithm: str) -> tuple[str, str, int]:
     model, cluster = SEARCH_CASES[algorithm]
     g, c = resolve_model(model), preset(cluster)
-    r = ALGORITHMS[algorithm][0](g, c, Budget.parse("30"), seed=1)
+    r = ALGORITHMS[algorithm].run(g, c, Budget.parse("30"), seed=1)
     chosen = {k: v for k, v in r.best.to_dict().items() if k != "found_by"}  # (found_by holds timings)
     text = json.dumps(chosen, sort_keys=True)
     return float(r.best_cost_s).hex(), hashlib.sha256(text.encode()).hexdigest(), r.iterations

@@ -32,6 +32,8 @@ from ..graph import OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from ..memory import optimizer_bytes_per_param
+from .api import Budget, DifferentiableOptions, Progress, ProgressFn, SearchResult
+from .baselines import data_parallel
 from .pase import PaseProblem, build_problem, finish
 
 __all__ = ["relaxed_cost", "optimise", "differentiable"]
@@ -162,20 +164,18 @@ def optimise(problem: PaseProblem, steps: int = 400, lr: float = 0.1, tau0: floa
     return DiffResult(choice, f, e, trace, step, time.perf_counter() - t0)
 
 
-def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
-                   progress: Callable[[Any], Any] | None = None, initial: Strategy | None = None,
-                   cost: CostModel | None = None, steps: int = 400, **_: Any):
+def differentiable(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
+                   progress: ProgressFn | None = None, initial: Strategy | None = None,
+                   cost: CostModel | None = None, options: DifferentiableOptions | None = None) -> SearchResult:
     """The search interface (CLI, app): the relaxed descent, discretised and polished, then
-    simulated. A time budget bounds the descent; ``steps`` its length otherwise."""
-    from .baselines import data_parallel
-    from .mcmc import Progress, SearchResult
-
+    priced like every search's result. A time budget bounds the descent; a number budget
+    sets its steps (``options.steps`` otherwise)."""
+    opts = options or DifferentiableOptions()
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
     problem = build_problem(graph, cluster, cost_model, max_table_bytes=None)  # no DP tables are made here
-    seconds = getattr(budget, "seconds", None)
-    if getattr(budget, "iterations", None):
-        steps = int(budget.iterations)
+    seconds = budget.seconds if budget is not None else None
+    steps = int(budget.iterations) if budget is not None and budget.iterations else opts.steps
     best_f = [math.inf]
 
     def report(step: int, elapsed: float, f: float) -> None:
@@ -185,15 +185,13 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: i
         if progress is not None:
             progress(Progress(step, time.perf_counter() - t0, f, best_f[0], 1.0, 1))
 
-    dp = data_parallel(graph, cluster)
-    start_from = initial if initial is not None else dp
+    start_from = initial if initial is not None else data_parallel(graph, cluster)
     start = [cs.index(start_from[op.name]) if start_from[op.name] in cs else 0
              for op, cs in zip(graph.ops, problem.configs)]
     r = optimise(problem, steps=steps, seed=seed, seconds=seconds, progress=report, start=start)
-    best, sim, baselines = finish(graph, cluster, problem, r.choice, cost_model,
-                                  {"algorithm": "differentiable", "seed": seed, "options": {"steps": steps},
-                                   "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s})
-    final = Progress(r.steps, time.perf_counter() - t0, sim, sim, 1.0, 1)
+    result = finish(graph, cluster, problem, r.choice, cost_model,
+                    {"algorithm": "differentiable", "seed": seed, "options": {"steps": steps},
+                     "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s}, t0, iterations=r.steps)
     if progress is not None:
-        progress(final)
-    return SearchResult(best, sim, baselines, r.steps, final.elapsed_s, [final], algorithm="differentiable")
+        progress(result.trace[-1])
+    return result

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import product as iproduct
-from typing import Callable
 
 
 
@@ -36,92 +34,15 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
-from ..memory import memory_report
-from ..strategy import Config, Strategy, divisors
+from ..strategy import Config, Strategy, degree_choices
+from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .baselines import data_parallel, expert
 
-__all__ = ["Budget", "Progress", "SearchResult", "mcmc", "candidate_configs", "random_config"]
+__all__ = ["mcmc", "candidate_configs", "random_config", "local_polish"]
 
 
 #: share of a time budget kept for the final polish (the chains stop at the rest)
 POLISH_SHARE = 0.15
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An iteration count, a number of seconds, or both (whichever runs out first)."""
-
-    iterations: int | None = None
-    seconds: float | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "Budget":
-        """``"5000"`` (proposals), ``"30s"``, ``"2m"`` or ``"1h"``: at most 10**9 proposals or
-        7 days (604,800 s).
-
-        >>> Budget.parse("30s"), Budget.parse("5000")
-        (Budget(iterations=None, seconds=30.0), Budget(iterations=5000, seconds=None))
-        """
-        max_iterations, max_seconds = 10**9, 7 * 86400
-        shown = repr(str(text)[:40] + ("..." if len(str(text)) > 40 else ""))
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text)) if len(str(text)) <= 1000 else None
-        if not m:
-            raise ValueError(f"budget {shown} is not a number of proposals (5000) or a time (30s, 2m, 1h): "
-                             f"at most {max_iterations:,} proposals or 7 days")
-        value, unit = float(m.group(1)), m.group(2)
-        if value <= 0:
-            raise ValueError(f"budget {shown} must be positive")
-        if unit:
-            seconds = value * {"s": 1, "m": 60, "h": 3600}[unit]
-            if seconds > max_seconds:
-                raise ValueError(f"budget {shown} is more than 7 days ({max_seconds:,} s), the longest a search runs")
-            return cls(seconds=seconds)
-        if value > max_iterations:  # (before int(): 400 nines are inf as a float)
-            raise ValueError(f"budget {shown} is more than {max_iterations:,} proposals, the most a search runs")
-        if value != int(value):
-            raise ValueError(f"budget {shown}: a number of proposals must be a whole number")
-        return cls(iterations=int(value))
-
-    def __str__(self) -> str:
-        parts = []
-        if self.iterations is not None:
-            parts.append(f"{self.iterations} proposals")
-        if self.seconds is not None:
-            parts.append(f"{self.seconds:g} s")
-        return " or ".join(parts) or "unlimited"
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One row of the search's progress stream (times in seconds)."""
-
-    iteration: int
-    elapsed_s: float
-    current_cost_s: float
-    best_cost_s: float
-    acceptance_rate: float
-    chains: int = 1
-    #: the best strategy so far, where the search has one at this row (a reference, not a
-    #: copy: a consumer that keeps it, such as the app's worker, serialises it at once)
-    best: Strategy | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class SearchResult:
-    best: Strategy
-    best_cost_s: float
-    baselines: dict[str, float]
-    iterations: int
-    elapsed_s: float
-    trace: list[Progress] = field(default_factory=list)
-    cancelled: bool = False
-    locally_optimal: bool = False  # the final polish finished: no single-op change improves ``best``
-    algorithm: str = "mcmc"
-
-    @property
-    def speedup_vs_data_parallel(self) -> float | None:
-        dp = self.baselines.get("data-parallel")
-        return dp / self.best_cost_s if dp and self.best_cost_s > 0 else None
 
 
 # --------------------------------------------------------------------------- configs
@@ -140,11 +61,7 @@ def candidate_configs(op: Op, n_devices: int, microbatches: int = 1, max_degrees
     dims = _dims(op)
     options = []
     for d in dims:
-        ks = divisors(d.size, n_devices)
-        if d.name == "sample" and microbatches > 1:
-            ks = [k for k in ks if d.size % (k * microbatches) == 0]
-        ks = [k for k in ks if d.degree_problem(k) is None]
-        options.append(ks or [1])
+        options.append(degree_choices(d, n_devices, microbatches) or [1])
     combos = []
     for ks in iproduct(*options):
         parts = math.prod(ks)
@@ -167,9 +84,7 @@ def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int 
     degrees: dict[str, int] = {}
     budget = n_devices
     for d in rng.sample(dims, len(dims)):
-        ks = [k for k in divisors(d.size, budget) if budget % k == 0 and d.degree_problem(k) is None]
-        if d.name == "sample" and microbatches > 1:
-            ks = [k for k in ks if d.size % (k * microbatches) == 0]
+        ks = degree_choices(d, budget, microbatches)
         k = rng.choice(ks) if ks else 1
         if k > 1:
             degrees[d.name] = k
@@ -196,11 +111,14 @@ class _Chain:
         self.accepted = 0
 
 
+def _price(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster) -> Price:
+    return price(graph, sim.strategy, cluster, timeline=sim.timeline)
+
+
 def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: bool) -> float:
-    """Simulated iteration time, or inf when a device runs out of memory."""
-    if check_memory and not memory_report(graph, sim.strategy, cluster, sim.timeline).feasible:
-        return math.inf
-    return sim.timeline.makespan_s
+    """:attr:`Price.cost_s` (inf when a device runs out of memory), or the simulated time
+    alone without ``check_memory``."""
+    return _price(sim, graph, cluster).cost_s if check_memory else sim.timeline.makespan_s
 
 
 def _propose(chain: _Chain, graph: OpGraph, cluster: Cluster, names: list[str], neighbours: dict[str, list[str]],
@@ -216,10 +134,9 @@ def _propose(chain: _Chain, graph: OpGraph, cluster: Cluster, names: list[str], 
     return name, random_config(op, cluster.num_devices, rng, microbatches)
 
 
-def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: float | None = None,
-         chains: int = 4, progress: Callable[[Progress], bool | None] | None = None,
-         cost: CostModel | None = None, check_memory: bool = True, polish: bool = True,
-         initial: Strategy | None = None) -> SearchResult:
+def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
+         progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
+         options: MCMCOptions | None = None) -> SearchResult:
     """Search FlexFlow's SOAP space for a fast strategy of ``graph`` on ``cluster``.
 
     Parameters
@@ -228,18 +145,12 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         Proposals, seconds, or both.
     seed : int
         Makes an iteration-budget search exactly reproducible.
-    beta : float, optional
-        Metropolis-Hastings inverse temperature (1/s); default ``100 / cost(start)``.
-    chains : int
-        Starting points: data parallel, expert, then random strategies.
     progress : callable, optional
         Called with a :class:`Progress` row every few proposals; returning ``False`` cancels.
-    check_memory : bool
-        Reject strategies over any device's memory.
-    polish : bool
-        Finish with a greedy pass over single-op changes of the best strategy.
     initial : Strategy, optional
         An extra starting point (e.g. a strategy being edited in the app).
+    options : MCMCOptions
+        Chains, inverse temperature, memory check, final polish.
 
     Returns
     -------
@@ -248,6 +159,9 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         costs, the progress trace.
     """
     t0 = time.perf_counter()
+    opts = options or MCMCOptions()
+    budget = budget or Budget()
+    chains, beta, check_memory, polish = opts.chains, opts.beta, opts.check_memory, opts.polish
     rng = random.Random(seed)
     cost_model = cost or CostModel()
     m = 1
@@ -271,7 +185,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         neighbours[graph.ops[c].name].append(graph.ops[p].name)
 
     live: list[_Chain] = []
-    baselines: dict[str, float] = {}
+    start_prices: dict[str, Price] = {}
     build_s = 0.0  # the longest a starting simulation took to build (the polish builds one too)
     for name, strategy in starts:
         if name.startswith("random-") and budget.seconds is not None and \
@@ -279,10 +193,12 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
             break
         t_build = time.perf_counter()
         sim = DeltaSimulator(graph, strategy, cluster, cost_model)
-        c = _cost(sim, graph, cluster, check_memory)
-        build_s = max(build_s, time.perf_counter() - t_build)
         if name in ("data-parallel", "expert"):
-            baselines[name] = c
+            start_prices[name] = _price(sim, graph, cluster)
+            c = start_prices[name].cost_s if check_memory else sim.timeline.makespan_s
+        else:
+            c = _cost(sim, graph, cluster, check_memory)
+        build_s = max(build_s, time.perf_counter() - t_build)
         b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else sim.timeline.makespan_s)
         live.append(_Chain(name, sim, random.Random(rng.random()), b, c))
     best_chain = min(live, key=lambda ch: ch.best_cost)
@@ -369,10 +285,12 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget, seed: int = 0, beta: 
         progress(trace[-1])
     found_by = {"algorithm": "mcmc", "seed": seed, "budget": str(budget), "options": {"chains": chains,
                                                                                        "beta": beta}}
-    best = replace(best, found_by=found_by, cost={"iteration_time_s": best_cost},
-                   model_name=graph.name, model_fingerprint=graph.fingerprint, cluster_name=cluster.name,
-                   cluster_devices=cluster.num_devices)
-    return SearchResult(best, best_cost, baselines, it, elapsed, trace, cancelled, locally_optimal=polished)
+    # the answer priced like every search's: a finite cost under the memory check already is
+    final = Price(best_cost, True) if check_memory and math.isfinite(best_cost) else \
+        price(graph, best, cluster, cost_model)
+    baselines, notes = price_baselines(graph, cluster, cost_model, known=start_prices)
+    return SearchResult(stamp(best, graph, cluster, found_by, final), final.cost_s, baselines, it, elapsed, trace,
+                        cancelled, locally_optimal=polished, algorithm="mcmc", best_time_s=final.time_s, notes=notes)
 
 
 def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: float, cost: CostModel | None = None,

@@ -42,24 +42,24 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cluster import Cluster
-from ..costs import CostModel, collective_time_s
+from ..costs import CostModel, collective_time_s, transfer_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
-from ..strategy import Config, Strategy, divisors
-from .baselines import data_parallel, expert
+from ..strategy import Config, Strategy, degree_choices, partition_grid
+from .api import Budget, PaseOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from .baselines import data_parallel
 
-__all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult"]
+__all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult", "finish"]
 
 #: largest DP table (bytes) an instance may need before it is refused
-MAX_TABLE_BYTES = 2 * 1024**3
+MAX_TABLE_BYTES = PaseOptions.max_table_bytes
 
 
 def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, int]]:
     dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
-        ks = [k for k in divisors(d.size, n_devices) if d.size // k >= min_part
-              and n_devices % k == 0 and d.degree_problem(k) is None]
+        ks = degree_choices(d, n_devices, min_part=min_part)
         out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
                if n_devices % (math.prod(c.values()) * k) == 0]
     out.sort(key=lambda c: (math.prod(c.values()), sorted(c.items())))
@@ -98,16 +98,13 @@ def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tu
     hi = np.zeros((n_devices, n_axes), np.int64)
     parts = cfg.num_partitions
     hi[:parts] = np.asarray(shape, np.int64)
-    # partition index -> coordinate along each dim (row-major over op.dims order)
-    p = np.arange(parts)
-    stride = parts
-    for d in op.dims:
-        k = cfg.degree(d.name)
-        stride //= k
-        coord = (p // stride) % k
+    names, grid = partition_grid(op, cfg)
+    for j, name in enumerate(names):
+        d, k = op.dim(name), cfg.degree(name)
         ax = tensor_axes(d)
-        if ax is None or k == 1:
+        if ax is None:
             continue
+        coord = grid[:, j]
         step = shape[ax] // k
         lo[:parts, ax] = coord * step
         hi[:parts, ax] = (coord + 1) * step
@@ -126,13 +123,11 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     cost = cost or CostModel()
     D = cluster.num_devices
     dtype = cluster.device_type(0)
-    groups: dict[int, tuple[float, float]] = {}
 
     def group(n: int) -> tuple[float, float]:
-        if n not in groups:
-            bw, lat, _ = cluster.collective_group(tuple(range(n))) if n > 1 else (math.inf, 0.0, ())
-            groups[n] = (bw, lat)
-        return groups[n]
+        """Per-rank bandwidth and per-step latency of the first ``n`` devices."""
+        bw, lat, _ = cluster.collective_group(tuple(range(n)))
+        return bw, lat
 
     if max_table_bytes is not None:  # refuse before any config or cost is made
         degrees = {}
@@ -200,9 +195,10 @@ def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int
     remote = np.maximum(need[None, :] - local, 0.0)  # [cu, cv]
     parts_p = np.array([c.num_partitions for c in pcs])
     span = np.maximum(parts_p[:, None], parts_c[None, :])
-    bw = np.vectorize(lambda n: group(int(n))[0] * eff if n > 1 else math.inf)(span)
+    bw = np.vectorize(lambda n: group(int(n))[0])(span)
     lat = np.vectorize(lambda n: group(int(n))[1])(span)
-    return np.where(remote > 0, 2 * remote * nbytes / bw + lat, 0.0)
+    # activations forward and their gradients back
+    return np.where(remote > 0, transfer_time_s(2 * remote * nbytes, bw, lat, eff), 0.0)
 
 
 # --------------------------------------------------------------------------- ordering, DP
@@ -321,49 +317,46 @@ def solve(problem: PaseProblem, max_table_bytes: int = MAX_TABLE_BYTES) -> PaseR
 # --------------------------------------------------------------------------- the search
 
 
-def pase(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
-         progress: Callable[[Any], Any] | None = None, initial: Strategy | None = None,
-         cost: CostModel | None = None, min_part: int = 1, max_table_bytes: int = MAX_TABLE_BYTES, **_: Any):
-    """Search by PaSE's DP; the result is simulated like the other searches' (budget, seed
-    and initial strategy do not apply: the DP is exact for its cost and deterministic).
+def pase(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
+         progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
+         options: PaseOptions | None = None) -> SearchResult:
+    """Search by PaSE's DP; the result is priced like the other searches' (budget, seed and
+    initial strategy do not apply: the DP is exact for its cost and deterministic).
 
     Returns
     -------
     SearchResult
         ``best`` is PaSE's optimum with ``found_by`` recording the DP's cost, its largest
-        dependent set and table; ``best_cost_s`` its simulated iteration time.
+        dependent set and table; ``best_cost_s`` its simulated iteration time (inf when it does
+        not fit in memory: PaSE's cost has no memory term).
     """
-    from .mcmc import Progress, SearchResult
-
+    opts = options or PaseOptions()
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
-    problem = build_problem(graph, cluster, cost_model, min_part, max_table_bytes)
+    problem = build_problem(graph, cluster, cost_model, opts.min_part, opts.max_table_bytes)
     built = time.perf_counter() - t0
-    r = solve(problem, max_table_bytes)
-    found_by = {"algorithm": "pase", "options": {"min_part": min_part}, "pase_cost_s": r.cost_s,
+    r = solve(problem, opts.max_table_bytes)
+    found_by = {"algorithm": "pase", "options": {"min_part": opts.min_part}, "pase_cost_s": r.cost_s,
                 "largest_dependent_set": r.largest_dependent_set, "largest_table_entries": r.largest_table_entries,
                 "dp_seconds": r.seconds, "setup_seconds": built}
-    best, sim, baselines = finish(graph, cluster, problem, r.choice, cost_model, found_by)
-    elapsed = time.perf_counter() - t0
-    row = Progress(1, elapsed, sim, sim, 1.0, 1)
+    result = finish(graph, cluster, problem, r.choice, cost_model, found_by, t0)
     if progress is not None:
-        progress(row)
-    return SearchResult(best, sim, baselines, 1, elapsed, [row], algorithm="pase")
+        progress(result.trace[-1])
+    return result
 
 
 def finish(graph: OpGraph, cluster: Cluster, problem: PaseProblem, choice: list[int], cost: CostModel,
-           found_by: dict[str, Any]) -> tuple[Strategy, float, dict[str, float]]:
-    """The strategy of a choice of configs (data parallel's settings otherwise), its simulated
-    iteration time, and the baselines' (data parallel, expert) for the search result."""
-    from ..simulate import simulate
-    from ..taskgraph import build_task_graph
-
-    dp = data_parallel(graph, cluster)
-    best = replace(dp, configs={op.name: problem.configs[v][choice[v]] for v, op in enumerate(graph.ops)})
-    sim = simulate(build_task_graph(graph, best, cluster, cost)).makespan_s
-    baselines = {name: simulate(build_task_graph(graph, s, cluster, cost)).makespan_s
-                 for name, s in (("data-parallel", dp), ("expert", expert(graph, cluster)))}
-    best = replace(best, found_by=found_by, cost={"iteration_time_s": sim}, model_name=graph.name,
-                   model_fingerprint=graph.fingerprint, cluster_name=cluster.name,
-                   cluster_devices=cluster.num_devices)
-    return best, sim, baselines
+           found_by: dict[str, Any], t0: float, iterations: int = 1) -> SearchResult:
+    """The search result of a choice of configs (data parallel's settings otherwise), priced
+    with the baselines (:func:`engine.search.api.price`)."""
+    best = replace(data_parallel(graph, cluster),
+                   configs={op.name: problem.configs[v][choice[v]] for v, op in enumerate(graph.ops)})
+    p = price(graph, best, cluster, cost)
+    baselines, notes = price_baselines(graph, cluster, cost)
+    if not p.feasible:
+        notes.insert(0, f"the strategy found does not fit in memory ({found_by['algorithm']}'s cost has no "
+                        "memory term)")
+    elapsed = time.perf_counter() - t0
+    row = Progress(iterations, elapsed, p.cost_s, p.cost_s, 1.0, 1)
+    return SearchResult(stamp(best, graph, cluster, found_by, p), p.cost_s, baselines, iterations, elapsed, [row],
+                        algorithm=found_by["algorithm"], best_time_s=p.time_s, notes=notes)

@@ -37,18 +37,18 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..cluster import Cluster
-from ..costs import CostModel, collective_time_s
+from ..costs import CostModel, collective_time_s, transfer_time_s
 from ..graph import OpGraph
 from ..memory import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
-from .baselines import tp_plan, data_parallel, layer_blocks, megatron
+from .api import Budget, PipelineOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from .baselines import layer_blocks, megatron, tp_plan
 
 __all__ = ["Plan", "plan_pipeline", "pipeline"]
 
@@ -101,18 +101,13 @@ class _Model:
         self.units = _units(graph)
         self.pbytes = DTYPE_BYTES[graph.precision]
         self._plans: dict[int, dict] = {}
-        self._groups: dict[tuple[int, ...], tuple[float, float]] = {}
         self._times: dict[tuple, np.ndarray] = {}
         self._sizes: dict[tuple, tuple] = {}
 
     def group(self, devices: tuple[int, ...]) -> tuple[float, float]:
-        if len(devices) <= 1:
-            return math.inf, 0.0
-        hit = self._groups.get(devices)
-        if hit is None:
-            bw, lat, _ = self.c.collective_group(devices)
-            hit = self._groups[devices] = (bw * self.cost.link_efficiency, lat)
-        return hit
+        """Per-rank bandwidth (bytes/s, before link efficiency) and per-step latency (s)."""
+        bw, lat, _ = self.c.collective_group(devices)
+        return bw, lat
 
     def tp_plan(self, tp: int) -> dict:
         if tp not in self._plans:
@@ -145,7 +140,7 @@ class _Model:
                     _, outs, _ = op.partition_shapes(degrees)
                     size = float(sum(math.prod(s) for s in outs)) * self.pbytes
                     t += (3 if recompute == "full" else 2) * collective_time_s(
-                        "all_reduce", size, tp, bw / self.cost.link_efficiency, lat, self.cost.link_efficiency)
+                        "all_reduce", size, tp, bw, lat, self.cost.link_efficiency)
             out[k] = t
         self._times[key] = out
         return out
@@ -305,9 +300,10 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
         boundary = []
         for s in range(pp - 1):
             a, b = meshes[order[s]][0], meshes[order[s + 1]][0]
-            bw = cluster.path_bandwidth(a, b) * cost.link_efficiency if hardware_aware else \
-                cluster.path_bandwidth(0, min(n - 1, mesh_size)) * cost.link_efficiency
-            boundary.append(2 * outb / bw)
+            bw = cluster.path_bandwidth(a, b) if hardware_aware else cluster.path_bandwidth(0, min(n - 1, mesh_size))
+            # activations forward and their gradients back; latency left out (one per
+            # microbatch, microseconds against milliseconds of compute)
+            boundary.append(transfer_time_s(2 * outb, bw, 0.0, cost.link_efficiency))
         ok = np.zeros((pp, L + 1, L + 1), bool)
         for s in range(pp):
             inflight = pp - s  # 1F1B: stage s holds up to pp - s microbatches
@@ -326,8 +322,7 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
                 mesh = meshes[order[s]]
                 bw, lat = model.group(tuple(mesh[::tp]))
                 size = (pre_p[at + cnt] - pre_p[at]) * model.pbytes
-                sync = max(sync, collective_time_s("all_reduce", size, dp, bw / cost.link_efficiency,
-                                                   lat, cost.link_efficiency))
+                sync = max(sync, collective_time_s("all_reduce", size, dp, bw, lat, cost.link_efficiency))
                 at += cnt
         plans.append(Plan(tp, pp, dp, mb, B, counts, list(order), total + sync, recompute))
     return plans
@@ -339,52 +334,42 @@ def build_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> Strategy:
                     stage_mesh=plan.stage_mesh if plan.pp > 1 else None)
 
 
-def pipeline(graph: OpGraph, cluster: Cluster, budget: Any = None, seed: int = 0,
-             progress: Callable[[Any], Any] | None = None, initial: Strategy | None = None,
-             cost: CostModel | None = None, hardware_aware: bool = True, simulate_top: int = 4, **_: Any):
-    """The search interface: plan, simulate the ``simulate_top`` best plans (memory
-    included) and return the fastest feasible one."""
-    from ..report import simulate_strategy
-    from .mcmc import Progress, SearchResult
-
+def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
+             progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
+             options: PipelineOptions | None = None) -> SearchResult:
+    """The search interface: plan, price the ``simulate_top`` best plans (memory included)
+    and return the fastest that fits. The baseline is data parallel (the expert strategy
+    of an LLM is a model-parallel layout many times slower to simulate, and never a
+    pipeline's rival)."""
+    opts = options or PipelineOptions()
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
-    plans = plan_pipeline(graph, cluster, cost_model, hardware_aware)
+    plans = plan_pipeline(graph, cluster, cost_model, opts.hardware_aware)
     if not plans:
         raise ValueError(f"no pipeline plan fits {graph.name} on {cluster.name} (memory, batch or layers)")
     best = None
     rows: list[Progress] = []
     tried = 0
     for plan in plans:
-        if tried >= simulate_top:
+        if tried >= opts.simulate_top:
             break
         try:
             s = build_plan(graph, cluster, plan)
         except ValueError:
             continue
         tried += 1
-        r = simulate_strategy(graph, s, cluster, cost_model, check=False)
-        cost_s = r.iteration_time_s if r.memory.feasible else math.inf
-        if best is None or cost_s < best[0]:
-            best = (cost_s, s, plan)
-        rows.append(Progress(tried, time.perf_counter() - t0, cost_s, best[0], 1.0, 1,
-                             best=best[1] if math.isfinite(best[0]) else None))
+        p = price(graph, s, cluster, cost_model)
+        if best is None or p.cost_s < best[0].cost_s:
+            best = (p, s, plan)
+        rows.append(Progress(tried, time.perf_counter() - t0, p.cost_s, best[0].cost_s, 1.0, 1,
+                             best=best[1] if best[0].feasible else None))
         if progress is not None and progress(rows[-1]) is False:
             break
-    if best is None or not math.isfinite(best[0]):
-        raise ValueError(f"none of the best {simulate_top} pipeline plans fits in memory on {cluster.name}")
-    cost_s, s, plan = best
-    baselines = {}
-    notes = []
-    try:
-        dp = simulate_strategy(graph, data_parallel(graph, cluster), cluster, cost_model, check=False)
-        if dp.memory.feasible:
-            baselines["data-parallel"] = dp.iteration_time_s
-        else:
-            notes.append("data parallel does not fit in memory: no speedup over it is reported")
-    except ValueError as e:
-        notes.append(f"data parallel cannot run: {e}")
-    s = replace(s, found_by={"algorithm": "pipeline", "plan": plan.describe(), "model_cost_s": plan.model_cost_s,
-                             "options": {"hardware_aware": hardware_aware}, "notes": notes},
-                cost={"iteration_time_s": cost_s})
-    return SearchResult(s, cost_s, baselines, tried, time.perf_counter() - t0, rows, algorithm="pipeline")
+    if best is None or not best[0].feasible:
+        raise ValueError(f"none of the best {opts.simulate_top} pipeline plans fits in memory on {cluster.name}")
+    p, s, plan = best
+    baselines, notes = price_baselines(graph, cluster, cost_model, names=("data-parallel",))
+    found_by = {"algorithm": "pipeline", "plan": plan.describe(), "model_cost_s": plan.model_cost_s,
+                "options": {"hardware_aware": opts.hardware_aware}, "notes": notes}
+    return SearchResult(stamp(s, graph, cluster, found_by, p), p.cost_s, baselines, tried,
+                        time.perf_counter() - t0, rows, algorithm="pipeline", best_time_s=p.time_s, notes=notes)

@@ -29,6 +29,7 @@ class SegmentStore:
         self.readers: dict[int, set[tuple]] = {}  # op -> keys of the segments that read it
         self._keys: list[tuple] = []  # keys in slot order (refreshed when keys are added)
         self.previous: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
+        self._barriers: dict[int, np.ndarray] = {}  # device -> its barrier handles
 
     def begin(self, key: tuple, refs) -> Segment:
         """A new, empty segment for ``key`` (replacing any old one) reading ``refs``."""
@@ -50,15 +51,15 @@ class SegmentStore:
 
     def barriers(self, device: int, count: int) -> np.ndarray:
         """Handles of ``device``'s chain of ``count`` barriers, made on first use."""
-        key = ("barriers", device)
-        seg = self.segments.get(key)
-        if seg is None:
+        ids = self._barriers.get(device)
+        if ids is None:
+            key = ("barriers", device)
             seg = self.segments[key] = Segment(self.slot_of[key])
             self.set_refs(key, set())
-            seg.barrier_ids = seg.add(count, BARRIER)
+            ids = self._barriers[device] = seg.add(count, BARRIER)
             if count > 1:
-                seg.edges(seg.barrier_ids[:-1], seg.barrier_ids[1:])
-        return seg.barrier_ids
+                seg.edges(ids[:-1], ids[1:])
+        return ids
 
     def live(self, rep_devices: set[int]) -> list[Segment]:
         """The segments of the graph in slot order (barriers only of devices in use)."""

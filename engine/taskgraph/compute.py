@@ -7,10 +7,10 @@ import numpy as np
 
 from ..graph import Op
 from ..ops import DTYPE_BYTES, REDUCTION
-from ..strategy import selective_recompute_reruns
+from ..strategy import partition_grid, selective_recompute_reruns
 from .context import BuildContext, OpTables
 from .emit import Emitter
-from .regions import classes, coords, out_regions, tile
+from .regions import classes, out_regions, tile
 from .segments import Segment
 from .tasks import BWD, FWD
 
@@ -48,7 +48,7 @@ class ComputeBuilder:
                selective)
         hit = self._memo.get(sig)
         if hit is None or self.emit.heterogeneous:
-            names, grid = coords(op, config)
+            names, grid = partition_grid(op, config)
             degrees = dict(config.degrees)
             if m > 1 and "sample" in op.dim_names:
                 degrees["sample"] = degrees.get("sample", 1) * m

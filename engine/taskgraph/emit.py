@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs import collective_time_s
+from ..costs import collective_time_s, transfer_time_s
 from ..graph import Op
 from .context import BuildContext
 from .regions import tile
@@ -17,7 +17,7 @@ __all__ = ["Emitter"]
 
 class Emitter:
     """Adds transfer and collective tasks to a segment, and prices compute partitions and
-    optimizer steps, with the cluster's paths and collective groups looked up once per build.
+    optimizer steps, with the cluster's paths looked up once per build.
 
     Transfers over several links are one task per link, pipelined (cut-through): hop k+1 may
     start ``latency_k`` after hop k starts (the segment's chain arrays), and every hop streams
@@ -32,7 +32,6 @@ class Emitter:
         self.type_of = np.array([names.index(d.type) for d in cluster.devices], np.int64)  # [device]
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]  # [link]
         self.link_lat = cluster.arrays["link_latency_s"]  # [link]
-        self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
         self._paths = _PathTable(cluster)
 
     @property
@@ -60,14 +59,6 @@ class Emitter:
                 for d in range(c.num_devices)]
 
     # -- collectives -----------------------------------------------------------------
-    def group(self, devices) -> tuple[float, float, tuple[int, ...]]:
-        """:meth:`Cluster.collective_group` of ``devices``, looked up once per build."""
-        key = tuple(sorted(set(int(d) for d in devices)))
-        hit = self._groups.get(key)
-        if hit is None:
-            hit = self._groups[key] = self.ctx.cluster.collective_group(key)
-        return hit
-
     def collective(self, seg: Segment, kind: str, size_bytes: float, devices, preds, op: int = -1,
                    mb: int = -1) -> int:
         """Add one collective task over ``devices`` after ``preds``; returns its handle (or -1
@@ -84,7 +75,7 @@ class Emitter:
         devs = sorted(set(int(d) for d in devices))
         if len(devs) <= 1 or size_bytes <= 0:
             return None
-        bw, lat, links = self.group(devs)
+        bw, lat, links = self.ctx.cluster.collective_group(devs)
         n = len(devs)
         k = preds.shape[0]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.ctx.cost.link_efficiency)
@@ -125,9 +116,8 @@ class Emitter:
             mine = hops[inverse] == nh
             sel = idx[mine]
             links = table[inverse[mine], :nh]  # [transfer, hop]
-            bottleneck = self.link_bw[links].min(axis=1) * self.ctx.cost.link_efficiency
             size = size_bytes[sel]
-            stream = size / bottleneck
+            stream = transfer_time_s(size, self.link_bw[links].min(axis=1), 0.0, self.ctx.cost.link_efficiency)
             prev = None
             for h in range(nh):
                 lk = links[:, h]

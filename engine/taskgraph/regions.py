@@ -8,7 +8,7 @@ import numpy as np
 from ..graph import Op
 from ..strategy import Config
 
-__all__ = ["tile", "coords", "ranges", "out_regions", "in_regions", "pair", "classes", "transfer_plan"]
+__all__ = ["tile", "ranges", "out_regions", "in_regions", "pair", "classes", "transfer_plan"]
 
 def tile(x: np.ndarray, m: int) -> np.ndarray:
     """``np.tile`` of a 1-D array ``m`` times, without its Python overhead."""
@@ -17,16 +17,6 @@ def tile(x: np.ndarray, m: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- regions
-
-
-def coords(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
-    """Names of the split dims and the [part, dim] coordinate matrix (row-major over op.dims)."""
-    names = [d.name for d in op.dims if config.degree(d.name) > 1]
-    shape = [config.degree(n) for n in names]
-    if not names:
-        return [], np.zeros((1, 0), np.int64)
-    grid = np.indices(shape).reshape(len(shape), -1).T
-    return names, grid
 
 
 def ranges(coord: np.ndarray, degree: int, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,258 @@
+"""The search protocol: what every search takes, reports and returns, and how every strategy a
+search returns or compares with is priced.
+
+Every search is a function
+
+    search(graph, cluster, budget, *, seed=0, progress=None, initial=None, cost=None,
+           options=None) -> SearchResult
+
+``options`` is the algorithm's own typed dataclass (:class:`MCMCOptions`, :class:`PaseOptions`,
+:class:`DifferentiableOptions`, :class:`PipelineOptions`); an unknown option is an error, never
+silently dropped. Its result's cost and its baselines' costs come from one function,
+:func:`price`: the simulated iteration time when every device fits in memory, ``inf``
+otherwise, so ``speedup_vs_data_parallel`` means the same for every algorithm (None when
+either side does not fit).
+
+This module imports no algorithm: the CLI and the app read the registry
+(:data:`engine.search.ALGORITHMS`) and build options without loading the searches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..graph import OpGraph
+from ..strategy import Strategy
+
+__all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "price_baselines", "stamp",
+           "MCMCOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions", "parse_options",
+           "ProgressFn"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An iteration count, a number of seconds, or both (whichever runs out first); neither
+    is unlimited (the search decides when it is done)."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Budget":
+        """``"5000"`` (proposals), ``"30s"``, ``"2m"`` or ``"1h"``: at most 10**9 proposals or
+        7 days (604,800 s).
+
+        >>> Budget.parse("30s"), Budget.parse("5000")
+        (Budget(iterations=None, seconds=30.0), Budget(iterations=5000, seconds=None))
+        """
+        max_iterations, max_seconds = 10**9, 7 * 86400
+        shown = repr(str(text)[:40] + ("..." if len(str(text)) > 40 else ""))
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text)) if len(str(text)) <= 1000 else None
+        if not m:
+            raise ValueError(f"budget {shown} is not a number of proposals (5000) or a time (30s, 2m, 1h): "
+                             f"at most {max_iterations:,} proposals or 7 days")
+        value, unit = float(m.group(1)), m.group(2)
+        if value <= 0:
+            raise ValueError(f"budget {shown} must be positive")
+        if unit:
+            seconds = value * {"s": 1, "m": 60, "h": 3600}[unit]
+            if seconds > max_seconds:
+                raise ValueError(f"budget {shown} is more than 7 days ({max_seconds:,} s), the longest a search runs")
+            return cls(seconds=seconds)
+        if value > max_iterations:  # (before int(): 400 nines are inf as a float)
+            raise ValueError(f"budget {shown} is more than {max_iterations:,} proposals, the most a search runs")
+        if value != int(value):
+            raise ValueError(f"budget {shown}: a number of proposals must be a whole number")
+        return cls(iterations=int(value))
+
+    def __str__(self) -> str:
+        parts = []
+        if self.iterations is not None:
+            parts.append(f"{self.iterations} proposals")
+        if self.seconds is not None:
+            parts.append(f"{self.seconds:g} s")
+        return " or ".join(parts) or "unlimited"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One row of a search's progress stream (times in seconds)."""
+
+    iteration: int
+    elapsed_s: float
+    current_cost_s: float
+    best_cost_s: float
+    acceptance_rate: float
+    chains: int = 1
+    #: the best strategy so far, where the search has one at this row (a reference, not a
+    #: copy: a consumer that keeps it, such as the app's worker, serialises it at once)
+    best: Strategy | None = field(default=None, repr=False, compare=False)
+
+
+#: called with every progress row; returning ``False`` cancels the search
+ProgressFn = Callable[[Progress], "bool | None"]
+
+
+@dataclass(frozen=True)
+class Price:
+    """What a strategy costs: its simulated iteration time and whether it fits."""
+
+    time_s: float  # simulated iteration time, fitting or not
+    feasible: bool  # every device fits in memory
+
+    @property
+    def cost_s(self) -> float:
+        """The quantity searches minimise and compare: ``time_s`` when it fits, else inf."""
+        return self.time_s if self.feasible else math.inf
+
+
+def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
+          timeline=None) -> Price:
+    """Simulate ``strategy`` (or take ``timeline``, its simulation already made, e.g. by a
+    delta simulator) and check every device's memory."""
+    from ..memory import memory_report  # (the simulator's modules load only when a search prices)
+    from ..simulate import simulate
+    from ..taskgraph import build_task_graph
+
+    if timeline is None:
+        timeline = simulate(build_task_graph(graph, strategy, cluster, cost))
+    return Price(timeline.makespan_s, memory_report(graph, strategy, cluster, timeline).feasible)
+
+
+def price_baselines(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None,
+                    names: tuple[str, ...] = ("data-parallel", "expert"),
+                    known: dict[str, Price] | None = None) -> tuple[dict[str, float], list[str]]:
+    """The baselines' costs (:attr:`Price.cost_s`: inf when one does not fit) and notes on
+    those that cannot be built for this model and cluster (left out of the costs).
+    ``known``: prices a search already has (its starting points)."""
+    from .baselines import make_baseline
+
+    costs: dict[str, float] = {}
+    notes: list[str] = []
+    for name in names:
+        if known and name in known:
+            p = known[name]
+        else:
+            try:
+                p = price(graph, make_baseline(name, graph, cluster), cluster, cost)
+            except ValueError as e:
+                notes.append(f"baseline {name} cannot run here: {e}")
+                continue
+        costs[name] = p.cost_s
+        if not p.feasible:
+            notes.append(f"baseline {name} does not fit in memory: no speedup over it is reported")
+    return costs, notes
+
+
+def stamp(strategy: Strategy, graph: OpGraph, cluster: Cluster, found_by: dict[str, Any], p: Price) -> Strategy:
+    """``strategy`` labelled with the search that found it, its price (with
+    ``fits_in_memory: false`` when it does not fit), and the model and cluster it is for."""
+    cost = {"iteration_time_s": p.time_s} if p.feasible else {"iteration_time_s": p.time_s, "fits_in_memory": False}
+    return replace(strategy, found_by=found_by, cost=cost,
+                   model_name=graph.name, model_fingerprint=graph.fingerprint, cluster_name=cluster.name,
+                   cluster_devices=cluster.num_devices)
+
+
+@dataclass
+class SearchResult:
+    """A search's answer. ``best_cost_s`` is :attr:`Price.cost_s` of ``best`` (inf when even
+    the best found does not fit); ``best_time_s`` its simulated time, fitting or not;
+    ``baselines`` the baselines' costs priced the same way; ``notes`` what the user should
+    know (a baseline that does not fit, an option that did not apply)."""
+
+    best: Strategy
+    best_cost_s: float
+    baselines: dict[str, float]
+    iterations: int
+    elapsed_s: float
+    trace: list[Progress] = field(default_factory=list)
+    cancelled: bool = False
+    locally_optimal: bool = False  # the final polish finished: no single-op change improves ``best``
+    algorithm: str = "mcmc"
+    best_time_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.best_time_s is None:
+            self.best_time_s = self.best_cost_s
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.best_cost_s)
+
+    @property
+    def speedup_vs_data_parallel(self) -> float | None:
+        """Data parallel's cost over the best's, both priced alike; None unless both fit."""
+        dp = self.baselines.get("data-parallel")
+        if dp is None or not math.isfinite(dp) or not self.feasible or self.best_cost_s <= 0:
+            return None
+        return dp / self.best_cost_s
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class MCMCOptions:
+    chains: int = 4  # starting points: data parallel, expert, then random strategies
+    beta: float | None = None  # Metropolis-Hastings inverse temperature (1/s); default 100 / cost(start)
+    check_memory: bool = True  # reject strategies over any device's memory
+    polish: bool = True  # finish with a greedy pass over single-op changes
+
+
+@dataclass(frozen=True)
+class PaseOptions:
+    min_part: int = 1  # smallest partition of any dim (elements)
+    max_table_bytes: int = 2 * 1024**3  # largest DP table an instance may need before it is refused
+
+
+@dataclass(frozen=True)
+class DifferentiableOptions:
+    steps: int = 400  # gradient steps when the budget is not a time (a number budget overrides)
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    hardware_aware: bool = True  # plan stages on each mesh's own device type and links
+    simulate_top: int = 4  # how many of the analytic model's best plans are simulated
+
+
+def parse_options(cls: type, pairs: list[str] | None) -> Any:
+    """``cls`` from ``["name=value", ...]`` (values converted to the field's type).
+
+    >>> parse_options(PipelineOptions, ["simulate_top=8"])
+    PipelineOptions(hardware_aware=True, simulate_top=8)
+    """
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, sep, text = pair.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"option {pair[:60]!r}: expected NAME=VALUE with NAME one of {', '.join(known)}")
+        kind = str(known[name].type)
+        text = text.strip()
+        try:
+            if text.lower() in ("none", "null") and "None" in kind:
+                values[name] = None
+            elif kind.startswith("bool"):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError("expected true or false")
+                values[name] = text.lower() in ("true", "1", "yes")
+            elif kind.startswith("int"):
+                values[name] = int(text)
+            elif kind.startswith("float"):
+                values[name] = float(text)
+                if not math.isfinite(values[name]):
+                    raise ValueError("not a finite number")
+            else:
+                values[name] = text
+        except ValueError as e:
+            raise ValueError(f"option {name}={text[:40]!r}: {e} ({kind})") from None
+    return cls(**values)
