@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -36,7 +37,12 @@ def _seconds(text: str) -> float:
     return v
 
 
+_served = False  # whether this process ran the server (which exits the normal way)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    global _served
+    _served = True
     from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app, limit_malloc_arenas
     from .callbacks import warm_up
 
@@ -66,5 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return engine_main(argv, extra={"serve": ("run the web explorer (Dash)", _serve_args, _serve)})
 
 
+def run() -> None:
+    """The console entry point: :func:`main`, then exit at once.
+
+    A one-shot command's outputs are closed by then (files in ``with`` blocks, temporary
+    files removed in ``finally``), so after flushing stdout and stderr the process ends
+    without tearing down its modules and arrays: 0.15 s of a 0.7 s ``soapbox simulate``
+    of Inception-v3 (numba's and llvmlite's finalisers). ``serve`` exits normally."""
+    rc = main(sys.argv[1:])
+    if _served:  # (its worker pool and database close in their own handlers)
+        sys.exit(rc)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

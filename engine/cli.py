@@ -316,7 +316,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                              f"apply to a baseline kind, not to the strategy file {args.strategy}")
         s = load_strategy(args.strategy, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
-    result = simulate_strategy(g, s, c, cost)
+    result = simulate_strategy(g, s, c, cost, check=False)  # (a baseline and a loaded file are checked)
     if args.trace:
         n = write_chrome_trace(args.trace, g, c, result.timeline, result.memory)
         if not args.json:

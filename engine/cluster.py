@@ -27,10 +27,12 @@ import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 from .errors import Problem, ValidationError, printable
 
@@ -320,10 +322,6 @@ class Cluster:
         # sorted devices -> (per-rank bandwidth, per-step latency, links): the one cache of
         # collective groups (the builder, PaSE and the pipeline planner all read it)
         self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
-        self._graph = nx.DiGraph()
-        for lk in links:
-            self._graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind,
-                                 weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -387,11 +385,25 @@ class Cluster:
         # network and back, even where that detour would be faster.
         same_node = self.devices[src].node == self.devices[dst].node
         weight = (lambda u, v, e: None if e["kind"] == "network" else e["weight"]) if same_node else "weight"
+        import networkx as nx
+
+        graph = self._link_graph
         try:
-            nodes = nx.dijkstra_path(self._graph, _out(src), _in(dst), weight=weight)
+            nodes = nx.dijkstra_path(graph, _out(src), _in(dst), weight=weight)
         except (nx.NetworkXNoPath, nx.NodeNotFound):
             raise ValueError(f"no path from {self.devices[src].name} to {self.devices[dst].name}") from None
-        return tuple(self._graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+        return tuple(graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+
+    @cached_property
+    def _link_graph(self) -> "nx.DiGraph":
+        """Endpoints joined by links (weight: seconds to move 1 MB), made on first use:
+        structural routes need no graph (networkx loads only for a route search)."""
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        for lk in self.links:
+            graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
+        return graph
 
     def path_bandwidth(self, src: int, dst: int) -> float:
         """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal."""
@@ -467,9 +479,9 @@ class Cluster:
         """[device] peak FLOP/s at ``precision`` (``ValueError`` if a device lacks it)."""
         return np.array([self.device_type(d.id).peak(precision) for d in self.devices])
 
-    def to_networkx(self) -> nx.DiGraph:
+    def to_networkx(self) -> "nx.DiGraph":
         """Endpoints (GPU send/receive sides, switches, NICs, fabric) joined by links."""
-        return self._graph.copy()
+        return self._link_graph.copy()
 
     def summary(self) -> str:
         types: dict[str, int] = {}

@@ -18,10 +18,12 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 from .errors import Problem, ValidationError
 from .ops import (
@@ -352,8 +354,10 @@ class OpGraph:
             a.setflags(write=False)
         return arr
 
-    def to_networkx(self) -> nx.MultiDiGraph:
+    def to_networkx(self) -> "nx.MultiDiGraph":
         """A networkx view: one node per op (attrs ``kind``, ``block``, FLOPs), one edge per tensor use."""
+        import networkx as nx
+
         g = nx.MultiDiGraph(name=self.name)
         for op in self.ops:
             g.add_node(op.name, kind=op.kind, block=op.block, fwd_flops=op.fwd_flops, params=op.param_count)
@@ -545,6 +549,8 @@ def graph_from_dict(data: Mapping[str, Any]) -> OpGraph:
                                     f"duplicate op name {od['name']!r} (first used by ops[{names[od['name']]}])"))
         else:
             names[od["name"]] = i
+
+    import networkx as nx  # (loaded with the first model file: samples are built without it)
 
     # Dependency graph for ordering and cycle detection.
     dep = nx.DiGraph()

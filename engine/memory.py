@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +55,7 @@ class MemoryReport:
     peak_bytes: np.ndarray
     capacity_bytes: np.ndarray
     #: per device: (times_s, bytes) of the memory curve, for traces and plots
-    curves: list[tuple[np.ndarray, np.ndarray]]
+    curves: Sequence[tuple[np.ndarray, np.ndarray]]
 
     @property
     def static_bytes(self) -> np.ndarray:
@@ -157,13 +158,35 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
             act_peak[d] = max(0.0, float(level.max()))
         curves.append((times[lo:hi], static[d] + level))
     if image is not None:  # symmetric simulation: mirror representatives' activations
-        for d in range(D):
-            i = int(image[d])
-            if i >= 0 and i != d:
-                act_peak[d] = act_peak[i]
-                curves[d] = (curves[i][0], static[d] + (curves[i][1] - static[i]))
+        mirrored = (image >= 0) & (image != np.arange(D))
+        act_peak[mirrored] = act_peak[image[mirrored]]
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
-    return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity, curves)
+    return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity,
+                        _Curves(curves, image, static))
+
+
+class _Curves(Sequence):
+    """Per device, (times_s, bytes) of its memory curve; a device that mirrors a
+    representative (symmetric simulation) gets the representative's activations over its
+    own static memory, made when asked for (a 1,024-GPU report does not build 1,000 copies
+    that only a trace reads)."""
+
+    def __init__(self, curves: list[tuple[np.ndarray, np.ndarray]], image: np.ndarray | None,
+                 static: np.ndarray) -> None:
+        self._curves, self._image, self._static = curves, image, static
+
+    def __len__(self) -> int:
+        return len(self._curves)
+
+    def __getitem__(self, d):
+        if isinstance(d, slice):
+            return [self[k] for k in range(*d.indices(len(self)))]
+        d = range(len(self))[d]  # (negative indices, IndexError)
+        i = int(self._image[d]) if self._image is not None else d
+        if i < 0 or i == d:
+            return self._curves[d]
+        times, level = self._curves[i]
+        return times, self._static[d] + (level - self._static[i])
 
 
 #: graph -> per-(op, config) results (a search asks for the same ones often); an entry goes
@@ -183,7 +206,12 @@ def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, flo
     """An op's parameter partitions under ``cfg``: the parameter region each holds (an id,
     equal for equal regions of ops sharing parameters), its device, elements per partition
     and the number of copies of each region (its replication). ``cache``: _graph_cache's."""
-    ck = ("params", op.name, tuple(cfg.degrees.items()), cfg.devices)
+    sigs = cache.setdefault("param_sig", {})
+    sig = sigs.get(op.name)
+    if sig is None:  # (identical layers' ops share their entries)
+        sig = sigs[op.name] = (op.kind, tuple(p.shape for p in op.params),
+                               tuple((d.name, d.kind, d.size, d.param_axes) for d in op.dims))
+    ck = ("params", sig, tuple(cfg.degrees.items()), cfg.devices)
     hit = cache.get(ck)
     if hit is None:
         elems = op.partition_param_elements(cfg.degrees)

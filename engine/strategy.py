@@ -362,6 +362,10 @@ def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches
     if len(config.devices) != want:
         problems.append(Problem(f"{at}.devices",
                                 f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
+    devs, n = config.devices, cluster.num_devices
+    if all(type(d) is int for d in devs) and len(set(devs)) == len(devs) and \
+            (not devs or (min(devs) >= 0 and max(devs) < n)):
+        return problems  # (the common case, without the per-device messages below)
     seen: set[int] = set()
     for k, dev in enumerate(config.devices):
         if not isinstance(dev, int) or isinstance(dev, bool):

@@ -172,13 +172,13 @@ class TestReadJson:
         path = "/proc/self/environ"
         if not os.path.exists(path) or os.stat(path).st_size != 0:
             pytest.skip("needs a /proc file that reports size 0")
-        monkeypatch.setattr(formats, "MAX_FILE_BYTES", 8)
+        monkeypatch.setattr(formats.jsonio, "MAX_FILE_BYTES", 8)
         assert problems(read_json, path) == ["the file is larger than the limit of 0 MiB"]
 
     def test_too_large(self, tmp_path, monkeypatch):
         path = tmp_path / "big.json"
         path.write_text(json.dumps({"format": "soapbox.model/1", "pad": "x" * 4000}))
-        monkeypatch.setattr(formats, "MAX_FILE_BYTES", 2**10)
+        monkeypatch.setattr(formats.jsonio, "MAX_FILE_BYTES", 2**10)
         assert problems(read_json, str(path)) == ["the file is larger than the limit of 0 MiB"]
 
     def test_nul_in_path(self):
@@ -515,7 +515,7 @@ class TestNameResolution:
         def forbidden(*args, **kwargs):
             raise AssertionError(f"the file system was touched: {args}")
 
-        monkeypatch.setattr(formats, "_read_capped", forbidden)
+        monkeypatch.setattr(formats.jsonio, "_read_capped", forbidden)
         monkeypatch.setattr(formats.os.path, "exists", forbidden)
 
     def test_names_never_open_paths(self, no_file_access, tmp_path):
@@ -553,8 +553,10 @@ class TestNameResolution:
         path = tmp_path / "s.json"
         save_json(d, path)
         opened = []
-        real = formats._read_capped
-        monkeypatch.setattr(formats, "_read_capped", lambda p, src: opened.append(str(p)) or real(p, src))
+        from engine.formats import jsonio
+
+        real = jsonio._read_capped
+        monkeypatch.setattr(jsonio, "_read_capped", lambda p, src: opened.append(str(p)) or real(p, src))
         summary = validate_file(str(path))
         assert opened == [str(path)]
         assert summary == (f"{path}: valid soapbox.strategy/1 structure (24 ops); not checked against a model and "

@@ -314,6 +314,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         raise ValueError(f"stage_mesh must be a permutation of 0..{pp - 1}, got {mesh}")
     plan, notes = tp_plan(graph, tp, sequence_parallel)
     configs = {}
+    made: dict[tuple, Config] = {}  # the layers' ops repeat a few configs (GPT-3: 2,410 ops, 64 configs)
     for op in graph.ops:
         base = mesh[chunk[op.name] % pp] * dp * tp
         dim, deg = plan[op.name]
@@ -326,7 +327,10 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         def device_of(c: dict[str, int], base=base, dim=dim) -> int:
             return base + c.get("sample", 0) * tp + (c.get(dim, 0) if dim else 0)
 
-        configs[op.name] = _grid(op, degrees, device_of)
+        key = (tuple((d.name, degrees[d.name]) for d in op.dims if d.name in degrees), base, dim)
+        if key not in made:
+            made[key] = _grid(op, degrees, device_of)
+        configs[op.name] = made[key]
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}
     return _finish(graph, cluster, configs, "megatron", options, notes,

@@ -29,15 +29,13 @@ class BuildContext:
     sym: Symmetry | None  # None: every partition is simulated
     #: (producer op, output index) -> [(consumer op, input index)], in edge order
     users: dict[tuple[int, int], list[tuple[int, int]]] = field(init=False)
+    n_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
+        self.n_devices = self.cluster.num_devices
         self.users = {}
         for (p, o, c, i) in self.graph.edges:
             self.users.setdefault((p, o), []).append((c, i))
-
-    @property
-    def n_devices(self) -> int:
-        return self.cluster.num_devices
 
     @property
     def microbatches(self) -> int:

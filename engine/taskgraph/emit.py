@@ -80,7 +80,7 @@ class Emitter:
         k = preds.shape[0]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.ctx.cost.link_efficiency)
         ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
-        res = np.asarray([self.ctx.n_devices + lk for lk in links], np.int64)
+        res = self.ctx.n_devices + np.asarray(links, np.int64)  # [link] resources after the devices
         f = seg.flat
         f["coll_h"].append(ids)
         f["coll_nres"].append(np.full(k, res.size, np.int64))
