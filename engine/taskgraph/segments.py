@@ -79,14 +79,8 @@ class Segment:
         if not todo:
             return None
         total = sum(sg.n for sg in todo)
-        cols = {}
-        for key, dt in cls._DTYPES.items():
-            out = np.empty(total, dt)
-            pos = 0
-            for n, val in chain.from_iterable(sg.cols[key] for sg in todo):
-                out[pos:pos + n] = val
-                pos += n
-            cols[key] = out
+        cols = {key: _fill(chain.from_iterable(sg.cols[key] for sg in todo), total, dt)
+                for key, dt in cls._DTYPES.items()}
         starts = np.cumsum([0] + [sg.n for sg in todo])
         flat = {}
         for name, dt in cls._FLAT.items():
@@ -114,14 +108,7 @@ class Segment:
                 self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
             self._shared = None
         if self._frozen is None:
-            cols = {}
-            for key, parts in self.cols.items():
-                out = np.empty(self.n, self._DTYPES[key])
-                pos = 0
-                for n, val in parts:
-                    out[pos:pos + n] = val
-                    pos += n
-                cols[key] = out
+            cols = {key: _fill(parts, self.n, self._DTYPES[key]) for key, parts in self.cols.items()}
 
             self._frozen = {"cols": cols}
             for name, dt in self._FLAT.items():
@@ -133,6 +120,21 @@ class Segment:
 
 
 ALL_ARRAYS = (*Segment._DTYPES, *Segment._FLAT)
+
+
+def _fill(entries, total: int, dtype) -> np.ndarray:
+    """One column of ``total`` tasks from ``(n, value)`` entries (a scalar for n tasks, or an
+    array of n): the scalars in one ``np.repeat``, the arrays copied in."""
+    entries = list(entries)
+    ns = [n for n, _ in entries]
+    scalar = [v if type(v) is not np.ndarray else 0 for _, v in entries]
+    out = np.repeat(np.asarray(scalar, dtype), ns) if entries else np.empty(0, dtype)
+    pos = 0
+    for n, v in entries:
+        if type(v) is np.ndarray:
+            out[pos:pos + n] = v
+        pos += n
+    return out
 
 
 @nb.njit(cache=True)

@@ -1,0 +1,317 @@
+"""The :class:`Cluster`: nodes expanded into devices and links, routes between devices, and the
+groups collectives run over. See :mod:`engine.cluster`."""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+from ..errors import ValidationError
+from .checks import check_nodes
+from .devices import (
+    PCIE_LATENCY_S,
+    Device,
+    DeviceType,
+    Link,
+    NodeSpec,
+)
+
+
+class Cluster:
+    """Devices and links built from node specs.
+
+    Parameters
+    ----------
+    name : str
+    nodes : sequence of NodeSpec
+    device_types : mapping of name -> DeviceType
+    description : str
+
+    Raises
+    ------
+    ValidationError
+        For unknown device types, non-positive bandwidths or counts, negative latencies, or
+        several nodes without NICs; every problem is listed.
+    """
+
+    def __init__(self, name: str, nodes: Sequence[NodeSpec], device_types: Mapping[str, DeviceType],
+                 description: str = "") -> None:
+        self.name = name
+        self.description = description
+        self.node_specs = tuple(nodes)
+        self.device_types = dict(device_types)
+        problems = check_nodes(self.node_specs, self.device_types)
+        if problems:
+            raise ValidationError(problems, name)
+        self._build()
+
+    # -- construction ---------------------------------------------------------------------
+    def _build(self) -> None:
+        devices: list[Device] = []
+        links: list[Link] = []
+        node_names: list[str] = []
+
+        # Structural routing tables, one entry per device (link ids, -1 when absent).
+        n_dev = sum(sp.repeat * sp.gpus for sp in self.node_specs)
+        self._up = [-1] * n_dev  # GPU -> switch
+        self._down = [-1] * n_dev  # switch -> GPU
+        self._mesh: dict[tuple[int, int], int] = {}
+        self._nic_tx = [-1] * n_dev  # GPU -> its NIC (PCIe)
+        self._nic_rx = [-1] * n_dev  # its NIC -> GPU
+        self._uplink = [-1] * n_dev  # its NIC -> fabric (shared by the GPUs on that NIC)
+        self._downlink = [-1] * n_dev  # fabric -> its NIC
+        self._nic_of = [-1] * n_dev  # global NIC index
+
+        def add_link(src: str, dst: str, bw: float, lat: float, kind: str) -> int:
+            links.append(Link(len(links), src, dst, float(bw), float(lat), kind))
+            return len(links) - 1
+
+        multi_node = sum(s.repeat for s in self.node_specs) > 1
+        n_nics = 0
+        for spec in self.node_specs:
+            for r in range(spec.repeat):
+                node = len(node_names)
+                nname = f"{spec.name}{r}" if spec.repeat > 1 else spec.name
+                node_names.append(nname)
+                ids = []
+                for g in range(spec.gpus):
+                    d = Device(len(devices), f"{nname}/gpu{g}", spec.device_type, node)
+                    devices.append(d)
+                    ids.append(d.id)
+                if spec.intra_topology == "switch" and spec.gpus > 1:
+                    sw = f"{nname}/switch"
+                    for d in ids:
+                        self._up[d] = add_link(_out(d), sw, spec.intra_bw_bytes_per_s, spec.intra_latency_s,
+                                               spec.intra_kind)
+                        self._down[d] = add_link(sw, _in(d), spec.intra_bw_bytes_per_s, spec.intra_latency_s,
+                                                 spec.intra_kind)
+                elif spec.intra_topology == "mesh":
+                    for a in ids:
+                        for b in ids:
+                            if a != b:
+                                self._mesh[a, b] = add_link(_out(a), _in(b), spec.intra_bw_bytes_per_s,
+                                                            spec.intra_latency_s, spec.intra_kind)
+                if multi_node:
+                    # A NIC's send and receive sides are separate endpoints, so traffic
+                    # between two GPUs of one node never hairpins through their NIC.
+                    first_nic = n_nics
+                    nic_links = []
+                    for n in range(spec.nics):
+                        nic = f"{nname}/nic{n}"
+                        up = add_link(f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        down = add_link("fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+                        nic_links.append((up, down))
+                        n_nics += 1
+                    for g, d in enumerate(ids):
+                        k = g * spec.nics // spec.gpus
+                        nic = f"{nname}/nic{k}"
+                        self._nic_tx[d] = add_link(_out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                                   "pcie")
+                        self._nic_rx[d] = add_link(f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                                   "pcie")
+                        self._uplink[d], self._downlink[d] = nic_links[k]
+                        self._nic_of[d] = first_nic + k
+        self.devices = tuple(devices)
+        self.links = tuple(links)
+        self.node_names = tuple(node_names)
+        self._paths: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> link ids
+        # sorted devices -> (per-rank bandwidth, per-step latency, links): the one cache of
+        # collective groups (the builder, PaSE and the pipeline planner all read it)
+        self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    def device_type(self, device: int) -> DeviceType:
+        return self.device_types[self.devices[device].type]
+
+    def check_device(self, device: int) -> None:
+        if not isinstance(device, int) or not 0 <= device < self.num_devices:
+            raise ValueError(f"device {device!r} does not exist; {self.name} has devices 0..{self.num_devices - 1}")
+
+    def path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link ids, in order, that a transfer from device ``src`` to ``dst`` crosses.
+
+        Returns ``()`` when ``src == dst``. Raises ``ValueError`` for unknown devices or when
+        no path exists.
+
+        Examples
+        --------
+        >>> from engine.cluster import preset
+        >>> c = preset("dgx-a100-80gb:2")
+        >>> [c.links[i].kind for i in c.path(0, 1)]
+        ['nvlink', 'nvlink']
+        >>> [c.links[i].kind for i in c.path(0, 8)]
+        ['pcie', 'network', 'network', 'pcie']
+        """
+        key = (src, dst)
+        found = self._paths.get(key)
+        if found is None:
+            found = self._paths[key] = self._route(src, dst)
+        return found
+
+    def _route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Structural route: O(1) from the node specs (the topology family is fixed)."""
+        self.check_device(src)
+        self.check_device(dst)
+        if src == dst:
+            return ()
+        if self.devices[src].node == self.devices[dst].node:
+            if (src, dst) in self._mesh:
+                return (self._mesh[src, dst],)
+            if self._up[src] >= 0:
+                return (self._up[src], self._down[dst])
+        elif self._nic_tx[src] >= 0 and self._nic_rx[dst] >= 0:
+            return (self._nic_tx[src], self._uplink[src], self._downlink[dst], self._nic_rx[dst])
+        return self.shortest_path(src, dst)
+
+    def shortest_path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Route by Dijkstra over the link graph (weights: time to move 1 MB); the reference
+        the structural route is tested against."""
+        self.check_device(src)
+        self.check_device(dst)
+        if src == dst:
+            return ()
+        # Two GPUs of one node talk over the node's interconnect, never out through the
+        # network and back, even where that detour would be faster.
+        same_node = self.devices[src].node == self.devices[dst].node
+        weight = (lambda u, v, e: None if e["kind"] == "network" else e["weight"]) if same_node else "weight"
+        import networkx as nx
+
+        graph = self._link_graph
+        try:
+            nodes = nx.dijkstra_path(graph, _out(src), _in(dst), weight=weight)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            raise ValueError(f"no path from {self.devices[src].name} to {self.devices[dst].name}") from None
+        return tuple(graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+
+    @cached_property
+    def _link_graph(self) -> "nx.DiGraph":
+        """Endpoints joined by links (weight: seconds to move 1 MB), made on first use:
+        structural routes need no graph (networkx loads only for a route search)."""
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        for lk in self.links:
+            graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
+        return graph
+
+    def path_bandwidth(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal."""
+        p = self.path(src, dst)
+        return min((self.links[i].bw_bytes_per_s for i in p), default=math.inf)
+
+    def collective_group(self, devices: Sequence[int]) -> tuple[float, float, tuple[int, ...]]:
+        """Effective per-rank bandwidth (bytes/s), per-step latency (s) and the links a
+        collective over ``devices`` occupies.
+
+        Inside one node the ring runs over the intra-node links at the GPU's link rate. Across
+        nodes, NCCL runs one ring per NIC (channels), so the traffic that must leave each node
+        (the whole buffer's ring share) is spread over the distinct NICs the group's GPUs on
+        that node use: the bandwidth is the smaller of the intra-node rate (when a node holds
+        several ranks) and, over nodes, NICs used x min(NIC rate, PCIe attach rate). The
+        latency is the slowest path between ring neighbours (devices in id order).
+        """
+        key = tuple(sorted(set(devices)))
+        hit = self._groups.get(key)
+        if hit is None:
+            if len(self._groups) >= 100_000:  # bounded: a long search meets many groups
+                self._groups.clear()
+            hit = self._groups[key] = self._collective_group(list(key))
+        return hit
+
+    def _collective_group(self, devs: list[int]) -> tuple[float, float, tuple[int, ...]]:
+        if len(devs) <= 1:
+            return math.inf, 0.0, ()
+        for d in devs:
+            self.check_device(d)
+        by_node: dict[int, list[int]] = {}
+        for d in devs:
+            by_node.setdefault(self.devices[d].node, []).append(d)
+        bw = math.inf
+        latency = 0.0
+        links: set[int] = set()
+        ring = devs + devs[:1]
+        for a, b in zip(ring, ring[1:]):
+            p = self.path(a, b)
+            links.update(p)
+            latency = max(latency, sum(self.links[i].latency_s for i in p))
+            if self.devices[a].node == self.devices[b].node:
+                bw = min(bw, min(self.links[i].bw_bytes_per_s for i in p))
+        if len(by_node) > 1:
+            for members in by_node.values():
+                nics = {self._nic_of[d] for d in members}
+                rate = min(min(self.links[self._uplink[d]].bw_bytes_per_s for d in members),
+                           min(self.links[self._nic_tx[d]].bw_bytes_per_s for d in members))
+                bw = min(bw, len(nics) * rate)
+                for d in members:  # every member's NIC carries a channel
+                    links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
+        return bw, latency, tuple(sorted(links))
+
+    @cached_property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """NumPy views: ``device_node`` [device], ``device_memory_bytes`` [device],
+        ``device_mem_bw_bytes_per_s`` [device], ``link_bw_bytes_per_s`` [link],
+        ``link_latency_s`` [link]."""
+        arr = {
+            "device_node": np.array([d.node for d in self.devices], dtype=np.int64),
+            "device_memory_bytes": np.array([self.device_type(d.id).memory_bytes for d in self.devices],
+                                            dtype=np.int64),
+            "device_mem_bw_bytes_per_s": np.array([self.device_type(d.id).mem_bw_bytes_per_s
+                                                   for d in self.devices]),
+            "link_bw_bytes_per_s": np.array([lk.bw_bytes_per_s for lk in self.links]),
+            "link_latency_s": np.array([lk.latency_s for lk in self.links]),
+        }
+        for a in arr.values():
+            a.setflags(write=False)
+        return arr
+
+    def peak_flops_per_s(self, precision: str) -> np.ndarray:
+        """[device] peak FLOP/s at ``precision`` (``ValueError`` if a device lacks it)."""
+        return np.array([self.device_type(d.id).peak(precision) for d in self.devices])
+
+    def to_networkx(self) -> "nx.DiGraph":
+        """Endpoints (GPU send/receive sides, switches, NICs, fabric) joined by links."""
+        return self._link_graph.copy()
+
+    def summary(self) -> str:
+        types: dict[str, int] = {}
+        for d in self.devices:
+            types[d.type] = types.get(d.type, 0) + 1
+        kinds = ", ".join(f"{n} x {t}" for t, n in types.items())
+        return f"{self.num_nodes} node(s), {self.num_devices} GPUs ({kinds})"
+
+    def to_dict(self) -> dict[str, Any]:
+        used = {s.device_type for s in self.node_specs}
+        return {
+            "format": "soapbox.cluster/1",
+            "name": self.name,
+            "description": self.description,
+            "device_types": {n: t.to_dict() for n, t in self.device_types.items() if n in used},
+            "nodes": [s.to_dict() for s in self.node_specs],
+        }
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}: {self.summary()}, {len(self.links)} links)"
+
+
+def _out(device: int) -> str:
+    return f"gpu{device}:send"
+
+
+def _in(device: int) -> str:
+    return f"gpu{device}:recv"
+
+
