@@ -72,6 +72,18 @@ class TestListings:
         assert by_name["gpt2"]["parameters"] == 124_439_808
         assert by_name["alexnet"]["batch"] == 256 and by_name["alexnet"]["ops"] == 24
 
+    def test_models_write_makes_the_sample_files_from_the_builders(self, capsys, tmp_path):
+        """``soapbox models --write`` is how ``sample_models/`` is made (it replaced
+        ``python -m engine.models``): every file, byte for byte the one in the checkout."""
+        from engine.models import sample_dir
+
+        rc, out, err = run(capsys, "models", "--write", str(tmp_path / "out"))
+        assert rc == 0 and err == ""
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{n}.json" for n in SAMPLE_MODELS)
+        for name in ("alexnet", "gpt2"):
+            assert (tmp_path / "out" / f"{name}.json").read_bytes() == (sample_dir() / f"{name}.json").read_bytes()
+        assert out.splitlines()[0].startswith("alexnet: 24 ops, 61,100,840 parameters -> ")
+
     def test_clusters(self, capsys):
         rc, out, _ = run(capsys, "clusters")
         assert rc == 0

@@ -114,7 +114,7 @@ class TestSampleFiles:
     @pytest.mark.parametrize("name", SAMPLES)
     def test_file_equals_builder(self, name):
         on_disk = json.loads((sample_dir() / f"{name}.json").read_text("utf-8"))
-        # Regenerate with `python -m engine.models` when a builder changes on purpose.
+        # Regenerate with `soapbox models --write sample_models` when a builder changes on purpose.
         assert on_disk == json.loads(dumps(sample(name).to_dict()))
 
     @pytest.mark.parametrize("name", SAMPLES)

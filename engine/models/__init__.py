@@ -1,8 +1,8 @@
 """The sample model library: builders for every model in ``sample_models/``.
 
 Each sample is a builder call with the paper's sizes; ``sample_models/<name>.json`` holds
-its output, written by ``python -m engine.models`` and checked against the builders by the
-tests (so a file and its builder never drift apart).
+its output, written by ``soapbox models --write sample_models`` and checked against the
+builders by the tests (so a file and its builder never drift apart).
 """
 
 from __future__ import annotations

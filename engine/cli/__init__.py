@@ -1,0 +1,213 @@
+"""The ``soapbox`` command.
+
+Sub-commands (``soapbox COMMAND --help`` for each):
+
+* ``models`` / ``clusters``: the sample models and cluster presets (``--json``);
+  ``models --write FOLDER`` writes the sample models' files from their builders.
+* ``validate FILE``: check a model, cluster or strategy file; exit 0 when valid, 1 with
+  every problem listed otherwise.
+* ``model gpt``: write a GPT-style model file from its shape.
+* ``cluster NAME -o FILE``: write a preset as an editable cluster file.
+* ``schema model|cluster|strategy``: print a format's JSON Schema.
+* ``baseline``: build a baseline strategy for a model on a cluster and write it.
+* ``simulate``: simulate one iteration of a strategy (file or baseline kind); ``--json``,
+  ``--trace`` for a Chrome trace.
+* ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
+
+Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
+(printed as one line ``soapbox: error: ...``, no traceback: a bad argument, an unreadable
+or invalid input, an output that cannot be written); 3 ``simulate`` of a strategy that does
+not fit in memory (the report is printed and says which devices are over), or ``search``
+that found no strategy that fits; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). An
+interrupted write leaves the file it would replace as it was and no temporary file.
+
+Names: ``--model``, ``--cluster``, ``--strategy``, ``--profile`` and ``validate FILE`` may
+be paths, since a user typed them; the model and cluster a strategy file names resolve only
+to samples and presets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import SoapboxError, printable
+from ..graph import PRECISIONS
+from ..search import ALGORITHMS
+from ..search.baselines import BASELINES
+from .commands import (
+    cmd_baseline,
+    cmd_cluster,
+    cmd_clusters,
+    cmd_model,
+    cmd_models,
+    cmd_schema,
+    cmd_simulate,
+    cmd_validate,
+)
+from .common import EPILOG, EXIT_ERROR, add_strategy_options, int_in, name_arg, positive_int, strategy_options
+from .search import cmd_search, compare_searches, option_names
+
+__all__ = ["main", "int_in", "build_parser", "add_strategy_options", "strategy_options", "compare_searches"]
+
+
+#: A command added by a layer above the engine (the app adds ``serve``): help text, a function
+#: that adds its arguments, and the function that runs it.
+ExtraCommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="soapbox",
+        description="Explore, simulate and search parallelization strategies for DNN training.",
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_args, _) in (extra or {}).items():
+        add_args(sub.add_parser(name, help=help_text))
+
+    p = sub.add_parser("models", help="list the sample models (or write their files)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--write", metavar="FOLDER",
+                   help="write every sample model's soapbox.model/1 file into FOLDER, from its builder "
+                        "(how sample_models/ is made: soapbox models --write sample_models)")
+
+    p = sub.add_parser("clusters", help="list the cluster presets")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("cluster", help="write a preset as an editable cluster file")
+    p.add_argument("name", help="preset name, e.g. dgx-a100-80gb:2 or hetero-demo")
+    p.add_argument("-o", "--output", required=True, help="cluster file to write")
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a file format")
+    p.add_argument("kind", choices=("model", "cluster", "strategy", "profile"))
+
+    p = sub.add_parser("validate", help="check a model, cluster, strategy or profile file")
+    p.add_argument("file")
+    p.add_argument("--model", help="model to check a strategy against (default: the one it names)")
+    p.add_argument("--cluster", help="cluster to check a strategy against (default: the one it names)")
+
+    p = sub.add_parser("model", help="build a model file")
+    msub = p.add_subparsers(dest="family", required=True, metavar="FAMILY")
+    g = msub.add_parser("gpt", help="a GPT-style decoder from its shape")
+    g.add_argument("--layers", type=int_in(1, 4096), required=True)
+    g.add_argument("--hidden", type=positive_int, required=True)
+    g.add_argument("--heads", type=int_in(1, 65536), required=True)
+    g.add_argument("--kv-heads", type=int_in(1, 65536), help="grouped-query attention: key/value heads")
+    g.add_argument("--ffn-hidden", type=positive_int, help="MLP width (default 4*hidden, or LLaMA's rule with --swiglu)")
+    g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP, RMSNorm, rotary positions, no biases (LLaMA)")
+    g.add_argument("--seq-len", type=positive_int, required=True)
+    g.add_argument("--vocab", type=positive_int, required=True)
+    g.add_argument("--batch", type=positive_int, required=True, help="global batch in sequences")
+    g.add_argument("--flash-attention", action="store_true", help="fused causal attention (FlashAttention)")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp16")
+    g.add_argument("--name", type=name_arg, default="gpt")
+    g.add_argument("-o", "--output", required=True, help="model file to write")
+
+    p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
+                       epilog="exit status 3: the strategy does not fit in memory (the report says where); "
+                              "2: an error")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name or cluster file")
+    p.add_argument("--strategy", required=True, help="a strategy file, or a baseline kind: " + ", ".join(BASELINES))
+    add_strategy_options(p)
+    p.add_argument("--profile", help="measured profile table (soapbox.profile/1) to use before the roofline")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the iteration to this file")
+
+    p = sub.add_parser("search", help="search for a faster strategy",
+                       epilog="exit status 3: no strategy found fits in memory; 2: an error")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name or cluster file")
+    p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS) +
+                   ", or all (each in turn, compared side by side)")
+    p.add_argument("--budget", default="30s",
+                   help="proposals (5000) or time (30s, 2m, 1h); at most 10**9 proposals or 7 days; default 30s")
+    p.add_argument("--seed", type=int_in(-(2**63), 2**63 - 1), default=0,
+                   help="random seed (an iteration budget is reproducible)")
+    p.add_argument("--chains", type=int_in(1, 256), default=None,
+                   help="mcmc: starting points (data parallel, expert, random); at most 256; default 4")
+    p.add_argument("--option", action="append", metavar="NAME=VALUE",
+                   help="an option of the algorithm (repeatable): mcmc " + option_names("mcmc") +
+                   "; pase " + option_names("pase") + "; pipeline " + option_names("pipeline") +
+                   "; differentiable " + option_names("differentiable"))
+    p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
+    add_strategy_options(p)
+    p.add_argument("-o", "--output", help="write the best strategy here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("baseline", help="build a baseline strategy and write it as JSON")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="preset name (e.g. dgx-a100-80gb:2) or cluster file")
+    p.add_argument("--kind", required=True, choices=list(BASELINES), help="which baseline")
+    add_strategy_options(p)
+    p.add_argument("-o", "--output", required=True, help="strategy file to write")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    return parser
+
+
+COMMANDS = {
+    "models": cmd_models,
+    "clusters": cmd_clusters,
+    "cluster": cmd_cluster,
+    "schema": cmd_schema,
+    "validate": cmd_validate,
+    "simulate": cmd_simulate,
+    "search": cmd_search,
+    "model": cmd_model,
+    "baseline": cmd_baseline,
+}
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks and temporary-file
+    clean-ups run as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def main(argv: Sequence[str] | None = None, extra: Mapping[str, ExtraCommand] | None = None) -> int:
+    """Run the ``soapbox`` command; ``extra`` adds commands from outside the engine.
+
+    Returns the exit status (see the module docstring): 0, 1, 2, 3, 130 or 143.
+    """
+    parser = build_parser(extra)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    run = {**COMMANDS, **{k: v[2] for k, v in (extra or {}).items()}}
+    # The engine's own commands turn SIGTERM into an exception (temporary files are removed);
+    # a command added from outside (the app's server) keeps its own signal handling.
+    own = args.command in COMMANDS and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
+    try:
+        return run[args.command](args)
+    except (SoapboxError, ValueError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):  # output piped into a command that stopped reading (`| head`)
+            sys.stderr.close()
+            return 0
+        text = str(exc) if isinstance(exc, (SoapboxError, ValueError)) else \
+            f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}"
+        lines = "\n".join(printable(line, 100_000) for line in text.split("\n"))
+        print(f"soapbox: error: {lines}", file=sys.stderr)
+        return EXIT_ERROR
+    except RecursionError:  # (no input should reach one; a last line of defence)
+        print("soapbox: error: an input is nested too deeply", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("soapbox: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("soapbox: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
+
+

@@ -1,0 +1,156 @@
+"""The commands other than ``search``: listing, writing and validating files, building
+baselines, simulating. See :mod:`engine.cli`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+import json
+import shlex
+import sys
+
+from ..cluster import PRESETS, preset
+from ..errors import ValidationError, printable
+from ..formats import resolve_cluster, resolve_model, save_json, schema, validate_file
+from ..models import SAMPLE_MODELS
+from ..models.transformer import GPTConfig, gpt
+from ..report import json_text
+from ..search.baselines import BASELINES, make_baseline
+from .common import EXIT_DOES_NOT_FIT, EXIT_INVALID_FILE, strategy_options
+
+__all__ = ["cmd_models", "cmd_clusters", "cmd_cluster", "cmd_schema", "cmd_validate", "cmd_model", "cmd_baseline", "cmd_simulate"]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ..models import build_sample, sample_dir
+
+    if args.write:
+        folder = Path(args.write)
+        for name in SAMPLE_MODELS:
+            g = build_sample(name)
+            save_json(g.to_dict(), folder / f"{name}.json")
+            if not args.json:
+                print(f"{name}: {len(g)} ops, {g.param_count:,} parameters -> {folder / (name + '.json')}")
+        if args.json:
+            print(json.dumps([str(folder / f"{name}.json") for name in SAMPLE_MODELS]))
+        return 0
+    rows = []
+    for name, (_, _, desc) in SAMPLE_MODELS.items():
+        g = resolve_model(name)
+        rows.append({"name": name, "description": desc, "ops": len(g), "parameters": g.param_count,
+                     "fwd_flops": g.fwd_flops, "batch": g.batch_size, "precision": g.precision,
+                     "file": str(sample_dir() / f"{name}.json")})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<14} {'ops':>6} {'parameters':>17} {'fwd FLOPs':>10} {'batch':>6}  description")
+    for r in rows:
+        print(f"{r['name']:<14} {r['ops']:>6} {r['parameters']:>17,} {r['fwd_flops']:>10.3g} {r['batch']:>6}  "
+              f"{r['description']}")
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    rows = []
+    for name, (_, takes_count, desc) in PRESETS.items():
+        c = preset(f"{name}:1" if takes_count else name)
+        rows.append({"name": f"{name}:N" if takes_count else name, "description": desc,
+                     "gpus_per_node" if takes_count else "gpus": c.num_devices,
+                     "device_types": sorted({d.type for d in c.devices})})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        gpus = r.get("gpus", r.get("gpus_per_node"))
+        unit = "GPUs per node" if "gpus_per_node" in r else "GPUs"
+        print(f"{r['name']:<16} {gpus:>3} {unit:<14} {r['description']}")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    c = preset(args.name)
+    save_json(c.to_dict(), args.output)
+    print(f"wrote {args.output}: {c.name}, {c.summary()}; edit it and pass it as --cluster {args.output}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(schema(f"soapbox.{args.kind}/1"), indent=2))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        print(validate_file(args.file, args.model, args.cluster))
+        return 0
+    except ValidationError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INVALID_FILE
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    swiglu = args.swiglu
+    cfg = GPTConfig(args.layers, args.hidden, args.heads, args.seq_len, args.vocab, args.batch,
+                    kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, swiglu=swiglu,
+                    norm="rmsnorm" if swiglu else "layernorm", positions="rotary" if swiglu else "learned",
+                    bias=not swiglu, tie_embeddings=not swiglu, dropout=0.0 if swiglu else 0.1,
+                    flash_attention=args.flash_attention, precision=args.precision, name=args.name)
+    g = gpt(cfg, source=shlex.join(["soapbox", *args.argv]))
+    save_json(g.to_dict(), args.output)
+    print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "
+          f"{g.fwd_flops + g.bwd_flops:.3e} FLOPs per iteration")
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
+    s = make_baseline(args.kind, g, c, **strategy_options(args))
+    save_json(s.to_dict(), args.output)
+    used = len(s.devices_used())
+    summary = {"output": args.output, "model": g.name, "cluster": c.name, "kind": args.kind,
+               "ops": len(s.configs), "devices_used": used, "devices": c.num_devices,
+               "pipeline": s.pipeline.to_dict(), "options": s.found_by.get("options", {})}
+    notes = list(s.found_by.get("notes", []))
+    summary["notes"] = notes
+    if args.json:
+        print(json_text(summary))
+    else:
+        print(f"wrote {args.output}: {args.kind} strategy for {printable(g.name)} ({len(g)} ops) on {printable(c.name)}, "
+              f"{used} of {c.num_devices} devices used, {s.pipeline.stages} stage(s), "
+              f"{s.pipeline.microbatches} microbatch(es); valid")
+        for note in notes:
+            print(f"note: {note}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from ..costs import CostModel
+    from ..formats import load_profile
+    from ..formats import load_strategy
+    from ..trace import write_chrome_trace
+    from ..report import format_summary, simulate_strategy
+
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
+    if args.strategy in BASELINES:
+        s = make_baseline(args.strategy, g, c, **strategy_options(args))
+    else:
+        given = [k for k, v in strategy_options(args).items() if v not in (None, False)]
+        if given:
+            raise ValueError(f"baseline options ({', '.join('--' + k.replace('_', '-') for k in given)}) "
+                             f"apply to a baseline kind, not to the strategy file {args.strategy}")
+        s = load_strategy(args.strategy, g, c)
+    cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
+    result = simulate_strategy(g, s, c, cost, check=False)  # (a baseline and a loaded file are checked)
+    if args.trace:
+        n = write_chrome_trace(args.trace, g, c, result.timeline, result.memory)
+        if not args.json:
+            print(f"wrote {args.trace}: {n:,} trace events (open in https://ui.perfetto.dev)")
+    if args.json:
+        print(json_text(result.summary()))
+    else:
+        print(format_summary(result))
+    return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
+
+

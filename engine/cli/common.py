@@ -1,0 +1,74 @@
+"""What the commands share: exit statuses, argument types, and the options that shape a
+baseline strategy. See :mod:`engine.cli`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from ..cluster import MAX_DEVICES
+from ..errors import printable
+from ..ops import MAX_DIM
+from ..strategy import RECOMPUTE, SCHEDULES
+
+__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options"]
+
+
+EXIT_INVALID_FILE = 1
+EXIT_ERROR = 2
+EXIT_DOES_NOT_FIT = 3
+EPILOG = ("exit status: 0 done; 1 invalid file (validate); 2 error (one line 'soapbox: error: ...'); "
+          "3 the strategy does not fit in memory (simulate) or no strategy found fits (search); "
+          "130 interrupted; 143 terminated")
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``lo`` to ``hi``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text) if len(text) <= 30 else None
+        except ValueError:
+            v = None
+        if v is None:
+            raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not an integer")
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"{v} must be at most {hi:,}")
+        return v
+    return parse
+
+
+positive_int = int_in(1, MAX_DIM)
+device_count = int_in(1, MAX_DEVICES)
+
+
+def name_arg(text: str) -> str:
+    """An argparse type: a model name as the model schema accepts it (1 to 256 characters)."""
+    from ..formats import MAX_NAME_CHARS
+
+    if not 0 < len(text) <= MAX_NAME_CHARS:
+        raise argparse.ArgumentTypeError(f"a name of 1 to {MAX_NAME_CHARS} characters, got {len(text):,}")
+    return text
+
+
+def add_strategy_options(p: argparse.ArgumentParser) -> None:
+    """Options that shape a baseline strategy; the same on ``baseline``, ``simulate`` and
+    ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere."""
+    g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
+    g.add_argument("--tp", type=device_count, help="tensor-parallel degree (megatron, fsdp)")
+    g.add_argument("--pp", type=device_count, help="pipeline stages (megatron)")
+    g.add_argument("--dp", type=device_count, help="data-parallel replicas (megatron; default: the rest)")
+    g.add_argument("--micro-batch", type=positive_int, help="micro-batch size in samples")
+    g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
+    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g.add_argument("--zero-stage", type=int, choices=(1, 2, 3), help="ZeRO/FSDP sharding stage (fsdp; default 3)")
+
+
+def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k, None) for k in
+            ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage")}
+
+

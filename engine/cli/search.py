@@ -1,0 +1,172 @@
+"""``soapbox search``: one algorithm with a progress bar, or all of them side by side. See
+:mod:`engine.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from ..errors import SoapboxError, printable
+from ..formats import resolve_cluster, resolve_model, save_json
+from ..report import json_text
+from ..search import ALGORITHMS
+from ..search.baselines import BASELINES, make_baseline
+from .common import EXIT_DOES_NOT_FIT, strategy_options
+
+__all__ = ["cmd_search", "compare_searches", "option_names"]
+
+
+def _progress_bar(budget):
+    def show(p) -> None:
+        if budget.iterations:
+            frac = min(1.0, p.iteration / budget.iterations)
+        elif budget.seconds:
+            frac = min(1.0, p.elapsed_s / budget.seconds)
+        else:
+            frac = 0.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {p.iteration:6d} proposals {p.elapsed_s:6.1f} s  "
+                         f"current {p.current_cost_s * 1e3:9.3f} ms  best {p.best_cost_s * 1e3:9.3f} ms  "
+                         f"accepted {p.acceptance_rate * 100:4.1f}%  chains {p.chains}")
+        sys.stderr.flush()
+    return show
+
+
+def option_names(algorithm: str) -> str:
+    return "(" + ", ".join(f.name for f in dataclasses.fields(ALGORITHMS[algorithm].options)) + ")"
+
+
+def _search_options(args: argparse.Namespace):
+    """The typed options of ``--algo`` from ``--option`` and ``--chains`` (an option another
+    algorithm takes is an error, not silently dropped)."""
+    pairs = list(args.option or [])
+    if args.chains is not None:
+        if args.algo != "mcmc":
+            raise ValueError(f"--chains applies to mcmc, not {args.algo}")
+        pairs.append(f"chains={args.chains}")
+    if args.algo == "all":
+        if pairs:
+            raise ValueError("--option and --chains apply to one algorithm, not to --algo all")
+        return None
+    return ALGORITHMS[args.algo].parse_options(pairs)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from ..formats import load_strategy
+    from ..search import Budget
+
+    if args.algo not in ALGORITHMS and args.algo != "all":
+        raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}, all")
+    options = _search_options(args)
+    budget = Budget.parse(args.budget)
+    g = resolve_model(args.model, allow_path=True)
+    c = resolve_cluster(args.cluster, allow_path=True)
+    if args.algo == "all":
+        return _search_all(args, g, c, budget)
+    initial = None
+    if args.strategy:
+        initial = make_baseline(args.strategy, g, c, **strategy_options(args)) if args.strategy in BASELINES \
+            else load_strategy(args.strategy, g, c)
+    show = None if args.quiet or args.json or not sys.stderr.isatty() and not os.environ.get("SOAPBOX_PROGRESS") \
+        else _progress_bar(budget)
+    try:
+        result = ALGORITHMS[args.algo].run(g, c, budget, seed=args.seed, progress=show, initial=initial,
+                                           options=options)
+    finally:
+        if show is not None:
+            sys.stderr.write("\n")
+    if args.output:
+        save_json(result.best.to_dict(), args.output)
+    best = result.best_cost_s
+    fits = math.isfinite(best)
+    fitting = [v for v in result.baselines.values() if math.isfinite(v)]
+    notes = [] if fits else ["no strategy found fits in memory: best_cost_s is null"]
+    notes += result.notes
+    summary = {"model": g.name, "cluster": c.name, "algorithm": args.algo, "budget": str(budget),
+               "seed": args.seed, "best_cost_s": best if fits else None,
+               "baselines": {k: (v if math.isfinite(v) else None) for k, v in result.baselines.items()},
+               "speedup_vs_data_parallel": result.speedup_vs_data_parallel if fits else None,
+               "speedup_vs_best_baseline": min(fitting) / best if fits and fitting and best > 0 else None,
+               "iterations": result.iterations, "elapsed_s": result.elapsed_s,
+               "locally_optimal": result.locally_optimal, "cancelled": result.cancelled, "output": args.output,
+               "notes": notes}
+    status = 0 if fits else EXIT_DOES_NOT_FIT
+    if args.json:
+        print(json_text(summary))
+        return status
+    print(f"{printable(g.name)} on {printable(c.name)}: {args.algo}, {result.iterations} proposals in "
+          f"{result.elapsed_s:.1f} s (seed {args.seed})")
+    if fits:
+        print(f"  best            {best * 1e3:.3f} ms per iteration"
+              f"{' (locally optimal)' if result.locally_optimal else ''}")
+    else:
+        print("  best            none found fits in memory")
+    for name, cost in result.baselines.items():
+        if not math.isfinite(cost):
+            print(f"  {name:<15} does not fit in memory")
+        elif fits and best > 0:
+            print(f"  {name:<15} {cost * 1e3:.3f} ms  ({cost / best:.2f}x slower than best)")
+        else:
+            print(f"  {name:<15} {cost * 1e3:.3f} ms")
+    if result.speedup_vs_data_parallel and fits:
+        print(f"  speedup over data parallel: {result.speedup_vs_data_parallel:.2f}x")
+    for note in result.notes:
+        if not note.startswith("baseline "):  # (the baselines' lines above say it)
+            print(f"  note: {printable(note)}")
+    if args.output:
+        print(f"wrote {args.output}")
+    return status
+
+
+def compare_searches(g, c, budget, seed: int = 0, algorithms: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Run each search on ``g`` / ``c`` and return one row per algorithm: best simulated cost,
+    speedup over data parallel, search time, and the time it first came within 1% of the best
+    cost any of them found (from its progress trace), or an error message."""
+    rows = []
+    results = {}
+    for name in algorithms or list(ALGORITHMS):
+        t = time.perf_counter()
+        try:
+            results[name] = ALGORITHMS[name].run(g, c, budget, seed=seed)
+        except (ValueError, SoapboxError) as exc:
+            rows.append({"algorithm": name, "error": str(exc), "search_s": time.perf_counter() - t})
+    if results:
+        best = min(r.best_cost_s for r in results.values())
+        for name, r in results.items():
+            within = None
+            if math.isfinite(best):  # (when nothing fits, no search comes within 1% of anything)
+                within = next((p.elapsed_s for p in r.trace if p.best_cost_s <= best * 1.01), None)
+                if within is None and r.best_cost_s <= best * 1.01:
+                    within = r.elapsed_s
+            rows.append({"algorithm": name, "best_cost_s": r.best_cost_s,
+                         "speedup_vs_data_parallel": r.speedup_vs_data_parallel, "search_s": r.elapsed_s,
+                         "time_to_within_1pct_s": within, "iterations": r.iterations,
+                         "strategy": r.best.found_by.get("plan", "")})
+    order = {n: k for k, n in enumerate(algorithms or list(ALGORITHMS))}
+    return sorted(rows, key=lambda r: order[r["algorithm"]])
+
+
+def _search_all(args: argparse.Namespace, g, c, budget) -> int:
+    rows = compare_searches(g, c, budget, args.seed)
+    if args.json:
+        print(json_text({"model": g.name, "cluster": c.name, "budget": str(budget), "seed": args.seed,
+                         "algorithms": rows}))
+        return 0
+    print(f"{printable(g.name)} on {printable(c.name)}, budget {budget}, seed {args.seed}")
+    print(f"  {'algorithm':15} {'best ms':>10} {'vs data parallel':>16} {'search s':>9} {'to within 1% s':>15}")
+    for r in rows:
+        if "error" in r:
+            print(f"  {r['algorithm']:15} refused: {r['error']}")
+            continue
+        sp = f"{r['speedup_vs_data_parallel']:.2f}x" if r["speedup_vs_data_parallel"] else "-"
+        w = f"{r['time_to_within_1pct_s']:.1f}" if r["time_to_within_1pct_s"] is not None else "never"
+        cost = f"{r['best_cost_s'] * 1e3:10.3f}" if math.isfinite(r["best_cost_s"]) else f"{'no fit':>10}"
+        print(f"  {r['algorithm']:15} {cost} {sp:>16} {r['search_s']:9.1f} {w:>15}")
+    return 0
+
+
