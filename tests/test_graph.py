@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from engine.errors import ValidationError
-from engine.graph import GraphBuilder, OpError, TensorRef, graph_from_dict
+from engine.graph import GraphBuilder, TensorRef, graph_from_dict
+from engine.ops import OpError
 
 
 def mlp():
