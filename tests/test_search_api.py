@@ -181,3 +181,19 @@ class TestOneProtocol:
         g, c = resolve_model("resnet101"), preset("p100-4x4")
         r = ALGORITHMS["pipeline"].run(g, c, None, options=PipelineOptions(simulate_top=1))
         assert list(r.baselines) == ["data-parallel"] and r.iterations == 1
+
+
+# --------------------------------------------------------------------------- budget
+
+
+class TestBudget:
+    @pytest.mark.parametrize("text, want", [("5000", Budget(iterations=5000)), ("30s", Budget(seconds=30.0)),
+                                            ("2m", Budget(seconds=120.0)), ("1h", Budget(seconds=3600.0))])
+    def test_parse(self, text, want):
+        assert Budget.parse(text) == want
+
+    @pytest.mark.parametrize("text, message", [("fast", "is not a number of proposals"), ("0", "must be positive"),
+                                               ("2.5", "must be a whole number")])
+    def test_errors(self, text, message):
+        with pytest.raises(ValueError, match=message):
+            Budget.parse(text)

@@ -10,39 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cluster import Cluster, DeviceType, NodeSpec
-from engine.costs import CostModel, collective_time_s
+from engine.cluster import Cluster, DeviceType, NodeSpec, preset
+from engine.costs import collective_time_s
 from engine.formats import resolve_model
-from engine.cluster import preset
 from engine.graph import GraphBuilder
-from engine.report import simulate_strategy
-from engine.search.baselines import data_parallel, expert, megatron
+from engine.search.baselines import data_parallel, expert
 from engine.simulate import run_reference, simulate
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
-from engine.taskgraph import BARRIER, COLL, XFER, schedule_order, build_task_graph
-
-TOY = DeviceType("toy", {"fp32": 1e12}, 1e18, 10**12)  # 1 TFLOP/s, memory never the bottleneck
-#: Ideal costs: peak FLOP/s and link rates reached exactly, no launch overhead, free optimizer.
-IDEAL = CostModel(matmul_efficiency=1.0, matmul_half_dim=0.0, bmm_efficiency=1.0, pointwise_efficiency=1.0, memory_efficiency=1.0,
-                  kernel_overhead_s=0.0, link_efficiency=1.0, optimizer_bytes_per_param=0.0)
-
-
-def toy_cluster(gpus=2, nodes=1, bw=1e9, latency=1e-6, topology="mesh", nics=1, nic_bw=1e9):
-    spec = NodeSpec("n", gpus, "toy", topology, bw, latency, "nvlink", nics=nics, nic_bw_bytes_per_s=nic_bw,
-                    nic_latency_s=latency, attach_bw_bytes_per_s=nic_bw * 10, repeat=nodes)
-    return Cluster("toy", [spec], {"toy": TOY})
-
-
-def mlp(batch=4, width=1000, layers=2, bias=False):
-    b = GraphBuilder("mlp")
-    x = b.input("x", [batch, width])
-    for i in range(layers):
-        x = b.add("linear", f"fc{i + 1}", [x], out_features=width, bias=bias)
-    return b.build()
-
-
-def strategy(graph, placements, **kw):
-    return Strategy({n: c for n, c in placements.items()}, **kw)
+from engine.taskgraph import BARRIER, COLL, XFER, build_task_graph, schedule_order
+from toys import IDEAL, mlp, strategy, toy_cluster  # tests/toys.py
 
 
 # --------------------------------------------------------------------------- exact cases
@@ -332,54 +308,3 @@ def test_nmt_data_parallel_moves_several_times_more_than_expert():
     ex = build_task_graph(g, expert(g, c), c).comm_bytes
     assert dp / ex > 2.0
     assert 0.8 < dp / 65.8e9 < 1.25 and 0.8 < ex / 24.2e9 < 1.25
-
-
-# --------------------------------------------------------------------------- memory
-
-
-class TestMemory:
-    def test_static_memory_of_data_parallel(self):
-        g = mlp(bias=True)
-        c = toy_cluster()
-        r = simulate_strategy(g, data_parallel(g, c), c, IDEAL)
-        params = 2 * (1000 * 1000 + 1000)
-        assert r.memory.weights_bytes.tolist() == [params * 4] * 2
-        assert r.memory.optimizer_bytes.tolist() == [params * 8] * 2  # fp32 Adam: two moments
-        # each fc saves its input half-batch (2 x 1000 fp32) until its backward ends
-        assert r.memory.activations_peak_bytes.tolist() == [2 * 2 * 1000 * 4] * 2
-
-    def test_zero_shards(self):
-        g = mlp(bias=True)
-        c = toy_cluster()
-        s = data_parallel(g, c)
-        from dataclasses import replace
-
-        r = simulate_strategy(g, replace(s, zero_stage=3), c, IDEAL)
-        params = 2 * (1000 * 1000 + 1000)
-        assert r.memory.weights_bytes.tolist() == [params * 4 / 2] * 2
-        assert r.memory.grads_bytes.tolist() == [params * 4 / 2] * 2
-        assert r.memory.optimizer_bytes.tolist() == [params * 8 / 2] * 2
-
-    def test_infeasible_strategy_names_the_device(self):
-        g = resolve_model("llama2-7b")
-        c = preset("dgx-a100-40gb:1")
-        r = simulate_strategy(g, data_parallel(g, c), c)
-        assert not r.memory.feasible
-        over = r.memory.over_capacity()
-        assert len(over) == 8 and over[0][1] > 50e9  # 16 bytes/param of 6.7B params alone is 108 GB
-        assert r.summary()["over_capacity"][0]["device"] == over[0][0]
-
-    def test_one_f_one_b_holds_fewer_activations_than_gpipe(self):
-        g = resolve_model("gpt2")
-        c = preset("dgx-a100-80gb:1")
-        a = simulate_strategy(g, megatron(g, c, tp=1, pp=4, micro_batch=1, schedule="1f1b"), c).memory
-        b = simulate_strategy(g, megatron(g, c, tp=1, pp=4, micro_batch=1, schedule="gpipe"), c).memory
-        assert a.activations_peak_bytes[4] < b.activations_peak_bytes[4]
-
-    def test_full_recompute_saves_activations(self):
-        g = resolve_model("gpt2")
-        c = preset("dgx-a100-80gb:1")
-        none = simulate_strategy(g, megatron(g, c, tp=2, micro_batch=1), c)
-        full = simulate_strategy(g, megatron(g, c, tp=2, micro_batch=1, recompute="full"), c)
-        assert full.memory.activations_peak_bytes.max() < none.memory.activations_peak_bytes.max() / 5
-        assert full.iteration_time_s > none.iteration_time_s

@@ -1,100 +1,31 @@
-"""Delta simulation (FlexFlow Algorithm 2) and MCMC search (FlexFlow §6)."""
+"""MCMC search (FlexFlow §6): proposals, chains, successive halving, the final polish, and
+`soapbox search`."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
-
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from engine.cli import main
 from engine.cluster import Cluster, DeviceType, NodeSpec, preset
 from engine.costs import CostModel
 from engine.delta import DeltaSimulator
-from engine.errors import ValidationError
 from engine.formats import load_strategy, resolve_model
 from engine.graph import GraphBuilder
-from engine.search.baselines import data_parallel, expert
 from engine.search.api import Budget, MCMCOptions
-from engine.search.mcmc import candidate_configs, local_polish, mcmc, random_config
+from engine.search.baselines import data_parallel, expert
+from engine.search.mcmc import candidate_configs, local_polish, mcmc
 from engine.simulate import simulate
-from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
 
-ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
-          "npred", "chain_next", "chain_lag_s")
 
 MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnntc")}
 
 
 def full(graph, strategy, cluster):
+    """A strategy simulated from scratch (no delta simulation): what MCMC's costs must equal."""
     tg = TaskGraphBuilder(graph, strategy, cluster, CostModel()).build()
     return tg, simulate(tg)
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(MODELS)), st.sampled_from(["p100-4x4", "dgx-a100-80gb:1"]), st.integers(0, 10**6),
-       st.integers(3, 8))
-def test_delta_equals_full_simulation(model, cluster_name, seed, steps):
-    """Random sequences of single-op changes (and reverts) on several sample models: the task
-    graph equals a full build array for array and the timeline a full simulation task for task."""
-    g, c = MODELS[model], preset(cluster_name)
-    sim = DeltaSimulator(g, data_parallel(g, c), c)
-    rng = random.Random(seed)
-    names = [op.name for op in g.ops]
-    for _ in range(steps):
-        name = rng.choice(names)
-        config = random_config(g[name], c.num_devices, rng)
-        if sim.check(name, config):
-            continue
-        sim.change(name, config)
-        if rng.random() < 0.25:
-            sim.revert()
-        tg, tl = full(g, sim.strategy, c)
-        for key in ARRAYS:
-            assert np.array_equal(getattr(sim.tasks, key), getattr(tg, key)), key
-        assert np.array_equal(sim.timeline.start_s, tl.start_s)
-        assert np.array_equal(sim.timeline.end_s, tl.end_s)
-        assert np.array_equal(sim.timeline.order, tl.order)
-
-
-class TestDeltaSimulator:
-    def test_reuses_the_unchanged_prefix(self):
-        g, c = MODELS["inception_v3"], preset("p100-4x4")
-        sim = DeltaSimulator(g, data_parallel(g, c), c)
-        tl = sim.change("fc", Config({"feature": 4}, (0, 1, 2, 3)))  # the last layer: most of the timeline stays
-        assert tl.extra["reused_tasks"] > sim.tasks.num_tasks // 4
-
-    def test_invalid_config_is_refused_and_changes_nothing(self):
-        g, c = MODELS["alexnet"], preset("p100-4x4")
-        sim = DeltaSimulator(g, data_parallel(g, c), c)
-        before = sim.timeline.makespan_s
-        with pytest.raises(ValidationError, match=r"ops.fc6.degrees.feature: 3 does not divide feature \(4096\)"):
-            sim.change("fc6", Config({"feature": 3}, (0, 1, 2)))
-        assert sim.timeline.makespan_s == before
-
-    def test_revert_only_the_last_change(self):
-        g, c = MODELS["alexnet"], preset("p100-4x4")
-        sim = DeltaSimulator(g, data_parallel(g, c), c)
-        with pytest.raises(ValueError, match="nothing to revert"):
-            sim.revert()
-
-
-class TestBudget:
-    @pytest.mark.parametrize("text, want", [("5000", Budget(iterations=5000)), ("30s", Budget(seconds=30.0)),
-                                            ("2m", Budget(seconds=120.0)), ("1h", Budget(seconds=3600.0))])
-    def test_parse(self, text, want):
-        assert Budget.parse(text) == want
-
-    @pytest.mark.parametrize("text, message", [("fast", "is not a number of proposals"), ("0", "must be positive"),
-                                               ("2.5", "must be a whole number")])
-    def test_errors(self, text, message):
-        with pytest.raises(ValueError, match=message):
-            Budget.parse(text)
 
 
 def tiny():
