@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = [
+    "sliding_window",
     "SAMPLE",
     "ATTRIBUTE",
     "PARAMETER",
@@ -297,6 +298,22 @@ def _dedupe(axes: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def sliding_window(kind: str, attrs: Mapping[str, Any]) -> tuple[tuple[int, int], ...] | None:
+    """``((kernel_h, kernel_w), (stride_h, stride_w), (pad_h, pad_w))`` of an op that slides a
+    window over height and width (a convolution, a pooling that is not global), else None:
+    the one rule for which input rows a height or width split must read (its halo) and for
+    the output size. A pooling's stride defaults to its kernel, a convolution's to 1.
+
+    >>> sliding_window("pool2d", {"kernel": 2}), sliding_window("relu", {})
+    (((2, 2), (2, 2), (0, 0)), None)
+    """
+    if kind not in ("conv2d", "pool2d") or attrs.get("global", False):
+        return None
+    kernel = _int_pair(attrs.get("kernel", 1), "kernel", 1)
+    stride = _int_pair(attrs.get("stride", kernel if kind == "pool2d" else 1), "stride", 1)
+    return kernel, stride, _int_pair(attrs.get("padding", 0), "padding", 0)
+
+
 def _conv_out(size: int, kernel: int, stride: int, pad: int, what: str, field_: str) -> int:
     out = (size + 2 * pad - kernel) // stride + 1
     if out <= 0:
@@ -405,9 +422,8 @@ def _conv_infer(ins, attrs, precision):
         raise OpError(f"input must be (batch, channel, height, width), got shape {list(x.shape)}", "inputs[0]")
     n, c, h, w = x.shape
     k = _positive_int(attrs, "out_channels")
-    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel", 1)
-    sh, sw = _int_pair(attrs.get("stride", 1), "stride", 1)
-    ph, pw = _int_pair(attrs.get("padding", 0), "padding", 0)
+    _require(attrs, "kernel")
+    (kh, kw), (sh, sw), (ph, pw) = sliding_window("conv2d", attrs)
     g = _positive_int(attrs, "groups", 1)
     _flag(attrs, "bias", True)
     if c % g or k % g:
@@ -464,9 +480,8 @@ def _pool_infer(ins, attrs, precision):
     n, c, h, w = x.shape
     if _flag(attrs, "global", False):
         return [TensorInfo((n, c, 1, 1), ("sample", "channel", "height", "width"), x.dtype)]
-    kh, kw = _int_pair(_require(attrs, "kernel"), "kernel", 1)
-    sh, sw = _int_pair(attrs.get("stride", (kh, kw)), "stride", 1)
-    ph, pw = _int_pair(attrs.get("padding", 0), "padding", 0)
+    _require(attrs, "kernel")
+    (kh, kw), (sh, sw), (ph, pw) = sliding_window("pool2d", attrs)
     ho = _conv_out(h, kh, sh, ph, "height", "attrs.kernel")
     wo = _conv_out(w, kw, sw, pw, "width", "attrs.kernel")
     return [TensorInfo((n, c, ho, wo), ("sample", "channel", "height", "width"), x.dtype)]

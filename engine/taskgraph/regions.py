@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Op
+from ..ops import sliding_window
 from ..strategy import Config
 
-__all__ = ["tile", "ranges", "out_regions", "in_regions", "pair", "classes", "transfer_plan"]
+__all__ = ["tile", "ranges", "out_regions", "in_regions", "classes", "transfer_plan"]
 
 def tile(x: np.ndarray, m: int) -> np.ndarray:
     """``np.tile`` of a 1-D array ``m`` times, without its Python overhead (a third of
@@ -47,28 +48,22 @@ def in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: in
     n = grid.shape[0]
     lo = np.zeros((n, len(shape)), np.int64)
     hi = np.tile(np.asarray(shape, np.int64), (n, 1))
-    windowed = op.kind in ("conv2d", "pool2d") and not op.attrs.get("global", False)
+    window = sliding_window(op.kind, op.attrs)
     for j, name in enumerate(names):
         d = op.dim(name)
         ax = d.in_axes[i] if i < len(d.in_axes) else None
         if ax is None:
             continue
         deg = config.degree(name)
-        if windowed and name in ("height", "width"):
+        if window is not None and name in ("height", "width"):
             which = 0 if name == "height" else 1
-            kern = pair(op.attrs.get("kernel", 1))[which]
-            stride = pair(op.attrs.get("stride", op.attrs.get("kernel", 1) if op.kind == "pool2d" else 1))[which]
-            pad = pair(op.attrs.get("padding", 0))[which]
+            kern, stride, pad = (w[which] for w in window)
             olo, ohi = ranges(grid[:, j], deg, op.out_tensors[0].shape[d.out_axis])
             lo[:, ax] = np.clip(olo * stride - pad, 0, shape[ax])
             hi[:, ax] = np.clip((ohi - 1) * stride - pad + kern, 0, shape[ax])
         else:
             lo[:, ax], hi[:, ax] = ranges(grid[:, j], deg, shape[ax])
     return lo, hi
-
-
-def pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 def classes(grid: np.ndarray, names: list[str], keep: set[str]) -> np.ndarray:
