@@ -4,6 +4,12 @@ Layout (Trace Event Format, "JSON Object Format"): one process per GPU (``pid`` 
 with a compute thread and a collectives thread, one process ``links`` with a thread per link
 that carried traffic, flow events from each transfer's producer task to its consumer task,
 and a memory counter per GPU. Times are microseconds, as the format requires.
+
+A run simulated under symmetry (one representative per set of identical replicas) draws each
+representative's compute and optimizer step on every device it stands for (``args.
+mirrors_device`` names the representative), and every device's memory; its transfers and
+the collectives of mirrored groups are drawn once, on the representative's links and ranks
+(the iteration's byte count, ``comm_bytes``, includes every replica's).
 """
 
 from __future__ import annotations
@@ -33,6 +39,19 @@ def _us(seconds: np.ndarray | float) -> Any:
     return np.round(np.asarray(seconds) * 1e6, 3)
 
 
+def _mirrors(image: np.ndarray | None, n_devices: int) -> dict[int, tuple[int, ...]]:
+    """Representative device -> every device that runs its tasks (itself first); empty
+    without symmetry (every device holds its own tasks)."""
+    if image is None:
+        return {}
+    out: dict[int, list[int]] = {}
+    for d in range(n_devices):
+        r = int(image[d])
+        if r >= 0 and r != d:
+            out.setdefault(r, [r]).append(d)
+    return {r: tuple(ds) for r, ds in out.items()}
+
+
 def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
                  memory: MemoryReport | None = None) -> Iterator[dict[str, Any]]:
     """Yield trace events one at a time (a large iteration never sits in memory as dicts)."""
@@ -52,15 +71,21 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
                "args": {"name": f"{link.src} -> {link.dst} ({link.bw_bytes_per_s / 1e9:g} GB/s)"}}
     ts, dur = _us(start), _us(end - start)
     phase = {FWD: "fwd", BWD: "bwd"}
+    copies = _mirrors(tg.info.get("device_image"), cluster.num_devices)
     for t in np.nonzero((tg.kind == FWD) | (tg.kind == BWD))[0]:
         k = int(tg.kind[t])
-        yield {"ph": "X", "name": f"{names[tg.op[t]]} {phase[k]}", "cat": phase[k], "pid": int(tg.device[t]),
-               "tid": COMPUTE_TID, "ts": float(ts[t]), "dur": float(dur[t]),
-               "args": {"op": names[tg.op[t]], "partition": int(tg.part[t]), "microbatch": int(tg.mb[t]),
-                        "flops": float(tg.flops[t])}}
+        dev = int(tg.device[t])
+        args = {"op": names[tg.op[t]], "partition": int(tg.part[t]), "microbatch": int(tg.mb[t]),
+                "flops": float(tg.flops[t])}
+        for d in copies.get(dev, (dev,)):  # a representative's task runs on each device it stands for
+            yield {"ph": "X", "name": f"{names[tg.op[t]]} {phase[k]}", "cat": phase[k], "pid": d,
+                   "tid": COMPUTE_TID, "ts": float(ts[t]), "dur": float(dur[t]),
+                   "args": args if d == dev else {**args, "mirrors_device": dev}}
     for t in np.nonzero((tg.kind == UPDATE) & (tg.dur_s > 0))[0]:  # devices with parameters to update
-        yield {"ph": "X", "name": "optimizer step", "cat": "update", "pid": int(tg.device[t]), "tid": COMPUTE_TID,
-               "ts": float(ts[t]), "dur": float(dur[t])}
+        dev = int(tg.device[t])
+        for d in copies.get(dev, (dev,)):
+            yield {"ph": "X", "name": "optimizer step", "cat": "update", "pid": d, "tid": COMPUTE_TID,
+                   "ts": float(ts[t]), "dur": float(dur[t])}
     for t in np.nonzero(tg.kind == XFER)[0]:
         op = names[tg.op[t]] if tg.op[t] >= 0 else "?"
         yield {"ph": "X", "name": f"{op} transfer", "cat": "transfer", "pid": LINKS_PID, "tid": int(tg.link[t]),

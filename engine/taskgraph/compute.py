@@ -61,6 +61,7 @@ class ComputeBuilder:
         names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
         t.grid[oi] = (names, grid)
         t.rep[oi], t.image[oi] = rep, image
+        self.emit.mirror(devs, devs[image])
         keep = np.nonzero(rep)[0]
         R = keep.size
         mbs = np.repeat(np.arange(m), R)

@@ -33,6 +33,11 @@ class Emitter:
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]  # [link]
         self.link_lat = cluster.arrays["link_latency_s"]  # [link]
         self._paths = _PathTable(cluster)
+        # Under symmetry a representative's transfers and collectives stand for their mirror
+        # images: [device] the representative each device mirrors (-1: not known yet), filled
+        # op by op as compute segments are made, and the number of replicas.
+        self._image = np.full(cluster.num_devices, -1, np.int64) if ctx.sym is not None else None
+        self._replicas = ctx.sym.replicas if ctx.sym is not None else 1
 
     @property
     def heterogeneous(self) -> bool:
@@ -57,6 +62,21 @@ class Emitter:
         c = self.ctx.cluster
         return [self.ctx.cost.optimizer_time_s(params[d], c.device_type(d)) if d in active else 0.0
                 for d in range(c.num_devices)]
+
+    def mirror(self, devices: np.ndarray, representatives: np.ndarray) -> None:
+        """Record that ``devices`` [part] mirror ``representatives`` [part] (symmetry)."""
+        if self._image is not None:
+            self._image[devices] = representatives
+
+    def copies(self, devices) -> int:
+        """How many identical copies a task over ``devices`` stands for under symmetry: the
+        replicas over those that map the group onto itself (a group holding several devices
+        of one representative's orbit, such as a data-parallel all-reduce across replicas,
+        is its own image along those axes). 1 without symmetry."""
+        if self._image is None:
+            return 1
+        reps = self._image[np.asarray(devices, np.int64)]
+        return self._replicas // int(np.unique(reps, return_counts=True)[1].max())
 
     # -- collectives -----------------------------------------------------------------
     def collective(self, seg: Segment, kind: str, size_bytes: float, devices, preds, op: int = -1,
@@ -89,7 +109,7 @@ class Emitter:
         f["coll_dev"].append(tile(np.asarray(devs, np.int64), k))
         seg.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)  # bytes each rank sends, in buffers
-        seg.comm_bytes += factor * size_bytes * k
+        seg.comm_bytes += factor * size_bytes * k * self.copies(devs)
         return ids
 
     # -- transfers -------------------------------------------------------------------
@@ -134,7 +154,8 @@ class Emitter:
                 prev = ids
             seg.edges(prev, dst_tasks[sel])
             last_hop[sel] = prev
-        seg.comm_bytes += float(size_bytes[idx].sum())
+        # (transfers never cross replicas under symmetry: the builder drops it when one would)
+        seg.comm_bytes += float(size_bytes[idx].sum()) * self._replicas
         return first_hop, last_hop
 
 
