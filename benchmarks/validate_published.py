@@ -145,6 +145,8 @@ def _cluster_name(row: dict[str, str], gpus: int) -> str:
         base, per = "dgx-a100-40gb", 8
     elif gt.startswith("V100-SXM3") or "DGX-2" in gt:
         base, per = "v100-dgx2", 16
+    elif gt.startswith("H100") and "PCIe" not in gt:
+        base, per = "dgx-h100", 8  # H100 SXM5 nodes: 8 GPUs on NVSwitch, 8 x 400 Gb/s NICs
     else:
         raise Skip(f"no cluster preset for GPU type {gt!r}")
     nodes = max(1, math.ceil(gpus / per))
@@ -228,10 +230,18 @@ def setup_for(row: dict[str, str]) -> Setup:
                         bias=False, tie_embeddings=True, dropout=0.0, precision=precision, flash_attention=True,
                         name=f"row-{row['row_id']}")
 
-        def build(g, c, mbs=mbs, recompute=recompute):
-            return fsdp(g, c, zero_stage=3, micro_batch=mbs, recompute=recompute)
+        # PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy):
+        # FULL_SHARD shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP
+        # shards gradients and optimizer state and keeps parameters after the forward (ZeRO-2).
+        sharding = (row.get("sharding") or "").upper()
+        zero = 2 if "SHARD_GRAD_OP" in sharding else 3
+        if "FULL_SHARD" not in sharding and zero == 3:
+            notes.append(f"sharding {row.get('sharding')!r}: FSDP's default FULL_SHARD (ZeRO-3)")
 
-        layout = f"fsdp-zero3 dp{gpus} mbs{mbs} rc={recompute}"
+        def build(g, c, mbs=mbs, recompute=recompute, zero=zero):
+            return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute)
+
+        layout = f"fsdp-zero{zero} dp{gpus} mbs{mbs} rc={recompute}"
     else:
         raise Skip(f"unknown source {row['source']!r}")
     return Setup(cfg, cluster_name, build, layout, recompute == "full", notes)
@@ -243,7 +253,8 @@ def setup_for(row: dict[str, str]) -> Setup:
 class Predictor:
     """Simulates rows on demand and caches results (rows 43-46 need the 2019 baseline row)."""
 
-    def __init__(self, rows: list[dict[str, str]]):
+    def __init__(self, rows: list[dict[str, str]], cost=None):
+        self.cost = cost  # the cost model (None: the calibrated default)
         self.rows = {int(r["row_id"]): r for r in rows}
         self.cache: dict[int, RowResult] = {}
         self.sim_cache: dict[int, tuple[float, float]] = {}  # row id -> (t, achieved FLOP/s per GPU)
@@ -285,7 +296,7 @@ class Predictor:
                 strategy = setup.build(graph, cluster)
             except ValueError as e:
                 raise Skip(str(e)) from None
-            sim = simulate_strategy(graph, strategy, cluster)
+            sim = simulate_strategy(graph, strategy, cluster, self.cost)
             t = sim.iteration_time_s
             res.iteration_time_s, res.feasible, res.num_tasks = t, sim.memory.feasible, sim.tasks.num_tasks
             worst = int(sim.memory.peak_bytes.argmax())
@@ -369,6 +380,16 @@ def format_row(r: RowResult) -> str:
     return line
 
 
+def calibration_rows(rows: list[dict[str, str]]) -> dict[str, list[int]]:
+    """The in-sample rows of benchmarks/calibrate.py (device family -> row ids)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from calibrate import in_sample
+
+    return in_sample(rows)
+
+
 def summarize(results: list[RowResult], label: str) -> str:
     done = [r for r in results if r.error_pct is not None]
     skipped = [r for r in results if r.skipped]
@@ -434,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         sub = [r for r in results if r.source == src]
         if sub:
             print("  " + summarize(sub, src))
+    fitted = {rid for ids in calibration_rows(rows).values() for rid in ids}
+    print("  " + summarize([r for r in results if r.row_id in fitted], "in-sample (benchmarks/calibrate.py fits on them)"))
+    print("  " + summarize([r for r in results if r.row_id not in fitted], "held out (public rows no constant was fitted on)"))
     print(f"  total wall time {total:.1f} s")
 
     if args.json:

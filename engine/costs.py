@@ -47,6 +47,14 @@ MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention
 # two numbers for every row, no per-row factor.
 MATMUL_EFFICIENCY = 0.8
 MATMUL_HALF_DIM = 700
+# The large-GEMM fraction of tensor-core peak on device types where it differs from
+# MATMUL_EFFICIENCY (the A100's): H100's dense bf16 peak (989 TFLOP/s) is reached less fully
+# by the same kernels (FlashAttention-2 reaches 35% of it against 60-72% of the A100's, Dao
+# 2023 §4.1; MosaicML's MPT runs report ~40% MFU on H100 against ~50-60% on A100). Batched
+# matmuls and fused attention keep their ratio to large GEMMs. H200 has the H100's compute
+# (same value, not fitted separately). Calibrated by
+# benchmarks/calibrate.py on the named public rows it prints (in-sample), nothing else.
+DEVICE_MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = (("H100-SXM5-80GB", 0.8), ("H200-SXM-141GB", 0.8))
 # Batched matmuls of attention (small inner dimension, many heads) run less efficiently.
 BMM_EFFICIENCY = 0.55
 # Fused attention: FlashAttention-2 reaches 50-73% of the A100's peak in the forward pass and
@@ -134,13 +142,25 @@ class CostModel:
     link_efficiency: float = LINK_EFFICIENCY
     optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
     profile: ProfileTable | None = None
+    #: (device type name, large-GEMM fraction of its tensor-core peak) where it differs from
+    #: ``matmul_efficiency``
+    device_matmul_efficiency: tuple[tuple[str, float], ...] = DEVICE_MATMUL_EFFICIENCY
 
-    def matmul_fraction(self, inner_dim: float | None) -> float:
+    def tensor_core_scale(self, device_type) -> float:
+        """How much more (or less) of its tensor-core peak ``device_type`` reaches than the
+        default: its own large-GEMM fraction over ``matmul_efficiency`` (1 when it has none)."""
+        for name, eff in self.device_matmul_efficiency:
+            if name == device_type.name:
+                return eff / self.matmul_efficiency
+        return 1.0
+
+    def matmul_fraction(self, inner_dim: float | None, device_type=None) -> float:
         """Achievable fraction of peak for a GEMM whose smaller inner dimension is
-        ``inner_dim`` (the large-GEMM limit when unknown)."""
+        ``inner_dim`` (the large-GEMM limit when unknown), on ``device_type``."""
+        top = self.matmul_efficiency * (self.tensor_core_scale(device_type) if device_type is not None else 1.0)
         if not inner_dim or self.matmul_half_dim <= 0:
-            return self.matmul_efficiency
-        return self.matmul_efficiency * inner_dim / (inner_dim + self.matmul_half_dim)
+            return top
+        return top * inner_dim / (inner_dim + self.matmul_half_dim)
 
     def op_time_s(self, kind: str, flops: float, bytes_moved: float, precision: str, device_type,
                   matmul: bool | None = None, inner_dim: float | None = None) -> float:
@@ -161,7 +181,9 @@ class CostModel:
         if kind in MATMUL_KINDS if matmul is None else matmul:
             eff = {"batch_matmul": self.bmm_efficiency, "attention": self.attention_efficiency}.get(kind)
             if eff is None:
-                eff = self.matmul_fraction(inner_dim)
+                eff = self.matmul_fraction(inner_dim, device_type)
+            else:
+                eff *= self.tensor_core_scale(device_type)
             peak = device_type.peak(precision) * eff
         else:
             peak = device_type.peak("fp32") * self.pointwise_efficiency

@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from functools import cache
 
+import numpy as np
 import pytest
 
 from engine.cluster import A100_NVSWITCH_BW, DEVICE_TYPES, Cluster, NodeSpec, preset
@@ -21,9 +22,11 @@ from engine.graph import OpGraph
 from engine.models import build_sample, sample_names
 from engine.search.baselines import (
     BASELINES,
+    balanced_layers,
     data_parallel,
     expert,
     fsdp,
+    layer_blocks,
     make_baseline,
     megatron,
     model_parallel,
@@ -392,12 +395,9 @@ class TestMegatronErrors:
     def test_non_positive_dp(self):
         assert self.run(dp=0) == "dp must be a positive integer, got 0"
 
-    def test_layers_not_divisible_by_pp(self):
-        # gpt2 has 12 layers; pp 8 gives dp 1 and 8 microbatches of 1
-        assert self.run(pp=8) == "12 layers do not split evenly into 8 pipeline chunks (pp x vpp)"
-
-    def test_layers_not_divisible_by_pp_times_vpp(self):
-        assert self.run("bert-large", pp=4, vpp=4) == "24 layers do not split evenly into 16 pipeline chunks (pp x vpp)"
+    def test_more_chunks_than_layers(self):
+        # gpt2 has 12 layers
+        assert self.run(pp=4, vpp=4, dp=2, micro_batch=1) == "12 layers cannot fill 16 pipeline chunks (pp x vpp)"
 
     def test_no_layer_blocks(self):
         assert self.run("alexnet", "p100-4x4", pp=2) == (
@@ -411,6 +411,63 @@ class TestMegatronErrors:
 
     def test_invalid_recompute(self):
         assert self.run(recompute="some") == "recompute must be one of none, selective, full, got 'some'"
+
+
+class TestUnevenStagesAndZero:
+    """Issue 12: layouts people run that could not be expressed."""
+
+    @pytest.mark.parametrize("layers, chunks, want", [
+        (126, 16, [7] + [8] * 14 + [7]),  # Llama 3 405B (Dubey et al. 2024 §3.3.2)
+        (70, 12, [5] + [6] * 10 + [5]),
+        (96, 8, [12] * 8),  # divides: Megatron-LM's even split
+        (96, 20, [3] + [5] * 18 + [3]),
+        (7, 3, [2, 3, 2]),
+        (3, 3, [1, 1, 1]),
+    ])
+    def test_balanced_layers_count_the_embedding_and_head_as_layers(self, layers, chunks, want):
+        assert balanced_layers(layers, chunks) == want
+
+    @pytest.mark.parametrize("layers, chunks", [(5, 4), (12, 7), (126, 16), (40, 39)])
+    def test_balanced_layers_cover_every_layer_once(self, layers, chunks):
+        counts = balanced_layers(layers, chunks)
+        assert sum(counts) == layers and len(counts) == chunks and min(counts) >= 1
+        units = [c + (k in (0, chunks - 1)) for k, c in enumerate(counts)]
+        assert max(units) - min(units) <= 1 or min(counts) == 1
+
+    def test_uneven_pipeline_is_valid_and_says_so(self):
+        g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
+        s = megatron(g, c, pp=8, micro_batch=1)  # 12 layers on 8 stages
+        assert validate_strategy(s, g, c) == []
+        per_stage = [sum(1 for b in layer_blocks(g) if s.stage_of[f"{b}.norm1"] == k) for k in range(8)]
+        assert per_stage == balanced_layers(12, 8) and sum(per_stage) == 12
+        assert any("layers per chunk" in n for n in s.found_by["notes"])
+
+    @pytest.mark.parametrize("stage", [1, 2, 3])
+    def test_megatron_with_zero(self, stage):
+        """The distributed optimizer (1), and ZeRO-2/3 with tp and pp: the state sharded over
+        each data-parallel group of 2."""
+        from engine.report import simulate_strategy
+
+        g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
+        plain = megatron(g, c, tp=2, pp=2, micro_batch=1)
+        s = megatron(g, c, tp=2, pp=2, micro_batch=1, zero_stage=stage)
+        assert s.zero_stage == stage and s.found_by["options"]["zero_stage"] == stage
+        assert validate_strategy(s, g, c) == []
+        a, b = simulate_strategy(g, plain, c).memory, simulate_strategy(g, s, c).memory
+        np.testing.assert_allclose(b.optimizer_bytes, a.optimizer_bytes / 2)
+        np.testing.assert_allclose(b.grads_bytes, a.grads_bytes / (2 if stage >= 2 else 1))
+        np.testing.assert_allclose(b.weights_bytes, a.weights_bytes / (2 if stage >= 3 else 1))
+
+    def test_megatron_refuses_an_unknown_zero_stage(self):
+        with pytest.raises(ValueError, match="zero_stage must be 0 .none., 1, 2 or 3, got 4"):
+            megatron(graph("gpt2"), cluster("dgx-a100-80gb:1"), zero_stage=4)
+
+    def test_fsdp_with_pipeline_and_tensor_parallelism(self):
+        g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
+        s = fsdp(g, c, tp=2, pp=2, micro_batch=1)
+        assert (s.zero_stage, s.pipeline.stages, s.found_by["options"]["pp"], s.found_by["options"]["dp"]) == \
+            (3, 2, 2, 2)
+        assert validate_strategy(s, g, c) == []
 
 
 # =========================================================================== FSDP

@@ -88,14 +88,14 @@ class TestListings:
         rc, out, _ = run(capsys, "clusters")
         assert rc == 0
         assert out.splitlines()[0].split()[:3] == ["p100-4x4", "16", "GPUs"]
-        assert len(out.splitlines()) == 7
+        assert len(out.splitlines()) == 8
 
     def test_clusters_json(self, capsys):
         rc, out, _ = run(capsys, "clusters", "--json")
         assert rc == 0
         rows = {r["name"]: r for r in json.loads(out)}
         assert list(rows) == ["p100-4x4", "k80-16x4", "dgx-a100-80gb:N", "dgx-a100-40gb:N", "dgx-h100:N",
-                              "v100-dgx2:N", "hetero-demo"]
+                              "dgx-h200:N", "v100-dgx2:N", "hetero-demo"]
         assert rows["p100-4x4"]["gpus"] == 16
         assert rows["k80-16x4"]["gpus"] == 64
         assert rows["dgx-h100:N"]["gpus_per_node"] == 8
@@ -287,7 +287,7 @@ class TestBaseline:
                          "-o", str(tmp_path / "s.json"))
         assert rc == 2
         assert err == ("soapbox: error: unknown cluster 'tpu-pod'; presets: p100-4x4, k80-16x4, dgx-a100-80gb:N, "
-                       "dgx-a100-40gb:N, dgx-h100:N, v100-dgx2:N, hetero-demo (or a cluster file)\n")
+                       "dgx-a100-40gb:N, dgx-h100:N, dgx-h200:N, v100-dgx2:N, hetero-demo (or a cluster file)\n")
 
     def test_cluster_without_count(self, capsys, tmp_path):
         rc, _, err = run(capsys, "baseline", "--model", "alexnet", "--cluster", "dgx-h100", "--kind", "expert",
@@ -336,3 +336,26 @@ class TestClusterAndSchema:
         assert main(["schema", kind]) == 0
         printed = json.loads(capsys.readouterr().out)
         assert printed["properties"]["format"] == {"const": f"soapbox.{kind}/1"}
+
+
+class TestLayoutOptions:
+    """Issue 12: the distributed optimizer and uneven pipeline stages from the command line."""
+
+    def test_megatron_with_zero_and_layers_per_stage(self, capsys, tmp_path):
+        out_path = tmp_path / "s.json"
+        rc, out, err = run(capsys, "baseline", "--model", "gpt2", "--cluster", "dgx-a100-80gb:1", "--kind", "megatron",
+                           "--tp", "2", "--pp", "2", "--micro-batch", "1", "--zero-stage", "1",
+                           "--layers-per-stage", "5,7", "--json", "-o", str(out_path))
+        assert rc == 0 and err == ""
+        summary = json.loads(out)
+        assert summary["options"]["zero_stage"] == 1 and summary["pipeline"]["stages"] == 2
+        s = load_strategy(str(out_path))
+        assert s.zero_stage == 1
+        assert sorted(set(s.stage_of.values())) == [0, 1]
+
+    @pytest.mark.parametrize("text", ["5,x", "0,12", "", "5,-7"])
+    def test_bad_layer_counts(self, capsys, text):
+        with pytest.raises(SystemExit):
+            main(["baseline", "--model", "gpt2", "--cluster", "dgx-a100-80gb:1", "--kind", "megatron",
+                  "--layers-per-stage", text, "-o", "x.json"])
+        assert "is not a list of positive layer counts" in capsys.readouterr().err

@@ -30,10 +30,10 @@ from engine.cluster import (
 from engine.errors import ValidationError
 
 GIB = 2**30
-PRESET_LIST = ("p100-4x4, k80-16x4, dgx-a100-80gb:N, dgx-a100-40gb:N, dgx-h100:N, v100-dgx2:N, "
+PRESET_LIST = ("p100-4x4, k80-16x4, dgx-a100-80gb:N, dgx-a100-40gb:N, dgx-h100:N, dgx-h200:N, v100-dgx2:N, "
                "hetero-demo")
 #: One buildable name per preset (sized ones at two nodes, so they have a network).
-EXAMPLES = ["p100-4x4", "k80-16x4", "dgx-a100-80gb:2", "dgx-a100-40gb:2", "dgx-h100:2", "v100-dgx2:2",
+EXAMPLES = ["p100-4x4", "k80-16x4", "dgx-a100-80gb:2", "dgx-a100-40gb:2", "dgx-h100:2", "dgx-h200:2", "v100-dgx2:2",
             "hetero-demo"]
 
 
@@ -87,6 +87,7 @@ class TestPreset:
         ("dgx-a100-80gb", 8, "A100-SXM4-80GB"),
         ("dgx-a100-40gb", 8, "A100-SXM4-40GB"),
         ("dgx-h100", 8, "H100-SXM5-80GB"),
+        ("dgx-h200", 8, "H200-SXM-141GB"),
         ("v100-dgx2", 16, "V100-SXM3-32GB"),
     ])
     @pytest.mark.parametrize("n", [1, 3])
@@ -401,7 +402,7 @@ class TestClusterErrors:
             Cluster("t", [node_spec(device_type="B200")], DEVICE_TYPES)
         assert problem_text(exc) == [
             ("nodes[0] (n).device_type: unknown device type 'B200'; known: A100-SXM4-40GB, A100-SXM4-80GB, "
-             "H100-SXM5-80GB, K80-GK210, P100-SXM2-16GB, V100-SXM2-32GB, V100-SXM3-32GB")]
+             "H100-SXM5-80GB, H200-SXM-141GB, K80-GK210, P100-SXM2-16GB, V100-SXM2-32GB, V100-SXM3-32GB")]
 
     def test_two_nodes_without_nics(self):
         with pytest.raises(ValidationError) as exc:

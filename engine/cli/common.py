@@ -57,18 +57,33 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere."""
     g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
     g.add_argument("--tp", type=device_count, help="tensor-parallel degree (megatron, fsdp)")
-    g.add_argument("--pp", type=device_count, help="pipeline stages (megatron)")
+    g.add_argument("--pp", type=device_count, help="pipeline stages (megatron, fsdp)")
     g.add_argument("--dp", type=device_count, help="data-parallel replicas (megatron; default: the rest)")
     g.add_argument("--micro-batch", type=positive_int, help="micro-batch size in samples")
     g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
-    g.add_argument("--zero-stage", type=int, choices=(1, 2, 3), help="ZeRO/FSDP sharding stage (fsdp; default 3)")
+    g.add_argument("--zero-stage", type=int, choices=(1, 2, 3),
+                   help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
+                        "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
+    g.add_argument("--layers-per-stage", type=_counts, metavar="N,N,...",
+                   help="layers on each pipeline stage, e.g. 7,8,8,7 (megatron; default: even, or balanced "
+                        "counting the embedding and output layer when the layers do not divide)")
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in
-            ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage")}
+            ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
+             "layers_per_stage")}
+
+
+def _counts(text: str) -> list[int]:
+    """An argparse type: comma-separated positive layer counts."""
+    parts = text.split(",")
+    if len(parts) > MAX_DEVICES or not all(p.strip().isdigit() and 0 < int(p) <= MAX_DIM for p in parts):
+        raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not a list of positive layer counts "
+                                         "(e.g. 7,8,8,7)")
+    return [int(p) for p in parts]
 
 

@@ -97,6 +97,10 @@ DEVICE_TYPES: dict[str, DeviceType] = {
         DeviceType("H100-SXM5-80GB",
                    {"fp32": 66.9e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
                    3350 * GB, 80 * GIB, f"NVIDIA H100 page, glennklockwood ({_CSV})"),
+        # H200: the H100's GH100 compute with 141 GB of HBM3e at 4.8 TB/s (DGX BasePOD RA)
+        DeviceType("H200-SXM-141GB",
+                   {"fp32": 66.9e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
+                   4800 * GB, 141 * GB, f"NVIDIA DGX BasePOD reference architecture ({_CSV})"),
         DeviceType("V100-SXM2-32GB", {"fp32": 15.7e12, "fp16": 125e12}, 900 * GB, 32 * GIB,
                    f"NVIDIA V100 datasheet, AWS P3 post ({_CSV})"),
         # DGX-2H runs V100s at higher clocks: 130 TFLOP/s fp16 implied by the Megatron-LM

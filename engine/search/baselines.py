@@ -145,8 +145,37 @@ def layer_blocks(graph: OpGraph) -> list[str]:
     return layers
 
 
+def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:
+    """Layers per pipeline chunk: equal when they divide evenly (Megatron-LM's split);
+    otherwise balanced counting the embedding and the output layer as one layer each, which
+    sit on the first and the last chunk (Megatron-DeepSpeed's ``type:transformer|embedding``
+    partitioning; Llama 3 405B runs 126 layers on 16 stages as 7 + 14 x 8 + 7, Dubey et al.
+    2024 §3.3.2).
+
+    >>> balanced_layers(126, 16)[:3], balanced_layers(126, 16)[-1], sum(balanced_layers(70, 12))
+    ([7, 8, 8], 7, 70)
+    """
+    if n_layers % n_chunks == 0:
+        return [n_layers // n_chunks] * n_chunks
+    if n_chunks > n_layers:
+        raise ValueError(f"{n_layers} layers cannot fill {n_chunks} pipeline chunks (pp x vpp)")
+    units = n_layers + 2  # the embedding and the output layer count as one layer each
+    q, r = divmod(units, n_chunks)
+    counts = [q] * n_chunks
+    for k in (list(range(1, n_chunks - 1)) + [0, n_chunks - 1])[:r]:  # the remainder to the middle first
+        counts[k] += 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    while min(counts) < 1:  # (a few layers on many chunks: give the end chunks one back)
+        k = counts.index(min(counts))
+        counts[k] += 1
+        counts[counts.index(max(counts))] -= 1
+    return counts
+
+
 def _chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) -> dict[str, int]:
-    """Model chunk of every op: layer blocks split evenly (or ``counts`` layers per chunk);
+    """Model chunk of every op: layer blocks split by :func:`balanced_layers` (or ``counts``
+    layers per chunk);
     any other op joins the chunk of the next layer after it in topological order (the last
     chunk after the last layer), so an encoder-decoder's decoder embedding sits with the first
     decoder layer; inputs join their first consumer."""
@@ -162,11 +191,8 @@ def _chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) 
         owner = [k for k, c in enumerate(counts) for _ in range(c)]
         layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
     else:
-        if len(layers) % n_chunks:
-            raise ValueError(f"{len(layers)} layers do not split evenly into {n_chunks} pipeline chunks "
-                             f"(pp x vpp)")
-        per = len(layers) // n_chunks
-        layer_chunk = {b: i // per for i, b in enumerate(layers)}
+        owner = [k for k, c in enumerate(balanced_layers(len(layers), n_chunks)) for _ in range(c)]
+        layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
     chunk: dict[str, int] = {}
     following = n_chunks - 1
     for op in reversed(graph.ops):
@@ -270,7 +296,8 @@ def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
 def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int | None = None,
              micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
              sequence_parallel: bool = False, schedule: str | None = None,
-             layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None) -> Strategy:
+             layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
+             zero_stage: int = 0) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
     ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
     chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
@@ -278,9 +305,14 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     Ranks are laid out as Megatron does: tensor-parallel ranks adjacent (inside a node),
     then data-parallel, then pipeline: device = stage*(dp*tp) + dp_rank*tp + tp_rank.
 
-    ``layers_per_stage`` (one count per stage, no interleaving) replaces the even split, and
-    ``stage_mesh`` puts stage s on the s'-th block of dp*tp devices, s' = stage_mesh[s]
-    (the pipeline planner's choices, :mod:`engine.search.pipeline`).
+    Layers split evenly over the pp*vpp chunks when they divide, else by
+    :func:`balanced_layers`; ``layers_per_stage`` (one count per stage, no interleaving) sets
+    the split, and ``stage_mesh`` puts stage s on the s'-th block of dp*tp devices,
+    s' = stage_mesh[s] (the pipeline planner's choices, :mod:`engine.search.pipeline`).
+
+    ``zero_stage`` shards over each data-parallel group: 1 the optimizer state (Megatron-LM's
+    distributed optimizer), 2 also the gradients, 3 also the parameters (FSDP with tensor and
+    pipeline parallelism, Llama 3's layout without context parallelism).
 
     Raises
     ------
@@ -302,6 +334,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         raise ValueError(f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} devices, but {cluster.name} has {n}")
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0 (none), 1, 2 or 3, got {zero_stage!r}")
     if graph.batch_size % dp:
         raise ValueError(f"global batch {graph.batch_size} is not divisible by dp ({dp})")
     if micro_batch is None:
@@ -333,23 +367,32 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         configs[op.name] = made[key]
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}
+    if zero_stage:
+        options["zero_stage"] = zero_stage
+    if pp * vpp > 1 and layers_per_stage is None:
+        counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
+        if len(set(counts)) > 1:
+            notes = [*notes, f"layers per chunk {counts} (uneven: the first and last chunks also hold the "
+                             "embedding and the output layer)"]
     return _finish(graph, cluster, configs, "megatron", options, notes,
                    pipeline=PipelineSettings(pp, m, schedule, vpp),
-                   stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel)
+                   stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
+                   zero_stage=zero_stage)
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
-         recompute: str = "none") -> Strategy:
+         recompute: str = "none", pp: int = 1) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
-    over every device (or over ``devices / tp`` groups with Megatron tensor parallelism
-    inside), parameters, gradients and optimizer state sharded by ``zero_stage``;
-    ``micro_batch`` sets gradient accumulation."""
+    over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
+    pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
+    parameters, gradients and optimizer state sharded by ``zero_stage``; ``micro_batch`` sets
+    gradient accumulation (the micro-batches of the pipeline when ``pp`` > 1)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
-    s = megatron(graph, cluster, tp=tp, pp=1, micro_batch=micro_batch, recompute=recompute)
+    s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage)
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
-    for k in ("pp", "vpp", "sequence_parallel"):
+    for k in ("vpp", "sequence_parallel") + (("pp",) if pp == 1 else ()):
         opts.pop(k, None)
     found_by = {"algorithm": "baseline:fsdp", "options": opts}
     if "notes" in s.found_by:
@@ -376,9 +419,9 @@ BASELINES: dict[str, Baseline] = {
         Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
-                  "layers_per_stage", "stage_mesh")),
-        Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp)",
-                 ("zero_stage", "micro_batch", "tp", "recompute")),
+                  "layers_per_stage", "stage_mesh", "zero_stage")),
+        Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
+                 ("zero_stage", "micro_batch", "tp", "pp", "recompute")),
     ]
 }
 
