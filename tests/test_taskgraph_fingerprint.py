@@ -48,7 +48,8 @@ CASES: dict[str, tuple[str | Callable, str, Callable]] = {
     "rnntc-expert-k80": ("rnntc", "k80-16x4", lambda g, c: expert(g, c)),
 }
 
-#: case -> SHA-256 of the task graph (see :func:`fingerprint`), as built before issue 11
+#: case -> SHA-256 of the task graph (see :func:`fingerprint`), as built before issue 11 (a later issue that
+#: changes the arrays on purpose says so beside the entry)
 EXPECTED = {
     "alexnet-dp-dgx-symmetric": "a7d9ca04dd18197a2a62eaa9c5b28f1c9b8cf35af2ca3149009a28cf4f58ebbd",
     "alexnet-dp-p100": "e432fbca2525f242973dd46cb8483a2743ca6912d2e245214c3076736c5f16c4",
@@ -56,7 +57,8 @@ EXPECTED = {
     "gpt2-megatron-tp2-pp2-vpp2-sp-selective": "acaa488a8abf5e7df1a3dc089faf9576b68372953070663794acf91e31682b9c",
     "inception-expert-p100": "6afd8eff3a59a7f925eb3e566a13f9ddeb141bce5f1c7cb56a9a09406a3135fa",
     "nmt-model-parallel-p100": "c8a491d4e2b59e63266bef263c3691605e5f3b0852b6a7c5e7b81ded67a72801",
-    "resnet101-dp-hetero": "30e795237490bb161f5dc398c52bd87a499d2754759357452e24ba2c1879f1b8",
+    # issue 12: the H100s of hetero-demo reach 0.58 of their tensor-core peak (benchmarks/calibrate.py), not 0.8
+    "resnet101-dp-hetero": "da2a25c78d8340981b449a1d22ff757eb7b0765b6fe1df5447ffa2e38af9a271",
     "rnntc-expert-k80": "1fd23aeab56b14df437033d72af9dd4a664b4dc943fadaaaffd374dba1dc69d4",
 }
 

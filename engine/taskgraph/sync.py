@@ -18,12 +18,16 @@ __all__ = ["FsdpPlan", "SyncBuilder", "sync_unit"]
 
 
 def sync_unit(op: Op, zero_stage: int) -> str:
-    """Parameters synchronised together: a shared ``param_group``; with ZeRO-3, the op's block
-    (FSDP wraps whole transformer blocks, as llm-foundry and torchtitan do); otherwise the op
-    itself."""
+    """Parameters synchronised together: a shared ``param_group``; with any ZeRO stage, the
+    op's block (FSDP wraps whole transformer blocks for FULL_SHARD and SHARD_GRAD_OP alike, as
+    llm-foundry and torchtitan do; DeepSpeed's ZeRO-1/2 and Megatron's distributed optimizer
+    reduce gradients in buckets of hundreds of MB, not per tensor); otherwise the op itself.
+    The granularity sets how many collectives an iteration pays the per-step latency of (a
+    ring over n ranks takes n - 1 steps: at 512 GPUs a per-tensor reduce-scatter is
+    latency-bound)."""
     if op.param_group:
         return op.param_group
-    if zero_stage >= 3 and op.block:
+    if zero_stage >= 1 and op.block:
         return f"block:{op.block}"
     return op.name
 
