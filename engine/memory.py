@@ -34,7 +34,7 @@ from .simulate import Timeline
 from .strategy import Strategy, partition_coords, selective_recompute_reruns
 from .taskgraph import BWD, FWD
 
-__all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param"]
+__all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param", "saved_activation_bytes"]
 
 
 def optimizer_bytes_per_param(precision: str) -> int:
@@ -226,16 +226,33 @@ def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, flo
     return hit
 
 
+def saved_activation_bytes(graph: OpGraph, strategy: Strategy) -> np.ndarray:
+    """[op] bytes one partition of each op keeps for its backward pass, per microbatch."""
+    return _saved_bytes(graph, strategy, max(1, strategy.pipeline.microbatches), _graph_cache(graph))
+
+
 def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.ndarray:
-    """[op] bytes one partition saves for its backward pass, per microbatch."""
+    """[op] bytes one partition saves for its backward pass, per microbatch (Korthikanti et
+    al. 2022 §4, activations per layer with and without sequence parallelism and
+    selective or full recomputation; ``tests/test_memory.py`` checks their Table 2).
+
+    A tensor read by several ops under the same partitioning on the same devices (the
+    LayerNorm output that the Q, K and V projections read) is kept once, by its first reader:
+    that reader's backward runs last, so the tensor's lifetime is the first reader's forward
+    to its backward (§4.1 counts the QKV input once). Dropout keeps a one-byte mask per
+    element (``bwd_saved_bytes_per_element``). Under sequence parallelism a tensor-parallel
+    op that reads a sequence-split tensor keeps the shard, not the gathered tensor, and
+    gathers it again in its backward (§4.2.2)."""
     out = np.zeros(len(graph.ops))
     recompute = strategy.recompute
     saving = cache.get(("saving", recompute))
     if saving is None:
-        saving = cache[("saving", recompute)] = [(i, op) for i, op in enumerate(graph.ops)
-                                                 if _saves_activations(graph, op, recompute)]
-    for i, op in saving:
-        cfg = strategy.configs[op.name]
+        saving = cache[("saving", recompute)] = [(i, op, kept) for i, op in enumerate(graph.ops)
+                                                 if (kept := _kept_inputs(graph, op, recompute))]
+    configs = strategy.configs
+    kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
+    for i, op, inputs in saving:
+        cfg = configs[op.name]
         ck = ("saved", op.name, tuple(cfg.degrees.items()), m)
         hit = cache.get(ck)
         if hit is None:
@@ -243,17 +260,34 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
             if m > 1 and "sample" in op.dim_names:
                 degrees["sample"] = degrees.get("sample", 1) * m
             ins, _, _ = op.partition_shapes(degrees)
-            hit = cache[ck] = sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)
-                                  if t.dtype in FLOAT_DTYPES)
-        out[i] = hit
+            per = op_kind(op.kind).bwd_saved_bytes_per_element
+            hit = cache[ck] = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
+                DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
+                if op.in_tensors[k].dtype in FLOAT_DTYPES]
+        for ref, shape, nbytes in hit:
+            key = ((ref.op, ref.index), shape, cfg.devices)
+            if key in kept_tensors:
+                continue
+            kept_tensors.add(key)
+            if strategy.sequence_parallel and cfg.degree("length") == 1:
+                pcfg = configs[ref.op]
+                if pcfg.degree("length") > 1 and set(pcfg.devices) == set(cfg.devices):
+                    nbytes /= pcfg.degree("length")
+            out[i] += nbytes
     return out
 
 
-def _saves_activations(graph: OpGraph, op, recompute: str) -> bool:
-    """Whether ``op`` keeps inputs for its backward pass under ``recompute``."""
+def _kept_inputs(graph: OpGraph, op, recompute: str) -> tuple[int, ...]:
+    """Indices of the inputs ``op`` keeps for its backward pass under ``recompute``: none
+    for ops whose backward reads no input; with full recomputation only the layer's inputs
+    (tensors made by another block), the rest being recomputed from them; an op that
+    selective recomputation reruns keeps the inputs its rerun needs from outside the rerun
+    region (the attention core's Q, K and V, Korthikanti et al. 2022 §5)."""
     if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
-        return False
+        return ()
+    every = range(len(op.inputs))
+    if recompute == "full":
+        return tuple(k for k in every if graph[op.inputs[k].op].block != op.block)
     if recompute == "selective" and selective_recompute_reruns(graph, op):
-        return False
-    # with full recomputation only layer inputs are kept; the rest is recomputed from them
-    return not (recompute == "full" and not any(graph[r.op].block != op.block for r in op.inputs))
+        return tuple(k for k in every if not selective_recompute_reruns(graph, graph[op.inputs[k].op]))
+    return tuple(every)

@@ -365,6 +365,10 @@ class OpKind:
     #: False for ops whose backward pass needs none of their inputs (add, concat, split,
     #: transpose: the gradient is routed, not computed from saved activations).
     bwd_reads_inputs: bool = True
+    #: Bytes per input element kept for the backward pass instead of the inputs themselves
+    #: (None: the float inputs at their dtype). Dropout keeps its mask, one byte per element
+    #: (Korthikanti et al. 2022 §4.1).
+    bwd_saved_bytes_per_element: float | None = None
     #: True for table lookups (embedding): forward reads only the gathered rows, not the
     #: whole table, and backward scatters into the gathered rows only.
     gathers_params: bool = False
@@ -1067,7 +1071,8 @@ def _build_registry() -> dict[str, OpKind]:
         kinds.append(
             OpKind(name, f"Elementwise {name} of {n_in} equal-shaped input(s).",
                    _elementwise_infer(n_in), _no_params, _elementwise_dims, _per_element(cost), 1.0,
-                   attrs=("rate",) if name == "dropout" else (), bwd_reads_inputs=name != "add")
+                   attrs=("rate",) if name == "dropout" else (), bwd_reads_inputs=name != "add",
+                   bwd_saved_bytes_per_element=1.0 if name == "dropout" else None)
         )
     return {k.name: k for k in kinds}
 

@@ -113,3 +113,37 @@ def test_the_per_graph_cache_lives_beside_the_graph_not_inside_it():
     del g
     gc.collect()
     assert ref() is None  # the cache does not keep a graph alive
+
+
+class TestKorthikantiActivations:
+    """Activations one transformer layer keeps per microbatch, against Korthikanti et al.
+    2022 (Table 2), in units of s*b*h bytes (fp16): no recomputation
+    ``10 + 24/t + 5as/(ht)``; with sequence parallelism ``34/t + 5as/(ht)``; selective
+    recomputation with sequence parallelism ``34/t``; full recomputation ``2``."""
+
+    S, H, A = 2048, 12288, 96  # GPT-3 175B's layer
+
+    def layer_bytes(self, tp, sp, recompute):
+        from engine.memory import saved_activation_bytes
+        from engine.models.transformer import GPTConfig, gpt
+
+        g = gpt(GPTConfig(2, self.H, self.A, self.S, 51200, 1, precision="fp16", dropout=0.1, name="k"))
+        c = preset("dgx-a100-80gb:1")
+        s = megatron(g, c, tp=tp, pp=1, dp=1, micro_batch=1, recompute=recompute, sequence_parallel=sp)
+        saved = saved_activation_bytes(g, s)
+        return sum(saved[i] for i, op in enumerate(g.ops) if op.block == "layers.1") / (self.S * self.H)
+
+    @pytest.mark.parametrize("tp", [1, 2, 8])
+    def test_no_recomputation(self, tp):
+        assert self.layer_bytes(tp, False, "none") == pytest.approx(10 + 24 / tp + 5 * self.A * self.S / (self.H * tp))
+
+    @pytest.mark.parametrize("tp", [2, 8])
+    def test_sequence_parallel(self, tp):
+        assert self.layer_bytes(tp, True, "none") == pytest.approx(34 / tp + 5 * self.A * self.S / (self.H * tp))
+
+    @pytest.mark.parametrize("tp", [2, 8])
+    def test_selective_with_sequence_parallel(self, tp):
+        assert self.layer_bytes(tp, True, "selective") == pytest.approx(34 / tp)
+
+    def test_full_recomputation_keeps_the_layer_input(self):
+        assert self.layer_bytes(8, False, "full") == pytest.approx(2)
