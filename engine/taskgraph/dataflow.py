@@ -16,6 +16,17 @@ from .segments import Segment
 __all__ = ["DataflowBuilder"]
 
 
+def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev, r_rep: np.ndarray):
+    """:func:`transfer_plan` for the representative receivers only (all of them without
+    symmetry): the others' transfers are mirror images, never built (a 1,024-way split
+    under symmetry has one representative)."""
+    if r_rep.all():
+        return transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev)
+    rr = np.flatnonzero(r_rep)
+    holder, recv, elems = transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo[rr], r_hi[rr], r_dev[rr], r_ids=rr)
+    return holder, rr[recv], elems
+
+
 class _Sent:
     """Transfers already made for one tensor, so that a region goes to a device once.
 
@@ -55,13 +66,14 @@ class DataflowBuilder:
             # the all-reduce) and replica dims
             base = int(min(t.devs[p].min(), t.devs[c].min()))
             pkey = (op_signature(prod), o, tuple(pcfg.degrees.items()), op_signature(cons), i,
-                    tuple(ccfg.degrees.items()), (t.devs[p] - base).tobytes(), (t.devs[c] - base).tobytes())
+                    tuple(ccfg.degrees.items()), (t.devs[p] - base).tobytes(), (t.devs[c] - base).tobytes(),
+                    t.rep[p].tobytes(), t.rep[c].tobytes())
             hit = self._plans.get(pkey)
             if hit is None:
                 hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
                 h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
                 r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
-                fwd_plan = transfer_plan(h_lo, h_hi, t.devs[p], classes(pgrid, pnames, hkeep), r_lo, r_hi, t.devs[c])
+                fwd_plan = _plan(h_lo, h_hi, t.devs[p], classes(pgrid, pnames, hkeep), r_lo, r_hi, t.devs[c], t.rep[c])
                 hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
             shared = len(users) > 1  # dedupe only matters with several consumers
@@ -77,8 +89,8 @@ class DataflowBuilder:
             if partial:
                 ready = self._grad_reduce(seg, sent, c, cnames, cgrid, r_lo, r_hi, partial, nbytes, (p, o))
             if "bwd" not in bwd_plans:
-                bwd_plans["bwd"] = transfer_plan(r_lo, r_hi, t.devs[c], classes(cgrid, cnames, ckeep), h_lo, h_hi,
-                                                 t.devs[p])
+                bwd_plans["bwd"] = _plan(r_lo, r_hi, t.devs[c], classes(cgrid, cnames, ckeep), h_lo, h_hi, t.devs[p],
+                                         t.rep[p])
             h2, r2, e2 = bwd_plans["bwd"]
             self._per_mb(seg, sent, ready, t.bwd[p], h2, r2, e2 * nbytes, t.devs[c], t.devs[p], p, c, p,
                          key=(p, o, "grad") if shared and not partial else None, backward=True)

@@ -98,6 +98,12 @@ class Emitter:
         bw, lat, links = self.ctx.cluster.collective_group(devs)
         n = len(devs)
         k = preds.shape[0]
+        if self._image is not None and preds.shape[1] > 1:
+            # under symmetry mirrored partitions point at their representative's task: one
+            # edge per distinct predecessor (a column repeats in every row or in none)
+            _, first = np.unique(preds[0], return_index=True)
+            if first.size < preds.shape[1]:
+                preds = preds[:, np.sort(first)]
         dur = collective_time_s(kind, size_bytes, n, bw, lat, self.ctx.cost.link_efficiency)
         ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
         res = self.ctx.n_devices + np.asarray(links, np.int64)  # [link] resources after the devices

@@ -75,13 +75,16 @@ def classes(grid: np.ndarray, names: list[str], keep: set[str]) -> np.ndarray:
     return inv.ravel().astype(np.int64)
 
 
-def transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev,
+                  r_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which holder sends how many elements to which receiver.
 
     Holders in one class hold identical data; for every (class, receiver) whose regions
     overlap, one holder sends: the one on the receiver's device if any (nothing moves), else
     holder ``receiver mod class size`` (spreading load). Returns (holder, receiver, elements)
-    arrays, elements 0 for same-device pairs (a dependency without a transfer).
+    arrays, elements 0 for same-device pairs (a dependency without a transfer). ``r_ids``:
+    the receivers' partition indices when only some are given (the spreading uses them, so a
+    subset gets the holders it would get among all).
     """
     n_cls = int(h_cls.max()) + 1
     first = np.zeros(n_cls, np.int64)
@@ -104,7 +107,7 @@ def transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarr
     pos = np.searchsorted(hkey[by_key], want)
     pos = np.minimum(pos, by_key.size - 1)
     found = hkey[by_key[pos]] == want
-    fallback = order[first[g] + r % counts[g]]
+    fallback = order[first[g] + (r if r_ids is None else r_ids[r]) % counts[g]]
     holder = np.where(found, by_key[pos], fallback)
     elems = vol[g, r]
     elems = np.where(h_dev[holder] == r_dev[r], 0, elems)
