@@ -317,13 +317,14 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         microbatches = 1
     if isinstance(pipe.virtual_stages, int) and pipe.virtual_stages > MAX_VIRTUAL_STAGES:
         add(Problem("pipeline.virtual_stages", f"at most {MAX_VIRTUAL_STAGES:,}, got {pipe.virtual_stages:,}"))
+    checked: set[int] = set()  # device tuples found valid (ops of repeated layers share them)
     for op in graph.ops:
         at = f"ops.{op.name}"
         config = strategy.configs.get(op.name)
         if config is None:
             add(Problem(at, "no config for this op"))
             continue
-        problems += check_config(op, config, cluster, at, microbatches)
+        problems += check_config(op, config, cluster, at, microbatches, checked)
         if strategy.stage_of or pipe.stages > 1:
             stage = strategy.stage_of.get(op.name)
             if stage is None:
@@ -336,7 +337,11 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     return problems
 
 
-def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int) -> list[Problem]:
+def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int,
+                 checked: set[int] | None = None) -> list[Problem]:
+    """Every problem of ``config`` for ``op`` (``at`` names it). ``checked``: ids of device
+    tuples already found valid in this strategy, skipped (a 16,384-GPU layout repeats a few
+    tuples of 16,384 ids over thousands of ops)."""
     problems: list[Problem] = []
     dims = {d.name: d for d in op.dims}
     for dim, deg in config.degrees.items():
@@ -363,8 +368,12 @@ def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches
         problems.append(Problem(f"{at}.devices",
                                 f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
     devs, n = config.devices, cluster.num_devices
+    if checked is not None and id(devs) in checked:
+        return problems
     if all(type(d) is int for d in devs) and len(set(devs)) == len(devs) and \
             (not devs or (min(devs) >= 0 and max(devs) < n)):
+        if checked is not None:
+            checked.add(id(devs))
         return problems  # (the common case, without the per-device messages below)
     seen: set[int] = set()
     for k, dev in enumerate(config.devices):

@@ -32,6 +32,9 @@ class ComputeBuilder:
         #: op signature, degrees, symmetric dims, recomputed? -> the partition tables of that
         #: op (identical ops of repeated layers under identical configs compute them once)
         self._memo: dict[tuple, tuple] = {}
+        #: id of a config's device tuple -> it as an array (ops of repeated layers share tuples
+        #: of up to 16,384 ids); the tuples stay alive in the strategy
+        self._devices: dict[int, np.ndarray] = {}
 
     def build(self, seg: Segment, oi: int) -> None:
         """The op's forward and backward tasks, the backward's edge to the optimizer steps,
@@ -40,7 +43,9 @@ class ComputeBuilder:
         s, g, m = ctx.strategy, ctx.graph, ctx.microbatches
         op = g.ops[oi]
         config = s.configs[op.name]
-        devs = np.asarray(config.devices, np.int64)
+        devs = self._devices.get(id(config.devices))
+        if devs is None:
+            devs = self._devices[id(config.devices)] = np.asarray(config.devices, np.int64)
         t.devs[oi] = devs
         selective = s.recompute == "selective" and selective_recompute_reruns(g, op)
         reruns = selective or s.recompute == "full" and op.kind != "input"  # forward again before backward
@@ -111,10 +116,8 @@ class ComputeBuilder:
         elems = np.prod(hi - lo, axis=1)
         kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
         ready = t.fwd[oi].copy()
-        for c in range(int(cls.max()) + 1):
+        for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
             members = np.nonzero(cls == c)[0]
-            if not t.rep[oi][members].any():
-                continue  # mirrored by a representative group
             per_mb = m if "sample" in op.out_tensors[0].axes else 1
             nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
             ids = self.emit.collectives(seg, kind, nbytes, t.devs[oi][members], t.fwd[oi][:, members], oi,

@@ -111,10 +111,10 @@ class DataflowBuilder:
             cls = self._classes[ckey] = classes(cgrid, cnames, keep)
         ready = t.bwd[c].copy()
         elems = np.prod(r_hi - r_lo, axis=1)
-        for k in range(int(cls.max()) + 1):
+        for k in np.unique(cls[t.rep[c]]).tolist():  # classes with a representative (the rest mirror them)
             members = np.nonzero(cls == k)[0]
             devs = t.devs[c][members]
-            if np.unique(devs).size <= 1 or not t.rep[c][members].any():
+            if np.unique(devs).size <= 1:
                 continue
             key = (tensor, tuple(sorted(int(d) for d in devs)), int(elems[members[0]]))
             ids = sent.reduced.get(key)

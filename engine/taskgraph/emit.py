@@ -92,7 +92,7 @@ class Emitter:
         """One collective per row of ``preds`` ([k, n_preds] handles), all over the same
         ``devices`` and of the same size (e.g. one per microbatch); returns their handles, or
         None when the group is a single device."""
-        devs = sorted(set(int(d) for d in devices))
+        devs = np.unique(np.asarray(devices, np.int64)).tolist()  # sorted, distinct
         if len(devs) <= 1 or size_bytes <= 0:
             return None
         bw, lat, links = self.ctx.cluster.collective_group(devs)

@@ -77,7 +77,13 @@ class SyncBuilder:
             op = ctx.graph.ops[oi]
             names, grid = t.grid[oi]
             cfg = ctx.strategy.configs[op.name]
-            split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
+            if zero >= 1:
+                # ZeRO shards over data parallelism: a group is the partitions equal on every
+                # dim but the sample's (a tensor-parallel rank's data-parallel group), keyed by
+                # its devices so that a block's ops on the same group share its collectives
+                split = [j for j, n in enumerate(names) if n != "sample"]
+            else:  # all-reduce over every partition holding the same parameter region
+                split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
             elems = op.partition_param_elements(cfg.degrees)
             tensor = op.param_group or op.name  # shared parameters are one tensor
             # partitions grouped by the parameter region they hold (vectorised)
@@ -88,17 +94,20 @@ class SyncBuilder:
             order = np.argsort(codes, kind="stable")
             bounds = np.flatnonzero(np.diff(codes[order])) + 1
             for part_ids in np.split(order, bounds):
-                key = (tuple(names[j] for j in split), int(codes[part_ids[0]]))
+                key = (np.sort(t.devs[oi][part_ids]).tobytes(),) if zero >= 1 else \
+                    (tuple(names[j] for j in split), int(codes[part_ids[0]]))
                 entry = regions.setdefault(key, [[], [], 0.0, set()])
                 entry[0].append(t.devs[oi][part_ids])
                 entry[1].append((oi, part_ids))
                 if tensor not in entry[3]:
                     entry[3].add(tensor)
                     entry[2] += elems
+        gathers: list[tuple[list[int], float]] = []  # (devices, elements) of each ZeRO-3 gather
         for devs, parts, elems, _ in regions.values():
             if not any(t.rep[oi][ks].any() for oi, ks in parts):
                 continue  # mirrored by a representative region
-            udevs = sorted(set(np.concatenate(devs).tolist()))
+            udevs = np.unique(np.concatenate(devs)).tolist()
+            gathers.append((udevs, elems))
             device_params[udevs] += elems / len(udevs) if zero >= 1 else elems
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"
             # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
@@ -117,22 +126,16 @@ class SyncBuilder:
                     self.emit.collective(seg, "all_gather", elems * pbytes, udevs, preds, members[0], -1)
         seg.device_params = device_params
         if zero >= 3:
-            self._fsdp_gathers(seg, unit, members)
+            self._fsdp_gathers(seg, unit, members, gathers)
 
-    def _fsdp_gathers(self, seg: Segment, unit: str, members: list[int]) -> None:
+    def _fsdp_gathers(self, seg: Segment, unit: str, members: list[int],
+                      gathers: list[tuple[list[int], float]]) -> None:
         """All-gather a unit's parameters before its forward and its backward, every
-        microbatch, prefetched one unit ahead (FSDP's forward and backward prefetch)."""
+        microbatch, prefetched one unit ahead (FSDP's forward and backward prefetch): one
+        gather per data-parallel group of the unit (``gathers``: devices, elements), as FSDP
+        with tensor parallelism gathers each rank's shards within its data-parallel group."""
         ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
         pbytes = DTYPE_BYTES[ctx.graph.precision]
-        devs = sorted({int(d) for oi in members for d in t.devs[oi]})
-        nbytes = 0.0
-        seen = set()
-        for oi in members:
-            op = ctx.graph.ops[oi]
-            if (op.param_group or op.name) in seen:
-                continue
-            seen.add(op.param_group or op.name)
-            nbytes += op.partition_param_elements(ctx.strategy.configs[op.name].degrees) * pbytes
         for phase, table, pick in ((FWD, t.fwd, min), (BWD, t.bwd, max)):
             used = [oi for oi in members if oi in table]
             if not used:
@@ -141,8 +144,11 @@ class SyncBuilder:
             before = self.plan.prefetch.get((unit, phase))
             preds = np.zeros((m, 0), np.int64) if before is None or before not in table \
                 else table[before][:, :1]  # the next unit's gather starts when the one before starts
-            ids = self.emit.collectives(seg, "all_gather", nbytes, devs, preds, lead, np.arange(m))
-            if ids is not None:
-                for oi in used:
-                    mine = table[oi][:, t.rep[oi]]
+            for devs, elems in gathers:
+                ids = self.emit.collectives(seg, "all_gather", elems * pbytes, devs, preds, lead, np.arange(m))
+                if ids is None:
+                    continue
+                for oi in used:  # the group's own partitions wait for it
+                    on_group = t.rep[oi] if len(gathers) == 1 else t.rep[oi] & np.isin(t.devs[oi], devs)
+                    mine = table[oi][:, on_group]
                     seg.edges(np.repeat(ids, mine.shape[1]), mine)
