@@ -32,9 +32,10 @@ class ComputeBuilder:
         #: op signature, degrees, symmetric dims, recomputed? -> the partition tables of that
         #: op (identical ops of repeated layers under identical configs compute them once)
         self._memo: dict[tuple, tuple] = {}
-        #: id of a config's device tuple -> it as an array (ops of repeated layers share tuples
-        #: of up to 16,384 ids); the tuples stay alive in the strategy
-        self._devices: dict[int, np.ndarray] = {}
+        #: id of a config's device tuple -> (the tuple, it as an array): ops of repeated layers
+        #: share tuples of up to 16,384 ids. The entry holds the tuple, so its id cannot be
+        #: reused by another tuple while cached (a rebuild brings new configs).
+        self._devices: dict[int, tuple[tuple, np.ndarray]] = {}
 
     def build(self, seg: Segment, oi: int) -> None:
         """The op's forward and backward tasks, the backward's edge to the optimizer steps,
@@ -43,9 +44,12 @@ class ComputeBuilder:
         s, g, m = ctx.strategy, ctx.graph, ctx.microbatches
         op = g.ops[oi]
         config = s.configs[op.name]
-        devs = self._devices.get(id(config.devices))
-        if devs is None:
-            devs = self._devices[id(config.devices)] = np.asarray(config.devices, np.int64)
+        hit = self._devices.get(id(config.devices))
+        if hit is None or hit[0] is not config.devices:
+            if len(self._devices) >= 4096:  # bounded: a long search meets many configs
+                self._devices.clear()
+            hit = self._devices[id(config.devices)] = (config.devices, np.asarray(config.devices, np.int64))
+        devs = hit[1]
         t.devs[oi] = devs
         selective = s.recompute == "selective" and selective_recompute_reruns(g, op)
         reruns = selective or s.recompute == "full" and op.kind != "input"  # forward again before backward
