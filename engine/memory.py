@@ -31,7 +31,7 @@ from .cluster import Cluster
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
-from .strategy import Strategy, partition_coords, selective_recompute_reruns
+from .strategy import Strategy, partition_grid, selective_recompute_reruns
 from .taskgraph import BWD, FWD
 
 __all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param", "saved_activation_bytes"]
@@ -220,8 +220,13 @@ def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, flo
         repl = [n for n in names if n not in split and not op.dim(n).is_replica]
         copies = float(math.prod(cfg.degree(n) for n in repl))
         ids = cache.setdefault("region_ids", {})
-        regions = np.array([ids.setdefault(tuple((n, coord[n]) for n in split), len(ids))
-                            for coord in partition_coords(op, cfg)], np.int64)
+        grid_names, grid = partition_grid(op, cfg)
+        cols = [grid_names.index(n) for n in split]
+        codes = np.ravel_multi_index(grid[:, cols].T, [cfg.degree(n) for n in split]) if cols else \
+            np.zeros(grid.shape[0], np.int64)
+        distinct, inverse = np.unique(codes, return_inverse=True)  # (a few: the split's degrees)
+        key = tuple(split)
+        regions = np.array([ids.setdefault((key, int(c)), len(ids)) for c in distinct], np.int64)[inverse.ravel()]
         hit = cache[ck] = (regions, np.asarray(cfg.devices, np.int64), elems, copies)
     return hit
 

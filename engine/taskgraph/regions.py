@@ -67,12 +67,15 @@ def in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: in
 
 
 def classes(grid: np.ndarray, names: list[str], keep: set[str]) -> np.ndarray:
-    """Class id per partition: partitions equal on the dims in ``keep`` share a class."""
+    """Class id per partition: partitions equal on the dims in ``keep`` share a class, numbered
+    in lexicographic order of those coordinates. ``grid`` is a full product grid (every
+    combination occurs, :func:`engine.strategy.partition_grid`), so the class of a row is
+    its kept coordinates' row-major index."""
     cols = [j for j, n in enumerate(names) if n in keep]
     if not cols:
         return np.zeros(grid.shape[0], np.int64)
-    _, inv = np.unique(grid[:, cols], axis=0, return_inverse=True)
-    return inv.ravel().astype(np.int64)
+    sub = grid[:, cols]
+    return np.ravel_multi_index(sub.T, sub.max(axis=0) + 1).astype(np.int64)
 
 
 def transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev,
