@@ -2,7 +2,8 @@
 
 For each published run the script builds the row's model (its shape and global batch), the
 cluster preset matching its GPUs, and the row's parallel layout with the matching baseline
-(Megatron rows: ``megatron``; MosaicML FSDP rows: ``fsdp(zero_stage=3)``), simulates one
+(Megatron rows: ``megatron``; MosaicML FSDP rows: ``fsdp``, ZeRO-3 for FULL_SHARD and ZeRO-2
+for SHARD_GRAD_OP; H100 rows on ``dgx-h100``), simulates one
 iteration and converts the predicted iteration time into the row's published metric with the
 formulas of ``shared/validation/README.md``. No per-row factor is applied anywhere: every row
 is modelled only from what its columns state; where a needed value is missing the
@@ -14,8 +15,9 @@ Usage::
                                             [--csv PATH]
 
 Prints one line per row (published and predicted metric, signed error, feasibility, tasks,
-wall seconds), then the skipped rows with their reasons and a summary (all rows and per
-source).
+wall seconds), then the skipped rows with their reasons and a summary: all rows, per source,
+and the in-sample rows (those ``benchmarks/calibrate.py`` fits its constants on) apart from
+the held-out ones.
 """
 
 from __future__ import annotations
