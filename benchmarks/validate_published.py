@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from engine.cluster import preset
+from engine.errors import printable
 from engine.models.transformer import GPTConfig, gpt
 from engine.report import simulate_strategy
 from engine.search.baselines import fsdp, megatron
@@ -91,13 +92,33 @@ class RowResult:
 
 
 def _int(row: dict[str, str], key: str) -> int | None:
-    v = (row.get(key) or "").strip()
-    return int(float(v)) if v else None
+    v = _float(row, key)
+    return int(v) if v is not None else None
 
 
 def _float(row: dict[str, str], key: str) -> float | None:
-    v = (row.get(key) or "").strip()
-    return float(v) if v else None
+    """The cell as a number (thousands separators allowed); None when empty; a Skip naming
+    the column when it is not a number."""
+    v = (row.get(key) or "").strip().replace(",", "").replace("_", "")
+    if not v:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise Skip(f"column {key} is not a number: {printable(row.get(key), 40)!r}") from None
+    if not math.isfinite(x):
+        raise Skip(f"column {key} is not a finite number: {row.get(key)!r}")
+    return x
+
+
+def _number(row: dict[str, str], key: str) -> Any:
+    """:func:`_float` (an int for ``gpus``), or None where the cell is not a number (the row
+    is then skipped with the reason when its setup reads the cell)."""
+    try:
+        v = _float(row, key)
+    except Skip:
+        return None
+    return int(v) if v is not None and key == "gpus" else v
 
 
 def source_of(row: dict[str, str]) -> str:
@@ -139,23 +160,95 @@ class Setup:
     assumptions: list[str]
 
 
-def _cluster_name(row: dict[str, str], gpus: int) -> str:
-    gt = row["gpu_type"]
-    if gt.startswith("A100") and "80GB" in gt:
-        base, per = "dgx-a100-80gb", 8
-    elif gt.startswith("A100") and "40GB" in gt:
+def _cluster_name(row: dict[str, str], gpus: int, notes: list[str] | None = None) -> str:
+    gt = (row.get("gpu_type") or "").upper()
+    notes = notes if notes is not None else []
+    if gt.startswith("A100") and "40GB" in gt:
         base, per = "dgx-a100-40gb", 8
-    elif gt.startswith("V100-SXM3") or "DGX-2" in gt:
+    elif gt.startswith("A100"):
+        base, per = "dgx-a100-80gb", 8
+        if "80GB" not in gt:
+            notes.append(f"gpu_type {row.get('gpu_type')!r} states no memory size: the 80 GB A100")
+    elif gt.startswith("V100"):
         base, per = "v100-dgx2", 16
-    elif gt.startswith("H100") and "PCIe" not in gt:
+        if "SXM3" not in gt and "DGX-2" not in gt:
+            notes.append(f"gpu_type {row.get('gpu_type')!r}: modelled on DGX-2H nodes (16 V100s on NVSwitch)")
+    elif gt.startswith(("H200", "GH200")):
+        base, per = "dgx-h200", 8
+    elif gt.startswith("H100") and "PCIE" not in gt:
         base, per = "dgx-h100", 8  # H100 SXM5 nodes: 8 GPUs on NVSwitch, 8 x 400 Gb/s NICs
     else:
-        raise Skip(f"no cluster preset for GPU type {gt!r}")
+        raise Skip(f"no cluster preset for GPU type {row.get('gpu_type')!r}")
     nodes = max(1, math.ceil(gpus / per))
     return f"{base}:{nodes}"
 
 
+def _zero_of(row: dict[str, str]) -> tuple[int, str, str]:
+    """(ZeRO stage, gather unit, framework) from the row's ``sharding`` column.
+
+    PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy): FULL_SHARD
+    shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP shards gradients
+    and optimizer state and keeps parameters after the forward (ZeRO-2). DeepSpeed names its
+    stages ZeRO-1/2/3 and gathers each module's parameters on their own (gather unit "op");
+    Megatron's distributed optimizer is ZeRO-1."""
+    text = " ".join((row.get("sharding") or "", row.get("source") or "")).lower()
+    sharding = (row.get("sharding") or "").lower()
+    deepspeed = "deepspeed" in text or "zero" in sharding and "fsdp" not in sharding
+    if "hybrid_shard" in sharding or "hsdp" in sharding:
+        raise Skip("HYBRID_SHARD (ZeRO-3 inside a node, replicas across nodes) is not modelled by the baselines")
+    if "full_shard" in sharding or any(k in sharding for k in ("zero-3", "zero3", "zero stage 3", "stage 3")):
+        stage = 3
+    elif "shard_grad_op" in sharding or any(k in sharding for k in ("zero-2", "zero2", "zero stage 2", "stage 2")):
+        stage = 2
+    elif any(k in sharding for k in ("zero-1", "zero1", "zero stage 1", "stage 1", "distributed optimizer",
+                                     "distributed-optimizer", "distributed_optimizer")):
+        stage = 1
+    elif "fsdp" in sharding:
+        stage = 3  # FSDP's default sharding strategy
+    else:
+        stage = 0
+    framework = "deepspeed" if deepspeed else "fsdp" if "fsdp" in text else "megatron"
+    return stage, ("op" if deepspeed and stage == 3 else "block"), framework
+
+
+def _model_config(row: dict[str, str], src: str, shape: dict[str, Any], precision: str,
+                  notes: list[str]) -> GPTConfig:
+    """The row's model: the source's conventions where soapbox knows them, else the family
+    its name says (LLaMA-like: SwiGLU, RMSNorm, rotary, no biases, untied; otherwise GPT-3's
+    conventions as Megatron-LM sets them)."""
+    name = f"row-{row['row_id']}"
+    text = " ".join((row.get("model") or "", row.get("notes") or "")).lower()
+    gpu = (row.get("gpu_type") or "").upper()
+    if src in ("Megatron SC'21", "Megatron 2019"):
+        return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
+                         precision=precision, name=name)
+    if src == "MosaicML":
+        # MPT (llm-foundry): ALiBi (no position parameters -> 'rotary', which adds none), no
+        # biases, LayerNorm, tied embeddings; the benchmark yamls set every dropout to 0.
+        # attn_impl: flash in the benchmark yamls -> fused causal attention.
+        return GPTConfig(**shape, positions="rotary", bias=False, tie_embeddings=True, dropout=0.0,
+                         precision=precision, flash_attention=True, name=name)
+    # FlashAttention (or cuDNN's fused attention through Transformer Engine) is every framework's
+    # default on Hopper; elsewhere only where the row says so
+    flash = "flash" in text or "fused attention" in text or gpu.startswith(("H100", "H200", "GH200"))
+    if flash and "flash" not in text:
+        notes.append("fused (flash) attention: the default of every framework on Hopper GPUs")
+    llama = any(k in text for k in ("llama", "mistral", "mixtral", "qwen", "swiglu", "gemma", "nemotron"))
+    if llama:
+        notes.append("LLaMA-family model: SwiGLU MLP, RMSNorm, rotary positions, no biases, untied embeddings")
+        return GPTConfig(**shape, swiglu=True, norm="rmsnorm", positions="rotary", bias=False, tie_embeddings=False,
+                         dropout=0.0, precision=precision, flash_attention=flash, name=name)
+    notes.append("GPT-style model (Megatron-LM's GPT conventions: learned positions, biases, tied embeddings, "
+                 "dropout 0.1)")
+    return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
+                     precision=precision, flash_attention=flash, name=name)
+
+
 def setup_for(row: dict[str, str]) -> Setup:
+    """The model, cluster and layout a row states, from its columns (any source): ``tp``,
+    ``pp``, ``dp``, ``vpp``, ``micro_batch``, ``sharding`` (ZeRO stage and framework),
+    ``recompute``, ``precision`` and the GPU type; a framework default where a value is
+    missing, printed with the row."""
     src = source_of(row)
     notes: list[str] = []
     need = {k: _int(row, k) for k in ("layers", "hidden", "heads", "vocab", "global_batch", "gpus")}
@@ -174,14 +267,10 @@ def setup_for(row: dict[str, str]) -> Setup:
         else:
             raise Skip("seq_len missing and the source states none")
     ffn = _int(row, "ffn_hidden")
-    if ffn is None:
-        ffn = 4 * hidden
-        notes.append(f"ffn_hidden missing: 4h = {ffn} (GPT-2 / Megatron-LM default)")
     kv = _int(row, "kv_heads")
     tp, pp, dp = _int(row, "tp") or 1, _int(row, "pp") or 1, _int(row, "dp")
     vpp = _int(row, "vpp") or 1
-    if (row.get("cp") or "").strip() not in ("", "1"):
-        raise Skip(f"context parallelism cp={row['cp']} is not modelled by the baselines")
+    cp = _int(row, "cp") or 1
     rec_col = (row.get("recompute") or "").strip().lower()
     recompute = "full" if rec_col.startswith("full") else "selective" if rec_col.startswith("selective") else "none"
     if not rec_col:
@@ -191,14 +280,42 @@ def setup_for(row: dict[str, str]) -> Setup:
     if precision is None:
         raise Skip(f"precision {row.get('precision')!r} not recognised")
     mbs = _int(row, "micro_batch")
-    cluster_name = _cluster_name(row, gpus)
+    cluster_name = _cluster_name(row, gpus, notes)
+    if ffn is None and not any(k in (row.get("model") or "").lower() for k in ("llama", "mistral", "qwen")):
+        ffn = 4 * hidden
+        notes.append(f"ffn_hidden missing: 4h = {ffn} (GPT-2 / Megatron default)")
+    shape = dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=vocab, batch=B, kv_heads=kv,
+                 ffn_hidden=ffn)
+    cfg = _model_config(row, src, shape, precision, notes)
+    zero, unit, framework = _zero_of(row)
+    text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
+    sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
+    if src == "MosaicML" or (zero == 3) or (framework == "fsdp" and zero):
+        if vpp > 1:
+            raise Skip(f"ZeRO-{zero} with interleaved pipelining (vpp {vpp}) is not modelled by the fsdp baseline")
+        if dp is not None and tp * cp * pp * dp != gpus:
+            raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
+        if mbs is None:
+            notes.append("micro_batch missing: no gradient accumulation (Composer's and DeepSpeed's default: the "
+                         "whole per-device batch)" if pp == 1 else "micro_batch missing: 1 (pipelined)")
+        if sp:
+            notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
+        zero = zero or 3
 
-    if src in ("Megatron SC'21", "Megatron 2019"):
+        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp):
+            return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit,
+                        cp=cp)
+
+        layout = (f"{framework}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{gpus // (tp * cp * pp)} "
+                  f"mbs{mbs} rc={recompute}")
+        if unit == "op":
+            layout += " per-op"
+    else:
         if dp is None:
-            dp = gpus // (tp * pp)
-            notes.append(f"dp missing: gpus/(tp*pp) = {dp}")
-        if tp * pp * dp != gpus:
-            raise Skip(f"tp*pp*dp = {tp * pp * dp} does not equal the row's {gpus} GPUs")
+            dp = gpus // (tp * cp * pp)
+            notes.append(f"dp missing: gpus/(tp*cp*pp) = {dp}")
+        if tp * cp * pp * dp != gpus:
+            raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
         if mbs is None:
             if src == "Megatron 2019" and pp == 1:
                 # Megatron-LM 2019 had no gradient accumulation: --batch-size is the batch of
@@ -211,41 +328,13 @@ def setup_for(row: dict[str, str]) -> Setup:
                 # default is global/dp without pipelining, 1 with it.
                 notes.append("micro_batch missing: soapbox megatron baseline default "
                              "(global/dp without pipelining, 1 with it)")
-        cfg = GPTConfig(layers, hidden, heads, seq, vocab, B, kv_heads=kv, ffn_hidden=ffn, positions="learned",
-                        bias=True, tie_embeddings=True, dropout=0.1, precision=precision,
-                        name=f"row-{row['row_id']}")
 
-        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute):
-            return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute)
+        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp):
+            return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
+                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp)
 
-        layout = f"tp{tp}/pp{pp}/dp{dp}/vpp{vpp} ddp mbs{mbs if mbs is not None else '-'} rc={recompute}"
-    elif src == "MosaicML":
-        if tp != 1 or pp != 1:
-            raise Skip(f"FSDP row with tp={tp}, pp={pp} is not modelled")
-        if mbs is None:
-            notes.append("micro_batch missing: Composer device_train_microbatch_size default (the whole per-device "
-                         "batch, no gradient accumulation)")
-        # MPT (llm-foundry): ALiBi (no position parameters -> 'rotary', which adds none), no
-        # biases, LayerNorm, tied embeddings; the benchmark yamls set every dropout to 0.
-        # attn_impl: flash in the benchmark yamls -> fused causal attention.
-        cfg = GPTConfig(layers, hidden, heads, seq, vocab, B, kv_heads=kv, ffn_hidden=ffn, positions="rotary",
-                        bias=False, tie_embeddings=True, dropout=0.0, precision=precision, flash_attention=True,
-                        name=f"row-{row['row_id']}")
-
-        # PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy):
-        # FULL_SHARD shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP
-        # shards gradients and optimizer state and keeps parameters after the forward (ZeRO-2).
-        sharding = (row.get("sharding") or "").upper()
-        zero = 2 if "SHARD_GRAD_OP" in sharding else 3
-        if "FULL_SHARD" not in sharding and zero == 3:
-            notes.append(f"sharding {row.get('sharding')!r}: FSDP's default FULL_SHARD (ZeRO-3)")
-
-        def build(g, c, mbs=mbs, recompute=recompute, zero=zero):
-            return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute)
-
-        layout = f"fsdp-zero{zero} dp{gpus} mbs{mbs} rc={recompute}"
-    else:
-        raise Skip(f"unknown source {row['source']!r}")
+        layout = (f"tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''} "
+                  f"mbs{mbs if mbs is not None else '-'} rc={recompute}")
     return Setup(cfg, cluster_name, build, layout, recompute == "full", notes)
 
 
@@ -284,9 +373,9 @@ class Predictor:
         if rid in self.cache:
             return self.cache[rid]
         src = source_of(row)
-        res = RowResult(rid, src, row["model"], _int(row, "gpus") or 0,
-                        metric_name=row["metric_name"], published=_float(row, "metric_value"),
-                        metric2_name=row.get("metric2_name", ""), published2=_float(row, "metric2_value"))
+        res = RowResult(rid, src, row.get("model") or "", _number(row, "gpus") or 0,
+                        metric_name=row.get("metric_name") or "", published=_number(row, "metric_value"),
+                        metric2_name=row.get("metric2_name") or "", published2=_number(row, "metric2_value"))
         t0 = time.perf_counter()
         outer_notes, self._pending_notes = self._pending_notes, []
         try:

@@ -43,6 +43,7 @@ __all__ = [
     "strategy_from_dict",
     "MAX_MICROBATCHES",
     "MAX_VIRTUAL_STAGES",
+    "GATHER_UNITS",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -79,6 +80,8 @@ def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
 MAX_MICROBATCHES = 65536
 #: Most model chunks per pipeline stage (interleaved 1F1B; Megatron uses 2 to 12).
 MAX_VIRTUAL_STAGES = 1024
+#: What ZeRO-3 gathers at once (:attr:`Strategy.gather_unit`).
+GATHER_UNITS = ("block", "op")
 
 
 def _json_safe(value: Any) -> Any:
@@ -164,6 +167,10 @@ class Strategy:
     zero_stage : int
         0: no sharding; 1, 2, 3: ZeRO stages (3 = FSDP full sharding).
     sequence_parallel : bool
+    gather_unit : str
+        What ZeRO-3 all-gathers at once: ``block`` (PyTorch FSDP wrapping each transformer
+        block, torchtitan and llm-foundry's default) or ``op`` (DeepSpeed ZeRO-3, which
+        fetches each module's parameters on their own, coalesced per module).
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -184,6 +191,7 @@ class Strategy:
     cluster_devices: int = 0
     found_by: Mapping[str, Any] = field(default_factory=dict)
     cost: Mapping[str, Any] = field(default_factory=dict)
+    gather_unit: str = "block"
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -214,6 +222,7 @@ class Strategy:
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
+            **({"gather_unit": self.gather_unit} if self.gather_unit != "block" else {}),
             "ops": ops,
         }
 
@@ -236,7 +245,7 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
     return Strategy(configs, settings, stage_of, data.get("recompute", "none"), data.get("zero_stage", 0),
                     data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
                     cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
-                    data.get("cost", {}))
+                    data.get("cost", {}), data.get("gather_unit", "block"))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -304,6 +313,8 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         add(Problem("recompute", f"unknown recompute {strategy.recompute!r}; valid: {', '.join(RECOMPUTE)}"))
     if strategy.zero_stage not in (0, 1, 2, 3):
         add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
+    if strategy.gather_unit not in GATHER_UNITS:
+        add(Problem("gather_unit", f"must be one of {', '.join(GATHER_UNITS)}, got {strategy.gather_unit!r}"))
     for precision in {graph.precision}:
         for t in {d.type for d in cluster.devices}:
             if precision not in cluster.device_types[t].peak_flops_per_s:

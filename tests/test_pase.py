@@ -148,7 +148,9 @@ class TestDifferentiable:
         exact = solve(problem).cost_s
         dp = data_parallel(graph, cluster)
         start = [cs.index(dp[op.name]) for op, cs in zip(graph.ops, problem.configs)]
-        r = optimise(problem, steps=200, seed=0, start=start)  # warm start, as the search does
+        # warm start, as the search does; 400 steps (the default): under NCCL's collective
+        # latencies the toy's optimum is one device, which 300 steps do not reach on the chain
+        r = optimise(problem, steps=400, seed=0, start=start)
         assert problem.cost(r.choice) == pytest.approx(r.cost_s)
         assert r.cost_s <= exact * 1.05
 

@@ -57,19 +57,21 @@ class TestTwoMatmulsOnTwoDevices:
 
 class TestDataParallelAllReduce:
     """The same MLP data-parallel on 2 GPUs: each half-batch partition does half the FLOPs,
-    then each weight's gradient (1000 x 1000 fp32 = 4 MB) is all-reduced: for n = 2 the
-    ring takes 2(n-1)/n * S / bw + 2(n-1) * latency = 4 ms + 2 us."""
+    then each weight's gradient (1000 x 1000 fp32 = 4 MB) is all-reduced: for n = 2 over
+    NVLink, NCCL's ring with the Simple protocol takes its base latency 8.4 us + 2(n-1) steps
+    x 3.4 us + 2(n-1)/n * S / bw = 4 ms + 15.2 us (LL128: 14 + 2 x 1.9 us + S / (0.92 bw) =
+    4.3656 ms; LL: 6.6 + 2 x 0.6 us + S / (0.5 bw) = 8.0078 ms)."""
 
     def test_makespan(self):
         g = mlp()
         c = toy_cluster()
         s = data_parallel(g, c)
         tl = simulate(build_task_graph(g, s, c, IDEAL))
-        assert collective_time_s("all_reduce", 4e6, 2, 1e9, 1e-6, 1.0) == pytest.approx(4.002e-3, rel=1e-12)
+        assert collective_time_s("all_reduce", 4e6, 2, 1e9, 1e-6, 1.0) == pytest.approx(4.0152e-3, rel=1e-12)
         # fc1 fwd 4 + fc2 fwd 4 + fc2 bwd 8 (then fc2's all-reduce runs on the links while fc1
         # bwd 8 computes) ; fc1's all-reduce starts at 24 us when the link is free again?
-        # Both all-reduces share the ring's links: fc2's (16 us .. 4018 us), then fc1's.
-        assert tl.makespan_s == pytest.approx(16e-6 + 2 * 4.002e-3, rel=1e-9)
+        # Both all-reduces share the ring's links: fc2's (16 us .. 4031.2 us), then fc1's.
+        assert tl.makespan_s == pytest.approx(16e-6 + 2 * 4.0152e-3, rel=1e-9)
         assert np.count_nonzero(tl.tasks.kind == COLL) == 2
         assert tl.comm_bytes == 2 * (2 * (2 - 1) * 4e6)
 
@@ -254,26 +256,29 @@ def test_faster_links_or_devices_never_slower(case, factor, what):
 
 
 def test_fifo_graham_anomaly_regression():
-    """Found by searching the property above under ideal costs (40 of 3,000 random cases):
-    under FIFO, devices ten times faster reorder a queue and the iteration ends 0.04% later;
-    the static policy on the same case is not slower."""
+    """Found by searching the property above under ideal costs and NCCL's collective latencies
+    (hypothesis.find over random cases, /tmp scripts not kept): under FIFO, devices ten times
+    faster reorder a queue and the iteration ends 0.15% later; the static policy on the same
+    case is not slower."""
     b = GraphBuilder("p")
     x = b.input("x", [8, 16])
     h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=32)])
+    h = b.add("linear", "fc2", [h], out_features=16)
     y = b.add("linear", "out", [h], out_features=8)
     b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [8], dtype="int64")])
     g = b.build()
-    s = Strategy({"x": Config({"feature": 2, "sample": 2}, (5, 2, 1, 7)),
-                  "fc1": Config({"feature": 4, "sample": 2}, (0, 1, 5, 3, 2, 7, 6, 4)),
-                  "act": Config({"sample": 2}, (4, 5)),
-                  "out": Config({"feature": 4, "sample": 2}, (4, 5, 6, 3, 7, 1, 2, 0)),
-                  "labels": Config.single(0), "loss": Config({"vocab": 2}, (4, 5))}, PipelineSettings(1, 2))
-    c = toy_cluster(gpus=4, nodes=2, bw=1e9, latency=1e-6, topology="switch")
+    s = Strategy({"x": Config({"sample": 4}, (0, 1, 2, 3)),
+                  "fc1": Config({"feature": 2, "sample": 2}, (0, 2, 1, 3)),
+                  "act": Config({"feature": 2}, (0, 1)),
+                  "fc2": Config({"feature": 4}, (0, 1, 2, 3)),
+                  "out": Config({"in_feature": 2, "sample": 2}, (1, 0, 2, 3)),
+                  "labels": Config.single(0), "loss": Config({"sample": 4}, (0, 1, 2, 3))}, PipelineSettings(1, 1))
+    c = toy_cluster(gpus=4, nodes=1, bw=1e9, latency=1e-6, topology="switch")
     assert validate_strategy(s, g, c) == []
     fast = faster(c, devices=10.0)
     fifo = [simulate(build_task_graph(g, s, k, IDEAL)).makespan_s for k in (c, fast)]
     static = [simulate(build_task_graph(g, s, k, IDEAL), "static").makespan_s for k in (c, fast)]
-    assert fifo[1] == pytest.approx(fifo[0] * 1.0003754138641687, rel=1e-9)  # the anomaly
+    assert fifo == pytest.approx([7.637427200000001e-05, 7.648942720000002e-05], rel=1e-9)  # the anomaly
     assert static[1] <= static[0]
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..cluster import MAX_DEVICES
 from ..errors import printable
 from ..ops import MAX_DIM
-from ..strategy import RECOMPUTE, SCHEDULES
+from ..strategy import GATHER_UNITS, RECOMPUTE, SCHEDULES
 
 __all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options"]
 
@@ -58,6 +58,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
     g.add_argument("--tp", type=device_count, help="tensor-parallel degree (megatron, fsdp)")
     g.add_argument("--pp", type=device_count, help="pipeline stages (megatron, fsdp)")
+    g.add_argument("--cp", type=device_count, help="context-parallel degree: the sequence split over ranks "
+                                                   "(megatron, fsdp)")
     g.add_argument("--dp", type=device_count, help="data-parallel replicas (megatron; default: the rest)")
     g.add_argument("--micro-batch", type=positive_int, help="micro-batch size in samples")
     g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
@@ -67,6 +69,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero-stage", type=int, choices=(1, 2, 3),
                    help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
                         "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
+    g.add_argument("--gather-unit", choices=GATHER_UNITS,
+                   help="what ZeRO-3 gathers at once (fsdp): block (PyTorch FSDP, default) or op "
+                        "(DeepSpeed ZeRO-3: each module's parameters on their own)")
     g.add_argument("--layers-per-stage", type=_counts, metavar="N,N,...",
                    help="layers on each pipeline stage, e.g. 7,8,8,7 (megatron; default: even, or balanced "
                         "counting the embedding and output layer when the layers do not divide)")
@@ -74,8 +79,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in
-            ("tp", "pp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
-             "layers_per_stage")}
+            ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
+             "layers_per_stage", "gather_unit")}
 
 
 def _counts(text: str) -> list[int]:

@@ -54,7 +54,7 @@ from .devices import (
     NodeSpec,
 )
 from .presets import PRESETS, cluster_from_dict, preset, preset_names
-from .topology import Cluster
+from .topology import Cluster, CollectiveGroup
 
 __all__ = [
     "DeviceType",
@@ -62,6 +62,7 @@ __all__ = [
     "Link",
     "NodeSpec",
     "Cluster",
+    "CollectiveGroup",
     "DEVICE_TYPES",
     "PRESETS",
     "preset",

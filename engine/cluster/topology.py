@@ -4,6 +4,7 @@ groups collectives run over. See :mod:`engine.cluster`."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -21,6 +22,22 @@ from .devices import (
     Link,
     NodeSpec,
 )
+
+
+@dataclass(frozen=True)
+class CollectiveGroup:
+    """What a collective over a set of devices sees: ``ranks`` devices on ``nodes`` nodes, the
+    ring's per-rank bandwidth (bytes/s), the slowest same-node and cross-node paths between
+    ring neighbours (s; 0 when there are none), whether the ranks of a node talk over NVLink,
+    and the links the collective occupies."""
+
+    ranks: int
+    nodes: int
+    bw_bytes_per_s: float
+    latency_s: float
+    inter_latency_s: float
+    nvlink: bool
+    links: tuple[int, ...]
 
 
 class Cluster:
@@ -123,7 +140,7 @@ class Cluster:
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> link ids
         # sorted devices -> (per-rank bandwidth, per-step latency, links): the one cache of
         # collective groups (the builder, PaSE and the pipeline planner all read it)
-        self._groups: dict[tuple[int, ...], tuple[float, float, tuple[int, ...]]] = {}
+        self._groups: dict[tuple[int, ...], CollectiveGroup] = {}
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -213,16 +230,16 @@ class Cluster:
         p = self.path(src, dst)
         return min((self.links[i].bw_bytes_per_s for i in p), default=math.inf)
 
-    def collective_group(self, devices: Sequence[int]) -> tuple[float, float, tuple[int, ...]]:
-        """Effective per-rank bandwidth (bytes/s), per-step latency (s) and the links a
-        collective over ``devices`` occupies.
+    def collective_group(self, devices: Sequence[int]) -> CollectiveGroup:
+        """The :class:`CollectiveGroup` of a collective over ``devices`` (cached).
 
         Inside one node the ring runs over the intra-node links at the GPU's link rate. Across
         nodes, NCCL runs one ring per NIC (channels), so the traffic that must leave each node
         (the whole buffer's ring share) is spread over the distinct NICs the group's GPUs on
         that node use: the bandwidth is the smaller of the intra-node rate (when a node holds
         several ranks) and, over nodes, NICs used x min(NIC rate, PCIe attach rate). The
-        latency is the slowest path between ring neighbours (devices in id order).
+        latencies are the slowest paths between ring neighbours (devices in id order) inside a
+        node and across nodes.
         """
         key = tuple(sorted(set(devices)))
         hit = self._groups.get(key)
@@ -232,24 +249,29 @@ class Cluster:
             hit = self._groups[key] = self._collective_group(list(key))
         return hit
 
-    def _collective_group(self, devs: list[int]) -> tuple[float, float, tuple[int, ...]]:
+    def _collective_group(self, devs: list[int]) -> CollectiveGroup:
         if len(devs) <= 1:
-            return math.inf, 0.0, ()
+            return CollectiveGroup(len(devs), len(devs), math.inf, 0.0, 0.0, True, ())
         for d in devs:
             self.check_device(d)
         by_node: dict[int, list[int]] = {}
         for d in devs:
             by_node.setdefault(self.devices[d].node, []).append(d)
         bw = math.inf
-        latency = 0.0
+        latency = inter_latency = 0.0
+        nvlink = True
         links: set[int] = set()
         ring = devs + devs[:1]
         for a, b in zip(ring, ring[1:]):
             p = self.path(a, b)
             links.update(p)
-            latency = max(latency, sum(self.links[i].latency_s for i in p))
+            lat = sum(self.links[i].latency_s for i in p)
             if self.devices[a].node == self.devices[b].node:
+                latency = max(latency, lat)
                 bw = min(bw, min(self.links[i].bw_bytes_per_s for i in p))
+                nvlink = nvlink and all(self.links[i].kind == "nvlink" for i in p)
+            else:
+                inter_latency = max(inter_latency, lat)
         if len(by_node) > 1:
             for members in by_node.values():
                 nics = {self._nic_of[d] for d in members}
@@ -258,7 +280,7 @@ class Cluster:
                 bw = min(bw, len(nics) * rate)
                 for d in members:  # every member's NIC carries a channel
                     links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
-        return bw, latency, tuple(sorted(links))
+        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)))
 
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:

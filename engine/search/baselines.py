@@ -15,6 +15,7 @@ from ..cluster import Cluster
 from ..graph import Op, OpGraph
 from ..ops import REDUCTION, REPLICA_DIM
 from ..strategy import (
+    GATHER_UNITS,
     RECOMPUTE,
     Config,
     PipelineSettings,
@@ -297,13 +298,21 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
              sequence_parallel: bool = False, schedule: str | None = None,
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
-             zero_stage: int = 0) -> Strategy:
+             zero_stage: int = 0, cp: int = 1) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
     ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
     chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
 
-    Ranks are laid out as Megatron does: tensor-parallel ranks adjacent (inside a node),
-    then data-parallel, then pipeline: device = stage*(dp*tp) + dp_rank*tp + tp_rank.
+    Ranks are laid out as Megatron-Core does (tp, cp, dp, pp from the fastest): tensor-parallel
+    ranks adjacent (inside a node), then context-parallel, then data-parallel, then pipeline:
+    device = stage*(dp*cp*tp) + dp_rank*(cp*tp) + cp_rank*tp + tp_rank.
+
+    ``cp`` > 1 is context parallelism (Megatron-Core's ``--context-parallel-size``; Liu et al.
+    2023, ring attention): every op's sequence (``length``) is split over the cp ranks, each
+    rank's attention reads every rank's keys and values (moved to it, as the ring's
+    point-to-point exchange moves them, and their gradients back), causal work is balanced
+    (Megatron-Core gives each rank two mirrored chunks), and weights are replicated over
+    dp x cp: their gradients are synchronised (and ZeRO shards) over that group.
 
     Layers split evenly over the pp*vpp chunks when they divide, else by
     :func:`balanced_layers`; ``layers_per_stage`` (one count per stage, no interleaving) sets
@@ -321,17 +330,29 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         the layers do not split into pp*vpp chunks.
     """
     n = cluster.num_devices
-    for name, v in (("tp", tp), ("pp", pp), ("vpp", vpp)):
+    for name, v in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if dp is None:
-        if n % (tp * pp):
-            raise ValueError(f"tp ({tp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}")
-        dp = n // (tp * pp)
+        if n % (tp * cp * pp):
+            raise ValueError(f"tp ({tp}) x cp ({cp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}"
+                             if cp > 1 else f"tp ({tp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}")
+        dp = n // (tp * cp * pp)
     if not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be a positive integer, got {dp!r}")
-    if tp * pp * dp > n:
-        raise ValueError(f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} devices, but {cluster.name} has {n}")
+    if tp * cp * pp * dp > n:
+        raise ValueError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {tp * cp * pp * dp} devices, but "
+                         f"{cluster.name} has {n}" if cp > 1 else
+                         f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} devices, but {cluster.name} has {n}")
+    if cp > 1:
+        seqs = {op.dim("length").size for op in graph.ops if "length" in op.dim_names}
+        if not seqs:
+            raise ValueError(f"cp {cp}: the model has no sequence (length) dimension to split")
+        need = cp * (tp if sequence_parallel else 1)
+        bad = sorted(s for s in seqs if s % need)
+        if bad:
+            raise ValueError(f"cp {cp}{f' x tp {tp} (sequence parallel)' if sequence_parallel else ''} does not "
+                             f"divide the sequence length {bad[0]}")
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     if zero_stage not in (0, 1, 2, 3):
@@ -350,16 +371,22 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     configs = {}
     made: dict[tuple, Config] = {}  # the layers' ops repeat a few configs (GPT-3: 2,410 ops, 64 configs)
     for op in graph.ops:
-        base = mesh[chunk[op.name] % pp] * dp * tp
+        base = mesh[chunk[op.name] % pp] * dp * cp * tp
         dim, deg = plan[op.name]
         degrees: dict[str, int] = {}
         if dp > 1 and "sample" in op.dim_names:
             degrees["sample"] = dp
         if dim is not None:
             degrees[dim] = deg
+        ctx = cp > 1 and "length" in op.dim_names
+        if ctx:  # the context-parallel chunk; under sequence parallelism tp splits it further
+            degrees["length"] = cp * (deg if dim == "length" else 1)
 
-        def device_of(c: dict[str, int], base=base, dim=dim) -> int:
-            return base + c.get("sample", 0) * tp + (c.get(dim, 0) if dim else 0)
+        def device_of(c: dict[str, int], base=base, dim=dim, ctx=ctx) -> int:
+            if ctx and dim == "length":  # length coordinate = cp_rank * tp + tp_rank
+                return base + c.get("sample", 0) * cp * tp + c["length"]
+            return (base + c.get("sample", 0) * cp * tp + (c.get("length", 0) * tp if ctx else 0)
+                    + (c.get(dim, 0) if dim else 0))
 
         key = (tuple((d.name, degrees[d.name]) for d in op.dims if d.name in degrees), base, dim)
         if key not in made:
@@ -369,6 +396,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
                "sequence_parallel": sequence_parallel}
     if zero_stage:
         options["zero_stage"] = zero_stage
+    if cp > 1:
+        options["cp"] = cp
     if pp * vpp > 1 and layers_per_stage is None:
         counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
         if len(set(counts)) > 1:
@@ -381,23 +410,31 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
-         recompute: str = "none", pp: int = 1) -> Strategy:
+         recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
     parameters, gradients and optimizer state sharded by ``zero_stage``; ``micro_batch`` sets
-    gradient accumulation (the micro-batches of the pipeline when ``pp`` > 1)."""
+    gradient accumulation (the micro-batches of the pipeline when ``pp`` > 1); ``cp`` splits
+    the sequence over context-parallel ranks (torchtitan's 4-D layout: FSDP shards over
+    dp x cp). ``gather_unit`` "op" gathers each op's parameters on its own (DeepSpeed ZeRO-3) instead
+    of each transformer block's (PyTorch FSDP)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
-    s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage)
+    if gather_unit not in GATHER_UNITS:
+        raise ValueError(f"gather_unit must be one of {', '.join(GATHER_UNITS)}, got {gather_unit!r}")
+    s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage,
+                 cp=cp)
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
+    if gather_unit != "block":
+        opts.update(gather_unit=gather_unit)
     for k in ("vpp", "sequence_parallel") + (("pp",) if pp == 1 else ()):
         opts.pop(k, None)
     found_by = {"algorithm": "baseline:fsdp", "options": opts}
     if "notes" in s.found_by:
         found_by["notes"] = s.found_by["notes"]
-    return replace(s, zero_stage=zero_stage, found_by=found_by)
+    return replace(s, zero_stage=zero_stage, found_by=found_by, gather_unit=gather_unit)
 
 
 # --------------------------------------------------------------------------- registry
@@ -419,9 +456,9 @@ BASELINES: dict[str, Baseline] = {
         Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
-                  "layers_per_stage", "stage_mesh", "zero_stage")),
+                  "layers_per_stage", "stage_mesh", "zero_stage", "cp")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
-                 ("zero_stage", "micro_batch", "tp", "pp", "recompute")),
+                 ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit")),
     ]
 }
 

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cluster import Cluster
-from ..costs import CostModel, collective_time_s, transfer_time_s
+from ..costs import CostModel, group_collective_time_s, transfer_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Config, Strategy, degree_choices, partition_grid
@@ -124,10 +124,9 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     D = cluster.num_devices
     dtype = cluster.device_type(0)
 
-    def group(n: int) -> tuple[float, float]:
-        """Per-rank bandwidth and per-step latency of the first ``n`` devices."""
-        bw, lat, _ = cluster.collective_group(tuple(range(n)))
-        return bw, lat
+    def group(n: int):
+        """The collective group of the first ``n`` devices."""
+        return cluster.collective_group(tuple(range(n)))
 
     if max_table_bytes is not None:  # refuse before any config or cost is made
         degrees = {}
@@ -150,8 +149,7 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
                 elems = op.partition_param_elements(c.degrees)
                 repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
                 if repl > 1 and elems > 0:
-                    bw, lat = group(repl)
-                    t += collective_time_s("all_reduce", elems * pbytes, repl, bw, lat, cost.link_efficiency)
+                    t += group_collective_time_s("all_reduce", elems * pbytes, group(repl), cost.link_efficiency)
             costs[k] = t
         vertex.append(costs)
     problem = PaseProblem(graph, cluster, configs, vertex)
@@ -195,8 +193,8 @@ def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int
     remote = np.maximum(need[None, :] - local, 0.0)  # [cu, cv]
     parts_p = np.array([c.num_partitions for c in pcs])
     span = np.maximum(parts_p[:, None], parts_c[None, :])
-    bw = np.vectorize(lambda n: group(int(n))[0])(span)
-    lat = np.vectorize(lambda n: group(int(n))[1])(span)
+    bw = np.vectorize(lambda n: group(int(n)).bw_bytes_per_s)(span)
+    lat = np.vectorize(lambda n: max(group(int(n)).latency_s, group(int(n)).inter_latency_s))(span)
     # activations forward and their gradients back
     return np.where(remote > 0, transfer_time_s(2 * remote * nbytes, bw, lat, eff), 0.0)
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Cluster
-from ..costs import CostModel, collective_time_s, transfer_time_s
+from ..costs import CostModel, group_collective_time_s, transfer_time_s
 from ..graph import OpGraph
 from ..memory import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
@@ -104,10 +104,9 @@ class _Model:
         self._times: dict[tuple, np.ndarray] = {}
         self._sizes: dict[tuple, tuple] = {}
 
-    def group(self, devices: tuple[int, ...]) -> tuple[float, float]:
-        """Per-rank bandwidth (bytes/s, before link efficiency) and per-step latency (s)."""
-        bw, lat, _ = self.c.collective_group(devices)
-        return bw, lat
+    def group(self, devices: tuple[int, ...]):
+        """The collective group (bandwidth, latencies, nodes) of ``devices``."""
+        return self.c.collective_group(devices)
 
     def tp_plan(self, tp: int) -> dict:
         if tp not in self._plans:
@@ -122,7 +121,7 @@ class _Model:
         if hit is not None:
             return hit
         plan = self.tp_plan(tp)
-        bw, lat = self.group(tp_group)
+        group = self.group(tp_group)
         out = np.zeros(len(self.units))
         for k, ops in enumerate(self.units):
             t = 0.0
@@ -139,8 +138,8 @@ class _Model:
                 if dim is not None and deg > 1 and op.dim(dim).kind == "R":  # row-parallel: all-reduce out
                     _, outs, _ = op.partition_shapes(degrees)
                     size = float(sum(math.prod(s) for s in outs)) * self.pbytes
-                    t += (3 if recompute == "full" else 2) * collective_time_s(
-                        "all_reduce", size, tp, bw, lat, self.cost.link_efficiency)
+                    t += (3 if recompute == "full" else 2) * group_collective_time_s(
+                        "all_reduce", size, group, self.cost.link_efficiency)
             out[k] = t
         self._times[key] = out
         return out
@@ -320,9 +319,9 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
             at = 0
             for s, cnt in enumerate(counts):
                 mesh = meshes[order[s]]
-                bw, lat = model.group(tuple(mesh[::tp]))
                 size = (pre_p[at + cnt] - pre_p[at]) * model.pbytes
-                sync = max(sync, collective_time_s("all_reduce", size, dp, bw, lat, cost.link_efficiency))
+                sync = max(sync, group_collective_time_s("all_reduce", size, model.group(tuple(mesh[::tp])),
+                                                         cost.link_efficiency))
                 at += cnt
         plans.append(Plan(tp, pp, dp, mb, B, counts, list(order), total + sync, recompute))
     return plans

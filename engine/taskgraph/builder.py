@@ -4,6 +4,8 @@ iteration (see :mod:`engine.taskgraph`)."""
 from __future__ import annotations
 
 import gc
+import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -54,9 +56,11 @@ class TaskGraphBuilder:
         """The strategy the current graph was built for."""
         return self.ctx.strategy
 
-    def build(self) -> TaskGraph:
+    def build(self, exact_only: bool = False) -> TaskGraph | None:
         """The whole graph: optimizer steps, every op's compute, every tensor's transfers,
-        every parameter unit's synchronisation."""
+        every parameter unit's synchronisation. With ``exact_only`` (a symmetric build), None
+        as soon as a transfer crosses replicas (the reduction would not be exact), before
+        the rest is built."""
         D = self.ctx.n_devices
         seg = self.store.begin(("updates",), ())
         self.tables.updates = seg.add(D, UPDATE, device=np.arange(D), res=np.arange(D))
@@ -64,7 +68,10 @@ class TaskGraphBuilder:
             self._build_op(oi)
         self.tables.count_all_rep_devices()
         for (p, o), users in self.ctx.users.items():
-            self.dataflow.build(self.store.begin(("tensor", p, o), {p, *(c for c, _ in users)}), p, o)
+            seg = self.store.begin(("tensor", p, o), {p, *(c for c, _ in users)})
+            self.dataflow.build(seg, p, o)
+            if exact_only and seg.cross_replica:
+                return None
         for unit in self.fsdp.units:
             self.sync.build(self.store.begin(("sync", unit), self.fsdp.refs(unit)), unit)
         return self._assemble()
@@ -155,9 +162,23 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     try:
         sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
         if sym is not None:
-            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build()
-            if tg.info["cross_replica_transfers"] == 0:
+            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build(exact_only=True)
+            if tg is not None:
                 return tg
+            # Some transfer crosses replicas along an axis (context-parallel ranks exchange
+            # keys and values; data-parallel replicas do not): keep the largest subsets of
+            # the axes, most replicas first, until one is exact (at most 6 more tries, each
+            # of representatives only and stopped at the first crossing transfer).
+            subsets = [keep for k in range(len(sym.axes) - 1, 0, -1)
+                       for keep in itertools.combinations(sym.axes, k)]
+            subsets.sort(key=lambda keep: -math.prod(d for d, _ in keep))
+            for keep in subsets[:6]:
+                sub = find_symmetry(graph, strategy, cluster, axes=keep)
+                if sub is None:
+                    continue
+                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub).build(exact_only=True)
+                if tg is not None:
+                    return tg
         return TaskGraphBuilder(graph, strategy, cluster, cost).build()
     finally:
         if was_enabled:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs import collective_time_s, transfer_time_s
+from ..costs import group_collective_time_s, transfer_time_s
 from ..graph import Op
 from .context import BuildContext
 from .regions import tile
@@ -95,7 +95,8 @@ class Emitter:
         devs = np.unique(np.asarray(devices, np.int64)).tolist()  # sorted, distinct
         if len(devs) <= 1 or size_bytes <= 0:
             return None
-        bw, lat, links = self.ctx.cluster.collective_group(devs)
+        group = self.ctx.cluster.collective_group(devs)
+        links = group.links
         n = len(devs)
         k = preds.shape[0]
         if self._image is not None and preds.shape[1] > 1:
@@ -104,7 +105,7 @@ class Emitter:
             _, first = np.unique(preds[0], return_index=True)
             if first.size < preds.shape[1]:
                 preds = preds[:, np.sort(first)]
-        dur = collective_time_s(kind, size_bytes, n, bw, lat, self.ctx.cost.link_efficiency)
+        dur = group_collective_time_s(kind, size_bytes, group, self.ctx.cost.link_efficiency)
         ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
         res = self.ctx.n_devices + np.asarray(links, np.int64)  # [link] resources after the devices
         f = seg.flat

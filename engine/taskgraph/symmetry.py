@@ -48,7 +48,8 @@ def dim_strides(op: Op, config: Config) -> dict[str, tuple[int, int]]:
     return out
 
 
-def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symmetry | None:
+def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
+                  axes: tuple[tuple[int, int], ...] | None = None) -> Symmetry | None:
     """The translation symmetry under which simulating representatives is exact, or None.
 
     Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
@@ -56,7 +57,7 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symme
     which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
     NIC per GPU (DGX presets), the fabric being non-blocking. Transfers that cross replicas are
     checked when the task graph is built (they make the reduction inexact, and the builder
-    then simulates everything).
+    then simulates everything, or a subset of the axes: ``axes`` keeps only those).
     """
     if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
         return None
@@ -68,16 +69,18 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Symme
     for op in graph.ops:
         st = dim_strides(op, strategy.configs[op.name])
         per_op[op.name] = st
-        axes = set(st.values())
-        if len(axes) != len(st):
-            axes = {a for a in axes if list(st.values()).count(a) == 1}
-        common = axes if common is None else common & axes
+        found = set(st.values())
+        if len(found) != len(st):
+            found = {a for a in found if list(st.values()).count(a) == 1}
+        if axes is not None:
+            found &= set(axes)
+        common = found if common is None else common & found
         if not common:
             return None
     if not common:
         return None
-    axes = tuple(sorted(common, key=lambda a: a[1]))
+    chosen = tuple(sorted(common, key=lambda a: a[1]))
     dims = {name: tuple(n for n, a in st.items() if a in common) for name, st in per_op.items()}
-    return Symmetry(axes, dims)
+    return Symmetry(chosen, dims)
 
 

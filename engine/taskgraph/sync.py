@@ -77,13 +77,12 @@ class SyncBuilder:
             op = ctx.graph.ops[oi]
             names, grid = t.grid[oi]
             cfg = ctx.strategy.configs[op.name]
-            if zero >= 1:
-                # ZeRO shards over data parallelism: a group is the partitions equal on every
-                # dim but the sample's (a tensor-parallel rank's data-parallel group), keyed by
-                # its devices so that a block's ops on the same group share its collectives
-                split = [j for j, n in enumerate(names) if n != "sample"]
-            else:  # all-reduce over every partition holding the same parameter region
-                split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
+            # partitions holding the same parameter region (equal on every dim that splits a
+            # parameter) synchronise together: the data-parallel group, times the context-
+            # parallel ranks (and, for a sequence-parallel norm, the tensor-parallel ranks)
+            # that hold a replica too; ZeRO shards over that same group (as the memory model
+            # counts), keyed by its devices so that a block's ops on one group share collectives
+            split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
             elems = op.partition_param_elements(cfg.degrees)
             tensor = op.param_group or op.name  # shared parameters are one tensor
             # partitions grouped by the parameter region they hold (vectorised)
@@ -102,12 +101,15 @@ class SyncBuilder:
                 if tensor not in entry[3]:
                     entry[3].add(tensor)
                     entry[2] += elems
-        gathers: list[tuple[list[int], float]] = []  # (devices, elements) of each ZeRO-3 gather
+        # (devices, elements, {op: its elements}) of each ZeRO-3 gather group
+        gathers: list[tuple[list[int], float, dict[int, float]]] = []
         for devs, parts, elems, _ in regions.values():
             if not any(t.rep[oi][ks].any() for oi, ks in parts):
                 continue  # mirrored by a representative region
             udevs = np.unique(np.concatenate(devs)).tolist()
-            gathers.append((udevs, elems))
+            per_op = {oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
+                      for oi, _ in parts}
+            gathers.append((udevs, elems, per_op))
             device_params[udevs] += elems / len(udevs) if zero >= 1 else elems
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"
             # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
@@ -129,13 +131,17 @@ class SyncBuilder:
             self._fsdp_gathers(seg, unit, members, gathers)
 
     def _fsdp_gathers(self, seg: Segment, unit: str, members: list[int],
-                      gathers: list[tuple[list[int], float]]) -> None:
+                      gathers: list[tuple[list[int], float, dict[int, float]]]) -> None:
         """All-gather a unit's parameters before its forward and its backward, every
         microbatch, prefetched one unit ahead (FSDP's forward and backward prefetch): one
-        gather per data-parallel group of the unit (``gathers``: devices, elements), as FSDP
-        with tensor parallelism gathers each rank's shards within its data-parallel group."""
+        gather per data-parallel group of the unit (``gathers``: devices, elements, elements
+        per op), as FSDP with tensor parallelism gathers each rank's shards within its
+        data-parallel group. With ``gather_unit`` "op" (DeepSpeed ZeRO-3) each op's parameters
+        are gathered on their own, in the order the pass uses them, all issued at the unit's
+        prefetch point: as many collectives, each paying its ring's latency, as there are ops."""
         ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
         pbytes = DTYPE_BYTES[ctx.graph.precision]
+        per_op = ctx.strategy.gather_unit == "op"
         for phase, table, pick in ((FWD, t.fwd, min), (BWD, t.bwd, max)):
             used = [oi for oi in members if oi in table]
             if not used:
@@ -144,11 +150,17 @@ class SyncBuilder:
             before = self.plan.prefetch.get((unit, phase))
             preds = np.zeros((m, 0), np.int64) if before is None or before not in table \
                 else table[before][:, :1]  # the next unit's gather starts when the one before starts
-            for devs, elems in gathers:
-                ids = self.emit.collectives(seg, "all_gather", elems * pbytes, devs, preds, lead, np.arange(m))
-                if ids is None:
-                    continue
-                for oi in used:  # the group's own partitions wait for it
-                    on_group = t.rep[oi] if len(gathers) == 1 else t.rep[oi] & np.isin(t.devs[oi], devs)
-                    mine = table[oi][:, on_group]
-                    seg.edges(np.repeat(ids, mine.shape[1]), mine)
+            for devs, elems, op_elems in gathers:
+                if per_op:
+                    order = sorted((oi for oi in used if oi in op_elems), reverse=phase == BWD)
+                    pieces = [(op_elems[oi], oi, [oi]) for oi in order]
+                else:
+                    pieces = [(elems, lead, used)]
+                for size, at, waiting in pieces:
+                    ids = self.emit.collectives(seg, "all_gather", size * pbytes, devs, preds, at, np.arange(m))
+                    if ids is None:
+                        continue
+                    for oi in waiting:  # the group's own partitions wait for it
+                        on_group = t.rep[oi] if len(gathers) == 1 else t.rep[oi] & np.isin(t.devs[oi], devs)
+                        mine = table[oi][:, on_group]
+                        seg.edges(np.repeat(ids, mine.shape[1]), mine)

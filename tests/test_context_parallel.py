@@ -1,0 +1,92 @@
+"""Context parallelism (cp): Megatron-Core's --context-parallel-size and torchtitan's cp, in the
+megatron and fsdp baselines: the sequence split over cp ranks, keys and values exchanged,
+weights replicated (and ZeRO-sharded) over dp x cp."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.memory import memory_report
+from engine.models.transformer import GPTConfig, gpt
+from engine.search.baselines import fsdp, megatron
+from engine.simulate import simulate
+from engine.taskgraph import build_task_graph
+from engine.taskgraph.tasks import COLL, COLL_INDEX
+
+
+@cache
+def model(flash: bool = True):
+    return gpt(GPTConfig(layers=2, hidden=1024, heads=16, kv_heads=4, swiglu=True, seq_len=4096, vocab=32000,
+                         batch=16, flash_attention=flash, precision="bf16", positions="rotary", bias=False,
+                         norm="rmsnorm", dropout=0.0))
+
+
+CLUSTER = "dgx-h100:2"
+
+
+def test_ranks_are_laid_out_tp_cp_dp():
+    g, c = model(), preset(CLUSTER)
+    s = megatron(g, c, tp=2, cp=2, micro_batch=1)  # dp = 16 / (2 x 2) = 4
+    assert s.found_by["options"]["cp"] == 2 and s.found_by["options"]["dp"] == 4
+    core = next(op for op in g.ops if op.kind == "attention")
+    cfg = s.configs[core.name]
+    assert dict(cfg.degrees) == {"sample": 4, "head": 2, "length": 2}
+    names = [d.name for d in core.dims if cfg.degree(d.name) > 1]
+    grid = np.asarray(cfg.devices).reshape([cfg.degree(n) for n in names])
+    for idx in np.ndindex(grid.shape):
+        c_ = dict(zip(names, idx))
+        assert grid[idx] == c_["sample"] * 4 + c_["length"] * 2 + c_["head"]
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_symmetric_build_is_exact(flash):
+    """Context-parallel ranks exchange keys and values, so they are not replicas: the builder
+    keeps the tensor- and data-parallel symmetry and simulates every cp rank, exactly."""
+    g, c = model(flash), preset(CLUSTER)
+    s = megatron(g, c, tp=2, cp=2, zero_stage=1, micro_batch=1)
+    tg = build_task_graph(g, s, c)
+    full = build_task_graph(g, s, c, symmetry="off")
+    assert tg.info["symmetry"] is not None and tg.num_tasks < full.num_tasks / 2
+    a, b = simulate(tg), simulate(full)
+    assert a.makespan_s == pytest.approx(b.makespan_s, rel=1e-12)
+    assert a.comm_bytes == pytest.approx(b.comm_bytes, rel=1e-12)
+
+
+def test_activations_split_and_keys_values_move():
+    g, c = model(), preset(CLUSTER)
+    one = megatron(g, c, tp=2, cp=1, dp=4, micro_batch=1)  # 8 of the 16 GPUs
+    two = megatron(g, c, tp=2, cp=2, dp=4, micro_batch=1)
+    t1, t2 = simulate(build_task_graph(g, one, c)), simulate(build_task_graph(g, two, c))
+    m1, m2 = memory_report(g, one, c, t1), memory_report(g, two, c, t2)
+    a1, a2 = m1.activations_peak_bytes.max(), m2.activations_peak_bytes.max()
+    assert 0.45 * a1 <= a2 <= 0.55 * a1  # each rank keeps half the sequence
+    assert t2.comm_bytes > t1.comm_bytes  # plus the key/value exchange and wider gradient groups
+    assert t2.makespan_s < t1.makespan_s  # twice the GPUs on the same batch
+
+
+def test_zero_shards_over_dp_times_cp():
+    g, c = model(), preset(CLUSTER)
+    s = megatron(g, c, tp=2, cp=2, zero_stage=2, micro_batch=1)
+    tg = build_task_graph(g, s, c, symmetry="off")
+    rs = np.flatnonzero((tg.kind == COLL) & (tg.coll == COLL_INDEX["reduce_scatter"]))
+    ptr, idx, tasks = tg.info["coll_devices"]
+    ranks = {int(t): int(ptr[i + 1] - ptr[i]) for i, t in enumerate(tasks)}
+    big = max(tg.size_bytes[rs])
+    # the weights' groups: dp 4 x cp 2; the norms' weights are replicated over tp as well
+    # (no sequence parallelism), so theirs (a few kB) span all 16
+    assert {ranks[t] for t in rs if tg.size_bytes[t] > 0.01 * big} == {8}
+    assert {ranks[t] for t in rs} == {8, 16}
+
+
+def test_fsdp_takes_cp_and_errors_name_the_sequence():
+    g, c = model(), preset(CLUSTER)
+    s = fsdp(g, c, tp=2, cp=4, micro_batch=1)
+    assert s.found_by["options"]["cp"] == 4 and s.zero_stage == 3
+    with pytest.raises(ValueError, match="does not divide the sequence length 4096"):
+        megatron(g, c, tp=1, cp=3, dp=1)
+    with pytest.raises(ValueError, match=r"tp x cp x pp x dp = 2 x 4 x 1 x 4 = 32 devices"):
+        megatron(g, c, tp=2, cp=4, dp=4)
