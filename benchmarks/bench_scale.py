@@ -8,7 +8,10 @@ nodes, three layouts per size:
 * ``fsdp-4d``: FSDP (ZeRO-3) over data parallelism with tp 8 and pp 16, full recomputation
   (Llama 3's layout without context parallelism);
 * ``fsdp-tp8``: ZeRO-3 over data parallelism with tp 8, no pipeline (2-D; at 16,384 GPUs one
-  sequence per data-parallel rank: pure FSDP cannot run there, the batch has 2,048).
+  sequence per data-parallel rank: pure FSDP cannot run there, the batch has 2,048);
+* ``fsdp-4d-cp2``: the 4-D layout with context parallelism 2 (tp 8, cp 2, pp 16, FSDP over
+  dp x cp), full recomputation;
+* ``megatron-fp8``: ``megatron-zero1`` with fp8 GEMMs.
 
 Each run is a fresh process (``python -m app.cli simulate``), warm (one untimed run first:
 numba's cache, the page cache); the median of ``--repeat`` runs. Goal (issue 12): every layout
@@ -42,6 +45,10 @@ def layouts(gpus: int) -> dict[str, list[str]]:
                            "--micro-batch", "1", "--zero-stage", "1"],
         "fsdp-4d": ["--strategy", "fsdp", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--recompute", "full"],
         "fsdp-tp8": ["--strategy", "fsdp", "--tp", "8", "--micro-batch", "1"],
+        "fsdp-4d-cp2": ["--strategy", "fsdp", "--tp", "8", "--cp", "2", "--pp", "16", "--micro-batch", "1",
+                        "--recompute", "full"],
+        "megatron-fp8": ["--strategy", "megatron", "--tp", "8", "--pp", "16", "--dp", str(gpus // 128),
+                         "--micro-batch", "1", "--zero-stage", "1", "--precision", "fp8"],
     }
 
 
@@ -56,6 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default="1024,4096,16384")
+    ap.add_argument("--layouts", default="", help="comma-separated layout names (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = str(Path(tmp) / "model.json")
@@ -68,6 +76,8 @@ def main() -> None:
         for gpus in (int(x) for x in args.sizes.split(",")):
             cluster = f"dgx-h100:{gpus // 8}"
             for name, opts in layouts(gpus).items():
+                if args.layouts and name not in args.layouts.split(","):
+                    continue
                 cmd = ["simulate", "--model", model, "--cluster", cluster, *opts, "--json"]
                 soapbox(*cmd)  # warm
                 runs = [soapbox(*cmd) for _ in range(args.repeat)]

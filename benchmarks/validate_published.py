@@ -276,7 +276,11 @@ def setup_for(row: dict[str, str]) -> Setup:
     if not rec_col:
         notes.append("recompute not stated: none (Megatron-LM default); FLOPs counted without recompute")
     prec_col = (row.get("precision") or "").lower()
+    fp8 = "fp8" in prec_col
     precision = "bf16" if "bf16" in prec_col else "fp16" if "fp16" in prec_col else "fp32" if "fp32" in prec_col else None
+    if fp8 and precision is None:
+        precision = "bf16"
+        notes.append("fp8: the linear layers' GEMMs in fp8 (Transformer Engine), the rest in bf16")
     if precision is None:
         raise Skip(f"precision {row.get('precision')!r} not recognised")
     mbs = _int(row, "micro_batch")
@@ -302,11 +306,11 @@ def setup_for(row: dict[str, str]) -> Setup:
             notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
         zero = zero or 3
 
-        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp):
+        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp, fp8=fp8):
             return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit,
-                        cp=cp)
+                        cp=cp, fp8=fp8)
 
-        layout = (f"{framework}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{gpus // (tp * cp * pp)} "
+        layout = (f"{'fp8 ' if fp8 else ''}{framework}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{gpus // (tp * cp * pp)} "
                   f"mbs{mbs} rc={recompute}")
         if unit == "op":
             layout += " per-op"
@@ -329,11 +333,11 @@ def setup_for(row: dict[str, str]) -> Setup:
                 notes.append("micro_batch missing: soapbox megatron baseline default "
                              "(global/dp without pipelining, 1 with it)")
 
-        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp):
+        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp, fp8=fp8):
             return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp)
+                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8)
 
-        layout = (f"tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''} "
+        layout = (f"{'fp8 ' if fp8 else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''} "
                   f"mbs{mbs if mbs is not None else '-'} rc={recompute}")
     return Setup(cfg, cluster_name, build, layout, recompute == "full", notes)
 

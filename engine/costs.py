@@ -79,6 +79,9 @@ LINK_EFFICIENCY = 0.85
 ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+# Transformer Engine's fused cast-transpose (fp8): reads a 2-byte element, writes its fp8 value
+# and its fp8 transpose (1 + 1 bytes), bytes per element.
+FP8_CAST_BYTES_PER_ELEMENT = 4
 
 # NCCL's latency model, from its tuner (NCCL src/graph/tuning.cc, ``baseLat`` and ``hwLat`` in
 # ncclTopoTuneModel, NCCL 2.2x; microseconds, measured by NVIDIA per algorithm and protocol):
@@ -217,12 +220,21 @@ class CostModel:
         memory = bytes_moved / (device_type.mem_bw_bytes_per_s * self.memory_efficiency)
         return max(compute, memory) + self.kernel_overhead_s
 
-    def partition_times_s(self, op, degrees: Mapping[str, int], precision: str, device_type) -> tuple[float, float]:
+    def partition_times_s(self, op, degrees: Mapping[str, int], precision: str, device_type,
+                          fp8: bool = False) -> tuple[float, float]:
         """(forward, backward) seconds of one partition of ``op`` under ``degrees``: the
-        profile entry when there is one, else the roofline."""
+        profile entry when there is one, else the roofline. ``fp8``: a linear layer's GEMMs
+        run in fp8 (Transformer Engine; :attr:`engine.strategy.Strategy.fp8`): at the fp8
+        peak with the same achievable fraction as the model precision's GEMMs (no public fp8
+        run to fit one on), plus the kernels that cast the input (forward) and the output
+        gradient (backward) to fp8 with their transposes: read 2 bytes, write 1 + 1, per
+        element, memory-bound. Weights are cast once per iteration (TE caches them over
+        microbatches) and not counted."""
         ins, outs, params = op.partition_shapes(degrees)
+        fp8 = fp8 and op.kind == "linear"
         if self.profile is not None:
-            hit = self.profile.get(ProfileTable.key(op.kind, ins, outs, params, precision, device_type.name))
+            hit = self.profile.get(ProfileTable.key(op.kind, ins, outs, params, "fp8" if fp8 else precision,
+                                                    device_type.name))
             if hit is not None:
                 return hit
         if op.kind == "input":
@@ -232,8 +244,13 @@ class CostModel:
         fwd_bytes = (op.fwd_bytes_read + op.fwd_bytes_written) / parts
         bwd_bytes = (op.bwd_bytes_read + op.bwd_bytes_written) / parts
         inner = _inner_dim(op.kind, ins, outs, params)
-        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, precision, device_type, inner_dim=inner)
-        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, precision, device_type, inner_dim=inner)
+        gemm = "fp8" if fp8 else precision
+        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, inner_dim=inner)
+        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, inner_dim=inner)
+        if fp8:
+            bw = device_type.mem_bw_bytes_per_s * self.memory_efficiency
+            fwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(ins[0]) / bw + self.kernel_overhead_s
+            bwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(outs[0]) / bw + self.kernel_overhead_s
         if op.is_view:
             fwd = bwd = 0.0
         return fwd, bwd

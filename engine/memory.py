@@ -82,7 +82,7 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     # -- parameters per device, shared groups counted once per (group, region, device)
     # (Vectorised: every parameter partition gets an integer code for its (tensor, region,
     # device); the first of equal codes counts, as a set of seen keys would.)
-    codes, devs_p, elems_p, copies_p = [], [], [], []
+    codes, devs_p, elems_p, copies_p, gemm_p = [], [], [], [], []
     groups: dict[str, int] = {}
     cache = _graph_cache(graph)
     param_ops = cache.get("param_ops")
@@ -95,12 +95,16 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         devs_p.append(devices)
         elems_p.append(np.full(devices.size, elems))
         copies_p.append(np.full(devices.size, copies))
+        gemm_p.append(np.full(devices.size, op.kind == "linear"))
     params = np.zeros(D)
+    gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
     shard = np.ones(D)  # largest data-parallel shard divisor a device's parameters see
     if codes:
         _, first = np.unique(np.concatenate(codes), return_index=True)
         devs_p = np.concatenate(devs_p)[first]
-        np.add.at(params, devs_p, np.concatenate(elems_p)[first])
+        elems_p = np.concatenate(elems_p)[first]
+        np.add.at(params, devs_p, elems_p)
+        np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
         np.maximum.at(shard, devs_p, np.concatenate(copies_p)[first])
     weights = params * pbytes
     grads = params * pbytes
@@ -111,6 +115,10 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         grads = grads / shard
     if zero >= 3:
         weights = weights / shard
+    elif strategy.fp8:
+        # Transformer Engine keeps each linear weight's fp8 copy and its transpose between
+        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use
+        weights = weights + 2.0 * gemm_params
     # -- communication buffers: the largest collective each device joins
     comm = np.zeros(D)
     coll_devs = tg.info.get("coll_devices")
@@ -247,7 +255,8 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
     to its backward (§4.1 counts the QKV input once). Dropout keeps a one-byte mask per
     element (``bwd_saved_bytes_per_element``). Under sequence parallelism a tensor-parallel
     op that reads a sequence-split tensor keeps the shard, not the gathered tensor, and
-    gathers it again in its backward (§4.2.2)."""
+    gathers it again in its backward (§4.2.2). With fp8 GEMMs a linear layer keeps its
+    input in fp8 (1 byte per element), as Transformer Engine does."""
     out = np.zeros(len(graph.ops))
     recompute = strategy.recompute
     saving = cache.get(("saving", recompute))
@@ -258,7 +267,7 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
     kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
     for i, op, inputs in saving:
         cfg = configs[op.name]
-        ck = ("saved", op.name, tuple(cfg.degrees.items()), m)
+        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8)
         hit = cache.get(ck)
         if hit is None:
             degrees = dict(cfg.degrees)
@@ -266,6 +275,8 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
                 degrees["sample"] = degrees.get("sample", 1) * m
             ins, _, _ = op.partition_shapes(degrees)
             per = op_kind(op.kind).bwd_saved_bytes_per_element
+            if strategy.fp8 and op.kind == "linear":
+                per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
             hit = cache[ck] = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
                 DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
                 if op.in_tensors[k].dtype in FLOAT_DTYPES]

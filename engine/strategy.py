@@ -171,6 +171,12 @@ class Strategy:
         What ZeRO-3 all-gathers at once: ``block`` (PyTorch FSDP wrapping each transformer
         block, torchtitan and llm-foundry's default) or ``op`` (DeepSpeed ZeRO-3, which
         fetches each module's parameters on their own, coalesced per module).
+    fp8 : bool
+        Linear layers' GEMMs in fp8 (NVIDIA Transformer Engine's recipe, Micikevicius et al.
+        2022): forward and backward GEMMs at the device's fp8 rate, their inputs cast (and
+        transposed) to fp8 by extra memory-bound kernels, the fp8 input kept for the backward;
+        attention's core, norms, the rest, communication, master weights and the optimizer
+        stay in the model's precision. Needs fp8 tensor cores (H100, H200).
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -192,6 +198,7 @@ class Strategy:
     found_by: Mapping[str, Any] = field(default_factory=dict)
     cost: Mapping[str, Any] = field(default_factory=dict)
     gather_unit: str = "block"
+    fp8: bool = False
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -223,6 +230,7 @@ class Strategy:
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
             **({"gather_unit": self.gather_unit} if self.gather_unit != "block" else {}),
+            **({"fp8": True} if self.fp8 else {}),
             "ops": ops,
         }
 
@@ -245,7 +253,7 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
     return Strategy(configs, settings, stage_of, data.get("recompute", "none"), data.get("zero_stage", 0),
                     data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
                     cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
-                    data.get("cost", {}), data.get("gather_unit", "block"))
+                    data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -315,6 +323,14 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
     if strategy.gather_unit not in GATHER_UNITS:
         add(Problem("gather_unit", f"must be one of {', '.join(GATHER_UNITS)}, got {strategy.gather_unit!r}"))
+    if not isinstance(strategy.fp8, bool):
+        add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
+    elif strategy.fp8:
+        used = {cluster.devices[d].type for d in strategy.devices_used() if 0 <= d < cluster.num_devices}
+        lacking = sorted(n for n in used if "fp8" not in cluster.device_types[n].peak_flops_per_s)
+        if lacking:
+            add(Problem("fp8", f"fp8 GEMMs need fp8 tensor cores; the {', '.join(lacking)} of {cluster.name} "
+                               f"{'have' if len(lacking) > 1 else 'has'} none (H100 and H200 do)"))
     for precision in {graph.precision}:
         for t in {d.type for d in cluster.devices}:
             if precision not in cluster.device_types[t].peak_flops_per_s:

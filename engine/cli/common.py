@@ -69,6 +69,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero-stage", type=int, choices=(1, 2, 3),
                    help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
                         "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
+    g.add_argument("--precision", choices=("fp8",), dest="fp8_precision",
+                   help="fp8: the linear layers' GEMMs in fp8 (Transformer Engine; H100/H200), attention, norms, "
+                        "communication and the optimizer in the model's precision (megatron, fsdp)")
     g.add_argument("--gather-unit", choices=GATHER_UNITS,
                    help="what ZeRO-3 gathers at once (fsdp): block (PyTorch FSDP, default) or op "
                         "(DeepSpeed ZeRO-3: each module's parameters on their own)")
@@ -78,9 +81,11 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k, None) for k in
-            ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
-             "layers_per_stage", "gather_unit")}
+    out = {k: getattr(args, k, None) for k in
+           ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
+            "layers_per_stage", "gather_unit")}
+    out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
+    return out
 
 
 def _counts(text: str) -> list[int]:

@@ -298,7 +298,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
              sequence_parallel: bool = False, schedule: str | None = None,
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
-             zero_stage: int = 0, cp: int = 1) -> Strategy:
+             zero_stage: int = 0, cp: int = 1, fp8: bool = False) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
     ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
     chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
@@ -313,6 +313,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     point-to-point exchange moves them, and their gradients back), causal work is balanced
     (Megatron-Core gives each rank two mirrored chunks), and weights are replicated over
     dp x cp: their gradients are synchronised (and ZeRO shards) over that group.
+
+    ``fp8``: the linear layers' GEMMs in fp8 (Transformer Engine, :attr:`Strategy.fp8`).
 
     Layers split evenly over the pp*vpp chunks when they divide, else by
     :func:`balanced_layers`; ``layers_per_stage`` (one count per stage, no interleaving) sets
@@ -398,6 +400,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         options["zero_stage"] = zero_stage
     if cp > 1:
         options["cp"] = cp
+    if fp8:
+        options["fp8"] = True
     if pp * vpp > 1 and layers_per_stage is None:
         counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
         if len(set(counts)) > 1:
@@ -406,11 +410,12 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     return _finish(graph, cluster, configs, "megatron", options, notes,
                    pipeline=PipelineSettings(pp, m, schedule, vpp),
                    stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
-                   zero_stage=zero_stage)
+                   zero_stage=zero_stage, fp8=bool(fp8))
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
-         recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1) -> Strategy:
+         recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
+         fp8: bool = False) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
@@ -424,7 +429,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     if gather_unit not in GATHER_UNITS:
         raise ValueError(f"gather_unit must be one of {', '.join(GATHER_UNITS)}, got {gather_unit!r}")
     s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage,
-                 cp=cp)
+                 cp=cp, fp8=fp8)
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
@@ -456,9 +461,9 @@ BASELINES: dict[str, Baseline] = {
         Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
-                  "layers_per_stage", "stage_mesh", "zero_stage", "cp")),
+                  "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
-                 ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit")),
+                 ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8")),
     ]
 }
 

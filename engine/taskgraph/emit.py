@@ -52,7 +52,8 @@ class Emitter:
         fwd_s = np.empty(devs.size)
         bwd_s = np.empty(devs.size)
         for ti in (np.unique(kinds) if self.heterogeneous else np.zeros(1, np.int64)):
-            f_s, b_s = self.ctx.cost.partition_times_s(op, degrees, self.ctx.graph.precision, self.device_types[ti])
+            f_s, b_s = self.ctx.cost.partition_times_s(op, degrees, self.ctx.graph.precision, self.device_types[ti],
+                                                       self.ctx.strategy.fp8)
             fwd_s[kinds == ti], bwd_s[kinds == ti] = f_s, b_s
         return fwd_s, bwd_s
 
