@@ -103,6 +103,11 @@ NCCL_STEP_LATENCY_US: dict[tuple[str, str, str], float] = {
 # Each network step also waits for a post to the NIC (NCCL's NET_OVERHEAD default on x86,
 # tripled for the Simple protocol), us.
 NCCL_NET_OVERHEAD_US = 1.0
+# NVLS (NVLink SHARP in the third-generation NVSwitch): NCCL's tuner gives the all-reduce the
+# latency of one NVLink NVLS step (hwLat, Simple protocol) and 5/6 of the bus bandwidth as
+# algorithm bandwidth (same source).
+NCCL_NVLS_LATENCY_US = 25.0
+NCCL_NVLS_BW_SHARE = 5.0 / 6.0
 # Share of the bus bandwidth each protocol reaches (same source): LL sends 8-byte lines of 4
 # data bytes + 4 flag bytes (0.5), LL128 128-byte lines with 8 flag bytes (120/128 ~ 0.92);
 # Simple moves data at full rate but has the highest per-step latency.
@@ -290,7 +295,7 @@ def transfer_time_s(size_bytes, bw_bytes_per_s, latency_s, link_efficiency: floa
 
 def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: float, latency_s: float,
                       link_efficiency: float = LINK_EFFICIENCY, *, nodes: int = 1, inter_latency_s: float = 0.0,
-                      nvlink: bool = True) -> float:
+                      nvlink: bool = True, nvls: bool = False) -> float:
     """Time of a collective over ``n`` ranks on ``nodes`` nodes whose ring has per-rank
     bandwidth ``bw_bytes_per_s``; ``size_bytes`` is the full buffer; ``latency_s`` and
     ``inter_latency_s`` are the slowest same-node and cross-node neighbour paths (a floor on
@@ -305,7 +310,10 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
     n-1. The tree (Sanders et al. 2009; NCCL 2.4) all-reduce chains the ranks of a node and
     crosses nodes in log2(nodes) steps up and down, at half the ring's bus bandwidth. A step
     costs NCCL's measured per-step latency (``NCCL_STEP_LATENCY_US``), not the 1-2 us of a
-    link: at 2,048 ranks a ring all-gather pays ~7 ms however small the buffer.
+    link: at 2,048 ranks a ring all-gather pays ~7 ms however small the buffer. ``nvls``: the
+    ranks share an NVSwitch that reduces in the switch (H100, H200): an all-reduce inside the
+    node may use NCCL's NVLS algorithm, each rank sending its buffer once and reading the sum
+    once, at NCCL's algorithm-bandwidth share of 5/6 and its per-call latency.
 
     >>> round(collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0), 4)
     0.0176
@@ -344,6 +352,8 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
             t_inter = max(NCCL_STEP_LATENCY_US[("net", "tree", proto)] * 1e-6, inter_latency_s)
             hops = (n // k - 1) * t_intra + (k - 1).bit_length() * t_inter
             best = min(best, base + 2 * hops + 2 * size_bytes / pbw)
+    if nvls and kind == "all_reduce" and k == 1:
+        best = min(best, max(NCCL_NVLS_LATENCY_US * 1e-6, latency_s) + size_bytes / (bw * NCCL_NVLS_BW_SHARE))
     return best
 
 
@@ -351,4 +361,5 @@ def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency
     """:func:`collective_time_s` over a :class:`~engine.cluster.CollectiveGroup` (the ranks,
     their nodes, bandwidth and path latencies, as :meth:`Cluster.collective_group` gives them)."""
     return collective_time_s(kind, size_bytes, group.ranks, group.bw_bytes_per_s, group.latency_s, link_efficiency,
-                             nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink)
+                             nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink,
+                             nvls=group.nvls)

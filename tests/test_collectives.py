@@ -126,3 +126,23 @@ class TestGatherUnit:
         assert s.gather_unit == "op" and s.found_by["options"]["gather_unit"] == "op"
         with pytest.raises(ValueError, match="does not take --gather-unit"):
             make_baseline("megatron", resolve_model("gpt2"), preset("dgx-a100-80gb:1"), gather_unit="op")
+
+
+class TestNvls:
+    def test_all_reduce_inside_an_h100_node_uses_the_switch(self):
+        # 1 GB over 8 ranks at 100 GB/s: NVLS 25 us + 1 GB / (5/6 x 100 GB/s) = 12.025 ms,
+        # against the ring's 8.4 + 14 x 3.4 us + 1.75 x 10 ms = 17.556 ms
+        t = collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0, nvls=True)
+        assert t == pytest.approx(25 * US + 12e-3, rel=1e-12)
+        assert collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0) == pytest.approx(17.556e-3, rel=1e-12)
+        # not across nodes, not for all-gather
+        assert collective_time_s("all_reduce", 1e9, 16, 100e9, 0.0, 1.0, nodes=2, nvls=True) == \
+            collective_time_s("all_reduce", 1e9, 16, 100e9, 0.0, 1.0, nodes=2)
+        assert collective_time_s("all_gather", 1e9, 8, 100e9, 0.0, 1.0, nvls=True) == \
+            collective_time_s("all_gather", 1e9, 8, 100e9, 0.0, 1.0)
+
+    def test_which_groups_have_it(self):
+        assert preset("dgx-h100:2").collective_group(range(8)).nvls
+        assert preset("dgx-h200:1").collective_group(range(4)).nvls
+        assert not preset("dgx-h100:2").collective_group(range(16)).nvls  # two nodes
+        assert not preset("dgx-a100-80gb:1").collective_group(range(8)).nvls  # NVSwitch gen2: no SHARP

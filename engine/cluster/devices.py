@@ -32,6 +32,10 @@ MAX_LATENCY_S = 1.0
 NVLINK_LATENCY_S = 1e-6
 PCIE_LATENCY_S = 1e-6
 IB_LATENCY_S = 2e-6
+#: Device types whose NVSwitch (third generation, DGX H100/H200) reduces in the switch
+#: (NVLink SHARP): NCCL's NVLS all-reduce sends each rank's buffer once and reads the sum once
+#: (NCCL 2.17 release notes; NVIDIA DGX H100 user guide), instead of the ring's 2(n-1)/n.
+NVLS_DEVICE_TYPES = frozenset({"H100-SXM5-80GB", "H200-SXM-141GB"})
 # Per-direction bandwidths, bytes/s (hardware_specs.csv).
 NVLINK1_PAIR_BW = 20 * GB  # one NVLink1 link per GPU pair, 20 GB/s per direction (P100)
 NVLINK2_PAIR_BW = 25 * GB  # one NVLink2 link, 25 GB/s per direction (V100)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 from ..errors import ValidationError
 from .checks import check_nodes
 from .devices import (
+    NVLS_DEVICE_TYPES,
     PCIE_LATENCY_S,
     Device,
     DeviceType,
@@ -38,6 +39,8 @@ class CollectiveGroup:
     inter_latency_s: float
     nvlink: bool
     links: tuple[int, ...]
+    #: the ranks share one NVSwitch that reduces in the switch (NCCL's NVLS all-reduce)
+    nvls: bool = False
 
 
 class Cluster:
@@ -62,6 +65,7 @@ class Cluster:
         self.name = name
         self.description = description
         self.node_specs = tuple(nodes)
+        self._node_spec: list = []  # node index -> its NodeSpec
         self.device_types = dict(device_types)
         problems = check_nodes(self.node_specs, self.device_types)
         if problems:
@@ -96,6 +100,7 @@ class Cluster:
                 node = len(node_names)
                 nname = f"{spec.name}{r}" if spec.repeat > 1 else spec.name
                 node_names.append(nname)
+                self._node_spec.append(spec)
                 ids = []
                 for g in range(spec.gpus):
                     d = Device(len(devices), f"{nname}/gpu{g}", spec.device_type, node)
@@ -280,7 +285,10 @@ class Cluster:
                 bw = min(bw, len(nics) * rate)
                 for d in members:  # every member's NIC carries a channel
                     links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
-        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)))
+        spec = self._node_spec[self.devices[devs[0]].node]
+        nvls = (len(by_node) == 1 and nvlink and spec.intra_topology == "switch"
+                and spec.device_type in NVLS_DEVICE_TYPES)
+        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)), nvls)
 
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:
