@@ -77,12 +77,15 @@ class SyncBuilder:
             op = ctx.graph.ops[oi]
             names, grid = t.grid[oi]
             cfg = ctx.strategy.configs[op.name]
-            # partitions holding the same parameter region (equal on every dim that splits a
-            # parameter) synchronise together: the data-parallel group, times the context-
-            # parallel ranks (and, for a sequence-parallel norm, the tensor-parallel ranks)
-            # that hold a replica too; ZeRO shards over that same group (as the memory model
-            # counts), keyed by its devices so that a block's ops on one group share collectives
-            split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
+            if zero >= 1:
+                # ZeRO shards over data parallelism: a group is the partitions equal on every
+                # dim but the data dims, the sample's and the sequence's (a tensor-parallel
+                # rank's data x context-parallel group; FSDP and Megatron's distributed
+                # optimizer shard over dp x cp), keyed by its devices so that a block's ops on
+                # the same group share its collectives
+                split = [j for j, n in enumerate(names) if n not in ("sample", "length")]
+            else:  # all-reduce over every partition holding the same parameter region
+                split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
             elems = op.partition_param_elements(cfg.degrees)
             tensor = op.param_group or op.name  # shared parameters are one tensor
             # partitions grouped by the parameter region they hold (vectorised)
