@@ -183,20 +183,22 @@ def _cluster_name(row: dict[str, str], gpus: int, notes: list[str] | None = None
     return f"{base}:{nodes}"
 
 
-def _zero_of(row: dict[str, str]) -> tuple[int, str, str]:
-    """(ZeRO stage, gather unit, framework) from the row's ``sharding`` column.
+def _zero_of(row: dict[str, str]) -> tuple[int, str, str, bool]:
+    """(ZeRO stage, gather unit, framework, hybrid) from the row's ``sharding`` column.
 
     PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy): FULL_SHARD
     shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP shards gradients
     and optimizer state and keeps parameters after the forward (ZeRO-2). DeepSpeed names its
     stages ZeRO-1/2/3 and gathers each module's parameters on their own (gather unit "op");
-    Megatron's distributed optimizer is ZeRO-1."""
+    Megatron's distributed optimizer is ZeRO-1. HYBRID_SHARD (HSDP) shards within a node
+    and replicates across nodes; _HYBRID_SHARD_ZERO2 does so with ZeRO-2."""
     text = " ".join((row.get("sharding") or "", row.get("source") or "")).lower()
     sharding = (row.get("sharding") or "").lower()
     deepspeed = "deepspeed" in text or "zero" in sharding and "fsdp" not in sharding
-    if "hybrid_shard" in sharding or "hsdp" in sharding:
-        raise Skip("HYBRID_SHARD (ZeRO-3 inside a node, replicas across nodes) is not modelled by the baselines")
-    if "full_shard" in sharding or any(k in sharding for k in ("zero-3", "zero3", "zero stage 3", "stage 3")):
+    hybrid = "hybrid_shard" in sharding or "hsdp" in sharding or "mics" in sharding
+    if hybrid:
+        stage = 2 if "zero2" in sharding else 3
+    elif "full_shard" in sharding or any(k in sharding for k in ("zero-3", "zero3", "zero stage 3", "stage 3")):
         stage = 3
     elif "shard_grad_op" in sharding or any(k in sharding for k in ("zero-2", "zero2", "zero stage 2", "stage 2")):
         stage = 2
@@ -208,7 +210,7 @@ def _zero_of(row: dict[str, str]) -> tuple[int, str, str]:
     else:
         stage = 0
     framework = "deepspeed" if deepspeed else "fsdp" if "fsdp" in text else "megatron"
-    return stage, ("op" if deepspeed and stage == 3 else "block"), framework
+    return stage, ("op" if deepspeed and stage == 3 else "block"), framework, hybrid
 
 
 def _model_config(row: dict[str, str], src: str, shape: dict[str, Any], precision: str,
@@ -291,7 +293,13 @@ def setup_for(row: dict[str, str]) -> Setup:
     shape = dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=vocab, batch=B, kv_heads=kv,
                  ffn_hidden=ffn)
     cfg = _model_config(row, src, shape, precision, notes)
-    zero, unit, framework = _zero_of(row)
+    zero, unit, framework, hybrid = _zero_of(row)
+    shard_group = 0
+    if hybrid:
+        per_node = _int(row, "gpus_per_node") or 8  # the DGX presets' 8
+        shard_group = max(1, per_node // (tp * cp))
+        notes.append(f"hybrid sharding: ZeRO-{zero} within each node ({shard_group} data-parallel ranks), "
+                     "replicas across nodes")
     text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
     sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
     if src == "MosaicML" or (zero == 3) or (framework == "fsdp" and zero):
@@ -306,14 +314,17 @@ def setup_for(row: dict[str, str]) -> Setup:
             notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
         zero = zero or 3
 
-        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp, fp8=fp8):
+        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp, fp8=fp8,
+                  k=shard_group):
             return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit,
-                        cp=cp, fp8=fp8)
+                        cp=cp, fp8=fp8, shard_group=k if k and k < gpus // (tp * cp * pp) else 0)
 
         layout = (f"{'fp8 ' if fp8 else ''}{framework}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{gpus // (tp * cp * pp)} "
                   f"mbs{mbs} rc={recompute}")
         if unit == "op":
             layout += " per-op"
+        if shard_group:
+            layout += f" hybrid{shard_group}"
     else:
         if dp is None:
             dp = gpus // (tp * cp * pp)

@@ -109,6 +109,8 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     weights = params * pbytes
     grads = params * pbytes
     optim = params * optimizer_bytes_per_param(graph.precision)
+    if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
+        shard = np.minimum(shard, strategy.shard_group)
     if zero >= 1:
         optim = optim / shard
     if zero >= 2:

@@ -171,6 +171,11 @@ class Strategy:
         What ZeRO-3 all-gathers at once: ``block`` (PyTorch FSDP wrapping each transformer
         block, torchtitan and llm-foundry's default) or ``op`` (DeepSpeed ZeRO-3, which
         fetches each module's parameters on their own, coalesced per module).
+    shard_group : int
+        With ZeRO-2/3, shard within groups of this many consecutive data-parallel ranks and
+        replicate across the groups (PyTorch FSDP's HYBRID_SHARD, MiCS, ZeRO++'s hpZ):
+        gradients reduce-scatter within a group, then each shard is all-reduced across the
+        groups; parameters are gathered within a group. 0: one group (full sharding).
     fp8 : bool
         Linear layers' GEMMs in fp8 (NVIDIA Transformer Engine's recipe, Micikevicius et al.
         2022): forward and backward GEMMs at the device's fp8 rate, their inputs cast (and
@@ -199,6 +204,7 @@ class Strategy:
     cost: Mapping[str, Any] = field(default_factory=dict)
     gather_unit: str = "block"
     fp8: bool = False
+    shard_group: int = 0
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -231,6 +237,7 @@ class Strategy:
             "sequence_parallel": self.sequence_parallel,
             **({"gather_unit": self.gather_unit} if self.gather_unit != "block" else {}),
             **({"fp8": True} if self.fp8 else {}),
+            **({"shard_group": self.shard_group} if self.shard_group else {}),
             "ops": ops,
         }
 
@@ -253,7 +260,8 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
     return Strategy(configs, settings, stage_of, data.get("recompute", "none"), data.get("zero_stage", 0),
                     data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
                     cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
-                    data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False))
+                    data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False),
+                    data.get("shard_group", 0))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -323,6 +331,20 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
     if strategy.gather_unit not in GATHER_UNITS:
         add(Problem("gather_unit", f"must be one of {', '.join(GATHER_UNITS)}, got {strategy.gather_unit!r}"))
+    k = strategy.shard_group
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        add(Problem("shard_group", f"must be a non-negative integer, got {k!r}"))
+    elif k and strategy.zero_stage < 2:
+        add(Problem("shard_group", f"hybrid sharding (shard_group {k}) needs ZeRO stage 2 or 3, "
+                                   f"got {strategy.zero_stage}"))
+    elif k:
+        for name, cfg in strategy.configs.items():
+            if name in graph and graph[name].param_count:
+                group = cfg.degree("sample") * cfg.degree("length")
+                if group % k:
+                    add(Problem("shard_group", f"{k} does not divide the {group} data-parallel ranks that hold "
+                                               f"{name!r}'s parameters"))
+                    break
     if not isinstance(strategy.fp8, bool):
         add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
     elif strategy.fp8:

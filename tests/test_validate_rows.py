@@ -57,7 +57,6 @@ def test_megatron_distributed_optimizer_with_sequence_parallel():
 
 
 @pytest.mark.parametrize("kw, reason", [
-    (dict(sharding="PyTorch FSDP HYBRID_SHARD"), "HYBRID_SHARD"),
     (dict(layers="24 layers"), "column layers is not a number"),
     (dict(gpu_type="MI300X"), "no cluster preset"),
     (dict(tp=2, cp=2, dp=2), "tp\\*cp\\*pp\\*dp = 8 does not equal the row's 16 GPUs"),
@@ -77,3 +76,8 @@ def test_fp8_rows_run_their_gemms_in_fp8():
     assert s.fp8 and st.cfg.precision == "bf16" and st.layout.startswith("fp8 tp2")
     with pytest.raises(Exception, match="fp8 tensor cores"):
         built(row(gpu_type="A100-SXM4-80GB", tp=2, dp=8, micro_batch=1, precision="fp8"))
+
+
+def test_hybrid_shard_shards_within_a_node():
+    st, s = built(row(gpus=32, sharding="PyTorch FSDP HYBRID_SHARD", micro_batch=2))
+    assert s.zero_stage == 3 and s.shard_group == 8 and "hybrid8" in st.layout

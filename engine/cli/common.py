@@ -72,6 +72,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("fp8",), dest="fp8_precision",
                    help="fp8: the linear layers' GEMMs in fp8 (Transformer Engine; H100/H200), attention, norms, "
                         "communication and the optimizer in the model's precision (megatron, fsdp)")
+    g.add_argument("--shard-group", type=positive_int, metavar="K",
+                   help="hybrid sharding (fsdp, ZeRO 2/3): shard within groups of K data-parallel ranks, replicate "
+                        "across them (PyTorch HYBRID_SHARD with K = GPUs per node, MiCS)")
     g.add_argument("--gather-unit", choices=GATHER_UNITS,
                    help="what ZeRO-3 gathers at once (fsdp): block (PyTorch FSDP, default) or op "
                         "(DeepSpeed ZeRO-3: each module's parameters on their own)")
@@ -83,7 +86,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: getattr(args, k, None) for k in
            ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
-            "layers_per_stage", "gather_unit")}
+            "layers_per_stage", "gather_unit", "shard_group")}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
     return out
 

@@ -415,7 +415,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
          recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
-         fp8: bool = False) -> Strategy:
+         fp8: bool = False, shard_group: int = 0) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
@@ -423,23 +423,32 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     gradient accumulation (the micro-batches of the pipeline when ``pp`` > 1); ``cp`` splits
     the sequence over context-parallel ranks (torchtitan's 4-D layout: FSDP shards over
     dp x cp). ``gather_unit`` "op" gathers each op's parameters on its own (DeepSpeed ZeRO-3) instead
-    of each transformer block's (PyTorch FSDP)."""
+    of each transformer block's (PyTorch FSDP). ``shard_group`` k > 0 is hybrid sharding
+    (HYBRID_SHARD / HSDP, MiCS): shards within groups of k consecutive data-parallel ranks,
+    replicas across them."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
     if gather_unit not in GATHER_UNITS:
         raise ValueError(f"gather_unit must be one of {', '.join(GATHER_UNITS)}, got {gather_unit!r}")
+    if not isinstance(shard_group, int) or shard_group < 0:
+        raise ValueError(f"shard_group must be a non-negative integer, got {shard_group!r}")
+    if shard_group and zero_stage < 2:
+        raise ValueError(f"hybrid sharding (shard_group {shard_group}) needs ZeRO stage 2 or 3, got {zero_stage}")
     s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage,
                  cp=cp, fp8=fp8)
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
         opts.update(gather_unit=gather_unit)
+    if shard_group:
+        opts.update(shard_group=shard_group)
     for k in ("vpp", "sequence_parallel") + (("pp",) if pp == 1 else ()):
         opts.pop(k, None)
     found_by = {"algorithm": "baseline:fsdp", "options": opts}
     if "notes" in s.found_by:
         found_by["notes"] = s.found_by["notes"]
-    return replace(s, zero_stage=zero_stage, found_by=found_by, gather_unit=gather_unit)
+    s = replace(s, zero_stage=zero_stage, found_by=found_by, gather_unit=gather_unit, shard_group=shard_group)
+    return check_strategy(s, graph, cluster, "baseline fsdp") if shard_group else s
 
 
 # --------------------------------------------------------------------------- registry
@@ -463,7 +472,8 @@ BASELINES: dict[str, Baseline] = {
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
                   "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
-                 ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8")),
+                 ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
+                  "shard_group")),
     ]
 }
 

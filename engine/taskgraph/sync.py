@@ -106,29 +106,60 @@ class SyncBuilder:
                     entry[2] += elems
         # (devices, elements, {op: its elements}) of each ZeRO-3 gather group
         gathers: list[tuple[list[int], float, dict[int, float]]] = []
+        k = ctx.strategy.shard_group if zero >= 2 else 0
         for devs, parts, elems, _ in regions.values():
             if not any(t.rep[oi][ks].any() for oi, ks in parts):
                 continue  # mirrored by a representative region
             udevs = np.unique(np.concatenate(devs)).tolist()
             per_op = {oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
                       for oi, _ in parts}
-            gathers.append((udevs, elems, per_op))
-            device_params[udevs] += elems / len(udevs) if zero >= 1 else elems
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"
             # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
             # otherwise gradients accumulate locally and are synchronised once.
             rows = np.arange(m) if zero >= 3 else np.array([m - 1])
+            mbs = rows if zero >= 3 else np.array([-1])
             preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
-            ids = self.emit.collectives(seg, kind, elems * pbytes, udevs, preds, members[0],
-                                        rows if zero >= 3 else np.array([-1]))
-            if ids is not None:
-                mine = np.array([d for d in udevs if d in t.rep_devices], np.int64)
-                seg.edges(tile(ids, mine.size), np.repeat(t.updates[mine], ids.size))
-            if zero in (1, 2):
-                # ZeRO-1/2: parameters are all-gathered after the sharded update
-                preds = [t.updates[d] for d in udevs if d in t.rep_devices]
-                if preds:
-                    self.emit.collective(seg, "all_gather", elems * pbytes, udevs, preds, members[0], -1)
+            pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
+            # hybrid sharding (HSDP, MiCS): shards within groups of k consecutive ranks, the
+            # groups replicas of each other; otherwise one group
+            subs = [udevs] if not k or k >= len(udevs) else [udevs[i:i + k] for i in range(0, len(udevs), k)]
+            done = []  # (sub, reduce ids) of the shard groups a representative is in
+            for sub in subs:
+                if len(subs) > 1 and not any(d in t.rep_devices for d in sub):
+                    continue  # a replica group mirrored by a representative one
+                gathers.append((sub, elems, per_op))
+                device_params[sub] += elems / len(sub) if zero >= 1 else elems
+                on = np.isin(pdevs, sub) if len(subs) > 1 else slice(None)
+                ids = self.emit.collectives(seg, kind, elems * pbytes, sub, preds[:, on], members[0], mbs)
+                if ids is not None:
+                    done.append((sub, ids))
+                    if len(subs) == 1:
+                        mine = np.array([d for d in sub if d in t.rep_devices], np.int64)
+                        seg.edges(tile(ids, mine.size), np.repeat(t.updates[mine], ids.size))
+                if zero == 2:
+                    # ZeRO-2: parameters are all-gathered (within the shard group) after the
+                    # sharded update
+                    after = [t.updates[d] for d in sub if d in t.rep_devices]
+                    if after:
+                        self.emit.collective(seg, "all_gather", elems * pbytes, sub, after, members[0], -1)
+            if len(subs) > 1 and done:
+                # ... then each shard is all-reduced across the replica groups (rank j of every
+                # group holds the same shard)
+                rs = np.stack([ids for _, ids in done], axis=1)  # [row, group]
+                for j in range(len(subs[0])):
+                    cross = [s[j] for s in subs]
+                    mine = np.array([d for d in cross if d in t.rep_devices], np.int64)
+                    if not mine.size:
+                        continue
+                    ids = self.emit.collectives(seg, "all_reduce", elems / len(subs[0]) * pbytes, cross, rs,
+                                                members[0], mbs)
+                    if ids is not None:
+                        seg.edges(tile(ids, mine.size), np.repeat(t.updates[mine], ids.size))
+            if zero == 1:
+                # ZeRO-1: parameters are all-gathered after the sharded update
+                after = [t.updates[d] for d in udevs if d in t.rep_devices]
+                if after:
+                    self.emit.collective(seg, "all_gather", elems * pbytes, udevs, after, members[0], -1)
         seg.device_params = device_params
         if zero >= 3:
             self._fsdp_gathers(seg, unit, members, gathers)
