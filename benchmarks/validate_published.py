@@ -302,6 +302,10 @@ def setup_for(row: dict[str, str]) -> Setup:
                      "replicas across nodes")
     text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
     sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
+    overlap = any(k in text for k in ("tp-comm-overlap", "tp comm overlap", "tp_comm_overlap", "userbuffer"))
+    if overlap and not (sp and tp > 1):
+        notes.append("tp-comm-overlap stated without sequence parallelism and tp > 1: not modelled")
+        overlap = False
     if src == "MosaicML" or (zero == 3) or (framework == "fsdp" and zero):
         if vpp > 1:
             raise Skip(f"ZeRO-{zero} with interleaved pipelining (vpp {vpp}) is not modelled by the fsdp baseline")
@@ -344,11 +348,12 @@ def setup_for(row: dict[str, str]) -> Setup:
                 notes.append("micro_batch missing: soapbox megatron baseline default "
                              "(global/dp without pipelining, 1 with it)")
 
-        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp, fp8=fp8):
+        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp, fp8=fp8,
+                  overlap=overlap):
             return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8)
+                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap)
 
-        layout = (f"{'fp8 ' if fp8 else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''} "
+        layout = (f"{'fp8 ' if fp8 else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
                   f"mbs{mbs if mbs is not None else '-'} rc={recompute}")
     return Setup(cfg, cluster_name, build, layout, recompute == "full", notes)
 

@@ -176,6 +176,9 @@ class Strategy:
         replicate across the groups (PyTorch FSDP's HYBRID_SHARD, MiCS, ZeRO++'s hpZ):
         gradients reduce-scatter within a group, then each shard is all-reduced across the
         groups; parameters are gathered within a group. 0: one group (full sharding).
+    tp_comm_overlap : bool
+        Megatron-Core's ``--tp-comm-overlap``: tensor-parallel collectives pipelined with the
+        GEMMs next to them (Transformer Engine's userbuffers); needs sequence parallelism.
     fp8 : bool
         Linear layers' GEMMs in fp8 (NVIDIA Transformer Engine's recipe, Micikevicius et al.
         2022): forward and backward GEMMs at the device's fp8 rate, their inputs cast (and
@@ -205,6 +208,7 @@ class Strategy:
     gather_unit: str = "block"
     fp8: bool = False
     shard_group: int = 0
+    tp_comm_overlap: bool = False
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -238,6 +242,7 @@ class Strategy:
             **({"gather_unit": self.gather_unit} if self.gather_unit != "block" else {}),
             **({"fp8": True} if self.fp8 else {}),
             **({"shard_group": self.shard_group} if self.shard_group else {}),
+            **({"tp_comm_overlap": True} if self.tp_comm_overlap else {}),
             "ops": ops,
         }
 
@@ -261,7 +266,7 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
                     cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
                     data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False),
-                    data.get("shard_group", 0))
+                    data.get("shard_group", 0), data.get("tp_comm_overlap", False))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -345,6 +350,11 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
                     add(Problem("shard_group", f"{k} does not divide the {group} data-parallel ranks that hold "
                                                f"{name!r}'s parameters"))
                     break
+    if not isinstance(strategy.tp_comm_overlap, bool):
+        add(Problem("tp_comm_overlap", f"must be true or false, got {strategy.tp_comm_overlap!r}"))
+    elif strategy.tp_comm_overlap and not strategy.sequence_parallel:
+        add(Problem("tp_comm_overlap", "overlapping tensor-parallel communication with GEMMs (Transformer "
+                                       "Engine's userbuffers) needs sequence parallelism"))
     if not isinstance(strategy.fp8, bool):
         add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
     elif strategy.fp8:

@@ -146,3 +146,38 @@ class TestNvls:
         assert preset("dgx-h200:1").collective_group(range(4)).nvls
         assert not preset("dgx-h100:2").collective_group(range(16)).nvls  # two nodes
         assert not preset("dgx-a100-80gb:1").collective_group(range(8)).nvls  # NVSwitch gen2: no SHARP
+
+
+class TestTpCommOverlap:
+    def test_reductions_hide_under_their_gemms(self):
+        from engine.search.baselines import megatron
+        from engine.taskgraph.tasks import FWD
+
+        g, c = gpt2(batch=8, seq_len=512), preset("dgx-h100:1")
+        plain = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True)
+        over = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True)
+        assert over.tp_comm_overlap and validate_strategy(over, g, c) == []
+        a, b = build_task_graph(g, plain, c), build_task_graph(g, over, c)
+        assert a.num_tasks == b.num_tasks and (a.kind == b.kind).all()
+        coll = np.flatnonzero(a.kind == COLL)
+        # the forward reduce-scatter after the attention projection: c/n + (n-1)/n max(0, c - g)
+        proj = g.index["layers.0.attn.out"]
+        rs = [t for t in coll if a.op[t] == proj and a.mb[t] == 0][0]
+        gemm = [t for t in np.flatnonzero((a.kind == FWD) & (a.op == proj)) if a.mb[t] == 0][0]
+        c_s, g_s = a.dur_s[rs], a.dur_s[gemm]
+        assert b.dur_s[rs] == pytest.approx(c_s / 4 + 3 / 4 * max(0.0, c_s - g_s), rel=1e-12)
+        assert (b.dur_s[coll] <= a.dur_s[coll]).all() and (b.dur_s[coll] < a.dur_s[coll]).any()
+        assert simulate(b).makespan_s < simulate(a).makespan_s
+        full = build_task_graph(g, over, c, symmetry="off")
+        assert simulate(full).makespan_s == pytest.approx(simulate(b).makespan_s, rel=1e-12)
+
+    def test_needs_sequence_parallelism(self):
+        from dataclasses import replace
+
+        from engine.search.baselines import megatron
+
+        g, c = gpt2(batch=8, seq_len=512), preset("dgx-h100:1")
+        s = replace(megatron(g, c, tp=4, micro_batch=1), tp_comm_overlap=True)
+        assert [p.path for p in validate_strategy(s, g, c)] == ["tp_comm_overlap"]
+        d = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True).to_dict()
+        assert d["tp_comm_overlap"] is True and strategy_from_dict(d).tp_comm_overlap

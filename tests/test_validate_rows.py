@@ -81,3 +81,9 @@ def test_fp8_rows_run_their_gemms_in_fp8():
 def test_hybrid_shard_shards_within_a_node():
     st, s = built(row(gpus=32, sharding="PyTorch FSDP HYBRID_SHARD", micro_batch=2))
     assert s.zero_stage == 3 and s.shard_group == 8 and "hybrid8" in st.layout
+
+
+def test_tp_comm_overlap_from_the_notes():
+    st, s = built(row(gpu_type="H100-80GB", gpus=16, tp=4, dp=4, micro_batch=1,
+                      notes="sequence parallel, --tp-comm-overlap"))
+    assert s.tp_comm_overlap and s.sequence_parallel and " sp overlap " in st.layout

@@ -66,6 +66,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="Megatron-Core's tensor-parallel communication overlapped with the GEMMs (Transformer "
+                        "Engine userbuffers; needs --sequence-parallel) (megatron)")
     g.add_argument("--zero-stage", type=int, choices=(1, 2, 3),
                    help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
                         "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
@@ -86,7 +89,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: getattr(args, k, None) for k in
            ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
-            "layers_per_stage", "gather_unit", "shard_group")}
+            "layers_per_stage", "gather_unit", "shard_group", "tp_comm_overlap")}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
     return out
 

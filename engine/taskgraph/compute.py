@@ -70,6 +70,7 @@ class ComputeBuilder:
         names, grid, fwd_t, bwd_t, fwd_f, bwd_f, rep, image = hit
         t.grid[oi] = (names, grid)
         t.rep[oi], t.image[oi] = rep, image
+        t.fwd_s[oi] = fwd_t
         self.emit.mirror(devs, devs[image])
         keep = np.nonzero(rep)[0]
         R = keep.size
@@ -124,8 +125,10 @@ class ComputeBuilder:
             members = np.nonzero(cls == c)[0]
             per_mb = m if "sample" in op.out_tensors[0].axes else 1
             nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
+            # Megatron-Core's --tp-comm-overlap pipelines this collective with the GEMM before it
+            hide = float(t.fwd_s[oi][members[0]]) if self.ctx.strategy.tp_comm_overlap else 0.0
             ids = self.emit.collectives(seg, kind, nbytes, t.devs[oi][members], t.fwd[oi][:, members], oi,
-                                        np.arange(m))
+                                        np.arange(m), overlap_s=hide)
             if ids is not None:
                 ready[:, members] = ids[:, None]
         t.fwd_ready[oi] = ready

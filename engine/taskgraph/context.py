@@ -60,12 +60,13 @@ class OpTables:
     devs: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] device
     rep: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] True for representatives
     image: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] the representative it mirrors
+    fwd_s: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] forward seconds (one microbatch)
     updates: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [device] optimizer steps
     rep_devices: set[int] = field(default_factory=set)
     _rep_count: np.ndarray = field(init=False)  # [device] ops with a representative partition there
     _rep_devs_of: dict[int, np.ndarray] = field(default_factory=dict)  # op -> its representative devices
 
-    _PER_OP = ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep", "image")
+    _PER_OP = ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep", "image", "fwd_s")
 
     def __post_init__(self) -> None:
         self._rep_count = np.zeros(self.n_devices, np.int64)

@@ -101,7 +101,11 @@ class DataflowBuilder:
         do not split the input; returns [mb, part] tasks after which each holds the sum.
 
         Consumers of one tensor on the same devices (Q, K and V reading one LayerNorm) add
-        their partial gradients locally first and share one all-reduce, as autograd does."""
+        their partial gradients locally first and share one all-reduce, as autograd does.
+        Under sequence parallelism, when the producer holds the tensor split along the
+        sequence over the same ranks, the sum is reduce-scattered to those shards instead
+        (Korthikanti et al. 2022 §4.2.2: the backward of the all-gather before a
+        column-parallel layer)."""
         t, m = self.tables, self.ctx.microbatches
         cons = self.ctx.graph.ops[c]
         keep = {n for n in cnames if n not in partial}
@@ -111,6 +115,9 @@ class DataflowBuilder:
             cls = self._classes[ckey] = classes(cgrid, cnames, keep)
         ready = t.bwd[c].copy()
         elems = np.prod(r_hi - r_lo, axis=1)
+        s = self.ctx.strategy
+        pshards = s.configs[self.ctx.graph.ops[tensor[0]].name].degree("length") if s.sequence_parallel else 1
+        pdevs = set(t.devs[tensor[0]].tolist()) if pshards > 1 else set()
         for k in np.unique(cls[t.rep[c]]).tolist():  # classes with a representative (the rest mirror them)
             members = np.nonzero(cls == k)[0]
             devs = t.devs[c][members]
@@ -121,8 +128,13 @@ class DataflowBuilder:
             if ids is not None:
                 seg.edges(t.bwd[c][:, members], np.repeat(ids, members.size))
             else:
-                ids = self.emit.collectives(seg, "all_reduce", float(elems[members[0]]) * nbytes, devs,
-                                            t.bwd[c][:, members], c, np.arange(m))
+                # with --tp-comm-overlap, pipelined with the input-gradient GEMM (the consumer's
+                # backward half that has its forward's FLOPs)
+                hide = float(t.fwd_s[c][members[0]]) if self.ctx.strategy.tp_comm_overlap else 0.0
+                scatter = pshards == np.unique(devs).size and pdevs.issuperset(devs.tolist())
+                ids = self.emit.collectives(seg, "reduce_scatter" if scatter else "all_reduce",
+                                            float(elems[members[0]]) * nbytes, devs, t.bwd[c][:, members], c,
+                                            np.arange(m), overlap_s=hide)
                 if ids is not None:
                     sent.reduced[key] = ids
             if ids is not None:

@@ -1,0 +1,173 @@
+"""Megatron-style layout helpers shared by the baselines and the pipeline planner: which ops
+form the model's layers, how layers split into pipeline chunks (evenly, or balanced counting
+the embedding and the output layer), and the tensor-parallel dim of every op."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ..graph import Op, OpGraph
+from ..ops import REDUCTION, REPLICA_DIM
+
+__all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan"]
+
+
+_LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
+
+
+def layer_blocks(graph: OpGraph) -> list[str]:
+    """The numbered layer blocks (``layers.0``, ``encoder.3``, ...) in order."""
+    layers: list[str] = []
+    for op in graph.ops:
+        if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
+            layers.append(op.block)
+    return layers
+
+
+def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:
+    """Layers per pipeline chunk: equal when they divide evenly (Megatron-LM's split);
+    otherwise balanced counting the embedding and the output layer as one layer each, which
+    sit on the first and the last chunk (Megatron-DeepSpeed's ``type:transformer|embedding``
+    partitioning; Llama 3 405B runs 126 layers on 16 stages as 7 + 14 x 8 + 7, Dubey et al.
+    2024 §3.3.2).
+
+    >>> balanced_layers(126, 16)[:3], balanced_layers(126, 16)[-1], sum(balanced_layers(70, 12))
+    ([7, 8, 8], 7, 70)
+    """
+    if n_layers % n_chunks == 0:
+        return [n_layers // n_chunks] * n_chunks
+    if n_chunks > n_layers:
+        raise ValueError(f"{n_layers} layers cannot fill {n_chunks} pipeline chunks (pp x vpp)")
+    units = n_layers + 2  # the embedding and the output layer count as one layer each
+    q, r = divmod(units, n_chunks)
+    counts = [q] * n_chunks
+    for k in (list(range(1, n_chunks - 1)) + [0, n_chunks - 1])[:r]:  # the remainder to the middle first
+        counts[k] += 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    while min(counts) < 1:  # (a few layers on many chunks: give the end chunks one back)
+        k = counts.index(min(counts))
+        counts[k] += 1
+        counts[counts.index(max(counts))] -= 1
+    return counts
+
+
+def layer_chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) -> dict[str, int]:
+    """Model chunk of every op: layer blocks split by :func:`balanced_layers` (or ``counts``
+    layers per chunk);
+    any other op joins the chunk of the next layer after it in topological order (the last
+    chunk after the last layer), so an encoder-decoder's decoder embedding sits with the first
+    decoder layer; inputs join their first consumer."""
+    layers = layer_blocks(graph)
+    if n_chunks == 1:
+        return {op.name: 0 for op in graph.ops}
+    if not layers:
+        raise ValueError(f"model {graph.name!r} has no numbered layer blocks to split into pipeline stages")
+    if counts is not None:
+        if len(counts) != n_chunks or sum(counts) != len(layers) or min(counts) < 1:
+            raise ValueError(f"layers per stage {list(counts)} must be {n_chunks} counts >= 1 adding up to "
+                             f"the {len(layers)} layers")
+        owner = [k for k, c in enumerate(counts) for _ in range(c)]
+        layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
+    else:
+        owner = [k for k, c in enumerate(balanced_layers(len(layers), n_chunks)) for _ in range(c)]
+        layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
+    chunk: dict[str, int] = {}
+    following = n_chunks - 1
+    for op in reversed(graph.ops):
+        if op.block in layer_chunk:
+            following = chunk[op.name] = layer_chunk[op.block]
+        elif op.kind != "input":
+            chunk[op.name] = following
+    for op in graph.ops:
+        if op.kind == "input":
+            users = [chunk[c] for c in graph.consumers(op.name) if c in chunk]
+            chunk[op.name] = min(users) if users else 0
+    return chunk
+
+
+def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
+             ) -> tuple[dict[str, tuple[str | None, int]], list[str]]:
+    """Tensor-parallel dim of every op (Shoeybi et al. 2019 §3), by propagating which axis of
+    each tensor is split across the tensor-parallel group:
+
+    * a linear reading a replicated tensor is column-parallel (splits ``feature``); one
+      reading a tensor split on its contracted axis is row-parallel (``in_feature``, an
+      all-reduce follows), which pairs QKV with the attention output projection and the
+      MLP's first layer with its second;
+    * ops whose inputs are split keep the split when one of their dims maps it (attention
+      heads through reshape, transpose, batch_matmul, softmax, dropout; the MLP
+      activation); otherwise they gather and replicate;
+    * embeddings with the largest table (token embeddings; not positions or token types)
+      are vocabulary-parallel; cross-entropy over split logits is vocabulary-parallel;
+    * with sequence parallelism (Korthikanti et al. 2022 §4.2.2) replicated ops with a
+      ``length`` dim split it instead, and row-parallel outputs are reduce-scattered.
+
+    Returns op name -> (tp dim or None when tp is 1, tensor degree along it), and notes on
+    ops that had to be replicated across the tensor-parallel group.
+
+    Raises
+    ------
+    ValueError
+        When ``tp`` does not divide an op's attention heads (Megatron-LM asserts that both
+        the query and the key/value head counts are multiples of the tensor-parallel size).
+    """
+    plan: dict[str, tuple[str | None, int]] = {}
+    notes: list[str] = []
+    state: dict[tuple[str, int], int | None] = {}  # (op, output) -> split axis
+    emb = [op for op in graph.ops if op.kind == "embedding"]
+    largest = max((o.attrs["num_embeddings"] for o in emb), default=0)
+    vocab_ops = {o.name for o in emb if o.attrs["num_embeddings"] == largest}
+
+    def length_axis(op: Op) -> int | None:
+        if not sequence_parallel or "length" not in op.dim_names:
+            return None
+        d = op.dim("length")
+        return d.out_axis if d.size % tp == 0 and d.out_axis is not None else None
+
+    for op in graph.ops:
+        if tp > 1 and "head" in op.dim_names and op.dim("head").size % tp:
+            raise ValueError(f"tp {tp} does not divide the {op.dim('head').size} heads of {op.name!r} "
+                             "(Megatron-LM needs query and key/value heads to be multiples of tp)")
+        ins = [state.get((r.op, r.index)) for r in op.inputs]
+        if op.kind == "linear" and sequence_parallel:
+            # all-gather the sequence before a column-parallel linear
+            ins = [None if (ax is not None and op.in_tensors[i].axes[ax] == "length") else ax
+                   for i, ax in enumerate(ins)]
+        split = [(i, ax) for i, ax in enumerate(ins) if ax is not None]
+        choice: tuple[str, int | None] | None = None
+        if tp > 1 and split:
+            for d in op.dims:
+                if d.is_replica or not d.size or d.size % tp:
+                    continue
+                if all(d.in_axes[i] == ax for i, ax in split):
+                    out = d.out_axis
+                    if d.kind == REDUCTION:
+                        out = length_axis(op)
+                    choice = (d.name, out)
+                    break
+        if choice is None and tp > 1:
+            if op.kind == "linear" and op.dim("feature").size % tp == 0:
+                choice = ("feature", len(op.out_tensors[0].shape) - 1)
+            elif op.name in vocab_ops and op.dim("vocab").size % tp == 0:
+                choice = ("vocab", length_axis(op))
+            elif length_axis(op) is not None and op.kind != "input":
+                choice = ("length", length_axis(op))
+            else:
+                choice = (REPLICA_DIM, None)
+                size = (op.dim("feature").size if op.kind == "linear"
+                        else op.dim("vocab").size if op.name in vocab_ops else None)
+                if size is not None:
+                    notes.append(f"{op.name}: {size} is not divisible by tp {tp}, so it is replicated on every "
+                                 "tensor-parallel rank (Megatron-LM pads the vocabulary to a multiple of "
+                                 "128 x tp; build the model with a padded vocabulary to match)")
+        if choice is None:
+            plan[op.name] = (None, 1)
+            for k in range(len(op.out_tensors)):
+                state[(op.name, k)] = None
+            continue
+        plan[op.name] = (choice[0], tp)
+        for k in range(len(op.out_tensors)):
+            state[(op.name, k)] = choice[1]
+    return plan, notes
