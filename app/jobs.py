@@ -65,7 +65,7 @@ class JobView:
         return self.status in ("queued", "running")
 
     def message(self) -> str:
-        unit = "proposals" if self.algorithm == "mcmc" else "steps"
+        unit = "proposals" if self.algorithm in ("mcmc", "auto") else "steps"
         best = f"best {format_seconds(self.best_cost_s)}" if self.best_cost_s is not None else None
         if self.status == "queued":
             ahead = self.queue_position - 1

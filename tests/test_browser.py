@@ -96,14 +96,14 @@ class TestExplorer:
         page.locator("#tabs").get_by_text("Search", exact=True).click()
         page.fill("#search-budget", "1000000")  # far more than the test waits for: it is stopped
         page.click("#search-start")
-        running = re.compile(r"mcmc: ([\d,]+) proposals in")
+        running = re.compile(r"auto: ([\d,]+) proposals in")  # the default search
         expect(page.locator("#search-status")).to_contain_text(running)
         first = int(running.search(page.inner_text("#search-status")).group(1).replace(",", ""))
         points = page.locator("#search-trace .scatterlayer .trace").first.locator("path.js-line")
         expect(points).to_have_count(1)
         # the status and the trace keep growing while it runs
         page.wait_for_function(
-            """(n) => { const m = document.querySelector('#search-status').innerText.match(/mcmc: ([\\d,]+) proposals/);
+            """(n) => { const m = document.querySelector('#search-status').innerText.match(/auto: ([\\d,]+) proposals/);
                         return m && parseInt(m[1].replace(/,/g, '')) > n; }""", arg=first, timeout=TIMEOUT_MS)
         page.click("#search-stop")
         expect(page.locator("#search-status")).to_contain_text("stopped", timeout=120_000)

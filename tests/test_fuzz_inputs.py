@@ -736,8 +736,8 @@ class TestFiniteOutputs:
         stub = types.SimpleNamespace(run=lambda *a, **k: result, options=MCMCOptions, description="stub",
                                      parse_options=lambda pairs: parse_options(MCMCOptions, pairs))
         monkeypatch.setitem(cli.ALGORITHMS, "mcmc", stub)
-        rc, out, err = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "3",
-                           "--json")
+        rc, out, err = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "mcmc",
+                           "--budget", "3", "--json")
         assert rc == 3 and err == ""
         obj = json.loads(out)  # strict: Python's json reads Infinity, so check the text too
         assert "Infinity" not in out and "NaN" not in out
@@ -745,7 +745,8 @@ class TestFiniteOutputs:
         assert obj["speedup_vs_best_baseline"] is None
         assert obj["notes"] == ["no strategy found fits in memory: best_cost_s is null",
                                 "baseline data-parallel does not fit in memory: no speedup over it is reported"]
-        rc, out, _ = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "3")
+        rc, out, _ = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "mcmc",
+                         "--budget", "3")
         assert rc == 3
         assert "best            none found fits in memory" in out
         assert "data-parallel   does not fit in memory" in out

@@ -115,8 +115,8 @@ def test_local_polish_never_makes_it_worse():
 class TestCli:
     def test_search_json_and_output(self, capsys, tmp_path):
         out = tmp_path / "best.json"
-        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "40", "--seed", "0",
-                     "-o", str(out), "--json"]) == 0
+        assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "mcmc", "--budget", "40",
+                     "--seed", "0", "-o", str(out), "--json"]) == 0
         summary = json.loads(capsys.readouterr().out)
         for key in ("best_cost_s", "baselines", "speedup_vs_data_parallel", "iterations"):
             assert key in summary
@@ -131,7 +131,7 @@ class TestCli:
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "soon"]) == 2
         assert "budget 'soon' is not a number of proposals" in capsys.readouterr().err
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "annealing"]) == 2
-        assert "unknown search algorithm 'annealing'; available: mcmc, pase, pipeline, differentiable, all" \
+        assert "unknown search algorithm 'annealing'; available: auto, mcmc, pase, pipeline, differentiable, all" \
             in capsys.readouterr().err
 
     def test_all_algorithms_side_by_side(self, capsys):
@@ -139,7 +139,7 @@ class TestCli:
                      "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         rows = {r["algorithm"]: r for r in out["algorithms"]}
-        assert list(rows) == ["mcmc", "pase", "pipeline", "differentiable"]
+        assert list(rows) == ["auto", "mcmc", "pase", "pipeline", "differentiable"]
         assert "no numbered layer blocks" in rows["pipeline"]["error"]  # AlexNet has no layers to pipeline
         best = min(r["best_cost_s"] for r in rows.values() if "error" not in r)
         for r in rows.values():

@@ -11,6 +11,7 @@ from engine.cluster import cluster_from_dict, preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS, run_search
 from engine.search.api import (
+    AutoOptions,
     Budget,
     DifferentiableOptions,
     MCMCOptions,
@@ -121,7 +122,7 @@ class TestOptions:
 
     def test_registry_names_each_algorithms_options(self):
         assert {n: a.options for n, a in ALGORITHMS.items()} == {
-            "mcmc": MCMCOptions, "pase": PaseOptions, "pipeline": PipelineOptions,
+            "auto": AutoOptions, "mcmc": MCMCOptions, "pase": PaseOptions, "pipeline": PipelineOptions,
             "differentiable": DifferentiableOptions}
 
     def test_another_algorithms_options_are_refused(self, alexnet):
@@ -135,7 +136,7 @@ class TestOptions:
             ALGORITHMS["pase"].run(g, c, None, chains=4)
 
     def test_unknown_algorithm(self, alexnet):
-        with pytest.raises(ValueError, match="unknown search algorithm 'anneal'; available: mcmc, pase"):
+        with pytest.raises(ValueError, match="unknown search algorithm 'anneal'; available: auto, mcmc, pase"):
             run_search("anneal", *alexnet)
 
 

@@ -117,7 +117,7 @@ def test_kill_9_during_a_search_loses_neither_edits_nor_the_search(page: Page, s
     page.fill("#search-budget", "10m")
     page.click("#search-start")
     # running, and it has written a best strategy (the worker stores it at most every 0.5 s)
-    expect(page.locator("#search-status")).to_contain_text(re.compile(r"mcmc: [\d,]+ proposals in .* best \d"))
+    expect(page.locator("#search-status")).to_contain_text(re.compile(r"auto: [\d,]+ proposals in .* best \d"))
     page.wait_for_timeout(1500)
 
     workers = server.kill9()

@@ -48,7 +48,16 @@ from .commands import (
     cmd_simulate,
     cmd_validate,
 )
-from .common import EPILOG, EXIT_ERROR, add_strategy_options, int_in, name_arg, positive_int, strategy_options
+from .common import (
+    EPILOG,
+    EXIT_ERROR,
+    add_batch_options,
+    add_strategy_options,
+    int_in,
+    name_arg,
+    positive_int,
+    strategy_options,
+)
 from .search import cmd_search, compare_searches, option_names
 
 __all__ = ["main", "int_in", "build_parser", "add_strategy_options", "strategy_options", "compare_searches"]
@@ -113,6 +122,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name or cluster file")
     p.add_argument("--strategy", required=True, help="a strategy file, or a baseline kind: " + ", ".join(BASELINES))
+    add_batch_options(p)
     add_strategy_options(p)
     p.add_argument("--profile", help="measured profile table (soapbox.profile/1) to use before the roofline")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -122,8 +132,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                        epilog="exit status 3: no strategy found fits in memory; 2: an error")
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name or cluster file")
-    p.add_argument("--algo", default="mcmc", help="search algorithm: " + ", ".join(ALGORITHMS) +
-                   ", or all (each in turn, compared side by side)")
+    p.add_argument("--algo", default="auto", help="search algorithm: " + ", ".join(ALGORITHMS) +
+                   ", or all (each in turn, compared side by side); default auto")
     p.add_argument("--budget", default="30s",
                    help="proposals (5000) or time (30s, 2m, 1h); at most 10**9 proposals or 7 days; default 30s")
     p.add_argument("--seed", type=int_in(-(2**63), 2**63 - 1), default=0,
@@ -135,6 +145,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                    "; pase " + option_names("pase") + "; pipeline " + option_names("pipeline") +
                    "; differentiable " + option_names("differentiable"))
     p.add_argument("--strategy", help="also start from this strategy (a file or a baseline kind)")
+    add_batch_options(p)
     add_strategy_options(p)
     p.add_argument("-o", "--output", help="write the best strategy here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -144,6 +155,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="preset name (e.g. dgx-a100-80gb:2) or cluster file")
     p.add_argument("--kind", required=True, choices=list(BASELINES), help="which baseline")
+    add_batch_options(p)
     add_strategy_options(p)
     p.add_argument("-o", "--output", required=True, help="strategy file to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")

@@ -11,12 +11,12 @@ import sys
 
 from ..cluster import PRESETS, preset
 from ..errors import ValidationError, printable
-from ..formats import resolve_cluster, resolve_model, save_json, schema, validate_file
+from ..formats import resolve_model, save_json, schema, validate_file
 from ..models import SAMPLE_MODELS
 from ..models.transformer import GPTConfig, gpt
 from ..report import json_text
 from ..search.baselines import BASELINES, make_baseline
-from .common import EXIT_DOES_NOT_FIT, EXIT_INVALID_FILE, strategy_options
+from .common import EXIT_DOES_NOT_FIT, EXIT_INVALID_FILE, model_and_cluster, strategy_options
 
 __all__ = ["cmd_models", "cmd_clusters", "cmd_cluster", "cmd_schema", "cmd_validate", "cmd_model", "cmd_baseline", "cmd_simulate"]
 
@@ -103,8 +103,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    g = resolve_model(args.model, allow_path=True)
-    c = resolve_cluster(args.cluster, allow_path=True)
+    g, c = model_and_cluster(args)
     s = make_baseline(args.kind, g, c, **strategy_options(args))
     save_json(s.to_dict(), args.output)
     used = len(s.devices_used())
@@ -131,8 +130,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..trace import write_chrome_trace
     from ..report import format_summary, simulate_strategy
 
-    g = resolve_model(args.model, allow_path=True)
-    c = resolve_cluster(args.cluster, allow_path=True)
+    g, c = model_and_cluster(args)
     if args.strategy in BASELINES:
         s = make_baseline(args.strategy, g, c, **strategy_options(args))
     else:

@@ -11,7 +11,8 @@ from ..errors import printable
 from ..ops import MAX_DIM
 from ..strategy import GATHER_UNITS, RECOMPUTE, SCHEDULES
 
-__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options"]
+__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
+           "add_batch_options", "model_and_cluster"]
 
 
 EXIT_INVALID_FILE = 1
@@ -84,6 +85,27 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers-per-stage", type=_counts, metavar="N,N,...",
                    help="layers on each pipeline stage, e.g. 7,8,8,7 (megatron; default: even, or balanced "
                         "counting the embedding and output layer when the layers do not divide)")
+
+
+def add_batch_options(p: argparse.ArgumentParser) -> None:
+    """``--batch`` / ``--batch-per-gpu`` for a sample model."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--batch", type=positive_int, help="a sample model's global batch, in samples")
+    g.add_argument("--batch-per-gpu", type=positive_int, metavar="N",
+                   help="a sample model's batch per GPU: global batch = N x the cluster's GPUs (FlexFlow's weak "
+                        "scaling: 64)")
+
+
+def model_and_cluster(args: argparse.Namespace):
+    """The model and cluster the command line names, with ``--batch``/``--batch-per-gpu``."""
+    from ..formats import resolve_cluster, resolve_model
+
+    c = resolve_cluster(args.cluster, allow_path=True)
+    batch = getattr(args, "batch", None)
+    per_gpu = getattr(args, "batch_per_gpu", None)
+    if per_gpu is not None:
+        batch = per_gpu * c.num_devices
+    return resolve_model(args.model, allow_path=True, batch=batch), c
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,11 +12,11 @@ import time
 from typing import Any, Sequence
 
 from ..errors import SoapboxError, printable
-from ..formats import resolve_cluster, resolve_model, save_json
+from ..formats import save_json
 from ..report import json_text
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES, make_baseline
-from .common import EXIT_DOES_NOT_FIT, strategy_options
+from .common import EXIT_DOES_NOT_FIT, model_and_cluster, strategy_options
 
 __all__ = ["cmd_search", "compare_searches", "option_names"]
 
@@ -46,8 +46,8 @@ def _search_options(args: argparse.Namespace):
     algorithm takes is an error, not silently dropped)."""
     pairs = list(args.option or [])
     if args.chains is not None:
-        if args.algo != "mcmc":
-            raise ValueError(f"--chains applies to mcmc, not {args.algo}")
+        if args.algo not in ("mcmc", "auto"):
+            raise ValueError(f"--chains applies to mcmc and auto, not {args.algo}")
         pairs.append(f"chains={args.chains}")
     if args.algo == "all":
         if pairs:
@@ -64,8 +64,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown search algorithm {args.algo!r}; available: {', '.join(ALGORITHMS)}, all")
     options = _search_options(args)
     budget = Budget.parse(args.budget)
-    g = resolve_model(args.model, allow_path=True)
-    c = resolve_cluster(args.cluster, allow_path=True)
+    g, c = model_and_cluster(args)
     if args.algo == "all":
         return _search_all(args, g, c, budget)
     initial = None

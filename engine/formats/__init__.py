@@ -106,8 +106,9 @@ def load_profile(data_or_path: Any, source: str | None = None) -> ProfileTable:
     return built(ProfileTable.from_checked, data, source)
 
 
-def resolve_model(spec: str, *, allow_path: bool = False) -> OpGraph:
+def resolve_model(spec: str, *, allow_path: bool = False, batch: int | None = None) -> OpGraph:
     """A sample model by name (``alexnet``); with ``allow_path``, also a model file's path.
+    ``batch``: a sample model's global batch in samples (a model file states its own).
 
     Without ``allow_path`` the file system is never touched beyond the sample library: a
     name that came from a file or a request cannot make soapbox open a path (pass
@@ -120,8 +121,11 @@ def resolve_model(spec: str, *, allow_path: bool = False) -> OpGraph:
     if spec in SAMPLE_MODELS:
         # its builder, the source of sample_models/<name>.json (tests keep them equal): three
         # times faster than reading and validating the file (GPT-3 175B: 0.06 s against 0.18 s)
-        return build_sample(spec)
+        return build_sample(spec, batch)
     samples = ", ".join(SAMPLE_MODELS)
+    if batch is not None:
+        raise ValueError(f"a batch can be set for a sample model ({samples}), not for {printable(spec)!r}: a model "
+                         "file states its own (write one with another batch: soapbox model gpt --batch N)")
     if allow_path:
         if os.path.exists(spec) or spec.endswith(".json"):
             return load_model(spec)

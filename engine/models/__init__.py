@@ -32,6 +32,11 @@ SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: Largest global batch a sample model is built with (FlexFlow's weak scaling: 64 per GPU,
+#: so 65,536 covers 1,024 GPUs; an LLM's 1,536-4,096 sequences fit easily).
+MAX_SAMPLE_BATCH = 1 << 20
+
+
 def sample_names() -> list[str]:
     return list(SAMPLE_MODELS)
 
@@ -42,11 +47,16 @@ def builder(name: str) -> Callable[[], OpGraph]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
 
-def build_sample(name: str) -> OpGraph:
-    """Build sample ``name`` with its builder's default sizes."""
+def build_sample(name: str, batch: int | None = None) -> OpGraph:
+    """Build sample ``name`` with its builder's default sizes (``batch``: its global batch,
+    in samples, instead of the default)."""
     if name not in SAMPLE_MODELS:
         raise ValueError(f"unknown sample model {name!r}; samples: {', '.join(SAMPLE_MODELS)}")
-    return builder(name)()
+    if batch is None:
+        return builder(name)()
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_SAMPLE_BATCH:
+        raise ValueError(f"batch must be a whole number of samples from 1 to {MAX_SAMPLE_BATCH:,}, got {batch!r}")
+    return builder(name)(batch=batch)
 
 
 def sample_dir() -> Path:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import (
+    AutoOptions,
     Budget,
     DifferentiableOptions,
     MCMCOptions,
@@ -48,6 +49,9 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("auto", AutoOptions,
+              "the fast searches that apply (PaSE, differentiable, pipeline planner) as seeds, then MCMC from the "
+              "best of them and the baselines; never slower than a feasible baseline or seed"),
     Algorithm("mcmc", MCMCOptions,
               "FlexFlow's MCMC over the SOAP space with delta simulation and successive halving"),
     Algorithm("pase", PaseOptions,

@@ -31,7 +31,7 @@ from ..graph import OpGraph
 from ..strategy import Strategy
 
 __all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "price_baselines", "stamp",
-           "MCMCOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions", "parse_options",
+           "MCMCOptions", "AutoOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions", "parse_options",
            "ProgressFn"]
 
 
@@ -204,6 +204,14 @@ class MCMCOptions:
     beta: float | None = None  # Metropolis-Hastings inverse temperature (1/s); default 100 / cost(start)
     check_memory: bool = True  # reject strategies over any device's memory
     polish: bool = True  # finish with a greedy pass over single-op changes
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    seeds: bool = True  # run the fast searches that apply (PaSE, differentiable, pipeline) first
+    refine: bool = True  # then MCMC from the best feasible seed or baseline
+    seed_share: float = 0.4  # of a time budget, the most the seeds use together
+    chains: int = 4  # MCMC's starting points
 
 
 @dataclass(frozen=True)

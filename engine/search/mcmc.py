@@ -167,13 +167,14 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     m = 1
     starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
                                          ("expert", expert(graph, cluster))]
+    plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
     if initial is not None:
         starts.insert(0, ("initial", initial))
     names = [op.name for op in graph.ops]
     for k in range(max(0, chains - len(starts))):
         r = random.Random(rng.random())
         configs = {n: random_config(graph[n], cluster.num_devices, r, m) for n in names}
-        starts.append((f"random-{k}", replace(starts[0][1], configs=configs, found_by={}, cost={})))
+        starts.append((f"random-{k}", replace(plain, configs=configs, found_by={}, cost={})))
     # Random starts are made only while setting up has used less than a tenth of a time
     # budget: on large models a random strategy's task graph is many times data parallel's
     # (NMT on 64 GPUs: ~4 s to build, ~0.5 s a proposal), and such a chain is dropped at

@@ -1,0 +1,119 @@
+"""``--algo auto``: the fast searches as seeds, MCMC from the best; never slower than a
+feasible baseline or seed it knows of; its notes say who contributed what."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.search import ALGORITHMS, AutoOptions, Budget
+from engine.search.api import price
+from engine.search.baselines import data_parallel, expert
+from engine.strategy import validate_strategy
+
+
+@pytest.fixture(scope="module")
+def alexnet_run():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    return g, c, ALGORITHMS["auto"].run(g, c, Budget(iterations=150), seed=3)
+
+
+def test_never_slower_than_what_it_knows(alexnet_run):
+    g, c, r = alexnet_run
+    contributions = r.best.found_by["contributions"]
+    assert {"data-parallel", "expert", "pase", "differentiable", "mcmc"} <= set(contributions)
+    known = [v for v in contributions.values() if v is not None]
+    assert r.best_cost_s == pytest.approx(min(known), rel=1e-12)
+    assert r.best_cost_s <= min(r.baselines.values())
+    assert validate_strategy(r.best, g, c) == []
+    # the price it reports is the one memory-checked price of its strategy
+    assert price(g, r.best, c).cost_s == pytest.approx(r.best_cost_s, rel=1e-12)
+    assert r.algorithm == "auto" and r.best.found_by["source"] in contributions
+
+
+def test_notes_say_who_contributed(alexnet_run):
+    _, _, r = alexnet_run
+    text = "\n".join(r.notes)
+    assert "pase: " in text and "differentiable: " in text and "mcmc from " in text and "best: " in text
+    assert "pipeline: not run as a seed" in text  # AlexNet has no repeated layers
+
+
+def test_reproducible_with_a_proposal_budget(alexnet_run):
+    g, c, r = alexnet_run
+    again = ALGORITHMS["auto"].run(g, c, Budget(iterations=150), seed=3)
+    assert again.best_cost_s == r.best_cost_s and again.best.to_dict()["ops"] == r.best.to_dict()["ops"]
+
+
+def test_cancel_stops_it():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    calls = []
+
+    def stop(p):
+        calls.append(p)
+        return False
+
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=60), progress=stop)
+    assert r.cancelled and r.elapsed_s < 30 and calls
+    assert math.isfinite(r.best_cost_s)  # it still returns the best it had (a baseline at least)
+
+
+def test_without_seeds_or_refinement_it_returns_the_best_baseline():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=10), options=AutoOptions(seeds=False, refine=False))
+    best = min(price(g, s, c).cost_s for s in (data_parallel(g, c), expert(g, c)))
+    assert r.best_cost_s == pytest.approx(best, rel=1e-12)
+    assert r.best.found_by["source"] in ("data-parallel", "expert")
+
+
+def test_progress_rows_carry_the_best_strategy_so_far():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    rows = []
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=60), progress=lambda p: rows.append(p) or True)
+    costs = [p.best_cost_s for p in rows]
+    assert costs == sorted(costs, reverse=True)  # never worse than an earlier row
+    for p in rows:
+        if p.best is not None and math.isfinite(p.best_cost_s):
+            assert price(g, p.best, c).cost_s == pytest.approx(p.best_cost_s, rel=1e-9)
+    assert r.best_cost_s <= costs[-1]
+
+
+def test_cli_default_is_auto(capsys):
+    from engine.cli import main
+
+    assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "40", "--chains", "2",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ": auto, " in out and "note: best: " in out
+    import json
+
+    assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "30", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["algorithm"] == "auto" and summary["best_cost_s"] <= min(summary["baselines"].values())
+
+
+def test_mcmc_starts_from_a_pipelined_strategy_with_random_chains():
+    """Regression (issue 13): MCMC's random starts copied the first start's pipeline settings,
+    so a pipelined starting point (several microbatches) made them invalid and crashed the
+    search ("labels: degree 1024 does not divide sample (64)")."""
+    from engine.search.api import MCMCOptions
+    from engine.search.baselines import megatron
+
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    start = megatron(g, c, pp=2, micro_batch=1)
+    assert start.pipeline.microbatches > 1
+    r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=30), initial=start, options=MCMCOptions(chains=4))
+    assert math.isfinite(r.best_cost_s) and validate_strategy(r.best, g, c) == []
+
+
+def test_a_time_budget_holds_with_seeds_in_child_processes():
+    """With a time budget the seeds run in forked children stopped at their share (PaSE's
+    dynamic program cannot be stopped midway), so auto ends near its budget."""
+    g, c = resolve_model("resnet101"), preset("p100-4x4")
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
+    assert r.elapsed_s < 6 * 1.3 + 1
+    text = "\n".join(r.notes)
+    assert "pipeline: " in text and "mcmc from " in text
+    assert r.best_cost_s <= min(r.baselines.values())
