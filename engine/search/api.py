@@ -210,7 +210,7 @@ class MCMCOptions:
 class AutoOptions:
     seeds: bool = True  # run the fast searches that apply (PaSE, differentiable, pipeline) first
     refine: bool = True  # then MCMC from the best feasible seed or baseline
-    seed_share: float = 0.4  # of a time budget, the most the seeds use together
+    seed_share: float = 0.5  # of a time budget, the most the seeds use together
     chains: int = 4  # MCMC's starting points
 
 
