@@ -27,7 +27,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .costs import CostModel
-from .errors import ValidationError
+from .errors import Problem, ValidationError
 from .graph import OpGraph
 from .simulate import Timeline, event_loop, timeline_from, simulate
 from .strategy import Config, Strategy, check_config
@@ -193,15 +193,41 @@ class DeltaSimulator:
         self.tasks = self._builder.build()
         self.timeline = simulate(self.tasks)
         self._undo: tuple[Any, TaskGraph, Timeline] | None = None
+        self._others: tuple = (None, set(), None)  # see _stage_problems
 
     @property
     def strategy(self) -> Strategy:
         return self._builder.strategy
 
     def check(self, op: str, config: Config) -> list:
-        """Problems with giving ``op`` ``config`` (empty when valid)."""
-        return check_config(self.graph[op], config, self.cluster, f"ops.{op}",
-                             max(1, self.strategy.pipeline.microbatches))
+        """Problems with giving ``op`` ``config`` (empty when valid): the op's own checks and,
+        in a pipeline, the whole strategy's rule that stages own disjoint devices (the
+        loader's verdict on the changed strategy, without re-checking every op)."""
+        problems = check_config(self.graph[op], config, self.cluster, f"ops.{op}",
+                                max(1, self.strategy.pipeline.microbatches))
+        if not problems and self.strategy.pipeline.stages > 1:
+            problems = self._stage_problems(op, config)
+        return problems
+
+    def _stage_problems(self, op: str, config: Config) -> list:
+        s = self.strategy
+        stage = s.stage_of.get(op)
+        if stage is None:
+            return []
+        n = s.pipeline.stages
+        key = (id(s), op)
+        if self._others[0] != key:  # devices of the chunks on other stages (cached per strategy and op)
+            others: set[int] = set()
+            for name, cfg in s.configs.items():
+                o = s.stage_of.get(name)
+                if name != op and o is not None and o % n != stage % n:
+                    others.update(cfg.devices)
+            self._others = (key, others, s)  # (holding ``s`` keeps its id from being reused)
+        shared = self._others[1].intersection(config.devices)
+        if not shared:
+            return []
+        return [Problem(f"ops.{op}.devices", f"stage {stage} would share device(s) {sorted(shared)[:8]} with "
+                                             "another pipeline stage (stages own disjoint devices)")]
 
     def change(self, op: str, config: Config) -> Timeline:
         """Give ``op`` a new config and re-simulate; :meth:`revert` undoes the last change.

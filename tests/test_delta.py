@@ -79,3 +79,35 @@ class TestDeltaSimulator:
         sim = DeltaSimulator(g, data_parallel(g, c), c)
         with pytest.raises(ValueError, match="nothing to revert"):
             sim.revert()
+
+
+def test_checks_agree_with_the_loader_on_random_moves_of_a_pipeline():
+    """Issue 13: the delta check (used by MCMC and the app's edits) validated one op at a time,
+    so a move could put two pipeline stages on one GPU and the exported file then failed to
+    load. It now gives the loader's verdict on the whole changed strategy."""
+    import random
+
+    from engine.search.baselines import megatron
+    from engine.search.mcmc import random_config
+    from engine.strategy import validate_strategy
+
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    s = megatron(g, c, pp=2, micro_batch=1)
+    sim = DeltaSimulator(g, s, c)
+    rng = random.Random(1)
+    stage_refusals = 0
+    for _ in range(300):
+        op = rng.choice(g.ops)
+        cfg = random_config(op, c.num_devices, rng, s.pipeline.microbatches)
+        problems = sim.check(op.name, cfg)
+        loader = validate_strategy(sim.strategy.with_config(op.name, cfg), g, c)
+        assert (problems == []) == (loader == []), (op.name, cfg, problems, loader)
+        stage_refusals += any("pipeline stage" in p.message for p in problems)
+        if not problems and rng.random() < 0.3:
+            sim.change(op.name, cfg)
+    assert stage_refusals > 10
+    # the regression itself: a stage-1 op moved onto stage 0's devices is refused
+    late = next(op for op in g.ops if sim.strategy.stage_of.get(op.name) == 1 and op.kind == "linear")
+    early_dev = next(iter(sim.strategy.configs[g.ops[1].name].devices))
+    with pytest.raises(ValidationError, match="another pipeline stage"):
+        sim.change(late.name, Config.single(early_dev))
