@@ -1,0 +1,71 @@
+"""MCMC proposals per second (issue 13's speed goal: >= 100/s on Inception-v3 / 16 GPUs and
+>= 30/s on NMT / 64 GPUs, one core).
+
+Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
+process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
+that compiles numba's cache), and reports proposals / elapsed seconds (set-up included).
+With ``--baseline TREE`` the same runs of another checkout are interleaved with the current
+tree's, round by round, and the ratio of medians is printed.
+
+Usage: python benchmarks/bench_proposals.py [--rounds 3] [--baseline /path/to/other/checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [("inception_v3", "p100-4x4", 400), ("nmt", "k80-16x4", 60)]
+CODE = """
+import json, sys, time
+from engine.formats import resolve_model
+from engine.cluster import preset
+from engine.search import ALGORITHMS, Budget
+from engine.search.api import MCMCOptions
+g, c = resolve_model(sys.argv[1]), preset(sys.argv[2])
+t = time.perf_counter()
+r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=int(sys.argv[3])), options=MCMCOptions(chains=1, polish=False))
+print(json.dumps({"proposals": r.iterations, "seconds": time.perf_counter() - t, "best_s": r.best_cost_s}))
+"""
+
+
+def run(tree: Path, model: str, cluster: str, n: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n)], env=env, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", type=Path)
+    args = ap.parse_args()
+    trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
+    print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}; median of {args.rounds} rounds")
+    for model, cluster, n in CASES:
+        for _, tree in trees:
+            run(tree, model, cluster, 10)  # warm-up: numba's cache, the page cache
+        rates: dict[str, list[float]] = {name: [] for name, _ in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees:
+                r = run(tree, model, cluster, n)
+                rates[name].append(r["proposals"] / r["seconds"])
+        line = f"{model} on {cluster}: " + ", ".join(
+            f"{name} {statistics.median(v):.1f}/s ({min(v):.1f}-{max(v):.1f})" for name, v in rates.items())
+        if args.baseline:
+            line += f"; ratio {statistics.median(rates['current']) / statistics.median(rates['baseline']):.2f}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
