@@ -159,6 +159,11 @@ def optimise(problem: PaseProblem, steps: int = 400, lr: float = 0.1, tau0: floa
     choice = [int(np.argmax(t)) for t in theta]
     deadline = time.perf_counter() + max(1.0, 0.25 * (time.perf_counter() - t0))
     choice = _polish(problem, choice, deadline)
+    # the relaxation can settle where no single-op change helps but a joint one would (a
+    # chain whose optimum is every op unsplit on one device): the answer is the best of the
+    # polished relaxation, the warm start and that unsplit strategy (config 0 of every op)
+    candidates = [choice, [0] * len(problem.configs)] + ([list(start)] if start is not None else [])
+    choice = min(candidates, key=problem.cost)
     f = problem.cost(choice)
     trace.append((time.perf_counter() - t0, f))
     return DiffResult(choice, f, e, trace, step, time.perf_counter() - t0)

@@ -56,7 +56,9 @@ MAX_TABLE_BYTES = PaseOptions.max_table_bytes
 
 
 def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, int]]:
-    dims = [d for d in op.dims if d.kind in ("S", "A", "P") and d.size > 0]
+    # PaSE's own space splits a fully-connected layer's input (reduction) dim too (its code's
+    # FC configurations; the partial sums are then all-reduced, priced in the vertex cost)
+    dims = [d for d in op.dims if (d.kind in ("S", "A", "P") or d.kind == "R" and op.kind == "linear") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
         ks = degree_choices(d, n_devices, min_part=min_part)
@@ -67,9 +69,9 @@ def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, i
 
 
 def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
-    """PaSE's configs of ``op``: degrees over its S, A and P dims that divide the dims (at
-    least ``min_part`` elements a partition) with a product dividing ``n_devices``, on
-    devices ``0 .. product-1``. The unsplit config comes first."""
+    """PaSE's configs of ``op``: degrees over its S, A and P dims (and a linear layer's input
+    dim) that divide the dims (at least ``min_part`` elements a partition) with a product
+    dividing ``n_devices``, on devices ``0 .. product-1``. The unsplit config comes first."""
     return [Config(c, tuple(range(math.prod(c.values())))) for c in _pase_degrees(op, n_devices, min_part)]
 
 
@@ -150,6 +152,11 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
                 repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
                 if repl > 1 and elems > 0:
                     t += group_collective_time_s("all_reduce", elems * pbytes, group(repl), cost.link_efficiency)
+            red = math.prod(c.degree(d.name) for d in op.dims if d.kind == "R")
+            if red > 1 and op.kind != "input":  # partial outputs summed over the reduction split
+                _, outs, _ = op.partition_shapes(c.degrees)
+                size = float(math.prod(outs[0])) * DTYPE_BYTES[op.out_tensors[0].dtype]
+                t += group_collective_time_s("all_reduce", size, group(red), cost.link_efficiency)
             costs[k] = t
         vertex.append(costs)
     problem = PaseProblem(graph, cluster, configs, vertex)

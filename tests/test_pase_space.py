@@ -1,0 +1,39 @@
+"""PaSE's space includes a fully-connected layer's input (reduction) splits, as PaSE's own code
+does (issue 13): their partial outputs are all-reduced, priced in the vertex cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.cluster import preset
+from engine.costs import CostModel, group_collective_time_s
+from engine.formats import resolve_model
+from engine.ops import DTYPE_BYTES
+from engine.search import ALGORITHMS, Budget
+from engine.search.pase import build_problem, pase_configs
+
+
+def test_linear_input_splits_are_priced_with_their_all_reduce():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    problem = build_problem(g, c)
+    v = next(i for i, op in enumerate(g.ops) if op.kind == "linear")
+    fc = g.ops[v]
+    configs = pase_configs(fc, c.num_devices)
+    assert configs == problem.configs[v]
+    k = next(i for i, cfg in enumerate(configs) if dict(cfg.degrees) == {"in_feature": 4})
+    cfg = configs[k]
+    f, b = CostModel().partition_times_s(fc, cfg.degrees, g.precision, c.device_type(0))
+    _, outs, _ = fc.partition_shapes(cfg.degrees)
+    reduce = group_collective_time_s("all_reduce", math.prod(outs[0]) * DTYPE_BYTES[fc.out_tensors[0].dtype],
+                                     c.collective_group(range(4)))
+    # the weight is split along its input dim: no gradient all-reduce, only the outputs' sum
+    assert problem.vertex_cost[v][k] == pytest.approx(f + b + reduce, rel=1e-12)
+
+
+def test_pase_uses_them_on_alexnet():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    r = ALGORITHMS["pase"].run(g, c, Budget(iterations=1))
+    assert any(r.best.configs[op.name].degree("in_feature") > 1 for op in g.ops if op.kind == "linear")
+    assert r.best_cost_s < r.baselines["expert"] and r.best_cost_s < r.baselines["data-parallel"]
