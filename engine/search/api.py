@@ -218,6 +218,7 @@ class AutoOptions:
 class PaseOptions:
     min_part: int = 1  # smallest partition of any dim (elements)
     max_table_bytes: int = 2 * 1024**3  # largest DP table an instance may need before it is refused
+    max_seconds: float = 600.0  # refuse before starting when the estimate is longer (or than a time budget)
 
 
 @dataclass(frozen=True)

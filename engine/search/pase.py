@@ -338,6 +338,13 @@ def pase(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     opts = options or PaseOptions()
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
+    limit = opts.max_seconds if budget is None or budget.seconds is None else min(opts.max_seconds, budget.seconds)
+    est = estimate_seconds(graph, cluster, opts.min_part)
+    if est > limit:
+        raise ValueError(f"PaSE would take about {est:.0f} s here (its dynamic program and edge costs, estimated "
+                         f"before starting), more than {'the budget' if limit != opts.max_seconds else 'max_seconds'} "
+                         f"({limit:g} s): give it more time, fewer devices or a larger min_part, or use the "
+                         "differentiable search or MCMC")
     problem = build_problem(graph, cluster, cost_model, opts.min_part, opts.max_table_bytes)
     built = time.perf_counter() - t0
     r = solve(problem, opts.max_table_bytes)
@@ -348,6 +355,30 @@ def pase(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     if progress is not None:
         progress(result.trace[-1])
     return result
+
+
+#: Rates of the two costly parts of PaSE on the development VM (2 cores, x86-64), measured on
+#: Inception-v3, ResNet-101, RNNTC and NMT (2026-11-23): the edge cost matrices take
+#: ~0.9-2.8 us an entry, the dynamic program 57-196 M table entries a second. The estimate
+#: takes the slow ends, so that it errs long (NMT on 64 K80s: estimated 124 s, took 107 s).
+EDGE_ENTRY_S = 3e-6
+TABLE_ENTRIES_PER_S = 5e7
+
+
+def estimate_seconds(graph: OpGraph, cluster: Cluster, min_part: int = 1) -> float:
+    """Seconds PaSE would take on ``graph`` and ``cluster``, from the config counts and the
+    elimination order alone (a fraction of a second; nothing is priced)."""
+    D = cluster.num_devices
+    memo: dict[tuple, int] = {}
+    counts = []
+    for op in graph.ops:
+        sig = (op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))
+        if sig not in memo:
+            memo[sig] = len(_pase_degrees(op, D, min_part))
+        counts.append(memo[sig])
+    edges = list(dict.fromkeys((p, c) for (p, _, c, _) in graph.edges))
+    _, _, sizes = _check_tables(graph, counts, edges, 1 << 62)
+    return sum(counts[p] * counts[c] for p, c in edges) * EDGE_ENTRY_S + sum(sizes) / TABLE_ENTRIES_PER_S
 
 
 def finish(graph: OpGraph, cluster: Cluster, problem: PaseProblem, choice: list[int], cost: CostModel,
