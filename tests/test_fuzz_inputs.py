@@ -743,8 +743,11 @@ class TestFiniteOutputs:
         assert "Infinity" not in out and "NaN" not in out
         assert obj["best_cost_s"] is None and obj["baselines"] == {"data-parallel": None, "expert": 0.02}
         assert obj["speedup_vs_best_baseline"] is None
-        assert obj["notes"] == ["no strategy found fits in memory: best_cost_s is null",
+        from engine.cli.search import NOTHING_FITS_HINT
+
+        assert obj["notes"] == ["no strategy found fits in memory: best_cost_s is null", NOTHING_FITS_HINT,
                                 "baseline data-parallel does not fit in memory: no speedup over it is reported"]
+        assert "--strategy fsdp --recompute full" in NOTHING_FITS_HINT
         rc, out, _ = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "mcmc",
                          "--budget", "3")
         assert rc == 3

@@ -37,6 +37,13 @@ def _progress_bar(budget):
     return show
 
 
+#: What a user can do when no strategy the search found fits in memory.
+NOTHING_FITS_HINT = ("no strategy in the space searched fits in memory; try more or larger GPUs, a longer budget, "
+                     "--algo pipeline (stages, micro-batches and recomputation), or a starting point that shards "
+                     "state and recomputes: --strategy fsdp --recompute full, or --strategy megatron --tp 8 "
+                     "--zero-stage 1 --recompute full")
+
+
 def option_names(algorithm: str) -> str:
     return "(" + ", ".join(f.name for f in dataclasses.fields(ALGORITHMS[algorithm].options)) + ")"
 
@@ -84,7 +91,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     best = result.best_cost_s
     fits = math.isfinite(best)
     fitting = [v for v in result.baselines.values() if math.isfinite(v)]
-    notes = [] if fits else ["no strategy found fits in memory: best_cost_s is null"]
+    notes = [] if fits else ["no strategy found fits in memory: best_cost_s is null", NOTHING_FITS_HINT]
     notes += result.notes
     summary = {"model": g.name, "cluster": c.name, "algorithm": args.algo, "budget": str(budget),
                "seed": args.seed, "best_cost_s": best if fits else None,
@@ -105,6 +112,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{' (locally optimal)' if result.locally_optimal else ''}")
     else:
         print("  best            none found fits in memory")
+        print(f"  what to try:    {NOTHING_FITS_HINT}")
     for name, cost in result.baselines.items():
         if not math.isfinite(cost):
             print(f"  {name:<15} does not fit in memory")

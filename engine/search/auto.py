@@ -114,14 +114,15 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     for name in seeds:
         if cancelled:
             break
-        # the pipeline planner (seconds) gets at most a third of the seeds' time; the
+        # the pipeline planner (seconds) gets at most a third of the seeds' time (all of it when
+        # it is the only seed, as on models too large for PaSE); the
         # differentiable search all that is left, as it reaches PaSE's answer in a fraction
         # of PaSE's time (both build the same problem; PaSE's DP then runs to its end:
         # NMT on 64 K80s, 13.6 s against 111 s); PaSE what remains after it
         share = None
         if seed_end is not None:
             left = seed_end - time.perf_counter()
-            share = left / 3 if name == "pipeline" else left
+            share = left / 3 if name == "pipeline" and len(seeds) > 1 else left
             if share < 1.0:
                 notes.append(f"{name}: not run as a seed (no time left in the seeds' share of the budget)")
                 continue
