@@ -72,16 +72,22 @@ class TestOptimizerState:
         assert optimizer_bytes_per_param(precision) == want
 
 
+@pytest.fixture(scope="module")
+def symmetric_reports():
+    """Memory of AlexNet data parallel on two DGX nodes, simulated with symmetry and without."""
+    g, c = resolve_model("alexnet"), preset("dgx-a100-80gb:2")
+    s = data_parallel(g, c)
+    sym = build_task_graph(g, s, c)
+    full = build_task_graph(g, s, c, symmetry="off")
+    assert sym.info["symmetry"] is not None
+    return (memory_report(g, s, c, simulate(sym)), memory_report(g, s, c, simulate(full)),
+            sym.info["device_image"])
+
+
 class TestSymmetricCurves:
-    @pytest.fixture(scope="class")
-    def reports(self):
-        g, c = resolve_model("alexnet"), preset("dgx-a100-80gb:2")
-        s = data_parallel(g, c)
-        sym = build_task_graph(g, s, c)
-        full = build_task_graph(g, s, c, symmetry="off")
-        assert sym.info["symmetry"] is not None
-        return (memory_report(g, s, c, simulate(sym)), memory_report(g, s, c, simulate(full)),
-                sym.info["device_image"])
+    @pytest.fixture
+    def reports(self, symmetric_reports):
+        return symmetric_reports
 
     def test_a_mirrored_device_has_its_own_curve(self, reports):
         """Made on demand from its representative's: equal to simulating every device."""
