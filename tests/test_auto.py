@@ -117,3 +117,12 @@ def test_a_time_budget_holds_with_seeds_in_child_processes():
     text = "\n".join(r.notes)
     assert "pipeline: " in text and "mcmc from " in text
     assert r.best_cost_s <= min(r.baselines.values())
+
+
+def test_a_layered_model_is_also_compared_with_fsdp():
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=20), options=AutoOptions(seeds=False))
+    contributions = r.best.found_by["contributions"]
+    assert "fsdp" in contributions and contributions["fsdp"] is not None
+    assert any(n.startswith("fsdp (ZeRO-3, full recomputation") for n in r.notes)
+    assert r.best_cost_s <= contributions["fsdp"]

@@ -47,7 +47,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     """Seeds (PaSE, differentiable, pipeline planner, where they apply), then MCMC from the
     best feasible seed or baseline; the best strategy seen, with what each algorithm found."""
     from . import ALGORITHMS
-    from .baselines import data_parallel, expert
+    from .baselines import data_parallel, expert, fsdp
     from .layouts import layer_blocks
 
     t0 = time.perf_counter()
@@ -95,13 +95,24 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             notes.append(f"baseline {name} cannot run here: {e}")
             continue
         consider(name, s, price(graph, s, cluster, cost_model))
+    layered = len(layer_blocks(graph)) >= 2
+    if layered:
+        # a layered model (an LLM) too large for data parallel usually fits fully sharded with
+        # recomputation: a starting point MCMC and the user can compare with
+        try:
+            s = fsdp(graph, cluster, micro_batch=1, recompute="full")
+        except ValueError as e:
+            notes.append(f"baseline fsdp cannot run here: {e}")
+        else:
+            p = price(graph, s, cluster, cost_model)
+            consider("fsdp", s, p)
+            notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
     if initial is not None:
         consider("initial", initial, price(graph, initial, cluster, cost_model))
 
     # seeds
     seeds: list[str] = []
     if opts.seeds:
-        layered = len(layer_blocks(graph)) >= 2
         small = len(graph.ops) <= PASE_MAX_OPS
         for name in ("pipeline", "differentiable", "pase"):  # the quickest first
             if name in ("pase", "differentiable") and not small:
@@ -157,7 +168,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         mcmc_budget = Budget(iterations=budget.iterations,
                              seconds=max(0.5, budget.seconds - (time.perf_counter() - t0)))
     if not cancelled and opts.refine:
-        seeded = start if start_name not in ("data-parallel", "expert") else initial
+        seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
         t = time.perf_counter()
         stage[0] = "mcmc"
         r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=seed, progress=report, initial=seeded,
