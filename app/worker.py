@@ -15,7 +15,6 @@ This module imports the engine and :mod:`app.store` / :mod:`app.workspace` only 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import signal
@@ -31,15 +30,6 @@ FLUSH_S = 0.25
 #: scheduling priority below the server's (a search under load gets fewer proposals in its
 #: budget rather than slowing every page down)
 NICENESS = 5
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-        except OSError:
-            pass
 
 
 def _finite(x: Any) -> Any:
@@ -118,7 +108,9 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
 
 def main(db_path: str, parent_pid: int, poll_s: float = 0.1) -> None:
     """Worker process entry point: wait for a queued search, run it, exit."""
-    _die_with_parent()
+    from engine.search.processes import die_with_parent
+
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the server's terminal: the server decides
     try:  # the page's requests come first: a search is batch work with a wall-clock budget
         os.nice(NICENESS)

@@ -17,12 +17,9 @@ process with their own defaults and MCMC makes that many proposals, reproducibly
 
 from __future__ import annotations
 
-import ctypes
 import math
 import multiprocessing
 import os
-import signal
-import sys
 import time
 from dataclasses import replace
 
@@ -31,6 +28,7 @@ from ..costs import CostModel
 from ..graph import OpGraph
 from ..strategy import Strategy, strategy_from_dict
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
+from .processes import die_with_parent
 
 __all__ = ["auto", "PASE_MAX_OPS"]
 
@@ -73,8 +71,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         if stage[0] == "mcmc" and row.best_cost_s <= best_cost:
             out = replace(row, elapsed_s=time.perf_counter() - t0, iteration=proposals[0] + row.iteration)
         else:
+            # (a seed's current cost is its own model's, not a simulated time: not plotted)
+            current = row.current_cost_s if stage[0] == "mcmc" else best_cost
             out = replace(row, elapsed_s=time.perf_counter() - t0, iteration=proposals[0] + row.iteration,
-                          best_cost_s=best_cost, best=best_so_far[0])
+                          current_cost_s=current, best_cost_s=best_cost, best=best_so_far[0])
         trace.append(out)
         if progress is not None and progress(out) is False:
             cancelled = True
@@ -144,9 +144,8 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             if share is not None and "fork" in multiprocessing.get_all_start_methods():
                 out = _bounded(ALGORITHMS[name], graph, cluster, sb, seed, cost_model, share,
                                lambda: report(Progress(0, 0.0, best_cost, best_cost, 0.0)))
-                if out is None:  # (``report`` set ``cancelled`` when the consumer stopped it)
-                    notes.append(f"{name}: " + ("cancelled" if cancelled else
-                                                f"stopped at its share of the budget ({share:.1f} s)"))
+                if isinstance(out, str):  # (``report`` set ``cancelled`` when the consumer stopped it)
+                    notes.append(f"{name}: " + ("cancelled" if cancelled else out))
                     continue
                 best_s, time_s, feasible, iterations = out
             else:
@@ -199,11 +198,7 @@ def _child(conn, parent: int, algorithm, graph, cluster, budget, seed, cost) -> 
     """In a forked child: run one seed and send back (best, time, fits, proposals) or the
     refusal's message. It dies with its parent (Linux: PR_SET_PDEATHSIG, which a fork does
     not inherit): a search process killed outright leaves no seed running."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-        except OSError:
-            pass
+    die_with_parent()
     if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(0)
     try:
@@ -220,7 +215,7 @@ def _child(conn, parent: int, algorithm, graph, cluster, budget, seed, cost) -> 
 def _bounded(algorithm, graph, cluster, budget, seed, cost, seconds: float, tick):
     """Run a seed in a forked child (it inherits the graph and cluster; only its answer comes
     back) and stop it after ``seconds``; ``tick`` is called every quarter second and stops it
-    when it returns False. The answer, or None when it was stopped."""
+    when it returns False. The answer, or a line saying why there is none."""
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, os.getpid(), algorithm, graph, cluster, budget, seed, cost),
@@ -230,11 +225,16 @@ def _bounded(algorithm, graph, cluster, budget, seed, cost, seconds: float, tick
     deadline = time.perf_counter() + seconds + 0.5  # (the seed's own budget is ``seconds``)
     try:
         while not recv.poll(0.25):
-            if time.perf_counter() > deadline or tick() is False or not proc.is_alive() and not recv.poll(0):
-                return None
+            if time.perf_counter() > deadline:
+                return f"stopped at its share of the budget ({seconds:.1f} s)"
+            if tick() is False:
+                return "cancelled"
+            if not proc.is_alive() and not recv.poll(0):
+                return f"its process ended without an answer (exit code {proc.exitcode})"
         status, value = recv.recv()
-    except EOFError:
-        return None
+    except EOFError:  # the child closed the pipe by dying
+        proc.join(5)
+        return f"its process ended without an answer (exit code {proc.exitcode})"
     finally:
         if proc.is_alive():
             proc.kill()
