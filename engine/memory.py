@@ -95,7 +95,8 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         devs_p.append(devices)
         elems_p.append(np.full(devices.size, elems))
         copies_p.append(np.full(devices.size, copies))
-        gemm_p.append(np.full(devices.size, op.kind == "linear"))
+        if strategy.fp8:  # (only fp8's weight caches read it)
+            gemm_p.append(np.full(devices.size, op.kind == "linear"))
     params = np.zeros(D)
     gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
     shard = np.ones(D)  # largest data-parallel shard divisor a device's parameters see
@@ -104,7 +105,8 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         devs_p = np.concatenate(devs_p)[first]
         elems_p = np.concatenate(elems_p)[first]
         np.add.at(params, devs_p, elems_p)
-        np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
+        if strategy.fp8:
+            np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
         np.maximum.at(shard, devs_p, np.concatenate(copies_p)[first])
     weights = params * pbytes
     grads = params * pbytes

@@ -117,7 +117,6 @@ class DataflowBuilder:
         elems = np.prod(r_hi - r_lo, axis=1)
         s = self.ctx.strategy
         pshards = s.configs[self.ctx.graph.ops[tensor[0]].name].degree("length") if s.sequence_parallel else 1
-        pdevs = set(t.devs[tensor[0]].tolist()) if pshards > 1 else set()
         for k in np.unique(cls[t.rep[c]]).tolist():  # classes with a representative (the rest mirror them)
             members = np.nonzero(cls == k)[0]
             devs = t.devs[c][members]
@@ -131,7 +130,8 @@ class DataflowBuilder:
                 # with --tp-comm-overlap, pipelined with the input-gradient GEMM (the consumer's
                 # backward half that has its forward's FLOPs)
                 hide = float(t.fwd_s[c][members[0]]) if self.ctx.strategy.tp_comm_overlap else 0.0
-                scatter = pshards == np.unique(devs).size and pdevs.issuperset(devs.tolist())
+                scatter = pshards > 1 and pshards == np.unique(devs).size and \
+                    bool(np.isin(devs, t.devs[tensor[0]]).all())
                 ids = self.emit.collectives(seg, "reduce_scatter" if scatter else "all_reduce",
                                             float(elems[members[0]]) * nbytes, devs, t.bwd[c][:, members], c,
                                             np.arange(m), overlap_s=hide)

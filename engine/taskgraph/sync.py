@@ -111,8 +111,9 @@ class SyncBuilder:
             if not any(t.rep[oi][ks].any() for oi, ks in parts):
                 continue  # mirrored by a representative region
             udevs = np.unique(np.concatenate(devs)).tolist()
-            per_op = {oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
-                      for oi, _ in parts}
+            per_op = {} if zero < 3 or ctx.strategy.gather_unit != "op" else {  # (only per-op gathers read it)
+                oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
+                for oi, _ in parts}
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"
             # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
             # otherwise gradients accumulate locally and are synchronised once.
