@@ -126,3 +126,19 @@ def test_a_layered_model_is_also_compared_with_fsdp():
     assert "fsdp" in contributions and contributions["fsdp"] is not None
     assert any(n.startswith("fsdp (ZeRO-3, full recomputation") for n in r.notes)
     assert r.best_cost_s <= contributions["fsdp"]
+
+
+def test_a_seed_process_that_dies_is_reported_not_waited_for():
+    import os
+    import time
+    import types
+
+    from engine.search.auto import _bounded
+
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    dying = types.SimpleNamespace(run=lambda *a, **k: os._exit(3))
+    t = time.perf_counter()
+    out = _bounded(dying, g, c, Budget(seconds=30), 0, None, 30.0, lambda: True)
+    assert out == "its process ended without an answer (exit code 3)" and time.perf_counter() - t < 10
+    assert _bounded(dying, g, c, Budget(seconds=30), 0, None, 30.0, lambda: False) in (
+        "cancelled", "its process ended without an answer (exit code 3)")
