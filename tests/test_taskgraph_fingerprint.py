@@ -170,7 +170,9 @@ SEARCH_EXPECTED: dict[str, tuple[str, str, int]] = {
     # split; the differentiable search returns the best of its answer, its start and the
     # unsplit strategy
     "differentiable": ('0x1.f74c678db8b27p-7', '82b4ae842dead9994e3a6160560dac6e53f6788d9463f99cc27d15eae3ce5ad4', 30),
-    "mcmc": ('0x1.62389293e3231p-6', '110fab6077a0d4ba7c5007a013d2697f1c1de181cc2d479f735fdfc62011266b', 30),
+    # issue 13: MCMC moves through global settings as well (a tenth of the proposals on AlexNet);
+    # with MCMCOptions(global_share=0) it still finds the hash before ('110fab60...', 30 proposals)
+    "mcmc": ('0x1.746d9d824c773p-6', 'a4ad3ba45718b045291b0863ff3c1822e4e3012dbb42510ad6660517a0f72ba6', 15),
     "pase": ('0x1.ec117bd28b43dp-7', 'c540714fbe051695b52e7cbee3f5f7cc651de6f4feb4969dca7cc8df0efa88f0', 1),
     "pipeline": ('0x1.99e5d30665e11p-5', '48e9b75f4b311c4d4c540635efac8ae097fc1e3c7561bbd8b56639c0a9e193fc', 4),
 }

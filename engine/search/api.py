@@ -203,7 +203,11 @@ class MCMCOptions:
     chains: int = 4  # starting points: data parallel, expert, then random strategies
     beta: float | None = None  # Metropolis-Hastings inverse temperature (1/s); default 100 / cost(start)
     check_memory: bool = True  # reject strategies over any device's memory
-    polish: bool = True  # finish with a greedy pass over single-op changes
+    polish: bool = True  # finish with a greedy pass over every move kind (single-op changes, then global ones)
+    # share of the search spent on global moves (settings, a block's degrees, layouts,
+    # engine.search.moves): of the proposals with a proposal budget, of the time with a time
+    # budget; None: 0.5 on models with numbered layers (LLMs), 0.1 otherwise; 0 turns them off
+    global_share: float | None = None
 
 
 @dataclass(frozen=True)

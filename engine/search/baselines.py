@@ -19,9 +19,8 @@ from ..strategy import (
     PipelineSettings,
     Strategy,
     check_strategy,
-    partition_coords,
 )
-from .layouts import balanced_layers, layer_blocks, layer_chunks, tp_plan
+from .layouts import balanced_layers, layer_blocks, layer_chunks, mesh_config, tp_plan
 
 __all__ = [
     "BASELINES",
@@ -44,11 +43,6 @@ def _largest_divisor(size: int, at_most: int) -> int:
         if size % d == 0:
             return d
     return 1
-
-
-def _grid(op: Op, degrees: Mapping[str, int], device_of: Callable[[dict[str, int]], int]) -> Config:
-    probe = Config(degrees, ())
-    return Config(degrees, tuple(device_of(c) for c in partition_coords(op, probe)))
 
 
 def _range_config(op: Op, dim: str, n: int, first_device: int = 0) -> Config:
@@ -218,24 +212,9 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
     for op in graph.ops:
         base = mesh[chunk[op.name] % pp] * dp * cp * tp
         dim, deg = plan[op.name]
-        degrees: dict[str, int] = {}
-        if dp > 1 and "sample" in op.dim_names:
-            degrees["sample"] = dp
-        if dim is not None:
-            degrees[dim] = deg
-        ctx = cp > 1 and "length" in op.dim_names
-        if ctx:  # the context-parallel chunk; under sequence parallelism tp splits it further
-            degrees["length"] = cp * (deg if dim == "length" else 1)
-
-        def device_of(c: dict[str, int], base=base, dim=dim, ctx=ctx) -> int:
-            if ctx and dim == "length":  # length coordinate = cp_rank * tp + tp_rank
-                return base + c.get("sample", 0) * cp * tp + c["length"]
-            return (base + c.get("sample", 0) * cp * tp + (c.get("length", 0) * tp if ctx else 0)
-                    + (c.get(dim, 0) if dim else 0))
-
-        key = (tuple((d.name, degrees[d.name]) for d in op.dims if d.name in degrees), base, dim)
+        key = (tuple(d.name for d in op.dims if d.name in ("sample", "length", dim)), dim, deg, base)
         if key not in made:
-            made[key] = _grid(op, degrees, device_of)
+            made[key] = mesh_config(op, dim, deg, dp, cp, tp, range(base, base + dp * cp * tp))
         configs[op.name] = made[key]
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}

@@ -9,8 +9,9 @@ from typing import Sequence
 
 from ..graph import Op, OpGraph
 from ..ops import REDUCTION, REPLICA_DIM
+from ..strategy import Config, partition_coords
 
-__all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan"]
+__all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan", "mesh_config"]
 
 
 _LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
@@ -171,3 +172,34 @@ def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
         for k in range(len(op.out_tensors)):
             state[(op.name, k)] = choice[1]
     return plan, notes
+
+
+def mesh_config(op: Op, dim: str | None, deg: int, dp: int, cp: int, tp: int, devices: Sequence[int]) -> Config:
+    """``op``'s config on a (dp, cp, tp) mesh of ``devices`` (dp * cp * tp of them), ranked as
+    Megatron-Core ranks them (tp fastest, then cp, then dp): the sample dim split dp ways, the
+    sequence (``length``) cp ways, and ``dim`` (the op's tensor-parallel dim from :func:`tp_plan`,
+    or None) ``deg`` ways; under sequence parallelism (``dim`` is ``length``) the tp ranks split
+    each context-parallel chunk further. Partition (sample s, cp rank c, tp rank t) runs on
+    ``devices[s * cp * tp + c * tp + t]``.
+
+    >>> from engine.graph import GraphBuilder
+    >>> b = GraphBuilder("m"); x = b.input("x", [4, 6]); _ = b.add("linear", "fc", [x], out_features=2)
+    >>> mesh_config(b.build()["fc"], "feature", 2, 2, 1, 2, [8, 9, 10, 11]).devices
+    (8, 9, 10, 11)
+    """
+    degrees: dict[str, int] = {}
+    if dp > 1 and "sample" in op.dim_names:
+        degrees["sample"] = dp
+    if dim is not None:
+        degrees[dim] = deg
+    ctx = cp > 1 and "length" in op.dim_names
+    if ctx:
+        degrees["length"] = cp * (deg if dim == "length" else 1)
+
+    def index(c: dict[str, int]) -> int:
+        if ctx and dim == "length":  # length coordinate = cp_rank * tp + tp_rank
+            return c.get("sample", 0) * cp * tp + c["length"]
+        return c.get("sample", 0) * cp * tp + (c.get("length", 0) * tp if ctx else 0) + (c.get(dim, 0) if dim else 0)
+
+    probe = Config(degrees, ())
+    return Config(degrees, tuple(devices[index(c)] for c in partition_coords(op, probe)))

@@ -34,9 +34,10 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
-from ..strategy import Config, Strategy, degree_choices
+from ..strategy import Config, Strategy, degree_choices, validate_strategy
 from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .baselines import data_parallel, expert
+from .moves import Space
 
 __all__ = ["mcmc", "candidate_configs", "random_config", "local_polish"]
 
@@ -102,13 +103,46 @@ def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int 
 
 
 class _Chain:
-    def __init__(self, name: str, sim: DeltaSimulator, rng: random.Random, beta: float, cost: float) -> None:
+    """One Markov chain: its strategy, the delta simulator its single-op moves edit (built
+    when first needed after a global move replaced the strategy), and its costs."""
+
+    def __init__(self, name: str, strategy: Strategy, sim: DeltaSimulator | None, rng: random.Random, beta: float,
+                 cost: float) -> None:
         self.name, self.sim, self.rng, self.beta = name, sim, rng, beta
+        self._strategy = strategy
         self.cost = cost
         self.best_cost = cost
-        self.best = sim.strategy
+        self.best = strategy
         self.proposals = 0
         self.accepted = 0
+        self.seconds = {"op": 0.0, "global": 0.0}  # time spent on each family of moves
+        self.counts = {"op": 0, "global": 0}
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.sim.strategy if self.sim is not None else self._strategy
+
+    def simulator(self, graph: OpGraph, cluster: Cluster, cost: CostModel) -> DeltaSimulator:
+        if self.sim is None:
+            self.sim = DeltaSimulator(graph, self._strategy, cluster, cost)
+        return self.sim
+
+    def jump(self, strategy: Strategy) -> None:
+        """Take an accepted global move (its simulator is built when a single-op move needs it)."""
+        self.sim, self._strategy = None, strategy
+
+    def global_turn(self, share: float, timed: bool) -> bool:
+        """Whether the next proposal is a global move: a ``share`` of the proposals, or with a
+        time budget a ``share`` of the time (global moves rebuild the whole task graph, single-op
+        moves only a segment, so their cost per proposal differs by 10-100x)."""
+        if share <= 0:
+            return False
+        p = share
+        if timed and self.counts["op"] and self.counts["global"]:
+            t_op = self.seconds["op"] / self.counts["op"]
+            t_glob = self.seconds["global"] / self.counts["global"]
+            p = share * t_op / (share * t_op + (1 - share) * t_glob)
+        return self.rng.random() < p
 
 
 def _price(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster) -> Price:
@@ -121,17 +155,40 @@ def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: b
     return _price(sim, graph, cluster).cost_s if check_memory else sim.timeline.makespan_s
 
 
-def _propose(chain: _Chain, graph: OpGraph, cluster: Cluster, names: list[str], neighbours: dict[str, list[str]],
-             microbatches: int) -> tuple[str, Config]:
+def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
+                ) -> float | None:
+    """The cost of a strategy a global move made: None when the loader's check refuses it."""
+    if validate_strategy(strategy, graph, cluster):
+        return None
+    p = price(graph, strategy, cluster, cost)
+    return p.cost_s if check_memory else p.time_s
+
+
+def _metropolis(chain: _Chain, new: float) -> bool:
+    """The Metropolis-Hastings rule (FlexFlow §6.2): always take a better (or equal) strategy,
+    a worse one with probability exp(-beta * (new - cost)); never one over memory (inf)."""
+    delta = chain.cost - new  # > 0 when better
+    return new < math.inf and (delta >= 0 or chain.rng.random() < math.exp(chain.beta * delta))
+
+
+def _took(chain: _Chain, new: float) -> None:
+    chain.cost = new
+    chain.accepted += 1
+    if new < chain.best_cost:
+        chain.best_cost, chain.best = new, chain.strategy
+
+
+def _propose(chain: _Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, names: list[str],
+             neighbours: dict[str, list[str]]) -> tuple[str, Config]:
     rng = chain.rng
     name = rng.choice(names)
     op = graph[name]
     if rng.random() < 0.2 and neighbours[name]:
         # FlexFlow's optional move: copy a neighbouring op's config when it fits this op
-        other = chain.sim.strategy[rng.choice(neighbours[name])]
-        if not chain.sim.check(name, other):
+        other = sim.strategy[rng.choice(neighbours[name])]
+        if not sim.check(name, other):
             return name, other
-    return name, random_config(op, cluster.num_devices, rng, microbatches)
+    return name, random_config(op, cluster.num_devices, rng, max(1, sim.strategy.pipeline.microbatches))
 
 
 def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
@@ -165,6 +222,12 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     rng = random.Random(seed)
     cost_model = cost or CostModel()
     m = 1
+    space = Space(graph, cluster)
+    share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
+    if not 0 <= share <= 1:
+        raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
+    kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
+    timed = budget.seconds is not None
     starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
                                          ("expert", expert(graph, cluster))]
     plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
@@ -201,7 +264,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
             c = _cost(sim, graph, cluster, check_memory)
         build_s = max(build_s, time.perf_counter() - t_build)
         b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else sim.timeline.makespan_s)
-        live.append(_Chain(name, sim, random.Random(rng.random()), b, c))
+        live.append(_Chain(name, sim.strategy, sim, random.Random(rng.random()), b, c))
     best_chain = min(live, key=lambda ch: ch.best_cost)
     best, best_cost = best_chain.best, best_chain.best_cost
     trace: list[Progress] = []
@@ -237,25 +300,34 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                     break
                 if rung_secs is not None and time.perf_counter() - t_start >= rung_secs:
                     break
-                name, config = _propose(chain, graph, cluster, names, neighbours, m)
                 it += 1
                 k += 1
                 chain.proposals += 1
-                if config == chain.sim.strategy[name] or chain.sim.check(name, config):
-                    continue
-                chain.sim.change(name, config)
-                new = _cost(chain.sim, graph, cluster, check_memory)
-                delta = chain.cost - new  # > 0 when better
-                if new < math.inf and (delta >= 0 or chain.rng.random() < math.exp(chain.beta * delta)):
-                    chain.cost = new
-                    chain.accepted += 1
-                    if new < chain.best_cost:
-                        chain.best_cost, chain.best = new, chain.sim.strategy
-                    if new < best_cost:
-                        best, best_cost = chain.sim.strategy, new
-                        improved_at = (it, time.perf_counter() - t0)
+                t_move = time.perf_counter()
+                if kinds and chain.global_turn(share, timed):
+                    family = "global"
+                    kind = chain.rng.choice(space.kinds(chain.strategy))
+                    cand = space.propose(chain.strategy, kind, chain.rng)
+                    new = None if cand is None else _whole_cost(graph, cand, cluster, cost_model, check_memory)
+                    if new is not None and _metropolis(chain, new):
+                        chain.jump(cand)
+                        _took(chain, new)
                 else:
-                    chain.sim.revert()
+                    family = "op"
+                    sim = chain.simulator(graph, cluster, cost_model)
+                    name, config = _propose(chain, sim, graph, cluster, names, neighbours)
+                    if config != sim.strategy[name] and not sim.check(name, config):
+                        sim.change(name, config)
+                        new = _cost(sim, graph, cluster, check_memory)
+                        if _metropolis(chain, new):
+                            _took(chain, new)
+                        else:
+                            sim.revert()
+                chain.seconds[family] += time.perf_counter() - t_move
+                chain.counts[family] += 1
+                if chain.cost < best_cost:
+                    best, best_cost = chain.strategy, chain.cost
+                    improved_at = (it, time.perf_counter() - t0)
                 if it % 10 == 0:
                     row = Progress(it, time.perf_counter() - t0, chain.cost, best_cost,
                                    sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)),
@@ -277,8 +349,10 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     if polish and not cancelled and (deadline is None or deadline - time.perf_counter() > 2 * build_s):
         # the polish gets as many evaluations as the search had proposals, or what is left of
         # the time budget (when that is more than building its simulation takes)
+        holder = next((ch.sim for ch in live if ch.sim is not None and ch.sim.strategy is best), None)
         best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, check_memory,
-                                                 max_evals=budget.iterations or 10**9, deadline=deadline)
+                                                 max_evals=budget.iterations or 10**9, deadline=deadline,
+                                                 sim=holder, global_moves=kinds)
     elapsed = time.perf_counter() - t0
     trace.append(Progress(it, elapsed, best_cost, best_cost,
                           sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)), len(live)))
@@ -296,20 +370,30 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
 
 def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: float, cost: CostModel | None = None,
                  check_memory: bool = True, max_evals: int = 10**9, deadline: float | None = None,
-                 ) -> tuple[Strategy, float, bool]:
-    """Greedy descent over single-op changes: try every candidate config
-    (:func:`candidate_configs`) of every op, keep any improvement, repeat until a full round
-    finds none (FlexFlow's local-optimality check). Returns (strategy, cost, whether it
-    finished: False when ``max_evals`` or the ``deadline`` (a perf_counter time) came first)."""
-    sim = DeltaSimulator(graph, strategy, cluster, cost)
+                 sim: DeltaSimulator | None = None, global_moves: bool = True) -> tuple[Strategy, float, bool]:
+    """Greedy descent over every move kind: every candidate config (:func:`candidate_configs`)
+    of every op, then (with ``global_moves``) every move of every global kind
+    (:meth:`engine.search.moves.Space.neighbours`); keep any improvement, repeat until a full
+    round finds none (FlexFlow's local-optimality check, extended to the whole space).
+    ``sim``: a delta simulator already holding ``strategy`` (a chain's), reused instead of
+    building one. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
+    the ``deadline`` (a perf_counter time) came first)."""
+    cost = cost or CostModel()
+    if sim is None or sim.strategy is not strategy:
+        sim = DeltaSimulator(graph, strategy, cluster, cost)
     best = _cost(sim, graph, cluster, check_memory)
+    space = Space(graph, cluster) if global_moves else None
     evals = 0
-    m = max(1, strategy.pipeline.microbatches)
+
+    def spent() -> bool:
+        return evals >= max_evals or (deadline is not None and time.perf_counter() >= deadline)
+
     while True:
         improved = False
+        m = max(1, sim.strategy.pipeline.microbatches)
         for op in graph.ops:
             for config in candidate_configs(op, cluster.num_devices, m):
-                if evals >= max_evals or (deadline is not None and time.perf_counter() >= deadline):
+                if spent():
                     return sim.strategy, best, False
                 if config == sim.strategy[op.name] or sim.check(op.name, config):
                     continue
@@ -320,8 +404,19 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                     best, improved = new, True
                 else:
                     sim.revert()
+        if improved:
+            continue
+        for kind in space.kinds(sim.strategy) if space is not None else ():
+            for cand in space.neighbours(sim.strategy, kind):
+                if spent():
+                    return sim.strategy, best, False
+                evals += 1
+                new = _whole_cost(graph, cand, cluster, cost, check_memory)
+                if new is not None and new < best * (1 - 1e-12):
+                    best, improved = new, True
+                    sim = DeltaSimulator(graph, cand, cluster, cost)
+                    break
+            if improved:
+                break
         if not improved:
             return sim.strategy, best, True
-
-
-
