@@ -23,6 +23,7 @@ from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 from engine.trace import trace_events
 from engine.errors import SoapboxError
 from engine.formats import load_strategy
+from engine.models import MAX_SAMPLE_BATCH
 from engine.strategy import strategy_from_dict
 
 from . import jobs
@@ -68,8 +69,8 @@ def decode_upload(contents: str, filename: str) -> str:
 def on_event(trigger: str | None, state: dict | None, *, query: str = "", model: str | None = None,
              cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
              filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
-             devices: str | None = None, click: dict | None = None, compare_name: str | None = None
-             ) -> tuple[dict, str]:
+             devices: str | None = None, click: dict | None = None, compare_name: str | None = None,
+             batch: Any = None) -> tuple[dict, str]:
     """Apply one user action to the session state.
 
     ``trigger`` names the component that fired; the keyword arguments carry what it sent.
@@ -91,6 +92,8 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
     try:
         if trigger == "pick-model" and model and model != state["model"].get("name"):
             return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
+        if trigger == "pick-batch":
+            return _set_batch(state, batch)
         if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
                                                        or "data" in state["cluster"]):
             return _fresh(state, cluster=cluster), f"Cluster: {cluster}."
@@ -168,18 +171,53 @@ def _degree(dim: str, value: Any) -> int:
     return int(f)
 
 
-def _fresh(state: dict, model: str | None = None, cluster: str | None = None) -> dict:
-    """A new state for another sample model or preset cluster, keeping the session id, the
-    starting baseline (data parallel where it cannot run) and what the user is comparing when
-    it still applies."""
+_KEEP = object()
+
+
+def _fresh(state: dict, model: str | None = None, cluster: str | None = None, batch: Any = _KEEP) -> dict:
+    """A new state for another sample model, preset cluster or batch, keeping the session id,
+    the starting baseline (data parallel where it cannot run) and the batch while the model
+    stays the same (``batch``: a new one, or None for the model's default)."""
     m = model or (state["model"]["name"] if "data" not in state["model"] else W.DEFAULT_MODEL)
     c = cluster or (state["cluster"]["name"] if "data" not in state["cluster"] else W.DEFAULT_CLUSTER)
+    if batch is _KEEP:
+        batch = state["model"].get("batch") if model is None else None
     try:
-        new = W.new_state(m, c, state.get("baseline", "data-parallel"), sid=state["sid"])
+        new = W.new_state(m, c, state.get("baseline", "data-parallel"), sid=state["sid"], batch=batch)
     except ValueError:
-        new = W.new_state(m, c, "data-parallel", sid=state["sid"])
+        new = W.new_state(m, c, "data-parallel", sid=state["sid"], batch=batch)
     new["version"] = state.get("version", 0) + 1
     return new
+
+
+def _set_batch(state: dict, value: Any) -> tuple[dict, str]:
+    """The sample model at another global batch in samples (empty: its default); the strategy
+    starts again from the baseline (a strategy's sample splits are made for one batch)."""
+    if "upload" in state["model"]:
+        return state, "Batch refused: an imported model states its own batch (export it with another one)."
+    if "upload" in state["cluster"]:
+        return state, "Batch refused: it applies on preset clusters (pick one; the imported cluster stays as it is)."
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if "batch" not in state["model"]:
+            return state, ""
+        new = _fresh(state, batch=None)
+        return new, f"Batch: {W.graph_of(new).batch_size:,} samples (the model's default)."
+    try:
+        batch = int(value)
+        if isinstance(value, bool) or batch != float(value):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        return state, f"Batch refused: {str(value)[:40]!r} is not a whole number of samples."
+    if not 1 <= batch <= MAX_SAMPLE_BATCH:
+        return state, f"Batch refused: {batch:,} samples; it must be from 1 to {MAX_SAMPLE_BATCH:,}."
+    if batch == state["model"].get("batch"):
+        return state, ""
+    try:
+        new = _fresh(state, batch=batch)
+    except ValueError as e:
+        return state, f"Batch refused: {_first_line(e)}"
+    return new, (f"Batch: {batch:,} samples, under {new.get('baseline', 'data-parallel')} "
+                 f"({batch / W.cluster_of(new).num_devices:g} per GPU).")
 
 
 # --------------------------------------------------------------------------- views
@@ -498,15 +536,16 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     @app.callback(
         Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
+        Output("pick-batch", "value"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
-        Input("compare-clear", "n_clicks"),
+        Input("compare-clear", "n_clicks"), Input("pick-batch", "value"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"))
-    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc,
+    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch,
                 deg_values, deg_ids, devices, compare_name, collapse, state):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         if trigger == "upload-ok":
@@ -518,10 +557,11 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         degrees = {i["dim"]: v for i, v in zip(deg_ids or [], deg_values or [])}
         new, msg = on_event(trigger, state, query=str(query or ""), model=model, cluster=cluster, baseline=baseline,
                             upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
-                            click=click, compare_name=compare_name)
+                            click=click, compare_name=compare_name, batch=batch)
         return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
                 new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
-                new.get("baseline"), new.get("selected") or [])
+                new.get("baseline"), new.get("selected") or [],
+                no_update if trigger == "pick-batch" else new["model"].get("batch"))
 
     app.clientside_callback(
         f"""

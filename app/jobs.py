@@ -65,6 +65,8 @@ class JobView:
         return self.status in ("queued", "running")
 
     def message(self) -> str:
+        """The status line: queued, running, finished (with the search's notes: what each of
+        auto's parts found, a baseline that does not fit), stopped, interrupted or failed."""
         unit = "proposals" if self.algorithm in ("mcmc", "auto") else "steps"
         best = f"best {format_seconds(self.best_cost_s)}" if self.best_cost_s is not None else None
         if self.status == "queued":
@@ -87,7 +89,7 @@ class JobView:
             sp = r.get("speedup_vs_data_parallel")
             return (f"{self.algorithm} {self.status}: {best} after {r.get('iterations', 0):,} {unit} in "
                     f"{r.get('elapsed_s', 0.0):.1f} s" + (f" ({sp:.2f}x data parallel)" if sp else "")
-                    + ". Adopt it to edit it.")
+                    + ". Adopt it to edit it." + _notes(r.get("notes")))
         if self.status == "interrupted":
             return (f"{self.algorithm} interrupted ({self.error}): "
                     + (f"{best} so far. Adopt it to edit it." if best else "it had found nothing yet."))
@@ -301,3 +303,16 @@ def best(sid: str) -> tuple[Strategy, float] | None:
     if row is None or row["status"] in ("queued", "running") or row["best"] is None:
         return None
     return strategy_from_dict(row["best"]), float(row["best_cost_s"])
+
+
+#: at most this many of a search's notes in its status line, each cut to NOTE_CHARS
+MAX_NOTES, NOTE_CHARS = 8, 160
+
+
+def _notes(notes) -> str:
+    """`` Notes: a; b; c.`` from a result's notes (none: empty)."""
+    if not isinstance(notes, list) or not notes:
+        return ""
+    shown = [str(n)[:NOTE_CHARS] for n in notes[:MAX_NOTES]]
+    more = f" (+{len(notes) - MAX_NOTES} more)" if len(notes) > MAX_NOTES else ""
+    return " Notes: " + "; ".join(shown) + more + "."

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from engine.cluster import PRESETS
-from engine.models import sample_names
+from engine.models import MAX_SAMPLE_BATCH, sample_names
 from engine.search import ALGORITHMS
 from engine.search.baselines import BASELINES
 
@@ -153,6 +153,10 @@ def make_layout() -> html.Div:
         html.Div([
             html.Div([html.Label("model"), dcc.Dropdown(id="pick-model", options=models, value=None,
                                                          clearable=False)], className="pick"),
+            html.Div([html.Label("batch", htmlFor="pick-batch",
+                                 title="the sample model's global batch in samples (empty: its default)"),
+                      dcc.Input(id="pick-batch", type="number", min=1, max=MAX_SAMPLE_BATCH, step=1, debounce=True,
+                                placeholder="default", className="batch-input")], className="pick pick-batch"),
             html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
                                                            clearable=False)], className="pick"),
             html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),

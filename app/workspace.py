@@ -33,7 +33,7 @@ from engine.errors import Problem, SoapboxError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, parse_json_text, resolve_model
 from engine.graph import OpGraph
 from engine.memory import MemoryReport, memory_report
-from engine.models import sample_names
+from engine.models import MAX_SAMPLE_BATCH, sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.simulate import Timeline
 from engine.strategy import Config, Strategy
@@ -85,10 +85,10 @@ _MAX_SESSIONS = 32  # workspaces kept in memory (least recently used dropped fir
 
 
 @lru_cache(maxsize=16)
-def _sample(name: str) -> OpGraph:
+def _sample(name: str, batch: int | None = None) -> OpGraph:
     if name not in sample_names():  # a name from a request: never a path (see module docstring)
         raise ValueError(f"unknown sample model {str(name)[:80]!r}; samples: {', '.join(sample_names())}")
-    return resolve_model(name)
+    return resolve_model(name, batch=batch)
 
 
 _PRESET_NAME = re.compile(r"^(?P<base>[a-z0-9-]{1,40})(?::(?P<n>\d{1,12}))?$")
@@ -140,7 +140,8 @@ def _from_upload(kind: str, sid: str, digest: str) -> Any:
 def graph_of(state: dict) -> OpGraph:
     """The state's model: a sample, or a model this session uploaded; never a path."""
     m = state["model"]
-    return _sample(m["name"]) if "upload" not in m else _from_upload("model", state["sid"], m["upload"])
+    return _sample(m["name"], m.get("batch")) if "upload" not in m else \
+        _from_upload("model", state["sid"], m["upload"])
 
 
 def cluster_of(state: dict) -> Cluster:
@@ -188,8 +189,9 @@ def baseline_comm_bytes(state: dict, kind: str = "data-parallel") -> float | Non
 
 
 def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseline: str = "data-parallel",
-              sid: str | None = None) -> dict:
-    """A fresh session state: a sample model on a preset cluster under a baseline strategy.
+              sid: str | None = None, batch: int | None = None) -> dict:
+    """A fresh session state: a sample model (at its default global batch, or ``batch``
+    samples) on a preset cluster under a baseline strategy.
 
     Raises
     ------
@@ -199,7 +201,8 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
     if model not in sample_names():
         raise ValueError(f"unknown sample model {model!r}; samples: {', '.join(sample_names())}")
     _preset(cluster)  # raises ValueError naming the presets
-    state = {"sid": sid or uuid.uuid4().hex, "model": {"name": model}, "cluster": {"name": cluster},
+    ref = {"name": model, "batch": batch} if batch is not None else {"name": model}
+    state = {"sid": sid or uuid.uuid4().hex, "model": ref, "cluster": {"name": cluster},
              "strategy": None, "undo": [], "redo": [], "version": 0, "compare": [], "selected": None}
     strategy = make_baseline(baseline, graph_of(state), cluster_of(state))
     state["strategy"] = strategy.to_dict()
@@ -210,6 +213,10 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
 _NAME = {"type": "string", "minLength": 1, "maxLength": 200}
 _REF = {"type": "object", "required": ["name"], "additionalProperties": False,
         "properties": {"name": _NAME, "upload": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}}
+#: a sample model, optionally at another global batch (samples), or an uploaded model
+_MODEL_REF = {"type": "object", "required": ["name"], "additionalProperties": False,
+              "properties": {**_REF["properties"], "batch": {"type": "integer", "minimum": 1,
+                                                             "maximum": MAX_SAMPLE_BATCH}}}
 _CONFIG = {"type": "object"}
 _EDIT = {"type": "array", "maxItems": MAX_APP_OPS, "items": {
     "type": "object", "required": ["op", "before", "after"],
@@ -221,7 +228,7 @@ STATE_SCHEMA = {
     "required": ["sid", "model", "cluster", "strategy", "undo", "redo", "version", "compare"],
     "properties": {
         "sid": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-        "model": _REF, "cluster": _REF,
+        "model": _MODEL_REF, "cluster": _REF,
         "strategy": {"type": "object", "required": ["format", "ops"]},
         "undo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},
         "redo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},

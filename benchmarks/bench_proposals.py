@@ -3,11 +3,17 @@
 
 Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
 process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
-that compiles numba's cache), and reports proposals / elapsed seconds (set-up included).
+that compiles numba's cache), and reports proposals / elapsed seconds (set-up included) and the steady rate between the first
+and the last progress rows (set-up excluded: on NMT / 64 GPUs building the two starting
+simulations takes ~2.3 s, the length of some 40 proposals).
 With ``--baseline TREE`` the same runs of another checkout are interleaved with the current
 tree's, round by round, and the ratio of medians is printed.
 
+Global moves (whole-strategy rebuilds, :mod:`engine.search.moves`) are off by default here
+(``--global-share 0``): the rate is that of single-op proposals, the delta-simulated ones.
+
 Usage: python benchmarks/bench_proposals.py [--rounds 3] [--baseline /path/to/other/checkout]
+       [--global-share 0.1]
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [("inception_v3", "p100-4x4", 400), ("nmt", "k80-16x4", 60)]
+CASES = [("inception_v3", "p100-4x4", 400), ("nmt", "k80-16x4", 200)]
 CODE = """
 import json, sys, time
 from engine.formats import resolve_model
@@ -31,15 +37,24 @@ from engine.cluster import preset
 from engine.search import ALGORITHMS, Budget
 from engine.search.api import MCMCOptions
 g, c = resolve_model(sys.argv[1]), preset(sys.argv[2])
+opts = {"chains": 1, "polish": False}
+if "global_share" in MCMCOptions.__dataclass_fields__:  # (a tree from before global moves has none)
+    opts["global_share"] = float(sys.argv[4])
+rows = []
 t = time.perf_counter()
-r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=int(sys.argv[3])), options=MCMCOptions(chains=1, polish=False))
-print(json.dumps({"proposals": r.iterations, "seconds": time.perf_counter() - t, "best_s": r.best_cost_s}))
+r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=int(sys.argv[3])), options=MCMCOptions(**opts),
+                           progress=rows.append)
+seconds = time.perf_counter() - t
+# steady rate: proposals between the first and the last progress row (set-up excluded)
+a, b = rows[0], rows[-2] if len(rows) > 2 else rows[-1]
+steady = (b.iteration - a.iteration) / (b.elapsed_s - a.elapsed_s) if b.elapsed_s > a.elapsed_s else 0.0
+print(json.dumps({"proposals": r.iterations, "seconds": seconds, "best_s": r.best_cost_s, "steady": steady}))
 """
 
 
-def run(tree: Path, model: str, cluster: str, n: int) -> dict:
+def run(tree: Path, model: str, cluster: str, n: int, share: float = 0.0) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n)], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n), str(share)], env=env, capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -48,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", type=Path)
+    ap.add_argument("--global-share", type=float, default=0.0,
+                    help="MCMCOptions.global_share (default 0: single-op proposals only, the rate the goal names)")
     args = ap.parse_args()
     trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
     print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
@@ -56,15 +73,18 @@ def main() -> None:
         for _, tree in trees:
             run(tree, model, cluster, 10)  # warm-up: numba's cache, the page cache
         rates: dict[str, list[float]] = {name: [] for name, _ in trees}
+        steady: dict[str, list[float]] = {name: [] for name, _ in trees}
         for _ in range(args.rounds):
             for name, tree in trees:
-                r = run(tree, model, cluster, n)
+                r = run(tree, model, cluster, n, args.global_share)
                 rates[name].append(r["proposals"] / r["seconds"])
-        line = f"{model} on {cluster}: " + ", ".join(
-            f"{name} {statistics.median(v):.1f}/s ({min(v):.1f}-{max(v):.1f})" for name, v in rates.items())
-        if args.baseline:
-            line += f"; ratio {statistics.median(rates['current']) / statistics.median(rates['baseline']):.2f}"
-        print(line, flush=True)
+                steady[name].append(r["steady"])
+        for label, table in (("with set-up", rates), ("steady (set-up excluded)", steady)):
+            line = f"{model} on {cluster}, {label}: " + ", ".join(
+                f"{name} {statistics.median(v):.1f}/s ({min(v):.1f}-{max(v):.1f})" for name, v in table.items())
+            if args.baseline:
+                line += f"; ratio {statistics.median(table['current']) / statistics.median(table['baseline']):.2f}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

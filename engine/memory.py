@@ -34,7 +34,7 @@ from .simulate import Timeline
 from .strategy import Strategy, partition_grid, selective_recompute_reruns
 from .taskgraph import BWD, FWD
 
-__all__ = ["MemoryReport", "memory_report", "optimizer_bytes_per_param", "saved_activation_bytes"]
+__all__ = ["MemoryReport", "memory_report", "fits_in_memory", "optimizer_bytes_per_param", "saved_activation_bytes"]
 
 
 def optimizer_bytes_per_param(precision: str) -> int:
@@ -72,11 +72,9 @@ class MemoryReport:
         return sorted(((int(d), float(over[d])) for d in idx), key=lambda x: -x[1])
 
 
-def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> MemoryReport:
-    """Memory of every device over ``timeline`` (which must come from the same strategy)."""
+def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> tuple[np.ndarray, ...]:
+    """(weights, grads, optimizer, communication buffers) per device, in bytes."""
     D = cluster.num_devices
-    tg = timeline.tasks
-    m = max(1, strategy.pipeline.microbatches)
     zero = strategy.zero_stage
     pbytes = DTYPE_BYTES[graph.precision]
     # -- parameters per device, shared groups counted once per (group, region, device)
@@ -133,6 +131,40 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     if image is not None:  # a collective's buffer is built only where a representative joins it
         has = image >= 0
         comm[has] = comm[image[has]]
+    return weights, grads, optim, comm
+
+
+def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> bool:
+    """Whether every device fits (:attr:`MemoryReport.feasible`), answered first from an
+    upper bound: static memory plus every activation a device saves in the iteration, as if
+    none were freed. Only when the bound exceeds some device's capacity is the timeline's
+    allocation order examined (:func:`memory_report`). A search asks this once per proposal;
+    with one microbatch the bound is nearly the peak (every forward ends before the first
+    backward), and it skips the sort of every allocation by time."""
+    tg = timeline.tasks
+    static = sum(_static(graph, strategy, cluster, tg))
+    m = max(1, strategy.pipeline.microbatches)
+    saved = _saved_bytes(graph, strategy, m, _graph_cache(graph))
+    f_idx = np.nonzero(tg.kind == FWD)[0]
+    bound = np.bincount(tg.device[f_idx], weights=saved[tg.op[f_idx]], minlength=cluster.num_devices)
+    image = tg.info.get("device_image")
+    if image is not None:
+        mirrored = (image >= 0) & (image != np.arange(cluster.num_devices))
+        bound[mirrored] = bound[image[mirrored]]
+    capacity = np.array([cluster.device_type(d).memory_bytes for d in range(cluster.num_devices)], np.float64)
+    if np.all(static + bound <= capacity):
+        return True
+    return memory_report(graph, strategy, cluster, timeline).feasible
+
+
+def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> MemoryReport:
+    """Memory of every device over ``timeline`` (which must come from the same strategy)."""
+    D = cluster.num_devices
+    tg = timeline.tasks
+    m = max(1, strategy.pipeline.microbatches)
+    weights, grads, optim, comm = _static(graph, strategy, cluster, tg)
+    cache = _graph_cache(graph)
+    image = tg.info.get("device_image")
     # -- activations over time
     saved = _saved_bytes(graph, strategy, m, cache)  # op index -> bytes per partition per microbatch
     is_f = tg.kind == FWD

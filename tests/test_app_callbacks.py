@@ -339,6 +339,13 @@ class TestZoomGantt:
 class TestSearch:
     """Searches run in worker processes (app.worker) and are read back from the store."""
 
+    def test_auto_reports_what_each_part_found(self, alex):
+        """auto's notes (each seed's result, MCMC's, which one won) reach the status line."""
+        C.search_start(alex, "auto", "30", 0)
+        _, status = poll_until_done(alex)
+        assert status.startswith("auto finished: best "), status
+        assert "Notes: " in status and "mcmc from" in status and "best: " in status
+
     def test_runs_to_the_end_and_can_be_adopted(self, alex):
         status, disabled = C.search_start(alex, "mcmc", "30", 0)
         assert disabled is False and status.startswith("mcmc")
@@ -522,3 +529,33 @@ class TestRenderCompare:
         assert len(explore["gantt"].layout.yaxis.ticktext) == 16
         _, _, fig = C.render_compare(s)
         assert len(go.Figure(fig).layout.yaxis.ticktext) == 16
+
+
+class TestBatch:
+    """A sample model's global batch in the page (issue 13: --batch in the app too)."""
+
+    def test_set_and_clear(self, alex):
+        new, msg = C.on_event("pick-batch", alex, batch=1024)
+        assert new["model"] == {"name": "alexnet", "batch": 1024}, msg
+        assert W.graph_of(new).batch_size == 1024 and "1,024 samples" in msg and "64 per GPU" in msg
+        assert new["strategy"]["ops"]["conv1"]["degrees"] == {"sample": 16}
+        again, msg2 = C.on_event("pick-cluster", new, cluster="k80-16x4")
+        assert again["model"]["batch"] == 1024  # a cluster change keeps the batch
+        other, _ = C.on_event("pick-model", again, model="inception_v3")
+        assert "batch" not in other["model"]  # another model starts at its default
+        cleared, msg3 = C.on_event("pick-batch", new, batch=None)
+        assert "batch" not in cleared["model"] and "256 samples" in msg3
+
+    @pytest.mark.parametrize("value", [0, -4, 2.5, "abc", 10**9, True])
+    def test_refused_keeps_the_state(self, alex, value):
+        new, msg = C.on_event("pick-batch", alex, batch=value)
+        assert new is alex and msg.startswith("Batch refused"), msg
+
+    def test_a_crafted_state_with_a_bad_batch_is_refused(self, alex):
+        bad = dict(alex, model={"name": "alexnet", "batch": -1})
+        new, msg = C.on_event("pick-baseline", bad, baseline="expert")
+        assert "could not be used" in msg and "batch" not in new["model"]
+
+    def test_the_search_worker_sees_the_batch(self, alex):
+        new, _ = C.on_event("pick-batch", alex, batch=512)
+        assert W.graph_of(W.refs(new)).batch_size == 512

@@ -4,12 +4,12 @@ leaves a strategy no move of any kind improves."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
+import numpy as np
 import pytest
-
-import json
 
 from engine.cluster import DEVICE_TYPES, Cluster, NodeSpec
 from engine.costs import CostModel
@@ -136,3 +136,43 @@ def test_local_optimality_under_every_move_kind():
             assert price(g, cand, c, cost).cost_s >= best_cost * (1 - 1e-9), kind
             tried += 1
     assert tried > 100
+
+
+@pytest.mark.parametrize("model", ["alexnet", "rnntc"])
+def test_the_memory_bound_answers_as_the_full_report(model):
+    """fits_in_memory (a bound first, the timeline only when the bound does not fit) equals
+    memory_report(...).feasible, on random strategies and on tight capacities."""
+    from dataclasses import replace as dc_replace
+
+    from engine.cluster import preset
+    from engine.formats import resolve_model
+    from engine.memory import fits_in_memory, memory_report
+    from engine.search.mcmc import random_config
+    from engine.simulate import simulate
+    from engine.taskgraph import build_task_graph
+
+    g, c = resolve_model(model), preset("p100-4x4")
+    rng = random.Random(5)
+    s = data_parallel(g, c)
+    answers = set()
+    for k in range(12):
+        configs = dict(s.configs)
+        for op in rng.sample(g.ops, 6):
+            configs[op.name] = random_config(op, c.num_devices, rng)
+        t = dc_replace(s, configs=configs, recompute=rng.choice(["none", "full"]), zero_stage=rng.choice([0, 3]))
+        tl = simulate(build_task_graph(g, t, c))
+        report = memory_report(g, t, c, tl)
+        # a capacity between the static memory and the peak makes the bound and the report differ
+        cap = float(np.max(report.static_bytes) + 0.9 * np.max(report.activations_peak_bytes)) if k % 2 else None
+        cc = c if cap is None else _with_capacity(c, cap)
+        want = memory_report(g, t, cc, tl).feasible
+        assert fits_in_memory(g, t, cc, tl) == want
+        answers.add(want)
+    assert answers == {True, False}
+
+
+def _with_capacity(cluster, capacity_bytes: float):
+    from dataclasses import replace as dc_replace
+
+    types = {n: dc_replace(t, memory_bytes=capacity_bytes) for n, t in cluster.device_types.items()}
+    return Cluster(cluster.name, cluster.node_specs, types, cluster.description)

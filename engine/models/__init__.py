@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..graph import OpGraph
 
-__all__ = ["SAMPLE_MODELS", "sample_names", "build_sample", "sample_dir"]
+__all__ = ["SAMPLE_MODELS", "MAX_SAMPLE_BATCH", "sample_names", "build_sample", "sample_dir"]
 
 #: name -> (module, function, one-line description). Sizes are each builder's defaults.
 SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {

@@ -116,13 +116,13 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
           timeline=None) -> Price:
     """Simulate ``strategy`` (or take ``timeline``, its simulation already made, e.g. by a
     delta simulator) and check every device's memory."""
-    from ..memory import memory_report  # (the simulator's modules load only when a search prices)
+    from ..memory import fits_in_memory  # (the simulator's modules load only when a search prices)
     from ..simulate import simulate
     from ..taskgraph import build_task_graph
 
     if timeline is None:
         timeline = simulate(build_task_graph(graph, strategy, cluster, cost))
-    return Price(timeline.makespan_s, memory_report(graph, strategy, cluster, timeline).feasible)
+    return Price(timeline.makespan_s, fits_in_memory(graph, strategy, cluster, timeline))
 
 
 def price_baselines(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None,
