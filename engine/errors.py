@@ -94,6 +94,11 @@ class ValidationError(SoapboxError, ValueError):
         return ValidationError(self.problems, source)
 
 
+class TooLargeError(SoapboxError, ValueError):
+    """A simulation was refused before it started because its task graph would be larger than
+    the caller allows (a search's candidates; :func:`engine.taskgraph.estimate_tasks`)."""
+
+
 class OutputError(SoapboxError, OSError):
     """A result could not be written: ``cannot write PATH: reason``."""
 

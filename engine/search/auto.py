@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from ..cluster import Cluster
 from ..costs import CostModel
+from ..errors import TooLargeError
 from ..graph import OpGraph
 from ..strategy import Strategy, strategy_from_dict
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
@@ -91,24 +92,31 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     for name, make in (("data-parallel", data_parallel), ("expert", expert)):
         try:
             s = make(graph, cluster)
+            p = price(graph, s, cluster, cost_model)
+        except TooLargeError as e:
+            notes.append(f"baseline {name} {e}: no speedup over it is reported")
+            continue
         except ValueError as e:
             notes.append(f"baseline {name} cannot run here: {e}")
             continue
-        consider(name, s, price(graph, s, cluster, cost_model))
+        consider(name, s, p)
     layered = len(layer_blocks(graph)) >= 2
     if layered:
         # a layered model (an LLM) too large for data parallel usually fits fully sharded with
         # recomputation: a starting point MCMC and the user can compare with
         try:
             s = fsdp(graph, cluster, micro_batch=1, recompute="full")
+            p = price(graph, s, cluster, cost_model)
         except ValueError as e:
             notes.append(f"baseline fsdp cannot run here: {e}")
         else:
-            p = price(graph, s, cluster, cost_model)
             consider("fsdp", s, p)
             notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
     if initial is not None:
-        consider("initial", initial, price(graph, initial, cluster, cost_model))
+        try:
+            consider("initial", initial, price(graph, initial, cluster, cost_model))
+        except TooLargeError as e:
+            notes.append(f"the starting strategy was {e}")
 
     # seeds
     seeds: list[str] = []

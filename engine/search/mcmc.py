@@ -34,8 +34,11 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
+from ..errors import TooLargeError
 from ..strategy import Config, Strategy, degree_choices, validate_strategy
-from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from ..taskgraph import estimate_tasks
+from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price,
+                  price_baselines, stamp)
 from .baselines import data_parallel, expert
 from .moves import Space
 
@@ -115,6 +118,7 @@ class _Chain:
         self.best = strategy
         self.proposals = 0
         self.accepted = 0
+        self.delta_ok = sim is not None  # single-op moves (a delta simulator) are affordable
         self.seconds = {"op": 0.0, "global": 0.0}  # time spent on each family of moves
         self.counts = {"op": 0, "global": 0}
 
@@ -127,9 +131,10 @@ class _Chain:
             self.sim = DeltaSimulator(graph, self._strategy, cluster, cost)
         return self.sim
 
-    def jump(self, strategy: Strategy) -> None:
-        """Take an accepted global move (its simulator is built when a single-op move needs it)."""
-        self.sim, self._strategy = None, strategy
+    def jump(self, strategy: Strategy, delta_ok: bool) -> None:
+        """Take an accepted global move (its simulator is built when a single-op move needs it,
+        if ``delta_ok``: its full task graph is small enough, :func:`_delta_ok`)."""
+        self.sim, self._strategy, self.delta_ok = None, strategy, delta_ok
 
     def global_turn(self, share: float, timed: bool) -> bool:
         """Whether the next proposal is a global move: a ``share`` of the proposals, or with a
@@ -157,11 +162,27 @@ def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: b
 
 def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
                 ) -> float | None:
-    """The cost of a strategy a global move made: None when the loader's check refuses it."""
+    """The cost of a strategy a global move made: None when the loader's check refuses it or
+    it is too large to simulate (no symmetry and more than SEARCH_MAX_TASKS tasks)."""
     if validate_strategy(strategy, graph, cluster):
         return None
-    p = price(graph, strategy, cluster, cost)
+    try:
+        p = price(graph, strategy, cluster, cost)
+    except TooLargeError:
+        return None
     return p.cost_s if check_memory else p.time_s
+
+
+#: the largest full task graph (estimated) a chain edits by delta simulation: a proposal costs
+#: time in proportion (GPT-3 under data parallelism on 1,024 GPUs, 3.7 M tasks: ~10 s a
+#: proposal and 5.7 GB); beyond it only global moves run, priced with the symmetric build
+DELTA_MAX_TASKS = 1_000_000
+
+
+def _delta_ok(graph: OpGraph, strategy: Strategy) -> bool:
+    """Whether a delta simulator (a full build: edits break symmetry) of ``strategy`` stays
+    within DELTA_MAX_TASKS."""
+    return estimate_tasks(graph, strategy) <= DELTA_MAX_TASKS
 
 
 def _metropolis(chain: _Chain, new: float) -> bool:
@@ -249,6 +270,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         neighbours[graph.ops[c].name].append(graph.ops[p].name)
 
     live: list[_Chain] = []
+    notes_start: list[str] = []
     start_prices: dict[str, Price] = {}
     build_s = 0.0  # the longest a starting simulation took to build (the polish builds one too)
     for name, strategy in starts:
@@ -256,15 +278,23 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                 time.perf_counter() - t0 > setup_share * budget.seconds:
             break
         t_build = time.perf_counter()
-        sim = DeltaSimulator(graph, strategy, cluster, cost_model)
+        try:
+            if _delta_ok(graph, strategy):
+                sim: DeltaSimulator | None = DeltaSimulator(graph, strategy, cluster, cost_model)
+                p = _price(sim, graph, cluster)
+            else:
+                sim, p = None, price(graph, strategy, cluster, cost_model)
+        except TooLargeError as e:
+            notes_start.append(f"start {name} {e}")
+            continue
         if name in ("data-parallel", "expert"):
-            start_prices[name] = _price(sim, graph, cluster)
-            c = start_prices[name].cost_s if check_memory else sim.timeline.makespan_s
-        else:
-            c = _cost(sim, graph, cluster, check_memory)
+            start_prices[name] = p
+        c = p.cost_s if check_memory else p.time_s
         build_s = max(build_s, time.perf_counter() - t_build)
-        b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else sim.timeline.makespan_s)
-        live.append(_Chain(name, sim.strategy, sim, random.Random(rng.random()), b, c))
+        b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
+        live.append(_Chain(name, strategy if sim is None else sim.strategy, sim, random.Random(rng.random()), b, c))
+    if not live:
+        raise TooLargeError("no starting strategy can be simulated: " + "; ".join(notes_start))
     best_chain = min(live, key=lambda ch: ch.best_cost)
     best, best_cost = best_chain.best, best_chain.best_cost
     trace: list[Progress] = []
@@ -304,13 +334,15 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                 k += 1
                 chain.proposals += 1
                 t_move = time.perf_counter()
-                if kinds and chain.global_turn(share, timed):
+                if not chain.delta_ok and not kinds:
+                    break  # (nothing this chain can afford to move)
+                if kinds and (not chain.delta_ok or chain.global_turn(share, timed)):
                     family = "global"
                     kind = chain.rng.choice(space.kinds(chain.strategy))
                     cand = space.propose(chain.strategy, kind, chain.rng)
                     new = None if cand is None else _whole_cost(graph, cand, cluster, cost_model, check_memory)
                     if new is not None and _metropolis(chain, new):
-                        chain.jump(cand)
+                        chain.jump(cand, _delta_ok(graph, cand))
                         _took(chain, new)
                 else:
                     family = "op"
@@ -364,6 +396,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     final = Price(best_cost, True) if check_memory and math.isfinite(best_cost) else \
         price(graph, best, cluster, cost_model)
     baselines, notes = price_baselines(graph, cluster, cost_model, known=start_prices)
+    notes = [n for n in notes_start if not n.startswith(("start data-parallel", "start expert"))] + notes
     return SearchResult(stamp(best, graph, cluster, found_by, final), final.cost_s, baselines, it, elapsed, trace,
                         cancelled, locally_optimal=polished, algorithm="mcmc", best_time_s=final.time_s, notes=notes)
 
@@ -376,22 +409,28 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
     (:meth:`engine.search.moves.Space.neighbours`); keep any improvement, repeat until a full
     round finds none (FlexFlow's local-optimality check, extended to the whole space).
     ``sim``: a delta simulator already holding ``strategy`` (a chain's), reused instead of
-    building one. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
-    the ``deadline`` (a perf_counter time) came first)."""
+    building one. Single-op moves are skipped for a strategy whose full task graph would exceed
+    DELTA_MAX_TASKS. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
+    the ``deadline`` (a perf_counter time) came first, or single-op moves were skipped)."""
     cost = cost or CostModel()
+    current = strategy
     if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost)
-    best = _cost(sim, graph, cluster, check_memory)
+        sim = DeltaSimulator(graph, strategy, cluster, cost) if _delta_ok(graph, strategy) else None
+    best = _cost(sim, graph, cluster, check_memory) if sim is not None else \
+        _whole_cost(graph, strategy, cluster, cost, check_memory)
+    best = math.inf if best is None else best
     space = Space(graph, cluster) if global_moves else None
     evals = 0
 
     def spent() -> bool:
         return evals >= max_evals or (deadline is not None and time.perf_counter() >= deadline)
 
+    partial = False  # single-op moves skipped somewhere (too large): no claim of local optimality
     while True:
         improved = False
-        m = max(1, sim.strategy.pipeline.microbatches)
-        for op in graph.ops:
+        partial = partial or sim is None
+        m = max(1, current.pipeline.microbatches)
+        for op in graph.ops if sim is not None else ():  # (single-op moves where a delta simulator is affordable)
             for config in candidate_configs(op, cluster.num_devices, m):
                 if spent():
                     return sim.strategy, best, False
@@ -402,21 +441,22 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 new = _cost(sim, graph, cluster, check_memory)
                 if new < best * (1 - 1e-12):
                     best, improved = new, True
+                    current = sim.strategy
                 else:
                     sim.revert()
         if improved:
             continue
-        for kind in space.kinds(sim.strategy) if space is not None else ():
-            for cand in space.neighbours(sim.strategy, kind):
+        for kind in space.kinds(current) if space is not None else ():
+            for cand in space.neighbours(current, kind):
                 if spent():
-                    return sim.strategy, best, False
+                    return current, best, False
                 evals += 1
                 new = _whole_cost(graph, cand, cluster, cost, check_memory)
                 if new is not None and new < best * (1 - 1e-12):
-                    best, improved = new, True
-                    sim = DeltaSimulator(graph, cand, cluster, cost)
+                    best, improved, current = new, True, cand
+                    sim = DeltaSimulator(graph, cand, cluster, cost) if _delta_ok(graph, cand) else None
                     break
             if improved:
                 break
         if not improved:
-            return sim.strategy, best, True
+            return current, best, not partial

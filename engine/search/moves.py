@@ -56,6 +56,20 @@ GLOBAL_KINDS = ("recompute", "zero", "microbatches", "schedule", "split", "block
 #: cluster run to hundreds; the nearest come first)
 MAX_NEIGHBOURS = 64
 
+#: the largest context-parallel degree a move proposes: Megatron-Core's long-context runs use
+#: 2-16 (Llama 3 405B: cp 16 at 128 K tokens only, Dubey et al. 2024 Table 4); each cp rank is
+#: simulated (not mirrored), so a cp of 64 on GPT-3 makes ~10 M tasks for nothing
+MAX_CP = 8
+
+#: the fewest tokens a context-parallel rank keeps (below it attention is not worth splitting)
+MIN_CP_TOKENS = 512
+
+#: microbatches a move proposes: at most this many per pipeline stage (8 with one stage). The
+#: bubble is (pp - 1) / m of the time (Narayanan et al. SC'21 §2.2.1): 8 per stage leaves it
+#: under 1/8, and every microbatch more adds tasks (GPT-3 on 1,024 GPUs, pp 32 and 768
+#: microbatches: 23 M tasks even under symmetry)
+MAX_MICROBATCHES_PER_STAGE = 8
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -78,6 +92,11 @@ class Space:
         self._plans: dict[tuple[int, bool], dict | None] = {}
         self._layer_ops = {b: [n for n in self.blocks.get(b, [])] for b in self.layers}
         self._has_length = any("length" in op.dim_names for op in graph.ops)
+        seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
+        self._max_cp = max(1, min(MAX_CP, min(seqs, default=0) // MIN_CP_TOKENS))
+        # tensor parallelism stays inside a node (its all-reduces every layer; Narayanan et al.
+        # SC'21 §3.2 "tensor model parallelism within a server")
+        self._max_tp = min(spec.gpus for spec in cluster.node_specs)
 
     # ------------------------------------------------------------------ which kinds apply
 
@@ -145,8 +164,9 @@ class Space:
         limit = reduce(math.gcd, sizes, 0) or 1
         m = s.pipeline.microbatches
         stages = s.pipeline.stages
+        cap = min(limit, MAX_MICROBATCHES, max(m, MAX_MICROBATCHES_PER_STAGE * stages))
         for new in (m * 2, m // 2):
-            if 1 <= new <= min(limit, MAX_MICROBATCHES) and limit % new == 0 and new != m:
+            if 1 <= new <= cap and limit % new == 0 and new != m:
                 if s.pipeline.schedule == "interleaved" and new % stages:
                     continue
                 yield replace(s, pipeline=replace(s.pipeline, microbatches=new))
@@ -212,6 +232,10 @@ class Space:
                     stage_of[op.name] = new
         yield replace(s, configs=configs, stage_of=stage_of)
 
+    def _cps(self, n: int) -> list[int]:
+        """Context-parallel degrees a move may give ``n`` devices: divisors up to the cap."""
+        return [d for d in _divisors(n) if d <= self._max_cp]
+
     def _plan(self, tp: int, sequence_parallel: bool) -> dict | None:
         key = (tp, sequence_parallel)
         if key not in self._plans:
@@ -228,10 +252,12 @@ class Space:
         ctx = self._has_length and any("length" in self.graph[n].dim_names for n in names)
         current = {n: s.configs[n] for n in names}
         for tp in _divisors(size):
+            if tp > self._max_tp:
+                break
             plan = self._plan(tp, s.sequence_parallel) if tp > 1 else None
             if tp > 1 and plan is None:
                 continue
-            for cp in (_divisors(size // tp) if ctx else [1]):
+            for cp in (self._cps(size // tp) if ctx else [1]):
                 dp = size // (tp * cp)
                 configs = dict(s.configs)
                 for n in names:
@@ -248,19 +274,20 @@ class Space:
         batch = self.graph.batch_size
         combos = []
         for tp in _divisors(n):
+            if tp > self._max_tp:
+                break
             if tp > 1 and self._plan(tp, False) is None:
                 continue
             for pp in _divisors(n // tp):
                 if pp > max(1, len(self.layers)):
                     continue
-                for cp in (_divisors(n // (tp * pp)) if self._has_length else [1]):
+                for cp in (self._cps(n // (tp * pp)) if self._has_length else [1]):
                     dp = n // (tp * pp * cp)
                     if batch % dp:
                         continue
                     for mb in _divisors(batch // dp):
-                        if pp == 1 and mb != batch // dp and s.pipeline.stages == 1 and mb < batch // dp // 8:
-                            continue  # (deep gradient accumulation without a pipeline never pays)
-                        combos.append((tp, pp, cp, mb))
+                        if batch // dp // mb <= MAX_MICROBATCHES_PER_STAGE * pp:
+                            combos.append((tp, pp, cp, mb))
         # the nearest layouts first (fewest model-parallel ranks, then the largest micro-batch)
         combos.sort(key=lambda t: (t[0] * t[1] * t[2], t[1], t[2], -t[3]))
         if rng is not None:

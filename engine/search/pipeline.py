@@ -354,10 +354,10 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, 
             break
         try:
             s = build_plan(graph, cluster, plan)
-        except ValueError:
+            tried += 1
+            p = price(graph, s, cluster, cost_model)
+        except ValueError:  # (a plan the layout cannot build, or too large to simulate)
             continue
-        tried += 1
-        p = price(graph, s, cluster, cost_model)
         if best is None or p.cost_s < best[0].cost_s:
             best = (p, s, plan)
         rows.append(Progress(tried, time.perf_counter() - t0, p.cost_s, best[0].cost_s, 1.0, 1,
