@@ -7,8 +7,13 @@ came within 1% of the best any of them found (``engine.cli.compare_searches``).
 and each algorithm's time to within 1% of the best) as a Plotly page; ``--from-table FILE``
 draws it from a table this script printed before, without searching again.
 
+``--tenfold`` (issue 13) runs ``auto`` with the budget and every single algorithm with ten times
+it, and prints auto's result against the best any of them reached, auto's time to within 1% of
+its own final result and the best baseline it knows.
+
 Usage: python benchmarks/compare_searches.py [--budget 30s] [--cases all|small] [--plot OUT.html]
        python benchmarks/compare_searches.py --from-table table.md --plot OUT.html
+       python benchmarks/compare_searches.py --tenfold [--budget 15s] [--cases small|all]
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ def main() -> None:
     ap.add_argument("--cases", choices=["all", "small"], default="all")
     ap.add_argument("--plot", help="write the comparison as a Plotly HTML page here")
     ap.add_argument("--from-table", help="plot a table printed by an earlier run instead of searching")
+    ap.add_argument("--tenfold", action="store_true", help="auto with the budget against each algorithm with 10x it")
     args = ap.parse_args()
+    if args.tenfold:
+        cases = [(m, "p100-4x4") for m in ("alexnet", "inception_v3", "resnet101")]
+        if args.cases == "all":
+            cases += [(m, "p100-4x4") for m in ("rnntc", "rnnlm", "nmt")] + [("alexnet", "k80-16x4")]
+        tenfold(cases, Budget.parse(args.budget))
+        return
     if args.from_table:
         plot(parse_table(open(args.from_table).read()), args.plot or "search-comparison.html")
         return
@@ -52,6 +64,34 @@ def main() -> None:
         g, c = resolve_model("gpt3-175b"), preset("dgx-a100-80gb:192")
         for r in compare_searches(g, c, budget, algorithms=["pase", "pipeline"]):
             _row("gpt3-175b", "dgx-a100-80gb:192", r)
+
+
+def tenfold(cases: list[tuple[str, str]], budget: Budget) -> None:
+    import math
+
+    from engine.search import ALGORITHMS
+
+    long = Budget(seconds=10 * budget.seconds)
+    print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; auto {budget}, "
+          f"each algorithm {long}")
+    print("| model | cluster | auto ms | auto: to within 1% s | best baseline ms | best single at 10x (ms, which) "
+          "| auto / best single |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for model, cl in cases:
+        g, c = resolve_model(model), preset(cl)
+        auto = ALGORITHMS["auto"].run(g, c, budget, seed=0)
+        final = auto.best_cost_s
+        within = next((p.elapsed_s for p in auto.trace if p.best_cost_s <= final * 1.01), auto.elapsed_s)
+        singles = {}
+        for name in ("mcmc", "pase", "differentiable", "pipeline"):
+            try:
+                singles[name] = ALGORITHMS[name].run(g, c, long, seed=0).best_cost_s
+            except ValueError:
+                continue
+        which = min(singles, key=singles.get)
+        base = min((v for v in auto.baselines.values() if math.isfinite(v)), default=math.inf)
+        print(f"| {model} | {cl} | {final * 1e3:.2f} | {within:.1f} | {base * 1e3:.2f} | "
+              f"{singles[which] * 1e3:.2f} ({which}) | {final / singles[which]:.3f} |", flush=True)
 
 
 def parse_table(text: str) -> list[dict]:
