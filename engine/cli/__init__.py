@@ -7,6 +7,8 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``validate FILE``: check a model, cluster or strategy file; exit 0 when valid, 1 with
   every problem listed otherwise.
 * ``model gpt``: write a GPT-style model file from its shape.
+* ``import --hf config.json``: write a model file from a Hugging Face config (GPT-2, LLaMA,
+  Mistral, Qwen2).
 * ``cluster NAME -o FILE``: write a preset as an editable cluster file.
 * ``schema model|cluster|strategy``: print a format's JSON Schema.
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
@@ -40,6 +42,7 @@ from ..search import ALGORITHMS
 from ..search.baselines import BASELINES
 from .commands import (
     cmd_baseline,
+    cmd_import,
     cmd_cluster,
     cmd_clusters,
     cmd_model,
@@ -116,6 +119,17 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     g.add_argument("--name", type=name_arg, default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
 
+    p = sub.add_parser("import", help="write a model file from another format (a Hugging Face config)",
+                       description="Write a soapbox.model/1 file from a Hugging Face config.json (decoder-only "
+                                   "families: gpt2, llama, mistral, qwen2), read offline from a local file.")
+    p.add_argument("--hf", required=True, metavar="CONFIG_JSON", help="a Hugging Face config.json")
+    p.add_argument("--batch", type=positive_int, required=True, help="global batch in sequences")
+    p.add_argument("--seq-len", type=positive_int, help="sequence length (default: the config's context, "
+                                                        "at most 4,096)")
+    p.add_argument("--precision", choices=PRECISIONS, help="default: the config's torch_dtype, else bf16")
+    p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type)")
+    p.add_argument("-o", "--output", required=True, help="model file to write")
+
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "
                               "2: an error")
@@ -172,6 +186,7 @@ COMMANDS = {
     "search": cmd_search,
     "model": cmd_model,
     "baseline": cmd_baseline,
+    "import": cmd_import,
 }
 
 

@@ -102,6 +102,19 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..formats.jsonio import read_json
+    from ..models.hf import from_hf_config
+
+    cfg = read_json(args.hf)  # (a path the user typed: limits on size and depth, no NaN)
+    g = from_hf_config(cfg, batch=args.batch, seq_len=args.seq_len, precision=args.precision, name=args.name,
+                       source=printable(str(args.hf))[:200])
+    save_json(g.to_dict(), args.output)
+    print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, batch {g.batch_size}, "
+          f"{g.precision}")
+    return 0
+
+
 def cmd_baseline(args: argparse.Namespace) -> int:
     g, c = model_and_cluster(args)
     s = make_baseline(args.kind, g, c, **strategy_options(args))

@@ -54,6 +54,7 @@ class GPTConfig:
     positions: str = "learned"  # learned embeddings, or "rotary" (no parameters)
     max_positions: int | None = None  # rows of the learned position table; None: seq_len
     bias: bool = True
+    qkv_bias: bool | None = None  # biases on the query/key/value projections only (Qwen2); None: = bias
     tie_embeddings: bool = True
     dropout: float = 0.1  # 0 removes the dropout ops
     flash_attention: bool = False  # one fused causal attention op instead of its matmuls and softmax
@@ -96,6 +97,7 @@ class _Blocks:
         self.batch, self.hidden, self.heads, self.kv_heads = batch, hidden, heads, kv_heads
         self.head_dim = hidden // heads
         self.bias, self.norm_kind, self.rate = bias, norm, dropout
+        self.qkv_bias: bool | None = None  # None: as ``bias``
 
     def norm(self, name: str, x: TensorRef) -> TensorRef:
         return self.b.add(self.norm_kind, name, [x])
@@ -118,9 +120,10 @@ class _Blocks:
         kv_src = memory if memory is not None else x
         kv_seq = mem_seq if memory is not None else seq
         kv_width = self.kv_heads * self.head_dim
-        q = self._heads(f"{name}.q", self.linear(f"{name}.q", x, self.hidden), seq, self.heads)
-        k = self._heads(f"{name}.k", self.linear(f"{name}.k", kv_src, kv_width), kv_seq, self.kv_heads)
-        v = self._heads(f"{name}.v", self.linear(f"{name}.v", kv_src, kv_width), kv_seq, self.kv_heads)
+        qkv = self.qkv_bias
+        q = self._heads(f"{name}.q", self.linear(f"{name}.q", x, self.hidden, bias=qkv), seq, self.heads)
+        k = self._heads(f"{name}.k", self.linear(f"{name}.k", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
+        v = self._heads(f"{name}.v", self.linear(f"{name}.v", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
         if self.flash:
             ctx = self.b.add("attention", f"{name}.core", [q, k, v], causal=self.causal and memory is None)
         else:
@@ -176,6 +179,7 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg, kv, ffn), source)
     blk = _Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
                   causal=True)
+    blk.qkv_bias = cfg.qkv_bias
     bs = [cfg.batch, cfg.seq_len]
     b.block = "embedding"
     tokens = b.input("tokens", bs, dtype="int64", axes=["sample", "length"])
