@@ -99,7 +99,7 @@ MAX_TENSOR_ELEMENTS = 2**44
 MAX_OP_TENSORS = 4096
 #: Attributes that hold real numbers; every other number in ``attrs`` is an integer, and
 #: one written ``5.0`` is read as ``5``.
-FLOAT_ATTRS = frozenset({"rate"})
+FLOAT_ATTRS = frozenset({"rate", "flops_per_element"})
 
 # FLOPs per output element of pointwise ops. Counting conventions, not measurements: these
 # ops are memory-bound, so their time comes from bytes moved, and the FLOPs only need to be
@@ -788,6 +788,25 @@ def _elementwise_dims(ins, outs, attrs):
     return _pointwise_dims(outs, len(ins))
 
 
+#: the most FLOPs per element a generic elementwise op may declare (erf, pow: tens)
+MAX_FLOPS_PER_ELEMENT = 1000.0
+
+
+def _generic_infer(ins, attrs, precision):
+    _expect_inputs(ins, (1,))
+    f = attrs.get("flops_per_element", 1.0)
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= MAX_FLOPS_PER_ELEMENT:
+        raise OpError(f"must be a number from 0 to {MAX_FLOPS_PER_ELEMENT:g}, got {f!r}", "attrs.flops_per_element")
+    label = attrs.get("label", "")
+    if not isinstance(label, str) or len(label) > 200:
+        raise OpError("must be a string of at most 200 characters", "attrs.label")
+    return [ins[0]]
+
+
+def _generic_flops(ins, outs, params, attrs):
+    return float(attrs.get("flops_per_element", 1.0) * math.prod(outs[0]))
+
+
 # concat / split / reshape / transpose ---------------------------------------------------------
 def _concat_infer(ins, attrs, precision):
     if len(ins) < 2:
@@ -1067,6 +1086,11 @@ def _build_registry() -> dict[str, OpKind]:
         OpKind("softmax_cross_entropy", "Softmax cross-entropy of logits against integer labels (one loss per example).",
                _ce_infer, _no_params, _ce_dims, _ce_flops, 1.0),
     ]
+    kinds.append(
+        OpKind("elementwise", "A memory-bound op on each element of one input, with no kind of its own (an "
+                              "imported op: a constant scale or bias, erf, pow...); attrs: flops_per_element, label.",
+               _generic_infer, _no_params, _elementwise_dims, _generic_flops, 1.0,
+               attrs=("flops_per_element", "label")))
     for name, (n_in, cost) in ELEMENTWISE_KINDS.items():
         kinds.append(
             OpKind(name, f"Elementwise {name} of {n_in} equal-shaped input(s).",

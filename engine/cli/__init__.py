@@ -119,13 +119,23 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     g.add_argument("--name", type=name_arg, default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")
 
-    p = sub.add_parser("import", help="write a model file from another format (a Hugging Face config)",
-                       description="Write a soapbox.model/1 file from a Hugging Face config.json (decoder-only "
-                                   "families: gpt2, llama, mistral, qwen2), read offline from a local file.")
-    p.add_argument("--hf", required=True, metavar="CONFIG_JSON", help="a Hugging Face config.json")
-    p.add_argument("--batch", type=positive_int, required=True, help="global batch in sequences")
-    p.add_argument("--seq-len", type=positive_int, help="sequence length (default: the config's context, "
-                                                        "at most 4,096)")
+    p = sub.add_parser("import", help="write a model file from an ONNX file or a Hugging Face config",
+                       description="Write a soapbox.model/1 file from an ONNX model (needs the onnx package: "
+                                   "pip install 'soapbox[onnx]') or a Hugging Face config.json (decoder-only "
+                                   "families: gpt2, llama, mistral, qwen2), read offline from local files.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("onnx_file", nargs="?", metavar="MODEL_ONNX", help="an ONNX model file")
+    src.add_argument("--hf", metavar="CONFIG_JSON", help="a Hugging Face config.json")
+    p.add_argument("--batch", type=positive_int,
+                   help="global batch (sequences for --hf, required there); for ONNX, binds each input's first "
+                        "symbolic axis")
+    p.add_argument("--seq-len", type=positive_int, help="sequence length (--hf default: the config's context, at "
+                                                        "most 4,096); for ONNX, binds the other symbolic axes")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="bind an ONNX symbolic dimension by name (repeatable)")
+    p.add_argument("--unknown", choices=["error", "elementwise"], default="error",
+                   help="ONNX ops soapbox has no kind for: list them and stop (default), or import those that "
+                        "keep their input's shape as memory-bound elementwise ops")
     p.add_argument("--precision", choices=PRECISIONS, help="default: the config's torch_dtype, else bf16")
     p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type)")
     p.add_argument("-o", "--output", required=True, help="model file to write")

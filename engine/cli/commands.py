@@ -103,13 +103,33 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..formats.jsonio import read_json
-    from ..models.hf import from_hf_config
+    from ..formats.jsonio import _read_capped, read_json
 
-    cfg = read_json(args.hf)  # (a path the user typed: limits on size and depth, no NaN)
-    g = from_hf_config(cfg, batch=args.batch, seq_len=args.seq_len, precision=args.precision, name=args.name,
-                       source=printable(str(args.hf))[:200])
+    notes: list[str] = []
+    if args.hf:
+        from ..models.hf import from_hf_config
+
+        if args.batch is None:
+            raise ValueError("--hf needs --batch (the global batch in sequences)")
+        cfg = read_json(args.hf)  # (a path the user typed: limits on size and depth, no NaN)
+        g = from_hf_config(cfg, batch=args.batch, seq_len=args.seq_len, precision=args.precision, name=args.name,
+                           source=printable(str(args.hf))[:200])
+    else:
+        from ..models.onnx_import import MAX_ONNX_BYTES, import_onnx
+
+        dims = {}
+        for pair in args.dim:
+            key, sep, value = pair.partition("=")
+            if not sep or not key or not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"--dim {printable(pair)[:60]!r}: expected NAME=N with N a positive whole number")
+            dims[key] = int(value)
+        source = printable(str(args.onnx_file))[:200]
+        data = _read_capped(args.onnx_file, source, MAX_ONNX_BYTES, "an ONNX file")
+        g, notes = import_onnx(data, batch=args.batch, seq_len=args.seq_len, dims=dims, unknown=args.unknown,
+                               precision=args.precision, name=args.name, source=source)
     save_json(g.to_dict(), args.output)
+    for note in notes:
+        print(f"note: {note}")
     print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, batch {g.batch_size}, "
           f"{g.precision}")
     return 0

@@ -39,8 +39,8 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _read_capped(path: str | os.PathLike, source: str) -> bytes:
-    """The bytes of the regular file ``path``, at most :data:`MAX_FILE_BYTES`.
+def _read_capped(path: str | os.PathLike, source: str, limit: int | None = None, what: str = "a JSON file") -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` (:data:`MAX_FILE_BYTES`).
 
     The file's type is checked before it is opened (opening a FIFO for reading blocks until
     a writer comes) and again on the open descriptor (the path may have been replaced in
@@ -51,6 +51,8 @@ def _read_capped(path: str | os.PathLike, source: str) -> bytes:
     def fail(message: str) -> ValidationError:
         return ValidationError([Problem("", message)], source)
 
+    cap = MAX_FILE_BYTES if limit is None else limit
+
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -58,9 +60,9 @@ def _read_capped(path: str | os.PathLike, source: str) -> bytes:
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise fail(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise fail("is a folder, not a JSON file")
+        raise fail(f"is a folder, not {what}")
     if not stat.S_ISREG(st.st_mode):
-        raise fail(f"is {_file_kind(st.st_mode)}, not a JSON file; give the path of a regular file")
+        raise fail(f"is {_file_kind(st.st_mode)}, not {what}; give the path of a regular file")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -71,9 +73,11 @@ def _read_capped(path: str | os.PathLike, source: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise fail(f"is {_file_kind(st.st_mode)}, not a JSON file; give the path of a regular file")
-        while size <= MAX_FILE_BYTES:
-            piece = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - size))
+            raise fail(f"is {_file_kind(st.st_mode)}, not {what}; give the path of a regular file")
+        if st.st_size > cap:
+            raise fail(f"the file is larger than the limit of {cap // 2**20:,} MiB")
+        while size <= cap:
+            piece = os.read(fd, min(1 << 20, cap + 1 - size))
             if not piece:
                 break
             chunks.append(piece)
@@ -82,8 +86,8 @@ def _read_capped(path: str | os.PathLike, source: str) -> bytes:
         raise fail(f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if size > MAX_FILE_BYTES:
-        raise fail(f"the file is larger than the limit of {MAX_FILE_BYTES // 2**20} MiB")
+    if size > cap:
+        raise fail(f"the file is larger than the limit of {cap // 2**20:,} MiB")
     return b"".join(chunks)
 
 

@@ -48,6 +48,10 @@ class GraphBuilder:
             attrs["axes"] = list(axes)
         return self.add("input", name, [], **attrs)
 
+    def shape_of(self, ref: TensorRef) -> tuple[int, ...]:
+        """The shape of an output already added."""
+        return self._ops[self._index[ref.op]].out_tensors[ref.index].shape
+
     def add(self, kind: str, name: str, inputs: Iterable[TensorRef | str], *,
             param_group: str | None = None, block: str | None = None, **attrs: Any):
         """Add an op; return a :class:`TensorRef` to its output (a list if it has several)."""

@@ -1,0 +1,328 @@
+"""soapbox models from ONNX files (``soapbox import model.onnx``), with the ``onnx`` package
+(the ``soapbox[onnx]`` extra) and its shape inference.
+
+What is read: the graph's nodes, inputs and the *shapes* of its initializers (weights); no
+weight values, and never external data (an initializer stored in another file is refused by
+default, or imported from the dims its descriptor states: the importer opens no file but the
+one it was given). Symbolic input dimensions are bound before shape inference: the first
+symbolic axis of an input to ``--batch``, the others to ``--seq-len``, any by name with
+``--dim NAME=N``.
+
+Mapped operators (ONNX operator names, https://onnx.ai/onnx/operators/): Gemm and MatMul with
+a weight (linear; a following Add of a bias vector is folded in), MatMul of two activations
+(batch_matmul), Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool,
+BatchNormalization, LayerNormalization, SimplifiedLayerNormalization / RMSNormalization,
+Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes, Dropout, Gather of
+a table by integer ids (embedding); Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
+Split as views and layout ops; Identity and float-to-float Cast pass through; Shape,
+Constant and any node whose inputs are all constants are folded (shape arithmetic). An
+elementwise op with a constant operand (a scale, a bias) and Erf, Pow, Sqrt, Exp, Neg,
+Reciprocal become ``elementwise`` ops (memory-bound, FLOPs from their shapes). Anything else is
+listed with its count and node names; ``unknown="elementwise"`` imports a shape-preserving
+unknown op as an ``elementwise`` op and says so. Every op's output shape is checked against
+ONNX's inferred shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any, Mapping
+
+from ..errors import Problem, ValidationError
+from ..graph import GraphBuilder, OpGraph, TensorRef
+from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
+
+__all__ = ["import_onnx", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
+
+#: the largest ONNX file read (protobuf's own limit for one message)
+MAX_ONNX_BYTES = 2 * 1024**3
+#: the most nodes an import takes (the model format's op limit)
+MAX_ONNX_NODES = 200_000
+
+#: ONNX element types -> soapbox dtype (https://onnx.ai/onnx/api/mapping.html)
+_ELEM = {1: "fp32", 10: "fp16", 16: "bf16", 6: "int32", 7: "int64"}
+_FLOAT = {1, 10, 16, 11}
+
+_UNARY = {"Relu": "relu", "Gelu": "gelu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+_BINARY = {"Add": "add", "Sub": "add", "Mul": "mul", "Div": "mul"}
+#: FLOPs per element of the ops imported as ``elementwise`` (counted as a simple kernel does)
+_GENERIC = {"Erf": 8.0, "Pow": 2.0, "Sqrt": 1.0, "Exp": 4.0, "Neg": 1.0, "Reciprocal": 1.0, "Log": 4.0,
+            "Abs": 1.0, "Add": 1.0, "Sub": 1.0, "Mul": 1.0, "Div": 1.0, "Where": 1.0, "Clip": 2.0}
+_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+_PASS = {"Identity", "Cast", "Contiguous"}
+
+
+def _clean(name: str, k: int, op_type: str, used: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.\-]+", ".", name).strip(".")[:200] or f"{op_type.lower()}_{k}"
+    out, j = base, 1
+    while out in used:
+        j += 1
+        out = f"{base}.{j}"
+    used.add(out)
+    return out
+
+
+def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = None,
+                dims: Mapping[str, int] | None = None, unknown: str = "error", precision: str | None = None,
+                name: str | None = None, source: str = "model.onnx") -> tuple[OpGraph, list[str]]:
+    """The soapbox model of an ONNX file's bytes, and notes on what was approximated.
+
+    Raises
+    ------
+    ValidationError
+        Naming the node or input: not ONNX, a symbolic dimension left unbound, a tensor over
+        the size limits, a graph out of topological order (or with a cycle), external data,
+        operators that cannot be mapped (all of them listed, with counts), shapes that
+        disagree with ONNX's inference.
+    """
+    try:
+        import onnx
+        from onnx import shape_inference
+    except ImportError:  # pragma: no cover - the extra is installed with the tests
+        raise ValueError("importing ONNX needs the onnx package: pip install 'soapbox[onnx]'") from None
+
+    def fail(where: str, message: str) -> ValidationError:
+        return ValidationError([Problem(where, message)], source)
+
+    if unknown not in ("error", "elementwise"):
+        raise ValueError(f"unknown must be 'error' or 'elementwise', got {unknown!r}")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(bytes(data))
+    except Exception as e:  # (protobuf's DecodeError and friends)
+        raise fail("", f"not an ONNX model ({type(e).__name__})") from None
+    g = model.graph
+    if not g.node:
+        raise fail("graph", "an ONNX graph with no nodes")
+    if len(g.node) > MAX_ONNX_NODES:
+        raise fail("graph", f"{len(g.node):,} nodes, more than the {MAX_ONNX_NODES:,} a model may have")
+    for t in g.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise fail(f"initializer {t.name[:80]!r}", "stored as external data; soapbox reads no file but the "
+                                                       "one given (export with the weights inside the file)")
+    for fn in model.functions:
+        raise fail(f"function {fn.name[:80]!r}", "model-local functions are not imported (inline them on export)")
+
+    # -- bind symbolic input dims, then infer every shape
+    dims = dict(dims or {})
+    inits = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
+    bound: dict[str, int] = {}
+    for vi in g.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        first = True
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                first = False
+                continue
+            label = d.dim_param or f"{vi.name}[{k}]"
+            value = dims.get(label, bound.get(label))
+            if value is None:
+                value = batch if first else seq_len
+            first = False
+            if value is None:
+                raise fail(f"input {vi.name[:80]!r} axis {k}",
+                           f"symbolic dimension {label[:80]!r} is not bound: give --batch (first axis), --seq-len "
+                           f"(other axes) or --dim {label[:40]}=N")
+            if not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+                raise fail(f"input {vi.name[:80]!r} axis {k}", f"dimension {label[:80]!r} = {value!r} is not a size")
+            bound[label] = value
+            d.Clear()
+            d.dim_value = value
+    try:
+        model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:
+        raise fail("graph", f"ONNX shape inference failed: {str(e).splitlines()[0][:300]}") from None
+    g = model.graph
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    elem: dict[str, int] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        elem[vi.name] = tt.elem_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+        else:
+            shapes.setdefault(vi.name, None)
+    for t in g.initializer:
+        shapes[t.name], elem[t.name] = inits[t.name], t.data_type
+    for nm, shp in shapes.items():
+        if shp is not None and (len(shp) > MAX_RANK or any(d < 0 for d in shp) or
+                                math.prod(shp) > MAX_TENSOR_ELEMENTS):
+            raise fail(f"tensor {nm[:80]!r}", f"shape {list(shp)[:8]} is over the limits (rank <= {MAX_RANK}, "
+                                              f"at most 2**44 elements)")
+
+    # -- inputs
+    precision = precision or next((_ELEM[elem[v.name]] for v in g.input if v.name not in inits
+                                   and elem.get(v.name) in (1, 10, 16)), "fp32")
+    b = GraphBuilder(name or (g.name or "onnx-model")[:200], precision,
+                     f"imported from ONNX ({len(g.node)} nodes)", f"soapbox import {source}")
+    used: set[str] = set()
+    ref: dict[str, TensorRef] = {}  # ONNX tensor -> soapbox output
+    const: set[str] = set(inits)  # tensors known without running the model (weights, shapes)
+    for vi in g.input:
+        if vi.name in inits:
+            continue
+        shp = shapes.get(vi.name)
+        if shp is None:
+            raise fail(f"input {vi.name[:80]!r}", "its shape is unknown")
+        dt = _ELEM.get(elem.get(vi.name, 1))
+        if dt is None:
+            raise fail(f"input {vi.name[:80]!r}", f"element type {elem.get(vi.name)} is not imported")
+        axes = ("sample", "length") if dt.startswith("int") and len(shp) == 2 else None
+        kw = {"axes": list(axes)} if axes else {}
+        ref[vi.name] = b.input(_clean(vi.name, 0, "input", used), list(shp),
+                               dtype=dt if dt.startswith("int") else precision, **kw)
+
+    # -- nodes
+    produced = set(ref) | const
+    consumers = Counter(i for n in g.node for i in n.input if i)
+    problems: list[Problem] = []
+    unmapped: dict[str, list[str]] = {}
+    notes: list[str] = []
+    folded_add: dict[int, str] = {}  # node index of an Add folded into the linear before it
+    nodes = list(g.node)
+
+    def attr(node, key: str, default: Any = None) -> Any:
+        for a in node.attribute:
+            if a.name == key:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+    for k, node in enumerate(nodes):
+        where = f"node {node.name[:80] or k} ({node.op_type})"
+        missing = [i for i in node.input if i and i not in produced]
+        if missing:
+            raise fail(where, f"reads {missing[0][:80]!r} before any node produces it (the graph is not in "
+                              "topological order, or has a cycle)")
+        produced.update(o for o in node.output if o)
+        if k in folded_add:
+            ref[node.output[0]] = ref[folded_add[k]]
+            continue
+        ins = [i for i in node.input if i]
+        acts = [i for i in ins if i not in const]
+        op = node.op_type
+        if not acts or op in ("Shape", "Constant", "ConstantOfShape", "Size"):
+            const.update(o for o in node.output if o)  # shape arithmetic and constants: folded
+            continue
+        out = node.output[0]
+        oshape = shapes.get(out)
+        nm = _clean(node.name or out, k, op, used)
+
+        def add(kind: str, inputs: list[str], **attrs: Any) -> None:
+            try:
+                r = b.add(kind, nm, [ref[i] for i in inputs], **attrs)
+            except (OpError, ValueError) as e:
+                raise fail(where, f"as soapbox {kind}: {e}") from None
+            rs = r if isinstance(r, list) else [r]
+            for o, rr in zip([o for o in node.output if o], rs):
+                ref[o] = rr
+                want = shapes.get(o)
+                got = b.shape_of(rr)
+                if want is not None and tuple(got) != tuple(want):
+                    raise fail(where, f"soapbox's {kind} gives shape {list(got)}, ONNX infers {list(want)}")
+
+        try:
+            if op in ("Gemm", "MatMul") and len(acts) == 1 and acts[0] == ins[0] and ins[1] in const:
+                w = shapes[ins[1]]
+                if op == "Gemm" and (attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0):
+                    raise _Unmapped()
+                n_out = w[0] if op == "Gemm" and attr(node, "transB", 0) else w[-1]
+                bias = op == "Gemm" and len(ins) > 2
+                if op == "MatMul" and consumers[out] == 1:  # fold a following bias Add
+                    nxt = next((j for j in range(k + 1, len(nodes)) if out in nodes[j].input), None)
+                    if nxt is not None and nodes[nxt].op_type == "Add":
+                        other = [i for i in nodes[nxt].input if i != out]
+                        if len(other) == 1 and other[0] in const and shapes.get(other[0]) in ((n_out,), (1, n_out)):
+                            bias, folded_add[nxt] = True, out
+                if len(w) != 2:
+                    raise _Unmapped()
+                add("linear", [ins[0]], out_features=int(n_out), bias=bias)
+            elif op == "MatMul" and len(acts) == 2:
+                add("batch_matmul", acts)
+            elif op == "Conv" and len(acts) == 1 and ins[1] in const:
+                w = shapes[ins[1]]
+                pads = list(attr(node, "pads", [0] * 4))
+                if len(w) != 4 or pads[:2] != pads[2:] or any(d != 1 for d in attr(node, "dilations", [1, 1])):
+                    raise _Unmapped()
+                add("conv2d", [ins[0]], out_channels=int(w[0]), kernel=[int(w[2]), int(w[3])],
+                    stride=list(attr(node, "strides", [1, 1])), padding=pads[:2], groups=int(attr(node, "group", 1)),
+                    bias=len(ins) > 2)
+            elif op in ("MaxPool", "AveragePool"):
+                pads = list(attr(node, "pads", [0] * 4))
+                if pads[:2] != pads[2:] or attr(node, "ceil_mode", 0):
+                    raise _Unmapped()
+                kern = list(attr(node, "kernel_shape"))
+                add("pool2d", acts, mode="max" if op == "MaxPool" else "avg", kernel=kern,
+                    stride=list(attr(node, "strides", kern)), padding=pads[:2])
+            elif op in ("GlobalAveragePool", "GlobalMaxPool"):
+                add("pool2d", acts, mode="avg" if op == "GlobalAveragePool" else "max", **{"global": True})
+            elif op == "BatchNormalization":
+                add("batchnorm", acts[:1])
+            elif op == "LayerNormalization":
+                if attr(node, "axis", -1) not in (-1, len(shapes[ins[0]] or ()) - 1):
+                    raise _Unmapped()
+                add("layernorm", acts[:1])
+            elif op in ("SimplifiedLayerNormalization", "RMSNormalization"):
+                add("rmsnorm", acts[:1])
+            elif op in _UNARY:
+                add(_UNARY[op], acts)
+            elif op == "Softmax":
+                add("softmax", acts, axis=int(attr(node, "axis", -1)))
+            elif op in _BINARY and len(acts) == 2 and shapes.get(acts[0]) == shapes.get(acts[1]) == oshape:
+                add(_BINARY[op], acts)
+            elif op in _GENERIC and len(acts) == 1 and shapes.get(acts[0]) == oshape:
+                add("elementwise", acts, flops_per_element=_GENERIC[op], label=op)
+            elif op == "Dropout":
+                add("dropout", acts[:1], rate=float(attr(node, "ratio", 0.5)) if len(ins) < 2 else 0.1)
+            elif op in _VIEWS and oshape is not None:
+                add("reshape", acts[:1], shape=list(oshape))
+            elif op == "Transpose":
+                perm = attr(node, "perm")
+                add("transpose", acts, perm=list(perm) if perm is not None
+                    else list(range(len(shapes[acts[0]]) - 1, -1, -1)))
+            elif op == "Concat" and len(acts) == len(ins) and len(acts) >= 2:
+                add("concat", acts, axis=int(attr(node, "axis")))
+            elif op == "Split" and len(acts) == 1:
+                axis = int(attr(node, "axis", 0))
+                sizes = [shapes[o][axis] for o in node.output]
+                add("split", acts, axis=axis, sizes=sizes)
+            elif op == "Gather" and ins[0] in const and len(shapes[ins[0]]) == 2 and attr(node, "axis", 0) == 0:
+                v, d = shapes[ins[0]]
+                add("embedding", acts, num_embeddings=int(v), embedding_dim=int(d))
+            elif op in _PASS and len(acts) == 1 and (op != "Cast" or attr(node, "to") in _FLOAT and
+                                                     elem.get(acts[0]) in _FLOAT):
+                ref[out] = ref[acts[0]]
+                used.discard(nm)
+            else:
+                raise _Unmapped()
+        except _Unmapped:
+            if unknown == "elementwise" and len(acts) >= 1 and oshape is not None and \
+                    shapes.get(acts[0]) == oshape and len([o for o in node.output if o]) == 1:
+                add("elementwise", acts[:1], flops_per_element=1.0, label=op)
+                unmapped.setdefault(op, []).append(node.name or out)
+            else:
+                unmapped.setdefault(op, []).append(node.name or out)
+                problems.append(Problem(where, "not mapped"))
+                used.discard(nm)
+    if problems:
+        listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(x[:60] for x in v[:3])})"
+                           for op, v in sorted(unmapped.items(), key=lambda kv: -len(kv[1])))
+        raise fail("graph", f"{len(problems)} node(s) soapbox cannot map: {listed}. Import them as memory-bound "
+                            "elementwise ops with --unknown elementwise (when they keep their input's shape), or "
+                            "export without them")
+    if unmapped:
+        notes.append("imported as elementwise (memory-bound, 1 FLOP an element): " + "; ".join(
+            f"{op} x {len(v)}" for op, v in sorted(unmapped.items())))
+    if bound:
+        notes.append("symbolic dimensions bound: " + ", ".join(f"{k}={v}" for k, v in bound.items()))
+    try:
+        return b.build(), notes
+    except (OpError, ValueError) as e:
+        raise fail("graph", str(e)) from None
+
+
+class _Unmapped(Exception):
+    """This node has no soapbox op (listed, or imported as elementwise)."""
