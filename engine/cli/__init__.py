@@ -43,6 +43,7 @@ from ..search.baselines import BASELINES
 from .commands import (
     cmd_baseline,
     cmd_import,
+    cmd_profile,
     cmd_cluster,
     cmd_clusters,
     cmd_model,
@@ -140,6 +141,28 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type)")
     p.add_argument("-o", "--output", required=True, help="model file to write")
 
+    p = sub.add_parser("profile", help="measure each distinct op partition once (PyTorch) into a profile table",
+                       description="FlexFlow's 'measure each distinct operator once': list the distinct (op kind, "
+                                   "partition shape, precision) a strategy or the whole search space needs, time "
+                                   "each once with PyTorch on this machine (cached across runs), and write a "
+                                   "soapbox.profile/1 table for simulate/search --profile.")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="cluster preset name or cluster file")
+    add_batch_options(p)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--strategy", default="data-parallel", help="a strategy file or a baseline kind "
+                                                                  "(default data-parallel)")
+    what.add_argument("--all-configs", action="store_true", help="every config the SOAP search space may try")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device-type", help="the device type name to label the measurements with (default: this "
+                                         "machine's CPU or GPU name); they apply to clusters with that type")
+    p.add_argument("--repeats", type=int_in(3, 1000), default=10)
+    p.add_argument("--max-keys", type=positive_int, default=5000)
+    p.add_argument("--cache", help="SQLite file of past measurements (default ~/.cache/soapbox/measurements.sqlite; "
+                                   "'none' for no cache)")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("-o", "--output", required=True, help="profile table to write")
+
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "
                               "2: an error")
@@ -197,6 +220,7 @@ COMMANDS = {
     "model": cmd_model,
     "baseline": cmd_baseline,
     "import": cmd_import,
+    "profile": cmd_profile,
 }
 
 

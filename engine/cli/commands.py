@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 import json
+import os
 import shlex
 import sys
+import time
 
 from ..cluster import PRESETS, preset
 from ..errors import ValidationError, printable
-from ..formats import resolve_model, save_json, schema, validate_file
+from ..formats import load_strategy, resolve_model, save_json, schema, validate_file
 from ..models import SAMPLE_MODELS
 from ..models.transformer import GPTConfig, gpt
 from ..report import json_text
@@ -174,14 +176,80 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         s = load_strategy(args.strategy, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
     result = simulate_strategy(g, s, c, cost, check=False)  # (a baseline and a loaded file are checked)
+    cover = None
+    if args.profile:
+        from ..profiling import coverage
+
+        cover = coverage(g, s, c, cost)
     if args.trace:
         n = write_chrome_trace(args.trace, g, c, result.timeline, result.memory)
         if not args.json:
             print(f"wrote {args.trace}: {n:,} trace events (open in https://ui.perfetto.dev)")
     if args.json:
-        print(json_text(result.summary()))
+        print(json_text({**result.summary(), **({"profile": cover} if cover else {})}))
     else:
         print(format_summary(result))
+        if cover:
+            print(f"  measured compute   {cover['measured_share_of_compute']:.1%} of compute time from the profile "
+                  f"({cover['measured_partitions']:,} of {cover['partitions']:,} op partitions; the rest roofline)")
     return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure each distinct (op kind, partition shape, precision) a strategy or the search
+    space needs once, on the local device, and write a soapbox.profile/1 table."""
+    from ..costs import ProfileTable
+    from ..profiling import MeasurementCache, all_config_keys, local_device_name, measure, needed_keys
+
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("measuring needs PyTorch: pip install 'soapbox[torch]'") from None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to PyTorch here")
+    g, c = model_and_cluster(args)
+    if args.all_configs:
+        keys = all_config_keys(g, c)
+    else:
+        if args.strategy in BASELINES:
+            s = make_baseline(args.strategy, g, c)
+        else:
+            s = load_strategy(args.strategy, g, c)
+        keys = needed_keys(g, [s], c)
+    label = args.device_type or local_device_name(args.device)
+    distinct = list(dict.fromkeys(k[:5] + (label,) for k in keys))
+    if len(distinct) > args.max_keys:
+        raise ValueError(f"{len(distinct):,} distinct op partitions to measure, more than --max-keys "
+                         f"{args.max_keys:,} (measure one strategy, or raise the limit)")
+    cache = None
+    if args.cache != "none":
+        path = args.cache or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                          "soapbox", "measurements.sqlite")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        cache = MeasurementCache(path)
+    table, fresh, reused, t0 = ProfileTable(), 0, 0, time.perf_counter()
+    try:
+        for k, key in enumerate(distinct):
+            m = cache.get(key, label, torch.__version__) if cache else None
+            if m is None:
+                m = measure(key, args.device, repeats=args.repeats)
+                fresh += 1
+                if cache:
+                    cache.put(key, label, torch.__version__, m)
+            else:
+                reused += 1
+            table.add(*key, m.fwd_s, m.bwd_s)
+            if not args.quiet and sys.stderr.isatty():
+                print(f"\r  {k + 1:,}/{len(distinct):,} measured", end="", file=sys.stderr, flush=True)
+    finally:
+        if cache:
+            cache.close()
+    if not args.quiet and sys.stderr.isatty():
+        print(file=sys.stderr)
+    save_json(table.to_dict(), args.output)
+    print(f"wrote {args.output}: {len(distinct):,} distinct op partitions on {label!r} ({fresh:,} measured now, "
+          f"{reused:,} from the cache) in {time.perf_counter() - t0:.1f} s; they apply to clusters whose device "
+          f"type is named {label!r}")
+    return 0
 
 
