@@ -127,6 +127,9 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("onnx_file", nargs="?", metavar="MODEL_ONNX", help="an ONNX model file")
     src.add_argument("--hf", metavar="CONFIG_JSON", help="a Hugging Face config.json")
+    src.add_argument("--torch", metavar="MODULE:FUNCTION",
+                     help="a function returning (torch.nn.Module, example input), built on the meta device and "
+                          "captured with torch.export (runs your code: pip install 'soapbox[torch]')")
     p.add_argument("--batch", type=positive_int,
                    help="global batch (sequences for --hf, required there); for ONNX, binds each input's first "
                         "symbolic axis")
@@ -135,8 +138,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="bind an ONNX symbolic dimension by name (repeatable)")
     p.add_argument("--unknown", choices=["error", "elementwise"], default="error",
-                   help="ONNX ops soapbox has no kind for: list them and stop (default), or import those that "
-                        "keep their input's shape as memory-bound elementwise ops")
+                   help="ONNX / ATen ops soapbox has no kind for: list them and stop (default), or import "
+                        "those that keep their input's shape as memory-bound elementwise ops")
     p.add_argument("--precision", choices=PRECISIONS, help="default: the config's torch_dtype, else bf16")
     p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type)")
     p.add_argument("-o", "--output", required=True, help="model file to write")

@@ -108,7 +108,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..formats.jsonio import _read_capped, read_json
 
     notes: list[str] = []
-    if args.hf:
+    if args.torch:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ValueError("--torch needs PyTorch: pip install 'soapbox[torch]'")
+        from ..models.torch_import import import_torch, load_factory
+
+        g, notes = import_torch(load_factory(args.torch), unknown=args.unknown, precision=args.precision,
+                                name=args.name, source=printable(args.torch)[:200])
+    elif args.hf:
         from ..models.hf import from_hf_config
 
         if args.batch is None:
