@@ -48,8 +48,9 @@ MAX_TRACE_POINTS = 1500
 # --------------------------------------------------------------------------- events -> state
 
 
-def decode_upload(contents: str, filename: str) -> str:
-    """The text of a ``dcc.Upload`` data URL; raises ValueError saying what is wrong."""
+def decode_upload(contents: str, filename: str, binary: bool = False) -> str | bytes:
+    """The text (or with ``binary`` the bytes) of a ``dcc.Upload`` data URL; raises ValueError
+    saying what is wrong."""
     if not contents or "," not in contents:
         raise ValueError(f"{filename}: empty upload")
     payload = contents.split(",", 1)[1]
@@ -59,6 +60,8 @@ def decode_upload(contents: str, filename: str) -> str:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"{filename}: the upload is not valid base64 data") from None
+    if binary:
+        return raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -100,11 +103,15 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
         if trigger == "pick-baseline" and baseline and baseline != state.get("baseline"):
             return W.select_baseline(state, baseline)
         if trigger == "upload" and upload is not None:
+            onnx_file = str(filename or "").lower().endswith(".onnx")
             try:
-                text = decode_upload(upload, filename or "upload")
+                text = decode_upload(upload, filename or "upload", binary=onnx_file)
             except ValueError as e:
                 return state, f"Import refused: {e}"
-            new, msg, ok = W.import_file(state, text, filename or "upload")
+            if onnx_file:
+                new, msg, ok = W.import_onnx_file(state, text, filename or "upload.onnx")
+            else:
+                new, msg, ok = W.import_file(state, text, filename or "upload")
             return new, msg if ok else f"Import refused: {msg}"
         if trigger == "edit-apply":
             try:

@@ -162,7 +162,7 @@ def make_layout() -> html.Div:
             html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),
                                                               value=None, clearable=False)], className="pick"),
             dcc.Upload(id="upload", children=html.Div(["Drop or ", html.A("choose"),
-                                                      " a model, cluster or strategy file"]),
+                                                      " a model (soapbox JSON or ONNX), cluster or strategy file"]),
                        className="upload", multiple=False),
         ], className="pickers"),
         html.Div(id="message", className="message", role="status"),

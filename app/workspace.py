@@ -563,6 +563,42 @@ def _cheap_size_problem(kind: str, data: dict) -> str | None:
     return None
 
 
+def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str) -> tuple[dict, str, bool]:
+    digest = store.current().put_upload(state["sid"], "model", g.name, data)
+    new = copy.deepcopy(state)
+    new["model"] = {"name": g.name, "upload": digest}
+    new["strategy"] = make_baseline("data-parallel", g, cluster_of(new)).to_dict()
+    new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
+    return _bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel."
+                        + extra), True
+
+
+#: symbolic ONNX dimensions the explorer binds (the command line's --batch / --seq-len / --dim
+#: set them otherwise)
+ONNX_BATCH, ONNX_SEQ_LEN = 32, 512
+
+
+def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str, bool]:
+    """Import an ONNX model (``engine.models.onnx_import``): symbolic dimensions bound to batch
+    32 and sequence 512, ops without a soapbox kind imported as elementwise when they keep
+    their shape; the message says both."""
+    try:
+        from engine.models.onnx_import import import_onnx
+
+        g, notes = import_onnx(raw, batch=ONNX_BATCH, seq_len=ONNX_SEQ_LEN, unknown="elementwise",
+                               source=filename[:200])
+        data = g.to_dict()
+        too_big = _cheap_size_problem("model", data)
+        if too_big:
+            return state, f"{filename}: {too_big}", False
+        extra = "".join(f" Note: {n}." for n in notes)
+        if any(n.startswith("symbolic") for n in notes):
+            extra += " (The command line's soapbox import --batch/--seq-len/--dim set other sizes.)"
+        return _adopt_model(state, g, data, filename, extra)
+    except (ValidationError, SoapboxError, ValueError) as e:
+        return state, f"{filename}: {e}", False
+
+
 def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]:
     """Import a model, cluster or strategy file (told apart by its ``format`` field).
 
@@ -584,13 +620,7 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             if too_big:
                 return state, f"{filename}: {too_big}", False
         if kind == "model":
-            g = load_model(data)
-            digest = store.current().put_upload(state["sid"], "model", g.name, data)
-            new = copy.deepcopy(state)
-            new["model"] = {"name": g.name, "upload": digest}
-            new["strategy"] = make_baseline("data-parallel", g, cluster_of(new)).to_dict()
-            new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
-            return _bump(new), f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel.", True
+            return _adopt_model(state, load_model(data), data, filename, "")
         if kind == "cluster":
             c = load_cluster(data)  # (its size was checked above, from the file)
             digest = store.current().put_upload(state["sid"], "cluster", c.name, data)

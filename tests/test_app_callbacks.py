@@ -559,3 +559,23 @@ class TestBatch:
     def test_the_search_worker_sees_the_batch(self, alex):
         new, _ = C.on_event("pick-batch", alex, batch=512)
         assert W.graph_of(W.refs(new)).batch_size == 512
+
+
+class TestOnnxUpload:
+    """Issue 14: the upload box takes ONNX models."""
+
+    def _upload(self, data: bytes) -> str:
+        return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+    def test_an_onnx_model_is_imported_and_simulated(self, alex):
+        from tests.test_import_onnx import transformer_block
+
+        new, msg = C.on_event("upload", alex, upload=self._upload(transformer_block()), filename="block.onnx")
+        assert msg.startswith("Loaded model") and "B=32" in msg and "S=512" in msg, msg
+        g = W.graph_of(new)
+        assert g.batch_size == 32 and any(o.kind == "attention" or o.kind == "batch_matmul" for o in g.ops)
+        assert W.workspace(new).timeline.makespan_s > 0
+
+    def test_a_broken_onnx_file_is_refused_and_the_state_kept(self, alex):
+        new, msg = C.on_event("upload", alex, upload=self._upload(b"\x08\x01garbage" * 5), filename="x.onnx")
+        assert new is alex and msg.startswith("Import refused: x.onnx") and "not an ONNX model" in msg
