@@ -42,6 +42,7 @@ from ..search import ALGORITHMS
 from ..search.baselines import BASELINES
 from .commands import (
     cmd_baseline,
+    cmd_export,
     cmd_import,
     cmd_profile,
     cmd_cluster,
@@ -166,6 +167,17 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--quiet", action="store_true")
     p.add_argument("-o", "--output", required=True, help="profile table to write")
 
+    p = sub.add_parser("export", help="a strategy as Megatron-LM flags, a DeepSpeed config or a torchtitan TOML",
+                       description="Export a Megatron-shaped strategy (tensor x pipeline x context x data "
+                                   "parallel, as the frameworks lay them out) for a framework; a strategy they "
+                                   "cannot express (per-op splits) is refused with the ops that break it.")
+    p.add_argument("strategy", help="strategy file")
+    p.add_argument("--format", required=True, choices=["megatron", "deepspeed", "torchtitan"])
+    p.add_argument("--model", help="model (default: the one the strategy names)")
+    p.add_argument("--cluster", help="cluster (default: the one the strategy names)")
+    p.add_argument("--batch", type=positive_int, help="the sample model's global batch, when not its default")
+    p.add_argument("-o", "--output", help="file to write (default: print)")
+
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "
                               "2: an error")
@@ -224,6 +236,7 @@ COMMANDS = {
     "baseline": cmd_baseline,
     "import": cmd_import,
     "profile": cmd_profile,
+    "export": cmd_export,
 }
 
 

@@ -204,6 +204,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..export import export
+    from ..formats import load_strategy as load
+    from ..formats import resolve_cluster
+    from ..formats.writing import atomic_writer
+
+    s = load(args.strategy)
+    g = resolve_model(args.model, allow_path=True, batch=args.batch) if args.model else \
+        resolve_model(s.model_name, batch=args.batch)
+    c = resolve_cluster(args.cluster, allow_path=True) if args.cluster else resolve_cluster(s.cluster_name)
+    s = load(args.strategy, g, c)
+    text = export(args.format, g, s, c)
+    if args.output:
+        with atomic_writer(args.output, make_parents=True) as f:
+            f.write(text)
+        print(f"wrote {args.output}: {args.format} settings for {g.name} on {c.name}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure each distinct (op kind, partition shape, precision) a strategy or the search
     space needs once, on the local device, and write a soapbox.profile/1 table."""

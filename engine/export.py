@@ -1,0 +1,334 @@
+"""Plans a framework can run: a strategy as Megatron-LM flags, a DeepSpeed config or a
+torchtitan TOML (``soapbox export``).
+
+A strategy is exportable when it *is* a Megatron-shaped layout: :func:`infer_layout` reads its
+tensor / pipeline / context / data-parallel degrees, microbatches, schedule, layer split and
+settings, rebuilds that layout with :func:`engine.search.baselines.megatron`, and compares
+every op's config with the strategy's. Any op that differs (a per-op SOAP split no framework
+flag expresses) is listed and the export refused: nothing is approximated silently. Each
+format then refuses what its framework cannot express (ZeRO-2/3 in Megatron-LM's flags,
+tensor or pipeline parallelism in a DeepSpeed config, ZeRO-1 in torchtitan), naming the
+setting and the format that can.
+
+Flag and key names are those of the frameworks' documentation: Megatron-LM
+``megatron/training/arguments.py`` (``--tensor-model-parallel-size``, ...), DeepSpeed's config
+JSON reference (https://www.deepspeed.ai/docs/config-json/), torchtitan's
+``torchtitan/config/job_config.py`` (``[parallelism]``, ``[activation_checkpoint]``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .cluster import Cluster
+from .errors import Problem, ValidationError
+from .graph import OpGraph
+from .search.layouts import layer_blocks
+from .strategy import Strategy
+
+__all__ = ["Layout", "infer_layout", "to_megatron", "to_deepspeed", "to_torchtitan", "FORMATS", "export",
+           "layout_from_megatron", "layout_from_deepspeed", "layout_from_torchtitan", "build_layout"]
+
+FORMATS = ("megatron", "deepspeed", "torchtitan")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A Megatron-shaped layout: what the three frameworks' settings can say."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    vpp: int
+    micro_batch: int
+    global_batch: int
+    schedule: str
+    recompute: str
+    zero_stage: int
+    sequence_parallel: bool
+    fp8: bool
+    tp_comm_overlap: bool
+    layers_per_stage: tuple[int, ...] | None  # None: even (or Megatron's balanced split)
+    gather_unit: str = "block"
+    shard_group: int = 0
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+
+def build_layout(graph: OpGraph, cluster: Cluster, lay: Layout) -> Strategy:
+    """The strategy a layout makes (:func:`engine.search.baselines.megatron`)."""
+    from dataclasses import replace
+
+    from .search.baselines import megatron
+
+    s = megatron(graph, cluster, tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, micro_batch=lay.micro_batch,
+                 vpp=lay.vpp, recompute=lay.recompute, sequence_parallel=lay.sequence_parallel,
+                 schedule=lay.schedule, layers_per_stage=list(lay.layers_per_stage) if lay.layers_per_stage else None,
+                 zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap)
+    if lay.gather_unit != "block" or lay.shard_group:
+        s = replace(s, gather_unit=lay.gather_unit, shard_group=lay.shard_group)
+    return s
+
+
+def _fail(problems: list[Problem]) -> ValidationError:
+    return ValidationError(problems, "export")
+
+
+def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout:
+    """The Megatron-shaped layout ``strategy`` is, or :class:`ValidationError` listing the ops
+    (and settings) no layout explains."""
+    layers = layer_blocks(graph)
+    lin = next((op for op in graph.ops if op.kind == "linear" and op.block in layers), None)
+    if lin is None:
+        raise _fail([Problem("model", f"{graph.name!r} has no numbered transformer layers: the frameworks' "
+                                      "layouts (tensor / pipeline / data parallel) are defined over them")])
+    cfg = strategy.configs[lin.name]
+    tp = cfg.degree("feature") * cfg.degree("in_feature") * cfg.degree("replica")
+    cp_sp = cfg.degree("length")
+    sp = strategy.sequence_parallel
+    pp, vpp = strategy.pipeline.stages, strategy.pipeline.virtual_stages
+    dp = cfg.degree("sample")
+    # the first layer's norm tells cp apart from sequence parallelism (its length splits are
+    # cp x tp under SP, cp alone otherwise)
+    norm = next((op for op in graph.ops if op.block == lin.block and op.kind in ("layernorm", "rmsnorm")), None)
+    cp = cp_sp
+    if norm is not None:
+        ncfg = strategy.configs[norm.name]
+        cp = ncfg.degree("length") // (tp if sp else 1) or 1
+    m = max(1, strategy.pipeline.microbatches)
+    batch = graph.batch_size
+    problems: list[Problem] = []
+    if batch % (dp * m):
+        problems.append(Problem("pipeline.microbatches", f"batch {batch} does not split into {m} microbatches on "
+                                                         f"{dp} data-parallel ranks"))
+        raise _fail(problems)
+    counts = None
+    if pp > 1 and vpp == 1:
+        per = [0] * pp
+        for b in layers:
+            first = next(op for op in graph.ops if op.block == b)
+            per[strategy.stage_of.get(first.name, 0)] += 1
+        counts = tuple(per)
+    lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
+                 schedule=strategy.pipeline.schedule, recompute=strategy.recompute, zero_stage=strategy.zero_stage,
+                 sequence_parallel=sp, fp8=strategy.fp8, tp_comm_overlap=strategy.tp_comm_overlap,
+                 layers_per_stage=counts, gather_unit=strategy.gather_unit, shard_group=strategy.shard_group)
+    try:
+        rebuilt = build_layout(graph, cluster, lay)
+    except ValueError as e:
+        raise _fail([Problem("layout", f"tp {tp} x pp {pp} x cp {cp} x dp {dp} is no valid Megatron layout here: "
+                                       f"{e}")]) from None
+    # the same configs up to which block of devices each stage sits on (Megatron places stage
+    # s on devices s*dp*cp*tp...; a strategy may have permuted the stages)
+    mapping: dict[int, int] = {}
+    for op in graph.ops:
+        a, b = strategy.configs[op.name], rebuilt.configs[op.name]
+        if a.degrees != b.degrees or len(a.devices) != len(b.devices):
+            problems.append(Problem(f"ops.{op.name}", f"split {dict(a.degrees)} where the layout has {dict(b.degrees)}"))
+            continue
+        for x, y in zip(a.devices, b.devices):
+            if mapping.setdefault(y, x) != x:
+                problems.append(Problem(f"ops.{op.name}", f"devices {list(a.devices)[:8]} break the layout's "
+                                                          f"device order {list(b.devices)[:8]}"))
+                break
+        if (strategy.stage_of.get(op.name) or 0) != (rebuilt.stage_of.get(op.name) or 0):
+            problems.append(Problem(f"ops.{op.name}", f"on stage {strategy.stage_of.get(op.name)} where the layout "
+                                                      f"puts it on {rebuilt.stage_of.get(op.name)}"))
+    if len(set(mapping.values())) != len(mapping):
+        problems.append(Problem("devices", "two layout ranks share a device"))
+    if problems:
+        shown = problems[:20]
+        if len(problems) > 20:
+            shown.append(Problem("ops", f"... and {len(problems) - 20:,} more"))
+        raise _fail([Problem("layout", f"not a Megatron-shaped layout (nearest: tp {tp}, pp {pp}, cp {cp}, dp {dp}); "
+                                       f"{len(problems):,} op(s) differ")] + shown)
+    return lay
+
+
+def _refuse(fmt: str, what: str, instead: str) -> ValidationError:
+    return _fail([Problem(fmt, f"{what}; {instead}")])
+
+
+def to_megatron(lay: Layout) -> list[str]:
+    """Megatron-LM (Megatron-Core) command-line flags."""
+    if lay.zero_stage >= 2:
+        raise _refuse("megatron", f"ZeRO stage {lay.zero_stage} has no Megatron-LM flag (its distributed optimizer "
+                                  "is ZeRO-1)", "export --format torchtitan (FSDP) or deepspeed")
+    f = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp)]
+    if lay.cp > 1:
+        f += ["--context-parallel-size", str(lay.cp)]
+    if lay.vpp > 1:
+        f += ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)]
+    if lay.layers_per_stage and len(set(lay.layers_per_stage)) > 1:
+        first, *mid, last = lay.layers_per_stage
+        if len(set(mid)) > 1:
+            raise _refuse("megatron", f"layers per stage {list(lay.layers_per_stage)}: Megatron-LM sets only the "
+                                      "first and last stage's layers", "make the middle stages even")
+        f += ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+    if lay.sequence_parallel:
+        f.append("--sequence-parallel")
+    if lay.tp_comm_overlap:
+        f.append("--tp-comm-overlap")
+    if lay.recompute == "selective":
+        f += ["--recompute-granularity", "selective"]
+    elif lay.recompute == "full":
+        f += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if lay.zero_stage == 1:
+        f.append("--use-distributed-optimizer")
+    if lay.fp8:
+        f += ["--fp8-format", "hybrid"]
+    if lay.pp > 1 and lay.schedule == "gpipe":
+        raise _refuse("megatron", "the GPipe schedule has no Megatron-LM flag (it runs 1F1B, or interleaved with "
+                                  "virtual stages)", "use 1f1b")
+    f += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
+    return f
+
+
+def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
+    """The layout Megatron-LM flags give (``base`` supplies what they do not say: the layer
+    split when even, the gather unit); for round trips."""
+    v: dict[str, Any] = {}
+    k = 0
+    while k < len(flags):
+        name = flags[k]
+        if k + 1 < len(flags) and not flags[k + 1].startswith("--"):
+            v[name] = flags[k + 1]
+            k += 2
+        else:
+            v[name] = True
+            k += 1
+    tp, pp, cp = int(v["--tensor-model-parallel-size"]), int(v["--pipeline-model-parallel-size"]), \
+        int(v.get("--context-parallel-size", 1))
+    mb, gb = int(v["--micro-batch-size"]), int(v["--global-batch-size"])
+    counts = base.layers_per_stage
+    if "--decoder-first-pipeline-num-layers" in v:
+        first, last = int(v["--decoder-first-pipeline-num-layers"]), int(v["--decoder-last-pipeline-num-layers"])
+        total = sum(base.layers_per_stage or ())
+        mid = (total - first - last) // max(1, pp - 2)
+        counts = (first, *([mid] * (pp - 2)), last)
+    vpp = int(v.get("--num-virtual-stages-per-pipeline-rank", 1))
+    return Layout(tp=tp, pp=pp, dp=base.dp, cp=cp, vpp=vpp, micro_batch=mb, global_batch=gb,
+                  schedule="interleaved" if vpp > 1 else "1f1b", recompute=v.get("--recompute-granularity", "none"),
+                  zero_stage=1 if v.get("--use-distributed-optimizer") else 0,
+                  sequence_parallel=bool(v.get("--sequence-parallel")), fp8="--fp8-format" in v,
+                  tp_comm_overlap=bool(v.get("--tp-comm-overlap")), layers_per_stage=counts,
+                  gather_unit=base.gather_unit, shard_group=base.shard_group)
+
+
+def to_deepspeed(lay: Layout, precision: str) -> dict[str, Any]:
+    """A DeepSpeed config (ZeRO data parallelism)."""
+    if lay.tp > 1 or lay.pp > 1 or lay.cp > 1:
+        raise _refuse("deepspeed", f"tensor / pipeline / context parallelism (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}) "
+                                   "is set in the model code, not in a DeepSpeed config",
+                      "export --format megatron (Megatron-DeepSpeed takes its flags) or torchtitan")
+    cfg: dict[str, Any] = {
+        "train_batch_size": lay.global_batch,
+        "train_micro_batch_size_per_gpu": lay.micro_batch,
+        "gradient_accumulation_steps": lay.microbatches,
+        "zero_optimization": {"stage": lay.zero_stage},
+    }
+    if lay.zero_stage >= 2 and lay.shard_group:
+        cfg["zero_optimization"]["zero_hpz_partition_size"] = lay.shard_group  # (ZeRO++ hierarchical partitioning)
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    if lay.recompute == "selective":
+        raise _refuse("deepspeed", "selective recomputation (Megatron's: attention's core only) has no DeepSpeed "
+                                   "setting; DeepSpeed checkpoints whole layers", "export --format megatron")
+    if lay.recompute == "full":
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    return cfg
+
+
+def layout_from_deepspeed(cfg: dict[str, Any], base: Layout) -> Layout:
+    mb, gb = int(cfg["train_micro_batch_size_per_gpu"]), int(cfg["train_batch_size"])
+    acc = int(cfg["gradient_accumulation_steps"])
+    z = cfg["zero_optimization"]
+    return Layout(tp=1, pp=1, dp=gb // (mb * acc), cp=1, vpp=1, micro_batch=mb, global_batch=gb, schedule="1f1b",
+                  recompute="full" if "activation_checkpointing" in cfg else "none",
+                  zero_stage=int(z["stage"]), sequence_parallel=False, fp8=False, tp_comm_overlap=False,
+                  layers_per_stage=None, gather_unit=base.gather_unit, shard_group=int(z.get("zero_hpz_partition_size", 0)))
+
+
+def to_torchtitan(lay: Layout, precision: str, seq_len: int) -> str:
+    """A torchtitan job config (TOML)."""
+    if lay.zero_stage == 1:
+        raise _refuse("torchtitan", "ZeRO-1 (sharded optimizer state only) has no torchtitan setting (FSDP shards "
+                                    "parameters too)", "export --format megatron (--use-distributed-optimizer)")
+    shard = lay.dp if lay.zero_stage >= 2 else 1
+    replicate = 1 if lay.zero_stage >= 2 else lay.dp
+    if lay.zero_stage >= 2 and lay.shard_group:
+        shard, replicate = lay.shard_group, lay.dp // lay.shard_group
+    sched = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[lay.schedule]
+    lines = [
+        "# written by soapbox export (torchtitan job config)",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {shard}",
+        f'fsdp_reshard_after_forward = "{"never" if lay.zero_stage == 2 else "default"}"',
+        f"tensor_parallel_degree = {lay.tp}",
+        f"context_parallel_degree = {lay.cp}",
+        f"pipeline_parallel_degree = {lay.pp}",
+        f'pipeline_parallel_schedule = "{sched}"',
+        f"pipeline_parallel_microbatch_size = {lay.micro_batch}",
+        "",
+        "[training]",
+        f"local_batch_size = {lay.global_batch // lay.dp}",
+        f"global_batch_size = {lay.global_batch}",
+        f"seq_len = {seq_len}",
+        f'mixed_precision_param = "{ {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32") }"',
+        "",
+        "[activation_checkpoint]",
+        f'mode = "{lay.recompute}"',
+    ]
+    if lay.fp8:
+        lines += ["", "[float8]", "enable_fsdp_float8_all_gather = false"]
+    if lay.tp_comm_overlap or (lay.tp > 1 and not lay.sequence_parallel):
+        # torchtitan's tensor parallelism is always sequence-parallel (its "loss parallel")
+        raise _refuse("torchtitan", "tensor parallelism without sequence parallelism (or with Megatron-Core's "
+                                    "--tp-comm-overlap) has no torchtitan setting", "export --format megatron")
+    return "\n".join(lines) + "\n"
+
+
+def layout_from_torchtitan(text: str, base: Layout) -> Layout:
+    import tomllib
+
+    t = tomllib.loads(text)
+    p, tr = t["parallelism"], t["training"]
+    shard, rep = int(p["data_parallel_shard_degree"]), int(p["data_parallel_replicate_degree"])
+    zero = 0 if shard == 1 and base.zero_stage == 0 else (2 if p.get("fsdp_reshard_after_forward") == "never" else 3)
+    sched = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}[p["pipeline_parallel_schedule"]]
+    tp = int(p["tensor_parallel_degree"])
+    return Layout(tp=tp, pp=int(p["pipeline_parallel_degree"]), dp=shard * rep, cp=int(p["context_parallel_degree"]),
+                  vpp=base.vpp, micro_batch=int(p["pipeline_parallel_microbatch_size"]),
+                  global_batch=int(tr["global_batch_size"]), schedule=sched, recompute=t["activation_checkpoint"]["mode"],
+                  zero_stage=zero, sequence_parallel=tp > 1, fp8="float8" in t, tp_comm_overlap=False,
+                  layers_per_stage=base.layers_per_stage, gather_unit=base.gather_unit,
+                  shard_group=shard if zero >= 2 and rep > 1 else 0)
+
+
+def export(fmt: str, graph: OpGraph, strategy: Strategy, cluster: Cluster) -> str:
+    """The strategy in format ``fmt`` as text (flags on one line, JSON, or TOML)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
+    lay = infer_layout(graph, strategy, cluster)
+    if fmt == "megatron":
+        return " ".join(to_megatron(lay)) + "\n"
+    if fmt == "deepspeed":
+        return json.dumps(to_deepspeed(lay, graph.precision), indent=2) + "\n"
+    seq = next((op.dim("length").size for op in graph.ops if "length" in op.dim_names), 0)
+    return to_torchtitan(lay, graph.precision, seq)
+
+
+def layout_dict(lay: Layout) -> dict[str, Any]:
+    d = asdict(lay)
+    d["microbatches"] = lay.microbatches
+    d["layers_per_stage"] = list(lay.layers_per_stage) if lay.layers_per_stage else None
+    return d
+

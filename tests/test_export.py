@@ -1,0 +1,112 @@
+"""Issue 15: plans a framework can run. A Megatron-shaped strategy exports to Megatron-LM
+flags, a DeepSpeed config and a torchtitan TOML; parsed back they give the same layout (the
+same configs, op for op); what a framework cannot express is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from engine.cli import main
+from engine.cluster import preset
+from engine.errors import ValidationError
+from engine.export import (build_layout, export, infer_layout, layout_from_deepspeed, layout_from_megatron,
+                           layout_from_torchtitan, to_deepspeed, to_megatron, to_torchtitan)
+from engine.formats import resolve_model
+from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.strategy import Config
+
+G, C = resolve_model("gpt2", batch=32), preset("dgx-a100-80gb:2")
+
+LAYOUTS = {
+    "tp2-pp2-sp-selective-zero1": lambda: megatron(G, C, tp=2, pp=2, micro_batch=1, sequence_parallel=True,
+                                                   recompute="selective", zero_stage=1),
+    "tp4-pp4-uneven": lambda: megatron(G, C, tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2]),
+    "pp2-vpp2": lambda: megatron(G, C, pp=2, vpp=2, micro_batch=1),
+    "fsdp-zero3-full": lambda: fsdp(G, C, micro_batch=1, recompute="full"),
+    "fsdp-zero2": lambda: fsdp(G, C, zero_stage=2),
+    "dp": lambda: data_parallel(G, C),
+    "tp2-sp-cp2": lambda: megatron(G, C, tp=2, cp=2, sequence_parallel=True, micro_batch=1),
+}
+
+
+def same_configs(a, b):
+    assert a.pipeline == b.pipeline and a.recompute == b.recompute and a.zero_stage == b.zero_stage
+    assert a.sequence_parallel == b.sequence_parallel and dict(a.stage_of) == dict(b.stage_of)
+    for op in G.ops:
+        assert a.configs[op.name] == b.configs[op.name], op.name
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_round_trips(name):
+    s = LAYOUTS[name]()
+    lay = infer_layout(G, s, C)
+    same_configs(build_layout(G, C, lay), s)
+    done = 0
+    try:
+        flags = to_megatron(lay)
+        same_configs(build_layout(G, C, layout_from_megatron(flags, lay)), s)
+        done += 1
+    except ValidationError as e:
+        assert lay.zero_stage >= 2, e
+    try:
+        cfg = json.loads(json.dumps(to_deepspeed(lay, G.precision)))
+        same_configs(build_layout(G, C, layout_from_deepspeed(cfg, lay)), s)
+        done += 1
+    except ValidationError as e:
+        assert lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.recompute == "selective", e
+    try:
+        text = to_torchtitan(lay, G.precision, 1024)
+        same_configs(build_layout(G, C, layout_from_torchtitan(text, lay)), s)
+        done += 1
+    except ValidationError as e:
+        assert lay.zero_stage == 1 or (lay.tp > 1 and not lay.sequence_parallel), e
+    assert done >= 1
+
+
+def test_megatron_flags_read_like_megatron_lm():
+    s = LAYOUTS["tp2-pp2-sp-selective-zero1"]()
+    text = export("megatron", G, s, C)
+    assert text.split() == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                            "--sequence-parallel", "--recompute-granularity", "selective",
+                            "--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "32"]
+
+
+def test_a_per_op_split_is_refused_with_the_ops_that_break_it():
+    s = megatron(G, C, tp=2, micro_batch=1)
+    odd = s.with_config("layers.3.mlp.fc1", Config({"sample": 8}, tuple(range(8))))
+    with pytest.raises(ValidationError) as e:
+        export("megatron", G, odd, C)
+    msg = str(e.value)
+    assert "not a Megatron-shaped layout" in msg and "layers.3.mlp.fc1" in msg
+
+
+def test_what_a_framework_cannot_express_is_refused_with_the_alternative():
+    with pytest.raises(ValidationError, match="ZeRO stage 3 has no Megatron-LM flag.*torchtitan"):
+        export("megatron", G, fsdp(G, C), C)
+    with pytest.raises(ValidationError, match="set in the model code.*megatron"):
+        export("deepspeed", G, megatron(G, C, tp=2), C)
+    with pytest.raises(ValidationError, match="ZeRO-1.*use-distributed-optimizer"):
+        export("torchtitan", G, megatron(G, C, tp=2, sequence_parallel=True, zero_stage=1), C)
+
+
+def test_a_model_without_layers_is_refused():
+    g = resolve_model("alexnet")
+    with pytest.raises(ValidationError, match="no numbered transformer layers"):
+        export("megatron", g, data_parallel(g, preset("p100-4x4")), preset("p100-4x4"))
+
+
+def test_cli(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    assert main(["baseline", "--model", "gpt2", "--cluster", "dgx-a100-80gb:2", "--kind", "fsdp", "--batch", "32", "-o",
+                 str(path)]) == 0
+    capsys.readouterr()
+    assert main(["export", "--format", "torchtitan", str(path), "--batch", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "data_parallel_shard_degree = 16" in out and 'mode = "none"' in out
+    assert main(["export", "--format", "megatron", str(path), "--batch", "32"]) == 2
+    assert "ZeRO stage 3" in capsys.readouterr().err
+    assert main(["export", "--format", "deepspeed", str(path), "--batch", "32", "-o", str(tmp_path / "ds.json")]) == 0
+    assert json.loads((tmp_path / "ds.json").read_text())["zero_optimization"]["stage"] == 3
