@@ -519,6 +519,25 @@ def export_strategy(state: dict) -> dict:
     return {"content": json.dumps(data, indent=1), "filename": name.replace(":", "_"), "type": "application/json"}
 
 
+def export_framework(state: dict, fmt: str) -> tuple[dict | None, str]:
+    """(download, message): the strategy as ``fmt`` settings (engine.export), or no download
+    and why the framework cannot express it."""
+    from engine.export import export
+
+    ws = W.workspace(state)
+    try:
+        text = export(fmt, ws.graph, ws.strategy, ws.cluster)
+    except (ValueError, SoapboxError) as e:
+        lines = str(e).splitlines()
+        shown = "; ".join(x.strip(" -") for x in lines[1:6]) or lines[0]
+        more = f" (+{len(lines) - 6} more)" if len(lines) > 6 else ""
+        return None, f"Not exported to {fmt}: {shown}{more}"
+    ext = {"megatron": "txt", "deepspeed": "json", "torchtitan": "toml"}[fmt]
+    name = f"{fmt}-{state['model'].get('name', 'model')}-{state['cluster'].get('name', 'cluster')}.{ext}"
+    return ({"content": text, "filename": name.replace(":", "_"), "type": "text/plain"},
+            f"Exported {fmt} settings ({name}).")
+
+
 def export_trace(state: dict) -> dict:
     ws = W.workspace(state)
     events = list(trace_events(ws.graph, ws.cluster, ws.timeline, ws.memory))
@@ -668,6 +687,18 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
             return export_trace(state)
         except (ValueError, SoapboxError):
             return no_update
+
+    @app.callback(Output("download", "data", allow_duplicate=True), Output("export-fw-message", "children"),
+                  Input("export-megatron", "n_clicks"), Input("export-deepspeed", "n_clicks"),
+                  Input("export-torchtitan", "n_clicks"), State("state", "data"), prevent_initial_call=True)
+    def _export_framework(_m, _d, _t, state):
+        fmt = str(ctx.triggered_id or "").removeprefix("export-")
+        try:
+            W.check_state(state)
+            data, msg = export_framework(state, fmt)
+        except (ValueError, SoapboxError) as e:
+            return no_update, f"Not exported: {_first_line(e)}"
+        return (data if data is not None else no_update), msg
 
     @app.callback(Output("share-url", "value"), Input("share", "n_clicks"), State("state", "data"),
                   State("url", "href"), prevent_initial_call=True)

@@ -579,3 +579,16 @@ class TestOnnxUpload:
     def test_a_broken_onnx_file_is_refused_and_the_state_kept(self, alex):
         new, msg = C.on_event("upload", alex, upload=self._upload(b"\x08\x01garbage" * 5), filename="x.onnx")
         assert new is alex and msg.startswith("Import refused: x.onnx") and "not an ONNX model" in msg
+
+
+class TestExportFramework:
+    """Issue 15: the Export tab's framework buttons."""
+
+    def test_megatron_layout_exports_and_alexnet_is_refused_with_the_reason(self, alex):
+        data, msg = C.export_framework(alex, "megatron")
+        assert data is None and "no numbered transformer layers" in msg
+        state = W.new_state("gpt2", "dgx-a100-80gb:1", "megatron")
+        data, msg = C.export_framework(state, "megatron")
+        assert data["filename"].endswith(".txt") and "--tensor-model-parallel-size" in data["content"], msg
+        data, msg = C.export_framework(state, "torchtitan")
+        assert data["filename"].endswith(".toml") and "[parallelism]" in data["content"], msg
