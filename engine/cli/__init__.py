@@ -51,6 +51,7 @@ from .commands import (
     cmd_models,
     cmd_schema,
     cmd_simulate,
+    cmd_sweep,
     cmd_validate,
 )
 from .common import (
@@ -178,6 +179,25 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--batch", type=positive_int, help="the sample model's global batch, when not its default")
     p.add_argument("-o", "--output", help="file to write (default: print)")
 
+    p = sub.add_parser("sweep", help="simulate every combination of layouts x cluster sizes (process pool or Ray)",
+                       description="Simulate every combination of a grid of Megatron-shaped layouts on each "
+                                   "cluster; infeasible points are kept with the reason. Results as CSV, JSON or "
+                                   "Parquet, and an HTML report with the Pareto front (time vs GPUs vs memory).")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    add_batch_options(p)
+    p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2",
+                   help="values per key: tp, pp, cp, vpp, mb (micro-batch), zero, recompute, sp (0/1)")
+    p.add_argument("--clusters", required=True, metavar="PRESET:N1,N2",
+                   help="clusters, e.g. dgx-a100-80gb:4,8,16 (several groups separated by spaces in quotes)")
+    p.add_argument("--backend", choices=["pool", "serial", "ray"], default="pool",
+                   help="a local process pool (default), one process, or Ray (--address for a cluster; local "
+                        "mode without)")
+    p.add_argument("--address", help="Ray cluster address (ray://host:10001, or auto)")
+    p.add_argument("--workers", type=positive_int, help="processes (pool) or local CPUs (Ray); default: all cores")
+    p.add_argument("--batch-points", type=positive_int, help="points a task (default: about 4 tasks a worker)")
+    p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet")
+    p.add_argument("--report", help="HTML report to write (Plotly)")
+
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "
                               "2: an error")
@@ -237,6 +257,7 @@ COMMANDS = {
     "import": cmd_import,
     "profile": cmd_profile,
     "export": cmd_export,
+    "sweep": cmd_sweep,
 }
 
 

@@ -105,7 +105,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..formats.jsonio import _read_capped, read_json
+    from ..formats.jsonio import read_bytes, read_json
 
     notes: list[str] = []
     if args.torch:
@@ -135,7 +135,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 raise ValueError(f"--dim {printable(pair)[:60]!r}: expected NAME=N with N a positive whole number")
             dims[key] = int(value)
         source = printable(str(args.onnx_file))[:200]
-        data = _read_capped(args.onnx_file, source, MAX_ONNX_BYTES, "an ONNX file")
+        data = read_bytes(args.onnx_file, source, MAX_ONNX_BYTES, "an ONNX file")
         g, notes = import_onnx(data, batch=args.batch, seq_len=args.seq_len, dims=dims, unknown=args.unknown,
                                precision=args.precision, name=args.name, source=source)
     save_json(g.to_dict(), args.output)
@@ -202,6 +202,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(f"  measured compute   {cover['measured_share_of_compute']:.1%} of compute time from the profile "
                   f"({cover['measured_partitions']:,} of {cover['partitions']:,} op partitions; the rest roofline)")
     return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..sweep import pareto, parse_clusters, parse_grid, points, run_sweep, write_report, write_rows
+
+    if args.batch_per_gpu is not None:
+        raise ValueError("--batch-per-gpu does not apply to a sweep over cluster sizes; give --batch")
+    pts = points(parse_grid(args.grid), parse_clusters(args.clusters))
+    tty = sys.stderr.isatty()
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if tty:
+            print(f"\r  {done:,}/{total:,} layouts", end="", file=sys.stderr, flush=True)
+
+    rows = run_sweep(args.model, pts, backend=args.backend, workers=args.workers, batch_points=args.batch_points,
+                     address=args.address, batch=args.batch, progress=progress)
+    if tty:
+        print(file=sys.stderr)
+    seconds = time.perf_counter() - t0
+    write_rows(rows, args.output)
+    if args.report:
+        write_report(rows, args.report, f"{args.model} sweep")
+    ok = sum(1 for r in rows if r["feasible"])
+    print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit) in {seconds:.1f} s "
+          f"({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); Pareto front: {len(pareto(rows))}"
+          + (f"; report {args.report}" if args.report else ""))
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:

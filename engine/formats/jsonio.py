@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import Problem, ValidationError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "read_json", "parse_json_text", "too_deep_at", "check_json_data",
+__all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "read_json", "read_bytes", "parse_json_text", "too_deep_at", "check_json_data",
            "value_at", "render_path"]
 
 #: Files larger than this are refused while reading (a 1536-GPU GPT-3 strategy is ~1.9 MB;
@@ -89,6 +89,13 @@ def _read_capped(path: str | os.PathLike, source: str, limit: int | None = None,
     if size > cap:
         raise fail(f"the file is larger than the limit of {cap // 2**20:,} MiB")
     return b"".join(chunks)
+
+
+def read_bytes(path: str | os.PathLike, source: str, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (a path the user typed), at most ``limit``,
+    read as :func:`read_json` reads (no FIFO, device or /proc file; ``what``: how the file is
+    named in errors, e.g. "an ONNX file")."""
+    return _read_capped(path, source, limit, what)
 
 
 def read_json(path: str | os.PathLike) -> Any:

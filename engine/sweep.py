@@ -1,0 +1,273 @@
+"""Sweeps of layouts x cluster sizes (``soapbox sweep``): every combination simulated, infeasible
+ones kept with the reason, on one process, a local process pool (the default; no service) or a
+Ray cluster (``backend="ray"``: the same call runs on a laptop in Ray's local mode or on a
+cluster given its address).
+
+A point is a Megatron-shaped layout (:func:`engine.search.baselines.megatron`: tp, pp, cp, vpp,
+micro-batch, recomputation, ZeRO stage, sequence parallelism) of one model on one cluster;
+its row holds the layout, the simulated iteration time, tokens (or samples) per second, the
+peak memory per GPU and whether it fits, or why it cannot be built. Points are sent to
+workers in batches (``batch`` points a task), so that per-task scheduling costs little against
+the simulations (Ray's is milliseconds a task).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "evaluate", "run_sweep", "pareto", "COLUMNS"]
+
+#: grid keys and the megatron() option each sets
+GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
+             "recompute": "recompute", "sp": "sequence_parallel"}
+
+#: the columns of a result row, in order
+COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
+           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why")
+
+#: the most points one sweep runs
+MAX_POINTS = 100_000
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``["tp=1,2,4", "pp=1,2", "recompute=none,full"]`` -> {key: values}.
+
+    >>> parse_grid(["tp=1,2", "sp=0,1"])
+    {'tp': [1, 2], 'sp': [False, True]}
+    """
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = str(item).partition("=")
+        key = key.strip()
+        if not sep or key not in GRID_KEYS:
+            raise ValueError(f"--grid {str(item)[:60]!r}: expected KEY=V1,V2,... with KEY one of {', '.join(GRID_KEYS)}")
+        if key in grid:
+            raise ValueError(f"--grid {key} given twice")
+        vals: list[Any] = []
+        for v in values.split(","):
+            v = v.strip()
+            if key == "recompute":
+                if v not in ("none", "selective", "full"):
+                    raise ValueError(f"--grid recompute={v!r}: none, selective or full")
+                vals.append(v)
+            elif key == "sp":
+                if v not in ("0", "1", "false", "true"):
+                    raise ValueError(f"--grid sp={v!r}: 0 or 1")
+                vals.append(v in ("1", "true"))
+            else:
+                if not v.isdigit() or int(v) < (0 if key == "zero" else 1) or int(v) > 1 << 20:
+                    raise ValueError(f"--grid {key}={v!r}: a {'non-negative' if key == 'zero' else 'positive'} "
+                                     "whole number")
+                vals.append(int(v))
+        if not vals:
+            raise ValueError(f"--grid {key}: no values")
+        grid[key] = list(dict.fromkeys(vals))
+    return grid
+
+
+def parse_clusters(text: str) -> list[str]:
+    """``"dgx-a100-80gb:4,8,16"`` -> the three presets; ``"p100-4x4"`` -> itself; several
+    groups separated by spaces or semicolons."""
+    out: list[str] = []
+    for group in str(text).replace(";", " ").split():
+        base, sep, sizes = group.partition(":")
+        if not sep:
+            out.append(base)
+            continue
+        for n in sizes.split(","):
+            if not n.strip().isdigit():
+                raise ValueError(f"--clusters {group[:60]!r}: sizes must be whole numbers (dgx-a100-80gb:4,8,16)")
+            out.append(f"{base}:{int(n)}")
+    if not out:
+        raise ValueError("--clusters: no cluster given")
+    return list(dict.fromkeys(out))
+
+
+def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str, Any]]:
+    """Every combination, clusters outermost, in a fixed order."""
+    keys = sorted(grid)
+    combos = list(itertools.product(*(grid[k] for k in keys)))
+    n = len(combos) * len(clusters)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points, more than the {MAX_POINTS:,} a sweep runs")
+    return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
+
+
+_MODELS: dict[tuple, Any] = {}
+_CLUSTERS: dict[str, Any] = {}
+
+
+def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
+    """One point's row (never raises for a layout that cannot be built or does not fit)."""
+    from .formats import resolve_cluster, resolve_model
+    from .report import simulate_strategy
+    from .search.baselines import megatron
+
+    key = (model, batch)
+    if key not in _MODELS:
+        _MODELS[key] = resolve_model(model, allow_path=True, batch=batch)
+    g = _MODELS[key]
+    name = point["cluster"]
+    if name not in _CLUSTERS:
+        _CLUSTERS[name] = resolve_cluster(name, allow_path=True)
+    c = _CLUSTERS[name]
+    opts = {GRID_KEYS[k]: v for k, v in point.items() if k in GRID_KEYS}
+    row: dict[str, Any] = {k: None for k in COLUMNS}
+    row.update(cluster=name, gpus=c.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
+               vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
+               recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False)
+    try:
+        s = megatron(g, c, **opts)
+        r = simulate_strategy(g, s, c, check=False)
+    except ValueError as e:
+        row["why"] = str(e).splitlines()[0][:300]
+        return row
+    row["dp"] = s.found_by["options"]["dp"]
+    row["mb"] = s.found_by["options"]["micro_batch"]
+    row["iteration_time_s"] = r.iteration_time_s
+    tokens = next((op.dim("length").size for op in g.ops if "length" in op.dim_names and op.kind == "input"), 1)
+    row["throughput_per_s"] = g.batch_size * tokens / r.iteration_time_s if r.iteration_time_s > 0 else None
+    row["peak_memory_bytes"] = float(max(r.memory.peak_bytes))
+    row["feasible"] = bool(r.memory.feasible)
+    if not r.memory.feasible:
+        d, over = r.memory.over_capacity()[0]
+        row["why"] = f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
+    return row
+
+
+def _batch(model: str, pts: list[dict[str, Any]], batch: int | None) -> list[dict[str, Any]]:
+    return [evaluate(model, p, batch) for p in pts]
+
+
+def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
+              batch_points: int | None = None, address: str | None = None, batch: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray")."""
+    if backend not in ("serial", "pool", "ray"):
+        raise ValueError(f"backend must be serial, pool or ray, got {backend!r}")
+    n = len(pts)
+    workers = max(1, workers or os.cpu_count() or 1)
+    size = batch_points or max(1, min(64, math.ceil(n / (4 * workers))))
+    chunks = [pts[i:i + size] for i in range(0, n, size)]
+    done = 0
+    out: list[list[dict[str, Any]] | None] = [None] * len(chunks)
+
+    def tick(k: int, rows: list[dict[str, Any]]) -> None:
+        nonlocal done
+        out[k] = rows
+        done += len(rows)
+        if progress is not None:
+            progress(done, n)
+
+    if backend == "serial" or (backend == "pool" and workers == 1):
+        for k, ch in enumerate(chunks):
+            tick(k, _batch(model, ch, batch))
+    elif backend == "pool":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+            futs = {ex.submit(_batch, model, ch, batch): k for k, ch in enumerate(chunks)}
+            for f in as_completed(futs):
+                tick(futs[f], f.result())
+    else:
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--backend ray needs Ray: pip install ray") from None
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
+                     log_to_driver=False, ignore_reinit_error=True)
+        try:
+            remote = ray.remote(_batch)
+            refs = {remote.remote(model, ch, batch): k for k, ch in enumerate(chunks)}
+            pending = list(refs)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for r in ready:
+                    tick(refs[r], ray.get(r))
+        finally:
+            if started:
+                ray.shutdown()
+    return [row for rows in out for row in (rows or [])]
+
+
+def pareto(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The feasible rows no other feasible row beats on all of iteration time, GPUs and peak
+    memory (each at least as good and one better)."""
+    ok = [r for r in rows if r["feasible"]]
+    front = []
+    for r in ok:
+        key = (r["iteration_time_s"], r["gpus"], r["peak_memory_bytes"])
+        if not any((o["iteration_time_s"], o["gpus"], o["peak_memory_bytes"]) != key and
+                   o["iteration_time_s"] <= key[0] and o["gpus"] <= key[1] and o["peak_memory_bytes"] <= key[2]
+                   for o in ok):
+            front.append(r)
+    return sorted(front, key=lambda r: (r["gpus"], r["iteration_time_s"]))
+
+
+def write_rows(rows: list[dict[str, Any]], path: str) -> None:
+    """CSV, JSON or Parquet by the file's extension (Parquet needs pyarrow)."""
+    import csv
+    import io
+    import json
+
+    from .formats.writing import atomic_writer
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".json":
+        text = json.dumps({"format": "soapbox.sweep/1", "columns": list(COLUMNS), "rows": rows}, indent=1)
+    elif ext == ".csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        text = buf.getvalue()
+    elif ext == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError("writing Parquet needs pyarrow (pip install pyarrow); or write .csv / .json") from None
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return
+    else:
+        raise ValueError(f"{path}: write .csv, .json or .parquet")
+    with atomic_writer(path, make_parents=True) as f:
+        f.write(text)
+
+
+def write_report(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """An HTML page: iteration time against GPUs per layout (feasible points; the Pareto front
+    over time, GPUs and memory drawn as a line), and peak memory against time."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from .formats.writing import atomic_writer
+
+    ok = [r for r in rows if r["feasible"]]
+    front = pareto(rows)
+
+    def label(r):
+        return f"tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']} mb {r['mb']} {r['recompute']} z{r['zero']}"
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["iteration time (s) by GPUs", "peak memory (GB) by time (s)"])
+    fig.add_trace(go.Scatter(x=[r["gpus"] for r in ok], y=[r["iteration_time_s"] for r in ok], mode="markers",
+                             text=[label(r) for r in ok], name="feasible layouts"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r["gpus"] for r in front], y=[r["iteration_time_s"] for r in front],
+                             mode="lines+markers", text=[label(r) for r in front], name="Pareto front"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r["iteration_time_s"] for r in ok], y=[r["peak_memory_bytes"] / 1e9 for r in ok],
+                             mode="markers", text=[label(r) for r in ok], name="memory", showlegend=False), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="GPUs", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="s", row=1, col=1)
+    fig.update_layout(title=f"{title}: {len(ok)} of {len(rows)} layouts fit; {len(front)} on the Pareto front",
+                      height=520)
+    html = fig.to_html(include_plotlyjs="cdn", full_html=True)
+    with atomic_writer(path, make_parents=True) as f:
+        f.write(html)
+

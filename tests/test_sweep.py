@@ -1,0 +1,69 @@
+"""Issue 15: sweeps of layouts x cluster sizes on one process, a process pool and Ray (local
+mode): the same table on each; infeasible points kept with the reason; the Pareto front."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.sweep import pareto, parse_clusters, parse_grid, points, run_sweep
+
+GRID = parse_grid(["tp=1,2,4", "pp=1,2", "mb=1,2"])
+CLUSTERS = parse_clusters("dgx-a100-80gb:1,2")
+PTS = points(GRID, CLUSTERS)  # 3 x 2 x 2 x 2 = 24
+
+
+def test_grid_and_clusters():
+    assert len(PTS) == 24 and PTS[0] == {"cluster": "dgx-a100-80gb:1", "mb": 1, "pp": 1, "tp": 1}
+    assert parse_clusters("dgx-a100-80gb:4,8 p100-4x4") == ["dgx-a100-80gb:4", "dgx-a100-80gb:8", "p100-4x4"]
+    for bad in (["tp"], ["tp=a"], ["xx=1"], ["tp=0"], ["recompute=some"], ["tp=1", "tp=2"]):
+        with pytest.raises(ValueError):
+            parse_grid(bad)
+    with pytest.raises(ValueError, match="whole numbers"):
+        parse_clusters("dgx-a100-80gb:x")
+
+
+@pytest.fixture(scope="module")
+def serial_rows():
+    return run_sweep("gpt2", PTS, backend="serial", batch=32)
+
+
+def test_rows_say_why_a_point_is_infeasible(serial_rows):
+    assert len(serial_rows) == 24
+    assert [(r["cluster"], r["tp"], r["pp"], r["mb"]) for r in serial_rows] == \
+        [(p["cluster"], p["tp"], p["pp"], p["mb"]) for p in PTS]
+    ok = [r for r in serial_rows if r["feasible"]]
+    assert ok and all(r["iteration_time_s"] > 0 and r["throughput_per_s"] > 0 for r in ok)
+    assert all(r["why"] for r in serial_rows if not r["feasible"])
+    assert all(r["tp"] * r["pp"] * r["dp"] == r["gpus"] for r in ok)
+    front = pareto(serial_rows)
+    assert front and all(f in ok for f in front)
+    for f in front:  # nothing feasible beats a front point on all three
+        assert not any(o["iteration_time_s"] < f["iteration_time_s"] and o["gpus"] <= f["gpus"] and
+                       o["peak_memory_bytes"] <= f["peak_memory_bytes"] for o in ok)
+
+
+def test_pool_gives_the_same_table(serial_rows):
+    assert run_sweep("gpt2", PTS, backend="pool", workers=2, batch=32) == serial_rows
+
+
+def test_ray_local_mode_gives_the_same_table(serial_rows):
+    assert run_sweep("gpt2", PTS, backend="ray", workers=2, batch=32) == serial_rows
+
+
+def test_cli_writes_csv_json_and_report(tmp_path, capsys):
+    out, rep = tmp_path / "r.csv", tmp_path / "r.html"
+    assert main(["sweep", "--model", "gpt2", "--batch", "32", "--grid", "tp=1,2", "pp=1,2", "--clusters",
+                 "dgx-a100-80gb:1", "--backend", "serial", "-o", str(out), "--report", str(rep)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 4 and rows[0]["cluster"] == "dgx-a100-80gb:1"
+    assert "Pareto front" in rep.read_text()
+    assert "4 layouts" in capsys.readouterr().out
+    js = tmp_path / "r.json"
+    assert main(["sweep", "--model", "gpt2", "--batch", "32", "--grid", "tp=3", "--clusters", "dgx-a100-80gb:1",
+                 "--backend", "serial", "-o", str(js)]) == 0
+    row = json.loads(js.read_text())["rows"][0]
+    assert row["feasible"] is False and "does not divide the 8 devices" in row["why"]
