@@ -15,7 +15,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 #: bottom to top; a module may import its own layer and those before it
 LAYERS = ["errors", "ops", "graph", "cluster", "strategy", "costs", "models", "taskgraph", "simulate", "memory",
-          "delta", "report", "formats", "trace", "search", "profiling", "export", "sweep", "cli"]
+          "delta", "report", "formats", "trace", "search", "profiling", "export", "sweep", "whatif", "cli"]
 
 
 def modules():

@@ -52,6 +52,7 @@ from .commands import (
     cmd_schema,
     cmd_simulate,
     cmd_sweep,
+    cmd_whatif,
     cmd_validate,
 )
 from .common import (
@@ -198,6 +199,24 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet")
     p.add_argument("--report", help="HTML report to write (Plotly)")
 
+    p = sub.add_parser("whatif", help="what a failed GPU, node or link (or a slow GPU) costs, and goodput",
+                       description="Fail GPUs, nodes or network links (or slow a GPU down): the strategy mapped "
+                                   "onto the survivors by its layout's rule, a re-plan by the search, and goodput "
+                                   "over a job with checkpoints at the optimum interval (Young 1974, Daly 2006).")
+    p.add_argument("--model", required=True, help="sample model name or model file")
+    p.add_argument("--cluster", required=True, help="cluster preset name or cluster file")
+    add_batch_options(p)
+    p.add_argument("--strategy", default="data-parallel", help="strategy file or baseline kind (default data-parallel)")
+    p.add_argument("--fail", action="append", default=[], metavar="gpu:N|node:N|link:NODE/nicK")
+    p.add_argument("--slow", action="append", default=[], metavar="gpu:N=F", help="GPU N keeps F of its speed")
+    p.add_argument("--budget", default="30s", help="the re-plan's search budget (0 for none)")
+    p.add_argument("--mtbf-hours", type=float, default=50_000.0,
+                   help="mean time between failures of one GPU, hours (default 50,000: Llama 3's run)")
+    p.add_argument("--storage-gbps", type=float, default=100.0, help="checkpoint write bandwidth, GB/s (default 100)")
+    p.add_argument("--restart-min", type=float, default=10.0, help="restart time after a failure, minutes")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-o", "--output", help="write the re-planned strategy here")
+
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "
                               "2: an error")
@@ -258,6 +277,7 @@ COMMANDS = {
     "profile": cmd_profile,
     "export": cmd_export,
     "sweep": cmd_sweep,
+    "whatif": cmd_whatif,
 }
 
 

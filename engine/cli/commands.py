@@ -4,6 +4,7 @@ baselines, simulating. See :mod:`engine.cli`."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from pathlib import Path
 import json
 import os
@@ -229,6 +230,79 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit) in {seconds:.1f} s "
           f"({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); Pareto front: {len(pareto(rows))}"
           + (f"; report {args.report}" if args.report else ""))
+    return 0
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from ..search import ALGORITHMS, Budget
+    from ..whatif import checkpoint_bytes, goodput, map_strategy, parse_failure, simulate_with_slow, survivors
+
+    for name, v, lo in (("--mtbf-hours", args.mtbf_hours, 1e-3), ("--storage-gbps", args.storage_gbps, 1e-6),
+                        ("--restart-min", args.restart_min, 0.0)):
+        if not (v >= lo and v < 1e12):
+            raise ValueError(f"{name} {v!r}: must be a number >= {lo:g}")
+    fails = [parse_failure(f) for f in args.fail]
+    slow = [parse_failure(f, slow=True) for f in args.slow]
+    if not fails and not slow:
+        raise ValueError("give at least one --fail or --slow")
+    g, c = model_and_cluster(args)
+    s = make_baseline(args.strategy, g, c) if args.strategy in BASELINES else load_strategy(args.strategy, g, c)
+    t0 = time.perf_counter()
+    tl, mem = simulate_with_slow(g, s, c, [])
+    out: dict[str, Any] = {"model": g.name, "cluster": c.name, "gpus": c.num_devices,
+                           "healthy": {"iteration_time_s": tl.makespan_s, "peak_memory_bytes": float(max(mem.peak_bytes)),
+                                       "feasible": bool(mem.feasible)}}
+    ckpt = checkpoint_bytes(g)
+    mtbf_s, bw, restart_s = args.mtbf_hours * 3600.0, args.storage_gbps * 1e9, args.restart_min * 60.0
+    out["healthy"]["goodput"] = goodput(tl.makespan_s, c.num_devices, mtbf_s, ckpt, bw, restart_s)
+    after, kept = survivors(c, fails) if fails else (c, list(range(c.num_devices)))
+    slow_after = [type(f)(f.kind, kept.index(f.target), f.factor) for f in slow if f.target in kept]
+    out["after"] = {"cluster": after.name, "gpus": after.num_devices}
+    mapped, rule = (s, "the same strategy (no GPU lost)") if not fails else map_strategy(g, s, c, after)
+    out["mapped"] = {"rule": rule}
+    if mapped is not None:
+        mtl, mmem = simulate_with_slow(g, mapped, after, slow_after)
+        out["mapped"].update(iteration_time_s=mtl.makespan_s, peak_memory_bytes=float(max(mmem.peak_bytes)),
+                             feasible=bool(mmem.feasible), gpus_used=len(mapped.devices_used()),
+                             goodput=goodput(mtl.makespan_s, after.num_devices, mtbf_s, ckpt, bw, restart_s))
+    if str(args.budget).strip() not in ("0", "0s"):
+        r = ALGORITHMS["auto"].run(g, after, Budget.parse(args.budget), seed=0)
+        out["replan"] = {"iteration_time_s": r.best_time_s, "feasible": r.feasible, "search_s": r.elapsed_s,
+                         "source": r.best.found_by.get("source")}
+        if slow_after and r.feasible:
+            rtl, _ = simulate_with_slow(g, r.best, after, slow_after)
+            out["replan"]["iteration_time_s"] = rtl.makespan_s
+        if r.feasible:
+            out["replan"]["goodput"] = goodput(out["replan"]["iteration_time_s"], after.num_devices, mtbf_s, ckpt, bw,
+                                               restart_s)
+        if args.output:
+            save_json(r.best.to_dict(), args.output)
+    out["seconds"] = time.perf_counter() - t0
+    if args.json:
+        print(json_text(out))
+        return 0
+
+    def line(label: str, d: dict[str, Any]) -> str:
+        if "iteration_time_s" not in d:
+            return f"  {label:<10} {d.get('rule', 'not computed')}"
+        gp = d.get("goodput")
+        mem_txt = f", peak {d['peak_memory_bytes'] / 1e9:.2f} GB" if "peak_memory_bytes" in d else ""
+        fit = "" if d.get("feasible", True) else " (does not fit in memory)"
+        txt = f"  {label:<10} {d['iteration_time_s'] * 1e3:,.1f} ms per iteration{mem_txt}{fit}"
+        if gp:
+            txt += (f"; checkpoint every {gp['checkpoint_every_iterations']:,} iterations "
+                    f"({gp['daly_interval_s'] / 60:.1f} min), goodput {gp['goodput']:.1%}")
+        return txt
+
+    print(f"{printable(g.name)} on {printable(c.name)} ({c.num_devices} GPUs) -> {printable(after.name)} "
+          f"({after.num_devices} GPUs){', ' + ', '.join(args.slow) + ' slowed' if slow else ''}")
+    print(line("healthy", out["healthy"]))
+    print(line("mapped", out["mapped"]) + (f"\n             {rule}" if mapped is not None else ""))
+    if "replan" in out:
+        print(line("re-plan", out["replan"]) + f"  [auto, {out['replan']['search_s']:.1f} s]")
+    gp = out["healthy"]["goodput"]
+    print(f"  job MTBF {gp['job_mtbf_s'] / 3600:.2f} h at {args.mtbf_hours:,.0f} GPU-hours a failure; checkpoint "
+          f"{ckpt / 1e9:,.1f} GB written in {gp['checkpoint_write_s']:.1f} s; restart {args.restart_min:g} min")
     return 0
 
 

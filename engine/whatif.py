@@ -1,0 +1,225 @@
+"""What a failure costs (``soapbox whatif``): a cluster without a failed GPU, node or network
+link, or with one GPU slowed down, and the strategy (a) mapped onto the survivors by the rule
+of its layout and (b) re-planned by the search; and goodput over a job with checkpoints.
+
+Mapping onto survivors (a), by the strategy's shape:
+
+* data parallel: over the largest number of surviving GPUs that divides the batch (the rule
+  :func:`engine.search.baselines.data_parallel` applies to any cluster: 16 GPUs minus one
+  give 8 for a batch of 64);
+* FlexFlow's expert strategy: rebuilt by its rule on the survivors;
+* a Megatron-shaped layout (:func:`engine.export.infer_layout`): the same tensor, pipeline
+  and context degrees, micro-batch and settings, data parallelism shrunk to the largest degree
+  the survivors hold that divides the batch (more microbatches keep the global batch), stages
+  on consecutive survivors;
+* any other (per-op) strategy has no such rule: only the re-plan is given.
+
+A failed NIC link takes one NIC from its node (the node's GPUs share the rest); a slowed GPU
+keeps the strategy and runs its compute at the given fraction of its speed.
+
+Goodput: job MTBF M = per-GPU MTBF / GPUs (independent failures); checkpoint write time
+delta = checkpoint bytes / storage bandwidth; the optimum checkpoint interval by Young
+(Commun. ACM 17(9), 1974: tau = sqrt(2 delta M)) and by Daly's higher-order estimate
+(Future Gener. Comput. Syst. 22(3), 2006, eq. 37: tau = sqrt(2 delta M) [1 + sqrt(delta / (2M)) / 3
++ delta / (18 M)] - delta for delta < 2M, else M); the expected share of time lost at
+interval tau (Daly's first-order model): delta / (tau + delta) for writing checkpoints, plus
+(tau + delta) / (2 M) of recomputed work and R / M of restarts (R: restart time).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .cluster import Cluster, NodeSpec
+from .costs import CostModel
+from .graph import OpGraph
+from .memory import optimizer_bytes_per_param
+from .ops import DTYPE_BYTES
+from .strategy import Strategy
+
+#: per-GPU mean time between failures (hours): Llama 3's 54-day pre-training on 16,384 H100s
+#: saw 419 unexpected interruptions (Dubey et al. 2024, §3.3.4), one every 3.1 h, i.e. about
+#: 50,000 GPU-hours per failure
+DEFAULT_MTBF_GPU_HOURS = 50_000.0
+
+__all__ = ["DEFAULT_MTBF_GPU_HOURS", "Failure", "parse_failure", "survivors", "map_strategy", "young_interval_s", "daly_interval_s",
+           "goodput", "simulate_with_slow", "checkpoint_bytes"]
+
+_SPEC = re.compile(r"^(gpu|node|link):(.+)$")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """``kind`` gpu / node / link / slow; ``target`` a device or node index, or a NIC name
+    (``dgx0/nic3``); ``factor`` the speed a slowed GPU keeps (0 < factor <= 1)."""
+
+    kind: str
+    target: Any
+    factor: float = 1.0
+
+
+def parse_failure(text: str, slow: bool = False) -> Failure:
+    """``gpu:3``, ``node:1``, ``link:dgx0/nic3``; with ``slow``, ``gpu:5=0.7``."""
+    text = str(text).strip()
+    if slow:
+        m = re.fullmatch(r"gpu:(\d+)=([0-9.]+)", text)
+        if not m or not 0 < float(m.group(2)) <= 1:
+            raise ValueError(f"--slow {text[:60]!r}: expected gpu:N=F with 0 < F <= 1 (the speed it keeps)")
+        return Failure("slow", int(m.group(1)), float(m.group(2)))
+    m = _SPEC.match(text)
+    if not m:
+        raise ValueError(f"--fail {text[:60]!r}: expected gpu:N, node:N or link:NODE/nicK")
+    kind, target = m.group(1), m.group(2)
+    if kind in ("gpu", "node"):
+        if not target.isdigit():
+            raise ValueError(f"--fail {text[:60]!r}: {kind} index must be a whole number")
+        return Failure(kind, int(target))
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+/nic\d+", target):
+        raise ValueError(f"--fail {text[:60]!r}: a link is named NODE/nicK (a node's network interface, e.g. "
+                         "dgx0/nic3)")
+    return Failure("link", target)
+
+
+def survivors(cluster: Cluster, failures: list[Failure]) -> tuple[Cluster, list[int]]:
+    """The cluster without the failed GPUs, nodes and NICs, and each surviving device's index
+    in the original cluster (slowed GPUs are not failures: they stay)."""
+    nodes: list[NodeSpec] = []
+    names: list[str] = []
+    for spec in cluster.node_specs:
+        for r in range(spec.repeat):
+            nodes.append(replace(spec, repeat=1))
+            names.append(f"{spec.name}{r}" if spec.repeat > 1 else spec.name)
+    dead_gpus = {f.target for f in failures if f.kind == "gpu"}
+    dead_nodes = {f.target for f in failures if f.kind == "node"}
+    lost_nics: dict[int, int] = {}
+    n = cluster.num_devices
+    for f in failures:
+        if f.kind == "gpu" and not 0 <= f.target < n:
+            raise ValueError(f"--fail gpu:{f.target}: {cluster.name} has GPUs 0..{n - 1}")
+        if f.kind == "node" and not 0 <= f.target < len(nodes):
+            raise ValueError(f"--fail node:{f.target}: {cluster.name} has nodes 0..{len(nodes) - 1}")
+        if f.kind == "link":
+            node_name, _, nic = f.target.partition("/")
+            if node_name not in names or int(nic[3:]) >= nodes[names.index(node_name)].nics or len(nodes) < 2:
+                raise ValueError(f"--fail link:{f.target}: no such network interface in {cluster.name} (nodes "
+                                 f"{', '.join(names[:4])}{'...' if len(names) > 4 else ''}, each with "
+                                 f"{nodes[0].nics} NICs{'; one node has no network links' if len(nodes) < 2 else ''})")
+            k = names.index(node_name)
+            lost_nics[k] = lost_nics.get(k, 0) + 1
+    kept_specs: list[NodeSpec] = []
+    kept_ids: list[int] = []
+    first = 0
+    for k, spec in enumerate(nodes):
+        ids = list(range(first, first + spec.gpus))
+        first += spec.gpus
+        alive = [d for d in ids if d not in dead_gpus]
+        nics = spec.nics - lost_nics.get(k, 0)
+        if k in dead_nodes or not alive or nics < 1:
+            continue
+        kept_specs.append(replace(spec, gpus=len(alive), nics=min(nics, len(alive))))
+        kept_ids += alive
+    if not kept_specs:
+        raise ValueError("no GPU survives")
+    merged: list[NodeSpec] = []
+    for spec in kept_specs:  # consecutive identical nodes become one spec again (one spec: symmetry holds)
+        if merged and replace(merged[-1], repeat=1, name=spec.name) == spec:
+            merged[-1] = replace(merged[-1], repeat=merged[-1].repeat + 1)
+        else:
+            merged.append(spec)
+    merged = [replace(m, name=m.name if k == 0 else f"{m.name}-{k}") for k, m in enumerate(merged)]
+    what = ", ".join(f"{f.kind} {f.target}" for f in failures if f.kind != "slow")
+    return Cluster(f"{cluster.name} without {what}"[:200], merged, cluster.device_types,
+                   f"{cluster.name} after failures"), kept_ids
+
+
+def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cluster) -> tuple[Strategy | None, str]:
+    """The strategy mapped onto the survivors by its layout's rule, and the rule used (or None
+    and why there is none)."""
+    from .errors import ValidationError
+    from .export import build_layout, infer_layout
+    from .search.baselines import data_parallel, expert
+
+    if dict(strategy.configs) == dict(data_parallel(graph, cluster).configs):
+        s = data_parallel(graph, after)
+        return s, f"data parallel over {len(s.devices_used())} GPUs (the largest count dividing the batch)"
+    try:
+        if dict(strategy.configs) == dict(expert(graph, cluster).configs):
+            return expert(graph, after), "FlexFlow's expert strategy rebuilt on the survivors"
+    except ValueError:
+        pass
+    try:
+        lay = infer_layout(graph, strategy, cluster)
+    except (ValidationError, ValueError):
+        return None, "a per-op strategy has no rule to map it onto fewer GPUs: re-planned only"
+    fixed = lay.tp * lay.pp * lay.cp
+    batch = graph.batch_size
+    dp = next((d for d in range(after.num_devices // fixed, 0, -1) if batch % (d * lay.micro_batch) == 0), 0)
+    if dp == 0:
+        return None, (f"tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {fixed} GPUs a replica: the {after.num_devices} "
+                      "survivors hold no replica that divides the batch")
+    new = replace(lay, dp=dp, layers_per_stage=lay.layers_per_stage)
+    try:
+        s = build_layout(graph, after, new)
+    except ValueError as e:
+        return None, f"the layout does not fit the survivors: {e}"
+    return s, (f"the same layout (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, micro-batch {lay.micro_batch}) with dp "
+               f"{lay.dp} -> {dp} ({fixed * dp} GPUs)")
+
+
+def simulate_with_slow(graph: OpGraph, strategy: Strategy, cluster: Cluster, slow: list[Failure],
+                       cost: CostModel | None = None):
+    """(timeline, memory report) with each slowed GPU's compute tasks stretched by 1 / factor
+    (a full simulation: a slow GPU breaks the replicas' symmetry)."""
+    from .memory import memory_report
+    from .simulate import simulate
+    from .taskgraph import BWD, FWD, UPDATE, build_task_graph
+
+    tg = build_task_graph(graph, strategy, cluster, cost, symmetry="off" if slow else "auto")
+    if slow:
+        compute = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
+        for f in slow:
+            if not 0 <= f.target < cluster.num_devices:
+                raise ValueError(f"--slow gpu:{f.target}: {cluster.name} has GPUs 0..{cluster.num_devices - 1}")
+            sel = compute & (tg.device == f.target)
+            tg.dur_s[sel] = tg.dur_s[sel] / f.factor
+    tl = simulate(tg)
+    return tl, memory_report(graph, strategy, cluster, tl)
+
+
+def checkpoint_bytes(graph: OpGraph) -> float:
+    """Weights in the training precision plus the optimizer state (Adam's moments and, in mixed
+    precision, the fp32 master weights): what a restart needs (12 bytes a parameter in fp32,
+    14 in mixed precision)."""
+    return float(graph.param_count) * (optimizer_bytes_per_param(graph.precision) + DTYPE_BYTES[graph.precision])
+
+
+def young_interval_s(delta_s: float, mtbf_s: float) -> float:
+    """Young 1974: sqrt(2 delta M)."""
+    return math.sqrt(2.0 * delta_s * mtbf_s)
+
+
+def daly_interval_s(delta_s: float, mtbf_s: float) -> float:
+    """Daly 2006, eq. 37: sqrt(2 delta M) [1 + sqrt(delta / 2M) / 3 + (delta / 2M) / 9] - delta
+    when delta < 2M, else M."""
+    if delta_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = delta_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * delta_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta_s
+
+
+def goodput(iteration_s: float, gpus: int, mtbf_gpu_s: float, ckpt_bytes: float, storage_bw: float,
+            restart_s: float) -> dict[str, float]:
+    """The checkpoint interval (Daly; a whole number of iterations) and the expected share of
+    time that does useful work."""
+    mtbf = mtbf_gpu_s / gpus
+    delta = ckpt_bytes / storage_bw
+    tau = daly_interval_s(delta, mtbf)
+    iters = max(1, round(tau / iteration_s)) if iteration_s > 0 else 1
+    tau = iters * iteration_s
+    lost = delta / (tau + delta) + (tau + delta) / (2.0 * mtbf) + restart_s / mtbf
+    return {"job_mtbf_s": mtbf, "checkpoint_write_s": delta, "young_interval_s": young_interval_s(delta, mtbf),
+            "daly_interval_s": daly_interval_s(delta, mtbf), "checkpoint_every_iterations": iters,
+            "share_lost": min(1.0, lost), "goodput": max(0.0, 1.0 - lost)}
