@@ -254,7 +254,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                                        "feasible": bool(mem.feasible)}}
     ckpt = checkpoint_bytes(g)
     mtbf_s, bw, restart_s = args.mtbf_hours * 3600.0, args.storage_gbps * 1e9, args.restart_min * 60.0
-    out["healthy"]["goodput"] = goodput(tl.makespan_s, c.num_devices, mtbf_s, ckpt, bw, restart_s)
+    # a job's failures come from the GPUs it uses
+    out["healthy"]["goodput"] = goodput(tl.makespan_s, len(s.devices_used()), mtbf_s, ckpt, bw, restart_s)
     after, kept = survivors(c, fails) if fails else (c, list(range(c.num_devices)))
     slow_after = [type(f)(f.kind, kept.index(f.target), f.factor) for f in slow if f.target in kept]
     out["after"] = {"cluster": after.name, "gpus": after.num_devices}
@@ -264,17 +265,19 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         mtl, mmem = simulate_with_slow(g, mapped, after, slow_after)
         out["mapped"].update(iteration_time_s=mtl.makespan_s, peak_memory_bytes=float(max(mmem.peak_bytes)),
                              feasible=bool(mmem.feasible), gpus_used=len(mapped.devices_used()),
-                             goodput=goodput(mtl.makespan_s, after.num_devices, mtbf_s, ckpt, bw, restart_s))
+                             goodput=goodput(mtl.makespan_s, len(mapped.devices_used()), mtbf_s, ckpt, bw, restart_s))
     if str(args.budget).strip() not in ("0", "0s"):
-        r = ALGORITHMS["auto"].run(g, after, Budget.parse(args.budget), seed=0)
+        # the mapped layout is one of the search's starting points: the re-plan is never worse
+        r = ALGORITHMS["auto"].run(g, after, Budget.parse(args.budget), seed=0, initial=mapped)
         out["replan"] = {"iteration_time_s": r.best_time_s, "feasible": r.feasible, "search_s": r.elapsed_s,
                          "source": r.best.found_by.get("source")}
         if slow_after and r.feasible:
             rtl, _ = simulate_with_slow(g, r.best, after, slow_after)
             out["replan"]["iteration_time_s"] = rtl.makespan_s
         if r.feasible:
-            out["replan"]["goodput"] = goodput(out["replan"]["iteration_time_s"], after.num_devices, mtbf_s, ckpt, bw,
-                                               restart_s)
+            out["replan"]["gpus_used"] = len(r.best.devices_used())
+            out["replan"]["goodput"] = goodput(out["replan"]["iteration_time_s"], out["replan"]["gpus_used"], mtbf_s,
+                                               ckpt, bw, restart_s)
         if args.output:
             save_json(r.best.to_dict(), args.output)
     out["seconds"] = time.perf_counter() - t0
