@@ -73,7 +73,7 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
              cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
              filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
              devices: str | None = None, click: dict | None = None, compare_name: str | None = None,
-             batch: Any = None) -> tuple[dict, str]:
+             batch: Any = None, layout: dict | None = None) -> tuple[dict, str]:
     """Apply one user action to the session state.
 
     ``trigger`` names the component that fired; the keyword arguments carry what it sent.
@@ -97,6 +97,9 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
             return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
         if trigger == "pick-batch":
             return _set_batch(state, batch)
+        if trigger == "layout-apply":
+            form = dict(layout or {})
+            return W.apply_layout(state, str(form.pop("kind", "megatron")), form)
         if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
                                                        or "data" in state["cluster"]):
             return _fresh(state, cluster=cluster), f"Cluster: {cluster}."
@@ -567,12 +570,17 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
-        Input("compare-clear", "n_clicks"), Input("pick-batch", "value"),
+        Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
-        State("collapse", "value"), State("state", "data"))
-    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch,
-                deg_values, deg_ids, devices, compare_name, collapse, state):
+        State("collapse", "value"), State("state", "data"),
+        State("layout-kind", "value"), State("layout-tp", "value"), State("layout-pp", "value"),
+        State("layout-cp", "value"), State("layout-vpp", "value"), State("layout-mb", "value"),
+        State("layout-shard", "value"), State("layout-recompute", "value"), State("layout-zero", "value"),
+        State("layout-schedule", "value"), State("layout-flags", "value"))
+    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la,
+                deg_values, deg_ids, devices, compare_name, collapse, state, l_kind, l_tp, l_pp, l_cp, l_vpp, l_mb,
+                l_shard, l_recompute, l_zero, l_schedule, l_flags):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         if trigger == "upload-ok":
             trigger = "upload"
@@ -583,7 +591,10 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         degrees = {i["dim"]: v for i, v in zip(deg_ids or [], deg_values or [])}
         new, msg = on_event(trigger, state, query=str(query or ""), model=model, cluster=cluster, baseline=baseline,
                             upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
-                            click=click, compare_name=compare_name, batch=batch)
+                            click=click, compare_name=compare_name, batch=batch,
+                            layout={"kind": l_kind, "tp": l_tp, "pp": l_pp, "cp": l_cp, "vpp": l_vpp, "mb": l_mb,
+                                    "shard": l_shard, "recompute": l_recompute, "zero": l_zero,
+                                    "schedule": l_schedule, "flags": l_flags})
         return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
                 new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
                 new.get("baseline"), new.get("selected") or [],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import math
 import json
 import re
 import threading
@@ -534,6 +535,65 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
     except (ValueError, SoapboxError) as e:
         return state, f"{kind} cannot run here: {e}"
     new, msg = _set_strategy(state, s, f"Strategy set to the {kind} baseline.")
+    new["baseline"] = kind
+    return new, msg
+
+
+#: the layout panel's integer fields (form name -> baseline option) and its choices
+LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group"}
+LAYOUT_KINDS = ("megatron", "fsdp")
+
+
+def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, str]:
+    """The strategy a layout panel describes (Megatron or FSDP with tp / pp / cp / vpp /
+    micro-batch / recomputation / ZeRO / sequence parallelism / fp8 / schedule), through the
+    same baseline builders as the command line; refused with the builder's reason (nothing
+    changes then). An empty field takes the builder's default; 0 or a fraction is refused."""
+    if kind not in LAYOUT_KINDS:
+        return state, f"Layout refused: kind must be {' or '.join(LAYOUT_KINDS)}, got {str(kind)[:30]!r}."
+    opts: dict[str, Any] = {}
+    for name, opt in LAYOUT_INTS.items():
+        v = form.get(name)
+        if v in (None, ""):
+            continue
+        try:
+            f = float(v)
+            ok = math.isfinite(f) and f == int(f) and 1 <= f <= 1 << 20
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            return state, f"Layout refused: {name} {str(v)[:20]!r} is not a whole number from 1."
+        opts[opt] = int(f)
+    if form.get("recompute") not in (None, ""):
+        opts["recompute"] = str(form["recompute"])
+    if form.get("zero") not in (None, ""):
+        opts["zero_stage"] = int(form["zero"]) if str(form["zero"]).isdigit() else form["zero"]
+    flags = set(form.get("flags") or [])
+    if "sp" in flags:
+        opts["sequence_parallel"] = True
+    if "fp8" in flags:
+        opts["fp8"] = True
+    if form.get("schedule") not in (None, "") and kind == "megatron":
+        opts["schedule"] = str(form["schedule"])
+    if kind == "fsdp":
+        opts.setdefault("zero_stage", 3)
+        for k in ("vpp", "sequence_parallel", "schedule"):
+            if opts.pop(k, None) not in (None, 1, False):
+                return state, f"Layout refused: fsdp does not take {k.replace('_', ' ')} (pick megatron for it)."
+    elif "shard_group" in opts:
+        return state, "Layout refused: a shard group (hybrid sharding) applies to fsdp."
+    try:
+        s = make_baseline(kind, graph_of(state), cluster_of(state), **opts)
+    except (ValueError, SoapboxError) as e:
+        return state, f"Layout refused: {str(e).splitlines()[0][:300]}"
+    o = s.found_by.get("options", {})
+    parts = [f"{k} {o.get(k, 1)}" for k in ("tp", "pp", "cp", "dp", "vpp", "micro_batch")
+             if o.get(k) not in (None, 1) or k in ("tp", "pp", "dp")]
+    extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
+                         if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
+                         "fp8" if s.fp8 else "") if x]
+    new, msg = _set_strategy(state, s, f"Layout ({kind}): {', '.join(parts + extra)}; "
+                                       f"{s.pipeline.microbatches} microbatches.".replace("micro_batch", "micro-batch"))
     new["baseline"] = kind
     return new, msg
 

@@ -592,3 +592,36 @@ class TestExportFramework:
         assert data["filename"].endswith(".txt") and "--tensor-model-parallel-size" in data["content"], msg
         data, msg = C.export_framework(state, "torchtitan")
         assert data["filename"].endswith(".toml") and "[parallelism]" in data["content"], msg
+
+
+class TestLayoutPanel:
+    """Issue 16: the layout panel (Megatron / FSDP knobs) through the same path as a baseline."""
+
+    @pytest.fixture()
+    def gpt(self):
+        return W.new_state("gpt2", "dgx-a100-80gb:2", "data-parallel", batch=32)
+
+    def test_megatron_layout_applies(self, gpt):
+        new, msg = C.on_event("layout-apply", gpt, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1,
+                                                           "recompute": "selective", "flags": ["sp"]})
+        assert msg.startswith("Layout (megatron): tp 2, pp 2, dp 4"), msg
+        assert "sequence parallel" in msg and "recompute selective" in msg and "8 microbatches" in msg
+        assert new["strategy"]["pipeline"]["stages"] == 2 and new["baseline"] == "megatron"
+        assert W.workspace(new).timeline.makespan_s > 0
+
+    def test_fsdp_layout(self, gpt):
+        new, msg = C.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "shard": 4})
+        assert "ZeRO 3" in msg and new["strategy"].get("shard_group") == 4, msg
+
+    @pytest.mark.parametrize("form, match", [
+        ({"kind": "megatron", "tp": 5}, "does not divide"),
+        ({"kind": "megatron", "tp": 0}, "tp '0' is not a whole number"),
+        ({"kind": "megatron", "pp": 2.5}, "pp '2.5' is not a whole number"),
+        ({"kind": "megatron", "tp": 8, "cp": 4}, "does not divide"),
+        ({"kind": "fsdp", "vpp": 2}, "fsdp does not take vpp"),
+        ({"kind": "megatron", "shard": 2}, "shard group"),
+        ({"kind": "other"}, "kind must be"),
+    ])
+    def test_refused_with_the_reason_and_nothing_changes(self, gpt, form, match):
+        new, msg = C.on_event("layout-apply", gpt, layout=form)
+        assert new is gpt and msg.startswith("Layout refused") and match in msg, msg

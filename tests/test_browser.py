@@ -68,6 +68,23 @@ class TestExplorer:
             expect(page.locator(card)).not_to_have_text("–")
         expect(page.locator("#sum-speedup")).to_have_text("1.00x")  # data parallel against itself
 
+    def test_layout_panel_sets_tp_and_pp_and_refuses_what_cannot_run(self, page: Page, app_url: str):
+        open_app(page, app_url)
+        pick(page, "pick-model", "gpt2")
+        pick(page, "pick-cluster", "dgx-a100-80gb:1")
+        expect(page.locator("#message")).to_contain_text("dgx-a100-80gb:1")
+        before = summary(page)
+        page.fill("#layout-tp", "2")
+        page.fill("#layout-pp", "2")
+        page.click("#layout-apply")
+        expect(page.locator("#message")).to_contain_text("Layout (megatron): tp 2, pp 2, dp 2")
+        after = changed_summary(page, before)
+        page.fill("#layout-tp", "3")
+        page.click("#layout-apply")
+        expect(page.locator("#message")).to_contain_text("Layout refused")
+        expect(page.locator("#layout-tp")).to_have_value("3")  # what was typed stays
+        assert summary(page) == after
+
     def test_hand_edit_changes_the_cost_and_undo_restores_it(self, page: Page, app_url: str):
         open_app(page, app_url)
         before = summary(page)
