@@ -21,7 +21,7 @@ import numpy as np
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from engine.trace import trace_events
-from engine.errors import SoapboxError
+from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_strategy
 from engine.models import MAX_SAMPLE_BATCH
 from engine.strategy import strategy_from_dict
@@ -94,7 +94,13 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
             return W.new_state(), f"The link could not be loaded ({_first_line(e)}); showing the default instead."
     try:
         if trigger == "pick-model" and model and model != state["model"].get("name"):
-            return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
+            try:
+                return _fresh(state, model=model), f"Model: {model}, under {state.get('baseline', 'data-parallel')}."
+            except ValidationError as e:
+                hint = (" Pick a cluster whose GPUs have it first (the A100, H100 and H200 presets)."
+                        if any("peak" in p.message for p in e.problems) else "")
+                return state, (f"{model} cannot run on {state['cluster'].get('name', 'this cluster')}: "
+                               f"{'; '.join(p.message for p in e.problems[:3])}.{hint}")
         if trigger == "pick-batch":
             return _set_batch(state, batch)
         if trigger == "layout-apply":
@@ -155,8 +161,10 @@ def on_event(trigger: str | None, state: dict | None, *, query: str = "", model:
             return W.add_to_compare(state, compare_name)
         if trigger == "compare-clear":
             return dict(state, compare=[]), "Cleared the comparison."
+    except ValidationError as e:
+        return state, f"That did not work: {W.problems_summary(e)}"
     except Exception as e:  # never lose the session over one action
-        return state, f"That did not work: {type(e).__name__}: {e}"
+        return state, f"That did not work: {type(e).__name__}: {str(e)[:500]}"
     return state, ""
 
 

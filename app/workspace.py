@@ -602,6 +602,25 @@ def adopt_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict,
     return _set_strategy(state, strategy, message)
 
 
+#: the problems a message shows (the rest are counted)
+SHOWN_PROBLEMS = 5
+
+
+def problems_summary(e: ValidationError) -> str:
+    """A ValidationError in a few lines for the page: the root cause alone when there is one (a
+    strategy for another model or cluster: every op's problem follows from it), else the first
+    few problems and how many more."""
+    head = f"{e.source}: " if e.source else ""
+    root = [p for p in e.problems if p.path in ("model.fingerprint", "cluster.devices")]
+    if root:
+        rest = len(e.problems) - len(root)
+        return head + "; ".join(str(p) for p in root) + (f" ({rest:,} other problems follow from it)" if rest else "")
+    shown = "; ".join(str(p)[:300] for p in e.problems[:SHOWN_PROBLEMS])
+    more = len(e.problems) - SHOWN_PROBLEMS
+    return (f"{head}{len(e.problems):,} problem{'s' if len(e.problems) != 1 else ''}: {shown}"
+            + (f" (+{more:,} more)" if more > 0 else ""))
+
+
 def _cheap_size_problem(kind: str, data: dict) -> str | None:
     """A model with too many ops or a cluster with too many GPUs, told from the parsed file
     before any schema check or build (a 60,000-op file is refused in milliseconds)."""
@@ -693,7 +712,9 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             s = load_strategy(data, graph_of(state), cluster_of(state))
             new, _ = _set_strategy(state, s, "")
             return new, f"Imported strategy from {filename}.", True
-    except (ValidationError, SoapboxError, ValueError) as e:
+    except ValidationError as e:
+        return state, f"{filename}: {problems_summary(e.with_source('') if e.source == '<data>' else e)}", False
+    except (SoapboxError, ValueError) as e:
         return state, f"{filename}: {e}", False
     return state, (f"{filename}: not a soapbox file (its 'format' is {fmt!r}; expected soapbox.model/1, "
                    "soapbox.cluster/1 or soapbox.strategy/1)"), False

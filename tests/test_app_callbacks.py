@@ -625,3 +625,27 @@ class TestLayoutPanel:
     def test_refused_with_the_reason_and_nothing_changes(self, gpt, form, match):
         new, msg = C.on_event("layout-apply", gpt, layout=form)
         assert new is gpt and msg.startswith("Layout refused") and match in msg, msg
+
+
+class TestHonestMessages:
+    """Issue 16: problems summarised, not dumped; a model that cannot run says why in words."""
+
+    def test_a_strategy_for_another_model_names_the_root_cause_only(self):
+        state = W.new_state("gpt2", "p100-4x4")
+        other = W.new_state("alexnet", "dgx-a100-80gb:2")["strategy"]
+        up = "data:application/json;base64," + base64.b64encode(json.dumps(other).encode()).decode()
+        new, msg = C.on_event("upload", state, upload=up, filename="s.json")
+        assert new is state and len(msg) < 400, msg
+        assert "made for model 'alexnet'" in msg and "other problems follow from it" in msg
+
+    def test_many_problems_are_counted_not_listed(self):
+        from engine.errors import Problem, ValidationError
+        e = ValidationError([Problem(f"ops.op{k}", "bad") for k in range(1000)], "x.json")
+        text = W.problems_summary(e)
+        assert text.startswith("x.json: 1,000 problems: ops.op0: bad") and text.endswith("(+995 more)")
+
+    def test_a_model_the_cluster_cannot_run(self):
+        state = W.new_state()  # inception_v3 on p100-4x4
+        new, msg = C.on_event("pick-model", state, model="llama2-7b")
+        assert new is state and "ValidationError" not in msg
+        assert "no bf16 peak" in msg and "A100, H100 and H200 presets" in msg
