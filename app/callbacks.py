@@ -324,7 +324,8 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     s = ws.strategy
     mem = ws.memory
     dp_cost = W.baseline_cost_s(state)
-    summ = summary_data(g, tl, mem, dp_cost)
+    dp_fits = W.baseline_fits(state)
+    summ = summary_data(g, tl, mem, dp_cost if mem.feasible else None)
     selected = [n for n in (state.get("selected") or []) if n in g.index]
     layout = graph_layout(g, collapse)
     colour_of, legend, hover = _colours(g, s, layout)
@@ -349,11 +350,13 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     return {
         "sum-time": format_seconds(summ["iteration_time_s"]),
         "sum-throughput": format_rate(summ["throughput_samples_per_s"]),
-        "sum-speedup": f"{summ['speedup_vs_data_parallel']:.2f}x" if summ["speedup_vs_data_parallel"] else "–",
+        "sum-speedup": f"{summ['speedup_vs_data_parallel']:.2f}x" if summ["speedup_vs_data_parallel"] else
+        "– (data parallel does not fit)" if dp_fits is False else "– (over memory)" if not mem.feasible else "–",
         "sum-comm": format_bytes(summ["comm_bytes"]),
         "sum-memory": format_bytes(summ["peak_memory_bytes"]) + ("" if summ["feasible"] else " (over!)"),
         "sum-tasks": format_count(summ["tasks"]),
-        "why": why_text(summ, dp_comm, tl),
+        "why": why_text(summ, dp_comm, tl) + ("" if dp_fits is not False else
+                                              " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
         "op-panel": _op_panel(g, s, tl, selected),
         "gantt": build_gantt_figure(gd),

@@ -62,6 +62,7 @@ __all__ = [
     "parse_devices",
     "baseline_cost_s",
     "baseline_comm_bytes",
+    "baseline_fits",
 ]
 
 #: the explorer simulates every partition of every op on every device at each edit; beyond
@@ -158,26 +159,34 @@ def refs(state: dict) -> dict:
 
 @lru_cache(maxsize=64)
 def _baseline(model_key: str, cluster_key: str, kind: str, graph: OpGraph, cluster: Cluster
-              ) -> tuple[float, float] | None:
-    """(iteration time s, communication bytes) of a baseline, simulated once per pair."""
+              ) -> tuple[float, float, bool] | None:
+    """(iteration time s, communication bytes, fits in memory) of a baseline, simulated once
+    per pair."""
     from engine.report import simulate_strategy
 
     try:
         r = simulate_strategy(graph, make_baseline(kind, graph, cluster), cluster, check=False)
     except (ValueError, SoapboxError):
         return None
-    return r.iteration_time_s, r.timeline.comm_bytes
+    return r.iteration_time_s, r.timeline.comm_bytes, bool(r.memory.feasible)
 
 
-def _baseline_of(state: dict, kind: str) -> tuple[float, float] | None:
+def _baseline_of(state: dict, kind: str) -> tuple[float, float, bool] | None:
     g, c = graph_of(state), cluster_of(state)
     return _baseline(g.fingerprint, store.digest_of(c.to_dict()), kind, g, c)
 
 
 def baseline_cost_s(state: dict, kind: str = "data-parallel") -> float | None:
-    """Simulated iteration time of a baseline for the state's model and cluster (cached)."""
+    """Simulated iteration time of a baseline for the state's model and cluster (cached); None
+    when it cannot be built or does not fit in memory (a speedup over it would mean nothing)."""
     hit = _baseline_of(state, kind)
-    return hit[0] if hit else None
+    return hit[0] if hit and hit[2] else None
+
+
+def baseline_fits(state: dict, kind: str = "data-parallel") -> bool | None:
+    """Whether the baseline fits in memory (None when it cannot be built)."""
+    hit = _baseline_of(state, kind)
+    return hit[2] if hit else None
 
 
 def baseline_comm_bytes(state: dict, kind: str = "data-parallel") -> float | None:

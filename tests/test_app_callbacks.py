@@ -649,3 +649,11 @@ class TestHonestMessages:
         new, msg = C.on_event("pick-model", state, model="llama2-7b")
         assert new is state and "ValidationError" not in msg
         assert "no bf16 peak" in msg and "A100, H100 and H200 presets" in msg
+
+
+def test_no_speedup_over_a_data_parallel_that_does_not_fit():
+    """Issue 16: an LLM plan was shown as '0.90x' data parallel although data parallel does not fit."""
+    state = W.new_state("llama2-7b", "dgx-a100-80gb:2", "fsdp", batch=16)
+    views = C._render_explore(state, True, "utilization")
+    assert views["sum-speedup"] == "– (data parallel does not fit)"
+    assert "Data parallel does not fit in memory here" in views["why"]
