@@ -69,7 +69,27 @@ def decode_upload(contents: str, filename: str, binary: bool = False) -> str | b
                          "soapbox reads JSON files") from None
 
 
-def on_event(trigger: str | None, state: dict | None, *, query: str = "", model: str | None = None,
+def _detach_search(old: dict | None, new: dict, msg: str) -> tuple[dict, str]:
+    """Stop the session's running search when the model or cluster changed under it (its
+    answer would be for the old ones); say so."""
+    if old is None or new is old or (old.get("model") == new.get("model") and old.get("cluster") == new.get("cluster")):
+        return new, msg
+    try:
+        stopped = jobs.stop(old["sid"])
+    except Exception:  # (a store that cannot be reached: the change stands)
+        stopped = False
+    return new, msg + (" The search running for the previous model or cluster was stopped." if stopped else "")
+
+
+def on_event(trigger: str | None, state: dict | None, **kw: Any) -> tuple[dict, str]:
+    """:func:`_on_event`, stopping a search whose model or cluster the action replaced."""
+    new, msg = _on_event(trigger, state, **kw)
+    if trigger in ("pick-model", "pick-cluster", "pick-batch", "upload") and isinstance(state, dict):
+        return _detach_search(state, new, msg)
+    return new, msg
+
+
+def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model: str | None = None,
              cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
              filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
              devices: str | None = None, click: dict | None = None, compare_name: str | None = None,

@@ -657,3 +657,17 @@ def test_no_speedup_over_a_data_parallel_that_does_not_fit():
     views = C._render_explore(state, True, "utilization")
     assert views["sum-speedup"] == "– (data parallel does not fit)"
     assert "Data parallel does not fit in memory here" in views["why"]
+
+
+def test_switching_cluster_stops_the_running_search(alex):
+    """Issue 16: a search kept running after the model or cluster changed, and its answer
+    (for the old ones) could then be adopted."""
+    status, _ = C.search_start(alex, "mcmc", "60s", 0)
+    new, msg = C.on_event("pick-cluster", alex, cluster="k80-16x4")
+    assert "search running for the previous model or cluster was stopped" in msg, msg
+    deadline = time.time() + 30
+    while jobs.get(alex["sid"]).running and time.time() < deadline:
+        time.sleep(0.2)
+    assert jobs.get(alex["sid"]).status in ("stopped", "finished")
+    _, msg = C.on_event("search-adopt", new)
+    assert "another model or cluster" in msg or msg.startswith("No finished search")
