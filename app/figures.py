@@ -214,9 +214,13 @@ def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> dict[st
               line=dict(color="#999")),
          dict(type="scatter", x=it, y=[ms(r["best_cost_s"]) for r in rows], mode="lines", name="best",
               line=dict(color=CRITICAL_COLOUR, width=2))],
-        height=300, margin=_MARGIN, xaxis=dict(title=dict(text="proposals")),
-        yaxis=dict(title=dict(text="iteration time (ms)")), title=dict(text=title) if title else None,
-        legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+        height=320, margin={**_MARGIN, "t": 60},
+        # whole proposals or steps only (a 4-step planner's axis showed 1.5 and 2.5)
+        xaxis=dict(title=dict(text="proposals"), tickformat="d", dtick=max(1, math.ceil(max(it, default=1) / 8))),
+        yaxis=dict(title=dict(text="iteration time (ms)")),
+        title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top") if title else None,
+        # the legend at the right of the title's line, never under it
+        legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom"))
 
 
 def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
