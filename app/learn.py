@@ -22,8 +22,9 @@ splits **reduction** dims (row-parallel layers, whose partial sums are all-reduc
 **replica** dim for ops that are simply repeated (Megatron's LayerNorms).
 """),
     "graph": ("The operator graph", """
-Each dot is an operator; arrows are tensors. Colours show the op's config (how it is split).
-Click an op to see its shape, FLOPs, parameters, time and memory, and to edit its config. With
+Each dot is an operator; lines are the tensors between them (data flows left to right). Colours
+show the op's config (how it is split). Click an op to see its output shape, parallel dims,
+FLOPs, parameters, config and time on its devices, and to edit its config. With
 "collapse blocks", each repeated block (a layer, an Inception module) is one dot; clicking it
 selects all its ops, and an edit then applies to all of them.
 """),
@@ -40,14 +41,15 @@ With pipeline parallelism, consecutive groups of layers (stages) run on differen
 the batch is cut into **microbatches** that flow through the stages one after another. GPipe
 runs all forwards, then all backwards; 1F1B alternates one forward and one backward after a
 warm-up, so fewer microbatches' activations are held at once (Narayanan et al. SC'21). The gap
-at the start and end of each stage's row is the pipeline *bubble*: (stages − 1) / (microbatches
-+ stages − 1) of the time when every stage takes as long.
+at the start and end of each stage's row is the pipeline *bubble*:
+(stages − 1) / (microbatches + stages − 1) of the time when every stage takes as long.
 """),
     "topology": ("The cluster", """
 GPUs (squares, coloured by how busy they are or how full their memory is), the switches and
 NICs they connect through, and the network fabric between nodes. Hover a link for its
-bandwidth. Transfers take latency + bytes / bandwidth on each link they cross; collectives run
-as rings over the slowest link of their group.
+bandwidth. Transfers take latency + bytes / bandwidth on each link they cross; collectives are
+timed by NCCL's own cost model (ring or tree, with its protocols' latencies and bandwidth
+shares; in-switch reduction, NVLS, inside H100 and H200 nodes).
 """),
     "memory": ("Memory", """
 Per GPU: weights, gradients and Adam's optimizer state (2 moments, plus an fp32 master copy in

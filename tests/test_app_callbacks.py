@@ -671,3 +671,12 @@ def test_switching_cluster_stops_the_running_search(alex):
     assert jobs.get(alex["sid"]).status in ("stopped", "finished")
     _, msg = C.on_event("search-adopt", new)
     assert "another model or cluster" in msg or msg.startswith("No finished search")
+
+
+def test_learn_texts_have_no_line_that_markdown_reads_as_a_bullet():
+    """Issue 16: the bubble formula's '+' at the start of a line rendered as a bullet."""
+    from app.learn import TOPICS
+
+    for key, (_, text) in TOPICS.items():
+        for line in text.splitlines():
+            assert not line.lstrip().startswith(("+ ", "- ", "* ")) or line.lstrip().startswith("* **"), (key, line)
