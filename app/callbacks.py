@@ -355,7 +355,11 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     if metric == "memory":
         per_dev = np.where(mem.capacity_bytes > 0, mem.peak_bytes / mem.capacity_bytes, 0.0)
     else:
-        per_dev = tl.utilization
+        per_dev = np.array(tl.utilization, dtype=float)
+        image = tl.tasks.info.get("device_image")
+        if image is not None:  # mirrored GPUs are as busy as the one they mirror
+            has = image >= 0
+            per_dev[has] = per_dev[image[has]]
     topo = topology_data(c, per_dev, metric)
     sel_devs = sorted({d for n in selected for d in s[n].devices})
     topo_fig = build_topology_figure(topo)
@@ -374,7 +378,7 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "– (data parallel does not fit)" if dp_fits is False else "– (over memory)" if not mem.feasible else "–",
         "sum-comm": format_bytes(summ["comm_bytes"]),
         "sum-memory": format_bytes(summ["peak_memory_bytes"]) + ("" if summ["feasible"] else " (over!)"),
-        "sum-tasks": format_count(summ["tasks"]),
+        "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
         "why": why_text(summ, dp_comm, tl) + ("" if dp_fits is not False else
                                               " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
@@ -384,6 +388,15 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "memory": build_memory_figure(memory_data(mem, used)),
         "summary": summ,
     }
+
+
+def _symmetry_note(timeline) -> str:
+    """' (8 of 64 GPUs simulated: the rest mirror them)' under symmetry, else ''."""
+    image = timeline.tasks.info.get("device_image")
+    if image is None:
+        return ""
+    reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
+    return f" ({reps} of {used} GPUs simulated; the rest mirror them)" if reps < used else ""
 
 
 def _op_panel(graph, strategy, timeline, selected: list[str]) -> Any:

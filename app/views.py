@@ -65,8 +65,12 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     dev_row = np.full(tg.n_devices, -1, np.int64)
     dev_row[dev_used] = np.arange(dev_used.size) * 2
     labels: list[str] = []
+    image = tg.info.get("device_image")  # symmetric simulation: each row stands for its replicas
+    alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
     for d in dev_used:
-        labels += [f"GPU {d}", f"GPU {d} collectives"]
+        n = int(alike[d]) if alike is not None else 1
+        tag = f" (x{n} alike)" if n > 1 else ""
+        labels += [f"GPU {d}{tag}", f"GPU {d} collectives"]
     links_used = np.unique(tg.link[kind == XFER])
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
     link_row[links_used] = 2 * dev_used.size + np.arange(links_used.size)

@@ -313,24 +313,45 @@ class Workspace:
 
     graph: OpGraph
     cluster: Cluster
-    sim: DeltaSimulator
+    sim: DeltaSimulator | None
     version: int = -1
     _memory: MemoryReport | None = field(default=None, repr=False)
     used_at: float = field(default_factory=time.monotonic, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: (strategy, timeline) of a symmetric simulation (one representative per set of identical
+    #: replicas, as the engine's symmetry reduction allows): no delta simulator is built until
+    #: a hand edit needs one
+    static: tuple[Strategy, Timeline] | None = field(default=None, repr=False)
 
     @property
     def strategy(self) -> Strategy:
-        return self.sim.strategy
+        return self.sim.strategy if self.sim is not None else self.static[0]
 
     @property
     def timeline(self) -> Timeline:
-        return self.sim.timeline
+        return self.sim.timeline if self.sim is not None else self.static[1]
+
+    def editable(self) -> DeltaSimulator:
+        """The delta simulator hand edits change (a full build the first time, from a
+        symmetric workspace)."""
+        if self.sim is None:
+            self.sim = DeltaSimulator(self.graph, self.static[0], self.cluster)
+            self.static = None
+            self._memory = None
+        return self.sim
+
+    def check(self, op: str, config: Config) -> list:
+        """Problems with giving ``op`` ``config`` (the loader's verdict on the changed strategy)."""
+        if self.sim is not None:
+            return self.sim.check(op, config)
+        from engine.strategy import validate_strategy
+
+        return validate_strategy(self.strategy.with_config(op, config), self.graph, self.cluster)
 
     @property
     def memory(self) -> MemoryReport:
         if self._memory is None:
-            self._memory = memory_report(self.graph, self.sim.strategy, self.cluster, self.sim.timeline)
+            self._memory = memory_report(self.graph, self.strategy, self.cluster, self.timeline)
         return self._memory
 
 
@@ -362,22 +383,37 @@ def workspace(state: dict) -> Workspace:
                 return ws
             changed = [op for op, c in strategy.configs.items() if ws.strategy.configs[op] != c]
             if len(changed) <= _DELTA_LIMIT:
-                problems = [p for op in changed for p in ws.sim.check(op, strategy.configs[op])]
+                problems = [p for op in changed for p in ws.check(op, strategy.configs[op])]
                 if problems:
                     raise ValidationError(problems, "the page's strategy")
+                sim = ws.editable()
                 for op in changed:
-                    ws.sim.change(op, strategy.configs[op])
-                ws.sim._undo = None  # changes here are not undone one by one
+                    sim.change(op, strategy.configs[op])
+                sim._undo = None  # changes here are not undone one by one
                 ws.version = state.get("version", 0)
                 ws._memory = None
                 return ws
     strategy = load_strategy(state["strategy"], graph, cluster)  # every problem, with where
-    ws = Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), state.get("version", 0))
+    ws = _full_workspace(graph, cluster, strategy, state.get("version", 0))
     with _ws_lock:
         _workspaces[sid] = ws
         while len(_workspaces) > _MAX_SESSIONS:
             _workspaces.popitem(last=False)
     return ws
+
+
+def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, version: int) -> Workspace:
+    """A workspace simulated from scratch: with the engine's symmetry reduction when the
+    strategy has an exact symmetry (an LLM layout on 64 GPUs: a few representatives instead of
+    millions of tasks), else a delta simulator ready for edits."""
+    from engine.simulate import simulate
+    from engine.taskgraph import build_task_graph, find_symmetry
+
+    if find_symmetry(graph, strategy, cluster) is not None:
+        tg = build_task_graph(graph, strategy, cluster)
+        if tg.info.get("device_image") is not None:
+            return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg)))
+    return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), version)
 
 
 _forgotten = [0]  # workspaces dropped by forget() since the last evict_idle()
@@ -458,7 +494,7 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
         if op not in graph.index:
             problems.append(f"{op}: no such op in {graph.name}")
             continue
-        for p in ws.sim.check(op, config):
+        for p in ws.check(op, config):
             problems.append(str(p))
     if problems:
         return state, "Edit refused: " + "; ".join(problems)

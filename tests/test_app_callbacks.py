@@ -521,12 +521,17 @@ class TestRenderCompare:
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert fig.layout.xaxis.matches == "x2"
 
-    def test_symmetric_strategy_shows_every_gpu(self):
+    def test_symmetric_strategy_shows_a_representative_with_its_count(self):
+        """Issue 16: the explorer simulates with the engine's symmetry reduction where it is
+        exact, and shows identical replicas once with a count (data parallel on one DGX: GPU 0
+        stands for all 8); Compare still draws every GPU."""
         s = W.new_state("alexnet", "dgx-a100-80gb:1")
         s, _ = W.add_to_compare(s, "a")
         s, _ = W.add_to_compare(s, "b")
-        explore = _figures(C.render_explore(s))
-        assert len(explore["gantt"].layout.yaxis.ticktext) == 16
+        out = C.render_explore(s)
+        explore = _figures(out)
+        assert list(explore["gantt"].layout.yaxis.ticktext) == ["GPU 0 (x8 alike)", "GPU 0 collectives"]
+        assert out["sum-tasks"].endswith("(1 of 8 GPUs simulated; the rest mirror them)")
         _, _, fig = C.render_compare(s)
         assert len(go.Figure(fig).layout.yaxis.ticktext) == 16
 
