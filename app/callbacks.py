@@ -373,7 +373,8 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     dp_comm = {"comm_bytes": dp_comm_bytes} if dp_comm_bytes else None
     return {
         "sum-time": format_seconds(summ["iteration_time_s"]),
-        "sum-throughput": format_rate(summ["throughput_samples_per_s"]),
+        "sum-throughput": (format_rate(summ["tokens_per_s"], "tokens") if summ.get("tokens_per_s") else
+                           format_rate(summ["throughput_samples_per_s"])) + _mfu_note(g, tl, c, used),
         "sum-speedup": f"{summ['speedup_vs_data_parallel']:.2f}x" if summ["speedup_vs_data_parallel"] else
         "– (data parallel does not fit)" if dp_fits is False else "– (over memory)" if not mem.feasible else "–",
         "sum-comm": format_bytes(summ["comm_bytes"]),
@@ -388,6 +389,13 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "memory": build_memory_figure(memory_data(mem, used)),
         "summary": summ,
     }
+
+
+def _mfu_note(graph, timeline, cluster, used: list[int]) -> str:
+    from .views import mfu
+
+    u = mfu(graph, timeline, cluster, used)
+    return f", MFU {u:.0%}" if u is not None else ""
 
 
 def _symmetry_note(timeline) -> str:

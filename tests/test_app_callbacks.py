@@ -15,7 +15,7 @@ from dash import no_update
 from app import callbacks as C
 from app import jobs
 from app import workspace as W
-from app.fmt import format_seconds
+from app.fmt import format_rate, format_seconds
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
 from engine.report import simulate_strategy
@@ -685,3 +685,18 @@ def test_learn_texts_have_no_line_that_markdown_reads_as_a_bullet():
     for key, (_, text) in TOPICS.items():
         for line in text.splitlines():
             assert not line.lstrip().startswith(("+ ", "- ", "* ")) or line.lstrip().startswith("* **"), (key, line)
+
+
+def test_language_models_show_tokens_per_second_and_mfu():
+    """Issue 16: throughput in tokens/s for LLMs, and MFU (PaLM's definition)."""
+    from app.views import mfu
+
+    state = W.new_state("gpt2", "dgx-a100-80gb:1")
+    out = C.render_explore(state)
+    ws = W.workspace(state)
+    g = W.graph_of(state)
+    tokens = g.batch_size * 1024 / ws.timeline.makespan_s
+    u = mfu(g, ws.timeline, ws.cluster, sorted(ws.strategy.devices_used()))
+    flops = sum(op.fwd_flops + op.bwd_flops for op in g.ops)
+    assert u == pytest.approx(flops / (ws.timeline.makespan_s * 8 * 19.5e12))  # fp32: A100's 19.5 TFLOP/s
+    assert out["sum-throughput"] == f"{format_rate(tokens, 'tokens')}, MFU {u:.0%}"

@@ -71,9 +71,11 @@ class TestExplorer:
     def test_layout_panel_sets_tp_and_pp_and_refuses_what_cannot_run(self, page: Page, app_url: str):
         open_app(page, app_url)
         pick(page, "pick-model", "gpt2")
+        expect(page.locator("#message")).to_contain_text("gpt2")
+        on_p100 = changed_summary(page, "36.5 ms")  # (inception_v3 on p100-4x4, the default)
         pick(page, "pick-cluster", "dgx-a100-80gb:1")
         expect(page.locator("#message")).to_contain_text("dgx-a100-80gb:1")
-        before = summary(page)
+        before = changed_summary(page, on_p100)  # (data parallel on one DGX: 114 ms)
         page.fill("#layout-tp", "2")
         page.fill("#layout-pp", "2")
         page.click("#layout-apply")
