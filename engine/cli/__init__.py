@@ -143,8 +143,10 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--unknown", choices=["error", "elementwise"], default="error",
                    help="ONNX / ATen ops soapbox has no kind for: list them and stop (default), or import "
                         "those that keep their input's shape as memory-bound elementwise ops")
-    p.add_argument("--precision", choices=PRECISIONS, help="default: the config's torch_dtype, else bf16")
-    p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type)")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="default: the config's torch_dtype (else bf16), the ONNX inputs' or the module's type")
+    p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type, "
+                                                 "the ONNX graph's or the module's class name)")
     p.add_argument("-o", "--output", required=True, help="model file to write")
 
     p = sub.add_parser("profile", help="measure each distinct op partition once (PyTorch) into a profile table",
