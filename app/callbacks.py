@@ -28,6 +28,7 @@ from engine.strategy import strategy_from_dict
 
 from . import jobs
 from .cache import IdleCache
+from .layout import cluster_options, model_options
 from . import workspace as W
 from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure,
                       build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
@@ -617,7 +618,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     @app.callback(
         Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
-        Output("pick-batch", "value"),
+        Output("pick-batch", "value"), Output("pick-model", "options"), Output("pick-cluster", "options"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
@@ -650,7 +651,10 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
                 new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
                 new.get("baseline"), new.get("selected") or [],
-                no_update if trigger == "pick-batch" else new["model"].get("batch"))
+                no_update if trigger == "pick-batch" else new["model"].get("batch"),
+                # the header follows uploads: an uploaded model or cluster is listed (and shown)
+                model_options(new["model"]["name"] if "upload" in new["model"] else None),
+                cluster_options(new["cluster"]["name"] if "upload" in new["cluster"] else None))
 
     app.clientside_callback(
         f"""

@@ -17,13 +17,22 @@ __all__ = ["make_layout", "cluster_options"]
 _GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
-def cluster_options() -> list[dict[str, str]]:
-    """Presets; sized ones (``dgx-a100-80gb:N``) offered at a few sizes."""
-    out = []
-    for name, (_, takes_count, doc) in PRESETS.items():
-        sizes = [f"{name}:{n}" for n in (1, 2, 4, 8)] if takes_count else [name]
+def cluster_options(extra: str | None = None) -> list[dict[str, str]]:
+    """Presets; sized ones (``dgx-a100-80gb:N``) offered from 1 node to the explorer's 1,024
+    GPUs; ``extra``: an uploaded cluster's name, listed first."""
+    out = [{"label": f"{extra} (uploaded)", "value": extra}] if extra else []
+    for name, (make, takes_count, doc) in PRESETS.items():
+        per_node = getattr(make, "gpus_per_node", 8)
+        sizes = [f"{name}:{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128) if n * per_node <= 1024] if takes_count \
+            else [name]
         out += [{"label": s, "value": s, "title": doc} for s in sizes]
     return out
+
+
+def model_options(extra: str | None = None) -> list[dict[str, str]]:
+    """The sample models; ``extra``: an uploaded model's name, listed first."""
+    out = [{"label": f"{extra} (uploaded)", "value": extra}] if extra else []
+    return out + [{"label": m, "value": m} for m in sample_names()]
 
 
 def image_buttons(fig: str) -> html.Div:
@@ -167,7 +176,6 @@ def _export() -> html.Div:
 
 
 def make_layout() -> html.Div:
-    models = sample_names()
     return html.Div([
         dcc.Location(id="url", refresh=False),
         # the session's state lives in the tab's sessionStorage: it survives a reload and a
@@ -181,7 +189,7 @@ def make_layout() -> html.Div:
             html.Span("see, search and hand-edit how a DNN is parallelized", className="tagline"),
         ]),
         html.Div([
-            html.Div([html.Label("model"), dcc.Dropdown(id="pick-model", options=models, value=None,
+            html.Div([html.Label("model"), dcc.Dropdown(id="pick-model", options=model_options(), value=None,
                                                          clearable=False)], className="pick"),
             html.Div([html.Label("batch", htmlFor="pick-batch",
                                  title="the sample model's global batch in samples (empty: its default)"),

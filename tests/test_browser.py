@@ -158,6 +158,19 @@ class TestExplorer:
         trace = json.loads(open(dl2.value.path()).read())
         assert any(e.get("ph") == "X" for e in trace["traceEvents"])
 
+    def test_the_header_follows_an_uploaded_model(self, page: Page, app_url: str, tmp_path):
+        """Issue 16: after an upload the model dropdown still showed the old model."""
+        from engine.formats import resolve_model
+
+        open_app(page, app_url)
+        path = tmp_path / "my-mlp.json"
+        g = resolve_model("alexnet", batch=32).to_dict()
+        g["name"] = "my-alexnet"
+        path.write_text(json.dumps(g))
+        page.set_input_files("#upload input[type=file]", str(path))
+        expect(page.locator("#message")).to_contain_text("Loaded model my-alexnet")
+        expect(page.locator("#pick-model")).to_contain_text("my-alexnet (uploaded)")
+
     def test_malformed_upload_shows_a_clear_error_and_the_page_still_works(self, page: Page, app_url: str, tmp_path):
         open_app(page, app_url)
         before = summary(page)
