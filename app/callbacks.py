@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import json
 import math
+import re
 import threading
 import time
 from typing import Any
@@ -381,6 +382,8 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "sum-comm": format_bytes(summ["comm_bytes"]),
         "sum-memory": format_bytes(summ["peak_memory_bytes"]) + ("" if summ["feasible"] else " (over!)"),
         "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
+        "rate": {"per_s": summ.get("tokens_per_s") or summ.get("throughput_samples_per_s"), "gpus": len(used),
+                 "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
         "why": why_text(summ, dp_comm, tl) + ("" if dp_fits is not False else
                                               " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
@@ -390,6 +393,29 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
         "memory": build_memory_figure(memory_data(mem, used)),
         "summary": summ,
     }
+
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def train_estimate(rate: dict | None, text: Any) -> str:
+    """'1T tokens: 12.3 days on 64 GPUs (18,900 GPU-hours)' from the page's rate (units per
+    second, GPUs) and a count typed as 1T / 300B / 2e12; the reason when it cannot."""
+    if not isinstance(rate, dict) or not rate.get("per_s"):
+        return ""
+    raw = str(text or "").strip().lower().replace(",", "").replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbgtp]?)", raw)
+    if not m:
+        return f"'{str(text)[:20]}': give a count like 1T, 300B or 2e12"
+    n = float(m.group(1)) * _SUFFIX[m.group(2)]
+    if not 0 < n < 1e18:
+        return "give a count above 0 and below 1e18"
+    seconds = n / rate["per_s"]
+    gpus = int(rate.get("gpus") or 1)
+    span = format_seconds(seconds) if seconds < 86400 else f"{seconds / 86400:,.1f} days"
+    unit = rate.get("unit", "tokens")
+    return (f"{format_count(int(n)) if n < 1e6 else f'{n:.3g}'} {unit}: {span} on {gpus:,} GPUs "
+            f"({seconds * gpus / 3600:,.0f} GPU-hours), at the simulated rate, without failures")
 
 
 def _mfu_note(graph, timeline, cluster, used: list[int]) -> str:
@@ -674,8 +700,8 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Input("upload", "contents"), State("upload", "filename"), prevent_initial_call=True)
 
     explore_ids = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
-                   "op-graph", "op-panel", "gantt", "topology", "memory"]
-    props = {"op-graph": "figure", "gantt": "figure", "topology": "figure", "memory": "figure"}
+                   "op-graph", "op-panel", "gantt", "topology", "memory", "rate"]
+    props = {"op-graph": "figure", "gantt": "figure", "topology": "figure", "memory": "figure", "rate": "data"}
 
     @app.callback([Output(i, props.get(i, "children")) for i in explore_ids],
                   Input("state", "data"), Input("collapse", "value"), Input("topo-metric", "value"))
@@ -691,6 +717,10 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                 [no_update] * (len(explore_ids) - explore_ids.index("why") - 1)
         app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
         return [out[i] for i in explore_ids]
+
+    @app.callback(Output("train-estimate", "children"), Input("rate", "data"), Input("train-tokens", "value"))
+    def _train(rate, tokens):
+        return train_estimate(rate, tokens)
 
     @app.callback(Output("edit-ops", "options"), Output("edit-degrees", "children"),
                   Output("edit-devices", "value"), Input("state", "data"))

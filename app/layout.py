@@ -59,6 +59,11 @@ def _explore() -> html.Div:
                   _card("speedup over data parallel", "sum-speedup"), _card("communication / iteration", "sum-comm"),
                   _card("peak memory", "sum-memory"), _card("tasks simulated", "sum-tasks")],
                  className="cards", id="summary"),
+        html.Div([html.Label("train", htmlFor="train-tokens", title="tokens (or samples) to train: 1T, 300B, 2e12"),
+                  dcc.Input(id="train-tokens", type="text", value="1T", debounce=True, className="train-tokens",
+                            placeholder="1T"),
+                  html.Span(id="train-estimate", className="train-estimate"),
+                  dcc.Store(id="rate")], className="train"),
         html.P(id="why", className="why"),
         html.Div([
             html.Div([

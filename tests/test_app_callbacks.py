@@ -700,3 +700,17 @@ def test_language_models_show_tokens_per_second_and_mfu():
     flops = sum(op.fwd_flops + op.bwd_flops for op in g.ops)
     assert u == pytest.approx(flops / (ws.timeline.makespan_s * 8 * 19.5e12))  # fp32: A100's 19.5 TFLOP/s
     assert out["sum-throughput"] == f"{format_rate(tokens, 'tokens')}, MFU {u:.0%}"
+
+
+def test_time_and_gpu_hours_for_n_tokens():
+    """Issue 16: time and GPU-hours to train N tokens, N settable."""
+    rate = {"per_s": 1e6, "gpus": 64, "unit": "tokens"}
+    assert C.train_estimate(rate, "1T") == "1e+12 tokens: 11.6 days on 64 GPUs (17,778 GPU-hours), at the " \
+                                           "simulated rate, without failures"
+    assert C.train_estimate(rate, "300B").startswith("3e+11 tokens: 3.5 days")
+    assert C.train_estimate(rate, "3,600,000").startswith("3.6e+06 tokens: 3.6 s")
+    assert "give a count" in C.train_estimate(rate, "lots")
+    assert C.train_estimate(None, "1T") == ""
+    state = W.new_state("gpt2", "dgx-a100-80gb:1")
+    out = C.render_explore(state)
+    assert out["rate"]["unit"] == "tokens" and out["rate"]["gpus"] == 8 and out["rate"]["per_s"] > 0

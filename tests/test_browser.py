@@ -81,6 +81,11 @@ class TestExplorer:
         page.click("#layout-apply")
         expect(page.locator("#message")).to_contain_text("Layout (megatron): tp 2, pp 2, dp 2")
         after = changed_summary(page, before)
+        expect(page.locator("#train-estimate")).to_contain_text("tokens:")  # time and GPU-hours for N tokens
+        page.fill("#train-tokens", "300B")
+        page.press("#train-tokens", "Enter")
+        expect(page.locator("#train-estimate")).to_contain_text("3e+11 tokens")
+        expect(page.locator("#train-estimate")).to_contain_text("GPU-hours")
         page.fill("#layout-tp", "3")
         page.click("#layout-apply")
         expect(page.locator("#message")).to_contain_text("Layout refused")
