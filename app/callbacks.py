@@ -620,13 +620,33 @@ def export_framework(state: dict, fmt: str) -> tuple[dict | None, str]:
             f"Exported {fmt} settings ({name}).")
 
 
-def export_trace(state: dict) -> dict:
+#: the most trace events the page downloads (a few hundred bytes each: ~100 MB); larger
+#: plans are written by the command line (`soapbox simulate --trace`), which streams to a file
+MAX_TRACE_EVENTS = 400_000
+
+
+def export_trace(state: dict) -> tuple[dict | None, str]:
+    """(download, message): the Chrome trace of the state's iteration, or no download and why
+    (a plan whose trace would be too large for a page download)."""
     ws = W.workspace(state)
-    events = list(trace_events(ws.graph, ws.cluster, ws.timeline, ws.memory))
+    tl = ws.timeline
+    image = tl.tasks.info.get("device_image")
+    mirror = 1.0
+    if image is not None:
+        reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
+        mirror = used / max(1, reps)
+    estimate = int(tl.tasks.num_tasks * mirror)
+    if estimate > MAX_TRACE_EVENTS:
+        return None, (f"Not exported: the trace would have about {estimate:,} events (~{estimate * 250 / 1e6:,.0f} MB), "
+                      f"more than a page download takes ({MAX_TRACE_EVENTS:,}). Write it with the command line: "
+                      "soapbox simulate --model M --cluster C --strategy strategy.json --trace trace.json "
+                      "(download the strategy above).")
+    events = list(trace_events(ws.graph, ws.cluster, tl, ws.memory))
     body = json.dumps({"displayTimeUnit": "ms", "otherData": {"generator": "soapbox"}, "traceEvents": events},
                       separators=(",", ":"))
     name = f"trace-{state['model'].get('name', 'model')}-{state['cluster'].get('name', 'cluster')}.json"
-    return {"content": body, "filename": name.replace(":", "_"), "type": "application/json"}
+    return ({"content": body, "filename": name.replace(":", "_"), "type": "application/json"},
+            f"Exported the trace ({len(events):,} events).")
 
 
 def share_link(state: dict, href: str | None) -> str:
@@ -776,14 +796,16 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         except (ValueError, SoapboxError):
             return no_update
 
-    @app.callback(Output("download", "data", allow_duplicate=True), Input("export-trace", "n_clicks"),
+    @app.callback(Output("download", "data", allow_duplicate=True),
+                  Output("export-fw-message", "children", allow_duplicate=True), Input("export-trace", "n_clicks"),
                   State("state", "data"), prevent_initial_call=True)
     def _export_trace(_n, state):
         try:
             W.check_state(state)
-            return export_trace(state)
-        except (ValueError, SoapboxError):
-            return no_update
+            data, msg = export_trace(state)
+        except (ValueError, SoapboxError) as e:
+            return no_update, f"Not exported: {_first_line(e)}"
+        return (data if data is not None else no_update), msg
 
     @app.callback(Output("download", "data", allow_duplicate=True), Output("export-fw-message", "children"),
                   Input("export-megatron", "n_clicks"), Input("export-deepspeed", "n_clicks"),

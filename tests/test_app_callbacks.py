@@ -478,7 +478,8 @@ class TestExport:
         assert data["cost"]["iteration_time_s"] == W.workspace(s).timeline.makespan_s
 
     def test_trace(self, alex):
-        out = C.export_trace(alex)
+        out, msg = C.export_trace(alex)
+        assert msg.startswith("Exported the trace")
         assert out["filename"] == "trace-alexnet-p100-4x4.json"
         body = json.loads(out["content"])
         assert body["displayTimeUnit"] == "ms"
@@ -490,7 +491,14 @@ class TestExport:
 
     def test_filename_without_colon(self):
         s = W.new_state("alexnet", "dgx-a100-80gb:1")
-        assert C.export_trace(s)["filename"] == "trace-alexnet-dgx-a100-80gb_1.json"
+        assert C.export_trace(s)[0]["filename"] == "trace-alexnet-dgx-a100-80gb_1.json"
+
+    def test_a_trace_too_large_for_a_download_is_refused_with_the_cli_command(self):
+        """Issue 16: an LLM plan's trace (668 MB) failed with only a console error."""
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8", "fsdp")
+        s, _ = C.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 2, "mb": 1})
+        out, msg = C.export_trace(s)
+        assert out is None and "soapbox simulate" in msg and "--trace" in msg and "events" in msg
 
     def test_share_link(self, alex):
         s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
