@@ -425,6 +425,18 @@ def _mfu_note(graph, timeline, cluster, used: list[int]) -> str:
     return f", MFU {u:.0%}" if u is not None else ""
 
 
+def _shown(value: Any, showing: Any) -> Any:
+    return no_update if value == showing or value is None else value
+
+
+def _options(old: dict | None, new: dict, key: str, make) -> Any:
+    was = isinstance(old, dict) and isinstance(old.get(key), dict) and "upload" in old[key]
+    now = "upload" in new[key]
+    if not was and not now:
+        return no_update
+    return make(new[key]["name"] if now else None)
+
+
 def _symmetry_note(timeline) -> str:
     """' (8 of 64 GPUs simulated: the rest mirror them)' under symmetry, else ''."""
     image = timeline.tasks.info.get("device_image")
@@ -694,13 +706,16 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                             layout={"kind": l_kind, "tp": l_tp, "pp": l_pp, "cp": l_cp, "vpp": l_vpp, "mb": l_mb,
                                     "shard": l_shard, "recompute": l_recompute, "zero": l_zero,
                                     "schedule": l_schedule, "flags": l_flags})
-        return (new, msg, new["model"].get("name") if "data" not in new["model"] else no_update,
-                new["cluster"].get("name") if "data" not in new["cluster"] else no_update,
+        # a dropdown is set only when it does not already show the state's choice: echoing the
+        # value it shows raced with the user's next pick (a slow answer reset it)
+        return (new, msg, _shown(new["model"].get("name"), model),
+                _shown(new["cluster"].get("name"), cluster),
                 new.get("baseline"), new.get("selected") or [],
                 no_update if trigger == "pick-batch" else new["model"].get("batch"),
-                # the header follows uploads: an uploaded model or cluster is listed (and shown)
-                model_options(new["model"]["name"] if "upload" in new["model"] else None),
-                cluster_options(new["cluster"]["name"] if "upload" in new["cluster"] else None))
+                # the header follows uploads: an uploaded model or cluster is listed (and shown); the
+                # lists are sent only when an upload comes or goes (sending them at every event reset
+                # a dropdown the user was changing)
+                _options(state, new, "model", model_options), _options(state, new, "cluster", cluster_options))
 
     app.clientside_callback(
         f"""

@@ -53,7 +53,7 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
 
     ``window`` (seconds) limits the view; when more than ``max_bars`` tasks fall in it,
     neighbouring tasks are merged per row and kind (the hover says how many). The critical
-    chain and the selected ops' tasks come as overlays, never merged.
+    chain and the selected ops' tasks come as overlays, merged the same way when they are many.
     """
     tg = timeline.tasks
     start, end = timeline.start_s, timeline.end_s
@@ -132,9 +132,20 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
         want = np.array([graph.index[n] for n in selected if n in graph.index], np.int64)
         sel = np.flatnonzero(np.isin(tg.op, want) & (row >= 0) & comp)
         overlays["selected"] = sel[:2 * max_bars]
-    over = {name: {"start": start[t], "end": end[t], "row": row[t],
-                   "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
-            for name, t in overlays.items()}
+    over = {}
+    for name, t in overlays.items():
+        t = t[(end[t] >= t0) & (start[t] <= t1)]  # (only what the window shows)
+        if eps >= 0 and t.size > max_bars // 4:
+            # merged as the bars are (an LLM plan's critical chain runs to 10^5 tasks: drawn one
+            # by one it made a 22 MB figure the browser took minutes to draw)
+            o = np.lexsort((start[t], row[t]))
+            t = t[o]
+            first, b_start, b_end, count = _merge(row[t], start[t], end[t], eps)
+            over[name] = {"start": b_start, "end": b_end, "row": row[t][first],
+                          "text": _task_texts(tg, names, t[first], count, b_start, b_end)}
+        else:
+            over[name] = {"start": start[t], "end": end[t], "row": row[t],
+                          "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
             "merged": eps >= 0, "tasks_in_view": int(ids.size)}
 

@@ -722,3 +722,19 @@ def test_time_and_gpu_hours_for_n_tokens():
     state = W.new_state("gpt2", "dgx-a100-80gb:1")
     out = C.render_explore(state)
     assert out["rate"]["unit"] == "tokens" and out["rate"]["gpus"] == 8 and out["rate"]["per_s"] > 0
+
+
+def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
+    """Issue 16: GPT-3 175B on 1,024 GPUs under a Megatron layout: simulated with the symmetry
+    reduction, the timeline one row pair per representative with its count, a figure of
+    kilobytes (the critical chain merged like the bars), tokens/s and MFU."""
+    s = W.new_state("gpt3-175b", "dgx-a100-80gb:128", "data-parallel")
+    s, msg = C.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 16, "mb": 1,
+                                                   "recompute": "full"})
+    assert msg.startswith("Layout (megatron): tp 8, pp 16, dp 8"), msg
+    out = C.render_explore(s)
+    assert out["sum-tasks"].endswith("(16 of 1024 GPUs simulated; the rest mirror them)")
+    assert "tokens/s, MFU" in out["sum-throughput"]
+    ticks = list(go.Figure(out["gantt"]).layout.yaxis.ticktext)
+    assert len(ticks) <= 2 * 16 + 64 and ticks[0].endswith("(x64 alike)")
+    assert len(json.dumps(out["gantt"], default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))) < 2e6
