@@ -189,15 +189,17 @@ def build_topology_figure(data: dict[str, Any]) -> dict[str, Any]:
 
 def build_memory_figure(data: dict[str, Any]) -> dict[str, Any]:
     """Stacked bars of each device's memory by kind, with its capacity as a line (GB)."""
-    x = [f"GPU {d}" for d in data["devices"]]
+    x = data.get("labels") or [f"GPU {d}" for d in data["devices"]]
     traces = [dict(type="bar", x=x, y=np.asarray(values) / 1e9, name=label, marker=dict(color=MEMORY_COLOURS[label]),
                    hovertemplate="%{x}: %{y:.3g} GB " + label + "<extra></extra>")
               for label, values in data["parts"].items()]
     traces.append(dict(type="scatter", x=x, y=np.asarray(data["capacity"]) / 1e9, mode="lines+markers",
                        name="capacity", line=dict(color=CRITICAL_COLOUR, dash="dash"),
                        hovertemplate="%{x}: capacity %{y:.3g} GB<extra></extra>"))
-    title = "fits in memory" if data["feasible"] else \
-        "OVER CAPACITY on " + ", ".join(f"GPU {d} (+{format_bytes(b)})" for d, b in data["over"][:4])
+    over = data["over"]
+    title = "fits in memory" if data["feasible"] else (
+        f"OVER CAPACITY on {len(over):,} GPU{'s' if len(over) != 1 else ''}; worst GPU {over[0][0]} "
+        f"(+{format_bytes(over[0][1])})")
     return _figure(traces, barmode="stack", height=300, margin=_MARGIN, yaxis=dict(title=dict(text="GB")),
                    title=dict(text=title, x=0), legend=dict(orientation="h", y=-0.2))
 

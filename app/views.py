@@ -298,14 +298,22 @@ def topology_data(cluster: Cluster, per_device: np.ndarray, metric: str) -> dict
 
 
 def memory_data(report: MemoryReport, devices: list[int]) -> dict[str, Any]:
-    """Per device (bytes): weights, gradients, optimizer state, buffers, peak activations and
-    capacity."""
+    """Per group of GPUs whose memory is identical (bytes): weights, gradients, optimizer state,
+    buffers, peak activations and capacity; one bar per group, labelled with its first GPU and
+    how many it stands for (1,024 data-parallel GPUs are one bar; a pipeline's stages one each)."""
     d = np.asarray(devices, np.int64)
-    return {"devices": [int(x) for x in d],
-            "parts": {"weights": report.weights_bytes[d], "gradients": report.grads_bytes[d],
-                      "optimizer": report.optimizer_bytes[d], "comm buffers": report.comm_buffer_bytes[d],
-                      "activations (peak)": report.activations_peak_bytes[d]},
-            "capacity": report.capacity_bytes[d], "feasible": report.feasible,
+    parts = {"weights": report.weights_bytes[d], "gradients": report.grads_bytes[d],
+             "optimizer": report.optimizer_bytes[d], "comm buffers": report.comm_buffer_bytes[d],
+             "activations (peak)": report.activations_peak_bytes[d]}
+    cap = report.capacity_bytes[d]
+    keys = np.round(np.stack(list(parts.values()) + [cap], axis=1) / 1024.0)  # (KiB: equal up to rounding)
+    _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    order = np.argsort(first)
+    pick = first[order]
+    labels = [f"GPU {int(d[i])}" + (f" (x{int(counts[k])})" if counts[k] > 1 else "") for k, i in zip(order, pick)]
+    return {"devices": [int(x) for x in d[pick]], "labels": labels,
+            "parts": {k: v[pick] for k, v in parts.items()},
+            "capacity": cap[pick], "feasible": report.feasible,
             "over": report.over_capacity()}
 
 

@@ -18,7 +18,9 @@ from engine.formats import resolve_model
 from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import Config
-from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER
+from engine.memory import memory_report
+from engine.simulate import simulate
+from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER, build_task_graph
 
 
 class _Validating:
@@ -404,29 +406,41 @@ class TestTopology:
 
 class TestMemory:
     def test_memory_data_and_figure(self, dp):
+        """GPUs with identical memory are one bar with their count (issue 16: 1,024 bars were
+        unreadable); data parallel's GPUs are all alike."""
         used = [0, 3, 7]
         d = V.memory_data(dp.memory, used)
-        assert d["devices"] == used
-        np.testing.assert_array_equal(d["parts"]["weights"], dp.memory.weights_bytes[used])
-        np.testing.assert_array_equal(d["parts"]["activations (peak)"], dp.memory.activations_peak_bytes[used])
-        np.testing.assert_array_equal(d["capacity"], dp.memory.capacity_bytes[used])
+        assert d["devices"] == [0] and d["labels"] == ["GPU 0 (x3)"]
+        np.testing.assert_array_equal(d["parts"]["weights"], dp.memory.weights_bytes[[0]])
+        np.testing.assert_array_equal(d["parts"]["activations (peak)"], dp.memory.activations_peak_bytes[[0]])
+        np.testing.assert_array_equal(d["capacity"], dp.memory.capacity_bytes[[0]])
         fig = F.build_memory_figure(d)
         bars = [tr for tr in fig.data if tr.type == "bar"]
         assert [tr.name for tr in bars] == list(F.MEMORY_COLOURS)
         assert fig.layout.barmode == "stack"
         for tr in bars:
-            assert list(tr.x) == ["GPU 0", "GPU 3", "GPU 7"]
+            assert list(tr.x) == ["GPU 0 (x3)"]
             np.testing.assert_allclose(tr.y, d["parts"][tr.name] / 1e9, rtol=0, atol=0)
         cap = fig.data[-1]
         assert cap.name == "capacity" and cap.type == "scatter"
-        np.testing.assert_array_equal(cap.y, dp.memory.capacity_bytes[used] / 1e9)
+        np.testing.assert_array_equal(cap.y, dp.memory.capacity_bytes[[0]] / 1e9)
         assert fig.layout.title.text == "fits in memory"
+        # a pipeline's stages differ: one bar each, in device order, summing the parts
+        from engine.search.baselines import megatron
+
+        g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+        s = megatron(g, c, pp=2, micro_batch=1)
+        rep = memory_report(g, s, c, simulate(build_task_graph(g, s, c)))
+        d2 = V.memory_data(rep, list(range(8)))
+        assert d2["labels"] == ["GPU 0 (x4)", "GPU 4 (x4)"]
+        total = sum(v for v in d2["parts"].values())
+        np.testing.assert_allclose(total, rep.peak_bytes[[0, 4]])
 
     def test_over_capacity_title(self):
         d = {"devices": [0, 1], "parts": {k: np.array([1e9, 2e9]) for k in F.MEMORY_COLOURS},
              "capacity": np.array([16e9, 8e9]), "feasible": False, "over": [(1, 2e9)]}
         fig = F.build_memory_figure(d)
-        assert fig.layout.title.text == "OVER CAPACITY on GPU 1 (+2 GB)"
+        assert fig.layout.title.text == "OVER CAPACITY on 1 GPU; worst GPU 1 (+2 GB)"
         assert list(fig.data[-1].y) == [16.0, 8.0]
 
 
