@@ -37,7 +37,7 @@ from engine.memory import MemoryReport, memory_report
 from engine.models import MAX_SAMPLE_BATCH, sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.simulate import Timeline
-from engine.strategy import Config, Strategy
+from engine.strategy import Config, Strategy, compact_strategy_dict, device_runs, devices_of_entry
 
 from . import store
 from .cache import IdleCache
@@ -231,7 +231,7 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
     state = {"sid": sid or uuid.uuid4().hex, "model": ref, "cluster": {"name": cluster},
              "strategy": None, "undo": [], "redo": [], "version": 0, "compare": [], "selected": None}
     strategy = make_baseline(baseline, graph_of(state), cluster_of(state))
-    state["strategy"] = strategy.to_dict()
+    state["strategy"] = _sdict(strategy)
     state["baseline"] = baseline
     return state
 
@@ -518,7 +518,7 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
             problems.append(str(p))
     if problems:
         return state, "Edit refused: " + "; ".join(problems)
-    entries = [{"op": op, "before": strategy[op].to_dict(), "after": config.to_dict()}
+    entries = [{"op": op, "before": _cfg(strategy[op]), "after": _cfg(config)}
                for op in ops if strategy[op] != config]
     if not entries:
         return state, "No change: the op already has that config."
@@ -541,6 +541,18 @@ def _describe(config: Config) -> str:
         f"devices {devs[0]}-{devs[-1]}" if list(devs) == list(range(devs[0], devs[-1] + 1)) else
         f"devices {', '.join(map(str, devs))}")
     return f"{deg} on {span}"
+
+
+def _cfg(config: Config) -> dict:
+    """A config as the state keeps it: its devices as runs (:func:`engine.strategy.device_runs`)."""
+    return {"degrees": dict(config.degrees), "devices": device_runs(config.devices)}
+
+
+def _sdict(strategy: Strategy) -> dict:
+    """A strategy as the state keeps it: ``soapbox.strategy/1`` with devices as runs (the page
+    sends the state with every action: GPT-3 on 1,024 GPUs was 9.2 MB as lists, past what a
+    browser's sessionStorage holds, and the model dropdown snapped back)."""
+    return compact_strategy_dict(strategy.to_dict())
 
 
 def _with_configs(state: dict, entries: list[dict], key: str) -> dict:
@@ -581,8 +593,8 @@ def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, 
     """Replace the whole strategy as one undoable edit."""
     old = _strategy(state)
     new = copy.deepcopy(state)
-    new["strategy"] = strategy.to_dict()
-    entries = [{"op": op, "before": old[op].to_dict(), "after": c.to_dict()}
+    new["strategy"] = _sdict(strategy)
+    entries = [{"op": op, "before": _cfg(old[op]), "after": _cfg(c)}
                for op, c in strategy.configs.items() if op in old.configs and old[op] != c]
     if _same_settings(old, strategy) and entries:
         new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
@@ -711,7 +723,7 @@ def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str)
     digest = store.current().put_upload(state["sid"], "model", g.name, data)
     new = copy.deepcopy(state)
     new["model"] = {"name": g.name, "upload": digest}
-    new["strategy"] = make_baseline("data-parallel", g, cluster_of(new)).to_dict()
+    new["strategy"] = _sdict(make_baseline("data-parallel", g, cluster_of(new)))
     new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
     return _bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel."
                         + extra), True
@@ -770,7 +782,7 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             digest = store.current().put_upload(state["sid"], "cluster", c.name, data)
             new = copy.deepcopy(state)
             new["cluster"] = {"name": c.name, "upload": digest}
-            new["strategy"] = make_baseline("data-parallel", graph_of(new), c).to_dict()
+            new["strategy"] = _sdict(make_baseline("data-parallel", graph_of(new), c))
             new.update(undo=[], redo=[], baseline="data-parallel", compare=[])
             return _bump(new), f"Loaded cluster {c.name} ({c.num_devices} GPUs) from {filename}; strategy: data parallel.", True
         if kind == "strategy":
@@ -821,7 +833,7 @@ def share_query(state: dict) -> str:
     kind = state.get("baseline", "data-parallel")
     base = make_baseline(kind, graph_of(state), cluster_of(state))
     s = _strategy(state)
-    diff = {op: c.to_dict() for op, c in s.configs.items() if base.configs.get(op) != c}
+    diff = {op: _cfg(c) for op, c in s.configs.items() if base.configs.get(op) != c}
     payload = {"b": kind, "d": diff}
     if not _same_settings(base, s):
         payload["s"] = state["strategy"]
@@ -867,11 +879,11 @@ def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
             for op, c in payload.get("d", {}).items():
                 if op not in s.configs:
                     raise ValueError(f"op {op!r} is not in {state['model']['name']}")
-                s = s.with_config(op, Config(c.get("degrees", {}), tuple(c["devices"])))
+                s = s.with_config(op, Config(c.get("degrees", {}), devices_of_entry(c)))
             s = load_strategy(s.to_dict(), graph_of(state), cluster_of(state))  # validates every config
     except (AttributeError, KeyError, TypeError) as e:
         raise ValueError(f"link: the strategy part ('s') is not a soapbox share ({type(e).__name__}: {e})") from None
     except (ValidationError, ValueError) as e:
         raise ValueError(f"link: {e}") from None
-    state["strategy"] = s.to_dict()
+    state["strategy"] = _sdict(s)
     return state, "Loaded the shared strategy."

@@ -715,3 +715,43 @@ class TestPartitionFlopsProperty:
         assert op.partition_flops({"replica": replicas}) == (op.fwd_flops, op.bwd_flops)
         _, outs, _ = op.partition_shapes({"replica": replicas})
         assert outs == [t.shape for t in op.out_tensors]
+
+
+class TestDeviceRuns:
+    """Devices written as runs ('0-7,64-71'): the compact form the explorer keeps in the page."""
+
+    @given(st.lists(st.integers(0, 16383), min_size=1, max_size=300))
+    def test_round_trip(self, devs):
+        from engine.strategy import device_runs, parse_device_runs
+
+        text = device_runs(devs)
+        assert parse_device_runs(text) == tuple(devs)
+        assert len(text.split(",")) == 1 + sum(b != a + 1 for a, b in zip(devs, devs[1:]))
+
+    def test_exact(self):
+        from engine.strategy import device_runs, parse_device_runs
+
+        assert device_runs([0, 1, 2, 3, 8, 9, 5]) == "0-3,8-9,5"
+        assert parse_device_runs("4,0-2") == (4, 0, 1, 2)
+        with pytest.raises(ValueError, match="counts down"):
+            parse_device_runs("7-3")
+        with pytest.raises(ValueError, match="more than 16384"):
+            parse_device_runs("0-9999,0-9999")
+
+    def test_a_strategy_file_may_use_runs_and_bad_runs_are_named(self):
+        from engine.formats import load_strategy
+        from engine.strategy import compact_strategy_dict
+
+        from engine.formats import resolve_model
+        from engine.search.baselines import make_baseline
+
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        s = make_baseline("data-parallel", g, c)
+        assert load_strategy(compact_strategy_dict(s.to_dict()), g, c).configs == s.configs
+        bad = compact_strategy_dict(s.to_dict())
+        bad["ops"]["fc6"]["devices"] = "0-3,x"
+        with pytest.raises(ValidationError, match=r"ops\.fc6\.devices"):
+            load_strategy(bad, g, c)
+        bad["ops"]["fc6"]["devices"] = "15-0"
+        with pytest.raises(ValidationError, match=r"ops\.fc6\.devices.*counts down"):
+            load_strategy(bad, g, c)
