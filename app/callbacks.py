@@ -31,10 +31,10 @@ from . import jobs
 from .cache import IdleCache
 from .layout import cluster_options, model_options
 from . import workspace as W
-from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure,
+from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure, gantt_notes,
                       build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
 from .fmt import format_bytes, format_count, format_rate, format_seconds
-from .views import (config_diff, config_label, gantt_data, graph_layout, memory_data, op_details, summary_data,
+from .views import (config_diff, config_label, gantt_data, graph_layout, stage_of_devices, memory_data, op_details, summary_data,
                     topology_data, why_text)
 
 __all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_compare", "zoom_gantt", "decode_upload",
@@ -290,27 +290,31 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
 _render_cache = IdleCache(12)
 
 
-def _render_key(state: dict, collapse: bool, metric: str) -> tuple:
+def _render_key(state: dict, collapse: bool, metric: str, gantt: dict | None = None) -> tuple:
     content = json.dumps([state["model"], state["cluster"], state["strategy"]["ops"],
                           {k: v for k, v in state["strategy"].items() if k not in ("ops", "found_by", "cost")}],
                          sort_keys=True)
-    return (hashlib.sha256(content.encode()).hexdigest(), collapse, metric, tuple(state.get("selected") or ()))
+    return (hashlib.sha256(content.encode()).hexdigest(), collapse, metric, tuple(state.get("selected") or ()),
+            tuple(sorted((gantt or {}).items())))
 
 
-def render_explore(state: dict, collapse: bool = False, metric: str = "utilization") -> dict[str, Any]:
+def render_explore(state: dict, collapse: bool = False, metric: str = "utilization",
+                   gantt: dict | None = None) -> dict[str, Any]:
     """Every Explore view for ``state``: summary cards, why-text, op graph, op panel, Gantt,
     topology and memory. Returns a dict keyed by component id.
 
     Views of a strategy already drawn (for this or another session: a first page load shows
     the same default to everyone) come from a small cache; the session's simulation is then
-    built in the background, ready for its first edit."""
-    key = _render_key(state, collapse, metric)
+    built in the background, ready for its first edit. ``gantt``: the timeline's row options
+    (:func:`gantt_view`)."""
+    gantt = {k: str(v)[:200] for k, v in (gantt or {}).items() if k in GANTT_OPTIONS and v}
+    key = _render_key(state, collapse, metric, gantt)
     hit = _render_cache.get(key)
     if hit is not None:
         if not W.has_workspace(state["sid"]):
             threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
         return hit
-    out = _render_explore(state, collapse, metric)
+    out = _render_explore(state, collapse, metric, gantt)
     _render_cache.put(key, out)
     return out
 
@@ -340,7 +344,7 @@ def warm_up() -> None:
     trim_render_cache(0.0)
 
 
-def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
+def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = None) -> dict[str, Any]:
     ws = W.workspace(state)
     g, c, tl = ws.graph, ws.cluster, ws.timeline
     s = ws.strategy
@@ -352,7 +356,7 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
     layout = graph_layout(g, collapse)
     colour_of, legend, hover = _colours(g, s, layout)
     sel_nodes = {n for n in layout["nodes"] if set(layout["members"][n]) & set(selected)}
-    gd = gantt_data(g, c, tl, selected=selected)
+    gantt_fig, notes = gantt_view(ws, selected, None, gantt)
     used = sorted(s.devices_used())
     if metric == "memory":
         per_dev = np.where(mem.capacity_bytes > 0, mem.peak_bytes / mem.capacity_bytes, 0.0)
@@ -388,9 +392,10 @@ def _render_explore(state: dict, collapse: bool, metric: str) -> dict[str, Any]:
                                               " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
         "op-panel": _op_panel(g, s, tl, selected),
-        "gantt": build_gantt_figure(gd),
+        "gantt": gantt_fig,
+        "gantt-notes": notes,
         "topology": topo_fig,
-        "memory": build_memory_figure(memory_data(mem, used)),
+        "memory": build_memory_figure(memory_data(mem, used, stage_of_devices(s, c.num_devices))),
         "summary": summ,
     }
 
@@ -485,56 +490,130 @@ def render_editor(state: dict) -> tuple[list, list, str]:
     return options, inputs, text
 
 
-def zoom_gantt(state: dict, relayout: dict | None) -> Any:
-    """Redraw the Gantt for the x range the user zoomed to (full detail when few tasks are in
-    it); ``no_update`` for other relayouts."""
-    if not relayout or not state:
-        return no_update
-    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
-        window = (float(relayout["xaxis.range[0]"]) / 1e3, float(relayout["xaxis.range[1]"]) / 1e3)
-    elif "xaxis.range" in relayout:
-        a, b = relayout["xaxis.range"]
-        window = (float(a) / 1e3, float(b) / 1e3)
-    elif relayout.get("xaxis.autorange"):
-        window = None
-    else:
-        return no_update
+#: the timeline's options (component values): row grouping, link rows, row filter
+GANTT_OPTIONS = ("rows", "links", "filter")
+
+
+def gantt_view(ws: Any, selected: list[str], window: tuple[float, float] | None,
+               opts: dict | None) -> tuple[Any, str]:
+    """The timeline figure and the line under it, for the workspace ``ws``: ``opts`` groups GPU
+    rows (auto / gpu / stage / node), shows link rows (auto / on / off) and filters rows (see
+    :func:`app.views.parse_row_filter`); a filter it cannot read is named and ignored."""
+    opts = opts or {}
+    s = ws.strategy
+    links = {"on": True, "off": False}.get(str(opts.get("links") or "auto"))
+    kw = dict(window=window, selected=selected, rows=str(opts.get("rows") or "auto"),
+              stage_of_device=stage_of_devices(s, ws.cluster.num_devices), links=links,
+              pipeline=(s.pipeline.stages, s.pipeline.microbatches, s.pipeline.virtual_stages))
+    problem = ""
+    try:
+        gd = gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter=str(opts.get("filter") or ""), **kw)
+    except ValueError as e:
+        problem = f"Filter ignored: {_first_line(e)}. "
+        gd = gantt_data(ws.graph, ws.cluster, ws.timeline, **kw)
+    if not gd["labels"]:
+        problem += "No row matches the filter. "
+    return build_gantt_figure(gd), problem + gantt_notes(gd)
+
+
+def zoom_gantt(state: dict, relayout: dict | None, opts: dict | None = None, trigger: str = "gantt") -> Any:
+    """Redraw the Gantt (figure, notes) for the x range the user zoomed to (full detail when few
+    tasks are in it), or for new row options (``trigger`` another than "gantt": the whole
+    iteration); ``no_update`` for other relayouts."""
+    if not state:
+        return no_update, no_update
+    window = None
+    if trigger == "gantt":
+        if not relayout:
+            return no_update, no_update
+        if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+            window = (float(relayout["xaxis.range[0]"]) / 1e3, float(relayout["xaxis.range[1]"]) / 1e3)
+        elif "xaxis.range" in relayout:
+            a, b = relayout["xaxis.range"]
+            window = (float(a) / 1e3, float(b) / 1e3)
+        elif not relayout.get("xaxis.autorange"):
+            return no_update, no_update
     ws = W.workspace(state)
     selected = [n for n in (state.get("selected") or []) if n in ws.graph.index]
-    return build_gantt_figure(gantt_data(ws.graph, ws.cluster, ws.timeline, window=window, selected=selected))
+    return gantt_view(ws, selected, window, opts)
 
 
-def _simulate_every_device(g, s, c):
-    """A simulation with a task for every device (no symmetric reduction), for timelines."""
+_compare_cache = IdleCache(12)
+
+
+def _compare_result(state: dict, item: dict) -> tuple[Any, Any, Any]:
+    """(strategy, timeline, memory report) of a kept strategy, simulated with the engine's
+    symmetry reduction where it is exact (the page's own path: an LLM plan on 64 GPUs is a few
+    representatives, not millions of tasks); cached, as the Compare tab redraws on every state."""
     from engine.memory import memory_report
-    from engine.report import SimulationResult
     from engine.simulate import simulate
     from engine.taskgraph import build_task_graph
 
-    tg = build_task_graph(g, s, c, symmetry="off")
-    tl = simulate(tg)
-    return SimulationResult(g, s, c, tg, tl, memory_report(g, s, c, tl))
+    key = hashlib.sha256(json.dumps([state["model"], state["cluster"], item["strategy"]], sort_keys=True)
+                         .encode()).hexdigest()
+    hit = _compare_cache.get(key)
+    if hit is not None:
+        return hit
+    g, c = W.graph_of(state), W.cluster_of(state)
+    s = load_strategy(item["strategy"], g, c)  # (kept from an earlier page: checked again)
+    tl = simulate(build_task_graph(g, s, c))
+    out = (s, tl, memory_report(g, s, c, tl))
+    _compare_cache.put(key, out)
+    return out
 
 
-def render_compare(state: dict) -> tuple[Any, Any, Any]:
+def compare_shown(state: dict, shown: list | None, had: list | None) -> tuple[list[str], list[str]]:
+    """(kept names, the names whose timelines are drawn): what the user ticked, and every
+    strategy kept since the list was last drawn (a new one opens drawn)."""
+    names = [it["name"] for it in state.get("compare") or []]
+    known = {o.get("value") for o in (had or []) if isinstance(o, dict)}
+    ticked = set(shown or []) if isinstance(shown, list) else set()
+    return names, [n for n in names if n in ticked or n not in known]
+
+
+def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, Any, Any]:
+    """The Compare tab: a summary row per kept strategy (time, throughput, speedup over the
+    first kept, MFU, bubble, memory, communication, fit), the ops that differ between the first
+    and the last, and their timelines aligned on one time axis, rows grouped as in Explore.
+    ``shown``: the names whose timelines are drawn (None: all); the others are collapsed to
+    their summary row."""
     items = state.get("compare") or []
     if not items:
         return html.P("Keep strategies here to compare them side by side."), "", empty_figure(
             "Keep two or more strategies to compare them.")
     g, c = W.graph_of(state), W.cluster_of(state)
     rows, gantts, strategies = [], [], []
+    first_t = None
     for it in items:
-        s = strategy_from_dict(it["strategy"])
-        r = _simulate_every_device(g, s, c)
+        s, tl, mem = _compare_result(state, it)
         strategies.append((it["name"], s))
-        rows.append(html.Tr([html.Td(it["name"]), html.Td(format_seconds(r.iteration_time_s)),
-                             html.Td(format_rate(r.throughput_samples_per_s)),
-                             html.Td(format_bytes(float(r.memory.peak_bytes.max()))),
-                             html.Td(format_bytes(r.timeline.comm_bytes)),
-                             html.Td("yes" if r.memory.feasible else "NO")]))
-        gantts.append((it["name"], gantt_data(g, c, r.timeline, max_bars=1500)))
-    table = html.Table([html.Tr([html.Th(h) for h in ("strategy", "iteration time", "throughput", "peak memory",
-                                                      "communication", "fits")])] + rows, className="compare")
+        t = tl.makespan_s
+        first_t = first_t or t
+        summ = summary_data(g, tl, mem, None)
+        used = sorted(s.devices_used())
+        rate = (format_rate(summ["tokens_per_s"], "tokens") if summ.get("tokens_per_s") else
+                format_rate(summ["throughput_samples_per_s"]))
+        from .views import mfu
+
+        u = mfu(g, tl, c, used)
+        p = s.pipeline
+        bubble = "–"
+        gd = None
+        if shown is None or it["name"] in shown or p.stages > 1:
+            gd = gantt_data(g, c, tl, max_bars=1500, rows="auto", stage_of_device=stage_of_devices(s, c.num_devices),
+                            pipeline=(p.stages, p.microbatches, p.virtual_stages))
+            if gd["bubble"] is not None:
+                bubble = f"{gd['bubble']['measured']:.0%}"
+        rows.append(html.Tr([html.Td(it["name"]), html.Td(format_seconds(t)), html.Td(rate),
+                             html.Td(f"{first_t / t:.2f}x" if t > 0 else "–"),
+                             html.Td(f"{u:.0%}" if u is not None else "–"), html.Td(bubble),
+                             html.Td(format_bytes(float(mem.peak_bytes.max()))), html.Td(format_bytes(tl.comm_bytes)),
+                             html.Td(f"{len(used):,}"), html.Td("yes" if mem.feasible else "NO")]))
+        if gd is not None and (shown is None or it["name"] in shown):
+            gantts.append((it["name"], gd))
+    head = ("strategy", "iteration time", "throughput", f"speedup over {items[0]['name']}", "MFU",
+            "idle (bubble)", "peak memory", "communication", "GPUs", "fits")
+    table = html.Table([html.Tr([html.Th(h) for h in head])] + rows, className="compare")
     diff: Any = ""
     if len(strategies) >= 2:
         (na, a), (nb, b) = strategies[0], strategies[-1]
@@ -543,6 +622,8 @@ def render_compare(state: dict) -> tuple[Any, Any, Any]:
         diff = html.Div([head, html.Table([html.Tr([html.Th("op"), html.Th(na), html.Th(nb)])] +
                                           [html.Tr([html.Td(x["op"]), html.Td(x["a"]), html.Td(x["b"])])
                                            for x in d[:50]], className="diff")])
+    if not gantts:
+        return table, diff, empty_figure("Tick a strategy above to draw its timeline.")
     return table, diff, build_compare_figure(gantts)
 
 
@@ -735,18 +816,20 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Input("upload", "contents"), State("upload", "filename"), prevent_initial_call=True)
 
     explore_ids = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
-                   "op-graph", "op-panel", "gantt", "topology", "memory", "rate"]
+                   "op-graph", "op-panel", "gantt", "gantt-notes", "topology", "memory", "rate"]
     props = {"op-graph": "figure", "gantt": "figure", "topology": "figure", "memory": "figure", "rate": "data"}
 
     @app.callback([Output(i, props.get(i, "children")) for i in explore_ids],
-                  Input("state", "data"), Input("collapse", "value"), Input("topo-metric", "value"))
-    def _explore(state, collapse, metric):
+                  Input("state", "data"), Input("collapse", "value"), Input("topo-metric", "value"),
+                  State("gantt-rows", "value"), State("gantt-links", "value"), State("gantt-filter", "value"))
+    def _explore(state, collapse, metric, g_rows, g_links, g_filter):
         if not state:
             return [no_update] * len(explore_ids)
         t = time.perf_counter()
         try:
             W.check_state(state)
-            out = render_explore(state, bool(collapse), metric or "utilization")
+            out = render_explore(state, bool(collapse), metric or "utilization",
+                                 {"rows": g_rows, "links": g_links, "filter": g_filter})
         except (ValueError, SoapboxError) as e:  # a stale or crafted state: say so, draw nothing
             return [no_update] * explore_ids.index("why") + [f"Cannot draw this state: {_first_line(e)}"] + \
                 [no_update] * (len(explore_ids) - explore_ids.index("why") - 1)
@@ -766,23 +849,28 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         except (ValueError, SoapboxError):
             return no_update, no_update, no_update
 
-    @app.callback(Output("gantt", "figure", allow_duplicate=True), Input("gantt", "relayoutData"),
-                  State("state", "data"), prevent_initial_call=True)
-    def _zoom(relayout, state):
+    @app.callback(Output("gantt", "figure", allow_duplicate=True), Output("gantt-notes", "children",
+                                                                          allow_duplicate=True),
+                  Input("gantt", "relayoutData"), Input("gantt-rows", "value"), Input("gantt-links", "value"),
+                  Input("gantt-filter", "value"), State("state", "data"), prevent_initial_call=True)
+    def _zoom(relayout, rows, links, filt, state):
         try:
             W.check_state(state)
-            return zoom_gantt(state, relayout)
+            return zoom_gantt(state, relayout, {"rows": rows, "links": links, "filter": filt},
+                              trigger=str(ctx.triggered_id or "gantt"))
         except (ValueError, SoapboxError, TypeError):
-            return no_update
+            return no_update, no_update
 
     @app.callback(Output("compare-table", "children"), Output("compare-diff", "children"),
-                  Output("compare-gantt", "figure"), Input("state", "data"))
-    def _compare(state):
+                  Output("compare-gantt", "figure"), Output("compare-show", "options"), Output("compare-show", "value"),
+                  Input("state", "data"), Input("compare-show", "value"), State("compare-show", "options"))
+    def _compare(state, shown, had):
         try:
             W.check_state(state)
-            return render_compare(state)
+            names, value = compare_shown(state, shown, had)
+            return (*render_compare(state, value), [{"label": f" {n}", "value": n} for n in names], value)
         except (ValueError, SoapboxError, KeyError, TypeError) as e:
-            return html.P(f"Cannot compare: {_first_line(e)}"), "", no_update
+            return html.P(f"Cannot compare: {_first_line(e)}"), "", no_update, no_update, no_update
 
     @app.callback(Output("search-status", "children"), Output("search-poll", "disabled"),
                   Input("search-start", "n_clicks"), State("state", "data"), State("search-algo", "value"),

@@ -22,6 +22,7 @@ from .fmt import format_bytes, format_seconds
 __all__ = [
     "KIND_COLOURS",
     "build_gantt_figure",
+    "gantt_notes",
     "build_op_graph_figure",
     "build_topology_figure",
     "build_memory_figure",
@@ -68,8 +69,21 @@ def _ms(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64) * 1e3
 
 
+BUBBLE_COLOUR = "rgba(150,150,150,0.35)"
+#: pixels per timeline row: tick labels at 10 px never overlap at this pitch
+ROW_PX = 18
+
+
 def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[str, Any]]:
     traces = []
+    bubble = data.get("bubble")
+    if bubble is not None and len(bubble["start"]):
+        traces.append(dict(
+            type="bar", name="pipeline bubble (idle)", orientation="h", base=_ms(bubble["start"]),
+            x=_ms(np.asarray(bubble["end"]) - np.asarray(bubble["start"])), y=np.asarray(bubble["row"], np.float64),
+            width=0.8, marker=dict(color=BUBBLE_COLOUR, pattern=dict(shape="/", fgcolor="#888", size=6),
+                                   line=dict(width=0)),
+            hovertemplate="idle %{x:.3g} ms (pipeline bubble or a wait)<extra></extra>", showlegend=showlegend))
     for label, b in data["bars"].items():
         traces.append(dict(
             type="bar", name=label, orientation="h", base=_ms(b["start"]), x=_ms(b["end"] - b["start"]),
@@ -87,24 +101,45 @@ def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[st
     return traces
 
 
+def gantt_notes(data: dict[str, Any]) -> str:
+    """What the timeline leaves out or sums up, as one line under it: merged bars, GPUs drawn
+    once per group, hidden link rows, and the pipeline bubble's measured share against the
+    schedule's formula."""
+    notes = []
+    if data["merged"]:
+        notes.append(f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each")
+    if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0):
+        how = f"one GPU drawn per {data['rows']}" if data.get("rows") in ("stage", "node") else \
+            "identical GPUs drawn once" if data.get("rows") == "gpu" else ""
+        notes.append(f"{data['gpu_rows']:,} GPU rows for {data['gpus_in_plan']:,} GPUs ({how})")
+    if data.get("links_hidden"):
+        notes.append(f"{data['links_hidden']:,} link rows hidden (tick 'link rows' to show them)")
+    bubble = data.get("bubble")
+    if bubble is not None:
+        p, m, v = bubble["stages"], bubble["microbatches"], bubble["virtual"]
+        vm = f"{v}×{m}" if v > 1 else f"{m}"
+        pct = (lambda x: f"{x:.1%}" if x < 0.1 else f"{x:.0%}")
+        notes.append(f"idle before the last backward (hatched grey): {pct(bubble['measured'])} of the time, the "
+                     f"pipeline bubble plus waits for communication; the schedule's bubble alone, "
+                     f"(p−1)/({'v·' if v > 1 else ''}m+p−1) = {p - 1}/({vm}+{p - 1}) = {pct(bubble['formula'])}")
+    return " · ".join(notes)
+
+
 def build_gantt_figure(data: dict[str, Any], title: str = "") -> dict[str, Any]:
-    """Horizontal bars per task (or merged tasks) on numeric rows labelled by GPU and link;
-    x in milliseconds. The critical chain is outlined in red, the selected ops in yellow."""
+    """Horizontal bars per task (or merged tasks) on numeric rows labelled by GPU (or group)
+    and link; x in milliseconds. The critical chain is outlined in red, the selected ops in
+    yellow, the pipeline bubble hatched grey. Rows keep a fixed pitch (:data:`ROW_PX`), so
+    tick labels never overlap; the page scrolls a tall timeline."""
     n = len(data["labels"])
     t0, t1 = data["window"]
-    annotations = []
-    if data["merged"]:
-        annotations.append(dict(text=f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each",
-                                xref="paper", yref="paper", x=1, y=1.0, xanchor="right", yanchor="bottom",
-                                showarrow=False, font=dict(size=10, color="#666")))
     return _figure(
         _gantt_traces(data),
-        barmode="overlay", title=dict(text=title) if title else None, height=max(260, min(900, 22 * n + 90)),
-        margin=_MARGIN, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+        barmode="overlay", title=dict(text=title) if title else None, height=max(260, ROW_PX * n + 100),
+        margin={**_MARGIN, "t": 40}, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
         xaxis=dict(title=dict(text="time (ms)"), range=[t0 * 1e3, t1 * 1e3]),
         yaxis=dict(tickvals=list(range(n)), ticktext=list(data["labels"]), autorange="reversed", fixedrange=True,
                    tickfont=dict(size=10)),
-        uirevision="gantt", annotations=annotations)
+        uirevision="gantt")
 
 
 def build_op_graph_figure(layout: dict[str, Any], colour_of: dict[str, str], legend: dict[str, str],
@@ -188,20 +223,29 @@ def build_topology_figure(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_memory_figure(data: dict[str, Any]) -> dict[str, Any]:
-    """Stacked bars of each device's memory by kind, with its capacity as a line (GB)."""
-    x = data.get("labels") or [f"GPU {d}" for d in data["devices"]]
-    traces = [dict(type="bar", x=x, y=np.asarray(values) / 1e9, name=label, marker=dict(color=MEMORY_COLOURS[label]),
-                   hovertemplate="%{x}: %{y:.3g} GB " + label + "<extra></extra>")
+    """A stacked bar per group of identical GPUs (:func:`app.views.memory_data`): its memory by
+    kind, which sums to its peak, and its capacity as a dashed mark (GB). Bars run across, one
+    row each at a fixed pitch, so labels never overlap however many groups there are."""
+    y = data.get("labels") or [f"GPU {d}" for d in data["devices"]]
+    n = len(y)
+    traces = [dict(type="bar", orientation="h", y=y, x=np.asarray(values) / 1e9, name=label,
+                   marker=dict(color=MEMORY_COLOURS[label]),
+                   hovertemplate="%{y}: %{x:.3g} GB " + label + "<extra></extra>")
               for label, values in data["parts"].items()]
-    traces.append(dict(type="scatter", x=x, y=np.asarray(data["capacity"]) / 1e9, mode="lines+markers",
-                       name="capacity", line=dict(color=CRITICAL_COLOUR, dash="dash"),
-                       hovertemplate="%{x}: capacity %{y:.3g} GB<extra></extra>"))
+    traces.append(dict(type="scatter", y=y, x=np.asarray(data["capacity"]) / 1e9, mode="markers",
+                       name="capacity", marker=dict(symbol="line-ns", size=max(12, ROW_PX - 2),
+                                                    line=dict(width=3, color=CRITICAL_COLOUR)),
+                       hovertemplate="%{y}: capacity %{x:.3g} GB<extra></extra>"))
     over = data["over"]
     title = "fits in memory" if data["feasible"] else (
         f"OVER CAPACITY on {len(over):,} GPU{'s' if len(over) != 1 else ''}; worst GPU {over[0][0]} "
         f"(+{format_bytes(over[0][1])})")
-    return _figure(traces, barmode="stack", height=300, margin=_MARGIN, yaxis=dict(title=dict(text="GB")),
-                   title=dict(text=title, x=0), legend=dict(orientation="h", y=-0.2))
+    if data.get("hidden"):
+        title += f" · the {n} fullest of {n + data['hidden']} groups shown"
+    return _figure(traces, barmode="stack", height=max(300, ROW_PX * n + 150), margin={**_MARGIN, "t": 40},
+                   xaxis=dict(title=dict(text="GB")),
+                   yaxis=dict(autorange="reversed", tickfont=dict(size=10), fixedrange=True, type="category"),
+                   title=dict(text=title, x=0), legend=dict(orientation="h", y=-0.15, yanchor="top"))
 
 
 def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> dict[str, Any]:
@@ -226,7 +270,8 @@ def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> dict[st
 
 
 def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Timelines of several strategies stacked on one shared time axis (ms)."""
+    """Timelines of several strategies stacked on one shared time axis (ms), each with its rows
+    grouped as :func:`app.views.gantt_data` made them, at the timeline's row pitch."""
     if not items:
         return empty_figure("Keep two or more strategies to compare them.")
     fig = make_subplots(rows=len(items), cols=1, shared_xaxes=True, vertical_spacing=0.04,
@@ -239,7 +284,7 @@ def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, A
         fig.update_yaxes(tickvals=list(range(n)), ticktext=d["labels"], autorange="reversed", row=r, col=1,
                          tickfont=dict(size=9), fixedrange=True)
     rows = sum(len(d["labels"]) for _, d in items)
-    fig.update_layout(barmode="overlay", height=min(1400, 120 + 16 * rows + 60 * len(items)), margin=_MARGIN,
+    fig.update_layout(barmode="overlay", height=120 + ROW_PX * rows + 60 * len(items), margin=_MARGIN,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
     fig.update_xaxes(title_text="time (ms)", row=len(items), col=1)
     return fig.to_dict()

@@ -112,7 +112,21 @@ def _explore() -> html.Div:
             ], className="panel narrow"),
         ], className="row"),
         html.Div([html.H3("Timeline of one iteration"),
-                  dcc.Graph(id="gantt", config=_GRAPH_CONFIG), image_buttons("gantt"),
+                  html.Div([
+                      html.Label("rows", htmlFor="gantt-rows"),
+                      dcc.RadioItems(id="gantt-rows", value="auto", inline=True, options=[
+                          {"label": " auto", "value": "auto"}, {"label": " each GPU", "value": "gpu"},
+                          {"label": " per stage", "value": "stage"}, {"label": " per node", "value": "node"}]),
+                      html.Label("link rows", htmlFor="gantt-links"),
+                      dcc.RadioItems(id="gantt-links", value="auto", inline=True, options=[
+                          {"label": " auto", "value": "auto"}, {"label": " show", "value": "on"},
+                          {"label": " hide", "value": "off"}]),
+                      dcc.Input(id="gantt-filter", type="text", debounce=True, className="gantt-filter",
+                                placeholder="filter rows: 0-7, stage 1, node 2, collectives"),
+                  ], className="gantt-controls"),
+                  html.P(id="gantt-notes", className="hint"),
+                  html.Div(dcc.Graph(id="gantt", config=_GRAPH_CONFIG), className="gantt-scroll"),
+                  image_buttons("gantt"),
                   learn("gantt"), learn("pipeline")], className="panel"),
         html.Div([
             html.Div([html.H3("Cluster"),
@@ -156,8 +170,11 @@ def _compare() -> html.Div:
                   html.Button("Keep current strategy", id="compare-add", n_clicks=0, className="primary"),
                   html.Button("Clear", id="compare-clear", n_clicks=0)], className="buttons"),
         html.Div(id="compare-table"),
+        html.Div([html.Label("timelines drawn (one time axis):", htmlFor="compare-show"),
+                  dcc.Checklist(id="compare-show", options=[], value=[], inline=True)], className="gantt-controls"),
+        html.Div(dcc.Graph(id="compare-gantt", config=_GRAPH_CONFIG), className="gantt-scroll"),
+        image_buttons("compare-gantt"),
         html.Div(id="compare-diff"),
-        dcc.Graph(id="compare-gantt", config=_GRAPH_CONFIG), image_buttons("compare-gantt"),
     ], className="panel")
 
 

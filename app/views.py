@@ -6,6 +6,7 @@ the numbers without a figure and the figures without a simulation.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -21,7 +22,7 @@ from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
+__all__ = ["gantt_data", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
            "summary_data", "why_text", "config_diff", "MAX_BARS"]
 
 #: bars drawn per Gantt view at most; beyond it, neighbouring tasks of one kind on one row
@@ -46,14 +47,156 @@ def _merge(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float) -> t
     return idx, np.minimum.reduceat(start, idx), np.maximum.reduceat(end, idx), np.diff(np.append(idx, start.size))
 
 
-def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tuple[float, float] | None = None,
-               selected: list[str] | None = None, max_bars: int = MAX_BARS) -> dict[str, Any]:
-    """Rows and bars of the timeline: per used GPU a compute row (forward, backward, optimizer
-    step) and a collectives row, then one row per link that carries transfers.
+#: how the timeline's GPU rows are grouped (``auto``: each GPU up to 16 rows, else by stage
+#: when pipelined, else by node)
+ROW_GROUPS = ("auto", "gpu", "stage", "node")
+#: link rows shown by default up to this many (beyond: behind the "links" toggle)
+AUTO_LINK_ROWS = 16
+#: GPU rows drawn at most (the rest are counted; the row filter or a grouping reaches them)
+MAX_GPU_ROWS = 128
 
-    ``window`` (seconds) limits the view; when more than ``max_bars`` tasks fall in it,
-    neighbouring tasks are merged per row and kind (the hover says how many). The critical
-    chain and the selected ops' tasks come as overlays, merged the same way when they are many.
+
+def stage_of_devices(strategy: Strategy, n_devices: int) -> np.ndarray | None:
+    """[device] the pipeline stage whose ops run on it (-1: none); None without a pipeline."""
+    if strategy.pipeline.stages <= 1 or not strategy.stage_of:
+        return None
+    out = np.full(n_devices, -1, np.int64)
+    seen: set[tuple[int, int]] = set()
+    for name, stage in strategy.stage_of.items():
+        cfg = strategy.configs.get(name)
+        if cfg is None:
+            continue
+        key = (stage % strategy.pipeline.stages, id(cfg.devices))
+        if key in seen:  # (blocks share device tuples: each looked at once)
+            continue
+        seen.add(key)
+        out[np.asarray(cfg.devices, np.int64)] = key[0]
+    return out
+
+
+def parse_row_filter(text: str) -> list[tuple[str, Any]]:
+    """The timeline's row filter: comma-separated GPU ids or ranges (``0-7, 12``), ``stage K``
+    / ``node K`` (ranges too), or any other text matched against row labels. Raises
+    ValueError naming the part it cannot read (a range given backwards)."""
+    out: list[tuple[str, Any]] = []
+    for part in str(text or "")[:200].split(","):
+        p = part.strip().lower()
+        if not p:
+            continue
+        m = re.fullmatch(r"(?:(gpu|stage|node)s?\s*)?(\d{1,7})(?:\s*-\s*(\d{1,7}))?", p)
+        if m:
+            a, b = int(m.group(2)), int(m.group(3) or m.group(2))
+            if b < a:
+                raise ValueError(f"row filter {part.strip()!r}: the range runs backwards")
+            out.append((m.group(1) or "gpu", (a, b)))
+        else:
+            out.append(("text", p))
+    return out
+
+
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(f"{xs[i]}-{xs[j]}" if j > i else f"{xs[i]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: str,
+              stage_of_device: np.ndarray | None, row_filter: str) -> tuple[np.ndarray, list[str], str]:
+    """The GPUs whose rows the timeline draws, in order, each with its label, and the grouping
+    used. ``gpu``: every simulated GPU (a symmetric simulation's mirrored GPUs counted on the row
+    they mirror); ``stage`` / ``node``: one row per pipeline stage or node, drawing its first GPU,
+    labelled with how many GPUs it stands for and how far their busy times spread."""
+    tg = timeline.tasks
+    n = tg.n_devices
+    image = tg.info.get("device_image")
+    if image is None:
+        image = np.full(n, -1, np.int64)
+        image[dev_used] = dev_used
+    members_all = np.flatnonzero(image >= 0)  # every GPU the plan uses, mirrored ones too
+    node = np.array([d.node for d in cluster.devices], np.int64)
+    if rows not in ROW_GROUPS:
+        rows = "auto"
+    if rows == "auto":
+        rows = "gpu" if dev_used.size <= 16 else ("stage" if stage_of_device is not None else "node")
+    if rows == "stage" and stage_of_device is None:
+        rows = "node"
+    busy = np.zeros(n)  # compute seconds per simulated GPU
+    comp = (tg.kind == FWD) | (tg.kind == BWD)
+    np.add.at(busy, tg.device[comp], tg.dur_s[comp])
+    busy_all = np.where(image >= 0, busy[np.maximum(image, 0)], 0.0)
+    filt = parse_row_filter(row_filter)
+
+    def wanted(label: str, devs: np.ndarray, group: Any) -> bool:
+        if not filt:
+            return True
+        for kind, v in filt:
+            if kind == "text" and v in label.lower():
+                return True
+            if kind == "gpu" and np.any((devs >= v[0]) & (devs <= v[1])):
+                return True
+            if kind == rows and any(v[0] <= g <= v[1] for g in np.atleast_1d(group)):
+                return True
+        return False
+
+    reps: list[int] = []
+    labels: list[str] = []
+    if rows == "gpu":
+        alike = np.bincount(image[image >= 0], minlength=n)
+        for d in dev_used:
+            k = int(alike[d])
+            label = f"GPU {d}" + (f" (x{k} alike)" if k > 1 else "")
+            if wanted(label, np.flatnonzero(image == d), int(d)):
+                reps.append(int(d))
+                labels.append(label)
+        return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+    key = stage_of_device if rows == "stage" else node
+    groups: dict[int, list[int]] = {}  # representative GPU -> the groups its row stands for
+    members: dict[int, list[np.ndarray]] = {}
+    for grp in np.unique(key[members_all]):
+        if grp < 0:
+            continue
+        devs = members_all[key[members_all] == grp]
+        sim = np.intersect1d(np.unique(image[devs]), dev_used)
+        if sim.size == 0:
+            continue
+        rep = int(sim[0])  # (under symmetry a group's GPUs may mirror another group's: one row for both)
+        groups.setdefault(rep, []).append(int(grp))
+        members.setdefault(rep, []).append(devs)
+    for rep, grps in groups.items():
+        devs = np.concatenate(members[rep])
+        b = busy_all[devs]
+        spread = (b.max() - b.min()) / b.max() if b.max() > 0 else 0.0
+        k = devs.size // len(grps)
+        count = f" ({k} GPUs each)" if len(grps) > 1 else f" ({k} GPUs)" if k > 1 else ""
+        label = (f"{rows}{'s' if len(grps) > 1 else ''} {_ranges(grps)}{count}: GPU {rep}"
+                 + (f", busy ±{spread / 2:.0%}" if spread > 0.02 else ""))
+        if wanted(label, devs, grps):
+            reps.append(rep)
+            labels.append(label)
+    return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+
+
+def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tuple[float, float] | None = None,
+               selected: list[str] | None = None, max_bars: int = MAX_BARS, rows: str = "gpu",
+               stage_of_device: np.ndarray | None = None, links: bool | None = None,
+               row_filter: str = "", pipeline: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """Rows and bars of the timeline: per GPU row (see ``rows``) a compute row (forward,
+    backward, optimizer step) and a collectives row, then one row per link that carries
+    transfers (``links``: None shows them up to :data:`AUTO_LINK_ROWS`).
+
+    ``rows`` groups GPUs (:data:`ROW_GROUPS`, :func:`_row_plan`); ``row_filter`` keeps the rows
+    it names (:func:`parse_row_filter`). ``window`` (seconds) limits the view; when more than
+    ``max_bars`` tasks fall in it, neighbouring tasks are merged per row and kind (the hover says
+    how many). The critical chain and the selected ops' tasks come as overlays, merged the same
+    way when they are many. ``pipeline`` (stages, microbatches, virtual stages): the idle gaps of
+    each GPU row before its last backward task come as the "bubble", with its measured share
+    and the schedule's formula (:func:`_bubble`).
     """
     tg = timeline.tasks
     start, end = timeline.start_s, timeline.end_s
@@ -62,21 +205,25 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     names = [op.name for op in graph.ops]
     kind = tg.kind
     dev_used = np.unique(tg.device[(kind == FWD) | (kind == BWD)])
+    shown, gpu_labels, grouping = _row_plan(timeline, cluster, dev_used, rows, stage_of_device, row_filter)
+    image = tg.info.get("device_image")
+    gpus_in_plan = int(np.count_nonzero(image >= 0)) if image is not None else int(dev_used.size)
     dev_row = np.full(tg.n_devices, -1, np.int64)
-    dev_row[dev_used] = np.arange(dev_used.size) * 2
+    dev_row[shown] = np.arange(shown.size) * 2
     labels: list[str] = []
-    image = tg.info.get("device_image")  # symmetric simulation: each row stands for its replicas
-    alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
-    for d in dev_used:
-        n = int(alike[d]) if alike is not None else 1
-        tag = f" (x{n} alike)" if n > 1 else ""
-        labels += [f"GPU {d}{tag}", f"GPU {d} collectives"]
-    links_used = np.unique(tg.link[kind == XFER])
+    for label in gpu_labels:
+        labels += [label, label.split(":")[0].split(" (")[0] + " collectives"]
+    links_all = np.unique(tg.link[kind == XFER])
+    show_links = links if links is not None else links_all.size <= AUTO_LINK_ROWS
+    links_used = links_all if show_links else links_all[:0]
+    link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
+    filt = parse_row_filter(row_filter)
+    if links_used.size and filt:  # a filter keeps the link rows its text names ("nic", "gpu3:")
+        keep = [i for i, nm in enumerate(link_names) if any(k == "text" and v in nm.lower() for k, v in filt)]
+        links_used, link_names = links_used[keep], [link_names[i] for i in keep]
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
-    link_row[links_used] = 2 * dev_used.size + np.arange(links_used.size)
-    for lk in links_used:
-        link = cluster.links[int(lk)]
-        labels.append(f"{link.src} → {link.dst}")
+    link_row[links_used] = 2 * shown.size + np.arange(links_used.size)
+    labels += link_names
     # a row per task (collectives: see below)
     row = np.full(tg.num_tasks, -1, np.int64)
     comp = (kind == FWD) | (kind == BWD) | ((kind == UPDATE) & (tg.dur_s > 0))
@@ -146,8 +293,54 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
         else:
             over[name] = {"start": start[t], "end": end[t], "row": row[t],
                           "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
+    bubble = _bubble(tg, start, end, dev_row, shown, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
-            "merged": eps >= 0, "tasks_in_view": int(ids.size)}
+            "bubble": bubble,
+            "merged": eps >= 0, "tasks_in_view": int(ids.size), "rows": grouping,
+            "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
+            "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
+
+
+def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: np.ndarray,
+            pipeline: tuple[int, int, int], t0: float, t1: float) -> dict[str, Any]:
+    """The pipeline bubble on each shown GPU row: the gaps in its forward/backward work between
+    the iteration's start and the last backward task of any GPU (the gaps of at least 0.5% of
+    that span drawn), the measured idle share (mean over every GPU of the plan, mirrored ones
+    counted), and the schedule's
+    formula: with p stages, m microbatches and v model chunks per GPU the bubble takes
+    (p-1)/(v*m + p-1) of the time (Narayanan et al., SC'21, section 2.2: bubble time / ideal
+    time = (p-1)/m, divided by v under the interleaved schedule)."""
+    p, m, v = (int(x) for x in pipeline)
+    comp = np.flatnonzero((tg.kind == FWD) | (tg.kind == BWD))
+    span = float(end[comp].max()) if comp.size else 0.0
+    gaps_s, gaps_e, gaps_r, shares, weights = [], [], [], [], []
+    image = tg.info.get("device_image")
+    alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
+    for d in np.unique(tg.device[comp]):
+        t = comp[tg.device[comp] == d]
+        if t.size == 0 or span <= 0:
+            continue
+        o = np.argsort(start[t], kind="stable")
+        a, b = start[t][o], np.maximum.accumulate(end[t][o])
+        # gaps: from 0 to the first start, between each covered run and the next start, to span
+        prev_end = np.concatenate([[0.0], b])
+        nxt = np.concatenate([a, [span]])
+        gap = nxt - prev_end
+        idle = float(gap[gap > 0].sum())
+        shares.append(idle / span)
+        weights.append(float(alike[d]) if alike is not None else 1.0)  # the GPUs it stands for
+        if dev_row[d] < 0:
+            continue
+        big = np.flatnonzero(gap > 0.005 * span)
+        gaps_s.append(prev_end[big])
+        gaps_e.append(nxt[big])
+        gaps_r.append(np.full(big.size, dev_row[d]))
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0))
+    gs, ge, gr = cat(gaps_s), cat(gaps_e), cat(gaps_r).astype(np.int64)
+    vis = (ge >= t0) & (gs <= t1)
+    formula = (p - 1) / (v * m + p - 1)
+    return {"start": gs[vis], "end": ge[vis], "row": gr[vis], "measured": float(np.average(shares, weights=weights)) if shares else 0.0,
+            "formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span}
 
 
 def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, starts: np.ndarray,
@@ -297,23 +490,35 @@ def topology_data(cluster: Cluster, per_device: np.ndarray, metric: str) -> dict
     return {"gpus": gpus, "hubs": hubs, "edges": edges, "metric": metric, "nodes": list(nodes)}
 
 
-def memory_data(report: MemoryReport, devices: list[int]) -> dict[str, Any]:
+def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.ndarray | None = None,
+                max_groups: int = 64) -> dict[str, Any]:
     """Per group of GPUs whose memory is identical (bytes): weights, gradients, optimizer state,
-    buffers, peak activations and capacity; one bar per group, labelled with its first GPU and
-    how many it stands for (1,024 data-parallel GPUs are one bar; a pipeline's stages one each)."""
+    buffers, peak activations and capacity; one bar per group, labelled with its pipeline stage
+    (``stage_of_device``, :func:`stage_of_devices`), its first GPU and how many it stands for
+    (1,024 data-parallel GPUs are one bar; a pipeline's stages one each). At most ``max_groups``
+    bars, the fullest kept (``hidden`` counts the groups left out)."""
     d = np.asarray(devices, np.int64)
     parts = {"weights": report.weights_bytes[d], "gradients": report.grads_bytes[d],
              "optimizer": report.optimizer_bytes[d], "comm buffers": report.comm_buffer_bytes[d],
              "activations (peak)": report.activations_peak_bytes[d]}
     cap = report.capacity_bytes[d]
+    stage = stage_of_device[d] if stage_of_device is not None else np.full(d.size, -1, np.int64)
     keys = np.round(np.stack(list(parts.values()) + [cap], axis=1) / 1024.0)  # (KiB: equal up to rounding)
+    keys = np.concatenate([keys, stage[:, None].astype(np.float64)], axis=1)  # (one bar never spans two stages)
     _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True, return_counts=True)
     order = np.argsort(first)
+    hidden = 0
+    if order.size > max_groups:  # the fullest groups, then back in device order
+        fill = report.peak_bytes[d[first]] / np.maximum(cap[first], 1.0)
+        keep = np.sort(np.argsort(-fill, kind="stable")[:max_groups])
+        hidden = int(order.size - keep.size)
+        order = keep
     pick = first[order]
-    labels = [f"GPU {int(d[i])}" + (f" (x{int(counts[k])})" if counts[k] > 1 else "") for k, i in zip(order, pick)]
+    labels = [(f"stage {int(stage[i])} · " if stage[i] >= 0 else "") + f"GPU {int(d[i])}"
+              + (f" (x{int(counts[k])})" if counts[k] > 1 else "") for k, i in zip(order, pick)]
     return {"devices": [int(x) for x in d[pick]], "labels": labels,
             "parts": {k: v[pick] for k, v in parts.items()},
-            "capacity": cap[pick], "feasible": report.feasible,
+            "capacity": cap[pick], "feasible": report.feasible, "hidden": hidden,
             "over": report.over_capacity()}
 
 

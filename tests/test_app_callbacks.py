@@ -10,6 +10,8 @@ import types
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+
+from engine.strategy import compact_strategy_dict, devices_of_entry
 from dash import no_update
 
 from app import callbacks as C
@@ -55,7 +57,7 @@ class TestOnEventUrl:
         assert state["cluster"] == {"name": "p100-4x4"}
         assert state["baseline"] == "data-parallel" and state["undo"] == []
         g = resolve_model("inception_v3")
-        assert state["strategy"]["ops"] == data_parallel(g, preset("p100-4x4")).to_dict()["ops"]
+        assert state["strategy"]["ops"] == compact_strategy_dict(data_parallel(g, preset("p100-4x4")).to_dict())["ops"]
 
     def test_existing_state_is_kept(self, alex):
         assert C.on_event("url", alex, query="?model=inception_v3") == (alex, "")
@@ -139,7 +141,7 @@ class TestOnEventEdit:
                                 degrees={"feature": 4, "sample": None, "in_feature": "", "replica": 1},
                                 devices="0-3")
         assert msg == "Changed fc6 to feature 4 on devices 0-3."
-        assert state["strategy"]["ops"]["fc6"] == {"degrees": {"feature": 4}, "devices": [0, 1, 2, 3]}
+        assert state["strategy"]["ops"]["fc6"] == {"degrees": {"feature": 4}, "devices": "0-3"}
         assert state["selected"] == ["fc6"] and alex["selected"] is None
 
     def test_float_and_text_degrees(self, alex):
@@ -211,7 +213,7 @@ class TestOnEventOther:
         g, c = alexnet
         state, msg = C.on_event("pick-baseline", alex, baseline="expert")
         assert msg == "Strategy set to the expert baseline." and state["baseline"] == "expert"
-        assert state["strategy"]["ops"] == expert(g, c).to_dict()["ops"]
+        assert state["strategy"]["ops"] == compact_strategy_dict(expert(g, c).to_dict())["ops"]
 
     def test_click_an_op(self, alex):
         state, msg = C.on_event("op-graph", alex, click={"points": [{"customdata": "fc6"}]})
@@ -311,7 +313,7 @@ class TestRenderEditor:
 
 class TestZoomGantt:
     def test_zoom_range(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0}))
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0})[0])
         assert fig.layout.xaxis.range == (20.0, 25.0)
         for tr in fig.data:
             if tr.name in ("critical path", "selected"):
@@ -320,20 +322,35 @@ class TestZoomGantt:
             assert (end >= 20.0 - 1e-9).all() and (np.asarray(tr.base) <= 25.0 + 1e-9).all()
 
     def test_zoom_range_list(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]}))
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]})[0])
         assert fig.layout.xaxis.range == (5.0, 10.0)
 
     def test_autorange(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.autorange": True}))
+        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.autorange": True})[0])
         assert fig.layout.xaxis.range == (0.0, W.workspace(alex).timeline.makespan_s * 1e3)
 
     @pytest.mark.parametrize("relayout", [None, {}, {"dragmode": "pan"}, {"yaxis.range[0]": 1, "yaxis.range[1]": 2},
                                           {"xaxis.range[0]": 1.0}, {"autosize": True}])
     def test_unrelated(self, alex, relayout):
-        assert C.zoom_gantt(alex, relayout) is no_update
+        assert C.zoom_gantt(alex, relayout) == (no_update, no_update)
 
     def test_no_state(self):
-        assert C.zoom_gantt(None, {"xaxis.range": [0, 1]}) is no_update
+        assert C.zoom_gantt(None, {"xaxis.range": [0, 1]}) == (no_update, no_update)
+
+    def test_row_options_redraw_the_whole_iteration(self, alex):
+        """Issue 16: rows grouped per node (4 nodes of p100-4x4: 4 row pairs), a filter keeps the
+        rows it names, a filter it cannot read is named and ignored."""
+        fig, notes = C.zoom_gantt(alex, None, {"rows": "node"}, trigger="gantt-rows")
+        ticks = list(go.Figure(fig).layout.yaxis.ticktext)
+        assert ticks[:2] == ["node 0 (4 GPUs): GPU 0", "node 0 collectives"] and len([t for t in ticks if
+                                                                                  t.startswith("node")]) == 8
+        assert "4 GPU rows for 16 GPUs (one GPU drawn per node)" in notes
+        fig, _ = C.zoom_gantt(alex, None, {"rows": "gpu", "filter": "2-3", "links": "off"}, trigger="gantt-filter")
+        assert list(go.Figure(fig).layout.yaxis.ticktext) == ["GPU 2", "GPU 2 collectives", "GPU 3",
+                                                              "GPU 3 collectives"]
+        fig, notes = C.zoom_gantt(alex, None, {"filter": "7-3"}, trigger="gantt-filter")
+        assert notes.startswith("Filter ignored: row filter '7-3': the range runs backwards.")
+        assert len(go.Figure(fig).layout.yaxis.ticktext) == 32
 
 
 class TestSearch:
@@ -368,7 +385,7 @@ class TestSearch:
         state, msg = C.on_event("search-adopt", alex)
         assert msg == f"Adopted the search's best ({format_seconds(job.best_cost_s)})."
         strategy, cost_s = jobs.best(alex["sid"])
-        assert state["strategy"]["ops"] == strategy.to_dict()["ops"]
+        assert state["strategy"]["ops"] == compact_strategy_dict(strategy.to_dict())["ops"]
         assert W.workspace(state).timeline.makespan_s == pytest.approx(cost_s, rel=1e-9)
         back, _ = C.on_event("undo", state)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
@@ -473,7 +490,8 @@ class TestExport:
         assert out["filename"] == "strategy-alexnet-p100-4x4.json" and out["type"] == "application/json"
         data = json.loads(out["content"])
         strategy = load_strategy(data, g, c)
-        assert data["ops"] == s["strategy"]["ops"]
+        assert compact_strategy_dict(data)["ops"] == s["strategy"]["ops"]
+        assert all(isinstance(e["devices"], list) for e in data["ops"].values())  # the file: plain lists
         assert simulate_strategy(g, strategy, c).iteration_time_s == data["cost"]["iteration_time_s"]
         assert data["cost"]["iteration_time_s"] == W.workspace(s).timeline.makespan_s
 
@@ -532,7 +550,7 @@ class TestRenderCompare:
     def test_symmetric_strategy_shows_a_representative_with_its_count(self):
         """Issue 16: the explorer simulates with the engine's symmetry reduction where it is
         exact, and shows identical replicas once with a count (data parallel on one DGX: GPU 0
-        stands for all 8); Compare still draws every GPU."""
+        stands for all 8); so does Compare."""
         s = W.new_state("alexnet", "dgx-a100-80gb:1")
         s, _ = W.add_to_compare(s, "a")
         s, _ = W.add_to_compare(s, "b")
@@ -540,8 +558,27 @@ class TestRenderCompare:
         explore = _figures(out)
         assert list(explore["gantt"].layout.yaxis.ticktext) == ["GPU 0 (x8 alike)", "GPU 0 collectives"]
         assert out["sum-tasks"].endswith("(1 of 8 GPUs simulated; the rest mirror them)")
-        _, _, fig = C.render_compare(s)
-        assert len(go.Figure(fig).layout.yaxis.ticktext) == 16
+        table, _, fig = C.render_compare(s)
+        assert list(go.Figure(fig).layout.yaxis.ticktext) == ["GPU 0 (x8 alike)", "GPU 0 collectives"]
+        assert "1.00x" in str(table)  # speedup over the first kept
+
+    def test_timelines_collapse_to_their_summary_row(self, alex):
+        s, _ = W.add_to_compare(alex, "dp")
+        s, _ = C.on_event("pick-baseline", s, baseline="expert")
+        s, _ = W.add_to_compare(s, "ex")
+        names, shown = C.compare_shown(s, None, None)
+        assert names == shown == ["dp", "ex"]
+        # the user unticked "dp"; a third kept strategy opens drawn
+        s3, _ = W.add_to_compare(C.on_event("pick-baseline", s, baseline="data-parallel")[0], "dp2")
+        assert C.compare_shown(s3, ["ex"], [{"value": "dp"}, {"value": "ex"}]) == (["dp", "ex", "dp2"],
+                                                                                  ["ex", "dp2"])
+        table, _, fig = C.render_compare(s, ["ex"])
+        assert str(table).count("Tr(") == 3  # every summary row stays
+        fig = go.Figure(fig)
+        assert {tr.yaxis for tr in fig.data} == {"y"} and len(fig.layout.annotations) == 1
+        assert fig.layout.annotations[0].text.startswith("ex · ")
+        _, _, none = C.render_compare(s, [])
+        assert go.Figure(none).layout.annotations[0].text.startswith("Tick a strategy")
 
 
 class TestBatch:

@@ -118,17 +118,20 @@ class TestGanttData:
         g, c = alexnet
         d = V.gantt_data(g, c, dp.timeline)
         assert d["labels"] == [x for i in range(16) for x in (f"GPU {i}", f"GPU {i} collectives")]
-        e = V.gantt_data(g, c, ex.timeline)
+        e = V.gantt_data(g, c, ex.timeline, links=True)
         links = {int(x) for x in np.unique(ex.tasks.link[ex.tasks.kind == XFER])}
         assert e["labels"][:32] == d["labels"]
         assert e["labels"][32:] == [f"{c.links[k].src} → {c.links[k].dst}" for k in sorted(links)]
+        # more link rows than AUTO_LINK_ROWS: behind the toggle by default, counted
+        auto = V.gantt_data(g, c, ex.timeline)
+        assert len(links) > V.AUTO_LINK_ROWS and auto["labels"] == d["labels"] and auto["links_hidden"] == len(links)
         assert d["window"] == [0.0, dp.timeline.makespan_s] and d["makespan_s"] == dp.timeline.makespan_s
 
     @pytest.mark.parametrize("which", ["dp", "ex"])
     def test_every_task_in_exactly_one_bar_when_not_merged(self, alexnet, dp, ex, which):
         g, c = alexnet
         r = dp if which == "dp" else ex
-        d = V.gantt_data(g, c, r.timeline, max_bars=NO_MERGE)
+        d = V.gantt_data(g, c, r.timeline, links=True, max_bars=NO_MERGE)
         assert d["merged"] is False
         want, got = pairs(r, d["labels"]), bar_pairs(d)
         assert set(got) == set(want)
@@ -175,8 +178,8 @@ class TestGanttData:
     @pytest.mark.parametrize("max_bars", [3000, 1000, 250])
     def test_merging_keeps_every_task_and_the_span(self, alexnet, ex, max_bars):
         g, c = alexnet
-        full = V.gantt_data(g, c, ex.timeline, max_bars=NO_MERGE)
-        d = V.gantt_data(g, c, ex.timeline, max_bars=max_bars)
+        full = V.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
+        d = V.gantt_data(g, c, ex.timeline, links=True, max_bars=max_bars)
         assert full["tasks_in_view"] == d["tasks_in_view"] > max_bars
         assert d["merged"] is True
         n_bars = sum(len(b["task"]) for b in d["bars"].values())
@@ -210,8 +213,8 @@ class TestGanttData:
         g, c = alexnet
         ms = ex.timeline.makespan_s
         t0, t1 = 0.4 * ms, 0.5 * ms
-        full = V.gantt_data(g, c, ex.timeline, max_bars=NO_MERGE)
-        d = V.gantt_data(g, c, ex.timeline, window=(t0, t1), max_bars=NO_MERGE)
+        full = V.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
+        d = V.gantt_data(g, c, ex.timeline, links=True, window=(t0, t1), max_bars=NO_MERGE)
         assert d["window"] == [t0, t1]
         assert 0 < d["tasks_in_view"] < full["tasks_in_view"]
         for kind, b in d["bars"].items():
@@ -285,10 +288,9 @@ class TestGanttFigure:
 
     def test_merged_view_says_so(self, alexnet, ex):
         g, c = alexnet
-        d = V.gantt_data(g, c, ex.timeline, max_bars=300)
+        d = V.gantt_data(g, c, ex.timeline, links=True, max_bars=300)
         fig = F.build_gantt_figure(d)
-        assert len(fig.layout.annotations) == 1
-        assert fig.layout.annotations[0].text.startswith(f"{d['tasks_in_view']:,} tasks in view")
+        assert F.gantt_notes(d).startswith(f"{d['tasks_in_view']:,} tasks in view: neighbours merged")
         assert {tr.name for tr in fig.data} == {"forward", "backward", "optimizer", "transfer", "collective",
                                                 "critical path"}
 
@@ -419,11 +421,11 @@ class TestMemory:
         assert [tr.name for tr in bars] == list(F.MEMORY_COLOURS)
         assert fig.layout.barmode == "stack"
         for tr in bars:
-            assert list(tr.x) == ["GPU 0 (x3)"]
-            np.testing.assert_allclose(tr.y, d["parts"][tr.name] / 1e9, rtol=0, atol=0)
+            assert list(tr.y) == ["GPU 0 (x3)"] and tr.orientation == "h"
+            np.testing.assert_allclose(tr.x, d["parts"][tr.name] / 1e9, rtol=0, atol=0)
         cap = fig.data[-1]
         assert cap.name == "capacity" and cap.type == "scatter"
-        np.testing.assert_array_equal(cap.y, dp.memory.capacity_bytes[[0]] / 1e9)
+        np.testing.assert_array_equal(cap.x, dp.memory.capacity_bytes[[0]] / 1e9)
         assert fig.layout.title.text == "fits in memory"
         # a pipeline's stages differ: one bar each, in device order, summing the parts
         from engine.search.baselines import megatron
@@ -435,13 +437,20 @@ class TestMemory:
         assert d2["labels"] == ["GPU 0 (x4)", "GPU 4 (x4)"]
         total = sum(v for v in d2["parts"].values())
         np.testing.assert_allclose(total, rep.peak_bytes[[0, 4]])
+        # labelled with their stage; at most max_groups bars, the fullest kept and counted
+        d3 = V.memory_data(rep, list(range(8)), V.stage_of_devices(s, c.num_devices))
+        assert d3["labels"] == ["stage 0 · GPU 0 (x4)", "stage 1 · GPU 4 (x4)"] and d3["hidden"] == 0
+        fullest = int(np.argmax(rep.peak_bytes[[0, 4]] / rep.capacity_bytes[[0, 4]]))
+        d4 = V.memory_data(rep, list(range(8)), max_groups=1)
+        assert d4["devices"] == [[0, 4][fullest]] and d4["hidden"] == 1
+        assert F.build_memory_figure(d4).layout.title.text.endswith("· the 1 fullest of 2 groups shown")
 
     def test_over_capacity_title(self):
         d = {"devices": [0, 1], "parts": {k: np.array([1e9, 2e9]) for k in F.MEMORY_COLOURS},
              "capacity": np.array([16e9, 8e9]), "feasible": False, "over": [(1, 2e9)]}
         fig = F.build_memory_figure(d)
         assert fig.layout.title.text == "OVER CAPACITY on 1 GPU; worst GPU 1 (+2 GB)"
-        assert list(fig.data[-1].y) == [16.0, 8.0]
+        assert list(fig.data[-1].x) == [16.0, 8.0]
 
 
 class TestTraceAndCompare:
@@ -463,7 +472,7 @@ class TestTraceAndCompare:
     def test_compare_two(self, alexnet, dp, ex):
         g, c = alexnet
         a = V.gantt_data(g, c, dp.timeline)
-        b = V.gantt_data(g, c, ex.timeline)
+        b = V.gantt_data(g, c, ex.timeline, links=True)
         fig = F.build_compare_figure([("dp", a), ("expert", b)])
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert [tr.name for tr in fig.data if tr.yaxis == "y"] == list(a["bars"])
@@ -545,3 +554,63 @@ class TestFmt:
         assert format_rate(None) == "–" and format_rate(12.0) == "12 samples/s"
         assert format_rate(2.5e6, "tokens") == "2.5M tokens/s"
         assert format_count(1234567) == "1,234,567"
+
+
+class TestTimelineRowsAndBubble:
+    """Issue 16: rows grouped per pipeline stage / node, a row filter, and the pipeline bubble
+    measured against the schedule's formula."""
+
+    @pytest.fixture(scope="class")
+    def gpt2_pp(self):
+        from app import workspace as W
+        from app.callbacks import on_event
+
+        s = W.new_state("gpt2", "dgx-a100-80gb:2")
+        s, msg = on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "mb": 1})
+        assert msg.startswith("Layout (megatron): tp 2, pp 4, dp 2"), msg
+        return W.workspace(s)
+
+    def test_stage_rows_one_per_stage_with_their_gpu_counts(self, gpt2_pp):
+        ws = gpt2_pp
+        stage = V.stage_of_devices(ws.strategy, ws.cluster.num_devices)
+        assert sorted(np.unique(stage).tolist()) == [0, 1, 2, 3] and (np.bincount(stage) == 4).all()
+        d = V.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="stage", stage_of_device=stage)
+        gpu_labels = d["labels"][0::2][:4]
+        assert [x.split(" (")[0] for x in gpu_labels] == ["stage 0", "stage 1", "stage 2", "stage 3"]
+        assert all("(4 GPUs): GPU" in x for x in gpu_labels) and d["gpus_in_plan"] == 16 and d["gpu_rows"] == 4
+        # auto groups by stage past 16 GPU rows only: here the simulated GPUs are few
+        auto = V.gantt_data(ws.graph, ws.cluster, ws.timeline, stage_of_device=stage, rows="auto")
+        assert auto["rows"] == ("gpu" if auto["gpu_rows"] <= 16 else "stage")
+        node = V.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="node", stage_of_device=stage)
+        assert [x.split(" (")[0] for x in node["labels"][0::2][:2]] == ["node 0", "node 1"]
+
+    def test_filter_by_stage_gpu_and_text(self, gpt2_pp):
+        ws = gpt2_pp
+        stage = V.stage_of_devices(ws.strategy, ws.cluster.num_devices)
+        kw = dict(rows="stage", stage_of_device=stage)
+        one = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="stage 2", **kw)
+        assert one["labels"][0].startswith("stage 2 (") and one["gpu_rows"] == 1
+        by_gpu = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="0", **kw)
+        assert by_gpu["gpu_rows"] == 1 and by_gpu["labels"][0].startswith("stage 0 (")
+        none = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="no such row", **kw)
+        assert none["gpu_rows"] == 0
+        assert V.parse_row_filter("0-7, stage 1-2, Node 3, collectives") == [
+            ("gpu", (0, 7)), ("stage", (1, 2)), ("node", (3, 3)), ("text", "collectives")]
+        with pytest.raises(ValueError, match="runs backwards"):
+            V.parse_row_filter("5-2")
+
+    def test_bubble_measured_near_the_formula_and_drawn(self, gpt2_pp):
+        ws = gpt2_pp
+        p = ws.strategy.pipeline
+        d = V.gantt_data(ws.graph, ws.cluster, ws.timeline, pipeline=(p.stages, p.microbatches, p.virtual_stages))
+        b = d["bubble"]
+        assert b["formula"] == pytest.approx((p.stages - 1) / (p.microbatches + p.stages - 1))
+        # the measured idle share holds the bubble and any wait for a transfer or a collective
+        assert b["formula"] - 0.05 <= b["measured"] <= b["formula"] + 0.3, b
+        assert len(b["start"]) > 0 and (np.asarray(b["end"]) > np.asarray(b["start"])).all()
+        fig = F.build_gantt_figure(d)
+        assert "pipeline bubble (idle)" in [tr["name"] for tr in fig["data"]]
+        assert "idle before the last backward (hatched grey)" in F.gantt_notes(d)
+        go.Figure(fig)  # valid Plotly
+        # no pipeline: no bubble
+        assert V.gantt_data(ws.graph, ws.cluster, ws.timeline)["bubble"] is None

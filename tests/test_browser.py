@@ -49,6 +49,18 @@ def edit_op(page: Page, op: str, degrees: dict[str, int], devices: str) -> None:
     page.click("#edit-apply")
 
 
+def assert_labels_disjoint(page: Page, selector: str) -> None:
+    """The bounding boxes of the tick labels ``selector`` do not overlap (sorted along y, or
+    along x when they lie on one line)."""
+    boxes = [{**b, "text": t.text_content()} for t in page.locator(selector).all() if (b := t.bounding_box())]
+    if len({round(b["y"]) for b in boxes}) <= 1:  # one line (an x axis): compare along x
+        boxes.sort(key=lambda b: b["x"])
+        assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in zip(boxes, boxes[1:])), boxes
+        return
+    boxes.sort(key=lambda b: b["y"])
+    assert all(a["y"] + a["height"] <= b["y"] + 0.5 for a, b in zip(boxes, boxes[1:])), boxes
+
+
 @pytest.mark.browser
 class TestExplorer:
     def test_pick_inception_on_p100_shows_gantt_and_summary(self, page: Page, app_url: str):
@@ -163,11 +175,11 @@ class TestExplorer:
         trace = json.loads(open(dl2.value.path()).read())
         assert any(e.get("ph") == "X" for e in trace["traceEvents"])
 
-    # (GPT-3 175B on 1,024 GPUs is not driven here: picking it in the model dropdown is
-    # reverted by the dropdown itself when the server's answer takes ~2 s, a bug found and not
-    # fixed yet; its views are tested in process, tests/test_app_callbacks.py)
+    # (GPT-3 175B on 1,024 GPUs: picking it made a 9.2 MB page state, past what sessionStorage
+    # holds, and the model dropdown snapped back; devices are kept as runs now, 183 KB)
     @pytest.mark.parametrize("model, cluster, layout", [
         ("llama2-7b", "dgx-a100-80gb:8", ("8", "2")),  # 64 GPUs
+        ("gpt3-175b", "dgx-a100-80gb:128", ("8", "16")),  # 1,024 GPUs
     ])
     def test_llm_plans_at_64_and_1024_gpus_answer_with_readable_labels(self, page: Page, app_url: str, model,
                                                                       cluster, layout):
@@ -185,12 +197,22 @@ class TestExplorer:
         page.fill("#layout-mb", "1")
         page.click("#layout-apply")
         expect(page.locator("#message")).to_contain_text(f"Layout (megatron): tp {layout[0]}, pp {layout[1]}")
+        # (the model's and the layout's drawings may queue behind each other on a 2-core machine;
+        # their server-side times are measured in benchmarks/bench_app.py, not asserted here)
+        expect(page.locator("#sum-throughput")).to_contain_text("tokens/s", timeout=TIMEOUT_MS)
         expect(page.locator("#sum-tasks")).to_contain_text("GPUs simulated; the rest mirror them")
-        expect(page.locator("#sum-throughput")).to_contain_text("tokens/s")
         expect(page.locator("#gantt .ytick text").first).to_contain_text("alike")
-        boxes = [b for b in (t.bounding_box() for t in page.locator("#gantt .ytick text").all()) if b]
-        boxes.sort(key=lambda b: b["y"])
-        assert all(a["y"] + a["height"] <= b["y"] + 0.5 for a, b in zip(boxes, boxes[1:])), boxes
+        assert_labels_disjoint(page, "#gantt .ytick text")
+        expect(page.locator("#gantt-notes")).to_contain_text("idle before the last backward")
+        # rows per stage: one row pair per pipeline stage, labels still disjoint
+        page.locator("#gantt-rows").get_by_text("per stage").click()
+        expect(page.locator("#gantt .ytick text").first).to_contain_text("stage 0 (")
+        assert_labels_disjoint(page, "#gantt .ytick text")
+        page.fill("#gantt-filter", "stage 1")
+        page.keyboard.press("Enter")
+        expect(page.locator("#gantt .ytick text").first).to_contain_text("stage 1 (")
+        expect(page.locator("#gantt .ytick text")).to_have_count(2)
+        assert_labels_disjoint(page, "#memory .xtick text")
         assert not errors, errors
 
     def test_the_header_follows_an_uploaded_model(self, page: Page, app_url: str, tmp_path):
