@@ -31,10 +31,10 @@ from . import jobs
 from .cache import IdleCache
 from .layout import cluster_options, model_options
 from . import workspace as W
-from .figures import (CONFIG_PALETTE, build_compare_figure, build_gantt_figure, build_memory_figure, gantt_notes,
+from .figures import (CONFIG_PALETTE, build_block_stack_figure, build_compare_figure, build_gantt_figure, build_memory_figure, gantt_notes,
                       build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
 from .fmt import format_bytes, format_count, format_rate, format_seconds
-from .views import (config_diff, config_label, gantt_data, graph_layout, stage_of_devices, memory_data, op_details, summary_data,
+from .views import (block_stack, config_diff, config_label, gantt_data, graph_layout, stage_of_devices, memory_data, op_details, summary_data,
                     topology_data, why_text)
 
 __all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_compare", "zoom_gantt", "decode_upload",
@@ -86,7 +86,7 @@ def _detach_search(old: dict | None, new: dict, msg: str) -> tuple[dict, str]:
 def on_event(trigger: str | None, state: dict | None, **kw: Any) -> tuple[dict, str]:
     """:func:`_on_event`, stopping a search whose model or cluster the action replaced."""
     new, msg = _on_event(trigger, state, **kw)
-    if trigger in ("pick-model", "pick-cluster", "pick-batch", "upload") and isinstance(state, dict):
+    if trigger in ("pick-model", "pick-cluster", "pick-batch", "upload", "tour") and isinstance(state, dict):
         return _detach_search(state, new, msg)
     return new, msg
 
@@ -95,7 +95,7 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
              cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
              filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
              devices: str | None = None, click: dict | None = None, compare_name: str | None = None,
-             batch: Any = None, layout: dict | None = None) -> tuple[dict, str]:
+             batch: Any = None, layout: dict | None = None, step: str | None = None) -> tuple[dict, str]:
     """Apply one user action to the session state.
 
     ``trigger`` names the component that fired; the keyword arguments carry what it sent.
@@ -125,6 +125,8 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
                                f"{'; '.join(p.message for p in e.problems[:3])}.{hint}")
         if trigger == "pick-batch":
             return _set_batch(state, batch)
+        if trigger == "tour":
+            return W.tour(state, str(step or ""))
         if trigger == "layout-apply":
             form = dict(layout or {})
             return W.apply_layout(state, str(form.pop("kind", "megatron")), form)
@@ -163,10 +165,18 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
             if not pts or "customdata" not in pts[0]:
                 return state, ""
             node = pts[0]["customdata"]
-            layout = graph_layout(W.graph_of(state), bool(state.get("collapse")))
-            members = layout["members"].get(node, [node])
+            g = W.graph_of(state)
+            layout = _graph_view(g, W._strategy(state), bool(state.get("collapse")), None)
+            members = layout["members"].get(node) or ([node] if node in g.index else [])
+            if not members:
+                return state, ""
             new = dict(state, selected=members)
-            return new, f"Selected {node}" + (f" ({len(members)} ops)" if len(members) > 1 else "") + "."
+            name = layout.get("labels", {}).get(node, node).split(" · ")[0]  # a run of blocks: "layers.0–15 (16 ...)"
+            if name.endswith(")"):
+                name = name[:-1] + f", {len(members)} ops)"
+            elif len(members) > 1:
+                name += f" ({len(members)} ops)"
+            return new, f"Selected {name}."
         if trigger == "edit-ops":
             return dict(state, selected=list(ops or [])), ""
         if trigger == "search-adopt":
@@ -263,6 +273,14 @@ def _set_batch(state: dict, value: Any) -> tuple[dict, str]:
 # --------------------------------------------------------------------------- views
 
 
+def _graph_view(graph, strategy, collapse: bool, selected: list[str] | None) -> dict[str, Any]:
+    """The op graph's drawing: collapsed, a model built from blocks is a stack of its blocks
+    (:func:`app.views.block_stack`, the selected block expanded); else the layered DAG."""
+    if collapse and any(op.block for op in graph.ops):
+        return block_stack(graph, strategy, selected)
+    return graph_layout(graph, collapse)
+
+
 def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     labels: dict[str, str] = {}
     for op in graph.ops:
@@ -353,9 +371,12 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
     dp_fits = W.baseline_fits(state)
     summ = summary_data(g, tl, mem, dp_cost if mem.feasible else None)
     selected = [n for n in (state.get("selected") or []) if n in g.index]
-    layout = graph_layout(g, collapse)
+    layout = _graph_view(g, s, collapse, selected)
     colour_of, legend, hover = _colours(g, s, layout)
     sel_nodes = {n for n in layout["nodes"] if set(layout["members"][n]) & set(selected)}
+    if layout.get("expanded"):  # the whole row selected: its square ringed; else the ops picked in it
+        row = layout["expanded"]
+        sel_nodes = {row} if set(layout["members"][row]) <= set(selected) else sel_nodes - {row}
     gantt_fig, notes = gantt_view(ws, selected, None, gantt)
     used = sorted(s.devices_used())
     if metric == "memory":
@@ -390,7 +411,8 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
                  "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
         "why": why_text(summ, dp_comm, tl) + ("" if dp_fits is not False else
                                               " Data parallel does not fit in memory here: no speedup over it is given."),
-        "op-graph": build_op_graph_figure(layout, colour_of, legend, hover, sel_nodes),
+        "op-graph": (build_block_stack_figure if layout.get("stack") else build_op_graph_figure)(
+            layout, colour_of, legend, hover, sel_nodes),
         "op-panel": _op_panel(g, s, tl, selected),
         "gantt": gantt_fig,
         "gantt-notes": notes,
@@ -763,6 +785,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
         Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
+        Input({"type": "tour", "step": ALL}, "n_clicks"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
@@ -770,10 +793,13 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         State("layout-cp", "value"), State("layout-vpp", "value"), State("layout-mb", "value"),
         State("layout-shard", "value"), State("layout-recompute", "value"), State("layout-zero", "value"),
         State("layout-schedule", "value"), State("layout-flags", "value"))
-    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la,
+    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
                 deg_values, deg_ids, devices, compare_name, collapse, state, l_kind, l_tp, l_pp, l_cp, l_vpp, l_mb,
                 l_shard, l_recompute, l_zero, l_schedule, l_flags):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        step = None
+        if isinstance(ctx.triggered_id, dict) and ctx.triggered_id.get("type") == "tour" and any(_tour or []):
+            trigger, step = "tour", str(ctx.triggered_id.get("step"))
         if trigger == "upload-ok":
             trigger = "upload"
         uploaded = uploaded if isinstance(uploaded, dict) else {}
@@ -783,7 +809,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         degrees = {i["dim"]: v for i, v in zip(deg_ids or [], deg_values or [])}
         new, msg = on_event(trigger, state, query=str(query or ""), model=model, cluster=cluster, baseline=baseline,
                             upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
-                            click=click, compare_name=compare_name, batch=batch,
+                            click=click, compare_name=compare_name, batch=batch, step=step,
                             layout={"kind": l_kind, "tp": l_tp, "pp": l_pp, "cp": l_cp, "vpp": l_vpp, "mb": l_mb,
                                     "shard": l_shard, "recompute": l_recompute, "zero": l_zero,
                                     "schedule": l_schedule, "flags": l_flags})
@@ -797,6 +823,14 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                 # lists are sent only when an upload comes or goes (sending them at every event reset
                 # a dropdown the user was changing)
                 _options(state, new, "model", model_options), _options(state, new, "cluster", cluster_options))
+
+    @app.callback(Output("tabs", "value"), Output("gantt-rows", "value"),
+                  Input({"type": "tour", "step": ALL}, "n_clicks"), prevent_initial_call=True)
+    def _tour_tab(clicks):
+        step = ctx.triggered_id.get("step") if isinstance(ctx.triggered_id, dict) else None
+        if step not in W.TOUR or not any(clicks or []):
+            return no_update, no_update
+        return W.TOUR[step][2], ("stage" if step == "pipeline" else "auto")
 
     app.clientside_callback(
         f"""

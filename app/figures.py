@@ -24,6 +24,7 @@ __all__ = [
     "build_gantt_figure",
     "gantt_notes",
     "build_op_graph_figure",
+    "build_block_stack_figure",
     "build_topology_figure",
     "build_memory_figure",
     "build_trace_figure",
@@ -70,6 +71,8 @@ def _ms(x: np.ndarray) -> np.ndarray:
 
 
 BUBBLE_COLOUR = "rgba(150,150,150,0.35)"
+#: pixels per row of the op graph's block stack (labels at 10 px never overlap at this pitch)
+STACK_ROW_PX = 24
 #: pixels per timeline row: tick labels at 10 px never overlap at this pitch
 ROW_PX = 18
 
@@ -175,6 +178,68 @@ def build_op_graph_figure(layout: dict[str, Any], colour_of: dict[str, str], leg
     return _figure(data, height=420, margin=_MARGIN, clickmode="event+select", dragmode="pan",
                    xaxis=dict(visible=False), yaxis=dict(visible=False),
                    legend=dict(title=dict(text="config (split)"), orientation="h", y=-0.05), uirevision="opgraph")
+
+
+def build_block_stack_figure(stack: dict[str, Any], colour_of: dict[str, str], legend: dict[str, str],
+                             hover: dict[str, str], selected: set[str] | None = None) -> dict[str, Any]:
+    """The block stack (:func:`app.views.block_stack`): a row per block (or run of blocks split
+    alike), top to bottom, labelled with its ops, split, GPUs and stage; the expanded block's ops
+    as a small DAG under its row. Rows keep a fixed pitch, so labels never overlap."""
+    nodes, xs, ys = stack["nodes"], stack["x"], stack["y"]
+    where = {n: (x, y) for n, x, y in zip(nodes, xs, ys)}
+    rows = set(stack["rows"])
+    index = {n: i for i, n in enumerate(stack["rows"])}
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for k, (a, b) in enumerate(stack["edges"]):
+        (x0, y0), (x1, y1) = where[a], where[b]
+        if a in rows and b in rows and abs(index[a] - index[b]) > 1 or (a in rows and b in rows and
+                                                                         stack.get("expanded") == a):
+            d = -0.25 - 0.08 * (k % 4)  # a skip (or one passing the expanded ops): a bracket at the left
+            ex += [x0, d, d, x1, None]
+            ey += [y0, y0, y1, y1, None]
+        else:
+            ex += [x0, x1, None]
+            ey += [y0, y1, None]
+    data = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
+                 showlegend=False)]
+    by_colour: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        by_colour.setdefault(colour_of.get(n, "#999999"), []).append(i)
+    for colour, idx in by_colour.items():
+        text, pos = [], []
+        for j, i in enumerate(idx):
+            n = nodes[i]
+            if n in rows:
+                text.append(("▾ " if stack.get("expanded") == n else "▸ ") + stack["labels"][n])
+                pos.append("middle right")
+            else:  # an op of the expanded block: its layer's ops named once, at the right
+                text.append(stack.get("op_text", {}).get(n, ""))
+                pos.append("middle right")
+        data.append(dict(
+            type="scatter", x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text",
+            name=legend.get(colour, "mixed"), text=text, textposition=pos, textfont=dict(size=10),
+            cliponaxis=False,
+            marker=dict(color=colour, size=[14 if nodes[i] in rows else 9 for i in idx],
+                        symbol=["square" if nodes[i] in rows else "circle" for i in idx],
+                        line=dict(color="#333", width=0.5)),
+            customdata=[nodes[i] for i in idx], hovertext=[hover.get(nodes[i], nodes[i]) for i in idx],
+            hoverinfo="text",  # (a click does not dim the rest)
+            unselected=dict(marker=dict(opacity=1.0), textfont=dict(color="#333"))))
+    if selected:
+        idx = [i for i, n in enumerate(nodes) if n in selected]
+        data.append(dict(
+            type="scatter", x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers", name="selected",
+            marker=dict(color="rgba(0,0,0,0)", size=[22 if nodes[i] in rows else 16 for i in idx],
+                        line=dict(color=SELECTED_COLOUR, width=3)),
+            customdata=[nodes[i] for i in idx], hoverinfo="skip", unselected=dict(marker=dict(opacity=1.0))))
+    low = min(ys, default=0.0)
+    return _figure(data, height=max(260, int(STACK_ROW_PX * (1.4 - low)) + 90), margin={**_MARGIN, "t": 10},
+                   clickmode="event+select", dragmode="pan",
+                   xaxis=dict(visible=False, range=[-0.7, 9.0], fixedrange=True),
+                   yaxis=dict(visible=False, range=[low - 0.7, 0.7], fixedrange=True),
+                   legend=dict(title=dict(text="config (split)"), orientation="h", y=0, yanchor="top"),
+                   uirevision="opgraph")
 
 
 def build_topology_figure(data: dict[str, Any]) -> dict[str, Any]:

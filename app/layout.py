@@ -197,6 +197,19 @@ def _export() -> html.Div:
     ], className="panel")
 
 
+def _tour() -> html.Div:
+    """The guided comparison: each step sets up a model, a cluster and strategies to compare,
+    and opens the view that shows the point."""
+    from .workspace import TOUR
+
+    return html.Div([html.H3("A guided comparison"),
+                     html.P("Each step replaces the model, cluster and kept strategies the page shows, then "
+                            "opens the view to look at.", className="hint")] +
+                    [html.Div([html.Button(title, id={"type": "tour", "step": step}, n_clicks=0, className="primary"),
+                               html.P(text)], className="tour-step") for step, (title, text, _) in TOUR.items()],
+                    className="panel", id="tour")
+
+
 def make_layout() -> html.Div:
     return html.Div([
         dcc.Location(id="url", refresh=False),
@@ -231,7 +244,7 @@ def make_layout() -> html.Div:
             dcc.Tab(label="Search", value="search", children=_search()),
             dcc.Tab(label="Compare", value="compare", children=_compare()),
             dcc.Tab(label="Export", value="export", children=_export()),
-            dcc.Tab(label="Learn", value="learn", children=html.Div([
+            dcc.Tab(label="Learn", value="learn", children=html.Div([_tour()] + [
                 html.Div([html.H3(title), dcc.Markdown(text)], className="panel") for title, text in TOPICS.values()
             ])),
         ]),

@@ -22,27 +22,45 @@ splits **reduction** dims (row-parallel layers, whose partial sums are all-reduc
 **replica** dim for ops that are simply repeated (Megatron's LayerNorms).
 """),
     "graph": ("The operator graph", """
-Each dot is an operator; lines are the tensors between them (data flows left to right). Colours
-show the op's config (how it is split). Click an op to see its output shape, parallel dims,
-FLOPs, parameters, config and time on its devices, and to edit its config. With
-"collapse blocks", each repeated block (a layer, an Inception module) is one dot; clicking it
-selects all its ops, and an edit then applies to all of them.
+With "collapse blocks" (the default), a model built from blocks (transformer layers, Inception
+modules) is drawn as a **stack**, inputs at the top: a square per block, and consecutive blocks
+split alike (the same ops with the same configs on the same GPUs, in the same pipeline stage)
+share one row with their count: "layers.0–15 (16 blocks, same split)". Each row says how many
+ops a block has, its most common split, how many GPUs it uses and its pipeline stage; the colour
+is the split (grey: mixed). Click a row to select all its ops (an edit then applies to all of
+them) and to **expand** it: its first block's ops appear below, top to bottom, the ops of one
+step side by side (q · k · v); click one of them to select that op alone. Lines are the tensors
+between blocks (a bracket at the left for one that skips rows). Without "collapse blocks",
+every op is a dot in a layered drawing, data flowing left to right. The op panel shows the
+selected op's output shape, parallel dims, FLOPs, parameters, config and time on its devices;
+memory is shown per GPU, not per op.
 """),
     "gantt": ("The timeline", """
 One iteration as simulated: a row per GPU (forward in blue, backward in orange, the optimizer
-step in green), a row per GPU for the collectives it joins (gradient all-reduces), and a row per
-link for transfers. FlexFlow's simulator runs each device and link as a FIFO queue of tasks,
-each ready when its inputs are. The red outline is the **critical chain**: the tasks whose ends
-set the iteration time — speeding up anything else does not help. Drag to zoom; past a few
-thousand bars, neighbouring tasks are drawn merged until you zoom in.
+step in green), a row for the collectives it joins (gradient all-reduces, tensor-parallel
+reductions), and a row per link for transfers. FlexFlow's simulator runs each device and link as
+a FIFO queue of tasks, each ready when its inputs are. The red outline is the **critical
+chain**: the tasks whose ends set the iteration time; speeding up anything else does not help.
+
+Many GPUs: identical replicas are simulated once and drawn once, "GPU 0 (x32 alike)". "rows"
+draws each GPU, or one GPU per pipeline stage or per node with how many it stands for and how
+far their busy times spread ("auto": each GPU up to 16 rows, else per stage or node). Link rows
+show up to 16 by themselves; "show" / "hide" decides past that. The filter keeps rows by GPU
+ids ("0-7, 12"), "stage 1", "node 2-3" or any text in a label ("collectives", "nic"). Drag to
+zoom; past a few thousand bars, neighbouring tasks are drawn merged until you zoom in (the line
+above the chart says so).
 """),
     "pipeline": ("Pipelines and microbatches", """
 With pipeline parallelism, consecutive groups of layers (stages) run on different devices and
 the batch is cut into **microbatches** that flow through the stages one after another. GPipe
 runs all forwards, then all backwards; 1F1B alternates one forward and one backward after a
-warm-up, so fewer microbatches' activations are held at once (Narayanan et al. SC'21). The gap
-at the start and end of each stage's row is the pipeline *bubble*:
-(stages − 1) / (microbatches + stages − 1) of the time when every stage takes as long.
+warm-up, so fewer microbatches' activations are held at once (Narayanan et al. SC'21). While
+the first microbatches fill the pipeline and the last ones drain it, stages wait: the
+*bubble*, hatched grey on the timeline. With p stages, m microbatches and every stage as long,
+it takes (p − 1) / (m + p − 1) of the time; the interleaved schedule, v model chunks per GPU,
+cuts it to (p − 1) / (v·m + p − 1). The line above the timeline gives the idle share measured
+on the simulated GPUs next to that formula: more than the formula means stages of unequal
+length or waits for transfers.
 """),
     "topology": ("The cluster", """
 GPUs (squares, coloured by how busy they are or how full their memory is), the switches and
@@ -52,16 +70,32 @@ timed by NCCL's own cost model (ring or tree, with its protocols' latencies and 
 shares; in-switch reduction, NVLS, inside H100 and H200 nodes).
 """),
     "memory": ("Memory", """
-Per GPU: weights, gradients and Adam's optimizer state (2 moments, plus an fp32 master copy in
-mixed precision; ZeRO shards them), communication buffers, and the activations saved for the
-backward pass at their peak over the iteration. A strategy over any GPU's capacity (red line)
-is infeasible: the search rejects it.
+Per group of GPUs whose memory is the same (one bar, "stage 1 · GPU 32 (x32)"): weights,
+gradients and Adam's optimizer state (2 moments, plus an fp32 master copy in mixed precision;
+ZeRO stage 1 shards the optimizer state, 2 the gradients too, 3 the weights), communication
+buffers, and the activations saved for the backward pass at their peak over the iteration
+(recomputation keeps fewer). The parts add up to the GPU's peak. A bar past its capacity mark
+(red) does not fit: the search rejects such a strategy, and the summary says "over!".
 """),
     "search": ("Searching", """
-FlexFlow's MCMC search proposes a change to one op's config, re-simulates only what the change
-touches (delta simulation), and accepts it with probability min(1, exp(β·(old − new))): better
-strategies always, worse ones sometimes, so the search can leave local optima. Several chains
-start from data parallel, the expert strategy and random strategies; at each rung the worse half
-is dropped (successive halving). Adopt the best to edit or compare it.
+Five searches, one protocol (a budget, a seed, progress, a best strategy that fits in memory):
+
+* **auto** (the default) runs the fast searches that apply as seeds, prices them with the
+  baselines, and starts MCMC from the best; it is never slower than a baseline or seed that fits.
+* **mcmc**: FlexFlow's search. It proposes a change (one op's config, or a whole layout:
+  recomputation, ZeRO, microbatches, the layer split between stages), re-simulates only what a
+  one-op change touches (delta simulation), and accepts it with probability
+  min(1, exp(β·(old − new))): better strategies always, worse ones sometimes, so it can leave
+  local optima. Several chains; at each rung the worse half is dropped (successive halving).
+* **pase**: PaSE's dynamic programming over a vertex ordering: the exact optimum of a cost that
+  adds each op's time and each edge's re-layout (Elango, IPDPS'21); it estimates its time first
+  and refuses a graph it cannot finish in the budget.
+* **pipeline**: Alpa-style planning: layers cut into stages by dynamic programming, a layout
+  inside each stage, stages placed on the GPUs that suit them, microbatches chosen.
+* **differentiable**: each op's choice relaxed to a softmax over its configs, the simulated
+  cost's smooth stand-in minimised by gradient descent with annealing, then rounded and polished.
+
+The trace plots the best (red) and current cost against proposals. Adopt the best to edit or
+compare it.
 """),
 }

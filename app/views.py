@@ -22,7 +22,7 @@ from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
+__all__ = ["gantt_data", "block_stack", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
            "summary_data", "why_text", "config_diff", "MAX_BARS"]
 
 #: bars drawn per Gantt view at most; beyond it, neighbouring tasks of one kind on one row
@@ -394,6 +394,12 @@ def graph_layout(graph: OpGraph, collapse: bool) -> dict[str, Any]:
         a, b = key[p], key[c]
         if a != b:
             g.add_edge(a, b)
+    return {**_layered(g, nodes), "members": members, "collapsed": collapse}
+
+
+def _layered(g: "nx.DiGraph", nodes: list[str]) -> dict[str, Any]:
+    """Layers by longest path from the inputs, order within a layer by the barycentre of
+    predecessors (two sweeps): ``nodes``, ``x`` (layer), ``y`` and ``edges``."""
     layer = {}
     for n in nx.topological_sort(g):
         layer[n] = max((layer[p] + 1 for p in g.predecessors(n)), default=0)
@@ -412,9 +418,128 @@ def graph_layout(graph: OpGraph, collapse: bool) -> dict[str, Any]:
             mid = (len(row) - 1) / 2
             for i, n in enumerate(row):
                 pos_y[n] = i - mid
-    edges = list(g.edges())
     return {"nodes": nodes, "x": [float(layer[n]) for n in nodes], "y": [pos_y[n] for n in nodes],
-            "members": members, "edges": edges, "collapsed": collapse}
+            "edges": list(g.edges())}
+
+
+#: vertical units per op of the expanded block in the stack
+_STACK_OP_DY = 0.8
+
+
+def block_stack(graph: OpGraph, strategy: Strategy, selected: list[str] | None = None) -> dict[str, Any]:
+    """The operator graph of a model built from blocks (layers, Inception modules) as a stack,
+    top to bottom: one row per block, consecutive blocks that are alike (the same ops with the
+    same configs on the same GPUs, in the same pipeline stage) merged into one row with their
+    count, each row labelled with its ops, its split and its GPUs. The row holding every
+    ``selected`` op is expanded: its first block's ops are drawn below it, top to bottom, the ops
+    of one layer of its DAG side by side and named in one text.
+
+    Returns ``nodes`` / ``x`` / ``y`` / ``members`` / ``edges`` as :func:`graph_layout` does
+    (rows and, when expanded, ops), ``rows`` (the row nodes, top to bottom), ``labels`` (a
+    row's text), ``expanded`` (its node or None) and ``collapsed`` True."""
+    blocks = list(dict.fromkeys(op.block or op.name for op in graph.ops))
+    members: dict[str, list[str]] = {b: [] for b in blocks}
+    for op in graph.ops:
+        members[op.block or op.name].append(op.name)
+    of = {m: b for b, ms in members.items() for m in ms}
+    g = nx.DiGraph()
+    g.add_nodes_from(blocks)
+    for (p, _, c, _) in graph.edges:
+        a, b = of[graph.ops[p].name], of[graph.ops[c].name]
+        if a != b:
+            g.add_edge(a, b)
+    order = list(nx.lexicographical_topological_sort(g, key=blocks.index))
+
+    def signature(b: str) -> tuple:
+        strip = len(b) + 1
+        return tuple((m[strip:] if m.startswith(b + ".") else m, strategy[m].degrees, strategy[m].devices,
+                      strategy.stage_of.get(m)) for m in members[b])
+
+    rows: list[list[str]] = []  # each row: its blocks
+    for b in order:
+        last = rows[-1][-1] if rows else None
+        if (last is not None and g.has_edge(last, b) and g.out_degree(last) == 1 and g.in_degree(b) == 1
+                and graph[members[b][0]].block and signature(b) == signature(last)):
+            rows[-1].append(b)
+        else:
+            rows.append([b])
+    row_of = {b: i for i, r in enumerate(rows) for b in r}
+    sel = set(selected or ())
+    row_members = [[m for b in r for m in members[b]] for r in rows]
+    expanded = next((i for i, ms in enumerate(row_members) if sel and sel <= set(ms)), None)
+    nodes, xs, ys, labels = [], [], [], {}
+    op_text: dict[str, str] = {}  # the expanded block: one text per layer of its ops, at the last op
+    mem_out: dict[str, list[str]] = {}
+    edges: list[tuple[str, str]] = []
+    y = 0.0
+    row_y = []
+    for i, r in enumerate(rows):
+        node = r[0]
+        nodes.append(node)
+        xs.append(0.0)
+        ys.append(y)
+        row_y.append(y)
+        mem_out[node] = row_members[i]
+        labels[node] = _row_label(graph, strategy, r, members)
+        y -= 1.0
+        if i == expanded:  # the first block's ops, top to bottom like the stack, under the row
+            sub = _sub_layout(graph, members[r[0]])
+            by_layer: dict[float, list[tuple[float, str]]] = {}
+            for n, layer, pos in zip(sub["nodes"], sub["x"], sub["y"]):
+                by_layer.setdefault(layer, []).append((pos, n))
+            for layer in sorted(by_layer):
+                ops = [n for _, n in sorted(by_layer[layer])]
+                for j, n in enumerate(ops):
+                    nodes.append(n)
+                    xs.append(0.6 + 0.35 * j)
+                    ys.append(y)
+                    mem_out[n] = [n]
+                strip = len(r[0]) + 1
+                op_text[ops[-1]] = " · ".join(n[strip:] if n.startswith(r[0] + ".") else n for n in ops)
+                y -= _STACK_OP_DY
+            edges += sub["edges"]
+            y -= 1.0 - _STACK_OP_DY
+    for a, b in g.edges():
+        ra, rb = row_of[a], row_of[b]
+        if ra != rb:
+            edges.append((rows[ra][0], rows[rb][0]))
+    return {"nodes": nodes, "x": xs, "y": ys, "members": mem_out, "edges": list(dict.fromkeys(edges)),
+            "rows": [r[0] for r in rows], "labels": labels, "op_text": op_text, "blocks": {r[0]: len(r) for r in rows},
+            "expanded": rows[expanded][0] if expanded is not None else None, "collapsed": True, "stack": True}
+
+
+def _sub_layout(graph: OpGraph, names: list[str]) -> dict[str, Any]:
+    """:func:`graph_layout`'s drawing of the ops ``names`` alone (edges among them)."""
+    keep = set(names)
+    g = nx.DiGraph()
+    g.add_nodes_from(names)
+    for (p, _, c, _) in graph.edges:
+        a, b = graph.ops[p].name, graph.ops[c].name
+        if a in keep and b in keep and a != b:
+            g.add_edge(a, b)
+    return _layered(g, names)
+
+
+def _row_label(graph: OpGraph, strategy: Strategy, blocks: list[str], members: dict[str, list[str]]) -> str:
+    """``"layers.0–15 (16 blocks, same split) · 23 ops · sample 8 · feature 8 (+3 other splits) · 64 GPUs · stage 0"``."""
+    first, last = blocks[0], blocks[-1]
+    if len(blocks) > 1:
+        pre = first.rsplit(".", 1)[0] + "." if "." in first else ""
+        name = f"{first}–{last[len(pre):] if last.startswith(pre) else last} ({len(blocks)} blocks, same split)"
+    else:
+        name = first
+    ms = members[first]
+    counts: dict[str, int] = {}
+    devs: set[int] = set()
+    for m in ms:
+        counts[config_label(strategy[m])] = counts.get(config_label(strategy[m]), 0) + 1
+        devs.update(strategy[m].devices)
+    top = max(counts, key=lambda k: counts[k])
+    more = f" (+{len(counts) - 1} other split{'s' if len(counts) > 2 else ''})" if len(counts) > 1 else ""
+    stages = sorted({strategy.stage_of[m] for m in ms if m in strategy.stage_of})
+    stage = f" · stage {stages[0]}" if len(stages) == 1 and strategy.pipeline.stages > 1 else ""
+    ops = f"{len(ms)} op{'s' if len(ms) > 1 else ''}" + (" each" if len(blocks) > 1 else "")
+    return f"{name} · {ops} · {top}{more} · {len(devs):,} GPU{'s' if len(devs) > 1 else ''}{stage}"
 
 
 def config_label(config: Config) -> str:

@@ -56,6 +56,8 @@ __all__ = [
     "select_baseline",
     "import_file",
     "add_to_compare",
+    "tour",
+    "TOUR",
     "share_query",
     "state_from_query",
     "strategy_export",
@@ -887,3 +889,44 @@ def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
         raise ValueError(f"link: {e}") from None
     state["strategy"] = _sdict(s)
     return state, "Loaded the shared strategy."
+
+
+# --------------------------------------------------------------------------- the guided comparison
+
+#: the Learn tab's guided comparison: step -> (title, what it sets up, the tab it opens)
+TOUR: dict[str, tuple[str, str, str]] = {
+    "soap": ("1 · Data, model and expert parallelism on AlexNet",
+             "AlexNet on FlexFlow's 16 P100s under data parallel, model parallel and the expert strategy "
+             "(data parallel for the convolutions, model parallel for the large linear layers), kept side by "
+             "side in Compare: see which moves the least data and why the expert split wins.", "compare"),
+    "pipeline": ("2 · A pipeline and its bubble on GPT-2",
+                 "GPT-2 (batch 64) on one DGX A100 as a 4-stage pipeline (x 2 data parallel), once with 4 "
+                 "microbatches and once with 32, kept in Compare. Explore shows the 32-microbatch plan, a "
+                 "timeline row per stage and its idle time hatched: the schedule's bubble (p−1)/(m+p−1) "
+                 "shrinks from 43% to 9%; what idles beyond it is imbalance (the last stage also computes "
+                 "the 50,257-word output layer) and waiting for transfers.", "explore"),
+}
+
+
+def tour(state: dict | None, step: str) -> tuple[dict, str]:
+    """The state a guided-comparison step sets up (:data:`TOUR`), in the session of ``state``:
+    its model, cluster and strategies, the ones to compare kept. Replaces what the page shows
+    (the button says so)."""
+    if step not in TOUR:
+        return state or new_state(), f"Unknown step {str(step)[:30]!r}; steps: {', '.join(TOUR)}."
+    sid = state.get("sid") if isinstance(state, dict) else None
+    if step == "soap":
+        s = new_state("alexnet", "p100-4x4", "data-parallel", sid=sid)
+        s, _ = add_to_compare(s, "data parallel")
+        for kind, name in (("model-parallel", "model parallel"), ("expert", "expert")):
+            s, _ = select_baseline(s, kind)
+            s, _ = add_to_compare(s, name)
+    else:
+        s = new_state("gpt2", "dgx-a100-80gb:1", "data-parallel", sid=sid, batch=64)
+        for mb, name in ((8, "pp 4 · 4 microbatches"), (1, "pp 4 · 32 microbatches")):
+            s, msg = apply_layout(s, "megatron", {"pp": 4, "mb": mb})
+            if not msg.startswith("Layout"):
+                raise ValueError(f"the guided step {step!r} could not be set up: {msg}")
+            s, _ = add_to_compare(s, name)
+    s = dict(s, undo=[], redo=[])
+    return s, f"Guided comparison {TOUR[step][0]}: {TOUR[step][1]}"

@@ -614,3 +614,58 @@ class TestTimelineRowsAndBubble:
         go.Figure(fig)  # valid Plotly
         # no pipeline: no bubble
         assert V.gantt_data(ws.graph, ws.cluster, ws.timeline)["bubble"] is None
+
+
+class TestBlockStack:
+    """Issue 16: a layered model's op graph as a stack of blocks with per-block configs,
+    expandable (774 LLaMA ops were one row of identical dots)."""
+
+    @pytest.fixture(scope="class")
+    def llama_pp(self):
+        from app import workspace as W
+
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        assert msg.startswith("Layout (megatron): tp 8, pp 2"), msg
+        return W.graph_of(s), W._strategy(s)
+
+    def test_rows_merge_blocks_split_alike_per_stage(self, llama_pp):
+        g, s = llama_pp
+        b = V.block_stack(g, s)
+        assert b["rows"] == ["embedding", "layers.0", "layers.16", "head"] and b["expanded"] is None
+        assert b["blocks"] == {"embedding": 1, "layers.0": 16, "layers.16": 16, "head": 1}
+        lab = b["labels"]["layers.16"]
+        assert lab.startswith("layers.16–31 (16 blocks, same split) · 24 ops each · ") and lab.endswith(
+            " · 32 GPUs · stage 1"), lab
+        # every op is in exactly one row; rows top to bottom at a fixed pitch
+        assert sorted(m for r in b["rows"] for m in b["members"][r]) == sorted(op.name for op in g.ops)
+        assert [b["y"][b["nodes"].index(r)] for r in b["rows"]] == [0.0, -1.0, -2.0, -3.0]
+        assert set(b["edges"]) == {("embedding", "layers.0"), ("layers.0", "layers.16"), ("layers.16", "head")}
+
+    def test_data_parallel_is_one_row_of_layers(self):
+        g = resolve_model("gpt2")
+        from engine.search.baselines import data_parallel
+
+        b = V.block_stack(g, data_parallel(g, preset("dgx-a100-80gb:1")))
+        assert b["rows"] == ["embedding", "layers.0", "head"] and b["blocks"]["layers.0"] == 12
+
+    def test_selecting_a_row_expands_its_first_block(self, llama_pp):
+        g, s = llama_pp
+        rows = V.block_stack(g, s)
+        b = V.block_stack(g, s, rows["members"]["layers.16"])
+        assert b["expanded"] == "layers.16"
+        first = [op.name for op in g.ops if op.block == "layers.16"]
+        ops = [n for n in b["nodes"] if n not in b["rows"]]
+        assert sorted(ops) == sorted(first)
+        y = dict(zip(b["nodes"], b["y"]))
+        assert all(y["head"] < y[o] < y["layers.16"] for o in ops)  # below its row, above the next
+        # one layer of the block's DAG, one text: q, k and v side by side
+        assert "attn.q · attn.k · attn.v" in b["op_text"].values()
+        # one op of that block selected: still expanded; a selection across rows: none
+        assert V.block_stack(g, s, [first[3]])["expanded"] == "layers.16"
+        assert V.block_stack(g, s, ["embedding.tok", first[3]] if "embedding.tok" in g.index else
+                             [g.ops[0].name, first[3]])["expanded"] is None
+        fig = go.Figure(F.build_block_stack_figure(b, {}, {}, {}, {first[3]}))
+        texts = [t for tr in fig.data if tr.text is not None for t in tr.text]
+        assert any(t.startswith("▾ layers.16–31") for t in texts) and any(t.startswith("▸ head") for t in texts)
+        assert fig.layout.height >= F.STACK_ROW_PX * (1 - min(b["y"]))  # rows never closer than the pitch

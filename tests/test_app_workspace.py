@@ -467,3 +467,25 @@ class TestUploadLimits:
         text = _json.dumps(_resolve("alexnet").to_dict())
         new, msg, ok = W.import_file(alex, text, "alexnet.json")
         assert not ok and new is alex and "24 ops" in msg
+
+
+class TestTour:
+    """Issue 16: the Learn tab's guided comparison sets up each step's model, cluster and
+    strategies, and keeps them to compare."""
+
+    def test_soap_step(self):
+        s, msg = W.tour(None, "soap")
+        assert s["model"]["name"] == "alexnet" and s["cluster"]["name"] == "p100-4x4"
+        assert [c["name"] for c in s["compare"]] == ["data parallel", "model parallel", "expert"]
+        assert s["baseline"] == "expert" and msg.startswith("Guided comparison 1 · ")
+        W.check_state(s)
+
+    def test_pipeline_step_keeps_the_session(self, alex):
+        s, msg = W.tour(alex, "pipeline")
+        assert s["sid"] == alex["sid"] and s["model"] == {"name": "gpt2", "batch": 64}
+        assert [c["strategy"]["pipeline"]["microbatches"] for c in s["compare"]] == [4, 32]
+        assert s["strategy"]["pipeline"]["stages"] == 4 and s["undo"] == []
+
+    def test_unknown_step(self, alex):
+        s, msg = W.tour(alex, "nope")
+        assert s is alex and msg.startswith("Unknown step 'nope'")

@@ -14,7 +14,7 @@ import pytest
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 #: bottom to top; a module may import its own layer and those before it
-LAYERS = ["errors", "ops", "graph", "cluster", "strategy", "costs", "models", "taskgraph", "simulate", "memory",
+LAYERS = ["errors", "ops", "graph", "cluster", "device_runs", "strategy", "costs", "models", "taskgraph", "simulate", "memory",
           "delta", "report", "formats", "trace", "search", "profiling", "export", "sweep", "whatif", "cli"]
 
 
