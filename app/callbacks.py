@@ -127,6 +127,8 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
             return _set_batch(state, batch)
         if trigger == "tour":
             return W.tour(state, str(step or ""))
+        if trigger == "sim-cancel":
+            return cancel_simulation(state)
         if trigger == "layout-apply":
             form = dict(layout or {})
             return W.apply_layout(state, str(form.pop("kind", "megatron")), form)
@@ -317,24 +319,53 @@ def _render_key(state: dict, collapse: bool, metric: str, gantt: dict | None = N
 
 
 def render_explore(state: dict, collapse: bool = False, metric: str = "utilization",
-                   gantt: dict | None = None) -> dict[str, Any]:
+                   gantt: dict | None = None, wait_s: float | None = None) -> dict[str, Any] | None:
     """Every Explore view for ``state``: summary cards, why-text, op graph, op panel, Gantt,
     topology and memory. Returns a dict keyed by component id.
 
     Views of a strategy already drawn (for this or another session: a first page load shows
     the same default to everyone) come from a small cache; the session's simulation is then
     built in the background, ready for its first edit. ``gantt``: the timeline's row options
-    (:func:`gantt_view`)."""
+    (:func:`gantt_view`). ``wait_s``: wait at most this long for the simulation, then return
+    None while it goes on in the background (:func:`app.workspace.workspace_within`)."""
     gantt = {k: str(v)[:200] for k, v in (gantt or {}).items() if k in GANTT_OPTIONS and v}
     key = _render_key(state, collapse, metric, gantt)
     hit = _render_cache.get(key)
     if hit is not None:
         if not W.has_workspace(state["sid"]):
             threading.Thread(target=W.workspace, args=(state,), daemon=True).start()
+        _last_drawn.put(state["sid"], state)
         return hit
+    if wait_s is not None and W.workspace_within(state, wait_s) is None:
+        return None
     out = _render_explore(state, collapse, metric, gantt)
     _render_cache.put(key, out)
+    _last_drawn.put(state["sid"], state)
     return out
+
+
+#: the last state each session's Explore views were drawn for (where "Cancel" goes back to)
+_last_drawn = IdleCache(64)
+
+
+def sim_status_text(state: dict) -> str:
+    """The line the page shows while the state's simulation runs in the background."""
+    st = W.build_status(state) or {"phase": "starting", "elapsed_s": 0.0}
+    return (f"Simulating off the page: {st['phase']} ({format_seconds(st['elapsed_s'])} so far). The views show "
+            "the previous strategy until it is done; the page stays usable.")
+
+
+def cancel_simulation(state: dict) -> tuple[dict, str]:
+    """Stop waiting for the state's background simulation and go back to the state last drawn
+    (a newer version, so the page redraws it)."""
+    running = W.drop_build(state["sid"])
+    prev = _last_drawn.get(state["sid"])
+    if prev is None or prev.get("strategy") == state.get("strategy") and prev.get("model") == state.get("model"):
+        return state, "Nothing to go back to." if not running else \
+            "Stopped waiting; no earlier view to go back to (pick another strategy)."
+    back = dict(prev, version=int(state.get("version", 0)) + 1)
+    return back, ("Went back to the strategy shown before; the simulation that was running finishes in the "
+                  "background and is not shown.")
 
 
 def trim_render_cache(max_idle_s: float) -> int:
@@ -785,7 +816,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
         Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
-        Input({"type": "tour", "step": ALL}, "n_clicks"),
+        Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
@@ -793,7 +824,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         State("layout-cp", "value"), State("layout-vpp", "value"), State("layout-mb", "value"),
         State("layout-shard", "value"), State("layout-recompute", "value"), State("layout-zero", "value"),
         State("layout-schedule", "value"), State("layout-flags", "value"))
-    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
+    def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour, _sc,
                 deg_values, deg_ids, devices, compare_name, collapse, state, l_kind, l_tp, l_pp, l_cp, l_vpp, l_mb,
                 l_shard, l_recompute, l_zero, l_schedule, l_flags):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
@@ -853,22 +884,30 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                    "op-graph", "op-panel", "gantt", "gantt-notes", "topology", "memory", "rate"]
     props = {"op-graph": "figure", "gantt": "figure", "topology": "figure", "memory": "figure", "rate": "data"}
 
-    @app.callback([Output(i, props.get(i, "children")) for i in explore_ids],
+    sim_outputs = [Output("sim-status", "children"), Output("sim-poll", "disabled"), Output("sim-box", "style")]
+    idle = ["", True, {"display": "none"}]
+
+    @app.callback([Output(i, props.get(i, "children")) for i in explore_ids] + sim_outputs,
                   Input("state", "data"), Input("collapse", "value"), Input("topo-metric", "value"),
+                  Input("sim-poll", "n_intervals"),
                   State("gantt-rows", "value"), State("gantt-links", "value"), State("gantt-filter", "value"))
-    def _explore(state, collapse, metric, g_rows, g_links, g_filter):
+    def _explore(state, collapse, metric, _tick, g_rows, g_links, g_filter):
         if not state:
-            return [no_update] * len(explore_ids)
+            return [no_update] * len(explore_ids) + idle
         t = time.perf_counter()
         try:
             W.check_state(state)
+            # a poll only looks; an action waits a little (what takes longer goes on off the page)
+            wait = 0.2 if ctx.triggered_id == "sim-poll" else W.INLINE_WAIT_S
             out = render_explore(state, bool(collapse), metric or "utilization",
-                                 {"rows": g_rows, "links": g_links, "filter": g_filter})
+                                 {"rows": g_rows, "links": g_links, "filter": g_filter}, wait_s=wait)
+            if out is None:
+                return [no_update] * len(explore_ids) + [sim_status_text(state), False, {"display": "flex"}]
         except (ValueError, SoapboxError) as e:  # a stale or crafted state: say so, draw nothing
             return [no_update] * explore_ids.index("why") + [f"Cannot draw this state: {_first_line(e)}"] + \
-                [no_update] * (len(explore_ids) - explore_ids.index("why") - 1)
+                [no_update] * (len(explore_ids) - explore_ids.index("why") - 1) + idle
         app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
-        return [out[i] for i in explore_ids]
+        return [out[i] for i in explore_ids] + idle
 
     @app.callback(Output("train-estimate", "children"), Input("rate", "data"), Input("train-tokens", "value"))
     def _train(rate, tokens):

@@ -239,6 +239,10 @@ def make_layout() -> html.Div:
                        className="upload", multiple=False),
         ], className="pickers"),
         html.Div(id="message", className="message", role="status"),
+        html.Div([html.Span(id="sim-status"), html.Button("Cancel: go back", id="sim-cancel", n_clicks=0,
+                                                          className="small")],
+                 id="sim-box", className="message sim-box", role="status", style={"display": "none"}),
+        dcc.Interval(id="sim-poll", interval=1000, disabled=True),
         dcc.Tabs(id="tabs", value="explore", children=[
             dcc.Tab(label="Explore", value="explore", children=_explore()),
             dcc.Tab(label="Search", value="search", children=_search()),

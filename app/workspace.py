@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import copy
 import math
+import hashlib
 import json
 import re
 import threading
@@ -24,13 +25,14 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from engine.cluster import PRESETS, Cluster, preset, preset_names
 from engine.delta import DeltaSimulator
-from engine.errors import Problem, SoapboxError, ValidationError
+from engine.errors import Problem, SoapboxError, TooLargeError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, parse_json_text, resolve_model
 from engine.graph import OpGraph
 from engine.memory import MemoryReport, memory_report
@@ -56,6 +58,10 @@ __all__ = [
     "select_baseline",
     "import_file",
     "add_to_compare",
+    "workspace_within",
+    "build_status",
+    "drop_build",
+    "APP_MAX_TASKS",
     "tour",
     "TOUR",
     "share_query",
@@ -83,6 +89,14 @@ _DELTA_LIMIT = 8
 #: undo (and redo) steps kept in a session's state
 MAX_HISTORY = 100
 _MAX_SESSIONS = 32  # workspaces kept in memory (least recently used dropped first)
+#: the most tasks (estimated, without symmetry: :func:`engine.taskgraph.estimate_tasks`) the
+#: explorer simulates; LLaMA-2 7B under FlexFlow's expert strategy on 64 GPUs is 11.2 M
+#: estimated, 9.0 M built, 2.2 GB. Larger strategies are refused with what to do instead
+#: (GPT-3 175B's expert strategy on 1,024 GPUs: 5.5 G tasks, which would exhaust the server).
+APP_MAX_TASKS = 16_000_000
+#: how long a request waits for a simulation before it answers and the simulation goes on in
+#: the background (the page polls, shows progress and can go back)
+INLINE_WAIT_S = 1.5
 
 
 # --------------------------------------------------------------------------- models, clusters
@@ -353,6 +367,7 @@ class Workspace:
         """The delta simulator hand edits change (a full build the first time, from a
         symmetric workspace)."""
         if self.sim is None:
+            _check_size(self.graph, self.static[0], "a hand edit needs the full simulation (no symmetry): it")
             self.sim = DeltaSimulator(self.graph, self.static[0], self.cluster)
             self.static = None
             self._memory = None
@@ -386,7 +401,111 @@ def workspace(state: dict) -> Workspace:
     """The session's workspace, brought in line with ``state`` (delta simulation when at most
     a few ops differ from what it last simulated, else a full build). The state's strategy is
     checked against the model and cluster first (the state comes from the browser: it may be
-    stale or crafted); an invalid one raises :class:`ValidationError`."""
+    stale or crafted); an invalid one raises :class:`ValidationError`, one too large to
+    simulate :class:`TooLargeError`. A build of the same state already running in the
+    background (:func:`workspace_within`) is waited for, not repeated."""
+    with _ws_lock:
+        b = _builds.get(state["sid"])
+    if b is not None and b.key == _content_key(state):
+        return b.future.result()
+    return _workspace_now(state)
+
+
+@dataclass
+class _Build:
+    """A workspace being built off the request path."""
+
+    key: str
+    started: float
+    future: Future | None = None
+    phase: str = "checking the strategy"
+
+
+_builds: dict[str, _Build] = {}  # sid -> its running build
+_dropped: dict[str, _Build] = {}  # content key -> a build "Cancel" stopped waiting for, still running
+_build_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="soapbox-build")
+
+
+def _content_key(state: dict) -> str:
+    return hashlib.sha256(json.dumps([state["model"], state["cluster"], state["strategy"]], sort_keys=True)
+                          .encode()).hexdigest()
+
+
+def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | None:
+    """The session's workspace if it is ready within ``wait_s`` seconds, else None: the build
+    goes on in the background (:func:`build_status` tells how far; :func:`workspace` waits for
+    it). Errors (an invalid or too large strategy) are raised as by :func:`workspace`."""
+    sid = state["sid"]
+    key = _content_key(state)
+    with _ws_lock:
+        ws = _workspaces.get(sid)
+        b = _builds.get(sid)
+    if b is None and ws is not None and ws.version == state.get("version") and ws.graph is graph_of(state) \
+            and ws.cluster is cluster_of(state):
+        return _workspace_now(state)  # drawn before: no simulation (a cheap check)
+    with _ws_lock:
+        b = _builds.get(sid)
+        if b is None or b.key != key:
+            old = _dropped.pop(key, None)  # the same build, left running by "Cancel": taken up again
+            if old is not None and not old.future.done():
+                _builds[sid] = old
+                b = old
+    with _ws_lock:
+        b = _builds.get(sid)
+        if b is None or b.key != key:
+            b = _Build(key, time.monotonic())
+            _builds[sid] = b
+
+            def done(_f: Future, sid: str = sid, b: _Build = b) -> None:
+                with _ws_lock:
+                    if _builds.get(sid) is b:
+                        del _builds[sid]
+
+            b.future = _build_pool.submit(_workspace_now, state, b)
+            b.future.add_done_callback(done)
+    try:
+        return b.future.result(timeout=wait_s)
+    except FutureTimeout:
+        return None
+
+
+def build_status(state: dict) -> dict[str, Any] | None:
+    """What the session's background build of ``state`` is doing: ``phase`` and
+    ``elapsed_s``; None when none is running for it."""
+    with _ws_lock:
+        b = _builds.get(state.get("sid", ""))
+    if b is None or b.key != _content_key(state):
+        return None
+    return {"phase": b.phase, "elapsed_s": time.monotonic() - b.started}
+
+
+def drop_build(sid: str) -> bool:
+    """Stop waiting for the session's background build (it cannot be interrupted: it finishes
+    and its result is kept for the state it was made for); whether one was running."""
+    with _ws_lock:
+        b = _builds.pop(str(sid), None)
+        if b is not None:
+            _dropped[b.key] = b
+            for k in [k for k, x in _dropped.items() if x.future.done()]:
+                del _dropped[k]
+        return b is not None
+
+
+def _check_size(graph: OpGraph, strategy: Strategy, what: str) -> None:
+    """Raise :class:`TooLargeError` when a simulation without symmetry of ``strategy`` would
+    be larger than the explorer's :data:`APP_MAX_TASKS`."""
+    from engine.taskgraph import estimate_tasks
+
+    n = estimate_tasks(graph, strategy)
+    if n > APP_MAX_TASKS:
+        raise TooLargeError(
+            f"{what} would take about {n:,} tasks, more than the explorer simulates ({APP_MAX_TASKS:,}). "
+            "Simulate it with the command line (soapbox simulate --strategy FILE), or use a layout whose "
+            "replicas are alike (the layout panel's megatron or fsdp), which the explorer simulates once per "
+            "set of identical GPUs")
+
+
+def _workspace_now(state: dict, build: _Build | None = None) -> Workspace:
     graph, cluster = graph_of(state), cluster_of(state)
     strategy = _strategy(state)
     sid = state["sid"]
@@ -416,7 +535,7 @@ def workspace(state: dict) -> Workspace:
     problems = validate_strategy(strategy, graph, cluster)  # every problem, with where (parsed once above)
     if problems:
         raise ValidationError(problems, "the page's strategy")
-    ws = _full_workspace(graph, cluster, strategy, state.get("version", 0))
+    ws = _full_workspace(graph, cluster, strategy, state.get("version", 0), build)
     with _ws_lock:
         _workspaces[sid] = ws
         while len(_workspaces) > _MAX_SESSIONS:
@@ -424,17 +543,30 @@ def workspace(state: dict) -> Workspace:
     return ws
 
 
-def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, version: int) -> Workspace:
+def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, version: int,
+                    build: _Build | None = None) -> Workspace:
     """A workspace simulated from scratch: with the engine's symmetry reduction when the
     strategy has an exact symmetry (an LLM layout on 64 GPUs: a few representatives instead of
-    millions of tasks), else a delta simulator ready for edits."""
+    millions of tasks), else a delta simulator ready for edits (refused past
+    :data:`APP_MAX_TASKS`). ``build``: where a background build says what it is doing."""
     from engine.simulate import simulate
-    from engine.taskgraph import build_task_graph, find_symmetry
+    from engine.taskgraph import build_task_graph, estimate_tasks, find_symmetry
 
-    if find_symmetry(graph, strategy, cluster) is not None:
-        tg = build_task_graph(graph, strategy, cluster)
-        if tg.info.get("device_image") is not None:
+    def phase(text: str) -> None:
+        if build is not None:
+            build.phase = text
+
+    sym = find_symmetry(graph, strategy, cluster)
+    if sym is not None:
+        phase("simulating one GPU per set of identical ones")
+        try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
+            tg = build_task_graph(graph, strategy, cluster, max_tasks=0)
+        except TooLargeError:
+            tg = None
+        if tg is not None and tg.info.get("device_image") is not None:
             return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg)))
+    _check_size(graph, strategy, "this strategy has no exact symmetry: its simulation")
+    phase(f"simulating every GPU (no exact symmetry), about {estimate_tasks(graph, strategy) / 1e6:.1f} M tasks")
     return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), version)
 
 
@@ -520,6 +652,11 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
             problems.append(str(p))
     if problems:
         return state, "Edit refused: " + "; ".join(problems)
+    if ws.sim is None:  # a symmetric workspace: an edit needs the full simulation
+        try:
+            _check_size(graph, strategy, "a hand edit needs the full simulation (no symmetry): it")
+        except TooLargeError as e:
+            return state, f"Edit refused: {e}."
     entries = [{"op": op, "before": _cfg(strategy[op]), "after": _cfg(config)}
                for op in ops if strategy[op] != config]
     if not entries:
@@ -592,7 +729,15 @@ def redo(state: dict) -> tuple[dict, str]:
 
 
 def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
-    """Replace the whole strategy as one undoable edit."""
+    """Replace the whole strategy as one undoable edit (refused, nothing changed, when the
+    explorer could not simulate it: :data:`APP_MAX_TASKS`)."""
+    from engine.taskgraph import find_symmetry
+
+    try:
+        if find_symmetry(graph_of(state), strategy, cluster_of(state)) is None:
+            _check_size(graph_of(state), strategy, "it has no exact symmetry: its simulation")
+    except TooLargeError as e:
+        return state, f"Not set: {e}."
     old = _strategy(state)
     new = copy.deepcopy(state)
     new["strategy"] = _sdict(strategy)

@@ -489,3 +489,57 @@ class TestTour:
     def test_unknown_step(self, alex):
         s, msg = W.tour(alex, "nope")
         assert s is alex and msg.startswith("Unknown step 'nope'")
+
+
+class TestBackgroundSimulation:
+    """Issue 16: no click waits more than a moment for a simulation; a long one goes on off the
+    request path, says how far it is, can be left (Cancel goes back), and one the explorer could
+    not hold is refused before it starts."""
+
+    def test_a_slow_build_answers_none_then_lands(self, monkeypatch):
+        import threading
+
+        from app import callbacks as C
+
+        s = W.new_state("alexnet", batch=48)  # (a batch no other test draws: nothing cached)
+        assert C.render_explore(s, True, wait_s=5.0) is not None  # drawn: what Cancel goes back to
+        gate = threading.Event()
+        real = W._full_workspace
+
+        def slow(*a, **kw):
+            assert gate.wait(30)
+            return real(*a, **kw)
+
+        monkeypatch.setattr(W, "_full_workspace", slow)
+        s2, msg = C.on_event("pick-batch", s, batch=40)  # another graph: a full build
+        assert msg.startswith("Batch: 40"), msg
+        assert W.workspace_within(s2, 0.05) is None and C.render_explore(s2, True, wait_s=0.05) is None
+        st = W.build_status(s2)
+        assert st is not None and st["elapsed_s"] >= 0.05 and st["phase"]
+        assert C.sim_status_text(s2).startswith("Simulating off the page: ")
+        back, msg = C.cancel_simulation(s2)
+        assert msg.startswith("Went back to the strategy shown before")
+        assert back["strategy"] == s["strategy"] and back["version"] == s2["version"] + 1
+        assert W.build_status(s2) is None
+        # asked again, the build left running is taken up, not started twice
+        assert W.workspace_within(s2, 0.0) is None
+        gate.set()
+        ws = W.workspace(s2)  # waits for it
+        assert ws.strategy.configs == W._strategy(s2).configs
+        assert C.render_explore(s2, True, wait_s=5.0)["sum-time"]
+        W.forget(s["sid"])
+
+    def test_too_large_refused_before_it_starts(self):
+        s = W.new_state("gpt3-175b", "dgx-a100-80gb:128")
+        new, msg = W.select_baseline(s, "expert")
+        assert new is s and msg.startswith("Not set: it has no exact symmetry: its simulation would take about ")
+        assert f"more than the explorer simulates ({W.APP_MAX_TASKS:,})" in msg and "soapbox simulate" in msg
+
+    def test_a_hand_edit_of_a_huge_symmetric_plan_is_refused(self):
+        s = W.new_state("gpt3-175b", "dgx-a100-80gb:128")
+        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 16, "mb": 1})
+        assert msg.startswith("Layout (megatron)"), msg
+        op = next(iter(s["strategy"]["ops"]))
+        new, msg = W.apply_edit(s, [op], {}, [0])
+        assert new is s and msg.startswith("Edit refused: a hand edit needs the full simulation (no symmetry)")
+        W.forget(s["sid"])

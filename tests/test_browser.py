@@ -212,8 +212,63 @@ class TestExplorer:
         page.keyboard.press("Enter")
         expect(page.locator("#gantt .ytick text").first).to_contain_text("stage 1 (")
         expect(page.locator("#gantt .ytick text")).to_have_count(2)
-        assert_labels_disjoint(page, "#memory .xtick text")
+        assert_labels_disjoint(page, "#memory .ytick text")  # a bar per stage, labelled with it
+        expect(page.locator("#memory .ytick text", has_text="stage 0 · GPU 0")).to_have_count(1)
+        # the op graph: a stack of blocks, layers of a stage on one row, labels apart
+        expect(page.locator("#op-graph .textpoint text", has_text="blocks, same split").first).to_be_visible()
+        assert_labels_disjoint(page, "#op-graph .textpoint text")
         assert not errors, errors
+
+    def test_a_slow_simulation_goes_off_the_page_and_can_be_left(self, page: Page, app_url: str):
+        """Issue 16: FlexFlow's expert strategy for LLaMA-2 7B on 64 GPUs is 9 M tasks (~7 s here):
+        the click is answered at once, the page says what runs and stays usable, Cancel goes back."""
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        open_app(page, app_url)
+        pick(page, "pick-cluster", "dgx-a100-80gb:8")
+        expect(page.locator("#message")).to_contain_text("dgx-a100-80gb:8")
+        pick(page, "pick-model", "llama2-7b")
+        expect(page.locator("#message")).to_contain_text("llama2-7b")
+        expect(page.locator("#sum-throughput")).to_contain_text("tokens/s", timeout=TIMEOUT_MS)
+        before = page.inner_text("#sum-time")
+        pick(page, "pick-baseline", "expert")
+        expect(page.locator("#sim-box")).to_be_visible(timeout=10_000)
+        expect(page.locator("#sim-status")).to_contain_text("Simulating off the page")
+        # the page answers meanwhile: another tab opens and shows its content
+        page.locator("#tabs").get_by_text("Learn", exact=True).click()
+        expect(page.locator("#tour")).to_be_visible()
+        page.locator("#tabs").get_by_text("Explore", exact=True).click()
+        page.click("#sim-cancel")
+        expect(page.locator("#message")).to_contain_text("Went back to the strategy shown before")
+        expect(page.locator("#sim-box")).to_be_hidden()
+        expect(page.locator("#sum-time")).to_have_text(before)
+        assert not errors, errors
+
+    def test_guided_comparison_and_an_expanded_block(self, page: Page, app_url: str):
+        """Issue 16: the Learn tab's guided steps set up and open the views they talk about; a
+        block of the op graph expands to its ops."""
+        open_app(page, app_url)
+        page.locator("#tabs").get_by_text("Learn", exact=True).click()
+        page.get_by_role("button", name="1 · Data, model and expert parallelism on AlexNet").click()
+        expect(page.locator("#compare-table table tr")).to_have_count(4, timeout=TIMEOUT_MS)  # header + 3
+        expect(page.locator("#compare-table")).to_contain_text("model parallel")
+        expect(page.locator("#compare-gantt .subplot")).to_have_count(3)
+        # collapse one timeline: its summary row stays
+        page.locator("#compare-show").get_by_text("model parallel").click()
+        expect(page.locator("#compare-gantt .subplot")).to_have_count(2)
+        expect(page.locator("#compare-table table tr")).to_have_count(4)
+        page.locator("#tabs").get_by_text("Learn", exact=True).click()
+        page.get_by_role("button", name="2 · A pipeline and its bubble on GPT-2").click()
+        expect(page.locator("#gantt .ytick text").first).to_contain_text("stage 0 (", timeout=TIMEOUT_MS)
+        expect(page.locator("#gantt-notes")).to_contain_text("(p−1)/(m+p−1) = 3/(32+3)")
+        # the op graph's stack: click the layers' row, it expands to its first block's ops
+        row = page.locator("#op-graph .textpoint text", has_text="layers.0").first
+        expect(row).to_be_visible()
+        box = row.bounding_box()
+        page.mouse.click(box["x"] - 12, box["y"] + box["height"] / 2)
+        expect(page.locator("#message")).to_contain_text("Selected layers.0")
+        expect(page.locator("#op-graph .textpoint text", has_text="attn").first).to_be_visible()
+        assert_labels_disjoint(page, "#op-graph .textpoint text")
 
     def test_the_header_follows_an_uploaded_model(self, page: Page, app_url: str, tmp_path):
         """Issue 16: after an upload the model dropdown still showed the old model."""

@@ -1,0 +1,160 @@
+"""The explorer at LLM scale (issue 16): server-side time of the page updates a planner makes.
+
+1. Layout panel -> every Explore figure as JSON (what Dash sends): ``on_event('layout-apply')``
+   then the views drawn from scratch in a fresh session (its simulation included, no cache),
+   for LLaMA-2 7B on 64 A100s (Megatron tp 8 x pp 2, micro-batch 1) and GPT-3 175B on 1,024
+   A100s (tp 8 x pp 16, micro-batch 1, full recomputation).
+2. The timeline regrouped (rows per stage) and zoomed (a tenth of the iteration) on those plans.
+3. A slow strategy (FlexFlow's expert strategy for LLaMA-2 7B on 64 GPUs, ~9 M tasks): time to
+   the page's first answer (it goes on off the request path) and until its views are drawn.
+4. The page while a search runs: the default page's views drawn from scratch while an MCMC
+   search of the same session runs in its worker process.
+
+Baseline in the same process, interleaved with each round: the default page (Inception-v3 on
+FlexFlow's 16 P100s, data parallel) drawn from scratch; ratios are against its median.
+
+Usage: python benchmarks/bench_explorer.py [--repeat 5] [--only layout|timeline|slow|search]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+
+import plotly.io as pio
+
+from app import callbacks as C
+from app import workspace as W
+
+FIGURES = ("op-graph", "gantt", "topology", "memory")
+CASES = {
+    "LLaMA-2 7B, 64 A100s, tp 8 pp 2": ("llama2-7b", "dgx-a100-80gb:8", {"kind": "megatron", "tp": 8, "pp": 2, "mb": 1}),
+    "GPT-3 175B, 1,024 A100s, tp 8 pp 16, full recompute": (
+        "gpt3-175b", "dgx-a100-80gb:128", {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full"}),
+}
+
+
+def _draw(state: dict) -> tuple[float, int]:
+    """Seconds to draw every Explore view of ``state`` from scratch and their JSON bytes."""
+    t = time.perf_counter()
+    out = C._render_explore(state, True, "utilization", {})
+    size = sum(len(pio.to_json(out[k], validate=False)) for k in FIGURES)
+    return time.perf_counter() - t, size
+
+
+def _floor() -> float:
+    s = W.new_state(sid=uuid.uuid4().hex)
+    dt, _ = _draw(s)
+    W.forget(s["sid"])
+    return dt
+
+
+def _layout_state(model: str, cluster: str, form: dict) -> tuple[dict, dict]:
+    s = W.new_state(model, cluster, sid=uuid.uuid4().hex)
+    return s, dict(form)
+
+
+def bench_layout(repeat: int) -> None:
+    for name, (model, cluster, form) in CASES.items():
+        times, floors, sizes = [], [], []
+        for _ in range(repeat):
+            s, f = _layout_state(model, cluster, form)
+            t = time.perf_counter()
+            new, msg = C.on_event("layout-apply", s, layout=f)
+            assert msg.startswith("Layout"), msg
+            dt, size = _draw(new)
+            times.append(time.perf_counter() - t)
+            sizes.append(size)
+            W.forget(new["sid"])
+            floors.append(_floor())
+        m, fl = statistics.median(times), statistics.median(floors)
+        print(f"layout panel -> figures, {name}: median {m:.2f} s (min {min(times):.2f}, max {max(times):.2f}), "
+              f"{sizes[0] / 1e3:,.0f} KB of figures; default page from scratch {fl:.2f} s; ratio {m / fl:.1f}x",
+              flush=True)
+
+
+def bench_timeline(repeat: int) -> None:
+    for name, (model, cluster, form) in CASES.items():
+        s, f = _layout_state(model, cluster, form)
+        s, _ = C.on_event("layout-apply", s, layout=f)
+        ws = W.workspace(s)
+        span = ws.timeline.makespan_s
+        group, zoom, floors = [], [], []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fig, _ = C.zoom_gantt(s, None, {"rows": "stage"}, trigger="gantt-rows")
+            pio.to_json(fig, validate=False)
+            group.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            fig, _ = C.zoom_gantt(s, {"xaxis.range[0]": 0.45 * span * 1e3, "xaxis.range[1]": 0.55 * span * 1e3},
+                                  {"rows": "stage"})
+            pio.to_json(fig, validate=False)
+            zoom.append(time.perf_counter() - t)
+            floors.append(_floor())
+        g, z, fl = statistics.median(group), statistics.median(zoom), statistics.median(floors)
+        print(f"timeline, {name}: rows per stage {g * 1e3:.0f} ms, zoom to a tenth {z * 1e3:.0f} ms; default page "
+              f"from scratch {fl:.2f} s; ratio {g / fl:.2f}x / {z / fl:.2f}x", flush=True)
+        W.forget(s["sid"])
+
+
+def bench_slow(repeat: int) -> None:
+    first, done, floors = [], [], []
+    for _ in range(repeat):
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8", sid=uuid.uuid4().hex)
+        assert C.render_explore(s, True, wait_s=60) is not None
+        t = time.perf_counter()
+        new, msg = C.on_event("pick-baseline", s, baseline="expert")
+        out = C.render_explore(new, True, "utilization", {}, wait_s=W.INLINE_WAIT_S)
+        first.append(time.perf_counter() - t)
+        while out is None:
+            out = C.render_explore(new, True, "utilization", {}, wait_s=0.2)
+        done.append(time.perf_counter() - t)
+        W.forget(s["sid"])
+        C.trim_render_cache(0.0)
+        floors.append(_floor())
+    f, d, fl = statistics.median(first), statistics.median(done), statistics.median(floors)
+    print(f"expert strategy, LLaMA-2 7B on 64 GPUs ({out['sum-tasks']} tasks): first answer {f:.2f} s, views "
+          f"drawn {d:.2f} s (min {min(done):.2f}, max {max(done):.2f}); default page from scratch {fl:.2f} s; "
+          f"ratio {d / fl:.1f}x", flush=True)
+
+
+def bench_search(repeat: int) -> None:
+    from app import create_app
+
+    create_app(data_dir=tempfile.mkdtemp(prefix="soapbox-bench-"))
+    quiet, busy = [], []
+    for _ in range(repeat):
+        quiet.append(_floor())
+        s = W.new_state(sid=uuid.uuid4().hex)
+        status, _ = C.search_start(s, "mcmc", "30s", 0)
+        time.sleep(2.0)  # the worker is searching
+        busy.append(_floor())
+        from app import jobs
+
+        jobs.stop(s["sid"])
+    q, b = statistics.median(quiet), statistics.median(busy)
+    print(f"default page from scratch while an MCMC search runs: {b:.2f} s (min {min(busy):.2f}, max {max(busy):.2f}); "
+          f"no search {q:.2f} s; ratio {b / q:.2f}x", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=["layout", "timeline", "slow", "search"])
+    args = ap.parse_args()
+    print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    C.warm_up()
+    for name, fn in (("layout", bench_layout), ("timeline", bench_timeline), ("slow", bench_slow),
+                     ("search", bench_search)):
+        if args.only in (None, name):
+            fn(args.repeat)
+
+
+if __name__ == "__main__":
+    main()
