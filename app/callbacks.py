@@ -355,6 +355,20 @@ def sim_status_text(state: dict) -> str:
             "the previous strategy until it is done; the page stays usable.")
 
 
+def fit_view(state: Any, start: bool = False) -> tuple[str, bool]:
+    """(the line under the memory chart, poll disabled): the smallest preset of the cluster's
+    family on which the state's layout fits, scanned in the background when ``start``."""
+    try:
+        W.check_state(state)
+        msg = W.fit_start(state) if start else ""
+        st = W.fit_status(state)
+    except (ValueError, SoapboxError) as e:
+        return f"Cannot look for a cluster: {_first_line(e)}", True
+    if st is None:
+        return msg, True
+    return st[0], st[1]
+
+
 def cancel_simulation(state: dict) -> tuple[dict, str]:
     """Stop waiting for the state's background simulation and go back to the state last drawn
     (a newer version, so the page redraws it)."""
@@ -369,8 +383,9 @@ def cancel_simulation(state: dict) -> tuple[dict, str]:
 
 
 def trim_render_cache(max_idle_s: float) -> int:
-    """Drop drawn views unused for ``max_idle_s`` seconds (the default page stays); how many."""
-    return _render_cache.trim(max_idle_s)
+    """Drop drawn views (and Compare's simulations) unused for ``max_idle_s`` seconds (the
+    default page stays); how many."""
+    return _render_cache.trim(max_idle_s) + _compare_cache.trim(max_idle_s) + _last_drawn.trim(max_idle_s)
 
 
 def warm_up() -> None:
@@ -511,7 +526,7 @@ def _op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
     d = op_details(graph, strategy, timeline, name)
     rows = [("op", f"{d['name']} ({d['kind']})"), ("block", d["block"] or "–"),
             ("output", ", ".join(" x ".join(map(str, s)) for s in d["outputs"])),
-            ("dims", ", ".join(f"{x['name']} {x['size']} [{x['kind']}]" for x in d["dims"])),
+            ("dims", ", ".join(f"{x['name']} {x['size'] or 'copies'} [{x['kind']}]" for x in d["dims"])),
             ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
             ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
             ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–")]
@@ -534,7 +549,7 @@ def render_editor(state: dict) -> tuple[list, list, str]:
     inputs = []
     for d in op.dims:
         inputs.append(html.Div([
-            html.Label(f"{d.name} ({d.kind}, size {d.size})"),
+            html.Label(f"{d.name} ({d.kind}, " + (f"size {d.size})" if d.size else "any degree: copies)")),
             dcc.Input(id={"type": "deg", "dim": d.name}, type="number", min=1, step=1, value=cfg.degree(d.name)),
         ], className="deg"))
     devs = list(cfg.devices)
@@ -609,7 +624,7 @@ def _compare_result(state: dict, item: dict) -> tuple[Any, Any, Any]:
         return hit
     g, c = W.graph_of(state), W.cluster_of(state)
     s = load_strategy(item["strategy"], g, c)  # (kept from an earlier page: checked again)
-    tl = simulate(build_task_graph(g, s, c))
+    tl = simulate(build_task_graph(g, s, c, max_tasks=W.APP_MAX_TASKS))  # (a crafted page: never past the cap)
     out = (s, tl, memory_report(g, s, c, tl))
     _compare_cache.put(key, out)
     return out
@@ -908,6 +923,12 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                 [no_update] * (len(explore_ids) - explore_ids.index("why") - 1) + idle
         app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
         return [out[i] for i in explore_ids] + idle
+
+    @app.callback(Output("fit-result", "children"), Output("fit-poll", "disabled"),
+                  Input("fit-find", "n_clicks"), Input("fit-poll", "n_intervals"), Input("state", "data"),
+                  prevent_initial_call=True)
+    def _fit(_n, _tick, state):
+        return fit_view(state, start=ctx.triggered_id == "fit-find")
 
     @app.callback(Output("train-estimate", "children"), Input("rate", "data"), Input("train-tokens", "value"))
     def _train(rate, tokens):

@@ -136,6 +136,10 @@ def _explore() -> html.Div:
                       dcc.Graph(id="topology", config=_GRAPH_CONFIG), image_buttons("topology"), learn("topology")],
                      className="panel half"),
             html.Div([html.H3("Memory per GPU"), dcc.Graph(id="memory", config=_GRAPH_CONFIG), image_buttons("memory"),
+                      html.Div([html.Button("Smallest cluster for this layout", id="fit-find", n_clicks=0,
+                                            className="small"),
+                                html.Span(id="fit-result", className="hint")], className="buttons"),
+                      dcc.Interval(id="fit-poll", interval=700, disabled=True),
                       learn("memory")], className="panel half"),
         ], className="row"),
     ])

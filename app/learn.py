@@ -76,6 +76,9 @@ ZeRO stage 1 shards the optimizer state, 2 the gradients too, 3 the weights), co
 buffers, and the activations saved for the backward pass at their peak over the iteration
 (recomputation keeps fewer). The parts add up to the GPU's peak. A bar past its capacity mark
 (red) does not fit: the search rejects such a strategy, and the summary says "over!".
+"Smallest cluster for this layout" rebuilds the layout (its tp, pp, micro-batch, ZeRO, ...;
+data parallel fills each size) on every size of the cluster's family from one node, in the
+background, and says the first on which it fits.
 """),
     "search": ("Searching", """
 Five searches, one protocol (a budget, a seed, progress, a best strategy that fits in memory):

@@ -59,6 +59,9 @@ __all__ = [
     "import_file",
     "add_to_compare",
     "workspace_within",
+    "fit_start",
+    "fit_status",
+    "family_sizes",
     "build_status",
     "drop_build",
     "APP_MAX_TASKS",
@@ -550,21 +553,19 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     millions of tasks), else a delta simulator ready for edits (refused past
     :data:`APP_MAX_TASKS`). ``build``: where a background build says what it is doing."""
     from engine.simulate import simulate
-    from engine.taskgraph import build_task_graph, estimate_tasks, find_symmetry
+    from engine.taskgraph import build_task_graph, estimate_tasks
 
     def phase(text: str) -> None:
         if build is not None:
             build.phase = text
 
-    sym = find_symmetry(graph, strategy, cluster)
-    if sym is not None:
-        phase("simulating one GPU per set of identical ones")
-        try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
-            tg = build_task_graph(graph, strategy, cluster, max_tasks=0)
-        except TooLargeError:
-            tg = None
-        if tg is not None and tg.info.get("device_image") is not None:
-            return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg)))
+    phase("simulating one GPU per set of identical ones")
+    try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
+        tg = build_task_graph(graph, strategy, cluster, max_tasks=0)
+    except TooLargeError:
+        tg = None
+    if tg is not None and tg.info.get("device_image") is not None:
+        return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg)))
     _check_size(graph, strategy, "this strategy has no exact symmetry: its simulation")
     phase(f"simulating every GPU (no exact symmetry), about {estimate_tasks(graph, strategy) / 1e6:.1f} M tasks")
     return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), version)
@@ -690,8 +691,16 @@ def _cfg(config: Config) -> dict:
 def _sdict(strategy: Strategy) -> dict:
     """A strategy as the state keeps it: ``soapbox.strategy/1`` with devices as runs (the page
     sends the state with every action: GPT-3 on 1,024 GPUs was 9.2 MB as lists, past what a
-    browser's sessionStorage holds, and the model dropdown snapped back)."""
-    return compact_strategy_dict(strategy.to_dict())
+    browser's sessionStorage holds, and the model dropdown snapped back). A layout's ops share
+    devices: each set is written once."""
+    data = strategy.to_dict()
+    runs: dict[tuple[int, ...], str] = {}  # devices -> runs
+    for name, cfg in strategy.configs.items():
+        text = runs.get(cfg.devices)
+        if text is None:
+            text = runs[cfg.devices] = device_runs(cfg.devices)
+        data["ops"][name]["devices"] = text
+    return data
 
 
 def _with_configs(state: dict, entries: list[dict], key: str) -> dict:
@@ -733,8 +742,11 @@ def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, 
     explorer could not simulate it: :data:`APP_MAX_TASKS`)."""
     from engine.taskgraph import find_symmetry
 
-    try:
-        if find_symmetry(graph_of(state), strategy, cluster_of(state)) is None:
+    from engine.taskgraph import estimate_tasks
+
+    try:  # (the estimate first: milliseconds; the symmetry search only for a huge one)
+        if estimate_tasks(graph_of(state), strategy) > APP_MAX_TASKS and \
+                find_symmetry(graph_of(state), strategy, cluster_of(state)) is None:
             _check_size(graph_of(state), strategy, "it has no exact symmetry: its simulation")
     except TooLargeError as e:
         return state, f"Not set: {e}."
@@ -1075,3 +1087,127 @@ def tour(state: dict | None, step: str) -> tuple[dict, str]:
             s, _ = add_to_compare(s, name)
     s = dict(s, undo=[], redo=[])
     return s, f"Guided comparison {TOUR[step][0]}: {TOUR[step][1]}"
+
+
+# --------------------------------------------------------------------------- the smallest cluster that fits
+
+@dataclass
+class _FitScan:
+    key: str
+    layout: str
+    rows: list = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+    cancelled: bool = False
+
+
+_fit_scans: dict[str, _FitScan] = {}  # sid -> the session's latest scan
+
+
+def _layout_options(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
+    """(baseline kind, the options that rebuild the strategy's layout on another cluster size,
+    a description) for a strategy made by a baseline builder or the layout panel; None for a
+    hand-edited or searched one (it has no layout to carry over)."""
+    found = strategy.found_by or {}
+    algo = str(found.get("algorithm", ""))
+    if not algo.startswith("baseline:"):
+        return None
+    kind = algo.split(":", 1)[1]
+    o = dict(found.get("options") or {})
+    o.pop("dp", None)  # (data parallel fills each size)
+    if kind == "fsdp":
+        o.pop("micro_batch", None)  # (one micro-batch per GPU's share of the batch, at every size)
+        o["zero_stage"] = strategy.zero_stage
+    elif kind == "megatron":
+        o.update(zero_stage=strategy.zero_stage, fp8=strategy.fp8)
+        if strategy.pipeline.stages > 1:
+            o["schedule"] = "interleaved" if strategy.pipeline.virtual_stages > 1 else strategy.pipeline.schedule
+    elif kind not in BASELINES:
+        return None
+    else:
+        o = {}
+    shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.items()
+                      if v not in (None, False, "none", 0, 1) or k in ("tp", "pp"))
+    return kind, o, f"{kind}" + (f" ({shown})" if shown else "")
+
+
+def family_sizes(cluster_name: str) -> list[str]:
+    """The preset clusters of ``cluster_name``'s family, smallest first, from one node up to
+    the explorer's 1,024 GPUs (``dgx-a100-80gb:8`` -> ``dgx-a100-80gb:1`` ... ``:128``); empty
+    for a preset without a node count or an uploaded cluster."""
+    family, _, count = str(cluster_name).partition(":")
+    entry = PRESETS.get(family)
+    if not count or entry is None or not entry[1]:
+        return []
+    per_node = getattr(entry[0], "gpus_per_node", 8)
+    return [f"{family}:{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128) if n * per_node <= 1024]
+
+
+def fit_start(state: dict) -> str:
+    """Start scanning the cluster family for the smallest size on which the state's layout fits
+    (in the background: each size is a simulation); the message to show."""
+    sid = state["sid"]
+    if "data" in state["cluster"] or state["cluster"].get("upload"):
+        return "The smallest cluster is found among presets with a node count (dgx-a100-80gb:N, ...), not for an uploaded cluster."
+    sizes = family_sizes(state["cluster"].get("name", ""))
+    if not sizes:
+        return (f"{state['cluster'].get('name')} has no sizes to try: pick a preset with a node count "
+                "(dgx-a100-80gb:N, dgx-h100:N, ...).")
+    layout = _layout_options(_strategy(state))
+    if layout is None:
+        return ("This strategy was edited by hand or found by a search: it has no layout to carry to other sizes. "
+                "Set one in the Layout panel (or pick a starting strategy) first.")
+    kind, opts, text = layout
+    key = _content_key(state)
+    with _ws_lock:
+        old = _fit_scans.get(sid)
+        if old is not None and old.key == key and not old.error:
+            return f"Looking for the smallest cluster for {old.layout}." if not old.done else ""
+        if old is not None:
+            old.cancelled = True
+        scan = _fit_scans[sid] = _FitScan(key, text)
+    graph = graph_of(state)
+
+    def run() -> None:
+        from engine.sweep import smallest_fit
+
+        try:
+            smallest_fit(graph, kind, opts, [preset(n) for n in sizes], max_tasks=APP_MAX_TASKS,
+                         stop=lambda: scan.cancelled, progress=scan.rows.append)
+        except Exception as e:  # (reported on the page, never raised into a request)
+            scan.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        finally:
+            scan.done = True
+
+    _build_pool.submit(run)
+    return f"Looking for the smallest cluster for {text}…"
+
+
+def fit_status(state: dict) -> tuple[str, bool] | None:
+    """(text, done) of the session's scan for the state shown; None when it has none."""
+    with _ws_lock:
+        scan = _fit_scans.get(state.get("sid", ""))
+    if scan is None or scan.key != _content_key(state):
+        return None
+    tried = []
+    found = None
+    for r in scan.rows:
+        name = r["cluster"]
+        if r["feasible"]:
+            found = r
+        elif r["peak_memory_bytes"] is not None:
+            tried.append(f"{name} ({r['gpus']:,} GPUs): {r['peak_memory_bytes'] / 1e9:,.1f} GB, over")
+        else:
+            tried.append(f"{name}: {r['why']}")
+    head = f"Smallest cluster for {scan.layout}: "
+    if found is not None:
+        text = (f"{found['cluster']} ({found['gpus']:,} GPUs) fits, peak {found['peak_memory_bytes'] / 1e9:,.1f} GB of "
+                f"{found['capacity_bytes'] / 1e9:,.1f} GB, {found['iteration_time_s']:.3g} s per iteration.")
+    elif scan.error:
+        text = f"stopped: {scan.error}."
+    elif scan.done:
+        text = "none of this family's sizes up to 1,024 GPUs fits (try recomputation, ZeRO, or more pipeline stages)."
+    else:
+        text = f"trying ({len(scan.rows)} size{'s' if len(scan.rows) != 1 else ''} so far)…"
+    shown = tried[:4] + ([f"+{len(tried) - 4} more"] if len(tried) > 4 else [])
+    return head + text + (" Tried: " + "; ".join(shown) + "." if shown else ""), scan.done

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import tempfile
-import threading
 from pathlib import Path
 
 
 def _serve() -> tuple[str, object]:
-    from werkzeug.serving import make_server
+    from bench_app import _serve as serve  # (this folder: a free local port, threaded)
 
     from app import create_app
     from app.callbacks import warm_up
@@ -26,12 +24,7 @@ def _serve() -> tuple[str, object]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     app = create_app(data_dir=tempfile.mkdtemp(prefix="soapbox-shots-"))
     warm_up()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = make_server("127.0.0.1", port, app.server, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{port}/", server
+    return serve(app)
 
 
 def _pick(page, dropdown: str, option: str) -> None:

@@ -18,7 +18,8 @@ import math
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "evaluate", "run_sweep", "pareto", "COLUMNS"]
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "evaluate", "run_sweep", "pareto", "COLUMNS",
+           "smallest_fit"]
 
 #: grid keys and the megatron() option each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
@@ -136,6 +137,53 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
         d, over = r.memory.over_capacity()[0]
         row["why"] = f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
     return row
+
+
+def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Sequence[Any],
+                 max_tasks: int | None = None, stop: Callable[[], bool] | None = None,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """The smallest of ``clusters`` (in the order given: smallest first) on which the layout
+    ``kind`` (a baseline of :data:`engine.search.baselines.BASELINES`: megatron, fsdp, ...) with
+    ``options`` fits in memory: a row per cluster tried, up to the first that fits.
+
+    Each row: ``cluster`` (name), ``gpus``, ``feasible``, ``peak_memory_bytes``,
+    ``capacity_bytes`` (of the fullest GPU), ``iteration_time_s``, ``why`` (a layout that
+    cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
+    GPU and bytes over capacity). Simulated with the engine's symmetry reduction where it is
+    exact; ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
+    ends the scan early (asked before each cluster), ``progress`` gets each row as it comes.
+    """
+    from .errors import SoapboxError
+    from .memory import memory_report
+    from .search.baselines import make_baseline
+    from .simulate import simulate
+    from .taskgraph import build_task_graph
+
+    rows: list[dict[str, Any]] = []
+    for c in clusters:
+        if stop is not None and stop():
+            break
+        row: dict[str, Any] = {"cluster": c.name, "gpus": c.num_devices, "feasible": False,
+                               "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
+        try:
+            s = make_baseline(kind, graph, c, **options)
+            tl = simulate(build_task_graph(graph, s, c, max_tasks=max_tasks))
+            mem = memory_report(graph, s, c, tl)
+        except (ValueError, SoapboxError) as e:
+            row["why"] = str(e).splitlines()[0][:300]
+        else:
+            worst = int((mem.peak_bytes / mem.capacity_bytes.clip(min=1)).argmax())
+            row.update(feasible=bool(mem.feasible), peak_memory_bytes=float(mem.peak_bytes[worst]),
+                       capacity_bytes=float(mem.capacity_bytes[worst]), iteration_time_s=tl.makespan_s)
+            if not mem.feasible:
+                d, over = mem.over_capacity()[0]
+                row["why"] = f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+        if row["feasible"]:
+            break
+    return rows
 
 
 def _batch(model: str, pts: list[dict[str, Any]], batch: int | None) -> list[dict[str, Any]]:

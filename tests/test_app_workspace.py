@@ -543,3 +543,28 @@ class TestBackgroundSimulation:
         new, msg = W.apply_edit(s, [op], {}, [0])
         assert new is s and msg.startswith("Edit refused: a hand edit needs the full simulation (no symmetry)")
         W.forget(s["sid"])
+
+
+class TestSmallestCluster:
+    def test_scan_in_the_background_for_the_layout(self):
+        import time as _time
+
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        assert W.fit_status(s) is None
+        assert W.fit_start(s).startswith("Looking for the smallest cluster for megatron (tp 8, pp 2")
+        t = _time.monotonic()
+        while not (st := W.fit_status(s))[1]:
+            assert _time.monotonic() - t < 120
+            _time.sleep(0.1)
+        text = st[0]
+        assert "dgx-a100-80gb:2 (16 GPUs) fits, peak " in text and "Tried: dgx-a100-80gb:1: " in text, text
+        # another state: no scan shown for it
+        assert W.fit_status(W.select_baseline(s, "fsdp")[0]) is None
+
+    def test_refusals_name_what_to_do(self, alex):
+        assert W.fit_start(alex).startswith("p100-4x4 has no sizes to try")
+        s = W.new_state("alexnet", "dgx-a100-80gb:2")
+        edited, _ = W.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
+        assert W.fit_start(edited).startswith("This strategy was edited by hand or found by a search")
+        assert W.family_sizes("dgx-a100-80gb:8")[-1] == "dgx-a100-80gb:128" and W.family_sizes("p100-4x4") == []

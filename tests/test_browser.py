@@ -217,6 +217,9 @@ class TestExplorer:
         # the op graph: a stack of blocks, layers of a stage on one row, labels apart
         expect(page.locator("#op-graph .textpoint text", has_text="blocks, same split").first).to_be_visible()
         assert_labels_disjoint(page, "#op-graph .textpoint text")
+        if model == "llama2-7b":  # the smallest cluster of the family this layout fits on
+            page.click("#fit-find")
+            expect(page.locator("#fit-result")).to_contain_text("dgx-a100-80gb:2 (16 GPUs) fits", timeout=TIMEOUT_MS)
         assert not errors, errors
 
     def test_a_slow_simulation_goes_off_the_page_and_can_be_left(self, page: Page, app_url: str):

@@ -67,3 +67,38 @@ def test_cli_writes_csv_json_and_report(tmp_path, capsys):
                  "--backend", "serial", "-o", str(js)]) == 0
     row = json.loads(js.read_text())["rows"][0]
     assert row["feasible"] is False and "does not divide the 8 devices" in row["why"]
+
+
+class TestSmallestFit:
+    """The smallest cluster on which a layout fits (issue 16: what comparable tools show)."""
+
+    def test_stops_at_the_first_fit_and_says_why_before(self):
+        from engine.cluster import preset
+        from engine.formats import resolve_model
+        from engine.sweep import smallest_fit
+
+        g = resolve_model("gpt2")
+        sizes = [preset(f"dgx-a100-80gb:{n}") for n in (1, 2, 4)]
+        rows = smallest_fit(g, "megatron", {"tp": 4, "pp": 4, "micro_batch": 1}, sizes)
+        assert [r["cluster"] for r in rows] == ["dgx-a100-80gb:1", "dgx-a100-80gb:2"]
+        assert rows[0]["feasible"] is False and "divide" in rows[0]["why"] and rows[0]["peak_memory_bytes"] is None
+        assert rows[1]["feasible"] is True and rows[1]["why"] is None and rows[1]["gpus"] == 16
+        assert 0 < rows[1]["peak_memory_bytes"] <= rows[1]["capacity_bytes"] and rows[1]["iteration_time_s"] > 0
+
+    def test_fsdp_memory_halves_as_the_data_parallel_degree_doubles(self):
+        """ZeRO-3 shards weights, gradients and optimizer state over dp, and each GPU holds
+        batch/dp samples' activations: with nothing else on a GPU, doubling the GPUs halves it."""
+        from engine.cluster import preset
+        from engine.formats import resolve_model
+        from engine.sweep import smallest_fit
+
+        g = resolve_model("llama2-7b")
+        seen = []
+        rows = smallest_fit(g, "fsdp", {"recompute": "none"}, [preset(f"dgx-a100-80gb:{n}") for n in (1, 2, 4)],
+                            progress=seen.append)
+        assert seen == rows and len(rows) == 3 and not any(r["feasible"] for r in rows)
+        p = [r["peak_memory_bytes"] for r in rows]
+        assert p[1] / p[0] == pytest.approx(0.5, rel=0.01) and p[2] / p[1] == pytest.approx(0.5, rel=0.01)
+        assert all(r["why"].startswith("does not fit in memory: GPU ") for r in rows)
+        # stop() ends the scan before the next size
+        assert smallest_fit(g, "fsdp", {}, [preset("dgx-a100-80gb:1")], stop=lambda: True) == []
