@@ -86,7 +86,8 @@ def _detach_search(old: dict | None, new: dict, msg: str) -> tuple[dict, str]:
 def on_event(trigger: str | None, state: dict | None, **kw: Any) -> tuple[dict, str]:
     """:func:`_on_event`, stopping a search whose model or cluster the action replaced."""
     new, msg = _on_event(trigger, state, **kw)
-    if trigger in ("pick-model", "pick-cluster", "pick-batch", "upload", "tour") and isinstance(state, dict):
+    if trigger in ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload",
+                   "tour") and isinstance(state, dict):
         return _detach_search(state, new, msg)
     return new, msg
 
@@ -95,7 +96,8 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
              cluster: str | None = None, baseline: str | None = None, upload: str | None = None,
              filename: str | None = None, ops: list[str] | None = None, degrees: dict[str, Any] | None = None,
              devices: str | None = None, click: dict | None = None, compare_name: str | None = None,
-             batch: Any = None, layout: dict | None = None, step: str | None = None) -> tuple[dict, str]:
+             batch: Any = None, layout: dict | None = None, step: str | None = None,
+             size: Any = None) -> tuple[dict, str]:
     """Apply one user action to the session state.
 
     ``trigger`` names the component that fired; the keyword arguments carry what it sent.
@@ -125,6 +127,8 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
                                f"{'; '.join(p.message for p in e.problems[:3])}.{hint}")
         if trigger == "pick-batch":
             return _set_batch(state, batch)
+        if trigger in ("pick-seq", "pick-precision"):
+            return _set_size(state, "seq_len" if trigger == "pick-seq" else "precision", size)
         if trigger == "tour":
             return W.tour(state, str(step or ""))
         if trigger == "sim-cancel":
@@ -226,50 +230,79 @@ def _degree(dim: str, value: Any) -> int:
 _KEEP = object()
 
 
-def _fresh(state: dict, model: str | None = None, cluster: str | None = None, batch: Any = _KEEP) -> dict:
-    """A new state for another sample model, preset cluster or batch, keeping the session id,
-    the starting baseline (data parallel where it cannot run) and the batch while the model
-    stays the same (``batch``: a new one, or None for the model's default)."""
+def _fresh(state: dict, model: str | None = None, cluster: str | None = None, sizes: dict | None = None) -> dict:
+    """A new state for another sample model, preset cluster or model size, keeping the session
+    id, the starting baseline (data parallel where it cannot run) and the model's sizes (batch,
+    sequence length, precision) while the model stays the same (``sizes``: the ones to change,
+    None for the model's default)."""
     m = model or (state["model"]["name"] if "data" not in state["model"] else W.DEFAULT_MODEL)
     c = cluster or (state["cluster"]["name"] if "data" not in state["cluster"] else W.DEFAULT_CLUSTER)
-    if batch is _KEEP:
-        batch = state["model"].get("batch") if model is None else None
+    kept = {k: state["model"].get(k) for k in W.MODEL_SIZES} if model is None else {}
+    kept.update(sizes or {})
     try:
-        new = W.new_state(m, c, state.get("baseline", "data-parallel"), sid=state["sid"], batch=batch)
+        new = W.new_state(m, c, state.get("baseline", "data-parallel"), sid=state["sid"], **kept)
     except ValueError:
-        new = W.new_state(m, c, "data-parallel", sid=state["sid"], batch=batch)
+        new = W.new_state(m, c, "data-parallel", sid=state["sid"], **kept)
     new["version"] = state.get("version", 0) + 1
     return new
 
 
+#: the header's model sizes: (state key, what the message calls it, its unit)
+_SIZES = {"batch": ("Batch", "samples"), "seq_len": ("Sequence length", "tokens"), "precision": ("Precision", "")}
+
+
 def _set_batch(state: dict, value: Any) -> tuple[dict, str]:
-    """The sample model at another global batch in samples (empty: its default); the strategy
-    starts again from the baseline (a strategy's sample splits are made for one batch)."""
+    return _set_size(state, "batch", value)
+
+
+def _set_size(state: dict, key: str, value: Any) -> tuple[dict, str]:
+    """The sample model at another global batch (samples), sequence length (tokens) or
+    precision (empty: its default); the strategy starts again from the baseline (a strategy's
+    splits are made for one shape)."""
+    what, unit = _SIZES[key]
+    if key == "precision" and value == "default":
+        value = None
     if "upload" in state["model"]:
-        return state, "Batch refused: an imported model states its own batch (export it with another one)."
+        return state, f"{what} refused: an imported model states its own (export it with another one)."
     if "upload" in state["cluster"]:
-        return state, "Batch refused: it applies on preset clusters (pick one; the imported cluster stays as it is)."
+        return state, f"{what} refused: it applies on preset clusters (pick one; the imported cluster stays as it is)."
     if value is None or (isinstance(value, str) and not value.strip()):
-        if "batch" not in state["model"]:
+        if key not in state["model"]:
             return state, ""
-        new = _fresh(state, batch=None)
-        return new, f"Batch: {W.graph_of(new).batch_size:,} samples (the model's default)."
-    try:
-        batch = int(value)
-        if isinstance(value, bool) or batch != float(value):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        return state, f"Batch refused: {str(value)[:40]!r} is not a whole number of samples."
-    if not 1 <= batch <= MAX_SAMPLE_BATCH:
-        return state, f"Batch refused: {batch:,} samples; it must be from 1 to {MAX_SAMPLE_BATCH:,}."
-    if batch == state["model"].get("batch"):
+        new = _fresh(state, sizes={key: None})
+        return new, f"{what}: the model's default ({_size_text(W.graph_of(new), key)})."
+    if key == "precision":
+        v = str(value)[:20]
+    else:
+        try:
+            v = int(value)
+            if isinstance(value, bool) or v != float(value):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            return state, f"{what} refused: {str(value)[:40]!r} is not a whole number of {unit}."
+        top = MAX_SAMPLE_BATCH if key == "batch" else W.MAX_SAMPLE_SEQ
+        if not 1 <= v <= top:
+            return state, f"{what} refused: {v:,} {unit}; it must be from 1 to {top:,}."
+    if v == state["model"].get(key):
         return state, ""
     try:
-        new = _fresh(state, batch=batch)
+        new = _fresh(state, sizes={key: v})
     except ValueError as e:
-        return state, f"Batch refused: {_first_line(e)}"
-    return new, (f"Batch: {batch:,} samples, under {new.get('baseline', 'data-parallel')} "
-                 f"({batch / W.cluster_of(new).num_devices:g} per GPU).")
+        return state, f"{what} refused: {_first_line(e)}"
+    msg = f"{what}: {_size_text(W.graph_of(new), key)}, under {new.get('baseline', 'data-parallel')}"
+    if key == "batch":
+        msg += f" ({v / W.cluster_of(new).num_devices:g} per GPU)"
+    return new, msg + "."
+
+
+def _size_text(graph, key: str) -> str:
+    if key == "batch":
+        return f"{graph.batch_size:,} samples"
+    if key == "precision":
+        return graph.precision
+    from .views import tokens_per_sample
+
+    return f"{tokens_per_sample(graph) or 0:,} tokens"
 
 
 # --------------------------------------------------------------------------- views
@@ -825,13 +858,15 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     @app.callback(
         Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
-        Output("pick-batch", "value"), Output("pick-model", "options"), Output("pick-cluster", "options"),
+        Output("pick-batch", "value"), Output("pick-seq", "value"), Output("pick-precision", "value"),
+        Output("pick-model", "options"), Output("pick-cluster", "options"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
         Input("edit-ops", "value"), Input("search-adopt", "n_clicks"), Input("compare-add", "n_clicks"),
         Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
         Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
+        Input("pick-seq", "value"), Input("pick-precision", "value"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
@@ -840,7 +875,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         State("layout-shard", "value"), State("layout-recompute", "value"), State("layout-zero", "value"),
         State("layout-schedule", "value"), State("layout-flags", "value"))
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour, _sc,
-                deg_values, deg_ids, devices, compare_name, collapse, state, l_kind, l_tp, l_pp, l_cp, l_vpp, l_mb,
+                seq, precision, deg_values, deg_ids, devices, compare_name, collapse, state, l_kind, l_tp, l_pp, l_cp, l_vpp, l_mb,
                 l_shard, l_recompute, l_zero, l_schedule, l_flags):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         step = None
@@ -856,6 +891,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         new, msg = on_event(trigger, state, query=str(query or ""), model=model, cluster=cluster, baseline=baseline,
                             upload=upload, filename=filename, ops=ops, degrees=degrees, devices=devices,
                             click=click, compare_name=compare_name, batch=batch, step=step,
+                            size=seq if trigger == "pick-seq" else precision,
                             layout={"kind": l_kind, "tp": l_tp, "pp": l_pp, "cp": l_cp, "vpp": l_vpp, "mb": l_mb,
                                     "shard": l_shard, "recompute": l_recompute, "zero": l_zero,
                                     "schedule": l_schedule, "flags": l_flags})
@@ -865,6 +901,8 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                 _shown(new["cluster"].get("name"), cluster),
                 new.get("baseline"), new.get("selected") or [],
                 no_update if trigger == "pick-batch" else new["model"].get("batch"),
+                no_update if trigger == "pick-seq" else new["model"].get("seq_len"),
+                no_update if trigger == "pick-precision" else new["model"].get("precision", "default"),
                 # the header follows uploads: an uploaded model or cluster is listed (and shown); the
                 # lists are sent only when an upload comes or goes (sending them at every event reset
                 # a dropdown the user was changing)

@@ -77,6 +77,34 @@ STACK_ROW_PX = 24
 ROW_PX = 18
 
 
+def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
+    """Axis ticks for a time axis drawn in milliseconds, labelled in the unit
+    :func:`format_seconds` would use (``"250 ms"``, ``"1.5 s"``, ``"2 min"``): about ``target``
+    ticks at 1-2-5 steps over the window, so a 30 s iteration reads "10 s, 20 s" rather than
+    "10k, 20k" (ms).
+
+    >>> time_ticks(0.0, 30.7)["ticktext"]
+    ['0 s', '5 s', '10 s', '15 s', '20 s', '25 s', '30 s']
+    >>> time_ticks(12.1, 12.4)["ticktext"][:3]
+    ['12.10 s', '12.15 s', '12.20 s']
+    """
+    span = max(t1_s - t0_s, 1e-12)
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    if step >= 60:  # whole minutes past a minute
+        step = next(m * 60 for m in (1, 2, 5, 10, 15, 30, 60, 120) if m * 60 >= raw)
+    first = math.ceil(t0_s / step - 1e-9)
+    vals = [(first + i) * step for i in range(int((t1_s - first * step) / step + 1e-9) + 1)]
+    # one unit for the whole axis (format_seconds' rule, by the window's end), as many decimals
+    # as the step needs in it: a zoom to 12.10-12.40 s reads 12.15 s, not 12.2 s twice
+    top = max(abs(t0_s), abs(t1_s))
+    unit, scale = next(((u, k) for u, k, lo in (("h", 3600, 7200), ("min", 60, 120), ("s", 1, 1), ("ms", 1e-3, 1e-3),
+                                                  ("µs", 1e-6, 1e-6)) if top >= lo), ("ns", 1e-9))
+    decimals = max(0, -math.floor(math.log10(step / scale) + 1e-9))
+    return dict(tickvals=[v * 1e3 for v in vals], ticktext=[f"{v / scale:,.{decimals}f} {unit}" for v in vals])
+
+
 def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[str, Any]]:
     traces = []
     bubble = data.get("bubble")
@@ -139,7 +167,7 @@ def build_gantt_figure(data: dict[str, Any], title: str = "") -> dict[str, Any]:
         _gantt_traces(data),
         barmode="overlay", title=dict(text=title) if title else None, height=max(260, ROW_PX * n + 100),
         margin={**_MARGIN, "t": 40}, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
-        xaxis=dict(title=dict(text="time (ms)"), range=[t0 * 1e3, t1 * 1e3]),
+        xaxis=dict(title=dict(text="time"), range=[t0 * 1e3, t1 * 1e3], **time_ticks(t0, t1)),
         yaxis=dict(tickvals=list(range(n)), ticktext=list(data["labels"]), autorange="reversed", fixedrange=True,
                    tickfont=dict(size=10)),
         uirevision="gantt")
@@ -351,5 +379,6 @@ def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, A
     rows = sum(len(d["labels"]) for _, d in items)
     fig.update_layout(barmode="overlay", height=120 + ROW_PX * rows + 60 * len(items), margin=_MARGIN,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    fig.update_xaxes(title_text="time (ms)", row=len(items), col=1)
+    fig.update_xaxes(title_text="time", row=len(items), col=1)
+    fig.update_xaxes(**time_ticks(0.0, max(d["makespan_s"] for _, d in items)))
     return fig.to_dict()

@@ -8,16 +8,23 @@ __all__ = ["format_seconds", "format_bytes", "format_rate", "format_count"]
 
 
 def format_seconds(s: float | None) -> str:
-    """``0.0123`` -> ``"12.3 ms"``; ``None``/NaN -> ``"–"``.
+    """``0.0123`` -> ``"12.3 ms"``; ns, µs, ms, s, then min from 2 minutes and h from 2 hours
+    (three significant digits); ``None``/NaN -> ``"–"``.
 
     >>> format_seconds(0.0123), format_seconds(2.5e-6), format_seconds(75.0)
     ('12.3 ms', '2.5 µs', '75 s')
+    >>> format_seconds(689.0), format_seconds(19_000.0), format_seconds(260_000.0)
+    ('11.5 min', '5.28 h', '72.2 h')
     """
     if s is None or (isinstance(s, float) and math.isnan(s)):
         return "–"
     if math.isinf(s):
         return "∞"
     a = abs(s)
+    if a >= 7200:
+        return f"{s / 3600:.3g} h" if a < 360_000 else f"{s / 3600:,.0f} h"
+    if a >= 120:
+        return f"{s / 60:.3g} min"
     if a >= 1:
         return f"{s:.3g} s" if a < 100 else f"{s:.0f} s"
     if a >= 1e-3:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from engine.cluster import PRESETS
-from engine.models import MAX_SAMPLE_BATCH, sample_names
+from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
 from engine.search import ALGORITHMS
 from engine.search.baselines import BASELINES
 
@@ -234,6 +234,15 @@ def make_layout() -> html.Div:
                                  title="the sample model's global batch in samples (empty: its default)"),
                       dcc.Input(id="pick-batch", type="number", min=1, max=MAX_SAMPLE_BATCH, step=1, debounce=True,
                                 placeholder="default", className="batch-input")], className="pick pick-batch"),
+            html.Div([html.Label("sequence", htmlFor="pick-seq",
+                                 title="a sample language model's sequence length in tokens (empty: its default)"),
+                      dcc.Input(id="pick-seq", type="number", min=1, max=MAX_SAMPLE_SEQ, step=1, debounce=True,
+                                placeholder="default", className="batch-input")], className="pick pick-batch"),
+            html.Div([html.Label("precision", htmlFor="pick-precision",
+                                 title="the sample model's training precision (empty: its default)"),
+                      dcc.Dropdown(id="pick-precision", value="default", clearable=False, searchable=False,
+                                   options=[{"label": "default", "value": "default"}, "fp32", "fp16", "bf16"])],
+                     className="pick pick-batch"),
             html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
                                                            clearable=False)], className="pick"),
             html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),

@@ -36,7 +36,7 @@ from engine.errors import Problem, SoapboxError, TooLargeError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, parse_json_text, resolve_model
 from engine.graph import OpGraph
 from engine.memory import MemoryReport, memory_report
-from engine.models import MAX_SAMPLE_BATCH, sample_names
+from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.simulate import Timeline
 from engine.strategy import Config, Strategy, compact_strategy_dict, device_runs, devices_of_entry
@@ -58,6 +58,7 @@ __all__ = [
     "select_baseline",
     "import_file",
     "add_to_compare",
+    "MODEL_SIZES",
     "workspace_within",
     "fit_start",
     "fit_status",
@@ -106,10 +107,14 @@ INLINE_WAIT_S = 1.5
 
 
 @lru_cache(maxsize=16)
-def _sample(name: str, batch: int | None = None) -> OpGraph:
+def _sample(name: str, batch: int | None = None, seq_len: int | None = None, precision: str | None = None) -> OpGraph:
     if name not in sample_names():  # a name from a request: never a path (see module docstring)
         raise ValueError(f"unknown sample model {str(name)[:80]!r}; samples: {', '.join(sample_names())}")
-    return resolve_model(name, batch=batch)
+    return resolve_model(name, batch=batch, seq_len=seq_len, precision=precision)
+
+
+#: the sizes a session may give a sample model (its state's model reference keeps those set)
+MODEL_SIZES = ("batch", "seq_len", "precision")
 
 
 _PRESET_NAME = re.compile(r"^(?P<base>[a-z0-9-]{1,40})(?::(?P<n>\d{1,12}))?$")
@@ -161,7 +166,7 @@ def _from_upload(kind: str, sid: str, digest: str) -> Any:
 def graph_of(state: dict) -> OpGraph:
     """The state's model: a sample, or a model this session uploaded; never a path."""
     m = state["model"]
-    return _sample(m["name"], m.get("batch")) if "upload" not in m else \
+    return _sample(m["name"], m.get("batch"), m.get("seq_len"), m.get("precision")) if "upload" not in m else \
         _from_upload("model", state["sid"], m["upload"])
 
 
@@ -234,9 +239,11 @@ def baseline_comm_bytes(state: dict, kind: str = "data-parallel") -> float | Non
 
 
 def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseline: str = "data-parallel",
-              sid: str | None = None, batch: int | None = None) -> dict:
-    """A fresh session state: a sample model (at its default global batch, or ``batch``
-    samples) on a preset cluster under a baseline strategy.
+              sid: str | None = None, batch: int | None = None, seq_len: int | None = None,
+              precision: str | None = None) -> dict:
+    """A fresh session state: a sample model (at its default global batch, sequence length
+    and precision, or ``batch`` samples, ``seq_len`` tokens, ``precision``) on a preset cluster
+    under a baseline strategy.
 
     Raises
     ------
@@ -246,7 +253,8 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
     if model not in sample_names():
         raise ValueError(f"unknown sample model {model!r}; samples: {', '.join(sample_names())}")
     _preset(cluster)  # raises ValueError naming the presets
-    ref = {"name": model, "batch": batch} if batch is not None else {"name": model}
+    ref = {"name": model, **{k: v for k, v in (("batch", batch), ("seq_len", seq_len), ("precision", precision))
+                             if v is not None}}
     state = {"sid": sid or uuid.uuid4().hex, "model": ref, "cluster": {"name": cluster},
              "strategy": None, "undo": [], "redo": [], "version": 0, "compare": [], "selected": None}
     strategy = make_baseline(baseline, graph_of(state), cluster_of(state))
@@ -261,7 +269,9 @@ _REF = {"type": "object", "required": ["name"], "additionalProperties": False,
 #: a sample model, optionally at another global batch (samples), or an uploaded model
 _MODEL_REF = {"type": "object", "required": ["name"], "additionalProperties": False,
               "properties": {**_REF["properties"], "batch": {"type": "integer", "minimum": 1,
-                                                             "maximum": MAX_SAMPLE_BATCH}}}
+                                                             "maximum": MAX_SAMPLE_BATCH},
+                             "seq_len": {"type": "integer", "minimum": 1, "maximum": MAX_SAMPLE_SEQ},
+                             "precision": {"enum": ["fp32", "fp16", "bf16"]}}}
 _CONFIG = {"type": "object"}
 _EDIT = {"type": "array", "maxItems": MAX_APP_OPS, "items": {
     "type": "object", "required": ["op", "before", "after"],
@@ -998,7 +1008,8 @@ def share_query(state: dict) -> str:
         payload["s"] = state["strategy"]
         payload.pop("d")
     blob = base64.urlsafe_b64encode(zlib.compress(json.dumps(payload, separators=(",", ":")).encode(), 9))
-    return f"?model={state['model']['name']}&cluster={state['cluster']['name']}&s={blob.decode().rstrip('=')}"
+    sizes = "".join(f"&{k}={state['model'][k]}" for k in MODEL_SIZES if k in state["model"])
+    return f"?model={state['model']['name']}{sizes}&cluster={state['cluster']['name']}&s={blob.decode().rstrip('=')}"
 
 
 def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
@@ -1010,7 +1021,14 @@ def state_from_query(query: str, sid: str | None = None) -> tuple[dict, str]:
         raise ValueError(f"link: {len(query):,} characters is longer than a soapbox share link can be "
                          f"({MAX_LINK_CHARS:,})")
     q = {k: v[0] for k, v in parse_qs(query.lstrip("?")).items()}
-    state = new_state(q.get("model", DEFAULT_MODEL), q.get("cluster", DEFAULT_CLUSTER), sid=sid)
+    sizes: dict[str, Any] = {}
+    for k in MODEL_SIZES:  # the sample model's batch, sequence length and precision, when the link sets them
+        if k in q:
+            v = q[k][:20]
+            if k != "precision" and not v.isdigit():
+                raise ValueError(f"link: {k} {v!r} is not a whole number")
+            sizes[k] = v if k == "precision" else int(v)
+    state = new_state(q.get("model", DEFAULT_MODEL), q.get("cluster", DEFAULT_CLUSTER), sid=sid, **sizes)
     if "s" not in q:
         return state, ""
     try:

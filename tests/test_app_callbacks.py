@@ -775,3 +775,47 @@ def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
     ticks = list(go.Figure(out["gantt"]).layout.yaxis.ticktext)
     assert len(ticks) <= 2 * 16 + 64 and ticks[0].endswith("(x64 alike)")
     assert len(json.dumps(out["gantt"], default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))) < 2e6
+
+
+class TestSequenceAndPrecision:
+    """Issue 16: a sample language model's sequence length and any sample's precision set in
+    the page (with its batch), kept across cluster changes, in share links, refused with the
+    reason."""
+
+    def test_set_keep_and_clear(self):
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s2, msg = C.on_event("pick-seq", s, size=8192)
+        assert msg == "Sequence length: 8,192 tokens, under data-parallel." and s2["model"] == {
+            "name": "llama2-7b", "seq_len": 8192}
+        g = W.graph_of(s2)
+        assert next(op for op in g.ops if op.kind == "input").out_tensors[0].shape == (1024, 8192)
+        s3, msg = C.on_event("pick-precision", s2, size="fp16")
+        assert msg == "Precision: fp16, under data-parallel." and W.graph_of(s3).precision == "fp16"
+        s4, _ = C.on_event("pick-cluster", s3, cluster="dgx-a100-80gb:16")
+        assert s4["model"] == {"name": "llama2-7b", "seq_len": 8192, "precision": "fp16"}  # kept
+        assert C.on_event("pick-precision", s4, size="default")[0]["model"] == {"name": "llama2-7b", "seq_len": 8192}
+        s5, msg = C.on_event("pick-seq", s4, size=None)
+        assert msg == "Sequence length: the model's default (4,096 tokens)." and "seq_len" not in s5["model"]
+        W.check_state(s5)
+        t, _ = W.state_from_query(W.share_query(s4))
+        assert t["model"] == s4["model"]
+        # another model: its own defaults
+        assert C.on_event("pick-model", s4, model="gpt2")[0]["model"] == {"name": "gpt2"}
+
+    @pytest.mark.parametrize("model, key, value, want", [
+        ("alexnet", "pick-seq", 100, "Sequence length refused: alexnet has no sequence length to set"),
+        ("gpt2", "pick-seq", 2048, "Sequence length refused: max_positions (1024) is below seq_len (2048)"),
+        ("gpt2", "pick-seq", 0, "Sequence length refused: 0 tokens; it must be from 1 to 1,048,576."),
+        ("gpt2", "pick-seq", 10.5, "Sequence length refused: '10.5' is not a whole number of tokens."),
+        ("gpt2", "pick-precision", "fp8", "Precision refused: precision must be one of fp32, fp16, bf16"),
+    ])
+    def test_refused_with_the_reason(self, model, key, value, want):
+        s = W.new_state(model)
+        new, msg = C.on_event(key, s, size=value)
+        assert new is s and msg.startswith(want), msg
+
+    def test_a_crafted_state_is_refused(self):
+        s = W.new_state("gpt2")
+        for bad in ({"seq_len": 0}, {"seq_len": 1 << 21}, {"precision": "fp64"}, {"seq_len": "9"}):
+            with pytest.raises(ValueError):
+                W.check_state({**s, "model": {"name": "gpt2", **bad}})

@@ -483,7 +483,7 @@ class TestTraceAndCompare:
         titles = [an.text for an in fig.layout.annotations]
         assert titles == [f"dp · {format_seconds(dp.timeline.makespan_s)}",
                           f"expert · {format_seconds(ex.timeline.makespan_s)}"]
-        assert fig.layout.xaxis2.title.text == "time (ms)"
+        assert fig.layout.xaxis2.title.text == "time" and fig.layout.xaxis2.ticktext[1].endswith(" ms")
         legend = [tr.name for tr in fig.data if tr.showlegend is not False]
         assert legend == list(a["bars"])  # the legend is shown once
         assert not any(tr.name == "critical path" for tr in fig.data)
@@ -547,7 +547,8 @@ class TestFmt:
         assert format_seconds(0.0) == "0 s"
         assert format_seconds(0.05) == "50 ms"
         assert format_seconds(1.5e-9) == "1.5 ns"
-        assert format_seconds(250.0) == "250 s"
+        assert format_seconds(250.0) == "4.17 min" and format_seconds(100.0) == "100 s"
+        assert format_seconds(7200.0) == "2 h" and format_seconds(1e6) == "278 h"
 
     def test_others(self):
         assert format_bytes(None) == "–" and format_bytes(2e12) == "2 TB" and format_bytes(999) == "999 B"

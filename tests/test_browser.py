@@ -247,6 +247,25 @@ class TestExplorer:
         expect(page.locator("#sum-time")).to_have_text(before)
         assert not errors, errors
 
+    def test_sequence_length_and_precision_in_the_header(self, page: Page, app_url: str):
+        """Issue 16: a sample LLM's sequence length and precision are set in the page; a refused
+        one says why and keeps what was typed."""
+        open_app(page, app_url)
+        pick(page, "pick-model", "gpt2")
+        expect(page.locator("#message")).to_contain_text("gpt2")
+        page.fill("#pick-seq", "512")
+        page.keyboard.press("Enter")
+        expect(page.locator("#message")).to_contain_text("Sequence length: 512 tokens")
+        page.click("#pick-precision")
+        page.get_by_role("option", name="bf16", exact=True).click()  # P100s have no bf16
+        expect(page.locator("#message")).to_contain_text("Precision refused: ")
+        expect(page.locator("#message")).to_contain_text("has no bf16 peak")
+        expect(page.locator("#pick-precision")).to_contain_text("bf16")  # what was picked stays shown
+        page.click("#pick-precision")
+        page.get_by_role("option", name="fp16", exact=True).click()
+        expect(page.locator("#message")).to_contain_text("Precision: fp16")
+        expect(page.locator("#pick-seq")).to_have_value("512")
+
     def test_guided_comparison_and_an_expanded_block(self, page: Page, app_url: str):
         """Issue 16: the Learn tab's guided steps set up and open the views they talk about; a
         block of the op graph expands to its ops."""

@@ -316,8 +316,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..formats.writing import atomic_writer
 
     s = load(args.strategy)
-    g = resolve_model(args.model, allow_path=True, batch=args.batch) if args.model else \
-        resolve_model(s.model_name, batch=args.batch)
+    sizes = dict(batch=args.batch, seq_len=getattr(args, "seq_len", None),
+                 precision=getattr(args, "model_precision", None))
+    g = resolve_model(args.model, allow_path=True, **sizes) if args.model else resolve_model(s.model_name, **sizes)
     c = resolve_cluster(args.cluster, allow_path=True) if args.cluster else resolve_cluster(s.cluster_name)
     s = load(args.strategy, g, c)
     text = export(args.format, g, s, c)

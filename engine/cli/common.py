@@ -94,6 +94,11 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-per-gpu", type=positive_int, metavar="N",
                    help="a sample model's batch per GPU: global batch = N x the cluster's GPUs (FlexFlow's weak "
                         "scaling: 64)")
+    p.add_argument("--seq-len", type=positive_int, metavar="TOKENS",
+                   help="a sample language model's sequence length, when not its default")
+    p.add_argument("--model-precision", choices=["fp32", "fp16", "bf16"],
+                   help="a sample model's training precision, when not its default (--precision fp8 puts a "
+                        "layout's GEMMs in fp8)")
 
 
 def model_and_cluster(args: argparse.Namespace):
@@ -105,7 +110,8 @@ def model_and_cluster(args: argparse.Namespace):
     per_gpu = getattr(args, "batch_per_gpu", None)
     if per_gpu is not None:
         batch = per_gpu * c.num_devices
-    return resolve_model(args.model, allow_path=True, batch=batch), c
+    return resolve_model(args.model, allow_path=True, batch=batch, seq_len=getattr(args, "seq_len", None),
+                         precision=getattr(args, "model_precision", None)), c
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:

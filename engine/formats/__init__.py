@@ -106,9 +106,11 @@ def load_profile(data_or_path: Any, source: str | None = None) -> ProfileTable:
     return built(ProfileTable.from_checked, data, source)
 
 
-def resolve_model(spec: str, *, allow_path: bool = False, batch: int | None = None) -> OpGraph:
+def resolve_model(spec: str, *, allow_path: bool = False, batch: int | None = None, seq_len: int | None = None,
+                  precision: str | None = None) -> OpGraph:
     """A sample model by name (``alexnet``); with ``allow_path``, also a model file's path.
-    ``batch``: a sample model's global batch in samples (a model file states its own).
+    ``batch``: a sample model's global batch in samples, ``seq_len`` its sequence length,
+    ``precision`` its training precision (a model file states its own).
 
     Without ``allow_path`` the file system is never touched beyond the sample library: a
     name that came from a file or a request cannot make soapbox open a path (pass
@@ -121,8 +123,11 @@ def resolve_model(spec: str, *, allow_path: bool = False, batch: int | None = No
     if spec in SAMPLE_MODELS:
         # its builder, the source of sample_models/<name>.json (tests keep them equal): three
         # times faster than reading and validating the file (GPT-3 175B: 0.06 s against 0.18 s)
-        return build_sample(spec, batch)
+        return build_sample(spec, batch, seq_len=seq_len, precision=precision)
     samples = ", ".join(SAMPLE_MODELS)
+    if seq_len is not None or precision is not None:
+        raise ValueError(f"a sequence length or precision can be set for a sample model ({samples}), not for "
+                         f"{printable(spec)!r}: a model file states its own")
     if batch is not None:
         raise ValueError(f"a batch can be set for a sample model ({samples}), not for {printable(spec)!r}: a model "
                          "file states its own (write one with another batch: soapbox model gpt --batch N)")

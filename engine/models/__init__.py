@@ -8,12 +8,15 @@ builders by the tests (so a file and its builder never drift apart).
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..graph import OpGraph
+from ..graph.core import PRECISIONS
 
-__all__ = ["SAMPLE_MODELS", "MAX_SAMPLE_BATCH", "sample_names", "build_sample", "sample_dir"]
+__all__ = ["SAMPLE_MODELS", "MAX_SAMPLE_BATCH", "MAX_SAMPLE_SEQ", "sample_names", "sample_sizes", "build_sample",
+           "sample_dir"]
 
 #: name -> (module, function, one-line description). Sizes are each builder's defaults.
 SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {
@@ -35,6 +38,9 @@ SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {
 #: Largest global batch a sample model is built with (FlexFlow's weak scaling: 64 per GPU,
 #: so 65,536 covers 1,024 GPUs; an LLM's 1,536-4,096 sequences fit easily).
 MAX_SAMPLE_BATCH = 1 << 20
+#: Longest sequence a sample language model is built with, in tokens (1 M: past any published
+#: context length; attention's FLOPs grow with its square)
+MAX_SAMPLE_SEQ = 1 << 20
 
 
 def sample_names() -> list[str]:
@@ -47,16 +53,39 @@ def builder(name: str) -> Callable[[], OpGraph]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
 
-def build_sample(name: str, batch: int | None = None) -> OpGraph:
+def sample_sizes(name: str) -> dict[str, Any]:
+    """The sizes sample ``name``'s builder takes besides its batch, with their defaults
+    (``{"seq_len": 1024, "precision": "fp32"}`` for GPT-2; ``{"precision": "fp32"}`` for a CNN)."""
+    params = inspect.signature(builder(name)).parameters
+    return {k: params[k].default for k in ("seq_len", "precision") if k in params}
+
+
+def build_sample(name: str, batch: int | None = None, *, seq_len: int | None = None,
+                 precision: str | None = None) -> OpGraph:
     """Build sample ``name`` with its builder's default sizes (``batch``: its global batch,
-    in samples, instead of the default)."""
+    in samples, ``seq_len``: a language model's sequence length in tokens, ``precision``: the
+    training precision, instead of the defaults). ValueError names a size out of range or one
+    the model does not have."""
     if name not in SAMPLE_MODELS:
         raise ValueError(f"unknown sample model {name!r}; samples: {', '.join(SAMPLE_MODELS)}")
-    if batch is None:
-        return builder(name)()
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_SAMPLE_BATCH:
-        raise ValueError(f"batch must be a whole number of samples from 1 to {MAX_SAMPLE_BATCH:,}, got {batch!r}")
-    return builder(name)(batch=batch)
+    kw: dict[str, Any] = {}
+    if batch is not None:
+        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_SAMPLE_BATCH:
+            raise ValueError(f"batch must be a whole number of samples from 1 to {MAX_SAMPLE_BATCH:,}, got {batch!r}")
+        kw["batch"] = batch
+    sizes = sample_sizes(name)
+    if seq_len is not None:
+        if "seq_len" not in sizes:
+            raise ValueError(f"{name} has no sequence length to set (it is not a language model)")
+        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 1 <= seq_len <= MAX_SAMPLE_SEQ:
+            raise ValueError(f"sequence length must be a whole number of tokens from 1 to {MAX_SAMPLE_SEQ:,}, "
+                             f"got {seq_len!r}")
+        kw["seq_len"] = seq_len
+    if precision is not None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {str(precision)[:20]!r}")
+        kw["precision"] = precision
+    return builder(name)(**kw)
 
 
 def sample_dir() -> Path:
