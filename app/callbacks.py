@@ -488,7 +488,7 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
         "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
         "rate": {"per_s": summ.get("tokens_per_s") or summ.get("throughput_samples_per_s"), "gpus": len(used),
                  "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
-        "why": why_text(summ, dp_comm, tl) + ("" if dp_fits is not False else
+        "why": why_text(summ, dp_comm, tl, mem) + ("" if dp_fits is not False else
                                               " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": (build_block_stack_figure if layout.get("stack") else build_op_graph_figure)(
             layout, colour_of, legend, hover, sel_nodes),
@@ -585,10 +585,9 @@ def render_editor(state: dict) -> tuple[list, list, str]:
             html.Label(f"{d.name} ({d.kind}, " + (f"size {d.size})" if d.size else "any degree: copies)")),
             dcc.Input(id={"type": "deg", "dim": d.name}, type="number", min=1, step=1, value=cfg.degree(d.name)),
         ], className="deg"))
-    devs = list(cfg.devices)
-    text = f"{devs[0]}-{devs[-1]}" if devs == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1 else \
-        ", ".join(map(str, devs))
-    return options, inputs, text
+    from engine.device_runs import device_runs
+
+    return options, inputs, device_runs(cfg.devices).replace(",", ", ")
 
 
 #: the timeline's options (component values): row grouping, link rows, row filter
@@ -895,9 +894,11 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                             layout={"kind": l_kind, "tp": l_tp, "pp": l_pp, "cp": l_cp, "vpp": l_vpp, "mb": l_mb,
                                     "shard": l_shard, "recompute": l_recompute, "zero": l_zero,
                                     "schedule": l_schedule, "flags": l_flags})
+        # a refused or empty action leaves the state as it was: not sent again, so the editor
+        # and the views keep what the user typed (sending it reset the op editor's fields)
         # a dropdown is set only when it does not already show the state's choice: echoing the
         # value it shows raced with the user's next pick (a slow answer reset it)
-        return (new, msg, _shown(new["model"].get("name"), model),
+        return (no_update if new is state else new, msg, _shown(new["model"].get("name"), model),
                 _shown(new["cluster"].get("name"), cluster),
                 new.get("baseline"), new.get("selected") or [],
                 no_update if trigger == "pick-batch" else new["model"].get("batch"),

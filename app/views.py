@@ -689,14 +689,22 @@ def summary_data(graph: OpGraph, timeline: Timeline, report: MemoryReport, dp_co
     }
 
 
-def why_text(summary: dict, dp: dict | None, timeline: Timeline) -> str:
-    """Why the current strategy is as fast as it is, from its numbers (and data parallel's)."""
+def why_text(summary: dict, dp: dict | None, timeline: Timeline, memory: MemoryReport | None = None) -> str:
+    """Why the current strategy is as fast as it is, from its numbers (and data parallel's):
+    what its critical chain is made of, its speedup, and advice that follows from what
+    dominates: gradient synchronisation (per-iteration collectives), collectives inside the
+    layers (tensor / sequence parallelism, ZeRO-3 gathers: per microbatch), transfers between
+    ops, idle GPUs; and, when it does not fit, what lowers the peak (``memory``)."""
     tg = timeline.tasks
     crit = timeline.critical_tasks
     dur = tg.dur_s[crit]
+    kind, mb = tg.kind[crit], tg.mb[crit]
     total = float(dur.sum()) or 1.0
-    comp = float(dur[(tg.kind[crit] == FWD) | (tg.kind[crit] == BWD)].sum()) / total
-    comm = float(dur[(tg.kind[crit] == XFER) | (tg.kind[crit] == COLL)].sum()) / total
+    comp = float(dur[(kind == FWD) | (kind == BWD)].sum()) / total
+    share = {"gradient synchronisation": float(dur[(kind == COLL) & (mb < 0)].sum()) / total,
+             "collectives inside the layers": float(dur[(kind == COLL) & (mb >= 0)].sum()) / total,
+             "transfers between ops": float(dur[kind == XFER].sum()) / total}
+    comm = sum(share.values())
     lines = [f"The critical chain (the tasks that set the iteration time) is {comp:.0%} compute and "
              f"{comm:.0%} communication; the rest is waiting."]
     if dp and dp.get("comm_bytes"):
@@ -715,10 +723,26 @@ def why_text(summary: dict, dp: dict | None, timeline: Timeline) -> str:
         else:
             lines.append("It is as fast as data parallel.")
     if comm > 0.3:
-        lines.append("Communication dominates: try splitting large-parameter ops along their parameter dims "
-                     "(less gradient sync) or keeping neighbouring ops on the same devices (fewer transfers).")
+        top = max(share, key=lambda k: share[k])
+        advice = {
+            "gradient synchronisation": "split the large-parameter ops along their parameter dims (tensor "
+                                        "parallelism: fewer replicas to synchronise), shard with ZeRO, or give "
+                                        "each GPU more of the batch so the sync hides behind the backward pass.",
+            "collectives inside the layers": "a lower tensor-parallel degree, tensor parallelism kept inside a "
+                                             "node (NVLink), or ZeRO 1/2 instead of 3 (no weight gathers) cut "
+                                             "them.",
+            "transfers between ops": "keep neighbouring ops on the same devices with the same split (each change "
+                                     "of split or devices moves the tensor between them).",
+        }[top]
+        lines.append(f"Communication dominates, mostly {top} ({share[top]:.0%} of the chain): {advice}")
     elif summary.get("mean_utilization", 1) < 0.5:
         lines.append("GPUs are idle more than half the time: the work is not spread evenly.")
+    if memory is not None and not memory.feasible:
+        over = memory.over_capacity()
+        lines.append(f"It does not fit in memory ({len(over):,} GPU{'s' if len(over) != 1 else ''} over capacity, "
+                     f"GPU {over[0][0]} by {format_bytes(over[0][1])}): recomputation, a higher ZeRO stage, more "
+                     "tensor or pipeline parallelism, or a smaller micro-batch lower the peak; \"Smallest cluster "
+                     "for this layout\" (under the memory chart) finds where it fits.")
     return " ".join(lines)
 
 

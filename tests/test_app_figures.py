@@ -670,3 +670,40 @@ class TestBlockStack:
         texts = [t for tr in fig.data if tr.text is not None for t in tr.text]
         assert any(t.startswith("▾ layers.16–31") for t in texts) and any(t.startswith("▸ head") for t in texts)
         assert fig.layout.height >= F.STACK_ROW_PX * (1 - min(b["y"]))  # rows never closer than the pitch
+
+
+class TestWhyAdvice:
+    """Issue 16: the why-text's advice follows what dominates the critical chain (it advised
+    less gradient sync to strategies that had none) and says what to do when over memory."""
+
+    def test_data_parallel_alexnet_is_gradient_sync(self, alexnet, dp):
+        g, _ = alexnet
+        s = V.summary_data(g, dp.timeline, dp.memory, None)
+        text = V.why_text(s, None, dp.timeline, dp.memory)
+        tg, crit = dp.timeline.tasks, dp.timeline.critical_tasks
+        sync = tg.dur_s[crit][(tg.kind[crit] == COLL) & (tg.mb[crit] < 0)].sum() / tg.dur_s[crit].sum()
+        assert sync > 0.3 and f"mostly gradient synchronisation ({sync:.0%} of the chain)" in text, text
+        assert "does not fit" not in text
+
+    def test_advice_names_the_largest_share(self, alexnet, ex):
+        g, _ = alexnet
+        text = V.why_text(V.summary_data(g, ex.timeline, ex.memory, None), None, ex.timeline)
+        tg, crit = ex.timeline.tasks, ex.timeline.critical_tasks
+        d, k, mb = tg.dur_s[crit], tg.kind[crit], tg.mb[crit]
+        shares = {"gradient synchronisation": d[(k == COLL) & (mb < 0)].sum(),
+                  "collectives inside the layers": d[(k == COLL) & (mb >= 0)].sum(),
+                  "transfers between ops": d[k == XFER].sum()}
+        if sum(shares.values()) / d.sum() > 0.3:
+            assert f"mostly {max(shares, key=shares.get)}" in text, text
+        else:
+            assert "Communication dominates" not in text
+
+    def test_over_memory_says_what_lowers_the_peak(self):
+        from app import workspace as W
+
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")  # data parallel: 1.59 TB per GPU
+        ws = W.workspace(s)
+        assert not ws.memory.feasible
+        text = V.why_text(V.summary_data(ws.graph, ws.timeline, ws.memory, None), None, ws.timeline, ws.memory)
+        assert "It does not fit in memory (64 GPUs over capacity, GPU 0 by " in text
+        assert "recomputation, a higher ZeRO stage" in text and "Smallest cluster for this layout" in text

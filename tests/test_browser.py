@@ -124,6 +124,10 @@ class TestExplorer:
         expect(page.locator("#message")).to_contain_text("Edit refused")
         expect(page.locator("#message")).to_contain_text("fc")
         expect(page.locator("#sum-time")).to_have_text(edited)
+        # what was typed stays, to be corrected (issue 16: a refused edit wiped it)
+        page.wait_for_timeout(500)
+        expect(page.locator("#edit-devices")).to_have_value("0-2")
+        expect(page.locator("input[id='{\"dim\":\"sample\",\"type\":\"deg\"}']")).to_have_value("3")
 
     def test_search_trace_grows_live_then_stop_and_adopt(self, page: Page, app_url: str):
         open_app(page, app_url)
