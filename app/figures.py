@@ -335,10 +335,14 @@ def build_memory_figure(data: dict[str, Any]) -> dict[str, Any]:
         f"(+{format_bytes(over[0][1])})")
     if data.get("hidden"):
         title += f" · the {n} fullest of {n + data['hidden']} groups shown"
-    return _figure(traces, barmode="stack", height=max(300, ROW_PX * n + 150), margin={**_MARGIN, "t": 40},
-                   xaxis=dict(title=dict(text="GB")),
+    height = max(300, ROW_PX * n + 170)
+    margin = {**_MARGIN, "t": 40, "b": 100}  # (the legend's two lines below the axis title)
+    return _figure(traces, barmode="stack", height=height, margin=margin,
+                   xaxis=dict(title=dict(text="GB", standoff=4)),
                    yaxis=dict(autorange="reversed", tickfont=dict(size=10), fixedrange=True, type="category"),
-                   title=dict(text=title, x=0), legend=dict(orientation="h", y=-0.15, yanchor="top"))
+                   title=dict(text=title, x=0),
+                   # below the axis title whatever the height: 42 px under the plot, in plot units
+                   legend=dict(orientation="h", y=-42 / (height - margin["t"] - margin["b"]), yanchor="top"))
 
 
 def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> dict[str, Any]:
@@ -380,5 +384,6 @@ def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, A
     fig.update_layout(barmode="overlay", height=120 + ROW_PX * rows + 60 * len(items), margin=_MARGIN,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
     fig.update_xaxes(title_text="time", row=len(items), col=1)
-    fig.update_xaxes(**time_ticks(0.0, max(d["makespan_s"] for _, d in items)))
+    # every timeline its own time labels (in a scrolled view the bottom axis is out of sight)
+    fig.update_xaxes(showticklabels=True, **time_ticks(0.0, max(d["makespan_s"] for _, d in items)))
     return fig.to_dict()

@@ -242,7 +242,7 @@ def make_layout() -> html.Div:
                                  title="the sample model's training precision (empty: its default)"),
                       dcc.Dropdown(id="pick-precision", value="default", clearable=False, searchable=False,
                                    options=[{"label": "default", "value": "default"}, "fp32", "fp16", "bf16"])],
-                     className="pick pick-batch"),
+                     className="pick pick-precision"),
             html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
                                                            clearable=False)], className="pick"),
             html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),

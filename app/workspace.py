@@ -1145,7 +1145,7 @@ def _layout_options(strategy: Strategy) -> tuple[str, dict[str, Any], str] | Non
     else:
         o = {}
     shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.items()
-                      if v not in (None, False, "none", 0, 1) or k in ("tp", "pp"))
+                      if v not in (None, False, "none", 0, 1) or k in ("tp", "pp", "micro_batch"))
     return kind, o, f"{kind}" + (f" ({shown})" if shown else "")
 
 
