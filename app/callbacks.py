@@ -667,7 +667,7 @@ def compare_shown(state: dict, shown: list | None, had: list | None) -> tuple[li
     strategy kept since the list was last drawn (a new one opens drawn)."""
     names = [it["name"] for it in state.get("compare") or []]
     known = {o.get("value") for o in (had or []) if isinstance(o, dict)}
-    ticked = set(shown or []) if isinstance(shown, list) else set()
+    ticked = {x for x in shown if isinstance(x, str)} if isinstance(shown, list) else set()
     return names, [n for n in names if n in ticked or n not in known]
 
 

@@ -173,6 +173,20 @@ def build_gantt_figure(data: dict[str, Any], title: str = "") -> dict[str, Any]:
         uirevision="gantt")
 
 
+def _edge_trace(ex: list, ey: list) -> dict[str, Any]:
+    """The op graph's lines (segments separated by None), grey, not hoverable."""
+    return dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
+                showlegend=False)
+
+
+def _by_colour(nodes: list[str], colour_of: dict[str, str]) -> dict[str, list[int]]:
+    """Node indices per colour (one trace, one legend entry, per config)."""
+    out: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        out.setdefault(colour_of.get(n, "#999999"), []).append(i)
+    return out
+
+
 def build_op_graph_figure(layout: dict[str, Any], colour_of: dict[str, str], legend: dict[str, str],
                           hover: dict[str, str], selected: set[str] | None = None) -> dict[str, Any]:
     """The operator DAG, left to right: ``layout`` from :func:`app.views.graph_layout`,
@@ -185,11 +199,8 @@ def build_op_graph_figure(layout: dict[str, Any], colour_of: dict[str, str], leg
         (x0, y0), (x1, y1) = where[a], where[b]
         ex += [x0, x1, None]
         ey += [y0, y1, None]
-    data = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
-                 showlegend=False)]
-    by_colour: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        by_colour.setdefault(colour_of.get(n, "#999999"), []).append(i)
+    data = [_edge_trace(ex, ey)]
+    by_colour = _by_colour(nodes, colour_of)
     size = 14 if layout["collapsed"] else 9
     for colour, idx in by_colour.items():
         data.append(dict(
@@ -229,11 +240,8 @@ def build_block_stack_figure(stack: dict[str, Any], colour_of: dict[str, str], l
         else:
             ex += [x0, x1, None]
             ey += [y0, y1, None]
-    data = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
-                 showlegend=False)]
-    by_colour: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        by_colour.setdefault(colour_of.get(n, "#999999"), []).append(i)
+    data = [_edge_trace(ex, ey)]
+    by_colour = _by_colour(nodes, colour_of)
     for colour, idx in by_colour.items():
         text, pos = [], []
         for j, i in enumerate(idx):

@@ -293,3 +293,52 @@ class TestIdleCache:
         assert c.trim(3600.0) == 0
         assert c.trim(0.0) == 1 and list(c) == ["p"]
         assert c.get("b", "gone") == "gone"
+
+
+class TestIssue16Inputs:
+    """The explorer's new inputs (issue 16) against what a crafted request can send."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(text=st.text(max_size=400))
+    def test_any_row_filter_is_read_or_named(self, text):
+        from app.views import parse_row_filter
+
+        try:
+            parts = parse_row_filter(text)
+        except ValueError as e:
+            assert "row filter" in str(e)
+        else:
+            assert all(k in ("gpu", "stage", "node", "text") for k, _ in parts)
+
+    @pytest.mark.parametrize("opts", [{"rows": "../../x", "links": 7, "filter": "x" * 10_000},
+                                      {"rows": None, "links": None, "filter": "5-2"}, {"filter": "stage 99999999"}])
+    def test_timeline_options_never_break_the_timeline(self, alex, opts):
+        fig, notes = C.zoom_gantt(alex, None, opts, trigger="gantt-rows")
+        assert isinstance(fig, dict) and isinstance(notes, str)
+
+    @pytest.mark.parametrize("shown", [None, [{"a": 1}], "dp", [1, 2, None], ["nope"] * 1000])
+    def test_compare_ticks_of_any_shape(self, alex, shown):
+        s, _ = W.add_to_compare(alex, "dp")
+        names, value = C.compare_shown(s, shown, [{"value": "dp"}, 5, None])
+        assert names == ["dp"] and set(value) <= {"dp"}
+        C.render_compare(s, value)
+
+    @pytest.mark.parametrize("step", ["../../etc/passwd", "", None, 7, "soap" * 100])
+    def test_a_crafted_tour_step_is_named(self, alex, step):
+        s, msg = C.on_event("tour", alex, step=step)
+        assert s is alex and msg.startswith("Unknown step")
+
+    @pytest.mark.parametrize("trigger, size", [("pick-seq", "9" * 1000), ("pick-seq", -1), ("pick-seq", True),
+                                               ("pick-seq", [4096]), ("pick-precision", {"x": 1}),
+                                               ("pick-precision", "bf16" * 100)])
+    def test_crafted_model_sizes_are_refused(self, trigger, size):
+        s = W.new_state("gpt2")
+        new, msg = C.on_event(trigger, s, size=size)
+        assert new is s and " refused: " in msg
+
+    def test_cancel_and_fit_without_anything_to_do(self, alex):
+        s = dict(alex, sid="f" * 32)
+        back, msg = C.cancel_simulation(s)
+        assert back is s and msg == "Nothing to go back to."
+        assert C.fit_view({"sid": "nope"}, start=True)[0].startswith("Cannot look for a cluster: ")
+        assert C.fit_view(None, start=True)[1] is True
