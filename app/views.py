@@ -311,36 +311,44 @@ def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: 
     (p-1)/(v*m + p-1) of the time (Narayanan et al., SC'21, section 2.2: bubble time / ideal
     time = (p-1)/m, divided by v under the interleaved schedule)."""
     p, m, v = (int(x) for x in pipeline)
+    formula = (p - 1) / (v * m + p - 1)
     comp = np.flatnonzero((tg.kind == FWD) | (tg.kind == BWD))
     span = float(end[comp].max()) if comp.size else 0.0
-    gaps_s, gaps_e, gaps_r, shares, weights = [], [], [], [], []
+    out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
+           "start": np.zeros(0), "end": np.zeros(0), "row": np.zeros(0, np.int64)}
+    if span <= 0:
+        return out
+    dev = tg.device[comp]
+    by_dev = np.argsort(dev, kind="stable")  # [task] grouped by device, then each group by start:
+    cut = np.flatnonzero(np.diff(dev[by_dev])) + 1  # (per-group sorts: cheaper than one lexsort)
+    groups = np.split(by_dev, cut)
+    t = np.concatenate([comp[g][np.argsort(start[comp[g]], kind="stable")] for g in groups])
+    d = tg.device[t]
+    devs = np.array([tg.device[comp[g[0]]] for g in groups], np.int64)
+    rank = np.repeat(np.arange(devs.size), [g.size for g in groups])
+    # each device's covered time so far: a running max of ends that never crosses devices
+    # (offset by the device's rank times more than the span, so earlier devices stay below)
+    off = rank * (2.0 * span + 1.0)
+    covered = np.maximum.accumulate(end[t] + off) - off
+    first = np.r_[True, d[1:] != d[:-1]]
+    last = np.r_[d[1:] != d[:-1], True]
+    prev_end = np.where(first, 0.0, np.r_[0.0, covered[:-1]])  # [task] idle from here ...
+    gap = start[t] - prev_end  # ... to its start: from 0 to a device's first task, between runs
+    tail_s = covered[last]  # [device] idle from its last task to the span's end
+    idle = np.bincount(rank, weights=np.where(gap > 0, gap, 0.0), minlength=devs.size) + \
+        np.maximum(span - tail_s, 0.0)
     image = tg.info.get("device_image")
     alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
-    for d in np.unique(tg.device[comp]):
-        t = comp[tg.device[comp] == d]
-        if t.size == 0 or span <= 0:
-            continue
-        o = np.argsort(start[t], kind="stable")
-        a, b = start[t][o], np.maximum.accumulate(end[t][o])
-        # gaps: from 0 to the first start, between each covered run and the next start, to span
-        prev_end = np.concatenate([[0.0], b])
-        nxt = np.concatenate([a, [span]])
-        gap = nxt - prev_end
-        idle = float(gap[gap > 0].sum())
-        shares.append(idle / span)
-        weights.append(float(alike[d]) if alike is not None else 1.0)  # the GPUs it stands for
-        if dev_row[d] < 0:
-            continue
-        big = np.flatnonzero(gap > 0.005 * span)
-        gaps_s.append(prev_end[big])
-        gaps_e.append(nxt[big])
-        gaps_r.append(np.full(big.size, dev_row[d]))
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0))
-    gs, ge, gr = cat(gaps_s), cat(gaps_e), cat(gaps_r).astype(np.int64)
+    weights = alike[devs].astype(np.float64) if alike is not None else np.ones(devs.size)  # GPUs each stands for
+    out["measured"] = float(np.average(idle / span, weights=weights))
+    big = (gap > 0.005 * span) & (dev_row[d] >= 0)
+    tail = (span - tail_s > 0.005 * span) & (dev_row[devs] >= 0)
+    gs = np.concatenate([prev_end[big], tail_s[tail]])
+    ge = np.concatenate([start[t][big], np.full(int(tail.sum()), span)])
+    gr = np.concatenate([dev_row[d][big], dev_row[devs][tail]]).astype(np.int64)
     vis = (ge >= t0) & (gs <= t1)
-    formula = (p - 1) / (v * m + p - 1)
-    return {"start": gs[vis], "end": ge[vis], "row": gr[vis], "measured": float(np.average(shares, weights=weights)) if shares else 0.0,
-            "formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span}
+    out.update(start=gs[vis], end=ge[vis], row=gr[vis])
+    return out
 
 
 def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, starts: np.ndarray,
