@@ -411,8 +411,8 @@ def cancel_simulation(state: dict) -> tuple[dict, str]:
         return state, "Nothing to go back to." if not running else \
             "Stopped waiting; no earlier view to go back to (pick another strategy)."
     back = dict(prev, version=int(state.get("version", 0)) + 1)
-    return back, ("Went back to the strategy shown before; the simulation that was running finishes in the "
-                  "background and is not shown.")
+    return back, "Went back to the strategy shown before." + (
+        " The simulation that was running finishes in the background and is not shown." if running else "")
 
 
 def trim_render_cache(max_idle_s: float) -> int:
@@ -633,6 +633,8 @@ def zoom_gantt(state: dict, relayout: dict | None, opts: dict | None = None, tri
             window = (float(a) / 1e3, float(b) / 1e3)
         elif not relayout.get("xaxis.autorange"):
             return no_update, no_update
+        if window is not None and not (math.isfinite(window[0]) and math.isfinite(window[1]) and window[1] > window[0]):
+            return no_update, no_update  # (a crafted or degenerate range)
     ws = W.workspace(state)
     selected = [n for n in (state.get("selected") or []) if n in ws.graph.index]
     return gantt_view(ws, selected, window, opts)

@@ -87,12 +87,22 @@ def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
     ['0 s', '5 s', '10 s', '15 s', '20 s', '25 s', '30 s']
     >>> time_ticks(12.1, 12.4)["ticktext"][:3]
     ['12.10 s', '12.15 s', '12.20 s']
+    >>> time_ticks(0.0, 72_000.0)["ticktext"][:3]
+    ['0 h', '5 h', '10 h']
     """
+    if not (math.isfinite(t0_s) and math.isfinite(t1_s)):
+        return {}
     span = max(t1_s - t0_s, 1e-12)
     raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    if step >= 60:  # whole minutes past a minute
+
+    def nice(x: float, unit: float = 1.0) -> float:  # the 1-2-5 step at or above x, in units
+        mag = 10 ** math.floor(math.log10(x / unit))
+        return unit * next(m * mag for m in (1, 2, 5, 10) if m * mag * unit >= x * (1 - 1e-12))
+
+    step = nice(raw)
+    if raw >= 2 * 3600:  # whole hours past two hours
+        step = nice(raw, 3600.0)
+    elif step >= 60:  # whole minutes past a minute
         step = next(m * 60 for m in (1, 2, 5, 10, 15, 30, 60, 120) if m * 60 >= raw)
     first = math.ceil(t0_s / step - 1e-9)
     vals = [(first + i) * step for i in range(int((t1_s - first * step) / step + 1e-9) + 1)]
@@ -139,7 +149,7 @@ def gantt_notes(data: dict[str, Any]) -> str:
     notes = []
     if data["merged"]:
         notes.append(f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each")
-    if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0):
+    if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0) > 0:
         how = f"one GPU drawn per {data['rows']}" if data.get("rows") in ("stage", "node") else \
             "identical GPUs drawn once" if data.get("rows") == "gpu" else ""
         notes.append(f"{data['gpu_rows']:,} GPU rows for {data['gpus_in_plan']:,} GPUs ({how})")

@@ -140,8 +140,10 @@ def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: 
                 return True
             if kind == "gpu" and np.any((devs >= v[0]) & (devs <= v[1])):
                 return True
-            if kind == rows and any(v[0] <= g <= v[1] for g in np.atleast_1d(group)):
-                return True
+            if kind in ("stage", "node"):  # (whatever the grouping: the stage or node of the GPUs a row stands for)
+                key = stage_of_device if kind == "stage" else node
+                if key is not None and np.any((key[devs] >= v[0]) & (key[devs] <= v[1])):
+                    return True
         return False
 
     reps: list[int] = []
@@ -643,9 +645,9 @@ def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.nd
     hidden = 0
     if order.size > max_groups:  # the fullest groups, then back in device order
         fill = report.peak_bytes[d[first]] / np.maximum(cap[first], 1.0)
-        keep = np.sort(np.argsort(-fill, kind="stable")[:max_groups])
-        hidden = int(order.size - keep.size)
-        order = keep
+        top = np.argsort(-fill, kind="stable")[:max_groups]  # (group ids, fullest first)
+        hidden = int(order.size - top.size)
+        order = order[np.isin(order, top)]  # (back in device order)
     pick = first[order]
     labels = [(f"stage {int(stage[i])} · " if stage[i] >= 0 else "") + f"GPU {int(d[i])}"
               + (f" (x{int(counts[k])})" if counts[k] > 1 else "") for k, i in zip(order, pick)]

@@ -26,7 +26,7 @@ import uuid
 import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -81,6 +81,8 @@ __all__ = [
 #: these sizes an upload is refused with a pointer to the CLI (which reduces symmetric replicas)
 MAX_APP_OPS = 20_000
 MAX_APP_DEVICES = 1_024
+#: device ids a page's strategy may list in all (GPT-3 175B on 1,024 GPUs: 2.5 M)
+MAX_APP_DEVICE_IDS = 4 * 2**20
 #: a share link longer than this is refused before decoding (a link names the configs that
 #: differ from a baseline: a few KB; a whole 1,024-GPU strategy compresses to well under this)
 MAX_LINK_CHARS = 256 * 1024
@@ -331,6 +333,15 @@ def _strategy(state: dict) -> Strategy:
     hit = _parsed.get(key)
     if hit is not None:
         return hit
+    from engine.device_runs import check_runs
+
+    ops = state["strategy"].get("ops") if isinstance(state["strategy"], dict) else None
+    if isinstance(ops, dict):  # the explorer's own bound on what a page's runs may stand for
+        if len(ops) > MAX_APP_OPS:
+            raise ValueError(f"the page's strategy has {len(ops):,} ops; the explorer takes up to {MAX_APP_OPS:,}")
+        bad = check_runs(ops, MAX_APP_DEVICE_IDS, per_op=MAX_APP_DEVICES)
+        if bad:
+            raise ValidationError([Problem(p, m) for p, m in bad[:5]], "the page's strategy")
     try:
         s = load_strategy(state["strategy"])
     except ValidationError as e:
@@ -402,7 +413,7 @@ class Workspace:
 
 
 _workspaces: "OrderedDict[str, Workspace]" = OrderedDict()
-_ws_lock = threading.Lock()
+_ws_lock = threading.RLock()  # (re-entered when a build's future completes inside it: cancel(), a build done at once)
 
 
 def _same_settings(a: Strategy, b: Strategy) -> bool:
@@ -426,22 +437,35 @@ def workspace(state: dict) -> Workspace:
 
 @dataclass
 class _Build:
-    """A workspace being built off the request path."""
+    """A workspace being built off the request path, for one session's state."""
 
+    sid: str
     key: str
     started: float
     future: Future | None = None
-    phase: str = "checking the strategy"
+    phase: str = "queued behind other simulations"
 
 
 _builds: dict[str, _Build] = {}  # sid -> its running build
-_dropped: dict[str, _Build] = {}  # content key -> a build "Cancel" stopped waiting for, still running
+_dropped: dict[tuple[str, str], _Build] = {}  # (sid, content key) -> a build "Cancel" left running
+#: background builds of every session (a queued build a session has moved on from is cancelled
+#: before it starts); the smallest-cluster scans have a pool of their own
 _build_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="soapbox-build")
+_scan_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="soapbox-scan")
 
 
 def _content_key(state: dict) -> str:
     return hashlib.sha256(json.dumps([state["model"], state["cluster"], state["strategy"]], sort_keys=True)
                           .encode()).hexdigest()
+
+
+def _forget_build(b: _Build) -> None:
+    """(A build's future is done: no session waits for it any more.)"""
+    with _ws_lock:
+        if _builds.get(b.sid) is b:
+            del _builds[b.sid]
+        if _dropped.get((b.sid, b.key)) is b:
+            del _dropped[(b.sid, b.key)]
 
 
 def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | None:
@@ -459,23 +483,15 @@ def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | 
     with _ws_lock:
         b = _builds.get(sid)
         if b is None or b.key != key:
-            old = _dropped.pop(key, None)  # the same build, left running by "Cancel": taken up again
+            if b is not None:
+                b.future.cancel()  # (only one not started yet: the session has moved on from it)
+            old = _dropped.pop((sid, key), None)  # this session's build that "Cancel" left running
             if old is not None and not old.future.done():
-                _builds[sid] = old
-                b = old
-    with _ws_lock:
-        b = _builds.get(sid)
-        if b is None or b.key != key:
-            b = _Build(key, time.monotonic())
-            _builds[sid] = b
-
-            def done(_f: Future, sid: str = sid, b: _Build = b) -> None:
-                with _ws_lock:
-                    if _builds.get(sid) is b:
-                        del _builds[sid]
-
-            b.future = _build_pool.submit(_workspace_now, state, b)
-            b.future.add_done_callback(done)
+                b = _builds[sid] = old
+            else:
+                b = _builds[sid] = _Build(sid, key, time.monotonic())
+                b.future = _build_pool.submit(_workspace_now, state, b)
+                b.future.add_done_callback(lambda _f, b=b: _forget_build(b))
     try:
         return b.future.result(timeout=wait_s)
     except FutureTimeout:
@@ -493,32 +509,54 @@ def build_status(state: dict) -> dict[str, Any] | None:
 
 
 def drop_build(sid: str) -> bool:
-    """Stop waiting for the session's background build (it cannot be interrupted: it finishes
-    and its result is kept for the state it was made for); whether one was running."""
+    """Stop waiting for the session's background build (one not started is cancelled; one
+    running cannot be interrupted: it finishes, and its result is kept for the state it was
+    made for); whether one was queued or running."""
     with _ws_lock:
         b = _builds.pop(str(sid), None)
-        if b is not None:
-            _dropped[b.key] = b
-            for k in [k for k, x in _dropped.items() if x.future.done()]:
-                del _dropped[k]
-        return b is not None
+        if b is None:
+            return False
+        if not b.future.cancel() and not b.future.done():
+            _dropped[(b.sid, b.key)] = b
+        return True
 
 
-def _check_size(graph: OpGraph, strategy: Strategy, what: str) -> None:
-    """Raise :class:`TooLargeError` when a simulation without symmetry of ``strategy`` would
-    be larger than the explorer's :data:`APP_MAX_TASKS`."""
+def _size_of(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> tuple[int, int]:
+    """(tasks of a full simulation, tasks of a symmetric one), estimated
+    (:func:`engine.taskgraph.estimate_symmetric_tasks`)."""
+    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
+
+    return estimate_tasks(graph, strategy), estimate_symmetric_tasks(graph, strategy, cluster)
+
+
+def _too_large(n: int, what: str) -> TooLargeError:
+    return TooLargeError(
+        f"{what} would take about {n:,} tasks, more than the explorer simulates ({APP_MAX_TASKS:,}). "
+        "Simulate it with the command line (soapbox simulate --strategy FILE), or use a layout whose "
+        "replicas are alike (the layout panel's megatron or fsdp), which the explorer simulates once per "
+        "set of identical GPUs, with fewer microbatches")
+
+
+def _check_size(graph: OpGraph, strategy: Strategy, what: str, cluster: Cluster | None = None) -> None:
+    """Raise :class:`TooLargeError` when the simulation of ``strategy`` would be larger than
+    the explorer's :data:`APP_MAX_TASKS`: without symmetry, or (``cluster`` given) with the
+    engine's symmetry where it finds one (a plan of 500,000 microbatches is too large however
+    alike its replicas)."""
     from engine.taskgraph import estimate_tasks
 
-    n = estimate_tasks(graph, strategy)
-    if n > APP_MAX_TASKS:
-        raise TooLargeError(
-            f"{what} would take about {n:,} tasks, more than the explorer simulates ({APP_MAX_TASKS:,}). "
-            "Simulate it with the command line (soapbox simulate --strategy FILE), or use a layout whose "
-            "replicas are alike (the layout panel's megatron or fsdp), which the explorer simulates once per "
-            "set of identical GPUs")
+    if cluster is None:
+        n = estimate_tasks(graph, strategy)
+        if n > APP_MAX_TASKS:
+            raise _too_large(n, what)
+        return
+    full, sym = _size_of(graph, strategy, cluster)
+    if sym > APP_MAX_TASKS:
+        raise _too_large(sym, what)
 
 
 def _workspace_now(state: dict, build: _Build | None = None) -> Workspace:
+    if build is not None:
+        build.phase = "checking the strategy"
     graph, cluster = graph_of(state), cluster_of(state)
     strategy = _strategy(state)
     sid = state["sid"]
@@ -529,13 +567,15 @@ def _workspace_now(state: dict, build: _Build | None = None) -> Workspace:
             ws.used_at = time.monotonic()
     if ws is not None and ws.graph is graph and ws.cluster is cluster and _same_settings(ws.strategy, strategy):
         with ws.lock:
-            if ws.version == state.get("version") and ws.strategy.configs == strategy.configs:
+            if ws.strategy.configs == strategy.configs:  # (the same strategy under a new version)
+                ws.version = state.get("version", 0)
                 return ws
             changed = [op for op, c in strategy.configs.items() if ws.strategy.configs[op] != c]
             if len(changed) <= _DELTA_LIMIT:
                 problems = [p for op in changed for p in ws.check(op, strategy.configs[op])]
                 if problems:
                     raise ValidationError(problems, "the page's strategy")
+                _check_size(graph, strategy, "this strategy's full simulation (an edit breaks its symmetry)")
                 sim = ws.editable()
                 for op in changed:
                     sim.change(op, strategy.configs[op])
@@ -569,6 +609,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
         if build is not None:
             build.phase = text
 
+    _check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
     try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
         tg = build_task_graph(graph, strategy, cluster, max_tasks=0)
@@ -663,11 +704,13 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
             problems.append(str(p))
     if problems:
         return state, "Edit refused: " + "; ".join(problems)
-    if ws.sim is None:  # a symmetric workspace: an edit needs the full simulation
-        try:
-            _check_size(graph, strategy, "a hand edit needs the full simulation (no symmetry): it")
-        except TooLargeError as e:
-            return state, f"Edit refused: {e}."
+    edited = strategy
+    for op in ops:
+        edited = edited.with_config(op, config)
+    try:  # (an edited strategy is simulated in full: an edit breaks the symmetry)
+        _check_size(graph, edited, "a hand edit needs the full simulation (no symmetry): it")
+    except TooLargeError as e:
+        return state, f"Edit refused: {e}."
     entries = [{"op": op, "before": _cfg(strategy[op]), "after": _cfg(config)}
                for op in ops if strategy[op] != config]
     if not entries:
@@ -754,10 +797,12 @@ def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, 
 
     from engine.taskgraph import estimate_tasks
 
-    try:  # (the estimate first: milliseconds; the symmetry search only for a huge one)
-        if estimate_tasks(graph_of(state), strategy) > APP_MAX_TASKS and \
-                find_symmetry(graph_of(state), strategy, cluster_of(state)) is None:
-            _check_size(graph_of(state), strategy, "it has no exact symmetry: its simulation")
+    try:  # (the estimate first: milliseconds; the symmetry search only for a large one)
+        g, c = graph_of(state), cluster_of(state)
+        if estimate_tasks(g, strategy) > APP_MAX_TASKS:
+            if find_symmetry(g, strategy, c) is None:
+                _check_size(g, strategy, "it has no exact symmetry: its simulation")
+            _check_size(g, strategy, "its simulation, one GPU per set of identical ones,", c)
     except TooLargeError as e:
         return state, f"Not set: {e}."
     old = _strategy(state)
@@ -781,7 +826,8 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
     except (ValueError, SoapboxError) as e:
         return state, f"{kind} cannot run here: {e}"
     new, msg = _set_strategy(state, s, f"Strategy set to the {kind} baseline.")
-    new["baseline"] = kind
+    if new is not state:  # (refused: the state stays as it was)
+        new["baseline"] = kind
     return new, msg
 
 
@@ -838,8 +884,13 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
                          if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
                          "fp8" if s.fp8 else "") if x]
+    # the options the user gave, so that another cluster size rebuilds the layout from them (a
+    # micro-batch the builder chose for 64 GPUs does not fit 512)
+    s = replace(s, found_by={**s.found_by, "options": {**s.found_by.get("options", {}), "given": dict(opts)}})
     new, msg = _set_strategy(state, s, f"Layout ({kind}): {', '.join(parts + extra)}; "
                                        f"{s.pipeline.microbatches} microbatches.".replace("micro_batch", "micro-batch"))
+    if new is state:  # (refused: the state stays as it was)
+        return state, msg
     new["baseline"] = kind
     return new, msg
 
@@ -1122,6 +1173,11 @@ class _FitScan:
 _fit_scans: dict[str, _FitScan] = {}  # sid -> the session's latest scan
 
 
+#: the options a layout carries to another cluster size (the layout panel's, as the builders name them)
+_GIVEN = ("tp", "pp", "cp", "vpp", "micro_batch", "shard_group", "recompute", "zero_stage", "sequence_parallel",
+          "fp8", "schedule")
+
+
 def _layout_options(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
     """(baseline kind, the options that rebuild the strategy's layout on another cluster size,
     a description) for a strategy made by a baseline builder or the layout panel; None for a
@@ -1132,16 +1188,18 @@ def _layout_options(strategy: Strategy) -> tuple[str, dict[str, Any], str] | Non
         return None
     kind = algo.split(":", 1)[1]
     o = dict(found.get("options") or {})
-    o.pop("dp", None)  # (data parallel fills each size)
-    if kind == "fsdp":
-        o.pop("micro_batch", None)  # (one micro-batch per GPU's share of the batch, at every size)
-        o["zero_stage"] = strategy.zero_stage
-    elif kind == "megatron":
-        o.update(zero_stage=strategy.zero_stage, fp8=strategy.fp8)
-        if strategy.pipeline.stages > 1:
-            o["schedule"] = "interleaved" if strategy.pipeline.virtual_stages > 1 else strategy.pipeline.schedule
-    elif kind not in BASELINES:
+    given = o.pop("given", None)
+    if kind not in BASELINES:
         return None
+    if isinstance(given, dict):  # the layout panel's: exactly what the user set (the builder's defaults else)
+        o = {k: v for k, v in given.items() if k in _GIVEN and isinstance(v, (bool, int, str))}
+    elif kind in ("megatron", "fsdp"):  # a file's or a starting baseline's: its degrees, not the micro-batch
+        o = {k: v for k, v in o.items() if k in _GIVEN and k != "micro_batch" and isinstance(v, (bool, int, str))}
+        o["zero_stage"] = strategy.zero_stage
+        if kind == "megatron":
+            o["fp8"] = strategy.fp8
+            if strategy.pipeline.stages > 1:
+                o["schedule"] = "interleaved" if strategy.pipeline.virtual_stages > 1 else strategy.pipeline.schedule
     else:
         o = {}
     shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.items()
@@ -1183,7 +1241,11 @@ def fit_start(state: dict) -> str:
             return f"Looking for the smallest cluster for {old.layout}." if not old.done else ""
         if old is not None:
             old.cancelled = True
+            del _fit_scans[sid]
         scan = _fit_scans[sid] = _FitScan(key, text)
+        while len(_fit_scans) > 64:  # (the oldest sessions' results go first)
+            _fit_scans[next(iter(_fit_scans))].cancelled = True
+            del _fit_scans[next(iter(_fit_scans))]
     graph = graph_of(state)
 
     def run() -> None:
@@ -1197,7 +1259,7 @@ def fit_start(state: dict) -> str:
         finally:
             scan.done = True
 
-    _build_pool.submit(run)
+    _scan_pool.submit(run)
     return f"Looking for the smallest cluster for {text}…"
 
 
@@ -1223,8 +1285,11 @@ def fit_status(state: dict) -> tuple[str, bool] | None:
                 f"{found['capacity_bytes'] / 1e9:,.1f} GB, {found['iteration_time_s']:.3g} s per iteration.")
     elif scan.error:
         text = f"stopped: {scan.error}."
+    elif scan.done and scan.rows and all(r["peak_memory_bytes"] is None for r in scan.rows):
+        text = f"it cannot be built on any size of this family up to 1,024 GPUs ({scan.rows[-1]['why']})."
     elif scan.done:
-        text = "none of this family's sizes up to 1,024 GPUs fits (try recomputation, ZeRO, or more pipeline stages)."
+        text = ("none of this family's sizes up to 1,024 GPUs fits (try recomputation, ZeRO, more pipeline stages "
+                "or a smaller micro-batch).")
     else:
         text = f"trying ({len(scan.rows)} size{'s' if len(scan.rows) != 1 else ''} so far)…"
     shown = tried[:4] + ([f"+{len(tried) - 4} more"] if len(tried) > 4 else [])

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .device_runs import (MAX_DEVICES_PER_OP, compact_strategy_dict, device_runs,  # noqa: F401 (re-exported)
-                          devices_of_entry, parse_device_runs)
+from .device_runs import (MAX_DEVICES_PER_OP, MAX_RUN_DEVICES, check_runs,  # noqa: F401 (re-exported)
+                          compact_strategy_dict, count_device_runs, device_runs, devices_of_entry, parse_device_runs)
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
@@ -254,7 +254,9 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
     """Build a :class:`Strategy` from a schema-valid ``soapbox.strategy/1`` mapping."""
     configs = {}
     stage_of = {}
-    bad = []
+    bad = [Problem(path, msg) for path, msg in check_runs(data["ops"])]  # (before any run is listed)
+    if bad:
+        raise ValidationError(bad[:20], "strategy")
     for name, entry in data["ops"].items():
         try:
             devices = devices_of_entry(entry)

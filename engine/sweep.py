@@ -153,11 +153,11 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     exact; ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
     ends the scan early (asked before each cluster), ``progress`` gets each row as it comes.
     """
-    from .errors import SoapboxError
+    from .errors import SoapboxError, TooLargeError
     from .memory import memory_report
     from .search.baselines import make_baseline
     from .simulate import simulate
-    from .taskgraph import build_task_graph
+    from .taskgraph import build_task_graph, estimate_symmetric_tasks
 
     rows: list[dict[str, Any]] = []
     for c in clusters:
@@ -167,9 +167,13 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
                                "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
         try:
             s = make_baseline(kind, graph, c, **options)
+            if max_tasks is not None:  # (with symmetry too: a plan of 10^5 microbatches is large however alike)
+                n = estimate_symmetric_tasks(graph, s, c)
+                if n > max_tasks:
+                    raise TooLargeError(f"not simulated: about {n:,} tasks, more than the {max_tasks:,} allowed")
             tl = simulate(build_task_graph(graph, s, c, max_tasks=max_tasks))
             mem = memory_report(graph, s, c, tl)
-        except (ValueError, SoapboxError) as e:
+        except (ValueError, TypeError, SoapboxError) as e:  # (TypeError: an option this builder lacks)
             row["why"] = str(e).splitlines()[0][:300]
         else:
             worst = int((mem.peak_bytes / mem.capacity_bytes.clip(min=1)).argmax())

@@ -707,3 +707,19 @@ class TestWhyAdvice:
         text = V.why_text(V.summary_data(ws.graph, ws.timeline, ws.memory, None), None, ws.timeline, ws.memory)
         assert "It does not fit in memory (64 GPUs over capacity, GPU 0 by " in text
         assert "recomputation, a higher ZeRO stage" in text and "Smallest cluster for this layout" in text
+
+
+def test_memory_groups_past_the_cap_stay_in_device_order():
+    """Review: the fullest groups kept past max_groups came out in byte order (GPU 4, 3, 2 ...)."""
+    from engine.search.baselines import megatron
+
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    s = megatron(g, c, pp=4, micro_batch=1)
+    rep = memory_report(g, s, c, simulate(build_task_graph(g, s, c)))
+    d = V.memory_data(rep, list(range(8)), max_groups=3)
+    assert d["devices"] == sorted(d["devices"]) and d["hidden"] == 1 and len(d["devices"]) == 3
+
+
+def test_time_ticks_past_sixteen_hours_and_not_finite():
+    assert F.time_ticks(0.0, 72_000.0)["ticktext"][1] == "5 h"
+    assert F.time_ticks(0.0, float("inf")) == {}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import time
 import json
 import zlib
 
 import pytest
 
+from engine.errors import ValidationError
 from engine.strategy import compact_strategy_dict, devices_of_entry
 
 from app import store
@@ -568,3 +570,85 @@ class TestSmallestCluster:
         edited, _ = W.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
         assert W.fit_start(edited).startswith("This strategy was edited by hand or found by a search")
         assert W.family_sizes("dgx-a100-80gb:8")[-1] == "dgx-a100-80gb:128" and W.family_sizes("p100-4x4") == []
+
+
+class TestReviewRegressions:
+    """Bugs found in review of the issue-16 explorer work, each pinned."""
+
+    def test_device_runs_cannot_make_a_small_state_list_millions(self):
+        import tracemalloc
+
+        s = W.new_state("alexnet")
+        ops = dict(s["strategy"]["ops"])
+        for i in range(300):
+            ops[f"x{i}"] = {"degrees": {}, "devices": "0-1023"}
+        ops["fc6"] = {"degrees": {}, "devices": "0-16383"}  # more than the explorer's 1,024 GPUs
+        bad = {**s, "strategy": {**s["strategy"], "ops": ops}}
+        tracemalloc.start()
+        try:
+            with pytest.raises(ValidationError, match=r"ops\.fc6\.devices: device runs stand for 16,384 devices"):
+                W._strategy(bad)
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert peak < 20e6, peak
+        from engine.device_runs import check_runs
+
+        assert check_runs({"a": {"devices": "0-9"}, "b": {"devices": "0-9"}}, limit=15) == [
+            ("ops.b.devices", "the strategy's device runs stand for more than 15 device ids")]
+
+    def test_a_symmetric_plan_with_too_many_microbatches_is_refused(self):
+        s = W.new_state("gpt2", "dgx-a100-80gb:1", batch=131072)
+        new, msg = W.apply_layout(s, "megatron", {"pp": 4, "mb": 1})
+        assert new is s and msg.startswith("Not set: its simulation, one GPU per set of identical ones, would take")
+        assert s["baseline"] == "data-parallel"  # (a refused layout changes nothing, the baseline neither)
+
+    def test_the_same_strategy_under_a_new_version_is_not_rebuilt(self):
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, _ = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        ws = W.workspace(s)
+        assert ws.sim is None  # symmetric
+        again = dict(s, version=s["version"] + 5)
+        assert W.workspace(again) is ws and ws.sim is None and ws.version == again["version"]
+        W.forget(s["sid"])
+
+    def test_a_build_left_by_one_session_is_not_taken_by_another(self, monkeypatch):
+        import threading
+
+        gate = threading.Event()
+        real = W._full_workspace
+        monkeypatch.setattr(W, "_full_workspace", lambda *a, **kw: (gate.wait(30), real(*a, **kw))[1])
+        a = W.new_state("alexnet", batch=24)
+        b = dict(a, sid="b" * 32)
+        assert W.workspace_within(a, 0.0) is None
+        assert W.drop_build(a["sid"]) is True
+        assert W.workspace_within(b, 0.0) is None  # its own build
+        assert W._builds[b["sid"]] is not W._dropped.get((a["sid"], W._content_key(a)))
+        gate.set()
+        wa, wb = W.workspace(a), W.workspace(b)
+        assert wa is not wb
+        t0 = time.monotonic()
+        while W._builds.get(b["sid"]) is not None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert W.build_status(b) is None and (a["sid"], W._content_key(a)) not in W._dropped
+        W.forget(a["sid"]), W.forget(b["sid"])
+
+    def test_a_smallest_cluster_scan_carries_only_what_the_user_set(self):
+        from app.workspace import _layout_options
+
+        s = W.new_state("llama2-7b", "dgx-a100-80gb:2")
+        s, _ = W.apply_layout(s, "megatron", {"tp": 8})  # micro-batch left empty: the builder's, per size
+        kind, opts, text = _layout_options(W._strategy(s))
+        assert kind == "megatron" and opts == {"tp": 8} and text == "megatron (tp 8)"
+
+    def test_stage_and_node_filters_work_on_per_gpu_rows(self):
+        from app import callbacks as C
+        import plotly.graph_objects as go
+
+        s, _ = W.tour(None, "pipeline")  # GPT-2, pp 4 on one DGX: 8 GPUs, 2 per stage
+        fig, notes = C.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 1"}, trigger="gantt-filter")
+        ticks = list(go.Figure(fig).layout.yaxis.ticktext)
+        assert ticks[0].startswith("GPU 2") and "No row matches" not in notes
+        fig, notes = C.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 9"}, trigger="gantt-filter")
+        assert notes.startswith("No row matches the filter.") and "0 GPU rows" not in notes
+        assert C.zoom_gantt(s, {"xaxis.range": [0, float("inf")]}) == (C.no_update, C.no_update)

@@ -33,7 +33,7 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 
 from __future__ import annotations
 
-from .builder import TaskGraphBuilder, build_task_graph, estimate_tasks
+from .builder import TaskGraphBuilder, build_task_graph, estimate_symmetric_tasks, estimate_tasks
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry
 from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, UPDATE, XFER, TaskGraph
@@ -45,6 +45,7 @@ __all__ = [
     "find_symmetry",
     "build_task_graph",
     "estimate_tasks",
+    "estimate_symmetric_tasks",
     "schedule_order",
     "FWD",
     "BWD",
