@@ -793,16 +793,16 @@ def redo(state: dict) -> tuple[dict, str]:
 def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
     """Replace the whole strategy as one undoable edit (refused, nothing changed, when the
     explorer could not simulate it: :data:`APP_MAX_TASKS`)."""
-    from engine.taskgraph import find_symmetry
-
-    from engine.taskgraph import estimate_tasks
+    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
 
     try:  # (the estimate first: milliseconds; the symmetry search only for a large one)
         g, c = graph_of(state), cluster_of(state)
-        if estimate_tasks(g, strategy) > APP_MAX_TASKS:
-            if find_symmetry(g, strategy, c) is None:
-                _check_size(g, strategy, "it has no exact symmetry: its simulation")
-            _check_size(g, strategy, "its simulation, one GPU per set of identical ones,", c)
+        n = estimate_tasks(g, strategy)
+        if n > APP_MAX_TASKS:
+            sym_n = estimate_symmetric_tasks(g, strategy, c)  # (n itself when no symmetry holds)
+            if sym_n > APP_MAX_TASKS:
+                raise _too_large(sym_n, "it has no exact symmetry: its simulation" if sym_n == n else
+                                 "its simulation, one GPU per set of identical ones,")
     except TooLargeError as e:
         return state, f"Not set: {e}."
     old = _strategy(state)
