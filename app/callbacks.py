@@ -31,11 +31,12 @@ from . import jobs
 from .cache import IdleCache
 from .layout import cluster_options, model_options
 from . import workspace as W
-from .figures import (CONFIG_PALETTE, build_block_stack_figure, build_compare_figure, build_gantt_figure, build_memory_figure, gantt_notes,
-                      build_op_graph_figure, build_topology_figure, build_trace_figure, empty_figure)
+from .figures import (CONFIG_PALETTE, build_block_stack_figure, build_compare_figure, build_gantt_figure,
+                      build_memory_figure, build_op_graph_figure, build_topology_figure, build_trace_figure,
+                      empty_figure, gantt_notes)
 from .fmt import format_bytes, format_count, format_rate, format_seconds
-from .views import (block_stack, config_diff, config_label, gantt_data, graph_layout, stage_of_devices, memory_data, op_details, summary_data,
-                    topology_data, why_text)
+from .views import (block_stack, config_diff, config_label, gantt_data, graph_layout, memory_data, mfu, op_details,
+                    stage_of_devices, summary_data, topology_data, why_text)
 
 __all__ = ["on_event", "warm_up", "render_explore", "render_editor", "render_compare", "zoom_gantt", "decode_upload",
            "search_start", "search_poll", "search_poll_changed", "search_stop", "export_strategy", "export_trace", "share_link",
@@ -126,7 +127,7 @@ def _on_event(trigger: str | None, state: dict | None, *, query: str = "", model
                 return state, (f"{model} cannot run on {state['cluster'].get('name', 'this cluster')}: "
                                f"{'; '.join(p.message for p in e.problems[:3])}.{hint}")
         if trigger == "pick-batch":
-            return _set_batch(state, batch)
+            return _set_size(state, "batch", batch)
         if trigger in ("pick-seq", "pick-precision"):
             return _set_size(state, "seq_len" if trigger == "pick-seq" else "precision", size)
         if trigger == "tour":
@@ -227,9 +228,6 @@ def _degree(dim: str, value: Any) -> int:
     return int(f)
 
 
-_KEEP = object()
-
-
 def _fresh(state: dict, model: str | None = None, cluster: str | None = None, sizes: dict | None = None) -> dict:
     """A new state for another sample model, preset cluster or model size, keeping the session
     id, the starting baseline (data parallel where it cannot run) and the model's sizes (batch,
@@ -249,10 +247,6 @@ def _fresh(state: dict, model: str | None = None, cluster: str | None = None, si
 
 #: the header's model sizes: (state key, what the message calls it, its unit)
 _SIZES = {"batch": ("Batch", "samples"), "seq_len": ("Sequence length", "tokens"), "precision": ("Precision", "")}
-
-
-def _set_batch(state: dict, value: Any) -> tuple[dict, str]:
-    return _set_size(state, "batch", value)
 
 
 def _set_size(state: dict, key: str, value: Any) -> tuple[dict, str]:
@@ -525,8 +519,6 @@ def train_estimate(rate: dict | None, text: Any) -> str:
 
 
 def _mfu_note(graph, timeline, cluster, used: list[int]) -> str:
-    from .views import mfu
-
     u = mfu(graph, timeline, cluster, used)
     return f", MFU {u:.0%}" if u is not None else ""
 
@@ -651,12 +643,12 @@ def _compare_result(state: dict, item: dict) -> tuple[Any, Any, Any]:
     from engine.simulate import simulate
     from engine.taskgraph import build_task_graph
 
-    key = hashlib.sha256(json.dumps([state["model"], state["cluster"], item["strategy"]], sort_keys=True)
-                         .encode()).hexdigest()
+    key = W.content_key({**state, "strategy": item["strategy"]})
     hit = _compare_cache.get(key)
     if hit is not None:
         return hit
     g, c = W.graph_of(state), W.cluster_of(state)
+    W.check_page_strategy(item["strategy"], f"the kept strategy {str(item.get('name'))[:40]!r}")
     s = load_strategy(item["strategy"], g, c)  # (kept from an earlier page: checked again)
     tl = simulate(build_task_graph(g, s, c, max_tasks=W.APP_MAX_TASKS))  # (a crafted page: never past the cap)
     out = (s, tl, memory_report(g, s, c, tl))
@@ -695,8 +687,6 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
         used = sorted(s.devices_used())
         rate = (format_rate(summ["tokens_per_s"], "tokens") if summ.get("tokens_per_s") else
                 format_rate(summ["throughput_samples_per_s"]))
-        from .views import mfu
-
         u = mfu(g, tl, c, used)
         p = s.pipeline
         bubble = "–"

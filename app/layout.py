@@ -11,6 +11,7 @@ from engine.search import ALGORITHMS
 from engine.search.baselines import BASELINES
 
 from .learn import TOPICS
+from .workspace import TOUR, family_sizes
 
 __all__ = ["make_layout", "cluster_options"]
 
@@ -21,10 +22,8 @@ def cluster_options(extra: str | None = None) -> list[dict[str, str]]:
     """Presets; sized ones (``dgx-a100-80gb:N``) offered from 1 node to the explorer's 1,024
     GPUs; ``extra``: an uploaded cluster's name, listed first."""
     out = [{"label": f"{extra} (uploaded)", "value": extra}] if extra else []
-    for name, (make, takes_count, doc) in PRESETS.items():
-        per_node = getattr(make, "gpus_per_node", 8)
-        sizes = [f"{name}:{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128) if n * per_node <= 1024] if takes_count \
-            else [name]
+    for name, (_, takes_count, doc) in PRESETS.items():
+        sizes = family_sizes(f"{name}:1") if takes_count else [name]
         out += [{"label": s, "value": s, "title": doc} for s in sizes]
     return out
 
@@ -204,8 +203,6 @@ def _export() -> html.Div:
 def _tour() -> html.Div:
     """The guided comparison: each step sets up a model, a cluster and strategies to compare,
     and opens the view that shows the point."""
-    from .workspace import TOUR
-
     return html.Div([html.H3("A guided comparison"),
                      html.P("Each step replaces the model, cluster and kept strategies the page shows, then "
                             "opens the view to look at.", className="hint")] +

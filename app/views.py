@@ -18,11 +18,13 @@ from engine.graph import OpGraph
 from engine.memory import MemoryReport
 from engine.simulate import Timeline
 from engine.strategy import Config, Strategy
+from engine.device_runs import device_runs
 from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "block_stack", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
+__all__ = ["gantt_data", "block_stack", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "graph_layout",
+           "config_label", "op_details", "topology_data", "memory_data", "mfu",
            "summary_data", "why_text", "config_diff", "MAX_BARS"]
 
 #: bars drawn per Gantt view at most; beyond it, neighbouring tasks of one kind on one row
@@ -61,13 +63,13 @@ def stage_of_devices(strategy: Strategy, n_devices: int) -> np.ndarray | None:
     if strategy.pipeline.stages <= 1 or not strategy.stage_of:
         return None
     out = np.full(n_devices, -1, np.int64)
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, tuple[int, ...]]] = set()
     for name, stage in strategy.stage_of.items():
         cfg = strategy.configs.get(name)
         if cfg is None:
             continue
-        key = (stage % strategy.pipeline.stages, id(cfg.devices))
-        if key in seen:  # (blocks share device tuples: each looked at once)
+        key = (stage % strategy.pipeline.stages, cfg.devices)
+        if key in seen:  # (a stage's blocks share their devices: each set looked at once)
             continue
         seen.add(key)
         out[np.asarray(cfg.devices, np.int64)] = key[0]
@@ -92,18 +94,6 @@ def parse_row_filter(text: str) -> list[tuple[str, Any]]:
         else:
             out.append(("text", p))
     return out
-
-
-def _ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(f"{xs[i]}-{xs[j]}" if j > i else f"{xs[i]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: str,
@@ -176,7 +166,8 @@ def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: 
         spread = (b.max() - b.min()) / b.max() if b.max() > 0 else 0.0
         k = devs.size // len(grps)
         count = f" ({k} GPUs each)" if len(grps) > 1 else f" ({k} GPUs)" if k > 1 else ""
-        label = (f"{rows}{'s' if len(grps) > 1 else ''} {_ranges(grps)}{count}: GPU {rep}"
+        runs = device_runs(grps).replace(",", ", ")
+        label = (f"{rows}{'s' if len(grps) > 1 else ''} {runs}{count}: GPU {rep}"
                  + (f", busy ±{spread / 2:.0%}" if spread > 0.02 else ""))
         if wanted(label, devs, grps):
             reps.append(rep)

@@ -60,6 +60,8 @@ __all__ = [
     "add_to_compare",
     "MODEL_SIZES",
     "workspace_within",
+    "check_page_strategy",
+    "content_key",
     "fit_start",
     "fit_status",
     "family_sizes",
@@ -326,6 +328,22 @@ def check_state(state: Any) -> None:
 _parsed = IdleCache(64)  # strategy content digest -> Strategy
 
 
+def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:
+    """The explorer's own bound on a strategy a page sends (the state's, or one kept for
+    Compare), checked before it is parsed: at most :data:`MAX_APP_OPS` ops, and device runs
+    standing for at most :data:`MAX_APP_DEVICES` devices an op and :data:`MAX_APP_DEVICE_IDS`
+    in all (counted, never listed)."""
+    from engine.device_runs import check_runs
+
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if isinstance(ops, dict):
+        if len(ops) > MAX_APP_OPS:
+            raise ValueError(f"{source} has {len(ops):,} ops; the explorer takes up to {MAX_APP_OPS:,}")
+        bad = check_runs(ops, MAX_APP_DEVICE_IDS, per_op=MAX_APP_DEVICES)
+        if bad:
+            raise ValidationError([Problem(p, m) for p, m in bad[:5]], source)
+
+
 def _strategy(state: dict) -> Strategy:
     """The state's strategy, schema-checked (the state comes from the browser); parsed once per
     content (an edit's callbacks all ask for the same one)."""
@@ -333,15 +351,7 @@ def _strategy(state: dict) -> Strategy:
     hit = _parsed.get(key)
     if hit is not None:
         return hit
-    from engine.device_runs import check_runs
-
-    ops = state["strategy"].get("ops") if isinstance(state["strategy"], dict) else None
-    if isinstance(ops, dict):  # the explorer's own bound on what a page's runs may stand for
-        if len(ops) > MAX_APP_OPS:
-            raise ValueError(f"the page's strategy has {len(ops):,} ops; the explorer takes up to {MAX_APP_OPS:,}")
-        bad = check_runs(ops, MAX_APP_DEVICE_IDS, per_op=MAX_APP_DEVICES)
-        if bad:
-            raise ValidationError([Problem(p, m) for p, m in bad[:5]], "the page's strategy")
+    check_page_strategy(state["strategy"])
     try:
         s = load_strategy(state["strategy"])
     except ValidationError as e:
@@ -430,7 +440,7 @@ def workspace(state: dict) -> Workspace:
     background (:func:`workspace_within`) is waited for, not repeated."""
     with _ws_lock:
         b = _builds.get(state["sid"])
-    if b is not None and b.key == _content_key(state):
+    if b is not None and b.key == content_key(state):
         return b.future.result()
     return _workspace_now(state)
 
@@ -454,7 +464,8 @@ _build_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="soapbox-buil
 _scan_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="soapbox-scan")
 
 
-def _content_key(state: dict) -> str:
+def content_key(state: dict) -> str:
+    """A digest of what the state simulates: its model, cluster and strategy."""
     return hashlib.sha256(json.dumps([state["model"], state["cluster"], state["strategy"]], sort_keys=True)
                           .encode()).hexdigest()
 
@@ -473,7 +484,7 @@ def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | 
     goes on in the background (:func:`build_status` tells how far; :func:`workspace` waits for
     it). Errors (an invalid or too large strategy) are raised as by :func:`workspace`."""
     sid = state["sid"]
-    key = _content_key(state)
+    key = content_key(state)
     with _ws_lock:
         ws = _workspaces.get(sid)
         b = _builds.get(sid)
@@ -503,7 +514,7 @@ def build_status(state: dict) -> dict[str, Any] | None:
     ``elapsed_s``; None when none is running for it."""
     with _ws_lock:
         b = _builds.get(state.get("sid", ""))
-    if b is None or b.key != _content_key(state):
+    if b is None or b.key != content_key(state):
         return None
     return {"phase": b.phase, "elapsed_s": time.monotonic() - b.started}
 
@@ -521,14 +532,6 @@ def drop_build(sid: str) -> bool:
         return True
 
 
-def _size_of(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> tuple[int, int]:
-    """(tasks of a full simulation, tasks of a symmetric one), estimated
-    (:func:`engine.taskgraph.estimate_symmetric_tasks`)."""
-    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
-
-    return estimate_tasks(graph, strategy), estimate_symmetric_tasks(graph, strategy, cluster)
-
-
 def _too_large(n: int, what: str) -> TooLargeError:
     return TooLargeError(
         f"{what} would take about {n:,} tasks, more than the explorer simulates ({APP_MAX_TASKS:,}). "
@@ -537,21 +540,23 @@ def _too_large(n: int, what: str) -> TooLargeError:
         "set of identical GPUs, with fewer microbatches")
 
 
-def _check_size(graph: OpGraph, strategy: Strategy, what: str, cluster: Cluster | None = None) -> None:
+def _check_size(graph: OpGraph, strategy: Strategy, what: str = "its simulation", cluster: Cluster | None = None) -> None:
     """Raise :class:`TooLargeError` when the simulation of ``strategy`` would be larger than
     the explorer's :data:`APP_MAX_TASKS`: without symmetry, or (``cluster`` given) with the
     engine's symmetry where it finds one (a plan of 500,000 microbatches is too large however
-    alike its replicas)."""
-    from engine.taskgraph import estimate_tasks
+    alike its replicas). The estimate first (milliseconds); the symmetry search only when the
+    full estimate is over the cap."""
+    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
 
-    if cluster is None:
-        n = estimate_tasks(graph, strategy)
-        if n > APP_MAX_TASKS:
-            raise _too_large(n, what)
+    n = estimate_tasks(graph, strategy)
+    if n <= APP_MAX_TASKS:
         return
-    full, sym = _size_of(graph, strategy, cluster)
-    if sym > APP_MAX_TASKS:
-        raise _too_large(sym, what)
+    if cluster is None:
+        raise _too_large(n, what)
+    sym_n = estimate_symmetric_tasks(graph, strategy, cluster)  # (n itself when no symmetry holds)
+    if sym_n > APP_MAX_TASKS:
+        raise _too_large(sym_n, f"it has no exact symmetry: {what}" if sym_n == n else
+                         f"{what}, one GPU per set of identical ones,")
 
 
 def _workspace_now(state: dict, build: _Build | None = None) -> Workspace:
@@ -617,8 +622,10 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
         tg = None
     if tg is not None and tg.info.get("device_image") is not None:
         return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg)))
-    _check_size(graph, strategy, "this strategy has no exact symmetry: its simulation")
-    phase(f"simulating every GPU (no exact symmetry), about {estimate_tasks(graph, strategy) / 1e6:.1f} M tasks")
+    n = estimate_tasks(graph, strategy)
+    if n > APP_MAX_TASKS:
+        raise _too_large(n, "this strategy has no exact symmetry: its simulation")
+    phase(f"simulating every GPU (no exact symmetry), about {n / 1e6:.1f} M tasks")
     return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster), version)
 
 
@@ -793,16 +800,8 @@ def redo(state: dict) -> tuple[dict, str]:
 def _set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
     """Replace the whole strategy as one undoable edit (refused, nothing changed, when the
     explorer could not simulate it: :data:`APP_MAX_TASKS`)."""
-    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
-
-    try:  # (the estimate first: milliseconds; the symmetry search only for a large one)
-        g, c = graph_of(state), cluster_of(state)
-        n = estimate_tasks(g, strategy)
-        if n > APP_MAX_TASKS:
-            sym_n = estimate_symmetric_tasks(g, strategy, c)  # (n itself when no symmetry holds)
-            if sym_n > APP_MAX_TASKS:
-                raise _too_large(sym_n, "it has no exact symmetry: its simulation" if sym_n == n else
-                                 "its simulation, one GPU per set of identical ones,")
+    try:
+        _check_size(graph_of(state), strategy, cluster=cluster_of(state))
     except TooLargeError as e:
         return state, f"Not set: {e}."
     old = _strategy(state)
@@ -1216,7 +1215,7 @@ def family_sizes(cluster_name: str) -> list[str]:
     if not count or entry is None or not entry[1]:
         return []
     per_node = getattr(entry[0], "gpus_per_node", 8)
-    return [f"{family}:{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128) if n * per_node <= 1024]
+    return [f"{family}:{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128) if n * per_node <= MAX_APP_DEVICES]
 
 
 def fit_start(state: dict) -> str:
@@ -1234,7 +1233,7 @@ def fit_start(state: dict) -> str:
         return ("This strategy was edited by hand or found by a search: it has no layout to carry to other sizes. "
                 "Set one in the Layout panel (or pick a starting strategy) first.")
     kind, opts, text = layout
-    key = _content_key(state)
+    key = content_key(state)
     with _ws_lock:
         old = _fit_scans.get(sid)
         if old is not None and old.key == key and not old.error:
@@ -1267,7 +1266,7 @@ def fit_status(state: dict) -> tuple[str, bool] | None:
     """(text, done) of the session's scan for the state shown; None when it has none."""
     with _ws_lock:
         scan = _fit_scans.get(state.get("sid", ""))
-    if scan is None or scan.key != _content_key(state):
+    if scan is None or scan.key != content_key(state):
         return None
     tried = []
     found = None

@@ -134,9 +134,14 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
     row["peak_memory_bytes"] = float(max(r.memory.peak_bytes))
     row["feasible"] = bool(r.memory.feasible)
     if not r.memory.feasible:
-        d, over = r.memory.over_capacity()[0]
-        row["why"] = f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
+        row["why"] = _over_why(r.memory)
     return row
+
+
+def _over_why(memory: Any) -> str:
+    """Why a row does not fit: its fullest GPU and by how much."""
+    d, over = memory.over_capacity()[0]
+    return f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
 
 
 def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Sequence[Any],
@@ -180,8 +185,7 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
             row.update(feasible=bool(mem.feasible), peak_memory_bytes=float(mem.peak_bytes[worst]),
                        capacity_bytes=float(mem.capacity_bytes[worst]), iteration_time_s=tl.makespan_s)
             if not mem.feasible:
-                d, over = mem.over_capacity()[0]
-                row["why"] = f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
+                row["why"] = _over_why(mem)
         rows.append(row)
         if progress is not None:
             progress(row)

@@ -342,3 +342,16 @@ class TestIssue16Inputs:
         assert back is s and msg == "Nothing to go back to."
         assert C.fit_view({"sid": "nope"}, start=True)[0].startswith("Cannot look for a cluster: ")
         assert C.fit_view(None, start=True)[1] is True
+
+
+def test_a_kept_strategy_is_bounded_like_the_page_s(alex):
+    """A strategy kept for Compare comes from the page too: its device runs are counted, not
+    listed, and refused past the explorer's bound with its name."""
+    from engine.errors import ValidationError
+
+    s, _ = W.add_to_compare(alex, "dp")
+    item = s["compare"][0]
+    ops = {**item["strategy"]["ops"], "fc6": {"degrees": {}, "devices": "0-16383"}}
+    bad = {**s, "compare": [{**item, "strategy": {**item["strategy"], "ops": ops}}]}
+    with pytest.raises(ValidationError, match=r"(?s)the kept strategy 'dp'.*ops\.fc6\.devices: device runs stand for 16,384"):
+        C.render_compare(bad)

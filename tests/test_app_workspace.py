@@ -623,14 +623,14 @@ class TestReviewRegressions:
         assert W.workspace_within(a, 0.0) is None
         assert W.drop_build(a["sid"]) is True
         assert W.workspace_within(b, 0.0) is None  # its own build
-        assert W._builds[b["sid"]] is not W._dropped.get((a["sid"], W._content_key(a)))
+        assert W._builds[b["sid"]] is not W._dropped.get((a["sid"], W.content_key(a)))
         gate.set()
         wa, wb = W.workspace(a), W.workspace(b)
         assert wa is not wb
         t0 = time.monotonic()
         while W._builds.get(b["sid"]) is not None and time.monotonic() - t0 < 10:
             time.sleep(0.05)
-        assert W.build_status(b) is None and (a["sid"], W._content_key(a)) not in W._dropped
+        assert W.build_status(b) is None and (a["sid"], W.content_key(a)) not in W._dropped
         W.forget(a["sid"]), W.forget(b["sid"])
 
     def test_a_smallest_cluster_scan_carries_only_what_the_user_set(self):
