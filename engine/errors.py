@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "printable", "MAX_MESSAGE_CHARS",
+__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "printable", "MAX_MESSAGE_CHARS",
            "MAX_PROBLEMS_SHOWN"]
 
 #: A problem's path or message longer than this is cut (a hostile file can hold a name of
@@ -97,6 +97,11 @@ class ValidationError(SoapboxError, ValueError):
 class TooLargeError(SoapboxError, ValueError):
     """A simulation was refused before it started because its task graph would be larger than
     the caller allows (a search's candidates; :func:`engine.taskgraph.estimate_tasks`)."""
+
+
+class Cancelled(SoapboxError):
+    """A build or simulation stopped because its caller cancelled it (a ``cancel`` event set:
+    the explorer's Cancel, a superseded background build); nothing was returned."""
 
 
 class OutputError(SoapboxError, OSError):
