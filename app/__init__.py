@@ -51,6 +51,8 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     from dash import Dash
     from flask import abort, request
 
+    from .sessions import current
+
     from . import jobs, store
     from .callbacks import register
     from .layout import make_layout
@@ -67,7 +69,7 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
 
     @server.before_request
     def _refuse_deep_json():
-        _last_request[0] = time.monotonic()
+        current().last_request_s = time.monotonic()
         if request.method == "POST" and request.mimetype == "application/json":
             from engine.formats import too_deep_at
 
@@ -77,10 +79,10 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     @server.post("/_soapbox/bye")
     def _bye():
         """The tab closed: drop its cached simulation now (``navigator.sendBeacon``)."""
-        from . import workspace
+        from .sessions import current
 
         sid = request.get_data(cache=False)[:64].decode("ascii", "replace")
-        workspace.forget(sid)
+        current().forget(sid)
         return "", 204
 
     threading.Thread(target=_janitor, args=(idle_evict_s,), name="soapbox-janitor", daemon=True).start()
@@ -88,26 +90,21 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     return app
 
 
-_last_request = [time.monotonic()]  # when the server last saw a request (monotonic seconds)
-
-
 def _janitor(idle_evict_s: float) -> None:
     """Drop idle sessions' simulations and cached views; give freed memory back to the
     system once the server is quiet."""
-    from . import callbacks, jobs, workspace
+    from .sessions import current
 
     period = min(5.0, idle_evict_s / 4)
     caches_s = min(CACHE_IDLE_S, idle_evict_s)
     pending = 0
     while True:
         time.sleep(min(period, QUIET_S))
-        pending += workspace.evict_idle(idle_evict_s)
+        pending += current().evict_idle(idle_evict_s)
         # drawn views, parsed strategies and search traces are cheap to make again and large
         # to keep (BENCHMARKS.md: what a burst of sessions left otherwise stays resident)
-        pending += callbacks.trim_render_cache(caches_s)
-        pending += workspace.trim_parsed(caches_s)
-        pending += jobs.trim_progress(caches_s)
-        if pending and time.monotonic() - _last_request[0] >= QUIET_S:
+        pending += current().trim(caches_s)
+        if pending and time.monotonic() - current().last_request_s >= QUIET_S:
             release_memory()  # (it holds the allocator's lock while it walks the heap: not under load)
             pending = 0
 

@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
     global _served
     _served = True
     from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app, limit_malloc_arenas
-    from .callbacks import warm_up
+    from .warmup import warm_up
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
     try:

@@ -30,11 +30,9 @@ from engine.search import ALGORITHMS, Budget
 from engine.strategy import Strategy, strategy_from_dict
 
 from . import store as S
-from .cache import IdleCache
 from .fmt import format_seconds
 
-__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure",
-           "trim_progress"]
+__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure"]
 
 #: longest a search may run in the explorer (a shared server); longer ones belong to the CLI
 MAX_SEARCH_S = 600.0
@@ -251,26 +249,21 @@ def start(sid: str, refs: dict, algorithm: str, budget_text: str, seed: int,
     return view
 
 
-_rows = IdleCache(64)  # search id -> (progress rows read up to this seq, the rows)
-
-
 def _progress(store: S.Store, search_id: int) -> list[dict]:
-    """The search's progress rows (read from the store once; later polls read what is new)."""
-    seen, rows = _rows.get(search_id, (-1, []))
+    """The search's progress rows (read from the store once; later polls read what is new;
+    kept in :attr:`app.sessions.Sessions.progress`)."""
+    from .sessions import current
+
+    cache = current().progress
+    seen, rows = cache.get(search_id, (-1, []))
     new = store.progress_since(search_id, seen)
     if new:
         rows = rows + [r for _, r in new]
         if len(rows) > S.MAX_PROGRESS_ROWS:
             rows = rows[:-1:2] + rows[-1:]
         seen = new[-1][0]
-    _rows.put(search_id, (seen, rows))
+    cache.put(search_id, (seen, rows))
     return rows
-
-
-def trim_progress(max_idle_s: float) -> int:
-    """Forget the progress rows of searches nobody polled for ``max_idle_s`` seconds (they are
-    read from the store again if asked for); how many."""
-    return _rows.trim(max_idle_s)
 
 
 def get(sid: str) -> JobView | None:

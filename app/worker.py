@@ -10,7 +10,7 @@ exits, the memory the search used goes back to the system, and the pool starts a
 The worker never outlives the server: on Linux it asks the kernel to kill it when its parent
 dies (``PR_SET_PDEATHSIG``), elsewhere it checks its parent between progress rows.
 
-This module imports the engine and :mod:`app.store` / :mod:`app.workspace` only (no Dash).
+This module imports the engine and :mod:`app.store` / :mod:`app.sources` only (no Dash).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
     from engine.search import ALGORITHMS, Budget
     from engine.strategy import strategy_from_dict
 
-    from . import workspace as W
+    from .sources import cluster_of, graph_of
 
     t_claim = clock()
     sid = row["id"]
@@ -64,7 +64,7 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
         algorithm = ALGORITHMS[row["algorithm"]]
         budget = Budget.parse(row["budget"])
         refs = row["refs"]
-        graph, cluster = W.graph_of(refs), W.cluster_of(refs)
+        graph, cluster = graph_of(refs), cluster_of(refs)
         initial = strategy_from_dict(row["initial"]) if row.get("initial") else None
         if budget.seconds is not None:
             budget = Budget(budget.iterations, max(0.05, budget.seconds - (clock() - t_claim)))

@@ -27,17 +27,21 @@ import uuid
 
 import plotly.io as pio
 
-from app import callbacks as C
-from app import workspace as W
 from engine.search.mcmc import random_config
+from app import events as EV
+from app.tabs import explore as EXP
+from app import simulation as SIM
+from app import sources as SRC
+from app import state as ST
+from app import warmup as WU
 
 
 def _edits(n: int, seed: int = 0):
-    state = W.new_state("inception_v3", "p100-4x4")
-    g, c = W.graph_of(state), W.cluster_of(state)
+    state = ST.new_state("inception_v3", "p100-4x4")
+    g, c = SRC.graph_of(state), SRC.cluster_of(state)
     rng = random.Random(seed)
     names = [op.name for op in g.ops if op.kind != "input"]
-    sim = W.workspace(state).sim
+    sim = SIM.workspace(state).sim
     out = []
     while len(out) < n:
         name = rng.choice(names)
@@ -51,9 +55,9 @@ def _edits(n: int, seed: int = 0):
 def _timed_edit(state: dict, edit) -> tuple[dict, float]:
     name, degrees, devices = edit
     t = time.perf_counter()
-    new, msg = C.on_event("edit-apply", dict(state, selected=[name]), degrees=degrees, devices=devices)
+    new, msg = EV.on_event("edit-apply", dict(state, selected=[name]), degrees=degrees, devices=devices)
     assert new is not state, msg
-    out = C._render_explore(new, True, "utilization")  # the views themselves, not the cache
+    out = EXP.render_explore(new, True, "utilization")  # the views themselves, not the cache
     for key in ("op-graph", "gantt", "topology", "memory"):
         pio.to_json(out[key], validate=False)
     return new, time.perf_counter() - t
@@ -61,7 +65,7 @@ def _timed_edit(state: dict, edit) -> tuple[dict, float]:
 
 def bench_edit(n: int) -> None:
     state, edits = _edits(n)
-    C.render_explore(state, True, "utilization")  # warm: kernels compiled, caches filled
+    EXP.render_explore(state, True, "utilization")  # warm: kernels compiled, caches filled
     delta, full = [], []
     for e in edits:
         state, dt = _timed_edit(state, e)
@@ -69,7 +73,7 @@ def bench_edit(n: int) -> None:
         fresh = dict(state, sid=uuid.uuid4().hex)  # same strategy, new session: full build
         name, degrees, devices = e
         t = time.perf_counter()
-        out = C._render_explore(fresh, True, "utilization")
+        out = EXP.render_explore(fresh, True, "utilization")
         for key in ("op-graph", "gantt", "topology", "memory"):
             pio.to_json(out[key], validate=False)
         full.append(time.perf_counter() - t)
@@ -98,7 +102,7 @@ def bench_load(n: int) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     app = create_app()
-    C.warm_up()
+    WU.warm_up()
     url, server = _serve(app)
     floor = Dash(__name__)
     floor.layout = html.Div([html.H1("floor"), dcc.Graph(id="g", figure={"data": [{"x": [0, 1], "y": [0, 1]}]})])

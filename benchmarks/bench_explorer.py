@@ -27,9 +27,15 @@ import time
 import uuid
 
 import plotly.io as pio
+from app import events as EV
+from app.tabs import explore as EXP
+from app import sessions as SES
+from app import simulation as SIM
+from app.tabs import search as SRCH
+from app import state as ST
+from app.tabs import timeline as TL
+from app import warmup as WU
 
-from app import callbacks as C
-from app import workspace as W
 
 FIGURES = ("op-graph", "gantt", "topology", "memory")
 CASES = {
@@ -42,20 +48,20 @@ CASES = {
 def _draw(state: dict) -> tuple[float, int]:
     """Seconds to draw every Explore view of ``state`` from scratch and their JSON bytes."""
     t = time.perf_counter()
-    out = C._render_explore(state, True, "utilization", {})
+    out = EXP.render_explore(state, True, "utilization", {})
     size = sum(len(pio.to_json(out[k], validate=False)) for k in FIGURES)
     return time.perf_counter() - t, size
 
 
 def _floor() -> float:
-    s = W.new_state(sid=uuid.uuid4().hex)
+    s = ST.new_state(sid=uuid.uuid4().hex)
     dt, _ = _draw(s)
-    W.forget(s["sid"])
+    SES.current().forget(s["sid"])
     return dt
 
 
 def _layout_state(model: str, cluster: str, form: dict) -> tuple[dict, dict]:
-    s = W.new_state(model, cluster, sid=uuid.uuid4().hex)
+    s = ST.new_state(model, cluster, sid=uuid.uuid4().hex)
     return s, dict(form)
 
 
@@ -65,12 +71,12 @@ def bench_layout(repeat: int) -> None:
         for _ in range(repeat):
             s, f = _layout_state(model, cluster, form)
             t = time.perf_counter()
-            new, msg = C.on_event("layout-apply", s, layout=f)
+            new, msg = EV.on_event("layout-apply", s, layout=f)
             assert msg.startswith("Layout"), msg
             dt, size = _draw(new)
             times.append(time.perf_counter() - t)
             sizes.append(size)
-            W.forget(new["sid"])
+            SES.current().forget(new["sid"])
             floors.append(_floor())
         m, fl = statistics.median(times), statistics.median(floors)
         print(f"layout panel -> figures, {name}: median {m:.2f} s (min {min(times):.2f}, max {max(times):.2f}), "
@@ -81,17 +87,17 @@ def bench_layout(repeat: int) -> None:
 def bench_timeline(repeat: int) -> None:
     for name, (model, cluster, form) in CASES.items():
         s, f = _layout_state(model, cluster, form)
-        s, _ = C.on_event("layout-apply", s, layout=f)
-        ws = W.workspace(s)
+        s, _ = EV.on_event("layout-apply", s, layout=f)
+        ws = SIM.workspace(s)
         span = ws.timeline.makespan_s
         group, zoom, floors = [], [], []
         for _ in range(repeat):
             t = time.perf_counter()
-            fig, _ = C.zoom_gantt(s, None, {"rows": "stage"}, trigger="gantt-rows")
+            fig, _ = TL.zoom_gantt(s, None, {"rows": "stage"}, trigger="gantt-rows")
             pio.to_json(fig, validate=False)
             group.append(time.perf_counter() - t)
             t = time.perf_counter()
-            fig, _ = C.zoom_gantt(s, {"xaxis.range[0]": 0.45 * span * 1e3, "xaxis.range[1]": 0.55 * span * 1e3},
+            fig, _ = TL.zoom_gantt(s, {"xaxis.range[0]": 0.45 * span * 1e3, "xaxis.range[1]": 0.55 * span * 1e3},
                                   {"rows": "stage"})
             pio.to_json(fig, validate=False)
             zoom.append(time.perf_counter() - t)
@@ -99,23 +105,23 @@ def bench_timeline(repeat: int) -> None:
         g, z, fl = statistics.median(group), statistics.median(zoom), statistics.median(floors)
         print(f"timeline, {name}: rows per stage {g * 1e3:.0f} ms, zoom to a tenth {z * 1e3:.0f} ms; default page "
               f"from scratch {fl:.2f} s; ratio {g / fl:.2f}x / {z / fl:.2f}x", flush=True)
-        W.forget(s["sid"])
+        SES.current().forget(s["sid"])
 
 
 def bench_slow(repeat: int) -> None:
     first, done, floors = [], [], []
     for _ in range(repeat):
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8", sid=uuid.uuid4().hex)
-        assert C.render_explore(s, True, wait_s=60) is not None
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", sid=uuid.uuid4().hex)
+        assert EXP.render_explore(s, True, wait_s=60) is not None
         t = time.perf_counter()
-        new, msg = C.on_event("pick-baseline", s, baseline="expert")
-        out = C.render_explore(new, True, "utilization", {}, wait_s=W.INLINE_WAIT_S)
+        new, msg = EV.on_event("pick-baseline", s, baseline="expert")
+        out = EXP.render_explore(new, True, "utilization", {}, wait_s=SIM.INLINE_WAIT_S)
         first.append(time.perf_counter() - t)
         while out is None:
-            out = C.render_explore(new, True, "utilization", {}, wait_s=0.2)
+            out = EXP.render_explore(new, True, "utilization", {}, wait_s=0.2)
         done.append(time.perf_counter() - t)
-        W.forget(s["sid"])
-        C.trim_render_cache(0.0)
+        SES.current().forget(s["sid"])
+        SES.current().trim(0.0)
         floors.append(_floor())
     f, d, fl = statistics.median(first), statistics.median(done), statistics.median(floors)
     print(f"expert strategy, LLaMA-2 7B on 64 GPUs ({out['sum-tasks']} tasks): first answer {f:.2f} s, views "
@@ -130,8 +136,8 @@ def bench_search(repeat: int) -> None:
     quiet, busy = [], []
     for _ in range(repeat):
         quiet.append(_floor())
-        s = W.new_state(sid=uuid.uuid4().hex)
-        status, _ = C.search_start(s, "mcmc", "30s", 0)
+        s = ST.new_state(sid=uuid.uuid4().hex)
+        status, _ = SRCH.search_start(s, "mcmc", "30s", 0)
         time.sleep(2.0)  # the worker is searching
         busy.append(_floor())
         from app import jobs
@@ -149,7 +155,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
-    C.warm_up()
+    WU.warm_up()
     for name, fn in (("layout", bench_layout), ("timeline", bench_timeline), ("slow", bench_slow),
                      ("search", bench_search)):
         if args.only in (None, name):

@@ -40,6 +40,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from app import simulation as SIM
+from app import sources as SRC
+from app import state as ST
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,12 +99,11 @@ class DashClient:
 
 def _edits(seed: int, n: int):
     """``n`` random valid single-op edits of Inception-v3 on p100-4x4 (degrees, devices)."""
-    from app import workspace as W
     from engine.search.mcmc import random_config
 
-    state = W.new_state("inception_v3", "p100-4x4")
-    g, c = W.graph_of(state), W.cluster_of(state)
-    sim = W.workspace(state).sim
+    state = ST.new_state("inception_v3", "p100-4x4")
+    g, c = SRC.graph_of(state), SRC.cluster_of(state)
+    sim = SIM.workspace(state).sim
     rng = random.Random(seed)
     names = [op.name for op in g.ops if op.kind != "input"]
     out = []

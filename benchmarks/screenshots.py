@@ -19,7 +19,7 @@ def _serve() -> tuple[str, object]:
     from bench_app import _serve as serve  # (this folder: a free local port, threaded)
 
     from app import create_app
-    from app.callbacks import warm_up
+    from app.warmup import warm_up
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     app = create_app(data_dir=tempfile.mkdtemp(prefix="soapbox-shots-"))

@@ -37,7 +37,7 @@ def app_url(tmp_path_factory):
     from werkzeug.serving import make_server
 
     from app import create_app
-    from app.callbacks import warm_up
+    from app.warmup import warm_up
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no request log in test reports
     app = create_app(data_dir=tmp_path_factory.mktemp("soapbox-data"))
@@ -55,9 +55,9 @@ def app_url(tmp_path_factory):
 @pytest.fixture
 def alex() -> dict:
     """A fresh app state: AlexNet on p100-4x4, data parallel, with its own session id."""
-    from app import workspace
+    from app.state import new_state
 
-    return workspace.new_state("alexnet")
+    return new_state("alexnet")
 
 
 @pytest.fixture(scope="module")

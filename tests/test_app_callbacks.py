@@ -14,15 +14,27 @@ import pytest
 from engine.strategy import compact_strategy_dict, devices_of_entry
 from dash import no_update
 
-from app import callbacks as C
 from app import jobs
-from app import workspace as W
 from app.fmt import format_rate, format_seconds
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
 from engine.report import simulate_strategy
 from engine.search import ALGORITHMS
 from engine.search.baselines import data_parallel, expert
+from app import actions as ACT
+from app.tabs import compare as CMP
+from app.tabs import editor as ED
+from app import events as EV
+from app.tabs import explore as EXP
+from app.tabs import export as EXPT
+from app import links as LNK
+from app import simulation as SIM
+from app import sources as SRC
+from app.tabs import search as SRCH
+from app import state as ST
+from app.tabs import timeline as TL
+from app import sessions as SES
+from app import uploads as UP
 
 EXPLORE_IDS = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
                "op-graph", "op-panel", "gantt", "topology", "memory"]
@@ -41,7 +53,7 @@ def data_url(raw: bytes) -> str:
 def poll_until_done(state: dict, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while True:
-        fig, status, disabled = C.search_poll(state)
+        fig, status, disabled = SRCH.search_poll(state)
         if disabled:
             return go.Figure(fig), status
         assert time.monotonic() < deadline, f"search still running after {timeout} s: {status}"
@@ -51,20 +63,20 @@ def poll_until_done(state: dict, timeout: float = 60.0):
 class TestOnEventUrl:
     @pytest.mark.parametrize("trigger", ["url", None])
     def test_first_load_gives_the_default(self, trigger):
-        state, msg = C.on_event(trigger, None)
+        state, msg = EV.on_event(trigger, None)
         assert msg == ""
-        assert state["model"] == {"name": W.DEFAULT_MODEL} == {"name": "inception_v3"}
+        assert state["model"] == {"name": SRC.DEFAULT_MODEL} == {"name": "inception_v3"}
         assert state["cluster"] == {"name": "p100-4x4"}
         assert state["baseline"] == "data-parallel" and state["undo"] == []
         g = resolve_model("inception_v3")
         assert state["strategy"]["ops"] == compact_strategy_dict(data_parallel(g, preset("p100-4x4")).to_dict())["ops"]
 
     def test_existing_state_is_kept(self, alex):
-        assert C.on_event("url", alex, query="?model=inception_v3") == (alex, "")
+        assert EV.on_event("url", alex, query="?model=inception_v3") == (alex, "")
 
     def test_shared_link(self, alex):
-        edited, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        state, msg = C.on_event("url", None, query=W.share_query(edited))
+        edited, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        state, msg = EV.on_event("url", None, query=LNK.share_query(edited))
         assert msg == "Loaded the shared strategy."
         assert state["model"] == {"name": "alexnet"}
         assert state["strategy"]["ops"] == edited["strategy"]["ops"]
@@ -72,72 +84,72 @@ class TestOnEventUrl:
     @pytest.mark.parametrize("query, what", [("?model=alexnet&s=abc", "link"), ("?model=nope", "nope"),
                                              ("?model=alexnet&cluster=p100-4x4&s=%%%", "link")])
     def test_damaged_link_still_opens_the_default(self, query, what):
-        state, msg = C.on_event("url", None, query=query)
+        state, msg = EV.on_event("url", None, query=query)
         assert state["model"] == {"name": "inception_v3"} and state["cluster"] == {"name": "p100-4x4"}
-        assert state["strategy"]["ops"] == W.new_state()["strategy"]["ops"]
+        assert state["strategy"]["ops"] == ST.new_state()["strategy"]["ops"]
         assert msg.startswith("The link could not be loaded") and msg.endswith("showing the default instead.")
         assert what in msg
 
 
 class TestDecodeUpload:
     def test_text(self):
-        assert C.decode_upload(data_url('{"a": "é"}'.encode()), "f.json") == '{"a": "é"}'
+        assert UP.decode_upload(data_url('{"a": "é"}'.encode()), "f.json") == '{"a": "é"}'
 
     @pytest.mark.parametrize("contents", ["", None, "no comma here"])
     def test_empty(self, contents):
         with pytest.raises(ValueError, match=r"^f\.json: empty upload$"):
-            C.decode_upload(contents, "f.json")
+            UP.decode_upload(contents, "f.json")
 
     def test_not_base64(self):
         with pytest.raises(ValueError) as e:
-            C.decode_upload("data:application/json;base64,@@not base64@@", "bad.json")
+            UP.decode_upload("data:application/json;base64,@@not base64@@", "bad.json")
         assert str(e.value) == "bad.json: the upload is not valid base64 data"
 
     def test_not_utf8(self):
         with pytest.raises(ValueError) as e:
-            C.decode_upload(data_url(b'{"a": 1}\xff\xfe'), "latin.json")
+            UP.decode_upload(data_url(b'{"a": 1}\xff\xfe'), "latin.json")
         assert str(e.value).startswith("latin.json: not a UTF-8 text file (byte 8 is not text)")
 
     def test_too_large(self, monkeypatch):
-        monkeypatch.setattr(C, "MAX_UPLOAD_BYTES", 10)
+        monkeypatch.setattr(UP, "MAX_UPLOAD_BYTES", 10)
         with pytest.raises(ValueError) as e:
-            C.decode_upload(data_url(b"x" * 100), "big.json")
+            UP.decode_upload(data_url(b"x" * 100), "big.json")
         assert str(e.value).startswith("big.json: larger than 10 B")
-        assert C.decode_upload(data_url(b"x" * 6), "small.json") == "xxxxxx"
+        assert UP.decode_upload(data_url(b"x" * 6), "small.json") == "xxxxxx"
 
 
 class TestOnEventUpload:
     def test_malformed_json(self, alex):
         before = json.dumps(alex, sort_keys=True)
-        state, msg = C.on_event("upload", alex, upload=data_url(b"{not json"), filename="broken.json")
+        state, msg = EV.on_event("upload", alex, upload=data_url(b"{not json"), filename="broken.json")
         assert state is alex and json.dumps(alex, sort_keys=True) == before
         assert msg.startswith("Import refused: broken.json")
         assert "invalid JSON" in msg
 
     def test_bad_encoding(self, alex):
-        state, msg = C.on_event("upload", alex, upload="data:x;base64,???", filename="b.json")
+        state, msg = EV.on_event("upload", alex, upload="data:x;base64,???", filename="b.json")
         assert state is alex and msg == "Import refused: b.json: the upload is not valid base64 data"
 
     def test_too_large(self, alex, monkeypatch):
-        monkeypatch.setattr(C, "MAX_UPLOAD_BYTES", 10)
-        state, msg = C.on_event("upload", alex, upload=data_url(b"x" * 100), filename="big.json")
+        monkeypatch.setattr(UP, "MAX_UPLOAD_BYTES", 10)
+        state, msg = EV.on_event("upload", alex, upload=data_url(b"x" * 100), filename="big.json")
         assert state is alex and msg.startswith("Import refused: big.json: larger than")
 
     def test_no_filename(self, alex):
-        state, msg = C.on_event("upload", alex, upload=data_url(b"[]"))
+        state, msg = EV.on_event("upload", alex, upload=data_url(b"[]"))
         assert state is alex and msg.startswith("Import refused: upload: not a soapbox file")
 
     def test_strategy_file(self, alex):
-        edited, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        content = C.export_strategy(edited)["content"]
-        state, msg = C.on_event("upload", alex, upload=data_url(content.encode()), filename="s.json")
+        edited, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        content = EXPT.export_strategy(edited)["content"]
+        state, msg = EV.on_event("upload", alex, upload=data_url(content.encode()), filename="s.json")
         assert msg == "Imported strategy from s.json."
         assert state["strategy"]["ops"] == edited["strategy"]["ops"]
 
 
 class TestOnEventEdit:
     def test_valid(self, alex):
-        state, msg = C.on_event("edit-apply", alex, ops=["fc6"],
+        state, msg = EV.on_event("edit-apply", alex, ops=["fc6"],
                                 degrees={"feature": 4, "sample": None, "in_feature": "", "replica": 1},
                                 devices="0-3")
         assert msg == "Changed fc6 to feature 4 on devices 0-3."
@@ -145,13 +157,13 @@ class TestOnEventEdit:
         assert state["selected"] == ["fc6"] and alex["selected"] is None
 
     def test_float_and_text_degrees(self, alex):
-        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": "2", "sample": 2.0},
+        _, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": "2", "sample": 2.0},
                                 devices="0, 1, 2, 3")
         assert msg == "Changed fc6 to feature 2 x sample 2 on devices 0-3."
 
     def test_uses_the_selection(self, alex):
         s = dict(alex, selected=["fc7"])
-        state, msg = C.on_event("edit-apply", s, degrees={"feature": 2}, devices="4-5")
+        state, msg = EV.on_event("edit-apply", s, degrees={"feature": 2}, devices="4-5")
         assert msg == "Changed fc7 to feature 2 on devices 4-5."
         assert state["selected"] == ["fc7"]
 
@@ -159,105 +171,105 @@ class TestOnEventEdit:
                                          {"sample": "inf"}, {"sample": "nan"}])
     def test_bad_degree_is_refused(self, alex, degrees):
         before = json.dumps(alex, sort_keys=True)
-        state, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees=degrees, devices="0-1")
+        state, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees=degrees, devices="0-1")
         assert state is alex and json.dumps(alex, sort_keys=True) == before
         assert msg
 
     @pytest.mark.parametrize("v", [0, -2, 2.5])
     def test_bad_degree_message(self, alex, v):
-        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
+        _, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
         assert msg == f"Edit refused: degree of sample: {v!r} is not a whole number >= 1"
 
     @pytest.mark.parametrize("v", ["abc", "inf", "nan"])
     def test_non_number_degree_message_names_the_dim(self, alex, v):
-        _, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
+        _, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"sample": v}, devices="0-1")
         assert msg.startswith("Edit refused: degree of sample")
 
     @pytest.mark.parametrize("devices, what", [("0-x", "'0-x'"), ("99", "99 does not exist"), ("", "none given"),
                                                (None, "none given")])
     def test_bad_devices_are_refused(self, alex, devices, what):
-        state, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices=devices)
+        state, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices=devices)
         assert state is alex and msg.startswith("Edit refused: devices: ") and what in msg
 
     def test_invalid_config_is_refused(self, alex):
-        state, msg = C.on_event("edit-apply", alex, ops=["fc8"], degrees={"feature": 3}, devices="0-2")
+        state, msg = EV.on_event("edit-apply", alex, ops=["fc8"], degrees={"feature": 3}, devices="0-2")
         assert state is alex
         assert msg == "Edit refused: ops.fc8.degrees.feature: 3 does not divide feature (1000)"
 
     def test_undo_redo(self, alex):
-        s1, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
-        s0, msg = C.on_event("undo", s1)
+        s1, _ = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        s0, msg = EV.on_event("undo", s1)
         assert msg == "Undid the change to fc6." and s0["strategy"]["ops"] == alex["strategy"]["ops"]
-        s2, msg = C.on_event("redo", s0)
+        s2, msg = EV.on_event("redo", s0)
         assert msg == "Redid the change to fc6." and s2["strategy"]["ops"] == s1["strategy"]["ops"]
 
 
 class TestOnEventOther:
     def test_pick_model_keeps_the_session(self, alex):
-        state, msg = C.on_event("pick-model", alex, model="inception_v3")
+        state, msg = EV.on_event("pick-model", alex, model="inception_v3")
         assert state["model"] == {"name": "inception_v3"} and state["sid"] == alex["sid"]
         assert state["version"] == alex["version"] + 1
         assert msg == "Model: inception_v3, under data-parallel."
-        assert C.on_event("pick-model", alex, model="alexnet") == (alex, "")
+        assert EV.on_event("pick-model", alex, model="alexnet") == (alex, "")
 
     def test_pick_cluster(self, alex):
-        state, msg = C.on_event("pick-cluster", alex, cluster="dgx-a100-80gb:1")
-        assert msg == "Cluster: dgx-a100-80gb:1." and W.cluster_of(state).num_devices == 8
+        state, msg = EV.on_event("pick-cluster", alex, cluster="dgx-a100-80gb:1")
+        assert msg == "Cluster: dgx-a100-80gb:1." and SRC.cluster_of(state).num_devices == 8
         assert state["sid"] == alex["sid"]
 
     def test_pick_unknown_cluster(self, alex):
-        state, msg = C.on_event("pick-cluster", alex, cluster="nope")
+        state, msg = EV.on_event("pick-cluster", alex, cluster="nope")
         assert state is alex and msg.startswith("That did not work: ValueError: unknown cluster 'nope'")
 
     def test_pick_baseline(self, alex, alexnet):
         g, c = alexnet
-        state, msg = C.on_event("pick-baseline", alex, baseline="expert")
+        state, msg = EV.on_event("pick-baseline", alex, baseline="expert")
         assert msg == "Strategy set to the expert baseline." and state["baseline"] == "expert"
         assert state["strategy"]["ops"] == compact_strategy_dict(expert(g, c).to_dict())["ops"]
 
     def test_click_an_op(self, alex):
-        state, msg = C.on_event("op-graph", alex, click={"points": [{"customdata": "fc6"}]})
+        state, msg = EV.on_event("op-graph", alex, click={"points": [{"customdata": "fc6"}]})
         assert state["selected"] == ["fc6"] and msg == "Selected fc6."
         assert alex["selected"] is None
 
     def test_click_a_block(self, alex):
         s = dict(alex, collapse=True)
-        state, msg = C.on_event("op-graph", s, click={"points": [{"customdata": "classifier"}]})
-        g = W.graph_of(alex)
+        state, msg = EV.on_event("op-graph", s, click={"points": [{"customdata": "classifier"}]})
+        g = SRC.graph_of(alex)
         want = [op.name for op in g.ops if op.block == "classifier"]
         assert state["selected"] == want
         assert msg == f"Selected classifier ({len(want)} ops)."
 
     @pytest.mark.parametrize("click", [{"points": []}, {"points": [{"x": 1}]}])
     def test_click_on_nothing(self, alex, click):
-        assert C.on_event("op-graph", alex, click=click) == (alex, "")
+        assert EV.on_event("op-graph", alex, click=click) == (alex, "")
 
     def test_pick_ops(self, alex):
-        state, msg = C.on_event("edit-ops", alex, ops=["conv1", "conv2"])
+        state, msg = EV.on_event("edit-ops", alex, ops=["conv1", "conv2"])
         assert state["selected"] == ["conv1", "conv2"] and msg == ""
 
     def test_adopt_without_search(self, alex):
-        assert C.on_event("search-adopt", alex) == (alex, "No finished search to adopt yet.")
+        assert EV.on_event("search-adopt", alex) == (alex, "No finished search to adopt yet.")
 
     def test_compare_add_and_clear(self, alex):
-        s, msg = C.on_event("compare-add", alex, compare_name="first")
+        s, msg = EV.on_event("compare-add", alex, compare_name="first")
         assert [c["name"] for c in s["compare"]] == ["first"]
-        s2, msg = C.on_event("compare-add", s, compare_name="first")
+        s2, msg = EV.on_event("compare-add", s, compare_name="first")
         assert s2 is s and "already" in msg
-        s3, msg = C.on_event("compare-clear", s)
+        s3, msg = EV.on_event("compare-clear", s)
         assert s3["compare"] == [] and msg == "Cleared the comparison."
 
     def test_unknown_trigger(self, alex):
-        assert C.on_event("something-else", alex) == (alex, "")
+        assert EV.on_event("something-else", alex) == (alex, "")
 
 
 class TestRenderExplore:
     def test_all_views(self, alex):
-        out = C.render_explore(alex)
+        out = EXP.render_explore(alex)
         assert set(EXPLORE_IDS) <= set(out) and "summary" in out
         for k in ("op-graph", "gantt", "topology", "memory"):
             out[k] = go.Figure(out[k])  # a plain figure dict, valid for Plotly
-        ws = W.workspace(alex)
+        ws = SIM.workspace(alex)
         # AlexNet data parallel on p100-4x4 (50.1 ms since NCCL's collective latencies, issue 12)
         assert out["sum-time"] == format_seconds(ws.timeline.makespan_s) == "50.1 ms"
         assert out["sum-speedup"] == "1.00x"
@@ -267,13 +279,13 @@ class TestRenderExplore:
         assert len(out["gantt"].layout.yaxis.ticktext) == 32
 
     def test_edit_of_a_heavy_op_changes_the_time(self, alex):
-        before = C.render_explore(alex)["sum-time"]
-        s, msg = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        before = EXP.render_explore(alex)["sum-time"]
+        s, msg = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
         assert msg.startswith("Changed")
-        out = _figures(C.render_explore(s))
+        out = _figures(EXP.render_explore(s))
         assert out["sum-time"] != before
-        assert out["sum-time"] == format_seconds(W.workspace(s).timeline.makespan_s) == "32.3 ms"
-        assert out["sum-speedup"] == f"{W.baseline_cost_s(s) / W.workspace(s).timeline.makespan_s:.2f}x"
+        assert out["sum-time"] == format_seconds(SIM.workspace(s).timeline.makespan_s) == "32.3 ms"
+        assert out["sum-speedup"] == f"{SIM.baseline_cost_s(s) / SIM.workspace(s).timeline.makespan_s:.2f}x"
         panel = str(out["op-panel"])
         assert "fc6 (linear)" in panel and "feature 4 on 4 GPU(s)" in panel
         ring = [tr for tr in out["op-graph"].data if tr.name == "selected"]
@@ -283,37 +295,37 @@ class TestRenderExplore:
         assert len(sel) == 1 and len(sel[0].x) == 4
 
     def test_memory_metric(self, alex):
-        out = _figures(C.render_explore(alex, collapse=True, metric="memory"))
-        mem = W.workspace(alex).memory
+        out = _figures(EXP.render_explore(alex, collapse=True, metric="memory"))
+        mem = SIM.workspace(alex).memory
         gpu = next(tr for tr in out["topology"].data if tr.name == "GPU")
         np.testing.assert_allclose(gpu.marker.color, mem.peak_bytes / mem.capacity_bytes, rtol=1e-12)
         nodes = sum(len(tr.x) for tr in out["op-graph"].data[1:])
         assert nodes == 4  # alexnet collapsed: data, labels, features, classifier
 
     def test_repeat_is_cached(self, alex):
-        assert C.render_explore(alex) is C.render_explore(alex)
+        assert EXP.render_explore(alex) is EXP.render_explore(alex)
 
 
 class TestRenderEditor:
     def test_no_selection(self, alex):
-        options, inputs, devices = C.render_editor(alex)
-        assert [o["value"] for o in options] == [op.name for op in W.graph_of(alex).ops if op.kind != "input"]
+        options, inputs, devices = ED.render_editor(alex)
+        assert [o["value"] for o in options] == [op.name for op in SRC.graph_of(alex).ops if op.kind != "input"]
         assert devices == "" and "Select an op" in str(inputs)
 
     def test_selected_op(self, alex):
-        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices="3, 9")
-        _, inputs, devices = C.render_editor(s)
+        s, _ = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 2}, devices="3, 9")
+        _, inputs, devices = ED.render_editor(s)
         assert devices == "3, 9"
         assert len(inputs) == 4  # sample, feature, in_feature, replica
         values = {div.children[1].id["dim"]: div.children[1].value for div in inputs}
         assert values == {"sample": 1, "feature": 2, "in_feature": 1, "replica": 1}
-        s2, _ = C.on_event("edit-ops", alex, ops=["fc6"])
-        assert C.render_editor(s2)[2] == "0-15"
+        s2, _ = EV.on_event("edit-ops", alex, ops=["fc6"])
+        assert ED.render_editor(s2)[2] == "0-15"
 
 
 class TestZoomGantt:
     def test_zoom_range(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0})[0])
+        fig = go.Figure(TL.zoom_gantt(alex, {"xaxis.range[0]": 20.0, "xaxis.range[1]": 25.0})[0])
         assert fig.layout.xaxis.range == (20.0, 25.0)
         for tr in fig.data:
             if tr.name in ("critical path", "selected"):
@@ -322,33 +334,33 @@ class TestZoomGantt:
             assert (end >= 20.0 - 1e-9).all() and (np.asarray(tr.base) <= 25.0 + 1e-9).all()
 
     def test_zoom_range_list(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]})[0])
+        fig = go.Figure(TL.zoom_gantt(alex, {"xaxis.range": [5.0, 10.0]})[0])
         assert fig.layout.xaxis.range == (5.0, 10.0)
 
     def test_autorange(self, alex):
-        fig = go.Figure(C.zoom_gantt(alex, {"xaxis.autorange": True})[0])
-        assert fig.layout.xaxis.range == (0.0, W.workspace(alex).timeline.makespan_s * 1e3)
+        fig = go.Figure(TL.zoom_gantt(alex, {"xaxis.autorange": True})[0])
+        assert fig.layout.xaxis.range == (0.0, SIM.workspace(alex).timeline.makespan_s * 1e3)
 
     @pytest.mark.parametrize("relayout", [None, {}, {"dragmode": "pan"}, {"yaxis.range[0]": 1, "yaxis.range[1]": 2},
                                           {"xaxis.range[0]": 1.0}, {"autosize": True}])
     def test_unrelated(self, alex, relayout):
-        assert C.zoom_gantt(alex, relayout) == (no_update, no_update)
+        assert TL.zoom_gantt(alex, relayout) == (no_update, no_update)
 
     def test_no_state(self):
-        assert C.zoom_gantt(None, {"xaxis.range": [0, 1]}) == (no_update, no_update)
+        assert TL.zoom_gantt(None, {"xaxis.range": [0, 1]}) == (no_update, no_update)
 
     def test_row_options_redraw_the_whole_iteration(self, alex):
         """Issue 16: rows grouped per node (4 nodes of p100-4x4: 4 row pairs), a filter keeps the
         rows it names, a filter it cannot read is named and ignored."""
-        fig, notes = C.zoom_gantt(alex, None, {"rows": "node"}, trigger="gantt-rows")
+        fig, notes = TL.zoom_gantt(alex, None, {"rows": "node"}, trigger="gantt-rows")
         ticks = list(go.Figure(fig).layout.yaxis.ticktext)
         assert ticks[:2] == ["node 0 (4 GPUs): GPU 0", "node 0 collectives"] and len([t for t in ticks if
                                                                                   t.startswith("node")]) == 8
         assert "4 GPU rows for 16 GPUs (one GPU drawn per node)" in notes
-        fig, _ = C.zoom_gantt(alex, None, {"rows": "gpu", "filter": "2-3", "links": "off"}, trigger="gantt-filter")
+        fig, _ = TL.zoom_gantt(alex, None, {"rows": "gpu", "filter": "2-3", "links": "off"}, trigger="gantt-filter")
         assert list(go.Figure(fig).layout.yaxis.ticktext) == ["GPU 2", "GPU 2 collectives", "GPU 3",
                                                               "GPU 3 collectives"]
-        fig, notes = C.zoom_gantt(alex, None, {"filter": "7-3"}, trigger="gantt-filter")
+        fig, notes = TL.zoom_gantt(alex, None, {"filter": "7-3"}, trigger="gantt-filter")
         assert notes.startswith("Filter ignored: row filter '7-3': the range runs backwards.")
         assert len(go.Figure(fig).layout.yaxis.ticktext) == 32
 
@@ -358,13 +370,13 @@ class TestSearch:
 
     def test_auto_reports_what_each_part_found(self, alex):
         """auto's notes (each seed's result, MCMC's, which one won) reach the status line."""
-        C.search_start(alex, "auto", "30", 0)
+        SRCH.search_start(alex, "auto", "30", 0)
         _, status = poll_until_done(alex)
         assert status.startswith("auto finished: best "), status
         assert "Notes: " in status and "mcmc from" in status and "best: " in status
 
     def test_runs_to_the_end_and_can_be_adopted(self, alex):
-        status, disabled = C.search_start(alex, "mcmc", "30", 0)
+        status, disabled = SRCH.search_start(alex, "mcmc", "30", 0)
         assert disabled is False and status.startswith("mcmc")
         fig, status = poll_until_done(alex)
         job = jobs.get(alex["sid"])
@@ -377,17 +389,17 @@ class TestSearch:
         assert list(best.x) == [r["iteration"] for r in job.rows]
         assert list(best.y) == pytest.approx([r["best_cost_s"] * 1e3 for r in job.rows])
         assert fig.layout.title.text == "mcmc, budget 30 proposals, seed 0"
-        assert C.search_stop(alex) == "No search is running."
+        assert SRCH.search_stop(alex) == "No search is running."
         # its trace, dropped from memory once nobody polls it, is read from the store again
         time.sleep(0.01)
-        assert jobs.trim_progress(0.0) >= 1 and job.id not in jobs._rows
+        assert SES.current().trim(0.0) >= 1 and job.id not in SES.current().progress
         assert jobs.get(alex["sid"]).rows == job.rows
-        state, msg = C.on_event("search-adopt", alex)
+        state, msg = EV.on_event("search-adopt", alex)
         assert msg == f"Adopted the search's best ({format_seconds(job.best_cost_s)})."
         strategy, cost_s = jobs.best(alex["sid"])
         assert state["strategy"]["ops"] == compact_strategy_dict(strategy.to_dict())["ops"]
-        assert W.workspace(state).timeline.makespan_s == pytest.approx(cost_s, rel=1e-9)
-        back, _ = C.on_event("undo", state)
+        assert SIM.workspace(state).timeline.makespan_s == pytest.approx(cost_s, rel=1e-9)
+        back, _ = EV.on_event("undo", state)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
 
     def test_the_same_search_in_process_gives_the_same_best(self, alex):
@@ -395,40 +407,40 @@ class TestSearch:
         the same best as calling the search here."""
         from engine.search import Budget
 
-        C.search_start(alex, "mcmc", "30", 3)
+        SRCH.search_start(alex, "mcmc", "30", 3)
         poll_until_done(alex)
-        g, c = W.graph_of(alex), W.cluster_of(alex)
+        g, c = SRC.graph_of(alex), SRC.cluster_of(alex)
         here = ALGORITHMS["mcmc"].run(g, c, Budget.parse("30"), seed=3, initial=load_strategy(alex["strategy"], g, c))
         assert jobs.get(alex["sid"]).best_cost_s == here.best_cost_s
 
     def test_stop_and_one_at_a_time(self, alex):
-        status, disabled = C.search_start(alex, "mcmc", "100000000", 1)
+        status, disabled = SRCH.search_start(alex, "mcmc", "100000000", 1)
         assert disabled is False
-        status, disabled = C.search_start(alex, "mcmc", "30", 1)
+        status, disabled = SRCH.search_start(alex, "mcmc", "30", 1)
         assert disabled is True and status == ("Search not started: a search is already running in this session; "
                                                "stop it first")
-        other = W.new_state("alexnet")
-        assert C.search_poll(other)[2] is True  # another session sees no search
+        other = ST.new_state("alexnet")
+        assert SRCH.search_poll(other)[2] is True  # another session sees no search
         deadline = time.monotonic() + 60
         while not jobs.get(alex["sid"]).rows:  # running, with progress
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert C.search_stop(alex) == "Stopping: the search returns its best so far..."
+        assert SRCH.search_stop(alex) == "Stopping: the search returns its best so far..."
         _, status = poll_until_done(alex)
         assert status.startswith("mcmc stopped: best ")
         assert jobs.get(alex["sid"]).result["cancelled"] is True
 
     def test_a_queued_search_shows_its_place_and_can_be_stopped_before_it_starts(self, alex):
-        sessions = [W.new_state("alexnet") for _ in range(jobs.pool().workers)]
+        sessions = [ST.new_state("alexnet") for _ in range(jobs.pool().workers)]
         for s in sessions:  # occupy every worker
-            C.search_start(s, "mcmc", "100000000", 0)
-        status, disabled = C.search_start(alex, "mcmc", "30", 0)
+            SRCH.search_start(s, "mcmc", "100000000", 0)
+        status, disabled = SRCH.search_start(alex, "mcmc", "30", 0)
         assert not disabled and "queued" in status and "server runs" in status
         assert jobs.get(alex["sid"]).queue_position >= 1
-        assert C.search_stop(alex).startswith("Stopping")
+        assert SRCH.search_stop(alex).startswith("Stopping")
         assert jobs.get(alex["sid"]).status == "stopped"
         for s in sessions:
-            C.search_stop(s)
+            SRCH.search_stop(s)
         for s in sessions:
             poll_until_done(s)
 
@@ -448,7 +460,7 @@ class TestSearch:
         monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(run=fake_search, description="fake"))
         ticks = iter([0.0] + [1.5] * 1000)
         st = store.Store(tmp_path / "db.sqlite3")  # not the pool's: no worker claims this one
-        sid = st.create_search(alex["sid"], "mcmc", "2s", 2.0, 0, W.refs(alex), None)
+        sid = st.create_search(alex["sid"], "mcmc", "2s", 2.0, 0, SRC.refs(alex), None)
         row = st.claim_next(0)
         assert row["id"] == sid
         status = worker.run_search(st, row, clock=lambda: next(ticks))
@@ -464,39 +476,39 @@ class TestSearch:
         ("mcmc", "2h", 0, "at most 10 minutes"),
     ])
     def test_refused(self, alex, algorithm, budget, seed, what):
-        status, disabled = C.search_start(alex, algorithm, budget, seed)
+        status, disabled = SRCH.search_start(alex, algorithm, budget, seed)
         assert disabled is True and status.startswith("Search not started: ") and what in status
         assert jobs.get(alex["sid"]) is None
 
     def test_poll_without_search(self, alex):
-        fig, status, disabled = C.search_poll(alex)
+        fig, status, disabled = SRCH.search_poll(alex)
         assert disabled is True and status == ""
         fig = go.Figure(fig)
         assert fig.layout.annotations[0].text.startswith("Start a search")
-        assert C.search_stop(alex) == "No search is running."
+        assert SRCH.search_stop(alex) == "No search is running."
 
     def test_a_crafted_state_cannot_start_or_read_a_search(self, alex):
         bad = dict(alex, model={"name": "/etc/hostname"})
-        status, disabled = C.search_start(bad, "mcmc", "30", 0)
+        status, disabled = SRCH.search_start(bad, "mcmc", "30", 0)
         assert disabled and "unknown sample model '/etc/hostname'" in status
-        assert C.search_poll({"sid": "../../x"})[2] is True
+        assert SRCH.search_poll({"sid": "../../x"})[2] is True
 
 
 class TestExport:
     def test_strategy(self, alex, alexnet):
         g, c = alexnet
-        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
-        out = C.export_strategy(s)
+        s, _ = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        out = EXPT.export_strategy(s)
         assert out["filename"] == "strategy-alexnet-p100-4x4.json" and out["type"] == "application/json"
         data = json.loads(out["content"])
         strategy = load_strategy(data, g, c)
         assert compact_strategy_dict(data)["ops"] == s["strategy"]["ops"]
         assert all(isinstance(e["devices"], list) for e in data["ops"].values())  # the file: plain lists
         assert simulate_strategy(g, strategy, c).iteration_time_s == data["cost"]["iteration_time_s"]
-        assert data["cost"]["iteration_time_s"] == W.workspace(s).timeline.makespan_s
+        assert data["cost"]["iteration_time_s"] == SIM.workspace(s).timeline.makespan_s
 
     def test_trace(self, alex):
-        out, msg = C.export_trace(alex)
+        out, msg = EXPT.export_trace(alex)
         assert msg.startswith("Exported the trace")
         assert out["filename"] == "trace-alexnet-p100-4x4.json"
         body = json.loads(out["content"])
@@ -505,42 +517,42 @@ class TestExport:
         complete = [e for e in body["traceEvents"] if e.get("ph") == "X"]
         assert complete
         end_us = max(e["ts"] + e["dur"] for e in complete)
-        assert end_us == pytest.approx(W.workspace(alex).timeline.makespan_s * 1e6, rel=1e-6)
+        assert end_us == pytest.approx(SIM.workspace(alex).timeline.makespan_s * 1e6, rel=1e-6)
 
     def test_filename_without_colon(self):
-        s = W.new_state("alexnet", "dgx-a100-80gb:1")
-        assert C.export_trace(s)[0]["filename"] == "trace-alexnet-dgx-a100-80gb_1.json"
+        s = ST.new_state("alexnet", "dgx-a100-80gb:1")
+        assert EXPT.export_trace(s)[0]["filename"] == "trace-alexnet-dgx-a100-80gb_1.json"
 
     def test_a_trace_too_large_for_a_download_is_refused_with_the_cli_command(self):
         """Issue 16: an LLM plan's trace (668 MB) failed with only a console error."""
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8", "fsdp")
-        s, _ = C.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 2, "mb": 1})
-        out, msg = C.export_trace(s)
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", "fsdp")
+        s, _ = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 2, "mb": 1})
+        out, msg = EXPT.export_trace(s)
         assert out is None and "soapbox simulate" in msg and "--trace" in msg and "events" in msg
 
     def test_share_link(self, alex):
-        s, _ = C.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
-        url = C.share_link(s, "http://host:8050/?model=x&s=old")
+        s, _ = EV.on_event("edit-apply", alex, ops=["fc6"], degrees={"feature": 4}, devices="0-3")
+        url = EXPT.share_link(s, "http://host:8050/?model=x&s=old")
         assert url.startswith("http://host:8050/?model=alexnet&cluster=p100-4x4&s=")
-        state, _ = W.state_from_query(url.split("/", 3)[3])
+        state, _ = LNK.state_from_query(url.split("/", 3)[3])
         assert state["strategy"]["ops"] == s["strategy"]["ops"]
         m = resolve_model("alexnet").to_dict()
-        uploaded, _, ok = W.import_file(alex, json.dumps(m), "m.json")
-        assert ok and C.share_link(uploaded, None).startswith("Cannot share: ")
+        uploaded, _, ok = UP.import_file(alex, json.dumps(m), "m.json")
+        assert ok and EXPT.share_link(uploaded, None).startswith("Cannot share: ")
 
 
 class TestRenderCompare:
     def test_nothing_kept(self, alex):
-        table, diff, fig = C.render_compare(alex)
+        table, diff, fig = CMP.render_compare(alex)
         assert "Keep strategies here" in str(table) and diff == ""
         fig = go.Figure(fig)
         assert fig.layout.annotations[0].text.startswith("Keep two or more")
 
     def test_two_kept(self, alex):
-        s, _ = W.add_to_compare(alex, "dp")
-        s, _ = C.on_event("pick-baseline", s, baseline="expert")
-        s, _ = W.add_to_compare(s, "ex")
-        table, diff, fig = C.render_compare(s)
+        s, _ = ACT.add_to_compare(alex, "dp")
+        s, _ = EV.on_event("pick-baseline", s, baseline="expert")
+        s, _ = ACT.add_to_compare(s, "ex")
+        table, diff, fig = CMP.render_compare(s)
         fig = go.Figure(fig)
         assert "dp" in str(table) and "ex" in str(table)
         assert "3 op(s) differ between dp and ex" in str(diff)
@@ -551,33 +563,33 @@ class TestRenderCompare:
         """Issue 16: the explorer simulates with the engine's symmetry reduction where it is
         exact, and shows identical replicas once with a count (data parallel on one DGX: GPU 0
         stands for all 8); so does Compare."""
-        s = W.new_state("alexnet", "dgx-a100-80gb:1")
-        s, _ = W.add_to_compare(s, "a")
-        s, _ = W.add_to_compare(s, "b")
-        out = C.render_explore(s)
+        s = ST.new_state("alexnet", "dgx-a100-80gb:1")
+        s, _ = ACT.add_to_compare(s, "a")
+        s, _ = ACT.add_to_compare(s, "b")
+        out = EXP.render_explore(s)
         explore = _figures(out)
         assert list(explore["gantt"].layout.yaxis.ticktext) == ["GPU 0 (x8 alike)", "GPU 0 collectives"]
         assert out["sum-tasks"].endswith("(1 of 8 GPUs simulated; the rest mirror them)")
-        table, _, fig = C.render_compare(s)
+        table, _, fig = CMP.render_compare(s)
         assert list(go.Figure(fig).layout.yaxis.ticktext) == ["GPU 0 (x8 alike)", "GPU 0 collectives"]
         assert "1.00x" in str(table)  # speedup over the first kept
 
     def test_timelines_collapse_to_their_summary_row(self, alex):
-        s, _ = W.add_to_compare(alex, "dp")
-        s, _ = C.on_event("pick-baseline", s, baseline="expert")
-        s, _ = W.add_to_compare(s, "ex")
-        names, shown = C.compare_shown(s, None, None)
+        s, _ = ACT.add_to_compare(alex, "dp")
+        s, _ = EV.on_event("pick-baseline", s, baseline="expert")
+        s, _ = ACT.add_to_compare(s, "ex")
+        names, shown = CMP.compare_shown(s, None, None)
         assert names == shown == ["dp", "ex"]
         # the user unticked "dp"; a third kept strategy opens drawn
-        s3, _ = W.add_to_compare(C.on_event("pick-baseline", s, baseline="data-parallel")[0], "dp2")
-        assert C.compare_shown(s3, ["ex"], [{"value": "dp"}, {"value": "ex"}]) == (["dp", "ex", "dp2"],
+        s3, _ = ACT.add_to_compare(EV.on_event("pick-baseline", s, baseline="data-parallel")[0], "dp2")
+        assert CMP.compare_shown(s3, ["ex"], [{"value": "dp"}, {"value": "ex"}]) == (["dp", "ex", "dp2"],
                                                                                   ["ex", "dp2"])
-        table, _, fig = C.render_compare(s, ["ex"])
+        table, _, fig = CMP.render_compare(s, ["ex"])
         assert str(table).count("Tr(") == 3  # every summary row stays
         fig = go.Figure(fig)
         assert {tr.yaxis for tr in fig.data} == {"y"} and len(fig.layout.annotations) == 1
         assert fig.layout.annotations[0].text.startswith("ex · ")
-        _, _, none = C.render_compare(s, [])
+        _, _, none = CMP.render_compare(s, [])
         assert go.Figure(none).layout.annotations[0].text.startswith("Tick a strategy")
 
 
@@ -585,30 +597,30 @@ class TestBatch:
     """A sample model's global batch in the page (issue 13: --batch in the app too)."""
 
     def test_set_and_clear(self, alex):
-        new, msg = C.on_event("pick-batch", alex, batch=1024)
+        new, msg = EV.on_event("pick-batch", alex, batch=1024)
         assert new["model"] == {"name": "alexnet", "batch": 1024}, msg
-        assert W.graph_of(new).batch_size == 1024 and "1,024 samples" in msg and "64 per GPU" in msg
+        assert SRC.graph_of(new).batch_size == 1024 and "1,024 samples" in msg and "64 per GPU" in msg
         assert new["strategy"]["ops"]["conv1"]["degrees"] == {"sample": 16}
-        again, msg2 = C.on_event("pick-cluster", new, cluster="k80-16x4")
+        again, msg2 = EV.on_event("pick-cluster", new, cluster="k80-16x4")
         assert again["model"]["batch"] == 1024  # a cluster change keeps the batch
-        other, _ = C.on_event("pick-model", again, model="inception_v3")
+        other, _ = EV.on_event("pick-model", again, model="inception_v3")
         assert "batch" not in other["model"]  # another model starts at its default
-        cleared, msg3 = C.on_event("pick-batch", new, batch=None)
+        cleared, msg3 = EV.on_event("pick-batch", new, batch=None)
         assert "batch" not in cleared["model"] and "256 samples" in msg3
 
     @pytest.mark.parametrize("value", [0, -4, 2.5, "abc", 10**9, True])
     def test_refused_keeps_the_state(self, alex, value):
-        new, msg = C.on_event("pick-batch", alex, batch=value)
+        new, msg = EV.on_event("pick-batch", alex, batch=value)
         assert new is alex and msg.startswith("Batch refused"), msg
 
     def test_a_crafted_state_with_a_bad_batch_is_refused(self, alex):
         bad = dict(alex, model={"name": "alexnet", "batch": -1})
-        new, msg = C.on_event("pick-baseline", bad, baseline="expert")
+        new, msg = EV.on_event("pick-baseline", bad, baseline="expert")
         assert "could not be used" in msg and "batch" not in new["model"]
 
     def test_the_search_worker_sees_the_batch(self, alex):
-        new, _ = C.on_event("pick-batch", alex, batch=512)
-        assert W.graph_of(W.refs(new)).batch_size == 512
+        new, _ = EV.on_event("pick-batch", alex, batch=512)
+        assert SRC.graph_of(SRC.refs(new)).batch_size == 512
 
 
 class TestOnnxUpload:
@@ -620,14 +632,14 @@ class TestOnnxUpload:
     def test_an_onnx_model_is_imported_and_simulated(self, alex):
         from tests.test_import_onnx import transformer_block
 
-        new, msg = C.on_event("upload", alex, upload=self._upload(transformer_block()), filename="block.onnx")
+        new, msg = EV.on_event("upload", alex, upload=self._upload(transformer_block()), filename="block.onnx")
         assert msg.startswith("Loaded model") and "B=32" in msg and "S=512" in msg, msg
-        g = W.graph_of(new)
+        g = SRC.graph_of(new)
         assert g.batch_size == 32 and any(o.kind == "attention" or o.kind == "batch_matmul" for o in g.ops)
-        assert W.workspace(new).timeline.makespan_s > 0
+        assert SIM.workspace(new).timeline.makespan_s > 0
 
     def test_a_broken_onnx_file_is_refused_and_the_state_kept(self, alex):
-        new, msg = C.on_event("upload", alex, upload=self._upload(b"\x08\x01garbage" * 5), filename="x.onnx")
+        new, msg = EV.on_event("upload", alex, upload=self._upload(b"\x08\x01garbage" * 5), filename="x.onnx")
         assert new is alex and msg.startswith("Import refused: x.onnx") and "not an ONNX model" in msg
 
 
@@ -635,12 +647,12 @@ class TestExportFramework:
     """Issue 15: the Export tab's framework buttons."""
 
     def test_megatron_layout_exports_and_alexnet_is_refused_with_the_reason(self, alex):
-        data, msg = C.export_framework(alex, "megatron")
+        data, msg = EXPT.export_framework(alex, "megatron")
         assert data is None and "no numbered transformer layers" in msg
-        state = W.new_state("gpt2", "dgx-a100-80gb:1", "megatron")
-        data, msg = C.export_framework(state, "megatron")
+        state = ST.new_state("gpt2", "dgx-a100-80gb:1", "megatron")
+        data, msg = EXPT.export_framework(state, "megatron")
         assert data["filename"].endswith(".txt") and "--tensor-model-parallel-size" in data["content"], msg
-        data, msg = C.export_framework(state, "torchtitan")
+        data, msg = EXPT.export_framework(state, "torchtitan")
         assert data["filename"].endswith(".toml") and "[parallelism]" in data["content"], msg
 
 
@@ -649,18 +661,18 @@ class TestLayoutPanel:
 
     @pytest.fixture()
     def gpt(self):
-        return W.new_state("gpt2", "dgx-a100-80gb:2", "data-parallel", batch=32)
+        return ST.new_state("gpt2", "dgx-a100-80gb:2", "data-parallel", batch=32)
 
     def test_megatron_layout_applies(self, gpt):
-        new, msg = C.on_event("layout-apply", gpt, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1,
+        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1,
                                                            "recompute": "selective", "flags": ["sp"]})
         assert msg.startswith("Layout (megatron): tp 2, pp 2, dp 4"), msg
         assert "sequence parallel" in msg and "recompute selective" in msg and "8 microbatches" in msg
         assert new["strategy"]["pipeline"]["stages"] == 2 and new["baseline"] == "megatron"
-        assert W.workspace(new).timeline.makespan_s > 0
+        assert SIM.workspace(new).timeline.makespan_s > 0
 
     def test_fsdp_layout(self, gpt):
-        new, msg = C.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "shard": 4})
+        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "shard": 4})
         assert "ZeRO 3" in msg and new["strategy"].get("shard_group") == 4, msg
 
     @pytest.mark.parametrize("form, match", [
@@ -673,7 +685,7 @@ class TestLayoutPanel:
         ({"kind": "other"}, "kind must be"),
     ])
     def test_refused_with_the_reason_and_nothing_changes(self, gpt, form, match):
-        new, msg = C.on_event("layout-apply", gpt, layout=form)
+        new, msg = EV.on_event("layout-apply", gpt, layout=form)
         assert new is gpt and msg.startswith("Layout refused") and match in msg, msg
 
 
@@ -681,30 +693,30 @@ class TestHonestMessages:
     """Issue 16: problems summarised, not dumped; a model that cannot run says why in words."""
 
     def test_a_strategy_for_another_model_names_the_root_cause_only(self):
-        state = W.new_state("gpt2", "p100-4x4")
-        other = W.new_state("alexnet", "dgx-a100-80gb:2")["strategy"]
+        state = ST.new_state("gpt2", "p100-4x4")
+        other = ST.new_state("alexnet", "dgx-a100-80gb:2")["strategy"]
         up = "data:application/json;base64," + base64.b64encode(json.dumps(other).encode()).decode()
-        new, msg = C.on_event("upload", state, upload=up, filename="s.json")
+        new, msg = EV.on_event("upload", state, upload=up, filename="s.json")
         assert new is state and len(msg) < 400, msg
         assert "made for model 'alexnet'" in msg and "other problems follow from it" in msg
 
     def test_many_problems_are_counted_not_listed(self):
         from engine.errors import Problem, ValidationError
         e = ValidationError([Problem(f"ops.op{k}", "bad") for k in range(1000)], "x.json")
-        text = W.problems_summary(e)
+        text = ACT.problems_summary(e)
         assert text.startswith("x.json: 1,000 problems: ops.op0: bad") and text.endswith("(+995 more)")
 
     def test_a_model_the_cluster_cannot_run(self):
-        state = W.new_state()  # inception_v3 on p100-4x4
-        new, msg = C.on_event("pick-model", state, model="llama2-7b")
+        state = ST.new_state()  # inception_v3 on p100-4x4
+        new, msg = EV.on_event("pick-model", state, model="llama2-7b")
         assert new is state and "ValidationError" not in msg
         assert "no bf16 peak" in msg and "A100, H100 and H200 presets" in msg
 
 
 def test_no_speedup_over_a_data_parallel_that_does_not_fit():
     """Issue 16: an LLM plan was shown as '0.90x' data parallel although data parallel does not fit."""
-    state = W.new_state("llama2-7b", "dgx-a100-80gb:2", "fsdp", batch=16)
-    views = C._render_explore(state, True, "utilization")
+    state = ST.new_state("llama2-7b", "dgx-a100-80gb:2", "fsdp", batch=16)
+    views = EXP.render_explore(state, True, "utilization")
     assert views["sum-speedup"] == "– (data parallel does not fit)"
     assert "Data parallel does not fit in memory here" in views["why"]
 
@@ -712,14 +724,14 @@ def test_no_speedup_over_a_data_parallel_that_does_not_fit():
 def test_switching_cluster_stops_the_running_search(alex):
     """Issue 16: a search kept running after the model or cluster changed, and its answer
     (for the old ones) could then be adopted."""
-    status, _ = C.search_start(alex, "mcmc", "60s", 0)
-    new, msg = C.on_event("pick-cluster", alex, cluster="k80-16x4")
+    status, _ = SRCH.search_start(alex, "mcmc", "60s", 0)
+    new, msg = EV.on_event("pick-cluster", alex, cluster="k80-16x4")
     assert "search running for the previous model or cluster was stopped" in msg, msg
     deadline = time.time() + 30
     while jobs.get(alex["sid"]).running and time.time() < deadline:
         time.sleep(0.2)
     assert jobs.get(alex["sid"]).status in ("stopped", "finished")
-    _, msg = C.on_event("search-adopt", new)
+    _, msg = EV.on_event("search-adopt", new)
     assert "another model or cluster" in msg or msg.startswith("No finished search")
 
 
@@ -736,10 +748,10 @@ def test_language_models_show_tokens_per_second_and_mfu():
     """Issue 16: throughput in tokens/s for LLMs, and MFU (PaLM's definition)."""
     from app.views import mfu
 
-    state = W.new_state("gpt2", "dgx-a100-80gb:1")
-    out = C.render_explore(state)
-    ws = W.workspace(state)
-    g = W.graph_of(state)
+    state = ST.new_state("gpt2", "dgx-a100-80gb:1")
+    out = EXP.render_explore(state)
+    ws = SIM.workspace(state)
+    g = SRC.graph_of(state)
     tokens = g.batch_size * 1024 / ws.timeline.makespan_s
     u = mfu(g, ws.timeline, ws.cluster, sorted(ws.strategy.devices_used()))
     flops = sum(op.fwd_flops + op.bwd_flops for op in g.ops)
@@ -750,14 +762,14 @@ def test_language_models_show_tokens_per_second_and_mfu():
 def test_time_and_gpu_hours_for_n_tokens():
     """Issue 16: time and GPU-hours to train N tokens, N settable."""
     rate = {"per_s": 1e6, "gpus": 64, "unit": "tokens"}
-    assert C.train_estimate(rate, "1T") == "1e+12 tokens: 11.6 days on 64 GPUs (17,778 GPU-hours), at the " \
+    assert EXP.train_estimate(rate, "1T") == "1e+12 tokens: 11.6 days on 64 GPUs (17,778 GPU-hours), at the " \
                                            "simulated rate, without failures"
-    assert C.train_estimate(rate, "300B").startswith("3e+11 tokens: 3.5 days")
-    assert C.train_estimate(rate, "3,600,000").startswith("3.6e+06 tokens: 3.6 s")
-    assert "give a count" in C.train_estimate(rate, "lots")
-    assert C.train_estimate(None, "1T") == ""
-    state = W.new_state("gpt2", "dgx-a100-80gb:1")
-    out = C.render_explore(state)
+    assert EXP.train_estimate(rate, "300B").startswith("3e+11 tokens: 3.5 days")
+    assert EXP.train_estimate(rate, "3,600,000").startswith("3.6e+06 tokens: 3.6 s")
+    assert "give a count" in EXP.train_estimate(rate, "lots")
+    assert EXP.train_estimate(None, "1T") == ""
+    state = ST.new_state("gpt2", "dgx-a100-80gb:1")
+    out = EXP.render_explore(state)
     assert out["rate"]["unit"] == "tokens" and out["rate"]["gpus"] == 8 and out["rate"]["per_s"] > 0
 
 
@@ -765,11 +777,11 @@ def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
     """Issue 16: GPT-3 175B on 1,024 GPUs under a Megatron layout: simulated with the symmetry
     reduction, the timeline one row pair per representative with its count, a figure of
     kilobytes (the critical chain merged like the bars), tokens/s and MFU."""
-    s = W.new_state("gpt3-175b", "dgx-a100-80gb:128", "data-parallel")
-    s, msg = C.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 16, "mb": 1,
+    s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128", "data-parallel")
+    s, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 16, "mb": 1,
                                                    "recompute": "full"})
     assert msg.startswith("Layout (megatron): tp 8, pp 16, dp 8"), msg
-    out = C.render_explore(s)
+    out = EXP.render_explore(s)
     assert out["sum-tasks"].endswith("(16 of 1024 GPUs simulated; the rest mirror them)")
     assert "tokens/s, MFU" in out["sum-throughput"]
     ticks = list(go.Figure(out["gantt"]).layout.yaxis.ticktext)
@@ -783,24 +795,24 @@ class TestSequenceAndPrecision:
     reason."""
 
     def test_set_keep_and_clear(self):
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s2, msg = C.on_event("pick-seq", s, size=8192)
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s2, msg = EV.on_event("pick-seq", s, size=8192)
         assert msg == "Sequence length: 8,192 tokens, under data-parallel." and s2["model"] == {
             "name": "llama2-7b", "seq_len": 8192}
-        g = W.graph_of(s2)
+        g = SRC.graph_of(s2)
         assert next(op for op in g.ops if op.kind == "input").out_tensors[0].shape == (1024, 8192)
-        s3, msg = C.on_event("pick-precision", s2, size="fp16")
-        assert msg == "Precision: fp16, under data-parallel." and W.graph_of(s3).precision == "fp16"
-        s4, _ = C.on_event("pick-cluster", s3, cluster="dgx-a100-80gb:16")
+        s3, msg = EV.on_event("pick-precision", s2, size="fp16")
+        assert msg == "Precision: fp16, under data-parallel." and SRC.graph_of(s3).precision == "fp16"
+        s4, _ = EV.on_event("pick-cluster", s3, cluster="dgx-a100-80gb:16")
         assert s4["model"] == {"name": "llama2-7b", "seq_len": 8192, "precision": "fp16"}  # kept
-        assert C.on_event("pick-precision", s4, size="default")[0]["model"] == {"name": "llama2-7b", "seq_len": 8192}
-        s5, msg = C.on_event("pick-seq", s4, size=None)
-        assert msg == "Sequence length: the model's default (4,096 tokens)." and "seq_len" not in s5["model"]
-        W.check_state(s5)
-        t, _ = W.state_from_query(W.share_query(s4))
+        assert EV.on_event("pick-precision", s4, size="default")[0]["model"] == {"name": "llama2-7b", "seq_len": 8192}
+        s5, msg = EV.on_event("pick-seq", s4, size=None)
+        assert msg == "Sequence length: the model's default (4,096 tokens), under data-parallel." and "seq_len" not in s5["model"]
+        ST.check_state(s5)
+        t, _ = LNK.state_from_query(LNK.share_query(s4))
         assert t["model"] == s4["model"]
         # another model: its own defaults
-        assert C.on_event("pick-model", s4, model="gpt2")[0]["model"] == {"name": "gpt2"}
+        assert EV.on_event("pick-model", s4, model="gpt2")[0]["model"] == {"name": "gpt2"}
 
     @pytest.mark.parametrize("model, key, value, want", [
         ("alexnet", "pick-seq", 100, "Sequence length refused: alexnet has no sequence length to set"),
@@ -810,12 +822,12 @@ class TestSequenceAndPrecision:
         ("gpt2", "pick-precision", "fp8", "Precision refused: precision must be one of fp32, fp16, bf16"),
     ])
     def test_refused_with_the_reason(self, model, key, value, want):
-        s = W.new_state(model)
-        new, msg = C.on_event(key, s, size=value)
+        s = ST.new_state(model)
+        new, msg = EV.on_event(key, s, size=value)
         assert new is s and msg.startswith(want), msg
 
     def test_a_crafted_state_is_refused(self):
-        s = W.new_state("gpt2")
+        s = ST.new_state("gpt2")
         for bad in ({"seq_len": 0}, {"seq_len": 1 << 21}, {"precision": "fp64"}, {"seq_len": "9"}):
             with pytest.raises(ValueError):
-                W.check_state({**s, "model": {"name": "gpt2", **bad}})
+                ST.check_state({**s, "model": {"name": "gpt2", **bad}})

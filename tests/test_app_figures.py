@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import figures as _figures
+from app import gantt as G
 from app import views as V
 from app.fmt import format_bytes, format_count, format_rate, format_seconds
 from engine.cluster import preset
@@ -21,6 +22,10 @@ from engine.strategy import Config
 from engine.memory import memory_report
 from engine.simulate import simulate
 from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER, build_task_graph
+from app import actions as ACT
+from app import simulation as SIM
+from app import sources as SRC
+from app import state as ST
 
 
 class _Validating:
@@ -116,22 +121,22 @@ def within(seconds, fn, *args, **kw):
 class TestGanttData:
     def test_rows(self, alexnet, dp, ex):
         g, c = alexnet
-        d = V.gantt_data(g, c, dp.timeline)
+        d = G.gantt_data(g, c, dp.timeline)
         assert d["labels"] == [x for i in range(16) for x in (f"GPU {i}", f"GPU {i} collectives")]
-        e = V.gantt_data(g, c, ex.timeline, links=True)
+        e = G.gantt_data(g, c, ex.timeline, links=True)
         links = {int(x) for x in np.unique(ex.tasks.link[ex.tasks.kind == XFER])}
         assert e["labels"][:32] == d["labels"]
         assert e["labels"][32:] == [f"{c.links[k].src} → {c.links[k].dst}" for k in sorted(links)]
         # more link rows than AUTO_LINK_ROWS: behind the toggle by default, counted
-        auto = V.gantt_data(g, c, ex.timeline)
-        assert len(links) > V.AUTO_LINK_ROWS and auto["labels"] == d["labels"] and auto["links_hidden"] == len(links)
+        auto = G.gantt_data(g, c, ex.timeline)
+        assert len(links) > G.AUTO_LINK_ROWS and auto["labels"] == d["labels"] and auto["links_hidden"] == len(links)
         assert d["window"] == [0.0, dp.timeline.makespan_s] and d["makespan_s"] == dp.timeline.makespan_s
 
     @pytest.mark.parametrize("which", ["dp", "ex"])
     def test_every_task_in_exactly_one_bar_when_not_merged(self, alexnet, dp, ex, which):
         g, c = alexnet
         r = dp if which == "dp" else ex
-        d = V.gantt_data(g, c, r.timeline, links=True, max_bars=NO_MERGE)
+        d = G.gantt_data(g, c, r.timeline, links=True, max_bars=NO_MERGE)
         assert d["merged"] is False
         want, got = pairs(r, d["labels"]), bar_pairs(d)
         assert set(got) == set(want)
@@ -150,7 +155,7 @@ class TestGanttData:
 
     def test_collectives_on_every_participating_device(self, alexnet, dp):
         g, c = alexnet
-        d = V.gantt_data(g, c, dp.timeline, max_bars=NO_MERGE)
+        d = G.gantt_data(g, c, dp.timeline, max_bars=NO_MERGE)
         b = d["bars"]["collective"]
         ptr, idx, tasks = dp.tasks.info["coll_devices"]
         assert len(tasks) == 8
@@ -163,7 +168,7 @@ class TestGanttData:
     def test_hover_text(self, alexnet, dp):
         g, c = alexnet
         tg = dp.tasks
-        d = V.gantt_data(g, c, dp.timeline, max_bars=NO_MERGE)
+        d = G.gantt_data(g, c, dp.timeline, max_bars=NO_MERGE)
         b = d["bars"]["forward"]
         i = int(np.flatnonzero(tg.op[b["task"]] == g.index["fc6"])[0])
         t = int(b["task"][i])
@@ -178,8 +183,8 @@ class TestGanttData:
     @pytest.mark.parametrize("max_bars", [3000, 1000, 250])
     def test_merging_keeps_every_task_and_the_span(self, alexnet, ex, max_bars):
         g, c = alexnet
-        full = V.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
-        d = V.gantt_data(g, c, ex.timeline, links=True, max_bars=max_bars)
+        full = G.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
+        d = G.gantt_data(g, c, ex.timeline, links=True, max_bars=max_bars)
         assert full["tasks_in_view"] == d["tasks_in_view"] > max_bars
         assert d["merged"] is True
         n_bars = sum(len(b["task"]) for b in d["bars"].values())
@@ -205,7 +210,7 @@ class TestGanttData:
     def test_merging_always_terminates(self, alexnet, dp):
         g, c = alexnet
         # 16 GPUs x (forward, backward, optimizer, collective rows) = 64 bars at the least
-        d = within(2, V.gantt_data, g, c, dp.timeline, max_bars=40)
+        d = within(2, G.gantt_data, g, c, dp.timeline, max_bars=40)
         assert d["merged"] is True
         assert sum(int(b["count"].sum()) for b in d["bars"].values()) == d["tasks_in_view"] == 816
 
@@ -213,8 +218,8 @@ class TestGanttData:
         g, c = alexnet
         ms = ex.timeline.makespan_s
         t0, t1 = 0.4 * ms, 0.5 * ms
-        full = V.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
-        d = V.gantt_data(g, c, ex.timeline, links=True, window=(t0, t1), max_bars=NO_MERGE)
+        full = G.gantt_data(g, c, ex.timeline, links=True, max_bars=NO_MERGE)
+        d = G.gantt_data(g, c, ex.timeline, links=True, window=(t0, t1), max_bars=NO_MERGE)
         assert d["window"] == [t0, t1]
         assert 0 < d["tasks_in_view"] < full["tasks_in_view"]
         for kind, b in d["bars"].items():
@@ -229,14 +234,14 @@ class TestGanttData:
     def test_window_past_the_end_is_empty(self, alexnet, dp):
         g, c = alexnet
         ms = dp.timeline.makespan_s
-        d = V.gantt_data(g, c, dp.timeline, window=(2 * ms, 3 * ms))
+        d = G.gantt_data(g, c, dp.timeline, window=(2 * ms, 3 * ms))
         assert d["bars"] == {} and d["tasks_in_view"] == 0 and d["merged"] is False
         assert F.build_gantt_figure(d).layout.xaxis.range == (2 * ms * 1e3, 3 * ms * 1e3)
 
     def test_critical_path_overlay(self, alexnet, dp):
         g, c = alexnet
         tl = dp.timeline
-        d = V.gantt_data(g, c, tl)
+        d = G.gantt_data(g, c, tl)
         crit = tl.critical_tasks
         crit = crit[tl.end_s[crit] > tl.start_s[crit]]
         o = d["overlays"]["critical path"]
@@ -248,7 +253,7 @@ class TestGanttData:
 
     def test_selected_overlay(self, alexnet, dp):
         g, c = alexnet
-        d = V.gantt_data(g, c, dp.timeline, selected=["fc6", "not-an-op"])
+        d = G.gantt_data(g, c, dp.timeline, selected=["fc6", "not-an-op"])
         o = d["overlays"]["selected"]
         tg = dp.tasks
         mine = np.flatnonzero((tg.op == g.index["fc6"]) & ((tg.kind == FWD) | (tg.kind == BWD)))
@@ -256,13 +261,13 @@ class TestGanttData:
         np.testing.assert_array_equal(np.sort(o["start"]), np.sort(dp.timeline.start_s[mine]))
         assert sorted(d["labels"][int(r)] for r in o["row"]) == sorted(f"GPU {tg.device[t]}" for t in mine)
         assert all(t.startswith("fc6 ") for t in o["text"])
-        assert "selected" not in V.gantt_data(g, c, dp.timeline)["overlays"]
+        assert "selected" not in G.gantt_data(g, c, dp.timeline)["overlays"]
 
 
 class TestGanttFigure:
     def test_traces_by_kind_in_milliseconds(self, alexnet, dp):
         g, c = alexnet
-        d = V.gantt_data(g, c, dp.timeline, selected=["fc6"])
+        d = G.gantt_data(g, c, dp.timeline, selected=["fc6"])
         fig = F.build_gantt_figure(d, title="t")
         assert [tr.name for tr in fig.data] == ["forward", "backward", "optimizer", "collective", "critical path",
                                                 "selected"]
@@ -288,7 +293,7 @@ class TestGanttFigure:
 
     def test_merged_view_says_so(self, alexnet, ex):
         g, c = alexnet
-        d = V.gantt_data(g, c, ex.timeline, links=True, max_bars=300)
+        d = G.gantt_data(g, c, ex.timeline, links=True, max_bars=300)
         fig = F.build_gantt_figure(d)
         assert F.gantt_notes(d).startswith(f"{d['tasks_in_view']:,} tasks in view: neighbours merged")
         assert {tr.name for tr in fig.data} == {"forward", "backward", "optimizer", "transfer", "collective",
@@ -296,7 +301,7 @@ class TestGanttFigure:
 
     def test_figure_serialises(self, alexnet, dp):
         g, c = alexnet
-        fig = F.build_gantt_figure(V.gantt_data(g, c, dp.timeline))
+        fig = F.build_gantt_figure(G.gantt_data(g, c, dp.timeline))
         assert '"critical path"' in fig.to_json()
 
 
@@ -335,9 +340,13 @@ class TestGraphLayout:
         L = V.graph_layout(g, False)
         assert L["x"] == [0.0, 0.0] + [float(i) for i in range(1, 22)] + [22.0]
 
-    def test_cached(self):
+    def test_cached_by_the_page(self):
+        """The page draws a model's graph once per mode (kept in the server's Sessions)."""
+        from app.tabs.explore import graph_view
+
         g = resolve_model("alexnet")
-        assert V.graph_layout(g, False) is V.graph_layout(g, False)
+        assert graph_view(g, None, False, None) is graph_view(g, None, False, None)
+        assert graph_view(g, None, False, None) == V.graph_layout(g, False)
 
 
 class TestOpGraphFigure:
@@ -438,7 +447,7 @@ class TestMemory:
         total = sum(v for v in d2["parts"].values())
         np.testing.assert_allclose(total, rep.peak_bytes[[0, 4]])
         # labelled with their stage; at most max_groups bars, the fullest kept and counted
-        d3 = V.memory_data(rep, list(range(8)), V.stage_of_devices(s, c.num_devices))
+        d3 = V.memory_data(rep, list(range(8)), G.stage_of_devices(s, c.num_devices))
         assert d3["labels"] == ["stage 0 · GPU 0 (x4)", "stage 1 · GPU 4 (x4)"] and d3["hidden"] == 0
         fullest = int(np.argmax(rep.peak_bytes[[0, 4]] / rep.capacity_bytes[[0, 4]]))
         d4 = V.memory_data(rep, list(range(8)), max_groups=1)
@@ -471,8 +480,8 @@ class TestTraceAndCompare:
 
     def test_compare_two(self, alexnet, dp, ex):
         g, c = alexnet
-        a = V.gantt_data(g, c, dp.timeline)
-        b = V.gantt_data(g, c, ex.timeline, links=True)
+        a = G.gantt_data(g, c, dp.timeline)
+        b = G.gantt_data(g, c, ex.timeline, links=True)
         fig = F.build_compare_figure([("dp", a), ("expert", b)])
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert [tr.name for tr in fig.data if tr.yaxis == "y"] == list(a["bars"])
@@ -563,47 +572,46 @@ class TestTimelineRowsAndBubble:
 
     @pytest.fixture(scope="class")
     def gpt2_pp(self):
-        from app import workspace as W
-        from app.callbacks import on_event
+        from app.events import on_event
 
-        s = W.new_state("gpt2", "dgx-a100-80gb:2")
+        s = ST.new_state("gpt2", "dgx-a100-80gb:2")
         s, msg = on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "mb": 1})
         assert msg.startswith("Layout (megatron): tp 2, pp 4, dp 2"), msg
-        return W.workspace(s)
+        return SIM.workspace(s)
 
     def test_stage_rows_one_per_stage_with_their_gpu_counts(self, gpt2_pp):
         ws = gpt2_pp
-        stage = V.stage_of_devices(ws.strategy, ws.cluster.num_devices)
+        stage = G.stage_of_devices(ws.strategy, ws.cluster.num_devices)
         assert sorted(np.unique(stage).tolist()) == [0, 1, 2, 3] and (np.bincount(stage) == 4).all()
-        d = V.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="stage", stage_of_device=stage)
+        d = G.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="stage", stage_of_device=stage)
         gpu_labels = d["labels"][0::2][:4]
         assert [x.split(" (")[0] for x in gpu_labels] == ["stage 0", "stage 1", "stage 2", "stage 3"]
         assert all("(4 GPUs): GPU" in x for x in gpu_labels) and d["gpus_in_plan"] == 16 and d["gpu_rows"] == 4
         # auto groups by stage past 16 GPU rows only: here the simulated GPUs are few
-        auto = V.gantt_data(ws.graph, ws.cluster, ws.timeline, stage_of_device=stage, rows="auto")
+        auto = G.gantt_data(ws.graph, ws.cluster, ws.timeline, stage_of_device=stage, rows="auto")
         assert auto["rows"] == ("gpu" if auto["gpu_rows"] <= 16 else "stage")
-        node = V.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="node", stage_of_device=stage)
+        node = G.gantt_data(ws.graph, ws.cluster, ws.timeline, rows="node", stage_of_device=stage)
         assert [x.split(" (")[0] for x in node["labels"][0::2][:2]] == ["node 0", "node 1"]
 
     def test_filter_by_stage_gpu_and_text(self, gpt2_pp):
         ws = gpt2_pp
-        stage = V.stage_of_devices(ws.strategy, ws.cluster.num_devices)
+        stage = G.stage_of_devices(ws.strategy, ws.cluster.num_devices)
         kw = dict(rows="stage", stage_of_device=stage)
-        one = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="stage 2", **kw)
+        one = G.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="stage 2", **kw)
         assert one["labels"][0].startswith("stage 2 (") and one["gpu_rows"] == 1
-        by_gpu = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="0", **kw)
+        by_gpu = G.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="0", **kw)
         assert by_gpu["gpu_rows"] == 1 and by_gpu["labels"][0].startswith("stage 0 (")
-        none = V.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="no such row", **kw)
+        none = G.gantt_data(ws.graph, ws.cluster, ws.timeline, row_filter="no such row", **kw)
         assert none["gpu_rows"] == 0
-        assert V.parse_row_filter("0-7, stage 1-2, Node 3, collectives") == [
+        assert G.parse_row_filter("0-7, stage 1-2, Node 3, collectives") == [
             ("gpu", (0, 7)), ("stage", (1, 2)), ("node", (3, 3)), ("text", "collectives")]
         with pytest.raises(ValueError, match="runs backwards"):
-            V.parse_row_filter("5-2")
+            G.parse_row_filter("5-2")
 
     def test_bubble_measured_near_the_formula_and_drawn(self, gpt2_pp):
         ws = gpt2_pp
         p = ws.strategy.pipeline
-        d = V.gantt_data(ws.graph, ws.cluster, ws.timeline, pipeline=(p.stages, p.microbatches, p.virtual_stages))
+        d = G.gantt_data(ws.graph, ws.cluster, ws.timeline, pipeline=(p.stages, p.microbatches, p.virtual_stages))
         b = d["bubble"]
         assert b["formula"] == pytest.approx((p.stages - 1) / (p.microbatches + p.stages - 1))
         # the measured idle share holds the bubble and any wait for a transfer or a collective
@@ -614,7 +622,7 @@ class TestTimelineRowsAndBubble:
         assert "idle before the last backward (hatched grey)" in F.gantt_notes(d)
         go.Figure(fig)  # valid Plotly
         # no pipeline: no bubble
-        assert V.gantt_data(ws.graph, ws.cluster, ws.timeline)["bubble"] is None
+        assert G.gantt_data(ws.graph, ws.cluster, ws.timeline)["bubble"] is None
 
 
 class TestBlockStack:
@@ -623,12 +631,11 @@ class TestBlockStack:
 
     @pytest.fixture(scope="class")
     def llama_pp(self):
-        from app import workspace as W
 
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
         assert msg.startswith("Layout (megatron): tp 8, pp 2"), msg
-        return W.graph_of(s), W._strategy(s)
+        return SRC.graph_of(s), ST.page_strategy(s)
 
     def test_rows_merge_blocks_split_alike_per_stage(self, llama_pp):
         g, s = llama_pp
@@ -699,10 +706,9 @@ class TestWhyAdvice:
             assert "Communication dominates" not in text
 
     def test_over_memory_says_what_lowers_the_peak(self):
-        from app import workspace as W
 
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")  # data parallel: 1.59 TB per GPU
-        ws = W.workspace(s)
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")  # data parallel: 1.59 TB per GPU
+        ws = SIM.workspace(s)
         assert not ws.memory.feasible
         text = V.why_text(V.summary_data(ws.graph, ws.timeline, ws.memory, None), None, ws.timeline, ws.memory)
         assert "It does not fit in memory (64 GPUs over capacity, GPU 0 by " in text

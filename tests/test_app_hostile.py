@@ -20,10 +20,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import callbacks as C
 from app import store
-from app import workspace as W
 from engine.formats import resolve_model
+from app import actions as ACT
+from app.tabs import compare as CMP
+from app import events as EV
+from app.tabs import explore as EXP
+from app import links as LNK
+from app import sessions as SES
+from app import simulation as SIM
+from app import sources as SRC
+from app import state as ST
+from app.tabs import timeline as TL
+from app import uploads as UP
+from app import warmup as WU
 
 # --------------------------------------------------------------------------- who opens what
 
@@ -62,10 +72,10 @@ class TestNamesNeverOpenPaths:
     def test_a_model_name_in_the_state_is_refused_without_opening_it(self, alex, name):
         crafted = dict(alex, model={"name": name})
         with files_opened() as opened:
-            new, msg = C.on_event("pick-baseline", crafted, baseline="expert")
+            new, msg = EV.on_event("pick-baseline", crafted, baseline="expert")
             render = None
             with pytest.raises(ValueError, match="unknown sample model"):
-                render = W.graph_of(crafted)
+                render = SRC.graph_of(crafted)
         assert render is None and new is crafted
         assert f"unknown sample model {name!r}" in msg
         assert not [p for p in opened if name in p or p.startswith(("/etc", "/dev"))], opened
@@ -76,7 +86,7 @@ class TestNamesNeverOpenPaths:
         done = []
 
         def attempt():
-            done.append(C.on_event("pick-baseline", dict(alex, model={"name": str(fifo)}), baseline="expert"))
+            done.append(EV.on_event("pick-baseline", dict(alex, model={"name": str(fifo)}), baseline="expert"))
 
         t = threading.Thread(target=attempt, daemon=True)
         t.start()
@@ -89,7 +99,7 @@ class TestNamesNeverOpenPaths:
     def test_a_cluster_name_is_a_preset_within_the_explorer_s_size(self, alex, name):
         t = time.perf_counter()
         with files_opened() as opened:
-            new, msg = C.on_event("pick-cluster", alex, cluster=name)
+            new, msg = EV.on_event("pick-cluster", alex, cluster=name)
         assert time.perf_counter() - t < 5.0
         assert new is alex and msg.startswith("That did not work: ValueError: ")
         assert "unknown cluster" in msg or "more than the explorer simulates" in msg or "fixed size" in msg
@@ -98,15 +108,15 @@ class TestNamesNeverOpenPaths:
     def test_an_upload_of_another_session_cannot_be_named(self, alex):
         m = resolve_model("alexnet").to_dict()
         m["name"] = "mine"
-        mine, _, ok = W.import_file(alex, json.dumps(m), "m.json")
+        mine, _, ok = UP.import_file(alex, json.dumps(m), "m.json")
         assert ok
-        other = W.new_state("alexnet")
+        other = ST.new_state("alexnet")
         crafted = dict(other, model=mine["model"], strategy=mine["strategy"])
         with pytest.raises(ValueError, match="was not uploaded in this session"):
-            W.graph_of(crafted)
-        _, msg = C.on_event("pick-baseline", crafted, baseline="expert")
+            SRC.graph_of(crafted)
+        _, msg = EV.on_event("pick-baseline", crafted, baseline="expert")
         assert "was not uploaded in this session" in msg
-        assert W.graph_of(mine).name == "mine"  # its owner still has it
+        assert SRC.graph_of(mine).name == "mine"  # its owner still has it
 
 
 class TestCraftedStates:
@@ -122,25 +132,25 @@ class TestCraftedStates:
         lambda s: {**s, "model": {"name": "\ud800"}},
     ])
     def test_the_session_starts_afresh_with_a_message(self, alex, mutate):
-        new, msg = C.on_event("undo", mutate(alex))
+        new, msg = EV.on_event("undo", mutate(alex))
         assert msg.startswith("The page's saved state could not be used (the page's state: ")
-        W.check_state(new)
-        assert new["model"] == {"name": W.DEFAULT_MODEL}
+        ST.check_state(new)
+        assert new["model"] == {"name": SRC.DEFAULT_MODEL}
 
     def test_a_strategy_that_does_not_fit_the_model_is_refused_by_name(self, alex):
         bad = json.loads(json.dumps(alex))
         bad["strategy"]["ops"]["fc6"]["devices"] = [99]
         bad["version"] += 1
         with pytest.raises(ValueError, match="fc6"):
-            C.render_explore(bad)
+            EXP.render_explore(bad)
 
     def test_an_undo_stack_is_bounded(self, alex):
         s = alex
-        for k in range(W.MAX_HISTORY + 5):
-            s, _ = C.on_event("edit-apply", s, ops=["fc6"], degrees={"sample": 2 if k % 2 else 4},
+        for k in range(ST.MAX_HISTORY + 5):
+            s, _ = EV.on_event("edit-apply", s, ops=["fc6"], degrees={"sample": 2 if k % 2 else 4},
                               devices="0-1" if k % 2 else "0-3")
-        assert len(s["undo"]) == W.MAX_HISTORY
-        W.check_state(s)
+        assert len(s["undo"]) == ST.MAX_HISTORY
+        ST.check_state(s)
 
 
 class TestShareLinks:
@@ -148,12 +158,12 @@ class TestShareLinks:
         bomb = zlib.compress(b"[" * 10 + b"0" * (150 * 2**20), 9)  # 153 KB, 150 MiB inflated
         t = time.perf_counter()
         with pytest.raises(ValueError, match="inflates to more than 8 MiB"):
-            W.state_from_query(_link(bomb))
+            LNK.state_from_query(_link(bomb))
         assert time.perf_counter() - t < 5.0
 
     def test_a_too_long_link_is_refused_before_decoding(self):
         with pytest.raises(ValueError, match="longer than a soapbox share link"):
-            W.state_from_query("?s=" + "A" * (W.MAX_LINK_CHARS + 1))
+            LNK.state_from_query("?s=" + "A" * (LNK.MAX_LINK_CHARS + 1))
 
     @pytest.mark.parametrize("payload, what", [
         (b"[" * 5000 + b"]" * 5000, "nested more than"),
@@ -165,12 +175,12 @@ class TestShareLinks:
     ])
     def test_damaged_links_say_what(self, payload, what):
         with pytest.raises(ValueError, match="link") as e:
-            W.state_from_query("?model=alexnet&cluster=p100-4x4&" + _link(zlib.compress(payload))[1:])
+            LNK.state_from_query("?model=alexnet&cluster=p100-4x4&" + _link(zlib.compress(payload))[1:])
         assert what in str(e.value)
 
     def test_a_damaged_link_still_opens_the_default(self):
-        state, msg = C.on_event("url", None, query="?model=/etc/hostname")
-        assert state["model"] == {"name": W.DEFAULT_MODEL} and "could not be loaded" in msg
+        state, msg = EV.on_event("url", None, query="?model=/etc/hostname")
+        assert state["model"] == {"name": SRC.DEFAULT_MODEL} and "could not be loaded" in msg
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(query=st.one_of(
@@ -187,8 +197,8 @@ class TestShareLinks:
                                                                                "degrees", "sample", "format", "ops"]),
                                                               ch, max_size=4)), max_leaves=20))))
     def test_fuzzed_links_end_in_a_valid_state_and_words(self, query):
-        state, msg = C.on_event("url", None, query=query)
-        W.check_state(state)
+        state, msg = EV.on_event("url", None, query=query)
+        ST.check_state(state)
         assert isinstance(msg, str)
 
 
@@ -199,7 +209,7 @@ class TestUploads:
         m["ops"] = m["ops"] + [dict(op, name=f"x{k}") for k in range(60_001)]
         text = json.dumps(m)
         t = time.perf_counter()
-        new, msg, ok = W.import_file(alex, text, "huge.json")
+        new, msg, ok = UP.import_file(alex, text, "huge.json")
         assert not ok and new is alex and "more than the explorer simulates" in msg
         assert time.perf_counter() - t < 3.0  # parsing only: no schema check, no build
 
@@ -207,12 +217,12 @@ class TestUploads:
         c = {"format": "soapbox.cluster/1", "name": "x", "nodes": [{"name": "n", "gpus": 8, "device_type": "A100-80GB",
                                                                      "repeat": 10**8}]}
         t = time.perf_counter()
-        new, msg, ok = W.import_file(alex, json.dumps(c), "c.json")
+        new, msg, ok = UP.import_file(alex, json.dumps(c), "c.json")
         assert not ok and new is alex and "800,000,000 devices" in msg
         assert time.perf_counter() - t < 1.0
 
     def test_a_deep_file_is_refused_with_where(self, alex):
-        new, msg, ok = W.import_file(alex, "[" * 2000 + "]" * 2000, "deep.json")
+        new, msg, ok = UP.import_file(alex, "[" * 2000 + "]" * 2000, "deep.json")
         assert not ok and new is alex and "deep.json" in msg and "nested" in msg
 
 
@@ -241,9 +251,9 @@ class TestServer:
         assert r.status_code == 400 and b"nested deeper" in r.data
 
     def test_bye_drops_the_session_s_simulation(self, client, alex):
-        W.workspace(alex)
+        SIM.workspace(alex)
         assert client.post("/_soapbox/bye", data=alex["sid"].encode()).status_code == 204
-        assert W.forget(alex["sid"]) is False  # already gone
+        assert SES.current().forget(alex["sid"]) is False  # already gone
 
     def test_the_data_directory_holds_the_database(self, tmp_path):
         from app import create_app
@@ -256,17 +266,17 @@ class TestServer:
 
 class TestWhatTheServerKeeps:
     def test_parsed_strategies_are_dropped_when_unused(self, alex):
-        s = W._strategy(alex)
-        assert W._strategy(alex) is s  # the callbacks of one edit parse it once
+        s = ST.page_strategy(alex)
+        assert ST.page_strategy(alex) is s  # the callbacks of one edit parse it once
         time.sleep(0.01)
-        assert W.trim_parsed(3600.0) == 0
-        assert W.trim_parsed(0.0) >= 1 and len(W._parsed) == 0
-        assert W._strategy(alex) == s
+        assert SES.current().trim(3600.0) == 0
+        assert SES.current().trim(0.0) >= 1 and len(SES.current().parsed) == 0
+        assert ST.page_strategy(alex) == s
 
     def test_warm_up_draws_and_edits_then_keeps_only_the_default_page(self):
-        C.warm_up()
-        assert not [sid for sid in W._workspaces if sid.endswith("-warm-up")]
-        assert set(C._render_cache) <= C._render_cache.pinned
+        WU.warm_up()
+        assert not [sid for sid in SES.current().workspaces if sid.endswith("-warm-up")]
+        assert set(SES.current().drawn) <= SES.current().drawn.pinned
 
     def test_workers_import_the_app_the_server_runs(self, monkeypatch):
         from app import jobs
@@ -301,7 +311,7 @@ class TestIssue16Inputs:
     @settings(max_examples=200, deadline=None)
     @given(text=st.text(max_size=400))
     def test_any_row_filter_is_read_or_named(self, text):
-        from app.views import parse_row_filter
+        from app.gantt import parse_row_filter
 
         try:
             parts = parse_row_filter(text)
@@ -313,35 +323,35 @@ class TestIssue16Inputs:
     @pytest.mark.parametrize("opts", [{"rows": "../../x", "links": 7, "filter": "x" * 10_000},
                                       {"rows": None, "links": None, "filter": "5-2"}, {"filter": "stage 99999999"}])
     def test_timeline_options_never_break_the_timeline(self, alex, opts):
-        fig, notes = C.zoom_gantt(alex, None, opts, trigger="gantt-rows")
+        fig, notes = TL.zoom_gantt(alex, None, opts, trigger="gantt-rows")
         assert isinstance(fig, dict) and isinstance(notes, str)
 
     @pytest.mark.parametrize("shown", [None, [{"a": 1}], "dp", [1, 2, None], ["nope"] * 1000])
     def test_compare_ticks_of_any_shape(self, alex, shown):
-        s, _ = W.add_to_compare(alex, "dp")
-        names, value = C.compare_shown(s, shown, [{"value": "dp"}, 5, None])
+        s, _ = ACT.add_to_compare(alex, "dp")
+        names, value = CMP.compare_shown(s, shown, [{"value": "dp"}, 5, None])
         assert names == ["dp"] and set(value) <= {"dp"}
-        C.render_compare(s, value)
+        CMP.render_compare(s, value)
 
     @pytest.mark.parametrize("step", ["../../etc/passwd", "", None, 7, "soap" * 100])
     def test_a_crafted_tour_step_is_named(self, alex, step):
-        s, msg = C.on_event("tour", alex, step=step)
+        s, msg = EV.on_event("tour", alex, step=step)
         assert s is alex and msg.startswith("Unknown step")
 
     @pytest.mark.parametrize("trigger, size", [("pick-seq", "9" * 1000), ("pick-seq", -1), ("pick-seq", True),
                                                ("pick-seq", [4096]), ("pick-precision", {"x": 1}),
                                                ("pick-precision", "bf16" * 100)])
     def test_crafted_model_sizes_are_refused(self, trigger, size):
-        s = W.new_state("gpt2")
-        new, msg = C.on_event(trigger, s, size=size)
+        s = ST.new_state("gpt2")
+        new, msg = EV.on_event(trigger, s, size=size)
         assert new is s and " refused: " in msg
 
     def test_cancel_and_fit_without_anything_to_do(self, alex):
         s = dict(alex, sid="f" * 32)
-        back, msg = C.cancel_simulation(s)
+        back, msg = EXP.cancel_simulation(s)
         assert back is s and msg == "Nothing to go back to."
-        assert C.fit_view({"sid": "nope"}, start=True)[0].startswith("Cannot look for a cluster: ")
-        assert C.fit_view(None, start=True)[1] is True
+        assert EXP.fit_view({"sid": "nope"}, start=True)[0].startswith("Cannot look for a cluster: ")
+        assert EXP.fit_view(None, start=True)[1] is True
 
 
 def test_a_kept_strategy_is_bounded_like_the_page_s(alex):
@@ -349,9 +359,9 @@ def test_a_kept_strategy_is_bounded_like_the_page_s(alex):
     listed, and refused past the explorer's bound with its name."""
     from engine.errors import ValidationError
 
-    s, _ = W.add_to_compare(alex, "dp")
+    s, _ = ACT.add_to_compare(alex, "dp")
     item = s["compare"][0]
     ops = {**item["strategy"]["ops"], "fc6": {"degrees": {}, "devices": "0-16383"}}
     bad = {**s, "compare": [{**item, "strategy": {**item["strategy"], "ops": ops}}]}
     with pytest.raises(ValidationError, match=r"(?s)the kept strategy 'dp'.*ops\.fc6\.devices: device runs stand for 16,384"):
-        C.render_compare(bad)
+        CMP.render_compare(bad)

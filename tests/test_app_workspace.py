@@ -13,13 +13,26 @@ from engine.errors import ValidationError
 from engine.strategy import compact_strategy_dict, devices_of_entry
 
 from app import store
-from app import workspace as W
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
 from engine.models import sample_names
 from engine.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import strategy_from_dict
+from app import actions as ACT
+from app import events as EV
+from app.tabs import explore as EXP
+from app.tabs import export as EXPT
+from app import fitscan as FIT
+from app import links as LNK
+from app.tabs import learn as LRN
+from app import sessions as SES
+from app import simulation as SIM
+from app import sources as SRC
+from app import state as ST
+from app.tabs import timeline as TL
+from app import uploads as UP
+from dash import no_update
 
 ALL16 = list(range(16))
 
@@ -30,7 +43,7 @@ def frozen(state: dict) -> str:
 
 def fresh_cost(state: dict) -> float:
     """Iteration time of the state's strategy simulated from scratch (no delta, no cache)."""
-    g, c = W.graph_of(state), W.cluster_of(state)
+    g, c = SRC.graph_of(state), SRC.cluster_of(state)
     return simulate_strategy(g, strategy_from_dict(state["strategy"]), c).iteration_time_s
 
 
@@ -43,7 +56,7 @@ def link(payload) -> str:
 
 class TestNewState:
     def test_default_is_inception_on_p100_data_parallel(self):
-        s = W.new_state()
+        s = ST.new_state()
         assert s["model"] == {"name": "inception_v3"}
         assert s["cluster"] == {"name": "p100-4x4"}
         assert s["baseline"] == "data-parallel"
@@ -56,18 +69,18 @@ class TestNewState:
         assert json.loads(json.dumps(alex)) == alex
 
     def test_session_ids_are_distinct_unless_given(self):
-        assert W.new_state("alexnet")["sid"] != W.new_state("alexnet")["sid"]
-        assert W.new_state("alexnet", sid="abc")["sid"] == "abc"
+        assert ST.new_state("alexnet")["sid"] != ST.new_state("alexnet")["sid"]
+        assert ST.new_state("alexnet", sid="abc")["sid"] == "abc"
 
     def test_other_baseline(self, alexnet):
         g, c = alexnet
-        s = W.new_state("alexnet", baseline="expert")
+        s = ST.new_state("alexnet", baseline="expert")
         assert s["baseline"] == "expert"
         assert s["strategy"]["ops"] == compact_strategy_dict(expert(g, c).to_dict())["ops"]
 
     def test_unknown_model_names_the_samples(self):
         with pytest.raises(ValueError) as e:
-            W.new_state("no-such-model")
+            ST.new_state("no-such-model")
         msg = str(e.value)
         assert "no-such-model" in msg
         for name in sample_names():
@@ -75,48 +88,48 @@ class TestNewState:
 
     def test_unknown_cluster_names_the_presets(self):
         with pytest.raises(ValueError) as e:
-            W.new_state("alexnet", "no-such-cluster")
+            ST.new_state("alexnet", "no-such-cluster")
         msg = str(e.value)
         assert "no-such-cluster" in msg
         assert "p100-4x4" in msg and "k80-16x4" in msg
 
     def test_unknown_baseline(self):
         with pytest.raises(ValueError, match="nope"):
-            W.new_state("alexnet", baseline="nope")
+            ST.new_state("alexnet", baseline="nope")
 
 
 class TestParseDevices:
     def test_ranges_and_singles(self):
-        assert W.parse_devices("0-3, 8", 16) == [0, 1, 2, 3, 8]
-        assert W.parse_devices("0-3, 8, 10-11", 16) == [0, 1, 2, 3, 8, 10, 11]
-        assert W.parse_devices(" 5 ", 16) == [5]
-        assert W.parse_devices("0;1", 16) == [0, 1]
-        assert W.parse_devices("0-15", 16) == ALL16
-        assert W.parse_devices("2-2,", 16) == [2]
+        assert ACT.parse_devices("0-3, 8", 16) == [0, 1, 2, 3, 8]
+        assert ACT.parse_devices("0-3, 8, 10-11", 16) == [0, 1, 2, 3, 8, 10, 11]
+        assert ACT.parse_devices(" 5 ", 16) == [5]
+        assert ACT.parse_devices("0;1", 16) == [0, 1]
+        assert ACT.parse_devices("0-15", 16) == ALL16
+        assert ACT.parse_devices("2-2,", 16) == [2]
 
     @pytest.mark.parametrize("text, part", [("a", "'a'"), ("0-3, x7", "'x7'"), ("3-1", "'3-1'"), ("0-x", "'0-x'"),
                                             ("1.5", "'1.5'")])
     def test_bad_part_is_named(self, text, part):
         with pytest.raises(ValueError) as e:
-            W.parse_devices(text, 16)
+            ACT.parse_devices(text, 16)
         assert part in str(e.value)
         assert str(e.value).startswith("devices:")
 
     def test_nothing_given(self):
         with pytest.raises(ValueError, match="none given"):
-            W.parse_devices(" , ", 16)
+            ACT.parse_devices(" , ", 16)
 
     @pytest.mark.parametrize("text, bad", [("16", "16"), ("0-20", "16"), ("3, 99", "99")])
     def test_missing_device_is_named(self, text, bad):
         with pytest.raises(ValueError) as e:
-            W.parse_devices(text, 16)
+            ACT.parse_devices(text, 16)
         assert str(e.value) == f"devices: {bad} does not exist; this cluster has devices 0..15"
 
 
 class TestApplyEdit:
     def test_valid_edit_changes_only_that_op(self, alex):
         before = frozen(alex)
-        new, msg = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        new, msg = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
         assert msg == "Changed fc6 to feature 4 on devices 0-3."
         assert frozen(alex) == before  # the argument is not mutated
         assert new is not alex
@@ -131,22 +144,22 @@ class TestApplyEdit:
         assert new["strategy"]["found_by"]["from"] == alex["strategy"]["found_by"]
 
     def test_degree_one_is_dropped(self, alex):
-        new, _ = W.apply_edit(alex, ["fc6"], {"feature": 4, "sample": 1}, [0, 1, 2, 3])
+        new, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4, "sample": 1}, [0, 1, 2, 3])
         assert new["strategy"]["ops"]["fc6"]["degrees"] == {"feature": 4}
 
     def test_two_ops_one_undo_entry(self, alex):
-        new, msg = W.apply_edit(alex, ["fc6", "fc7"], {"feature": 2}, [4, 5])
+        new, msg = ACT.apply_edit(alex, ["fc6", "fc7"], {"feature": 2}, [4, 5])
         assert msg == "Changed 2 ops to feature 2 on devices 4-5."
         assert len(new["undo"]) == 1 and [e["op"] for e in new["undo"][0]] == ["fc6", "fc7"]
-        back, msg = W.undo(new)
+        back, msg = ACT.undo(new)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
         assert msg == "Undid the change to 2 ops."
 
     def test_second_edit_clears_redo(self, alex):
-        s1, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        s0, _ = W.undo(s1)
+        s1, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        s0, _ = ACT.undo(s1)
         assert len(s0["redo"]) == 1
-        s2, _ = W.apply_edit(s0, ["fc7"], {"feature": 2}, [0, 1])
+        s2, _ = ACT.apply_edit(s0, ["fc7"], {"feature": 2}, [0, 1])
         assert s2["redo"] == [] and len(s2["undo"]) == 1
 
     @pytest.mark.parametrize("ops, degrees, devices, expect", [
@@ -158,57 +171,57 @@ class TestApplyEdit:
     ])
     def test_invalid_edit_is_refused(self, alex, ops, degrees, devices, expect):
         before = frozen(alex)
-        new, msg = W.apply_edit(alex, ops, degrees, devices)
+        new, msg = ACT.apply_edit(alex, ops, degrees, devices)
         assert new is alex
         assert frozen(alex) == before
         assert msg.startswith("Edit refused")
         assert expect in msg
 
     def test_one_bad_op_refuses_all(self, alex):
-        new, msg = W.apply_edit(alex, ["fc6", "fc8"], {"feature": 16}, ALL16)
+        new, msg = ACT.apply_edit(alex, ["fc6", "fc8"], {"feature": 16}, ALL16)
         assert new is alex
         assert msg.startswith("Edit refused") and "fc8" in msg and "fc6" not in msg
 
     def test_no_ops(self, alex):
-        new, msg = W.apply_edit(alex, [], {"feature": 2}, [0, 1])
+        new, msg = ACT.apply_edit(alex, [], {"feature": 2}, [0, 1])
         assert new is alex and msg.startswith("Select an op")
 
     def test_no_change(self, alex):
-        new, msg = W.apply_edit(alex, ["fc6"], {"sample": 16}, ALL16)
+        new, msg = ACT.apply_edit(alex, ["fc6"], {"sample": 16}, ALL16)
         assert new is alex and msg.startswith("No change")
 
 
 class TestUndoRedo:
     def test_undo_then_redo_restore_exactly(self, alex):
-        s1, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        s2, _ = W.apply_edit(s1, ["conv1"], {"sample": 4}, [8, 9, 10, 11])
+        s1, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        s2, _ = ACT.apply_edit(s1, ["conv1"], {"sample": 4}, [8, 9, 10, 11])
         f1, f2 = frozen(s1), frozen(s2)
-        u1, msg = W.undo(s2)
+        u1, msg = ACT.undo(s2)
         assert msg == "Undid the change to conv1."
         assert u1["strategy"]["ops"] == s1["strategy"]["ops"]
-        u0, _ = W.undo(u1)
+        u0, _ = ACT.undo(u1)
         assert u0["strategy"]["ops"] == alex["strategy"]["ops"]
         assert u0["undo"] == [] and len(u0["redo"]) == 2
-        r1, msg = W.redo(u0)
+        r1, msg = ACT.redo(u0)
         assert msg == "Redid the change to fc6."
         assert r1["strategy"]["ops"] == s1["strategy"]["ops"]
-        r2, _ = W.redo(r1)
+        r2, _ = ACT.redo(r1)
         assert r2["strategy"]["ops"] == s2["strategy"]["ops"]
         assert r2["undo"] == s2["undo"] and r2["redo"] == []
         assert frozen(s1) == f1 and frozen(s2) == f2  # nothing along the way mutated its argument
         assert [s["version"] for s in (s2, u1, u0, r1, r2)] == [2, 3, 4, 5, 6]
 
     def test_nothing_to_undo_or_redo(self, alex):
-        assert W.undo(alex) == (alex, "Nothing to undo.")
-        assert W.redo(alex) == (alex, "Nothing to redo.")
+        assert ACT.undo(alex) == (alex, "Nothing to undo.")
+        assert ACT.redo(alex) == (alex, "Nothing to redo.")
 
 
 class TestWorkspace:
     def test_matches_a_fresh_simulation(self, alex):
-        assert W.workspace(alex).timeline.makespan_s == fresh_cost(alex)
+        assert SIM.workspace(alex).timeline.makespan_s == fresh_cost(alex)
 
     def test_delta_path_after_edits_and_undos(self, alex):
-        ws = W.workspace(alex)
+        ws = SIM.workspace(alex)
         s, costs = alex, []
         steps = [("edit", ["fc6"], {"feature": 4}, [0, 1, 2, 3]),
                  ("edit", ["conv2"], {"sample": 8}, list(range(8))),
@@ -216,56 +229,56 @@ class TestWorkspace:
                  ("undo",), ("edit", ["conv5"], {"channel": 4}, [12, 13, 14, 15]), ("undo",), ("undo",), ("redo",)]
         for step in steps:
             if step[0] == "edit":
-                s, msg = W.apply_edit(s, *step[1:])
+                s, msg = ACT.apply_edit(s, *step[1:])
                 assert msg.startswith("Changed"), msg
             else:
-                s, _ = getattr(W, step[0])(s)
-            got = W.workspace(s)
+                s, _ = getattr(ACT, step[0])(s)
+            got = SIM.workspace(s)
             assert got is ws  # brought in line by delta simulation, not rebuilt
             assert got.timeline.makespan_s == fresh_cost(s)
             assert got.strategy.configs == strategy_from_dict(s["strategy"]).configs
             costs.append(got.timeline.makespan_s)
         assert len(set(costs)) > 2  # the edits did change the cost
-        back, _ = W.undo(W.undo(s)[0])
-        assert W.workspace(back).timeline.makespan_s == W.workspace(alex).timeline.makespan_s == fresh_cost(alex)
+        back, _ = ACT.undo(ACT.undo(s)[0])
+        assert SIM.workspace(back).timeline.makespan_s == SIM.workspace(alex).timeline.makespan_s == fresh_cost(alex)
 
     def test_delta_path_on_inception(self):
-        s = W.new_state()
-        ws = W.workspace(s)
+        s = ST.new_state()
+        ws = SIM.workspace(s)
         for op, deg, devs in [("Mixed_5b.branch1x1.conv", {"sample": 4}, [0, 1, 2, 3]),
                               ("fc", {"feature": 8}, list(range(8))),
                               ("Mixed_5b.branch5x5_1.conv", {"channel": 2}, [5, 9])]:
-            s, msg = W.apply_edit(s, [op], deg, devs)
+            s, msg = ACT.apply_edit(s, [op], deg, devs)
             assert msg.startswith("Changed"), msg
-            assert W.workspace(s) is ws
+            assert SIM.workspace(s) is ws
             assert ws.timeline.makespan_s == fresh_cost(s)
 
     def test_few_changes_by_delta_many_by_rebuild(self, alex, alexnet):
         g, c = alexnet
-        ws = W.workspace(alex)
-        s, msg = W.select_baseline(alex, "expert")  # 3 ops differ from data parallel
+        ws = SIM.workspace(alex)
+        s, msg = ACT.select_baseline(alex, "expert")  # 3 ops differ from data parallel
         assert msg == "Strategy set to the expert baseline."
-        assert W.workspace(s) is ws
+        assert SIM.workspace(s) is ws
         assert ws.timeline.makespan_s == simulate_strategy(g, expert(g, c), c).iteration_time_s
-        s2, _ = W.select_baseline(s, "model-parallel")  # every op differs
-        ws2 = W.workspace(s2)
+        s2, _ = ACT.select_baseline(s, "model-parallel")  # every op differs
+        ws2 = SIM.workspace(s2)
         assert ws2 is not ws
         assert ws2.timeline.makespan_s == fresh_cost(s2)
 
     def test_sessions_are_separate(self, alexnet):
-        a, b = W.new_state("alexnet"), W.new_state("alexnet")
-        cost_b = W.workspace(b).timeline.makespan_s
-        a1, _ = W.apply_edit(a, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        cost_a1 = W.workspace(a1).timeline.makespan_s
+        a, b = ST.new_state("alexnet"), ST.new_state("alexnet")
+        cost_b = SIM.workspace(b).timeline.makespan_s
+        a1, _ = ACT.apply_edit(a, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        cost_a1 = SIM.workspace(a1).timeline.makespan_s
         assert cost_a1 != cost_b
-        assert W.workspace(b).timeline.makespan_s == cost_b
-        assert W.workspace(b) is not W.workspace(a1)
-        assert W.workspace(b).strategy.configs == strategy_from_dict(b["strategy"]).configs
+        assert SIM.workspace(b).timeline.makespan_s == cost_b
+        assert SIM.workspace(b) is not SIM.workspace(a1)
+        assert SIM.workspace(b).strategy.configs == strategy_from_dict(b["strategy"]).configs
 
     def test_memory_follows_the_edit(self, alex):
-        m0 = W.workspace(alex).memory.peak_bytes.copy()
-        s1, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        m1 = W.workspace(s1).memory.peak_bytes
+        m0 = SIM.workspace(alex).memory.peak_bytes.copy()
+        s1, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        m1 = SIM.workspace(s1).memory.peak_bytes
         assert (m0 != m1).any()
 
 
@@ -279,47 +292,47 @@ class TestImportFile:
     ])
     def test_refused_files(self, alex, text, what):
         before = frozen(alex)
-        new, msg, ok = W.import_file(alex, text, "upload-1.json")
+        new, msg, ok = UP.import_file(alex, text, "upload-1.json")
         assert ok is False and new is alex and frozen(alex) == before
         assert msg.startswith("upload-1.json: ")
         assert what in msg
 
     def test_malformed_json_names_the_file_once(self, alex):
-        _, msg, _ = W.import_file(alex, "{bad", "f.json")
+        _, msg, _ = UP.import_file(alex, "{bad", "f.json")
         assert msg.count("f.json") == 1
 
     def test_strategy_for_another_model(self, alex):
-        other = W.strategy_export(W.new_state("inception_v3"))
-        new, msg, ok = W.import_file(alex, json.dumps(other), "inception.json")
+        other = EXPT.strategy_export(ST.new_state("inception_v3"))
+        new, msg, ok = UP.import_file(alex, json.dumps(other), "inception.json")
         assert ok is False and new is alex
         assert msg.startswith("inception.json: ")
         assert "inception_v3" in msg and "alexnet" in msg
 
     def test_strategy_that_does_not_fit_the_cluster(self, alex):
-        exp = W.strategy_export(alex)
+        exp = EXPT.strategy_export(alex)
         exp["ops"]["fc6"] = {"degrees": {"feature": 4}, "devices": [0, 1, 2, 99]}
-        new, msg, ok = W.import_file(alex, json.dumps(exp), "s.json")
+        new, msg, ok = UP.import_file(alex, json.dumps(exp), "s.json")
         assert ok is False and new is alex and "ops.fc6.devices" in msg
 
     def test_strategy_round_trip(self, alex):
-        edited, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        exported = W.strategy_export(edited)
-        assert exported["cost"]["iteration_time_s"] == W.workspace(edited).timeline.makespan_s
+        edited, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        exported = EXPT.strategy_export(edited)
+        assert exported["cost"]["iteration_time_s"] == SIM.workspace(edited).timeline.makespan_s
         assert exported["model"]["name"] == "alexnet" and exported["cluster"] == {"name": "p100-4x4", "devices": 16}
-        new, msg, ok = W.import_file(alex, json.dumps(exported), "mine.json")
+        new, msg, ok = UP.import_file(alex, json.dumps(exported), "mine.json")
         assert ok is True and msg == "Imported strategy from mine.json."
         assert new["strategy"]["ops"] == edited["strategy"]["ops"]
-        assert W.workspace(new).timeline.makespan_s == exported["cost"]["iteration_time_s"]
+        assert SIM.workspace(new).timeline.makespan_s == exported["cost"]["iteration_time_s"]
         assert new["undo"] == [[{"op": "fc6", "before": alex["strategy"]["ops"]["fc6"],
                                  "after": edited["strategy"]["ops"]["fc6"]}]]
-        back, _ = W.undo(new)
+        back, _ = ACT.undo(new)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
 
     def test_model_file(self, alex, alexnet):
         g, c = alexnet
         data = g.to_dict()
         data["name"] = "my-alexnet"
-        new, msg, ok = W.import_file(alex, json.dumps(data), "model.json")
+        new, msg, ok = UP.import_file(alex, json.dumps(data), "model.json")
         assert ok is True, msg
         assert msg.startswith("Loaded model my-alexnet (24 ops) from model.json")
         assert new["model"]["name"] == "my-alexnet" and set(new["model"]) == {"name", "upload"}
@@ -328,123 +341,123 @@ class TestImportFile:
         assert store.current().get_upload("0" * 32, new["model"]["upload"], "model") is None
         assert new["sid"] == alex["sid"] and new["undo"] == [] and new["baseline"] == "data-parallel"
         assert "data" not in alex["model"]
-        ws = W.workspace(new)
+        ws = SIM.workspace(new)
         assert ws.graph.name == "my-alexnet"
         assert ws.timeline.makespan_s == simulate_strategy(g, data_parallel(g, c), c).iteration_time_s
         with pytest.raises(ValueError, match="cannot be shared"):
-            W.share_query(new)
+            LNK.share_query(new)
 
     def test_cluster_file(self, alex):
         c = preset("dgx-a100-80gb:1")
-        new, msg, ok = W.import_file(alex, json.dumps(c.to_dict()), "cluster.json")
+        new, msg, ok = UP.import_file(alex, json.dumps(c.to_dict()), "cluster.json")
         assert ok is True, msg
         assert "(8 GPUs)" in msg
-        assert W.cluster_of(new).num_devices == 8
+        assert SRC.cluster_of(new).num_devices == 8
         assert len(devices_of_entry(new["strategy"]["ops"]["fc6"])) == 8
 
 
 class TestShareLinks:
     def test_baseline_round_trip(self, alex):
-        state, msg = W.state_from_query(W.share_query(alex))
+        state, msg = LNK.state_from_query(LNK.share_query(alex))
         assert msg == "Loaded the shared strategy."
         assert state["strategy"]["ops"] == alex["strategy"]["ops"]
         assert state["sid"] != alex["sid"]
 
     def test_edited_round_trip(self, alex):
-        s1, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
-        s2, _ = W.apply_edit(s1, ["conv1"], {"sample": 2}, [6, 7])
-        s2, _ = W.apply_edit(s2, ["fc8", "loss"], {"sample": 4}, [12, 13, 14, 15])
+        s1, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        s2, _ = ACT.apply_edit(s1, ["conv1"], {"sample": 2}, [6, 7])
+        s2, _ = ACT.apply_edit(s2, ["fc8", "loss"], {"sample": 4}, [12, 13, 14, 15])
         assert len(s2["undo"]) == 3
-        q = W.share_query(s2)
+        q = LNK.share_query(s2)
         assert q.startswith("?model=alexnet&cluster=p100-4x4&s=")
-        state, _ = W.state_from_query(q, sid="shared")
+        state, _ = LNK.state_from_query(q, sid="shared")
         assert state["sid"] == "shared"
         assert state["strategy"]["ops"] == s2["strategy"]["ops"]
-        assert W.workspace(state).timeline.makespan_s == fresh_cost(s2)
+        assert SIM.workspace(state).timeline.makespan_s == fresh_cost(s2)
 
     def test_other_baseline_round_trip(self, alex):
-        s, _ = W.select_baseline(alex, "expert")
-        s, _ = W.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
-        state, _ = W.state_from_query(W.share_query(s))
+        s, _ = ACT.select_baseline(alex, "expert")
+        s, _ = ACT.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
+        state, _ = LNK.state_from_query(LNK.share_query(s))
         assert state["baseline"] == "expert"
         assert state["strategy"]["ops"] == s["strategy"]["ops"]
 
     def test_no_strategy_part_gives_the_baseline(self):
-        state, msg = W.state_from_query("?model=alexnet&cluster=p100-4x4")
+        state, msg = LNK.state_from_query("?model=alexnet&cluster=p100-4x4")
         assert msg == "" and state["model"] == {"name": "alexnet"}
 
     @pytest.mark.parametrize("s", ["abc", "!!!", "eNqrVkpSslJKSSxJ1C1ILErMyUnNUdJRSlGyqq"])
     def test_damaged_link(self, s):
         with pytest.raises(ValueError, match="link"):
-            W.state_from_query("?model=alexnet&cluster=p100-4x4&s=" + s)
+            LNK.state_from_query("?model=alexnet&cluster=p100-4x4&s=" + s)
 
     def test_truncated_link(self, alex):
-        s1, _ = W.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
+        s1, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
         with pytest.raises(ValueError, match="link"):
-            W.state_from_query(W.share_query(s1)[:-6])
+            LNK.state_from_query(LNK.share_query(s1)[:-6])
 
     def test_link_with_unknown_op(self):
         with pytest.raises(ValueError, match="link: op 'nope' is not in alexnet"):
-            W.state_from_query(link({"b": "data-parallel", "d": {"nope": {"degrees": {}, "devices": [0]}}}))
+            LNK.state_from_query(link({"b": "data-parallel", "d": {"nope": {"degrees": {}, "devices": [0]}}}))
 
     def test_link_with_invalid_config(self):
         with pytest.raises(ValueError, match="ops.fc6.degrees.feature"):
-            W.state_from_query(link({"d": {"fc6": {"degrees": {"feature": 3}, "devices": [0, 1, 2]}}}))
+            LNK.state_from_query(link({"d": {"fc6": {"degrees": {"feature": 3}, "devices": [0, 1, 2]}}}))
 
     @pytest.mark.parametrize("payload", [[1], "x", {"d": []}, {"d": {"fc6": {"degrees": {}}}}])
     def test_link_with_wrong_shape(self, payload):
         with pytest.raises(ValueError, match="link"):
-            W.state_from_query(link(payload))
+            LNK.state_from_query(link(payload))
 
 
 class TestCompare:
     def test_add_keeps_cost_and_does_not_mutate(self, alex):
         before = frozen(alex)
-        new, msg = W.add_to_compare(alex, "mine")
+        new, msg = ACT.add_to_compare(alex, "mine")
         assert msg == "Kept 'mine' for comparison (1 kept)."
         assert frozen(alex) == before and alex["compare"] == []
         assert new["compare"] == [{"name": "mine", "strategy": alex["strategy"],
-                                   "cost_s": W.workspace(alex).timeline.makespan_s}]
+                                   "cost_s": SIM.workspace(alex).timeline.makespan_s}]
 
     def test_default_name(self, alex):
-        new, _ = W.add_to_compare(alex)
+        new, _ = ACT.add_to_compare(alex)
         assert new["compare"][0]["name"] == "#1 baseline:data-parallel"
 
     def test_refuses_duplicates(self, alex):
-        s, _ = W.add_to_compare(alex, "x")
+        s, _ = ACT.add_to_compare(alex, "x")
         for name in ("x", "  x  "):
-            again, msg = W.add_to_compare(s, name)
+            again, msg = ACT.add_to_compare(s, name)
             assert again is s and msg == "A compared strategy is already called 'x'."
 
     def test_at_most_six(self, alex):
         s = alex
         for i in range(6):
-            s, msg = W.add_to_compare(s, f"s{i}")
+            s, msg = ACT.add_to_compare(s, f"s{i}")
             assert msg.startswith(f"Kept 's{i}'")
         assert len(s["compare"]) == 6
-        again, msg = W.add_to_compare(s, "s6")
+        again, msg = ACT.add_to_compare(s, "s6")
         assert again is s and msg.startswith("At most 6")
 
 
 class TestBaselines:
     def test_baseline_cost(self, alex, alexnet):
         g, c = alexnet
-        assert W.baseline_cost_s(alex) == simulate_strategy(g, data_parallel(g, c), c).iteration_time_s
-        assert W.baseline_cost_s(alex, "expert") == simulate_strategy(g, expert(g, c), c).iteration_time_s
+        assert SIM.baseline_cost_s(alex) == simulate_strategy(g, data_parallel(g, c), c).iteration_time_s
+        assert SIM.baseline_cost_s(alex, "expert") == simulate_strategy(g, expert(g, c), c).iteration_time_s
 
     def test_select_unknown_baseline(self, alex):
-        new, msg = W.select_baseline(alex, "nope")
+        new, msg = ACT.select_baseline(alex, "nope")
         assert new is alex and msg.startswith("Unknown baseline 'nope'")
 
     def test_select_baseline_is_undoable(self, alex):
-        s, _ = W.select_baseline(alex, "expert")
+        s, _ = ACT.select_baseline(alex, "expert")
         assert s["baseline"] == "expert" and len(s["undo"]) == 1
-        back, _ = W.undo(s)
+        back, _ = ACT.undo(s)
         assert back["strategy"]["ops"] == alex["strategy"]["ops"]
 
     def test_export_loads_against_the_model(self, alex, alexnet):
         g, c = alexnet
-        exported = W.strategy_export(alex)
+        exported = EXPT.strategy_export(alex)
         s = load_strategy(json.loads(json.dumps(exported)), g, c)
         assert simulate_strategy(g, s, c).iteration_time_s == exported["cost"]["iteration_time_s"]
 
@@ -456,7 +469,7 @@ class TestUploadLimits:
         from engine.cluster import preset as _preset
 
         big = _json.dumps(_preset("dgx-a100-80gb:160").to_dict())  # 1,280 GPUs
-        new, msg, ok = W.import_file(alex, big, "big.json")
+        new, msg, ok = UP.import_file(alex, big, "big.json")
         assert not ok and new is alex
         assert "big.json" in msg and "1,280 devices" in msg and "soapbox simulate" in msg
 
@@ -465,9 +478,9 @@ class TestUploadLimits:
 
         from engine.formats import resolve_model as _resolve
 
-        monkeypatch.setattr(W, "MAX_APP_OPS", 10)
+        monkeypatch.setattr(SRC, "MAX_APP_OPS", 10)
         text = _json.dumps(_resolve("alexnet").to_dict())
-        new, msg, ok = W.import_file(alex, text, "alexnet.json")
+        new, msg, ok = UP.import_file(alex, text, "alexnet.json")
         assert not ok and new is alex and "24 ops" in msg
 
 
@@ -476,20 +489,20 @@ class TestTour:
     strategies, and keeps them to compare."""
 
     def test_soap_step(self):
-        s, msg = W.tour(None, "soap")
+        s, msg = LRN.tour(None, "soap")
         assert s["model"]["name"] == "alexnet" and s["cluster"]["name"] == "p100-4x4"
         assert [c["name"] for c in s["compare"]] == ["data parallel", "model parallel", "expert"]
         assert s["baseline"] == "expert" and msg.startswith("Guided comparison 1 · ")
-        W.check_state(s)
+        ST.check_state(s)
 
     def test_pipeline_step_keeps_the_session(self, alex):
-        s, msg = W.tour(alex, "pipeline")
+        s, msg = LRN.tour(alex, "pipeline")
         assert s["sid"] == alex["sid"] and s["model"] == {"name": "gpt2", "batch": 64}
         assert [c["strategy"]["pipeline"]["microbatches"] for c in s["compare"]] == [4, 32]
         assert s["strategy"]["pipeline"]["stages"] == 4 and s["undo"] == []
 
     def test_unknown_step(self, alex):
-        s, msg = W.tour(alex, "nope")
+        s, msg = LRN.tour(alex, "nope")
         assert s is alex and msg.startswith("Unknown step 'nope'")
 
 
@@ -498,78 +511,140 @@ class TestBackgroundSimulation:
     request path, says how far it is, can be left (Cancel goes back), and one the explorer could
     not hold is refused before it starts."""
 
-    def test_a_slow_build_answers_none_then_lands(self, monkeypatch):
+    def test_a_slow_build_answers_none_then_stops_on_cancel(self, monkeypatch):
+        """Cancel stops the build (its engine loop sees the cancel event and ends with
+        Cancelled), not merely forgets it; asked again, the state is built anew."""
         import threading
 
-        from app import callbacks as C
+        import engine.taskgraph as T
+        from engine.errors import Cancelled
 
-        s = W.new_state("alexnet", batch=48)  # (a batch no other test draws: nothing cached)
-        assert C.render_explore(s, True, wait_s=5.0) is not None  # drawn: what Cancel goes back to
-        gate = threading.Event()
-        real = W._full_workspace
+        s = ST.new_state("alexnet", batch=48)  # (a batch no other test draws: nothing cached)
+        assert EXP.render_explore(s, True, wait_s=5.0) is not None  # drawn: what Cancel goes back to
+        gate, entered, saw = threading.Event(), threading.Event(), []
+        real = T.build_task_graph
 
-        def slow(*a, **kw):
-            assert gate.wait(30)
+        def slow(*a, cancel=None, **kw):  # an engine loop that polls its cancel event
+            saw.append(cancel)
+            entered.set()
+            while not gate.wait(0.01):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("stopped")
             return real(*a, **kw)
 
-        monkeypatch.setattr(W, "_full_workspace", slow)
-        s2, msg = C.on_event("pick-batch", s, batch=40)  # another graph: a full build
+        monkeypatch.setattr(T, "build_task_graph", slow)
+        s2, msg = EV.on_event("pick-batch", s, batch=40)  # another graph: a full build
         assert msg.startswith("Batch: 40"), msg
-        assert W.workspace_within(s2, 0.05) is None and C.render_explore(s2, True, wait_s=0.05) is None
-        st = W.build_status(s2)
-        assert st is not None and st["elapsed_s"] >= 0.05 and st["phase"]
-        assert C.sim_status_text(s2).startswith("Simulating off the page: ")
-        back, msg = C.cancel_simulation(s2)
-        assert msg.startswith("Went back to the strategy shown before")
+        assert SIM.workspace_within(s2, 0.05) is None and EXP.render_explore(s2, True, wait_s=0.05) is None
+        assert entered.wait(60) and saw[0] is not None  # the build runs, with a cancel event
+        st = SIM.build_status(s2)
+        assert st is not None and st["elapsed_s"] >= 0.0 and st["phase"]
+        assert EXP.sim_status_text(s2).startswith("Simulating off the page: ")
+        build = SES.current().build(s2["sid"])
+        back, msg = EXP.cancel_simulation(s2)
+        assert msg.startswith("Went back to the strategy shown before") and "stopped" in msg
         assert back["strategy"] == s["strategy"] and back["version"] == s2["version"] + 1
-        assert W.build_status(s2) is None
-        # asked again, the build left running is taken up, not started twice
-        assert W.workspace_within(s2, 0.0) is None
+        assert SIM.build_status(s2) is None
+        with pytest.raises(Cancelled):  # it stopped: no workspace was made
+            build.future.result(timeout=60)
+        deadline = time.monotonic() + 60
+        while SES.current().running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert SES.current().running() == 0  # its thread is idle
         gate.set()
-        ws = W.workspace(s2)  # waits for it
-        assert ws.strategy.configs == W._strategy(s2).configs
-        assert C.render_explore(s2, True, wait_s=5.0)["sum-time"]
-        W.forget(s["sid"])
+        ws = SIM.workspace(s2)  # asked again: built anew
+        assert ws.strategy.configs == ST.page_strategy(s2).configs
+        assert EXP.render_explore(s2, True, wait_s=5.0)["sum-time"]
+        SES.current().forget(s["sid"])
+
+    def test_a_superseded_build_stops(self, monkeypatch):
+        """A session that moves on (another state) cancels its previous build."""
+        import threading
+
+        from concurrent.futures import CancelledError
+
+        import engine.taskgraph as T
+        from engine.errors import Cancelled
+
+        gate, real = threading.Event(), T.build_task_graph
+
+        def slow(*a, cancel=None, **kw):
+            while not gate.wait(0.01):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("stopped")
+            return real(*a, **kw)
+
+        monkeypatch.setattr(T, "build_task_graph", slow)
+        a = ST.new_state("alexnet", batch=20)
+        assert SIM.workspace_within(a, 0.0) is None
+        first = SES.current().build(a["sid"])
+        b = EV.on_event("pick-batch", a, batch=36)[0]
+        assert SIM.workspace_within(b, 0.0) is None
+        with pytest.raises((Cancelled, CancelledError)):  # stopped in its loop, or never started
+            first.future.result(timeout=60)
+        gate.set()
+        assert SIM.workspace(b).graph.batch_size == 36
+        SES.current().forget(a["sid"])
+
+    def test_the_queue_of_builds_is_bounded(self, monkeypatch):
+        """Past the server's bound, a new background build is refused with a message (not queued)."""
+        import threading
+
+        import engine.taskgraph as T
+
+        gate, real = threading.Event(), T.build_task_graph
+        monkeypatch.setattr(T, "build_task_graph", lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1])
+        sessions = SES.reset(SES.Sessions(max_queued_builds=2, build_workers=1))
+        try:
+            states = [ST.new_state("alexnet", batch=b) for b in (52, 56, 60)]
+            assert SIM.workspace_within(states[0], 0.0) is None
+            assert SIM.workspace_within(states[1], 0.0) is None
+            with pytest.raises(SES.Busy, match="the server is simulating 2 strategies"):
+                SIM.workspace_within(states[2], 0.0)
+        finally:
+            gate.set()
+            SES.reset()
+        assert sessions is not SES.current()
 
     def test_too_large_refused_before_it_starts(self):
-        s = W.new_state("gpt3-175b", "dgx-a100-80gb:128")
-        new, msg = W.select_baseline(s, "expert")
+        s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128")
+        new, msg = ACT.select_baseline(s, "expert")
         assert new is s and msg.startswith("Not set: it has no exact symmetry: its simulation would take about ")
-        assert f"more than the explorer simulates ({W.APP_MAX_TASKS:,})" in msg and "soapbox simulate" in msg
+        assert f"more than the explorer simulates ({SRC.APP_MAX_TASKS:,})" in msg and "soapbox simulate" in msg
 
     def test_a_hand_edit_of_a_huge_symmetric_plan_is_refused(self):
-        s = W.new_state("gpt3-175b", "dgx-a100-80gb:128")
-        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 16, "mb": 1})
+        s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128")
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 16, "mb": 1})
         assert msg.startswith("Layout (megatron)"), msg
         op = next(iter(s["strategy"]["ops"]))
-        new, msg = W.apply_edit(s, [op], {}, [0])
+        new, msg = ACT.apply_edit(s, [op], {}, [0])
         assert new is s and msg.startswith("Edit refused: a hand edit needs the full simulation (no symmetry)")
-        W.forget(s["sid"])
+        SES.current().forget(s["sid"])
 
 
 class TestSmallestCluster:
     def test_scan_in_the_background_for_the_layout(self):
         import time as _time
 
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, msg = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
-        assert W.fit_status(s) is None
-        assert W.fit_start(s).startswith("Looking for the smallest cluster for megatron (tp 8, pp 2")
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        assert FIT.fit_status(s) is None
+        assert FIT.fit_start(s).startswith("Looking for the smallest cluster for megatron (tp 8, pp 2")
         t = _time.monotonic()
-        while not (st := W.fit_status(s))[1]:
+        while not (st := FIT.fit_status(s))[1]:
             assert _time.monotonic() - t < 120
             _time.sleep(0.1)
         text = st[0]
         assert "dgx-a100-80gb:2 (16 GPUs) fits, peak " in text and "Tried: dgx-a100-80gb:1: " in text, text
         # another state: no scan shown for it
-        assert W.fit_status(W.select_baseline(s, "fsdp")[0]) is None
+        assert FIT.fit_status(ACT.select_baseline(s, "fsdp")[0]) is None
 
     def test_refusals_name_what_to_do(self, alex):
-        assert W.fit_start(alex).startswith("p100-4x4 has no sizes to try")
-        s = W.new_state("alexnet", "dgx-a100-80gb:2")
-        edited, _ = W.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
-        assert W.fit_start(edited).startswith("This strategy was edited by hand or found by a search")
-        assert W.family_sizes("dgx-a100-80gb:8")[-1] == "dgx-a100-80gb:128" and W.family_sizes("p100-4x4") == []
+        assert FIT.fit_start(alex).startswith("p100-4x4 has no sizes to try")
+        s = ST.new_state("alexnet", "dgx-a100-80gb:2")
+        edited, _ = ACT.apply_edit(s, ["fc6"], {"feature": 2}, [0, 1])
+        assert FIT.fit_start(edited).startswith("This strategy was edited by hand or found by a search")
+        assert SRC.family_sizes("dgx-a100-80gb:8")[-1] == "dgx-a100-80gb:128" and SRC.family_sizes("p100-4x4") == []
 
 
 class TestReviewRegressions:
@@ -578,7 +653,7 @@ class TestReviewRegressions:
     def test_device_runs_cannot_make_a_small_state_list_millions(self):
         import tracemalloc
 
-        s = W.new_state("alexnet")
+        s = ST.new_state("alexnet")
         ops = dict(s["strategy"]["ops"])
         for i in range(300):
             ops[f"x{i}"] = {"degrees": {}, "devices": "0-1023"}
@@ -587,7 +662,7 @@ class TestReviewRegressions:
         tracemalloc.start()
         try:
             with pytest.raises(ValidationError, match=r"ops\.fc6\.devices: device runs stand for 16,384 devices"):
-                W._strategy(bad)
+                ST.page_strategy(bad)
         finally:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
@@ -598,57 +673,56 @@ class TestReviewRegressions:
             ("ops.b.devices", "the strategy's device runs stand for more than 15 device ids")]
 
     def test_a_symmetric_plan_with_too_many_microbatches_is_refused(self):
-        s = W.new_state("gpt2", "dgx-a100-80gb:1", batch=131072)
-        new, msg = W.apply_layout(s, "megatron", {"pp": 4, "mb": 1})
+        s = ST.new_state("gpt2", "dgx-a100-80gb:1", batch=131072)
+        new, msg = ACT.apply_layout(s, "megatron", {"pp": 4, "mb": 1})
         assert new is s and msg.startswith("Not set: its simulation, one GPU per set of identical ones, would take")
         assert s["baseline"] == "data-parallel"  # (a refused layout changes nothing, the baseline neither)
 
     def test_the_same_strategy_under_a_new_version_is_not_rebuilt(self):
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, _ = W.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
-        ws = W.workspace(s)
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
+        s, _ = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        ws = SIM.workspace(s)
         assert ws.sim is None  # symmetric
         again = dict(s, version=s["version"] + 5)
-        assert W.workspace(again) is ws and ws.sim is None and ws.version == again["version"]
-        W.forget(s["sid"])
+        assert SIM.workspace(again) is ws and ws.sim is None and ws.version == again["version"]
+        SES.current().forget(s["sid"])
 
-    def test_a_build_left_by_one_session_is_not_taken_by_another(self, monkeypatch):
+    def test_a_build_cancelled_by_one_session_is_not_taken_by_another(self, monkeypatch):
         import threading
 
-        gate = threading.Event()
-        real = W._full_workspace
-        monkeypatch.setattr(W, "_full_workspace", lambda *a, **kw: (gate.wait(30), real(*a, **kw))[1])
-        a = W.new_state("alexnet", batch=24)
+        import engine.taskgraph as T
+
+        gate, real = threading.Event(), T.build_task_graph
+        monkeypatch.setattr(T, "build_task_graph", lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1])
+        a = ST.new_state("alexnet", batch=24)
         b = dict(a, sid="b" * 32)
-        assert W.workspace_within(a, 0.0) is None
-        assert W.drop_build(a["sid"]) is True
-        assert W.workspace_within(b, 0.0) is None  # its own build
-        assert W._builds[b["sid"]] is not W._dropped.get((a["sid"], W.content_key(a)))
+        assert SIM.workspace_within(a, 0.0) is None
+        first = SES.current().build(a["sid"])
+        assert SIM.cancel_build(a["sid"]) is True
+        assert SIM.workspace_within(b, 0.0) is None  # its own build
+        assert SES.current().build(b["sid"]) is not first
         gate.set()
-        wa, wb = W.workspace(a), W.workspace(b)
+        wa, wb = SIM.workspace(a), SIM.workspace(b)
         assert wa is not wb
         t0 = time.monotonic()
-        while W._builds.get(b["sid"]) is not None and time.monotonic() - t0 < 10:
+        while SES.current().build(b["sid"]) is not None and time.monotonic() - t0 < 60:
             time.sleep(0.05)
-        assert W.build_status(b) is None and (a["sid"], W.content_key(a)) not in W._dropped
-        W.forget(a["sid"]), W.forget(b["sid"])
+        assert SIM.build_status(b) is None
+        SES.current().forget(a["sid"]), SES.current().forget(b["sid"])
 
     def test_a_smallest_cluster_scan_carries_only_what_the_user_set(self):
-        from app.workspace import _layout_options
-
-        s = W.new_state("llama2-7b", "dgx-a100-80gb:2")
-        s, _ = W.apply_layout(s, "megatron", {"tp": 8})  # micro-batch left empty: the builder's, per size
-        kind, opts, text = _layout_options(W._strategy(s))
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:2")
+        s, _ = ACT.apply_layout(s, "megatron", {"tp": 8})  # micro-batch left empty: the builder's, per size
+        kind, opts, text = FIT.layout_of(ST.page_strategy(s))
         assert kind == "megatron" and opts == {"tp": 8} and text == "megatron (tp 8)"
 
     def test_stage_and_node_filters_work_on_per_gpu_rows(self):
-        from app import callbacks as C
         import plotly.graph_objects as go
 
-        s, _ = W.tour(None, "pipeline")  # GPT-2, pp 4 on one DGX: 8 GPUs, 2 per stage
-        fig, notes = C.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 1"}, trigger="gantt-filter")
+        s, _ = LRN.tour(None, "pipeline")  # GPT-2, pp 4 on one DGX: 8 GPUs, 2 per stage
+        fig, notes = TL.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 1"}, trigger="gantt-filter")
         ticks = list(go.Figure(fig).layout.yaxis.ticktext)
         assert ticks[0].startswith("GPU 2") and "No row matches" not in notes
-        fig, notes = C.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 9"}, trigger="gantt-filter")
+        fig, notes = TL.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 9"}, trigger="gantt-filter")
         assert notes.startswith("No row matches the filter.") and "0 GPU rows" not in notes
-        assert C.zoom_gantt(s, {"xaxis.range": [0, float("inf")]}) == (C.no_update, C.no_update)
+        assert TL.zoom_gantt(s, {"xaxis.range": [0, float("inf")]}) == (no_update, no_update)

@@ -82,3 +82,121 @@ def test_no_private_name_imported_across_modules():
 def test_no_engine_file_over_500_lines(path):
     """One concern per file (the operator catalogue, ops.py, a table by kind, is left out)."""
     assert len(path.read_text().splitlines()) <= 500
+
+
+# --------------------------------------------------------------------------- the app's floors
+
+APP = ENGINE.parent / "app"
+
+#: the app's floors, bottom to top: a module may import its own floor and those below it (the
+#: engine too, never the other way). Rooms of one concern each: what the server keeps
+#: (``sessions``), where a model or cluster comes from (``sources``), the page's state
+#: (``state``), its simulation (``simulation``), what a user does (``actions``, ``uploads``,
+#: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
+#: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
+APP_LAYERS = ["cache", "fmt", "learn", "store", "sessions", "sources", "state", "simulation", "gantt", "views",
+              "figures", "components", "actions", "uploads", "links", "fitscan", "jobs", "worker", "tabs", "events",
+              "warmup", "layout", "callbacks", "", "cli"]
+#: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
+#: the process's one handle to the server's Sessions, to its SQLite store and to its search
+#: workers (services the process opens once; every cache and build lives in Sessions)
+HANDLES = {("sessions", "_current"), ("sessions", "_current_lock"), ("store", "_current"), ("store", "_current_lock"),
+           ("jobs", "_pool"), ("jobs", "_pool_lock"), ("cli", "_served")}
+
+
+def app_modules():
+    for path in sorted(APP.rglob("*.py")):
+        rel = path.relative_to(APP).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        yield path, ".".join(parts), path.name == "__init__.py"
+
+
+def app_imports(path: Path, name: str, is_pkg: bool):
+    """(target module inside app, imported names, line) of every import of an app module."""
+    package = name.split(".") if is_pkg else name.split(".")[:-1]
+    if name == "":
+        package = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [a.name for a in node.names]
+                if not node.module:  # from . import x, y: a module each, or a name of the package
+                    for a in names:
+                        sub = APP.joinpath(*base, a)
+                        if sub.with_suffix(".py").exists() or sub.is_dir():
+                            yield ".".join(base + [a]), [], node.lineno
+                        else:
+                            yield ".".join(base), [a], node.lineno
+                    continue
+                yield target, names, node.lineno
+            elif node.module and (node.module == "app" or node.module.startswith("app.")):
+                yield node.module.removeprefix("app").lstrip("."), [a.name for a in node.names], node.lineno
+
+
+def app_floor(module: str) -> int:
+    top = module.split(".")[0]
+    return APP_LAYERS.index(top)
+
+
+def test_every_app_module_has_a_floor():
+    missing = {name.split(".")[0] for _, name, _ in app_modules()} - set(APP_LAYERS)
+    assert not missing, f"add {sorted(missing)} to APP_LAYERS"
+
+
+def test_app_imports_go_down_only():
+    upward = []
+    for path, name, is_pkg in app_modules():
+        mine = app_floor(name)
+        for target, _, line in app_imports(path, name, is_pkg):
+            if app_floor(target) > mine:
+                upward.append(f"{path.relative_to(APP.parent)}:{line} imports app.{target}")
+    assert upward == []
+
+
+def test_no_private_name_imported_across_app_modules():
+    private = [f"{path.relative_to(APP.parent)}:{line} imports app.{target}.{n}"
+               for path, name, is_pkg in app_modules() for target, names, line in app_imports(path, name, is_pkg)
+               for n in names if n.startswith("_") and not n.startswith("__") and target != name]
+    assert private == []
+
+
+def test_tests_use_public_names_of_the_app():
+    """A test reaches the app through its public names only (a private one may change under it)."""
+    pattern = __import__("re").compile(r"\b(?:SRC|ST|SIM|ACT|UP|LNK|FIT|EV|SES|EXP|TL|ED|CMP|SRCH|EXPT|LRN|WU|V)\._[a-z]")
+    found = [f"{p.name}:{i}" for p in sorted(Path(__file__).parent.glob("test_app_*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
+
+
+@pytest.mark.parametrize("path", [p for p, _, _ in app_modules()], ids=lambda p: str(p.relative_to(APP)))
+def test_no_app_file_over_500_lines(path):
+    assert len(path.read_text().splitlines()) <= 500
+
+
+def _mutable_module_state(path: Path):
+    """Module-level names bound to something that changes at run time: a container or lock
+    made by a call or a literal, a lowercase name rebound (``global``), or a cache decorator on
+    a function with arguments (a no-argument ``lru_cache`` is a constant built lazily)."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = [t.id for t in node.targets if isinstance(t, ast.Name)], node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            targets, value = [node.target.id], node.value
+        for name in targets:
+            constant = name.lstrip("_")[:1].isupper() or name == "__all__"
+            if not constant:
+                yield name
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                if "cache" in ast.unparse(d) and node.args.args:
+                    yield node.name
+
+
+def test_no_module_level_mutable_state_outside_sessions():
+    found = [(name, n) for path, name, _ in app_modules() for n in _mutable_module_state(path)
+             if (name, n) not in HANDLES]
+    assert found == []

@@ -1,0 +1,305 @@
+"""What a user does to a strategy: edit ops, undo and redo, pick a baseline, set a layout,
+adopt a search's answer, keep one for Compare.
+
+Every action takes a state and returns a new one (never mutating its argument) plus a message;
+a refused action returns the state *itself* unchanged and says why (the page then sends
+nothing back, so what the user typed stays).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+from engine.errors import SoapboxError, TooLargeError, ValidationError
+from engine.search.baselines import BASELINES, make_baseline
+from engine.strategy import Config, Strategy
+
+from .sessions import current
+from .simulation import check_size, workspace
+from .sources import cluster_of, graph_of
+from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, page_strategy, same_settings,
+                    strategy_dict)
+
+__all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
+           "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
+           "SHOWN_PROBLEMS"]
+
+#: the problems a message shows (the rest are counted)
+SHOWN_PROBLEMS = 5
+
+
+def problems_summary(e: ValidationError) -> str:
+    """A ValidationError in a few lines for the page: the root cause alone when there is one (a
+    strategy for another model or cluster: every op's problem follows from it), else the first
+    few problems and how many more."""
+    head = f"{e.source}: " if e.source else ""
+    root = [p for p in e.problems if p.path in ("model.fingerprint", "cluster.devices")]
+    if root:
+        rest = len(e.problems) - len(root)
+        return head + "; ".join(str(p) for p in root) + (f" ({rest:,} other problems follow from it)" if rest else "")
+    shown = "; ".join(str(p)[:300] for p in e.problems[:SHOWN_PROBLEMS])
+    more = len(e.problems) - SHOWN_PROBLEMS
+    return (f"{head}{len(e.problems):,} problem{'s' if len(e.problems) != 1 else ''}: {shown}"
+            + (f" (+{more:,} more)" if more > 0 else ""))
+
+
+def parse_devices(text: str, n_devices: int) -> list[int]:
+    """``"0-3, 8, 10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]``.
+
+    Raises
+    ------
+    ValueError
+        Naming the part that is not a device id or range, or a device the cluster lacks.
+    """
+    out: list[int] = []
+    for part in (p.strip() for p in str(text)[:100_000].replace(";", ",").split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-", 1))
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, min(b, max(a, n_devices)) + 1))  # (past the cluster: one id, named below)
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"devices: {part[:40]!r} is not a device id or a range like 0-3") from None
+        if len(out) > 4 * n_devices:
+            raise ValueError(f"devices: more ids listed than the cluster's {n_devices} devices")
+    if not out:
+        raise ValueError("devices: none given (e.g. 0-3)")
+    bad = [d for d in out if not 0 <= d < n_devices]
+    if bad:
+        raise ValueError(f"devices: {bad[0]} does not exist; this cluster has devices 0..{n_devices - 1}")
+    return out
+
+
+def describe_config(config: Config) -> str:
+    """``"sample 4 on devices 0-3"``."""
+    deg = " x ".join(f"{k} {v}" for k, v in config.degrees.items()) or "no split"
+    devs = config.devices
+    span = f"device {devs[0]}" if len(devs) == 1 else (
+        f"devices {devs[0]}-{devs[-1]}" if list(devs) == list(range(devs[0], devs[-1] + 1)) else
+        f"devices {', '.join(map(str, devs))}")
+    return f"{deg} on {span}"
+
+
+def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: list[int]) -> tuple[dict, str]:
+    """Give every op in ``ops`` the config (``degrees``, ``devices``): one undoable edit.
+
+    Returns the new state and a message; an invalid edit (for any of the ops) returns the
+    state unchanged and every reason, with the op and field it concerns. The edit is checked
+    on the edited strategy itself (the session's simulation is not waited for), and the check
+    is remembered so that drawing the edited state does not repeat it.
+    """
+    if not ops:
+        return state, "Select an op first (click one in the graph or pick it in the editor)."
+    graph, cluster = graph_of(state), cluster_of(state)
+    strategy = page_strategy(state)
+    config = Config({k: int(v) for k, v in degrees.items() if int(v) != 1}, tuple(devices))
+    unknown = [f"{op}: no such op in {graph.name}" for op in ops if op not in graph.index]
+    if unknown:
+        return state, "Edit refused: " + "; ".join(unknown[:5])
+    edited = strategy
+    for op in ops:
+        edited = edited.with_config(op, config)
+    from engine.strategy import validate_strategy
+
+    problems = [str(p) for p in validate_strategy(edited, graph, cluster)]
+    if problems:
+        more = f" (+{len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+        return state, "Edit refused: " + "; ".join(problems[:SHOWN_PROBLEMS]) + more
+    try:  # (an edited strategy is simulated in full: an edit breaks the symmetry)
+        check_size(graph, edited, "a hand edit needs the full simulation (no symmetry): it")
+    except TooLargeError as e:
+        return state, f"Edit refused: {e}."
+    entries = [{"op": op, "before": config_dict(strategy[op]), "after": config_dict(config)}
+               for op in ops if strategy[op] != config]
+    if not entries:
+        return state, "No change: the op already has that config."
+    new = _with_configs(state, entries, "after")
+    origin = state["strategy"].get("found_by", {})
+    if origin.get("algorithm") == "hand-edited":  # one level: what the hand edits started from
+        origin = origin.get("from", {})
+    new["strategy"]["found_by"] = {"algorithm": "hand-edited", "from": origin}
+    new["strategy"]["cost"] = {}
+    new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
+    new["redo"] = []
+    current().checked.put(content_key(new), True)
+    what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
+    return bump(new), f"Changed {what} to {describe_config(config)}."
+
+
+def _with_configs(state: dict, entries: list[dict], key: str) -> dict:
+    """A copy of ``state`` whose strategy has each entry's ``key`` config; only what changes
+    is copied (the state is never mutated: earlier states stay valid for undo)."""
+    new = dict(state)
+    new["strategy"] = dict(state["strategy"])
+    ops = new["strategy"]["ops"] = dict(state["strategy"]["ops"])
+    for e in entries:
+        if e["op"] not in ops:
+            raise ValueError(f"the history names op {str(e['op'])[:80]!r}, which this strategy does not have")
+        entry = {k: v for k, v in ops[e["op"]].items() if k not in ("degrees", "devices")}
+        ops[e["op"]] = {**entry, **copy.deepcopy(e[key])}
+    new["strategy"]["cost"] = {}
+    return new
+
+
+def _step(state: dict, back: bool) -> tuple[dict, str]:
+    """Undo (``back``) or redo the last edit: move it from one stack to the other."""
+    src, dst, key, verb = ("undo", "redo", "before", "Undid") if back else ("redo", "undo", "after", "Redid")
+    if not state[src]:
+        return state, f"Nothing to {src}."
+    entries = state[src][-1]
+    new = _with_configs(state, entries, key)
+    new[src] = state[src][:-1]
+    new[dst] = (state[dst] + [entries])[-MAX_HISTORY:]
+    what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
+    return bump(new), f"{verb} the change to {what}."
+
+
+def undo(state: dict) -> tuple[dict, str]:
+    return _step(state, back=True)
+
+
+def redo(state: dict) -> tuple[dict, str]:
+    return _step(state, back=False)
+
+
+def set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
+    """Replace the whole strategy as one undoable edit (refused, nothing changed, when the
+    explorer could not simulate it: :data:`app.sources.APP_MAX_TASKS`)."""
+    try:
+        check_size(graph_of(state), strategy, cluster=cluster_of(state))
+    except TooLargeError as e:
+        return state, f"Not set: {e}."
+    old = page_strategy(state)
+    new = copy.deepcopy(state)
+    new["strategy"] = strategy_dict(strategy)
+    entries = [{"op": op, "before": config_dict(old[op]), "after": config_dict(c)}
+               for op, c in strategy.configs.items() if op in old.configs and old[op] != c]
+    if same_settings(old, strategy) and entries:
+        new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
+    else:  # settings (pipeline, ZeRO, ...) changed too: the history no longer applies
+        new["undo"] = []
+    new["redo"] = []
+    return bump(new), message
+
+
+def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
+    if kind not in BASELINES:
+        return state, f"Unknown baseline {str(kind)[:40]!r}; baselines: {', '.join(BASELINES)}."
+    try:
+        s = make_baseline(kind, graph_of(state), cluster_of(state))
+    except (ValueError, SoapboxError) as e:
+        return state, f"{kind} cannot run here: {e}"
+    new, msg = set_strategy(state, s, f"Strategy set to the {kind} baseline.")
+    if new is not state:  # (refused: the state stays as it was)
+        new["baseline"] = kind
+    return new, msg
+
+
+#: the layout panel's integer fields (form name -> baseline option) and its choices
+LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group"}
+LAYOUT_KINDS = ("megatron", "fsdp")
+
+
+def _whole(v: Any) -> int | None:
+    try:
+        f = float(v)
+        return int(f) if f == int(f) and 1 <= f <= 1 << 20 else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
+    """The builder options a layout panel's form describes.
+
+    Raises
+    ------
+    ValueError
+        Naming the field that is not valid (a fraction, 0, text) and what would be.
+    """
+    if kind not in LAYOUT_KINDS:
+        raise ValueError(f"kind must be {' or '.join(LAYOUT_KINDS)}, got {str(kind)[:30]!r}")
+    opts: dict[str, Any] = {}
+    for name, opt in LAYOUT_INTS.items():
+        v = form.get(name)
+        if v in (None, ""):
+            continue
+        n = _whole(v)
+        if n is None:
+            raise ValueError(f"{name} {str(v)[:20]!r} is not a whole number from 1")
+        opts[opt] = n
+    if form.get("recompute") not in (None, ""):
+        opts["recompute"] = str(form["recompute"])[:40]
+    if form.get("zero") not in (None, ""):
+        z = str(form["zero"])[:4]
+        if z not in ("0", "1", "2", "3"):
+            raise ValueError(f"ZeRO stage {z!r} must be 0, 1, 2 or 3")
+        opts["zero_stage"] = int(z)
+    flags = form.get("flags") or []
+    flags = {str(f) for f in flags} if isinstance(flags, (list, tuple)) else set()
+    if "sp" in flags:
+        opts["sequence_parallel"] = True
+    if "fp8" in flags:
+        opts["fp8"] = True
+    if form.get("schedule") not in (None, "") and kind == "megatron":
+        opts["schedule"] = str(form["schedule"])[:40]
+    if kind == "fsdp":
+        opts.setdefault("zero_stage", 3)
+        for k in ("vpp", "sequence_parallel", "schedule"):
+            if opts.pop(k, None) not in (None, 1, False):
+                raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
+    elif "shard_group" in opts:
+        raise ValueError("a shard group (hybrid sharding) applies to fsdp")
+    return opts
+
+
+def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, str]:
+    """The strategy a layout panel describes (Megatron or FSDP with tp / pp / cp / vpp /
+    micro-batch / recomputation / ZeRO / sequence parallelism / fp8 / schedule), through the
+    same baseline builders as the command line; refused with the builder's reason (nothing
+    changes then). An empty field takes the builder's default; 0 or a fraction is refused."""
+    try:
+        opts = layout_options(kind, form if isinstance(form, dict) else {})
+        s = make_baseline(kind, graph_of(state), cluster_of(state), **opts)
+    except (ValueError, SoapboxError) as e:
+        return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
+    o = s.found_by.get("options", {})
+    parts = [f"{k} {o.get(k, 1)}" for k in ("tp", "pp", "cp", "dp", "vpp", "micro_batch")
+             if o.get(k) not in (None, 1) or k in ("tp", "pp", "dp")]
+    extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
+                         if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
+                         "fp8" if s.fp8 else "") if x]
+    # the options the user gave, so that another cluster size rebuilds the layout from them (a
+    # micro-batch the builder chose for 64 GPUs does not fit 512)
+    s = replace(s, found_by={**s.found_by, "options": {**s.found_by.get("options", {}), "given": dict(opts)}})
+    new, msg = set_strategy(state, s, f"Layout ({kind}): {', '.join(parts + extra)}; "
+                                      f"{s.pipeline.microbatches} microbatches.".replace("micro_batch", "micro-batch"))
+    if new is state:  # (refused: the state stays as it was)
+        return state, msg
+    new["baseline"] = kind
+    return new, msg
+
+
+def adopt_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:
+    """Take a strategy found elsewhere (a search, a file) as one undoable edit."""
+    return set_strategy(state, strategy, message)
+
+
+def add_to_compare(state: dict, name: str | None = None) -> tuple[dict, str]:
+    """Keep the state's strategy (with its simulated time) for Compare under ``name``."""
+    name = str(name or "").strip()[:100] or \
+        f"#{len(state['compare']) + 1} {state['strategy'].get('found_by', {}).get('algorithm', 'strategy')}"[:100]
+    if any(c["name"] == name for c in state["compare"]):
+        return state, f"A compared strategy is already called {name!r}."
+    if len(state["compare"]) >= MAX_COMPARED:
+        return state, f"At most {MAX_COMPARED} strategies are compared at once; remove one first."
+    ws = workspace(state)
+    new = copy.deepcopy(state)
+    new["compare"].append({"name": name, "strategy": state["strategy"], "cost_s": ws.timeline.makespan_s})
+    return new, f"Kept {name!r} for comparison ({len(new['compare'])} kept)."

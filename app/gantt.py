@@ -1,0 +1,370 @@
+"""The timeline's data: one bar per task (or per merged run of tasks) on a row per GPU, per
+pipeline stage or per node, link rows, the row filter, and the pipeline's idle time told
+apart into the schedule's bubble and the stages' imbalance.
+
+:func:`app.figures.build_gantt_figure` draws what :func:`gantt_data` returns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from engine.cluster import Cluster
+from engine.graph import OpGraph
+from engine.simulate import Timeline
+from engine.strategy import Strategy
+from engine.device_runs import device_runs
+from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
+
+from .fmt import format_bytes, format_seconds
+
+__all__ = ["gantt_data", "PHASE_NAMES", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
+           "MAX_GPU_ROWS"]
+
+MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
+PHASE_NAMES = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
+
+
+# --------------------------------------------------------------------------- Gantt
+
+
+def _merge(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
+    """Bars of tasks (sorted by row, then start) merged where the gap to the previous task on
+    the row is at most ``eps``: (first index of each bar, start, end, tasks per bar)."""
+    if start.size == 0:
+        z = np.zeros(0)
+        return np.zeros(0, np.int64), z, z, np.zeros(0, np.int64)
+    new = np.ones(start.size, bool)
+    if eps >= 0:
+        new[1:] = (row[1:] != row[:-1]) | (start[1:] - end[:-1] > eps)
+    idx = np.flatnonzero(new)
+    return idx, np.minimum.reduceat(start, idx), np.maximum.reduceat(end, idx), np.diff(np.append(idx, start.size))
+
+
+#: how the timeline's GPU rows are grouped (``auto``: each GPU up to 16 rows, else by stage
+#: when pipelined, else by node)
+ROW_GROUPS = ("auto", "gpu", "stage", "node")
+#: link rows shown by default up to this many (beyond: behind the "links" toggle)
+AUTO_LINK_ROWS = 16
+#: GPU rows drawn at most (the rest are counted; the row filter or a grouping reaches them)
+MAX_GPU_ROWS = 128
+
+
+def stage_of_devices(strategy: Strategy, n_devices: int) -> np.ndarray | None:
+    """[device] the pipeline stage whose ops run on it (-1: none); None without a pipeline."""
+    if strategy.pipeline.stages <= 1 or not strategy.stage_of:
+        return None
+    out = np.full(n_devices, -1, np.int64)
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, stage in strategy.stage_of.items():
+        cfg = strategy.configs.get(name)
+        if cfg is None:
+            continue
+        key = (stage % strategy.pipeline.stages, cfg.devices)
+        if key in seen:  # (a stage's blocks share their devices: each set looked at once)
+            continue
+        seen.add(key)
+        out[np.asarray(cfg.devices, np.int64)] = key[0]
+    return out
+
+
+def parse_row_filter(text: str) -> list[tuple[str, Any]]:
+    """The timeline's row filter: comma-separated GPU ids or ranges (``0-7, 12``), ``stage K``
+    / ``node K`` (ranges too), or any other text matched against row labels. Raises
+    ValueError naming the part it cannot read (a range given backwards)."""
+    out: list[tuple[str, Any]] = []
+    for part in str(text or "")[:200].split(","):
+        p = part.strip().lower()
+        if not p:
+            continue
+        m = re.fullmatch(r"(?:(gpu|stage|node)s?\s*)?(\d{1,7})(?:\s*-\s*(\d{1,7}))?", p)
+        if m:
+            a, b = int(m.group(2)), int(m.group(3) or m.group(2))
+            if b < a:
+                raise ValueError(f"row filter {part.strip()!r}: the range runs backwards")
+            out.append((m.group(1) or "gpu", (a, b)))
+        else:
+            out.append(("text", p))
+    return out
+
+
+def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: str,
+              stage_of_device: np.ndarray | None, row_filter: str) -> tuple[np.ndarray, list[str], str]:
+    """The GPUs whose rows the timeline draws, in order, each with its label, and the grouping
+    used. ``gpu``: every simulated GPU (a symmetric simulation's mirrored GPUs counted on the row
+    they mirror); ``stage`` / ``node``: one row per pipeline stage or node, drawing its first GPU,
+    labelled with how many GPUs it stands for and how far their busy times spread."""
+    tg = timeline.tasks
+    n = tg.n_devices
+    image = tg.info.get("device_image")
+    if image is None:
+        image = np.full(n, -1, np.int64)
+        image[dev_used] = dev_used
+    members_all = np.flatnonzero(image >= 0)  # every GPU the plan uses, mirrored ones too
+    node = np.array([d.node for d in cluster.devices], np.int64)
+    if rows not in ROW_GROUPS:
+        rows = "auto"
+    if rows == "auto":
+        rows = "gpu" if dev_used.size <= 16 else ("stage" if stage_of_device is not None else "node")
+    if rows == "stage" and stage_of_device is None:
+        rows = "node"
+    busy = np.zeros(n)  # compute seconds per simulated GPU
+    comp = (tg.kind == FWD) | (tg.kind == BWD)
+    np.add.at(busy, tg.device[comp], tg.dur_s[comp])
+    busy_all = np.where(image >= 0, busy[np.maximum(image, 0)], 0.0)
+    filt = parse_row_filter(row_filter)
+
+    def wanted(label: str, devs: np.ndarray, group: Any) -> bool:
+        if not filt:
+            return True
+        for kind, v in filt:
+            if kind == "text" and v in label.lower():
+                return True
+            if kind == "gpu" and np.any((devs >= v[0]) & (devs <= v[1])):
+                return True
+            if kind in ("stage", "node"):  # (whatever the grouping: the stage or node of the GPUs a row stands for)
+                key = stage_of_device if kind == "stage" else node
+                if key is not None and np.any((key[devs] >= v[0]) & (key[devs] <= v[1])):
+                    return True
+        return False
+
+    reps: list[int] = []
+    labels: list[str] = []
+    if rows == "gpu":
+        alike = np.bincount(image[image >= 0], minlength=n)
+        for d in dev_used:
+            k = int(alike[d])
+            label = f"GPU {d}" + (f" (x{k} alike)" if k > 1 else "")
+            if wanted(label, np.flatnonzero(image == d), int(d)):
+                reps.append(int(d))
+                labels.append(label)
+        return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+    key = stage_of_device if rows == "stage" else node
+    groups: dict[int, list[int]] = {}  # representative GPU -> the groups its row stands for
+    members: dict[int, list[np.ndarray]] = {}
+    for grp in np.unique(key[members_all]):
+        if grp < 0:
+            continue
+        devs = members_all[key[members_all] == grp]
+        sim = np.intersect1d(np.unique(image[devs]), dev_used)
+        if sim.size == 0:
+            continue
+        rep = int(sim[0])  # (under symmetry a group's GPUs may mirror another group's: one row for both)
+        groups.setdefault(rep, []).append(int(grp))
+        members.setdefault(rep, []).append(devs)
+    for rep, grps in groups.items():
+        devs = np.concatenate(members[rep])
+        b = busy_all[devs]
+        spread = (b.max() - b.min()) / b.max() if b.max() > 0 else 0.0
+        k = devs.size // len(grps)
+        count = f" ({k} GPUs each)" if len(grps) > 1 else f" ({k} GPUs)" if k > 1 else ""
+        runs = device_runs(grps).replace(",", ", ")
+        label = (f"{rows}{'s' if len(grps) > 1 else ''} {runs}{count}: GPU {rep}"
+                 + (f", busy ±{spread / 2:.0%}" if spread > 0.02 else ""))
+        if wanted(label, devs, grps):
+            reps.append(rep)
+            labels.append(label)
+    return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+
+
+def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tuple[float, float] | None = None,
+               selected: list[str] | None = None, max_bars: int = MAX_BARS, rows: str = "gpu",
+               stage_of_device: np.ndarray | None = None, links: bool | None = None,
+               row_filter: str = "", pipeline: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """Rows and bars of the timeline: per GPU row (see ``rows``) a compute row (forward,
+    backward, optimizer step) and a collectives row, then one row per link that carries
+    transfers (``links``: None shows them up to :data:`AUTO_LINK_ROWS`).
+
+    ``rows`` groups GPUs (:data:`ROW_GROUPS`, :func:`_row_plan`); ``row_filter`` keeps the rows
+    it names (:func:`parse_row_filter`). ``window`` (seconds) limits the view; when more than
+    ``max_bars`` tasks fall in it, neighbouring tasks are merged per row and kind (the hover says
+    how many). The critical chain and the selected ops' tasks come as overlays, merged the same
+    way when they are many. ``pipeline`` (stages, microbatches, virtual stages): the idle gaps of
+    each GPU row before its last backward task come as the "bubble", with its measured share
+    and the schedule's formula (:func:`_bubble`).
+    """
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
+    makespan = timeline.makespan_s
+    t0, t1 = window if window else (0.0, makespan)
+    names = [op.name for op in graph.ops]
+    kind = tg.kind
+    dev_used = np.unique(tg.device[(kind == FWD) | (kind == BWD)])
+    shown, gpu_labels, grouping = _row_plan(timeline, cluster, dev_used, rows, stage_of_device, row_filter)
+    image = tg.info.get("device_image")
+    gpus_in_plan = int(np.count_nonzero(image >= 0)) if image is not None else int(dev_used.size)
+    dev_row = np.full(tg.n_devices, -1, np.int64)
+    dev_row[shown] = np.arange(shown.size) * 2
+    labels: list[str] = []
+    for label in gpu_labels:
+        labels += [label, label.split(":")[0].split(" (")[0] + " collectives"]
+    links_all = np.unique(tg.link[kind == XFER])
+    show_links = links if links is not None else links_all.size <= AUTO_LINK_ROWS
+    links_used = links_all if show_links else links_all[:0]
+    link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
+    filt = parse_row_filter(row_filter)
+    if links_used.size and filt:  # a filter keeps the link rows its text names ("nic", "gpu3:")
+        keep = [i for i, nm in enumerate(link_names) if any(k == "text" and v in nm.lower() for k, v in filt)]
+        links_used, link_names = links_used[keep], [link_names[i] for i in keep]
+    link_row = np.full(max(tg.n_links, 1), -1, np.int64)
+    link_row[links_used] = 2 * shown.size + np.arange(links_used.size)
+    labels += link_names
+    # a row per task (collectives: see below)
+    row = np.full(tg.num_tasks, -1, np.int64)
+    comp = (kind == FWD) | (kind == BWD) | ((kind == UPDATE) & (tg.dur_s > 0))
+    row[comp] = dev_row[tg.device[comp]]
+    hop = kind == XFER
+    row[hop] = link_row[tg.link[hop]]
+    # collectives: a bar on the collectives row of every device that takes part, so the
+    # task list below is (task, row) pairs: each other task once, a collective per device
+    pair_task = np.flatnonzero(row >= 0)
+    pair_row = row[pair_task]
+    coll_devs = tg.info.get("coll_devices")
+    if coll_devs is not None:
+        ptr, idx, tasks = coll_devs
+        if tasks.size:
+            ct = np.repeat(tasks, np.diff(ptr))
+            cr = dev_row[idx]
+            ok = cr >= 0
+            pair_task = np.concatenate([pair_task, ct[ok]])
+            pair_row = np.concatenate([pair_row, cr[ok] + 1])
+    vis = (end[pair_task] >= t0) & (start[pair_task] <= t1) & (end[pair_task] > start[pair_task])
+    pair_task, pair_row = pair_task[vis], pair_row[vis]
+    ids = np.arange(pair_task.size)  # pair index
+    eps = -1.0
+    if ids.size > max_bars:
+        eps = (t1 - t0) / 1500
+    per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
+    for k, label in PHASE_NAMES.items():
+        sel = ids[kind[pair_task] == k]
+        if sel.size:
+            t, r = pair_task[sel], pair_row[sel]
+            o = np.lexsort((start[t], r))
+            per_kind[label] = (t[o], r[o])
+    bars: dict[str, dict[str, Any]] = {}
+    while True:
+        bars, total = {}, 0
+        for label, (t, r) in per_kind.items():
+            first, b_start, b_end, count = _merge(r, start[t], end[t], eps)
+            bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
+            total += first.size
+        if total <= max_bars or eps < 0 or eps > (t1 - t0):
+            break  # (past the window's width every row and kind is one bar already)
+        eps *= 2
+    for label, b in bars.items():
+        b["text"] = _task_texts(tg, names, b["task"], b["count"], b["start"], b["end"])
+    overlays = {}
+    crit = timeline.critical_tasks
+    first_row = np.full(tg.num_tasks, -1, np.int64)
+    first_row[pair_task[::-1]] = pair_row[::-1]  # a collective's first device's row
+    row = np.where(row >= 0, row, first_row)
+    crit = crit[(row[crit] >= 0) & (end[crit] > start[crit])]
+    overlays["critical path"] = crit
+    if selected:
+        want = np.array([graph.index[n] for n in selected if n in graph.index], np.int64)
+        sel = np.flatnonzero(np.isin(tg.op, want) & (row >= 0) & comp)
+        overlays["selected"] = sel[:2 * max_bars]
+    over = {}
+    for name, t in overlays.items():
+        t = t[(end[t] >= t0) & (start[t] <= t1)]  # (only what the window shows)
+        if eps >= 0 and t.size > max_bars // 4:
+            # merged as the bars are (an LLM plan's critical chain runs to 10^5 tasks: drawn one
+            # by one it made a 22 MB figure the browser took minutes to draw)
+            o = np.lexsort((start[t], row[t]))
+            t = t[o]
+            first, b_start, b_end, count = _merge(row[t], start[t], end[t], eps)
+            over[name] = {"start": b_start, "end": b_end, "row": row[t][first],
+                          "text": _task_texts(tg, names, t[first], count, b_start, b_end)}
+        else:
+            over[name] = {"start": start[t], "end": end[t], "row": row[t],
+                          "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
+    bubble = _bubble(tg, start, end, dev_row, shown, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
+    return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
+            "bubble": bubble,
+            "merged": eps >= 0, "tasks_in_view": int(ids.size), "rows": grouping,
+            "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
+            "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
+
+
+def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: np.ndarray,
+            pipeline: tuple[int, int, int], t0: float, t1: float) -> dict[str, Any]:
+    """The pipeline bubble on each shown GPU row: the gaps in its forward/backward work between
+    the iteration's start and the last backward task of any GPU (the gaps of at least 0.5% of
+    that span drawn), the measured idle share (mean over every GPU of the plan, mirrored ones
+    counted), and the schedule's
+    formula: with p stages, m microbatches and v model chunks per GPU the bubble takes
+    (p-1)/(v*m + p-1) of the time (Narayanan et al., SC'21, section 2.2: bubble time / ideal
+    time = (p-1)/m, divided by v under the interleaved schedule)."""
+    p, m, v = (int(x) for x in pipeline)
+    formula = (p - 1) / (v * m + p - 1)
+    comp = np.flatnonzero((tg.kind == FWD) | (tg.kind == BWD))
+    span = float(end[comp].max()) if comp.size else 0.0
+    out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
+           "start": np.zeros(0), "end": np.zeros(0), "row": np.zeros(0, np.int64)}
+    if span <= 0:
+        return out
+    dev = tg.device[comp]
+    by_dev = np.argsort(dev, kind="stable")  # [task] grouped by device, then each group by start:
+    cut = np.flatnonzero(np.diff(dev[by_dev])) + 1  # (per-group sorts: cheaper than one lexsort)
+    groups = np.split(by_dev, cut)
+    t = np.concatenate([comp[g][np.argsort(start[comp[g]], kind="stable")] for g in groups])
+    d = tg.device[t]
+    devs = np.array([tg.device[comp[g[0]]] for g in groups], np.int64)
+    rank = np.repeat(np.arange(devs.size), [g.size for g in groups])
+    # each device's covered time so far: a running max of ends that never crosses devices
+    # (offset by the device's rank times more than the span, so earlier devices stay below)
+    off = rank * (2.0 * span + 1.0)
+    covered = np.maximum.accumulate(end[t] + off) - off
+    first = np.r_[True, d[1:] != d[:-1]]
+    last = np.r_[d[1:] != d[:-1], True]
+    prev_end = np.where(first, 0.0, np.r_[0.0, covered[:-1]])  # [task] idle from here ...
+    gap = start[t] - prev_end  # ... to its start: from 0 to a device's first task, between runs
+    tail_s = covered[last]  # [device] idle from its last task to the span's end
+    idle = np.bincount(rank, weights=np.where(gap > 0, gap, 0.0), minlength=devs.size) + \
+        np.maximum(span - tail_s, 0.0)
+    image = tg.info.get("device_image")
+    alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
+    weights = alike[devs].astype(np.float64) if alike is not None else np.ones(devs.size)  # GPUs each stands for
+    out["measured"] = float(np.average(idle / span, weights=weights))
+    big = (gap > 0.005 * span) & (dev_row[d] >= 0)
+    tail = (span - tail_s > 0.005 * span) & (dev_row[devs] >= 0)
+    gs = np.concatenate([prev_end[big], tail_s[tail]])
+    ge = np.concatenate([start[t][big], np.full(int(tail.sum()), span)])
+    gr = np.concatenate([dev_row[d][big], dev_row[devs][tail]]).astype(np.int64)
+    vis = (ge >= t0) & (gs <= t1)
+    out.update(start=gs[vis], end=ge[vis], row=gr[vis])
+    return out
+
+
+def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, starts: np.ndarray,
+                ends: np.ndarray) -> list[str]:
+    """Hover text of each bar: task ``tasks[i]`` standing for ``counts[i]`` merged tasks from
+    ``starts[i]`` to ``ends[i]`` (seconds). The task arrays are read once, as Python lists (a
+    view has thousands of bars: indexing NumPy per bar cost more than the formatting)."""
+    tasks = np.asarray(tasks, np.int64)
+    kind, op, part, mb = (tg.kind[tasks].tolist(), tg.op[tasks].tolist(), tg.part[tasks].tolist(),
+                          tg.mb[tasks].tolist())
+    size, coll = tg.size_bytes[tasks].tolist(), tg.coll[tasks].tolist()
+    out = []
+    for i, (c, s, e) in enumerate(zip(np.asarray(counts).tolist(), np.asarray(starts, np.float64).tolist(),
+                                      np.asarray(ends, np.float64).tolist())):
+        k = kind[i]
+        if c > 1:
+            out.append(f"{c} {PHASE_NAMES[k]} tasks · {format_seconds(s)} – {format_seconds(e)} (zoom in for each)")
+            continue
+        name = names[op[i]] if op[i] >= 0 else ""
+        dur = format_seconds(e - s)
+        if k == FWD or k == BWD:
+            out.append(f"{name} {PHASE_NAMES[k]} · part {part[i]} · microbatch {mb[i]} · {dur}")
+        elif k == XFER:
+            out.append(f"{name} transfer · {format_bytes(size[i])} · microbatch {mb[i]} · {dur}")
+        elif k == COLL:
+            out.append(f"{name} {COLL_NAMES[coll[i]]} · {format_bytes(size[i])} · {dur}")
+        else:
+            out.append(f"optimizer step · {dur}")
+    return out
+
+

@@ -1,0 +1,201 @@
+"""The page's state: its schema, a fresh one, and the strategy it holds.
+
+The browser keeps one JSON-able *state* dict per session (a ``dcc.Store``): the model and
+cluster (a sample/preset name, or an uploaded file's digest), the strategy (the engine's
+``soapbox.strategy/1`` dict, devices written as runs), undo and redo stacks, the strategies
+kept for comparison and the selected op. It is the single source of truth: every action
+(:mod:`app.actions`) takes a state and returns a new one, never mutating its argument, and
+every callback checks what it is sent against :data:`STATE_SCHEMA` first (the browser's
+storage may hold a state from an older soapbox, or a crafted one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from engine.errors import Problem, ValidationError
+from engine.formats import load_strategy
+from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
+from engine.search.baselines import BASELINES, make_baseline
+from engine.strategy import Config, Strategy, device_runs
+
+from . import store
+from .sessions import current
+from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_APP_DEVICES, MAX_APP_OPS, cluster_of,
+                      graph_of, preset_cluster)
+
+__all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "check_state", "check_page_strategy",
+           "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid"]
+
+#: undo (and redo) steps kept in a session's state
+MAX_HISTORY = 100
+#: strategies kept for Compare
+MAX_COMPARED = 6
+
+_NAME = {"type": "string", "minLength": 1, "maxLength": 200}
+_REF = {"type": "object", "required": ["name"], "additionalProperties": False,
+        "properties": {"name": _NAME, "upload": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}}
+#: a sample model, optionally at another global batch (samples), or an uploaded model
+_MODEL_REF = {"type": "object", "required": ["name"], "additionalProperties": False,
+              "properties": {**_REF["properties"], "batch": {"type": "integer", "minimum": 1,
+                                                             "maximum": MAX_SAMPLE_BATCH},
+                             "seq_len": {"type": "integer", "minimum": 1, "maximum": MAX_SAMPLE_SEQ},
+                             "precision": {"enum": ["fp32", "fp16", "bf16"]}}}
+_RUNS = {"anyOf": [{"type": "string", "maxLength": 1 << 20},
+                   {"type": "array", "maxItems": MAX_APP_DEVICES, "items": {"type": "integer"}}]}
+_CONFIG = {"type": "object", "properties": {"degrees": {"type": "object", "maxProperties": 16,
+                                                        "additionalProperties": {"type": "integer"}},
+                                            "devices": _RUNS}}
+_EDIT = {"type": "array", "maxItems": MAX_APP_OPS, "items": {
+    "type": "object", "required": ["op", "before", "after"],
+    "properties": {"op": {"type": "string", "maxLength": 1000}, "before": _CONFIG, "after": _CONFIG}}}
+#: the shape of a session state as the browser sends it back (checked before any use)
+STATE_SCHEMA = {
+    "type": "object",
+    "required": ["sid", "model", "cluster", "strategy", "undo", "redo", "version", "compare"],
+    "properties": {
+        "sid": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "model": _MODEL_REF, "cluster": _REF,
+        "strategy": {"type": "object", "required": ["format", "ops"],
+                     "properties": {"ops": {"type": "object", "maxProperties": MAX_APP_OPS}}},
+        "undo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},
+        "redo": {"type": "array", "maxItems": MAX_HISTORY, "items": _EDIT},
+        "version": {"type": "integer", "minimum": 0, "maximum": 2**53},
+        "compare": {"type": "array", "maxItems": MAX_COMPARED, "items": {
+            "type": "object", "required": ["name", "strategy"],
+            "properties": {"name": _NAME, "strategy": {"type": "object", "required": ["format", "ops"]},
+                           "cost_s": {"type": ["number", "null"]}}}},
+        "selected": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": MAX_APP_OPS,
+                                                  "items": {"type": "string", "maxLength": 1000}}]},
+        "baseline": {"enum": list(BASELINES)},
+        "collapse": {"type": "boolean"},
+    },
+}
+
+
+@lru_cache(maxsize=1)
+def _state_validator():
+    import jsonschema_rs
+
+    return jsonschema_rs.Draft202012Validator(STATE_SCHEMA)
+
+
+def check_state(state: Any) -> None:
+    """Raise :class:`ValidationError` naming the first thing wrong with a session state that
+    came from the browser (its shape only; the strategy is checked against the model and
+    cluster when it is simulated)."""
+    try:
+        json.dumps(state, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as e:
+        raise ValidationError([Problem("", f"not a JSON state ({type(e).__name__})")], "the page's state") from None
+    v = _state_validator()
+    if not v.is_valid(state):
+        e = next(iter(v.iter_errors(state)))
+        where = ".".join(str(k) for k in e.instance_path) or "(top level)"
+        raise ValidationError([Problem(where, e.message[:300])], "the page's state")
+
+
+def new_sid() -> str:
+    """A fresh session id, issued by the server (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseline: str = "data-parallel",
+              sid: str | None = None, batch: int | None = None, seq_len: int | None = None,
+              precision: str | None = None) -> dict:
+    """A fresh session state: a sample model (at its default global batch, sequence length
+    and precision, or ``batch`` samples, ``seq_len`` tokens, ``precision``) on a preset cluster
+    under a baseline strategy.
+
+    Raises
+    ------
+    ValueError
+        For an unknown sample, preset or baseline, or a baseline the pair cannot run.
+    """
+    if model not in sample_names():
+        raise ValueError(f"unknown sample model {str(model)[:80]!r}; samples: {', '.join(sample_names())}")
+    preset_cluster(cluster)  # raises ValueError naming the presets
+    ref = {"name": model, **{k: v for k, v in (("batch", batch), ("seq_len", seq_len), ("precision", precision))
+                             if v is not None}}
+    state = {"sid": sid or new_sid(), "model": ref, "cluster": {"name": cluster},
+             "strategy": None, "undo": [], "redo": [], "version": 0, "compare": [], "selected": None}
+    state["strategy"] = strategy_dict(make_baseline(baseline, graph_of(state), cluster_of(state)))
+    state["baseline"] = baseline
+    return state
+
+
+def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:
+    """The explorer's own bound on a strategy a page sends (the state's, or one kept for
+    Compare), checked before it is parsed: at most :data:`MAX_APP_OPS` ops, and device runs
+    standing for at most :data:`MAX_APP_DEVICES` devices an op and :data:`MAX_APP_DEVICE_IDS`
+    in all (counted, never listed)."""
+    from engine.device_runs import check_runs
+
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if isinstance(ops, dict):
+        if len(ops) > MAX_APP_OPS:
+            raise ValueError(f"{source} has {len(ops):,} ops; the explorer takes up to {MAX_APP_OPS:,}")
+        bad = check_runs(ops, MAX_APP_DEVICE_IDS, per_op=MAX_APP_DEVICES)
+        if bad:
+            raise ValidationError([Problem(p, m) for p, m in bad[:5]], source)
+
+
+def page_strategy(state: dict) -> Strategy:
+    """The state's strategy, schema-checked (the state comes from the browser); parsed once per
+    content (an edit's callbacks all ask for the same one)."""
+    key = store.digest_of(state["strategy"])
+    cache = current().parsed
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    check_page_strategy(state["strategy"])
+    try:
+        s = load_strategy(state["strategy"])
+    except ValidationError as e:
+        raise e.with_source("the page's strategy") from None
+    cache.put(key, s)
+    return s
+
+
+def content_key(state: dict) -> str:
+    """A digest of what the state simulates: its model, cluster and strategy (and, for a model
+    or cluster the session uploaded, the session: an upload is drawn for its owner only)."""
+    owner = state["sid"] if "upload" in state["model"] or "upload" in state["cluster"] else ""
+    return hashlib.sha256(json.dumps([state["model"], state["cluster"], state["strategy"], owner], sort_keys=True)
+                          .encode()).hexdigest()
+
+
+def config_dict(config: Config) -> dict:
+    """A config as the state keeps it: its devices as runs (:func:`engine.strategy.device_runs`)."""
+    return {"degrees": dict(config.degrees), "devices": device_runs(config.devices)}
+
+
+def strategy_dict(strategy: Strategy) -> dict:
+    """A strategy as the state keeps it: ``soapbox.strategy/1`` with devices as runs (the page
+    sends the state with every action: GPT-3 on 1,024 GPUs was 9.2 MB as lists, past what a
+    browser's sessionStorage holds). A layout's ops share devices: each set is written once."""
+    data = strategy.to_dict()
+    runs: dict[tuple[int, ...], str] = {}  # devices -> runs
+    for name, cfg in strategy.configs.items():
+        text = runs.get(cfg.devices)
+        if text is None:
+            text = runs[cfg.devices] = device_runs(cfg.devices)
+        data["ops"][name]["devices"] = text
+    return data
+
+
+def bump(state: dict) -> dict:
+    """``state`` with its version one higher (the page redraws a state whose version moved)."""
+    state["version"] = state.get("version", 0) + 1
+    return state
+
+
+def same_settings(a: Strategy, b: Strategy) -> bool:
+    """Whether two strategies differ only in op configs (same pipeline, recomputation, ZeRO,
+    sequence parallelism and ops): the one can be reached from the other by op edits."""
+    return (a.pipeline == b.pipeline and a.recompute == b.recompute and a.zero_stage == b.zero_stage
+            and a.sequence_parallel == b.sequence_parallel and set(a.configs) == set(b.configs))

@@ -1,0 +1,166 @@
+"""Explore's two side panels: the layout panel (a Megatron or FSDP layout through the same
+builders as the command line) and the op editor (an op's details, its degrees and devices).
+
+The layout panel shows the layout of the strategy on the page, whatever set it (the panel, a
+starting strategy, the guided tour, a share link, a file): :func:`panel_values`. A strategy
+that has no layout (found by a search, edited by hand) leaves the fields empty and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, State, dcc, html, no_update
+
+from engine.device_runs import device_runs
+from engine.errors import SoapboxError
+
+from ..fitscan import layout_of
+from ..store import digest_of
+from ..fmt import format_seconds
+from ..sources import graph_of
+from ..state import check_state, page_strategy
+from ..views import op_details
+
+__all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "register", "PANEL_FIELDS"]
+
+#: the layout panel's fields: (form name, label, placeholder, builder option)
+PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "1", "cp"), ("vpp", "vpp", "1", "vpp"),
+                ("mb", "micro-batch", "auto", "micro_batch"), ("shard", "shard group", "-", "shard_group"))
+
+
+def layout_panel() -> html.Div:
+    return html.Div([
+        html.H3("Layout"),
+        html.P("A Megatron (tensor x pipeline x data) or FSDP layout; data parallel fills the rest. "
+               "Empty fields take the default.", className="hint", id="layout-hint"),
+        dcc.RadioItems(id="layout-kind", options=["megatron", "fsdp"], value="megatron", inline=True),
+        html.Div([html.Div([html.Label(label, htmlFor=f"layout-{name}"),
+                            dcc.Input(id=f"layout-{name}", type="number", min=1, step=1, debounce=True,
+                                      placeholder=ph, className="layout-num")], className="layout-field")
+                  for name, label, ph, _ in PANEL_FIELDS], className="layout-grid"),
+        html.Label("recomputation", htmlFor="layout-recompute"),
+        dcc.Dropdown(id="layout-recompute", options=["none", "selective", "full"], value="none", clearable=False),
+        html.Label("ZeRO stage", htmlFor="layout-zero"),
+        dcc.Dropdown(id="layout-zero", options=[{"label": str(z), "value": z} for z in (0, 1, 2, 3)],
+                     placeholder="0 (megatron) / 3 (fsdp)"),
+        html.Label("schedule (pipeline)", htmlFor="layout-schedule"),
+        dcc.Dropdown(id="layout-schedule", options=["1f1b", "gpipe", "interleaved"], placeholder="1f1b"),
+        dcc.Checklist(id="layout-flags", options=[{"label": " sequence parallel", "value": "sp"},
+                                                  {"label": " fp8 GEMMs", "value": "fp8"}], value=[], inline=True),
+        html.Div([html.Button("Apply layout", id="layout-apply", n_clicks=0, className="primary")],
+                 className="buttons"),
+        dcc.Store(id="layout-seen", storage_type="memory"),  # the strategy the fields were last set from
+    ], className="panel narrow")
+
+
+def editor_panel() -> html.Div:
+    return html.Div([
+        html.H3("Op and edit"),
+        html.Div(id="op-panel", className="op-panel"),
+        html.Label("ops to edit"),
+        dcc.Dropdown(id="edit-ops", multi=True, placeholder="click an op, or pick ops here"),
+        html.Div(id="edit-degrees", className="degrees"),
+        html.Label("devices (e.g. 0-3 or 0,2,4,6)"),
+        dcc.Input(id="edit-devices", type="text", debounce=False, className="devices"),
+        html.Div([html.Button("Apply", id="edit-apply", n_clicks=0, className="primary"),
+                  html.Button("Undo", id="undo", n_clicks=0), html.Button("Redo", id="redo", n_clicks=0)],
+                 className="buttons"),
+    ], className="panel narrow")
+
+
+def panel_values(state: dict) -> dict[str, Any]:
+    """What the layout panel shows for the state's strategy: its kind and the options that
+    made it (``None`` fields take the builder's default), and a hint; for a strategy with no
+    layout, empty fields and a hint that says why."""
+    s = page_strategy(state)
+    found = layout_of(s)
+    o = (s.found_by or {}).get("options") or {}
+    empty = {name: None for name, *_ in PANEL_FIELDS}
+    if found is None or found[0] not in ("megatron", "fsdp"):
+        how = str((s.found_by or {}).get("algorithm", "a file"))
+        return {"kind": "megatron", **empty, "recompute": "none", "zero": None, "schedule": None, "flags": [],
+                "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
+    kind, opts, text = found
+    values = dict(empty)
+    for name, _, _, opt in PANEL_FIELDS:
+        v = opts.get(opt, o.get(opt))
+        if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or opt in ("tp", "pp")):
+            values[name] = v
+    flags = [f for f, on in (("sp", s.sequence_parallel), ("fp8", s.fp8)) if on]
+    schedule = None
+    if s.pipeline.stages > 1:
+        schedule = "interleaved" if s.pipeline.virtual_stages > 1 else s.pipeline.schedule
+        values["pp"] = s.pipeline.stages
+        if s.pipeline.virtual_stages > 1:
+            values["vpp"] = s.pipeline.virtual_stages
+    return {"kind": kind, **values, "recompute": s.recompute, "zero": s.zero_stage, "schedule": schedule,
+            "flags": flags, "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
+
+
+def op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
+    """The selected op's details (shape, dims, FLOPs, parameters, config, device time)."""
+    if not selected:
+        return html.P("Click an op in the graph to see it here and edit its config.")
+    name = selected[0]
+    d = op_details(graph, strategy, timeline, name)
+    rows = [("op", f"{d['name']} ({d['kind']})"), ("block", d["block"] or "–"),
+            ("output", ", ".join(" x ".join(map(str, s)) for s in d["outputs"])),
+            ("dims", ", ".join(f"{x['name']} {x['size'] or 'copies'} [{x['kind']}]" for x in d["dims"])),
+            ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
+            ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
+            ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–")]
+    body = [html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]
+    extra = [html.P(f"+ {len(selected) - 1} more selected op(s): an edit applies to all of them.")] \
+        if len(selected) > 1 else []
+    return html.Div([html.Table(body, className="kv")] + extra)
+
+
+def render_editor(state: dict) -> tuple[list, list, str]:
+    """Options of the op picker, degree inputs for the selected op's dims, and its devices."""
+    g = graph_of(state)
+    s = page_strategy(state)
+    options = [{"label": op.name, "value": op.name} for op in g.ops if op.kind != "input"]
+    selected = [n for n in (state.get("selected") or []) if n in g.index]
+    if not selected:
+        return options, [html.P("Select an op to edit its degrees.", className="hint")], ""
+    op = g[selected[0]]
+    cfg = s[op.name]
+    inputs = []
+    for d in op.dims:
+        inputs.append(html.Div([
+            html.Label(f"{d.name} ({d.kind}, " + (f"size {d.size})" if d.size else "any degree: copies)")),
+            dcc.Input(id={"type": "deg", "dim": d.name}, type="number", min=1, step=1, value=cfg.degree(d.name)),
+        ], className="deg"))
+    return options, inputs, device_runs(cfg.devices).replace(",", ", ")
+
+
+_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "zero", "schedule", "flags"]
+
+
+def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
+    @app.callback(Output("edit-ops", "options"), Output("edit-degrees", "children"),
+                  Output("edit-devices", "value"), Input("state", "data"))
+    def _editor(state):
+        try:
+            check_state(state)
+            return render_editor(state)
+        except (ValueError, SoapboxError):
+            return no_update, no_update, no_update
+
+    @app.callback([Output(f"layout-{i}", "value") for i in _PANEL_IDS] +
+                  [Output("layout-hint", "children"), Output("layout-seen", "data")],
+                  Input("state", "data"), State("layout-seen", "data"))
+    def _panel(state, seen):
+        # set from the page's strategy when it changes (not on a selection or a zoom: the
+        # fields keep what the user is typing until then)
+        nothing = [no_update] * (len(_PANEL_IDS) + 2)
+        try:
+            check_state(state)
+            key = digest_of(state["strategy"])
+            if key == seen:
+                return nothing
+            v = panel_values(state)
+        except (ValueError, SoapboxError):
+            return nothing
+        return [v[i] for i in _PANEL_IDS] + [v["hint"], key]

@@ -1,0 +1,124 @@
+"""The Search tab: a search of the session runs in a worker process (:mod:`app.jobs`), its cost
+trace drawn as it goes; its best can be adopted (:mod:`app.events`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dash import Dash, Input, Output, State, dcc, html, no_update
+
+from engine.formats import load_strategy
+from engine.search import ALGORITHMS
+
+from .. import jobs
+from ..components import GRAPH_CONFIG, first_line, image_buttons, learn
+from ..figures import build_trace_figure, empty_figure
+from ..sources import cluster_of, graph_of, refs
+from ..state import check_state
+
+__all__ = ["layout", "register", "search_start", "search_poll", "search_poll_changed", "search_stop",
+           "MAX_TRACE_POINTS"]
+
+#: points of a search's trace drawn (a long search's rows are thinned evenly, the last kept)
+MAX_TRACE_POINTS = 1500
+
+
+def layout() -> html.Div:
+    return html.Div([
+        html.Div([
+            html.Label("algorithm"),
+            dcc.Dropdown(id="search-algo", options=[{"label": f"{k}: {v.description}", "value": k}
+                                                    for k, v in ALGORITHMS.items()],
+                         value=next(iter(ALGORITHMS)), clearable=False),
+            html.Label("budget (seconds like 20s, or a number of proposals)"),
+            dcc.Input(id="search-budget", type="text", value="20s"),
+            html.Label("seed"),
+            dcc.Input(id="search-seed", type="number", value=0, min=0, step=1),
+            html.Div([html.Button("Start search", id="search-start", n_clicks=0, className="primary"),
+                      html.Button("Stop", id="search-stop", n_clicks=0),
+                      html.Button("Adopt best", id="search-adopt", n_clicks=0)], className="buttons"),
+            html.P(id="search-status", className="status"),
+        ], className="panel narrow"),
+        html.Div([dcc.Graph(id="search-trace", config=GRAPH_CONFIG), image_buttons("search-trace"), learn("search")],
+                 className="panel wide"),
+        dcc.Interval(id="search-poll", interval=500, disabled=True),
+        dcc.Store(id="search-seen", storage_type="memory"),  # what the trace last drew
+    ], className="row")
+
+
+def search_start(state: dict, algorithm: Any, budget: Any, seed: Any) -> tuple[str, bool]:
+    """Queue the session's search (it runs in a worker process); (status, poll disabled)."""
+    try:
+        check_state(state)
+        if isinstance(seed, bool) or not isinstance(seed, (int, float, str, type(None))):
+            raise ValueError(f"seed {str(seed)[:20]!r} is not a whole number")
+        seed_f = float(seed or 0)
+        if not (math.isfinite(seed_f) and seed_f == int(seed_f) and 0 <= seed_f < 2**63):
+            raise ValueError(f"seed {str(seed)[:20]} must be a whole number between 0 and 2**63 - 1")
+        job = jobs.start(state["sid"], refs(state), str(algorithm)[:40], str(budget or "20s")[:40], int(seed_f),
+                         initial=load_strategy(state["strategy"], graph_of(state), cluster_of(state)))
+    except (ValueError, OverflowError, TypeError) as e:
+        return f"Search not started: {first_line(e)}", True
+    return job.message(), False
+
+
+def _trace_title(job: jobs.JobView) -> str:
+    return f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
+
+
+def _session_job(state: Any) -> jobs.JobView | None:
+    """The latest search of the session ``state`` names (None for none, or a bad state)."""
+    try:
+        check_state(state)
+        return jobs.get(state["sid"])
+    except ValueError:
+        return None
+
+
+def search_poll(state: dict) -> tuple[Any, str, bool]:
+    """(trace figure, status, poll disabled) for the session's search."""
+    fig, status, disabled, _ = search_poll_changed(state, None)
+    return fig, status, disabled
+
+
+def search_poll_changed(state: dict, seen: dict | None) -> tuple[Any, Any, bool, dict]:
+    """:func:`search_poll` for the page's interval: the trace figure and status only when the
+    search changed since the page last drew it (``seen``: its id, rows and status then)."""
+    job = _session_job(state)
+    if job is None:
+        return empty_figure("Start a search to see its cost trace here."), "", True, {}
+    now = {"id": job.id, "rows": len(job.rows), "status": job.status, "best": job.best_cost_s}
+    if seen == now:
+        return no_update, no_update, not job.running, now
+    rows = job.rows if len(job.rows) <= MAX_TRACE_POINTS else \
+        job.rows[:-1:math.ceil(len(job.rows) / MAX_TRACE_POINTS)] + job.rows[-1:]
+    return build_trace_figure(rows, _trace_title(job)), job.message(), not job.running, now
+
+
+def search_stop(state: dict) -> str:
+    try:
+        check_state(state)
+    except ValueError:
+        return "No search is running."
+    return "Stopping: the search returns its best so far..." if jobs.stop(state["sid"]) else "No search is running."
+
+
+def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
+    @app.callback(Output("search-status", "children"), Output("search-poll", "disabled"),
+                  Input("search-start", "n_clicks"), State("state", "data"), State("search-algo", "value"),
+                  State("search-budget", "value"), State("search-seed", "value"), prevent_initial_call=True)
+    def _start(_n, state, algo, budget, seed):
+        return search_start(state, algo, budget, seed)
+
+    @app.callback(Output("search-trace", "figure"), Output("search-status", "children", allow_duplicate=True),
+                  Output("search-poll", "disabled", allow_duplicate=True), Output("search-seen", "data"),
+                  Input("search-poll", "n_intervals"), State("state", "data"), State("search-seen", "data"),
+                  prevent_initial_call="initial_duplicate")
+    def _poll(_n, state, seen):
+        return search_poll_changed(state, seen)
+
+    @app.callback(Output("search-status", "children", allow_duplicate=True), Input("search-stop", "n_clicks"),
+                  State("state", "data"), prevent_initial_call=True)
+    def _stop(_n, state):
+        return search_stop(state)

@@ -1,0 +1,124 @@
+"""Files a user brings: a model, cluster or strategy (soapbox JSON, told apart by its
+``format``) or an ONNX model. A model or cluster is kept in the store for the session that
+uploaded it (and is drawn for that session only: :mod:`app.sources`); a strategy must fit
+the current model and cluster. Sizes are checked before anything is parsed further.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+
+from engine.errors import SoapboxError, ValidationError
+from engine.formats import load_cluster, load_model, load_strategy, parse_json_text
+from engine.graph import OpGraph
+from engine.search.baselines import make_baseline
+
+from . import store
+from .actions import problems_summary, set_strategy
+from .fmt import format_bytes
+from .sources import cheap_size_problem, cluster_of, graph_of
+from .state import bump, strategy_dict
+
+__all__ = ["decode_upload", "import_file", "import_onnx_file", "MAX_UPLOAD_BYTES", "ONNX_BATCH", "ONNX_SEQ_LEN"]
+
+#: largest file accepted by the upload box (a GPT-3 model file is ~1 MB, a 20,000-op model ~6 MB)
+MAX_UPLOAD_BYTES = 16_000_000
+#: symbolic ONNX dimensions the explorer binds (the command line's --batch / --seq-len / --dim
+#: set them otherwise)
+ONNX_BATCH, ONNX_SEQ_LEN = 32, 512
+
+
+def decode_upload(contents: str, filename: str, binary: bool = False) -> str | bytes:
+    """The text (or with ``binary`` the bytes) of a ``dcc.Upload`` data URL; raises ValueError
+    saying what is wrong."""
+    if not isinstance(contents, str) or "," not in contents:
+        raise ValueError(f"{filename}: empty upload")
+    payload = contents.split(",", 1)[1]
+    if len(payload) * 3 // 4 > MAX_UPLOAD_BYTES:
+        raise ValueError(f"{filename}: larger than {format_bytes(MAX_UPLOAD_BYTES)}; soapbox files are far smaller")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{filename}: the upload is not valid base64 data") from None
+    if binary:
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{filename}: not a UTF-8 text file (byte {e.start} is not text); "
+                         "soapbox reads JSON files") from None
+
+
+def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str) -> tuple[dict, str, bool]:
+    digest = store.current().put_upload(state["sid"], "model", g.name, data)
+    new = copy.deepcopy(state)
+    new["model"] = {"name": g.name[:200] or "model", "upload": digest}
+    new["strategy"] = strategy_dict(make_baseline("data-parallel", g, cluster_of(new)))
+    new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
+    return bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel."
+                       + extra), True
+
+
+def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str, bool]:
+    """Import an ONNX model (``engine.models.onnx_import``): symbolic dimensions bound to batch
+    32 and sequence 512, ops without a soapbox kind imported as elementwise when they keep
+    their shape; the message says both."""
+    try:
+        from engine.models.onnx_import import import_onnx
+
+        g, notes = import_onnx(raw, batch=ONNX_BATCH, seq_len=ONNX_SEQ_LEN, unknown="elementwise",
+                               source=filename[:200])
+        data = g.to_dict()
+        too_big = cheap_size_problem("model", data)
+        if too_big:
+            return state, f"{filename}: {too_big}", False
+        extra = "".join(f" Note: {n}." for n in notes)
+        if any(n.startswith("symbolic") for n in notes):
+            extra += " (The command line's soapbox import --batch/--seq-len/--dim set other sizes.)"
+        return _adopt_model(state, g, data, filename, extra)
+    except (ValidationError, SoapboxError, ValueError) as e:
+        return state, f"{filename}: {e}", False
+
+
+def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]:
+    """Import a model, cluster or strategy file (told apart by its ``format`` field).
+
+    Returns (state, message, ok). A model or cluster replaces the current one (the strategy
+    becomes data parallel on it) and is kept in the store for this session, the state naming it
+    by digest; a strategy must fit the current model and cluster. On any problem the state is
+    returned unchanged with every problem and where it is.
+    """
+    try:
+        data = parse_json_text(text, filename)
+    except (ValidationError, ValueError) as e:
+        return state, str(e), False  # (the parser's message starts with the file name)
+    fmt = data.get("format", "") if isinstance(data, dict) else ""
+    fmt = fmt if isinstance(fmt, str) else ""
+    kind = fmt.split("/")[0].removeprefix("soapbox.") if fmt.startswith("soapbox.") else ""
+    try:
+        if kind in ("model", "cluster"):
+            too_big = cheap_size_problem(kind, data)
+            if too_big:
+                return state, f"{filename}: {too_big}", False
+        if kind == "model":
+            return _adopt_model(state, load_model(data), data, filename, "")
+        if kind == "cluster":
+            c = load_cluster(data)  # (its size was checked above, from the file)
+            digest = store.current().put_upload(state["sid"], "cluster", c.name, data)
+            new = copy.deepcopy(state)
+            new["cluster"] = {"name": c.name[:200] or "cluster", "upload": digest}
+            new["strategy"] = strategy_dict(make_baseline("data-parallel", graph_of(new), c))
+            new.update(undo=[], redo=[], baseline="data-parallel", compare=[])
+            return bump(new), f"Loaded cluster {c.name} ({c.num_devices} GPUs) from {filename}; strategy: data parallel.", True
+        if kind == "strategy":
+            s = load_strategy(data, graph_of(state), cluster_of(state))
+            new, msg = set_strategy(state, s, f"Imported strategy from {filename}.")
+            return new, msg, new is not state
+    except ValidationError as e:
+        return state, f"{filename}: {problems_summary(e.with_source('') if e.source == '<data>' else e)}", False
+    except (SoapboxError, ValueError) as e:
+        return state, f"{filename}: {e}", False
+    return state, (f"{filename}: not a soapbox file (its 'format' is {fmt[:40]!r}; expected soapbox.model/1, "
+                   "soapbox.cluster/1 or soapbox.strategy/1)"), False

@@ -1,0 +1,33 @@
+"""The server's first steps before it takes a visitor: draw the default page once and edit it
+once (compiles the simulator's kernels, the delta simulation's included, and fills the
+caches), so that neither the first visitor nor the first edit waits for it, and what the server
+holds after start-up is what it holds when idle."""
+
+from __future__ import annotations
+
+from .actions import apply_edit, undo
+from .events import on_event
+from .sessions import current
+from .sources import graph_of
+from .tabs.compare import render_compare
+from .tabs.editor import render_editor
+from .tabs.explore import pin_default, render_explore
+
+__all__ = ["warm_up"]
+
+
+def warm_up() -> None:
+    state, _ = on_event("url", None)
+    render_explore(state, True, "utilization")
+    pin_default(state)
+    render_editor(state)
+    render_compare(state)
+    g = graph_of(state)
+    op = next(o for o in g.ops if o.kind != "input")
+    edited, _ = apply_edit(dict(state, sid=f"{state['sid'][:-8]}00000000"), [op.name], {}, [0])
+    for s in (edited, undo(edited)[0]):  # a delta change each way
+        render_explore(s, True, "utilization")
+        render_editor(s)
+    sessions = current()
+    sessions.forget(edited["sid"])
+    sessions.trim(0.0)
