@@ -17,9 +17,11 @@ that a new one is refused with a message (:class:`Busy`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -109,9 +111,24 @@ class Sessions:
         self.fit_scans: "OrderedDict[str, FitScan]" = OrderedDict()  #: sid -> its latest scan
         self._inside = 0  # builds inside their work now
         self.last_request_s = time.monotonic()  #: when the server last saw a request (monotonic s)
+        self._secrets: dict[Path, bytes] = {}  # data dir -> the key that signs session ids
         self.forgotten = 0  #: workspaces dropped by :meth:`forget` since the last :meth:`evict_idle`
         self._build_pool = ThreadPoolExecutor(max_workers=build_workers, thread_name_prefix="soapbox-build")
         self._scan_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="soapbox-scan")
+
+    # ------------------------------------------------------------------ session ids
+
+    def secret(self) -> bytes:
+        """The key that signs session ids (:func:`app.state.new_sid`), kept beside the store in
+        its data directory (readable by its owner only), so that ids outlive a restart."""
+        from . import store
+
+        folder = store.current().path.parent
+        with self.lock:
+            key = self._secrets.get(folder)
+            if key is None:
+                key = self._secrets[folder] = _read_or_make_key(folder / "session.key")
+            return key
 
     # ------------------------------------------------------------------ workspaces
 
@@ -258,6 +275,30 @@ class Sessions:
                 s.cancelled = True
         self._build_pool.shutdown(wait=False, cancel_futures=True)
         self._scan_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_or_make_key(path: Path) -> bytes:
+    """32 random bytes kept in ``path`` (made with mode 0600 if missing or damaged); a key for
+    this process alone when the folder cannot be written."""
+    try:
+        data = path.read_bytes()
+        if len(data) == 32:
+            return data
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return os.urandom(32)
+    key = os.urandom(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+    except FileExistsError:  # (another thread or process made it first)
+        return _read_or_make_key(path)
+    except OSError:
+        return key
 
 
 _current: list[Sessions] = []  # the server's one Sessions (made on first use)

@@ -12,8 +12,9 @@ storage may hold a state from an older soapbox, or a crafted one).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
-import uuid
+import secrets
 from functools import lru_cache
 from typing import Any
 
@@ -29,7 +30,7 @@ from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_AP
                       graph_of, preset_cluster)
 
 __all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "check_state", "check_page_strategy",
-           "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid"]
+           "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued"]
 
 #: undo (and redo) steps kept in a session's state
 MAX_HISTORY = 100
@@ -97,11 +98,28 @@ def check_state(state: Any) -> None:
         e = next(iter(v.iter_errors(state)))
         where = ".".join(str(k) for k in e.instance_path) or "(top level)"
         raise ValidationError([Problem(where, e.message[:300])], "the page's state")
+    if not issued(state["sid"]):
+        raise ValidationError([Problem("sid", "this session was not started by this server (reload the page)")],
+                              "the page's state")
+
+
+def _signature(nonce: str) -> str:
+    return hmac.new(current().secret(), nonce.encode("ascii"), hashlib.sha256).hexdigest()[:16]
 
 
 def new_sid() -> str:
-    """A fresh session id, issued by the server (32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh session id, issued by the server: 16 random hex digits and 16 of their HMAC
+    (SHA-256) under the server's key. A page cannot invent one (:func:`issued`): what a
+    session owns (its uploads, its searches) is reachable only from an id the server gave."""
+    nonce = secrets.token_hex(8)
+    return nonce + _signature(nonce)
+
+
+def issued(sid: Any) -> bool:
+    """Whether ``sid`` is a session id this server issued (:func:`new_sid`)."""
+    if not isinstance(sid, str) or len(sid) != 32 or not sid.isascii():
+        return False
+    return hmac.compare_digest(sid[16:], _signature(sid[:16]))
 
 
 def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseline: str = "data-parallel",

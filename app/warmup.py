@@ -9,6 +9,7 @@ from .actions import apply_edit, undo
 from .events import on_event
 from .sessions import current
 from .sources import graph_of
+from .state import new_sid
 from .tabs.compare import render_compare
 from .tabs.editor import render_editor
 from .tabs.explore import pin_default, render_explore
@@ -24,7 +25,7 @@ def warm_up() -> None:
     render_compare(state)
     g = graph_of(state)
     op = next(o for o in g.ops if o.kind != "input")
-    edited, _ = apply_edit(dict(state, sid=f"{state['sid'][:-8]}00000000"), [op.name], {}, [0])
+    edited, _ = apply_edit(dict(state, sid=new_sid()), [op.name], {}, [0])
     for s in (edited, undo(edited)[0]):  # a delta change each way
         render_explore(s, True, "utilization")
         render_editor(s)

@@ -23,7 +23,6 @@ import socket
 import statistics
 import threading
 import time
-import uuid
 
 import plotly.io as pio
 
@@ -70,7 +69,7 @@ def bench_edit(n: int) -> None:
     for e in edits:
         state, dt = _timed_edit(state, e)
         delta.append(dt)
-        fresh = dict(state, sid=uuid.uuid4().hex)  # same strategy, new session: full build
+        fresh = dict(state, sid=ST.new_sid())  # same strategy, new session: full build
         name, degrees, devices = e
         t = time.perf_counter()
         out = EXP.render_explore(fresh, True, "utilization")

@@ -24,7 +24,6 @@ import platform
 import statistics
 import tempfile
 import time
-import uuid
 
 import plotly.io as pio
 from app import events as EV
@@ -54,14 +53,14 @@ def _draw(state: dict) -> tuple[float, int]:
 
 
 def _floor() -> float:
-    s = ST.new_state(sid=uuid.uuid4().hex)
+    s = ST.new_state(sid=ST.new_sid())
     dt, _ = _draw(s)
     SES.current().forget(s["sid"])
     return dt
 
 
 def _layout_state(model: str, cluster: str, form: dict) -> tuple[dict, dict]:
-    s = ST.new_state(model, cluster, sid=uuid.uuid4().hex)
+    s = ST.new_state(model, cluster, sid=ST.new_sid())
     return s, dict(form)
 
 
@@ -111,7 +110,7 @@ def bench_timeline(repeat: int) -> None:
 def bench_slow(repeat: int) -> None:
     first, done, floors = [], [], []
     for _ in range(repeat):
-        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", sid=uuid.uuid4().hex)
+        s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", sid=ST.new_sid())
         assert EXP.render_explore(s, True, wait_s=60) is not None
         t = time.perf_counter()
         new, msg = EV.on_event("pick-baseline", s, baseline="expert")
@@ -136,7 +135,7 @@ def bench_search(repeat: int) -> None:
     quiet, busy = [], []
     for _ in range(repeat):
         quiet.append(_floor())
-        s = ST.new_state(sid=uuid.uuid4().hex)
+        s = ST.new_state(sid=ST.new_sid())
         status, _ = SRCH.search_start(s, "mcmc", "30s", 0)
         time.sleep(2.0)  # the worker is searching
         busy.append(_floor())

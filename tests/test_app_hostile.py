@@ -347,7 +347,7 @@ class TestIssue16Inputs:
         assert new is s and " refused: " in msg
 
     def test_cancel_and_fit_without_anything_to_do(self, alex):
-        s = dict(alex, sid="f" * 32)
+        s = dict(alex, sid=ST.new_sid())
         back, msg = EXP.cancel_simulation(s)
         assert back is s and msg == "Nothing to go back to."
         assert EXP.fit_view({"sid": "nope"}, start=True)[0].startswith("Cannot look for a cluster: ")

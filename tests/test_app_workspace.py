@@ -695,7 +695,7 @@ class TestReviewRegressions:
         gate, real = threading.Event(), T.build_task_graph
         monkeypatch.setattr(T, "build_task_graph", lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1])
         a = ST.new_state("alexnet", batch=24)
-        b = dict(a, sid="b" * 32)
+        b = dict(a, sid=ST.new_sid())
         assert SIM.workspace_within(a, 0.0) is None
         first = SES.current().build(a["sid"])
         assert SIM.cancel_build(a["sid"]) is True
