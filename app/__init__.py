@@ -73,8 +73,15 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
         if request.method == "POST" and request.mimetype == "application/json":
             from engine.formats import too_deep_at
 
-            if too_deep_at(request.get_data(cache=True), MAX_REQUEST_DEPTH) is not None:
+            raw = request.get_data(cache=True)
+            if too_deep_at(raw, MAX_REQUEST_DEPTH) is not None:
                 abort(400, description=f"request nested deeper than {MAX_REQUEST_DEPTH} levels")
+            if request.path.endswith("/_dash-update-component"):
+                from .guard import callback_envelope_problem
+
+                problem = callback_envelope_problem(raw)
+                if problem:
+                    abort(400, description=f"malformed callback request: {problem}")
 
     @server.post("/_soapbox/bye")
     def _bye():

@@ -14,7 +14,7 @@ import pytest
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 #: bottom to top; a module may import its own layer and those before it
-LAYERS = ["errors", "ops", "graph", "cluster", "device_runs", "strategy", "costs", "models", "taskgraph", "simulate", "memory",
+LAYERS = ["errors", "ops", "graph", "cluster", "device_runs", "strategy", "layout", "costs", "models", "taskgraph", "simulate", "memory",
           "delta", "report", "formats", "trace", "search", "profiling", "export", "sweep", "whatif", "cli"]
 
 
@@ -96,7 +96,7 @@ APP = ENGINE.parent / "app"
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
 APP_LAYERS = ["cache", "fmt", "learn", "store", "sessions", "sources", "state", "simulation", "gantt", "views",
               "figures", "components", "actions", "uploads", "links", "fitscan", "jobs", "worker", "tabs", "events",
-              "warmup", "layout", "callbacks", "", "cli"]
+              "warmup", "layout", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search
 #: workers (services the process opens once; every cache and build lives in Sessions)

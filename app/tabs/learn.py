@@ -66,6 +66,6 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                   Input({"type": "tour", "step": ALL}, "n_clicks"), prevent_initial_call=True)
     def _tour_tab(clicks):
         step = ctx.triggered_id.get("step") if isinstance(ctx.triggered_id, dict) else None
-        if step not in TOUR or not isinstance(clicks, list) or not any(clicks):
+        if not isinstance(step, str) or step not in TOUR or not isinstance(clicks, list) or not any(clicks):
             return no_update, no_update
         return TOUR[step][2], ("stage" if step == "pipeline" else "auto")
