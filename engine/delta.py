@@ -186,12 +186,15 @@ class DeltaSimulator:
     True
     """
 
-    def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None) -> None:
+    def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
+                 cancel: Any = None) -> None:
+        """``cancel`` (:func:`engine.errors.check_cancel`) stops the first build and simulation
+        with :class:`~engine.errors.Cancelled`; later edits do not ask it."""
         self.graph, self.cluster = graph, cluster
         self.cost = cost or CostModel()
         self._builder = TaskGraphBuilder(graph, strategy, cluster, self.cost)  # no symmetry: edits break it
-        self.tasks = self._builder.build()
-        self.timeline = simulate(self.tasks)
+        self.tasks = self._builder.build(cancel=cancel)
+        self.timeline = simulate(self.tasks, cancel=cancel)
         self._undo: tuple[Any, TaskGraph, Timeline] | None = None
         self._others: tuple = (None, set(), None)  # see _stage_problems
 

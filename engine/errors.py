@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "printable", "MAX_MESSAGE_CHARS",
-           "MAX_PROBLEMS_SHOWN"]
+__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "check_cancel", "printable",
+           "MAX_MESSAGE_CHARS", "MAX_PROBLEMS_SHOWN"]
 
 #: A problem's path or message longer than this is cut (a hostile file can hold a name of
 #: megabytes, and schema messages quote the offending value).
@@ -102,6 +103,29 @@ class TooLargeError(SoapboxError, ValueError):
 class Cancelled(SoapboxError):
     """A build or simulation stopped because its caller cancelled it (a ``cancel`` event set:
     the explorer's Cancel, a superseded background build); nothing was returned."""
+
+
+def check_cancel(cancel: Any) -> None:
+    """Raise :class:`Cancelled` when ``cancel`` says so; return at once otherwise.
+
+    ``cancel`` is None (never cancelled), an object with ``is_set()`` (a
+    :class:`threading.Event`) or a callable returning true when the work should stop. The
+    builder, the event loop and the memory report call this between their phases (the event
+    loop every :data:`engine.simulate.CANCEL_CHECK_EVENTS` tasks), so a cancel set from another
+    thread ends the work within a fraction of a second.
+
+    >>> import threading
+    >>> ev = threading.Event(); check_cancel(ev); check_cancel(None); ev.set()
+    >>> check_cancel(ev)
+    Traceback (most recent call last):
+    ...
+    engine.errors.Cancelled: cancelled
+    """
+    if cancel is None:
+        return
+    is_set = getattr(cancel, "is_set", None)
+    if is_set() if is_set is not None else cancel():
+        raise Cancelled("cancelled")
 
 
 class OutputError(SoapboxError, OSError):

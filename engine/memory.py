@@ -24,10 +24,12 @@ import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .cluster import Cluster
+from .errors import check_cancel
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
@@ -157,8 +159,12 @@ def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timelin
     return memory_report(graph, strategy, cluster, timeline).feasible
 
 
-def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> MemoryReport:
-    """Memory of every device over ``timeline`` (which must come from the same strategy)."""
+def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline,
+                  cancel: Any = None) -> MemoryReport:
+    """Memory of every device over ``timeline`` (which must come from the same strategy).
+    ``cancel`` (:func:`engine.errors.check_cancel`) is asked between its steps
+    (:class:`~engine.errors.Cancelled` when set)."""
+    check_cancel(cancel)
     D = cluster.num_devices
     tg = timeline.tasks
     m = max(1, strategy.pipeline.microbatches)
@@ -175,6 +181,7 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     key_f = (tg.op[f_idx].astype(np.int64) * (1 << 20) + tg.part[f_idx]) * (m + 1) + tg.mb[f_idx]
     key_b = (tg.op[b_idx].astype(np.int64) * (1 << 20) + tg.part[b_idx]) * (m + 1) + tg.mb[b_idx]
     amount = saved[tg.op[f_idx]]
+    check_cancel(cancel)
     order_b = np.argsort(key_b)
     pos = np.minimum(np.searchsorted(key_b[order_b], key_f), max(order_b.size - 1, 0))
     if order_b.size:
@@ -189,12 +196,14 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     devs = np.concatenate([dev, dev])
     keep = np.isfinite(times) & (delta != 0)
     times, delta, devs = times[keep], delta[keep], devs[keep]
+    check_cancel(cancel)
     order = np.lexsort((delta, times, devs))  # frees before allocations at equal times
     times, delta, devs = times[order], delta[order], devs[order]
     act_peak = np.zeros(D)
     curves: list[tuple[np.ndarray, np.ndarray]] = []
     static = weights + grads + optim + comm
     bounds = np.searchsorted(devs, np.arange(D + 1))
+    check_cancel(cancel)
     for d in range(D):
         lo, hi = bounds[d], bounds[d + 1]
         level = np.cumsum(delta[lo:hi])

@@ -21,9 +21,11 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from .errors import check_cancel
 from .taskgraph import BWD, FWD, UPDATE, TaskGraph
 
-__all__ = ["Timeline", "simulate", "run_schedule", "run_reference", "mirror", "POLICIES"]
+__all__ = ["Timeline", "simulate", "run_schedule", "run_reference", "mirror", "POLICIES", "CANCEL_CHECK_EVENTS",
+           "event_loop", "ready_heap", "dispatch", "timeline_from"]
 
 
 @nb.njit(cache=True)
@@ -89,13 +91,34 @@ def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag,
     """The event loop from a given state: ``done`` tasks already dispatched (``order[:done]``),
     ``initial`` the tasks ready to go (all predecessors dispatched)."""
     n = dur.shape[0]
+    hk, hi, h = ready_heap(rank, ready, initial, n)
+    done, h = dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
+                       last, last_task, res_pred, order, done, hk, hi, h, n + 1)
+    return start, end, order[:done], res_pred, ready
+
+
+@nb.njit(cache=True)
+def ready_heap(rank, ready, initial, n):  # pragma: no cover
+    """The heap of the ready tasks ``initial`` (keys, task ids, size), room for ``n``."""
     static = rank.shape[0] == n
     hk = np.empty(n + 1)
     hi = np.empty(n + 1, np.int64)
     h = 0
     for t in initial:
         h = _push(hk, hi, h, rank[t] if static else ready[t], t)
-    while h > 0:
+    return hk, hi, h
+
+
+@nb.njit(cache=True, nogil=True)
+def dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
+             last_task, res_pred, order, done, hk, hi, h, stop_at):  # pragma: no cover
+    """Dispatch tasks from the heap (``hk``, ``hi``, ``h`` entries) until it is empty or
+    ``stop_at`` tasks are dispatched in all; returns (tasks dispatched, heap size). Called
+    once for a whole run, or in chunks with a cancel check between them (the interpreter
+    lock is released meanwhile, so another thread can set the cancel)."""
+    n = dur.shape[0]
+    static = rank.shape[0] == n
+    while h > 0 and done < stop_at:
         r, t, h = _pop(hk, hi, h)
         s = ready[t]
         rp = -1
@@ -129,7 +152,7 @@ def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag,
             left[v] -= 1
             if left[v] == 0:
                 h = _push(hk, hi, h, rank[v] if static else ready[v], v)
-    return start, end, order[:done], res_pred, ready
+    return done, h
 
 
 @nb.njit(cache=True)
@@ -247,9 +270,10 @@ def run_reference(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
 POLICIES = ("fifo", "static")
 
 
-def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, ...]:
+def run_schedule(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> tuple[np.ndarray, ...]:
     """Run the event loop: (start_s, end_s, dispatch order, resource predecessor, ready_s)
-    per task.
+    per task. ``cancel`` (:func:`engine.errors.check_cancel`): asked every
+    :data:`CANCEL_CHECK_EVENTS` tasks; :class:`~engine.errors.Cancelled` when set.
 
     ``fifo``: FlexFlow's Algorithm 1, tasks take their resources in order of ready time.
     ``static``: tasks take their resources in one fixed topological order (Kahn's, ties by
@@ -265,12 +289,43 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo") -> tuple[np.ndarray, ...]:
     np.add.at(npred, tg.chain_next[has_chain], 1)  # a chained hop waits for its previous hop
     n_res = tg.n_devices + tg.n_links
     args = (tg.res_ptr, tg.res_idx, tg.succ_ptr, tg.succ_idx, npred, tg.chain_next, tg.chain_lag_s, n_res)
+    run = _run if cancel is None else _run_cancellable
+    extra = () if cancel is None else (cancel,)
     rank = np.zeros(0)
     if policy == "static":
-        order = _run(np.zeros(tg.num_tasks), *args, rank)[2]  # zero durations: Kahn's order by id
+        order = run(np.zeros(tg.num_tasks), *args, rank, *extra)[2]  # zero durations: Kahn's order by id
         rank = np.empty(tg.num_tasks)
         rank[order] = np.arange(order.size, dtype=np.float64)
-    return _run(tg.dur_s, *args, rank)
+    return run(tg.dur_s, *args, rank, *extra)
+
+
+#: the event loop asks its ``cancel`` once every this many tasks (~30-70 ms of the loop on a
+#: 2-core machine; one Python call per chunk, under 0.1% of the loop: benchmarks/bench_cancel.py)
+CANCEL_CHECK_EVENTS = 1 << 18
+
+
+def _run_cancellable(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res, rank, cancel):
+    """:func:`_run` in chunks of :data:`CANCEL_CHECK_EVENTS` tasks with
+    :func:`~engine.errors.check_cancel` between them (the same dispatches in the same order:
+    the result is identical)."""
+    check_cancel(cancel)
+    chunk = max(1, int(CANCEL_CHECK_EVENTS))
+    n = dur.shape[0]
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    ready = np.zeros(n)
+    left = npred.copy()
+    last = np.zeros(n_res)
+    last_task = np.full(n_res, -1, np.int64)
+    res_pred = np.full(n, -1, np.int64)
+    order = np.empty(n, np.int64)
+    hk, hi, h = ready_heap(rank, ready, np.nonzero(left == 0)[0], n)
+    done = 0
+    while h > 0:
+        check_cancel(cancel)
+        done, h = dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready,
+                           left, last, last_task, res_pred, order, done, hk, hi, h, done + chunk)
+    return start, end, order[:done], res_pred, ready
 
 
 @dataclass
@@ -345,16 +400,18 @@ class Timeline:
         return float(self.device_busy_s.max()) if self.device_busy_s.size else 0.0
 
 
-def simulate(tg: TaskGraph, policy: str = "fifo") -> Timeline:
-    """Simulate one iteration of ``tg`` (``policy``: see :func:`run_schedule`).
+def simulate(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> Timeline:
+    """Simulate one iteration of ``tg`` (``policy``, ``cancel``: see :func:`run_schedule`).
 
     Raises
     ------
+    Cancelled
+        When ``cancel`` is set before the loop ends.
     ValueError
         When some task never becomes ready (a dependency cycle, which a valid strategy's
         task graph never has).
     """
-    start, end, order, res_pred, ready = run_schedule(tg, policy)
+    start, end, order, res_pred, ready = run_schedule(tg, policy, cancel)
     return timeline_from(tg, start, end, order, res_pred, ready)
 
 

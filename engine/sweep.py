@@ -129,8 +129,8 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
     row["dp"] = s.found_by["options"]["dp"]
     row["mb"] = s.found_by["options"]["micro_batch"]
     row["iteration_time_s"] = r.iteration_time_s
-    tokens = next((op.dim("length").size for op in g.ops if "length" in op.dim_names and op.kind == "input"), 1)
-    row["throughput_per_s"] = g.batch_size * tokens / r.iteration_time_s if r.iteration_time_s > 0 else None
+    # tokens/s for a language model, else samples/s (engine.report.tokens_per_s: one rule)
+    row["throughput_per_s"] = r.tokens_per_s if r.tokens_per_s is not None else r.throughput_samples_per_s
     row["peak_memory_bytes"] = float(max(r.memory.peak_bytes))
     row["feasible"] = bool(r.memory.feasible)
     if not r.memory.feasible:
@@ -156,13 +156,13 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
     GPU and bytes over capacity). Simulated with the engine's symmetry reduction where it is
     exact; ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
-    ends the scan early (asked before each cluster), ``progress`` gets each row as it comes.
+    ends the scan early (asked before each cluster and, as the simulation's ``cancel``, during
+    each build and simulation: a cluster stopped mid-way has no row), ``progress`` gets each
+    row as it comes.
     """
-    from .errors import SoapboxError, TooLargeError
-    from .memory import memory_report
+    from .errors import Cancelled, SoapboxError
+    from .report import simulate_strategy
     from .search.baselines import make_baseline
-    from .simulate import simulate
-    from .taskgraph import build_task_graph, estimate_symmetric_tasks
 
     rows: list[dict[str, Any]] = []
     for c in clusters:
@@ -172,12 +172,12 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
                                "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
         try:
             s = make_baseline(kind, graph, c, **options)
-            if max_tasks is not None:  # (with symmetry too: a plan of 10^5 microbatches is large however alike)
-                n = estimate_symmetric_tasks(graph, s, c)
-                if n > max_tasks:
-                    raise TooLargeError(f"not simulated: about {n:,} tasks, more than the {max_tasks:,} allowed")
-            tl = simulate(build_task_graph(graph, s, c, max_tasks=max_tasks))
-            mem = memory_report(graph, s, c, tl)
+            # (max_tasks with symmetry too: a plan of 10^5 microbatches is large however alike;
+            # ``stop`` also ends a running build or simulation)
+            r = simulate_strategy(graph, s, c, check=False, max_tasks=max_tasks, cancel=stop)
+            tl, mem = r.timeline, r.memory
+        except Cancelled:
+            break
         except (ValueError, TypeError, SoapboxError) as e:  # (TypeError: an option this builder lacks)
             row["why"] = str(e).splitlines()[0][:300]
         else:

@@ -172,19 +172,24 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
 def simulate_with_slow(graph: OpGraph, strategy: Strategy, cluster: Cluster, slow: list[Failure],
                        cost: CostModel | None = None):
     """(timeline, memory report) with each slowed GPU's compute tasks stretched by 1 / factor
-    (a full simulation: a slow GPU breaks the replicas' symmetry)."""
+    (a full simulation: a slow GPU breaks the replicas' symmetry). Without a slow GPU, the
+    engine's entry point (:func:`engine.report.simulate_strategy`, with symmetry)."""
     from .memory import memory_report
+    from .report import simulate_strategy
     from .simulate import simulate
     from .taskgraph import BWD, FWD, UPDATE, build_task_graph
 
-    tg = build_task_graph(graph, strategy, cluster, cost, symmetry="off" if slow else "auto")
-    if slow:
-        compute = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
-        for f in slow:
-            if not 0 <= f.target < cluster.num_devices:
-                raise ValueError(f"--slow gpu:{f.target}: {cluster.name} has GPUs 0..{cluster.num_devices - 1}")
-            sel = compute & (tg.device == f.target)
-            tg.dur_s[sel] = tg.dur_s[sel] / f.factor
+    if not slow:
+        r = simulate_strategy(graph, strategy, cluster, cost, check=False)
+        return r.timeline, r.memory
+    # (durations are edited between the build and the simulation: the entry point has no such step)
+    tg = build_task_graph(graph, strategy, cluster, cost, symmetry="off")
+    compute = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
+    for f in slow:
+        if not 0 <= f.target < cluster.num_devices:
+            raise ValueError(f"--slow gpu:{f.target}: {cluster.name} has GPUs 0..{cluster.num_devices - 1}")
+        sel = compute & (tg.device == f.target)
+        tg.dur_s[sel] = tg.dur_s[sel] / f.factor
     tl = simulate(tg)
     return tl, memory_report(graph, strategy, cluster, tl)
 

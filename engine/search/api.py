@@ -127,15 +127,15 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
     Raises
     ------
     TooLargeError
-        When the strategy has no exact symmetry and its full task graph would have more than
-        ``max_tasks`` tasks (:func:`engine.taskgraph.estimate_tasks`): refused before building.
+        When its simulation would have more than ``max_tasks`` tasks (with the symmetry
+        reduction where exact: :func:`engine.report.simulate_strategy`): refused before building.
     """
     from ..memory import fits_in_memory  # (the simulator's modules load only when a search prices)
-    from ..simulate import simulate
-    from ..taskgraph import build_task_graph
+    from ..report import simulate_strategy
 
-    if timeline is None:
-        timeline = simulate(build_task_graph(graph, strategy, cluster, cost, max_tasks=max_tasks))
+    if timeline is None:  # the engine's one entry point (memory answered from the bound first)
+        r = simulate_strategy(graph, strategy, cluster, cost, check=False, max_tasks=max_tasks, account_memory=False)
+        return Price(r.iteration_time_s, r.feasible)
     return Price(timeline.makespan_s, fits_in_memory(graph, strategy, cluster, timeline))
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import check_cancel
 from .context import BuildContext, OpTables
 from .emit import Emitter
 from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
@@ -114,13 +115,16 @@ class SegmentStore:
 
 
 def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emitter,
-             device_image: np.ndarray) -> TaskGraph:
+             device_image: np.ndarray, cancel: Any = None) -> TaskGraph:
     """Concatenate the store's segments in slot order, turn handles into task ids, price each
-    device's optimizer step, and build the CSR arrays of successors and resources."""
+    device's optimizer step, and build the CSR arrays of successors and resources
+    (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
+    check_cancel(cancel)
     D = ctx.n_devices
     segs = store.live(tables.rep_devices)
     serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
     asm = store.splice(segs, serials)
+    check_cancel(cancel)
     A = asm["arrays"]
     starts = asm["bounds"]["kind"]
     n = int(starts[-1])
@@ -141,6 +145,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         comm_bytes += sg.comm_bytes
         cross += sg.cross_replica
     cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
+    check_cancel(cancel)
     # resources: one per task (its device or link), several for a collective
     single = cols["res"]
     counts = (single >= 0).astype(np.int64)
@@ -156,8 +161,10 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         starts_m = np.repeat(res_ptr[coll], m_len)
         within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
         res_idx[starts_m + within] = A["coll_res"]
+    check_cancel(cancel)
     # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
     succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)
+    check_cancel(cancel)
     chain_next = np.full(n, -1, np.int64)
     chain_lag = np.zeros(n)
     cf = A["chain_from"]

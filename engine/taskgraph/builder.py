@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..errors import TooLargeError
+from ..errors import TooLargeError, check_cancel
 from ..graph import OpGraph
 from ..strategy import Strategy
 from .assembly import SegmentStore, assemble
@@ -57,25 +57,34 @@ class TaskGraphBuilder:
         """The strategy the current graph was built for."""
         return self.ctx.strategy
 
-    def build(self, exact_only: bool = False) -> TaskGraph | None:
+    def build(self, exact_only: bool = False, cancel: Any = None) -> TaskGraph | None:
         """The whole graph: optimizer steps, every op's compute, every tensor's transfers,
         every parameter unit's synchronisation. With ``exact_only`` (a symmetric build), None
         as soon as a transfer crosses replicas (the reduction would not be exact), before
-        the rest is built."""
+        the rest is built.
+
+        ``cancel`` (:func:`engine.errors.check_cancel`) is asked before each segment and
+        between the assembly's steps: the build ends with :class:`~engine.errors.Cancelled`
+        within one segment's (or one assembly step's) work of it being set (the builder is
+        then unusable)."""
         D = self.ctx.n_devices
+        check_cancel(cancel)
         seg = self.store.begin(("updates",), ())
         self.tables.updates = seg.add(D, UPDATE, device=np.arange(D), res=np.arange(D))
         for oi in range(len(self.ctx.graph.ops)):
+            check_cancel(cancel)
             self._build_op(oi)
         self.tables.count_all_rep_devices()
         for (p, o), users in self.ctx.users.items():
+            check_cancel(cancel)
             seg = self.store.begin(("tensor", p, o), {p, *(c for c, _ in users)})
             self.dataflow.build(seg, p, o)
             if exact_only and seg.cross_replica:
                 return None
         for unit in self.fsdp.units:
+            check_cancel(cancel)
             self.sync.build(self.store.begin(("sync", unit), self.fsdp.refs(unit)), unit)
-        return self._assemble()
+        return self._assemble(cancel)
 
     def rebuild(self, strategy: Strategy, op: str) -> TaskGraph:
         """Change ``op``'s config to ``strategy``'s and rebuild only the segments that read
@@ -118,8 +127,8 @@ class TaskGraphBuilder:
     def _barriers_of(self, device: int) -> np.ndarray:
         return self.store.barriers(device, self.schedule.units - 1)
 
-    def _assemble(self) -> TaskGraph:
-        return assemble(self.store, self.ctx, self.tables, self.emit, self._device_image())
+    def _assemble(self, cancel: Any = None) -> TaskGraph:
+        return assemble(self.store, self.ctx, self.tables, self.emit, self._device_image(), cancel)
 
     def _device_image(self) -> np.ndarray:
         """[device] the representative device whose timeline each device mirrors (itself
@@ -189,7 +198,7 @@ def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluste
 
 
 def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
-                     symmetry: str = "auto", max_tasks: int | None = None) -> TaskGraph:
+                     symmetry: str = "auto", max_tasks: int | None = None, cancel: Any = None) -> TaskGraph:
     """Build the task graph of one training iteration of ``graph`` under ``strategy``.
 
     Parameters
@@ -206,11 +215,21 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     max_tasks : int, optional
         Refuse (:class:`~engine.errors.TooLargeError`) a full build that
         :func:`estimate_tasks` puts above this many tasks; a symmetric build is not limited.
+    cancel : threading.Event or callable, optional
+        Asked before any work and between segments (:func:`engine.errors.check_cancel`).
 
     Returns
     -------
     TaskGraph
+
+    Raises
+    ------
+    TooLargeError
+        See ``max_tasks``.
+    Cancelled
+        When ``cancel`` is set before the build ends (nothing is returned).
     """
+    check_cancel(cancel)
     cost = cost or CostModel()
     # The builder makes few Python objects but many arrays; pausing the cyclic garbage
     # collector avoids its full passes over a large heap (no reference cycles are made).
@@ -219,7 +238,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     try:
         sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
         if sym is not None:
-            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build(exact_only=True)
+            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build(exact_only=True, cancel=cancel)
             if tg is not None:
                 return tg
             # Some transfer crosses replicas along an axis (context-parallel ranks exchange
@@ -233,7 +252,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                 sub = find_symmetry(graph, strategy, cluster, axes=keep)
                 if sub is None:
                     continue
-                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub).build(exact_only=True)
+                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub).build(exact_only=True, cancel=cancel)
                 if tg is not None:
                     return tg
         if max_tasks is not None:
@@ -241,7 +260,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
             if n > max_tasks:
                 raise TooLargeError(f"not simulated: about {n:,} tasks without symmetry, more than the "
                                     f"{max_tasks:,} allowed")
-        return TaskGraphBuilder(graph, strategy, cluster, cost).build()
+        return TaskGraphBuilder(graph, strategy, cluster, cost).build(cancel=cancel)
     finally:
         if was_enabled:
             gc.enable()
