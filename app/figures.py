@@ -160,9 +160,11 @@ def gantt_notes(data: dict[str, Any]) -> str:
         p, m, v = bubble["stages"], bubble["microbatches"], bubble["virtual"]
         vm = f"{v}×{m}" if v > 1 else f"{m}"
         pct = (lambda x: f"{x:.1%}" if x < 0.1 else f"{x:.0%}")
-        notes.append(f"idle before the last backward (hatched grey): {pct(bubble['measured'])} of the time, the "
-                     f"pipeline bubble plus waits for communication; the schedule's bubble alone, "
-                     f"(p−1)/({'v·' if v > 1 else ''}m+p−1) = {p - 1}/({vm}+{p - 1}) = {pct(bubble['formula'])}")
+        notes.append(f"idle before the last backward (hatched grey): {pct(bubble['measured'])} of the time; of it, "
+                     f"the schedule's bubble (p−1)/({'v·' if v > 1 else ''}m+p−1) = {p - 1}/({vm}+{p - 1}) = "
+                     f"{pct(bubble['formula'])}, and {pct(bubble.get('beyond', 0.0))} more from stage imbalance "
+                     f"(the busiest GPU computes {bubble.get('busy_spread', 0.0):.0%} longer than the least busy) "
+                     "and waits for transfers")
     return " · ".join(notes)
 
 

@@ -206,7 +206,10 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     links_used = links_all if show_links else links_all[:0]
     link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
     filt = parse_row_filter(row_filter)
-    if links_used.size and filt:  # a filter keeps the link rows its text names ("nic", "gpu3:")
+    if filt:  # a filter keeps the link rows its text names ("nic", "gpu3:"), hidden ones too
+        if any(k == "text" for k, _ in filt):
+            links_used = links_all
+            link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
         keep = [i for i, nm in enumerate(link_names) if any(k == "text" and v in nm.lower() for k, v in filt)]
         links_used, link_names = links_used[keep], [link_names[i] for i in keep]
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
@@ -303,6 +306,7 @@ def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: 
     comp = np.flatnonzero((tg.kind == FWD) | (tg.kind == BWD))
     span = float(end[comp].max()) if comp.size else 0.0
     out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
+           "beyond": 0.0, "busy_spread": 0.0,
            "start": np.zeros(0), "end": np.zeros(0), "row": np.zeros(0, np.int64)}
     if span <= 0:
         return out
@@ -329,6 +333,11 @@ def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: 
     alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
     weights = alike[devs].astype(np.float64) if alike is not None else np.ones(devs.size)  # GPUs each stands for
     out["measured"] = float(np.average(idle / span, weights=weights))
+    # what idles beyond the schedule's bubble: stages that compute unequal amounts (measured as
+    # the spread of the GPUs' busy compute time) and waits for transfers
+    out["beyond"] = max(out["measured"] - formula, 0.0)
+    busy = np.bincount(rank, weights=(end[t] - start[t]), minlength=devs.size)
+    out["busy_spread"] = float(busy.max() / busy.min() - 1.0) if busy.size and busy.min() > 0 else 0.0
     big = (gap > 0.005 * span) & (dev_row[d] >= 0)
     tail = (span - tail_s > 0.005 * span) & (dev_row[devs] >= 0)
     gs = np.concatenate([prev_end[big], tail_s[tail]])

@@ -75,7 +75,6 @@ def panel_values(state: dict) -> dict[str, Any]:
     layout, empty fields and a hint that says why."""
     s = page_strategy(state)
     found = layout_of(s)
-    o = (s.found_by or {}).get("options") or {}
     empty = {name: None for name, *_ in PANEL_FIELDS}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
@@ -83,9 +82,9 @@ def panel_values(state: dict) -> dict[str, Any]:
                 "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
     kind, opts, text = found
     values = dict(empty)
-    for name, _, _, opt in PANEL_FIELDS:
-        v = opts.get(opt, o.get(opt))
-        if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or opt in ("tp", "pp")):
+    for name, _, _, opt in PANEL_FIELDS:  # (what made the layout: a micro-batch the builder chose stays "auto")
+        v = opts.get(opt)
+        if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or opt in ("tp", "pp", "micro_batch")):
             values[name] = v
     flags = [f for f, on in (("sp", s.sequence_parallel), ("fp8", s.fp8)) if on]
     schedule = None

@@ -235,6 +235,16 @@ def _symmetry_note(tl) -> str:
     return f" ({reps} of {used} GPUs simulated; the rest mirror them)" if reps < used else ""
 
 
+def _bubble_note(bubble: dict | None) -> str:
+    """The pipeline's idle time in the summary, the schedule's bubble and the rest apart."""
+    if not bubble or bubble["measured"] <= 0:
+        return ""
+    return (f" GPUs idle {bubble['measured']:.0%} of the time before the last backward: the pipeline schedule's "
+            f"bubble accounts for {bubble['formula']:.0%}, stage imbalance and waits for transfers for the other "
+            f"{bubble['beyond']:.0%} (the busiest GPU computes {bubble['busy_spread']:.0%} longer than the least "
+            "busy).")
+
+
 def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = None) -> dict[str, Any]:
     ws = workspace(state)
     g, c, tl = ws.graph, ws.cluster, ws.timeline
@@ -250,7 +260,7 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
     if view.get("expanded"):  # the whole row selected: its square ringed; else the ops picked in it
         row = view["expanded"]
         sel_nodes = {row} if set(view["members"][row]) <= set(selected) else sel_nodes - {row}
-    gantt_fig, notes = timeline.gantt_view(ws, selected, None, gantt)
+    gantt_fig, notes, gd = timeline.gantt_parts(ws, selected, None, gantt)
     used = sorted(s.devices_used())
     if metric == "memory":
         per_dev = np.where(mem.capacity_bytes > 0, mem.peak_bytes / mem.capacity_bytes, 0.0)
@@ -286,7 +296,7 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
         "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
         "rate": {"per_s": summ.get("tokens_per_s") or summ.get("throughput_samples_per_s"), "gpus": len(used),
                  "cluster_gpus": c.num_devices, "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
-        "why": why_text(summ, dp_comm, tl, mem) + idle_note + (
+        "why": why_text(summ, dp_comm, tl, mem) + _bubble_note(gd.get("bubble")) + idle_note + (
             "" if dp_fits is not False else " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": (build_block_stack_figure if view.get("stack") else build_op_graph_figure)(
             view, colour_of, legend, hover, sel_nodes),

@@ -16,7 +16,7 @@ from ..gantt import gantt_data, stage_of_devices
 from ..simulation import workspace
 from ..state import check_state
 
-__all__ = ["layout", "register", "gantt_view", "zoom_gantt", "GANTT_OPTIONS"]
+__all__ = ["layout", "register", "gantt_view", "gantt_parts", "zoom_gantt", "GANTT_OPTIONS"]
 
 #: the timeline's options (component values): row grouping, link rows, row filter
 GANTT_OPTIONS = ("rows", "links", "filter")
@@ -35,7 +35,7 @@ def layout() -> html.Div:
                              {"label": " hide", "value": "off"}]),
                          # (every example here matches rows: GPU ids, a stage, a node, a link's name)
                          dcc.Input(id="gantt-filter", type="text", debounce=True, className="gantt-filter",
-                                   placeholder="filter rows: 0-7, stage 1, node 2, nic"),
+                                   placeholder="filter rows: 0-7, stage 1, node 1, nic"),
                      ], className="gantt-controls"),
                      html.P(id="gantt-notes", className="hint"),
                      html.Div(dcc.Graph(id="gantt", config=GRAPH_CONFIG), className="gantt-scroll"),
@@ -48,6 +48,13 @@ def gantt_view(ws: Any, selected: list[str], window: tuple[float, float] | None,
     """The timeline figure and the line under it, for the workspace ``ws``: ``opts`` groups GPU
     rows (auto / gpu / stage / node), shows link rows (auto / on / off) and filters rows (see
     :func:`app.gantt.parse_row_filter`); a filter it cannot read is named and ignored."""
+    fig, notes, _ = gantt_parts(ws, selected, window, opts)
+    return fig, notes
+
+
+def gantt_parts(ws: Any, selected: list[str], window: tuple[float, float] | None,
+                opts: dict | None) -> tuple[Any, str, dict]:
+    """:func:`gantt_view`, and the timeline's data (its pipeline bubble: the summary says it)."""
     opts = opts if isinstance(opts, dict) else {}
     s = ws.strategy
     links = {"on": True, "off": False}.get(str(opts.get("links") or "auto"))
@@ -63,7 +70,7 @@ def gantt_view(ws: Any, selected: list[str], window: tuple[float, float] | None,
         gd = gantt_data(ws.graph, ws.cluster, ws.timeline, **kw)
     if not gd["labels"]:
         problem += "No row matches the filter. "
-    return build_gantt_figure(gd), problem + gantt_notes(gd)
+    return build_gantt_figure(gd), problem + gantt_notes(gd), gd
 
 
 def _window(relayout: dict) -> tuple[float, float] | None | bool:
