@@ -14,6 +14,7 @@ from typing import Any
 from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_strategy
 from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ
+from engine.report import tokens_per_sample
 from engine.search.baselines import make_baseline
 
 from . import jobs
@@ -27,7 +28,6 @@ from .state import check_state, new_state, page_strategy, strategy_dict
 from .tabs.explore import cancel_simulation, graph_view
 from .tabs.learn import tour
 from .uploads import decode_upload, import_file, import_onnx_file
-from .views import tokens_per_sample
 
 __all__ = ["on_event", "TRIGGERS"]
 

@@ -200,7 +200,7 @@ def _workspace_now(state: dict, build: Build | None) -> Workspace:
                 sim = ws.editable()
                 for op in changed:
                     sim.change(op, strategy.configs[op])
-                sim.commit() if hasattr(sim, "commit") else setattr(sim, "_undo", None)  # TMP
+                sim.commit()  # (changes here are not undone one by one)
                 ws.version = state.get("version", 0)
                 ws.memory_cache = None
                 return ws
@@ -225,21 +225,16 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
     try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
-        tg = build_task_graph(graph, strategy, cluster, max_tasks=0, **_TMP(build_task_graph, cancel))
+        tg = build_task_graph(graph, strategy, cluster, max_tasks=0, cancel=cancel)
     except TooLargeError:
         tg = None
     if tg is not None and tg.info.get("device_image") is not None:
-        return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg, **_TMP(simulate, cancel))))
+        return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg, cancel=cancel)))
     n = estimate_tasks(graph, strategy)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")
     phase(f"simulating every GPU (no exact symmetry), about {n / 1e6:.1f} M tasks")
-    return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster, **_TMP(DeltaSimulator, cancel)), version)
-
-
-def _TMP(fn, cancel):  # TMP until the engine takes cancel everywhere
-    import inspect
-    return {"cancel": cancel} if "cancel" in inspect.signature(fn).parameters else {}
+    return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster, cancel=cancel), version)
 
 
 # --------------------------------------------------------------------------- baselines
@@ -263,7 +258,8 @@ def _baseline_of(state: dict, kind: str) -> tuple[float, float, bool] | None:
         hit = (ws.timeline.makespan_s, ws.timeline.comm_bytes, bool(ws.memory.feasible))
     else:
         try:
-            r = simulate_strategy(g, make_baseline(kind, g, c), c, check=False)  # TMP
+            r = simulate_strategy(g, make_baseline(kind, g, c), c, check=False, symmetry="auto",
+                                  max_tasks=APP_MAX_TASKS)
             hit = (r.iteration_time_s, r.timeline.comm_bytes, bool(r.memory.feasible))
         except (ValueError, SoapboxError):
             hit = ()

@@ -16,6 +16,7 @@ import numpy as np
 from engine.cluster import Cluster
 from engine.graph import OpGraph
 from engine.memory import MemoryReport
+from engine.report import tokens_per_s
 from engine.simulate import Timeline
 from engine.strategy import Config, Strategy
 from engine.taskgraph import BWD, COLL, FWD, XFER
@@ -23,8 +24,8 @@ from engine.taskgraph import BWD, COLL, FWD, XFER
 from .fmt import format_bytes
 from .gantt import PHASE_NAMES
 
-__all__ = ["block_stack", "graph_layout", "config_label", "op_details", "topology_data", "memory_data", "mfu",
-           "tokens_per_sample", "summary_data", "why_text", "config_diff"]
+__all__ = ["block_stack", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
+           "summary_data", "why_text", "config_diff"]
 
 # --------------------------------------------------------------------------- op graph
 
@@ -301,35 +302,12 @@ def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.nd
             "over": report.over_capacity()}
 
 
-def tokens_per_sample(graph: OpGraph) -> int | None:
-    """Tokens in one sample of a language model (its integer input's sequence length), else None."""
-    for op in graph.ops:
-        if op.kind == "input" and op.out_tensors[0].dtype.startswith("int") and "length" in op.dim_names:
-            return op.dim("length").size
-    return None
-
-
-def mfu(graph: OpGraph, timeline: Timeline, cluster, devices: list[int]) -> float | None:
-    """Model FLOPs utilisation: the model's forward and backward FLOPs per iteration (no
-    recomputation counted) over the iteration time x the used GPUs' dense peak at the model's
-    precision (PaLM's definition, Chowdhery et al. 2022 App. B)."""
-    t = timeline.makespan_s
-    if t <= 0 or not devices:
-        return None
-    flops = sum(op.fwd_flops + op.bwd_flops for op in graph.ops)
-    try:
-        peak = sum(cluster.device_type(d).peak(graph.precision) for d in devices)
-    except ValueError:
-        return None
-    return flops / (t * peak) if peak > 0 else None
-
-
 def summary_data(graph: OpGraph, timeline: Timeline, report: MemoryReport, dp_cost_s: float | None) -> dict:
+    """The summary cards' numbers (tokens/s as the engine defines it: :func:`engine.report.tokens_per_s`)."""
     t = timeline.makespan_s
     tg = timeline.tasks
-    tokens = tokens_per_sample(graph)
     return {
-        "tokens_per_s": graph.batch_size * tokens / t if tokens and t > 0 else None,
+        "tokens_per_s": tokens_per_s(graph, t),
         "iteration_time_s": t,
         "throughput_samples_per_s": graph.batch_size / t if t > 0 else None,
         "speedup_vs_data_parallel": dp_cost_s / t if dp_cost_s and t > 0 else None,

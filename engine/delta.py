@@ -256,6 +256,11 @@ class DeltaSimulator:
         self._undo = (snap, old_tasks, old_tl)
         return self.timeline
 
+    def commit(self) -> None:
+        """Keep the last :meth:`change`: it can no longer be reverted (the state it replaced is
+        let go)."""
+        self._undo = None
+
     def revert(self) -> None:
         """Undo the last :meth:`change` (only the last one)."""
         if self._undo is None:

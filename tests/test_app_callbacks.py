@@ -746,14 +746,14 @@ def test_learn_texts_have_no_line_that_markdown_reads_as_a_bullet():
 
 def test_language_models_show_tokens_per_second_and_mfu():
     """Issue 16: throughput in tokens/s for LLMs, and MFU (PaLM's definition)."""
-    from app.views import mfu
+    from engine.report import mfu
 
     state = ST.new_state("gpt2", "dgx-a100-80gb:1")
     out = EXP.render_explore(state)
     ws = SIM.workspace(state)
     g = SRC.graph_of(state)
     tokens = g.batch_size * 1024 / ws.timeline.makespan_s
-    u = mfu(g, ws.timeline, ws.cluster, sorted(ws.strategy.devices_used()))
+    u = mfu(g, ws.timeline.makespan_s, ws.cluster, sorted(ws.strategy.devices_used()))
     flops = sum(op.fwd_flops + op.bwd_flops for op in g.ops)
     assert u == pytest.approx(flops / (ws.timeline.makespan_s * 8 * 19.5e12))  # fp32: A100's 19.5 TFLOP/s
     assert out["sum-throughput"] == f"{format_rate(tokens, 'tokens')}, MFU {u:.0%}"

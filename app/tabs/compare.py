@@ -18,7 +18,9 @@ from ..gantt import gantt_data, stage_of_devices
 from ..sessions import current
 from ..sources import APP_MAX_TASKS, cluster_of, graph_of
 from ..state import check_page_strategy, check_state, content_key
-from ..views import config_diff, mfu, summary_data
+from engine.report import mfu
+
+from ..views import config_diff, summary_data
 
 __all__ = ["layout", "register", "render_compare", "compare_shown", "compared"]
 
@@ -52,12 +54,7 @@ def compared(state: dict, item: dict) -> tuple[Any, Any, Any]:
     g, c = graph_of(state), cluster_of(state)
     check_page_strategy(item["strategy"], f"the kept strategy {str(item.get('name'))[:40]!r}")
     s = load_strategy(item["strategy"], g, c)  # (kept from an earlier page: checked again)
-    from engine.simulate import simulate
-    from engine.taskgraph import build_task_graph
-    from engine.memory import memory_report
-    tl = simulate(build_task_graph(g, s, c, max_tasks=APP_MAX_TASKS))  # TMP
-    class r: pass
-    r.timeline, r.memory = tl, memory_report(g, s, c, tl)
+    r = simulate_strategy(g, s, c, check=False, symmetry="auto", max_tasks=APP_MAX_TASKS)  # (never past the cap)
     out = (s, r.timeline, r.memory)
     cache.put(key, out)
     return out
@@ -98,7 +95,7 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
         used = sorted(s.devices_used())
         rate = (format_rate(summ["tokens_per_s"], "tokens") if summ.get("tokens_per_s") else
                 format_rate(summ["throughput_samples_per_s"]))
-        u = mfu(g, tl, c, used)
+        u = mfu(g, t, c, used)
         p = s.pipeline
         gd = None
         if shown is None or it["name"] in shown or p.stages > 1:

@@ -29,7 +29,9 @@ from ..sessions import Busy, current
 from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, baseline_fits, build_status,
                           cancel_build, workspace, workspace_within)
 from ..state import check_state
-from ..views import block_stack, config_label, graph_layout, memory_data, mfu, summary_data, topology_data, why_text
+from engine.report import mfu
+
+from ..views import block_stack, config_label, graph_layout, memory_data, summary_data, topology_data, why_text
 from . import editor, timeline
 
 __all__ = ["layout", "register", "render_explore", "graph_view", "train_estimate", "sim_status_text",
@@ -281,7 +283,7 @@ def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None
             name="selected op's GPUs", hoverinfo="skip"))
     dp_comm_bytes = baseline_comm_bytes(state)
     dp_comm = {"comm_bytes": dp_comm_bytes} if dp_comm_bytes else None
-    u = mfu(g, tl, c, used)
+    u = mfu(g, tl.makespan_s, c, used)
     idle = c.num_devices - len(used)
     idle_note = (f" {idle:,} of the cluster's {c.num_devices:,} GPUs are left idle by this strategy (they count in "
                  "GPU-hours; a layout that uses them all may be faster)." if idle > 0 else "")
