@@ -7,13 +7,14 @@
 2. The timeline regrouped (rows per stage) and zoomed (a tenth of the iteration) on those plans.
 3. A slow strategy (FlexFlow's expert strategy for LLaMA-2 7B on 64 GPUs, ~9 M tasks): time to
    the page's first answer (it goes on off the request path) and until its views are drawn.
-4. The page while a search runs: the default page's views drawn from scratch while an MCMC
+4. Cancel: a running ~9 M-task build cancelled 0.5, 2 and 5 s in; time until its thread is idle.
+5. The page while a search runs: the default page's views drawn from scratch while an MCMC
    search of the same session runs in its worker process.
 
 Baseline in the same process, interleaved with each round: the default page (Inception-v3 on
 FlexFlow's 16 P100s, data parallel) drawn from scratch; ratios are against its median.
 
-Usage: python benchmarks/bench_explorer.py [--repeat 5] [--only layout|timeline|slow|search]
+Usage: python benchmarks/bench_explorer.py [--repeat 5] [--only layout|timeline|slow|cancel|search]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 import time
 
 import plotly.io as pio
+
 from app import events as EV
 from app.tabs import explore as EXP
 from app import sessions as SES
@@ -128,6 +130,27 @@ def bench_slow(repeat: int) -> None:
           f"ratio {d / fl:.1f}x", flush=True)
 
 
+def bench_cancel(repeat: int) -> None:
+    """Cancel a running ~9 M-task build (FlexFlow's expert strategy, LLaMA-2 7B on 64 GPUs) at
+    several points of its life: seconds from Cancel until its thread is idle again."""
+    for after_s in (0.5, 2.0, 5.0):
+        lat = []
+        for _ in range(repeat):
+            s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", sid=ST.new_sid())
+            new, _ = EV.on_event("pick-baseline", s, baseline="expert")
+            assert SIM.workspace_within(new, 0.0) is None
+            time.sleep(after_s)
+            phase = (SIM.build_status(new) or {}).get("phase", "done")
+            t = time.perf_counter()
+            EXP.cancel_simulation(new)
+            while SES.current().running():
+                time.sleep(0.002)
+            lat.append(time.perf_counter() - t)
+            SES.current().forget(s["sid"])
+        print(f"cancel {after_s:g} s into the expert build ({phase}): idle {statistics.median(lat) * 1e3:.0f} ms "
+              f"after Cancel (median of {repeat}; max {max(lat) * 1e3:.0f} ms)", flush=True)
+
+
 def bench_search(repeat: int) -> None:
     from app import create_app
 
@@ -150,13 +173,13 @@ def bench_search(repeat: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", choices=["layout", "timeline", "slow", "search"])
+    ap.add_argument("--only", choices=["layout", "timeline", "slow", "cancel", "search"])
     args = ap.parse_args()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     WU.warm_up()
     for name, fn in (("layout", bench_layout), ("timeline", bench_timeline), ("slow", bench_slow),
-                     ("search", bench_search)):
+                     ("cancel", bench_cancel), ("search", bench_search)):
         if args.only in (None, name):
             fn(args.repeat)
 
