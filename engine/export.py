@@ -19,60 +19,20 @@ JSON reference (https://www.deepspeed.ai/docs/config-json/), torchtitan's
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
 from .graph import OpGraph
-from .search.layouts import layer_blocks
+from .layout import Layout, layer_blocks
+from .search.baselines import build_layout
 from .strategy import Strategy
 
 __all__ = ["Layout", "infer_layout", "to_megatron", "to_deepspeed", "to_torchtitan", "FORMATS", "export",
            "layout_from_megatron", "layout_from_deepspeed", "layout_from_torchtitan", "build_layout"]
 
 FORMATS = ("megatron", "deepspeed", "torchtitan")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A Megatron-shaped layout: what the three frameworks' settings can say."""
-
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    vpp: int
-    micro_batch: int
-    global_batch: int
-    schedule: str
-    recompute: str
-    zero_stage: int
-    sequence_parallel: bool
-    fp8: bool
-    tp_comm_overlap: bool
-    layers_per_stage: tuple[int, ...] | None  # None: even (or Megatron's balanced split)
-    gather_unit: str = "block"
-    shard_group: int = 0
-
-    @property
-    def microbatches(self) -> int:
-        return self.global_batch // (self.micro_batch * self.dp)
-
-
-def build_layout(graph: OpGraph, cluster: Cluster, lay: Layout) -> Strategy:
-    """The strategy a layout makes (:func:`engine.search.baselines.megatron`)."""
-    from dataclasses import replace
-
-    from .search.baselines import megatron
-
-    s = megatron(graph, cluster, tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, micro_batch=lay.micro_batch,
-                 vpp=lay.vpp, recompute=lay.recompute, sequence_parallel=lay.sequence_parallel,
-                 schedule=lay.schedule, layers_per_stage=list(lay.layers_per_stage) if lay.layers_per_stage else None,
-                 zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap)
-    if lay.gather_unit != "block" or lay.shard_group:
-        s = replace(s, gather_unit=lay.gather_unit, shard_group=lay.shard_group)
-    return s
 
 
 def _fail(problems: list[Problem]) -> ValidationError:

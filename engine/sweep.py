@@ -18,10 +18,10 @@ import math
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "evaluate", "run_sweep", "pareto", "COLUMNS",
-           "smallest_fit"]
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "pareto",
+           "COLUMNS", "smallest_fit"]
 
-#: grid keys and the megatron() option each sets
+#: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
              "recompute": "recompute", "sp": "sequence_parallel"}
 
@@ -97,6 +97,26 @@ def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str
     return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
 
 
+def layout_points(graph: Any, clusters: Sequence[Any], **limits: Any) -> list[dict[str, Any]]:
+    """Every valid layout of ``graph`` on each of ``clusters`` (:class:`engine.cluster.Cluster`)
+    as sweep points (grid keys tp, pp, cp, mb), clusters outermost: the grid the enumerator
+    :func:`engine.layout.valid_layouts` gives (``limits`` are its keyword limits: ``tps``,
+    ``max_microbatches_per_stage``, ...).
+
+    >>> from engine.cluster import preset
+    >>> from engine.formats import resolve_model
+    >>> layout_points(resolve_model("gpt2", batch=8), [preset("dgx-a100-80gb:1")])[0]
+    {'cluster': 'dgx-a100-80gb:1', 'tp': 1, 'pp': 1, 'cp': 1, 'mb': 1}
+    """
+    from .layout import valid_layouts
+
+    out = [{"cluster": c.name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch}
+           for c in clusters for lay in valid_layouts(graph, c, **limits)]
+    if len(out) > MAX_POINTS:
+        raise ValueError(f"{len(out):,} points, more than the {MAX_POINTS:,} a sweep runs")
+    return out
+
+
 _MODELS: dict[tuple, Any] = {}
 _CLUSTERS: dict[str, Any] = {}
 
@@ -104,8 +124,9 @@ _CLUSTERS: dict[str, Any] = {}
 def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
     """One point's row (never raises for a layout that cannot be built or does not fit)."""
     from .formats import resolve_cluster, resolve_model
+    from .layout import Layout
     from .report import simulate_strategy
-    from .search.baselines import megatron
+    from .search.baselines import build_layout
 
     key = (model, batch)
     if key not in _MODELS:
@@ -121,7 +142,7 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
                vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
                recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False)
     try:
-        s = megatron(g, c, **opts)
+        s = build_layout(g, c, Layout.from_options(opts))
         r = simulate_strategy(g, s, c, check=False)
     except ValueError as e:
         row["why"] = str(e).splitlines()[0][:300]
@@ -149,7 +170,9 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
                  progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """The smallest of ``clusters`` (in the order given: smallest first) on which the layout
     ``kind`` (a baseline of :data:`engine.search.baselines.BASELINES`: megatron, fsdp, ...) with
-    ``options`` fits in memory: a row per cluster tried, up to the first that fits.
+    ``options`` fits in memory: a row per cluster tried, up to the first that fits. A
+    Megatron-shaped layout that the rules of :func:`engine.layout.layout_problem` refuse on a
+    cluster (devices it cannot tile, a batch it cannot split) is not built there.
 
     Each row: ``cluster`` (name), ``gpus``, ``feasible``, ``peak_memory_bytes``,
     ``capacity_bytes`` (of the fullest GPU), ``iteration_time_s``, ``why`` (a layout that
@@ -161,16 +184,28 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     row as it comes.
     """
     from .errors import Cancelled, SoapboxError
+    from .layout import Layout, layout_problem
     from .report import simulate_strategy
     from .search.baselines import make_baseline
 
     rows: list[dict[str, Any]] = []
+    # a Megatron-shaped layout (megatron, fsdp) is checked against the layout rules first
+    # (engine.layout.layout_problem): a cluster it cannot tile is refused without a build
+    layout = None
+    if kind in ("megatron", "fsdp"):
+        try:
+            layout = Layout.from_options({k: v for k, v in options.items() if v is not False})
+        except ValueError:
+            layout = None  # (make_baseline names the problem, per cluster)
     for c in clusters:
         if stop is not None and stop():
             break
         row: dict[str, Any] = {"cluster": c.name, "gpus": c.num_devices, "feasible": False,
                                "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
         try:
+            why = layout_problem(graph, c, layout) if layout is not None else None
+            if why:
+                raise ValueError(why)
             s = make_baseline(kind, graph, c, **options)
             # (max_tasks with symmetry too: a plan of 10^5 microbatches is large however alike;
             # ``stop`` also ends a running build or simulation)

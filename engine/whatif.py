@@ -139,8 +139,9 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     """The strategy mapped onto the survivors by its layout's rule, and the rule used (or None
     and why there is none)."""
     from .errors import ValidationError
-    from .export import build_layout, infer_layout
-    from .search.baselines import data_parallel, expert
+    from .export import infer_layout
+    from .layout import micro_batch_sizes
+    from .search.baselines import build_layout, data_parallel, expert
 
     if dict(strategy.configs) == dict(data_parallel(graph, cluster).configs):
         s = data_parallel(graph, after)
@@ -156,7 +157,10 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
         return None, "a per-op strategy has no rule to map it onto fewer GPUs: re-planned only"
     fixed = lay.tp * lay.pp * lay.cp
     batch = graph.batch_size
-    dp = next((d for d in range(after.num_devices // fixed, 0, -1) if batch % (d * lay.micro_batch) == 0), 0)
+    # the largest replica count the survivors hold whose replicas split the batch into the
+    # layout's micro-batches (engine.layout's micro-batch rule; more microbatches keep the batch)
+    dp = next((d for d in range(after.num_devices // fixed, 0, -1)
+               if lay.micro_batch in micro_batch_sizes(batch, d, max_per_stage=None)), 0)
     if dp == 0:
         return None, (f"tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {fixed} GPUs a replica: the {after.num_devices} "
                       "survivors hold no replica that divides the batch")

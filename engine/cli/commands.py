@@ -58,7 +58,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     for name, (_, takes_count, desc) in PRESETS.items():
         c = preset(f"{name}:1" if takes_count else name)
         rows.append({"name": f"{name}:N" if takes_count else name, "description": desc,
-                     "gpus_per_node" if takes_count else "gpus": c.num_devices,
+                     "gpus_per_node" if takes_count else "gpus": c.gpus_per_node if takes_count else c.num_devices,
                      "device_types": sorted({d.type for d in c.devices})})
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -115,11 +115,19 @@ def model_and_cluster(args: argparse.Namespace):
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
-    out = {k: getattr(args, k, None) for k in
-           ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage",
-            "layers_per_stage", "gather_unit", "shard_group", "tp_comm_overlap")}
+    """The baseline options the flags give: the :class:`engine.layout.Layout` fields that have
+    a flag (``--tp`` ... ``--layers-per-stage``, named as the fields; ``--precision fp8`` sets
+    ``fp8``), None where a flag is not given."""
+    from ..layout import OPTION_NAMES
+
+    out = {k: getattr(args, k, None) for k in OPTION_NAMES if k not in ("fp8",) + _NO_FLAG}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
     return out
+
+
+#: Layout fields without a flag: ep (mixture-of-experts, to come), the global batch (--batch
+#: sets the model's), the stage-to-mesh map (the pipeline planner's choice)
+_NO_FLAG = ("ep", "global_batch", "stage_mesh")
 
 
 def _counts(text: str) -> list[int]:

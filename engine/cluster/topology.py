@@ -156,6 +156,20 @@ class Cluster:
     def num_nodes(self) -> int:
         return len(self.node_names)
 
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs in a node: every node's GPU count on a cluster of equal nodes; where nodes
+        differ, the largest count that divides every node's (their gcd), so that a group of
+        ``gpus_per_node`` consecutive devices (a tensor-parallel group, a hybrid-sharding
+        group) never spans two nodes. The one definition of a node's size for layouts
+        (:func:`engine.layout.valid_layouts`).
+
+        >>> from engine.cluster import preset
+        >>> preset("dgx-a100-80gb:2").gpus_per_node, preset("hetero-demo").gpus_per_node
+        (8, 4)
+        """
+        return math.gcd(*(spec.gpus for spec in self.node_specs))
+
     def device_type(self, device: int) -> DeviceType:
         return self.device_types[self.devices[device].type]
 

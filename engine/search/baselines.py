@@ -20,6 +20,7 @@ from ..strategy import (
     Strategy,
     check_strategy,
 )
+from ..layout import Layout, microbatch_count
 from .layouts import balanced_layers, layer_blocks, layer_chunks, mesh_config, tp_plan
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "model_parallel",
     "expert",
     "megatron",
+    "build_layout",
     "fsdp",
     "balanced_layers",
     "layer_blocks",
@@ -64,15 +66,8 @@ def _finish(graph: OpGraph, cluster: Cluster, configs: dict[str, Config], algori
 
 
 def _microbatches(graph: OpGraph, dp: int, micro_batch: int | None) -> int:
-    batch = graph.batch_size
-    if micro_batch is None:
-        return 1
-    if not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
-    if batch % (micro_batch * dp):
-        raise ValueError(f"global batch {batch} is not a multiple of micro_batch ({micro_batch}) x dp ({dp})")
-    return batch // (micro_batch * dp)
-
+    """Gradient-accumulation steps (1 without a micro-batch; :func:`engine.layout.microbatch_count`)."""
+    return 1 if micro_batch is None else microbatch_count(graph.batch_size, dp, micro_batch)
 
 # --------------------------------------------------------------------------- simple ones
 
@@ -135,9 +130,20 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              sequence_parallel: bool = False, schedule: str | None = None,
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
              zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False) -> Strategy:
-    """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): tensor parallel of degree
-    ``tp`` inside each layer, ``pp`` pipeline stages of equal layer counts (``vpp`` model
-    chunks per stage for the interleaved schedule), ``dp`` data-parallel replicas.
+    """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
+    :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
+    is described); the keyword form the CLI and the app call."""
+    lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=micro_batch, schedule=schedule,
+                 recompute=recompute, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
+                 zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh)
+    return build_layout(graph, cluster, lay)
+
+
+def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
+    """The strategy a :class:`engine.layout.Layout` makes: Megatron-LM's 3-D parallelism
+    (Narayanan et al. SC'21), tensor parallel of degree ``tp`` inside each layer, ``pp``
+    pipeline stages of equal layer counts (``vpp`` model chunks per stage for the interleaved
+    schedule), ``dp`` data-parallel replicas (default: the devices left over).
 
     Ranks are laid out as Megatron-Core does (tp, cp, dp, pp from the fastest): tensor-parallel
     ranks adjacent (inside a node), then context-parallel, then data-parallel, then pipeline:
@@ -160,50 +166,23 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
 
     ``zero_stage`` shards over each data-parallel group: 1 the optimizer state (Megatron-LM's
     distributed optimizer), 2 also the gradients, 3 also the parameters (FSDP with tensor and
-    pipeline parallelism, Llama 3's layout without context parallelism).
+    pipeline parallelism, Llama 3's layout without context parallelism). ``gather_unit`` and
+    ``shard_group`` (hybrid sharding) are carried onto the strategy.
 
     Raises
     ------
     ValueError
-        When tp*pp*dp exceeds the devices, the batch does not split into micro-batches, or
-        the layers do not split into pp*vpp chunks.
+        Why the layout cannot be built here (:func:`engine.layout.layout_problem`: tp*pp*dp
+        exceeds the devices, the batch does not split into micro-batches, the layers do not
+        split into pp*vpp chunks, ...).
     """
-    n = cluster.num_devices
-    for name, v in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if dp is None:
-        if n % (tp * cp * pp):
-            raise ValueError(f"tp ({tp}) x cp ({cp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}"
-                             if cp > 1 else f"tp ({tp}) x pp ({pp}) does not divide the {n} devices of {cluster.name}")
-        dp = n // (tp * cp * pp)
-    if not isinstance(dp, int) or dp < 1:
-        raise ValueError(f"dp must be a positive integer, got {dp!r}")
-    if tp * cp * pp * dp > n:
-        raise ValueError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {tp * cp * pp * dp} devices, but "
-                         f"{cluster.name} has {n}" if cp > 1 else
-                         f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} devices, but {cluster.name} has {n}")
-    if cp > 1:
-        seqs = {op.dim("length").size for op in graph.ops if "length" in op.dim_names}
-        if not seqs:
-            raise ValueError(f"cp {cp}: the model has no sequence (length) dimension to split")
-        need = cp * (tp if sequence_parallel else 1)
-        bad = sorted(s for s in seqs if s % need)
-        if bad:
-            raise ValueError(f"cp {cp}{f' x tp {tp} (sequence parallel)' if sequence_parallel else ''} does not "
-                             f"divide the sequence length {bad[0]}")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0 (none), 1, 2 or 3, got {zero_stage!r}")
-    if graph.batch_size % dp:
-        raise ValueError(f"global batch {graph.batch_size} is not divisible by dp ({dp})")
-    if micro_batch is None:
-        micro_batch = graph.batch_size // dp if pp == 1 else 1
-    m = _microbatches(graph, dp, micro_batch)
-    schedule = schedule or ("interleaved" if vpp > 1 else "1f1b")
+    lay = layout.resolved(graph, cluster)
+    tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
+    micro_batch, recompute, sequence_parallel = lay.micro_batch, lay.recompute, lay.sequence_parallel
+    m = microbatch_count(graph.batch_size, dp, micro_batch)
+    layers_per_stage = list(lay.layers_per_stage) if lay.layers_per_stage is not None else None
     chunk = layer_chunks(graph, pp * vpp, layers_per_stage if vpp == 1 else None)
-    mesh = list(stage_mesh) if stage_mesh is not None else list(range(pp))
+    mesh = list(lay.stage_mesh) if lay.stage_mesh is not None else list(range(pp))
     if sorted(mesh) != list(range(pp)):
         raise ValueError(f"stage_mesh must be a permutation of 0..{pp - 1}, got {mesh}")
     plan, notes = tp_plan(graph, tp, sequence_parallel)
@@ -218,23 +197,26 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
         configs[op.name] = made[key]
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}
-    if zero_stage:
-        options["zero_stage"] = zero_stage
+    if lay.zero_stage:
+        options["zero_stage"] = lay.zero_stage
     if cp > 1:
         options["cp"] = cp
-    if fp8:
+    if lay.fp8:
         options["fp8"] = True
-    if tp_comm_overlap:
+    if lay.tp_comm_overlap:
         options["tp_comm_overlap"] = True
     if pp * vpp > 1 and layers_per_stage is None:
         counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
         if len(set(counts)) > 1:
             notes = [*notes, f"layers per chunk {counts} (uneven: the first and last chunks also hold the "
                              "embedding and the output layer)"]
-    return _finish(graph, cluster, configs, "megatron", options, notes,
-                   pipeline=PipelineSettings(pp, m, schedule, vpp),
-                   stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
-                   zero_stage=zero_stage, fp8=bool(fp8), tp_comm_overlap=bool(tp_comm_overlap))
+    s = _finish(graph, cluster, configs, "megatron", options, notes,
+                pipeline=PipelineSettings(pp, m, lay.schedule, vpp),
+                stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
+                zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap)
+    if lay.gather_unit != "block" or lay.shard_group:
+        s = replace(s, gather_unit=lay.gather_unit, shard_group=lay.shard_group)
+    return s
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,

@@ -4,26 +4,14 @@ the embedding and the output layer), and the tensor-parallel dim of every op."""
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 from ..graph import Op, OpGraph
+from ..layout import layer_blocks  # (re-exported: the layers pipeline stages split)
 from ..ops import REDUCTION, REPLICA_DIM
 from ..strategy import Config, partition_coords
 
 __all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan", "mesh_config"]
-
-
-_LAYER_RE = re.compile(r"^(?:.*\.)?\d+$")
-
-
-def layer_blocks(graph: OpGraph) -> list[str]:
-    """The numbered layer blocks (``layers.0``, ``encoder.3``, ...) in order."""
-    layers: list[str] = []
-    for op in graph.ops:
-        if op.block and _LAYER_RE.match(op.block) and op.block not in layers:
-            layers.append(op.block)
-    return layers
 
 
 def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:

@@ -46,6 +46,7 @@ from typing import Iterator
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy
+from ..layout import MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, tp_problem, valid_layouts
 from .layouts import layer_blocks, mesh_config, tp_plan
 
 __all__ = ["GLOBAL_KINDS", "Space"]
@@ -55,20 +56,6 @@ GLOBAL_KINDS = ("recompute", "zero", "microbatches", "schedule", "split", "block
 #: the most candidates :meth:`Space.neighbours` lists for one kind (the layouts of a large
 #: cluster run to hundreds; the nearest come first)
 MAX_NEIGHBOURS = 64
-
-#: the largest context-parallel degree a move proposes: Megatron-Core's long-context runs use
-#: 2-16 (Llama 3 405B: cp 16 at 128 K tokens only, Dubey et al. 2024 Table 4); each cp rank is
-#: simulated (not mirrored), so a cp of 64 on GPT-3 makes ~10 M tasks for nothing
-MAX_CP = 8
-
-#: the fewest tokens a context-parallel rank keeps (below it attention is not worth splitting)
-MIN_CP_TOKENS = 512
-
-#: microbatches a move proposes: at most this many per pipeline stage (8 with one stage). The
-#: bubble is (pp - 1) / m of the time (Narayanan et al. SC'21 §2.2.1): 8 per stage leaves it
-#: under 1/8, and every microbatch more adds tasks (GPT-3 on 1,024 GPUs, pp 32 and 768
-#: microbatches: 23 M tasks even under symmetry)
-MAX_MICROBATCHES_PER_STAGE = 8
 
 
 def _divisors(n: int) -> list[int]:
@@ -94,9 +81,8 @@ class Space:
         self._has_length = any("length" in op.dim_names for op in graph.ops)
         seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
         self._max_cp = max(1, min(MAX_CP, min(seqs, default=0) // MIN_CP_TOKENS))
-        # tensor parallelism stays inside a node (its all-reduces every layer; Narayanan et al.
-        # SC'21 §3.2 "tensor model parallelism within a server")
-        self._max_tp = min(spec.gpus for spec in cluster.node_specs)
+        self._tp_ok: dict[int, bool] = {}
+        self._layouts: dict[bool, list[Layout]] = {}  # sequence parallel -> the valid layouts, nearest first
 
     # ------------------------------------------------------------------ which kinds apply
 
@@ -236,6 +222,13 @@ class Space:
         """Context-parallel degrees a move may give ``n`` devices: divisors up to the cap."""
         return [d for d in _divisors(n) if d <= self._max_cp]
 
+    def _tp_fits(self, tp: int) -> bool:
+        """Whether a tensor-parallel degree sits inside a node and divides the heads
+        (:func:`engine.layout.tp_problem`), cached."""
+        if tp not in self._tp_ok:
+            self._tp_ok[tp] = tp_problem(self.graph, self.cluster, tp) is None
+        return self._tp_ok[tp]
+
     def _plan(self, tp: int, sequence_parallel: bool) -> dict | None:
         key = (tp, sequence_parallel)
         if key not in self._plans:
@@ -252,8 +245,8 @@ class Space:
         ctx = self._has_length and any("length" in self.graph[n].dim_names for n in names)
         current = {n: s.configs[n] for n in names}
         for tp in _divisors(size):
-            if tp > self._max_tp:
-                break
+            if not self._tp_fits(tp):
+                continue
             plan = self._plan(tp, s.sequence_parallel) if tp > 1 else None
             if tp > 1 and plan is None:
                 continue
@@ -268,35 +261,21 @@ class Space:
                 yield replace(s, configs=configs)
 
     def _layout_moves(self, s: Strategy, rng: random.Random | None) -> Iterator[Strategy]:
-        from .baselines import megatron  # (baselines imports layouts; this module is imported by mcmc)
+        from .baselines import build_layout  # (baselines imports layouts; this module is imported by mcmc)
 
-        n = self.cluster.num_devices
-        batch = self.graph.batch_size
-        combos = []
-        for tp in _divisors(n):
-            if tp > self._max_tp:
-                break
-            if tp > 1 and self._plan(tp, False) is None:
-                continue
-            for pp in _divisors(n // tp):
-                if pp > max(1, len(self.layers)):
-                    continue
-                for cp in (self._cps(n // (tp * pp)) if self._has_length else [1]):
-                    dp = n // (tp * pp * cp)
-                    if batch % dp:
-                        continue
-                    for mb in _divisors(batch // dp):
-                        if batch // dp // mb <= MAX_MICROBATCHES_PER_STAGE * pp:
-                            combos.append((tp, pp, cp, mb))
-        # the nearest layouts first (fewest model-parallel ranks, then the largest micro-batch)
-        combos.sort(key=lambda t: (t[0] * t[1] * t[2], t[1], t[2], -t[3]))
+        sp = s.sequence_parallel
+        if sp not in self._layouts:
+            lays = list(valid_layouts(self.graph, self.cluster, max_cp=self._max_cp, sequence_parallel=sp))
+            # the nearest layouts first (fewest model-parallel ranks, then the largest micro-batch)
+            lays.sort(key=lambda x: (x.tp * x.pp * x.cp, x.pp, x.cp, -(x.micro_batch or 0)))
+            self._layouts[sp] = lays
+        layouts = self._layouts[sp]
         if rng is not None:
-            combos = [rng.choice(combos)] if combos else []
-        for tp, pp, cp, mb in combos:
+            layouts = [rng.choice(layouts)] if layouts else []
+        for lay in layouts:
             try:
-                cand = megatron(self.graph, self.cluster, tp=tp, pp=pp, cp=cp, micro_batch=mb,
-                                recompute=s.recompute, zero_stage=s.zero_stage, fp8=s.fp8,
-                                sequence_parallel=s.sequence_parallel and tp > 1)
+                cand = build_layout(self.graph, self.cluster,
+                                    replace(lay, recompute=s.recompute, zero_stage=s.zero_stage, fp8=s.fp8))
             except ValueError:
                 continue
             yield replace(cand, found_by={}, cost={})

@@ -48,7 +48,8 @@ from ..memory import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from .api import Budget, PipelineOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
-from .baselines import layer_blocks, megatron, tp_plan
+from ..layout import Layout, microbatch_count, valid_layouts
+from .baselines import build_layout, layer_blocks, tp_plan
 
 __all__ = ["Plan", "plan_pipeline", "pipeline"]
 
@@ -64,6 +65,13 @@ class Plan:
     stage_mesh: list[int]
     model_cost_s: float  # Alpa's T plus the data-parallel sync, analytic
     recompute: str = "none"
+
+    @property
+    def layout(self) -> Layout:
+        """The plan as a :class:`engine.layout.Layout`."""
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, recompute=self.recompute,
+                      layers_per_stage=self.layers_per_stage if self.pp > 1 else None,
+                      stage_mesh=self.stage_mesh if self.pp > 1 else None)
 
     def describe(self) -> str:
         return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}, micro-batch {self.micro_batch} "
@@ -231,41 +239,34 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         raise ValueError(f"model {graph.name!r} has no numbered layer blocks to cut into pipeline stages")
     model = _Model(graph, cluster, cost)
     batch = graph.batch_size
-    per_node = max(sum(1 for d in cluster.devices if d.node == 0), 1)
     mem_cap = np.array([cluster.device_type(d).memory_bytes for d in range(n)], dtype=np.float64)
     opt_bytes = 2 * model.pbytes + optimizer_bytes_per_param(graph.precision)  # weights, gradients, Adam
     plans: list[Plan] = []
-    for tp in tps:
-        if tp > per_node or n % tp:
-            continue
-        try:
-            model.tp_plan(tp)
-        except ValueError:
-            continue  # heads not divisible, ...
-        for pp in range(1, min(L, max_pp or L) + 1):
-            if (n // tp) % pp:
-                continue
-            dp = n // (tp * pp)
-            if batch % dp:
-                continue
-            mesh_size = dp * tp
-            meshes = [tuple(range(k * mesh_size, (k + 1) * mesh_size)) for k in range(pp)]
-            speed = [min(cluster.device_type(d).peak_flops_per_s.get(graph.precision, 0.0) for d in mesh)
-                     for mesh in meshes]
-            for mb in micro_batches:
-                if (batch // dp) % mb:
-                    continue
-                B = batch // (dp * mb)
-                m = B  # the engine's sample degree carries dp * microbatches
-                # per mesh: the device type it runs at (hardware-aware) or the first mesh's
-                types = [min((cluster.device_type(d) for d in mesh), key=lambda t: t.peak_flops_per_s.get(
-                    graph.precision, 0.0)) for mesh in meshes]
-                if not hardware_aware:
-                    types = [cluster.device_type(0)] * pp
-                params, acts, outb = model.layer_sizes(tp, dp, m)
-                for recompute in recomputes:
-                    plans += _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params,
-                                        acts, outb, recompute, hardware_aware, mem_cap, opt_bytes, cost)
+    # the layouts (tp inside a node and dividing the heads, pp up to the layers, dp dividing the
+    # batch, micro-batches dividing each replica's batch): engine.layout's one enumerator. No
+    # cap on the microbatches: the planner prices each plan analytically and simulates only the
+    # best few, so long gradient accumulation is a plan it may pick (the cap is MCMC's, whose
+    # every jump is simulated)
+    pps = range(1, min(L, max_pp or L) + 1)
+    for lay in valid_layouts(graph, cluster, tps=tps, pps=pps, micro_batches=micro_batches, max_cp=1,
+                             max_microbatches_per_stage=None):
+        tp, pp, dp, mb = lay.tp, lay.pp, lay.dp, lay.micro_batch
+        model.tp_plan(tp)
+        mesh_size = dp * tp
+        meshes = [tuple(range(k * mesh_size, (k + 1) * mesh_size)) for k in range(pp)]
+        speed = [min(cluster.device_type(d).peak_flops_per_s.get(graph.precision, 0.0) for d in mesh)
+                 for mesh in meshes]
+        B = microbatch_count(batch, dp, mb)
+        m = B  # the engine's sample degree carries dp * microbatches
+        # per mesh: the device type it runs at (hardware-aware) or the first mesh's
+        types = [min((cluster.device_type(d) for d in mesh), key=lambda t: t.peak_flops_per_s.get(
+            graph.precision, 0.0)) for mesh in meshes]
+        if not hardware_aware:
+            types = [cluster.device_type(0)] * pp
+        params, acts, outb = model.layer_sizes(tp, dp, m)
+        for recompute in recomputes:
+            plans += _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params,
+                                acts, outb, recompute, hardware_aware, mem_cap, opt_bytes, cost)
     plans.sort(key=lambda p: p.model_cost_s)
     return plans
 
@@ -328,9 +329,8 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
 
 
 def build_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> Strategy:
-    return megatron(graph, cluster, tp=plan.tp, pp=plan.pp, dp=plan.dp, micro_batch=plan.micro_batch,
-                    recompute=plan.recompute, layers_per_stage=plan.layers_per_stage if plan.pp > 1 else None,
-                    stage_mesh=plan.stage_mesh if plan.pp > 1 else None)
+    """The strategy of a plan's layout (:func:`engine.search.baselines.build_layout`)."""
+    return build_layout(graph, cluster, plan.layout)
 
 
 def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
