@@ -27,7 +27,7 @@ from .errors import Problem, ValidationError
 from .graph import OpGraph
 from .layout import Layout, layer_blocks
 from .search.baselines import build_layout
-from .strategy import Strategy
+from .strategy import Strategy, splits_into_microbatches
 
 __all__ = ["Layout", "infer_layout", "to_megatron", "to_deepspeed", "to_torchtitan", "FORMATS", "export",
            "layout_from_megatron", "layout_from_deepspeed", "layout_from_torchtitan", "build_layout"]
@@ -63,7 +63,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     m = max(1, strategy.pipeline.microbatches)
     batch = graph.batch_size
     problems: list[Problem] = []
-    if batch % (dp * m):
+    if not splits_into_microbatches(batch, dp, m):
         problems.append(Problem("pipeline.microbatches", f"batch {batch} does not split into {m} microbatches on "
                                                          f"{dp} data-parallel ranks"))
         raise _fail(problems)

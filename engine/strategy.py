@@ -32,7 +32,7 @@ from .graph import Op, OpGraph
 
 __all__ = [
     "selective_recompute_reruns",
-    "divisors",
+    "divisors", "splits_into_microbatches",
     "check_config",
     "Config",
     "PipelineSettings",
@@ -59,6 +59,12 @@ def divisors(n: int, at_most: int) -> list[int]:
     return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
 
 
+def splits_into_microbatches(samples: int, degree: int, microbatches: int) -> bool:
+    """Whether ``samples`` (a sample dim; a global batch) split ``degree`` ways (a degree; dp) cut into equal
+    ``microbatches``: the one micro-batch x sample rule (Megatron-LM ``arguments.py``; ``layout.microbatch_count``)."""
+    return samples % (degree * microbatches) == 0
+
+
 def degree_choices(dim, n_devices: int, microbatches: int = 1, min_part: int = 1) -> list[int]:
     """The degrees a search may split ``dim`` (an op's :class:`Dim`) into on ``n_devices``,
     ascending: divisors of its size that divide ``n_devices``, that the dim accepts
@@ -67,7 +73,7 @@ def degree_choices(dim, n_devices: int, microbatches: int = 1, min_part: int = 1
     microbatch evenly. The one rule of every search's config space."""
     return [k for k in divisors(dim.size, n_devices)
             if n_devices % k == 0 and dim.size // k >= min_part and dim.degree_problem(k) is None
-            and (dim.name != "sample" or microbatches <= 1 or dim.size % (k * microbatches) == 0)]
+            and (dim.name != "sample" or microbatches <= 1 or splits_into_microbatches(dim.size, k, microbatches))]
 
 
 def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
@@ -431,7 +437,7 @@ def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches
     deg = config.degree("sample")
     if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
         size = dims["sample"].size
-        if size % (deg * microbatches) and size % deg == 0:
+        if not splits_into_microbatches(size, deg, microbatches) and size % deg == 0:
             problems.append(Problem(f"{at}.degrees.sample",
                                     f"{microbatches} microbatches of {size // deg} samples per partition do not divide "
                                     f"evenly (batch {size}, sample degree {deg})"))

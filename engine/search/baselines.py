@@ -12,15 +12,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..cluster import Cluster
 from ..graph import Op, OpGraph
+from ..layout import Layout, microbatch_count
 from ..strategy import (
     GATHER_UNITS,
-    RECOMPUTE,
     Config,
     PipelineSettings,
     Strategy,
     check_strategy,
 )
-from ..layout import Layout, microbatch_count
 from .layouts import balanced_layers, layer_blocks, layer_chunks, mesh_config, tp_plan
 
 __all__ = [

@@ -37,16 +37,14 @@ optimum under every kind).
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
-from functools import reduce
 from typing import Iterator
 
 from ..cluster import Cluster
 from ..graph import OpGraph
-from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy
 from ..layout import MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, tp_problem, valid_layouts
+from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy, splits_into_microbatches
 from .layouts import layer_blocks, mesh_config, tp_plan
 
 __all__ = ["GLOBAL_KINDS", "Space"]
@@ -144,15 +142,15 @@ class Space:
             raise ValueError(f"unknown move kind {kind!r}; kinds: {', '.join(GLOBAL_KINDS)}")
 
     def _microbatch_moves(self, s: Strategy) -> Iterator[Strategy]:
-        # every op's per-partition batch must split into the microbatches (check_config)
-        sizes = [op.dim("sample").size // s.configs[op.name].degree("sample")
-                 for op in self.graph.ops if "sample" in op.dim_names and op.name in s.configs]
-        limit = reduce(math.gcd, sizes, 0) or 1
+        # every op's per-partition batch must split into the microbatches (check_config's rule)
+        split = {(op.dim("sample").size, s.configs[op.name].degree("sample"))
+                 for op in self.graph.ops if "sample" in op.dim_names and op.name in s.configs}
+        limit = min((size // deg for size, deg in split), default=1)
         m = s.pipeline.microbatches
         stages = s.pipeline.stages
         cap = min(limit, MAX_MICROBATCHES, max(m, MAX_MICROBATCHES_PER_STAGE * stages))
         for new in (m * 2, m // 2):
-            if 1 <= new <= cap and limit % new == 0 and new != m:
+            if 1 <= new <= cap and new != m and all(splits_into_microbatches(size, deg, new) for size, deg in split):
                 if s.pipeline.schedule == "interleaved" and new % stages:
                     continue
                 yield replace(s, pipeline=replace(s.pipeline, microbatches=new))
