@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import SoapboxError, TooLargeError, ValidationError
+from engine.layout import Layout
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config, Strategy
 
@@ -23,6 +24,7 @@ from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, p
                     strategy_dict)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
+           "layout_options",
            "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
            "SHOWN_PROBLEMS"]
 
@@ -216,7 +218,8 @@ def _whole(v: Any) -> int | None:
 
 
 def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
-    """The builder options a layout panel's form describes.
+    """The builder options a layout panel's form describes (names of
+    :class:`engine.layout.Layout`'s fields, checked by it).
 
     Raises
     ------
@@ -256,6 +259,7 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
     elif "shard_group" in opts:
         raise ValueError("a shard group (hybrid sharding) applies to fsdp")
+    Layout.from_options(opts)  # (the one layout record checks every field: its name and valid values)
     return opts
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.cluster import preset
+from engine.layout import OPTION_NAMES, Layout
 from engine.search.baselines import BASELINES
 from engine.strategy import Strategy
 
@@ -16,9 +17,9 @@ from .state import content_key, page_strategy
 
 __all__ = ["fit_start", "fit_status", "layout_of"]
 
-#: the options a layout carries to another cluster size (the layout panel's, as the builders name them)
-_GIVEN = ("tp", "pp", "cp", "vpp", "micro_batch", "shard_group", "recompute", "zero_stage", "sequence_parallel",
-          "fp8", "schedule")
+#: the options a layout carries to another cluster size: the fields of the one layout record
+#: but those that depend on the cluster (dp, the stages' mesh) or the model (the global batch)
+_GIVEN = tuple(n for n in OPTION_NAMES if n not in ("dp", "stage_mesh", "global_batch"))
 
 
 def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
@@ -45,6 +46,10 @@ def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
                 o["schedule"] = "interleaved" if strategy.pipeline.virtual_stages > 1 else strategy.pipeline.schedule
     else:
         o = {}
+    try:
+        Layout.from_options({k: v for k, v in o.items() if k != "shard_group" or kind == "fsdp"})
+    except (ValueError, TypeError):
+        return None  # (a file's options no layout can hold: nothing to carry over)
     shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.items()
                       if v not in (None, False, "none", 0, 1) or k in ("tp", "pp", "micro_batch"))
     return kind, o, f"{kind}" + (f" ({shown})" if shown else "")

@@ -139,7 +139,7 @@ def family_sizes(cluster_name: str) -> list[str]:
     entry = PRESETS.get(family)
     if not count or entry is None or not entry[1]:
         return []
-    per_node = preset_cluster(f"{family}:1").num_devices  # (a sized preset's one node)
+    per_node = preset_cluster(f"{family}:1").gpus_per_node  # (a sized preset's N is its node count)
     return [f"{family}:{n}" for n in FAMILY_NODES if n * per_node <= MAX_APP_DEVICES]
 
 
