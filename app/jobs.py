@@ -32,7 +32,7 @@ from engine.strategy import Strategy, strategy_from_dict
 from . import store as S
 from .fmt import format_seconds
 
-__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure"]
+__all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure", "worker_env"]
 
 #: longest a search may run in the explorer (a shared server); longer ones belong to the CLI
 MAX_SEARCH_S = 600.0
@@ -95,7 +95,7 @@ class JobView:
         return f"Search failed: {self.error}.{tail}"
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     """The environment of a worker: the server's, with ``app`` importable from wherever the
     server imported it (a source tree found from the current folder included)."""
     env = dict(os.environ)
@@ -135,7 +135,7 @@ class SearchPool:
         while len(self._procs) < self.workers:
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-m", "app.worker", str(self.store.path), str(os.getpid())],
-                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=False, env=_worker_env()))
+                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=False, env=worker_env()))
 
     def _manage(self) -> None:
         while not self._stopping.wait(_TICK_S):

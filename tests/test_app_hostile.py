@@ -284,9 +284,9 @@ class TestWhatTheServerKeeps:
         root = os.path.dirname(os.path.dirname(os.path.abspath(jobs.__file__)))
         monkeypatch.setenv("PYTHONPATH", "/elsewhere")
         monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != root and p])
-        assert jobs._worker_env()["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+        assert jobs.worker_env()["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
         monkeypatch.setattr(sys, "path", [root] + sys.path)
-        assert jobs._worker_env()["PYTHONPATH"] == "/elsewhere"  # found there already: nothing added
+        assert jobs.worker_env()["PYTHONPATH"] == "/elsewhere"  # found there already: nothing added
 
 
 class TestIdleCache:
