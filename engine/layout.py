@@ -31,7 +31,7 @@ from .graph import OpGraph
 from .strategy import GATHER_UNITS, MAX_MICROBATCHES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
-           "valid_layouts", "OPTION_NAMES", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
+           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
 
 #: the largest context-parallel degree the enumerator proposes by default: Megatron-Core's
 #: long-context runs use 2-16 (Llama 3 405B: cp 16 at 128 K tokens only, Dubey et al. 2024
@@ -350,6 +350,36 @@ def layout_problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     return None
 
 
+def _cp_choices(n: int, cap: int, seqs: Sequence[int], tp: int, sp: bool) -> list[int]:
+    """Context-parallel degrees of ``n`` devices: divisors up to ``cap`` that divide every
+    sequence length (times tp under sequence parallelism); [1] without a sequence."""
+    if not seqs:
+        return [1]
+    return [d for d in _divisors(n) if d <= cap and (d == 1 or not any(s % (d * (tp if sp else 1)) for s in seqs))]
+
+
+def _cp_cap(seqs: Sequence[int], max_cp: int | None) -> int:
+    return max(1, min(MAX_CP, min(seqs, default=0) // MIN_CP_TOKENS)) if max_cp is None else max_cp
+
+
+def mesh_shapes(graph: OpGraph, cluster: Cluster, n_devices: int, *, max_cp: int | None = None,
+                sequence_parallel: bool = False) -> list[tuple[int, int, int]]:
+    """The (tp, cp, dp) meshes of ``n_devices`` consecutive devices (one pipeline stage, or one
+    block of ops that MCMC re-lays), tp then cp ascending, by :func:`valid_layouts`' rules for
+    tp (inside a node, dividing the heads) and cp (up to ``max_cp``, dividing the sequence);
+    dp the devices left over.
+
+    >>> from engine.cluster import preset
+    >>> from engine.formats import resolve_model
+    >>> mesh_shapes(resolve_model("gpt2", batch=8), preset("dgx-a100-80gb:1"), 8)
+    [(1, 1, 8), (1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 2), (4, 2, 1)]
+    """
+    seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
+    cap = _cp_cap(seqs, max_cp)
+    return [(tp, cp, n_devices // (tp * cp)) for tp in _divisors(n_devices) if tp_problem(graph, cluster, tp) is None
+            for cp in _cp_choices(n_devices // tp, cap, seqs, tp, sequence_parallel and tp > 1)]
+
+
 def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None = None,
                   pps: Sequence[int] | None = None, micro_batches: Sequence[int] | None = None,
                   max_cp: int | None = None, max_microbatches_per_stage: int | None = MAX_MICROBATCHES_PER_STAGE,
@@ -389,7 +419,7 @@ def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None
     n, batch = cluster.num_devices, graph.batch_size
     n_layers = len(layer_blocks(graph))
     seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
-    cp_cap = max(1, min(MAX_CP, min(seqs, default=0) // MIN_CP_TOKENS)) if max_cp is None else max_cp
+    cp_cap = _cp_cap(seqs, max_cp)
     sp = bool(settings.pop("sequence_parallel", False))
     for tp in (tps if tps is not None else _divisors(n)):
         if n % tp or tp_problem(graph, cluster, tp):
@@ -397,9 +427,7 @@ def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None
         for pp in (pps if pps is not None else _divisors(n // tp)):
             if (n // tp) % pp or pp > max(1, n_layers):
                 continue
-            for cp in ([d for d in _divisors(n // (tp * pp)) if d <= cp_cap] if seqs else [1]):
-                if cp > 1 and any(s % (cp * (tp if sp else 1)) for s in seqs):
-                    continue
+            for cp in _cp_choices(n // (tp * pp), cp_cap, seqs, tp, sp and tp > 1):
                 dp = n // (tp * pp * cp)
                 allowed = micro_batch_sizes(batch, dp, pp, max_microbatches_per_stage)
                 for mb in (allowed if micro_batches is None else [m for m in micro_batches if m in allowed]):

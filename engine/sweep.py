@@ -97,23 +97,26 @@ def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str
     return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
 
 
-def layout_points(graph: Any, clusters: Sequence[Any], **limits: Any) -> list[dict[str, Any]]:
-    """Every valid layout of ``graph`` on each of ``clusters`` (:class:`engine.cluster.Cluster`)
-    as sweep points (grid keys tp, pp, cp, mb), clusters outermost: the grid the enumerator
-    :func:`engine.layout.valid_layouts` gives (``limits`` are its keyword limits: ``tps``,
-    ``max_microbatches_per_stage``, ...).
+def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
+                  **limits: Any) -> list[dict[str, Any]]:
+    """Every valid layout of ``model`` on each of ``clusters`` (names, as :func:`points`
+    takes) as sweep points (grid keys tp, pp, cp, mb), clusters outermost: the grid that
+    :func:`engine.layout.valid_layouts` gives (``soapbox sweep --grid auto``; ``limits`` are its
+    keyword limits: ``tps``, ``max_microbatches_per_stage``, ...).
 
-    >>> from engine.cluster import preset
-    >>> from engine.formats import resolve_model
-    >>> layout_points(resolve_model("gpt2", batch=8), [preset("dgx-a100-80gb:1")])[0]
+    >>> layout_points("gpt2", ["dgx-a100-80gb:1"], batch=8)[0]
     {'cluster': 'dgx-a100-80gb:1', 'tp': 1, 'pp': 1, 'cp': 1, 'mb': 1}
     """
+    from .formats import resolve_cluster, resolve_model
     from .layout import valid_layouts
 
-    out = [{"cluster": c.name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch}
-           for c in clusters for lay in valid_layouts(graph, c, **limits)]
-    if len(out) > MAX_POINTS:
-        raise ValueError(f"{len(out):,} points, more than the {MAX_POINTS:,} a sweep runs")
+    g = resolve_model(model, allow_path=True, batch=batch)
+    out: list[dict[str, Any]] = []
+    for name in clusters:
+        for lay in valid_layouts(g, resolve_cluster(name, allow_path=True), **limits):
+            out.append({"cluster": name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch})
+            if len(out) > MAX_POINTS:
+                raise ValueError(f"more than the {MAX_POINTS:,} points a sweep runs")
     return out
 
 

@@ -129,7 +129,8 @@ def test_tp_stays_inside_a_node_and_divides_the_heads():
 
 def test_layout_problem_names_the_first_reason():
     g, c = resolve_model("gpt2", batch=8), preset("dgx-a100-80gb:1")
-    assert layout_problem(g, c, Layout(tp=4, pp=4)) == "tp (4) x pp (4) does not divide the 8 devices of dgx-a100-80gb:1"
+    assert layout_problem(g, c, Layout(tp=4, pp=4)) == \
+        "tp (4) x pp (4) does not divide the 8 devices of dgx-a100-80gb:1"
     assert layout_problem(g, c, Layout(dp=3)) == "global batch 8 is not divisible by dp (3)"
     assert layout_problem(g, c, Layout(micro_batch=2)) == "global batch 8 is not a multiple of micro_batch (2) x dp (8)"
     assert layout_problem(g, c, Layout(pp=4, vpp=4, dp=2)) == "12 layers cannot fill 16 pipeline chunks (pp x vpp)"
@@ -222,8 +223,9 @@ def test_sweep_layout_points_and_the_smallest_cluster_scan():
     from engine.sweep import layout_points, smallest_fit
 
     g = resolve_model("gpt2", batch=8)
-    pts = layout_points(g, [preset("dgx-a100-80gb:1")], tps=[2])
+    pts = layout_points("gpt2", ["dgx-a100-80gb:1"], batch=8, tps=[2])
     assert pts and all(p["tp"] == 2 and p["cluster"] == "dgx-a100-80gb:1" for p in pts)
+    assert len(pts) == len(list(valid_layouts(g, preset("dgx-a100-80gb:1"), tps=[2])))
     rows = smallest_fit(g, "megatron", {"tp": 4, "pp": 4, "micro_batch": 1}, [preset("dgx-a100-80gb:1")])
     assert rows[0]["why"] == "tp (4) x pp (4) does not divide the 8 devices of dgx-a100-80gb:1"
 
@@ -249,3 +251,16 @@ def test_cli_flags_are_layout_fields():
     assert set(opts) <= set(OPTION_NAMES)
     lay = Layout.from_options(opts)
     assert (lay.tp, lay.layers_per_stage, lay.fp8) == (2, (1, 2, 1), True)
+
+
+def test_cli_sweep_grid_auto_runs_every_valid_layout(tmp_path, capsys):
+    from engine.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["sweep", "--model", "gpt2", "--batch", "2", "--grid", "auto", "--clusters", "dgx-a100-80gb:1",
+                 "--backend", "serial", "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    want = list(valid_layouts(resolve_model("gpt2", batch=2), preset("dgx-a100-80gb:1")))
+    assert [(r["tp"], r["pp"], r["cp"], r["dp"], r["mb"]) for r in rows] == \
+        [(x.tp, x.pp, x.cp, x.dp, x.micro_batch) for x in want]
+    assert all(r["feasible"] or r["why"].startswith("does not fit in memory") for r in rows)  # every one builds

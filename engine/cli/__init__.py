@@ -189,7 +189,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--model", required=True, help="sample model name or model file")
     add_batch_options(p)
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2",
-                   help="values per key: tp, pp, cp, vpp, mb (micro-batch), zero, recompute, sp (0/1)")
+                   help="values per key: tp, pp, cp, vpp, mb (micro-batch), zero, recompute, sp (0/1); or auto: "
+                        "every valid layout of the model on each cluster")
     p.add_argument("--clusters", required=True, metavar="PRESET:N1,N2",
                    help="clusters, e.g. dgx-a100-80gb:4,8,16 (several groups separated by spaces in quotes)")
     p.add_argument("--backend", choices=["pool", "serial", "ray"], default="pool",

@@ -206,11 +206,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..sweep import pareto, parse_clusters, parse_grid, points, run_sweep, write_report, write_rows
+    from ..sweep import layout_points, pareto, parse_clusters, parse_grid, points, run_sweep, write_report, write_rows
 
     if args.batch_per_gpu is not None:
         raise ValueError("--batch-per-gpu does not apply to a sweep over cluster sizes; give --batch")
-    pts = points(parse_grid(args.grid), parse_clusters(args.clusters))
+    if args.grid == ["auto"]:  # every valid layout of the model on each cluster (engine.layout.valid_layouts)
+        pts = layout_points(args.model, parse_clusters(args.clusters), batch=args.batch)
+    else:
+        pts = points(parse_grid(args.grid), parse_clusters(args.clusters))
     tty = sys.stderr.isatty()
     t0 = time.perf_counter()
 

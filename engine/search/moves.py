@@ -43,7 +43,7 @@ from typing import Iterator
 
 from ..cluster import Cluster
 from ..graph import OpGraph
-from ..layout import MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, tp_problem, valid_layouts
+from ..layout import MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, mesh_shapes, valid_layouts
 from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy, splits_into_microbatches
 from .layouts import layer_blocks, mesh_config, tp_plan
 
@@ -54,10 +54,6 @@ GLOBAL_KINDS = ("recompute", "zero", "microbatches", "schedule", "split", "block
 #: the most candidates :meth:`Space.neighbours` lists for one kind (the layouts of a large
 #: cluster run to hundreds; the nearest come first)
 MAX_NEIGHBOURS = 64
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 class Space:
@@ -79,7 +75,7 @@ class Space:
         self._has_length = any("length" in op.dim_names for op in graph.ops)
         seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
         self._max_cp = max(1, min(MAX_CP, min(seqs, default=0) // MIN_CP_TOKENS))
-        self._tp_ok: dict[int, bool] = {}
+        self._mesh_cache: dict[tuple[int, bool, bool], list[tuple[int, int, int]]] = {}
         self._layouts: dict[bool, list[Layout]] = {}  # sequence parallel -> the valid layouts, nearest first
 
     # ------------------------------------------------------------------ which kinds apply
@@ -216,16 +212,13 @@ class Space:
                     stage_of[op.name] = new
         yield replace(s, configs=configs, stage_of=stage_of)
 
-    def _cps(self, n: int) -> list[int]:
-        """Context-parallel degrees a move may give ``n`` devices: divisors up to the cap."""
-        return [d for d in _divisors(n) if d <= self._max_cp]
-
-    def _tp_fits(self, tp: int) -> bool:
-        """Whether a tensor-parallel degree sits inside a node and divides the heads
-        (:func:`engine.layout.tp_problem`), cached."""
-        if tp not in self._tp_ok:
-            self._tp_ok[tp] = tp_problem(self.graph, self.cluster, tp) is None
-        return self._tp_ok[tp]
+    def _meshes(self, size: int, context: bool, sequence_parallel: bool) -> list[tuple[int, int, int]]:
+        """The (tp, cp, dp) meshes of ``size`` devices (:func:`engine.layout.mesh_shapes`), cached."""
+        key = (size, context, sequence_parallel)
+        if key not in self._mesh_cache:
+            self._mesh_cache[key] = mesh_shapes(self.graph, self.cluster, size, max_cp=self._max_cp if context else 1,
+                                                sequence_parallel=sequence_parallel)
+        return self._mesh_cache[key]
 
     def _plan(self, tp: int, sequence_parallel: bool) -> dict | None:
         key = (tp, sequence_parallel)
@@ -242,21 +235,17 @@ class Space:
         size = len(devices)
         ctx = self._has_length and any("length" in self.graph[n].dim_names for n in names)
         current = {n: s.configs[n] for n in names}
-        for tp in _divisors(size):
-            if not self._tp_fits(tp):
-                continue
+        for tp, cp, dp in self._meshes(size, ctx, s.sequence_parallel):
             plan = self._plan(tp, s.sequence_parallel) if tp > 1 else None
             if tp > 1 and plan is None:
                 continue
-            for cp in (self._cps(size // tp) if ctx else [1]):
-                dp = size // (tp * cp)
-                configs = dict(s.configs)
-                for n in names:
-                    dim, deg = plan[n] if plan is not None else (None, 1)
-                    configs[n] = mesh_config(self.graph[n], dim, deg, dp, cp, tp, devices)
-                if all(configs[n] == current[n] for n in names):
-                    continue
-                yield replace(s, configs=configs)
+            configs = dict(s.configs)
+            for n in names:
+                dim, deg = plan[n] if plan is not None else (None, 1)
+                configs[n] = mesh_config(self.graph[n], dim, deg, dp, cp, tp, devices)
+            if all(configs[n] == current[n] for n in names):
+                continue
+            yield replace(s, configs=configs)
 
     def _layout_moves(self, s: Strategy, rng: random.Random | None) -> Iterator[Strategy]:
         from .baselines import build_layout  # (baselines imports layouts; this module is imported by mcmc)
