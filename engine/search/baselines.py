@@ -239,8 +239,9 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
         raise ValueError(f"shard_group must be a non-negative integer, got {shard_group!r}")
     if shard_group and zero_stage < 2:
         raise ValueError(f"hybrid sharding (shard_group {shard_group}) needs ZeRO stage 2 or 3, got {zero_stage}")
-    s = megatron(graph, cluster, tp=tp, pp=pp, micro_batch=micro_batch, recompute=recompute, zero_stage=zero_stage,
-                 cp=cp, fp8=fp8)
+    s = build_layout(graph, cluster, Layout(tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, recompute=recompute,
+                                            zero_stage=zero_stage, fp8=fp8, gather_unit=gather_unit,
+                                            shard_group=shard_group))
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
@@ -252,7 +253,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     found_by = {"algorithm": "baseline:fsdp", "options": opts}
     if "notes" in s.found_by:
         found_by["notes"] = s.found_by["notes"]
-    s = replace(s, zero_stage=zero_stage, found_by=found_by, gather_unit=gather_unit, shard_group=shard_group)
+    s = replace(s, found_by=found_by)
     return check_strategy(s, graph, cluster, "baseline fsdp") if shard_group else s
 
 
