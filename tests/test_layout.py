@@ -100,6 +100,22 @@ def test_options_round_trip(lay):
     assert set(lay.to_options()) <= set(OPTION_NAMES)
 
 
+junk = st.one_of(st.none(), st.booleans(), st.integers(-5, 70), st.floats(allow_nan=True), st.text(max_size=8),
+                 st.lists(st.integers(-2, 9), max_size=4), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(OPTION_NAMES + ("mb", "tensor")), junk, max_size=5))
+def test_any_options_give_a_layout_or_a_message(options):
+    """Crafted options never reach a user as a raw Python error."""
+    try:
+        lay = Layout.from_options(options)
+    except ValueError as e:
+        assert "invalid literal" not in str(e) and "could not convert" not in str(e)
+    else:
+        assert Layout.from_options(lay.to_options()) == lay
+
+
 # =========================================================================== the rules
 
 
