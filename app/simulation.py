@@ -31,7 +31,8 @@ from .sources import APP_MAX_TASKS, cluster_of, graph_of
 from .state import content_key, page_strategy, same_settings
 
 __all__ = ["Workspace", "workspace", "workspace_within", "build_status", "cancel_build", "check_size",
-           "baseline_cost_s", "baseline_fits", "baseline_comm_bytes", "INLINE_WAIT_S", "MAX_WAIT_S", "DELTA_LIMIT"]
+           "baseline_cost_s", "baseline_fits", "baseline_comm_bytes", "INLINE_WAIT_S", "MAX_WAIT_S", "DELTA_LIMIT",
+           "Busy"]
 
 #: how long a request waits for a simulation before it answers and the simulation goes on in
 #: the background (the page polls, shows progress and can go back)
@@ -285,5 +286,3 @@ def baseline_comm_bytes(state: dict, kind: str = "data-parallel") -> float | Non
     hit = _baseline_of(state, kind)
     return hit[1] if hit else None
 
-
-__all__ += ["Busy"]

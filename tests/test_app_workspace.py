@@ -1,4 +1,5 @@
-"""Session state and actions of the explorer (app.workspace), without Dash or a browser."""
+"""Session state, simulation and actions of the explorer (app.state, app.simulation, app.actions,
+app.links, app.uploads, app.fitscan), without Dash or a browser."""
 
 from __future__ import annotations
 
