@@ -1,10 +1,12 @@
 """The soapbox explorer: a Dash app over :mod:`engine` (the engine never imports it).
 
 ``create_app()`` builds the app; ``soapbox serve`` runs it. Session state lives in the tab's
-``dcc.Store`` (``sessionStorage``; see :mod:`app.workspace`); views are pure figure builders
-(:mod:`app.figures`) over view data (:mod:`app.views`); callbacks are plain functions
-(:mod:`app.callbacks`). Searches run in worker processes (:mod:`app.jobs`) and, with uploads,
-are kept in an SQLite database under the data directory (:mod:`app.store`).
+``dcc.Store`` (``sessionStorage``; see :mod:`app.state`); what the server keeps between
+requests is one :class:`app.sessions.Sessions`; each tab's layout and callbacks are in
+:mod:`app.tabs` (plain functions tests call), wired by :mod:`app.callbacks`; views are pure
+figure builders (:mod:`app.figures`) over view data (:mod:`app.views`, :mod:`app.gantt`).
+Searches run in worker processes (:mod:`app.jobs`) and, with uploads, are kept in an SQLite
+database under the data directory (:mod:`app.store`). ``app/README.md`` maps the rooms.
 """
 
 from __future__ import annotations
@@ -41,12 +43,19 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     Parameters
     ----------
     data_dir : path, optional
-        Where the database of uploads and searches lives (created if missing; default the
-        platform's user data directory, see :func:`app.store.default_data_dir`).
+        Where the database of uploads and searches lives (created if missing, mode 0700;
+        default the platform's user data directory, see :func:`app.store.default_data_dir`).
+        This process holds it until it exits (:func:`app.store.open_checked`); a damaged
+        database in it is set aside (``app.soapbox_info["notices"]`` says so).
     workers : int, optional
         Searches run at once, each in its own process (default: cores - 1, at least 1).
     idle_evict_s : float
         Seconds without a request after which a session's cached simulation is dropped.
+
+    Raises
+    ------
+    app.store.DataDirInUse
+        When another server holds ``data_dir`` (a ``ValueError``).
     """
     from dash import Dash
     from flask import abort, request
@@ -57,7 +66,10 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     from .callbacks import register
     from .layout import make_layout
 
-    db = store.configure(Path(data_dir or store.default_data_dir()) / "soapbox.sqlite3")
+    folder = Path(data_dir or store.default_data_dir())
+    # the folder for this process alone (a second server is refused: DataDirInUse); a damaged
+    # database in it is set aside (db.notices say so)
+    db = store.configure(folder / store.DB_NAME, checked=True)
     interrupted = db.recover()
     jobs.configure(db, workers)
     app = Dash(__name__, title="soapbox", assets_folder=str(ASSETS), suppress_callback_exceptions=False,
@@ -93,7 +105,8 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
         return "", 204
 
     threading.Thread(target=_janitor, args=(idle_evict_s,), name="soapbox-janitor", daemon=True).start()
-    app.soapbox_info = {"data_dir": str(db.path.parent), "interrupted": interrupted, "workers": jobs.pool().workers}
+    app.soapbox_info = {"data_dir": str(db.path.parent), "interrupted": interrupted, "workers": jobs.pool().workers,
+                        "notices": list(db.notices)}
     return app
 
 

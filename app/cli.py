@@ -10,7 +10,19 @@ from typing import Sequence
 from engine.cli import int_in
 from engine.cli import main as engine_main
 
-__all__ = ["main"]
+__all__ = ["main", "waitress_options", "CHANNEL_TIMEOUT_S", "CLEANUP_INTERVAL_S", "CONNECTION_LIMIT"]
+
+#: ``soapbox serve``'s waitress settings (https://docs.pylonsproject.org/projects/waitress/en/stable/arguments.html).
+#: Waitress's defaults (100 connections; an idle one closed after 120 s, looked for every 30 s)
+#: let 101 idle connections make a new visitor wait 143 s: an idle connection costs a socket,
+#: not a request thread, so many are allowed, and they are closed sooner.
+#: seconds without activity after which a connection with no request in progress is closed
+CHANNEL_TIMEOUT_S = 30
+#: how often (seconds) idle connections are looked for
+CLEANUP_INTERVAL_S = 5
+#: connections open at once (past it, new ones wait in the listen backlog until idle ones close);
+#: served with poll() rather than select(), whose sets stop at 1,024 descriptors
+CONNECTION_LIMIT = 1000
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +32,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                                       "the platform's user data directory, e.g. ~/.local/share/soapbox)")
     p.add_argument("--workers", type=int_in(1, 256), help="searches run at once, each in its own process "
                                                   "(default: cores - 1, at least 1); more wait in a queue")
-    p.add_argument("--threads", type=int_in(1, 256), default=8, help="request threads (default 8)")
+    p.add_argument("--threads", type=int_in(1, 256), default=8, help="request threads (default 8); idle "
+                   f"connections take none and are closed after {CHANNEL_TIMEOUT_S} s")
     p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
                    help="drop a session's cached simulation after this long without a request (default 600)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
@@ -40,19 +53,63 @@ def _seconds(text: str) -> float:
 _served = False  # whether this process ran the server (which exits the normal way)
 
 
+def waitress_options(threads: int = 8) -> dict:
+    """The keyword arguments ``soapbox serve`` gives ``waitress.serve`` (host and port aside)."""
+    from . import MAX_REQUEST_BYTES
+
+    limit = CONNECTION_LIMIT
+    try:  # a connection is a file descriptor: stay well inside the process's limit
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < limit + 256 and (hard == resource.RLIM_INFINITY or hard > soft):
+            soft = min(limit + 256, hard if hard != resource.RLIM_INFINITY else limit + 256)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if soft != resource.RLIM_INFINITY:
+            limit = max(16, min(limit, soft - 256))
+    except (ImportError, ValueError, OSError):  # (no resource module on Windows)
+        pass
+    return {"threads": threads, "connection_limit": limit, "channel_timeout": CHANNEL_TIMEOUT_S,
+            "cleanup_interval": CLEANUP_INTERVAL_S, "asyncore_use_poll": True,
+            "max_request_body_size": MAX_REQUEST_BYTES, "ident": "soapbox"}
+
+
+def _log_to_stderr() -> None:
+    """The server's own warnings (``soapbox.*`` loggers: a store set aside, a search pool's
+    failure) on stderr as ``soapbox: warning: ...``, once each."""
+    import logging
+
+    class _Lower(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"soapbox: {record.levelname.lower()}: {super().format(record)}"
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lower("%(message)s"))
+    log = logging.getLogger("soapbox")
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False  # (waitress configures the root logger: not twice)
+
+
 def _serve(args: argparse.Namespace) -> int:
     global _served
     _served = True
-    from . import IDLE_EVICT_S, MAX_REQUEST_BYTES, create_app, limit_malloc_arenas
+    import sqlite3
+
+    from . import IDLE_EVICT_S, create_app, limit_malloc_arenas
     from .warmup import warm_up
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
+    _log_to_stderr()
+    os.umask(0o077)  # what the server and its workers write is their owner's only (see app.datadir)
     try:
         app = create_app(args.data_dir, args.workers, args.idle_evict or IDLE_EVICT_S)
     except OSError as e:
         raise ValueError(f"cannot use the data directory {args.data_dir or '(default)'}: {e.strerror or e}") from None
+    except sqlite3.Error as e:  # (a store that fails after its check: no traceback either)
+        raise ValueError(f"cannot use the store in {args.data_dir or '(the default data directory)'}: {e}") from None
+    info = app.soapbox_info  # (a store set aside or found emptied was said on stderr: app.store.open_checked)
     warm_up()
-    info = app.soapbox_info
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"soapbox explorer: http://{shown}:{args.port}/  (Ctrl+C to stop)", flush=True)
     print(f"data: {info['data_dir']}; searches run {info['workers']} at a time"
@@ -63,8 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     import waitress  # a production WSGI server: a fixed pool of request threads, bounded bodies
 
-    waitress.serve(app.server, host=args.host, port=args.port, threads=args.threads,
-                   max_request_body_size=MAX_REQUEST_BYTES, ident="soapbox")
+    waitress.serve(app.server, host=args.host, port=args.port, **waitress_options(args.threads))
     return 0
 
 

@@ -14,14 +14,35 @@ directory, e.g. ``~/.local/share/soapbox`` on Linux):
   ``interrupted`` at the next start and keeps the best strategy it had written.
 
 SQLite is used in WAL mode (readers never block the one writer) with a busy timeout, one
-connection per thread and process. Sizes are bounded: a few searches per session, a few
-uploads per session, finished searches dropped after :data:`KEEP_DAYS` days.
+connection per thread and process. Sizes are bounded: a few searches per session and
+:data:`MAX_QUEUED_SEARCHES` queued on the server, a few uploads per session and
+:data:`MAX_STORED_UPLOADS` / :data:`MAX_STORED_UPLOAD_BYTES` on the server, finished searches
+dropped after :data:`KEEP_DAYS` days. A bound that is reached raises :class:`StoreFull` (a
+``ValueError`` whose message a page can show).
+
+The data directory is the server's alone:
+
+* **one server**: a store opened as a server opens it (:func:`open_checked`, ``configure(...,
+  checked=True)``) holds an exclusive lock (``flock``) on ``soapbox.lock`` in the folder until
+  the process exits; a second server on the same folder is refused (:class:`DataDirInUse`)
+  rather than marking the first one's searches interrupted. The lock dies with its process,
+  so a crash leaves nothing stale.
+* **its owner's only**: the folder is made (or tightened to) mode 0700, the database and its
+  ``-wal`` / ``-shm`` files 0600 (SQLite gives those the database file's mode).
+* **checked on open**: :func:`open_checked` runs SQLite's ``quick_check``; a damaged file (not
+  a database, truncated, a folder where the file should be, failing the check) is set aside as
+  ``soapbox.sqlite3.damaged-<time>`` and a fresh store made, and an emptied one (0 bytes, or its
+  tables gone while the folder shows earlier use) is reported: :attr:`Store.notices` says so
+  in words the server prints.
+
+(:mod:`app.datadir` holds the folder's helpers.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -30,16 +51,31 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["Store", "configure", "current", "default_data_dir", "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION",
-           "UPLOADS_PER_SESSION", "FINAL", "STATUSES"]
+from .datadir import DataDirInUse, inspect_store, lock_folder, private_dir, private_file, set_aside
+
+__all__ = ["Store", "StoreFull", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
+           "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
+           "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "DB_NAME", "FINAL", "STATUSES"]
 
 #: searches kept per session (oldest finished ones dropped first)
 SEARCHES_PER_SESSION = 5
 #: uploads kept per session (least recently used dropped first); the state names one model
 #: and one cluster, a few more let undo across an import still resolve
 UPLOADS_PER_SESSION = 8
+#: searches queued at once on one server, all sessions together (running ones not counted: at
+#: most one per worker). With ten-minute searches and one worker, the last waits 2.7 hours
+MAX_QUEUED_SEARCHES = 16
+#: uploads kept on one server, all sessions together: how many, and their total size (bytes of
+#: their JSON). Past either, uploads unused for :data:`UPLOAD_IN_USE_S` are dropped, least
+#: recently used first; when that is not enough, the upload is refused
+MAX_STORED_UPLOADS = 512
+MAX_STORED_UPLOAD_BYTES = 256 * 2**20
+#: an upload read or stored within this long is never dropped to make room for another
+UPLOAD_IN_USE_S = 3600.0
 #: finished searches and uploads untouched for this long are deleted at start-up
 KEEP_DAYS = 14
+#: the database's file name in the data directory
+DB_NAME = "soapbox.sqlite3"
 #: progress rows stored per search (a long MCMC run emits one per 10 proposals); beyond this,
 #: every other stored row is dropped, so the trace keeps its shape at half the resolution
 MAX_PROGRESS_ROWS = 4000
@@ -51,7 +87,8 @@ FINAL = ("finished", "stopped", "failed", "interrupted")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
     sid TEXT NOT NULL, digest TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
-    data TEXT NOT NULL, used_at REAL NOT NULL, PRIMARY KEY (sid, digest));
+    data TEXT NOT NULL, used_at REAL NOT NULL, size_bytes INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (sid, digest));
 CREATE TABLE IF NOT EXISTS searches (
     id INTEGER PRIMARY KEY AUTOINCREMENT, sid TEXT NOT NULL, algorithm TEXT NOT NULL,
     budget TEXT NOT NULL, budget_s REAL, seed INTEGER NOT NULL, refs TEXT NOT NULL,
@@ -63,6 +100,14 @@ CREATE INDEX IF NOT EXISTS searches_status ON searches (status, id);
 CREATE TABLE IF NOT EXISTS progress (
     search_id INTEGER NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (search_id, seq));
 """
+_TABLES = ("uploads", "searches", "progress")
+
+
+class StoreFull(ValueError):
+    """A server-wide bound is reached (queued searches, stored uploads); the message says which
+    and what to do."""
+
+
 
 
 def default_data_dir() -> Path:
@@ -86,9 +131,20 @@ class Store:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: what was wrong with the file when it was opened (:func:`open_checked`), in words
+        self.notices: list[str] = []
+        self._folder_lock: Any = None  # the data directory's lock, when this store holds it
+        private_dir(self.path.parent)
+        private_file(self.path, create=True)
         self._local = threading.local()
-        self._conn().executescript(_SCHEMA)
+        db = self._conn()
+        db.executescript(_SCHEMA)
+        if "size_bytes" not in {r[1] for r in db.execute("PRAGMA table_info(uploads)")}:  # a store made before
+            with self._tx() as tx:
+                tx.execute("ALTER TABLE uploads ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0")
+                tx.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
+        for suffix in ("-wal", "-shm"):  # (SQLite makes them with the database's mode; older ones: tightened)
+            private_file(self.path.with_name(self.path.name + suffix))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -129,37 +185,96 @@ class Store:
             conn.close()
             self._local.conn = None
 
+    def release(self) -> None:
+        """Close this thread's connection and let go of the data directory (when this store
+        holds it: :func:`open_checked`); a server exiting lets go anyway."""
+        self.close()
+        if self._folder_lock is not None:
+            self._folder_lock.close()  # (closing the file releases its flock)
+            self._folder_lock = None
+
     # ------------------------------------------------------------------ uploads
 
     def put_upload(self, sid: str, kind: str, name: str, data: dict) -> str:
-        """Keep an uploaded model or cluster for session ``sid``; its content digest."""
+        """Keep an uploaded model or cluster for session ``sid``; its content digest.
+
+        The session keeps its :data:`UPLOADS_PER_SESSION` most recent uploads. Past the
+        server's bounds (:data:`MAX_STORED_UPLOADS`, :data:`MAX_STORED_UPLOAD_BYTES`), uploads
+        of any session unused for :data:`UPLOAD_IN_USE_S` are dropped, least recently used
+        first.
+
+        Raises
+        ------
+        StoreFull
+            When that does not make room (the upload is not kept).
+        """
         digest = digest_of(data)
+        text = json.dumps(data, separators=(",", ":"))
+        size = len(text.encode("utf-8"))
         now = time.time()
         with self._tx() as db:
-            db.execute("INSERT INTO uploads (sid, digest, kind, name, data, used_at) VALUES (?, ?, ?, ?, ?, ?) "
-                       "ON CONFLICT (sid, digest) DO UPDATE SET used_at = excluded.used_at",
-                       (sid, digest, kind, name, json.dumps(data, separators=(",", ":")), now))
+            db.execute("INSERT INTO uploads (sid, digest, kind, name, data, used_at, size_bytes) VALUES "
+                       "(?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sid, digest) DO UPDATE SET used_at = excluded.used_at",
+                       (sid, digest, kind, name, text, now, size))
             db.execute("DELETE FROM uploads WHERE sid = ? AND digest NOT IN (SELECT digest FROM uploads WHERE sid = ? "
                        "ORDER BY used_at DESC LIMIT ?)", (sid, sid, UPLOADS_PER_SESSION))
+            count, total = db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM uploads").fetchone()
+            if count > MAX_STORED_UPLOADS or total > MAX_STORED_UPLOAD_BYTES:
+                idle = db.execute("SELECT sid, digest, size_bytes FROM uploads WHERE used_at < ? AND NOT "
+                                  "(sid = ? AND digest = ?) ORDER BY used_at", (now - UPLOAD_IN_USE_S, sid, digest))
+                for old_sid, old_digest, old_size in idle.fetchall():
+                    if count <= MAX_STORED_UPLOADS and total <= MAX_STORED_UPLOAD_BYTES:
+                        break
+                    db.execute("DELETE FROM uploads WHERE sid = ? AND digest = ?", (old_sid, old_digest))
+                    count, total = count - 1, total - int(old_size)
+                if count > MAX_STORED_UPLOADS or total > MAX_STORED_UPLOAD_BYTES:
+                    raise StoreFull(  # (the transaction is rolled back: nothing was kept or dropped)
+                        f"the server's upload storage is full (it keeps at most {MAX_STORED_UPLOADS:,} files and "
+                        f"{MAX_STORED_UPLOAD_BYTES / 2**20:.0f} MB, and those it holds were used within the last "
+                        f"{UPLOAD_IN_USE_S / 60:.0f} minutes); try again later")
         return digest
 
     def has_upload(self, sid: str, digest: str, kind: str) -> bool:
+        """Whether session ``sid`` uploaded a ``kind`` under ``digest`` (another session's
+        upload of the same content does not count)."""
         return self._conn().execute("SELECT 1 FROM uploads WHERE sid = ? AND digest = ? AND kind = ?",
                                     (sid, digest, kind)).fetchone() is not None
 
     def get_upload(self, sid: str, digest: str, kind: str) -> dict | None:
-        """The content session ``sid`` uploaded under ``digest`` (None when it did not)."""
-        row = self._conn().execute("SELECT data FROM uploads WHERE sid = ? AND digest = ? AND kind = ?",
+        """The content session ``sid`` uploaded under ``digest`` (None when it did not: the
+        pair, never the digest alone, names an upload). Counts as a use (at most one write a
+        minute), so an upload a session still reads is not dropped for another's."""
+        row = self._conn().execute("SELECT data, used_at FROM uploads WHERE sid = ? AND digest = ? AND kind = ?",
                                    (sid, digest, kind)).fetchone()
-        return None if row is None else json.loads(row["data"])
+        if row is None:
+            return None
+        now = time.time()
+        if row["used_at"] < now - 60.0:
+            with self._tx() as db:
+                db.execute("UPDATE uploads SET used_at = ? WHERE sid = ? AND digest = ?", (now, sid, digest))
+        return json.loads(row["data"])
+
+    def upload_usage(self) -> tuple[int, int]:
+        """(files, bytes) of the uploads the server keeps, all sessions together."""
+        count, total = self._conn().execute("SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM uploads").fetchone()
+        return int(count), int(total)
 
     # ------------------------------------------------------------------ searches
 
     def create_search(self, sid: str, algorithm: str, budget: str, budget_s: float | None, seed: int,
                       refs: dict, initial: dict | None) -> int:
         """Queue a search; its id. Older finished searches of the session beyond
-        :data:`SEARCHES_PER_SESSION` are dropped with their progress."""
+        :data:`SEARCHES_PER_SESSION` are dropped with their progress.
+
+        Raises
+        ------
+        StoreFull
+            When :data:`MAX_QUEUED_SEARCHES` searches are queued on the server already.
+        """
         with self._tx() as db:
+            queued = db.execute("SELECT COUNT(*) FROM searches WHERE status = 'queued'").fetchone()[0]
+            if queued >= MAX_QUEUED_SEARCHES:
+                raise StoreFull(f"the server has {queued} searches queued (its limit); try again later")
             cur = db.execute(
                 "INSERT INTO searches (sid, algorithm, budget, budget_s, seed, refs, initial, status, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
@@ -258,6 +373,10 @@ class Store:
         return [(int(r[0]), json.loads(r[1])) for r in self._conn().execute(
             "SELECT seq, row FROM progress WHERE search_id = ? AND seq > ? ORDER BY seq", (search_id, seq))]
 
+    def queued_count(self) -> int:
+        """Searches queued on the server, all sessions together."""
+        return int(self._conn().execute("SELECT COUNT(*) FROM searches WHERE status = 'queued'").fetchone()[0])
+
     def queue_position(self, search_id: int) -> int:
         """1 for the next search to start, 2 for the one after, ...; 0 when not queued."""
         row = self._conn().execute(
@@ -290,18 +409,61 @@ class Store:
         return out
 
 
+# --------------------------------------------------------------------------- opening as a server does
+
+
+def open_checked(path: str | os.PathLike, exclusive: bool = True) -> Store:
+    """Open the store at ``path`` as a server does: with ``exclusive``, take its folder for this
+    process (:func:`app.datadir.lock_folder`, held by the store until :meth:`Store.release` or
+    the process's end); then a damaged file is set aside and a fresh store made, an emptied one
+    opened. Either way :attr:`Store.notices` says what happened, naming the file (each notice is
+    also logged as a warning).
+
+    Raises
+    ------
+    DataDirInUse
+        When another process holds the folder.
+    ValueError
+        When a damaged file cannot be set aside (permissions).
+    """
+    path = Path(path)
+    private_dir(path.parent)
+    lock = lock_folder(path.parent) if exclusive else None
+    try:
+        why, emptied = inspect_store(path, _TABLES)
+        notices = []
+        if why is not None:
+            aside = set_aside(path, why)
+            notices.append(f"the store {path} {why}; it was set aside as {aside.name} and the server starts with "
+                           "an empty store (earlier uploads and searches are not available)")
+        elif emptied is not None:
+            notices.append(f"the store {path} {emptied}; the server starts with an empty store")
+        st = Store(path)
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    st.notices, st._folder_lock = notices, lock
+    for n in notices:
+        logging.getLogger("soapbox.store").warning(n)
+    return st
+
+
 # --------------------------------------------------------------------------- the process's store
 
 _current: Store | None = None
 _current_lock = threading.Lock()
 
 
-def configure(path: str | os.PathLike) -> Store:
-    """Open the store at ``path`` (a SQLite file) as this process's store."""
+def configure(path: str | os.PathLike, checked: bool = False) -> Store:
+    """Open the store at ``path`` (a SQLite file) as this process's store; with ``checked`` as a
+    server does (:func:`open_checked`: a damaged file is set aside)."""
     global _current
     with _current_lock:
         if _current is None or _current.path != Path(path):
-            _current = Store(path)
+            if _current is not None:
+                _current.release()  # (a server's earlier folder, in tests: let go before the next is taken)
+            _current = open_checked(path) if checked else Store(path)
         return _current
 
 

@@ -94,9 +94,9 @@ APP = ENGINE.parent / "app"
 #: (``state``), its simulation (``simulation``), what a user does (``actions``, ``uploads``,
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
-APP_LAYERS = ["cache", "fmt", "learn", "store", "sessions", "sources", "state", "simulation", "gantt", "views",
-              "figures", "components", "actions", "uploads", "links", "fitscan", "jobs", "worker", "tabs", "events",
-              "warmup", "layout", "callbacks", "guard", "", "cli"]
+APP_LAYERS = ["cache", "fmt", "learn", "datadir", "store", "sessions", "sources", "state", "simulation", "gantt",
+              "views", "figures", "components", "actions", "uploads", "links", "fitscan", "jobs", "worker", "tabs",
+              "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search
 #: workers (services the process opens once; every cache and build lives in Sessions)
@@ -164,8 +164,10 @@ def test_no_private_name_imported_across_app_modules():
 
 def test_tests_use_public_names_of_the_app():
     """A test reaches the app through its public names only (a private one may change under it)."""
-    pattern = __import__("re").compile(r"\b(?:SRC|ST|SIM|ACT|UP|LNK|FIT|EV|SES|EXP|TL|ED|CMP|SRCH|EXPT|LRN|WU|V)\._[a-z]")
-    found = [f"{p.name}:{i}" for p in sorted(Path(__file__).parent.glob("test_app_*.py"))
+    pattern = __import__("re").compile(
+        r"\b(?:SRC|ST|SIM|ACT|UP|LNK|FIT|EV|SES|EXP|TL|ED|CMP|SRCH|EXPT|LRN|WU|V|G|F|jobs|store|worker)\._[a-z]")
+    tests = sorted(Path(__file__).parent.glob("test_app_*.py")) + [Path(__file__).parent / "test_server_restart.py"]
+    found = [f"{p.name}:{i}" for p in tests
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
 
