@@ -92,3 +92,18 @@ def test_a_model_within_the_limits_imports_as_before():
     assert len(g.ops) >= 50
     with pytest.raises(ValidationError, match="more than 49 nodes"):
         import_onnx(data, batch=32, max_nodes=49)
+
+
+class TestMaxOps:
+    def test_the_build_stops_past_max_ops(self):
+        with pytest.raises(ValidationError, match=r"graph: more than 100 operators, the most a model may have here"):
+            import_onnx(relu_chain(300), batch=32, max_ops=100)
+
+    def test_folded_nodes_are_not_operators(self):
+        data = transformer_block()
+        g, _ = import_onnx(data, batch=4, seq_len=8)
+        assert len(g.ops) < onnx_node_count(data)  # (shape arithmetic and constants fold away)
+        g2, _ = import_onnx(data, batch=4, seq_len=8, max_ops=len(g.ops))
+        assert len(g2.ops) == len(g.ops)
+        with pytest.raises(ValidationError, match="operators"):
+            import_onnx(data, batch=4, seq_len=8, max_ops=len(g.ops) // 2)

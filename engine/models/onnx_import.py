@@ -139,13 +139,15 @@ def _clean(name: str, k: int, op_type: str, used: set[str]) -> str:
 def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = None,
                 dims: Mapping[str, int] | None = None, unknown: str = "error", precision: str | None = None,
                 name: str | None = None, source: str = "model.onnx", max_bytes: int = MAX_ONNX_BYTES,
-                max_nodes: int = MAX_ONNX_NODES) -> tuple[OpGraph, list[str]]:
+                max_nodes: int = MAX_ONNX_NODES, max_ops: int | None = None) -> tuple[OpGraph, list[str]]:
     """The soapbox model of an ONNX file's bytes, and notes on what was approximated.
 
     ``max_bytes`` and ``max_nodes`` are checked first, from the bytes' length and their wire
     format (:func:`onnx_node_count`), before anything is parsed or built: a server passes its
     own smaller limits (the explorer's op limit), so that a file it would refuse anyway costs
-    milliseconds, not the seconds a build takes (about 80 us a node).
+    milliseconds, not the seconds a build takes (about 80 us a node). ``max_ops`` stops the
+    build as soon as it passes that many soapbox operators (nodes folded as constants or shape
+    arithmetic are not operators), so a refusal costs no more than the largest model accepted.
 
     Raises
     ------
@@ -270,6 +272,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     notes: list[str] = []
     folded_add: dict[int, str] = {}  # node index of an Add folded into the linear before it
     nodes = list(g.node)
+    added = [0]  # operators added to the builder (for max_ops)
 
     def attr(node, key: str, default: Any = None) -> Any:
         for a in node.attribute:
@@ -298,6 +301,9 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         nm = _clean(node.name or out, k, op, used)
 
         def add(kind: str, inputs: list[str], **attrs: Any) -> None:
+            added[0] += 1
+            if max_ops is not None and added[0] > max_ops:
+                raise fail("graph", f"more than {max_ops:,} operators, the most a model may have here")
             try:
                 r = b.add(kind, nm, [ref[i] for i in inputs], **attrs)
             except (OpError, ValueError) as e:
