@@ -54,24 +54,43 @@ _served = False  # whether this process ran the server (which exits the normal w
 
 
 def waitress_options(threads: int = 8) -> dict:
-    """The keyword arguments ``soapbox serve`` gives ``waitress.serve`` (host and port aside)."""
+    """The keyword arguments ``soapbox serve`` gives ``waitress.serve`` (host and port aside): at
+    most :data:`CONNECTION_LIMIT` connections, fewer where the process's file limit is lower
+    (see :func:`_raise_file_limit`)."""
     from . import MAX_REQUEST_BYTES
 
     limit = CONNECTION_LIMIT
-    try:  # a connection is a file descriptor: stay well inside the process's limit
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < limit + 256 and (hard == resource.RLIM_INFINITY or hard > soft):
-            soft = min(limit + 256, hard if hard != resource.RLIM_INFINITY else limit + 256)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        if soft != resource.RLIM_INFINITY:
-            limit = max(16, min(limit, soft - 256))
-    except (ImportError, ValueError, OSError):  # (no resource module on Windows)
-        pass
+    soft = _file_limit()
+    if soft is not None:  # a connection is a file descriptor: keep 256 for the rest
+        limit = max(16, min(limit, soft - 256))
     return {"threads": threads, "connection_limit": limit, "channel_timeout": CHANNEL_TIMEOUT_S,
             "cleanup_interval": CLEANUP_INTERVAL_S, "asyncore_use_poll": True,
             "max_request_body_size": MAX_REQUEST_BYTES, "ident": "soapbox"}
+
+
+def _file_limit() -> int | None:
+    """The process's soft limit on open files (None: unlimited or unknown)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except (ImportError, ValueError, OSError):  # (no resource module on Windows)
+        return None
+
+
+def _raise_file_limit(want: int = CONNECTION_LIMIT + 256) -> None:
+    """Raise the soft limit on open files to ``want`` where the hard limit allows (a common soft
+    limit is 1,024, below :data:`CONNECTION_LIMIT` connections and the server's own files)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
+                                                        hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _log_to_stderr() -> None:
@@ -101,6 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
     _log_to_stderr()
+    _raise_file_limit()
     os.umask(0o077)  # what the server and its workers write is their owner's only (see app.datadir)
     try:
         app = create_app(args.data_dir, args.workers, args.idle_evict or IDLE_EVICT_S)
