@@ -1,7 +1,7 @@
 """Fit the cost model's calibrated constants on named public rows, and print them.
 
 Every fitted constant of ``engine/costs.py`` comes from this script, on the in-sample rows
-listed here (``IN_SAMPLE``) of ``shared/validation/published_runs_public.csv``; every other
+listed by ``benchmarks/published.py`` (``in_sample``) of ``shared/validation/published_runs_public.csv``; every other
 row is held out (``benchmarks/validate_published.py`` reports the two sets apart). The
 constants are physically meaningful and per device type where the hardware differs:
 
@@ -22,7 +22,6 @@ Usage: python benchmarks/calibrate.py [--quick]   (--quick: the coarse grid only
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -34,23 +33,12 @@ for p in (str(ROOT), str(Path(__file__).resolve().parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from validate_published import Predictor, Skip, _default_csv, _int, megatron_flops, setup_for  # noqa: E402
+from published import Predictor, Skip, in_sample, load_rows, megatron_flops, setup_for  # noqa: E402
 
 from engine.cluster import preset  # noqa: E402
 from engine.costs import CostModel  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
 from engine.report import simulate_strategy  # noqa: E402
-
-
-def _mosaic_small(rows, gpu_type: str) -> list[int]:
-    return [int(r["row_id"]) for r in rows if r["source"].startswith("MosaicML") and r["gpu_type"] == gpu_type
-            and (_int(r, "gpus") or 0) <= 16]
-
-
-def in_sample(rows) -> dict[str, list[int]]:
-    """Device family -> the row ids its constants are fitted on."""
-    sc21 = [int(r["row_id"]) for r in rows if r["source"].startswith("Narayanan et al. SC'21")]
-    return {"A100": sc21 + _mosaic_small(rows, "A100-40GB"), "H100": _mosaic_small(rows, "H100-80GB")}
 
 
 class Rows:
@@ -77,7 +65,7 @@ class Rows:
             t = simulate_strategy(g, s, c, cost, check=False).iteration_time_s
             cfg = setup.cfg
             F = megatron_flops(cfg.batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab, setup.recompute_full)
-            got, _ = self.pred._metric(row, row["metric_name"], float(row["metric_value"]), setup, t, F)
+            got, _ = self.pred.metric(row, row["metric_name"], float(row["metric_value"]), setup, t, F)
             out.append(100.0 * (got - float(row["metric_value"])) / float(row["metric_value"]))
         return out
 
@@ -106,7 +94,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the coarse grid only")
     args = ap.parse_args()
-    rows = list(csv.DictReader(_default_csv().open(newline="")))
+    rows = load_rows()
     sets = in_sample(rows)
     t0 = time.perf_counter()
     base = CostModel()
