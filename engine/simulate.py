@@ -284,9 +284,9 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> tup
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
-    npred = tg.npred.copy()
-    has_chain = tg.chain_next >= 0
-    np.add.at(npred, tg.chain_next[has_chain], 1)  # a chained hop waits for its previous hop
+    check_cancel(cancel)
+    has_chain = tg.chain_next >= 0  # a chained hop waits for its previous hop:
+    npred = tg.npred + np.bincount(tg.chain_next[has_chain], minlength=tg.num_tasks)
     n_res = tg.n_devices + tg.n_links
     args = (tg.res_ptr, tg.res_idx, tg.succ_ptr, tg.succ_idx, npred, tg.chain_next, tg.chain_lag_s, n_res)
     run = _run if cancel is None else _run_cancellable
@@ -301,7 +301,7 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> tup
 
 #: the event loop asks its ``cancel`` once every this many tasks (~30-70 ms of the loop on a
 #: 2-core machine; one Python call per chunk, under 0.1% of the loop: benchmarks/bench_cancel.py)
-CANCEL_CHECK_EVENTS = 1 << 18
+CANCEL_CHECK_EVENTS = 1 << 17
 
 
 def _run_cancellable(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res, rank, cancel):
@@ -313,13 +313,17 @@ def _run_cancellable(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_nex
     n = dur.shape[0]
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
+    check_cancel(cancel)  # (and between the larger allocations: fresh memory is slow on a busy machine)
     ready = np.zeros(n)
     left = npred.copy()
     last = np.zeros(n_res)
     last_task = np.full(n_res, -1, np.int64)
+    check_cancel(cancel)
     res_pred = np.full(n, -1, np.int64)
     order = np.empty(n, np.int64)
-    hk, hi, h = ready_heap(rank, ready, np.nonzero(left == 0)[0], n)
+    initial = np.nonzero(left == 0)[0]
+    check_cancel(cancel)
+    hk, hi, h = ready_heap(rank, ready, initial, n)
     done = 0
     while h > 0:
         check_cancel(cancel)

@@ -15,6 +15,10 @@ from .tasks import BARRIER, TaskGraph
 
 __all__ = ["SegmentStore", "assemble"]
 
+#: tasks a step of the assembly handles between two cancel checks (~0.1-0.3 s on a loaded
+#: 2-core machine, where touching fresh memory dominates)
+_CANCEL_BLOCK = 1 << 21
+
 
 class SegmentStore:
     """Segments by key (``("op", oi)``, ``("tensor", p, o)``, ``("sync", unit)``,
@@ -68,13 +72,13 @@ class SegmentStore:
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
         return [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in rep_devices]
 
-    def splice(self, segs: list[Segment], serials: np.ndarray) -> dict[str, Any]:
+    def splice(self, segs: list[Segment], serials: np.ndarray, cancel: Any = None) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
 
         The first assembly concatenates everything; later ones (after a rebuild) copy runs of
         segments unchanged since the previous assembly as slices of its arrays and insert
         only the new segments, so the Python work is per changed segment."""
-        whole = Segment.freeze_all(segs)
+        whole = Segment.freeze_all(segs, cancel)
         prev = self.previous
         if whole is not None:  # every segment is new (a first assembly)
             whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
@@ -123,7 +127,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     D = ctx.n_devices
     segs = store.live(tables.rep_devices)
     serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
-    asm = store.splice(segs, serials)
+    asm = store.splice(segs, serials, cancel)
     check_cancel(cancel)
     A = asm["arrays"]
     starts = asm["bounds"]["kind"]
@@ -149,13 +153,19 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     # resources: one per task (its device or link), several for a collective
     single = cols["res"]
     counts = (single >= 0).astype(np.int64)
+    check_cancel(cancel)
     coll = gid(A["coll_h"])
     counts[coll] = A["coll_nres"]
     res_ptr = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=res_ptr[1:])
+    check_cancel(cancel)
     res_idx = np.empty(res_ptr[-1], np.int64)
     has = np.nonzero(single >= 0)[0]
-    res_idx[res_ptr[has]] = single[has]
+    for a in range(0, has.size, _CANCEL_BLOCK):  # (in blocks: a cancel is asked between them)
+        check_cancel(cancel)
+        h = has[a:a + _CANCEL_BLOCK]
+        res_idx[res_ptr[h]] = single[h]
+    check_cancel(cancel)
     if coll.size:
         m_len = A["coll_nres"]
         starts_m = np.repeat(res_ptr[coll], m_len)
@@ -167,10 +177,13 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     check_cancel(cancel)
     chain_next = np.full(n, -1, np.int64)
     chain_lag = np.zeros(n)
-    cf = A["chain_from"]
-    if cf.size:
-        chain_next[gid(cf)] = gid(A["chain_to"])
-        chain_lag[gid(cf)] = A["chain_lag"]
+    cf, ct, cl = A["chain_from"], A["chain_to"], A["chain_lag"]
+    for a in range(0, cf.size, _CANCEL_BLOCK):
+        check_cancel(cancel)
+        at = gid(cf[a:a + _CANCEL_BLOCK])
+        chain_next[at] = gid(ct[a:a + _CANCEL_BLOCK])
+        chain_lag[at] = cl[a:a + _CANCEL_BLOCK]
+    check_cancel(cancel)
     # collectives' devices
     ptr = np.zeros(coll.size + 1, np.int64)
     np.cumsum(A["coll_ndev"], out=ptr[1:])

@@ -9,6 +9,8 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from ..errors import check_cancel
+
 __all__ = ["Segment", "SHIFT", "MASK", "ALL_ARRAYS", "csr_from_handles"]
 
 SHIFT = 32
@@ -70,20 +72,24 @@ class Segment:
             self.flat["dst"].append(dst)
 
     @classmethod
-    def freeze_all(cls, segs: list["Segment"]) -> dict[str, Any] | None:
+    def freeze_all(cls, segs: list["Segment"], cancel: Any = None) -> dict[str, Any] | None:
         """Freeze many segments at once: one array per column for all of them, each segment
         keeping views of its slice (far fewer small allocations than one by one). Returns
         the combined arrays (``arrays``: column or flat name -> array) and each segment's
-        bounds in them (``bounds``) when every segment was new (a first assembly), else None."""
+        bounds in them (``bounds``) when every segment was new (a first assembly), else None.
+        ``cancel`` (:func:`engine.errors.check_cancel`) is asked before each column."""
         todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
         total = sum(sg.n for sg in todo)
-        cols = {key: _fill(chain.from_iterable(sg.cols[key] for sg in todo), total, dt)
-                for key, dt in cls._DTYPES.items()}
+        cols = {}
+        for key, dt in cls._DTYPES.items():
+            check_cancel(cancel)
+            cols[key] = _fill(chain.from_iterable(sg.cols[key] for sg in todo), total, dt)
         starts = np.cumsum([0] + [sg.n for sg in todo])
         flat = {}
         for name, dt in cls._FLAT.items():
+            check_cancel(cancel)
             per = [sg.flat[name] for sg in todo]
             arrays = list(chain.from_iterable(per))
             bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
