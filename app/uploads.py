@@ -18,7 +18,7 @@ from engine.search.baselines import make_baseline
 from . import store
 from .actions import problems_summary, set_strategy
 from .fmt import format_bytes
-from .sources import cheap_size_problem, cluster_of, graph_of
+from .sources import MAX_APP_OPS, cheap_size_problem, cluster_of, graph_of
 from .state import bump, strategy_dict
 
 __all__ = ["decode_upload", "import_file", "import_onnx_file", "MAX_UPLOAD_BYTES", "ONNX_BATCH", "ONNX_SEQ_LEN"]
@@ -68,8 +68,11 @@ def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str,
     try:
         from engine.models.onnx_import import import_onnx
 
+        # sizes checked before anything is parsed: the bytes, then the nodes counted in the raw
+        # file (constant and shape nodes fold away: 3 nodes an op), then the ops as they are built
         g, notes = import_onnx(raw, batch=ONNX_BATCH, seq_len=ONNX_SEQ_LEN, unknown="elementwise",
-                               source=filename[:200])
+                               source=filename[:200], max_bytes=MAX_UPLOAD_BYTES, max_nodes=3 * MAX_APP_OPS,
+                               max_ops=MAX_APP_OPS)
         data = g.to_dict()
         too_big = cheap_size_problem("model", data)
         if too_big:

@@ -83,9 +83,11 @@ def _body(dep: dict, values: list, changed: int) -> dict:
 
 
 def _callbacks():
+    import tempfile
+
     from app import create_app
 
-    app = create_app(workers=1)
+    app = create_app(data_dir=tempfile.mkdtemp(prefix="soapbox-fuzz-"), workers=1)
     deps = json.loads(app.server.test_client().get("/_dash-dependencies").data)
     return [d["output"] for d in deps if d.get("clientside_function") is None]
 
