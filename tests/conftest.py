@@ -21,6 +21,31 @@ def _chromium() -> str:
     return "/usr/bin/chromium"
 
 
+#: How long any wait of a browser test may last (ms): a page load, a click, a download and
+#: every ``expect()`` (whose own default is 5 s). A loaded 2-core machine answers a first
+#: page in tens of seconds; a test asserts what the page shows, never how fast.
+BROWSER_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="session")
+def browser(browser):
+    """Playwright's browser, with every ``expect()`` waiting up to :data:`BROWSER_TIMEOUT_MS`
+    (set once, globally: pages a test opens itself get it too)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=BROWSER_TIMEOUT_MS)
+    return browser
+
+
+@pytest.fixture
+def context(context):
+    """Playwright's per-test context, its pages' actions and loads waiting up to
+    :data:`BROWSER_TIMEOUT_MS`."""
+    context.set_default_timeout(BROWSER_TIMEOUT_MS)
+    context.set_default_navigation_timeout(BROWSER_TIMEOUT_MS)
+    return context
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     """Playwright uses the system's Chromium (see README: the test command installs it)."""

@@ -210,7 +210,7 @@ class TestGanttData:
     def test_merging_always_terminates(self, alexnet, dp):
         g, c = alexnet
         # 16 GPUs x (forward, backward, optimizer, collective rows) = 64 bars at the least
-        d = within(2, G.gantt_data, g, c, dp.timeline, max_bars=40)
+        d = within(120, G.gantt_data, g, c, dp.timeline, max_bars=40)  # a hang guard, not a speed limit
         assert d["merged"] is True
         assert sum(int(b["count"].sum()) for b in d["bars"].values()) == d["tasks_in_view"] == 816
 

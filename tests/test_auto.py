@@ -56,7 +56,10 @@ def test_cancel_stops_it():
         return False
 
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=60), progress=stop)
-    assert r.cancelled and r.elapsed_s < 30 and calls
+    # the first False stops it: nothing runs on to report again (MCMC's closing row aside,
+    # when the seeds happened to end before their first report and MCMC was the one stopped)
+    assert r.cancelled and 1 <= len(calls) <= 2, len(calls)
+    assert sum(n.endswith(": cancelled") for n in r.notes) + any(n.startswith("mcmc from") for n in r.notes) == 1
     assert math.isfinite(r.best_cost_s)  # it still returns the best it had (a baseline at least)
 
 
@@ -108,15 +111,44 @@ def test_mcmc_starts_from_a_pipelined_strategy_with_random_chains():
     assert math.isfinite(r.best_cost_s) and validate_strategy(r.best, g, c) == []
 
 
-def test_a_time_budget_holds_with_seeds_in_child_processes():
+def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
     """With a time budget the seeds run in forked children stopped at their share (PaSE's
-    dynamic program cannot be stopped midway), so auto ends near its budget."""
+    dynamic program cannot be stopped midway), so auto ends near its budget: each seed is
+    given at most the seeds' share of the budget, and MCMC what is left (how near it ends:
+    ``benchmarks/bench_refusals.py``)."""
+    import engine.search.auto as A
+
+    shares, real = [], A._bounded
+
+    def bounded(algorithm, graph, cluster, budget, seed, cost, seconds, tick):
+        shares.append((seconds, budget.seconds))
+        return real(algorithm, graph, cluster, budget, seed, cost, seconds, tick)
+
+    monkeypatch.setattr(A, "_bounded", bounded)
     g, c = resolve_model("resnet101"), preset("p100-4x4")
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
-    assert r.elapsed_s < 6 * 1.3 + 1
+    assert shares, "no seed ran in a child process"
+    assert all(0 < s == b <= AutoOptions().seed_share * 6 for s, b in shares), shares
     text = "\n".join(r.notes)
     assert "pipeline: " in text and "mcmc from " in text
     assert r.best_cost_s <= min(r.baselines.values())
+
+
+def test_a_seed_that_outlives_its_share_is_stopped():
+    """The other end of the time budget: a seed still running at its share is stopped (its
+    process killed), and auto is told why."""
+    import multiprocessing
+    import time
+    import types
+
+    from engine.search.auto import _bounded
+
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    endless = types.SimpleNamespace(run=lambda *a, **k: time.sleep(3600))
+    before = set(multiprocessing.active_children())
+    out = _bounded(endless, g, c, Budget(seconds=0.5), 0, None, 0.5, lambda: True)
+    assert out == "stopped at its share of the budget (0.5 s)"
+    assert set(multiprocessing.active_children()) <= before  # killed and reaped
 
 
 def test_a_layered_model_is_also_compared_with_fsdp():
@@ -130,15 +162,14 @@ def test_a_layered_model_is_also_compared_with_fsdp():
 
 def test_a_seed_process_that_dies_is_reported_not_waited_for():
     import os
-    import time
     import types
 
     from engine.search.auto import _bounded
 
     g, c = resolve_model("alexnet"), preset("p100-4x4")
     dying = types.SimpleNamespace(run=lambda *a, **k: os._exit(3))
-    t = time.perf_counter()
+    # (waited for, it would be "stopped at its share of the budget (30.0 s)")
     out = _bounded(dying, g, c, Budget(seconds=30), 0, None, 30.0, lambda: True)
-    assert out == "its process ended without an answer (exit code 3)" and time.perf_counter() - t < 10
+    assert out == "its process ended without an answer (exit code 3)"
     assert _bounded(dying, g, c, Budget(seconds=30), 0, None, 30.0, lambda: False) in (
         "cancelled", "its process ended without an answer (exit code 3)")

@@ -9,9 +9,16 @@ import json
 import re
 
 import pytest
+from conftest import BROWSER_TIMEOUT_MS as TIMEOUT_MS  # (every wait: conftest sets it for expect() too)
 from playwright.sync_api import Page, expect
 
-TIMEOUT_MS = 60_000
+
+def new_page(browser) -> Page:
+    """A page in a context of its own (its own session), waiting as long as the fixtures' pages."""
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    context.set_default_navigation_timeout(TIMEOUT_MS)
+    return context.new_page()
 
 
 def open_app(page: Page, url: str) -> None:
@@ -201,9 +208,10 @@ class TestExplorer:
         page.fill("#layout-mb", "1")
         page.click("#layout-apply")
         expect(page.locator("#message")).to_contain_text(f"Layout (megatron): tp {layout[0]}, pp {layout[1]}")
-        # (the model's and the layout's drawings may queue behind each other on a 2-core machine;
-        # their server-side times are measured in benchmarks/bench_app.py, not asserted here)
-        expect(page.locator("#sum-throughput")).to_contain_text("tokens/s", timeout=TIMEOUT_MS)
+        # (the model's and the layout's drawings may queue behind each other on a 2-core machine:
+        # under load a first 1,024-GPU plan took over 60 s; their server-side times are measured
+        # in benchmarks/bench_app.py and bench_explorer.py, not asserted here)
+        expect(page.locator("#sum-throughput")).to_contain_text("tokens/s", timeout=3 * TIMEOUT_MS)
         expect(page.locator("#sum-tasks")).to_contain_text("GPUs simulated; the rest mirror them")
         expect(page.locator("#gantt .ytick text").first).to_contain_text("alike")
         assert_labels_disjoint(page, "#gantt .ytick text")
@@ -239,7 +247,7 @@ class TestExplorer:
         expect(page.locator("#sum-throughput")).to_contain_text("tokens/s", timeout=TIMEOUT_MS)
         before = page.inner_text("#sum-time")
         pick(page, "pick-baseline", "expert")
-        expect(page.locator("#sim-box")).to_be_visible(timeout=10_000)
+        expect(page.locator("#sim-box")).to_be_visible()
         expect(page.locator("#sim-status")).to_contain_text("Simulating off the page")
         # the page answers meanwhile: another tab opens and shows its content
         page.locator("#tabs").get_by_text("Learn", exact=True).click()
@@ -323,8 +331,7 @@ class TestExplorer:
         expect(page.locator("#message")).to_contain_text("expert")
 
     def test_two_sessions_keep_separate_state(self, browser, app_url: str):
-        a = browser.new_context().new_page()
-        b = browser.new_context().new_page()
+        a, b = new_page(browser), new_page(browser)
         open_app(a, app_url)
         open_app(b, app_url)
         shared = summary(b)
@@ -338,7 +345,7 @@ class TestExplorer:
         expect(b.locator("#sum-time")).to_have_text(shared)
 
     def test_share_link_reproduces_the_state_in_a_new_session(self, browser, app_url: str):
-        page = browser.new_context().new_page()
+        page = new_page(browser)
         open_app(page, app_url)
         before = summary(page)
         edit_op(page, "fc", {"sample": 4}, "8-11")
@@ -348,8 +355,7 @@ class TestExplorer:
         page.click("#share")
         expect(page.locator("#share-url")).to_have_value(re.compile(r"\?model=inception_v3&cluster=p100-4x4&s="))
         url = page.input_value("#share-url")
-        other = browser.new_context().new_page()
-        other.set_default_timeout(TIMEOUT_MS)
+        other = new_page(browser)
         other.goto(url)
         expect(other.locator("#sum-time")).to_have_text(edited)
 
