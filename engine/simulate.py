@@ -25,7 +25,7 @@ from .errors import check_cancel
 from .taskgraph import BWD, FWD, UPDATE, TaskGraph
 
 __all__ = ["Timeline", "simulate", "run_schedule", "run_reference", "mirror", "POLICIES", "CANCEL_CHECK_EVENTS",
-           "event_loop", "ready_heap", "dispatch", "timeline_from"]
+           "event_loop", "loop_state", "ready_heap", "dispatch", "timeline_from"]
 
 
 @nb.njit(cache=True)
@@ -72,6 +72,17 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     """List scheduling. ``rank`` empty: FIFO by ready time (FlexFlow's Algorithm 1); else
     tasks are dispatched in ``rank`` order (a fixed topological priority)."""
     n = dur.shape[0]
+    start, end, ready, left, last, last_task, res_pred, order = loop_state(npred, n_res, n)
+    initial = np.nonzero(left == 0)[0]
+    return event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
+                 last, last_task, res_pred, order, 0, initial)
+
+
+@nb.njit(cache=True)
+def loop_state(npred, n_res, n):  # pragma: no cover
+    """The event loop's arrays before any dispatch (allocated here, not by NumPy: NumPy asks
+    for transparent huge pages on large arrays, which made a 9 M-task loop 5-30% slower on a
+    busy 2-core machine, the more the busier: benchmarks/bench_cancel.py)."""
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     ready = np.zeros(n)
@@ -80,9 +91,7 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
     last_task = np.full(n_res, -1, np.int64)  # task that last held each resource
     res_pred = np.full(n, -1, np.int64)  # the task whose release of a resource set our start
     order = np.empty(n, np.int64)
-    initial = np.nonzero(left == 0)[0]
-    return event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
-                 last, last_task, res_pred, order, 0, initial)
+    return start, end, ready, left, last, last_task, res_pred, order
 
 
 @nb.njit(cache=True)
@@ -299,8 +308,9 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> tup
     return run(tg.dur_s, *args, rank, *extra)
 
 
-#: the event loop asks its ``cancel`` once every this many tasks (~30-70 ms of the loop on a
-#: 2-core machine; one Python call per chunk, under 0.1% of the loop: benchmarks/bench_cancel.py)
+#: the event loop asks its ``cancel`` once every this many tasks (~40 ms of the loop on a busy
+#: 2-core machine; one Python call per chunk, within the timing noise of a 9 M-task loop:
+#: benchmarks/bench_cancel.py)
 CANCEL_CHECK_EVENTS = 1 << 17
 
 
@@ -311,16 +321,7 @@ def _run_cancellable(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_nex
     check_cancel(cancel)
     chunk = max(1, int(CANCEL_CHECK_EVENTS))
     n = dur.shape[0]
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
-    check_cancel(cancel)  # (and between the larger allocations: fresh memory is slow on a busy machine)
-    ready = np.zeros(n)
-    left = npred.copy()
-    last = np.zeros(n_res)
-    last_task = np.full(n_res, -1, np.int64)
-    check_cancel(cancel)
-    res_pred = np.full(n, -1, np.int64)
-    order = np.empty(n, np.int64)
+    start, end, ready, left, last, last_task, res_pred, order = loop_state(npred, n_res, n)
     initial = np.nonzero(left == 0)[0]
     check_cancel(cancel)
     hk, hi, h = ready_heap(rank, ready, initial, n)
