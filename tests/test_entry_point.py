@@ -28,6 +28,17 @@ class TestTokensPerSample:
         assert tokens_per_sample(resolve_model("llama2-7b")) == 4096
         assert tokens_per_sample(resolve_model("nmt")) == 40  # encoder-decoder: the source sequence
 
+    def test_float_features_along_a_length_are_not_tokens(self):
+        """The rule the page used and the sweep did not (it counted any input with a length
+        dim): audio frames or embeddings have a length axis but are not token ids."""
+        from engine.graph.building import GraphBuilder
+        b = GraphBuilder("frames", precision="fp32")
+        x = b.input("frames", [4, 50, 16], dtype="fp32", axes=("sample", "length", "feature"))
+        b.add("linear", "proj", [x], out_features=8)
+        g = b.build()
+        assert "length" in g["frames"].dim_names
+        assert tokens_per_sample(g) is None
+
     def test_a_cnn_has_none(self):
         assert tokens_per_sample(resolve_model("alexnet")) is None
         assert tokens_per_s(resolve_model("alexnet"), 1.0) is None
