@@ -31,8 +31,9 @@ from .taskgraph import TaskGraph, build_task_graph, estimate_symmetric_tasks, es
 __all__ = ["SimulationResult", "simulate_strategy", "SYMMETRY_MODES", "tokens_per_sample", "model_flops",
            "tokens_per_s", "peak_flops_per_s", "mfu", "finite_json", "json_text", "fit_words", "format_summary"]
 
-#: ``symmetry`` of :func:`simulate_strategy` (and :func:`engine.taskgraph.build_task_graph`)
-SYMMETRY_MODES = ("auto", "off")
+#: ``symmetry`` of :func:`simulate_strategy`: ``auto`` and ``off`` as in
+#: :func:`engine.taskgraph.build_task_graph`; ``only``: with an exact symmetry or not at all
+SYMMETRY_MODES = ("auto", "off", "only")
 
 
 # --------------------------------------------------------------------------- metrics, defined once
@@ -281,10 +282,12 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     check : bool
         Validate ``strategy`` first (a caller that made it with a baseline or loaded it from
         a checked file may skip this).
-    symmetry : {"auto", "off"}
+    symmetry : {"auto", "off", "only"}
         ``auto``: simulate one representative per set of identical replicas when the
-        strategy has an exact symmetry (:func:`engine.taskgraph.build_task_graph`); the
-        timeline's per-device values are mirrored to every device.
+        strategy has an exact symmetry (:func:`engine.taskgraph.build_task_graph`), else
+        every device; the timeline's per-device values are mirrored to every device.
+        ``only``: with an exact symmetry, else refuse (:class:`~engine.errors.TooLargeError`)
+        without a full build (the explorer then makes a delta simulator instead).
     max_tasks : int, optional
         Refuse, before building anything, a simulation whose estimated task count (with the
         symmetry reduction when ``symmetry`` is ``auto``:
@@ -304,7 +307,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     ValidationError
         When ``check`` and the strategy is not valid for ``graph`` on ``cluster``.
     TooLargeError
-        See ``max_tasks``.
+        See ``max_tasks`` and ``symmetry="only"``.
     Cancelled
         When ``cancel`` is set before the result is made.
     """
@@ -315,11 +318,17 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
         check_strategy(strategy, graph, cluster)
     if max_tasks is not None:
         n = estimate_tasks(graph, strategy)  # (the symmetric estimate is never above it: asked only past the cap)
-        if n > max_tasks and symmetry == "auto":
+        if n > max_tasks and symmetry != "off":
             n = estimate_symmetric_tasks(graph, strategy, cluster)
         if n > max_tasks:
             raise TooLargeError(f"not simulated: about {n:,} tasks, more than the {max_tasks:,} allowed")
-    tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel)
+    if symmetry == "only":
+        try:  # (max_tasks 0: the builder refuses the full build it falls back to)
+            tg = build_task_graph(graph, strategy, cluster, cost, max_tasks=0, cancel=cancel)
+        except TooLargeError:
+            raise TooLargeError("not simulated: the strategy has no exact symmetry (symmetry='only')") from None
+    else:
+        tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel)
     tl = simulate(tg, cancel=cancel)
     mem = memory_report(graph, strategy, cluster, tl, cancel=cancel) if account_memory else None
     return SimulationResult(graph, strategy, cluster, tg, tl, mem)

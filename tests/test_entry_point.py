@@ -108,6 +108,26 @@ class TestEntryPoint:
         with pytest.raises(ValueError, match="symmetry"):
             simulate_strategy(g, s, c, symmetry="on")
 
+    def test_symmetry_only_refuses_a_strategy_without_an_exact_symmetry(self, monkeypatch):
+        import engine.taskgraph.builder as builder_mod
+        g, c = resolve_model("alexnet"), preset("dgx-a100-80gb:1")
+        dp = data_parallel(g, c)  # replicas: exact
+        r = simulate_strategy(g, dp, c, symmetry="only")
+        assert r.tasks.info["symmetry"] is not None
+        assert r.iteration_time_s == simulate_strategy(g, dp, c).iteration_time_s
+        built = []
+        real = builder_mod.TaskGraphBuilder.build
+
+        def spy(self, exact_only=False, cancel=None):
+            built.append(exact_only)
+            return real(self, exact_only, cancel)
+
+        monkeypatch.setattr(builder_mod.TaskGraphBuilder, "build", spy)
+        one = expert(g, preset("p100-4x4"))  # FlexFlow's expert plan on 16 P100s: no symmetry the builder keeps
+        with pytest.raises(TooLargeError, match="no exact symmetry"):
+            simulate_strategy(g, one, preset("p100-4x4"), symmetry="only")
+        assert False not in built  # no full build was started
+
     def test_max_tasks_refuses_before_building(self, monkeypatch):
         g, c = resolve_model("alexnet"), preset("p100-4x4")
         s = expert(g, c)
