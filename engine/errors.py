@@ -13,13 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "check_cancel", "printable",
-           "MAX_MESSAGE_CHARS", "MAX_PROBLEMS_SHOWN"]
+           "problems_summary", "MAX_MESSAGE_CHARS", "MAX_PROBLEMS_SHOWN", "ROOT_CAUSE_PATHS", "SUMMARY_PROBLEMS"]
 
 #: A problem's path or message longer than this is cut (a hostile file can hold a name of
 #: megabytes, and schema messages quote the offending value).
 MAX_MESSAGE_CHARS = 500
 #: At most this many problems are printed; the rest are counted (all stay in ``problems``).
 MAX_PROBLEMS_SHOWN = 200
+#: Where a strategy's problem is a root cause: made for another model (or another batch of
+#: it) or another cluster size, every op's problem follows from it.
+ROOT_CAUSE_PATHS = ("model.fingerprint", "cluster.devices")
+#: Problems :func:`problems_summary` shows before it counts the rest.
+SUMMARY_PROBLEMS = 5
 
 # Control characters (terminal escapes and line breaks that could forge a line of the report
 # among them) and lone surrogates (which cannot be encoded, so printing them raises) are
@@ -93,6 +98,47 @@ class ValidationError(SoapboxError, ValueError):
     def with_source(self, source: str) -> "ValidationError":
         """Return a copy that names ``source`` (e.g. the file path) in its message."""
         return ValidationError(self.problems, source)
+
+
+def problems_summary(error: ValidationError, shown: int = SUMMARY_PROBLEMS) -> str:
+    """``error`` in a few lines, for a command's one error: the root cause first where there
+    is one (:data:`ROOT_CAUSE_PATHS`: a strategy made for another model, batch or cluster),
+    then at most ``shown`` of the other problems and how many more there are. With no root
+    cause and at most ``shown`` problems, the error's own listing. (``soapbox validate``
+    prints every problem.)
+
+    Examples
+    --------
+    >>> ops = [Problem(f"ops.op{i}", "no op named so") for i in range(9)]
+    >>> root = Problem("model.fingerprint", "made for batch 64; this model has batch 128")
+    >>> print(problems_summary(ValidationError([root] + ops, "s.json"), shown=2))
+    s.json: made for batch 64; this model has batch 128
+      9 other problems follow from it, e.g.:
+      - ops.op0: no op named so
+      - ops.op1: no op named so
+      ... and 7 more
+    >>> print(problems_summary(ValidationError(ops, "s.json"), shown=2))
+    s.json: 9 problems found:
+      - ops.op0: no op named so
+      - ops.op1: no op named so
+      ... and 7 more
+    """
+    head = f"{printable(error.source)}: " if error.source else ""
+    root = [p for p in error.problems if p.path in ROOT_CAUSE_PATHS]
+    rest = [p for p in error.problems if p.path not in ROOT_CAUSE_PATHS]
+    if not root and len(rest) <= shown:
+        return str(error)
+    n = len(rest)
+    if root:
+        lines = [head + "; ".join(p.message for p in root)]
+        if n:
+            lines.append(f"  {n:,} other problem{'s follow' if n != 1 else ' follows'} from it, e.g.:")
+    else:
+        lines = [f"{head}{n:,} problems found:"]
+    lines += [f"  - {p}" for p in rest[:shown]]
+    if n > shown:
+        lines.append(f"  ... and {n - shown:,} more")
+    return "\n".join(lines)
 
 
 class TooLargeError(SoapboxError, ValueError):

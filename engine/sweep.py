@@ -59,9 +59,10 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
                     raise ValueError(f"--grid sp={v!r}: 0 or 1")
                 vals.append(v in ("1", "true"))
             else:
-                if not v.isdigit() or int(v) < (0 if key == "zero" else 1) or int(v) > 1 << 20:
-                    raise ValueError(f"--grid {key}={v!r}: a {'non-negative' if key == 'zero' else 'positive'} "
-                                     "whole number")
+                low = 0 if key == "zero" else 1
+                if not (v.isascii() and v.isdigit() and len(v) <= 9) or not low <= int(v) <= 1 << 20:
+                    raise ValueError(f"--grid {key}={v[:40]!r}: a {'non-negative' if low == 0 else 'positive'} "
+                                     f"whole number up to {1 << 20:,}")
                 vals.append(int(v))
         if not vals:
             raise ValueError(f"--grid {key}: no values")
@@ -79,7 +80,7 @@ def parse_clusters(text: str) -> list[str]:
             out.append(base)
             continue
         for n in sizes.split(","):
-            if not n.strip().isdigit():
+            if not (n.strip().isascii() and n.strip().isdigit() and len(n.strip()) <= 9):
                 raise ValueError(f"--clusters {group[:60]!r}: sizes must be whole numbers (dgx-a100-80gb:4,8,16)")
             out.append(f"{base}:{int(n)}")
     if not out:

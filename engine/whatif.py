@@ -65,7 +65,7 @@ def parse_failure(text: str, slow: bool = False) -> Failure:
     """``gpu:3``, ``node:1``, ``link:dgx0/nic3``; with ``slow``, ``gpu:5=0.7``."""
     text = str(text).strip()
     if slow:
-        m = re.fullmatch(r"gpu:(\d+)=([0-9.]+)", text)
+        m = re.fullmatch(r"gpu:([0-9]{1,9})=([0-9]{0,20}\.?[0-9]{1,20}|[0-9]{1,20}\.)", text)
         if not m or not 0 < float(m.group(2)) <= 1:
             raise ValueError(f"--slow {text[:60]!r}: expected gpu:N=F with 0 < F <= 1 (the speed it keeps)")
         return Failure("slow", int(m.group(1)), float(m.group(2)))
@@ -74,7 +74,7 @@ def parse_failure(text: str, slow: bool = False) -> Failure:
         raise ValueError(f"--fail {text[:60]!r}: expected gpu:N, node:N or link:NODE/nicK")
     kind, target = m.group(1), m.group(2)
     if kind in ("gpu", "node"):
-        if not target.isdigit():
+        if not (target.isascii() and target.isdigit() and len(target) <= 9):
             raise ValueError(f"--fail {text[:60]!r}: {kind} index must be a whole number")
         return Failure(kind, int(target))
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+/nic\d+", target):

@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import SoapboxError, printable
+from ..errors import ROOT_CAUSE_PATHS, SUMMARY_PROBLEMS, SoapboxError, ValidationError, printable, problems_summary
 from ..graph import PRECISIONS
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES
@@ -62,6 +62,7 @@ from .common import (
     add_strategy_options,
     int_in,
     name_arg,
+    number_in,
     positive_int,
     strategy_options,
 )
@@ -213,10 +214,12 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--fail", action="append", default=[], metavar="gpu:N|node:N|link:NODE/nicK")
     p.add_argument("--slow", action="append", default=[], metavar="gpu:N=F", help="GPU N keeps F of its speed")
     p.add_argument("--budget", default="30s", help="the re-plan's search budget (0 for none)")
-    p.add_argument("--mtbf-hours", type=float, default=50_000.0,
+    p.add_argument("--mtbf-hours", type=number_in(1e-3, 1e12), default=50_000.0,
                    help="mean time between failures of one GPU, hours (default 50,000: Llama 3's run)")
-    p.add_argument("--storage-gbps", type=float, default=100.0, help="checkpoint write bandwidth, GB/s (default 100)")
-    p.add_argument("--restart-min", type=float, default=10.0, help="restart time after a failure, minutes")
+    p.add_argument("--storage-gbps", type=number_in(1e-6, 1e12), default=100.0,
+                   help="checkpoint write bandwidth, GB/s (default 100)")
+    p.add_argument("--restart-min", type=number_in(0.0, 1e12), default=10.0,
+                   help="restart time after a failure, minutes")
     p.add_argument("--json", action="store_true")
     p.add_argument("-o", "--output", help="write the re-planned strategy here")
 
@@ -313,8 +316,13 @@ def main(argv: Sequence[str] | None = None, extra: Mapping[str, ExtraCommand] | 
         if isinstance(exc, BrokenPipeError):  # output piped into a command that stopped reading (`| head`)
             sys.stderr.close()
             return 0
-        text = str(exc) if isinstance(exc, (SoapboxError, ValueError)) else \
-            f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}"
+        if isinstance(exc, ValidationError):  # the root cause, a few problems and a count
+            text = problems_summary(exc)
+            if sum(p.path not in ROOT_CAUSE_PATHS for p in exc.problems) > SUMMARY_PROBLEMS:
+                text += "\n  (`soapbox validate FILE` lists every problem)"
+        else:
+            text = str(exc) if isinstance(exc, (SoapboxError, ValueError)) else \
+                f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}"
         lines = "\n".join(printable(line, 100_000) for line in text.split("\n"))
         print(f"soapbox: error: {lines}", file=sys.stderr)
         return EXIT_ERROR

@@ -132,7 +132,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         dims = {}
         for pair in args.dim:
             key, sep, value = pair.partition("=")
-            if not sep or not key or not value.strip().isdigit() or int(value) < 1:
+            value = value.strip()
+            if not sep or not key or not (value.isascii() and value.isdigit() and len(value) <= 9) or int(value) < 1:
                 raise ValueError(f"--dim {printable(pair)[:60]!r}: expected NAME=N with N a positive whole number")
             dims[key] = int(value)
         source = printable(str(args.onnx_file))[:200]

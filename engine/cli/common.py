@@ -4,6 +4,7 @@ baseline strategy. See :mod:`engine.cli`."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, Callable
 
 from ..cluster import MAX_DEVICES
@@ -11,7 +12,7 @@ from ..errors import printable
 from ..ops import MAX_DIM
 from ..strategy import GATHER_UNITS, RECOMPUTE, SCHEDULES
 
-__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
+__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
            "add_batch_options", "model_and_cluster"]
 
 
@@ -31,11 +32,28 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
         except ValueError:
             v = None
         if v is None:
-            raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not an integer")
+            raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not a whole number (from {lo:,} to {hi:,})")
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
         if v > hi:
             raise argparse.ArgumentTypeError(f"{v} must be at most {hi:,}")
+        return v
+    return parse
+
+
+def number_in(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a finite number from ``lo`` to ``hi`` (both included).
+
+    >>> number_in(0, 1)("0.5"), number_in(0, 1e12)("1e3")
+    (0.5, 1000.0)
+    """
+    def parse(text: str) -> float:
+        try:
+            v = float(text) if len(text) <= 60 else math.nan
+        except ValueError:
+            v = math.nan
+        if not lo <= v <= hi:  # (NaN is in no range)
+            raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not a number from {lo:g} to {hi:g}")
         return v
     return parse
 
@@ -70,7 +88,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="Megatron-Core's tensor-parallel communication overlapped with the GEMMs (Transformer "
                         "Engine userbuffers; needs --sequence-parallel) (megatron)")
-    g.add_argument("--zero-stage", type=int, choices=(1, 2, 3),
+    g.add_argument("--zero-stage", type=int_in(1, 3), metavar="{1,2,3}",
                    help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
                         "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
     g.add_argument("--precision", choices=("fp8",), dest="fp8_precision",
@@ -133,7 +151,8 @@ _NO_FLAG = ("ep", "global_batch", "stage_mesh")
 def _counts(text: str) -> list[int]:
     """An argparse type: comma-separated positive layer counts."""
     parts = text.split(",")
-    if len(parts) > MAX_DEVICES or not all(p.strip().isdigit() and 0 < int(p) <= MAX_DIM for p in parts):
+    if len(parts) > MAX_DEVICES or not all(p.strip().isascii() and p.strip().isdigit() and len(p.strip()) <= 10
+                                           and 0 < int(p) <= MAX_DIM for p in parts):
         raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not a list of positive layer counts "
                                          "(e.g. 7,8,8,7)")
     return [int(p) for p in parts]

@@ -39,8 +39,8 @@ from typing import Any
 
 from ..cluster import Cluster, cluster_from_dict, preset
 from ..costs import ProfileTable
-from ..errors import ValidationError, printable
-from ..graph import OpGraph, graph_from_dict
+from ..errors import Problem, ValidationError, printable
+from ..graph import PRECISIONS, OpGraph, graph_from_dict
 from ..strategy import Strategy, strategy_from_dict, validate_strategy
 from .checking import FORMATS, built, check_format, load_checked, schema, schema_problems
 from .jsonio import MAX_FILE_BYTES, MAX_JSON_DEPTH, check_json_data, parse_json_text, read_json, too_deep_at
@@ -95,8 +95,49 @@ def load_strategy(data_or_path: Any, graph: OpGraph | None = None, cluster: Clus
     if graph is not None and cluster is not None:
         problems = validate_strategy(strategy, graph, cluster)
         if problems:
-            raise ValidationError(problems, source)
+            raise ValidationError([_why_another_model(p, strategy, graph) for p in problems], source)
     return strategy
+
+
+#: Batches tried, besides a sample's default, to name the batch a strategy was made for
+#: (its file records the model's fingerprint, not its sizes): the common ones
+_BATCHES_TRIED = tuple(2**k for k in range(17))
+
+
+def _why_another_model(problem: Problem, strategy: Strategy, graph: OpGraph) -> Problem:
+    """``problem`` itself, or, when it is the fingerprint mismatch of a strategy made for a
+    sample model, the same problem saying which batch (or precision) of which sample it was
+    made for: the sample is built at its default batch and at the common batches in the
+    model's precision, then in each other precision at the default batch and the model's,
+    until one has the strategy's fingerprint.
+    A fingerprint is a hash of the whole graph, so a match names the model exactly; a
+    model file, or a size not tried, keeps the message that names the fingerprints."""
+    from ..models import SAMPLE_MODELS, build_sample
+
+    if problem.path != "model.fingerprint" or strategy.model_name not in SAMPLE_MODELS:
+        return problem
+    batch = graph.batch_size
+    tries = [(graph.precision, b) for b in (None, *_BATCHES_TRIED)]  # another batch: the usual cause
+    tries += [(p, b) for p in PRECISIONS if p != graph.precision for b in (None, batch)]
+    for precision, b in tries:
+        try:
+            made = build_sample(strategy.model_name, b, precision=precision)
+        except ValueError:  # (a batch or precision this sample cannot take)
+            continue
+        if made.fingerprint != strategy.model_fingerprint:
+            continue
+        prints = f"(fingerprint {strategy.model_fingerprint}; this model's is {graph.fingerprint})"
+        what = f"batch {made.batch_size}" + (f", {made.precision}" if made.precision != graph.precision else "")
+        if strategy.model_name != graph.name:
+            text = f"made for model {strategy.model_name!r} ({what}), not for {graph.name!r} (batch {batch})"
+        elif made.batch_size != batch:
+            text = f"made for model {graph.name!r} with {what}; this model has batch {batch}"
+        elif made.precision != graph.precision:
+            text = f"made for model {graph.name!r} in {made.precision}; this model is in {graph.precision}"
+        else:  # (the same batch and precision: another sequence length, or a file with other layers)
+            text = f"made for model {graph.name!r} with batch {batch} but another shape (sequence length, layers)"
+        return Problem(problem.path, f"the strategy was {text} {prints}")
+    return problem
 
 
 def load_profile(data_or_path: Any, source: str | None = None) -> ProfileTable:

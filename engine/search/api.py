@@ -268,21 +268,22 @@ def parse_options(cls: type, pairs: list[str] | None) -> Any:
             raise ValueError(f"option {pair[:60]!r}: expected NAME=VALUE with NAME one of {', '.join(known)}")
         kind = str(known[name].type)
         text = text.strip()
-        try:
-            if text.lower() in ("none", "null") and "None" in kind:
-                values[name] = None
-            elif kind.startswith("bool"):
-                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError("expected true or false")
-                values[name] = text.lower() in ("true", "1", "yes")
-            elif kind.startswith("int"):
-                values[name] = int(text)
-            elif kind.startswith("float"):
-                values[name] = float(text)
-                if not math.isfinite(values[name]):
-                    raise ValueError("not a finite number")
-            else:
-                values[name] = text
-        except ValueError as e:
-            raise ValueError(f"option {name}={text[:40]!r}: {e} ({kind})") from None
+        shown = f"option {name}={text[:40]!r}"
+        if text.lower() in ("none", "null") and "None" in kind:
+            values[name] = None
+        elif kind.startswith("bool"):
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{shown}: expected true or false ({kind})")
+            values[name] = text.lower() in ("true", "1", "yes")
+        elif kind.startswith("int"):
+            if not re.fullmatch(r"[+-]?[0-9]{1,18}", text):
+                raise ValueError(f"{shown}: expected a whole number ({kind})")
+            values[name] = int(text)
+        elif kind.startswith("float"):
+            if not re.fullmatch(r"[+-]?([0-9]{1,30}\.?[0-9]{0,30}|\.[0-9]{1,30})([eE][+-]?[0-9]{1,3})?", text) \
+                    or not math.isfinite(float(text)):
+                raise ValueError(f"{shown}: not a finite number (write one such as 0.5 or 1e-3; {kind})")
+            values[name] = float(text)
+        else:
+            values[name] = text
     return cls(**values)
