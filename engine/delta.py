@@ -20,6 +20,7 @@ latest old end of those predecessors (a lower bound of its new ready time).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numba as nb
@@ -168,8 +169,29 @@ def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_n
     return tl
 
 
+@dataclass(frozen=True)
+class _Undo:
+    """What :meth:`DeltaSimulator.change` replaced: the builder that made the task graph before
+    it, that builder's state for the op (None when the change built a new builder, which
+    leaves the old one untouched), the task graph and the timeline."""
+
+    builder: TaskGraphBuilder
+    snapshot: dict[str, Any] | None
+    tasks: TaskGraph
+    timeline: Timeline
+
+
 class DeltaSimulator:
     """A strategy's task graph and timeline, edited one op's config at a time.
+
+    A :meth:`change` can be undone by :meth:`revert` until the next change or a
+    :meth:`commit`, which keeps it. Either way the task graph and timeline equal a full build
+    and simulation of :attr:`strategy`, task for task.
+
+    Two paths, one undo record: an ordinary change rebuilds the op's segments in place
+    (FlexFlow's delta) and the undo record holds the builder's snapshot of them; with
+    sequence parallelism a change builds a new builder from scratch (reductions then depend
+    on their consumers) and the undo record holds the old builder itself, untouched.
 
     Examples
     --------
@@ -184,6 +206,9 @@ class DeltaSimulator:
     True
     >>> sim.revert(); sim.timeline.makespan_s == before
     True
+    >>> _ = sim.change("fc8", Config({"feature": 2}, (0, 1))); sim.commit()
+    >>> sim.strategy["fc8"].devices
+    (0, 1)
     """
 
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
@@ -195,7 +220,7 @@ class DeltaSimulator:
         self._builder = TaskGraphBuilder(graph, strategy, cluster, self.cost)  # no symmetry: edits break it
         self.tasks = self._builder.build(cancel=cancel)
         self.timeline = simulate(self.tasks, cancel=cancel)
-        self._undo: tuple[Any, TaskGraph, Timeline] | None = None
+        self._undo: _Undo | None = None
         self._others: tuple = (None, set(), None)  # see _stage_problems
 
     @property
@@ -243,17 +268,17 @@ class DeltaSimulator:
         problems = self.check(op, config)
         if problems:
             raise ValidationError(problems, f"config for {op}")
-        snap = self._builder.snapshot(op)
-        old_tasks, old_tl = self.tasks, self.timeline
         new_strategy = self.strategy.with_config(op, config)
-        if new_strategy.sequence_parallel:  # reductions then depend on consumers: rebuild all
+        if new_strategy.sequence_parallel:  # reductions then depend on consumers: a new builder
+            undo = _Undo(self._builder, None, self.tasks, self.timeline)
             self._builder = TaskGraphBuilder(self.graph, new_strategy, self.cluster, self.cost)
             self.tasks = self._builder.build()
             self.timeline = simulate(self.tasks)
-        else:
+        else:  # the op's segments rebuilt in place, the schedule resumed from the unchanged prefix
+            undo = _Undo(self._builder, self._builder.snapshot(op), self.tasks, self.timeline)
             self.tasks = self._builder.rebuild(new_strategy, op)
-            self.timeline = resume(old_tasks, old_tl, self.tasks)
-        self._undo = (snap, old_tasks, old_tl)
+            self.timeline = resume(undo.tasks, undo.timeline, self.tasks)
+        self._undo = undo
         return self.timeline
 
     def commit(self) -> None:
@@ -262,9 +287,18 @@ class DeltaSimulator:
         self._undo = None
 
     def revert(self) -> None:
-        """Undo the last :meth:`change` (only the last one)."""
-        if self._undo is None:
+        """Undo the last :meth:`change` (only the last one, and not after :meth:`commit`): the
+        builder, task graph and timeline are again those from before it.
+
+        Raises
+        ------
+        ValueError
+            When there is no change to undo.
+        """
+        undo = self._undo
+        if undo is None:
             raise ValueError("nothing to revert")
-        snap, self.tasks, self.timeline = self._undo
-        self._builder.restore(snap)
+        if undo.snapshot is not None:  # the same builder: put the op's segments back
+            undo.builder.restore(undo.snapshot)
+        self._builder, self.tasks, self.timeline = undo.builder, undo.tasks, undo.timeline
         self._undo = None

@@ -74,71 +74,37 @@ class Cluster:
 
     # -- construction ---------------------------------------------------------------------
     def _build(self) -> None:
+        """Expand the node specs into devices and links, and fill the routing tables.
+
+        Each spec stands for ``repeat`` nodes (named ``name0``, ``name1``, ... when repeated).
+        Node by node: its GPUs become devices, numbered in node order (:meth:`_add_devices`);
+        its GPUs are linked inside the node (:meth:`_link_inside_node`: up and down links to
+        one switch, or a link per ordered pair of a mesh); and, when the cluster has several
+        nodes, its NICs are linked to the fabric and its GPUs to their NIC
+        (:meth:`_link_nics`). Links are numbered in the order they are added.
+
+        Notes
+        -----
+        Sets ``devices``, ``links`` and ``node_names`` (tuples), ``_node_spec`` (node ->
+        spec), the routing tables of :meth:`_empty_routes` and the (empty) path and
+        collective-group caches. The node specs were checked by
+        :func:`~engine.cluster.checks.check_nodes` (sizes, bandwidths, device types).
+        """
         devices: list[Device] = []
         links: list[Link] = []
         node_names: list[str] = []
-
-        # Structural routing tables, one entry per device (link ids, -1 when absent).
-        n_dev = sum(sp.repeat * sp.gpus for sp in self.node_specs)
-        self._up = [-1] * n_dev  # GPU -> switch
-        self._down = [-1] * n_dev  # switch -> GPU
-        self._mesh: dict[tuple[int, int], int] = {}
-        self._nic_tx = [-1] * n_dev  # GPU -> its NIC (PCIe)
-        self._nic_rx = [-1] * n_dev  # its NIC -> GPU
-        self._uplink = [-1] * n_dev  # its NIC -> fabric (shared by the GPUs on that NIC)
-        self._downlink = [-1] * n_dev  # fabric -> its NIC
-        self._nic_of = [-1] * n_dev  # global NIC index
-
-        def add_link(src: str, dst: str, bw: float, lat: float, kind: str) -> int:
-            links.append(Link(len(links), src, dst, float(bw), float(lat), kind))
-            return len(links) - 1
-
+        self._empty_routes(sum(sp.repeat * sp.gpus for sp in self.node_specs))
         multi_node = sum(s.repeat for s in self.node_specs) > 1
         n_nics = 0
         for spec in self.node_specs:
             for r in range(spec.repeat):
-                node = len(node_names)
                 nname = f"{spec.name}{r}" if spec.repeat > 1 else spec.name
+                ids = self._add_devices(nname, spec, len(node_names), devices)
                 node_names.append(nname)
                 self._node_spec.append(spec)
-                ids = []
-                for g in range(spec.gpus):
-                    d = Device(len(devices), f"{nname}/gpu{g}", spec.device_type, node)
-                    devices.append(d)
-                    ids.append(d.id)
-                if spec.intra_topology == "switch" and spec.gpus > 1:
-                    sw = f"{nname}/switch"
-                    for d in ids:
-                        self._up[d] = add_link(_out(d), sw, spec.intra_bw_bytes_per_s, spec.intra_latency_s,
-                                               spec.intra_kind)
-                        self._down[d] = add_link(sw, _in(d), spec.intra_bw_bytes_per_s, spec.intra_latency_s,
-                                                 spec.intra_kind)
-                elif spec.intra_topology == "mesh":
-                    for a in ids:
-                        for b in ids:
-                            if a != b:
-                                self._mesh[a, b] = add_link(_out(a), _in(b), spec.intra_bw_bytes_per_s,
-                                                            spec.intra_latency_s, spec.intra_kind)
+                self._link_inside_node(nname, spec, ids, links)
                 if multi_node:
-                    # A NIC's send and receive sides are separate endpoints, so traffic
-                    # between two GPUs of one node never hairpins through their NIC.
-                    first_nic = n_nics
-                    nic_links = []
-                    for n in range(spec.nics):
-                        nic = f"{nname}/nic{n}"
-                        up = add_link(f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
-                        down = add_link("fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
-                        nic_links.append((up, down))
-                        n_nics += 1
-                    for g, d in enumerate(ids):
-                        k = g * spec.nics // spec.gpus
-                        nic = f"{nname}/nic{k}"
-                        self._nic_tx[d] = add_link(_out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
-                                                   "pcie")
-                        self._nic_rx[d] = add_link(f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
-                                                   "pcie")
-                        self._uplink[d], self._downlink[d] = nic_links[k]
-                        self._nic_of[d] = first_nic + k
+                    n_nics = self._link_nics(nname, spec, ids, links, n_nics)
         self.devices = tuple(devices)
         self.links = tuple(links)
         self.node_names = tuple(node_names)
@@ -146,6 +112,74 @@ class Cluster:
         # sorted devices -> (per-rank bandwidth, per-step latency, links): the one cache of
         # collective groups (the builder, PaSE and the pipeline planner all read it)
         self._groups: dict[tuple[int, ...], CollectiveGroup] = {}
+
+    def _empty_routes(self, n_dev: int) -> None:
+        """The structural routing tables, one entry per device (link ids, -1 when absent)."""
+        self._up = [-1] * n_dev  # GPU -> switch
+        self._down = [-1] * n_dev  # switch -> GPU
+        self._mesh: dict[tuple[int, int], int] = {}  # (GPU, GPU) -> their mesh link
+        self._nic_tx = [-1] * n_dev  # GPU -> its NIC (PCIe)
+        self._nic_rx = [-1] * n_dev  # its NIC -> GPU
+        self._uplink = [-1] * n_dev  # its NIC -> fabric (shared by the GPUs on that NIC)
+        self._downlink = [-1] * n_dev  # fabric -> its NIC
+        self._nic_of = [-1] * n_dev  # global NIC index
+
+    @staticmethod
+    def _add_link(links: list[Link], src: str, dst: str, bw_bytes_per_s: float, latency_s: float,
+                  kind: str) -> int:
+        """Append a link from ``src`` to ``dst`` (endpoint names); its id."""
+        links.append(Link(len(links), src, dst, float(bw_bytes_per_s), float(latency_s), kind))
+        return len(links) - 1
+
+    @staticmethod
+    def _add_devices(nname: str, spec: NodeSpec, node: int, devices: list[Device]) -> list[int]:
+        """Append node ``node``'s GPUs (``nname/gpu0``, ...) to ``devices``; their ids."""
+        ids = []
+        for g in range(spec.gpus):
+            d = Device(len(devices), f"{nname}/gpu{g}", spec.device_type, node)
+            devices.append(d)
+            ids.append(d.id)
+        return ids
+
+    def _link_inside_node(self, nname: str, spec: NodeSpec, ids: list[int], links: list[Link]) -> None:
+        """A node's GPUs linked to its switch (an up and a down link each), or to each other
+        (a mesh: one link per ordered pair); a one-GPU switch node has no links."""
+        bw, lat, kind = spec.intra_bw_bytes_per_s, spec.intra_latency_s, spec.intra_kind
+        if spec.intra_topology == "switch" and spec.gpus > 1:
+            sw = f"{nname}/switch"
+            for d in ids:
+                self._up[d] = self._add_link(links, _out(d), sw, bw, lat, kind)
+                self._down[d] = self._add_link(links, sw, _in(d), bw, lat, kind)
+        elif spec.intra_topology == "mesh":
+            for a in ids:
+                for b in ids:
+                    if a != b:
+                        self._mesh[a, b] = self._add_link(links, _out(a), _in(b), bw, lat, kind)
+
+    def _link_nics(self, nname: str, spec: NodeSpec, ids: list[int], links: list[Link], n_nics: int) -> int:
+        """A node's NICs linked to the fabric and each GPU to its NIC (GPU ``g`` of ``G`` on
+        NIC ``g * nics // G``); the cluster's NIC count after them.
+
+        A NIC's send and receive sides are separate endpoints, so traffic between two GPUs of
+        one node never hairpins through their NIC.
+        """
+        nic_links = []
+        for n in range(spec.nics):
+            nic = f"{nname}/nic{n}"
+            up = self._add_link(links, f"{nic}:tx", "fabric", spec.nic_bw_bytes_per_s, spec.nic_latency_s, "network")
+            down = self._add_link(links, "fabric", f"{nic}:rx", spec.nic_bw_bytes_per_s, spec.nic_latency_s,
+                                  "network")
+            nic_links.append((up, down))
+        for g, d in enumerate(ids):
+            k = g * spec.nics // spec.gpus
+            nic = f"{nname}/nic{k}"
+            self._nic_tx[d] = self._add_link(links, _out(d), f"{nic}:tx", spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                             "pcie")
+            self._nic_rx[d] = self._add_link(links, f"{nic}:rx", _in(d), spec.attach_bw_bytes_per_s, PCIE_LATENCY_S,
+                                             "pcie")
+            self._uplink[d], self._downlink[d] = nic_links[k]
+            self._nic_of[d] = n_nics + k
+        return n_nics + spec.nics
 
     # -- queries ----------------------------------------------------------------------------
     @property

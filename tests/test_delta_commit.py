@@ -1,0 +1,80 @@
+"""``DeltaSimulator``'s undo path (issue 24 part 9): change, revert, commit, on both of its
+paths (an op's segments rebuilt in place, or, with sequence parallelism, a new builder), each
+step equal to a full build and simulation task for task."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.costs import CostModel
+from engine.delta import DeltaSimulator
+from engine.formats import resolve_model
+from engine.search.baselines import megatron
+from engine.search.mcmc import random_config
+from engine.simulate import simulate
+from engine.taskgraph import TaskGraphBuilder
+
+ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
+          "npred", "chain_next", "chain_lag_s")
+
+
+def assert_equals_full_simulation(sim: DeltaSimulator) -> None:
+    """The simulator's task graph equals a full build of its strategy, array for array, and its
+    timeline a full simulation, task for task."""
+    tg = TaskGraphBuilder(sim.graph, sim.strategy, sim.cluster, CostModel()).build()
+    tl = simulate(tg)
+    for key in ARRAYS:
+        assert np.array_equal(getattr(sim.tasks, key), getattr(tg, key)), key
+    assert np.array_equal(sim.timeline.start_s, tl.start_s)
+    assert np.array_equal(sim.timeline.end_s, tl.end_s)
+    assert np.array_equal(sim.timeline.order, tl.order)
+
+
+def valid_moves(sim: DeltaSimulator, n: int, seed: int) -> list:
+    """``n`` (op, config) changes the simulator accepts, each one to a different op."""
+    rng, moves, ops = random.Random(seed), [], [op for op in sim.graph.ops if op.kind != "input"]
+    while len(moves) < n:
+        op = rng.choice(ops)
+        config = random_config(op, sim.cluster.num_devices, rng)
+        if op.name not in {m[0] for m in moves} and config != sim.strategy[op.name] and not sim.check(op.name, config):
+            moves.append((op.name, config))
+    return moves
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["in-place", "sequence-parallel"])
+def test_change_revert_commit_equal_a_full_simulation(sequence_parallel):
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    sim = DeltaSimulator(g, megatron(g, c, tp=2, sequence_parallel=sequence_parallel), c)
+    assert sim.strategy.sequence_parallel is sequence_parallel
+    start = sim.strategy
+    (a, ca), (b, cb), (d, cd) = valid_moves(sim, 3, seed=4)
+
+    sim.change(a, ca)  # a change ...
+    assert sim.strategy[a] == ca
+    assert_equals_full_simulation(sim)
+    sim.revert()  # ... undone: the strategy, task graph and timeline from before it
+    assert sim.strategy == start
+    assert_equals_full_simulation(sim)
+
+    sim.change(b, cb)  # a change kept
+    sim.commit()
+    with pytest.raises(ValueError, match="nothing to revert"):
+        sim.revert()
+    kept = sim.strategy
+    assert kept[b] == cb and kept[a] == start[a]
+    assert_equals_full_simulation(sim)
+
+    sim.change(d, cd)  # on top of the kept one, then undone back to it
+    assert_equals_full_simulation(sim)
+    sim.revert()
+    assert sim.strategy == kept
+    assert_equals_full_simulation(sim)
+
+    sim.change(a, ca)  # the builder a revert left behind keeps working
+    assert sim.strategy[a] == ca and sim.strategy[b] == cb
+    assert_equals_full_simulation(sim)
+
