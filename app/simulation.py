@@ -219,18 +219,19 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     strategy has an exact symmetry, else a delta simulator ready for edits (refused past
     :data:`APP_MAX_TASKS`). ``build``: the background build whose cancel event the engine's
     loops poll and where it says what it is doing."""
-    from engine.simulate import simulate
-    from engine.taskgraph import build_task_graph, estimate_tasks
+    from engine.report import simulate_strategy
+    from engine.taskgraph import estimate_tasks
 
     cancel = build.cancel if build is not None else None
     check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
-    try:  # (max_tasks 0: no full build when no exact symmetry holds; the delta simulator makes it)
-        tg = build_task_graph(graph, strategy, cluster, max_tasks=0, cancel=cancel)
+    try:  # the engine's one entry point, symmetric only: without an exact symmetry the delta simulator builds it
+        r = simulate_strategy(graph, strategy, cluster, check=False, symmetry="only", cancel=cancel,
+                              account_memory=False)
     except TooLargeError:
-        tg = None
-    if tg is not None and tg.info.get("device_image") is not None:
-        return Workspace(graph, cluster, None, version, static=(strategy, simulate(tg, cancel=cancel)))
+        r = None
+    if r is not None and r.tasks.info.get("device_image") is not None:
+        return Workspace(graph, cluster, None, version, static=(strategy, r.timeline))
     n = estimate_tasks(graph, strategy)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")

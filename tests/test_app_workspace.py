@@ -517,6 +517,7 @@ class TestBackgroundSimulation:
         Cancelled), not merely forgets it; asked again, the state is built anew."""
         import threading
 
+        import engine.report as R
         import engine.taskgraph as T
         from engine.errors import Cancelled
 
@@ -534,6 +535,7 @@ class TestBackgroundSimulation:
             return real(*a, **kw)
 
         monkeypatch.setattr(T, "build_task_graph", slow)
+        monkeypatch.setattr(R, "build_task_graph", slow)
         s2, msg = EV.on_event("pick-batch", s, batch=40)  # another graph: a full build
         assert msg.startswith("Batch: 40"), msg
         assert SIM.workspace_within(s2, 0.05) is None and EXP.render_explore(s2, True, wait_s=0.05) is None
@@ -564,6 +566,7 @@ class TestBackgroundSimulation:
 
         from concurrent.futures import CancelledError
 
+        import engine.report as R
         import engine.taskgraph as T
         from engine.errors import Cancelled
 
@@ -576,6 +579,7 @@ class TestBackgroundSimulation:
             return real(*a, **kw)
 
         monkeypatch.setattr(T, "build_task_graph", slow)
+        monkeypatch.setattr(R, "build_task_graph", slow)
         a = ST.new_state("alexnet", batch=20)
         assert SIM.workspace_within(a, 0.0) is None
         first = SES.current().build(a["sid"])
@@ -591,10 +595,13 @@ class TestBackgroundSimulation:
         """Past the server's bound, a new background build is refused with a message (not queued)."""
         import threading
 
+        import engine.report as R
         import engine.taskgraph as T
 
         gate, real = threading.Event(), T.build_task_graph
-        monkeypatch.setattr(T, "build_task_graph", lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1])
+        late = lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1]  # noqa: E731
+        monkeypatch.setattr(T, "build_task_graph", late)
+        monkeypatch.setattr(R, "build_task_graph", late)
         sessions = SES.reset(SES.Sessions(max_queued_builds=2, build_workers=1))
         try:
             states = [ST.new_state("alexnet", batch=b) for b in (52, 56, 60)]
@@ -633,7 +640,7 @@ class TestSmallestCluster:
         assert FIT.fit_start(s).startswith("Looking for the smallest cluster for megatron (tp 8, pp 2")
         t = _time.monotonic()
         while not (st := FIT.fit_status(s))[1]:
-            assert _time.monotonic() - t < 120
+            assert _time.monotonic() - t < 600, "the scan never ended"  # (a hang guard, not a speed limit)
             _time.sleep(0.1)
         text = st[0]
         assert "dgx-a100-80gb:2 (16 GPUs) fits, peak " in text and "Tried: dgx-a100-80gb:1: " in text, text
@@ -691,10 +698,13 @@ class TestReviewRegressions:
     def test_a_build_cancelled_by_one_session_is_not_taken_by_another(self, monkeypatch):
         import threading
 
+        import engine.report as R
         import engine.taskgraph as T
 
         gate, real = threading.Event(), T.build_task_graph
-        monkeypatch.setattr(T, "build_task_graph", lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1])
+        late = lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1]  # noqa: E731
+        monkeypatch.setattr(T, "build_task_graph", late)
+        monkeypatch.setattr(R, "build_task_graph", late)
         a = ST.new_state("alexnet", batch=24)
         b = dict(a, sid=ST.new_sid())
         assert SIM.workspace_within(a, 0.0) is None
