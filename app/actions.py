@@ -12,7 +12,7 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from engine.errors import SoapboxError, TooLargeError, ValidationError
+from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
 from engine.layout import Layout
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config, Strategy
@@ -37,7 +37,7 @@ def problems_summary(e: ValidationError) -> str:
     strategy for another model or cluster: every op's problem follows from it), else the first
     few problems and how many more."""
     head = f"{e.source}: " if e.source else ""
-    root = [p for p in e.problems if p.path in ("model.fingerprint", "cluster.devices")]
+    root = [p for p in e.problems if p.path in ROOT_CAUSE_PATHS]  # (the engine's: the CLI's summary reads them too)
     if root:
         rest = len(e.problems) - len(root)
         return head + "; ".join(str(p) for p in root) + (f" ({rest:,} other problems follow from it)" if rest else "")
