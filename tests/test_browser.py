@@ -35,6 +35,14 @@ def pick(page: Page, dropdown: str, option: str) -> None:
     page.keyboard.press("Escape")
 
 
+def settled(page: Page) -> None:
+    """Wait until none of the page's callbacks is in flight (Dash marks the components a
+    callback will update with ``data-dash-is-loading``). The page's own answer may reset a
+    form typed into before it arrives (the layout panel follows the page's strategy): on a
+    loaded machine it came seconds after the message, and a layout typed meanwhile was lost."""
+    page.wait_for_function("() => !document.querySelector('[data-dash-is-loading=\"true\"]')", timeout=TIMEOUT_MS)
+
+
 def summary(page: Page) -> str:
     return page.inner_text("#sum-time")
 
@@ -46,6 +54,7 @@ def changed_summary(page: Page, old: str) -> str:
 
 
 def edit_op(page: Page, op: str, degrees: dict[str, int], devices: str) -> None:
+    settled(page)
     chosen = page.locator("#edit-ops .dash-dropdown-value-item").all_inner_texts()
     if op not in chosen:  # (picking a chosen op again would unselect it)
         pick(page, "edit-ops", op)
@@ -95,6 +104,7 @@ class TestExplorer:
         pick(page, "pick-cluster", "dgx-a100-80gb:1")
         expect(page.locator("#message")).to_contain_text("dgx-a100-80gb:1")
         before = changed_summary(page, on_p100)  # (data parallel on one DGX: 114 ms)
+        settled(page)
         page.fill("#layout-tp", "2")
         page.fill("#layout-pp", "2")
         page.click("#layout-apply")
@@ -105,6 +115,7 @@ class TestExplorer:
         page.press("#train-tokens", "Enter")
         expect(page.locator("#train-estimate")).to_contain_text("3e+11 tokens")
         expect(page.locator("#train-estimate")).to_contain_text("GPU-hours")
+        settled(page)
         page.fill("#layout-tp", "3")
         page.click("#layout-apply")
         expect(page.locator("#message")).to_contain_text("Layout refused")
@@ -203,6 +214,7 @@ class TestExplorer:
         expect(page.locator("#message")).to_contain_text(cluster)
         pick(page, "pick-model", model)
         expect(page.locator("#message")).to_contain_text(model)
+        settled(page)
         page.fill("#layout-tp", layout[0])
         page.fill("#layout-pp", layout[1])
         page.fill("#layout-mb", "1")
