@@ -3,7 +3,7 @@
 base commit (a git worktree) and in this tree, ``--rounds`` times each, on the same machine at
 the same load; medians per case and the ratio after / before.
 
-Usage: python benchmarks/bench_explorer_ab.py [--base fd0d60c] [--rounds 5]
+Usage: python benchmarks/bench_explorer_ab.py [--base fd0d60c] [--rounds 5] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"layout panel -> figures, (?P<case>[^:]+): median (?P<s>[\d.]+) s")
 
 
-def _run(tree: Path) -> dict[str, float]:
+def _run(tree: Path, repeat: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run([sys.executable, str(tree / "benchmarks" / "bench_explorer.py"), "--only", "layout",
-                          "--repeat", "1"], cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
+                          "--repeat", str(repeat)], cwd=tree, env=env, capture_output=True, text=True,
+                         check=True).stdout
     return {m["case"]: float(m["s"]) for m in LINE.finditer(out)}
 
 
@@ -33,6 +34,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="fd0d60c")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="layout changes per process (1: every one cold, the data-parallel baseline it is "
+                         "compared with simulated too; 3: the median is a change with that baseline known)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="soapbox-base-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
@@ -40,12 +44,12 @@ def main() -> None:
     try:
         print(f"# {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}; "
               f"base {args.base} vs {subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True).strip()}"
-              f" (working tree), {args.rounds} rounds, alternating", flush=True)
+              f" (working tree), {args.rounds} rounds of --repeat {args.repeat}, alternating", flush=True)
         before: dict[str, list[float]] = {}
         after: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for tree, into in ((base, before), (ROOT, after)) if r % 2 == 0 else ((ROOT, after), (base, before)):
-                for case, s in _run(tree).items():
+                for case, s in _run(tree, args.repeat).items():
                     into.setdefault(case, []).append(s)
             print(f"round {r + 1}: load {os.getloadavg()[0]:.2f}", flush=True)
         for case in after:
