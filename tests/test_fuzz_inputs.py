@@ -737,7 +737,8 @@ class TestArguments:
     @pytest.mark.parametrize("argv, message", [
         (["--chains", "1000000000"], "argument --chains: 1000000000 must be at most 256"),
         (["--tp", "99999"], "argument --tp: 99999 must be at most 16,384"),
-        (["--seed", "9" * 50], f"argument --seed: '{'9' * 40}... (10 more characters)' is not an integer"),
+        (["--seed", "9" * 50], f"argument --seed: '{'9' * 40}... (10 more characters)' is not a whole number (from "
+                               "-9,223,372,036,854,775,808 to 9,223,372,036,854,775,807)"),
     ])
     def test_bounded_arguments(self, capsys, argv, message):
         with pytest.raises(SystemExit) as exc:
