@@ -56,7 +56,7 @@ def _timed_edit(state: dict, edit) -> tuple[dict, float]:
     t = time.perf_counter()
     new, msg = EV.on_event("edit-apply", dict(state, selected=[name]), degrees=degrees, devices=devices)
     assert new is not state, msg
-    out = EXP.render_explore(new, True, "utilization")  # the views themselves, not the cache
+    out = EXP.draw_explore(new, True, "utilization")  # the views themselves, not the cache
     for key in ("op-graph", "gantt", "topology", "memory"):
         pio.to_json(out[key], validate=False)
     return new, time.perf_counter() - t
@@ -72,7 +72,7 @@ def bench_edit(n: int) -> None:
         fresh = dict(state, sid=ST.new_sid())  # same strategy, new session: full build
         name, degrees, devices = e
         t = time.perf_counter()
-        out = EXP.render_explore(fresh, True, "utilization")
+        out = EXP.draw_explore(fresh, True, "utilization")
         for key in ("op-graph", "gantt", "topology", "memory"):
             pio.to_json(out[key], validate=False)
         full.append(time.perf_counter() - t)

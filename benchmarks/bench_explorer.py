@@ -49,7 +49,7 @@ CASES = {
 def _draw(state: dict) -> tuple[float, int]:
     """Seconds to draw every Explore view of ``state`` from scratch and their JSON bytes."""
     t = time.perf_counter()
-    out = EXP.render_explore(state, True, "utilization", {})
+    out = EXP.draw_explore(state, True, "utilization", {})
     size = sum(len(pio.to_json(out[k], validate=False)) for k in FIGURES)
     return time.perf_counter() - t, size
 

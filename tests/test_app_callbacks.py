@@ -716,7 +716,7 @@ class TestHonestMessages:
 def test_no_speedup_over_a_data_parallel_that_does_not_fit():
     """Issue 16: an LLM plan was shown as '0.90x' data parallel although data parallel does not fit."""
     state = ST.new_state("llama2-7b", "dgx-a100-80gb:2", "fsdp", batch=16)
-    views = EXP.render_explore(state, True, "utilization")
+    views = EXP.draw_explore(state, True, "utilization")
     assert views["sum-speedup"] == "– (data parallel does not fit)"
     assert "Data parallel does not fit in memory here" in views["why"]
 

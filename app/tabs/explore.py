@@ -34,7 +34,7 @@ from engine.report import mfu
 from ..views import block_stack, config_label, graph_layout, memory_data, summary_data, topology_data, why_text
 from . import editor, timeline
 
-__all__ = ["layout", "register", "render_explore", "graph_view", "train_estimate", "sim_status_text",
+__all__ = ["layout", "register", "render_explore", "draw_explore", "graph_view", "train_estimate", "sim_status_text",
            "cancel_simulation", "fit_view", "EXPLORE_IDS"]
 
 #: the components :func:`render_explore` fills
@@ -153,7 +153,7 @@ def render_explore(state: dict, collapse: bool = False, metric: str = "utilizati
         return hit
     if wait_s is not None and workspace_within(state, wait_s) is None:
         return None
-    out = _render_explore(state, bool(collapse), metric, gantt)
+    out = draw_explore(state, bool(collapse), metric, gantt)
     sessions.drawn.put(key, out)
     sessions.last_drawn.put(state["sid"], state)
     return out
@@ -247,7 +247,9 @@ def _bubble_note(bubble: dict | None) -> str:
             "busy).")
 
 
-def _render_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = None) -> dict[str, Any]:
+def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = None) -> dict[str, Any]:
+    """Every Explore view of ``state`` drawn now, without the cache of drawn views
+    (:func:`render_explore` is the page's path; this is what it calls on a miss)."""
     ws = workspace(state)
     g, c, tl = ws.graph, ws.cluster, ws.timeline
     s = ws.strategy
