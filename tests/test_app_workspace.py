@@ -507,6 +507,31 @@ class TestTour:
         assert s is alex and msg.startswith("Unknown step 'nope'")
 
 
+def _held_builds(monkeypatch, polls_cancel: bool = False):
+    """Make every task-graph build wait for the returned event (set it to let them go). With
+    ``polls_cancel`` a waiting build ends with Cancelled once its cancel event is set, as the
+    engine's loops do; the list it returns with the event gets each build's cancel argument."""
+    import threading
+
+    import engine.report as R
+    import engine.taskgraph as T
+    from engine.errors import Cancelled
+
+    gate, real, seen = threading.Event(), T.build_task_graph, []
+
+    def held(*a, cancel=None, **kw):
+        seen.append(cancel)
+        deadline = time.monotonic() + 120  # (a test that fails before it lets go leaves no thread behind)
+        while not gate.wait(0.01) and time.monotonic() < deadline:
+            if polls_cancel and cancel is not None and cancel.is_set():
+                raise Cancelled("stopped")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(T, "build_task_graph", held)
+    monkeypatch.setattr(R, "build_task_graph", held)
+    return gate, seen
+
+
 class TestBackgroundSimulation:
     """Issue 16: no click waits more than a moment for a simulation; a long one goes on off the
     request path, says how far it is, can be left (Cancel goes back), and one the explorer could
@@ -515,31 +540,18 @@ class TestBackgroundSimulation:
     def test_a_slow_build_answers_none_then_stops_on_cancel(self, monkeypatch):
         """Cancel stops the build (its engine loop sees the cancel event and ends with
         Cancelled), not merely forgets it; asked again, the state is built anew."""
-        import threading
-
-        import engine.report as R
-        import engine.taskgraph as T
         from engine.errors import Cancelled
 
         s = ST.new_state("alexnet", batch=48)  # (a batch no other test draws: nothing cached)
         assert EXP.render_explore(s, True, wait_s=5.0) is not None  # drawn: what Cancel goes back to
-        gate, entered, saw = threading.Event(), threading.Event(), []
-        real = T.build_task_graph
-
-        def slow(*a, cancel=None, **kw):  # an engine loop that polls its cancel event
-            saw.append(cancel)
-            entered.set()
-            while not gate.wait(0.01):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("stopped")
-            return real(*a, **kw)
-
-        monkeypatch.setattr(T, "build_task_graph", slow)
-        monkeypatch.setattr(R, "build_task_graph", slow)
+        gate, saw = _held_builds(monkeypatch, polls_cancel=True)
         s2, msg = EV.on_event("pick-batch", s, batch=40)  # another graph: a full build
         assert msg.startswith("Batch: 40"), msg
         assert SIM.workspace_within(s2, 0.05) is None and EXP.render_explore(s2, True, wait_s=0.05) is None
-        assert entered.wait(60) and saw[0] is not None  # the build runs, with a cancel event
+        deadline = time.monotonic() + 60
+        while not saw and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert saw and saw[0] is not None  # the build runs, with a cancel event
         st = SIM.build_status(s2)
         assert st is not None and st["elapsed_s"] >= 0.0 and st["phase"]
         assert EXP.sim_status_text(s2).startswith("Simulating off the page: ")
@@ -562,24 +574,11 @@ class TestBackgroundSimulation:
 
     def test_a_superseded_build_stops(self, monkeypatch):
         """A session that moves on (another state) cancels its previous build."""
-        import threading
-
         from concurrent.futures import CancelledError
 
-        import engine.report as R
-        import engine.taskgraph as T
         from engine.errors import Cancelled
 
-        gate, real = threading.Event(), T.build_task_graph
-
-        def slow(*a, cancel=None, **kw):
-            while not gate.wait(0.01):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("stopped")
-            return real(*a, **kw)
-
-        monkeypatch.setattr(T, "build_task_graph", slow)
-        monkeypatch.setattr(R, "build_task_graph", slow)
+        gate, _ = _held_builds(monkeypatch, polls_cancel=True)
         a = ST.new_state("alexnet", batch=20)
         assert SIM.workspace_within(a, 0.0) is None
         first = SES.current().build(a["sid"])
@@ -593,15 +592,7 @@ class TestBackgroundSimulation:
 
     def test_the_queue_of_builds_is_bounded(self, monkeypatch):
         """Past the server's bound, a new background build is refused with a message (not queued)."""
-        import threading
-
-        import engine.report as R
-        import engine.taskgraph as T
-
-        gate, real = threading.Event(), T.build_task_graph
-        late = lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1]  # noqa: E731
-        monkeypatch.setattr(T, "build_task_graph", late)
-        monkeypatch.setattr(R, "build_task_graph", late)
+        gate, _ = _held_builds(monkeypatch)
         sessions = SES.reset(SES.Sessions(max_queued_builds=2, build_workers=1))
         try:
             states = [ST.new_state("alexnet", batch=b) for b in (52, 56, 60)]
@@ -696,15 +687,7 @@ class TestReviewRegressions:
         SES.current().forget(s["sid"])
 
     def test_a_build_cancelled_by_one_session_is_not_taken_by_another(self, monkeypatch):
-        import threading
-
-        import engine.report as R
-        import engine.taskgraph as T
-
-        gate, real = threading.Event(), T.build_task_graph
-        late = lambda *a, cancel=None, **kw: (gate.wait(60), real(*a, **kw))[1]  # noqa: E731
-        monkeypatch.setattr(T, "build_task_graph", late)
-        monkeypatch.setattr(R, "build_task_graph", late)
+        gate, _ = _held_builds(monkeypatch)
         a = ST.new_state("alexnet", batch=24)
         b = dict(a, sid=ST.new_sid())
         assert SIM.workspace_within(a, 0.0) is None
