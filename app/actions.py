@@ -15,7 +15,7 @@ from typing import Any
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
 from engine.layout import Layout
 from engine.search.baselines import BASELINES, make_baseline
-from engine.strategy import Config, Strategy
+from engine.strategy import Config, Strategy, validate_strategy
 
 from .sessions import current
 from .simulation import check_size, workspace
@@ -108,8 +108,6 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
     edited = strategy
     for op in ops:
         edited = edited.with_config(op, config)
-    from engine.strategy import validate_strategy
-
     problems = [str(p) for p in validate_strategy(edited, graph, cluster)]
     if problems:
         more = f" (+{len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""

@@ -115,7 +115,8 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
     if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
                                                    or "upload" in state["cluster"]):
         new, under = _fresh(state, cluster=cluster)
-        return new, f"Cluster: {cluster}{under if ':' in under or 'layout' in under else ''}."
+        plain = under == f", under {new['baseline']}"  # (the same starting strategy: nothing to say)
+        return new, f"Cluster: {cluster}{'' if plain else under}."
     if trigger == "pick-baseline" and baseline and baseline != state.get("baseline"):
         return select_baseline(state, baseline)
     if trigger == "upload" and upload is not None:

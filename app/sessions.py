@@ -176,8 +176,9 @@ class Sessions:
     def trim(self, max_idle_s: float) -> int:
         """Drop cached views, parsed strategies, Compare's simulations and search traces unused
         for ``max_idle_s`` seconds (pinned entries stay); how many."""
+        # (baselines' costs are a few numbers each and take a whole simulation to make again: kept)
         return sum(c.trim(max_idle_s) for c in (self.parsed, self.checked, self.drawn, self.last_drawn, self.layouts,
-                                                 self.compared, self.progress, self.uploads, self.baselines))
+                                                 self.compared, self.progress, self.uploads))
 
     # ------------------------------------------------------------------ background builds
 

@@ -8,8 +8,6 @@ the page shows what it is doing and can go back (:func:`cancel_simulation`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import time
 from typing import Any
@@ -28,7 +26,7 @@ from ..gantt import stage_of_devices
 from ..sessions import Busy, current
 from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, baseline_fits, build_status,
                           cancel_build, workspace, workspace_within)
-from ..state import check_state
+from ..state import check_state, content_key
 from engine.report import mfu
 
 from ..views import block_stack, config_label, graph_layout, memory_data, summary_data, topology_data, why_text
@@ -119,11 +117,11 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
 
 
 def _render_key(state: dict, collapse: bool, metric: str, gantt: dict) -> tuple:
-    owner = state["sid"] if "upload" in state["model"] or "upload" in state["cluster"] else ""
-    content = json.dumps([state["model"], state["cluster"], state["strategy"]["ops"], owner,
-                          {k: v for k, v in state["strategy"].items() if k not in ("ops", "found_by", "cost")}],
-                         sort_keys=True)
-    return (hashlib.sha256(content.encode()).hexdigest(), collapse, metric, tuple(state.get("selected") or ()),
+    """What the Explore views of ``state`` depend on: its content (how the strategy was found
+    and its recorded cost left out: the same configs draw the same views), the view options and
+    the selection."""
+    drawn = {k: v for k, v in state["strategy"].items() if k not in ("found_by", "cost")}
+    return (content_key({**state, "strategy": drawn}), collapse, metric, tuple(state.get("selected") or ()),
             tuple(sorted(gantt.items())))
 
 
