@@ -202,3 +202,16 @@ def test_no_module_level_mutable_state_outside_sessions():
     found = [(name, n) for path, name, _ in app_modules() for n in _mutable_module_state(path)
              if (name, n) not in HANDLES]
     assert found == []
+
+
+def test_every_package_is_installed():
+    """Regression (issue 24): app/tabs/ was left out of pyproject.toml's package list, so
+    ``pip install .`` (the README's run command) made a soapbox whose explorer could not start;
+    the editable install the tests use hid it."""
+    import tomllib
+
+    root = ENGINE.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for top in ("engine", "app")
+             for p in (root / top).rglob("__init__.py")}
+    assert found - listed == set()
