@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from .cluster import Cluster
 from .graph import OpGraph
-from .strategy import GATHER_UNITS, MAX_MICROBATCHES, RECOMPUTE, SCHEDULES
+from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
            "valid_layouts", "mesh_shapes", "OPTION_NAMES", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
@@ -104,6 +104,17 @@ class Layout:
     gather_unit: str = "block"
     #: the linear layers' GEMMs in fp8 (Transformer Engine; --fp8-format hybrid)
     fp8: bool = False
+    #: data-parallel gradient collectives overlapped with the backward (--overlap-grad-reduce;
+    #: PyTorch DDP/FSDP always): :attr:`engine.strategy.Strategy.overlap_grad_reduce`
+    overlap_grad_reduce: bool = True
+    #: ZeRO-1/2's parameter all-gather overlapped with the next forward (--overlap-param-gather)
+    overlap_param_gather: bool = False
+    #: pipeline sends and receives beside compute (--overlap-p2p-communication)
+    overlap_p2p: bool = True
+    #: ZeRO-Offload: optimizer state and step on the host (``cpu``) or NVMe (``nvme``)
+    offload_optimizer: str = "none"
+    #: ZeRO-Infinity: half-precision parameters in host memory (``cpu``) or on NVMe (ZeRO-3)
+    offload_params: str = "none"
     #: layers on each pipeline stage (no interleaving); None: even, or balanced counting the
     #: embedding and the output layer (:func:`engine.search.layouts.balanced_layers`)
     layers_per_stage: tuple[int, ...] | None = None
@@ -133,8 +144,16 @@ class Layout:
             raise ValueError(f"gather_unit must be one of {', '.join(GATHER_UNITS)}, got {self.gather_unit!r}")
         if not _is_int(self.shard_group) or self.shard_group < 0:
             raise ValueError(f"shard_group must be a non-negative integer, got {self.shard_group!r}")
-        for name in ("sequence_parallel", "tp_comm_overlap", "fp8"):
+        for name in _BOOL:
             object.__setattr__(self, name, bool(getattr(self, name)))
+        for name, need in (("offload_optimizer", 1), ("offload_params", 3)):
+            where = getattr(self, name)
+            if where not in OFFLOAD_DEVICES:
+                raise ValueError(f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {where!r}")
+            if where != "none" and self.zero_stage < need:
+                raise ValueError(f"{name} {where}: offloading {'the optimizer' if need == 1 else 'parameters'} needs "
+                                 f"ZeRO stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
+                                 f"{self.zero_stage}")
         for name in ("layers_per_stage", "stage_mesh"):
             v = getattr(self, name)
             if v is not None:
@@ -207,9 +226,10 @@ class Layout:
 #: the option names a layout takes (its fields)
 OPTION_NAMES = tuple(f.name for f in fields(Layout))
 
-_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8")
+_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")
 _LISTS = ("layers_per_stage", "stage_mesh")
-_TEXT = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "gather_unit": GATHER_UNITS}
+_TEXT = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "gather_unit": GATHER_UNITS,
+         "offload_optimizer": OFFLOAD_DEVICES, "offload_params": OFFLOAD_DEVICES}
 
 
 def _is_int(v: Any) -> bool:

@@ -39,6 +39,7 @@ __all__ = [
     "Strategy",
     "SCHEDULES",
     "RECOMPUTE",
+    "OFFLOAD_DEVICES",
     "validate_strategy",
     "check_strategy",
     "partition_coords",
@@ -91,6 +92,10 @@ MAX_MICROBATCHES = 65536
 MAX_VIRTUAL_STAGES = 1024
 #: What ZeRO-3 gathers at once (:attr:`Strategy.gather_unit`).
 GATHER_UNITS = ("block", "op")
+#: Where ZeRO-Offload / ZeRO-Infinity keep what they offload (:attr:`Strategy.offload_optimizer`,
+#: :attr:`Strategy.offload_params`): DeepSpeed's ``offload_optimizer.device`` and
+#: ``offload_param.device`` values (Ren et al. ATC'21; Rajbhandari et al. SC'21).
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def _json_safe(value: Any) -> Any:
@@ -188,6 +193,30 @@ class Strategy:
     tp_comm_overlap : bool
         Megatron-Core's ``--tp-comm-overlap``: tensor-parallel collectives pipelined with the
         GEMMs next to them (Transformer Engine's userbuffers); needs sequence parallelism.
+    overlap_grad_reduce : bool
+        Data-parallel gradient all-reduce / reduce-scatter issued per bucket while the
+        backward pass goes on (Megatron-Core's ``--overlap-grad-reduce``, PyTorch DDP's and
+        FSDP's behaviour, DeepSpeed's ``overlap_comm``). Off: every gradient collective waits
+        for the whole backward pass of its device. Default on (PyTorch DDP/FSDP, NeMo and
+        Megatron-Bridge recipes; Megatron-LM's bare flag and DeepSpeed ZeRO-1/2 default off).
+    overlap_param_gather : bool
+        With ZeRO-1/2 (the distributed optimizer), the all-gather of updated parameters
+        overlapped with the next iteration's forward pass, bucket by bucket
+        (``--overlap-param-gather``): each block's first forward waits for its bucket's gather
+        instead of the step ending with all of them. Default off (Megatron-LM's and DeepSpeed's
+        default); ZeRO-3 always gathers ahead of use (FSDP's prefetch).
+    overlap_p2p : bool
+        Pipeline sends and receives run beside compute (Megatron-Core's default
+        ``--overlap-p2p-communication`` for the interleaved schedule). Off: a stage waits for
+        its send to finish before its next compute.
+    offload_optimizer : str
+        ZeRO-Offload (Ren et al. ATC'21): ``cpu`` keeps the fp32 master weights and Adam's
+        moments in host memory and runs the step on the CPU (gradients go down, updated
+        half-precision parameters come back over the host link); ``nvme`` keeps them on the
+        node's NVMe (ZeRO-Infinity, Rajbhandari et al. SC'21). Needs ZeRO stage >= 1.
+    offload_params : str
+        ZeRO-Infinity: the half-precision parameters kept in host memory (``cpu``) or on NVMe
+        and fetched over the host link for each use. Needs ZeRO-3.
     fp8 : bool
         Linear layers' GEMMs in fp8 (NVIDIA Transformer Engine's recipe, Micikevicius et al.
         2022): forward and backward GEMMs at the device's fp8 rate, their inputs cast (and
@@ -218,6 +247,11 @@ class Strategy:
     fp8: bool = False
     shard_group: int = 0
     tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    overlap_p2p: bool = True
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -252,6 +286,11 @@ class Strategy:
             **({"fp8": True} if self.fp8 else {}),
             **({"shard_group": self.shard_group} if self.shard_group else {}),
             **({"tp_comm_overlap": True} if self.tp_comm_overlap else {}),
+            **({"overlap_grad_reduce": False} if not self.overlap_grad_reduce else {}),
+            **({"overlap_param_gather": True} if self.overlap_param_gather else {}),
+            **({"overlap_p2p": False} if not self.overlap_p2p else {}),
+            **({"offload_optimizer": self.offload_optimizer} if self.offload_optimizer != "none" else {}),
+            **({"offload_params": self.offload_params} if self.offload_params != "none" else {}),
             "ops": ops,
         }
 
@@ -285,7 +324,10 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("sequence_parallel", False), model.get("name", ""), model.get("fingerprint", ""),
                     cluster.get("name", ""), cluster.get("devices", 0), data.get("found_by", {}),
                     data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False),
-                    data.get("shard_group", 0), data.get("tp_comm_overlap", False))
+                    data.get("shard_group", 0), data.get("tp_comm_overlap", False),
+                    data.get("overlap_grad_reduce", True), data.get("overlap_param_gather", False),
+                    data.get("overlap_p2p", True), data.get("offload_optimizer", "none"),
+                    data.get("offload_params", "none"))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -374,6 +416,17 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     elif strategy.tp_comm_overlap and not strategy.sequence_parallel:
         add(Problem("tp_comm_overlap", "overlapping tensor-parallel communication with GEMMs (Transformer "
                                        "Engine's userbuffers) needs sequence parallelism"))
+    for name in ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p"):
+        if not isinstance(getattr(strategy, name), bool):
+            add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
+    for name, need in (("offload_optimizer", 1), ("offload_params", 3)):
+        where = getattr(strategy, name)
+        if where not in OFFLOAD_DEVICES:
+            add(Problem(name, f"must be one of {', '.join(OFFLOAD_DEVICES)}, got {where!r}"))
+        elif where != "none" and strategy.zero_stage not in range(need, 4):
+            add(Problem(name, f"offloading {'the optimizer' if need == 1 else 'parameters'} to {where} needs ZeRO "
+                              f"stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
+                              f"{strategy.zero_stage}"))
     if not isinstance(strategy.fp8, bool):
         add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
     elif strategy.fp8:

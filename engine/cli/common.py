@@ -88,6 +88,23 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="Megatron-Core's tensor-parallel communication overlapped with the GEMMs (Transformer "
                         "Engine userbuffers; needs --sequence-parallel) (megatron)")
+    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
+                   help="data-parallel gradient collectives issued during the backward pass (default on: PyTorch "
+                        "DDP/FSDP, NeMo; Megatron-LM's bare default and DeepSpeed ZeRO-1/2's overlap_comm are off)")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=None,
+                   help="ZeRO-1/2: the updated parameters' all-gather overlapped with the next forward "
+                        "(Megatron-Core's --overlap-param-gather; default off)")
+    g.add_argument("--overlap-p2p", action=argparse.BooleanOptionalAction, default=None,
+                   help="pipeline sends/receives beside compute (default on; --no-overlap-p2p: a stage waits "
+                        "for its send)")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="turn every communication overlap off (tp, gradient reduce, parameter gather, pipeline p2p)")
+    g.add_argument("--offload-optimizer", choices=("cpu", "nvme"),
+                   help="ZeRO-Offload: optimizer state and step on the host CPU (cpu) or NVMe (nvme); needs "
+                        "--zero-stage >= 1")
+    g.add_argument("--offload-params", choices=("cpu", "nvme"),
+                   help="ZeRO-Infinity: parameters in host memory (cpu) or on NVMe, fetched for each use; needs "
+                        "ZeRO-3 (fsdp)")
     g.add_argument("--zero-stage", type=int_in(1, 3), metavar="{1,2,3}",
                    help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
                         "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
@@ -140,6 +157,13 @@ def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
 
     out = {k: getattr(args, k, None) for k in OPTION_NAMES if k not in ("fp8",) + _NO_FLAG}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
+    if getattr(args, "no_overlap", False):
+        turned_on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")
+                     if out.get(k)]
+        if turned_on:
+            raise ValueError(f"--no-overlap turns every overlap off, but --{turned_on[0].replace('_', '-')} turns one "
+                             "on: give one or the other")
+        out.update(overlap_grad_reduce=False, overlap_p2p=False, tp_comm_overlap=None, overlap_param_gather=None)
     return out
 
 

@@ -128,13 +128,17 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              micro_batch: int | None = None, vpp: int = 1, recompute: str = "none",
              sequence_parallel: bool = False, schedule: str | None = None,
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
-             zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False) -> Strategy:
+             zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False,
+             overlap_grad_reduce: bool = True, overlap_param_gather: bool = False, overlap_p2p: bool = True,
+             offload_optimizer: str = "none") -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
     :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
     is described); the keyword form the CLI and the app call."""
     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=micro_batch, schedule=schedule,
                  recompute=recompute, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
-                 zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh)
+                 zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh,
+                 overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                 overlap_p2p=overlap_p2p, offload_optimizer=offload_optimizer)
     return build_layout(graph, cluster, lay)
 
 
@@ -204,6 +208,8 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         options["fp8"] = True
     if lay.tp_comm_overlap:
         options["tp_comm_overlap"] = True
+    switches = {k: getattr(lay, k) for k in _SWITCHES if getattr(lay, k) != getattr(Layout, k)}
+    options.update(switches)
     if pp * vpp > 1 and layers_per_stage is None:
         counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
         if len(set(counts)) > 1:
@@ -212,15 +218,21 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     s = _finish(graph, cluster, configs, "megatron", options, notes,
                 pipeline=PipelineSettings(pp, m, lay.schedule, vpp),
                 stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
-                zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap)
+                zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap,
+                **{k: getattr(lay, k) for k in _SWITCHES})
     if lay.gather_unit != "block" or lay.shard_group:
         s = replace(s, gather_unit=lay.gather_unit, shard_group=lay.shard_group)
     return s
 
 
+#: The overlap and offload switches a layout carries onto its strategy (same names on both)
+_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer", "offload_params")
+
+
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
          recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
-         fp8: bool = False, shard_group: int = 0) -> Strategy:
+         fp8: bool = False, shard_group: int = 0, overlap_grad_reduce: bool = True, overlap_p2p: bool = True,
+         offload_optimizer: str = "none", offload_params: str = "none") -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
@@ -230,7 +242,8 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     dp x cp). ``gather_unit`` "op" gathers each op's parameters on its own (DeepSpeed ZeRO-3) instead
     of each transformer block's (PyTorch FSDP). ``shard_group`` k > 0 is hybrid sharding
     (HYBRID_SHARD / HSDP, MiCS): shards within groups of k consecutive data-parallel ranks,
-    replicas across them."""
+    replicas across them. ``offload_optimizer`` / ``offload_params``: ZeRO-Offload and
+    ZeRO-Infinity (:attr:`engine.strategy.Strategy.offload_optimizer`)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
     if gather_unit not in GATHER_UNITS:
@@ -241,7 +254,9 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
         raise ValueError(f"hybrid sharding (shard_group {shard_group}) needs ZeRO stage 2 or 3, got {zero_stage}")
     s = build_layout(graph, cluster, Layout(tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, recompute=recompute,
                                             zero_stage=zero_stage, fp8=fp8, gather_unit=gather_unit,
-                                            shard_group=shard_group))
+                                            shard_group=shard_group, overlap_grad_reduce=overlap_grad_reduce,
+                                            overlap_p2p=overlap_p2p, offload_optimizer=offload_optimizer,
+                                            offload_params=offload_params))
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
@@ -276,12 +291,17 @@ BASELINES: dict[str, Baseline] = {
         Baseline("expert", expert, "FlexFlow's expert: data-parallel conv/recurrent, model-parallel FC", ()),
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
-                  "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap")),
+                  "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap",
+                  "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
-                  "shard_group")),
+                  "shard_group", "overlap_grad_reduce", "overlap_p2p", "offload_optimizer", "offload_params")),
     ]
 }
+
+
+#: Switches that are on unless turned off: False is a choice for these, not "not given"
+_ON_BY_DEFAULT = ("overlap_grad_reduce", "overlap_p2p")
 
 
 def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:
@@ -295,7 +315,8 @@ def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -
     if kind not in BASELINES:
         raise ValueError(f"unknown strategy kind {kind!r}; kinds: {', '.join(BASELINES)}")
     b = BASELINES[kind]
-    given = {k: v for k, v in options.items() if v is not None and v is not False}
+    # (a False flag is "not given" unless it turns off a switch that is on by default)
+    given = {k: v for k, v in options.items() if v is not None and (v is not False or k in _ON_BY_DEFAULT)}
     extra = sorted(set(given) - set(b.options))
     if extra:
         flags = ", ".join("--" + e.replace("_", "-") for e in extra)
