@@ -15,7 +15,7 @@ model (ring or tree, LL/LL128/Simple, per-step latencies NVIDIA measured), which
 fastest, as NCCL's tuner chooses, see :func:`collective_time_s`.
 
 Every constant below was chosen from a published figure or is a calibration (marked) of a
-physically meaningful quantity against ``shared/validation/published_runs_public.csv``; none
+physically meaningful quantity against ``validation/published_runs_public.csv``; none
 is fitted per row.
 """
 
@@ -44,7 +44,7 @@ MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention
 #     efficiency(x) = MATMUL_EFFICIENCY * x / (x + MATMUL_HALF_DIM)
 # MATMUL_EFFICIENCY is the large-GEMM limit (cuBLAS reaches ~75-85% of the A100's 312 TFLOP/s
 # on large fp16 GEMMs); both constants are calibrated on the public rows of
-# shared/validation/published_runs_public.csv (benchmarks/validate_published.py): the same
+# validation/published_runs_public.csv (benchmarks/validate_published.py): the same
 # two numbers for every row, no per-row factor.
 MATMUL_EFFICIENCY = 0.8
 MATMUL_HALF_DIM = 700

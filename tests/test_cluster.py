@@ -1,6 +1,6 @@
 """Clusters: presets, device specs, links and paths, validation errors, round trips.
 
-Device and link figures are pinned against ``shared/validation/hardware_specs.csv`` (the
+Device and link figures are pinned against ``validation/hardware_specs.csv`` (the
 row and column are cited beside each value); bandwidths are bytes/s per direction.
 """
 
@@ -161,7 +161,7 @@ class TestPresetErrors:
 
 
 class TestDeviceTypes:
-    # Every figure below is a row of shared/validation/hardware_specs.csv (dense peaks, no
+    # Every figure below is a row of validation/hardware_specs.csv (dense peaks, no
     # 2:4 sparsity). TFLOP/s -> FLOP/s: x 1e12; GB/s -> bytes/s: x 1e9.
 
     def test_a100_80gb(self):

@@ -18,7 +18,7 @@ size/bandwidth summed over the path); GPUs never forward traffic (each GPU is sp
 sending and a receiving endpoint).
 
 Bandwidths are per direction, in bytes/s; latencies in seconds; memory in bytes. Specs and
-their sources: ``shared/validation/hardware_specs.csv``, cited per constant in :mod:`engine.cluster.devices`.
+their sources: ``validation/hardware_specs.csv``, cited per constant in :mod:`engine.cluster.devices`.
 """
 
 from __future__ import annotations

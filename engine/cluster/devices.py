@@ -89,7 +89,7 @@ class DeviceType:
         }
 
 
-_CSV = "shared/validation/hardware_specs.csv"
+_CSV = "validation/hardware_specs.csv"
 #: Device types of the presets, dense peaks (no 2:4 sparsity).
 DEVICE_TYPES: dict[str, DeviceType] = {
     d.name: d
