@@ -109,8 +109,6 @@ class Layout:
     overlap_grad_reduce: bool = True
     #: ZeRO-1/2's parameter all-gather overlapped with the next forward (--overlap-param-gather)
     overlap_param_gather: bool = False
-    #: pipeline sends and receives beside compute (--overlap-p2p-communication)
-    overlap_p2p: bool = True
     #: ZeRO-Offload: optimizer state and step on the host (``cpu``) or NVMe (``nvme``)
     offload_optimizer: str = "none"
     #: ZeRO-Infinity: half-precision parameters in host memory (``cpu``) or on NVMe (ZeRO-3)
@@ -226,7 +224,7 @@ class Layout:
 #: the option names a layout takes (its fields)
 OPTION_NAMES = tuple(f.name for f in fields(Layout))
 
-_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")
+_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather")
 _LISTS = ("layers_per_stage", "stage_mesh")
 _TEXT = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "gather_unit": GATHER_UNITS,
          "offload_optimizer": OFFLOAD_DEVICES, "offload_params": OFFLOAD_DEVICES}

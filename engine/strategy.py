@@ -205,10 +205,6 @@ class Strategy:
         (``--overlap-param-gather``): each block's first forward waits for its bucket's gather
         instead of the step ending with all of them. Default off (Megatron-LM's and DeepSpeed's
         default); ZeRO-3 always gathers ahead of use (FSDP's prefetch).
-    overlap_p2p : bool
-        Pipeline sends and receives run beside compute (Megatron-Core's default
-        ``--overlap-p2p-communication`` for the interleaved schedule). Off: a stage waits for
-        its send to finish before its next compute.
     offload_optimizer : str
         ZeRO-Offload (Ren et al. ATC'21): ``cpu`` keeps the fp32 master weights and Adam's
         moments in host memory and runs the step on the CPU (gradients go down, updated
@@ -249,7 +245,6 @@ class Strategy:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
-    overlap_p2p: bool = True
     offload_optimizer: str = "none"
     offload_params: str = "none"
 
@@ -288,7 +283,6 @@ class Strategy:
             **({"tp_comm_overlap": True} if self.tp_comm_overlap else {}),
             **({"overlap_grad_reduce": False} if not self.overlap_grad_reduce else {}),
             **({"overlap_param_gather": True} if self.overlap_param_gather else {}),
-            **({"overlap_p2p": False} if not self.overlap_p2p else {}),
             **({"offload_optimizer": self.offload_optimizer} if self.offload_optimizer != "none" else {}),
             **({"offload_params": self.offload_params} if self.offload_params != "none" else {}),
             "ops": ops,
@@ -326,7 +320,7 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("cost", {}), data.get("gather_unit", "block"), data.get("fp8", False),
                     data.get("shard_group", 0), data.get("tp_comm_overlap", False),
                     data.get("overlap_grad_reduce", True), data.get("overlap_param_gather", False),
-                    data.get("overlap_p2p", True), data.get("offload_optimizer", "none"),
+                    data.get("offload_optimizer", "none"),
                     data.get("offload_params", "none"))
 
 
@@ -416,7 +410,7 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     elif strategy.tp_comm_overlap and not strategy.sequence_parallel:
         add(Problem("tp_comm_overlap", "overlapping tensor-parallel communication with GEMMs (Transformer "
                                        "Engine's userbuffers) needs sequence parallelism"))
-    for name in ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p"):
+    for name in ("overlap_grad_reduce", "overlap_param_gather"):
         if not isinstance(getattr(strategy, name), bool):
             add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
     for name, need in (("offload_optimizer", 1), ("offload_params", 3)):

@@ -94,11 +94,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=None,
                    help="ZeRO-1/2: the updated parameters' all-gather overlapped with the next forward "
                         "(Megatron-Core's --overlap-param-gather; default off)")
-    g.add_argument("--overlap-p2p", action=argparse.BooleanOptionalAction, default=None,
-                   help="pipeline sends/receives beside compute (default on; --no-overlap-p2p: a stage waits "
-                        "for its send)")
     g.add_argument("--no-overlap", action="store_true",
-                   help="turn every communication overlap off (tp, gradient reduce, parameter gather, pipeline p2p)")
+                   help="turn the communication overlaps off (tp, gradient reduce, parameter gather; pipeline "
+                        "sends always run beside compute)")
     g.add_argument("--offload-optimizer", choices=("cpu", "nvme"),
                    help="ZeRO-Offload: optimizer state and step on the host CPU (cpu) or NVMe (nvme); needs "
                         "--zero-stage >= 1")
@@ -158,12 +156,12 @@ def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: getattr(args, k, None) for k in OPTION_NAMES if k not in ("fp8",) + _NO_FLAG}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
     if getattr(args, "no_overlap", False):
-        turned_on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")
+        turned_on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
                      if out.get(k)]
         if turned_on:
             raise ValueError(f"--no-overlap turns every overlap off, but --{turned_on[0].replace('_', '-')} turns one "
                              "on: give one or the other")
-        out.update(overlap_grad_reduce=False, overlap_p2p=False, tp_comm_overlap=None, overlap_param_gather=None)
+        out.update(overlap_grad_reduce=False, tp_comm_overlap=None, overlap_param_gather=None)
     return out
 
 

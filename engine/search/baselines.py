@@ -129,7 +129,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              sequence_parallel: bool = False, schedule: str | None = None,
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
              zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False,
-             overlap_grad_reduce: bool = True, overlap_param_gather: bool = False, overlap_p2p: bool = True,
+             overlap_grad_reduce: bool = True, overlap_param_gather: bool = False,
              offload_optimizer: str = "none") -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
     :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
@@ -138,7 +138,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
                  recompute=recompute, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
                  zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh,
                  overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                 overlap_p2p=overlap_p2p, offload_optimizer=offload_optimizer)
+                 offload_optimizer=offload_optimizer)
     return build_layout(graph, cluster, lay)
 
 
@@ -226,12 +226,12 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
 
 
 #: The overlap and offload switches a layout carries onto its strategy (same names on both)
-_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer", "offload_params")
+_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params")
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
          recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
-         fp8: bool = False, shard_group: int = 0, overlap_grad_reduce: bool = True, overlap_p2p: bool = True,
+         fp8: bool = False, shard_group: int = 0, overlap_grad_reduce: bool = True,
          offload_optimizer: str = "none", offload_params: str = "none") -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
@@ -255,7 +255,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     s = build_layout(graph, cluster, Layout(tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, recompute=recompute,
                                             zero_stage=zero_stage, fp8=fp8, gather_unit=gather_unit,
                                             shard_group=shard_group, overlap_grad_reduce=overlap_grad_reduce,
-                                            overlap_p2p=overlap_p2p, offload_optimizer=offload_optimizer,
+                                            offload_optimizer=offload_optimizer,
                                             offload_params=offload_params))
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
@@ -292,16 +292,16 @@ BASELINES: dict[str, Baseline] = {
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
                   "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap",
-                  "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer")),
+                  "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
-                  "shard_group", "overlap_grad_reduce", "overlap_p2p", "offload_optimizer", "offload_params")),
+                  "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params")),
     ]
 }
 
 
 #: Switches that are on unless turned off: False is a choice for these, not "not given"
-_ON_BY_DEFAULT = ("overlap_grad_reduce", "overlap_p2p")
+_ON_BY_DEFAULT = ("overlap_grad_reduce",)
 
 
 def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:

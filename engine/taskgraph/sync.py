@@ -32,6 +32,25 @@ def sync_unit(op: Op, zero_stage: int) -> str:
     return op.name
 
 
+#: DeepSpeed ZeRO-3's default ``stage3_prefetch_bucket_size`` (parameters fetched ahead of use;
+#: deepspeed/runtime/zero/config.py, 5e7).
+DEEPSPEED_PREFETCH_ELEMENTS = 5e7
+
+
+def _buckets(pieces: list[tuple[float, int, list[int]]], per_op: bool) -> list[tuple[float, int, list[int], int | None]]:
+    """(elements, op, waiting ops, op after whose start it is issued or None) per gather: the
+    pieces of one pass in use order, the op pieces cut into DeepSpeed's prefetch buckets."""
+    if not per_op:
+        return [(*p, None) for p in pieces]
+    out, bucket_first, prev_first, filled = [], None, None, 0.0
+    for size, at, waiting in pieces:
+        if bucket_first is None or filled + size > DEEPSPEED_PREFETCH_ELEMENTS:
+            prev_first, bucket_first, filled = bucket_first, at, 0.0
+        filled += size
+        out.append((size, at, waiting, prev_first))
+    return out
+
+
 class FsdpPlan:
     """The parameter units of a build (unit -> member ops) and, per pass, the op after whose
     start each unit's ZeRO-3 gather is issued: forward in op order, backward in reverse (a tied
@@ -50,12 +69,36 @@ class FsdpPlan:
             for u in sorted(self.units, key=lambda u: sign * pick(self.units[u])):
                 self.prefetch[(u, phase)] = prev
                 prev = pick(self.units[u])
+        s = ctx.strategy
+        #: gathers issued ahead of the forward: ZeRO-3's every microbatch, ZeRO-1/2's once with
+        #: --overlap-param-gather
+        self.gather_ahead = zero >= 3 or (zero in (1, 2) and s.overlap_param_gather)
+        #: without --overlap-grad-reduce, the op whose backward ends each pipeline stage's pass
+        #: (the stage's first op: the backward runs in reverse): every gradient collective of
+        #: the stage waits for it
+        self.tail: dict[str, int] = {}  # unit -> that op
+        if not s.overlap_grad_reduce:
+            p, ops = max(1, s.pipeline.stages), ctx.graph.ops
+            first: dict[int, int] = {}
+            for oi, op in enumerate(ops):
+                if op.kind != "input" and not op.is_view:
+                    first.setdefault(s.stage_of.get(op.name, 0) % p, oi)
+            for u, members in self.units.items():
+                self.tail[u] = first.get(s.stage_of.get(ops[members[0]].name, 0) % p, members[0])
+
+    def stage_tail(self, unit: str) -> int | None:
+        """The op whose last backward a unit's gradient collectives wait for when gradient
+        reduction is not overlapped (None when it is)."""
+        return self.tail.get(unit)
 
     def refs(self, unit: str) -> set[int]:
         """The ops whose tables segment ("sync", unit) reads."""
         refs = set(self.units[unit])
-        if self.zero_stage >= 3:
+        if self.gather_ahead:
             refs |= {self.prefetch[(unit, ph)] for ph in (FWD, BWD)} - {None}
+        tail = self.stage_tail(unit)
+        if tail is not None:
+            refs.add(tail)
         return refs
 
 
@@ -121,6 +164,14 @@ class SyncBuilder:
             mbs = rows if zero >= 3 else np.array([-1])
             preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
             pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
+            tail = self.plan.stage_tail(unit)
+            if tail is not None and tail in t.bwd:
+                # gradient reduction not overlapped: it waits for the pass's last backward on
+                # each of its devices (Megatron-LM without --overlap-grad-reduce reduces the
+                # whole grad buffer after the backward)
+                at = np.nonzero(t.rep[tail] & np.isin(t.devs[tail], udevs))[0]
+                preds = np.concatenate([preds, t.bwd[tail][rows][:, at]], axis=1)
+                pdevs = np.concatenate([pdevs, t.devs[tail][at]])
             # hybrid sharding (HSDP, MiCS): shards within groups of k consecutive ranks, the
             # groups replicas of each other; otherwise one group
             subs = [udevs] if not k or k >= len(udevs) else [udevs[i:i + k] for i in range(0, len(udevs), k)]
@@ -140,9 +191,7 @@ class SyncBuilder:
                 if zero == 2:
                     # ZeRO-2: parameters are all-gathered (within the shard group) after the
                     # sharded update
-                    after = [t.updates[d] for d in sub if d in t.rep_devices]
-                    if after:
-                        self.emit.collective(seg, "all_gather", elems * pbytes, sub, after, members[0], -1)
+                    self._param_gather(seg, unit, members, sub, elems * pbytes)
             if len(subs) > 1 and done:
                 # ... then each shard is all-reduced across the replica groups (rank j of every
                 # group holds the same shard)
@@ -158,12 +207,35 @@ class SyncBuilder:
                         seg.edges(tile(ids, mine.size), np.repeat(t.updates[mine], ids.size))
             if zero == 1:
                 # ZeRO-1: parameters are all-gathered after the sharded update
-                after = [t.updates[d] for d in udevs if d in t.rep_devices]
-                if after:
-                    self.emit.collective(seg, "all_gather", elems * pbytes, udevs, after, members[0], -1)
+                self._param_gather(seg, unit, members, udevs, elems * pbytes)
         seg.device_params = device_params
         if zero >= 3:
             self._fsdp_gathers(seg, unit, members, gathers)
+
+    def _param_gather(self, seg: Segment, unit: str, members: list[int], devs: list[int], size_bytes: float) -> None:
+        """ZeRO-1/2's all-gather of a unit's updated parameters over ``devs``: after the
+        devices' optimizer steps; with --overlap-param-gather (Megatron-Core's distributed
+        optimizer) instead ahead of the next iteration's forward, bucket by bucket: issued when
+        the unit before starts its first forward, the unit's first forward waiting for it
+        (the steady state of one iteration: the gather of iteration i's update overlaps
+        iteration i+1's forward)."""
+        t = self.tables
+        if not self.ctx.strategy.overlap_param_gather:
+            after = [t.updates[d] for d in devs if d in t.rep_devices]
+            if after:
+                self.emit.collective(seg, "all_gather", size_bytes, devs, after, members[0], -1)
+            return
+        used = [oi for oi in members if oi in t.fwd]
+        if not used:
+            return
+        before = self.plan.prefetch.get((unit, FWD))
+        preds = [] if before is None or before not in t.fwd else t.fwd[before][0, :1]
+        gid = self.emit.collective(seg, "all_gather", size_bytes, devs, preds, min(used), 0)
+        if gid < 0:
+            return
+        for oi in used:
+            first = t.fwd[oi][0, t.rep[oi] & np.isin(t.devs[oi], devs)]
+            seg.edges(np.full(first.size, gid, np.int64), first)
 
     def _fsdp_gathers(self, seg: Segment, unit: str, members: list[int],
                       gathers: list[tuple[list[int], float, dict[int, float]]]) -> None:
@@ -172,8 +244,14 @@ class SyncBuilder:
         gather per data-parallel group of the unit (``gathers``: devices, elements, elements
         per op), as FSDP with tensor parallelism gathers each rank's shards within its
         data-parallel group. With ``gather_unit`` "op" (DeepSpeed ZeRO-3) each op's parameters
-        are gathered on their own, in the order the pass uses them, all issued at the unit's
-        prefetch point: as many collectives, each paying its ring's latency, as there are ops."""
+        are gathered on their own, in the order the pass uses them, as many collectives, each
+        paying its ring's latency, as there are ops; DeepSpeed prefetches only
+        ``stage3_prefetch_bucket_size`` elements ahead (:data:`DEEPSPEED_PREFETCH_ELEMENTS`),
+        so the ops are cut into buckets of at most that many parameters (an op larger than it
+        is a bucket of its own) and a bucket's gathers are issued when the previous bucket's
+        first op starts (the first bucket's at the unit's prefetch point): at scale, where a
+        layer's GEMM weights exceed the bucket, one module is fetched ahead of use, not a
+        block."""
         ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
         pbytes = DTYPE_BYTES[ctx.graph.precision]
         per_op = ctx.strategy.gather_unit == "op"
@@ -191,8 +269,9 @@ class SyncBuilder:
                     pieces = [(op_elems[oi], oi, [oi]) for oi in order]
                 else:
                     pieces = [(elems, lead, used)]
-                for size, at, waiting in pieces:
-                    ids = self.emit.collectives(seg, "all_gather", size * pbytes, devs, preds, at, np.arange(m))
+                for size, at, waiting, after in _buckets(pieces, per_op):
+                    ahead = preds if after is None else table[after][:, :1]
+                    ids = self.emit.collectives(seg, "all_gather", size * pbytes, devs, ahead, at, np.arange(m))
                     if ids is None:
                         continue
                     for oi in waiting:  # the group's own partitions wait for it
