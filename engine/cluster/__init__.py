@@ -11,7 +11,9 @@ Links are one-directional queues: a full-duplex cable is two links. A NIC's upli
 link shared by every GPU attached to that NIC (GPU ``g`` of a node with ``n`` NICs and ``k``
 GPUs uses NIC ``g * n // k``). The fabric is non-blocking (a full fat tree, as on Selene,
 ``hardware_specs.csv``), so a transfer between nodes crosses four links: GPU→NIC (PCIe),
-NIC→fabric, fabric→NIC, NIC→GPU.
+NIC→fabric, fabric→NIC, NIC→GPU. A cluster may split the fabric into full-bisection pods
+with an oversubscribed tier between them (``pod_gpus``, ``oversubscription``: Llama 3's 1:7);
+collectives that span pods then get the oversubscribed share (:meth:`Cluster.collective_group`).
 
 Paths are shortest paths in the link graph weighted by the time to move 1 MB (latency +
 size/bandwidth summed over the path); GPUs never forward traffic (each GPU is split into a
@@ -25,10 +27,12 @@ from __future__ import annotations
 
 from .devices import (
     A100_NVSWITCH_BW,
+    ARCHS,
     BW_RANGE_BYTES_PER_S,
     DEVICE_TYPES,
     FLOPS_RANGE_PER_S,
     GB,
+    GH200_NVLINK_PAIR_BW,
     GIB,
     H100_NVSWITCH_BW,
     IB_EDR_BW,
@@ -42,11 +46,14 @@ from .devices import (
     MEMORY_RANGE_BYTES,
     NVLINK1_PAIR_BW,
     NVLINK2_PAIR_BW,
+    NVLINK5_NVSWITCH_BW,
+    NVLINK_C2C_BW,
     NVLINK_LATENCY_S,
     PCIE3_BW,
     PCIE4_BW,
     PCIE5_BW,
     PCIE_LATENCY_S,
+    SLINGSHOT11_BW,
     V100_DGX2_NVSWITCH_BW,
     Device,
     DeviceType,
@@ -74,6 +81,7 @@ __all__ = [
     "FLOPS_RANGE_PER_S",
     "MEMORY_RANGE_BYTES",
     "MAX_LATENCY_S",
+    "ARCHS",
     # hardware constants, with their sources in engine/cluster/devices.py
     "GB",
     "GIB",
@@ -85,6 +93,10 @@ __all__ = [
     "A100_NVSWITCH_BW",
     "H100_NVSWITCH_BW",
     "V100_DGX2_NVSWITCH_BW",
+    "NVLINK5_NVSWITCH_BW",
+    "GH200_NVLINK_PAIR_BW",
+    "NVLINK_C2C_BW",
+    "SLINGSHOT11_BW",
     "PCIE3_BW",
     "PCIE4_BW",
     "PCIE5_BW",

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import Problem
 from .devices import (
+    ARCHS,
     BW_RANGE_BYTES_PER_S,
     DEVICE_TYPES,
     FLOPS_RANGE_PER_S,
@@ -125,6 +126,56 @@ def check_nodes(nodes: Sequence[NodeSpec], types: Mapping[str, DeviceType]) -> l
         if not _in_range(t.memory_bytes, m_lo, m_hi):
             problems.append(Problem(f"{at}.memory_bytes",
                                     f"must be from {m_lo:,} to {m_hi:,} bytes (1 MiB to 1 PiB), got {t.memory_bytes!r}"))
+        problems += _spec_problems(at, t)
+    for i, s in enumerate(nodes):
+        if not _in_range(s.host_memory_bytes, 0, MEMORY_RANGE_BYTES[1]):
+            problems.append(Problem(f"nodes[{i}] ({s.name}).host_memory_bytes",
+                                    f"must be from 0 (unknown) to {MEMORY_RANGE_BYTES[1]:,} bytes, "
+                                    f"got {s.host_memory_bytes!r}"))
+    return problems
+
+
+#: Largest accepted value of each descriptive device-type field (0 means unknown).
+_SPEC_MAX = {"sms": 100_000, "clock_hz": 1e11, "l2_bytes": MEMORY_RANGE_BYTES[1], "tdp_w": 1e5,
+             "host_bw_bytes_per_s": BW_RANGE_BYTES_PER_S[1]}
+
+
+def _spec_problems(at: str, t: DeviceType) -> list[Problem]:
+    """The descriptive fields of a device type (architecture, SMs, clock, L2, power, host link):
+    each 0 (unknown) or a finite number in its range; ``arch`` one of :data:`ARCHS` or empty."""
+    problems = []
+    if t.arch not in ("", *ARCHS):
+        problems.append(Problem(f"{at}.arch", f"must be one of {', '.join(ARCHS)} (or empty), got {t.arch!r}"))
+    for fld, hi in _SPEC_MAX.items():
+        v = getattr(t, fld)
+        if not _in_range(v, 0, hi) or (fld in ("sms", "l2_bytes") and not isinstance(v, int)):
+            kind = "an integer" if fld in ("sms", "l2_bytes") else "a number"
+            problems.append(Problem(f"{at}.{fld}", f"must be {kind} from 0 (unknown) to {_e(hi)}, got {v!r}"))
+    return problems
+
+
+def check_fabric(nodes: Sequence[NodeSpec], pod_gpus: Any, oversubscription: Any) -> list[Problem]:
+    """A fabric of pods: ``pod_gpus`` 0 (one pod) or a GPU count at which every pod boundary
+    falls between nodes; ``oversubscription`` from 1 (none) to 1,000."""
+    if not (isinstance(pod_gpus, int) and not isinstance(pod_gpus, bool) and 0 <= pod_gpus <= MAX_DEVICES):
+        return [Problem("fabric.pod_gpus", f"must be an integer from 0 (one pod) to {MAX_DEVICES:,}, got {pod_gpus!r}")]
+    problems = []
+    if not _in_range(oversubscription, 1.0, 1000.0):
+        problems.append(Problem("fabric.oversubscription",
+                                f"must be a number from 1 (none) to 1000, got {oversubscription!r}"))
+    sized = all(_is_count(s.gpus) and _is_count(s.repeat) for s in nodes)
+    # (an oversized cluster is reported by check_nodes; within the limit there are at most
+    # MAX_DEVICES nodes to walk)
+    if pod_gpus and sized and sum(s.gpus * s.repeat for s in nodes) <= MAX_DEVICES:
+        first = 0
+        for i, s in enumerate(nodes):
+            for _ in range(s.repeat):
+                if first // pod_gpus != (first + s.gpus - 1) // pod_gpus:
+                    return problems + [Problem("fabric.pod_gpus",
+                                               f"pods of {pod_gpus:,} GPUs split a node of nodes[{i}] ({s.name}, "
+                                               f"{s.gpus} GPUs, devices {first}..{first + s.gpus - 1}); use a "
+                                               f"multiple of the node size")]
+                first += s.gpus
     return problems
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 from ..errors import ValidationError
-from .checks import check_nodes
+from .checks import check_fabric, check_nodes
 from .devices import (
     NVLS_DEVICE_TYPES,
     PCIE_LATENCY_S,
@@ -52,22 +52,39 @@ class Cluster:
     nodes : sequence of NodeSpec
     device_types : mapping of name -> DeviceType
     description : str
+    pod_gpus : int
+        GPUs per full-bisection pod of the network fabric (device ``d`` is in pod
+        ``d // pod_gpus``; a multiple of every node's GPU count, so no node straddles two
+        pods); 0: the whole cluster is one pod.
+    oversubscription : float
+        Oversubscription of the links between pods (7.0: Llama 3's 1:7, §3.3.1); 1: none.
 
     Raises
     ------
     ValidationError
-        For unknown device types, non-positive bandwidths or counts, negative latencies, or
-        several nodes without NICs; every problem is listed.
+        For unknown device types, non-positive bandwidths or counts, negative latencies,
+        several nodes without NICs, or a fabric whose pods split a node; every problem is listed.
+
+    Notes
+    -----
+    The fabric: each NIC has an uplink and a downlink into one non-blocking switch (a full fat
+    tree). With one NIC per GPU (``nics == gpus``), GPU ``i`` of every node uses NIC ``i``: the
+    rail-optimised wiring of DGX SuperPODs and Grand Teton, where the rails meet in the
+    non-blocking core (cross-rail traffic is not slower). Pods (``pod_gpus``) model the one
+    oversubscribed tier above full-bisection pods: see :meth:`collective_group`.
     """
 
     def __init__(self, name: str, nodes: Sequence[NodeSpec], device_types: Mapping[str, DeviceType],
-                 description: str = "") -> None:
+                 description: str = "", *, pod_gpus: int = 0, oversubscription: float = 1.0) -> None:
         self.name = name
         self.description = description
         self.node_specs = tuple(nodes)
         self._node_spec: list = []  # node index -> its NodeSpec
         self.device_types = dict(device_types)
-        problems = check_nodes(self.node_specs, self.device_types)
+        self.pod_gpus = pod_gpus
+        self.oversubscription = oversubscription
+        problems = check_nodes(self.node_specs, self.device_types) + check_fabric(self.node_specs, pod_gpus,
+                                                                                   oversubscription)
         if problems:
             raise ValidationError(problems, name)
         self._build()
@@ -325,12 +342,15 @@ class Cluster:
                 nvlink = nvlink and all(self.links[i].kind == "nvlink" for i in p)
             else:
                 inter_latency = max(inter_latency, lat)
+        cross_pod = self.pod_gpus > 0 and len({d // self.pod_gpus for d in devs}) > 1
         if len(by_node) > 1:
             for members in by_node.values():
                 nics = {self._nic_of[d] for d in members}
                 rate = min(min(self.links[self._uplink[d]].bw_bytes_per_s for d in members),
                            min(self.links[self._nic_tx[d]].bw_bytes_per_s for d in members))
                 bw = min(bw, len(nics) * rate)
+                if cross_pod:
+                    bw = min(bw, len(nics) * rate / self.oversubscription)
                 for d in members:  # every member's NIC carries a channel
                     links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
         spec = self._node_spec[self.devices[devs[0]].node]
@@ -360,6 +380,31 @@ class Cluster:
         """[device] peak FLOP/s at ``precision`` (``ValueError`` if a device lacks it)."""
         return np.array([self.device_type(d.id).peak(precision) for d in self.devices])
 
+    def pod(self, device: int) -> int:
+        """The full-bisection pod of ``device`` (0 for every device when there are no pods)."""
+        self.check_device(device)
+        return device // self.pod_gpus if self.pod_gpus else 0
+
+    def host_memory_bytes(self, device: int) -> int:
+        """``device``'s share of its node's CPU memory: the node's ``host_memory_bytes`` over its
+        GPUs (0: unknown). For ZeRO-Offload's optimizer state and parameters in host memory.
+
+        >>> from engine.cluster import preset
+        >>> preset("dgx-h100:1").host_memory_bytes(0) == 2 * 10**12 // 8
+        True
+        """
+        self.check_device(device)
+        spec = self._node_spec[self.devices[device].node]
+        return spec.host_memory_bytes // spec.gpus
+
+    def host_bw_bytes_per_s(self, device: int) -> float:
+        """Per-direction bandwidth between ``device`` and its CPU's memory: the device type's
+        ``host_bw_bytes_per_s`` (PCIe x16, NVLink-C2C), or, when that is 0 (unknown), the node's
+        GPU-NIC attach rate (the PCIe link the GPU sits on)."""
+        self.check_device(device)
+        bw = self.device_type(device).host_bw_bytes_per_s
+        return bw if bw > 0 else self._node_spec[self.devices[device].node].attach_bw_bytes_per_s
+
     def to_networkx(self) -> "nx.DiGraph":
         """Endpoints (GPU send/receive sides, switches, NICs, fabric) joined by links."""
         return self._link_graph.copy()
@@ -373,13 +418,16 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         used = {s.device_type for s in self.node_specs}
-        return {
+        out = {
             "format": "soapbox.cluster/1",
             "name": self.name,
             "description": self.description,
             "device_types": {n: t.to_dict() for n, t in self.device_types.items() if n in used},
             "nodes": [s.to_dict() for s in self.node_specs],
         }
+        if self.pod_gpus or self.oversubscription != 1.0:
+            out["fabric"] = {"pod_gpus": self.pod_gpus, "oversubscription": self.oversubscription}
+        return out
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}: {self.summary()}, {len(self.links)} links)"
