@@ -1,61 +1,85 @@
-"""The published training runs (``shared/validation/published_runs_public.csv``), shared by
-``benchmarks/validate_published.py`` (which predicts and prints every row) and
+"""The published training runs (``validation/published_runs_public.csv``, in the repository),
+shared by ``benchmarks/validate_published.py`` (which predicts and reports every row) and
 ``benchmarks/calibrate.py`` (which fits the cost model's constants on the in-sample rows):
-loading the rows, reading a row's columns into a model, cluster and layout (:func:`setup_for`),
-predicting its published metric with the engine's entry point (:class:`Predictor`), and which
-rows the constants are fitted on (:func:`in_sample`). Neither script imports the other.
+loading the rows (:func:`load_rows`), predicting a row's published metrics with the engine's
+entry point (:class:`Predictor`), and which rows are in-sample (:func:`in_sample`). Reading a
+row into a model, cluster and layout lives in ``published_rows.py`` (cells, families,
+clusters) and ``published_setup.py`` (:func:`setup_for`). Neither script imports the other.
 """
 
 from __future__ import annotations
 
 import csv
-import math
+import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (str(ROOT), str(Path(__file__).resolve().parent)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
-from engine.cluster import preset
-from engine.errors import printable
-from engine.models.transformer import GPTConfig, gpt
-from engine.report import simulate_strategy
-from engine.search.baselines import fsdp, megatron
+from published_rows import (MOE_REASON, SOURCES, Setup, Skip, cell_float, cell_int,  # noqa: E402,F401
+                            cell_number, group_key, is_moe, mfu_peak, source_of)
+from published_setup import setup_for  # noqa: E402
 
-__all__ = ["ROOT", "SOURCES", "Skip", "RowResult", "Setup", "Predictor", "default_csv", "load_rows", "cell_int",
-           "cell_float", "cell_number", "source_of", "megatron_flops", "setup_for", "in_sample"]
+from engine.cluster import preset  # noqa: E402
+from engine.errors import printable  # noqa: E402
+from engine.models.transformer import gpt  # noqa: E402
+from engine.report import model_flops, simulate_strategy  # noqa: E402
+
+__all__ = ["ROOT", "SOURCES", "MOE_REASON", "Skip", "RowResult", "Setup", "Predictor", "CsvError", "default_csv",
+           "load_rows", "cell_int", "cell_float", "cell_number", "source_of", "group_key", "megatron_flops",
+           "setup_for", "in_sample", "MEMORY_METRICS"]
+
+#: Columns every row needs for the checker to read it at all.
+REQUIRED_COLUMNS = ("row_id", "source", "model", "gpus", "gpu_type", "metric_name", "metric_value")
+#: Published peak-memory metrics (GiB per GPU), compared with the simulated peak.
+MEMORY_METRICS = ("peak_memory_gib", "peak_alloc_gib")
+
+
+class CsvError(ValueError):
+    """The published-runs CSV cannot be read: one line naming the file and what is wrong."""
 
 
 def default_csv() -> Path:
-    for base in (ROOT.parent / "shared", ROOT / "shared"):
-        p = base / "validation" / "published_runs_public.csv"
-        if p.exists():
-            return p
-    return ROOT.parent / "shared" / "validation" / "published_runs_public.csv"
+    """The in-repository copy, ``validation/published_runs_public.csv`` (see validation/SOURCE.md)."""
+    return ROOT / "validation" / "published_runs_public.csv"
 
 
 def load_rows(path: Path | None = None) -> list[dict[str, str]]:
-    """Every row of the published-runs CSV (``path``, default :func:`default_csv`), as read."""
-    with (path or default_csv()).open(newline="") as f:
-        return list(csv.DictReader(f))
+    """Every row of the published-runs CSV (``path``, default :func:`default_csv`), as read.
 
-
-SOURCES = ("Megatron SC'21", "Megatron 2019", "MosaicML")
-
-
-class Skip(Exception):
-    """A row that cannot be predicted; the message is the reason shown to the user."""
+    Raises
+    ------
+    CsvError
+        The file is missing or unreadable, lacks a required column, or has a row whose
+        ``row_id`` is not an integer (the message names the file, and the line)."""
+    path = Path(path or default_csv())
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise CsvError(f"{path}: not a published-runs CSV: missing column(s) {', '.join(missing)}")
+            rows = list(reader)
+    except OSError as e:
+        raise CsvError(f"cannot read the published-runs CSV {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise CsvError(f"{path}: not a readable CSV: {printable(str(e), 200)}") from None
+    for i, r in enumerate(rows, start=2):
+        if not (r.get("row_id") or "").strip().isdigit():
+            raise CsvError(f"{path}, line {i}: row_id {printable(str(r.get('row_id')), 40)!r} is not an integer")
+    return rows
 
 
 @dataclass
 class RowResult:
     row_id: int
-    source: str
+    source: str  # the source family (published_rows.FAMILIES)
     model: str
     gpus: int
     layout: str = ""
@@ -72,59 +96,19 @@ class RowResult:
     feasible: bool | None = None
     peak_memory_gb: float | None = None  # worst device
     capacity_gb: float | None = None
+    #: the row's published peak memory (metric2 or its notes), GiB, and soapbox's figure for
+    #: the same PyTorch counter (``memory_counter``: reserved, allocated, or soapbox's peak)
+    published_memory_gib: float | None = None
+    predicted_memory_gib: float | None = None
+    memory_error_pct: float | None = None
+    memory_counter: str = ""
+    software: dict[str, Any] = field(default_factory=dict)
     num_tasks: int | None = None
     wall_s: float = 0.0
     cluster: str = ""
     assumptions: list[str] = field(default_factory=list)
     not_compared: str | None = None  # why metric2 is not compared, when it is not
     skipped: str | None = None
-
-
-# --------------------------------------------------------------------------- CSV helpers
-
-
-def cell_int(row: dict[str, str], key: str) -> int | None:
-    v = cell_float(row, key)
-    return int(v) if v is not None else None
-
-
-def cell_float(row: dict[str, str], key: str) -> float | None:
-    """The cell as a number (thousands separators allowed); None when empty; a Skip naming
-    the column when it is not a number."""
-    v = (row.get(key) or "").strip().replace(",", "").replace("_", "")
-    if not v:
-        return None
-    try:
-        x = float(v)
-    except ValueError:
-        raise Skip(f"column {key} is not a number: {printable(row.get(key), 40)!r}") from None
-    if not math.isfinite(x):
-        raise Skip(f"column {key} is not a finite number: {row.get(key)!r}")
-    return x
-
-
-def cell_number(row: dict[str, str], key: str) -> Any:
-    """:func:`cell_float` (an int for ``gpus``), or None where the cell is not a number (the row
-    is then skipped with the reason when its setup reads the cell)."""
-    try:
-        v = cell_float(row, key)
-    except Skip:
-        return None
-    return int(v) if v is not None and key == "gpus" else v
-
-
-def source_of(row: dict[str, str]) -> str:
-    s = row["source"]
-    if "SC'21" in s or "2104.04473" in s:
-        return "Megatron SC'21"
-    if "Shoeybi" in s or "1909.08053" in s:
-        return "Megatron 2019"
-    if "MosaicML" in s or "llm-foundry" in s:
-        return "MosaicML"
-    return s
-
-
-# --------------------------------------------------------------------------- metrics
 
 
 def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool) -> float:
@@ -139,215 +123,13 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool) -> f
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
-# --------------------------------------------------------------------------- row -> setup
-
-
-@dataclass
-class Setup:
-    cfg: GPTConfig
-    cluster_name: str
-    build: Callable[[Any, Any], Any]  # (graph, cluster) -> Strategy
-    layout: str
-    recompute_full: bool
-    assumptions: list[str]
-
-
-def _cluster_name(row: dict[str, str], gpus: int, notes: list[str] | None = None) -> str:
-    gt = (row.get("gpu_type") or "").upper()
-    notes = notes if notes is not None else []
-    if gt.startswith("A100") and "40GB" in gt:
-        base, per = "dgx-a100-40gb", 8
-    elif gt.startswith("A100"):
-        base, per = "dgx-a100-80gb", 8
-        if "80GB" not in gt:
-            notes.append(f"gpu_type {row.get('gpu_type')!r} states no memory size: the 80 GB A100")
-    elif gt.startswith("V100"):
-        base, per = "v100-dgx2", 16
-        if "SXM3" not in gt and "DGX-2" not in gt:
-            notes.append(f"gpu_type {row.get('gpu_type')!r}: modelled on DGX-2H nodes (16 V100s on NVSwitch)")
-    elif gt.startswith(("H200", "GH200")):
-        base, per = "dgx-h200", 8
-    elif gt.startswith("H100") and "PCIE" not in gt:
-        base, per = "dgx-h100", 8  # H100 SXM5 nodes: 8 GPUs on NVSwitch, 8 x 400 Gb/s NICs
-    else:
-        raise Skip(f"no cluster preset for GPU type {row.get('gpu_type')!r}")
-    nodes = max(1, math.ceil(gpus / per))
-    return f"{base}:{nodes}"
-
-
-def _zero_of(row: dict[str, str]) -> tuple[int, str, str, bool]:
-    """(ZeRO stage, gather unit, framework, hybrid) from the row's ``sharding`` column.
-
-    PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy): FULL_SHARD
-    shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP shards gradients
-    and optimizer state and keeps parameters after the forward (ZeRO-2). DeepSpeed names its
-    stages ZeRO-1/2/3 and gathers each module's parameters on their own (gather unit "op");
-    Megatron's distributed optimizer is ZeRO-1. HYBRID_SHARD (HSDP) shards within a node
-    and replicates across nodes; _HYBRID_SHARD_ZERO2 does so with ZeRO-2."""
-    text = " ".join((row.get("sharding") or "", row.get("source") or "")).lower()
-    sharding = (row.get("sharding") or "").lower()
-    deepspeed = "deepspeed" in text or "zero" in sharding and "fsdp" not in sharding
-    hybrid = "hybrid_shard" in sharding or "hsdp" in sharding or "mics" in sharding
-    if hybrid:
-        stage = 2 if "zero2" in sharding else 3
-    elif "full_shard" in sharding or any(k in sharding for k in ("zero-3", "zero3", "zero stage 3", "stage 3")):
-        stage = 3
-    elif "shard_grad_op" in sharding or any(k in sharding for k in ("zero-2", "zero2", "zero stage 2", "stage 2")):
-        stage = 2
-    elif any(k in sharding for k in ("zero-1", "zero1", "zero stage 1", "stage 1", "distributed optimizer",
-                                     "distributed-optimizer", "distributed_optimizer")):
-        stage = 1
-    elif "fsdp" in sharding:
-        stage = 3  # FSDP's default sharding strategy
-    else:
-        stage = 0
-    framework = "deepspeed" if deepspeed else "fsdp" if "fsdp" in text else "megatron"
-    return stage, ("op" if deepspeed and stage == 3 else "block"), framework, hybrid
-
-
-def _model_config(row: dict[str, str], src: str, shape: dict[str, Any], precision: str,
-                  notes: list[str]) -> GPTConfig:
-    """The row's model: the source's conventions where soapbox knows them, else the family
-    its name says (LLaMA-like: SwiGLU, RMSNorm, rotary, no biases, untied; otherwise GPT-3's
-    conventions as Megatron-LM sets them)."""
-    name = f"row-{row['row_id']}"
-    text = " ".join((row.get("model") or "", row.get("notes") or "")).lower()
-    gpu = (row.get("gpu_type") or "").upper()
-    if src in ("Megatron SC'21", "Megatron 2019"):
-        return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
-                         precision=precision, name=name)
-    if src == "MosaicML":
-        # MPT (llm-foundry): ALiBi (no position parameters -> 'rotary', which adds none), no
-        # biases, LayerNorm, tied embeddings; the benchmark yamls set every dropout to 0.
-        # attn_impl: flash in the benchmark yamls -> fused causal attention.
-        return GPTConfig(**shape, positions="rotary", bias=False, tie_embeddings=True, dropout=0.0,
-                         precision=precision, flash_attention=True, name=name)
-    # FlashAttention (or cuDNN's fused attention through Transformer Engine) is every framework's
-    # default on Hopper; elsewhere only where the row says so
-    flash = "flash" in text or "fused attention" in text or gpu.startswith(("H100", "H200", "GH200"))
-    if flash and "flash" not in text:
-        notes.append("fused (flash) attention: the default of every framework on Hopper GPUs")
-    llama = any(k in text for k in ("llama", "mistral", "mixtral", "qwen", "swiglu", "gemma", "nemotron"))
-    if llama:
-        notes.append("LLaMA-family model: SwiGLU MLP, RMSNorm, rotary positions, no biases, untied embeddings")
-        return GPTConfig(**shape, swiglu=True, norm="rmsnorm", positions="rotary", bias=False, tie_embeddings=False,
-                         dropout=0.0, precision=precision, flash_attention=flash, name=name)
-    notes.append("GPT-style model (Megatron-LM's GPT conventions: learned positions, biases, tied embeddings, "
-                 "dropout 0.1)")
-    return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
-                     precision=precision, flash_attention=flash, name=name)
-
-
-def setup_for(row: dict[str, str]) -> Setup:
-    """The model, cluster and layout a row states, from its columns (any source): ``tp``,
-    ``pp``, ``dp``, ``vpp``, ``micro_batch``, ``sharding`` (ZeRO stage and framework),
-    ``recompute``, ``precision`` and the GPU type; a framework default where a value is
-    missing, printed with the row."""
-    src = source_of(row)
-    notes: list[str] = []
-    need = {k: cell_int(row, k) for k in ("layers", "hidden", "heads", "vocab", "global_batch", "gpus")}
-    missing = [k for k, v in need.items() if v is None]
-    if missing:
-        raise Skip(f"missing {', '.join(missing)} in the row")
-    layers, hidden, heads, vocab = need["layers"], need["hidden"], need["heads"], need["vocab"]
-    B, gpus = need["global_batch"], need["gpus"]
-    seq = cell_int(row, "seq_len")
-    if seq is None:
-        if src == "Megatron 2019":
-            # Not a guess: Shoeybi et al. 2019 (arXiv 1909.08053 §5) train every GPT-2 model
-            # with 1024-token sequences, as the row's notes say.
-            seq = 1024
-            notes.append("seq_len missing: 1024, the sequence length of all GPT-2 runs in Shoeybi et al. 2019")
-        else:
-            raise Skip("seq_len missing and the source states none")
-    ffn = cell_int(row, "ffn_hidden")
-    kv = cell_int(row, "kv_heads")
-    tp, pp, dp = cell_int(row, "tp") or 1, cell_int(row, "pp") or 1, cell_int(row, "dp")
-    vpp = cell_int(row, "vpp") or 1
-    cp = cell_int(row, "cp") or 1
-    rec_col = (row.get("recompute") or "").strip().lower()
-    recompute = "full" if rec_col.startswith("full") else "selective" if rec_col.startswith("selective") else "none"
-    if not rec_col:
-        notes.append("recompute not stated: none (Megatron-LM default); FLOPs counted without recompute")
-    prec_col = (row.get("precision") or "").lower()
-    fp8 = "fp8" in prec_col
-    precision = "bf16" if "bf16" in prec_col else "fp16" if "fp16" in prec_col else "fp32" if "fp32" in prec_col else None
-    if fp8 and precision is None:
-        precision = "bf16"
-        notes.append("fp8: the linear layers' GEMMs in fp8 (Transformer Engine), the rest in bf16")
-    if precision is None:
-        raise Skip(f"precision {row.get('precision')!r} not recognised")
-    mbs = cell_int(row, "micro_batch")
-    cluster_name = _cluster_name(row, gpus, notes)
-    if ffn is None and not any(k in (row.get("model") or "").lower() for k in ("llama", "mistral", "qwen")):
-        ffn = 4 * hidden
-        notes.append(f"ffn_hidden missing: 4h = {ffn} (GPT-2 / Megatron default)")
-    shape = dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=vocab, batch=B, kv_heads=kv,
-                 ffn_hidden=ffn)
-    cfg = _model_config(row, src, shape, precision, notes)
-    zero, unit, framework, hybrid = _zero_of(row)
-    shard_group = 0
-    if hybrid:
-        per_node = cell_int(row, "gpus_per_node") or 8  # the DGX presets' 8
-        shard_group = max(1, per_node // (tp * cp))
-        notes.append(f"hybrid sharding: ZeRO-{zero} within each node ({shard_group} data-parallel ranks), "
-                     "replicas across nodes")
-    text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
-    sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
-    overlap = any(k in text for k in ("tp-comm-overlap", "tp comm overlap", "tp_comm_overlap", "userbuffer"))
-    if overlap and not (sp and tp > 1):
-        notes.append("tp-comm-overlap stated without sequence parallelism and tp > 1: not modelled")
-        overlap = False
-    if src == "MosaicML" or (zero == 3) or (framework == "fsdp" and zero):
-        if vpp > 1:
-            raise Skip(f"ZeRO-{zero} with interleaved pipelining (vpp {vpp}) is not modelled by the fsdp baseline")
-        if dp is not None and tp * cp * pp * dp != gpus:
-            raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
-        if mbs is None:
-            notes.append("micro_batch missing: no gradient accumulation (Composer's and DeepSpeed's default: the "
-                         "whole per-device batch)" if pp == 1 else "micro_batch missing: 1 (pipelined)")
-        if sp:
-            notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
-        zero = zero or 3
-
-        def build(g, c, mbs=mbs, recompute=recompute, zero=zero, tp=tp, pp=pp, unit=unit, cp=cp, fp8=fp8,
-                  k=shard_group):
-            return fsdp(g, c, zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit,
-                        cp=cp, fp8=fp8, shard_group=k if k and k < gpus // (tp * cp * pp) else 0)
-
-        layout = (f"{'fp8 ' if fp8 else ''}{framework}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{gpus // (tp * cp * pp)} "
-                  f"mbs{mbs} rc={recompute}")
-        if unit == "op":
-            layout += " per-op"
-        if shard_group:
-            layout += f" hybrid{shard_group}"
-    else:
-        if dp is None:
-            dp = gpus // (tp * cp * pp)
-            notes.append(f"dp missing: gpus/(tp*cp*pp) = {dp}")
-        if tp * cp * pp * dp != gpus:
-            raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
-        if mbs is None:
-            if src == "Megatron 2019" and pp == 1:
-                # Megatron-LM 2019 had no gradient accumulation: --batch-size is the batch of
-                # one data-parallel replica, so global batch = batch-size x dp.
-                mbs = B // dp
-                notes.append(f"micro_batch missing: global_batch/dp = {mbs} (Megatron-LM 2019 has no gradient "
-                             "accumulation; --batch-size is per data-parallel replica)")
-            else:
-                # Megatron-LM's --micro-batch-size default is None; the baseline's documented
-                # default is global/dp without pipelining, 1 with it.
-                notes.append("micro_batch missing: soapbox megatron baseline default "
-                             "(global/dp without pipelining, 1 with it)")
-
-        def build(g, c, tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, recompute=recompute, sp=sp, zero=zero, cp=cp, fp8=fp8,
-                  overlap=overlap):
-            return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                            sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap)
-
-        layout = (f"{'fp8 ' if fp8 else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} {'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
-                  f"mbs{mbs if mbs is not None else '-'} rc={recompute}")
-    return Setup(cfg, cluster_name, build, layout, recompute == "full", notes)
+def published_memory_gib(row: dict[str, str]) -> tuple[str, float] | None:
+    """(metric name, GiB) of the row's published peak memory: its ``metric2`` when that is a
+    memory metric, else a "peak mem X GB/GPU" in its notes (GB read as 10^9 bytes)."""
+    if row.get("metric2_name") in MEMORY_METRICS and cell_number(row, "metric2_value") is not None:
+        return row["metric2_name"], float(cell_number(row, "metric2_value"))
+    m = re.search(r"peak mem(?:ory)? ([\d.]+) GB/GPU", row.get("notes") or "")
+    return ("peak_memory_gb (notes)", float(m.group(1)) * 1e9 / 2**30) if m else None
 
 
 # --------------------------------------------------------------------------- one row
@@ -384,8 +166,7 @@ class Predictor:
         rid = int(row["row_id"])
         if rid in self.cache:
             return self.cache[rid]
-        src = source_of(row)
-        res = RowResult(rid, src, row.get("model") or "", cell_number(row, "gpus") or 0,
+        res = RowResult(rid, source_of(row), row.get("model") or "", cell_number(row, "gpus") or 0,
                         metric_name=row.get("metric_name") or "", published=cell_number(row, "metric_value"),
                         metric2_name=row.get("metric2_name") or "", published2=cell_number(row, "metric2_value"))
         t0 = time.perf_counter()
@@ -393,45 +174,79 @@ class Predictor:
         try:
             setup = setup_for(row)
             res.layout, res.cluster, res.assumptions = setup.layout, setup.cluster_name, setup.assumptions
-            try:
-                graph = gpt(setup.cfg)
-                cluster = preset(setup.cluster_name)
-                strategy = setup.build(graph, cluster)
-            except ValueError as e:
-                raise Skip(str(e)) from None
-            sim = simulate_strategy(graph, strategy, cluster, self.cost)
-            t = sim.iteration_time_s
-            res.iteration_time_s, res.feasible, res.num_tasks = t, sim.memory.feasible, sim.tasks.num_tasks
-            worst = int(sim.memory.peak_bytes.argmax())
-            res.peak_memory_gb = float(sim.memory.peak_bytes[worst]) / 2**30
-            res.capacity_gb = float(sim.memory.capacity_bytes[worst]) / 2**30
-            c = setup.cfg
-            F = megatron_flops(c.batch, c.seq_len, c.layers, c.hidden, c.vocab, setup.recompute_full)
-            self.sim_cache[rid] = (t, F / (t * res.gpus))
-            res.predicted, res.published_iteration_time_s = self.metric(row, row["metric_name"], res.published,
-                                                                         setup, t, F)
-            if res.metric2_name and res.published2 is not None:
-                try:
-                    res.predicted2, _ = self.metric(row, res.metric2_name, res.published2, setup, t, F)
-                except Skip as e:
-                    res.not_compared = str(e)
+            res.software = setup.software
+            self._simulate(row, setup, res)
         except Skip as e:
             res.skipped = str(e)
         res.assumptions.extend(self._pending_notes)
         self._pending_notes = outer_notes
         res.wall_s = time.perf_counter() - t0
-        if res.predicted is not None and res.published:
-            res.error_pct = 100.0 * (res.predicted - res.published) / res.published
-        if res.predicted2 is not None and res.published2:
-            res.error2_pct = 100.0 * (res.predicted2 - res.published2) / res.published2
+        res.error_pct = _error_pct(res.predicted, res.published)
+        res.error2_pct = _error_pct(res.predicted2, res.published2)
+        res.memory_error_pct = _error_pct(res.predicted_memory_gib, res.published_memory_gib)
         self.cache[rid] = res
         return res
 
+    def _simulate(self, row: dict[str, str], setup: Setup, res: RowResult) -> None:
+        """Simulate the row's setup and fill ``res`` with its predicted metrics."""
+        try:
+            graph = gpt(setup.cfg)
+            cluster = preset(setup.cluster_name)
+            strategy = setup.build(graph, cluster)
+        except ValueError as e:
+            raise Skip(str(e)) from None
+        sim = simulate_strategy(graph, strategy, cluster, self.cost)
+        t = sim.iteration_time_s
+        res.iteration_time_s, res.feasible, res.num_tasks = t, sim.memory.feasible, sim.tasks.num_tasks
+        worst = int(sim.memory.peak_bytes.argmax())
+        res.peak_memory_gb = float(sim.memory.peak_bytes[worst]) / 2**30
+        res.capacity_gb = float(sim.memory.capacity_bytes[worst]) / 2**30
+        self._memory(row, setup, sim.memory, res)
+        c = setup.cfg
+        F = megatron_flops(c.batch, c.seq_len, c.layers, c.hidden, c.vocab, setup.recompute_full)
+        self.sim_cache[res.row_id] = (t, F / (t * res.gpus))
+        model_F = model_flops(graph)
+        res.predicted, res.published_iteration_time_s = self.metric(row, row["metric_name"], res.published, setup, t,
+                                                                     F, model_F)
+        if res.metric2_name in MEMORY_METRICS:
+            res.predicted2 = res.predicted_memory_gib
+        elif res.metric2_name and res.published2 is not None:
+            try:
+                res.predicted2, _ = self.metric(row, res.metric2_name, res.published2, setup, t, F, model_F)
+            except Skip as e:
+                res.not_compared = str(e)
+
+    def _memory(self, row: dict[str, str], setup: Setup, memory, res: RowResult) -> None:
+        """The published peak memory and soapbox's figure for the same counter (worst device)."""
+        pub = published_memory_gib(row)
+        if pub is None:
+            return
+        counter = "allocated" if pub[0] == "peak_alloc_gib" else setup.memory_counter
+        arr = getattr(memory, f"{counter}_peak_bytes", None) if counter else None
+        if arr is None:
+            arr = memory.peak_bytes
+            why = f"soapbox has no {counter} figure yet" if counter else "the source's counter is not stated"
+            self._pending_notes.append(f"peak memory: {why}; compared with soapbox's simulated peak")
+            counter = "peak"
+        res.memory_counter = counter
+        res.published_memory_gib = pub[1]
+        res.predicted_memory_gib = float(max(arr)) / 2**30
+
     def metric(self, row: dict[str, str], name: str, published: float | None, setup: Setup, t: float,
-                F: float) -> tuple[float, float | None]:
-        """(predicted metric, iteration time implied by the published value or None)."""
+               F: float, model_F: float | None = None) -> tuple[float, float | None]:
+        """(predicted metric, iteration time implied by the published value or None), by the
+        conversions of ``validation/README.md``. ``F``: Megatron-counted FLOPs per iteration;
+        ``model_F``: model FLOPs without recomputation (:func:`engine.report.model_flops`; built
+        from ``setup.cfg`` when not given)."""
         c, gpus = setup.cfg, cell_int(row, "gpus")
         tokens = c.batch * c.seq_len
+        if name in ("iteration_time_s", "iteration_time_ms"):
+            scale = 1e3 if name.endswith("_ms") else 1.0
+            return t * scale, (published / scale if published else None)
+        if name in ("model_tflops_per_gpu", "mfu_pct"):
+            model_F = model_F if model_F is not None else model_flops(gpt(c))
+            per = 1e12 if name == "model_tflops_per_gpu" else self._mfu_peak(row, setup) / 100.0
+            return model_F / (t * gpus * per), (model_F / (published * per * gpus) if published else None)
         if name == "tokens_per_s_per_gpu":
             pub_t = tokens / (published * gpus) if published else None
             return tokens / (t * gpus), pub_t
@@ -442,20 +257,34 @@ class Predictor:
             pub_t = F / (published * 1e15) if published else None
             return F / (t * 1e15), pub_t
         if name == "weak_scaling_efficiency_pct":
-            base = self._baseline_row(row)
-            if int(base["row_id"]) == int(row["row_id"]):
-                raise Skip("row is its own weak-scaling baseline")
-            base_rate = self.per_gpu_flops(base)
-            note = (f"weak-scaling efficiency = predicted FLOP/s per GPU / predicted FLOP/s of the single-GPU "
-                    f"baseline row {base['row_id']} ({base_rate / 1e12:.1f} TFLOP/s)")
-            pending = self._pending_notes
-            if note not in pending:
-                pending.append(note)
-            return 100.0 * (F / (t * gpus)) / base_rate, None
-        raise Skip(f"no conversion from iteration time to {name!r} in shared/validation/README.md")
+            return self._weak_scaling(row, t, F, gpus), None
+        raise Skip(f"no conversion from iteration time to {name!r} in validation/README.md")
+
+    def _mfu_peak(self, row: dict[str, str], setup: Setup) -> float:
+        peak, how = mfu_peak(row, setup.cluster_name)
+        if how not in self._pending_notes:
+            self._pending_notes.append(how)
+        return peak
+
+    def _weak_scaling(self, row: dict[str, str], t: float, F: float, gpus: int) -> float:
+        base = self._baseline_row(row)
+        if int(base["row_id"]) == int(row["row_id"]):
+            raise Skip("row is its own weak-scaling baseline")
+        base_rate = self.per_gpu_flops(base)
+        note = (f"weak-scaling efficiency = predicted FLOP/s per GPU / predicted FLOP/s of the single-GPU "
+                f"baseline row {base['row_id']} ({base_rate / 1e12:.1f} TFLOP/s)")
+        if note not in self._pending_notes:
+            self._pending_notes.append(note)
+        return 100.0 * (F / (t * gpus)) / base_rate
 
 
-# --------------------------------------------------------------------------- calibration rows
+def _error_pct(predicted: float | None, published: float | None) -> float | None:
+    if predicted is None or not published:
+        return None
+    return 100.0 * (predicted - published) / published
+
+
+# --------------------------------------------------------------------------- in-sample rows
 
 
 def _mosaic_small(rows: list[dict[str, str]], gpu_type: str) -> list[int]:
@@ -463,9 +292,37 @@ def _mosaic_small(rows: list[dict[str, str]], gpu_type: str) -> list[int]:
             and (cell_int(r, "gpus") or 0) <= 16]
 
 
+#: Families whose rows existed before the in-sample rule below (their in-sample rows are named).
+_NAMED_FAMILIES = ("Megatron SC'21", "Megatron 2019", "MosaicML")
+
+
 def in_sample(rows: list[dict[str, str]]) -> dict[str, list[int]]:
-    """Device family -> the row ids ``benchmarks/calibrate.py`` fits its constants on
-    (Megatron-LM SC'21 Table 1 and MosaicML's one- and two-node runs); every other row is
-    held out."""
+    """Set name -> the in-sample row ids; every other row is held out.
+
+    * ``A100`` and ``H100``: the rows calibrate.py was first fitted on: Megatron-LM SC'21
+      Table 1 and MosaicML's one- and two-node runs (A100-40GB; H100-80GB).
+    * One set per newer source family with at least 6 rows, chosen by rule and never by
+      error: its rows are grouped by :func:`published_rows.group_key` (same model, GPU type,
+      precision, software and metric: a layout sweep), mixture-of-experts rows left out; the
+      first row (smallest ``row_id``) of each group is in-sample, groups taken in order of
+      that row, at most a third of the family's rows (rounded down). The rest of each family
+      stays held out.
+
+    ``benchmarks/calibrate.py`` may fit on any of these rows and on no other.
+    """
     sc21 = [int(r["row_id"]) for r in rows if r["source"].startswith("Narayanan et al. SC'21")]
-    return {"A100": sc21 + _mosaic_small(rows, "A100-40GB"), "H100": _mosaic_small(rows, "H100-80GB")}
+    out = {"A100": sc21 + _mosaic_small(rows, "A100-40GB"), "H100": _mosaic_small(rows, "H100-80GB")}
+    families: dict[str, list[dict[str, str]]] = {}
+    for r in sorted(rows, key=lambda r: int(r["row_id"])):
+        families.setdefault(source_of(r), []).append(r)
+    for fam, members in families.items():
+        if fam in _NAMED_FAMILIES or fam not in SOURCES or len(members) < 6:
+            continue
+        firsts: dict[tuple, int] = {}
+        for r in members:
+            if not is_moe(r):
+                firsts.setdefault(group_key(r), int(r["row_id"]))
+        picked = sorted(firsts.values())[: len(members) // 3]
+        if picked:
+            out[fam] = picked
+    return out

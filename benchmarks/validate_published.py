@@ -1,24 +1,29 @@
-"""Predict every row of ``shared/validation/published_runs_public.csv`` with soapbox.
+"""Predict every row of ``validation/published_runs_public.csv`` with soapbox, and report the
+errors per source family, in-sample apart from held out.
 
 For each published run the script builds the row's model (its shape and global batch), the
-cluster preset matching its GPUs, and the row's parallel layout with the matching baseline
-(Megatron rows: ``megatron``; MosaicML FSDP rows: ``fsdp``, ZeRO-3 for FULL_SHARD and ZeRO-2
-for SHARD_GRAD_OP; H100 rows on ``dgx-h100``), simulates one
-iteration and converts the predicted iteration time into the row's published metric with the
-formulas of ``shared/validation/README.md``. No per-row factor is applied anywhere: every row
-is modelled only from what its columns state; where a needed value is missing the
-framework's documented default is used and printed.
+cluster preset matching its GPUs and the row's parallel layout with the matching baseline
+(``fsdp`` for FSDP / FSDP2 / ZeRO-3 rows, ``megatron`` otherwise; see
+``benchmarks/published_setup.py``), simulates one iteration and converts the predicted
+iteration time into the row's published metrics with the formulas of
+``validation/README.md``. No per-row factor is applied anywhere: every row is modelled only
+from what its columns state; where a needed value is missing the framework's documented
+default is used and printed; rows that cannot be modelled are skipped with the reason.
 
 Usage::
 
     python benchmarks/validate_published.py [--rows 1,2,5] [--max-gpus N] [--json out.json]
-                                            [--csv PATH]
+                                            [--markdown] [--csv PATH]
 
 Prints one line per row (published and predicted metric, signed error, feasibility, tasks,
-wall seconds), then the skipped rows with their reasons and a summary: all rows, per source,
-and the in-sample rows (those ``benchmarks/calibrate.py`` fits its constants on) apart from
-the held-out ones. Reading the rows and predicting them lives in ``benchmarks/published.py``,
-shared with ``benchmarks/calibrate.py``.
+wall seconds, memory), the skipped rows grouped by reason, then per source family: the
+metric's median and max |error| and rows within 10%; the peak-memory error over the rows that
+publish one; Spearman's rho of each layout sweep (rows of one family, model, GPU type and
+software, >= 3 of them) between published and predicted ranking; and the rows predicted out
+of memory although they ran ("called OOM but ran"). In-sample rows (``in_sample`` in
+``benchmarks/published.py``) are reported apart from held-out ones. ``--markdown`` prints the
+tables for BENCHMARKS.md; ``--json`` writes rows and summaries. A CSV that cannot be read is
+a one-line error (exit status 2).
 """
 
 from __future__ import annotations
@@ -31,17 +36,107 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 for p in (str(HERE.parent), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from published import (SOURCES, Predictor, RowResult, Setup, Skip, cell_int, default_csv,  # noqa: E402,F401
-                       in_sample, load_rows, megatron_flops, setup_for)
+from published import (SOURCES, CsvError, Predictor, RowResult, Setup, Skip, cell_int, default_csv,  # noqa: E402,F401
+                       group_key, in_sample, load_rows, megatron_flops, setup_for)
 
 # (the row-reading names are re-exported: tests/test_validate_rows.py and test_accuracy.py read them here)
-__all__ = ["main", "format_row", "summarize", "calibration_rows", "HEADER", "Predictor", "RowResult", "Setup", "Skip",
-           "setup_for", "megatron_flops"]
+__all__ = ["main", "format_row", "summarize", "calibration_rows", "spearman", "sweeps", "family_summary", "HEADER",
+           "Predictor", "RowResult", "Setup", "Skip", "setup_for", "megatron_flops"]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``; tied values share the average of their ranks."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    xs = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and xs[j + 1] == xs[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a, b) -> float | None:
+    """Spearman's rank correlation: Pearson's r of the average ranks (ties share their mean
+    rank; Spearman 1904, the form of ``scipy.stats.spearmanr``). None for fewer than 2 values
+    or a constant side.
+
+    >>> spearman([1, 2, 3], [30, 20, 10])
+    -1.0
+    >>> round(spearman([1, 2, 3, 4], [1, 3, 2, 2]), 6)  # 1 / sqrt(10)
+    0.316228
+    """
+    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return None
+    da, db = ra - ra.mean(), rb - rb.mean()
+    return float((da * db).sum() / np.sqrt((da * da).sum() * (db * db).sum()))
+
+
+def _rank_values(r: RowResult, row: dict[str, str], by_rate: bool) -> tuple[float, float]:
+    """(published, predicted) value a sweep ranks: the metric itself, or for iteration-time
+    rows whose tokens per GPU change across the sweep the throughput tokens / (t x GPUs)."""
+    if not by_rate:
+        return r.published, r.predicted
+    tokens = (cell_int(row, "global_batch") or 0) * (cell_int(row, "seq_len") or 0)
+    return tokens / (r.published_iteration_time_s * r.gpus), tokens / (r.iteration_time_s * r.gpus)
+
+
+def sweeps(results: list[RowResult], rows: dict[int, dict[str, str]]) -> list[dict]:
+    """Every layout sweep (>= 3 predicted rows sharing ``published.group_key``) with its
+    Spearman rho between the published and the predicted ranking."""
+    groups: dict[tuple, list[RowResult]] = {}
+    for r in results:
+        if r.predicted is not None and r.published is not None:
+            groups.setdefault(group_key(rows[r.row_id]), []).append(r)
+    out = []
+    for key, members in groups.items():
+        if len(members) < 3:
+            continue
+        by_rate = key[-1].startswith("iteration_time") and len(
+            {(cell_int(rows[m.row_id], "global_batch") or 0) * (cell_int(rows[m.row_id], "seq_len") or 0) / m.gpus
+             for m in members}) > 1
+        vals = [_rank_values(m, rows[m.row_id], by_rate) for m in members]
+        out.append({"family": key[0], "model": key[1], "gpu_type": key[2], "precision": key[3],
+                    "metric": "tokens/s/GPU (from t)" if by_rate else key[-1],
+                    "rows": [m.row_id for m in members],
+                    "rho": spearman([v[0] for v in vals], [v[1] for v in vals])})
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def family_summary(results: list[RowResult], groups: list[dict], fitted: set[int]) -> dict:
+    """Counts and errors of ``results`` (one family, or any set of rows)."""
+    done = [r for r in results if r.error_pct is not None]
+    errs = [abs(r.error_pct) for r in done]
+    worst = max(done, key=lambda r: abs(r.error_pct)) if done else None
+    mem = [abs(r.memory_error_pct) for r in results if r.memory_error_pct is not None]
+    ids = {r.row_id for r in results}
+    rhos = [g["rho"] for g in groups if g["rho"] is not None and set(g["rows"]) <= ids]
+    return {"rows": len(results), "predicted": len(done), "skipped": sum(1 for r in results if r.skipped),
+            "in_sample": sum(1 for r in results if r.row_id in fitted),
+            "median_abs_err_pct": _median(errs), "max_abs_err_pct": max(errs) if errs else None,
+            "max_row": worst.row_id if worst else None, "within_10pct": sum(e <= 10 for e in errs),
+            "memory_rows": len(mem), "memory_median_abs_err_pct": _median(mem),
+            "memory_max_abs_err_pct": max(mem) if mem else None,
+            "sweeps": len(rhos), "median_rho": _median(rhos),
+            "called_oom_but_ran": [r.row_id for r in done if r.feasible is False]}
 
 
 # --------------------------------------------------------------------------- output
@@ -69,11 +164,14 @@ def format_row(r: RowResult) -> str:
     if r.predicted2 is not None:
         e2 = f"{r.error2_pct:+.1f}%" if r.error2_pct is not None else "-"
         line += f"   [{r.metric2_name}: pub {_fmt(r.published2)} pred {_fmt(r.predicted2)} {e2}]"
+    if r.memory_error_pct is not None and r.metric2_name not in ("peak_memory_gib", "peak_alloc_gib"):
+        line += (f"   [memory ({r.memory_counter}): pub {_fmt(r.published_memory_gib)} "
+                 f"pred {_fmt(r.predicted_memory_gib)} GiB {r.memory_error_pct:+.1f}%]")
     return line
 
 
 def calibration_rows(rows: list[dict[str, str]]) -> dict[str, list[int]]:
-    """The in-sample rows of benchmarks/calibrate.py (device family -> row ids)."""
+    """The in-sample rows (set name -> row ids): ``in_sample`` of benchmarks/published.py."""
     return in_sample(rows)
 
 
@@ -93,15 +191,53 @@ def summarize(results: list[RowResult], label: str) -> str:
             f"infeasible: {infeasible}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--csv", type=Path, default=default_csv())
-    ap.add_argument("--rows", help="comma-separated row ids to run (default: all)")
-    ap.add_argument("--max-gpus", type=int, help="only rows with at most this many GPUs")
-    ap.add_argument("--json", type=Path, help="write the results to this JSON file")
-    args = ap.parse_args(argv)
+FAMILY_COLUMNS = (("rows", "rows"), ("predicted", "pred"), ("skipped", "skip"), ("in_sample", "in"),
+                  ("median_abs_err_pct", "med |err| %"), ("max_abs_err_pct", "max |err| %"),
+                  ("within_10pct", "<=10%"), ("memory_rows", "mem rows"), ("memory_median_abs_err_pct", "mem med %"),
+                  ("memory_max_abs_err_pct", "mem max %"), ("sweeps", "sweeps"), ("median_rho", "med rho"),
+                  ("called_oom_but_ran", "OOM but ran"))
 
-    rows = load_rows(args.csv)
+
+def _cell(v) -> str:
+    if isinstance(v, list):
+        return str(len(v))
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 2 else f"{v:.1f}"
+    return "-" if v is None else str(v)
+
+
+def table(headers: list[str], body: list[list[str]], markdown: bool) -> str:
+    """A plain fixed-width table, or a Markdown one."""
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    return "\n".join("  " + fmt.format(*r) for r in [headers] + body)
+
+
+def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool) -> tuple[str, dict]:
+    """The summary tables (text) and the same figures as a dict for ``--json``."""
+    fitted = {rid for ids in calibration_rows(rows).values() for rid in ids}
+    groups = sweeps(results, {int(r["row_id"]): r for r in rows})
+    sets = {fam: [r for r in results if r.source == fam] for fam in SOURCES}
+    sets.update({"in-sample": [r for r in results if r.row_id in fitted],
+                 "held out": [r for r in results if r.row_id not in fitted], "all": results})
+    summaries = {name: family_summary(sub, groups, fitted) for name, sub in sets.items() if sub}
+    body = [[name] + [_cell(s[k]) for k, _ in FAMILY_COLUMNS] for name, s in summaries.items()]
+    out = ["Per source family (error of each row's primary metric; memory: published peak vs soapbox's):",
+           table(["family"] + [h for _, h in FAMILY_COLUMNS], body, markdown)]
+    gbody = [[g["family"], g["model"][:24], g["gpu_type"][:28], g["metric"][:30], str(len(g["rows"])),
+              _cell(g["rho"])] for g in groups]
+    out += ["", "Layout sweeps (Spearman rho, published vs predicted ranking):",
+            table(["family", "model", "gpu", "ranked by", "n", "rho"], gbody, markdown)]
+    oom = [(r.row_id, r.source) for r in results if r.error_pct is not None and r.feasible is False]
+    out += ["", f"Called OOM but ran ({len(oom)}): " + ", ".join(f"{rid} ({src})" for rid, src in oom)]
+    return "\n".join(out), {"families": summaries, "sweeps": groups, "called_oom_but_ran": [i for i, _ in oom],
+                            "in_sample": calibration_rows(rows)}
+
+
+def _select(rows: list[dict[str, str]], args, ap) -> list[dict[str, str]]:
     selected = rows
     if args.rows:
         want = {int(x) for x in args.rows.split(",") if x.strip()}
@@ -111,7 +247,40 @@ def main(argv: list[str] | None = None) -> int:
         selected = [r for r in selected if int(r["row_id"]) in want]
     if args.max_gpus is not None:
         selected = [r for r in selected if (cell_int(r, "gpus") or 0) <= args.max_gpus]
+    return selected
 
+
+def _print_skips(results: list[RowResult]) -> None:
+    uncompared: dict[str, list[str]] = {}
+    for r in results:
+        if r.not_compared:
+            uncompared.setdefault(f"{r.metric2_name}: {r.not_compared}", []).append(str(r.row_id))
+    for why, ids in uncompared.items():
+        print(f"\nSecondary metric not compared ({why}): rows {', '.join(ids)}")
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        if r.skipped:
+            by_reason.setdefault(r.skipped, []).append(str(r.row_id))
+    if by_reason:
+        print("\nSkipped rows, by reason:")
+        for why, ids in by_reason.items():
+            print(f"  {why}: rows {', '.join(ids)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", type=Path, default=default_csv(), help="the published-runs CSV (default: %(default)s)")
+    ap.add_argument("--rows", help="comma-separated row ids to run (default: all)")
+    ap.add_argument("--max-gpus", type=int, help="only rows with at most this many GPUs")
+    ap.add_argument("--json", type=Path, help="write the rows and summaries to this JSON file")
+    ap.add_argument("--markdown", action="store_true", help="print the summary tables as Markdown (BENCHMARKS.md)")
+    args = ap.parse_args(argv)
+    try:
+        rows = load_rows(args.csv)
+    except CsvError as e:
+        print(f"validate_published.py: error: {e}", file=sys.stderr)
+        return 2
+    selected = _select(rows, args, ap)
     pred = Predictor(rows)
     print(f"{len(selected)} of {len(rows)} rows from {args.csv}")
     print(HEADER, flush=True)
@@ -124,32 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         for a in r.assumptions:
             print(f"       note: {a}", flush=True)
     total = time.perf_counter() - t_all
-
-    uncompared: dict[str, list[str]] = {}
-    for r in results:
-        if r.not_compared:
-            uncompared.setdefault(f"{r.metric2_name}: {r.not_compared}", []).append(str(r.row_id))
-    for why, ids in uncompared.items():
-        print(f"\nSecondary metric not compared ({why}): rows {', '.join(ids)}")
-    skipped = [r for r in results if r.skipped]
-    if skipped:
-        print("\nSkipped rows:")
-        for r in skipped:
-            print(f"  row {r.row_id} ({r.model}): {r.skipped}")
-    print("\nSummary (primary metric of each row; error = (predicted - published) / published):")
-    print("  " + summarize(results, "all"))
-    for src in SOURCES:
-        sub = [r for r in results if r.source == src]
-        if sub:
-            print("  " + summarize(sub, src))
-    fitted = {rid for ids in calibration_rows(rows).values() for rid in ids}
-    print("  " + summarize([r for r in results if r.row_id in fitted], "in-sample (benchmarks/calibrate.py fits on them)"))
-    print("  " + summarize([r for r in results if r.row_id not in fitted], "held out (public rows no constant was fitted on)"))
-    print(f"  total wall time {total:.1f} s")
-
+    _print_skips(results)
+    text, summary = report(results, rows, args.markdown)
+    print("\n" + text)
+    print(f"\n  total wall time {total:.1f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"csv": str(args.csv), "total_wall_s": total,
+        args.json.write_text(json.dumps({"csv": str(args.csv), "total_wall_s": total, **summary,
                                          "rows": [asdict(r) for r in results]}, indent=1))
         print(f"  wrote {args.json}")
     return 0

@@ -85,7 +85,9 @@ def parse_failure(text: str, slow: bool = False) -> Failure:
 
 def survivors(cluster: Cluster, failures: list[Failure]) -> tuple[Cluster, list[int]]:
     """The cluster without the failed GPUs, nodes and NICs, and each surviving device's index
-    in the original cluster (slowed GPUs are not failures: they stay)."""
+    in the original cluster (slowed GPUs are not failures: they stay). An oversubscribed pod
+    tier (``Cluster.pod_gpus``) is not kept: the survivors' nodes no longer tile the pods, so
+    their fabric is taken as non-blocking (optimistic for collectives across pods)."""
     nodes: list[NodeSpec] = []
     names: list[str] = []
     for spec in cluster.node_specs:

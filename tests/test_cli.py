@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from engine.cluster.presets import preset_names
+
 from engine.cli import main
 from engine.cluster import preset
 from engine.formats import load_model, load_strategy, read_json, save_json
@@ -88,14 +90,16 @@ class TestListings:
         rc, out, _ = run(capsys, "clusters")
         assert rc == 0
         assert out.splitlines()[0].split()[:3] == ["p100-4x4", "16", "GPUs"]
-        assert len(out.splitlines()) == 8
+        assert len(out.splitlines()) == len(preset_names())
 
     def test_clusters_json(self, capsys):
         rc, out, _ = run(capsys, "clusters", "--json")
         assert rc == 0
         rows = {r["name"]: r for r in json.loads(out)}
-        assert list(rows) == ["p100-4x4", "k80-16x4", "dgx-a100-80gb:N", "dgx-a100-40gb:N", "dgx-h100:N",
-                              "dgx-h200:N", "v100-dgx2:N", "hetero-demo"]
+        assert list(rows)[:7] == ["p100-4x4", "k80-16x4", "dgx-a100-80gb:N", "dgx-a100-40gb:N", "dgx-h100:N",
+                                  "dgx-h200:N", "v100-dgx2:N"]
+        assert list(rows) == preset_names()  # every preset, the listing's order
+        assert {"dgx-b200:N", "gb200-nvl72:N", "gh200:N", "grand-teton:N", "rtx4090:N"} <= set(rows)
         assert rows["p100-4x4"]["gpus"] == 16
         assert rows["k80-16x4"]["gpus"] == 64
         assert rows["dgx-h100:N"]["gpus_per_node"] == 8
@@ -286,8 +290,9 @@ class TestBaseline:
         rc, _, err = run(capsys, "baseline", "--model", "alexnet", "--cluster", "tpu-pod", "--kind", "expert",
                          "-o", str(tmp_path / "s.json"))
         assert rc == 2
-        assert err == ("soapbox: error: unknown cluster 'tpu-pod'; presets: p100-4x4, k80-16x4, dgx-a100-80gb:N, "
-                       "dgx-a100-40gb:N, dgx-h100:N, dgx-h200:N, v100-dgx2:N, hetero-demo (or a cluster file)\n")
+        assert err == (f"soapbox: error: unknown cluster 'tpu-pod'; presets: {', '.join(preset_names())} "
+                       "(or a cluster file)\n")
+        assert err.count(":N") == len(preset_names()) - 3  # all but the three fixed-size presets
 
     def test_cluster_without_count(self, capsys, tmp_path):
         rc, _, err = run(capsys, "baseline", "--model", "alexnet", "--cluster", "dgx-h100", "--kind", "expert",

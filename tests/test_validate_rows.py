@@ -1,9 +1,12 @@
 """benchmarks/validate_published.py reads a row from its columns, whatever its source: published
 runs from sources it has never seen (DeepSpeed ZeRO-3, Megatron-Core with context parallelism,
-H200 nodes) are modelled, not skipped; what cannot be modelled is skipped with the reason."""
+H200 nodes) are modelled, not skipped; what cannot be modelled is skipped with the reason.
+The source families of ``validation/published_runs_public.csv`` (the in-repository copy; no
+test reads outside the repository) each map to their preset, layout and ZeRO stage."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,10 +15,15 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
-from validate_published import Predictor, Skip, setup_for  # noqa: E402
+from published import MOE_REASON, ROOT, default_csv, in_sample, load_rows  # noqa: E402
+from published_rows import memory_counter  # noqa: E402
+from validate_published import Predictor, Skip, setup_for, spearman  # noqa: E402
 
 from engine.cluster import preset  # noqa: E402
+from engine.cluster.presets import PRESETS  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
+from engine.ops import DTYPE_BYTES  # noqa: E402
+from engine.report import model_flops  # noqa: E402
 
 
 def row(**kw) -> dict[str, str]:
@@ -87,3 +95,153 @@ def test_tp_comm_overlap_from_the_notes():
     st, s = built(row(gpu_type="H100-80GB", gpus=16, tp=4, dp=4, micro_batch=1,
                       notes="sequence parallel, --tp-comm-overlap"))
     assert s.tp_comm_overlap and s.sequence_parallel and " sp overlap " in st.layout
+
+
+# --------------------------------------------------------------------------- the in-repository CSV (issue 25 item 7)
+
+SCRIPT = ROOT / "benchmarks" / "validate_published.py"
+
+
+@pytest.fixture(scope="module")
+def rows_by_id():
+    return {int(r["row_id"]): r for r in load_rows()}
+
+
+def test_the_default_csv_is_inside_the_repository():
+    """Regression (validate_published.py failed with a traceback on a fresh clone: its default
+    CSV was outside the repository): the default is the committed copy under validation/."""
+    p = default_csv().resolve()
+    assert p.is_relative_to(ROOT.resolve()) and p.parent.name == "validation" and p.is_file()
+    assert "shared" not in p.relative_to(ROOT.resolve()).parts
+    rows = load_rows()
+    assert rows and len({r["row_id"] for r in rows}) == len(rows)
+
+
+def _run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_csv_is_a_one_line_error():
+    out = _run_script("--csv", "/nonexistent/runs.csv")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "/nonexistent/runs.csv" in out.stderr
+
+
+def test_a_malformed_csv_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    out = _run_script("--csv", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and str(bad) in out.stderr and "missing column" in out.stderr
+
+
+def _expected(base: str, **kw):
+    """kw, or the Skip a row gives while its cluster preset is missing."""
+    return kw if base in PRESETS else {"skip": f"no cluster preset for GPU type .*no '{base}' preset"}
+
+
+# row id -> what setup_for must give: cluster preset, degrees, ZeRO stage (or the Skip reason)
+FAMILY_ROWS = {
+    3001: dict(cluster="dgx-a100-80gb:8", tp=1, pp=1, dp=64, cp=1, zero=3),  # torchtitan, FSDP2 on A100
+    3012: _expected("grand-teton", cluster="grand-teton:1", tp=1, pp=1, dp=8, cp=1, zero=3),  # torchtitan GT
+    3019: _expected("grand-teton", cluster="grand-teton:1", tp=1, pp=1, dp=4, cp=2, zero=3),  # FSDP x CP
+    3024: _expected("grand-teton", cluster="grand-teton:64", tp=8, pp=8, dp=8, cp=1, zero=3, mbs=4),  # 3-D
+    3025: dict(skip="interleaved 1F1B with an unstated number of stages"),
+    3038: dict(cluster="dgx-h200:4", tp=1, pp=1, dp=32, cp=1, zero=3),  # torchtitan-community
+    3149: dict(cluster="dgx-h200:1", tp=1, pp=1, dp=2, cp=1, zero=3),  # KempnerForge FSDP2 on 2 GPUs
+    3150: dict(cluster="dgx-h200:1", tp=2, pp=1, dp=1, cp=1, zero=0),  # KempnerForge pure TP
+    3136: dict(cluster="dgx-h100:1", tp=1, pp=1, dp=4, cp=1, zero=1, batch=4),  # NeMo long-seq
+    3139: dict(cluster="dgx-h100:4", tp=2, pp=1, dp=8, cp=2, zero=1, batch=8),
+    3137: dict(skip="global and micro batch not published, and with pp > 1"),
+    3120: dict(cluster="dgx-h100:1", tp=1, pp=1, dp=8, cp=1, zero=3),  # Megatron-Bridge, Megatron FSDP
+    3121: dict(cluster="dgx-h100:8", tp=4, pp=8, dp=2, cp=1, zero=1),  # distributed optimizer
+    3145: dict(skip="mixture-of-experts: not expressible yet \\(issue 26\\)"),  # Megatron-Core MoE
+    3040: (dict(skip="no tf32 precision") if "tf32" not in DTYPE_BYTES
+           else _expected("gh200", cluster="gh200:1", tp=4, pp=1, dp=1, cp=1, zero=0)),  # Sailor
+}
+
+
+@pytest.mark.parametrize("rid", sorted(FAMILY_ROWS))
+def test_each_source_family_maps(rows_by_id, rid):
+    want = FAMILY_ROWS[rid]
+    if "skip" in want:
+        with pytest.raises(Skip, match=want["skip"]):
+            setup_for(rows_by_id[rid])
+        return
+    st = setup_for(rows_by_id[rid])
+    assert st.cluster_name == want["cluster"]
+    assert (st.tp, st.pp, st.dp, st.cp, st.zero_stage) == tuple(want[k] for k in ("tp", "pp", "dp", "cp", "zero"))
+    if "mbs" in want:
+        assert f"mbs{want['mbs']} " in st.layout
+    if "batch" in want:
+        assert st.cfg.batch == want["batch"]
+
+
+def test_a_row_on_part_of_a_node_uses_only_its_gpus(rows_by_id):
+    """KempnerForge's 2-GPU FSDP2 row: the fsdp baseline alone would spread over all 8 GPUs of
+    the preset node; the row's dp 2 is kept."""
+    st, s = built(rows_by_id[3149])
+    assert len(s.devices_used()) == 2 and s.zero_stage == 3
+
+
+def test_software_is_recorded(rows_by_id):
+    sw = setup_for(rows_by_id[3038]).software
+    assert sw == {"framework": "torchtitan", "compile": True, "async_tp": False, "fp8": True, "fp8_all_gather": True,
+                  "tp_comm_overlap": None}
+    assert setup_for(rows_by_id[3011]).software["async_tp"] is True
+    assert setup_for(rows_by_id[3001]).software["compile"] is False
+    assert setup_for(rows_by_id[3121]).software["framework"] == "megatron"
+
+
+def test_every_mixture_of_experts_row_is_skipped_with_issue_26(rows_by_id):
+    moe = [r for r in rows_by_id.values() if r["notes"].lstrip().startswith("ep=")]
+    assert moe
+    for r in moe:
+        with pytest.raises(Skip, match="issue 26"):
+            setup_for(r)
+    assert MOE_REASON == "mixture-of-experts: not expressible yet (issue 26)"
+
+
+def test_memory_counters():
+    assert memory_counter(row(source="torchtitan (PyTorch team) published benchmarks")) == "reserved"
+    assert memory_counter(row(metric2_name="peak_alloc_gib")) == "allocated"
+    assert memory_counter(row(notes="peak mem 80 GB/GPU")) is None
+
+
+def test_in_sample_rule(rows_by_id):
+    rows = list(rows_by_id.values())
+    sets = in_sample(rows)
+    assert len(sets["A100"]) + len(sets["H100"]) == 34  # calibrate.py's rows, unchanged
+    fam = [r for r in rows if r["source"].startswith("torchtitan (PyTorch")]
+    picked = sets["torchtitan"]
+    assert picked == sorted(picked) and len(picked) <= len(fam) // 3 and picked[0] == 3001
+    assert 3002 not in picked  # same model, GPU and software as 3001: one sweep, its first row only
+    assert not any(rows_by_id[i]["notes"].startswith("ep=") for ids in sets.values() for i in ids)
+    assert "torchtitan-community" not in sets  # fewer than 6 rows
+
+
+class TestSpearman:
+    def test_perfect_and_reversed(self):
+        assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+        assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+
+    def test_ties_take_the_average_rank(self):
+        # ranks [1, 2, 3, 4] and [1, 4, 2.5, 2.5]: r = 1.5 / sqrt(5 * 4.5) = 1 / sqrt(10)
+        assert spearman([1, 2, 3, 4], [1, 3, 2, 2]) == pytest.approx(10 ** -0.5, abs=1e-12)
+
+    def test_degenerate(self):
+        assert spearman([1], [2]) is None
+        assert spearman([1, 2, 3], [5, 5, 5]) is None
+
+
+def test_a_kempnerforge_row_is_predicted_with_time_mfu_and_memory(rows_by_id):
+    """Row 3148 (one H200): iteration_time_s is the simulated time; its MFU divides the model
+    FLOPs by the H200's dense bf16 peak (the note states no peak); its peak memory comes from
+    the notes."""
+    res = Predictor(list(rows_by_id.values())).run(rows_by_id[3148])
+    assert res.skipped is None and res.predicted == res.iteration_time_s
+    st = setup_for(rows_by_id[3148])
+    mfu = 100 * model_flops(gpt(st.cfg)) / (res.iteration_time_s * 1 * 989.4e12)
+    assert res.predicted2 == pytest.approx(mfu)
+    assert res.published_memory_gib == pytest.approx(80.7e9 / 2**30)
+    assert res.predicted_memory_gib is not None and res.memory_error_pct is not None

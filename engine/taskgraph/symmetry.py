@@ -64,6 +64,9 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     spec = cluster.node_specs[0]
     if spec.repeat > 1 and spec.nics < spec.gpus:
         return None
+    if getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
+            and cluster.num_devices > cluster.pod_gpus:
+        return None  # groups inside a pod and across pods are not equivalent
     common: set[tuple[int, int]] | None = None
     per_op: dict[str, dict[str, tuple[int, int]]] = {}
     for op in graph.ops:

@@ -1,0 +1,239 @@
+"""The generic row reader: a published run's columns -> model (``GPTConfig``), cluster preset
+and the ``fsdp`` or ``megatron`` baseline with the row's layout (:func:`setup_for`).
+
+Columns read: ``layers``, ``hidden``, ``heads``, ``kv_heads``, ``ffn_hidden``, ``seq_len``,
+``vocab``, ``global_batch``, ``micro_batch``, ``gpus``, ``gpu_type``, ``tp``, ``pp``, ``dp``,
+``cp``, ``vpp``, ``sharding`` (ZeRO stage, gather unit, framework), ``recompute`` and
+``precision``, after the family's reader (``published_rows.READERS``) has filled what its
+source leaves implicit. FSDP-style rows (FSDP, FSDP2, ZeRO-3, "Megatron FSDP") use the
+``fsdp`` baseline: FSDP2 is ZeRO-3 with one gather unit per transformer block (torchtitan
+wraps each ``TransformerBlock`` in ``fully_shard``), "FSDP2 over N ranks" with tp gives dp = N.
+Megatron-style rows use ``megatron``: the distributed optimizer is ZeRO-1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from published_rows import (FUSED_ATTENTION, MOE_REASON, READERS, Setup, Skip, _cluster_name, _gpus_per_node,
+                            cell_int, is_moe, memory_counter, software_of, source_of)
+
+from engine.layout import Layout
+from engine.models.transformer import GPTConfig
+from engine.search.baselines import build_layout, fsdp, megatron
+
+__all__ = ["setup_for"]
+
+_LLAMA_WORDS = ("llama", "mistral", "mixtral", "qwen", "swiglu", "gemma", "nemotron")
+
+
+def _zero_of(row: dict[str, str]) -> tuple[int, str, str, bool]:
+    """(ZeRO stage, gather unit, framework, hybrid) from the row's ``sharding`` column.
+
+    PyTorch FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy): FULL_SHARD
+    shards parameters, gradients and optimizer state (ZeRO-3); SHARD_GRAD_OP shards gradients
+    and optimizer state and keeps parameters after the forward (ZeRO-2). DeepSpeed names its
+    stages ZeRO-1/2/3 and gathers each module's parameters on their own (gather unit "op");
+    Megatron's distributed optimizer is ZeRO-1. HYBRID_SHARD (HSDP) shards within a node
+    and replicates across nodes; _HYBRID_SHARD_ZERO2 does so with ZeRO-2."""
+    text = " ".join((row.get("sharding") or "", row.get("source") or "")).lower()
+    sharding = (row.get("sharding") or "").lower()
+    deepspeed = "deepspeed" in text or "zero" in sharding and "fsdp" not in sharding
+    hybrid = "hybrid_shard" in sharding or "hsdp" in sharding or "mics" in sharding
+    if hybrid:
+        stage = 2 if "zero2" in sharding else 3
+    elif "full_shard" in sharding or any(k in sharding for k in ("zero-3", "zero3", "zero stage 3", "stage 3")):
+        stage = 3
+    elif "shard_grad_op" in sharding or any(k in sharding for k in ("zero-2", "zero2", "zero stage 2", "stage 2")):
+        stage = 2
+    elif any(k in sharding for k in ("zero-1", "zero1", "zero stage 1", "stage 1", "distributed optimizer",
+                                     "distributed-optimizer", "distributed_optimizer")):
+        stage = 1
+    elif "fsdp" in sharding:
+        stage = 3  # FSDP's default sharding strategy; FSDP2's fully_shard; Megatron FSDP
+    else:
+        stage = 0
+    framework = "deepspeed" if deepspeed else "fsdp" if "fsdp" in text else "megatron"
+    return stage, ("op" if deepspeed and stage == 3 else "block"), framework, hybrid
+
+
+def _model_config(row: dict[str, str], src: str, shape: dict[str, Any], precision: str,
+                  notes: list[str]) -> GPTConfig:
+    """The row's model: the source's conventions where soapbox knows them, else the family
+    its name says (LLaMA-like: SwiGLU, RMSNorm, rotary, no biases, untied; otherwise GPT-3's
+    conventions as Megatron-LM sets them)."""
+    name = f"row-{row['row_id']}"
+    text = " ".join((row.get("model") or "", row.get("notes") or "")).lower()
+    gpu = (row.get("gpu_type") or "").upper()
+    if src in ("Megatron SC'21", "Megatron 2019"):
+        return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
+                         precision=precision, name=name)
+    if src == "MosaicML":
+        # MPT (llm-foundry): ALiBi (no position parameters -> 'rotary', which adds none), no
+        # biases, LayerNorm, tied embeddings; the benchmark yamls set every dropout to 0.
+        # attn_impl: flash in the benchmark yamls -> fused causal attention.
+        return GPTConfig(**shape, positions="rotary", bias=False, tie_embeddings=True, dropout=0.0,
+                         precision=precision, flash_attention=True, name=name)
+    # FlashAttention (or cuDNN's fused attention through Transformer Engine) is every framework's
+    # default on Hopper; elsewhere where the row or its framework's default says so
+    flash = "flash" in text or "fused attention" in text or src in FUSED_ATTENTION or gpu.startswith(
+        ("H100", "H200", "GH200"))
+    if flash and "flash" not in text:
+        notes.append(f"fused (flash) attention: {FUSED_ATTENTION.get(src, 'the default of every framework on Hopper')}")
+    if any(k in text for k in _LLAMA_WORDS):
+        notes.append("LLaMA-family model: SwiGLU MLP, RMSNorm, rotary positions, no biases, untied embeddings")
+        return GPTConfig(**shape, swiglu=True, norm="rmsnorm", positions="rotary", bias=False, tie_embeddings=False,
+                         dropout=0.0, precision=precision, flash_attention=flash, name=name)
+    notes.append("GPT-style model (Megatron-LM's GPT conventions: learned positions, biases, tied embeddings, "
+                 "dropout 0.1)")
+    return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
+                     precision=precision, flash_attention=flash, name=name)
+
+
+def _shape(row: dict[str, str], src: str, notes: list[str]) -> tuple[dict[str, Any], int]:
+    """(GPTConfig shape fields, GPUs) from the row; a Skip naming what is missing."""
+    need = {k: cell_int(row, k) for k in ("layers", "hidden", "heads", "vocab", "global_batch", "gpus")}
+    missing = [k for k, v in need.items() if v is None]
+    if missing:
+        raise Skip(f"missing {', '.join(missing)} in the row")
+    seq = cell_int(row, "seq_len")
+    if seq is None:
+        if src != "Megatron 2019":
+            raise Skip("seq_len missing and the source states none")
+        # Not a guess: Shoeybi et al. 2019 (arXiv 1909.08053 §5) train every GPT-2 model
+        # with 1024-token sequences, as the row's notes say.
+        seq = 1024
+        notes.append("seq_len missing: 1024, the sequence length of all GPT-2 runs in Shoeybi et al. 2019")
+    ffn = cell_int(row, "ffn_hidden")
+    if ffn is None and not any(k in (row.get("model") or "").lower() for k in ("llama", "mistral", "qwen")):
+        ffn = 4 * need["hidden"]
+        notes.append(f"ffn_hidden missing: 4h = {ffn} (GPT-2 / Megatron default)")
+    shape = dict(layers=need["layers"], hidden=need["hidden"], heads=need["heads"], seq_len=seq,
+                 vocab=need["vocab"], batch=need["global_batch"], kv_heads=cell_int(row, "kv_heads"), ffn_hidden=ffn)
+    return shape, need["gpus"]
+
+
+def _precision(row: dict[str, str], notes: list[str]) -> tuple[str, bool, str]:
+    """(model precision, fp8 GEMMs, recompute) from the ``precision`` and ``recompute`` columns."""
+    rec_col = (row.get("recompute") or "").strip().lower()
+    recompute = "full" if rec_col.startswith("full") else "selective" if rec_col.startswith("selective") else "none"
+    if not rec_col or rec_col.startswith("not stated"):
+        notes.append("recompute not stated: none (Megatron-LM default); FLOPs counted without recompute")
+    prec_col = (row.get("precision") or "").lower()
+    fp8 = "fp8" in prec_col
+    precision = next((p for p in ("bf16", "fp16", "tf32", "fp32") if p in prec_col), None)
+    if fp8 and precision is None:
+        precision = "bf16"
+        notes.append("fp8: the linear layers' GEMMs in fp8 (Transformer Engine / torchao float8), the rest in bf16")
+    if precision is None:
+        raise Skip(f"precision {row.get('precision')!r} not recognised")
+    return precision, fp8, recompute
+
+
+def _overlaps(row: dict[str, str], tp: int, notes: list[str]) -> tuple[bool, bool]:
+    """(sequence parallel, tp-comm-overlap) from the notes and sharding columns."""
+    text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
+    sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
+    overlap = any(k in text for k in ("tp-comm-overlap", "tp comm overlap", "tp_comm_overlap", "userbuffer"))
+    if overlap and not (sp and tp > 1):
+        notes.append("tp-comm-overlap stated without sequence parallelism and tp > 1: not modelled")
+        overlap = False
+    return sp, overlap
+
+
+def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, int]:
+    """(build, layout text, dp) of an FSDP / ZeRO row with the ``fsdp`` baseline."""
+    tp, pp, cp, vpp, dp, gpus, mbs, zero = (L[k] for k in ("tp", "pp", "cp", "vpp", "dp", "gpus", "mbs", "zero"))
+    if vpp > 1:
+        raise Skip(f"ZeRO-{zero} with interleaved pipelining (vpp {vpp}) is not modelled by the fsdp baseline")
+    if dp is not None and tp * cp * pp * dp != gpus:
+        raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
+    if mbs is None:
+        notes.append("micro_batch missing: no gradient accumulation (Composer's and DeepSpeed's default: the "
+                     "whole per-device batch)" if pp == 1 else "micro_batch missing: 1 (pipelined)")
+    if L["sp"]:
+        notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
+    zero = zero or 3
+    k = L["shard_group"]
+
+    dp = gpus // (tp * cp * pp)
+
+    def build(g, c, mbs=mbs, recompute=L["recompute"], zero=zero, tp=tp, pp=pp, unit=L["unit"], cp=cp, fp8=L["fp8"]):
+        kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
+                  shard_group=k if k and k < dp else 0)
+        if gpus < c.num_devices:
+            # the fsdp baseline spreads over every device of the cluster; a row on part of a
+            # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
+            return build_layout(g, c, Layout(dp=dp, **kw))
+        return fsdp(g, c, **kw)
+
+    if gpus < _gpus_per_node(L["cluster"].split(":")[0]):
+        notes.append(f"the row's {gpus} GPUs are part of a preset node: FSDP over those {gpus} (dp {dp})")
+    layout = (f"{'fp8 ' if L['fp8'] else ''}{L['framework']}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}"
+              f"pp{pp}/dp{dp} mbs{mbs} rc={L['recompute']}")
+    layout += " per-op" if L["unit"] == "op" else ""
+    layout += f" hybrid{k}" if k else ""
+    L["zero"] = zero
+    return build, layout, dp
+
+
+def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, int]:
+    """(build, layout text, dp) of a Megatron-style row with the ``megatron`` baseline."""
+    tp, pp, cp, vpp, dp, gpus, mbs, zero = (L[k] for k in ("tp", "pp", "cp", "vpp", "dp", "gpus", "mbs", "zero"))
+    if dp is None:
+        dp = gpus // (tp * cp * pp)
+        notes.append(f"dp missing: gpus/(tp*cp*pp) = {dp}")
+    if tp * cp * pp * dp != gpus:
+        raise Skip(f"tp*cp*pp*dp = {tp * cp * pp * dp} does not equal the row's {gpus} GPUs")
+    if mbs is None and src == "Megatron 2019" and pp == 1:
+        # Megatron-LM 2019 had no gradient accumulation: --batch-size is the batch of one
+        # data-parallel replica, so global batch = batch-size x dp.
+        mbs = L["B"] // dp
+        notes.append(f"micro_batch missing: global_batch/dp = {mbs} (Megatron-LM 2019 has no gradient "
+                     "accumulation; --batch-size is per data-parallel replica)")
+    elif mbs is None:
+        # Megatron-LM's --micro-batch-size default is None; the baseline's documented default
+        # is global/dp without pipelining, 1 with it.
+        notes.append("micro_batch missing: soapbox megatron baseline default (global/dp without pipelining, 1 with it)")
+    sp, overlap = L["sp"], L["overlap"]
+
+    def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"]):
+        return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
+                        sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap)
+
+    layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
+              f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
+              f"mbs{mbs if mbs is not None else '-'} rc={L['recompute']}")
+    return build, layout, dp
+
+
+def setup_for(row: dict[str, str]) -> Setup:
+    """The model, cluster and layout a row states: its family's conventions
+    (``published_rows.READERS``), then its columns; a framework default where a value is
+    missing, printed with the row; a :class:`Skip` with the reason where nothing fits."""
+    if is_moe(row):
+        raise Skip(MOE_REASON)
+    src = source_of(row)
+    notes: list[str] = []
+    row = {**row, **READERS.get(src, lambda r, n: {})(row, notes)}
+    shape, gpus = _shape(row, src, notes)
+    precision, fp8, recompute = _precision(row, notes)
+    tp = cell_int(row, "tp") or 1
+    L: dict[str, Any] = dict(tp=tp, pp=cell_int(row, "pp") or 1, dp=cell_int(row, "dp"), cp=cell_int(row, "cp") or 1,
+                             vpp=cell_int(row, "vpp") or 1, gpus=gpus, mbs=cell_int(row, "micro_batch"),
+                             B=shape["batch"], recompute=recompute, fp8=fp8, shard_group=0)
+    cluster_name = L["cluster"] = _cluster_name(row, gpus, notes)
+    cfg = _model_config(row, src, shape, precision, notes)
+    L["zero"], L["unit"], L["framework"], hybrid = _zero_of(row)
+    if hybrid:
+        per_node = cell_int(row, "gpus_per_node") or 8  # the DGX presets' 8
+        L["shard_group"] = max(1, per_node // (tp * L["cp"]))
+        notes.append(f"hybrid sharding: ZeRO-{L['zero']} within each node ({L['shard_group']} data-parallel ranks), "
+                     "replicas across nodes")
+    L["sp"], L["overlap"] = _overlaps(row, tp, notes)
+    if src == "MosaicML" or L["zero"] == 3 or (L["framework"] == "fsdp" and L["zero"]):
+        build, layout, dp = _fsdp_layout(row, L, notes)
+    else:
+        build, layout, dp = _megatron_layout(row, src, L, notes)
+    return Setup(cfg, cluster_name, build, layout, recompute == "full", notes, family=src, software=software_of(row),
+                 memory_counter=memory_counter(row), tp=tp, pp=L["pp"], dp=dp, cp=L["cp"], zero_stage=L["zero"])
