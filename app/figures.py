@@ -41,7 +41,8 @@ SELECTED_COLOUR = "#FFD400"
 CONFIG_PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#999999",
                   "#882255", "#44AA99", "#117733", "#AA4499"]
 MEMORY_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer": "#009E73", "comm buffers": "#999999",
-                  "activations (peak)": "#E69F00"}
+                  "activations (peak)": "#E69F00", "gathered parameters": "#CC79A7", "logits (fp32)": "#D55E00",
+                  "allocator fragmentation": "#BBBBBB", "CUDA context and NCCL": "#555555"}
 _MARGIN = dict(l=10, r=10, t=30, b=30)
 
 

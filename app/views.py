@@ -270,17 +270,24 @@ def topology_data(cluster: Cluster, per_device: np.ndarray, metric: str) -> dict
     return {"gpus": gpus, "hubs": hubs, "edges": edges, "metric": metric, "nodes": list(nodes)}
 
 
+#: The figure's names for :meth:`MemoryReport.breakdown`'s parts (the rest keep their own).
+MEMORY_LABELS = {"optimizer state": "optimizer", "communication buffers": "comm buffers",
+                 "activations": "activations (peak)"}
+
+
 def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.ndarray | None = None,
                 max_groups: int = 64) -> dict[str, Any]:
-    """Per group of GPUs whose memory is identical (bytes): weights, gradients, optimizer state,
-    buffers, peak activations and capacity; one bar per group, labelled with its pipeline stage
+    """Per group of GPUs whose memory is identical (bytes): every part of the peak
+    (:meth:`~engine.memory.MemoryReport.breakdown_arrays`: weights, gradients, optimizer state,
+    buffers, peak activations, gathered parameters, logits, fragmentation, CUDA context) and
+    capacity; one bar per group, labelled with its pipeline stage
     (``stage_of_device``, :func:`stage_of_devices`), its first GPU and how many it stands for
     (1,024 data-parallel GPUs are one bar; a pipeline's stages one each). At most ``max_groups``
     bars, the fullest kept (``hidden`` counts the groups left out)."""
     d = np.asarray(devices, np.int64)
-    parts = {"weights": report.weights_bytes[d], "gradients": report.grads_bytes[d],
-             "optimizer": report.optimizer_bytes[d], "comm buffers": report.comm_buffer_bytes[d],
-             "activations (peak)": report.activations_peak_bytes[d]}
+    # every part of the peak (MemoryReport.breakdown_arrays, summing to peak_bytes), by the
+    # figure's labels
+    parts = {MEMORY_LABELS.get(k, k): v[d] for k, v in report.breakdown_arrays().items()}
     cap = report.capacity_bytes[d]
     stage = stage_of_device[d] if stage_of_device is not None else np.full(d.size, -1, np.int64)
     keys = np.round(np.stack(list(parts.values()) + [cap], axis=1) / 1024.0)  # (KiB: equal up to rounding)

@@ -1,12 +1,26 @@
-"""Per-device memory over a simulated iteration.
+"""Per-device memory over a simulated iteration, as PyTorch would report it.
 
-Static memory per device (Rajbhandari et al. SC'20 §3 for the mixed-precision Adam counts):
+Static memory per device, bytes per parameter by precision and ZeRO stage
+(:func:`state_bytes_per_param`):
 
-* weights: the partitions' parameters in the model's dtype; ZeRO-3 keeps a 1/n shard;
-* gradients: the same size; ZeRO-2 and -3 keep a 1/n shard;
+* weights: the partitions' parameters in the model's dtype; ZeRO-3 keeps a shard, in fp32
+  under bf16 (FSDP2 keeps the sharded parameters in fp32 and casts them to bf16 for the
+  all-gather: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, as torchtitan
+  and KempnerForge configure it);
+* gradients: fp32 under bf16 (Megatron-Core accumulates and reduces bf16 models' gradients in
+  an fp32 grad buffer; FSDP2 reduces in fp32 and keeps fp32 sharded gradients), fp16 under
+  fp16 plus the fp32 main gradients the optimizer shards; ZeRO-2 and -3 keep a shard;
 * optimizer state: Adam's two moments, plus an fp32 master copy when the model trains in
-  fp16/bf16 (12 bytes per parameter; 8 in fp32); ZeRO-1 and above keep a 1/n shard;
+  fp16/bf16 (12 bytes per parameter; 8 in fp32 and under FSDP2, whose fp32 sharded parameter
+  is the master copy); ZeRO-1 and above keep a shard. Megatron-Core's distributed-optimizer
+  guide gives the totals this reproduces: 4 + 16/d bytes (fp16), 6 + 12/d (bf16 with fp32
+  grads), 8 + 8/d (fp32) (Rajbhandari et al. SC'20 §3 for the mixed-precision Adam counts);
 * communication buffers: the largest collective the device takes part in.
+
+ZeRO shards each parameter over its own data-parallel group: the partitions that hold the same
+region of it, those equal on every dim but the sample's and the sequence's (the grouping of
+:class:`engine.taskgraph.sync.SyncBuilder`, whose ``device_params`` the optimizer step updates),
+at most ``shard_group`` of them under hybrid sharding.
 
 Activations are tracked over the timeline: what an op partition saves for its backward pass is
 allocated when its forward task ends and freed when its backward task ends, per microbatch,
@@ -14,8 +28,31 @@ so the peak follows the pipeline schedule (1F1B holds fewer microbatches than GP
 full recomputation only layer inputs are kept; selective recomputation drops the attention
 core's activations (Korthikanti et al. 2022 §5).
 
-A strategy whose peak exceeds a device's capacity is infeasible; the report says which
-device and by how much.
+On top of them (:meth:`MemoryReport.breakdown` names every part; they sum to ``peak_bytes``):
+
+* transient buffers live at the peak: ZeRO-3's gathered (unsharded) parameters of the unit in
+  use and the one prefetched (FSDP's forward/backward prefetch of one unit), and the loss's
+  fp32 logits (PyTorch autocast runs ``cross_entropy``/``log_softmax`` in fp32; in fp32 the
+  logits' gradient, as large, is made while the logits are kept): batch x seq x vocab x 4
+  bytes per microbatch on the devices computing the loss;
+* the caching allocator's fragmentation, a stated allowance (:data:`FRAGMENTATION_FRACTION`):
+  ``reserved = allocated x (1 + f)``;
+* the CUDA context, cuBLAS workspace and NCCL's buffers, outside the allocator
+  (:data:`CUDA_CONTEXT_BYTES`, :data:`NCCL_BYTES_PER_COMMUNICATOR`).
+
+``peak_bytes`` = reserved + context, what the device must hold (nvidia-smi's view):
+feasibility compares it with capacity. ``allocated_peak_bytes`` is what
+``torch.cuda.max_memory_allocated`` would report, ``reserved_peak_bytes`` what
+``torch.cuda.max_memory_reserved`` would.
+
+ZeRO-Offload / ZeRO-Infinity (Ren et al. ATC'21; Rajbhandari et al. SC'21): an offloaded
+optimizer keeps its state (fp32 master weights, fp32 gradients, Adam's moments: 16 bytes per
+parameter, sharded) in host memory (``cpu``) or on NVMe (``nvme``) instead of the GPU, whose
+gradients stay in the model's dtype; offloaded parameters (ZeRO-3) keep only the gathered
+working set on the GPU. ``host_bytes`` is checked against the host memory each GPU has.
+
+A strategy whose peak exceeds a device's capacity, or whose host state exceeds its host
+memory, is infeasible; the report says which device and by how much.
 """
 
 from __future__ import annotations
@@ -35,8 +72,36 @@ from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
 from .strategy import Strategy, partition_grid, selective_recompute_reruns
 from .taskgraph import BWD, FWD
+from .taskgraph.sync import sync_unit
 
-__all__ = ["MemoryReport", "memory_report", "fits_in_memory", "optimizer_bytes_per_param", "saved_activation_bytes"]
+__all__ = ["MemoryReport", "memory_report", "fits_in_memory", "optimizer_bytes_per_param", "state_bytes_per_param",
+           "saved_activation_bytes", "FRAGMENTATION_FRACTION", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES",
+           "NCCL_BYTES_PER_COMMUNICATOR", "HOST_MEMORY_BYTES_PER_GPU", "OFFLOAD_STATE_BYTES_PER_PARAM"]
+
+#: The caching allocator's fragmentation, as a fraction of the allocated peak added to reach
+#: the reserved peak. A stated allowance, not fitted: GMLake (Guo et al. ASPLOS'24) measured
+#: PyTorch's splitting allocator wasting 15% on average (up to 33%) of reserved memory over
+#: eight LLM fine-tuning setups with recomputation, offload and LoRA on A100-80GB, the
+#: patterns that fragment most; ``expandable_segments:True`` (torchtitan's launcher sets it)
+#: brings it near 0. 10% sits between.
+FRAGMENTATION_FRACTION = 0.10
+#: The CUDA context a process holds on each GPU, outside PyTorch's allocator: 300-600 MiB on
+#: A100/H100 with CUDA 12's lazy module loading (the figure PyTorch's forums and NVIDIA's
+#: CUDA_MODULE_LOADING notes quote; a bare ``torch.cuda.init()`` shows ~500 MiB in nvidia-smi).
+CUDA_CONTEXT_BYTES = 512 * 2**20
+#: cuBLAS workspace per stream: PyTorch's default ``:4096:8`` on Hopper (8 x 4 MiB).
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+#: NCCL's buffers per communicator: NCCL_BUFFSIZE (4 MiB, NCCL's documented default) per
+#: channel per ring peer (send and receive: 2), over 16 channels (NCCL's usual count on
+#: NVLink/NVSwitch nodes; up to 32 on H100). Each distinct collective group a device joins is
+#: one communicator; pipeline send/receive adds one.
+NCCL_BYTES_PER_COMMUNICATOR = 16 * 2 * 4 * 2**20
+#: Host memory per GPU when the cluster states none: 1 TiB per 8-GPU node (a DGX A100's
+#: standard 1 TB of DDR4; a DGX H100 has 2 TB), i.e. 128 GiB per GPU.
+HOST_MEMORY_BYTES_PER_GPU = 2**40 // 8
+#: What ZeRO-Offload keeps on the host per offloaded parameter: fp32 master weight, fp32
+#: gradient, Adam's momentum and variance (Ren et al. ATC'21 §4, Fig. 2's data flow).
+OFFLOAD_STATE_BYTES_PER_PARAM = 16
 
 
 def optimizer_bytes_per_param(precision: str) -> int:
@@ -45,9 +110,41 @@ def optimizer_bytes_per_param(precision: str) -> int:
     return 8 if precision == "fp32" else 12
 
 
+def state_bytes_per_param(precision: str, zero_stage: int = 0,
+                          offload_optimizer: str = "none") -> tuple[int, int, int, int]:
+    """(weights, gradients, sharded fp32 main gradients, optimizer) bytes per parameter
+    before ZeRO's sharding.
+
+    Megatron-Core's distributed optimizer guide (bytes per parameter, ``d`` data-parallel
+    ranks): fp16 params and grads 4 + 16/d, bf16 params with fp32 grads 6 + 12/d, fp32 8 + 8/d.
+    Under ZeRO-3 in bf16 (FSDP2 with ``param_dtype=bf16, reduce_dtype=fp32``) the sharded
+    parameters and gradients are fp32 and the parameter is Adam's master copy: 4 + 4 + 8.
+    With the optimizer offloaded the GPU keeps the parameters and gradients in the model's
+    dtype; the rest lives on the host (:data:`OFFLOAD_STATE_BYTES_PER_PARAM`).
+
+    >>> state_bytes_per_param("bf16"), state_bytes_per_param("fp16", 1), state_bytes_per_param("bf16", 3)
+    ((2, 4, 0, 12), (2, 2, 4, 12), (4, 4, 0, 8))
+    """
+    p = DTYPE_BYTES[precision]
+    if offload_optimizer != "none":
+        return p, p, 0, 0
+    if precision == "fp32":
+        return 4, 4, 0, 8
+    if zero_stage >= 3:
+        return (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)
+    return (2, 4, 0, 12) if precision == "bf16" else (2, 2, 4, 12)
+
+
 @dataclass
 class MemoryReport:
-    """Memory per device, in bytes (all arrays are ``[device]``)."""
+    """Memory per device, in bytes (all arrays are ``[device]``).
+
+    ``peak_bytes`` = ``reserved_peak_bytes`` + ``context_bytes``, and
+    ``reserved_peak_bytes`` = ``allocated_peak_bytes`` + ``fragmentation_bytes``, and
+    ``allocated_peak_bytes`` = :attr:`static_bytes` + ``activations_peak_bytes`` +
+    ``gathered_bytes`` + ``logits_bytes``: :meth:`breakdown` lists the parts in that order and
+    they sum to ``peak_bytes`` exactly. Feasibility compares ``peak_bytes`` with
+    ``capacity_bytes`` and ``host_bytes`` with ``host_capacity_bytes``."""
 
     weights_bytes: np.ndarray
     grads_bytes: np.ndarray
@@ -56,84 +153,258 @@ class MemoryReport:
     activations_peak_bytes: np.ndarray
     peak_bytes: np.ndarray
     capacity_bytes: np.ndarray
-    #: per device: (times_s, bytes) of the memory curve, for traces and plots
+    #: per device: (times_s, bytes) of the memory curve (the ``peak_bytes`` view: reserved +
+    #: context), for traces and plots
     curves: Sequence[tuple[np.ndarray, np.ndarray]]
+    #: ZeRO-3's gathered parameters (unit in use + the one prefetched)
+    gathered_bytes: np.ndarray | None = None
+    #: the loss's fp32 logits at the end of the forward pass
+    logits_bytes: np.ndarray | None = None
+    #: the caching allocator's fragmentation allowance (FRAGMENTATION_FRACTION x allocated)
+    fragmentation_bytes: np.ndarray | None = None
+    #: CUDA context, cuBLAS workspace and NCCL buffers (outside the allocator)
+    context_bytes: np.ndarray | None = None
+    #: what torch.cuda.max_memory_allocated would report
+    allocated_peak_bytes: np.ndarray | None = None
+    #: what torch.cuda.max_memory_reserved would report
+    reserved_peak_bytes: np.ndarray | None = None
+    #: offloaded state in host memory (ZeRO-Offload ``cpu``), and the host memory per GPU
+    host_bytes: np.ndarray | None = None
+    host_capacity_bytes: np.ndarray | None = None
+    #: offloaded state on NVMe (ZeRO-Infinity ``nvme``; not checked against a capacity)
+    nvme_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        zeros = np.zeros_like(np.asarray(self.peak_bytes, np.float64))
+        for name in ("gathered_bytes", "logits_bytes", "fragmentation_bytes", "context_bytes", "host_bytes",
+                     "nvme_bytes"):
+            if getattr(self, name) is None:
+                setattr(self, name, zeros.copy())
+        if self.allocated_peak_bytes is None:
+            self.allocated_peak_bytes = self.static_bytes + self.activations_peak_bytes + self.gathered_bytes \
+                + self.logits_bytes
+        if self.reserved_peak_bytes is None:
+            self.reserved_peak_bytes = self.allocated_peak_bytes + self.fragmentation_bytes
+        if self.host_capacity_bytes is None:
+            self.host_capacity_bytes = np.full(zeros.shape, np.inf)
 
     @property
     def static_bytes(self) -> np.ndarray:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.comm_buffer_bytes
 
+    def breakdown_arrays(self) -> dict[str, np.ndarray]:
+        """Every part of the peak, ``[device]`` bytes each, in the order they add up to
+        ``peak_bytes`` (:meth:`breakdown` for one device)."""
+        return {"weights": self.weights_bytes, "gradients": self.grads_bytes, "optimizer state": self.optimizer_bytes,
+                "communication buffers": self.comm_buffer_bytes, "activations": self.activations_peak_bytes,
+                "gathered parameters": self.gathered_bytes, "logits (fp32)": self.logits_bytes,
+                "allocator fragmentation": self.fragmentation_bytes, "CUDA context and NCCL": self.context_bytes}
+
+    def breakdown(self, device: int) -> dict[str, float]:
+        """The parts of ``device``'s peak, in bytes, in order; they sum to ``peak_bytes[device]``
+        exactly (the same additions in the same order)."""
+        d = int(device)
+        return {k: float(v[d]) for k, v in self.breakdown_arrays().items()}
+
+    @property
+    def host_feasible(self) -> bool:
+        return bool(np.all(self.host_bytes <= self.host_capacity_bytes))
+
     @property
     def feasible(self) -> bool:
-        return bool(np.all(self.peak_bytes <= self.capacity_bytes))
+        return bool(np.all(self.peak_bytes <= self.capacity_bytes)) and self.host_feasible
 
     def over_capacity(self) -> list[tuple[int, float]]:
-        """(device, bytes over capacity) for every device that does not fit, worst first."""
+        """(device, bytes over GPU capacity) for every device that does not fit, worst first."""
         over = self.peak_bytes - self.capacity_bytes
         idx = np.nonzero(over > 0)[0]
         return sorted(((int(d), float(over[d])) for d in idx), key=lambda x: -x[1])
 
+    def over_host_capacity(self) -> list[tuple[int, float]]:
+        """(device, bytes over its host memory) for every device whose offloaded state does not
+        fit in the host memory it has, worst first."""
+        over = self.host_bytes - self.host_capacity_bytes
+        idx = np.nonzero(over > 0)[0]
+        return sorted(((int(d), float(over[d])) for d in idx), key=lambda x: -x[1])
 
-def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> tuple[np.ndarray, ...]:
-    """(weights, grads, optimizer, communication buffers) per device, in bytes."""
+    def host_message(self) -> str:
+        """Why the host state does not fit, in words ('' when it does)."""
+        over = self.over_host_capacity()
+        if not over:
+            return ""
+        d, b = over[0]
+        return (f"offloaded state does not fit in host memory: device {d} needs {self.host_bytes[d] / 2**30:.1f} GiB "
+                f"of host memory, {b / 2**30:.1f} GiB more than the {self.host_capacity_bytes[d] / 2**30:.1f} GiB "
+                f"it has ({len(over)} device(s) over)")
+
+
+@dataclass
+class _Static:
+    """Per device [device] bytes of the parts that do not follow the timeline."""
+
+    weights: np.ndarray
+    grads: np.ndarray
+    optim: np.ndarray
+    comm: np.ndarray
+    gathered: np.ndarray
+    logits: np.ndarray
+    context: np.ndarray
+    host: np.ndarray
+    nvme: np.ndarray
+
+    @property
+    def allocated(self) -> np.ndarray:
+        """Allocated bytes before activations (the same additions as :meth:`MemoryReport.breakdown`)."""
+        return self.weights + self.grads + self.optim + self.comm
+
+
+def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static:
+    """Every part of a device's memory but the activations, in bytes per device."""
     D = cluster.num_devices
     zero = strategy.zero_stage
+    off_opt = getattr(strategy, "offload_optimizer", "none")
+    off_par = getattr(strategy, "offload_params", "none")
     pbytes = DTYPE_BYTES[graph.precision]
     # -- parameters per device, shared groups counted once per (group, region, device)
     # (Vectorised: every parameter partition gets an integer code for its (tensor, region,
     # device); the first of equal codes counts, as a set of seen keys would.)
-    codes, devs_p, elems_p, copies_p, gemm_p = [], [], [], [], []
+    codes, devs_p, elems_p, zc_p, gemm_p, unit_p = [], [], [], [], [], []
     groups: dict[str, int] = {}
+    units: dict[str, int] = {}
     cache = _graph_cache(graph)
     param_ops = cache.get("param_ops")
     if param_ops is None:
         param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
     for op in param_ops:
-        regions, devices, elems, copies = _param_partitions(cache, op, strategy.configs[op.name])
+        cfg = strategy.configs[op.name]
+        regions, devices, elems, _ = _param_partitions(cache, op, cfg)
         gid = groups.setdefault(op.param_group or op.name, len(groups))
         codes.append((gid * (1 << 24) + regions) * D + devices)
         devs_p.append(devices)
         elems_p.append(np.full(devices.size, elems))
-        copies_p.append(np.full(devices.size, copies))
+        # ZeRO's group for this parameter: the partitions equal on every dim but the data
+        # dims (sample and sequence), as SyncBuilder.build groups them
+        zc_p.append(np.full(devices.size, float(cfg.degree("sample") * cfg.degree("length"))))
+        if zero >= 3:
+            unit_p.append(np.full(devices.size, units.setdefault(sync_unit(op, zero), len(units))))
         if strategy.fp8:  # (only fp8's weight caches read it)
             gemm_p.append(np.full(devices.size, op.kind == "linear"))
-    params = np.zeros(D)
+    params = np.zeros(D)  # [device] parameters held (before sharding)
+    sharded = np.zeros(D)  # [device] parameters of ZeRO's shard (each over its own group)
     gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
-    shard = np.ones(D)  # largest data-parallel shard divisor a device's parameters see
+    unit_max = np.zeros(D)  # ZeRO-3: the largest unit's parameters a device gathers
     if codes:
         _, first = np.unique(np.concatenate(codes), return_index=True)
         devs_p = np.concatenate(devs_p)[first]
         elems_p = np.concatenate(elems_p)[first]
+        div = np.concatenate(zc_p)[first]
+        if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
+            div = np.minimum(div, strategy.shard_group)
         np.add.at(params, devs_p, elems_p)
+        np.add.at(sharded, devs_p, elems_p / div)
         if strategy.fp8:
             np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
-        np.maximum.at(shard, devs_p, np.concatenate(copies_p)[first])
-    weights = params * pbytes
-    grads = params * pbytes
-    optim = params * optimizer_bytes_per_param(graph.precision)
-    if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
-        shard = np.minimum(shard, strategy.shard_group)
-    if zero >= 1:
-        optim = optim / shard
-    if zero >= 2:
-        grads = grads / shard
-    if zero >= 3:
-        weights = weights / shard
-    elif strategy.fp8:
+        if zero >= 3:
+            per_unit = np.zeros((len(units), D))
+            np.add.at(per_unit, (np.concatenate(unit_p)[first], devs_p), elems_p)
+            unit_max = per_unit.max(axis=0)
+    w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt)
+    weights = (sharded if zero >= 3 else params) * w_b
+    grads = (sharded if zero >= 2 else params) * g_b + (sharded if zero >= 1 else params) * main_b
+    optim = (sharded if zero >= 1 else params) * o_b
+    host, nvme = np.zeros(D), np.zeros(D)
+    if off_opt != "none":
+        state = (sharded if zero >= 1 else params) * OFFLOAD_STATE_BYTES_PER_PARAM
+        if off_opt == "nvme":
+            nvme += state
+        else:
+            host += state
+    if zero >= 3 and off_par != "none":
+        # ZeRO-Infinity: the parameter shard lives off the GPU, fetched for each use
+        if off_par == "nvme":
+            nvme += weights
+        else:
+            host += weights
+        weights = np.zeros(D)
+    if zero < 3 and strategy.fp8:
         # Transformer Engine keeps each linear weight's fp8 copy and its transpose between
         # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use
         weights = weights + 2.0 * gemm_params
-    # -- communication buffers: the largest collective each device joins
+    # ZeRO-3: the unit in use and the one prefetched, gathered in the model's dtype (FSDP's
+    # default forward and backward prefetch of one unit; the gathered copy is freed after use)
+    gathered = 2.0 * unit_max * pbytes if zero >= 3 else np.zeros(D)
+    # -- communication buffers: the largest collective each device joins; communicators: the
+    # distinct groups it joins
     comm = np.zeros(D)
+    communicators = np.zeros(D)
     coll_devs = tg.info.get("coll_devices")
     if coll_devs is not None:
         ptr, idx, tasks = coll_devs
-        np.maximum.at(comm, idx, np.repeat(tg.size_bytes[tasks], np.diff(ptr)))
+        counts = np.diff(ptr)
+        np.maximum.at(comm, idx, np.repeat(tg.size_bytes[tasks], counts))
+        if idx.size:
+            tag = np.random.default_rng(0).integers(1, 2**62, D, dtype=np.int64)  # a group's key: its members' sum
+            nz = counts > 0
+            key = np.zeros(counts.size, np.int64)
+            key[nz] = np.add.reduceat(tag[idx], ptr[:-1][nz])
+            pairs = np.unique(np.stack([np.repeat(key, counts), idx]), axis=1)
+            communicators = np.bincount(pairs[1], minlength=D).astype(np.float64)
+    if strategy.pipeline.stages > 1:
+        communicators += 1.0  # pipeline send/receive
     image = tg.info.get("device_image")
     if image is not None:  # a collective's buffer is built only where a representative joins it
         has = image >= 0
         comm[has] = comm[image[has]]
-    return weights, grads, optim, comm
+        communicators[has] = communicators[image[has]]
+    logits = _logits_bytes(graph, strategy, D)
+    if image is not None:
+        has = image >= 0
+        logits[has] = logits[image[has]]
+    used = np.zeros(D, bool)
+    used[list(strategy.devices_used())] = True
+    context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
+                       0.0)
+    return _Static(weights, grads, optim, comm, gathered, logits, context, host, nvme)
+
+
+def _logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
+    """[device] the loss's fp32 logits per microbatch on the devices computing the loss
+    (PyTorch autocast runs cross-entropy in fp32; in fp32 the logits' gradient is as large)."""
+    out = np.zeros(D)
+    m = max(1, strategy.pipeline.microbatches)
+    for op in graph.ops:
+        if op.kind != "softmax_cross_entropy":
+            continue
+        cfg = strategy.configs[op.name]
+        degrees = dict(cfg.degrees)
+        if m > 1 and "sample" in op.dim_names:
+            degrees["sample"] = degrees.get("sample", 1) * m
+        ins, _, _ = op.partition_shapes(degrees)
+        np.maximum.at(out, np.asarray(cfg.devices, np.int64), 4.0 * math.prod(ins[0]))
+    return out
+
+
+def _host_capacity(cluster: Cluster) -> np.ndarray:
+    """[device] host memory each GPU has for offloaded state: the cluster's
+    ``host_memory_bytes(device)`` where it states one, else :data:`HOST_MEMORY_BYTES_PER_GPU`
+    (1 TiB per 8-GPU node)."""
+    get = getattr(cluster, "host_memory_bytes", None)
+    out = np.full(cluster.num_devices, float(HOST_MEMORY_BYTES_PER_GPU))
+    if get is not None:
+        for d in range(cluster.num_devices):
+            v = get(d)
+            if v:
+                out[d] = float(v)
+    return out
+
+
+def _peak_parts(st: _Static, act: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(allocated, fragmentation, reserved, peak) from the static parts and ``act`` [device]
+    activation peaks, added in :meth:`MemoryReport.breakdown`'s order."""
+    allocated = st.allocated + act + st.gathered + st.logits
+    frag = FRAGMENTATION_FRACTION * allocated
+    reserved = allocated + frag
+    return allocated, frag, reserved, reserved + st.context
 
 
 def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline) -> bool:
@@ -144,7 +415,9 @@ def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timelin
     with one microbatch the bound is nearly the peak (every forward ends before the first
     backward), and it skips the sort of every allocation by time."""
     tg = timeline.tasks
-    static = sum(_static(graph, strategy, cluster, tg))
+    st = _static(graph, strategy, cluster, tg)
+    if np.any(st.host > _host_capacity(cluster)):
+        return False
     m = max(1, strategy.pipeline.microbatches)
     saved = _saved_bytes(graph, strategy, m, _graph_cache(graph))
     f_idx = np.nonzero(tg.kind == FWD)[0]
@@ -154,7 +427,7 @@ def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timelin
         mirrored = (image >= 0) & (image != np.arange(cluster.num_devices))
         bound[mirrored] = bound[image[mirrored]]
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(cluster.num_devices)], np.float64)
-    if np.all(static + bound <= capacity):
+    if np.all(_peak_parts(st, bound)[3] <= capacity):
         return True
     return memory_report(graph, strategy, cluster, timeline).feasible
 
@@ -168,7 +441,7 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     D = cluster.num_devices
     tg = timeline.tasks
     m = max(1, strategy.pipeline.microbatches)
-    weights, grads, optim, comm = _static(graph, strategy, cluster, tg)
+    st = _static(graph, strategy, cluster, tg)
     cache = _graph_cache(graph)
     image = tg.info.get("device_image")
     # -- activations over time
@@ -201,7 +474,8 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     times, delta, devs = times[order], delta[order], devs[order]
     act_peak = np.zeros(D)
     curves: list[tuple[np.ndarray, np.ndarray]] = []
-    static = weights + grads + optim + comm
+    # the curve is the peak_bytes view: reserved (allocated x (1 + f)) + context, over time
+    base = (st.allocated + st.gathered + st.logits) * (1.0 + FRAGMENTATION_FRACTION) + st.context
     bounds = np.searchsorted(devs, np.arange(D + 1))
     check_cancel(cancel)
     for d in range(D):
@@ -209,13 +483,17 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         level = np.cumsum(delta[lo:hi])
         if level.size:
             act_peak[d] = max(0.0, float(level.max()))
-        curves.append((times[lo:hi], static[d] + level))
+        curves.append((times[lo:hi], base[d] + (1.0 + FRAGMENTATION_FRACTION) * level))
     if image is not None:  # symmetric simulation: mirror representatives' activations
         mirrored = (image >= 0) & (image != np.arange(D))
         act_peak[mirrored] = act_peak[image[mirrored]]
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
-    return MemoryReport(weights, grads, optim, comm, act_peak, static + act_peak, capacity,
-                        _Curves(curves, image, static))
+    allocated, frag, reserved, peak = _peak_parts(st, act_peak)
+    return MemoryReport(st.weights, st.grads, st.optim, st.comm, act_peak, peak, capacity,
+                        _Curves(curves, image, base), gathered_bytes=st.gathered, logits_bytes=st.logits,
+                        fragmentation_bytes=frag, context_bytes=st.context, allocated_peak_bytes=allocated,
+                        reserved_peak_bytes=reserved, host_bytes=st.host, host_capacity_bytes=_host_capacity(cluster),
+                        nvme_bytes=st.nvme)
 
 
 class _Curves(Sequence):

@@ -154,12 +154,13 @@ def json_text(obj: dict[str, Any]) -> str:
 def fit_words(memory: MemoryReport) -> str:
     """Whether every device fits in memory, in words (the worst devices named)."""
     over = memory.over_capacity()
+    host = memory.host_message()
     if not over:
-        return "fits in memory on every device"
+        return host or "fits in memory on every device"
     worst = ", ".join(f"device {d} by {_fmt_bytes(b)} (of {_fmt_bytes(float(memory.capacity_bytes[d]))})"
                       for d, b in over[:3])
     more = f" and {len(over) - 3} more" if len(over) > 3 else ""
-    return f"does not fit in memory: over capacity on {len(over)} device(s): {worst}{more}"
+    return f"does not fit in memory: over capacity on {len(over)} device(s): {worst}{more}" + (f"; {host}" if host else "")
 
 
 class SimulationResult:
@@ -341,6 +342,24 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:.0f} B"
 
 
+def _memory_lines(mem: MemoryReport) -> list[str]:
+    """The memory lines of :func:`format_summary`: the worst device's peak (against its capacity)
+    and every part of it (:meth:`MemoryReport.breakdown`, summing to the peak); what
+    PyTorch would report (allocated, reserved); host memory when state is offloaded."""
+    peak, cap = mem.peak_bytes, mem.capacity_bytes
+    d = int(np.argmax(peak / np.maximum(cap, 1.0))) if peak.size else 0
+    parts = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in mem.breakdown(d).items() if v > 0)
+    lines = [f"  peak memory        max {_fmt_bytes(float(peak[d]))} of {_fmt_bytes(float(cap[d]))} (device {d}) = {parts}",
+             f"  PyTorch would say  max_memory_allocated {_fmt_bytes(float(mem.allocated_peak_bytes[d]))}, "
+             f"max_memory_reserved {_fmt_bytes(float(mem.reserved_peak_bytes[d]))}"]
+    if np.any(mem.host_bytes > 0) or np.any(mem.nvme_bytes > 0):
+        h = int(np.argmax(mem.host_bytes))
+        lines.append(f"  host memory        max {_fmt_bytes(float(mem.host_bytes[h]))} of "
+                     f"{_fmt_bytes(float(mem.host_capacity_bytes[h]))} per GPU (device {h}), offloaded state"
+                     + (f"; NVMe {_fmt_bytes(float(mem.nvme_bytes.max()))} per GPU" if np.any(mem.nvme_bytes > 0) else ""))
+    return lines
+
+
 def format_summary(r: SimulationResult) -> str:
     """Human-readable report printed by ``soapbox simulate``."""
     s = r.summary()
@@ -363,15 +382,15 @@ def format_summary(r: SimulationResult) -> str:
         f"  utilisation        mean {util[used].mean() * 100:.1f}%, min {util[used].min() * 100:.1f}%, "
         f"max {util[used].max() * 100:.1f}%",
         f"  communication      {_fmt_bytes(s['comm_bytes'])} per iteration",
-        f"  peak memory        max {_fmt_bytes(peak.max())} of {_fmt_bytes(cap[int(np.argmax(peak))])} "
-        f"(device {int(np.argmax(peak))}); weights {_fmt_bytes(r.memory.weights_bytes.max())}, "
-        f"optimizer {_fmt_bytes(r.memory.optimizer_bytes.max())}, "
-        f"activations {_fmt_bytes(r.memory.activations_peak_bytes.max())}",
+        *_memory_lines(r.memory),
     ]
     if s["feasible"]:
         lines.append("  feasible           yes: every device fits in memory")
     else:
         worst = s["over_capacity"][:3]
         where = ", ".join(f"device {w['device']} by {_fmt_bytes(w['bytes'])}" for w in worst)
-        lines.append(f"  feasible           NO: over memory capacity on {len(s['over_capacity'])} device(s): {where}")
+        if worst:
+            lines.append(f"  feasible           NO: over memory capacity on {len(s['over_capacity'])} device(s): {where}")
+        if r.memory.host_message():
+            lines.append(f"  feasible           NO: {r.memory.host_message()}")
     return "\n".join(lines)

@@ -153,3 +153,145 @@ class TestKorthikantiActivations:
 
     def test_full_recomputation_keeps_the_layer_input(self):
         assert self.layer_bytes(8, False, "full") == pytest.approx(2)
+
+
+# --------------------------------------------------------------------------- issue 25
+
+
+def _gpt2_tp4_dp2_sp_zero1():
+    g = resolve_model("gpt2")  # fp32, tied embeddings, vocab 50257 (not split by tp 4)
+    c = preset("dgx-a100-80gb:1")
+    s = megatron(g, c, tp=4, dp=2, sequence_parallel=True, zero_stage=1)
+    return g, c, s
+
+
+class TestZeroShardsEachParameterOverItsOwnGroup:
+    """Regression (issue 25): ZeRO's shard divisor was one per device, the largest replication
+    of any parameter it held. Under tp + sequence parallelism the LayerNorms and the embedding
+    are replicated over tp x dp, so every parameter's optimizer state was divided by 8."""
+
+    def test_gpt2_tp4_dp2_sequence_parallel_zero1(self):
+        g, c, s = _gpt2_tp4_dp2_sp_zero1()
+        mem = simulate_strategy(g, s, c).memory
+        # Per device, by hand (fp32: weights 4 B, Adam 8 B per parameter):
+        #  tensor-split (tp 4), replicated over dp 2 only (sample): per layer the 7,077,888
+        #  linear weights / 4, the qkv (2,304) and fc1 (3,072) biases / 4, the proj and fc2
+        #  biases (768 + 768) whole:  12 x 1,772,352 = T = 21,268,224
+        #  replicated over sample x length (2 x 4, sequence parallel): token embedding
+        #  38,597,376 + positions 786,432 + 25 LayerNorms x 1,536 = R = 39,422,208
+        T, R = 21_268_224, 39_422_208
+        assert mem.weights_bytes.tolist() == [4 * (T + R)] * 8  # 242,761,728
+        # ZeRO-1 shards each over its own group (SyncBuilder's: sample x length): T / 2, R / 8
+        assert mem.optimizer_bytes.tolist() == [8 * (T / 2 + R / 8)] * 8  # 124,495,104
+        # (before the fix: 8 (T + R) / 8 = 60,690,432. Issue 25 expected 8 (T + R) / 2 =
+        # 242,761,728, which shards the embedding and LayerNorms over dp only, as Megatron's
+        # distributed optimizer does; the task graph's sync builder shards them over every
+        # rank holding them, sample x length, and the optimizer step updates that shard.)
+
+    def test_memory_agrees_with_the_optimizer_step(self):
+        """The optimizer bytes per device are the update task's parameters x 8 (fp32 Adam):
+        the step's duration is params x bytes / (bandwidth x efficiency) + overhead."""
+        from engine.costs import CostModel
+        from engine.taskgraph import UPDATE
+
+        g, c, s = _gpt2_tp4_dp2_sp_zero1()
+        cost = CostModel()
+        tg = build_task_graph(g, s, c, cost, symmetry="off")
+        mem = memory_report(g, s, c, simulate(tg))
+        up = np.nonzero(tg.kind == UPDATE)[0]
+        bw = c.device_type(0).mem_bw_bytes_per_s * cost.memory_efficiency
+        params = (tg.dur_s[up] - cost.kernel_overhead_s) * bw / cost.optimizer_bytes_per_param
+        np.testing.assert_allclose(mem.optimizer_bytes[tg.device[up]], params * 8, rtol=1e-9)
+
+
+class TestBytesPerParameter:
+    @pytest.mark.parametrize("precision, zero, want", [
+        ("bf16", 0, 18), ("fp16", 0, 20), ("fp32", 0, 16), ("bf16", 3, 16), ("fp16", 3, 16)])
+    def test_megatron_and_fsdp2_totals(self, precision, zero, want):
+        """Megatron-Core's distributed-optimizer table (18 / 20 / 16 bytes unsharded) and
+        FSDP2's fp32 sharded parameters, gradients and moments (16)."""
+        from engine.memory import state_bytes_per_param
+
+        assert sum(state_bytes_per_param(precision, zero)) == want
+
+    def test_bf16_gradients_are_fp32(self):
+        from engine.models.transformer import GPTConfig, gpt
+
+        g = gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, batch=8, precision="bf16"))
+        c = preset("dgx-a100-80gb:1")
+        mem = simulate_strategy(g, megatron(g, c, tp=1, dp=8), c).memory
+        np.testing.assert_array_equal(mem.grads_bytes, 2 * mem.weights_bytes)
+
+
+def _small_gpt(precision="bf16"):
+    from engine.models.transformer import GPTConfig, gpt
+
+    return gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, batch=16, precision=precision))
+
+
+class TestBreakdown:
+    """Issue 25: the parts of a device's memory sum to its peak, whatever the layout."""
+
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=12, deadline=None, derandomize=True)
+    @given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([0, 1, 2, 3]), st.booleans(),
+           st.sampled_from(["none", "selective", "full"]), st.sampled_from(["fp32", "bf16"]), st.booleans())
+    def test_parts_sum_to_the_peak(self, tp, pp, zero, sp, recompute, precision, two_nodes):
+        from engine.search.baselines import fsdp
+
+        g = _small_gpt(precision)
+        c = preset("dgx-a100-80gb:2" if two_nodes else "dgx-a100-80gb:1")
+        if zero == 3:
+            s = fsdp(g, c, zero_stage=3, tp=tp, recompute=recompute)
+        else:
+            s = megatron(g, c, tp=tp, pp=pp, micro_batch=1 if pp > 1 else None, zero_stage=zero,
+                         sequence_parallel=sp and tp > 1, recompute=recompute)
+        mem = simulate_strategy(g, s, c).memory
+        for d in range(c.num_devices):
+            parts = mem.breakdown(d)
+            assert list(parts)[:5] == ["weights", "gradients", "optimizer state", "communication buffers",
+                                       "activations"]
+            assert sum(parts.values()) == mem.peak_bytes[d]  # exactly
+            assert mem.allocated_peak_bytes[d] <= mem.reserved_peak_bytes[d] <= mem.peak_bytes[d]
+        assert mem.reserved_peak_bytes + mem.context_bytes == pytest.approx(mem.peak_bytes, rel=1e-12)
+
+    def test_reserved_is_allocated_plus_the_stated_fragmentation(self):
+        from engine.memory import FRAGMENTATION_FRACTION
+
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        mem = simulate_strategy(g, megatron(g, c, tp=2), c).memory
+        np.testing.assert_allclose(mem.reserved_peak_bytes, mem.allocated_peak_bytes * (1 + FRAGMENTATION_FRACTION),
+                                   rtol=1e-12)
+
+    def test_logits_in_fp32_on_the_loss_devices(self):
+        """batch x seq x vocab x 4 bytes per microbatch, split like the loss."""
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        mem = simulate_strategy(g, megatron(g, c, tp=1, dp=8), c).memory
+        assert mem.logits_bytes.tolist() == [16 // 8 * 32 * 128 * 4] * 8
+
+    def test_zero3_counts_the_unit_in_use_and_the_prefetched_one(self):
+        from engine.search.baselines import fsdp
+
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        mem = simulate_strategy(g, fsdp(g, c, zero_stage=3), c).memory
+        # the largest unit is the embedding (128 x 64 tied + 32 x 64 positions, one block)
+        # or a layer: 12 x 64^2 + 13 x 64 (biases, LayerNorms) = 49,984 parameters
+        layer = 12 * 64 * 64 + 13 * 64
+        assert mem.gathered_bytes.tolist() == [2 * max(layer, 128 * 64 + 32 * 64) * 2] * 8
+
+    def test_the_cli_prints_every_part(self):
+        from engine.report import format_summary
+
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        r = simulate_strategy(g, megatron(g, c, tp=2, zero_stage=1), c)
+        text = format_summary(r)
+        line = next(ln for ln in text.splitlines() if "peak memory" in ln)
+        for name in ("weights", "gradients", "optimizer state", "communication buffers", "activations",
+                     "allocator fragmentation", "CUDA context and NCCL"):
+            assert name in line
+        assert "max_memory_allocated" in text and "max_memory_reserved" in text

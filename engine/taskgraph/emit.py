@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs import group_collective_time_s, transfer_time_s
+from ..costs import (HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, group_collective_time_s, host_optimizer_time_s,
+                     transfer_time_s)
 from ..graph import Op
+from ..ops import DTYPE_BYTES
 from .context import BuildContext
 from .regions import tile
 from .segments import Segment
@@ -59,10 +61,45 @@ class Emitter:
 
     def optimizer_times_s(self, params: np.ndarray, active: set[int]) -> list[float]:
         """[device] seconds of each device's optimizer step over ``params`` [device]
-        parameters (0 on devices not in ``active``)."""
-        c = self.ctx.cluster
-        return [self.ctx.cost.optimizer_time_s(params[d], c.device_type(d)) if d in active else 0.0
-                for d in range(c.num_devices)]
+        parameters (0 on devices not in ``active``).
+
+        With the optimizer offloaded (ZeRO-Offload, ``cpu``; ZeRO-Infinity, ``nvme``) the step
+        is :func:`engine.costs.host_optimizer_time_s`: gradients to the host, CPU-Adam at the
+        GPU's share of its node's cores (and NVMe), parameters back. With the parameters
+        offloaded (ZeRO-3) every gather first copies the device's shard from the host (and
+        from NVMe): 2 gathers per microbatch (forward and backward) x shard bytes over the
+        host link. That fetch is added here, to the step, not to the gathers (the simplest
+        honest model: the time is paid once per iteration on the device, not overlapped), as
+        the gathers' emitters are priced on the links."""
+        ctx = self.ctx
+        c, s = ctx.cluster, ctx.strategy
+        off_opt = getattr(s, "offload_optimizer", "none")
+        off_par = getattr(s, "offload_params", "none") if s.zero_stage >= 3 else "none"
+        if off_opt == "none" and off_par == "none":
+            return [ctx.cost.optimizer_time_s(params[d], c.device_type(d)) if d in active else 0.0
+                    for d in range(c.num_devices)]
+        pbytes = DTYPE_BYTES[ctx.graph.precision]
+        node = np.array([dv.node for dv in c.devices], np.int64)
+        node_gpus = np.bincount(node)[node]  # [device] GPUs sharing its host
+        host_bw = getattr(c, "host_bw_bytes_per_s", None)
+        out = []
+        for d in range(c.num_devices):
+            if d not in active:
+                out.append(0.0)
+                continue
+            bw = (host_bw(d) if host_bw is not None else 0.0) or HOST_BW_BYTES_PER_S  # (a stated default)
+            if off_opt != "none":
+                t = host_optimizer_time_s(params[d], bw, nvme=off_opt == "nvme", grad_bytes=pbytes,
+                                          param_bytes=pbytes, gpus_sharing_host=int(node_gpus[d]))
+            else:
+                t = ctx.cost.optimizer_time_s(params[d], c.device_type(d))
+            if off_par != "none":
+                fetch_bytes = 2 * ctx.microbatches * params[d] * pbytes
+                t += fetch_bytes / bw
+                if off_par == "nvme":
+                    t += fetch_bytes * int(node_gpus[d]) / NVME_BW_BYTES_PER_S
+            out.append(t)
+        return out
 
     def mirror(self, devices: np.ndarray, representatives: np.ndarray) -> None:
         """Record that ``devices`` [part] mirror ``representatives`` [part] (symmetry)."""
