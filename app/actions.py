@@ -13,20 +13,20 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
-from engine.layout import Layout
+from engine.layout import OPTION_NAMES, Layout
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config, Strategy, validate_strategy
 
 from .sessions import current
 from .simulation import check_size, workspace
 from .sources import cluster_of, graph_of
-from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, page_strategy, same_settings,
-                    strategy_dict)
+from .state import (MAX_COMPARED, MAX_HISTORY, SWITCHES, bump, config_dict, content_key, page_strategy,
+                    same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
            "layout_options",
            "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
-           "SHOWN_PROBLEMS"]
+           "LAYOUT_OVERLAPS", "LAYOUT_OFFLOADS", "SHOWN_PROBLEMS"]
 
 #: the problems a message shows (the rest are counted)
 SHOWN_PROBLEMS = 5
@@ -205,6 +205,13 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
 #: the layout panel's integer fields (form name -> baseline option) and its choices
 LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group"}
 LAYOUT_KINDS = ("megatron", "fsdp")
+#: the layout panel's overlap checkboxes (value -> Layout field: ticked is on), those the
+#: engine's layout has (a switch it drops leaves the panel with it)
+LAYOUT_OVERLAPS = {value: name for value, name in (("tp", "tp_comm_overlap"), ("grad", "overlap_grad_reduce"),
+                                                   ("param", "overlap_param_gather"), ("p2p", "overlap_p2p"))
+                   if name in OPTION_NAMES}
+#: the layout panel's offload dropdowns (form name -> Layout field; each none, cpu or nvme)
+LAYOUT_OFFLOADS = {"opt-offload": "offload_optimizer", "param-offload": "offload_params"}
 
 
 def _whole(v: Any) -> int | None:
@@ -250,22 +257,51 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
         opts["fp8"] = True
     if form.get("schedule") not in (None, "") and kind == "megatron":
         opts["schedule"] = str(form["schedule"])[:40]
+    opts.update(_switches(form))
     if kind == "fsdp":
         opts.setdefault("zero_stage", 3)
-        for k in ("vpp", "sequence_parallel", "schedule"):
-            if opts.pop(k, None) not in (None, 1, False):
+        for k in ("vpp", "sequence_parallel", "schedule", "tp_comm_overlap"):
+            v = opts.pop(k, None)
+            if v is True or v not in (None, 1, False):
                 raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
     elif "shard_group" in opts:
         raise ValueError("a shard group (hybrid sharding) applies to fsdp")
     Layout.from_options(opts)  # (the one layout record checks every field: its name and valid values)
+    if opts.get("tp_comm_overlap") and not opts.get("sequence_parallel"):
+        raise ValueError("tensor-parallel comm overlap (Transformer Engine's userbuffers) needs sequence parallel: "
+                         "tick it too, or untick the overlap")
+    if opts.get("overlap_param_gather") and (kind != "megatron" or opts.get("zero_stage") not in (1, 2)):
+        raise ValueError("parameter gather overlap applies to the ZeRO 1 or 2 distributed optimizer (megatron, "
+                         f"ZeRO stage 1 or 2; this layout: {kind}, ZeRO {opts.get('zero_stage', 0)})")
+    if opts.get("offload_params", "none") != "none" and kind != "fsdp":
+        raise ValueError("offloading parameters (ZeRO-Infinity) applies to fsdp, with ZeRO stage 3")
     return opts
+
+
+def _switches(form: dict[str, Any]) -> dict[str, Any]:
+    """The overlap and offload options a panel's form sets away from their defaults: the
+    overlap checkboxes' ticked values (absent or not a list: every default) and the offload
+    dropdowns (absent or empty: none)."""
+    out: dict[str, Any] = {}
+    ticked = form.get("overlap")
+    if isinstance(ticked, (list, tuple)):
+        on = {str(x) for x in ticked}
+        for value, name in LAYOUT_OVERLAPS.items():
+            if (value in on) != SWITCHES[name]:
+                out[name] = value in on
+    for key, name in LAYOUT_OFFLOADS.items():
+        where = form.get(key)
+        if where not in (None, "", SWITCHES[name]):
+            out[name] = str(where)[:20]
+    return out
 
 
 def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, str]:
     """The strategy a layout panel describes (Megatron or FSDP with tp / pp / cp / vpp /
-    micro-batch / recomputation / ZeRO / sequence parallelism / fp8 / schedule), through the
-    same baseline builders as the command line; refused with the builder's reason (nothing
-    changes then). An empty field takes the builder's default; 0 or a fraction is refused."""
+    micro-batch / recomputation / ZeRO / sequence parallelism / fp8 / schedule / the overlap
+    and offload switches), through the same baseline builders as the command line; refused
+    with the builder's reason (nothing changes then). An empty field takes the builder's
+    default; 0 or a fraction is refused."""
     try:
         opts = layout_options(kind, form if isinstance(form, dict) else {})
         s = make_baseline(kind, graph_of(state), cluster_of(state), **opts)
@@ -276,7 +312,7 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
              if o.get(k) not in (None, 1) or k in ("tp", "pp", "dp")]
     extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
                          if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
-                         "fp8" if s.fp8 else "") if x]
+                         "fp8" if s.fp8 else "") if x] + switch_notes(s)
     # the options the user gave, so that another cluster size rebuilds the layout from them (a
     # micro-batch the builder chose for 64 GPUs does not fit 512)
     s = replace(s, found_by={**s.found_by, "options": {**s.found_by.get("options", {}), "given": dict(opts)}})

@@ -13,7 +13,7 @@ from engine.strategy import Strategy
 
 from .sessions import FitScan, current
 from .sources import APP_MAX_TASKS, MAX_APP_DEVICES, family_sizes, graph_of
-from .state import content_key, page_strategy
+from .state import SWITCHES, content_key, page_strategy, switch_notes
 
 __all__ = ["fit_start", "fit_status", "layout_of"]
 
@@ -50,8 +50,9 @@ def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
         Layout.from_options({k: v for k, v in o.items() if k != "shard_group" or kind == "fsdp"})
     except (ValueError, TypeError):
         return None  # (a file's options no layout can hold: nothing to carry over)
-    shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.items()
-                      if v not in (None, False, "none", 0, 1) or k in ("tp", "pp", "micro_batch"))
+    shown = ", ".join([k.replace("_", " ") + ("" if v is True else f" {v}") for k, v in o.items() if k not in SWITCHES
+                       and (v is True or v not in (None, False, "none", 0, 1) or k in ("tp", "pp", "micro_batch"))]
+                      + switch_notes(o))
     return kind, o, f"{kind}" + (f" ({shown})" if shown else "")
 
 

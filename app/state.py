@@ -15,11 +15,13 @@ import hashlib
 import hmac
 import json
 import secrets
+from dataclasses import fields
 from functools import lru_cache
-from typing import Any
+from typing import Any, Mapping
 
 from engine.errors import Problem, ValidationError
 from engine.formats import load_strategy
+from engine.layout import Layout
 from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config, Strategy, device_runs
@@ -30,7 +32,8 @@ from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_AP
                       graph_of, preset_cluster)
 
 __all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "check_state", "check_page_strategy",
-           "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued"]
+           "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
+           "SWITCHES", "switch_notes"]
 
 #: undo (and redo) steps kept in a session's state
 MAX_HISTORY = 100
@@ -212,8 +215,48 @@ def bump(state: dict) -> dict:
     return state
 
 
+#: a strategy's settings beside its op configs: what op edits cannot change (two strategies
+#: that differ in one of them are different simulations)
+_SETTINGS = ("pipeline", "recompute", "zero_stage", "sequence_parallel", "gather_unit", "fp8", "shard_group",
+             "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer",
+             "offload_params")
+
+
 def same_settings(a: Strategy, b: Strategy) -> bool:
     """Whether two strategies differ only in op configs (same pipeline, recomputation, ZeRO,
-    sequence parallelism and ops): the one can be reached from the other by op edits."""
-    return (a.pipeline == b.pipeline and a.recompute == b.recompute and a.zero_stage == b.zero_stage
-            and a.sequence_parallel == b.sequence_parallel and set(a.configs) == set(b.configs))
+    sequence parallelism, fp8, overlap and offload switches, and ops): the one can be reached
+    from the other by op edits."""
+    return all(getattr(a, k, None) == getattr(b, k, None) for k in _SETTINGS) and set(a.configs) == set(b.configs)
+
+
+#: the overlap and offload switches (fields of both :class:`engine.layout.Layout` and
+#: :class:`engine.strategy.Strategy`; those the layout has) and their defaults, the layout's
+SWITCHES = {f.name: f.default for f in fields(Layout)
+            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p",
+                          "offload_optimizer", "offload_params")}
+
+_SWITCH_WORDS = {"tp_comm_overlap": "tp comm overlap", "overlap_grad_reduce": "grad-reduce overlap",
+                 "overlap_param_gather": "param-gather overlap", "overlap_p2p": "p2p overlap",
+                 "offload_optimizer": "optimizer offloaded to", "offload_params": "parameters offloaded to"}
+_DEVICE_WORDS = {"cpu": "CPU", "nvme": "NVMe"}
+
+
+def switch_notes(settings: Strategy | Mapping[str, Any]) -> list[str]:
+    """The overlap and offload switches of a strategy (or of layout options; a missing one
+    takes its default) that differ from the defaults, in words, in :data:`SWITCHES` order.
+
+    >>> switch_notes({"overlap_grad_reduce": False, "offload_optimizer": "cpu", "zero_stage": 1})
+    ['grad-reduce overlap off', 'optimizer offloaded to CPU']
+    """
+    get = settings.get if isinstance(settings, Mapping) else (lambda k, d: getattr(settings, k, d))
+    out = []
+    for name, default in SWITCHES.items():
+        v = get(name, default)
+        if v == default or v is None:
+            continue
+        words = _SWITCH_WORDS[name]
+        if isinstance(default, bool):
+            out.append(words if v else f"{words} off")
+        else:
+            out.append(f"{words} {_DEVICE_WORDS.get(v, str(v)[:20])}")
+    return out

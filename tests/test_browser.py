@@ -122,6 +122,28 @@ class TestExplorer:
         expect(page.locator("#layout-tp")).to_have_value("3")  # what was typed stays
         assert summary(page) == after
 
+    def test_layout_panel_all_overlap_off_clears_the_boxes_and_applies(self, page: Page, app_url: str):
+        """Issue 25: the overlap group follows the panel (tp overlap needs sequence parallel);
+        "All overlap off" unticks every box and the layout applies with the switches off."""
+        open_app(page, app_url)
+        settled(page)
+        boxes = page.locator("#layout-overlap input[type=checkbox]")
+        expect(page.locator("#layout-overlap input[value=grad]")).to_be_checked()
+        expect(page.locator("#layout-overlap input[value=tp]")).to_be_disabled()
+        page.locator("#layout-flags").get_by_text("sequence parallel").click()
+        expect(page.locator("#layout-overlap input[value=tp]")).to_be_enabled()
+        page.locator("#layout-flags").get_by_text("sequence parallel").click()
+        page.click("#layout-overlap-off")
+        for i in range(boxes.count()):
+            expect(boxes.nth(i)).not_to_be_checked()
+        page.click("#layout-apply")
+        expect(page.locator("#message")).to_contain_text("grad-reduce overlap off")
+        expect(page.locator("#message")).not_to_contain_text("refused")
+        settled(page)
+        expect(page.locator("#sum-time")).to_contain_text("ms")
+        for i in range(boxes.count()):  # (the panel, set again from the page's strategy, agrees)
+            expect(boxes.nth(i)).not_to_be_checked()
+
     def test_hand_edit_changes_the_cost_and_undo_restores_it(self, page: Page, app_url: str):
         open_app(page, app_url)
         before = summary(page)

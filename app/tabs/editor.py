@@ -10,26 +10,73 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from engine.device_runs import device_runs
 from engine.errors import SoapboxError
 
+from ..actions import LAYOUT_OVERLAPS
 from ..fitscan import layout_of
 from ..store import digest_of
 from ..fmt import format_seconds
 from ..sources import graph_of
-from ..state import check_state, page_strategy
+from ..state import SWITCHES, check_state, page_strategy
 from ..views import op_details
 
-__all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "register", "PANEL_FIELDS"]
+__all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "overlap_choices", "register",
+           "PANEL_FIELDS", "OVERLAP_CHOICES", "OFFLOAD_CHOICES"]
 
 #: the layout panel's fields: (form name, label, placeholder, builder option)
 PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "1", "cp"), ("vpp", "vpp", "1", "vpp"),
                 ("mb", "micro-batch", "auto", "micro_batch"), ("shard", "shard group", "-", "shard_group"))
 
+#: the overlap group's checkboxes: (value, label, what it is: Megatron-LM's flag), for the
+#: layout fields of :data:`app.actions.LAYOUT_OVERLAPS`
+OVERLAP_CHOICES = tuple(c for c in (("tp", " tensor-parallel comm with the GEMMs", "--tp-comm-overlap"),
+                                    ("grad", " gradient reduce during backward", "--overlap-grad-reduce"),
+                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"),
+                                    ("p2p", " pipeline p2p beside compute", "--overlap-p2p-communication"))
+                        if c[0] in LAYOUT_OVERLAPS)
+#: where ZeRO-Offload / ZeRO-Infinity keep what they offload (engine.strategy.OFFLOAD_DEVICES)
+OFFLOAD_CHOICES = ({"label": "none", "value": "none"}, {"label": "CPU", "value": "cpu"},
+                   {"label": "NVMe", "value": "nvme"})
+
+
+def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
+                    all_off: bool = False) -> tuple[list[dict], list[str]]:
+    """The overlap checkboxes for what the panel's other fields say: (options, ticked values).
+
+    A switch that does not apply is disabled, with the reason as its tooltip: tensor-parallel
+    overlap without sequence parallelism, parameter-gather overlap outside ZeRO 1/2 under
+    megatron, pipeline p2p overlap with one stage. Tensor-parallel and parameter-gather overlap
+    are unticked when disabled (on, they would be refused); p2p keeps its tick (it is inert
+    with one stage). ``all_off``: nothing ticked. Values from the page may be anything: a
+    ``ticked`` that is not a list is the layout's defaults.
+    """
+    sp = isinstance(flags, (list, tuple)) and "sp" in flags
+    default_zero = 3 if kind == "fsdp" else 0
+    z = zero if zero in (0, 1, 2, 3) and not isinstance(zero, bool) else default_zero
+    stages = isinstance(pp, (int, float)) and not isinstance(pp, bool) and pp >= 2
+    why = {"tp": None if sp else "needs sequence parallel (tick it above)",
+           "grad": None,
+           "param": (None if kind == "megatron" and z in (1, 2) else
+                     "only with ZeRO 1 or 2 under megatron (the distributed optimizer's all-gather; ZeRO-3 "
+                     "gathers before each use)"),
+           "p2p": None if stages else "only with pipeline stages (pp > 1)"}
+    options = [{"label": label, "value": value, "disabled": why[value] is not None,
+                "title": f"{flag}: {why[value]}" if why[value] else flag}
+               for value, label, flag in OVERLAP_CHOICES]
+    if all_off:
+        return options, []
+    if not isinstance(ticked, (list, tuple)):
+        ticked = [value for value, name in LAYOUT_OVERLAPS.items() if SWITCHES[name]]
+    on = {str(x) for x in ticked if isinstance(x, str)}
+    return options, [value for value, *_ in OVERLAP_CHOICES
+                     if value in on and (why[value] is None or value == "p2p")]
+
 
 def layout_panel() -> html.Div:
+    options, ticked = overlap_choices("megatron", [], None, None, None)
     return html.Div([
         html.H3("Layout"),
         html.P("A Megatron (tensor x pipeline x data) or FSDP layout; data parallel fills the rest. "
@@ -48,6 +95,21 @@ def layout_panel() -> html.Div:
         dcc.Dropdown(id="layout-schedule", options=["1f1b", "gpipe", "interleaved"], placeholder="1f1b"),
         dcc.Checklist(id="layout-flags", options=[{"label": " sequence parallel", "value": "sp"},
                                                   {"label": " fp8 GEMMs", "value": "fp8"}], value=[], inline=True),
+        html.Fieldset([html.Legend("Overlap"),
+                       dcc.Checklist(id="layout-overlap", options=options, value=ticked),
+                       html.Button("All overlap off", id="layout-overlap-off", n_clicks=0, className="small",
+                                   title="untick every overlap (the command line's --no-overlap)")],
+                      className="layout-group"),
+        html.Fieldset([html.Legend("Offload (ZeRO-Offload / ZeRO-Infinity)"), html.Div([
+            html.Div([html.Label("optimizer (ZeRO >= 1)", htmlFor="layout-opt-offload"),
+                      dcc.Dropdown(id="layout-opt-offload", options=list(OFFLOAD_CHOICES), value="none",
+                                   clearable=False)], className="layout-field",
+                     title="optimizer state and step on the host CPU or NVMe (needs ZeRO stage 1 or above)"),
+            html.Div([html.Label("parameters (ZeRO-3)", htmlFor="layout-param-offload"),
+                      dcc.Dropdown(id="layout-param-offload", options=list(OFFLOAD_CHOICES), value="none",
+                                   clearable=False)], className="layout-field",
+                     title="parameters in host memory or on NVMe, fetched for each use (fsdp, ZeRO stage 3)"),
+        ], className="layout-grid layout-two")], className="layout-group"),
         html.Div([html.Button("Apply layout", id="layout-apply", n_clicks=0, className="primary")],
                  className="buttons"),
         dcc.Store(id="layout-seen", storage_type="memory"),  # the strategy the fields were last set from
@@ -76,10 +138,12 @@ def panel_values(state: dict) -> dict[str, Any]:
     s = page_strategy(state)
     found = layout_of(s)
     empty = {name: None for name, *_ in PANEL_FIELDS}
+    switches = {"overlap": [value for value, name in LAYOUT_OVERLAPS.items() if getattr(s, name)],
+                "opt-offload": s.offload_optimizer, "param-offload": s.offload_params}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
         return {"kind": "megatron", **empty, "recompute": "none", "zero": None, "schedule": None, "flags": [],
-                "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
+                **switches, "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
     kind, opts, text = found
     values = dict(empty)
     for name, _, _, opt in PANEL_FIELDS:  # (what made the layout: a micro-batch the builder chose stays "auto")
@@ -94,7 +158,8 @@ def panel_values(state: dict) -> dict[str, Any]:
         if s.pipeline.virtual_stages > 1:
             values["vpp"] = s.pipeline.virtual_stages
     return {"kind": kind, **values, "recompute": s.recompute, "zero": s.zero_stage, "schedule": schedule,
-            "flags": flags, "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
+            "flags": flags, **switches,
+            "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
 
 
 def op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
@@ -134,7 +199,8 @@ def render_editor(state: dict) -> tuple[list, list, str]:
     return options, inputs, device_runs(cfg.devices).replace(",", ", ")
 
 
-_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "zero", "schedule", "flags"]
+_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "zero", "schedule", "flags", "overlap",
+                                                                "opt-offload", "param-offload"]
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
@@ -163,3 +229,14 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         except (ValueError, SoapboxError):
             return nothing
         return [v[i] for i in _PANEL_IDS] + [v["hint"], key]
+
+    @app.callback(Output("layout-overlap", "options"), Output("layout-overlap", "value", allow_duplicate=True),
+                  Input("layout-kind", "value"), Input("layout-flags", "value"), Input("layout-zero", "value"),
+                  Input("layout-pp", "value"), Input("layout-overlap-off", "n_clicks"),
+                  State("layout-overlap", "value"), prevent_initial_call=True)
+    def _overlap(kind, flags, zero, pp, _off, ticked):
+        # which overlaps apply follows the fields they depend on (as the user types, and when
+        # the panel is set from the page's strategy: it sets the ticks first)
+        off = ctx.triggered_id == "layout-overlap-off"
+        options, value = overlap_choices(kind, flags, zero, pp, ticked, all_off=off)
+        return options, (no_update if value == ticked else value)
