@@ -73,32 +73,34 @@ class FsdpPlan:
         #: gathers issued ahead of the forward: ZeRO-3's every microbatch, ZeRO-1/2's once with
         #: --overlap-param-gather
         self.gather_ahead = zero >= 3 or (zero in (1, 2) and s.overlap_param_gather)
-        #: without --overlap-grad-reduce, the op whose backward ends each pipeline stage's pass
-        #: (the stage's first op: the backward runs in reverse): every gradient collective of
-        #: the stage waits for it
-        self.tail: dict[str, int] = {}  # unit -> that op
+        #: without --overlap-grad-reduce, the ops whose backwards end each pipeline stage's pass
+        #: (its sources: no producer on the stage but inputs; the backward runs in reverse):
+        #: every gradient collective of the stage waits for them
+        self.tail: dict[str, tuple[int, ...]] = {}  # unit -> those ops
         if not s.overlap_grad_reduce:
             p, ops = max(1, s.pipeline.stages), ctx.graph.ops
-            first: dict[int, int] = {}
+            stage = [s.stage_of.get(op.name, 0) % p for op in ops]
+            sources: dict[int, list[int]] = {}
             for oi, op in enumerate(ops):
-                if op.kind != "input" and not op.is_view:
-                    first.setdefault(s.stage_of.get(op.name, 0) % p, oi)
+                if op.kind == "input" or op.is_view:
+                    continue
+                idx = ctx.graph.index
+                if all(ops[idx[r.op]].kind == "input" or stage[idx[r.op]] != stage[oi] for r in op.inputs):
+                    sources.setdefault(stage[oi], []).append(oi)
             for u, members in self.units.items():
-                self.tail[u] = first.get(s.stage_of.get(ops[members[0]].name, 0) % p, members[0])
+                self.tail[u] = tuple(sources.get(stage[members[0]], [members[0]]))
 
-    def stage_tail(self, unit: str) -> int | None:
-        """The op whose last backward a unit's gradient collectives wait for when gradient
-        reduction is not overlapped (None when it is)."""
-        return self.tail.get(unit)
+    def stage_tail(self, unit: str) -> tuple[int, ...]:
+        """The ops whose last backwards a unit's gradient collectives wait for when gradient
+        reduction is not overlapped (none when it is)."""
+        return self.tail.get(unit, ())
 
     def refs(self, unit: str) -> set[int]:
         """The ops whose tables segment ("sync", unit) reads."""
         refs = set(self.units[unit])
         if self.gather_ahead:
             refs |= {self.prefetch[(unit, ph)] for ph in (FWD, BWD)} - {None}
-        tail = self.stage_tail(unit)
-        if tail is not None:
-            refs.add(tail)
+        refs.update(self.stage_tail(unit))
         return refs
 
 
@@ -164,11 +166,12 @@ class SyncBuilder:
             mbs = rows if zero >= 3 else np.array([-1])
             preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
             pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
-            tail = self.plan.stage_tail(unit)
-            if tail is not None and tail in t.bwd:
-                # gradient reduction not overlapped: it waits for the pass's last backward on
-                # each of its devices (Megatron-LM without --overlap-grad-reduce reduces the
-                # whole grad buffer after the backward)
+            for tail in self.plan.stage_tail(unit):
+                if tail not in t.bwd:
+                    continue
+                # gradient reduction not overlapped: it waits for the pass's last backwards on
+                # its devices (Megatron-LM without --overlap-grad-reduce reduces the whole grad
+                # buffer after the backward)
                 at = np.nonzero(t.rep[tail] & np.isin(t.devs[tail], udevs))[0]
                 preds = np.concatenate([preds, t.bwd[tail][rows][:, at]], axis=1)
                 pdevs = np.concatenate([pdevs, t.devs[tail][at]])

@@ -1,0 +1,95 @@
+"""What current stacks overlap, as switches (issue 25): data-parallel gradient reduction with
+the backward, ZeRO-1/2's parameter all-gather with the next forward, DeepSpeed ZeRO-3's
+prefetch bucket; and --no-overlap on the command line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.cli.common import strategy_options
+from engine.cluster import preset
+from engine.models.transformer import gpt2
+from engine.report import simulate_strategy
+from engine.search.baselines import fsdp, megatron
+from engine.simulate import simulate
+from engine.taskgraph import BWD, COLL, FWD, build_task_graph
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return gpt2(batch=32, precision="bf16"), preset("dgx-a100-80gb:2")
+
+
+def _run(g, c, s):
+    tg = build_task_graph(g, s, c)
+    return tg, simulate(tg)
+
+
+def test_without_grad_reduce_overlap_no_gradient_collective_starts_before_the_backward_ends(setup):
+    g, c = setup
+    for overlap in (True, False):
+        tg, tl = _run(g, c, megatron(g, c, overlap_grad_reduce=overlap))
+        last_bwd = tl.end_s[tg.kind == BWD].max()
+        first_coll = tl.start_s[tg.kind == COLL].min()
+        if overlap:
+            assert first_coll < last_bwd  # reduced bucket by bucket during the backward
+        else:
+            assert first_coll >= last_bwd - 1e-12
+    on = simulate_strategy(g, megatron(g, c), c).iteration_time_s
+    off = simulate_strategy(g, megatron(g, c, overlap_grad_reduce=False), c).iteration_time_s
+    assert off > on
+
+
+def test_overlapped_param_gather_runs_ahead_of_the_forward(setup):
+    g, c = setup
+    tg, tl = _run(g, c, megatron(g, c, zero_stage=1))
+    gathers = (tg.kind == COLL) & (tg.coll == 2) if hasattr(tg, "coll") else tg.kind == COLL
+    assert tl.start_s[gathers].min() >= tl.end_s[tg.kind == BWD].max() - 1e-12  # after the step
+    tg2, tl2 = _run(g, c, megatron(g, c, zero_stage=1, overlap_param_gather=True))
+    first_fwd_end = tl2.end_s[tg2.kind == FWD].max()
+    colls = np.nonzero(tg2.kind == COLL)[0]
+    early = tl2.start_s[colls] < first_fwd_end
+    assert early.any()  # gathers now run during the forward
+    assert simulate_strategy(g, megatron(g, c, zero_stage=1, overlap_param_gather=True), c).iteration_time_s < \
+        simulate_strategy(g, megatron(g, c, zero_stage=1), c).iteration_time_s
+
+
+def test_param_gather_overlap_needs_no_change_without_zero(setup):
+    g, c = setup
+    a = simulate_strategy(g, megatron(g, c), c).iteration_time_s
+    b = simulate_strategy(g, megatron(g, c, overlap_param_gather=True), c).iteration_time_s
+    assert a == b
+
+
+def test_deepspeed_prefetch_bucket_serialises_big_modules(setup):
+    g, c = setup
+    block = simulate_strategy(g, fsdp(g, c), c).iteration_time_s
+    per_op = simulate_strategy(g, fsdp(g, c, gather_unit="op"), c).iteration_time_s
+    assert per_op >= block * 0.99  # more collectives, each paying its latency, fetched less far ahead
+
+
+def test_switches_round_trip_through_a_strategy_file(setup):
+    from engine.strategy import strategy_from_dict
+
+    g, c = setup
+    s = megatron(g, c, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=True)
+    d = s.to_dict()
+    assert d["overlap_grad_reduce"] is False and d["overlap_param_gather"] is True
+    back = strategy_from_dict(d)
+    assert (back.overlap_grad_reduce, back.overlap_param_gather) == (False, True)
+
+
+def test_no_overlap_on_the_command_line():
+    import argparse
+
+    from engine.cli.common import add_strategy_options
+
+    p = argparse.ArgumentParser()
+    add_strategy_options(p)
+    opts = strategy_options(p.parse_args(["--no-overlap"]))
+    assert opts["overlap_grad_reduce"] is False and not opts["tp_comm_overlap"] and not opts["overlap_param_gather"]
+    with pytest.raises(ValueError, match="--no-overlap"):
+        strategy_options(p.parse_args(["--no-overlap", "--tp-comm-overlap"]))
+    opts = strategy_options(p.parse_args(["--no-overlap-grad-reduce", "--overlap-param-gather"]))
+    assert opts["overlap_grad_reduce"] is False and opts["overlap_param_gather"] is True
