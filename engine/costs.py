@@ -39,29 +39,72 @@ __all__ = [
 #: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
 MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention"})
 
-# Achievable fraction of dense peak FLOP/s for matrix multiplies grows with the GEMM's
-# smaller inner dimension x = min(K, N) (less data reuse per tile when K or N is small):
-#     efficiency(x) = MATMUL_EFFICIENCY * x / (x + MATMUL_HALF_DIM)
-# MATMUL_EFFICIENCY is the large-GEMM limit (cuBLAS reaches ~75-85% of the A100's 312 TFLOP/s
-# on large fp16 GEMMs); both constants are calibrated on the public rows of
-# validation/published_runs_public.csv (benchmarks/validate_published.py): the same
-# two numbers for every row, no per-row factor.
+# GEMM time from its shape (M x K) . (K x N), per device and precision:
+#     fraction of dense peak = large-GEMM fraction(arch, precision)
+#                              x tile-and-wave quantisation(M, N, SMs) x K-loop amortisation(K)
+# * The large-GEMM fraction is the Maximum Achievable Matmul FLOPS (MAMF) that mamf-finder
+#   measured on each GPU (Bekman, "ML Engineering", compute/accelerator/README.md, "Maximum
+#   Achievable Matmul FLOPS comparison table", bf16, no sparsity): A100 SXM 267.9 of 312
+#   TFLOP/s (0.859, CUDA 12.1), A100 PCIe 256.4 (0.822), H100 SXM 792.1 of 989 (0.801, CUDA
+#   12.1), GH200 821.0 of 989 (0.830, CUDA 12.5); B200 1745 of 2250 (0.776) and fp8 on H200
+#   0.734, on B200 0.763 (same author, "H200 vs B200" guide, torch 2.13). Measured, not fitted.
+#   Precisions without a measurement (fp16 on these GPUs: the same tensor-core rate as bf16;
+#   tf32) take their architecture's bf16 fraction; GPUs without one (V100, Turing and Ada
+#   GeForce cards) take MATMUL_EFFICIENCY, the middle of the measured 0.78-0.86.
+# * Tile and wave quantisation (NVIDIA, "Matrix Multiplication Background User's Guide",
+#   docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication): the output
+#   is cut into tiles (cuBLAS's large-GEMM tiles are 128 x 256 / 256 x 128 / 128 x 128), one
+#   thread block per tile, at most one per SM at a time: a GEMM of T tiles on S SMs runs
+#   ceil(T / S) waves, the last one partly idle, and its edge tiles are partly padding. cuBLAS
+#   picks the tile; the model takes the best of the three.
+# * The K loop: each tile's prologue and epilogue (loading the pipeline, writing C) cost about
+#   GEMM_K_HALF iterations' worth of the main loop, so a short inner dimension K reaches
+#   K / (K + GEMM_K_HALF) of what a long one does, relative to the MAMF shapes' K (~2048).
+#   GEMM_K_HALF is two 64-deep K tiles (not fitted; benchmarks/calibrate.py prints the
+#   in-sample error at 64, 128 and 256).
+# * What a device sustains through a training run, against those kernel measurements, is one
+#   calibrated number per device type (SUSTAINED_FRACTION, below).
 MATMUL_EFFICIENCY = 0.8
-MATMUL_HALF_DIM = 700
-# The large-GEMM fraction of tensor-core peak on device types where it differs from
-# MATMUL_EFFICIENCY (the A100's): H100's dense bf16 peak (989 TFLOP/s) is reached less fully
-# by the same kernels (FlashAttention-2 reaches 35% of it against 60-72% of the A100's, Dao
-# 2023 §4.1; MosaicML's MPT runs report ~40% MFU on H100 against ~50-60% on A100). Batched
-# matmuls and fused attention keep their ratio to large GEMMs. H200 has the H100's compute
-# (same value, not fitted separately). Calibrated by
-# benchmarks/calibrate.py on the named public rows it prints (in-sample), nothing else.
-DEVICE_MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = (("H100-SXM5-80GB", 0.58), ("H200-SXM-141GB", 0.58))
+#: (architecture, precision) -> large-GEMM fraction of the dense tensor-core peak (MAMF, above)
+GEMM_FRACTION: dict[tuple[str, str], float] = {
+    ("ampere", "bf16"): 0.859, ("ampere", "fp16"): 0.859, ("ampere", "tf32"): 0.859,
+    ("hopper", "bf16"): 0.801, ("hopper", "fp16"): 0.801, ("hopper", "tf32"): 0.801, ("hopper", "fp8"): 0.734,
+    ("blackwell", "bf16"): 0.776, ("blackwell", "fp16"): 0.776, ("blackwell", "tf32"): 0.776,
+    ("blackwell", "fp8"): 0.763,
+}
+#: Device type -> the share of those kernel rates it sustains through a whole training run
+#: (calibrated per device type by benchmarks/calibrate.py on the in-sample rows only): clocks
+#: under sustained power and thermal load (an H100 capped at 500 W runs its tensor cores
+#: slower than the 700 W part MAMF was measured on), and what the frameworks' kernels of the
+#: rows' era reach against the MAMF's. Device types without in-sample rows keep 1.0.
+SUSTAINED_FRACTION: dict[str, float] = {}
+#: device type -> its own measured fraction (bf16, fp16, tf32) where it differs from its architecture's
+DEVICE_GEMM_FRACTION: dict[str, float] = {"GH200-96GB": 0.830, "GH200-144GB": 0.830, "A100-PCIe-80GB": 0.822}
+#: Output tiles cuBLAS uses for large GEMMs (rows x columns of C per thread block).
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+#: K of the shapes MAMF was measured at (6912x16384x2048 on A100, 6144x17920x2816 on H100).
+GEMM_K_REF = 2048
+#: K-loop iterations' worth of prologue and epilogue per tile, in elements of K: two 64-deep K
+#: tiles (one to fill the pipeline, one to write C), checked at 64/128/256 by benchmarks/calibrate.py.
+GEMM_K_HALF = 128.0
+# Before the shape model: a GEMM's smaller inner dimension at which it reached half its
+# large-GEMM rate, and per-device large-GEMM fractions (both fitted). The shape model replaces
+# them; they stay as switches (0 and empty by default) for cost files and comparisons.
+MATMUL_HALF_DIM = 0
+DEVICE_MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = ()
 # Batched matmuls of attention (small inner dimension, many heads) run less efficiently.
 BMM_EFFICIENCY = 0.55
 # Fused attention: FlashAttention-2 reaches 50-73% of the A100's peak in the forward pass and
 # less in the backward pass (Dao 2023, §4.1: 187-225 TFLOP/s forward and backward together at
 # head dimension 128, i.e. 0.6-0.72 of 312).
 ATTENTION_EFFICIENCY = 0.6
+#: Fused attention's fraction of peak by architecture where it differs from the A100's: on
+#: Hopper, FlashAttention-3 and cuDNN's fused attention (what Transformer Engine and PyTorch's
+#: SDPA use there) reach 75% of the bf16 peak forward (Shah et al. 2024, FlashAttention-3,
+#: §4.1: 740 TFLOP/s) and 1.5-1.75x FlashAttention-2's backward (~0.5 of peak); the backward
+#: does 2.5x the forward's FLOPs, so together 3.5 / (1/0.75 + 2.5/0.5) = 0.55. Blackwell: no
+#: published fraction yet (FlashAttention-4 and cuDNN are young there); Hopper's is kept.
+ATTENTION_FRACTION: dict[str, float] = {"hopper": 0.55, "blackwell": 0.55}
 # Non-matmul FLOPs run on the CUDA cores, whose peak is the fp32 SIMT rate.
 POINTWISE_FLOPS_EFFICIENCY = 0.8
 # Fraction of HBM bandwidth that memory-bound kernels reach (STREAM-like kernels on A100/H100
@@ -176,28 +219,96 @@ class CostModel:
     link_efficiency: float = LINK_EFFICIENCY
     optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
     profile: ProfileTable | None = None
-    #: (device type name, large-GEMM fraction of its tensor-core peak) where it differs from
-    #: ``matmul_efficiency``
+    #: (device type name, large-GEMM fraction of its tensor-core peak), overriding the
+    #: measured tables below for every precision (empty by default)
     device_matmul_efficiency: tuple[tuple[str, float], ...] = DEVICE_MATMUL_EFFICIENCY
+    #: ((architecture, precision), large-GEMM fraction): :data:`GEMM_FRACTION`
+    gemm_fractions: tuple[tuple[tuple[str, str], float], ...] = tuple(GEMM_FRACTION.items())
+    #: (device type name, fraction) measured on that GPU itself: :data:`DEVICE_GEMM_FRACTION`
+    device_gemm_fractions: tuple[tuple[str, float], ...] = tuple(DEVICE_GEMM_FRACTION.items())
+    #: K-loop amortisation constant, elements of K (:data:`GEMM_K_HALF`); 0: none
+    gemm_k_half: float = GEMM_K_HALF
+    #: tile and wave quantisation of linear layers' GEMMs (needs the device's SM count)
+    gemm_quantisation: bool = True
+    #: (architecture, fused attention's fraction of peak): :data:`ATTENTION_FRACTION`
+    attention_fractions: tuple[tuple[str, float], ...] = tuple(ATTENTION_FRACTION.items())
+    #: (device type name, share of the kernel rates sustained in training): :data:`SUSTAINED_FRACTION`
+    sustained_fractions: tuple[tuple[str, float], ...] = tuple(SUSTAINED_FRACTION.items())
 
-    def tensor_core_scale(self, device_type) -> float:
-        """How much more (or less) of its tensor-core peak ``device_type`` reaches than the
-        default: its own large-GEMM fraction over ``matmul_efficiency`` (1 when it has none)."""
-        for name, eff in self.device_matmul_efficiency:
-            if name == device_type.name:
-                return eff / self.matmul_efficiency
+    def sustained(self, device_type) -> float:
+        """The share of its measured kernel rates ``device_type`` sustains in training
+        (:data:`SUSTAINED_FRACTION`; 1 when it has none)."""
+        name = getattr(device_type, "name", None)
+        for n, f in self.sustained_fractions:
+            if n == name:
+                return f
         return 1.0
 
-    def matmul_fraction(self, inner_dim: float | None, device_type=None) -> float:
-        """Achievable fraction of peak for a GEMM whose smaller inner dimension is
-        ``inner_dim`` (the large-GEMM limit when unknown), on ``device_type``."""
-        top = self.matmul_efficiency * (self.tensor_core_scale(device_type) if device_type is not None else 1.0)
+    def large_gemm_fraction(self, device_type, precision: str = "bf16") -> float:
+        """The fraction of its dense tensor-core peak ``device_type`` reaches on large, aligned
+        GEMMs at ``precision``: a per-device override, else the GPU's own measurement (not for
+        fp8), else its architecture's, else ``matmul_efficiency``."""
+        name = getattr(device_type, "name", None)
+        for n, eff in self.device_matmul_efficiency:
+            if n == name:
+                return eff
+        if precision != "fp8":
+            for n, eff in self.device_gemm_fractions:
+                if n == name:
+                    return eff
+        key = (getattr(device_type, "arch", ""), precision)
+        for k, eff in self.gemm_fractions:
+            if k == key:
+                return eff
+        return self.matmul_efficiency
+
+    def tensor_core_scale(self, device_type, precision: str = "bf16") -> float:
+        """How much more (or less) of its tensor-core peak ``device_type`` reaches than the
+        default: its large-GEMM fraction over ``matmul_efficiency`` (1 when it has none)."""
+        return self.large_gemm_fraction(device_type, precision) / self.matmul_efficiency
+
+    def matmul_fraction(self, inner_dim: float | None, device_type=None, precision: str = "bf16") -> float:
+        """Achievable fraction of peak for a GEMM whose shape is not known beyond its smaller
+        inner dimension ``inner_dim`` (convolutions, LSTM gates): the large-GEMM fraction, times
+        ``inner_dim / (inner_dim + matmul_half_dim)`` when that constant is set."""
+        top = self.large_gemm_fraction(device_type, precision) if device_type is not None else self.matmul_efficiency
         if not inner_dim or self.matmul_half_dim <= 0:
             return top
         return top * inner_dim / (inner_dim + self.matmul_half_dim)
 
+    def gemm_fraction(self, m: float, n: float, k: float, device_type, precision: str = "bf16") -> float:
+        """Achievable fraction of peak of one (m x k) . (k x n) GEMM on ``device_type``: the
+        large-GEMM fraction, times the tile-and-wave quantisation of its m x n output on the
+        device's SMs, times the K loop's amortisation (see :data:`GEMM_FRACTION`,
+        :data:`GEMM_TILES`, :data:`GEMM_K_HALF`).
+
+        >>> from engine.cluster import DEVICE_TYPES
+        >>> a100 = DEVICE_TYPES["A100-SXM4-80GB"]
+        >>> round(CostModel(gemm_k_half=0).gemm_fraction(6912, 16384, 2048, a100), 3)  # a MAMF shape
+        0.859
+        """
+        frac = self.matmul_fraction(None, device_type, precision)
+        sms = getattr(device_type, "sms", 0) or 0
+        if self.gemm_quantisation and sms > 0 and m > 0 and n > 0:
+            frac *= _quantisation(m, n, sms, waves=getattr(device_type, "arch", "") not in STREAM_K_ARCHS)
+        if self.gemm_k_half > 0 and k > 0:
+            h = self.gemm_k_half
+            frac *= min(1.0, k * (GEMM_K_REF + h) / ((k + h) * GEMM_K_REF))
+        if self.matmul_half_dim > 0:
+            x = min(n, k)
+            frac *= x / (x + self.matmul_half_dim)
+        return frac
+
+    def attention_fraction(self, device_type) -> float:
+        """Fused (flash) attention's fraction of the tensor-core peak on ``device_type``."""
+        arch = getattr(device_type, "arch", "")
+        for a, eff in self.attention_fractions:
+            if a == arch:
+                return eff
+        return self.attention_efficiency
+
     def op_time_s(self, kind: str, flops: float, bytes_moved: float, precision: str, device_type,
-                  matmul: bool | None = None, inner_dim: float | None = None) -> float:
+                  matmul: bool | None = None, inner_dim: float | None = None, fraction: float | None = None) -> float:
         """Roofline time of one kernel: ``max(compute, memory) + overhead`` seconds.
 
         Parameters
@@ -209,16 +320,22 @@ class CostModel:
             Bytes read and written in HBM.
         precision : str
         device_type : DeviceType
+        fraction : float, optional
+            The GEMM's achievable fraction of peak when the caller knows its shape
+            (:meth:`gemm_fraction`); otherwise the kind's.
         """
         if flops == 0 and bytes_moved == 0:
             return 0.0
         if kind in MATMUL_KINDS if matmul is None else matmul:
-            eff = {"batch_matmul": self.bmm_efficiency, "attention": self.attention_efficiency}.get(kind)
-            if eff is None:
-                eff = self.matmul_fraction(inner_dim, device_type)
+            if fraction is not None:
+                eff = fraction
+            elif kind == "batch_matmul":
+                eff = self.bmm_efficiency * self.tensor_core_scale(device_type, precision)
+            elif kind == "attention":
+                eff = self.attention_fraction(device_type)
             else:
-                eff *= self.tensor_core_scale(device_type)
-            peak = device_type.peak(precision) * eff
+                eff = self.matmul_fraction(inner_dim, device_type, precision)
+            peak = device_type.peak(precision) * eff * self.sustained(device_type)
         else:
             peak = device_type.peak("fp32") * self.pointwise_efficiency
         compute = flops / peak
@@ -228,10 +345,12 @@ class CostModel:
     def partition_times_s(self, op, degrees: Mapping[str, int], precision: str, device_type,
                           fp8: bool = False) -> tuple[float, float]:
         """(forward, backward) seconds of one partition of ``op`` under ``degrees``: the
-        profile entry when there is one, else the roofline. ``fp8``: a linear layer's GEMMs
-        run in fp8 (Transformer Engine; :attr:`engine.strategy.Strategy.fp8`): at the fp8
-        peak with the same achievable fraction as the model precision's GEMMs (no public fp8
-        run to fit one on), plus the kernels that cast the input (forward) and the output
+        profile entry when there is one, else the roofline. A linear layer's three GEMMs are
+        priced by shape (:meth:`gemm_fraction`): the forward (tokens x in) . (in x out), the
+        input gradient (tokens x out) . (out x in) and the weight gradient (out x tokens) .
+        (tokens x in), the backward's two sharing its FLOPs equally. ``fp8``: a linear layer's
+        GEMMs run in fp8 (Transformer Engine; :attr:`engine.strategy.Strategy.fp8`): at the fp8
+        peak and fp8's measured fraction of it, plus the kernels that cast the input (forward) and the output
         gradient (backward) to fp8 with their transposes: read 2 bytes, write 1 + 1, per
         element, memory-bound. Weights are cast once per iteration (TE caches them over
         microbatches) and not counted."""
@@ -250,8 +369,15 @@ class CostModel:
         bwd_bytes = (op.bwd_bytes_read + op.bwd_bytes_written) / parts
         inner = _inner_dim(op.kind, ins, outs, params)
         gemm = "fp8" if fp8 else precision
-        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, inner_dim=inner)
-        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, inner_dim=inner)
+        f_frac = b_frac = None
+        if op.kind == "linear" and params and len(params[0]) == 2 and outs:
+            n, k = params[0]  # weight (out, in)
+            m = math.prod(outs[0]) / max(1, n)  # tokens of this partition
+            f_frac = self.gemm_fraction(m, n, k, device_type, gemm)
+            dgrad, wgrad = self.gemm_fraction(m, k, n, device_type, gemm), self.gemm_fraction(n, k, m, device_type, gemm)
+            b_frac = 2.0 / (1.0 / dgrad + 1.0 / wgrad) if dgrad > 0 and wgrad > 0 else None
+        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, inner_dim=inner, fraction=f_frac)
+        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, inner_dim=inner, fraction=b_frac)
         if fp8:
             bw = device_type.mem_bw_bytes_per_s * self.memory_efficiency
             fwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(ins[0]) / bw + self.kernel_overhead_s
@@ -266,6 +392,33 @@ class CostModel:
             return 0.0
         return params * self.optimizer_bytes_per_param / (device_type.mem_bw_bytes_per_s * self.memory_efficiency) \
             + self.kernel_overhead_s
+
+
+#: Architectures whose cuBLAS/CUTLASS GEMMs use a stream-K schedule for the last wave (Osama
+#: et al. PPoPP'23; CUTLASS 3's Hopper and Blackwell kernels): no wave quantisation there,
+#: only the tiles' padding.
+STREAM_K_ARCHS = frozenset({"hopper", "blackwell"})
+
+
+def _quantisation(m: float, n: float, sms: int, waves: bool = True) -> float:
+    """The share of the SMs' tile slots that hold useful output when an m x n GEMM output is
+    cut into the best of :data:`GEMM_TILES` (a dimension under 128 gets a tile of the next
+    power of two from 16 up: cuBLAS's skinny-GEMM kernels), over ``ceil(tiles / sms)`` waves
+    (``waves`` False: stream-K keeps every SM busy; fewer tiles than SMs are split along K).
+
+    >>> _quantisation(256, 256, 4)  # four 128 x 128 tiles fill four SMs exactly
+    1.0
+    >>> round(_quantisation(640, 640, 4), 3)  # 25 tiles of 128 x 128 on 4 SMs: 7 waves, 25 of 28 slots
+    0.893
+    """
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tm = min(tm, max(16, 1 << max(0, math.ceil(math.log2(max(m, 1))))))
+        tn = min(tn, max(16, 1 << max(0, math.ceil(math.log2(max(n, 1))))))
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        slots = max(tiles, sms * math.ceil(tiles / sms)) if waves and tiles >= sms else tiles
+        best = max(best, m * n / (slots * tm * tn))
+    return best
 
 
 def _inner_dim(kind: str, ins, outs, params) -> float | None:
