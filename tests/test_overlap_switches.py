@@ -93,3 +93,21 @@ def test_no_overlap_on_the_command_line():
         strategy_options(p.parse_args(["--no-overlap", "--tp-comm-overlap"]))
     opts = strategy_options(p.parse_args(["--no-overlap-grad-reduce", "--overlap-param-gather"]))
     assert opts["overlap_grad_reduce"] is False and opts["overlap_param_gather"] is True
+
+
+def test_fsdp_with_sequence_parallel_tensor_parallelism(setup):
+    """torchtitan's 2-D layout: FSDP over dp, tensor parallel with sequence-sharded norms, and
+    async TP overlapping its collectives with the GEMMs."""
+    g, c = setup
+    plain = fsdp(g, c, tp=2)
+    sp = fsdp(g, c, tp=2, sequence_parallel=True)
+    async_tp = fsdp(g, c, tp=2, sequence_parallel=True, tp_comm_overlap=True)
+    assert (sp.sequence_parallel, sp.zero_stage, async_tp.tp_comm_overlap) == (True, 3, True)
+    t_sp = simulate_strategy(g, sp, c).iteration_time_s
+    t_async = simulate_strategy(g, async_tp, c).iteration_time_s
+    assert t_async < t_sp
+    m_plain = simulate_strategy(g, plain, c).memory.peak_bytes.max()
+    m_sp = simulate_strategy(g, sp, c).memory.peak_bytes.max()
+    assert m_sp < m_plain  # the norms' activations are sharded over tp
+    with pytest.raises(ValueError, match="sequence parallel"):
+        fsdp(g, c, tp=2, tp_comm_overlap=True)

@@ -232,7 +232,8 @@ _SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer",
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
          recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
          fp8: bool = False, shard_group: int = 0, overlap_grad_reduce: bool = True,
-         offload_optimizer: str = "none", offload_params: str = "none") -> Strategy:
+         offload_optimizer: str = "none", offload_params: str = "none", sequence_parallel: bool = False,
+         tp_comm_overlap: bool = False) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
@@ -243,7 +244,9 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     of each transformer block's (PyTorch FSDP). ``shard_group`` k > 0 is hybrid sharding
     (HYBRID_SHARD / HSDP, MiCS): shards within groups of k consecutive data-parallel ranks,
     replicas across them. ``offload_optimizer`` / ``offload_params``: ZeRO-Offload and
-    ZeRO-Infinity (:attr:`engine.strategy.Strategy.offload_optimizer`)."""
+    ZeRO-Infinity (:attr:`engine.strategy.Strategy.offload_optimizer`). ``sequence_parallel``
+    and ``tp_comm_overlap`` with ``tp`` > 1: torchtitan's 2-D layout (its tensor parallelism
+    shards the norms' sequence, and "async TP" overlaps its collectives with the GEMMs)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
     if gather_unit not in GATHER_UNITS:
@@ -256,14 +259,15 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
                                             zero_stage=zero_stage, fp8=fp8, gather_unit=gather_unit,
                                             shard_group=shard_group, overlap_grad_reduce=overlap_grad_reduce,
                                             offload_optimizer=offload_optimizer,
-                                            offload_params=offload_params))
+                                            offload_params=offload_params, sequence_parallel=sequence_parallel,
+                                            tp_comm_overlap=tp_comm_overlap))
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
         opts.update(gather_unit=gather_unit)
     if shard_group:
         opts.update(shard_group=shard_group)
-    for k in ("vpp", "sequence_parallel") + (("pp",) if pp == 1 else ()):
+    for k in ("vpp",) + (("sequence_parallel",) if not sequence_parallel else ()) + (("pp",) if pp == 1 else ()):
         opts.pop(k, None)
     found_by = {"algorithm": "baseline:fsdp", "options": opts}
     if "notes" in s.found_by:
@@ -295,7 +299,8 @@ BASELINES: dict[str, Baseline] = {
                   "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
-                  "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params")),
+                  "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params", "sequence_parallel",
+                  "tp_comm_overlap")),
     ]
 }
 
