@@ -209,6 +209,7 @@ def _cell(v) -> str:
 def table(headers: list[str], body: list[list[str]], markdown: bool) -> str:
     """A plain fixed-width table, or a Markdown one."""
     if markdown:
+        headers, body = [h.replace("|", "\\|") for h in headers], [[c.replace("|", "\\|") for c in r] for r in body]
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
