@@ -139,7 +139,7 @@ class DeviceType:
         }
 
 
-_CSV = "shared/validation/hardware_specs.csv"
+_CSV = "validation/hardware_specs.csv"
 # Whitepapers named below: "NVIDIA A100 Tensor Core GPU Architecture" (2020), "NVIDIA H100
 # Tensor Core GPU Architecture" (Hopper, 2022), "NVIDIA Tesla V100 GPU Architecture" (Volta,
 # 2017), "NVIDIA Tesla P100" (Pascal, 2016), "NVIDIA Turing GPU Architecture" (2018),
