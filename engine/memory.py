@@ -70,7 +70,7 @@ from .errors import check_cancel
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
-from .strategy import Strategy, partition_grid, selective_recompute_reruns
+from .strategy import Strategy, partition_grid, selective_recompute_reruns, zero_shares
 from .taskgraph import BWD, FWD
 from .taskgraph.sync import sync_unit
 
@@ -275,6 +275,8 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
     param_ops = cache.get("param_ops")
     if param_ops is None:
         param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
+    # (a sequence-parallel op's length split is partly tensor-parallel: not sharded over)
+    shares = zero_shares(graph, strategy) if zero >= 1 else {}
     for op in param_ops:
         cfg = strategy.configs[op.name]
         regions, devices, elems, _ = _param_partitions(cache, op, cfg)
@@ -284,7 +286,8 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
         elems_p.append(np.full(devices.size, elems))
         # ZeRO's group for this parameter: the partitions equal on every dim but the data
         # dims (sample and sequence), as SyncBuilder.build groups them
-        zc_p.append(np.full(devices.size, float(cfg.degree("sample") * cfg.degree("length"))))
+        zc_p.append(np.full(devices.size, float(cfg.degree("sample") * cfg.degree("length")
+                                                 // shares.get(op.name, 1))))
         if zero >= 3:
             unit_p.append(np.full(devices.size, units.setdefault(sync_unit(op, zero), len(units))))
         if strategy.fp8:  # (only fp8's weight caches read it)

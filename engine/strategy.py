@@ -32,6 +32,7 @@ from .graph import Op, OpGraph
 
 __all__ = [
     "selective_recompute_reruns",
+    "zero_shares",
     "divisors", "splits_into_microbatches",
     "check_config",
     "Config",
@@ -75,6 +76,34 @@ def degree_choices(dim, n_devices: int, microbatches: int = 1, min_part: int = 1
     return [k for k in divisors(dim.size, n_devices)
             if n_devices % k == 0 and dim.size // k >= min_part and dim.degree_problem(k) is None
             and (dim.name != "sample" or microbatches <= 1 or splits_into_microbatches(dim.size, k, microbatches))]
+
+
+def zero_shares(graph: OpGraph, strategy: "Strategy") -> dict[str, int]:
+    """Op name -> how many of its sequence (``length``) partitions are tensor-parallel ranks
+    under sequence parallelism rather than data (context-parallel) ones: ZeRO shards a
+    parameter over its data-parallel group only (Megatron-Core's distributed optimizer over
+    dp x cp, FSDP2 over its dp mesh dimension), so a sequence-parallel LayerNorm's weights,
+    held by tp x cp x dp ranks, are sharded over cp x dp, one copy per tp rank. Only ops whose
+    length degree exceeds the context-parallel degree are listed; the context-parallel degree
+    is the sequence split of the tensor-parallel (weight-split) ops, which keep their chunk's
+    whole sequence. Partition (length l) is tp rank ``l % share`` (Megatron-Core's order, tp
+    fastest: :func:`engine.search.layouts.mesh_config`)."""
+    if not strategy.sequence_parallel:
+        return {}
+    cps = []
+    for op in graph.ops:
+        cfg = strategy.configs.get(op.name)
+        if cfg is None or not op.param_count or "length" not in op.dim_names:
+            continue
+        if any(cfg.degree(d.name) > 1 and any(ax is not None for ax in d.param_axes) for d in op.dims):
+            cps.append(cfg.degree("length"))
+    cp = min(cps, default=1)
+    out = {}
+    for op in graph.ops:
+        cfg = strategy.configs.get(op.name)
+        if cfg is not None and op.param_count and cfg.degree("length") > cp and cfg.degree("length") % cp == 0:
+            out[op.name] = cfg.degree("length") // cp
+    return out
 
 
 def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:

@@ -181,12 +181,23 @@ class TestZeroShardsEachParameterOverItsOwnGroup:
         #  38,597,376 + positions 786,432 + 25 LayerNorms x 1,536 = R = 39,422,208
         T, R = 21_268_224, 39_422_208
         assert mem.weights_bytes.tolist() == [4 * (T + R)] * 8  # 242,761,728
-        # ZeRO-1 shards each over its own group (SyncBuilder's: sample x length): T / 2, R / 8
-        assert mem.optimizer_bytes.tolist() == [8 * (T / 2 + R / 8)] * 8  # 124,495,104
-        # (before the fix: 8 (T + R) / 8 = 60,690,432. Issue 25 expected 8 (T + R) / 2 =
-        # 242,761,728, which shards the embedding and LayerNorms over dp only, as Megatron's
-        # distributed optimizer does; the task graph's sync builder shards them over every
-        # rank holding them, sample x length, and the optimizer step updates that shard.)
+        # ZeRO-1 shards each over its own data-parallel group: dp 2 for both. The replicated
+        # ones are held by tp x dp ranks under sequence parallelism, but their length split is
+        # the tensor-parallel ranks' (one shard per tp rank), as Megatron's distributed
+        # optimizer and FSDP2's dp mesh dimension shard them: T / 2 + R / 2
+        assert mem.optimizer_bytes.tolist() == [8 * (T + R) / 2] * 8  # 242,761,728 (issue 25's figure)
+        # (before the fix: 8 (T + R) / 8 = 60,690,432: one divisor per device, tp x dp)
+
+    def test_llama2_7b_tp8_pp2_sequence_parallel_zero1(self):
+        """Issue 25's second case: 0.63 GB per device before the fix, 5.06 GB after (the
+        6.74 B parameters x 12 bytes of bf16 Adam state over tp 8 x pp 2 ranks, one shard of
+        dp 1: nothing to shard over)."""
+        from engine.models.transformer import llama2_7b
+
+        g, c = llama2_7b(batch=16), preset("dgx-a100-80gb:2")
+        s = megatron(g, c, tp=8, pp=2, sequence_parallel=True, zero_stage=1, micro_batch=1)
+        mem = simulate_strategy(g, s, c).memory
+        assert mem.optimizer_bytes.max() / 1e9 == pytest.approx(5.06, abs=0.005)
 
     def test_memory_agrees_with_the_optimizer_step(self):
         """The optimizer bytes per device are the update task's parameters x 8 (fp32 Adam):

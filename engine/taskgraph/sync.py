@@ -8,6 +8,7 @@ import numpy as np
 
 from ..graph import Op
 from ..ops import DTYPE_BYTES
+from ..strategy import zero_shares
 from .context import BuildContext, OpTables
 from .emit import Emitter
 from .regions import tile
@@ -70,6 +71,8 @@ class FsdpPlan:
                 self.prefetch[(u, phase)] = prev
                 prev = pick(self.units[u])
         s = ctx.strategy
+        #: op name -> its sequence-parallel share of the length split (ZeRO does not shard over it)
+        self.zero_shares = zero_shares(ctx.graph, s) if zero >= 1 else {}
         #: gathers issued ahead of the forward: ZeRO-3's every microbatch, ZeRO-1/2's once with
         #: --overlap-param-gather
         self.gather_ahead = zero >= 3 or (zero in (1, 2) and s.overlap_param_gather)
@@ -138,6 +141,9 @@ class SyncBuilder:
                 codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
             else:
                 codes = np.zeros(grid.shape[0], np.int64)
+            share = self.plan.zero_shares.get(op.name, 1)
+            if share > 1:  # a sequence-parallel op: one ZeRO group per tp rank (tp fastest in length)
+                codes = codes * share + grid[:, names.index("length")] % share
             order = np.argsort(codes, kind="stable")
             bounds = np.flatnonzero(np.diff(codes[order])) + 1
             for part_ids in np.split(order, bounds):
