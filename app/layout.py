@@ -46,7 +46,7 @@ def _pickers() -> html.Div:
         html.Div([html.Label("precision", htmlFor="pick-precision",
                              title="the sample model's training precision (empty: its default)"),
                   dcc.Dropdown(id="pick-precision", value="default", clearable=False, searchable=False,
-                               options=[{"label": "default", "value": "default"}, "fp32", "fp16", "bf16"])],
+                               options=[{"label": "default", "value": "default"}, "fp32", "tf32", "fp16", "bf16"])],
                  className="pick pick-precision"),
         html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
                                                        clearable=False)], className="pick"),

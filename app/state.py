@@ -48,7 +48,7 @@ _MODEL_REF = {"type": "object", "required": ["name"], "additionalProperties": Fa
               "properties": {**_REF["properties"], "batch": {"type": "integer", "minimum": 1,
                                                              "maximum": MAX_SAMPLE_BATCH},
                              "seq_len": {"type": "integer", "minimum": 1, "maximum": MAX_SAMPLE_SEQ},
-                             "precision": {"enum": ["fp32", "fp16", "bf16"]}}}
+                             "precision": {"enum": ["fp32", "tf32", "fp16", "bf16"]}}}
 _RUNS = {"anyOf": [{"type": "string", "maxLength": 1 << 20},
                    {"type": "array", "maxItems": MAX_APP_DEVICES, "items": {"type": "integer"}}]}
 _CONFIG = {"type": "object", "properties": {"degrees": {"type": "object", "maxProperties": 16,

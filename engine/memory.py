@@ -107,7 +107,7 @@ OFFLOAD_STATE_BYTES_PER_PARAM = 16
 def optimizer_bytes_per_param(precision: str) -> int:
     """Adam state per parameter: moments (2 x fp32), plus an fp32 master copy in mixed
     precision."""
-    return 8 if precision == "fp32" else 12
+    return 8 if precision in ("fp32", "tf32") else 12
 
 
 def state_bytes_per_param(precision: str, zero_stage: int = 0,
@@ -128,7 +128,7 @@ def state_bytes_per_param(precision: str, zero_stage: int = 0,
     p = DTYPE_BYTES[precision]
     if offload_optimizer != "none":
         return p, p, 0, 0
-    if precision == "fp32":
+    if precision in ("fp32", "tf32"):  # (tf32: fp32 tensors, TF32 tensor-core math)
         return 4, 4, 0, 8
     if zero_stage >= 3:
         return (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)

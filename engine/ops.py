@@ -79,12 +79,13 @@ REPLICA_DIM = "replica"
 #: Bytes per element of each dtype.
 DTYPE_BYTES: dict[str, int] = {
     "fp32": 4,
+    "tf32": 4,  # fp32 storage; matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)
     "fp16": 2,
     "bf16": 2,
     "int32": 4,
     "int64": 8,
 }
-FLOAT_DTYPES = ("fp32", "fp16", "bf16")
+FLOAT_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 # Sizes the simulator represents exactly: element counts and byte counts stay far inside
 # int64 (2**63) and FLOPs and seconds far inside float64, whatever a file says.

@@ -113,7 +113,7 @@ class Measurement:
     repeats: int
 
 
-_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
 
 
 def _conv_geometry(x: Sequence[int], w: Sequence[int], y: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -98,3 +98,29 @@ def test_a_fraction_is_within_the_large_gemm_one(m, n, k, name):
     top = cost.large_gemm_fraction(dt, "bf16" if "bf16" in dt.peak_flops_per_s else "fp16")
     frac = cost.gemm_fraction(m, n, k, dt, "bf16" if "bf16" in dt.peak_flops_per_s else "fp16")
     assert 0.0 < frac <= top + 1e-12
+
+
+def test_tf32_precision_fp32_tensors_on_tf32_tensor_cores():
+    from engine.cluster import preset
+    from engine.models.transformer import gpt2
+    from engine.report import simulate_strategy
+    from engine.search.baselines import data_parallel
+    from engine.errors import ValidationError
+
+    c = preset("dgx-a100-80gb:1")
+    runs = {p: simulate_strategy(gpt2(batch=16, precision=p), data_parallel(gpt2(batch=16, precision=p), c), c)
+            for p in ("fp32", "tf32")}
+    # same bytes (fp32 tensors, fp32 Adam without a master copy), GEMMs 8x the peak (156 vs 19.5 TFLOP/s)
+    assert runs["tf32"].memory.peak_bytes.max() == runs["fp32"].memory.peak_bytes.max()
+    assert runs["tf32"].iteration_time_s < runs["fp32"].iteration_time_s / 2
+    b = GraphBuilder("one", precision="tf32")
+    x = b.input("x", [8192, 4096])
+    b.add("linear", "fc", [x], out_features=4096, bias=False)
+    fc = b.build()["fc"]
+    f, _ = BARE.partition_times_s(fc, {}, "tf32", A100)
+    # 2,048 tiles of 128 x 128 on 108 SMs: 19 waves, 2,048 of 2,052 slots
+    assert f == pytest.approx(2 * 8192 * 4096 * 4096 / (156e12 * 0.859 * 2048 / 2052) + BARE.kernel_overhead_s)
+    g = gpt2(batch=16, precision="tf32")
+    v100 = preset("v100-dgx2:1")
+    with pytest.raises(ValidationError, match="no tf32 peak"):
+        data_parallel(g, v100)

@@ -129,7 +129,7 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
                         "scaling: 64)")
     p.add_argument("--seq-len", type=positive_int, metavar="TOKENS",
                    help="a sample language model's sequence length, when not its default")
-    p.add_argument("--model-precision", choices=["fp32", "fp16", "bf16"],
+    p.add_argument("--model-precision", choices=["fp32", "tf32", "fp16", "bf16"],
                    help="a sample model's training precision, when not its default (--precision fp8 puts a "
                         "layout's GEMMs in fp8)")
 

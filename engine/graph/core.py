@@ -21,7 +21,10 @@ from ..ops import DTYPE_BYTES, FLOAT_DTYPES, ParallelDim, ParamInfo, TensorInfo,
 __all__ = ["TensorRef", "Op", "OpGraph", "PRECISIONS", "MAX_OPS", "MAX_MODEL_BYTES", "MAX_MODEL_FLOPS", "freeze",
            "thaw", "as_integral"]
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+#: Training precisions: fp32 (matmuls on the CUDA cores, PyTorch's default since 1.12), tf32
+#: (fp32 tensors with matmuls on TF32 tensor cores: torch.backends.cuda.matmul.allow_tf32,
+#: Ampere and later), fp16 and bf16 mixed precision.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 #: Most ops in a model (checked from the file before any op is built). The largest sample,
 #: GPT-3 175B, has 2,410; an unrolled RNN of thousands of steps stays well below.
 MAX_OPS = 200_000
