@@ -130,11 +130,29 @@ def _precision(row: dict[str, str], notes: list[str]) -> tuple[str, bool, str]:
     return precision, fp8, recompute
 
 
+#: Families whose framework runs tensor parallelism with sequence parallelism whenever tp > 1:
+#: NeMo's and Megatron-Bridge's performance recipes (sequence_parallel with tp > 1, and
+#: tp_comm_overlap, overlap_grad_reduce and overlap_param_gather on: the recipes the rows'
+#: notes point to, not their pages), torchtitan's 2-D parallelism (SequenceParallel on the
+#: norms; its "async TP" overlaps the collectives with the GEMMs).
+RECIPE_OVERLAPS = ("NeMo long-seq", "Megatron-Bridge")
+SP_WITH_TP = ("NeMo long-seq", "Megatron-Bridge", "torchtitan", "torchtitan-community")
+
+
 def _overlaps(row: dict[str, str], tp: int, notes: list[str]) -> tuple[bool, bool]:
-    """(sequence parallel, tp-comm-overlap) from the notes and sharding columns."""
+    """(sequence parallel, tp-comm-overlap) from the notes and sharding columns, and the
+    family's framework defaults (:data:`SP_WITH_TP`, :data:`RECIPE_OVERLAPS`)."""
     text = " ".join((row.get("notes") or "", row.get("sharding") or "")).lower()
+    src = source_of(row)
     sp = "sequence parallel" in text or "sequence-parallel" in text or "sequence_parallel" in text
     overlap = any(k in text for k in ("tp-comm-overlap", "tp comm overlap", "tp_comm_overlap", "userbuffer"))
+    if tp > 1 and src in SP_WITH_TP and not sp:
+        sp = True
+        notes.append(f"sequence parallelism with tp {tp}: {src}'s default")
+    if tp > 1 and (src in RECIPE_OVERLAPS or software_of(row)["async_tp"]) and not overlap:
+        overlap = True
+        notes.append("tp communication overlapped with the GEMMs: " + ("async TP, as the row says" if src not in
+                     RECIPE_OVERLAPS else "the NeMo / Megatron-Bridge performance recipes' tp_comm_overlap"))
     if overlap and not (sp and tp > 1):
         notes.append("tp-comm-overlap stated without sequence parallelism and tp > 1: not modelled")
         overlap = False
@@ -151,16 +169,16 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     if mbs is None:
         notes.append("micro_batch missing: no gradient accumulation (Composer's and DeepSpeed's default: the "
                      "whole per-device batch)" if pp == 1 else "micro_batch missing: 1 (pipelined)")
-    if L["sp"]:
-        notes.append("sequence parallelism with ZeRO-3 is not modelled: tensor parallelism without it")
     zero = zero or 3
     k = L["shard_group"]
 
     dp = gpus // (tp * cp * pp)
 
+    sp, overlap = L["sp"] and tp > 1, L["overlap"] and L["sp"] and tp > 1
+
     def build(g, c, mbs=mbs, recompute=L["recompute"], zero=zero, tp=tp, pp=pp, unit=L["unit"], cp=cp, fp8=L["fp8"]):
         kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
-                  shard_group=k if k and k < dp else 0)
+                  shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap)
         if gpus < c.num_devices:
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
             # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
@@ -170,7 +188,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     if gpus < _gpus_per_node(L["cluster"].split(":")[0]):
         notes.append(f"the row's {gpus} GPUs are part of a preset node: FSDP over those {gpus} (dp {dp})")
     layout = (f"{'fp8 ' if L['fp8'] else ''}{L['framework']}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}"
-              f"pp{pp}/dp{dp} mbs{mbs} rc={L['recompute']}")
+              f"pp{pp}/dp{dp} mbs{mbs} rc={L['recompute']}{' sp' if sp else ''}{' overlap' if overlap else ''}")
     layout += " per-op" if L["unit"] == "op" else ""
     layout += f" hybrid{k}" if k else ""
     L["zero"] = zero
@@ -196,10 +214,14 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
         # is global/dp without pipelining, 1 with it.
         notes.append("micro_batch missing: soapbox megatron baseline default (global/dp without pipelining, 1 with it)")
     sp, overlap = L["sp"], L["overlap"]
+    gather = src in RECIPE_OVERLAPS and zero in (1, 2)
+    if gather:
+        notes.append("parameter all-gather overlapped with the forward: the recipes' overlap_param_gather")
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"]):
         return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                        sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap)
+                        sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap,
+                        overlap_param_gather=gather)
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
