@@ -206,9 +206,10 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
 LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group"}
 LAYOUT_KINDS = ("megatron", "fsdp")
 #: the layout panel's overlap checkboxes (value -> Layout field: ticked is on), those the
-#: engine's layout has (a switch it drops leaves the panel with it)
+#: engine's layout has (a switch it drops leaves the panel with it; pipeline sends always run
+#: beside compute in the engine, so there is no p2p switch)
 LAYOUT_OVERLAPS = {value: name for value, name in (("tp", "tp_comm_overlap"), ("grad", "overlap_grad_reduce"),
-                                                   ("param", "overlap_param_gather"), ("p2p", "overlap_p2p"))
+                                                   ("param", "overlap_param_gather"))
                    if name in OPTION_NAMES}
 #: the layout panel's offload dropdowns (form name -> Layout field; each none, cpu or nvme)
 LAYOUT_OFFLOADS = {"opt-offload": "offload_optimizer", "param-offload": "offload_params"}
@@ -260,7 +261,7 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
     opts.update(_switches(form))
     if kind == "fsdp":
         opts.setdefault("zero_stage", 3)
-        for k in ("vpp", "sequence_parallel", "schedule", "tp_comm_overlap"):
+        for k in ("vpp", "schedule"):  # (fsdp takes tp with sequence parallelism and its overlap)
             v = opts.pop(k, None)
             if v is True or v not in (None, 1, False):
                 raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")

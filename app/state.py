@@ -217,9 +217,8 @@ def bump(state: dict) -> dict:
 
 #: a strategy's settings beside its op configs: what op edits cannot change (two strategies
 #: that differ in one of them are different simulations)
-_SETTINGS = ("pipeline", "recompute", "zero_stage", "sequence_parallel", "gather_unit", "fp8", "shard_group",
-             "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "offload_optimizer",
-             "offload_params")
+_SETTINGS = tuple(f.name for f in fields(Strategy) if f.name not in (
+    "configs", "stage_of", "model_name", "model_fingerprint", "cluster_name", "cluster_devices", "found_by", "cost"))
 
 
 def same_settings(a: Strategy, b: Strategy) -> bool:
@@ -232,11 +231,11 @@ def same_settings(a: Strategy, b: Strategy) -> bool:
 #: the overlap and offload switches (fields of both :class:`engine.layout.Layout` and
 #: :class:`engine.strategy.Strategy`; those the layout has) and their defaults, the layout's
 SWITCHES = {f.name: f.default for f in fields(Layout)
-            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p",
-                          "offload_optimizer", "offload_params")}
+            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer",
+                          "offload_params")}
 
 _SWITCH_WORDS = {"tp_comm_overlap": "tp comm overlap", "overlap_grad_reduce": "grad-reduce overlap",
-                 "overlap_param_gather": "param-gather overlap", "overlap_p2p": "p2p overlap",
+                 "overlap_param_gather": "param-gather overlap",
                  "offload_optimizer": "optimizer offloaded to", "offload_params": "parameters offloaded to"}
 _DEVICE_WORDS = {"cpu": "CPU", "nvme": "NVMe"}
 

@@ -20,13 +20,9 @@ from app import state as ST
 from app.tabs import editor as ED
 
 
-#: whether the engine's layout has the pipeline p2p switch (being reworked in the engine: the
-#: panel shows the switches the layout has)
-P2P = "p2p" in ACT.LAYOUT_OVERLAPS
 #: the overlaps on by default, as the panel ticks them
-DEFAULT_TICKED = ["grad", "p2p"] if P2P else ["grad"]
-ALL = ["tp", "grad", "param", "p2p"] if P2P else ["tp", "grad", "param"]
-needs_p2p = pytest.mark.skipif(not P2P, reason="the engine's Layout has no overlap_p2p")
+DEFAULT_TICKED = ["grad"]
+ALL = ["tp", "grad", "param"]
 
 
 @pytest.fixture()
@@ -40,10 +36,9 @@ def _apply(state, **form):
 
 class TestEachSwitchReachesTheStrategy:
     @pytest.mark.parametrize("form, field, value, said", [
-        ({"overlap": ["p2p"]}, "overlap_grad_reduce", False, "grad-reduce overlap off"),
-        pytest.param({"pp": 2, "mb": 1, "overlap": ["grad"]}, "overlap_p2p", False, "p2p overlap off", marks=needs_p2p),
-        ({"zero": 1, "overlap": ["grad", "param", "p2p"]}, "overlap_param_gather", True, "param-gather overlap"),
-        ({"tp": 2, "flags": ["sp"], "overlap": ["tp", "grad", "p2p"]}, "tp_comm_overlap", True, "tp comm overlap"),
+        ({"overlap": []}, "overlap_grad_reduce", False, "grad-reduce overlap off"),
+        ({"zero": 1, "overlap": ["grad", "param"]}, "overlap_param_gather", True, "param-gather overlap"),
+        ({"tp": 2, "flags": ["sp"], "overlap": ["tp", "grad"]}, "tp_comm_overlap", True, "tp comm overlap"),
         ({"zero": 1, "opt-offload": "cpu"}, "offload_optimizer", "cpu", "optimizer offloaded to CPU"),
         ({"zero": 2, "opt-offload": "nvme"}, "offload_optimizer", "nvme", "optimizer offloaded to NVMe"),
     ])
@@ -73,7 +68,7 @@ class TestEachSwitchReachesTheStrategy:
     def test_defaults_when_the_form_does_not_say(self, gpt):
         """A form without the switches (the guided tour's, an older page's) and one with the
         defaults ticked both give the layout's defaults, and no option is recorded for them."""
-        for form in ({}, {"overlap": ["grad", "p2p"], "opt-offload": "none", "param-offload": None},
+        for form in ({}, {"overlap": ["grad"], "opt-offload": "none", "param-offload": None},
                      {"overlap": "junk"}):
             assert ACT.layout_options("megatron", form) == {}
         new, msg = _apply(gpt, tp=2)
@@ -87,7 +82,7 @@ class TestEachSwitchReachesTheStrategy:
         """Same configs, one switch changed: the page's strategy differs in its settings, so the
         session's simulation is not reused for it, nor an undo step recorded as op edits."""
         a, _ = _apply(gpt, tp=2)
-        b, _ = _apply(a, tp=2, overlap=["p2p"])
+        b, _ = _apply(a, tp=2, overlap=[])
         sa, sb = ST.page_strategy(a), ST.page_strategy(b)
         assert sa.configs == sb.configs and not ST.same_settings(sa, sb)
         assert b["undo"] == []
@@ -104,8 +99,8 @@ class TestInvalidCombinationsAreRefused:
         ("megatron", {"tp": 2, "overlap": ["tp"]}, "needs sequence parallel"),
         ("megatron", {"zero": 3, "overlap": ["param"]}, "parameter gather overlap applies to the ZeRO 1 or 2"),
         ("fsdp", {"zero": 1, "overlap": ["param"]}, "parameter gather overlap applies to the ZeRO 1 or 2"),
-        ("fsdp", {"overlap": ["tp"]}, "fsdp does not take tp comm overlap"),
-        ("fsdp", {"flags": ["sp"]}, "fsdp does not take sequence parallel"),
+        ("fsdp", {"tp": 2, "overlap": ["tp"]}, "needs sequence parallel"),
+        ("fsdp", {"vpp": 2, "pp": 2}, "fsdp does not take vpp"),
     ])
     def test_the_reason_and_nothing_changes(self, gpt, kind, form, match):
         before, _ = _apply(gpt, tp=2)
@@ -119,10 +114,9 @@ class TestThePanel:
     def test_overlaps_disabled_with_the_reason_where_they_do_not_apply(self):
         options, ticked = ED.overlap_choices("megatron", [], None, None, ALL)
         off = {o["value"]: o["title"] for o in options if o["disabled"]}
-        assert set(off) == {"tp", "param", "p2p"} & set(ALL)
+        assert set(off) == {"tp", "param"}
         assert "needs sequence parallel" in off["tp"] and "ZeRO 1 or 2" in off["param"]
-        assert "pp > 1" in off.get("p2p", "pp > 1")
-        assert ticked == DEFAULT_TICKED  # (p2p is inert with one stage: its tick stays)
+        assert ticked == DEFAULT_TICKED
         options, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL)
         assert not any(o["disabled"] for o in options) and ticked == ALL
         options, _ = ED.overlap_choices("fsdp", [], None, 2, [])  # fsdp: ZeRO 3 by default
@@ -132,9 +126,8 @@ class TestThePanel:
         _, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL, all_off=True)
         assert ticked == []
 
-    @needs_p2p
-    def test_the_four_overlaps(self):
-        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ["tp", "grad", "param", "p2p"]
+    def test_the_three_overlaps(self):
+        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ["tp", "grad", "param"]
 
     @pytest.mark.parametrize("junk", [None, "x", 3.5, {"a": 1}, [None, 1, ["p2p"]], float("nan"), True])
     def test_any_value_from_the_page(self, junk):
@@ -178,14 +171,23 @@ class TestSavedStates:
         assert {"overlap_grad_reduce", "offload_optimizer", "offload_params"} <= set(new["strategy"])
 
     def test_a_share_link_keeps_the_switches(self, gpt):
-        new, _ = _apply(gpt, tp=2, zero=1, overlap=["p2p"], **{"opt-offload": "nvme"})
+        new, _ = _apply(gpt, tp=2, zero=1, overlap=[], **{"opt-offload": "nvme"})
         t, _ = LNK.state_from_query(LNK.share_query(new))
         s = ST.page_strategy(t)
         assert (s.overlap_grad_reduce, s.offload_optimizer, s.zero_stage) == (False, "nvme", 1)
 
     def test_another_cluster_keeps_the_switches(self, gpt):
-        new, _ = _apply(gpt, tp=2, zero=1, overlap=["p2p"], **{"opt-offload": "cpu"})
+        new, _ = _apply(gpt, tp=2, zero=1, overlap=[], **{"opt-offload": "cpu"})
         moved, msg = EV.on_event("pick-cluster", new, cluster="dgx-a100-80gb:4")
         s = ST.page_strategy(moved)
         assert (s.overlap_grad_reduce, s.offload_optimizer) == (False, "cpu"), msg
         assert "grad-reduce overlap off, optimizer offloaded to CPU) (kept)" in msg
+
+
+def test_fsdp_takes_tensor_parallelism_with_sequence_parallel_and_its_overlap(gpt):
+    """torchtitan's 2-D layout: FSDP with tp, sequence-parallel norms and async TP."""
+    new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "flags": ["sp"],
+                                                           "overlap": ["tp", "grad"]})
+    assert "refused" not in msg, msg
+    s = ST.page_strategy(new)
+    assert (s.zero_stage, s.sequence_parallel, s.tp_comm_overlap) == (3, True, True)

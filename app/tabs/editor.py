@@ -34,8 +34,7 @@ PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "
 #: layout fields of :data:`app.actions.LAYOUT_OVERLAPS`
 OVERLAP_CHOICES = tuple(c for c in (("tp", " tensor-parallel comm with the GEMMs", "--tp-comm-overlap"),
                                     ("grad", " gradient reduce during backward", "--overlap-grad-reduce"),
-                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"),
-                                    ("p2p", " pipeline p2p beside compute", "--overlap-p2p-communication"))
+                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"))
                         if c[0] in LAYOUT_OVERLAPS)
 #: where ZeRO-Offload / ZeRO-Infinity keep what they offload (engine.strategy.OFFLOAD_DEVICES)
 OFFLOAD_CHOICES = ({"label": "none", "value": "none"}, {"label": "CPU", "value": "cpu"},
@@ -48,21 +47,18 @@ def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
 
     A switch that does not apply is disabled, with the reason as its tooltip: tensor-parallel
     overlap without sequence parallelism, parameter-gather overlap outside ZeRO 1/2 under
-    megatron, pipeline p2p overlap with one stage. Tensor-parallel and parameter-gather overlap
-    are unticked when disabled (on, they would be refused); p2p keeps its tick (it is inert
-    with one stage). ``all_off``: nothing ticked. Values from the page may be anything: a
+    megatron; a disabled switch is unticked (on, it would be refused). Pipeline sends always
+    run beside compute (the engine has no switch for them). ``all_off``: nothing ticked. Values from the page may be anything: a
     ``ticked`` that is not a list is the layout's defaults.
     """
     sp = isinstance(flags, (list, tuple)) and "sp" in flags
     default_zero = 3 if kind == "fsdp" else 0
     z = zero if zero in (0, 1, 2, 3) and not isinstance(zero, bool) else default_zero
-    stages = isinstance(pp, (int, float)) and not isinstance(pp, bool) and pp >= 2
     why = {"tp": None if sp else "needs sequence parallel (tick it above)",
            "grad": None,
            "param": (None if kind == "megatron" and z in (1, 2) else
                      "only with ZeRO 1 or 2 under megatron (the distributed optimizer's all-gather; ZeRO-3 "
-                     "gathers before each use)"),
-           "p2p": None if stages else "only with pipeline stages (pp > 1)"}
+                     "gathers before each use)")}
     options = [{"label": label, "value": value, "disabled": why[value] is not None,
                 "title": f"{flag}: {why[value]}" if why[value] else flag}
                for value, label, flag in OVERLAP_CHOICES]
@@ -72,7 +68,7 @@ def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
         ticked = [value for value, name in LAYOUT_OVERLAPS.items() if SWITCHES[name]]
     on = {str(x) for x in ticked if isinstance(x, str)}
     return options, [value for value, *_ in OVERLAP_CHOICES
-                     if value in on and (why[value] is None or value == "p2p")]
+                     if value in on and why[value] is None]
 
 
 def layout_panel() -> html.Div:
