@@ -113,10 +113,24 @@ def _shape(row: dict[str, str], src: str, notes: list[str]) -> tuple[dict[str, A
     return shape, need["gpus"]
 
 
+#: Families whose "selective" is torchtitan's per-op selective activation checkpointing
+#: (``selective_ac_option = "op"``, its Llama 3 configs' default), not Megatron's
+OP_SAC_FAMILIES = ("torchtitan", "torchtitan-community", "KempnerForge")
+
+
 def _precision(row: dict[str, str], notes: list[str]) -> tuple[str, bool, str]:
-    """(model precision, fp8 GEMMs, recompute) from the ``precision`` and ``recompute`` columns."""
+    """(model precision, fp8 GEMMs, recompute) from the ``precision`` and ``recompute`` columns.
+    A torchtitan-family row's "selective" is torchtitan's per-op policy (``selective-op``:
+    :func:`engine.strategy.op_checkpoint_saved`)."""
     rec_col = (row.get("recompute") or "").strip().lower()
     recompute = "full" if rec_col.startswith("full") else "selective" if rec_col.startswith("selective") else "none"
+    if recompute == "selective" and source_of(row) in OP_SAC_FAMILIES:
+        if "layer" in rec_col:  # selective_ac_option = "N": every N-th block fully checkpointed
+            raise Skip(f"recompute {row.get('recompute')!r}: torchtitan's layer-wise selective checkpointing "
+                       "(every N-th block) is not modelled")
+        recompute = "selective-op"
+        notes.append("selective recompute: torchtitan's per-op policy (selective_ac_option 'op': every second "
+                     "mm's and the fused attention's outputs saved, the rest of each block recomputed)")
     if not rec_col or rec_col.startswith("not stated"):
         notes.append("recompute not stated: none (Megatron-LM default); FLOPs counted without recompute")
     prec_col = (row.get("precision") or "").lower()
@@ -218,10 +232,19 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
     if gather:
         notes.append("parameter all-gather overlapped with the forward: the recipes' overlap_param_gather")
 
+    # Megatron-Bridge's performance scripts (scripts/performance/utils/helpers.py
+    # set_basic_perf_overrides: mixed_precision and ddp grad_reduce_in_fp32 = False; NeMo 2's
+    # scripts/performance likewise) and fp8 recipes (bf16_with_fp8_{delayed,current}_scaling_mixed:
+    # fp8_param_gather = True; NeMo 2's bf16_with_fp8_mixed: fp8_params = True)
+    bridge = src == "Megatron-Bridge"
+    if bridge:
+        notes.append("gradients reduced in bf16: the performance scripts' grad_reduce_in_fp32 = False"
+                     + ("; fp8 parameters: the fp8 recipes' fp8_param_gather" if L["fp8"] else ""))
+
     def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"]):
         return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
                         sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap,
-                        overlap_param_gather=gather)
+                        overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8)
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "

@@ -88,7 +88,8 @@ class Layout:
     global_batch: int | None = None
     #: pipeline schedule (one of ``SCHEDULES``); None: interleaved with vpp > 1, else 1f1b
     schedule: str | None = None
-    #: activation recomputation: none, selective (attention's core) or full (--recompute-granularity)
+    #: activation recomputation: none, selective (attention's core), full (--recompute-granularity)
+    #: or selective-op (torchtitan's per-op policy: :func:`engine.recompute.op_checkpoint_saved`)
     recompute: str = "none"
     #: Megatron sequence parallelism (--sequence-parallel; Korthikanti et al. 2022 §4.2.2)
     sequence_parallel: bool = False
@@ -104,6 +105,11 @@ class Layout:
     gather_unit: str = "block"
     #: the linear layers' GEMMs in fp8 (Transformer Engine; --fp8-format hybrid)
     fp8: bool = False
+    #: the linear weights kept in fp8 (--fp8-param-gather; NeMo's fp8_params): needs fp8
+    fp8_params: bool = False
+    #: a bf16 model's gradients accumulated and reduced in fp32 (Megatron-LM's default for
+    #: bf16; off: bf16 gradient buffer): :attr:`engine.strategy.Strategy.grad_reduce_in_fp32`
+    grad_reduce_in_fp32: bool = True
     #: data-parallel gradient collectives overlapped with the backward (--overlap-grad-reduce;
     #: PyTorch DDP/FSDP always): :attr:`engine.strategy.Strategy.overlap_grad_reduce`
     overlap_grad_reduce: bool = True
@@ -224,7 +230,8 @@ class Layout:
 #: the option names a layout takes (its fields)
 OPTION_NAMES = tuple(f.name for f in fields(Layout))
 
-_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather")
+_BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather", "fp8_params",
+         "grad_reduce_in_fp32")
 _LISTS = ("layers_per_stage", "stage_mesh")
 _TEXT = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "gather_unit": GATHER_UNITS,
          "offload_optimizer": OFFLOAD_DEVICES, "offload_params": OFFLOAD_DEVICES}

@@ -26,7 +26,10 @@ Activations are tracked over the timeline: what an op partition saves for its ba
 allocated when its forward task ends and freed when its backward task ends, per microbatch,
 so the peak follows the pipeline schedule (1F1B holds fewer microbatches than GPipe). With
 full recomputation only layer inputs are kept; selective recomputation drops the attention
-core's activations (Korthikanti et al. 2022 §5).
+core's activations (Korthikanti et al. 2022 §5); ``selective-op`` (torchtitan's per-op policy,
+:func:`engine.recompute.op_checkpoint_saved`) keeps each layer's input and the outputs its save
+list names (every other matmul, the fused attention's output and log-sum-exp, the
+reduce-scattered outputs).
 
 On top of them (:meth:`MemoryReport.breakdown` names every part; they sum to ``peak_bytes``):
 
@@ -40,10 +43,19 @@ On top of them (:meth:`MemoryReport.breakdown` names every part; they sum to ``p
 * the CUDA context, cuBLAS workspace and NCCL's buffers, outside the allocator
   (:data:`CUDA_CONTEXT_BYTES`, :data:`NCCL_BYTES_PER_COMMUNICATOR`).
 
-``peak_bytes`` = reserved + context, what the device must hold (nvidia-smi's view):
-feasibility compares it with capacity. ``allocated_peak_bytes`` is what
-``torch.cuda.max_memory_allocated`` would report, ``reserved_peak_bytes`` what
-``torch.cuda.max_memory_reserved`` would.
+``peak_bytes`` = reserved + context, what the device holds at its peak (nvidia-smi's view).
+``allocated_peak_bytes`` is what ``torch.cuda.max_memory_allocated`` would report,
+``reserved_peak_bytes`` what ``torch.cuda.max_memory_reserved`` would.
+
+Out of memory is decided on ``required_bytes`` = allocated + context, not on the reserved
+peak: when ``cudaMalloc`` fails, PyTorch's caching allocator first frees cached blocks that
+would satisfy the request, then every cached block that is not split, and retries
+(``c10/cuda/CUDACachingAllocator.cpp`` ``malloc``: ``release_available_cached_blocks`` then
+``release_cached_blocks`` before it raises OutOfMemoryError), so memory cached but unused
+cannot by itself make a run that fits in allocated memory fail. What it cannot give back is
+the free tail of split segments whose other blocks are in use; that part of the
+fragmentation allowance is not counted (no measurement separates it), so a run within a few
+percent of capacity may still fail from fragmentation that the rule calls feasible.
 
 ZeRO-Offload / ZeRO-Infinity (Ren et al. ATC'21; Rajbhandari et al. SC'21): an offloaded
 optimizer keeps its state (fp32 master weights, fp32 gradients, Adam's moments: 16 bytes per
@@ -51,8 +63,8 @@ parameter, sharded) in host memory (``cpu``) or on NVMe (``nvme``) instead of th
 gradients stay in the model's dtype; offloaded parameters (ZeRO-3) keep only the gathered
 working set on the GPU. ``host_bytes`` is checked against the host memory each GPU has.
 
-A strategy whose peak exceeds a device's capacity, or whose host state exceeds its host
-memory, is infeasible; the report says which device and by how much.
+A strategy whose required memory (allocated + context) exceeds a device's capacity, or whose
+host state exceeds its host memory, is infeasible; the report says which device and by how much.
 """
 
 from __future__ import annotations
@@ -70,7 +82,8 @@ from .errors import check_cancel
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
-from .strategy import Strategy, partition_grid, selective_recompute_reruns, zero_shares
+from .recompute import keeps_output, kept_inputs, saved_outputs
+from .strategy import Strategy, partition_grid, zero_shares
 from .taskgraph import BWD, FWD
 from .taskgraph.sync import sync_unit
 
@@ -110,8 +123,8 @@ def optimizer_bytes_per_param(precision: str) -> int:
     return 8 if precision in ("fp32", "tf32") else 12
 
 
-def state_bytes_per_param(precision: str, zero_stage: int = 0,
-                          offload_optimizer: str = "none") -> tuple[int, int, int, int]:
+def state_bytes_per_param(precision: str, zero_stage: int = 0, offload_optimizer: str = "none",
+                          grad_reduce_in_fp32: bool = True) -> tuple[int, int, int, int]:
     """(weights, gradients, sharded fp32 main gradients, optimizer) bytes per parameter
     before ZeRO's sharding.
 
@@ -120,10 +133,14 @@ def state_bytes_per_param(precision: str, zero_stage: int = 0,
     Under ZeRO-3 in bf16 (FSDP2 with ``param_dtype=bf16, reduce_dtype=fp32``) the sharded
     parameters and gradients are fp32 and the parameter is Adam's master copy: 4 + 4 + 8.
     With the optimizer offloaded the GPU keeps the parameters and gradients in the model's
-    dtype; the rest lives on the host (:data:`OFFLOAD_STATE_BYTES_PER_PARAM`).
+    dtype; the rest lives on the host (:data:`OFFLOAD_STATE_BYTES_PER_PARAM`). A bf16 model
+    without ``grad_reduce_in_fp32`` (Megatron-Core's bf16 gradient buffer) counts as fp16
+    does, 4 + 16/d: the distributed optimizer casts its gradient shard to fp32.
 
     >>> state_bytes_per_param("bf16"), state_bytes_per_param("fp16", 1), state_bytes_per_param("bf16", 3)
     ((2, 4, 0, 12), (2, 2, 4, 12), (4, 4, 0, 8))
+    >>> state_bytes_per_param("bf16", 1, grad_reduce_in_fp32=False)
+    (2, 2, 4, 12)
     """
     p = DTYPE_BYTES[precision]
     if offload_optimizer != "none":
@@ -132,7 +149,7 @@ def state_bytes_per_param(precision: str, zero_stage: int = 0,
         return 4, 4, 0, 8
     if zero_stage >= 3:
         return (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)
-    return (2, 4, 0, 12) if precision == "bf16" else (2, 2, 4, 12)
+    return (2, 4, 0, 12) if precision == "bf16" and grad_reduce_in_fp32 else (2, 2, 4, 12)
 
 
 @dataclass
@@ -143,8 +160,10 @@ class MemoryReport:
     ``reserved_peak_bytes`` = ``allocated_peak_bytes`` + ``fragmentation_bytes``, and
     ``allocated_peak_bytes`` = :attr:`static_bytes` + ``activations_peak_bytes`` +
     ``gathered_bytes`` + ``logits_bytes``: :meth:`breakdown` lists the parts in that order and
-    they sum to ``peak_bytes`` exactly. Feasibility compares ``peak_bytes`` with
-    ``capacity_bytes`` and ``host_bytes`` with ``host_capacity_bytes``."""
+    they sum to ``peak_bytes`` exactly. Feasibility compares :attr:`required_bytes`
+    (allocated + context: the caching allocator releases its unused cached blocks before it
+    reports out of memory, see the module docstring) with ``capacity_bytes``, and
+    ``host_bytes`` with ``host_capacity_bytes``."""
 
     weights_bytes: np.ndarray
     grads_bytes: np.ndarray
@@ -207,16 +226,24 @@ class MemoryReport:
         return {k: float(v[d]) for k, v in self.breakdown_arrays().items()}
 
     @property
+    def required_bytes(self) -> np.ndarray:
+        """[device] what must fit for the run not to fail with out of memory: the allocated
+        peak plus the CUDA context and NCCL buffers (the reserved peak less the cached blocks
+        PyTorch's allocator frees and retries with before it gives up)."""
+        return self.allocated_peak_bytes + self.context_bytes
+
+    @property
     def host_feasible(self) -> bool:
         return bool(np.all(self.host_bytes <= self.host_capacity_bytes))
 
     @property
     def feasible(self) -> bool:
-        return bool(np.all(self.peak_bytes <= self.capacity_bytes)) and self.host_feasible
+        return bool(np.all(self.required_bytes <= self.capacity_bytes)) and self.host_feasible
 
     def over_capacity(self) -> list[tuple[int, float]]:
-        """(device, bytes over GPU capacity) for every device that does not fit, worst first."""
-        over = self.peak_bytes - self.capacity_bytes
+        """(device, bytes over GPU capacity) for every device that does not fit (its
+        :attr:`required_bytes` over capacity), worst first."""
+        over = self.required_bytes - self.capacity_bytes
         idx = np.nonzero(over > 0)[0]
         return sorted(((int(d), float(over[d])) for d in idx), key=lambda x: -x[1])
 
@@ -311,7 +338,8 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
             per_unit = np.zeros((len(units), D))
             np.add.at(per_unit, (np.concatenate(unit_p)[first], devs_p), elems_p)
             unit_max = per_unit.max(axis=0)
-    w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt)
+    w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
+                                                  getattr(strategy, "grad_reduce_in_fp32", True))
     weights = (sharded if zero >= 3 else params) * w_b
     grads = (sharded if zero >= 2 else params) * g_b + (sharded if zero >= 1 else params) * main_b
     optim = (sharded if zero >= 1 else params) * o_b
@@ -331,8 +359,10 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
         weights = np.zeros(D)
     if zero < 3 and strategy.fp8:
         # Transformer Engine keeps each linear weight's fp8 copy and its transpose between
-        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use
-        weights = weights + 2.0 * gemm_params
+        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use.
+        # With fp8 parameters the fp8 weight and its transpose replace the model-dtype copy.
+        fp8_params = getattr(strategy, "fp8_params", False)
+        weights = weights + (2.0 - (pbytes if fp8_params else 0.0)) * gemm_params
     # ZeRO-3: the unit in use and the one prefetched, gathered in the model's dtype (FSDP's
     # default forward and backward prefetch of one unit; the gathered copy is freed after use)
     gathered = 2.0 * unit_max * pbytes if zero >= 3 else np.zeros(D)
@@ -430,7 +460,8 @@ def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timelin
         mirrored = (image >= 0) & (image != np.arange(cluster.num_devices))
         bound[mirrored] = bound[image[mirrored]]
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(cluster.num_devices)], np.float64)
-    if np.all(_peak_parts(st, bound)[3] <= capacity):
+    allocated = _peak_parts(st, bound)[0]
+    if np.all(allocated + st.context <= capacity):  # (MemoryReport.required_bytes)
         return True
     return memory_report(graph, strategy, cluster, timeline).feasible
 
@@ -585,27 +616,32 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
     input in fp8 (1 byte per element), as Transformer Engine does."""
     out = np.zeros(len(graph.ops))
     recompute = strategy.recompute
-    saving = cache.get(("saving", recompute))
+    saving = cache.get(("saving", recompute, strategy.fp8))
     if saving is None:
-        saving = cache[("saving", recompute)] = [(i, op, kept) for i, op in enumerate(graph.ops)
-                                                 if (kept := _kept_inputs(graph, op, recompute))]
+        saving = cache[("saving", recompute, strategy.fp8)] = [
+            (i, op, kept) for i, op in enumerate(graph.ops)
+            if (kept := kept_inputs(graph, op, recompute, strategy.fp8))
+            or keeps_output(graph, op, recompute, strategy.fp8)]
     configs = strategy.configs
     kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
     for i, op, inputs in saving:
         cfg = configs[op.name]
-        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8)
+        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel)
         hit = cache.get(ck)
         if hit is None:
             degrees = dict(cfg.degrees)
             if m > 1 and "sample" in op.dim_names:
                 degrees["sample"] = degrees.get("sample", 1) * m
-            ins, _, _ = op.partition_shapes(degrees)
+            ins, outs, _ = op.partition_shapes(degrees)
             per = op_kind(op.kind).bwd_saved_bytes_per_element
             if strategy.fp8 and op.kind == "linear":
                 per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
-            hit = cache[ck] = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
+            hit = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
                 DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
                 if op.in_tensors[k].dtype in FLOAT_DTYPES]
+            if recompute == "selective-op":
+                hit += saved_outputs(graph, op, cfg, outs, strategy)
+            cache[ck] = hit
         for ref, shape, nbytes in hit:
             key = ((ref.op, ref.index), shape, cfg.devices)
             if key in kept_tensors:
@@ -617,19 +653,3 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
                     nbytes /= pcfg.degree("length")
             out[i] += nbytes
     return out
-
-
-def _kept_inputs(graph: OpGraph, op, recompute: str) -> tuple[int, ...]:
-    """Indices of the inputs ``op`` keeps for its backward pass under ``recompute``: none
-    for ops whose backward reads no input; with full recomputation only the layer's inputs
-    (tensors made by another block), the rest being recomputed from them; an op that
-    selective recomputation reruns keeps the inputs its rerun needs from outside the rerun
-    region (the attention core's Q, K and V, Korthikanti et al. 2022 §5)."""
-    if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
-        return ()
-    every = range(len(op.inputs))
-    if recompute == "full":
-        return tuple(k for k in every if graph[op.inputs[k].op].block != op.block)
-    if recompute == "selective" and selective_recompute_reruns(graph, op):
-        return tuple(k for k in every if not selective_recompute_reruns(graph, graph[op.inputs[k].op]))
-    return tuple(every)

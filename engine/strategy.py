@@ -52,7 +52,10 @@ __all__ = [
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+#: Activation recomputation policies: ``selective`` is Korthikanti et al.'s (the attention
+#: core), ``selective-op`` torchtitan's per-op selective checkpointing
+#: (:func:`engine.recompute.op_checkpoint_saved`), ``full`` every layer from its input.
+RECOMPUTE = ("none", "selective", "full", "selective-op")
 
 
 def divisors(n: int, at_most: int) -> list[int]:
@@ -206,7 +209,8 @@ class Strategy:
         on the devices of stage ``c % stages`` (Megatron's interleaved assignment).
     pipeline : PipelineSettings
     recompute : str
-        ``none``, ``selective`` (attention internals, Korthikanti et al. 2022) or ``full``.
+        ``none``, ``selective`` (attention internals, Korthikanti et al. 2022), ``full`` or
+        ``selective-op`` (torchtitan's per-op policy, :func:`engine.recompute.op_checkpoint_saved`).
     zero_stage : int
         0: no sharding; 1, 2, 3: ZeRO stages (3 = FSDP full sharding).
     sequence_parallel : bool
@@ -248,6 +252,19 @@ class Strategy:
         transposed) to fp8 by extra memory-bound kernels, the fp8 input kept for the backward;
         attention's core, norms, the rest, communication, master weights and the optimizer
         stay in the model's precision. Needs fp8 tensor cores (H100, H200).
+    grad_reduce_in_fp32 : bool
+        Megatron-Core's ``DistributedDataParallelConfig.grad_reduce_in_fp32``: a bf16 model's
+        gradient buffer (``main_grad``), accumulated and reduced, in fp32 (4 bytes per
+        parameter) rather than bf16 (2; the distributed optimizer then casts its shard to fp32,
+        4/d). Default on: Megatron-LM's ``arguments.py`` turns
+        ``accumulate_allreduce_grads_in_fp32`` on for bf16, as NeMo's and Megatron-Bridge's
+        ``bf16_mixed()`` do; their performance scripts turn it off. Only bf16 models under
+        ZeRO 0-2 read it (FSDP2 keeps its sharded gradients in the fp32 parameters' dtype).
+    fp8_params : bool
+        With ``fp8``: the linear layers' weights kept in fp8 (Transformer Engine's
+        ``fp8_model_init``; Megatron's ``--fp8-param-gather``, NeMo's ``fp8_params``): one byte
+        per weight plus the transpose Hopper's fp8 GEMMs read, instead of the bf16 weight and
+        its cached fp8 copy and transpose; the fp32 master copy stays in the optimizer.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -276,6 +293,8 @@ class Strategy:
     overlap_param_gather: bool = False
     offload_optimizer: str = "none"
     offload_params: str = "none"
+    grad_reduce_in_fp32: bool = True
+    fp8_params: bool = False
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -314,6 +333,8 @@ class Strategy:
             **({"overlap_param_gather": True} if self.overlap_param_gather else {}),
             **({"offload_optimizer": self.offload_optimizer} if self.offload_optimizer != "none" else {}),
             **({"offload_params": self.offload_params} if self.offload_params != "none" else {}),
+            **({"grad_reduce_in_fp32": False} if not self.grad_reduce_in_fp32 else {}),
+            **({"fp8_params": True} if self.fp8_params else {}),
             "ops": ops,
         }
 
@@ -350,7 +371,8 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("shard_group", 0), data.get("tp_comm_overlap", False),
                     data.get("overlap_grad_reduce", True), data.get("overlap_param_gather", False),
                     data.get("offload_optimizer", "none"),
-                    data.get("offload_params", "none"))
+                    data.get("offload_params", "none"), data.get("grad_reduce_in_fp32", True),
+                    data.get("fp8_params", False))
 
 
 def partition_grid(op: Op, config: Config) -> tuple[list[str], np.ndarray]:
@@ -450,6 +472,11 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
             add(Problem(name, f"offloading {'the optimizer' if need == 1 else 'parameters'} to {where} needs ZeRO "
                               f"stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
                               f"{strategy.zero_stage}"))
+    for name in ("grad_reduce_in_fp32", "fp8_params"):
+        if not isinstance(getattr(strategy, name), bool):
+            add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
+    if strategy.fp8_params is True and strategy.fp8 is not True:
+        add(Problem("fp8_params", "fp8 parameters need fp8 GEMMs: set fp8 too, or turn fp8_params off"))
     if not isinstance(strategy.fp8, bool):
         add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
     elif strategy.fp8:

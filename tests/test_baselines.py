@@ -410,7 +410,7 @@ class TestMegatronErrors:
         assert self.run(micro_batch=2) == "global batch 8 is not a multiple of micro_batch (2) x dp (8)"
 
     def test_invalid_recompute(self):
-        assert self.run(recompute="some") == "recompute must be one of none, selective, full, got 'some'"
+        assert self.run(recompute="some") == "recompute must be one of none, selective, full, selective-op, got 'some'"
 
 
 class TestUnevenStagesAndZero:

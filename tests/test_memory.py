@@ -247,7 +247,7 @@ class TestBreakdown:
 
     @settings(max_examples=12, deadline=None, derandomize=True)
     @given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([0, 1, 2, 3]), st.booleans(),
-           st.sampled_from(["none", "selective", "full"]), st.sampled_from(["fp32", "bf16"]), st.booleans())
+           st.sampled_from(["none", "selective", "full", "selective-op"]), st.sampled_from(["fp32", "bf16"]), st.booleans())
     def test_parts_sum_to_the_peak(self, tp, pp, zero, sp, recompute, precision, two_nodes):
         from engine.search.baselines import fsdp
 

@@ -469,7 +469,7 @@ class TestValidateStrategy:
     # -- recompute, ZeRO ------------------------------------------------------------------
     def test_unknown_recompute(self, tiny, p100):
         assert validate_strategy(replace(single(), recompute="some"), tiny, p100) == [
-            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full")]
+            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full, selective-op")]
 
     @pytest.mark.parametrize("stage", [4, -1])
     def test_bad_zero_stage(self, tiny, p100, stage):
@@ -567,7 +567,7 @@ class TestValidateStrategy:
             Problem("cluster.devices", "the strategy was made for 8 devices (x), but p100-4x4 has 16"),
             Problem("ops.ghost", "no op named 'ghost' in model 'tiny'"),
             Problem("pipeline.schedule", "unknown schedule 'zigzag'; valid: gpipe, 1f1b, interleaved"),
-            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full"),
+            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full, selective-op"),
             Problem("zero_stage", "must be 0, 1, 2 or 3, got 4"),
             Problem("ops.conv1.degrees.sample", "3 does not divide sample (64)"),
             Problem("ops.relu1", "no config for this op"),
@@ -585,13 +585,13 @@ class TestCheckStrategy:
         with pytest.raises(ValidationError) as info:
             check_strategy(s, tiny, p100, "plan.json")
         assert info.value.problems == [
-            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full"),
+            Problem("recompute", "unknown recompute 'some'; valid: none, selective, full, selective-op"),
             Problem("ops.conv1.degrees.sample", "3 does not divide sample (64)"),
         ]
         assert info.value.source == "plan.json"
         assert str(info.value) == (
             "plan.json: 2 problems found:\n"
-            "  - recompute: unknown recompute 'some'; valid: none, selective, full\n"
+            "  - recompute: unknown recompute 'some'; valid: none, selective, full, selective-op\n"
             "  - ops.conv1.degrees.sample: 3 does not divide sample (64)")
 
     def test_without_source(self, tiny, p100):

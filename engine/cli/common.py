@@ -83,7 +83,17 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch", type=positive_int, help="micro-batch size in samples")
     g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
-    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (megatron, fsdp)")
+    g.add_argument("--recompute", choices=RECOMPUTE,
+                   help="activation recomputation (megatron, fsdp): selective (Megatron's: the attention core), "
+                        "full (each layer from its input), selective-op (torchtitan's per-op policy: every second "
+                        "matmul's and the fused attention's outputs saved, the rest recomputed)")
+    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=None,
+                   help="a bf16 model's gradients accumulated and reduced in fp32 (megatron; default on, Megatron-LM's "
+                        "bf16 rule; --no-grad-reduce-in-fp32: the bf16 gradient buffer of NeMo's and "
+                        "Megatron-Bridge's performance scripts)")
+    g.add_argument("--fp8-params", action="store_true", default=None,
+                   help="with --precision fp8: the linear weights kept in fp8 (Megatron's --fp8-param-gather, "
+                        "NeMo's fp8_params) (megatron)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="Megatron-Core's tensor-parallel communication overlapped with the GEMMs (Transformer "

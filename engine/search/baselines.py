@@ -130,7 +130,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
              zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False,
              overlap_grad_reduce: bool = True, overlap_param_gather: bool = False,
-             offload_optimizer: str = "none") -> Strategy:
+             offload_optimizer: str = "none", grad_reduce_in_fp32: bool = True, fp8_params: bool = False) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
     :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
     is described); the keyword form the CLI and the app call."""
@@ -138,6 +138,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
                  recompute=recompute, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
                  zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh,
                  overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                 grad_reduce_in_fp32=grad_reduce_in_fp32, fp8_params=fp8_params,
                  offload_optimizer=offload_optimizer)
     return build_layout(graph, cluster, lay)
 
@@ -226,7 +227,8 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
 
 
 #: The overlap and offload switches a layout carries onto its strategy (same names on both)
-_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params")
+_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params",
+             "grad_reduce_in_fp32", "fp8_params")
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
@@ -296,7 +298,8 @@ BASELINES: dict[str, Baseline] = {
         Baseline("megatron", megatron, "Megatron-LM tensor x pipeline x data parallelism",
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
                   "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap",
-                  "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer")),
+                  "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "grad_reduce_in_fp32",
+                  "fp8_params")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
                   "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params", "sequence_parallel",
@@ -306,7 +309,7 @@ BASELINES: dict[str, Baseline] = {
 
 
 #: Switches that are on unless turned off: False is a choice for these, not "not given"
-_ON_BY_DEFAULT = ("overlap_grad_reduce",)
+_ON_BY_DEFAULT = ("overlap_grad_reduce", "grad_reduce_in_fp32")
 
 
 def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:

@@ -7,7 +7,8 @@ import numpy as np
 
 from ..graph import Op
 from ..ops import DTYPE_BYTES, REDUCTION
-from ..strategy import partition_grid, selective_recompute_reruns
+from ..recompute import recompute_reruns
+from ..strategy import partition_grid
 from .context import BuildContext, OpTables
 from .emit import Emitter
 from .regions import classes, out_regions, tile
@@ -51,10 +52,12 @@ class ComputeBuilder:
             hit = self._devices[id(config.devices)] = (config.devices, np.asarray(config.devices, np.int64))
         devs = hit[1]
         t.devs[oi] = devs
-        selective = s.recompute == "selective" and selective_recompute_reruns(g, op)
-        reruns = selective or s.recompute == "full" and op.kind != "input"  # forward again before backward
+        # forward again before backward: the recomputed forward's time is added to the backward
+        # task (full: every op; selective: the attention core; selective-op: the checkpointed
+        # layers' ops whose outputs torchtitan's policy does not save)
+        reruns = recompute_reruns(g, op, s.recompute, s.fp8)
         sig = (op_signature(op), tuple(config.degrees.items()), ctx.sym.dims.get(op.name) if ctx.sym else None,
-               selective)
+               reruns)
         hit = self._memo.get(sig)
         if hit is None or self.emit.heterogeneous:
             names, grid = partition_grid(op, config)
