@@ -4,6 +4,8 @@ consumer needs a region another device holds, sized by the overlap)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REPLICA
@@ -48,6 +50,30 @@ class DataflowBuilder:
         self._plans: dict[tuple, tuple] = {}
         #: partition classes of identical consumers (input-gradient groups)
         self._classes: dict[tuple, np.ndarray] = {}
+        #: a [part] array's contents (devices less their minimum; representative masks) -> a
+        #: small id, and id(array) -> (the array, its minimum, that id): the plans' keys hold
+        #: ids, not the arrays' bytes (16,384 devices: 128 kB hashed four times per edge).
+        #: An entry holds its array, so its id cannot name another array while cached; a
+        #: pattern id is never reused (the plans made before the bound cleared keep theirs).
+        self._pattern_ids: dict[tuple, int] = {}
+        self._patterns: dict[int, tuple[np.ndarray, int, int]] = {}
+        self._next_pattern = itertools.count()
+
+    def _pattern(self, a: np.ndarray) -> tuple[int, int]:
+        """(minimum, pattern id) of a [part] devices array or mask: equal ids, equal
+        ``a - a.min()``."""
+        hit = self._patterns.get(id(a))
+        if hit is None or hit[0] is not a:
+            if len(self._patterns) >= 4096:  # bounded: a long search meets many configs
+                self._patterns.clear()
+                self._pattern_ids.clear()
+            lo = int(a.min()) if a.size else 0
+            code = (a.dtype.str, (a - lo if a.dtype != bool else a).tobytes())
+            pat = self._pattern_ids.get(code)
+            if pat is None:
+                pat = self._pattern_ids[code] = next(self._next_pattern)
+            hit = self._patterns[id(a)] = (a, lo, pat)
+        return hit[1], hit[2]
 
     def build(self, seg: Segment, p: int, o: int) -> None:
         ctx, t = self.ctx, self.tables
@@ -64,10 +90,11 @@ class DataflowBuilder:
             nbytes = DTYPE_BYTES[tensor.dtype] / (m if "sample" in tensor.axes else 1)
             # forward: holders = producer partitions; identical data across reduction (after
             # the all-reduce) and replica dims
-            base = int(min(t.devs[p].min(), t.devs[c].min()))
+            # (the two device arrays less their common minimum: each less its own, and the offset)
+            (p_lo, p_pat), (c_lo, c_pat) = self._pattern(t.devs[p]), self._pattern(t.devs[c])
             pkey = (op_signature(prod), o, tuple(pcfg.degrees.items()), op_signature(cons), i,
-                    tuple(ccfg.degrees.items()), (t.devs[p] - base).tobytes(), (t.devs[c] - base).tobytes(),
-                    t.rep[p].tobytes(), t.rep[c].tobytes())
+                    tuple(ccfg.degrees.items()), p_pat, c_pat, p_lo - c_lo,
+                    self._pattern(t.rep[p])[1], self._pattern(t.rep[c])[1])
             hit = self._plans.get(pkey)
             if hit is None:
                 hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}

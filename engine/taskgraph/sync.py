@@ -113,6 +113,37 @@ class SyncBuilder:
 
     def __init__(self, ctx: BuildContext, tables: OpTables, emit: Emitter, plan: FsdpPlan) -> None:
         self.ctx, self.tables, self.emit, self.plan = ctx, tables, emit, plan
+        #: (id of an op's [part] devices, id of its grid, split columns, ZeRO share, ZeRO?) ->
+        #: (devices, grid, [(region key, partitions)]): ops of repeated layers share both
+        #: arrays (a 16,384-way op's grouping is an argsort and a sort per group). An entry
+        #: holds its arrays, so their ids cannot name others while cached.
+        self._groups: dict[tuple, tuple[np.ndarray, np.ndarray, list]] = {}
+
+    def _region_groups(self, oi: int, names: list[str], grid: np.ndarray, split: list[int], share: int,
+                       zero: int) -> list[tuple[tuple, np.ndarray]]:
+        """[(region key, partition ids)] of op ``oi``'s partitions grouped by the parameter
+        region they hold, in ascending code order (vectorised)."""
+        t, cfg = self.tables, self.ctx.strategy.configs[self.ctx.graph.ops[oi].name]
+        devs = t.devs[oi]
+        key = (id(devs), id(grid), tuple(split), share, zero >= 1)
+        hit = self._groups.get(key)
+        if hit is not None and hit[0] is devs and hit[1] is grid:
+            return hit[2]
+        if split:
+            codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
+        else:
+            codes = np.zeros(grid.shape[0], np.int64)
+        if share > 1:  # a sequence-parallel op: one ZeRO group per tp rank (tp fastest in length)
+            codes = codes * share + grid[:, names.index("length")] % share
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        groups = [((np.sort(devs[part_ids]).tobytes(),) if zero >= 1 else
+                   (tuple(names[j] for j in split), int(codes[part_ids[0]])), part_ids)
+                  for part_ids in np.split(order, bounds)]
+        if len(self._groups) >= 4096:  # bounded: a long search meets many configs
+            self._groups.clear()
+        self._groups[key] = (devs, grid, groups)
+        return groups
 
     def build(self, seg: Segment, unit: str) -> None:
         ctx, t, m = self.ctx, self.tables, self.ctx.microbatches
@@ -136,19 +167,9 @@ class SyncBuilder:
                 split = [j for j, n in enumerate(names) if any(ax is not None for ax in op.dim(n).param_axes)]
             elems = op.partition_param_elements(cfg.degrees)
             tensor = op.param_group or op.name  # shared parameters are one tensor
-            # partitions grouped by the parameter region they hold (vectorised)
-            if split:
-                codes = np.ravel_multi_index(grid[:, split].T, [cfg.degree(names[j]) for j in split])
-            else:
-                codes = np.zeros(grid.shape[0], np.int64)
+            # partitions grouped by the parameter region they hold
             share = self.plan.zero_shares.get(op.name, 1)
-            if share > 1:  # a sequence-parallel op: one ZeRO group per tp rank (tp fastest in length)
-                codes = codes * share + grid[:, names.index("length")] % share
-            order = np.argsort(codes, kind="stable")
-            bounds = np.flatnonzero(np.diff(codes[order])) + 1
-            for part_ids in np.split(order, bounds):
-                key = (np.sort(t.devs[oi][part_ids]).tobytes(),) if zero >= 1 else \
-                    (tuple(names[j] for j in split), int(codes[part_ids[0]]))
+            for key, part_ids in self._region_groups(oi, names, grid, split, share, zero):
                 entry = regions.setdefault(key, [[], [], 0.0, set()])
                 entry[0].append(t.devs[oi][part_ids])
                 entry[1].append((oi, part_ids))
