@@ -77,7 +77,8 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
                  schedule=strategy.pipeline.schedule, recompute=strategy.recompute, zero_stage=strategy.zero_stage,
                  sequence_parallel=sp, fp8=strategy.fp8, tp_comm_overlap=strategy.tp_comm_overlap,
-                 layers_per_stage=counts, gather_unit=strategy.gather_unit, shard_group=strategy.shard_group)
+                 layers_per_stage=counts, gather_unit=strategy.gather_unit, shard_group=strategy.shard_group,
+                 **{k: getattr(strategy, k) for k in SWITCHES})
     try:
         rebuilt = build_layout(graph, cluster, lay)
     except ValueError as e:
@@ -110,6 +111,11 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     return lay
 
 
+#: The overlap, offload and buffer switches a strategy carries into its layout (same names)
+SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
+            "grad_reduce_in_fp32")
+
+
 def _refuse(fmt: str, what: str, instead: str) -> ValidationError:
     return _fail([Problem(fmt, f"{what}; {instead}")])
 
@@ -134,14 +140,26 @@ def to_megatron(lay: Layout) -> list[str]:
         f.append("--sequence-parallel")
     if lay.tp_comm_overlap:
         f.append("--tp-comm-overlap")
+    if lay.recompute == "selective-op":
+        raise _refuse("megatron", "torchtitan's per-op selective checkpointing has no Megatron-LM flag (its "
+                                  "'selective' recomputes the attention core only)", "export --format torchtitan")
+    if lay.offload_optimizer != "none" or lay.offload_params != "none":
+        raise _refuse("megatron", "ZeRO-Offload (optimizer state and step on the host) is DeepSpeed's; Megatron-Core's "
+                                  "--optimizer-cpu-offload is a different hybrid optimizer", "export --format deepspeed")
     if lay.recompute == "selective":
         f += ["--recompute-granularity", "selective"]
     elif lay.recompute == "full":
         f += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if lay.zero_stage == 1:
         f.append("--use-distributed-optimizer")
+    if lay.overlap_grad_reduce:  # (on in the simulation unless turned off; Megatron-LM's default is off)
+        f.append("--overlap-grad-reduce")
+        if lay.overlap_param_gather and lay.zero_stage == 1:
+            f.append("--overlap-param-gather")
     if lay.fp8:
         f += ["--fp8-format", "hybrid"]
+        if lay.fp8_params:
+            f.append("--fp8-param-gather")
     if lay.pp > 1 and lay.schedule == "gpipe":
         raise _refuse("megatron", "the GPipe schedule has no Megatron-LM flag (it runs 1F1B, or interleaved with "
                                   "virtual stages)", "use 1f1b")
@@ -177,7 +195,9 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
                   zero_stage=1 if v.get("--use-distributed-optimizer") else 0,
                   sequence_parallel=bool(v.get("--sequence-parallel")), fp8="--fp8-format" in v,
                   tp_comm_overlap=bool(v.get("--tp-comm-overlap")), layers_per_stage=counts,
-                  gather_unit=base.gather_unit, shard_group=base.shard_group)
+                  gather_unit=base.gather_unit, shard_group=base.shard_group,
+                  overlap_grad_reduce="--overlap-grad-reduce" in v, overlap_param_gather="--overlap-param-gather" in v,
+                  fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=base.grad_reduce_in_fp32)
 
 
 def to_deepspeed(lay: Layout, precision: str) -> dict[str, Any]:
@@ -201,8 +221,18 @@ def to_deepspeed(lay: Layout, precision: str) -> dict[str, Any]:
     if lay.recompute == "selective":
         raise _refuse("deepspeed", "selective recomputation (Megatron's: attention's core only) has no DeepSpeed "
                                    "setting; DeepSpeed checkpoints whole layers", "export --format megatron")
+    if lay.recompute == "selective-op":
+        raise _refuse("deepspeed", "torchtitan's per-op selective checkpointing has no DeepSpeed setting",
+                      "export --format torchtitan")
     if lay.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    cfg["zero_optimization"]["overlap_comm"] = lay.overlap_grad_reduce
+    for key, where in (("offload_optimizer", lay.offload_optimizer), ("offload_param", lay.offload_params)):
+        if where == "nvme":
+            raise _refuse("deepspeed", f"{key} to NVMe needs the nodes' NVMe mount (nvme_path), which soapbox does not "
+                                       "know", f"export with cpu, then set {key}.device to nvme and its nvme_path")
+        if where == "cpu":
+            cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": True}
     return cfg
 
 
@@ -213,7 +243,10 @@ def layout_from_deepspeed(cfg: dict[str, Any], base: Layout) -> Layout:
     return Layout(tp=1, pp=1, dp=gb // (mb * acc), cp=1, vpp=1, micro_batch=mb, global_batch=gb, schedule="1f1b",
                   recompute="full" if "activation_checkpointing" in cfg else "none",
                   zero_stage=int(z["stage"]), sequence_parallel=False, fp8=False, tp_comm_overlap=False,
-                  layers_per_stage=None, gather_unit=base.gather_unit, shard_group=int(z.get("zero_hpz_partition_size", 0)))
+                  layers_per_stage=None, gather_unit=base.gather_unit, shard_group=int(z.get("zero_hpz_partition_size", 0)),
+                  overlap_grad_reduce=bool(z.get("overlap_comm", base.overlap_grad_reduce)),
+                  offload_optimizer=z.get("offload_optimizer", {}).get("device", "none"),
+                  offload_params=z.get("offload_param", {}).get("device", "none"))
 
 
 def to_torchtitan(lay: Layout, precision: str, seq_len: int) -> str:
@@ -245,8 +278,13 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int) -> str:
         f'mixed_precision_param = "{ {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32") }"',
         "",
         "[activation_checkpoint]",
-        f'mode = "{lay.recompute}"',
+        f'mode = "{"selective" if lay.recompute == "selective-op" else lay.recompute}"',
     ]
+    if lay.recompute == "selective-op":
+        lines.append('selective_ac_option = "op"')
+    if lay.offload_optimizer != "none" or lay.offload_params != "none":
+        raise _refuse("torchtitan", "ZeRO-Offload / ZeRO-Infinity (DeepSpeed's) is not torchtitan's CPU offload (which "
+                                    "moves parameters, gradients and optimizer state together)", "export --format deepspeed")
     if lay.fp8:
         lines += ["", "[float8]", "enable_fsdp_float8_all_gather = false"]
     if lay.tp_comm_overlap or (lay.tp > 1 and not lay.sequence_parallel):
@@ -267,7 +305,9 @@ def layout_from_torchtitan(text: str, base: Layout) -> Layout:
     tp = int(p["tensor_parallel_degree"])
     return Layout(tp=tp, pp=int(p["pipeline_parallel_degree"]), dp=shard * rep, cp=int(p["context_parallel_degree"]),
                   vpp=base.vpp, micro_batch=int(p["pipeline_parallel_microbatch_size"]),
-                  global_batch=int(tr["global_batch_size"]), schedule=sched, recompute=t["activation_checkpoint"]["mode"],
+                  global_batch=int(tr["global_batch_size"]), schedule=sched,
+                  recompute=("selective-op" if t["activation_checkpoint"].get("selective_ac_option") == "op"
+                             else t["activation_checkpoint"]["mode"]),
                   zero_stage=zero, sequence_parallel=tp > 1, fp8="float8" in t, tp_comm_overlap=False,
                   layers_per_stage=base.layers_per_stage, gather_unit=base.gather_unit,
                   shard_group=shard if zero >= 2 and rep > 1 else 0)

@@ -71,7 +71,8 @@ def test_megatron_flags_read_like_megatron_lm():
     text = export("megatron", G, s, C)
     assert text.split() == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                             "--sequence-parallel", "--recompute-granularity", "selective",
-                            "--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "32"]
+                            "--use-distributed-optimizer", "--overlap-grad-reduce", "--micro-batch-size", "1",
+                            "--global-batch-size", "32"]  # (gradient reduction overlapped, as simulated)
 
 
 def test_a_per_op_split_is_refused_with_the_ops_that_break_it():
@@ -110,3 +111,25 @@ def test_cli(tmp_path, capsys):
     assert "ZeRO stage 3" in capsys.readouterr().err
     assert main(["export", "--format", "deepspeed", str(path), "--batch", "32", "-o", str(tmp_path / "ds.json")]) == 0
     assert json.loads((tmp_path / "ds.json").read_text())["zero_optimization"]["stage"] == 3
+
+
+
+def test_switches_reach_the_exports():
+    """Issue 25's switches: what each format can say, said; what it cannot, refused with the reason."""
+    s = LAYOUTS["tp2-pp2-sp-selective-zero1"]()
+    off = replace(s, overlap_grad_reduce=False)
+    assert "--overlap-grad-reduce" not in export("megatron", G, off, C)
+    gather = replace(s, overlap_param_gather=True)
+    assert "--overlap-param-gather" in export("megatron", G, gather, C).split()
+    with pytest.raises(ValidationError, match="per-op selective"):
+        export("megatron", G, replace(s, recompute="selective-op"), C)
+    with pytest.raises(ValidationError, match="deepspeed"):
+        export("megatron", G, replace(s, offload_optimizer="cpu"), C)
+    z = fsdp(G, C, zero_stage=2, offload_optimizer="cpu")
+    cfg = json.loads(export("deepspeed", G, z, C))
+    assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert cfg["zero_optimization"]["overlap_comm"] is True
+    with pytest.raises(ValidationError, match="nvme_path"):
+        export("deepspeed", G, fsdp(G, C, zero_stage=3, offload_params="nvme"), C)
+    t = export("torchtitan", G, fsdp(G, C, recompute="selective-op"), C)
+    assert 'mode = "selective"' in t and 'selective_ac_option = "op"' in t
