@@ -330,8 +330,8 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
         div = np.concatenate(zc_p)[first]
         if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
             div = np.minimum(div, strategy.shard_group)
-        np.add.at(params, devs_p, elems_p)
-        np.add.at(sharded, devs_p, elems_p / div)
+        params += np.bincount(devs_p, elems_p, minlength=D)
+        sharded += np.bincount(devs_p, elems_p / div, minlength=D)
         if strategy.fp8:
             np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
         if zero >= 3:
@@ -380,8 +380,9 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
             nz = counts > 0
             key = np.zeros(counts.size, np.int64)
             key[nz] = np.add.reduceat(tag[idx], ptr[:-1][nz])
-            pairs = np.unique(np.stack([np.repeat(key, counts), idx]), axis=1)
-            communicators = np.bincount(pairs[1], minlength=D).astype(np.float64)
+            _, kid = np.unique(key, return_inverse=True)  # [collective] its group's dense id
+            pairs = np.unique(np.repeat(kid.astype(np.int64), counts) * D + idx)  # distinct (group, device)
+            communicators = np.bincount(pairs % D, minlength=D).astype(np.float64)
     if strategy.pipeline.stages > 1:
         communicators += 1.0  # pipeline send/receive
     image = tg.info.get("device_image")
@@ -394,7 +395,8 @@ def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static
         has = image >= 0
         logits[has] = logits[image[has]]
     used = np.zeros(D, bool)
-    used[list(strategy.devices_used())] = True
+    for devs in {id(c.devices): c.devices for c in strategy.configs.values()}.values():
+        used[np.asarray(devs, np.int64)] = True
     context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
                        0.0)
     return _Static(weights, grads, optim, comm, gathered, logits, context, host, nvme)

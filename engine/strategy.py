@@ -306,7 +306,12 @@ class Strategy:
         return replace(self, configs=configs, cost={})
 
     def devices_used(self) -> set[int]:
-        return {d for c in self.configs.values() for d in c.devices}
+        """Every device some op runs on (each distinct device tuple read once: the ops of a
+        16,384-GPU layout share a few)."""
+        seen: dict[int, tuple[int, ...]] = {}
+        for c in self.configs.values():
+            seen.setdefault(id(c.devices), c.devices)
+        return {d for devs in seen.values() for d in devs}
 
     def to_dict(self) -> dict[str, Any]:
         ops = {}
