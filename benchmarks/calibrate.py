@@ -86,16 +86,21 @@ def grid(values_a, values_b, evaluate) -> tuple[tuple, tuple[float, float]]:
 
 def fit_share(evaluate, lo: float = 0.2, hi: float = 1.5, tol: float = 0.005) -> tuple[float, tuple[float, float]]:
     """The share f in [lo, hi] at which the rows' median signed error is zero (a faster device
-    predicts every row faster, so the median error grows with f: bisection), rounded to
-    ``tol``, with its score (median and mean |error|). The median row predicted exactly is
-    what minimising the median |error| of a one-parameter scale comes to."""
+    predicts every row faster: the median error is monotonic in f, rising for rates and
+    falling for times; bisection), rounded to ``tol``, with its score (median and mean
+    |error|). The median row predicted exactly is what minimising the median |error| of a
+    one-parameter scale comes to. At a bound, the bound (the rows want more than it)."""
     def median_err(f):
         return statistics.median(evaluate(f))
 
+    sign = 1.0 if median_err(hi) >= median_err(lo) else -1.0  # (times fall as f grows)
+    if sign * median_err(lo) >= 0 or sign * median_err(hi) <= 0:
+        f = lo if sign * median_err(lo) >= 0 else hi
+        return f, score(evaluate(f))
     a, b = lo, hi
     while b - a > tol:
         m = (a + b) / 2
-        if median_err(m) > 0:
+        if sign * median_err(m) > 0:
             b = m
         else:
             a = m
@@ -111,6 +116,8 @@ def frange(lo: float, hi: float, step: float) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fractions to 0.02, no GEMM_K_HALF check")
+    ap.add_argument("--devices", help="fit only these device types (comma-separated names; each type's rows "
+                                      "are its own, so the fits are independent)")
     args = ap.parse_args()
     try:
         rows = load_rows()
@@ -136,7 +143,10 @@ def main() -> int:
         by_device.setdefault(name, []).append(rid)
     k_half = base.gemm_k_half
     fitted: dict[str, float] = {}
+    only = set(args.devices.split(",")) if args.devices else None
     for name, rids in sorted(by_device.items()):
+        if only is not None and name not in only:
+            continue
         print(f"{name}: SUSTAINED_FRACTION on rows {', '.join(map(str, rids))}")
         group = Rows(rows, rids)
 
