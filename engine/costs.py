@@ -77,7 +77,13 @@ GEMM_FRACTION: dict[tuple[str, str], float] = {
 #: under sustained power and thermal load (an H100 capped at 500 W runs its tensor cores
 #: slower than the 700 W part MAMF was measured on), and what the frameworks' kernels of the
 #: rows' era reach against the MAMF's. Device types without in-sample rows keep 1.0.
-SUSTAINED_FRACTION: dict[str, float] = {}
+SUSTAINED_FRACTION: dict[str, float] = {
+    "A100-SXM4-40GB": 0.71,  # MosaicML's 2023 FSDP runs, 8-16 GPUs (14 rows)
+    "A100-SXM4-80GB": 0.725,  # torchtitan's 2024 FSDP2 runs, 64 GPUs (3 rows; SC'21 alone: 0.76)
+    "H100-SXM5-80GB": 0.89,  # Megatron-Bridge / NeMo 2024-25 runs, 4-1,024 GPUs (6 rows; MosaicML's 2023 rows alone: 0.57)
+    "H100-SXM5-96GB-HBM2e-500W": 0.60,  # torchtitan's Grand Teton runs at 500 W, 8-256 GPUs (8 rows)
+    "H200-SXM-141GB": 0.69,  # KempnerForge's FSDP2 runs, 1-32 GPUs (4 rows)
+}
 #: device type -> its own measured fraction (bf16, fp16, tf32) where it differs from its architecture's
 DEVICE_GEMM_FRACTION: dict[str, float] = {"GH200-96GB": 0.830, "GH200-144GB": 0.830, "A100-PCIe-80GB": 0.822}
 #: Output tiles cuBLAS uses for large GEMMs (rows x columns of C per thread block).
