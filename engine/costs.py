@@ -25,6 +25,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from .collectives import (COLLECTIVES, LINK_EFFICIENCY, NCCL_BASE_LATENCY_US, NCCL_NET_OVERHEAD_US,  # noqa: F401
+                          NCCL_NVLS_BW_SHARE, NCCL_NVLS_LATENCY_US, NCCL_PROTOCOL_BW_SHARE, NCCL_PROTOCOLS,
+                          NCCL_STEP_LATENCY_US, collective_time_s, group_collective_time_s, transfer_time_s)
+
 
 __all__ = [
     "CostModel",
@@ -119,48 +123,14 @@ MEMORY_EFFICIENCY = 0.85
 # Fixed cost per kernel launch (CUDA launch latency is ~3-5 us; back-to-back launches overlap
 # it partly). FlexFlow's assumption 4 sets it to 0; real iteration times need it.
 KERNEL_OVERHEAD_S = 3e-6
-# Fraction of a link's nominal bandwidth that NCCL transfers reach (nccl-tests bus bandwidth
-# on NVSwitch and HDR InfiniBand is ~80-90% of the nominal rate).
-LINK_EFFICIENCY = 0.85
 # Bytes moved per parameter by a mixed-precision Adam step: read fp32 master weight, fp32
 # gradient, two fp32 moments; write weight, two moments and the half-precision copy
 # (Rajbhandari et al. SC'20 §3 count 16 bytes of state per parameter).
 ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 # Transformer Engine's fused cast-transpose (fp8): reads a 2-byte element, writes its fp8 value
 # and its fp8 transpose (1 + 1 bytes), bytes per element.
 FP8_CAST_BYTES_PER_ELEMENT = 4
-
-# NCCL's latency model, from its tuner (NCCL src/graph/tuning.cc, ``baseLat`` and ``hwLat`` in
-# ncclTopoTuneModel, NCCL 2.2x; microseconds, measured by NVIDIA per algorithm and protocol):
-# a fixed launch cost per collective, plus a cost per ring or tree step over NVLink, PCIe or the
-# network. These, not a link's 1-2 us, are what a collective over thousands of ranks pays.
-NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
-NCCL_BASE_LATENCY_US: dict[tuple[str, str], float] = {
-    ("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 8.4,
-    ("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4,
-}
-NCCL_STEP_LATENCY_US: dict[tuple[str, str, str], float] = {
-    ("nvlink", "tree", "LL"): 0.6, ("nvlink", "tree", "LL128"): 1.25, ("nvlink", "tree", "Simple"): 4.0,
-    ("nvlink", "ring", "LL"): 0.6, ("nvlink", "ring", "LL128"): 1.9, ("nvlink", "ring", "Simple"): 3.4,
-    ("pcie", "tree", "LL"): 1.0, ("pcie", "tree", "LL128"): 1.9, ("pcie", "tree", "Simple"): 4.0,
-    ("pcie", "ring", "LL"): 1.0, ("pcie", "ring", "LL128"): 2.5, ("pcie", "ring", "Simple"): 5.7,
-    ("net", "tree", "LL"): 5.0, ("net", "tree", "LL128"): 8.5, ("net", "tree", "Simple"): 14.0,
-    ("net", "ring", "LL"): 2.7, ("net", "ring", "LL128"): 4.0, ("net", "ring", "Simple"): 14.0,
-}
-# Each network step also waits for a post to the NIC (NCCL's NET_OVERHEAD default on x86,
-# tripled for the Simple protocol), us.
-NCCL_NET_OVERHEAD_US = 1.0
-# NVLS (NVLink SHARP in the third-generation NVSwitch): NCCL's tuner gives the all-reduce the
-# latency of one NVLink NVLS step (hwLat, Simple protocol) and 5/6 of the bus bandwidth as
-# algorithm bandwidth (same source).
-NCCL_NVLS_LATENCY_US = 25.0
-NCCL_NVLS_BW_SHARE = 5.0 / 6.0
-# Share of the bus bandwidth each protocol reaches (same source): LL sends 8-byte lines of 4
-# data bytes + 4 flag bytes (0.5), LL128 128-byte lines with 8 flag bytes (120/128 ~ 0.92);
-# Simple moves data at full rate but has the highest per-step latency.
-NCCL_PROTOCOL_BW_SHARE: dict[str, float] = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 
 
 @dataclass
@@ -438,90 +408,6 @@ def _inner_dim(kind: str, ins, outs, params) -> float | None:
         n, k = params[0]  # weight (out, in)
         return min(n, k)
     return None
-
-
-def transfer_time_s(size_bytes, bw_bytes_per_s, latency_s, link_efficiency: float = LINK_EFFICIENCY):
-    """Seconds to move ``size_bytes`` point to point over a path whose bottleneck bandwidth
-    is ``bw_bytes_per_s`` and whose latency is ``latency_s``, uncontended: latency plus
-    streaming at the achievable share of the bottleneck (cut-through: hops overlap, so the
-    bottleneck sets the rate). Works elementwise on NumPy arrays.
-
-    >>> transfer_time_s(1e9, 100e9, 1e-6, 0.5)
-    0.020001
-    """
-    return size_bytes / (bw_bytes_per_s * link_efficiency) + latency_s
-
-
-def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: float, latency_s: float,
-                      link_efficiency: float = LINK_EFFICIENCY, *, nodes: int = 1, inter_latency_s: float = 0.0,
-                      nvlink: bool = True, nvls: bool = False) -> float:
-    """Time of a collective over ``n`` ranks on ``nodes`` nodes whose ring has per-rank
-    bandwidth ``bw_bytes_per_s``; ``size_bytes`` is the full buffer; ``latency_s`` and
-    ``inter_latency_s`` are the slowest same-node and cross-node neighbour paths (a floor on
-    each step's latency); ``nvlink``: the ranks of a node talk over NVLink (else PCIe).
-
-    NCCL's own cost model (``ncclTopoTuneModel`` in NCCL's src/graph/tuning.cc, 2.2x), the
-    model NCCL picks its algorithm and protocol by: time = base latency + steps x per-step
-    latency + bytes / (bus bandwidth x the protocol's share of it), the least over the ring
-    and (all-reduce only) the double binary tree, and over the LL, LL128 and Simple protocols.
-    Ring steps (Patarasuk & Yuan 2009): all-reduce 2(n-1), of which 2(nodes-1) cross nodes;
-    reduce-scatter and all-gather n-1, of which nodes-1 cross nodes; broadcast pipelines over
-    n-1. The tree (Sanders et al. 2009; NCCL 2.4) all-reduce chains the ranks of a node and
-    crosses nodes in log2(nodes) steps up and down, at half the ring's bus bandwidth. A step
-    costs NCCL's measured per-step latency (``NCCL_STEP_LATENCY_US``), not the 1-2 us of a
-    link: at 2,048 ranks a ring all-gather pays ~7 ms however small the buffer. ``nvls``: the
-    ranks share an NVSwitch that reduces in the switch (H100, H200): an all-reduce inside the
-    node may use NCCL's NVLS algorithm, each rank sending its buffer once and reading the sum
-    once, at NCCL's algorithm-bandwidth share of 5/6 and its per-call latency.
-
-    >>> round(collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0), 4)
-    0.0176
-    """
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
-    bw = bw_bytes_per_s * link_efficiency
-    k = max(1, min(int(nodes), n))
-    intra_hw = "nvlink" if nvlink else "pcie"
-    if kind == "all_reduce":
-        steps, inter_steps, share = 2 * (n - 1), 2 * (k - 1), 2 * (n - 1) / n
-    elif kind == "broadcast":
-        steps, inter_steps, share = n - 1, k - 1, 1.0
-    else:
-        steps, inter_steps, share = n - 1, k - 1, (n - 1) / n
-    best = math.inf
-    for proto in NCCL_PROTOCOLS:
-        if proto == "LL128" and not nvlink:  # NCCL enables LL128 by default on NVLink only
-            continue
-        pbw = bw * NCCL_PROTOCOL_BW_SHARE[proto]
-        base = NCCL_BASE_LATENCY_US[("ring", proto)] * 1e-6
-        intra = max(NCCL_STEP_LATENCY_US[(intra_hw, "ring", proto)] * 1e-6, latency_s)
-        if k > 1:  # a multi-node ring's every step waits for a network post as well
-            intra = max(intra, NCCL_NET_OVERHEAD_US * (3 if proto == "Simple" else 1) * 1e-6)
-            # one rank per node: every step is a network step, at the tree's network latency
-            net_algo = "tree" if k == n else "ring"
-        else:
-            net_algo = "ring"
-        inter = max(NCCL_STEP_LATENCY_US[("net", net_algo, proto)] * 1e-6, inter_latency_s)
-        best = min(best, base + (steps - inter_steps) * intra + inter_steps * inter + share * size_bytes / pbw)
-        if kind == "all_reduce" and n > 2:
-            base = NCCL_BASE_LATENCY_US[("tree", proto)] * 1e-6
-            t_intra = max(NCCL_STEP_LATENCY_US[(intra_hw, "tree", proto)] * 1e-6, latency_s)
-            t_inter = max(NCCL_STEP_LATENCY_US[("net", "tree", proto)] * 1e-6, inter_latency_s)
-            hops = (n // k - 1) * t_intra + (k - 1).bit_length() * t_inter
-            best = min(best, base + 2 * hops + 2 * size_bytes / pbw)
-    if nvls and kind == "all_reduce" and k == 1:
-        best = min(best, max(NCCL_NVLS_LATENCY_US * 1e-6, latency_s) + size_bytes / (bw * NCCL_NVLS_BW_SHARE))
-    return best
-
-
-def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency: float = LINK_EFFICIENCY) -> float:
-    """:func:`collective_time_s` over a :class:`~engine.cluster.CollectiveGroup` (the ranks,
-    their nodes, bandwidth and path latencies, as :meth:`Cluster.collective_group` gives them)."""
-    return collective_time_s(kind, size_bytes, group.ranks, group.bw_bytes_per_s, group.latency_s, link_efficiency,
-                             nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink,
-                             nvls=group.nvls)
 
 
 # --------------------------------------------------------------------------- host-side (offload) times

@@ -70,7 +70,6 @@ host state exceeds its host memory, is infeasible; the report says which device 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,74 +82,16 @@ from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
 from .recompute import keeps_output, kept_inputs, saved_outputs
-from .strategy import Strategy, partition_grid, zero_shares
+from .memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION,  # noqa: F401
+                            HOST_MEMORY_BYTES_PER_GPU, NCCL_BYTES_PER_COMMUNICATOR, OFFLOAD_STATE_BYTES_PER_PARAM,
+                            StaticMemory, graph_cache, host_capacity, optimizer_bytes_per_param,
+                            state_bytes_per_param, static_memory)
+from .strategy import Strategy
 from .taskgraph import BWD, FWD
-from .taskgraph.sync import sync_unit
 
 __all__ = ["MemoryReport", "memory_report", "fits_in_memory", "optimizer_bytes_per_param", "state_bytes_per_param",
            "saved_activation_bytes", "FRAGMENTATION_FRACTION", "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES",
            "NCCL_BYTES_PER_COMMUNICATOR", "HOST_MEMORY_BYTES_PER_GPU", "OFFLOAD_STATE_BYTES_PER_PARAM"]
-
-#: The caching allocator's fragmentation, as a fraction of the allocated peak added to reach
-#: the reserved peak. A stated allowance, not fitted: GMLake (Guo et al. ASPLOS'24) measured
-#: PyTorch's splitting allocator wasting 15% on average (up to 33%) of reserved memory over
-#: eight LLM fine-tuning setups with recomputation, offload and LoRA on A100-80GB, the
-#: patterns that fragment most; ``expandable_segments:True`` (torchtitan's launcher sets it)
-#: brings it near 0. 10% sits between.
-FRAGMENTATION_FRACTION = 0.10
-#: The CUDA context a process holds on each GPU, outside PyTorch's allocator: 300-600 MiB on
-#: A100/H100 with CUDA 12's lazy module loading (the figure PyTorch's forums and NVIDIA's
-#: CUDA_MODULE_LOADING notes quote; a bare ``torch.cuda.init()`` shows ~500 MiB in nvidia-smi).
-CUDA_CONTEXT_BYTES = 512 * 2**20
-#: cuBLAS workspace per stream: PyTorch's default ``:4096:8`` on Hopper (8 x 4 MiB).
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20
-#: NCCL's buffers per communicator: NCCL_BUFFSIZE (4 MiB, NCCL's documented default) per
-#: channel per ring peer (send and receive: 2), over 16 channels (NCCL's usual count on
-#: NVLink/NVSwitch nodes; up to 32 on H100). Each distinct collective group a device joins is
-#: one communicator; pipeline send/receive adds one.
-NCCL_BYTES_PER_COMMUNICATOR = 16 * 2 * 4 * 2**20
-#: Host memory per GPU when the cluster states none: 1 TiB per 8-GPU node (a DGX A100's
-#: standard 1 TB of DDR4; a DGX H100 has 2 TB), i.e. 128 GiB per GPU.
-HOST_MEMORY_BYTES_PER_GPU = 2**40 // 8
-#: What ZeRO-Offload keeps on the host per offloaded parameter: fp32 master weight, fp32
-#: gradient, Adam's momentum and variance (Ren et al. ATC'21 §4, Fig. 2's data flow).
-OFFLOAD_STATE_BYTES_PER_PARAM = 16
-
-
-def optimizer_bytes_per_param(precision: str) -> int:
-    """Adam state per parameter: moments (2 x fp32), plus an fp32 master copy in mixed
-    precision."""
-    return 8 if precision in ("fp32", "tf32") else 12
-
-
-def state_bytes_per_param(precision: str, zero_stage: int = 0, offload_optimizer: str = "none",
-                          grad_reduce_in_fp32: bool = True) -> tuple[int, int, int, int]:
-    """(weights, gradients, sharded fp32 main gradients, optimizer) bytes per parameter
-    before ZeRO's sharding.
-
-    Megatron-Core's distributed optimizer guide (bytes per parameter, ``d`` data-parallel
-    ranks): fp16 params and grads 4 + 16/d, bf16 params with fp32 grads 6 + 12/d, fp32 8 + 8/d.
-    Under ZeRO-3 in bf16 (FSDP2 with ``param_dtype=bf16, reduce_dtype=fp32``) the sharded
-    parameters and gradients are fp32 and the parameter is Adam's master copy: 4 + 4 + 8.
-    With the optimizer offloaded the GPU keeps the parameters and gradients in the model's
-    dtype; the rest lives on the host (:data:`OFFLOAD_STATE_BYTES_PER_PARAM`). A bf16 model
-    without ``grad_reduce_in_fp32`` (Megatron-Core's bf16 gradient buffer) counts as fp16
-    does, 4 + 16/d: the distributed optimizer casts its gradient shard to fp32.
-
-    >>> state_bytes_per_param("bf16"), state_bytes_per_param("fp16", 1), state_bytes_per_param("bf16", 3)
-    ((2, 4, 0, 12), (2, 2, 4, 12), (4, 4, 0, 8))
-    >>> state_bytes_per_param("bf16", 1, grad_reduce_in_fp32=False)
-    (2, 2, 4, 12)
-    """
-    p = DTYPE_BYTES[precision]
-    if offload_optimizer != "none":
-        return p, p, 0, 0
-    if precision in ("fp32", "tf32"):  # (tf32: fp32 tensors, TF32 tensor-core math)
-        return 4, 4, 0, 8
-    if zero_stage >= 3:
-        return (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)
-    return (2, 4, 0, 12) if precision == "bf16" and grad_reduce_in_fp32 else (2, 2, 4, 12)
-
 
 @dataclass
 class MemoryReport:
@@ -265,175 +206,7 @@ class MemoryReport:
                 f"it has ({len(over)} device(s) over)")
 
 
-@dataclass
-class _Static:
-    """Per device [device] bytes of the parts that do not follow the timeline."""
-
-    weights: np.ndarray
-    grads: np.ndarray
-    optim: np.ndarray
-    comm: np.ndarray
-    gathered: np.ndarray
-    logits: np.ndarray
-    context: np.ndarray
-    host: np.ndarray
-    nvme: np.ndarray
-
-    @property
-    def allocated(self) -> np.ndarray:
-        """Allocated bytes before activations (the same additions as :meth:`MemoryReport.breakdown`)."""
-        return self.weights + self.grads + self.optim + self.comm
-
-
-def _static(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> _Static:
-    """Every part of a device's memory but the activations, in bytes per device."""
-    D = cluster.num_devices
-    zero = strategy.zero_stage
-    off_opt = getattr(strategy, "offload_optimizer", "none")
-    off_par = getattr(strategy, "offload_params", "none")
-    pbytes = DTYPE_BYTES[graph.precision]
-    # -- parameters per device, shared groups counted once per (group, region, device)
-    # (Vectorised: every parameter partition gets an integer code for its (tensor, region,
-    # device); the first of equal codes counts, as a set of seen keys would.)
-    codes, devs_p, elems_p, zc_p, gemm_p, unit_p = [], [], [], [], [], []
-    groups: dict[str, int] = {}
-    units: dict[str, int] = {}
-    cache = _graph_cache(graph)
-    param_ops = cache.get("param_ops")
-    if param_ops is None:
-        param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
-    # (a sequence-parallel op's length split is partly tensor-parallel: not sharded over)
-    shares = zero_shares(graph, strategy) if zero >= 1 else {}
-    for op in param_ops:
-        cfg = strategy.configs[op.name]
-        regions, devices, elems, _ = _param_partitions(cache, op, cfg)
-        gid = groups.setdefault(op.param_group or op.name, len(groups))
-        codes.append((gid * (1 << 24) + regions) * D + devices)
-        devs_p.append(devices)
-        elems_p.append(np.full(devices.size, elems))
-        # ZeRO's group for this parameter: the partitions equal on every dim but the data
-        # dims (sample and sequence), as SyncBuilder.build groups them
-        zc_p.append(np.full(devices.size, float(cfg.degree("sample") * cfg.degree("length")
-                                                 // shares.get(op.name, 1))))
-        if zero >= 3:
-            unit_p.append(np.full(devices.size, units.setdefault(sync_unit(op, zero), len(units))))
-        if strategy.fp8:  # (only fp8's weight caches read it)
-            gemm_p.append(np.full(devices.size, op.kind == "linear"))
-    params = np.zeros(D)  # [device] parameters held (before sharding)
-    sharded = np.zeros(D)  # [device] parameters of ZeRO's shard (each over its own group)
-    gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
-    unit_max = np.zeros(D)  # ZeRO-3: the largest unit's parameters a device gathers
-    if codes:
-        _, first = np.unique(np.concatenate(codes), return_index=True)
-        devs_p = np.concatenate(devs_p)[first]
-        elems_p = np.concatenate(elems_p)[first]
-        div = np.concatenate(zc_p)[first]
-        if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
-            div = np.minimum(div, strategy.shard_group)
-        params += np.bincount(devs_p, elems_p, minlength=D)
-        sharded += np.bincount(devs_p, elems_p / div, minlength=D)
-        if strategy.fp8:
-            np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
-        if zero >= 3:
-            per_unit = np.zeros((len(units), D))
-            np.add.at(per_unit, (np.concatenate(unit_p)[first], devs_p), elems_p)
-            unit_max = per_unit.max(axis=0)
-    w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
-                                                  getattr(strategy, "grad_reduce_in_fp32", True))
-    weights = (sharded if zero >= 3 else params) * w_b
-    grads = (sharded if zero >= 2 else params) * g_b + (sharded if zero >= 1 else params) * main_b
-    optim = (sharded if zero >= 1 else params) * o_b
-    host, nvme = np.zeros(D), np.zeros(D)
-    if off_opt != "none":
-        state = (sharded if zero >= 1 else params) * OFFLOAD_STATE_BYTES_PER_PARAM
-        if off_opt == "nvme":
-            nvme += state
-        else:
-            host += state
-    if zero >= 3 and off_par != "none":
-        # ZeRO-Infinity: the parameter shard lives off the GPU, fetched for each use
-        if off_par == "nvme":
-            nvme += weights
-        else:
-            host += weights
-        weights = np.zeros(D)
-    if zero < 3 and strategy.fp8:
-        # Transformer Engine keeps each linear weight's fp8 copy and its transpose between
-        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use.
-        # With fp8 parameters the fp8 weight and its transpose replace the model-dtype copy.
-        fp8_params = getattr(strategy, "fp8_params", False)
-        weights = weights + (2.0 - (pbytes if fp8_params else 0.0)) * gemm_params
-    # ZeRO-3: the unit in use and the one prefetched, gathered in the model's dtype (FSDP's
-    # default forward and backward prefetch of one unit; the gathered copy is freed after use)
-    gathered = 2.0 * unit_max * pbytes if zero >= 3 else np.zeros(D)
-    # -- communication buffers: the largest collective each device joins; communicators: the
-    # distinct groups it joins
-    comm = np.zeros(D)
-    communicators = np.zeros(D)
-    coll_devs = tg.info.get("coll_devices")
-    if coll_devs is not None:
-        ptr, idx, tasks = coll_devs
-        counts = np.diff(ptr)
-        np.maximum.at(comm, idx, np.repeat(tg.size_bytes[tasks], counts))
-        if idx.size:
-            tag = np.random.default_rng(0).integers(1, 2**62, D, dtype=np.int64)  # a group's key: its members' sum
-            nz = counts > 0
-            key = np.zeros(counts.size, np.int64)
-            key[nz] = np.add.reduceat(tag[idx], ptr[:-1][nz])
-            _, kid = np.unique(key, return_inverse=True)  # [collective] its group's dense id
-            pairs = np.unique(np.repeat(kid.astype(np.int64), counts) * D + idx)  # distinct (group, device)
-            communicators = np.bincount(pairs % D, minlength=D).astype(np.float64)
-    if strategy.pipeline.stages > 1:
-        communicators += 1.0  # pipeline send/receive
-    image = tg.info.get("device_image")
-    if image is not None:  # a collective's buffer is built only where a representative joins it
-        has = image >= 0
-        comm[has] = comm[image[has]]
-        communicators[has] = communicators[image[has]]
-    logits = _logits_bytes(graph, strategy, D)
-    if image is not None:
-        has = image >= 0
-        logits[has] = logits[image[has]]
-    used = np.zeros(D, bool)
-    for devs in {id(c.devices): c.devices for c in strategy.configs.values()}.values():
-        used[np.asarray(devs, np.int64)] = True
-    context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
-                       0.0)
-    return _Static(weights, grads, optim, comm, gathered, logits, context, host, nvme)
-
-
-def _logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
-    """[device] the loss's fp32 logits per microbatch on the devices computing the loss
-    (PyTorch autocast runs cross-entropy in fp32; in fp32 the logits' gradient is as large)."""
-    out = np.zeros(D)
-    m = max(1, strategy.pipeline.microbatches)
-    for op in graph.ops:
-        if op.kind != "softmax_cross_entropy":
-            continue
-        cfg = strategy.configs[op.name]
-        degrees = dict(cfg.degrees)
-        if m > 1 and "sample" in op.dim_names:
-            degrees["sample"] = degrees.get("sample", 1) * m
-        ins, _, _ = op.partition_shapes(degrees)
-        np.maximum.at(out, np.asarray(cfg.devices, np.int64), 4.0 * math.prod(ins[0]))
-    return out
-
-
-def _host_capacity(cluster: Cluster) -> np.ndarray:
-    """[device] host memory each GPU has for offloaded state: the cluster's
-    ``host_memory_bytes(device)`` where it states one, else :data:`HOST_MEMORY_BYTES_PER_GPU`
-    (1 TiB per 8-GPU node)."""
-    get = getattr(cluster, "host_memory_bytes", None)
-    out = np.full(cluster.num_devices, float(HOST_MEMORY_BYTES_PER_GPU))
-    if get is not None:
-        for d in range(cluster.num_devices):
-            v = get(d)
-            if v:
-                out[d] = float(v)
-    return out
-
-
-def _peak_parts(st: _Static, act: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _peak_parts(st: StaticMemory, act: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(allocated, fragmentation, reserved, peak) from the static parts and ``act`` [device]
     activation peaks, added in :meth:`MemoryReport.breakdown`'s order."""
     allocated = st.allocated + act + st.gathered + st.logits
@@ -450,11 +223,11 @@ def fits_in_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, timelin
     with one microbatch the bound is nearly the peak (every forward ends before the first
     backward), and it skips the sort of every allocation by time."""
     tg = timeline.tasks
-    st = _static(graph, strategy, cluster, tg)
-    if np.any(st.host > _host_capacity(cluster)):
+    st = static_memory(graph, strategy, cluster, tg)
+    if np.any(st.host > host_capacity(cluster)):
         return False
     m = max(1, strategy.pipeline.microbatches)
-    saved = _saved_bytes(graph, strategy, m, _graph_cache(graph))
+    saved = _saved_bytes(graph, strategy, m, graph_cache(graph))
     f_idx = np.nonzero(tg.kind == FWD)[0]
     bound = np.bincount(tg.device[f_idx], weights=saved[tg.op[f_idx]], minlength=cluster.num_devices)
     image = tg.info.get("device_image")
@@ -477,8 +250,8 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     D = cluster.num_devices
     tg = timeline.tasks
     m = max(1, strategy.pipeline.microbatches)
-    st = _static(graph, strategy, cluster, tg)
-    cache = _graph_cache(graph)
+    st = static_memory(graph, strategy, cluster, tg)
+    cache = graph_cache(graph)
     image = tg.info.get("device_image")
     # -- activations over time
     saved = _saved_bytes(graph, strategy, m, cache)  # op index -> bytes per partition per microbatch
@@ -528,7 +301,7 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
     return MemoryReport(st.weights, st.grads, st.optim, st.comm, act_peak, peak, capacity,
                         _Curves(curves, image, base), gathered_bytes=st.gathered, logits_bytes=st.logits,
                         fragmentation_bytes=frag, context_bytes=st.context, allocated_peak_bytes=allocated,
-                        reserved_peak_bytes=reserved, host_bytes=st.host, host_capacity_bytes=_host_capacity(cluster),
+                        reserved_peak_bytes=reserved, host_bytes=st.host, host_capacity_bytes=host_capacity(cluster),
                         nvme_bytes=st.nvme)
 
 
@@ -540,7 +313,7 @@ class _Curves(Sequence):
 
     def __init__(self, curves: list[tuple[np.ndarray, np.ndarray]], image: np.ndarray | None,
                  static: np.ndarray) -> None:
-        self._curves, self._image, self._static = curves, image, static
+        self._curves, self._image, self.static_memory = curves, image, static
 
     def __len__(self) -> int:
         return len(self._curves)
@@ -553,54 +326,12 @@ class _Curves(Sequence):
         if i < 0 or i == d:
             return self._curves[d]
         times, level = self._curves[i]
-        return times, self._static[d] + (level - self._static[i])
-
-
-#: graph -> per-(op, config) results (a search asks for the same ones often); an entry goes
-#: with its graph
-_CACHES: "weakref.WeakKeyDictionary[OpGraph, dict]" = weakref.WeakKeyDictionary()
-
-
-def _graph_cache(graph: OpGraph) -> dict:
-    """The per-(op, config) results of ``graph``, bounded (a long search sees many configs)."""
-    cache = _CACHES.get(graph)
-    if cache is None or len(cache) > 200_000:
-        cache = _CACHES[graph] = {"region_ids": {}}  # (ids only grow within a cache)
-    return cache
-
-
-def _param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """An op's parameter partitions under ``cfg``: the parameter region each holds (an id,
-    equal for equal regions of ops sharing parameters), its device, elements per partition
-    and the number of copies of each region (its replication). ``cache``: _graph_cache's."""
-    sigs = cache.setdefault("param_sig", {})
-    sig = sigs.get(op.name)
-    if sig is None:  # (identical layers' ops share their entries)
-        sig = sigs[op.name] = (op.kind, tuple(p.shape for p in op.params),
-                               tuple((d.name, d.kind, d.size, d.param_axes) for d in op.dims))
-    ck = ("params", sig, tuple(cfg.degrees.items()), cfg.devices)
-    hit = cache.get(ck)
-    if hit is None:
-        elems = op.partition_param_elements(cfg.degrees)
-        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
-        split = [n for n in names if any(ax is not None for ax in op.dim(n).param_axes)]
-        repl = [n for n in names if n not in split and not op.dim(n).is_replica]
-        copies = float(math.prod(cfg.degree(n) for n in repl))
-        ids = cache.setdefault("region_ids", {})
-        grid_names, grid = partition_grid(op, cfg)
-        cols = [grid_names.index(n) for n in split]
-        codes = np.ravel_multi_index(grid[:, cols].T, [cfg.degree(n) for n in split]) if cols else \
-            np.zeros(grid.shape[0], np.int64)
-        distinct, inverse = np.unique(codes, return_inverse=True)  # (a few: the split's degrees)
-        key = tuple(split)
-        regions = np.array([ids.setdefault((key, int(c)), len(ids)) for c in distinct], np.int64)[inverse.ravel()]
-        hit = cache[ck] = (regions, np.asarray(cfg.devices, np.int64), elems, copies)
-    return hit
+        return times, self.static_memory[d] + (level - self.static_memory[i])
 
 
 def saved_activation_bytes(graph: OpGraph, strategy: Strategy) -> np.ndarray:
     """[op] bytes one partition of each op keeps for its backward pass, per microbatch."""
-    return _saved_bytes(graph, strategy, max(1, strategy.pipeline.microbatches), _graph_cache(graph))
+    return _saved_bytes(graph, strategy, max(1, strategy.pipeline.microbatches), graph_cache(graph))
 
 
 def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.ndarray:

@@ -25,11 +25,15 @@ from validate_published import Predictor, calibration_rows  # noqa: E402
 
 CSV = HERE / "data" / "published_runs_public.csv"
 
-#: (today's figure) -> bound
-IN_SAMPLE_MEDIAN_PCT = 3.0  # 2.5
-HELD_OUT_MEDIAN_PCT = 6.0  # 5.2
-MAX_PCT = 55.0  # 49.5 (MPT-70B on 64 A100-40GB, row 231)
-MIN_WITHIN_10_PCT = 70  # of 92 rows (71 today)
+#: (today's figure) -> bound. Issue 25 moved them: the sustained share of the H100 is fitted on
+#: today's stacks (Megatron-Bridge / NeMo, 2024-25: 0.89), which MosaicML's 2023 H100 runs on
+#: early Hopper kernels do not reach (alone they want 0.57): those rows are now predicted
+#: too fast (BENCHMARKS.md, "Predictions for today's training stacks"). Before issue 25:
+#: 2.5 / 5.2 / 49.5 / 71.
+IN_SAMPLE_MEDIAN_PCT = 16.0  # 13.9 (34 rows; SC'21 and MosaicML's 1-2 node runs, not all fitted now)
+HELD_OUT_MEDIAN_PCT = 23.0  # 20.5
+MAX_PCT = 75.0  # 71.3 (row 42, GPT-2 1.2B on one V100, Megatron 2019)
+MIN_WITHIN_10_PCT = 28  # of 92 rows (30 today)
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +85,36 @@ def test_the_guard_rows_are_the_in_repository_rows():
     ours = {r["row_id"]: r for r in csv.DictReader((HERE.parent / "validation" / CSV.name).open(newline=""))}
     rows = list(csv.DictReader(CSV.open(newline="")))
     assert all(ours.get(r["row_id"]) == r for r in rows)
+
+
+#: Today's stacks (rows from 3000 on): family -> bound on the median |error| of its predicted
+#: rows (today's figure in the comment), and on the runs that ran but are predicted out of memory
+TODAY_MEDIAN_PCT = {"torchtitan": 8.0,  # 6.3
+                    "torchtitan-community": 3.0,  # 0.9
+                    "KempnerForge": 14.0,  # 12.0
+                    "NeMo long-seq": 28.0,  # 25.0
+                    "Megatron-Bridge": 15.0,  # 12.3
+                    "Sailor": 52.0}  # 48.5 (small runs dominated by per-kernel host overhead, not modelled)
+TODAY_OOM_BUT_RAN = 7  # 3 Megatron-Bridge, 3 NeMo long-seq, 1 KempnerForge
+
+
+@pytest.fixture(scope="module")
+def today():
+    rows = [r for r in csv.DictReader((HERE.parent / "validation" / CSV.name).open(newline=""))
+            if int(r["row_id"]) >= 3000]
+    pred = Predictor(rows)
+    return [pred.run(r) for r in rows]
+
+
+def test_today_stacks_per_family(today):
+    by: dict[str, list[float]] = {}  # (a result's source is its family)
+    for r in today:
+        if r.error_pct is not None:
+            by.setdefault(r.source, []).append(abs(r.error_pct))
+    medians = {f: statistics.median(v) for f, v in by.items() if f in TODAY_MEDIAN_PCT}
+    assert set(medians) == set(TODAY_MEDIAN_PCT)
+    assert {f: m for f, m in medians.items() if m > TODAY_MEDIAN_PCT[f]} == {}
+
+
+def test_today_runs_called_out_of_memory(today):
+    assert sum(1 for r in today if r.error_pct is not None and r.feasible is False) <= TODAY_OOM_BUT_RAN

@@ -821,7 +821,7 @@ class TestSequenceAndPrecision:
         ("gpt2", "pick-seq", 2048, "Sequence length refused: max_positions (1024) is below seq_len (2048)"),
         ("gpt2", "pick-seq", 0, "Sequence length refused: 0 tokens; it must be from 1 to 1,048,576."),
         ("gpt2", "pick-seq", 10.5, "Sequence length refused: '10.5' is not a whole number of tokens."),
-        ("gpt2", "pick-precision", "fp8", "Precision refused: precision must be one of fp32, fp16, bf16"),
+        ("gpt2", "pick-precision", "fp8", "Precision refused: precision must be one of fp32, tf32, fp16, bf16"),
     ])
     def test_refused_with_the_reason(self, model, key, value, want):
         s = ST.new_state(model)

@@ -58,7 +58,7 @@ class TestBuilder:
             b.add("relu", "r", ["x:1"])
 
     def test_bad_precision(self):
-        with pytest.raises(ValueError, match="precision must be one of fp32, fp16, bf16, got 'fp64'"):
+        with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, bf16, got 'fp64'"):
             GraphBuilder("t", "fp64")
 
 

@@ -109,7 +109,7 @@ def test_the_per_graph_cache_lives_beside_the_graph_not_inside_it():
     import gc
     import weakref
 
-    from engine import memory
+    from engine import memory_static as memory  # (the cache lives with the static memory model)
 
     g = mlp()
     c = toy_cluster()

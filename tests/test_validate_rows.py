@@ -142,7 +142,8 @@ def _expected(base: str, **kw):
 
 # row id -> what setup_for must give: cluster preset, degrees, ZeRO stage (or the Skip reason)
 FAMILY_ROWS = {
-    3001: dict(cluster="dgx-a100-80gb:8", tp=1, pp=1, dp=64, cp=1, zero=3),  # torchtitan, FSDP2 on A100
+    3001: dict(skip="layer-wise selective checkpointing"),  # torchtitan: every N-th layer, N not stated
+    3003: dict(cluster="dgx-a100-80gb:8", tp=1, pp=1, dp=64, cp=1, zero=3),  # torchtitan, FSDP2 on A100
     3012: _expected("grand-teton", cluster="grand-teton:1", tp=1, pp=1, dp=8, cp=1, zero=3),  # torchtitan GT
     3019: _expected("grand-teton", cluster="grand-teton:1", tp=1, pp=1, dp=4, cp=2, zero=3),  # FSDP x CP
     3024: _expected("grand-teton", cluster="grand-teton:64", tp=8, pp=8, dp=8, cp=1, zero=3, mbs=4),  # 3-D
@@ -189,7 +190,7 @@ def test_software_is_recorded(rows_by_id):
     assert sw == {"framework": "torchtitan", "compile": True, "async_tp": False, "fp8": True, "fp8_all_gather": True,
                   "tp_comm_overlap": None}
     assert setup_for(rows_by_id[3011]).software["async_tp"] is True
-    assert setup_for(rows_by_id[3001]).software["compile"] is False
+    assert setup_for(rows_by_id[3003]).software["compile"] is False
     assert setup_for(rows_by_id[3121]).software["framework"] == "megatron"
 
 
