@@ -236,7 +236,7 @@ class TestSchemaViolations:
             'ops[2] ().name: "" is shorter than 1 character',
             'ops[3]: "name" is a required property',
             'ops[3].inputs: "x" is not of type "array"',
-            'precision: "fp64" is not one of "fp32", "tf32" or 2 other candidates',
+            'precision: "fp64" is not one of "fp32", "tf32", "fp16" or "bf16"',
         ]
 
     def test_no_ops(self):

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 import jsonschema_rs
 
-from ..errors import Problem, ValidationError
+from ..errors import Problem, ValidationError, printable
 from .jsonio import check_json_data, read_json, render_path, value_at
 
 __all__ = ["FORMATS", "MAX_SCHEMA_PROBLEMS", "schema", "schema_problems", "check_format", "load_checked", "built"]
@@ -108,6 +108,11 @@ def _schema_message(e: Any, root: Mapping[str, Any]) -> str:
         return f"has {len(e.instance):,} entries; at most {limit:,} are allowed"
     if keyword == "maxLength":
         return f"is {len(e.instance):,} characters long; at most {limit:,} are allowed"
+    if keyword == "enum" and isinstance(limit, list) and len(limit) <= 20:
+        # (jsonschema shortens a long list to "or N other candidates": name them all)
+        shown = printable(json.dumps(e.instance, default=str), 60)
+        names = [json.dumps(v) for v in limit]
+        return f"{shown} is not one of {', '.join(names[:-1]) + ' or ' + names[-1] if len(names) > 1 else names[0]}"
     msg = e.message
     if keyword == "additionalProperties":
         allowed = sorted((value_at(root, spath[:-1]) or {}).get("properties", {}))
