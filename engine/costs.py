@@ -25,9 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .collectives import (COLLECTIVES, LINK_EFFICIENCY, NCCL_BASE_LATENCY_US, NCCL_NET_OVERHEAD_US,  # noqa: F401
-                          NCCL_NVLS_BW_SHARE, NCCL_NVLS_LATENCY_US, NCCL_PROTOCOL_BW_SHARE, NCCL_PROTOCOLS,
-                          NCCL_STEP_LATENCY_US, collective_time_s, group_collective_time_s, transfer_time_s)
+# (the transfer and collective model lives in engine.collectives; its entry points are re-exported)
+from .collectives import COLLECTIVES, LINK_EFFICIENCY, collective_time_s, group_collective_time_s, transfer_time_s
 
 
 __all__ = [
@@ -97,11 +96,6 @@ GEMM_K_REF = 2048
 #: K-loop iterations' worth of prologue and epilogue per tile, in elements of K: two 64-deep K
 #: tiles (one to fill the pipeline, one to write C), checked at 64/128/256 by benchmarks/calibrate.py.
 GEMM_K_HALF = 128.0
-# Before the shape model: a GEMM's smaller inner dimension at which it reached half its
-# large-GEMM rate, and per-device large-GEMM fractions (both fitted). The shape model replaces
-# them; they stay as switches (0 and empty by default) for cost files and comparisons.
-MATMUL_HALF_DIM = 0
-DEVICE_MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = ()
 # Batched matmuls of attention (small inner dimension, many heads) run less efficiently.
 BMM_EFFICIENCY = 0.55
 # Fused attention: FlashAttention-2 reaches 50-73% of the A100's peak in the forward pass and
@@ -186,7 +180,6 @@ class CostModel:
     """Operator, transfer and collective times. All efficiencies are fractions of peak."""
 
     matmul_efficiency: float = MATMUL_EFFICIENCY
-    matmul_half_dim: float = MATMUL_HALF_DIM
     bmm_efficiency: float = BMM_EFFICIENCY
     attention_efficiency: float = ATTENTION_EFFICIENCY
     pointwise_efficiency: float = POINTWISE_FLOPS_EFFICIENCY
@@ -195,9 +188,6 @@ class CostModel:
     link_efficiency: float = LINK_EFFICIENCY
     optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
     profile: ProfileTable | None = None
-    #: (device type name, large-GEMM fraction of its tensor-core peak), overriding the
-    #: measured tables below for every precision (empty by default)
-    device_matmul_efficiency: tuple[tuple[str, float], ...] = DEVICE_MATMUL_EFFICIENCY
     #: ((architecture, precision), large-GEMM fraction): :data:`GEMM_FRACTION`
     gemm_fractions: tuple[tuple[tuple[str, str], float], ...] = tuple(GEMM_FRACTION.items())
     #: (device type name, fraction) measured on that GPU itself: :data:`DEVICE_GEMM_FRACTION`
@@ -222,12 +212,10 @@ class CostModel:
 
     def large_gemm_fraction(self, device_type, precision: str = "bf16") -> float:
         """The fraction of its dense tensor-core peak ``device_type`` reaches on large, aligned
-        GEMMs at ``precision``: a per-device override, else the GPU's own measurement (not for
-        fp8), else its architecture's, else ``matmul_efficiency``."""
+        GEMMs at ``precision``: the GPU's own measurement (not for fp8), else its
+        architecture's, else ``matmul_efficiency`` (convolutions and LSTM gates take it whole:
+        their small-channel cases are memory-bound in the roofline already)."""
         name = getattr(device_type, "name", None)
-        for n, eff in self.device_matmul_efficiency:
-            if n == name:
-                return eff
         if precision != "fp8":
             for n, eff in self.device_gemm_fractions:
                 if n == name:
@@ -243,15 +231,6 @@ class CostModel:
         default: its large-GEMM fraction over ``matmul_efficiency`` (1 when it has none)."""
         return self.large_gemm_fraction(device_type, precision) / self.matmul_efficiency
 
-    def matmul_fraction(self, inner_dim: float | None, device_type=None, precision: str = "bf16") -> float:
-        """Achievable fraction of peak for a GEMM whose shape is not known beyond its smaller
-        inner dimension ``inner_dim`` (convolutions, LSTM gates): the large-GEMM fraction, times
-        ``inner_dim / (inner_dim + matmul_half_dim)`` when that constant is set."""
-        top = self.large_gemm_fraction(device_type, precision) if device_type is not None else self.matmul_efficiency
-        if not inner_dim or self.matmul_half_dim <= 0:
-            return top
-        return top * inner_dim / (inner_dim + self.matmul_half_dim)
-
     def gemm_fraction(self, m: float, n: float, k: float, device_type, precision: str = "bf16") -> float:
         """Achievable fraction of peak of one (m x k) . (k x n) GEMM on ``device_type``: the
         large-GEMM fraction, times the tile-and-wave quantisation of its m x n output on the
@@ -263,16 +242,13 @@ class CostModel:
         >>> round(CostModel(gemm_k_half=0).gemm_fraction(6912, 16384, 2048, a100), 3)  # a MAMF shape
         0.859
         """
-        frac = self.matmul_fraction(None, device_type, precision)
+        frac = self.large_gemm_fraction(device_type, precision)
         sms = getattr(device_type, "sms", 0) or 0
         if self.gemm_quantisation and sms > 0 and m > 0 and n > 0:
             frac *= _quantisation(m, n, sms, waves=getattr(device_type, "arch", "") not in STREAM_K_ARCHS)
         if self.gemm_k_half > 0 and k > 0:
             h = self.gemm_k_half
             frac *= min(1.0, k * (GEMM_K_REF + h) / ((k + h) * GEMM_K_REF))
-        if self.matmul_half_dim > 0:
-            x = min(n, k)
-            frac *= x / (x + self.matmul_half_dim)
         return frac
 
     def attention_fraction(self, device_type) -> float:
@@ -284,7 +260,7 @@ class CostModel:
         return self.attention_efficiency
 
     def op_time_s(self, kind: str, flops: float, bytes_moved: float, precision: str, device_type,
-                  matmul: bool | None = None, inner_dim: float | None = None, fraction: float | None = None) -> float:
+                  matmul: bool | None = None, fraction: float | None = None) -> float:
         """Roofline time of one kernel: ``max(compute, memory) + overhead`` seconds.
 
         Parameters
@@ -310,7 +286,7 @@ class CostModel:
             elif kind == "attention":
                 eff = self.attention_fraction(device_type)
             else:
-                eff = self.matmul_fraction(inner_dim, device_type, precision)
+                eff = self.large_gemm_fraction(device_type, precision)
             peak = device_type.peak(precision) * eff * self.sustained(device_type)
         else:
             peak = device_type.peak("fp32") * self.pointwise_efficiency
@@ -343,7 +319,6 @@ class CostModel:
         fwd_flops, bwd_flops = op.partition_flops(degrees)
         fwd_bytes = (op.fwd_bytes_read + op.fwd_bytes_written) / parts
         bwd_bytes = (op.bwd_bytes_read + op.bwd_bytes_written) / parts
-        inner = _inner_dim(op.kind, ins, outs, params)
         gemm = "fp8" if fp8 else precision
         f_frac = b_frac = None
         if op.kind == "linear" and params and len(params[0]) == 2 and outs:
@@ -352,8 +327,8 @@ class CostModel:
             f_frac = self.gemm_fraction(m, n, k, device_type, gemm)
             dgrad, wgrad = self.gemm_fraction(m, k, n, device_type, gemm), self.gemm_fraction(n, k, m, device_type, gemm)
             b_frac = 2.0 / (1.0 / dgrad + 1.0 / wgrad) if dgrad > 0 and wgrad > 0 else None
-        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, inner_dim=inner, fraction=f_frac)
-        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, inner_dim=inner, fraction=b_frac)
+        fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, fraction=f_frac)
+        bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, fraction=b_frac)
         if fp8:
             bw = device_type.mem_bw_bytes_per_s * self.memory_efficiency
             fwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(ins[0]) / bw + self.kernel_overhead_s
@@ -395,19 +370,6 @@ def _quantisation(m: float, n: float, sms: int, waves: bool = True) -> float:
         slots = max(tiles, sms * math.ceil(tiles / sms)) if waves and tiles >= sms else tiles
         best = max(best, m * n / (slots * tm * tn))
     return best
-
-
-def _inner_dim(kind: str, ins, outs, params) -> float | None:
-    """min(K, N) of a linear layer's GEMM (elements), or None.
-
-    Only linear layers, where the published transformer runs calibrate it; convolutions and
-    LSTM gates keep the large-GEMM fraction, their small-channel cases being memory-bound
-    in the roofline already (a size factor on top would count that twice).
-    """
-    if kind == "linear":
-        n, k = params[0]  # weight (out, in)
-        return min(n, k)
-    return None
 
 
 # --------------------------------------------------------------------------- host-side (offload) times
