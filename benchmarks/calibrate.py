@@ -83,16 +83,6 @@ def score(errs: list[float]) -> tuple[float, float]:
     return statistics.median(a), statistics.fmean(a)
 
 
-def grid(values_a, values_b, evaluate) -> tuple[tuple, tuple[float, float]]:
-    best = None
-    for a in values_a:
-        for b in values_b:
-            s = score(evaluate(a, b))
-            if best is None or s < best[1]:
-                best = ((a, b), s)
-    return best
-
-
 def fit_share(evaluate, lo: float = 0.2, hi: float = 1.5, tol: float = 0.005) -> tuple[float, tuple[float, float]]:
     """The share f in [lo, hi] at which the rows' median signed error is zero (a faster device
     predicts every row faster: the median error is monotonic in f, rising for rates and
@@ -102,9 +92,10 @@ def fit_share(evaluate, lo: float = 0.2, hi: float = 1.5, tol: float = 0.005) ->
     def median_err(f):
         return statistics.median(evaluate(f))
 
-    sign = 1.0 if median_err(hi) >= median_err(lo) else -1.0  # (times fall as f grows)
-    if sign * median_err(lo) >= 0 or sign * median_err(hi) <= 0:
-        f = lo if sign * median_err(lo) >= 0 else hi
+    at_lo, at_hi = median_err(lo), median_err(hi)  # (each simulates every row: once)
+    sign = 1.0 if at_hi >= at_lo else -1.0  # (times fall as f grows)
+    if sign * at_lo >= 0 or sign * at_hi <= 0:
+        f = lo if sign * at_lo >= 0 else hi
         return f, score(evaluate(f))
     a, b = lo, hi
     while b - a > tol:
@@ -115,11 +106,6 @@ def fit_share(evaluate, lo: float = 0.2, hi: float = 1.5, tol: float = 0.005) ->
             a = m
     f = round((a + b) / 2 / tol) * tol
     return round(f, 4), score(evaluate(f))
-
-
-def frange(lo: float, hi: float, step: float) -> list[float]:
-    n = int(round((hi - lo) / step))
-    return [round(lo + k * step, 6) for k in range(n + 1)]
 
 
 def main() -> int:
