@@ -161,18 +161,17 @@ _GRAND_TETON = _dgx(
            "limit'. Llama 3 paper §3.3.1 (hardware_specs.csv): 400 Gbps RoCE per GPU, 3,072-GPU pods with "
            "full bisection, 1:7 oversubscription between pods (the 24K-GPU cluster is larger than this "
            "simulator's 16,384). Host memory is not published: 2 TB assumed (as DGX H100).")
-_RTX4090 = _dgx("RTX-4090-24GB", PCIE4_BW, IB_EDR_BW, PCIE4_BW, 8, "rtx4090",
-                "RTX 4090 server: 8 x RTX 4090 on PCIe Gen4, 1 x 100 Gb/s NIC", nics=1,
+def _pcie_server(device: str, pcie_bw: float, label: str, card: str, gen: int):
+    """A server of 8 consumer GPUs on one PCIe switch with one 100 Gb/s NIC (:data:`_PCIE_NOTE`)."""
+    return _dgx(device, pcie_bw, IB_EDR_BW, pcie_bw, 8, label,
+                f"{card} server: 8 x {card} on PCIe Gen{gen}, 1 x 100 Gb/s NIC", nics=1,
                 host_memory_bytes=256 * GB_INT, node="server", intra=_PCIE_SWITCH, source=_PCIE_NOTE)
-_RTX3090 = _dgx("RTX-3090-24GB", PCIE4_BW, IB_EDR_BW, PCIE4_BW, 8, "rtx3090",
-                "RTX 3090 server: 8 x RTX 3090 on PCIe Gen4, 1 x 100 Gb/s NIC", nics=1,
-                host_memory_bytes=256 * GB_INT, node="server", intra=_PCIE_SWITCH, source=_PCIE_NOTE)
-_RTX2080TI = _dgx("RTX-2080-Ti-11GB", PCIE3_BW, IB_EDR_BW, PCIE3_BW, 8, "rtx2080ti",
-                  "RTX 2080 Ti server: 8 x RTX 2080 Ti on PCIe Gen3, 1 x 100 Gb/s NIC", nics=1,
-                  host_memory_bytes=256 * GB_INT, node="server", intra=_PCIE_SWITCH, source=_PCIE_NOTE)
-_TITAN_RTX = _dgx("TITAN-RTX-24GB", PCIE3_BW, IB_EDR_BW, PCIE3_BW, 8, "titan-rtx",
-                  "TITAN RTX server: 8 x TITAN RTX on PCIe Gen3, 1 x 100 Gb/s NIC", nics=1,
-                  host_memory_bytes=256 * GB_INT, node="server", intra=_PCIE_SWITCH, source=_PCIE_NOTE)
+
+
+_RTX4090 = _pcie_server("RTX-4090-24GB", PCIE4_BW, "rtx4090", "RTX 4090", 4)
+_RTX3090 = _pcie_server("RTX-3090-24GB", PCIE4_BW, "rtx3090", "RTX 3090", 4)
+_RTX2080TI = _pcie_server("RTX-2080-Ti-11GB", PCIE3_BW, "rtx2080ti", "RTX 2080 Ti", 3)
+_TITAN_RTX = _pcie_server("TITAN-RTX-24GB", PCIE3_BW, "titan-rtx", "TITAN RTX", 3)
 
 #: Preset name -> (factory taking the node count or None, takes_count, one-line description).
 PRESETS: dict[str, tuple[Any, bool, str]] = {
