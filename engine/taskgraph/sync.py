@@ -81,13 +81,12 @@ class FsdpPlan:
         #: every gradient collective of the stage waits for them
         self.tail: dict[str, tuple[int, ...]] = {}  # unit -> those ops
         if not s.overlap_grad_reduce:
-            p, ops = max(1, s.pipeline.stages), ctx.graph.ops
+            p, ops, idx = max(1, s.pipeline.stages), ctx.graph.ops, ctx.graph.index
             stage = [s.stage_of.get(op.name, 0) % p for op in ops]
             sources: dict[int, list[int]] = {}
             for oi, op in enumerate(ops):
                 if op.kind == "input" or op.is_view:
                     continue
-                idx = ctx.graph.index
                 if all(ops[idx[r.op]].kind == "input" or stage[idx[r.op]] != stage[oi] for r in op.inputs):
                     sources.setdefault(stage[oi], []).append(oi)
             for u, members in self.units.items():
