@@ -232,7 +232,7 @@ def same_settings(a: Strategy, b: Strategy) -> bool:
 #: :class:`engine.strategy.Strategy`; those the layout has) and their defaults, the layout's
 SWITCHES = {f.name: f.default for f in fields(Layout)
             if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer",
-                          "offload_params")}
+                          "offload_params")}  # (the panel's: the engine's SWITCHES less the buffer switches)
 
 _SWITCH_WORDS = {"tp_comm_overlap": "tp comm overlap", "overlap_grad_reduce": "grad-reduce overlap",
                  "overlap_param_gather": "param-gather overlap",

@@ -25,7 +25,7 @@ from typing import Any
 from .cluster import Cluster
 from .errors import Problem, ValidationError
 from .graph import OpGraph
-from .layout import Layout, layer_blocks
+from .layout import SWITCHES, Layout, layer_blocks
 from .search.baselines import build_layout
 from .strategy import Strategy, splits_into_microbatches
 
@@ -111,9 +111,6 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     return lay
 
 
-#: The overlap, offload and buffer switches a strategy carries into its layout (same names)
-SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
-            "grad_reduce_in_fp32")
 
 
 def _refuse(fmt: str, what: str, instead: str) -> ValidationError:

@@ -31,7 +31,7 @@ from .graph import OpGraph
 from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
-           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
+           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
 
 #: the largest context-parallel degree the enumerator proposes by default: Megatron-Core's
 #: long-context runs use 2-16 (Llama 3 405B: cp 16 at 128 K tokens only, Dubey et al. 2024
@@ -229,6 +229,13 @@ class Layout:
 
 #: the option names a layout takes (its fields)
 OPTION_NAMES = tuple(f.name for f in fields(Layout))
+#: the overlap, offload and buffer switches a layout carries onto its strategy (fields of the
+#: same name on :class:`engine.strategy.Strategy`; ``tp_comm_overlap`` travels with sequence
+#: parallelism and is not among them)
+SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
+            "grad_reduce_in_fp32")
+#: the switches that are on unless turned off (False is a choice for them, not "not given")
+ON_BY_DEFAULT = tuple(f.name for f in fields(Layout) if f.name in SWITCHES and f.default is True)
 
 _BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather", "fp8_params",
          "grad_reduce_in_fp32")

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..cluster import Cluster
 from ..graph import Op, OpGraph
-from ..layout import Layout, microbatch_count
+from ..layout import ON_BY_DEFAULT, SWITCHES, Layout, microbatch_count
 from ..strategy import (
     GATHER_UNITS,
     Config,
@@ -209,7 +209,7 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         options["fp8"] = True
     if lay.tp_comm_overlap:
         options["tp_comm_overlap"] = True
-    switches = {k: getattr(lay, k) for k in _SWITCHES if getattr(lay, k) != getattr(Layout, k)}
+    switches = {k: getattr(lay, k) for k in SWITCHES if getattr(lay, k) != getattr(Layout, k)}
     options.update(switches)
     if pp * vpp > 1 and layers_per_stage is None:
         counts = balanced_layers(len(layer_blocks(graph)), pp * vpp)
@@ -220,15 +220,11 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
                 pipeline=PipelineSettings(pp, m, lay.schedule, vpp),
                 stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
                 zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap,
-                **{k: getattr(lay, k) for k in _SWITCHES})
+                **{k: getattr(lay, k) for k in SWITCHES})
     if lay.gather_unit != "block" or lay.shard_group:
         s = replace(s, gather_unit=lay.gather_unit, shard_group=lay.shard_group)
     return s
 
-
-#: The overlap and offload switches a layout carries onto its strategy (same names on both)
-_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params",
-             "grad_reduce_in_fp32", "fp8_params")
 
 
 def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int | None = None, tp: int = 1,
@@ -308,9 +304,6 @@ BASELINES: dict[str, Baseline] = {
 }
 
 
-#: Switches that are on unless turned off: False is a choice for these, not "not given"
-_ON_BY_DEFAULT = ("overlap_grad_reduce", "grad_reduce_in_fp32")
-
 
 def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:
     """Build baseline ``kind``; options left as ``None`` are ignored.
@@ -324,7 +317,7 @@ def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -
         raise ValueError(f"unknown strategy kind {kind!r}; kinds: {', '.join(BASELINES)}")
     b = BASELINES[kind]
     # (a False flag is "not given" unless it turns off a switch that is on by default)
-    given = {k: v for k, v in options.items() if v is not None and (v is not False or k in _ON_BY_DEFAULT)}
+    given = {k: v for k, v in options.items() if v is not None and (v is not False or k in ON_BY_DEFAULT)}
     extra = sorted(set(given) - set(b.options))
     if extra:
         flags = ", ".join("--" + e.replace("_", "-") for e in extra)
