@@ -31,7 +31,8 @@ from .graph import OpGraph
 from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
-           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT", "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
+           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT",
+           "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
 
 #: the largest context-parallel degree the enumerator proposes by default: Megatron-Core's
 #: long-context runs use 2-16 (Llama 3 405B: cp 16 at 128 K tokens only, Dubey et al. 2024

@@ -15,7 +15,7 @@ from .regions import tile
 from .segments import Segment
 from .tasks import BWD, FWD
 
-__all__ = ["FsdpPlan", "SyncBuilder", "sync_unit"]
+__all__ = ["FsdpPlan", "SyncBuilder", "sync_unit", "prefetch_buckets", "DEEPSPEED_PREFETCH_ELEMENTS"]
 
 
 def sync_unit(op: Op, zero_stage: int) -> str:
@@ -38,7 +38,8 @@ def sync_unit(op: Op, zero_stage: int) -> str:
 DEEPSPEED_PREFETCH_ELEMENTS = 5e7
 
 
-def _buckets(pieces: list[tuple[float, int, list[int]]], per_op: bool) -> list[tuple[float, int, list[int], int | None]]:
+def prefetch_buckets(pieces: list[tuple[float, int, list[int]]],
+                     per_op: bool) -> list[tuple[float, int, list[int], int | None]]:
     """(elements, op, waiting ops, op after whose start it is issued or None) per gather: the
     pieces of one pass in use order, the op pieces cut into DeepSpeed's prefetch buckets."""
     if not per_op:
@@ -298,7 +299,7 @@ class SyncBuilder:
                     pieces = [(op_elems[oi], oi, [oi]) for oi in order]
                 else:
                     pieces = [(elems, lead, used)]
-                for size, at, waiting, after in _buckets(pieces, per_op):
+                for size, at, waiting, after in prefetch_buckets(pieces, per_op):
                     ahead = preds if after is None else table[after][:, :1]
                     ids = self.emit.collectives(seg, "all_gather", size * pbytes, devs, ahead, at, np.arange(m))
                     if ids is None:
