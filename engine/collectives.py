@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["transfer_time_s", "collective_time_s", "group_collective_time_s", "COLLECTIVES", "LINK_EFFICIENCY",
+__all__ = ["transfer_time_s", "collective_time_s", "group_collective_time_s", "all_to_all_time_s", "COLLECTIVES",
+           "LINK_EFFICIENCY",
            "NCCL_PROTOCOLS", "NCCL_BASE_LATENCY_US", "NCCL_STEP_LATENCY_US", "NCCL_NET_OVERHEAD_US",
            "NCCL_NVLS_LATENCY_US", "NCCL_NVLS_BW_SHARE", "NCCL_PROTOCOL_BW_SHARE"]
 
@@ -14,7 +15,7 @@ __all__ = ["transfer_time_s", "collective_time_s", "group_collective_time_s", "C
 # on NVSwitch and HDR InfiniBand is ~80-90% of the nominal rate).
 LINK_EFFICIENCY = 0.85
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 
 # NCCL's latency model, from its tuner (NCCL src/graph/tuning.cc, ``baseLat`` and ``hwLat`` in
 # ncclTopoTuneModel, NCCL 2.2x; microseconds, measured by NVIDIA per algorithm and protocol):
@@ -88,6 +89,9 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
         return 0.0
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+    if kind == "all_to_all":
+        return all_to_all_time_s(size_bytes, n, bw_bytes_per_s, bw_bytes_per_s, latency_s, link_efficiency,
+                                 nodes=nodes, inter_latency_s=inter_latency_s)
     bw = bw_bytes_per_s * link_efficiency
     k = max(1, min(int(nodes), n))
     intra_hw = "nvlink" if nvlink else "pcie"
@@ -123,9 +127,43 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
     return best
 
 
+def all_to_all_time_s(size_bytes: float, n: int, intra_bw_bytes_per_s: float, inter_bw_bytes_per_s: float,
+                      latency_s: float, link_efficiency: float = LINK_EFFICIENCY, *, nodes: int = 1,
+                      inter_latency_s: float = 0.0) -> float:
+    """Time of an all-to-all over ``n`` ranks spread evenly over ``nodes`` nodes, each rank
+    holding ``size_bytes`` to share out (1/n of it to every rank, itself included: a
+    mixture-of-experts dispatch of balanced tokens).
+
+    NCCL runs an all-to-all as n-1 concurrent point-to-point sends (``ncclGroupStart``;
+    Megatron-Core's dispatcher calls ``torch.distributed.all_to_all_single``): each rank sends
+    (g-1)/n of its buffer to the g-1 other ranks of its node over NVLink and (n-g)/n across
+    the network through its share of the node's NICs, both at once; the slower of the two
+    sets the time, plus NCCL's launch cost and one path latency (Simple protocol; the sends
+    run in parallel, so their latencies overlap). Per-rank rates are the group's
+    (:class:`~engine.cluster.CollectiveGroup`: ``intra_bw_bytes_per_s``,
+    ``inter_bw_bytes_per_s``).
+
+    >>> round(all_to_all_time_s(8e6, 8, 100e9, 1e9, 0.0, 1.0) * 1e6, 1)  # one node: 7 MB over NVLink
+    81.8
+    """
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    k = max(1, min(int(nodes), n))
+    g = n / k  # ranks per node
+    intra = size_bytes * (g - 1) / n / (intra_bw_bytes_per_s * link_efficiency) if g > 1 else 0.0
+    inter = size_bytes * (n - g) / n / (inter_bw_bytes_per_s * link_efficiency) if k > 1 else 0.0
+    lat = max(latency_s, inter_latency_s if k > 1 else 0.0,
+              NCCL_STEP_LATENCY_US[("net" if k > 1 else "nvlink", "ring", "Simple")] * 1e-6)
+    return NCCL_BASE_LATENCY_US[("ring", "Simple")] * 1e-6 + lat + max(intra, inter)
+
+
 def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency: float = LINK_EFFICIENCY) -> float:
     """:func:`collective_time_s` over a :class:`~engine.cluster.CollectiveGroup` (the ranks,
     their nodes, bandwidth and path latencies, as :meth:`Cluster.collective_group` gives them)."""
+    if kind == "all_to_all":
+        return all_to_all_time_s(size_bytes, group.ranks, group.intra_bw_bytes_per_s, group.inter_bw_bytes_per_s,
+                                 group.latency_s, link_efficiency, nodes=group.nodes,
+                                 inter_latency_s=group.inter_latency_s)
     return collective_time_s(kind, size_bytes, group.ranks, group.bw_bytes_per_s, group.latency_s, link_efficiency,
                              nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink,
                              nvls=group.nvls)

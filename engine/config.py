@@ -13,10 +13,13 @@ import math
 
 import numpy as np
 
+from .cluster import Cluster
+from .errors import Problem
 from .graph import Op, OpGraph
+from .ops import EXPERT, REPLICA
 
 __all__ = ["Config", "PipelineSettings", "partition_grid", "partition_coords", "divisors", "splits_into_microbatches",
-           "degree_choices", "zero_shares"]
+           "degree_choices", "zero_shares", "check_config"]
 
 
 def divisors(n: int, at_most: int) -> list[int]:
@@ -153,3 +156,78 @@ def partition_coords(op: Op, config: Config) -> list[dict[str, int]]:
     """
     names, grid = partition_grid(op, config)
     return [dict(zip(names, row)) for row in grid.tolist()]
+
+
+def _nested_problems(op: Op, config: Config, at: str) -> list[Problem]:
+    """A mixture-of-experts op's expert dims: together they must divide the experts, and
+    nested in a token axis the product of the degrees on it must divide it."""
+    experts = [d for d in op.dims if d.kind == EXPERT]
+    if not experts or not all(isinstance(config.degree(d.name), int) and config.degree(d.name) >= 1 for d in op.dims):
+        return []
+    out = []
+    ep = math.prod(config.degree(d.name) for d in experts)
+    if experts[0].size % ep:
+        out.append(Problem(f"{at}.degrees.expert", f"the expert degrees ({' x '.join(str(config.degree(d.name)) for d in experts)} "
+                                                    f"= ep {ep}) do not divide the {experts[0].size} experts"))
+    for d in experts:
+        on_axis = [e for e in op.dims if e.out_axis == d.out_axis and e.kind != REPLICA]
+        deg = math.prod(config.degree(e.name) for e in on_axis)
+        size = op.out_tensors[0].shape[d.out_axis]
+        if config.degree(d.name) > 1 and size % deg:
+            out.append(Problem(f"{at}.degrees.{d.name}",
+                               f"{' x '.join(e.name for e in on_axis)} = {deg} does not divide the "
+                               f"{size} {op.out_tensors[0].axes[d.out_axis]} positions"))
+    return out
+
+
+def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int,
+                 checked: set[int] | None = None) -> list[Problem]:
+    """Every problem of ``config`` for ``op`` (``at`` names it). ``checked``: ids of device
+    tuples already found valid in this strategy, skipped (a 16,384-GPU layout repeats a few
+    tuples of 16,384 ids over thousands of ops)."""
+    problems: list[Problem] = []
+    dims = {d.name: d for d in op.dims}
+    for dim, deg in config.degrees.items():
+        where = f"{at}.degrees.{dim}"
+        if dim not in dims:
+            valid = ", ".join(d.name for d in op.dims)
+            problems.append(Problem(where, f"{op.kind} {op.name!r} has no dim {dim!r}; valid: {valid}"))
+            continue
+        if not isinstance(deg, int) or deg < 1:
+            problems.append(Problem(where, f"degree must be a positive integer, got {deg!r}"))
+            continue
+        why = dims[dim].degree_problem(deg)
+        if why:
+            problems.append(Problem(where, why))
+    problems += _nested_problems(op, config, at)
+    deg = config.degree("sample") * math.prod(config.degree(d.name) for d in op.dims
+                                              if d.kind == EXPERT and d.out_axis == 0)
+    if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
+        size = dims["sample"].size
+        if not splits_into_microbatches(size, deg, microbatches) and size % deg == 0:
+            problems.append(Problem(f"{at}.degrees.sample",
+                                    f"{microbatches} microbatches of {size // deg} samples per partition do not divide "
+                                    f"evenly (batch {size}, sample degree {deg})"))
+    want = config.num_partitions
+    if len(config.devices) != want:
+        problems.append(Problem(f"{at}.devices",
+                                f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
+    devs, n = config.devices, cluster.num_devices
+    if checked is not None and id(devs) in checked:
+        return problems
+    if all(type(d) is int for d in devs) and len(set(devs)) == len(devs) and \
+            (not devs or (min(devs) >= 0 and max(devs) < n)):
+        if checked is not None:
+            checked.add(id(devs))
+        return problems  # (the common case, without the per-device messages below)
+    seen: set[int] = set()
+    for k, dev in enumerate(config.devices):
+        if not isinstance(dev, int) or isinstance(dev, bool):
+            problems.append(Problem(f"{at}.devices[{k}]", f"a device id must be an integer, got {dev!r}"))
+        elif not 0 <= dev < cluster.num_devices:
+            problems.append(Problem(f"{at}.devices[{k}]",
+                                    f"device {dev} does not exist; {cluster.name} has devices 0..{cluster.num_devices - 1}"))
+        elif dev in seen:
+            problems.append(Problem(f"{at}.devices[{k}]", f"device {dev} runs two partitions of this op"))
+        seen.add(dev)
+    return problems

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 # (the transfer and collective model lives in engine.collectives; its entry points are re-exported)
+from .ops import experts_capacity_share
 from .collectives import COLLECTIVES, LINK_EFFICIENCY, collective_time_s, group_collective_time_s, transfer_time_s
 
 
@@ -40,7 +41,9 @@ __all__ = [
 ]
 
 #: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
-MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention"})
+MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention", "router", "experts"})
+#: rows of a GEMM tile: a grouped GEMM pads each expert's tokens to a multiple of it
+GROUPED_GEMM_TILE_M = 128
 
 # GEMM time from its shape (M x K) . (K x N), per device and precision:
 #     fraction of dense peak = large-GEMM fraction(arch, precision)
@@ -307,7 +310,7 @@ class CostModel:
         element, memory-bound. Weights are cast once per iteration (TE caches them over
         microbatches) and not counted."""
         ins, outs, params = op.partition_shapes(degrees)
-        fp8 = fp8 and op.kind == "linear"
+        fp8 = fp8 and op.kind in ("linear", "experts")
         if self.profile is not None:
             hit = self.profile.get(ProfileTable.key(op.kind, ins, outs, params, "fp8" if fp8 else precision,
                                                     device_type.name))
@@ -327,6 +330,14 @@ class CostModel:
             f_frac = self.gemm_fraction(m, n, k, device_type, gemm)
             dgrad, wgrad = self.gemm_fraction(m, k, n, device_type, gemm), self.gemm_fraction(n, k, m, device_type, gemm)
             b_frac = 2.0 / (1.0 / dgrad + 1.0 / wgrad) if dgrad > 0 and wgrad > 0 else None
+        elif op.kind == "router" and params and outs:
+            e, h = params[0]
+            m = math.prod(outs[0]) / max(1, e)
+            f_frac = self.gemm_fraction(m, e, h, device_type, gemm)
+            b_frac = 2.0 / (1.0 / self.gemm_fraction(m, h, e, device_type, gemm)
+                            + 1.0 / self.gemm_fraction(e, h, m, device_type, gemm))
+        elif op.kind == "experts" and params and outs:
+            f_frac, b_frac = self._grouped_fractions(op, ins, outs, params, device_type, gemm)
         fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, fraction=f_frac)
         bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, fraction=b_frac)
         if fp8:
@@ -335,6 +346,32 @@ class CostModel:
             bwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(outs[0]) / bw + self.kernel_overhead_s
         if op.is_view:
             fwd = bwd = 0.0
+        return fwd, bwd
+
+    def _grouped_fractions(self, op, ins, outs, params, device_type, gemm: str) -> tuple[float, float]:
+        """(forward, backward) fraction of peak of one experts partition's grouped GEMMs (Megatron-
+        Core's GroupedMLP / Transformer Engine's GroupedLinear: one kernel over the local
+        experts). Each local expert multiplies its tokens (the partition's tokens x top_k x
+        capacity share / local experts, balanced) by its (h x f_in) and (f x h) weights: the
+        GEMMs are priced by :meth:`gemm_fraction` on the experts' rows stacked, times each
+        expert's rows padded to a :data:`GROUPED_GEMM_TILE_M` tile (few tokens per expert, as
+        with many experts on few ranks' tokens, waste the tile). The two GEMMs are weighted
+        by their FLOPs; the backward's data and weight gradients as a linear layer's."""
+        local, h, f_in = params[0]
+        f = params[1][1]
+        rows = math.prod(outs[0][:-1]) * op.attrs["top_k"] * experts_capacity_share(op.attrs)
+        m_e = rows / max(1, local)
+        pad = m_e / (math.ceil(m_e / GROUPED_GEMM_TILE_M) * GROUPED_GEMM_TILE_M) if m_e > 0 else 1.0
+
+        def frac(m, n, k):
+            return self.gemm_fraction(m, n, k, device_type, gemm) * pad
+
+        def weighted(pairs):  # [(flops, fraction)] -> the fraction of their sum
+            return sum(w for w, _ in pairs) / sum(w / x for w, x in pairs if x > 0)
+
+        fwd = weighted([(f_in, frac(rows, f_in, h)), (f, frac(rows, h, f))])
+        bwd = weighted([(f_in, frac(rows, h, f_in)), (f_in, frac(h, f_in, m_e)),
+                        (f, frac(rows, f, h)), (f, frac(f, h, m_e))])
         return fwd, bwd
 
     def optimizer_time_s(self, params: float, device_type) -> float:

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from .cluster import Cluster
 from .graph import OpGraph
+from .moe import moe_layout_problem
 from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
@@ -78,8 +79,12 @@ class Layout:
     cp: int = 1
     #: data-parallel replicas; None: the cluster's devices left over, n / (tp * cp * pp)
     dp: int | None = None
-    #: expert-parallel degree (--expert-model-parallel-size); only 1 until mixture-of-experts
+    #: expert-parallel degree (--expert-model-parallel-size): ranks splitting each MoE layer's
+    #: experts, folded onto the attention's dp x cp x tp ranks (:func:`engine.moe.expert_split`)
     ep: int = 1
+    #: expert tensor-parallel degree (--expert-tensor-parallel-size): ranks splitting each
+    #: expert's FFN width; the expert data-parallel degree is tp x cp x dp / (ep x etp)
+    etp: int = 1
     #: model chunks per pipeline stage (--num-virtual-stages-per-pipeline-rank; interleaved 1F1B)
     vpp: int = 1
     #: samples per microbatch per data-parallel rank (--micro-batch-size); None: the whole
@@ -128,13 +133,10 @@ class Layout:
     stage_mesh: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "vpp", "ep"):
+        for name in ("tp", "pp", "cp", "vpp", "ep", "etp"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.ep != 1:
-            raise ValueError(f"ep {self.ep}: expert parallelism needs a mixture-of-experts model, which soapbox does "
-                             "not model yet; ep must be 1")
         for name in ("dp", "micro_batch", "global_batch"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
@@ -179,7 +181,8 @@ class Layout:
         """``tp 2 x pp 4 x cp 1 x dp 8, micro-batch 1`` (what is set)."""
         dp = "the rest" if self.dp is None else self.dp
         mb = f", micro-batch {self.micro_batch}" if self.micro_batch is not None else ""
-        return f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {dp}{mb}"
+        moe = f", ep {self.ep}" + (f" x etp {self.etp}" if self.etp > 1 else "") if self.ep * self.etp > 1 else ""
+        return f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {dp}{moe}{mb}"
 
     # ------------------------------------------------------------------ options
 
@@ -373,6 +376,9 @@ def layout_problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
         if bad:
             return (f"cp {cp}{f' x tp {tp} (sequence parallel)' if lay.sequence_parallel else ''} does not divide "
                     f"the sequence length {bad[0]}")
+    why = moe_layout_problem(graph, tp, cp, dp, lay.ep, lay.etp, lay.sequence_parallel)
+    if why:
+        return why
     if lay.global_batch is not None and lay.global_batch != batch:
         return (f"global batch {lay.global_batch}: the model was built with a batch of {batch} (rebuild it with "
                 f"--batch {lay.global_batch})")

@@ -40,6 +40,10 @@ __all__ = [
     "PARAMETER",
     "REDUCTION",
     "REPLICA",
+    "EXPERT",
+    "MOE_KINDS",
+    "MOE_DISPATCHERS",
+    "experts_capacity_share",
     "REPLICA_DIM",
     "replica_dim",
     "DIM_KINDS",
@@ -64,12 +68,19 @@ ATTRIBUTE = "A"
 PARAMETER = "P"
 REDUCTION = "R"
 REPLICA = "C"
+#: An expert dim (mixture-of-experts layers): its partitions hold different experts *and*
+#: different tokens; before the experts run, every token goes to the partitions holding the
+#: experts its router chose and comes back after (the all-to-all of GShard, Lepikhin et al.
+#: 2020 §2.2). Regions: the dim splits the token axis it names, nested inside the dims
+#: declared before it on that axis (:func:`engine.taskgraph.regions.out_regions`).
+EXPERT = "E"
 DIM_KINDS = {
     SAMPLE: "sample",
     ATTRIBUTE: "attribute",
     PARAMETER: "parameter",
     REDUCTION: "reduction",
     REPLICA: "replica",
+    EXPERT: "expert",
 }
 #: Name of the replica dim every op has: its partitions compute the same thing on different
 #: devices (Unity's replica dimension, Unger et al. OSDI'22 §4). Megatron replicates
@@ -100,7 +111,7 @@ MAX_TENSOR_ELEMENTS = 2**44
 MAX_OP_TENSORS = 4096
 #: Attributes that hold real numbers; every other number in ``attrs`` is an integer, and
 #: one written ``5.0`` is read as ``5``.
-FLOAT_ATTRS = frozenset({"rate", "flops_per_element"})
+FLOAT_ATTRS = frozenset({"rate", "flops_per_element", "capacity_factor"})
 
 # FLOPs per output element of pointwise ops. Counting conventions, not measurements: these
 # ops are memory-bound, so their time comes from bytes moved, and the FLOPs only need to be
@@ -982,7 +993,7 @@ def _attention_infer(ins, attrs, precision):
         _expect_float(t, i)
         if len(t.shape) != 4:
             raise OpError(f"input {i} must be (batch, heads, length, head_dim), got {list(t.shape)}", f"inputs[{i}]")
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3]:
         raise OpError(f"key and value shapes differ: {list(k.shape)} vs {list(v.shape)}", "inputs[2]")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise OpError(f"query {list(q.shape)} and key {list(k.shape)} differ in batch or head_dim", "inputs[1]")
@@ -990,7 +1001,9 @@ def _attention_infer(ins, attrs, precision):
         raise OpError(f"{k.shape[1]} key/value heads must divide {q.shape[1]} query heads", "inputs[1]")
     if not isinstance(attrs.get("causal", False), bool):
         raise OpError(f"must be true or false, got {attrs['causal']!r}", "attrs.causal")
-    return [q]
+    # the values' head_dim may differ from the queries' and keys' (DeepSeek's multi-head latent
+    # attention: 192 for q.k, 128 for v)
+    return [TensorInfo(q.shape[:3] + v.shape[3:], q.axes, q.dtype)]
 
 
 def _attention_dims(ins, outs, attrs):
@@ -1006,8 +1019,8 @@ def _attention_dims(ins, outs, attrs):
 
 
 def _attention_flops(ins, outs, params, attrs):
-    q, k = ins[0], ins[1]
-    full = 4.0 * math.prod(q[:3]) * k[2] * q[3]  # QK^T and PV
+    q, k, v = ins
+    full = 2.0 * math.prod(q[:3]) * k[2] * (q[3] + v[3])  # QK^T and PV
     return full / 2 if attrs.get("causal", False) else full
 
 
@@ -1040,6 +1053,164 @@ def _ce_dims(ins, outs, attrs):
 
 def _ce_flops(ins, outs, params, attrs):
     return float(CROSS_ENTROPY_FLOPS_PER_ELEMENT * math.prod(ins[0]))
+
+
+
+# broadcast -----------------------------------------------------------------------------
+def _broadcast_infer(ins, attrs, precision):
+    _expect_inputs(ins, (1,))
+    x = ins[0]
+    ax = _axis(attrs, len(x.shape))
+    size = _positive_int(attrs, "size")
+    if x.shape[ax] != 1:
+        raise OpError(f"axis {ax} of {list(x.shape)} must have size 1 to broadcast", "attrs.axis")
+    return [TensorInfo(x.shape[:ax] + (size,) + x.shape[ax + 1:], x.axes, x.dtype)]
+
+
+def _broadcast_dims(ins, outs, attrs):
+    x, y = ins[0], outs[0]
+    ax = _axis(attrs, len(x.shape))
+    # every partition along the broadcast axis reads the whole (size-1) input
+    return [ParallelDim(name, _axis_kind(name), y.shape[i], i, (None if i == ax else i,))
+            for i, name in enumerate(y.axes)]
+
+
+# mixture of experts ----------------------------------------------------------------------
+#: How tokens reach the experts: ``alltoall`` sends each token copy to the rank holding its
+#: expert and back (Megatron-Core's MoEAlltoAllTokenDispatcher); ``allgather`` gathers every
+#: token of the expert-parallel group on every rank and reduce-scatters the outputs
+#: (MoEAllGatherTokenDispatcher).
+MOE_DISPATCHERS = ("alltoall", "allgather")
+#: Router scores: softmax over the experts (Mixtral, Qwen3-MoE, GPT-OSS) or a sigmoid per
+#: expert with a load-balancing bias (DeepSeek-V3's auxiliary-loss-free balancing, Liu et
+#: al. 2024 §2.1.2: the bias is added before the top-k, one FLOP per score).
+ROUTER_SCORES = ("softmax", "sigmoid")
+#: FLOPs per router score beyond the GEMM: the score function (softmax 5, sigmoid 4 + the bias
+#: add 1, both counted as 5) and a top-k selection (one compare per score per chosen expert,
+#: counted per score: a counting convention, the op is memory-bound).
+ROUTER_SCORE_FLOPS = 5
+#: SwiGLU's pointwise work per intermediate element: silu (4, as SILU_FLOPS_PER_ELEMENT) and the
+#: gating multiply (1).
+SWIGLU_FLOPS_PER_ELEMENT = 5
+
+
+def _moe_counts(ins, attrs):
+    experts = _positive_int(attrs, "num_experts")
+    top_k = _positive_int(attrs, "top_k")
+    if top_k > experts:
+        raise OpError(f"top_k {top_k} exceeds the {experts} experts", "attrs.top_k")
+    return experts, top_k
+
+
+def _router_infer(ins, attrs, precision):
+    _expect_inputs(ins, (1,))
+    x = ins[0]
+    _expect_float(x, 0)
+    experts, _ = _moe_counts(ins, attrs)
+    _flag(attrs, "bias", False)
+    score = attrs.get("score", "softmax")
+    if score not in ROUTER_SCORES:
+        raise OpError(f"score must be one of {', '.join(ROUTER_SCORES)}, got {score!r}", "attrs.score")
+    # routing probabilities in fp32, as Megatron-Core computes them (--moe-router-dtype fp32)
+    return [TensorInfo(x.shape[:-1] + (experts,), _dedupe(x.axes[:-1] + ("expert",)), "fp32")]
+
+
+def _router_params(ins, attrs):
+    ps = [ParamInfo("weight", (attrs["num_experts"], ins[0].shape[-1]))]
+    if attrs.get("bias", False):
+        ps.append(ParamInfo("bias", (attrs["num_experts"],)))
+    return ps
+
+
+def _token_dims(x: TensorInfo, n_inputs: int, n_params: int) -> list[ParallelDim]:
+    return [ParallelDim(name, _axis_kind(name), x.shape[ax], ax, (ax,) * n_inputs, (None,) * n_params)
+            for ax, name in enumerate(x.axes[:-1])]
+
+
+def _router_dims(ins, outs, attrs):
+    # the router's GEMM is small (experts x hidden) and every framework replicates it
+    return _token_dims(ins[0], 1, 2 if attrs.get("bias", False) else 1)
+
+
+def _router_flops(ins, outs, params, attrs):
+    tokens = math.prod(outs[0][:-1])
+    experts, hidden = params[0]
+    return 2.0 * tokens * hidden * experts + float(ROUTER_SCORE_FLOPS * tokens * experts)
+
+
+def _experts_infer(ins, attrs, precision):
+    _expect_inputs(ins, (2,))
+    x, probs = ins
+    _expect_float(x, 0)
+    _expect_float(probs, 1)
+    experts, _ = _moe_counts(ins, attrs)
+    _positive_int(attrs, "ffn_hidden")
+    _flag(attrs, "gated", True)
+    _flag(attrs, "bias", False)
+    cf = attrs.get("capacity_factor", 0)
+    if not isinstance(cf, (int, float)) or isinstance(cf, bool) or not 0 <= cf <= 64:
+        raise OpError(f"must be 0 (dropless) or a capacity factor up to 64, got {cf!r}", "attrs.capacity_factor")
+    dispatcher = attrs.get("dispatcher", "alltoall")
+    if dispatcher not in MOE_DISPATCHERS:
+        raise OpError(f"dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {dispatcher!r}",
+                      "attrs.dispatcher")
+    if probs.shape != x.shape[:-1] + (experts,):
+        raise OpError(f"router scores {list(probs.shape)} must be the tokens {list(x.shape[:-1])} by the "
+                      f"{experts} experts", "inputs[1]")
+    return [TensorInfo(x.shape, x.axes, x.dtype)]
+
+
+def _experts_params(ins, attrs):
+    e, h, f = attrs["num_experts"], ins[0].shape[-1], attrs["ffn_hidden"]
+    f_in = 2 * f if attrs.get("gated", True) else f  # SwiGLU: gate and up projections side by side
+    ps = [ParamInfo("w_in", (e, h, f_in)), ParamInfo("w_out", (e, f, h))]
+    if attrs.get("bias", False):  # GPT-OSS's experts have biases
+        ps += [ParamInfo("b_in", (e, f_in)), ParamInfo("b_out", (e, h))]
+    return ps
+
+
+def _experts_dims(ins, outs, attrs):
+    """Token axes as any op's; ``expert`` splits the experts (and the expert weights' first
+    axis) and, nested inside ``sample``, the tokens each partition holds before the dispatch;
+    ``expert_seq`` does the same inside ``length`` (expert parallelism folded over the
+    tensor- or context-parallel ranks' sequence shards, Megatron-Core's "MoE parallel
+    folding", Liu et al. 2025); ``ffn`` splits each expert's intermediate width (expert
+    tensor parallelism: partial sums, reduced afterwards)."""
+    x = ins[0]
+    e = attrs["num_experts"]
+    bias = attrs.get("bias", False)
+    split_e = (0, 0, 0, 0) if bias else (0, 0)
+    dims: list[ParallelDim] = []
+    for d in _token_dims(x, 2, len(split_e)):
+        dims.append(d)
+        if d.name == "sample":
+            dims.append(ParallelDim("expert", EXPERT, e, d.out_axis, d.in_axes, split_e))
+        elif d.name == "length":
+            dims.append(ParallelDim("expert_seq", EXPERT, e, d.out_axis, d.in_axes, split_e))
+    # the output bias is added once, after the partial sums are reduced (as a row-parallel linear's)
+    dims.append(ParallelDim("ffn", REDUCTION, attrs["ffn_hidden"], None, (None, None),
+                            (2, 1, 1, None) if bias else (2, 1)))
+    return dims
+
+
+def experts_capacity_share(attrs: Mapping[str, Any]) -> float:
+    """Share of the routed token copies an experts op computes under balanced routing: 1
+    dropless, else min(1, capacity factor) (tokens over an expert's capacity are dropped;
+    GShard §2.2). A measured imbalance is the what-if's business
+    (:func:`engine.moe.expert_loads`)."""
+    cf = float(attrs.get("capacity_factor", 0) or 0)
+    return 1.0 if cf <= 0 else min(1.0, cf)
+
+
+def _experts_flops(ins, outs, params, attrs):
+    """Each token copy (top_k per token) through one expert's GEMMs: (h x f_in) and (f x h),
+    and SwiGLU's pointwise work on f; tokens and widths are this partition's, so the FLOPs
+    of partitions add up to the op's."""
+    tokens = math.prod(outs[0][:-1]) * attrs["top_k"] * experts_capacity_share(attrs)
+    _, h, f_in = params[0]
+    f = params[1][1]
+    act = SWIGLU_FLOPS_PER_ELEMENT * f if attrs.get("gated", True) else GELU_FLOPS_PER_ELEMENT * f
+    return tokens * (2.0 * h * f_in + 2.0 * f * h + act)
 
 
 # --------------------------------------------------------------------------- registry
@@ -1086,6 +1257,19 @@ def _build_registry() -> dict[str, OpKind]:
                attrs=("causal",)),
         OpKind("softmax_cross_entropy", "Softmax cross-entropy of logits against integer labels (one loss per example).",
                _ce_infer, _no_params, _ce_dims, _ce_flops, 1.0),
+        OpKind("broadcast", "Repeat a size-1 axis (a tensor shared by every head: DeepSeek's rotary key); attrs: "
+                            "axis, size.",
+               _broadcast_infer, _no_params, _broadcast_dims, _zero_flops, 1.0, attrs=("axis", "size"),
+               bwd_reads_inputs=False),
+        OpKind("router", "Mixture-of-experts router: scores of each token for each expert (fp32) and its top-k "
+                         "choice; attrs: num_experts, top_k, score, bias.",
+               _router_infer, _router_params, _router_dims, _router_flops, 2.0,
+               attrs=("num_experts", "top_k", "score", "bias")),
+        OpKind("experts", "Mixture-of-experts layer: the routed experts as grouped GEMMs (SwiGLU or GeLU MLPs), "
+                          "with the token dispatch and combine; inputs: tokens, router scores; attrs: num_experts, "
+                          "top_k, ffn_hidden, gated, bias, capacity_factor, dispatcher.",
+               _experts_infer, _experts_params, _experts_dims, _experts_flops, 2.0,
+               attrs=("num_experts", "top_k", "ffn_hidden", "gated", "bias", "capacity_factor", "dispatcher")),
     ]
     kinds.append(
         OpKind("elementwise", "A memory-bound op on each element of one input, with no kind of its own (an "
@@ -1102,6 +1286,8 @@ def _build_registry() -> dict[str, OpKind]:
     return {k.name: k for k in kinds}
 
 
+#: The mixture-of-experts kinds.
+MOE_KINDS = ("router", "experts")
 #: Every operator kind, by name.
 OP_KINDS: dict[str, OpKind] = _build_registry()
 #: Alias accepted for ``reshape``.

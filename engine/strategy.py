@@ -28,6 +28,7 @@ from .cluster import Cluster
 from .errors import Problem, ValidationError
 from .config import Config, PipelineSettings, degree_choices, divisors, partition_coords  # noqa: F401 (re-exported)
 from .config import partition_grid, splits_into_microbatches, zero_shares  # noqa: F401 (re-exported)
+from .config import check_config  # noqa: F401 (re-exported)
 from .graph import Op, OpGraph
 
 __all__ = [
@@ -159,6 +160,11 @@ class Strategy:
         ``fp8_model_init``; Megatron's ``--fp8-param-gather``, NeMo's ``fp8_params``): one byte
         per weight plus the transpose Hopper's fp8 GEMMs read, instead of the bf16 weight and
         its cached fp8 copy and transpose; the fp32 master copy stays in the optimizer.
+    expert_loads : tuple of float or None
+        The routing-imbalance what-if: each expert's share of a mixture-of-experts layer's
+        routed tokens (:func:`engine.moe.expert_loads`; sums to 1). Every expert-parallel rank
+        is priced at the busiest rank's load (:func:`engine.moe.gate_factor`). None: balanced,
+        as published MoE runs are measured.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -189,6 +195,7 @@ class Strategy:
     offload_params: str = "none"
     grad_reduce_in_fp32: bool = True
     fp8_params: bool = False
+    expert_loads: tuple[float, ...] | None = None
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -234,6 +241,7 @@ class Strategy:
             **({"offload_params": self.offload_params} if self.offload_params != "none" else {}),
             **({"grad_reduce_in_fp32": False} if not self.grad_reduce_in_fp32 else {}),
             **({"fp8_params": True} if self.fp8_params else {}),
+            **({"expert_loads": list(self.expert_loads)} if self.expert_loads is not None else {}),
             "ops": ops,
         }
 
@@ -271,7 +279,8 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("overlap_grad_reduce", True), data.get("overlap_param_gather", False),
                     data.get("offload_optimizer", "none"),
                     data.get("offload_params", "none"), data.get("grad_reduce_in_fp32", True),
-                    data.get("fp8_params", False))
+                    data.get("fp8_params", False),
+                    tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None)
 
 
 def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
@@ -311,6 +320,17 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
     if strategy.gather_unit not in GATHER_UNITS:
         add(Problem("gather_unit", f"must be one of {', '.join(GATHER_UNITS)}, got {strategy.gather_unit!r}"))
+    loads = strategy.expert_loads
+    if loads is not None:
+        sizes = {op.attrs["num_experts"] for op in graph.ops if op.kind == "experts"}
+        if not sizes:
+            add(Problem("expert_loads", f"a routing-imbalance what-if needs a mixture-of-experts model; "
+                                        f"{graph.name!r} has no experts op"))
+        elif len(loads) not in sizes:
+            add(Problem("expert_loads", f"{len(loads)} expert shares for a model with "
+                                        f"{' or '.join(str(n) for n in sorted(sizes))} experts per layer"))
+        elif sum(loads) <= 0 or any(not math.isfinite(x) or x < 0 for x in loads):
+            add(Problem("expert_loads", "expert shares must be finite, non-negative and not all zero"))
     k = strategy.shard_group
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         add(Problem("shard_group", f"must be a non-negative integer, got {k!r}"))
@@ -384,57 +404,6 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
                                            f"0..{pipe.stages * pipe.virtual_stages - 1}"))
     if pipe.stages > 1:
         problems += _check_stages(strategy, graph)
-    return problems
-
-
-def check_config(op: Op, config: Config, cluster: Cluster, at: str, microbatches: int,
-                 checked: set[int] | None = None) -> list[Problem]:
-    """Every problem of ``config`` for ``op`` (``at`` names it). ``checked``: ids of device
-    tuples already found valid in this strategy, skipped (a 16,384-GPU layout repeats a few
-    tuples of 16,384 ids over thousands of ops)."""
-    problems: list[Problem] = []
-    dims = {d.name: d for d in op.dims}
-    for dim, deg in config.degrees.items():
-        where = f"{at}.degrees.{dim}"
-        if dim not in dims:
-            valid = ", ".join(d.name for d in op.dims)
-            problems.append(Problem(where, f"{op.kind} {op.name!r} has no dim {dim!r}; valid: {valid}"))
-            continue
-        if not isinstance(deg, int) or deg < 1:
-            problems.append(Problem(where, f"degree must be a positive integer, got {deg!r}"))
-            continue
-        why = dims[dim].degree_problem(deg)
-        if why:
-            problems.append(Problem(where, why))
-    deg = config.degree("sample")
-    if "sample" in dims and microbatches > 1 and isinstance(deg, int) and deg >= 1:
-        size = dims["sample"].size
-        if not splits_into_microbatches(size, deg, microbatches) and size % deg == 0:
-            problems.append(Problem(f"{at}.degrees.sample",
-                                    f"{microbatches} microbatches of {size // deg} samples per partition do not divide "
-                                    f"evenly (batch {size}, sample degree {deg})"))
-    want = config.num_partitions
-    if len(config.devices) != want:
-        problems.append(Problem(f"{at}.devices",
-                                f"{len(config.devices)} device(s) for {want} partition(s) (the product of the degrees)"))
-    devs, n = config.devices, cluster.num_devices
-    if checked is not None and id(devs) in checked:
-        return problems
-    if all(type(d) is int for d in devs) and len(set(devs)) == len(devs) and \
-            (not devs or (min(devs) >= 0 and max(devs) < n)):
-        if checked is not None:
-            checked.add(id(devs))
-        return problems  # (the common case, without the per-device messages below)
-    seen: set[int] = set()
-    for k, dev in enumerate(config.devices):
-        if not isinstance(dev, int) or isinstance(dev, bool):
-            problems.append(Problem(f"{at}.devices[{k}]", f"a device id must be an integer, got {dev!r}"))
-        elif not 0 <= dev < cluster.num_devices:
-            problems.append(Problem(f"{at}.devices[{k}]",
-                                    f"device {dev} does not exist; {cluster.name} has devices 0..{cluster.num_devices - 1}"))
-        elif dev in seen:
-            problems.append(Problem(f"{at}.devices[{k}]", f"device {dev} runs two partitions of this op"))
-        seen.add(dev)
     return problems
 
 

@@ -71,9 +71,10 @@ class TestOptions:
         with pytest.raises(ValueError, match=r"unknown layout option 'tensor'; options: tp, pp, cp, dp, ep"):
             Layout.from_options({"tensor": 2})
 
-    def test_expert_parallelism_waits_for_mixture_of_experts(self):
-        with pytest.raises(ValueError, match="ep 2: expert parallelism needs a mixture-of-experts model"):
-            Layout(ep=2)
+    def test_expert_parallelism_needs_a_mixture_of_experts_model(self):
+        g = gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, batch=8))
+        why = layout_problem(g, preset("dgx-h100:1"), Layout(ep=2))
+        assert why.startswith("ep 2, etp 1: expert parallelism needs a mixture-of-experts model")
 
     def test_microbatches(self):
         assert Layout(dp=4, micro_batch=2, global_batch=32).microbatches == 4

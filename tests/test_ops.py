@@ -76,6 +76,14 @@ DIM_CASES = {
     "softmax_cross_entropy": (lambda b: b.add("softmax_cross_entropy", "op",
                                               [b.input("x", [4, 10]), b.input("y", [4], dtype="int64")]),
                               {"sample": "S", "vocab": "R", "replica": "C"}),
+    "broadcast": (lambda b: b.add("broadcast", "op", [b.input("x", [2, 3, 1, 4], axes=["sample", "length", "head",
+                                                                                        "head_dim"])], axis=2, size=5),
+                  {"sample": "S", "length": "A", "head": "A", "head_dim": "A", "replica": "C"}),
+    "router": (lambda b: b.add("router", "op", [b.input("x", [2, 3, 4])], num_experts=8, top_k=2),
+               {"sample": "S", "length": "A", "replica": "C"}),
+    "experts": (lambda b: b.add("experts", "op", [b.input("x", [2, 3, 4]), b.input("p", [2, 3, 8])],
+                                num_experts=8, top_k=2, ffn_hidden=6),
+                {"sample": "S", "expert": "E", "length": "A", "expert_seq": "E", "ffn": "R", "replica": "C"}),
 }
 
 

@@ -41,6 +41,12 @@ class CollectiveGroup:
     links: tuple[int, ...]
     #: the ranks share one NVSwitch that reduces in the switch (NCCL's NVLS all-reduce)
     nvls: bool = False
+    #: per-rank bandwidth between ranks of one node (inf when no node holds two ranks), and
+    #: per-rank bandwidth out of its node (the node's NICs shared by its ranks, over the
+    #: fabric's oversubscription across pods; inf on one node): what an all-to-all's
+    #: point-to-point sends see
+    intra_bw_bytes_per_s: float = math.inf
+    inter_bw_bytes_per_s: float = math.inf
 
 
 class Cluster:
@@ -343,6 +349,7 @@ class Cluster:
             else:
                 inter_latency = max(inter_latency, lat)
         cross_pod = self.pod_gpus > 0 and len({d // self.pod_gpus for d in devs}) > 1
+        intra_bw, inter_bw = bw, math.inf
         if len(by_node) > 1:
             for members in by_node.values():
                 nics = {self._nic_of[d] for d in members}
@@ -351,12 +358,15 @@ class Cluster:
                 bw = min(bw, len(nics) * rate)
                 if cross_pod:
                     bw = min(bw, len(nics) * rate / self.oversubscription)
+                inter_bw = min(inter_bw, len(nics) * rate / (self.oversubscription if cross_pod else 1.0)
+                               / len(members))
                 for d in members:  # every member's NIC carries a channel
                     links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
         spec = self._node_spec[self.devices[devs[0]].node]
         nvls = (len(by_node) == 1 and nvlink and spec.intra_topology == "switch"
                 and spec.device_type in NVLS_DEVICE_TYPES)
-        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)), nvls)
+        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)), nvls,
+                               intra_bw, inter_bw)
 
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:

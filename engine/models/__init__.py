@@ -32,6 +32,11 @@ SAMPLE_MODELS: dict[str, tuple[str, str, str]] = {
     "gpt3-175b": ("transformer", "gpt3_175b", "GPT-3 175B, seq 2048, batch 1536 (Megatron SC'21)"),
     "bert-large": ("transformer", "bert_large", "BERT-large 336M with MLM head, seq 512, batch 32"),
     "llama2-7b": ("transformer", "llama2_7b", "LLaMA-2 7B (SwiGLU, RMSNorm), seq 4096, batch 1024"),
+    "mixtral-8x7b": ("moe", "mixtral_8x7b", "Mixtral 8x7B MoE 46.7B (8 experts, top-2), seq 4096, batch 256"),
+    "deepseek-v3": ("moe", "deepseek_v3", "DeepSeek-V3 MoE 671B (MLA, 256+1 experts, top-8), seq 4096, batch 8192"),
+    "qwen3-30b-a3b": ("moe", "qwen3_30b_a3b", "Qwen3-30B-A3B MoE (128 experts, top-8), seq 4096, batch 512"),
+    "qwen3-235b-a22b": ("moe", "qwen3_235b_a22b", "Qwen3-235B-A22B MoE (128 experts, top-8), seq 4096, batch 2048"),
+    "gpt-oss-120b": ("moe", "gpt_oss_120b", "GPT-OSS-120B MoE 117B (128 experts, top-4), seq 4096, batch 512"),
 }
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "bert_large",
     "pase_transformer",
     "swiglu_ffn_hidden",
+    "Blocks",
 ]
 
 
@@ -87,15 +88,17 @@ def swiglu_ffn_hidden(hidden: int, multiple_of: int = 256) -> int:
     return multiple_of * ((f + multiple_of - 1) // multiple_of)
 
 
-class _Blocks:
+class Blocks:
     """Shared layer pieces over one :class:`GraphBuilder`."""
 
     def __init__(self, b: GraphBuilder, batch: int, hidden: int, heads: int, kv_heads: int,
-                 bias: bool, norm: str, dropout: float, flash: bool = False, causal: bool = False) -> None:
+                 bias: bool, norm: str, dropout: float, flash: bool = False, causal: bool = False,
+                 head_dim: int | None = None) -> None:
         self.b = b
         self.flash, self.causal = flash, causal
         self.batch, self.hidden, self.heads, self.kv_heads = batch, hidden, heads, kv_heads
-        self.head_dim = hidden // heads
+        #: width of one head; None: hidden / heads (Qwen3 and GPT-OSS set their own)
+        self.head_dim = head_dim or hidden // heads
         self.bias, self.norm_kind, self.rate = bias, norm, dropout
         self.qkv_bias: bool | None = None  # None: as ``bias``
 
@@ -121,7 +124,8 @@ class _Blocks:
         kv_seq = mem_seq if memory is not None else seq
         kv_width = self.kv_heads * self.head_dim
         qkv = self.qkv_bias
-        q = self._heads(f"{name}.q", self.linear(f"{name}.q", x, self.hidden, bias=qkv), seq, self.heads)
+        q = self._heads(f"{name}.q", self.linear(f"{name}.q", x, self.heads * self.head_dim, bias=qkv), seq,
+                        self.heads)
         k = self._heads(f"{name}.k", self.linear(f"{name}.k", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
         v = self._heads(f"{name}.v", self.linear(f"{name}.v", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
         if self.flash:
@@ -130,8 +134,13 @@ class _Blocks:
             scores = self.b.add("batch_matmul", f"{name}.scores", [q, k], transpose_b=True)  # [b, h, s, s_kv]
             probs = self.drop(f"{name}.attn_dropout", self.b.add("softmax", f"{name}.softmax", [scores], axis=-1))
             ctx = self.b.add("batch_matmul", f"{name}.context", [probs, v])  # [b, h, s, d]
+        return self.merge(name, ctx, seq)
+
+    def merge(self, name: str, ctx: TensorRef, seq: int) -> TensorRef:
+        """[b, h, s, d] attention context -> [b, s, h*d] -> the output projection to hidden."""
         ctx = self.b.add("transpose", f"{name}.to_bshd", [ctx], perm=[0, 2, 1, 3])
-        ctx = self.b.add("reshape", f"{name}.merge_heads", [ctx], shape=[self.batch, seq, self.hidden],
+        width = self.b.shape_of(ctx)[2] * self.b.shape_of(ctx)[3]
+        ctx = self.b.add("reshape", f"{name}.merge_heads", [ctx], shape=[self.batch, seq, width],
                          axes=["sample", "length", "feature"])
         return self.linear(f"{name}.out", ctx, self.hidden)
 
@@ -177,7 +186,7 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     kv = cfg.kv_heads or cfg.heads
     ffn = cfg.ffn_hidden or (swiglu_ffn_hidden(cfg.hidden) if cfg.swiglu else 4 * cfg.hidden)
     b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg, kv, ffn), source)
-    blk = _Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
+    blk = Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
                   causal=True)
     blk.qkv_bias = cfg.qkv_bias
     bs = [cfg.batch, cfg.seq_len]
@@ -250,7 +259,7 @@ def bert_large(batch: int = 32, seq_len: int = 512, precision: str = "fp16") -> 
     b = GraphBuilder("bert-large", precision,
                      f"BERT-large encoder with masked-LM head: 24 layers, hidden 1024, 16 heads, seq {seq_len}, "
                      f"batch {batch}, {precision}", f"engine.models.transformer.bert_large(batch={batch})")
-    blk = _Blocks(b, batch, h, heads, heads, True, "layernorm", 0.1)
+    blk = Blocks(b, batch, h, heads, heads, True, "layernorm", 0.1)
     bs = [batch, seq_len]
     b.block = "embedding"
     ids = [b.input(n, bs, dtype="int64", axes=["sample", "length"]) for n in ("tokens", "positions", "token_types")]
@@ -286,7 +295,7 @@ def pase_transformer(batch: int = 64, seq_len: int = 256, layers: int = 6, hidde
                      f"PaSE's Transformer: {layers}+{layers} layers, d_model {hidden}, {heads} heads, d_ff {ffn}, "
                      f"seq {seq_len}, vocab {vocab}, batch {batch}, {precision}",
                      f"engine.models.transformer.pase_transformer(batch={batch})")
-    blk = _Blocks(b, batch, hidden, heads, heads, True, "layernorm", 0.1)
+    blk = Blocks(b, batch, hidden, heads, heads, True, "layernorm", 0.1)
     bs = [batch, seq_len]
     b.block = "encoder.embedding"
     src = b.input("source_tokens", bs, dtype="int64", axes=["sample", "length"])

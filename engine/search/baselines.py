@@ -20,7 +20,7 @@ from ..strategy import (
     Strategy,
     check_strategy,
 )
-from .layouts import balanced_layers, layer_blocks, layer_chunks, mesh_config, tp_plan
+from .layouts import balanced_layers, expert_config, layer_blocks, layer_chunks, mesh_config, tp_plan
 
 __all__ = [
     "BASELINES",
@@ -130,7 +130,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              layers_per_stage: Sequence[int] | None = None, stage_mesh: Sequence[int] | None = None,
              zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False,
              overlap_grad_reduce: bool = True, overlap_param_gather: bool = False,
-             offload_optimizer: str = "none", grad_reduce_in_fp32: bool = True, fp8_params: bool = False) -> Strategy:
+             offload_optimizer: str = "none", grad_reduce_in_fp32: bool = True, fp8_params: bool = False,
+             ep: int = 1, etp: int = 1) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
     :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
     is described); the keyword form the CLI and the app call."""
@@ -139,7 +140,7 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
                  zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh,
                  overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                  grad_reduce_in_fp32=grad_reduce_in_fp32, fp8_params=fp8_params,
-                 offload_optimizer=offload_optimizer)
+                 offload_optimizer=offload_optimizer, ep=ep, etp=etp)
     return build_layout(graph, cluster, lay)
 
 
@@ -194,6 +195,12 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     made: dict[tuple, Config] = {}  # the layers' ops repeat a few configs (GPT-3: 2,410 ops, 64 configs)
     for op in graph.ops:
         base = mesh[chunk[op.name] % pp] * dp * cp * tp
+        if op.kind == "experts":
+            key = ("experts", base)
+            if key not in made:
+                made[key] = expert_config(op, dp, cp, tp, lay.ep, lay.etp, range(base, base + dp * cp * tp))
+            configs[op.name] = made[key]
+            continue
         dim, deg = plan[op.name]
         key = (tuple(d.name for d in op.dims if d.name in ("sample", "length", dim)), dim, deg, base)
         if key not in made:
@@ -205,6 +212,8 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         options["zero_stage"] = lay.zero_stage
     if cp > 1:
         options["cp"] = cp
+    if lay.ep > 1 or lay.etp > 1:
+        options.update(ep=lay.ep, etp=lay.etp)
     if lay.fp8:
         options["fp8"] = True
     if lay.tp_comm_overlap:

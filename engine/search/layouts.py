@@ -8,10 +8,11 @@ from typing import Sequence
 
 from ..graph import Op, OpGraph
 from ..layout import layer_blocks  # (re-exported: the layers pipeline stages split)
+from ..moe import expert_split
 from ..ops import REDUCTION, REPLICA_DIM
 from ..strategy import Config, partition_coords
 
-__all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan", "mesh_config"]
+__all__ = ["layer_blocks", "balanced_layers", "layer_chunks", "tp_plan", "mesh_config", "expert_config"]
 
 
 def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:
@@ -191,3 +192,32 @@ def mesh_config(op: Op, dim: str | None, deg: int, dp: int, cp: int, tp: int, de
 
     probe = Config(degrees, ())
     return Config(degrees, tuple(devices[index(c)] for c in partition_coords(op, probe)))
+
+
+def expert_config(op: Op, dp: int, cp: int, tp: int, ep: int, etp: int, devices: Sequence[int]) -> Config:
+    """A mixture-of-experts op's config on a (dp, cp, tp) stage mesh whose MoE layers use
+    ``ep`` x ``etp`` (Megatron-Core's "MoE parallel folding": the expert mesh edp x ep x etp
+    over the same ranks). Each partition keeps the tokens its device holds in the attention
+    layers (dp samples, cp x tp sequence shards under sequence parallelism; an etp group
+    shares its shards), so the only token movement is the dispatch itself: ``expert`` and
+    ``expert_seq`` fold ep onto samples and sequence shards (:func:`engine.moe.expert_split`),
+    ``ffn`` is etp.
+
+    >>> from engine.graph import GraphBuilder
+    >>> b = GraphBuilder("m"); x = b.input("x", [4, 8, 6], axes=["sample", "length", "feature"])
+    >>> p = b.add("router", "r", [x], num_experts=4, top_k=2)
+    >>> e = b.add("experts", "e", [x, p], num_experts=4, top_k=2, ffn_hidden=8)
+    >>> c = expert_config(b.build()["e"], 2, 1, 2, 4, 1, range(4)); dict(c.degrees), c.devices
+    ({'expert': 2, 'expert_seq': 2}, (0, 1, 2, 3))
+    """
+    ep_s, ep_l = expert_split(tp, cp, dp, ep, etp)
+    shards = cp * tp // etp
+    want = {"sample": dp // ep_s, "expert": ep_s, "length": shards // ep_l, "expert_seq": ep_l, "ffn": etp}
+    degrees = {d.name: want[d.name] for d in op.dims if want.get(d.name, 1) > 1}
+    probe = Config(degrees, ())
+    out = []
+    for c in partition_coords(op, probe):
+        sample = c.get("sample", 0) * ep_s + c.get("expert", 0)
+        shard = (c.get("length", 0) * ep_l + c.get("expert_seq", 0)) * etp + c.get("ffn", 0)
+        out.append(devices[sample * cp * tp + shard])
+    return Config(degrees, tuple(out))

@@ -3,15 +3,18 @@ the collectives that sum partial outputs of an op split along a reduction dim.""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..graph import Op
-from ..ops import DTYPE_BYTES, REDUCTION
+from ..moe import expert_loads, gate_factor
+from ..ops import DTYPE_BYTES, EXPERT, REDUCTION, experts_capacity_share
 from ..recompute import recompute_reruns
 from ..strategy import partition_grid
 from .context import BuildContext, OpTables
 from .emit import Emitter
-from .regions import classes, out_regions, tile
+from .regions import classes, in_regions, out_regions, tile
 from .segments import Segment
 from .tasks import BWD, FWD
 
@@ -94,6 +97,10 @@ class ComputeBuilder:
             seg.edges(f, b)  # a partition's backward follows its own forward
             seg.edges(b[-1], t.updates[devs[keep]])  # its last backward precedes the optimizer step
         self._reduce(seg, oi)
+        for table in (t.fwd_in, t.bwd_in, t.bwd_out):
+            table.pop(oi, None)
+        if op.kind == "experts":
+            self._dispatch(seg, oi, bool(reruns))
 
     def _representatives(self, op: Op, names: list[str], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[part] mask of representative partitions and [part] index of each one's image."""
@@ -135,6 +142,62 @@ class ComputeBuilder:
             if ids is not None:
                 ready[:, members] = ids[:, None]
         t.fwd_ready[oi] = ready
+
+    def _dispatch(self, seg: Segment, oi: int, recomputed: bool) -> None:
+        """A mixture-of-experts layer's token exchange over each expert-parallel group (the
+        partitions that differ only in their expert dims): before the experts run, every
+        token copy goes to the rank holding its expert (dispatch), and comes back after
+        (combine); in the backward pass the output gradients go out the same way and the
+        input gradients come back (Lepikhin et al., GShard 2020 §2.2; Megatron-Core's
+        ``MoEAlltoAllTokenDispatcher``: four all-to-alls per layer and microbatch).
+
+        ``alltoall``: each rank shares out its tokens x top_k x capacity share rows of the
+        hidden size, priced at the busiest rank's load under the routing what-if
+        (:func:`engine.moe.gate_factor`). ``allgather``: every rank gathers the group's
+        tokens and reduce-scatters the outputs (``MoEAllGatherTokenDispatcher``). A recomputed
+        layer re-runs its dispatch and combine before the backward's (three exchanges' bytes
+        in the backward's first)."""
+        t, m, s = self.tables, self.ctx.microbatches, self.ctx.strategy
+        op = self.ctx.graph.ops[oi]
+        names, grid = t.grid[oi]
+        cfg = s.configs[op.name]
+        experts = [n for n in names if op.dim(n).kind == EXPERT]
+        if not experts:
+            return
+        ep = math.prod(cfg.degree(n) for n in experts)
+        cls = classes(grid, names, {n for n in names if n not in experts})
+        x = op.in_tensors[0]
+        lo, hi = in_regions(op, cfg, names, grid, 0)
+        tokens = np.prod(hi[:, :-1] - lo[:, :-1], axis=1) / (m if "sample" in x.axes else 1)
+        row_bytes = x.shape[-1] * DTYPE_BYTES[x.dtype]
+        if op.attrs.get("dispatcher", "alltoall") == "alltoall":
+            kinds = ("all_to_all", "all_to_all")
+            loads = expert_loads(op.attrs["num_experts"], histogram=s.expert_loads) if s.expert_loads else None
+            size = tokens * op.attrs["top_k"] * experts_capacity_share(op.attrs) * row_bytes * gate_factor(loads, ep)
+        else:
+            kinds = ("all_gather", "reduce_scatter")
+            size = tokens * ep * row_bytes
+        fwd_in, fwd_ready = t.fwd[oi].copy(), t.fwd_ready[oi].copy()
+        bwd_in, bwd_out = t.bwd[oi].copy(), t.bwd[oi].copy()
+        none, mbs = np.zeros((m, 0), np.int64), np.arange(m)
+        for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
+            members = np.nonzero(cls == c)[0]
+            devs = t.devs[oi][members]
+            nbytes = float(size[members[0]])
+            cols = members[np.unique(t.fwd[oi][0, members], return_index=True)[1]]  # distinct tasks
+            d = self.emit.collectives(seg, kinds[0], nbytes, devs, none, oi, mbs)
+            if d is None:
+                continue
+            seg.edges(np.repeat(d[:, None], cols.size, axis=1), t.fwd[oi][:, cols])
+            fwd_in[:, members] = d[:, None]
+            r = self.emit.collectives(seg, kinds[1], nbytes, devs, t.fwd_ready[oi][:, cols], oi, mbs)
+            fwd_ready[:, members] = r[:, None]
+            bi = self.emit.collectives(seg, kinds[0], nbytes * (3 if recomputed else 1), devs, none, oi, mbs)
+            seg.edges(np.repeat(bi[:, None], cols.size, axis=1), t.bwd[oi][:, cols])
+            bwd_in[:, members] = bi[:, None]
+            bo = self.emit.collectives(seg, kinds[1], nbytes, devs, t.bwd[oi][:, cols], oi, mbs)
+            bwd_out[:, members] = bo[:, None]
+        t.fwd_in[oi], t.fwd_ready[oi], t.bwd_in[oi], t.bwd_out[oi] = fwd_in, fwd_ready, bwd_in, bwd_out
 
     def _scatter_after(self, op: Op) -> bool:
         """Sequence parallelism: a row-parallel output whose consumers split 'length' over the

@@ -56,6 +56,11 @@ class OpTables:
     fwd: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [mb, part] forward task handles
     bwd: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [mb, part] (ops with a backward)
     fwd_ready: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [mb, part] output readable after
+    # where an op's inputs arrive and its gradients leave, when not its own forward and
+    # backward tasks: a mixture-of-experts layer's dispatch all-to-alls (op -> [mb, part])
+    fwd_in: dict[int, np.ndarray] = field(default_factory=dict)
+    bwd_in: dict[int, np.ndarray] = field(default_factory=dict)
+    bwd_out: dict[int, np.ndarray] = field(default_factory=dict)
     grid: dict[int, tuple[list[str], np.ndarray]] = field(default_factory=dict)  # op -> split dims, [part, dim]
     devs: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] device
     rep: dict[int, np.ndarray] = field(default_factory=dict)  # op -> [part] True for representatives
@@ -66,7 +71,7 @@ class OpTables:
     _rep_count: np.ndarray = field(init=False)  # [device] ops with a representative partition there
     _rep_devs_of: dict[int, np.ndarray] = field(default_factory=dict)  # op -> its representative devices
 
-    _PER_OP = ("fwd", "bwd", "fwd_ready", "devs", "grid", "rep", "image", "fwd_s")
+    _PER_OP = ("fwd", "bwd", "fwd_ready", "fwd_in", "bwd_in", "bwd_out", "devs", "grid", "rep", "image", "fwd_s")
 
     def __post_init__(self) -> None:
         self._rep_count = np.zeros(self.n_devices, np.int64)

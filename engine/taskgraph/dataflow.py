@@ -104,7 +104,8 @@ class DataflowBuilder:
                 hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
             shared = len(users) > 1  # dedupe only matters with several consumers
-            self._per_mb(seg, sent, t.fwd_ready[p], t.fwd[c], holder, recv, elems * nbytes, t.devs[p], t.devs[c],
+            self._per_mb(seg, sent, t.fwd_ready[p], t.fwd_in.get(c, t.fwd[c]), holder, recv, elems * nbytes,
+                         t.devs[p], t.devs[c],
                          c, p, c, key=(p, o) if shared else None)
             # backward: gradients flow back for float tensors into ops that have a backward
             if tensor.dtype not in FLOAT_DTYPES or p not in t.bwd:
@@ -112,14 +113,14 @@ class DataflowBuilder:
             partial = {n for n in cnames if cons.dim(n).kind != REPLICA
                        and (i >= len(cons.dim(n).in_axes) or cons.dim(n).in_axes[i] is None)}
             ckeep = {n for n in cnames if n not in partial and cons.dim(n).kind != REPLICA}
-            ready = t.bwd[c]
+            ready = t.bwd_out.get(c, t.bwd[c])
             if partial:
                 ready = self._grad_reduce(seg, sent, c, cnames, cgrid, r_lo, r_hi, partial, nbytes, (p, o))
             if "bwd" not in bwd_plans:
                 bwd_plans["bwd"] = _plan(r_lo, r_hi, t.devs[c], classes(cgrid, cnames, ckeep), h_lo, h_hi, t.devs[p],
                                          t.rep[p])
             h2, r2, e2 = bwd_plans["bwd"]
-            self._per_mb(seg, sent, ready, t.bwd[p], h2, r2, e2 * nbytes, t.devs[c], t.devs[p], p, c, p,
+            self._per_mb(seg, sent, ready, t.bwd_in.get(p, t.bwd[p]), h2, r2, e2 * nbytes, t.devs[c], t.devs[p], p, c, p,
                          key=(p, o, "grad") if shared and not partial else None, backward=True)
 
     def _grad_reduce(self, seg: Segment, sent: _Sent, c: int, cnames, cgrid, r_lo, r_hi, partial, nbytes,
@@ -140,7 +141,8 @@ class DataflowBuilder:
         cls = self._classes.get(ckey)
         if cls is None:
             cls = self._classes[ckey] = classes(cgrid, cnames, keep)
-        ready = t.bwd[c].copy()
+        out = t.bwd_out.get(c, t.bwd[c])
+        ready = out.copy()
         elems = np.prod(r_hi - r_lo, axis=1)
         s = self.ctx.strategy
         pshards = s.configs[self.ctx.graph.ops[tensor[0]].name].degree("length") if s.sequence_parallel else 1
@@ -152,7 +154,7 @@ class DataflowBuilder:
             key = (tensor, tuple(sorted(int(d) for d in devs)), int(elems[members[0]]))
             ids = sent.reduced.get(key)
             if ids is not None:
-                seg.edges(t.bwd[c][:, members], np.repeat(ids, members.size))
+                seg.edges(out[:, members], np.repeat(ids, members.size))
             else:
                 # with --tp-comm-overlap, pipelined with the input-gradient GEMM (the consumer's
                 # backward half that has its forward's FLOPs)
@@ -160,7 +162,7 @@ class DataflowBuilder:
                 scatter = pshards > 1 and pshards == np.unique(devs).size and \
                     bool(np.isin(devs, t.devs[tensor[0]]).all())
                 ids = self.emit.collectives(seg, "reduce_scatter" if scatter else "all_reduce",
-                                            float(elems[members[0]]) * nbytes, devs, t.bwd[c][:, members], c,
+                                            float(elems[members[0]]) * nbytes, devs, out[:, members], c,
                                             np.arange(m), overlap_s=hide)
                 if ids is not None:
                     sent.reduced[key] = ids

@@ -3,12 +3,15 @@ along network paths, collectives over their groups, and optimizer steps."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..costs import (HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, group_collective_time_s, host_optimizer_time_s,
                      transfer_time_s)
 from ..graph import Op
-from ..ops import DTYPE_BYTES
+from ..moe import expert_loads, gate_factor
+from ..ops import DTYPE_BYTES, EXPERT
 from .context import BuildContext
 from .regions import tile
 from .segments import Segment
@@ -57,6 +60,12 @@ class Emitter:
             f_s, b_s = self.ctx.cost.partition_times_s(op, degrees, self.ctx.graph.precision, self.device_types[ti],
                                                        self.ctx.strategy.fp8)
             fwd_s[kinds == ti], bwd_s[kinds == ti] = f_s, b_s
+        loads = self.ctx.strategy.expert_loads
+        if op.kind == "experts" and loads is not None:
+            # the routing what-if: every expert-parallel rank waits for the busiest one's experts
+            ep = math.prod(v for k, v in degrees.items() if op.dim(k).kind == EXPERT)
+            gate = gate_factor(expert_loads(op.attrs["num_experts"], histogram=loads), ep)
+            fwd_s, bwd_s = fwd_s * gate, bwd_s * gate
         return fwd_s, bwd_s
 
     def optimizer_times_s(self, params: np.ndarray, active: set[int]) -> list[float]:

@@ -33,12 +33,28 @@ def out_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, k: i
     n = grid.shape[0]
     lo = np.zeros((n, len(shape)), np.int64)
     hi = np.tile(np.asarray(shape, np.int64), (n, 1))
-    for j, name in enumerate(names):
-        d = op.dim(name)
-        if d.out_axis is None:
-            continue
-        lo[:, d.out_axis], hi[:, d.out_axis] = ranges(grid[:, j], config.degree(name), shape[d.out_axis])
+    for ax, (coord, deg) in _axis_splits(op, config, names, grid, [(j, op.dim(n).out_axis)
+                                                                    for j, n in enumerate(names)]).items():
+        lo[:, ax], hi[:, ax] = ranges(coord, deg, shape[ax])
     return lo, hi
+
+
+def _axis_splits(op: Op, config: Config, names: list[str], grid: np.ndarray,
+                 axes: list[tuple[int, int | None]]) -> dict[int, tuple[np.ndarray, int]]:
+    """Axis -> ([part] coordinate, degree) of the split along it. Several dims may split one
+    axis (a mixture-of-experts layer's ``expert`` inside ``sample``): they nest in the op's
+    dim order, the later inside the earlier, as one split of the product of their degrees."""
+    out: dict[int, tuple[np.ndarray, int]] = {}
+    for j, ax in axes:
+        if ax is None:
+            continue
+        deg = config.degree(names[j])
+        if ax in out:
+            coord, outer = out[ax]
+            out[ax] = (coord * deg + grid[:, j], outer * deg)
+        else:
+            out[ax] = (grid[:, j], deg)
+    return out
 
 
 def in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +65,11 @@ def in_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: in
     lo = np.zeros((n, len(shape)), np.int64)
     hi = np.tile(np.asarray(shape, np.int64), (n, 1))
     window = sliding_window(op.kind, op.attrs)
+    if window is None:
+        axes = [(j, op.dim(n).in_axes[i]) for j, n in enumerate(names)]
+        for ax, (coord, deg) in _axis_splits(op, config, names, grid, axes).items():
+            lo[:, ax], hi[:, ax] = ranges(coord, deg, shape[ax])
+        return lo, hi
     for j, name in enumerate(names):
         d = op.dim(name)
         ax = d.in_axes[i] if i < len(d.in_axes) else None

@@ -77,7 +77,7 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
         key = (id(cfg), tuple(d.name for d in op.dims))
         st = seen.get(key)
         if st is None:
-            st = seen[key] = dim_strides(op, cfg)
+            st = seen[key] = _with_nested(op, dim_strides(op, cfg))
         per_op[op.name] = st
         found = set(st.values())
         if len(found) != len(st):
@@ -90,7 +90,31 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     if not common:
         return None
     chosen = tuple(sorted(common, key=lambda a: a[1]))
-    dims = {name: tuple(n for n, a in st.items() if a in common) for name, st in per_op.items()}
+    dims = {}
+    for name, st in per_op.items():
+        used = tuple(d for n, a in st.items() if a in common for d in n.split("+"))
+        if len(set(used)) != len(used):  # one dim on two axes: not a translation
+            return None
+        dims[name] = used
     return Symmetry(chosen, dims)
+
+
+def _with_nested(op: Op, strides: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """``strides`` plus the axes two dims make together when one nests inside the other on
+    the devices (the inner's stride times its degree is the outer's stride): a
+    mixture-of-experts layer's ``sample`` and ``expert`` together run along the axis the
+    attention's ``sample`` runs along, so expert-parallel ranks mirror like data-parallel
+    ones (balanced routing gives every rank the same work; the dispatch is one collective over
+    the group). Named ``outer+inner``."""
+    if op.kind != "experts" or len(strides) < 2:
+        return strides
+    out = dict(strides)
+    names = list(strides)
+    for i in names:
+        for o in names:
+            (di, si), (do, so) = strides[i], strides[o]
+            if i != o and so == si * di and "+" not in i + o:
+                out[f"{o}+{i}"] = (di * do, si)
+    return out
 
 

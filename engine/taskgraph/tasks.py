@@ -12,7 +12,7 @@ __all__ = ["TaskGraph", "FWD", "BWD", "XFER", "COLL", "UPDATE", "BARRIER", "KIND
 
 FWD, BWD, XFER, COLL, UPDATE, BARRIER = 0, 1, 2, 3, 4, 5
 KIND_NAMES = ("forward", "backward", "transfer", "collective", "update", "barrier")
-COLL_NAMES = ("all_reduce", "reduce_scatter", "all_gather")
+COLL_NAMES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 COLL_INDEX = {n: i for i, n in enumerate(COLL_NAMES)}
 
 
