@@ -22,7 +22,7 @@ for _p in (str(ROOT), str(Path(__file__).resolve().parent)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from published_rows import (MOE_REASON, SOURCES, Setup, Skip, cell_float, cell_int,  # noqa: E402,F401
+from published_rows import (SOURCES, Setup, Skip, cell_float, cell_int,  # noqa: E402,F401
                             cell_number, group_key, is_moe, mfu_peak, source_of)
 from published_setup import setup_for  # noqa: E402
 
@@ -31,7 +31,7 @@ from engine.errors import printable  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
 from engine.report import model_flops, simulate_strategy  # noqa: E402
 
-__all__ = ["ROOT", "SOURCES", "MOE_REASON", "Skip", "RowResult", "Setup", "Predictor", "CsvError", "default_csv",
+__all__ = ["ROOT", "SOURCES", "Skip", "RowResult", "Setup", "Predictor", "CsvError", "default_csv",
            "load_rows", "cell_int", "cell_float", "cell_number", "source_of", "group_key", "megatron_flops",
            "setup_for", "in_sample", "MEMORY_METRICS"]
 
@@ -123,6 +123,30 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool) -> f
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
+def megatron_moe_flops(graph, recompute: bool) -> float:
+    """FLOPs per iteration of a mixture-of-experts GPT as Megatron-LM counts them
+    (``num_floating_point_operations`` in megatron/training/training.py, MCore v0.8-0.9, the
+    release of the Mixtral row): ``12 B s L h^2 ((1 + g/n + s/h) + (f/h) k (3/2 with SwiGLU) +
+    V/(2 L h))`` (16 instead of 12 with full recomputation), g/n the key/value heads per query
+    head, f the expert FFN width, k the top-k; routers, shared experts and dense layers are
+    not in that formula, so their models are refused."""
+    experts = [op for op in graph.ops if op.kind == "experts"]
+    cores = [op for op in graph.ops if op.kind == "attention"]
+    if not experts or not cores or len(experts) != len(cores) or any(".shared." in op.name for op in graph.ops):
+        raise Skip("Megatron's v0.8 MoE FLOPs formula covers every layer a MoE layer without shared experts")
+    q, k = cores[0].in_tensors[0], cores[0].in_tensors[1]
+    B, n, s_len, d = q.shape
+    h = experts[0].in_tensors[0].shape[-1]
+    if n * d != h:
+        raise Skip("Megatron's v0.8 MoE FLOPs formula assumes heads x head width = hidden")
+    e = experts[0].attrs
+    gated = 1.5 if e.get("gated", True) else 1.0
+    V = graph["embed.tokens"].attrs["num_embeddings"]
+    L = len(experts)
+    per = (1 + k.shape[1] / n + s_len / h) + e["ffn_hidden"] / h * e["top_k"] * gated + V / (2 * L * h)
+    return (16.0 if recompute else 12.0) * B * s_len * L * h * h * per
+
+
 def published_memory_gib(row: dict[str, str]) -> tuple[str, float] | None:
     """(metric name, GiB) of the row's published peak memory: its ``metric2`` when that is a
     memory metric, else a "peak mem X GB/GPU" in its notes (GB read as 10^9 bytes)."""
@@ -144,6 +168,7 @@ class Predictor:
         self.cache: dict[int, RowResult] = {}
         self.sim_cache: dict[int, tuple[float, float]] = {}  # row id -> (t, achieved FLOP/s per GPU)
         self._pending_notes: list[str] = []
+        self._no_flops = ""  # why Megatron's FLOPs count was not made for the last row
 
     def _baseline_row(self, row: dict[str, str]) -> dict[str, str]:
         src = source_of(row)
@@ -190,7 +215,7 @@ class Predictor:
     def _simulate(self, row: dict[str, str], setup: Setup, res: RowResult) -> None:
         """Simulate the row's setup and fill ``res`` with its predicted metrics."""
         try:
-            graph = gpt(setup.cfg)
+            graph = setup.make_graph() if setup.make_graph is not None else gpt(setup.cfg)
             cluster = preset(setup.cluster_name)
             strategy = setup.build(graph, cluster)
         except ValueError as e:
@@ -203,8 +228,12 @@ class Predictor:
         res.capacity_gb = float(sim.memory.capacity_bytes[worst]) / 2**30
         self._memory(row, setup, sim.memory, res)
         c = setup.cfg
-        F = megatron_flops(c.batch, c.seq_len, c.layers, c.hidden, c.vocab, setup.recompute_full)
-        self.sim_cache[res.row_id] = (t, F / (t * res.gpus))
+        try:
+            F = megatron_moe_flops(graph, setup.recompute_full) if setup.make_graph is not None else \
+                megatron_flops(c.batch, c.seq_len, c.layers, c.hidden, c.vocab, setup.recompute_full)
+        except Skip as e:  # a metric that needs Megatron's count says why
+            F, self._no_flops = None, str(e)
+        self.sim_cache[res.row_id] = (t, F / (t * res.gpus) if F is not None else float("nan"))
         model_F = model_flops(graph)
         res.predicted, res.published_iteration_time_s = self.metric(row, row["metric_name"], res.published, setup, t,
                                                                      F, model_F)
@@ -240,6 +269,8 @@ class Predictor:
         from ``setup.cfg`` when not given)."""
         c, gpus = setup.cfg, cell_int(row, "gpus")
         tokens = c.batch * c.seq_len
+        if F is None and name in ("tflops_per_gpu", "aggregate_pflops", "weak_scaling_efficiency_pct"):
+            raise Skip(self._no_flops)
         if name in ("iteration_time_s", "iteration_time_ms"):
             scale = 1e3 if name.endswith("_ms") else 1.0
             return t * scale, (published / scale if published else None)

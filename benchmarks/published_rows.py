@@ -37,7 +37,7 @@ from engine.errors import printable  # noqa: E402
 from engine.models.transformer import GPTConfig  # noqa: E402
 from engine.ops import DTYPE_BYTES  # noqa: E402
 
-__all__ = ["FAMILIES", "SOURCES", "MOE_REASON", "Skip", "Setup", "cell_int", "cell_float", "cell_number",
+__all__ = ["FAMILIES", "SOURCES", "Skip", "expert_parallel_of", "Setup", "cell_int", "cell_float", "cell_number",
            "source_of", "is_moe", "software_of", "group_key", "memory_counter", "mfu_peak", "READERS"]
 
 #: (short family name, substrings of the ``source`` column that identify it); first match wins.
@@ -68,9 +68,6 @@ FUSED_ATTENTION = {"torchtitan": "torch SDPA's flash kernel (torchtitan's attent
                    "NeMo long-seq": "Transformer Engine's fused attention (NeMo's default)",
                    "Megatron-Bridge": "Transformer Engine's fused attention (Megatron-Core's default)"}
 
-MOE_REASON = "mixture-of-experts: not expressible yet (issue 26)"
-
-
 class Skip(Exception):
     """A row that cannot be predicted; the message is the reason shown to the user."""
 
@@ -94,6 +91,12 @@ class Setup:
     dp: int = 1
     cp: int = 1
     zero_stage: int = 0
+    #: a mixture-of-experts row's model (() -> OpGraph: the sample builder with the row's batch,
+    #: sequence and precision; ``cfg`` then only carries the sizes the metrics read) and its
+    #: expert-parallel degree and top-k (Megatron's MoE FLOPs formula reads them)
+    make_graph: Callable[[], Any] | None = None
+    ep: int = 1
+    top_k: int = 0
 
 
 # --------------------------------------------------------------------------- cells
@@ -139,7 +142,17 @@ def source_of(row: dict[str, str]) -> str:
 
 
 def is_moe(row: dict[str, str]) -> bool:
+    """A mixture-of-experts run: its notes start with its expert-parallel degree (``ep=64;``,
+    validation/README.md)."""
     return (row.get("notes") or "").lstrip().lower().startswith("ep=")
+
+
+def expert_parallel_of(row: dict[str, str]) -> int:
+    """The expert-parallel degree a MoE row's notes start with (``ep=64;`` -> 64)."""
+    head = (row.get("notes") or "").lstrip()[3:].split(";")[0].strip()
+    if not head.isdigit() or int(head) < 1:
+        raise Skip(f"expert-parallel degree {head[:20]!r} in the notes is not a positive whole number")
+    return int(head)
 
 
 def _text(row: dict[str, str], *keys: str) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from published_rows import (FUSED_ATTENTION, MOE_REASON, READERS, Setup, Skip, _cluster_name, _gpus_per_node,
-                            cell_int, is_moe, memory_counter, software_of, source_of)
+from published_rows import (FUSED_ATTENTION, READERS, Setup, Skip, _cluster_name, _gpus_per_node, cell_int,
+                            expert_parallel_of, is_moe, memory_counter, software_of, source_of)
 
 from engine.layout import Layout
+from engine.models import build_sample
 from engine.models.transformer import GPTConfig
 from engine.search.baselines import build_layout, fsdp, megatron
 
@@ -241,10 +242,11 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
         notes.append("gradients reduced in bf16: the performance scripts' grad_reduce_in_fp32 = False"
                      + ("; fp8 parameters: the fp8 recipes' fp8_param_gather" if L["fp8"] else ""))
 
-    def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"]):
+    def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"], ep=1):
         return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
                         sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap,
-                        overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8)
+                        overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8,
+                        ep=ep)
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
@@ -252,12 +254,56 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
     return build, layout, dp
 
 
+#: words of a MoE row's model name -> the sample builder with the model card's shape
+#: (engine.models.moe; the row's columns are checked against it)
+MOE_SAMPLES = (("deepseek", "deepseek-v3"), ("qwen3_30b", "qwen3-30b-a3b"), ("qwen3_235b", "qwen3-235b-a22b"),
+               ("gpt oss", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"))
+
+
+def _moe_model(row: dict[str, str], shape: dict[str, Any], precision: str, notes: list[str]):
+    """(graph factory, top-k) of a MoE row: the sample of the model its name says, built with
+    the row's batch and sequence; a Skip when the row's columns disagree with the sample."""
+    name = (row.get("model") or "").lower()
+    sample = next((s for k, s in MOE_SAMPLES if k in name), None)
+    if sample is None:
+        raise Skip(f"mixture-of-experts model {row.get('model')!r} has no sample with its published shape")
+    g = build_sample(sample, shape["batch"], seq_len=shape["seq_len"], precision=precision)
+    experts = [op for op in g.ops if op.kind == "experts"]
+    first = experts[0]
+    got = {"layers": sum(1 for op in g.ops if op.kind == "rmsnorm" and op.name.endswith(".norm1")),
+           "hidden": first.in_tensors[0].shape[-1], "vocab": g["embed.tokens"].attrs["num_embeddings"],
+           "ffn_hidden": first.attrs["ffn_hidden"]}
+    bad = [f"{k} {shape[k]} (the sample has {v})" for k, v in got.items() if shape.get(k) not in (None, v)]
+    if bad:
+        raise Skip(f"the row's {', '.join(bad)} disagree with sample {sample}")
+    notes.append(f"model: sample {sample} (its model card's shape; engine.models.moe)")
+    return (lambda: g), first.attrs["top_k"]
+
+
+def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int) -> tuple[Any, str, int]:
+    """(build, layout text, dp) of a Megatron-Core MoE row: the Megatron layout with ``ep``
+    folded onto the attention's ranks and expert tensor parallelism 1 (Megatron-Bridge's and
+    Megatron-Core's MoE recipes set expert_tensor_parallel_size 1; not on the pages)."""
+    build_dense, layout, dp = _megatron_layout(row, src, L, notes)
+    notes.append("expert tensor parallelism 1 (the MoE recipes' expert_tensor_parallel_size; not on the page)")
+    if "force" in (row.get("notes") or "").lower() or "balanced" in (row.get("notes") or "").lower():
+        notes.append("routing balanced, as the row says (forced load balancing)")
+    else:
+        notes.append("routing balanced (soapbox's default; the row does not say)")
+
+    def build(g, c):
+        s = build_dense(g, c, ep=ep)
+        return s
+
+    return build, f"{layout} ep{ep}", dp
+
+
 def setup_for(row: dict[str, str]) -> Setup:
     """The model, cluster and layout a row states: its family's conventions
     (``published_rows.READERS``), then its columns; a framework default where a value is
-    missing, printed with the row; a :class:`Skip` with the reason where nothing fits."""
-    if is_moe(row):
-        raise Skip(MOE_REASON)
+    missing, printed with the row; a :class:`Skip` with the reason where nothing fits.
+    Mixture-of-experts rows (``ep=`` notes) build the sample of their model
+    (:data:`MOE_SAMPLES`) with the Megatron layout and the row's expert parallelism."""
     src = source_of(row)
     notes: list[str] = []
     row = {**row, **READERS.get(src, lambda r, n: {})(row, notes)}
@@ -276,6 +322,13 @@ def setup_for(row: dict[str, str]) -> Setup:
         notes.append(f"hybrid sharding: ZeRO-{L['zero']} within each node ({L['shard_group']} data-parallel ranks), "
                      "replicas across nodes")
     L["sp"], L["overlap"] = _overlaps(row, tp, notes)
+    if is_moe(row):
+        ep = expert_parallel_of(row)
+        make_graph, top_k = _moe_model(row, shape, precision, notes)
+        build, layout, dp = _moe_layout(row, src, L, notes, ep)
+        return Setup(cfg, cluster_name, build, layout, recompute == "full", notes, family=src,
+                     software=software_of(row), memory_counter=memory_counter(row), tp=tp, pp=L["pp"], dp=dp,
+                     cp=L["cp"], zero_stage=L["zero"], make_graph=make_graph, ep=ep, top_k=top_k)
     if src == "MosaicML" or L["zero"] == 3 or (L["framework"] == "fsdp" and L["zero"]):
         build, layout, dp = _fsdp_layout(row, L, notes)
     else:

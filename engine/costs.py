@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 # (the transfer and collective model lives in engine.collectives; its entry points are re-exported)
-from .ops import experts_capacity_share
+from .ops import DTYPE_BYTES, experts_capacity_share
 from .collectives import COLLECTIVES, LINK_EFFICIENCY, collective_time_s, group_collective_time_s, transfer_time_s
 
 
@@ -340,7 +340,10 @@ class CostModel:
             f_frac, b_frac = self._grouped_fractions(op, ins, outs, params, device_type, gemm)
         fwd = self.op_time_s(op.kind, fwd_flops, fwd_bytes, gemm, device_type, fraction=f_frac)
         bwd = self.op_time_s(op.kind, bwd_flops, bwd_bytes, gemm, device_type, fraction=b_frac)
-        if fp8:
+        if op.kind == "experts" and params and outs:
+            f_s, b_s = self._experts_pointwise_s(op, outs, params, precision, device_type, fp8)
+            fwd, bwd = fwd + f_s, bwd + b_s
+        elif fp8:
             bw = device_type.mem_bw_bytes_per_s * self.memory_efficiency
             fwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(ins[0]) / bw + self.kernel_overhead_s
             bwd += FP8_CAST_BYTES_PER_ELEMENT * math.prod(outs[0]) / bw + self.kernel_overhead_s
@@ -373,6 +376,27 @@ class CostModel:
         bwd = weighted([(f_in, frac(rows, h, f_in)), (f_in, frac(h, f_in, m_e)),
                         (f, frac(rows, f, h)), (f, frac(f, h, m_e))])
         return fwd, bwd
+
+    def _experts_pointwise_s(self, op, outs, params, precision: str, device_type, fp8: bool) -> tuple[float, float]:
+        """(forward, backward) seconds of an experts partition's memory-bound kernels, which run
+        beside its grouped GEMMs, not under them (Megatron-Core's MoE layer: ``permute``,
+        the activation, ``unpermute``; Transformer Engine's fp8 casts). Per routed token copy
+        (the partition's tokens x top_k x capacity share), in elements of the model's dtype:
+        permute reads the token and writes its copy (2h), the SwiGLU (or GeLU) reads the first
+        GEMM's output and writes its input to the second (f_in + f), unpermute reads the copy
+        and adds it, scaled by its router weight, into the token (h + h/top_k); under fp8
+        the two GEMM inputs are cast to fp8 with their transposes (h + f elements at
+        :data:`FP8_CAST_BYTES_PER_ELEMENT` bytes). The backward runs the same kernels' gradients,
+        counted as twice the forward's bytes. Five kernel launches a pass."""
+        _, h, f_in = params[0]
+        f = params[1][1]
+        k = op.attrs["top_k"]
+        rows = math.prod(outs[0][:-1]) * k * experts_capacity_share(op.attrs)
+        item = DTYPE_BYTES.get(precision, 2)
+        per_row = (2 * h + f_in + f + h + h / k) * item + (FP8_CAST_BYTES_PER_ELEMENT * (h + f) if fp8 else 0)
+        bw = device_type.mem_bw_bytes_per_s * self.memory_efficiency
+        fwd = rows * per_row / bw + 5 * self.kernel_overhead_s
+        return fwd, 2 * fwd
 
     def optimizer_time_s(self, params: float, device_type) -> float:
         """One Adam step over ``params`` parameters (memory-bound)."""

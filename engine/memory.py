@@ -81,7 +81,7 @@ from .errors import check_cancel
 from .graph import OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .simulate import Timeline
-from .recompute import keeps_output, kept_inputs, saved_outputs
+from .recompute import experts_saved, keeps_output, kept_inputs, saved_outputs
 from .memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION,  # noqa: F401
                             HOST_MEMORY_BYTES_PER_GPU, NCCL_BYTES_PER_COMMUNICATOR, OFFLOAD_STATE_BYTES_PER_PARAM,
                             StaticMemory, graph_cache, host_capacity, optimizer_bytes_per_param,
@@ -374,6 +374,7 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
                 if op.in_tensors[k].dtype in FLOAT_DTYPES]
             if recompute == "selective-op":
                 hit += saved_outputs(graph, op, cfg, outs, strategy)
+            hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8)
             cache[ck] = hit
         for ref, shape, nbytes in hit:
             key = ((ref.op, ref.index), shape, cfg.devices)

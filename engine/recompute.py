@@ -23,10 +23,10 @@ import weakref
 from dataclasses import dataclass
 
 from .graph import Op, OpGraph
-from .ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, op_kind
+from .ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, experts_capacity_share, op_kind
 from .strategy import Strategy, selective_recompute_reruns
 
-__all__ = ["op_checkpoint_saved", "recompute_reruns", "kept_inputs", "keeps_output", "saved_outputs"]
+__all__ = ["op_checkpoint_saved", "recompute_reruns", "kept_inputs", "keeps_output", "saved_outputs", "experts_saved"]
 
 
 #: graph -> {fp8: (names of the layer blocks' ops, names of the ops whose outputs
@@ -151,3 +151,20 @@ class _Saved:
 
     op: str
     index: str
+
+
+def experts_saved(op, outs, params, recompute: str, fp8: bool) -> list[tuple]:
+    """(tensor, shape, bytes) a mixture-of-experts partition keeps inside its layer for the
+    backward pass, per microbatch, besides its inputs: each routed token copy (the partition's
+    tokens x top_k x capacity share) as permuted (h), the first GEMM's output (f_in) and the
+    activation (f) (Megatron-Core's GroupedMLP / TEGroupedMLP saves all three; with fp8 the
+    two GEMM inputs are kept in fp8, one byte). None under full recomputation (the layer's
+    input is all it keeps)."""
+    if op.kind != "experts" or recompute == "full" or not params or not outs:
+        return []
+    _, h, f_in = params[0]
+    f = params[1][1]
+    rows = math.prod(outs[0][:-1]) * op.attrs["top_k"] * experts_capacity_share(op.attrs)
+    item = DTYPE_BYTES[op.out_tensors[0].dtype]
+    low = 1 if fp8 else item
+    return [(_Saved(op.name, "routed"), (int(rows), h + f_in + f), rows * (h * low + f_in * item + f * low))]

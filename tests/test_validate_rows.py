@@ -15,7 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
-from published import MOE_REASON, ROOT, default_csv, in_sample, load_rows  # noqa: E402
+from published import ROOT, default_csv, in_sample, load_rows  # noqa: E402
 from published_rows import memory_counter  # noqa: E402
 from validate_published import Predictor, Skip, setup_for, spearman  # noqa: E402
 
@@ -156,7 +156,7 @@ FAMILY_ROWS = {
     3137: dict(skip="global and micro batch not published, and with pp > 1"),
     3120: dict(cluster="dgx-h100:1", tp=1, pp=1, dp=8, cp=1, zero=3),  # Megatron-Bridge, Megatron FSDP
     3121: dict(cluster="dgx-h100:8", tp=4, pp=8, dp=2, cp=1, zero=1),  # distributed optimizer
-    3145: dict(skip="mixture-of-experts: not expressible yet \\(issue 26\\)"),  # Megatron-Core MoE
+    3145: dict(cluster="dgx-h100:8", tp=1, pp=4, dp=16, cp=1, zero=1),  # Megatron-Core MoE (Mixtral, ep 8)
     3040: (dict(skip="no tf32 precision") if "tf32" not in DTYPE_BYTES
            else _expected("gh200", cluster="gh200:1", tp=4, pp=1, dp=1, cp=1, zero=0)),  # Sailor
 }
@@ -194,13 +194,24 @@ def test_software_is_recorded(rows_by_id):
     assert setup_for(rows_by_id[3121]).software["framework"] == "megatron"
 
 
-def test_every_mixture_of_experts_row_is_skipped_with_issue_26(rows_by_id):
+def test_every_mixture_of_experts_row_builds_its_sample(rows_by_id):
+    """MoE rows (notes ``ep=...``) read as their model card's sample with the row's expert
+    parallelism; the row's shape columns agree with the sample (else a Skip says which)."""
     moe = [r for r in rows_by_id.values() if r["notes"].lstrip().startswith("ep=")]
-    assert moe
+    assert len(moe) == 11
     for r in moe:
-        with pytest.raises(Skip, match="issue 26"):
-            setup_for(r)
-    assert MOE_REASON == "mixture-of-experts: not expressible yet (issue 26)"
+        setup = setup_for(r)
+        assert setup.make_graph is not None and setup.ep == int(r["notes"].lstrip()[3:].split(";")[0])
+        assert f"ep{setup.ep}" in setup.layout
+    ds = setup_for(rows_by_id[3123])
+    g = ds.make_graph()
+    assert g.name == "deepseek-v3" and ds.top_k == 8 and (ds.tp, ds.pp, ds.dp) == (2, 8, 64)
+
+
+def test_a_mixture_of_experts_row_that_disagrees_with_its_sample_is_skipped(rows_by_id):
+    bad = {**rows_by_id[3145], "hidden": "5120"}
+    with pytest.raises(Skip, match="hidden 5120 .the sample has 4096. disagree with sample mixtral-8x7b"):
+        setup_for(bad)
 
 
 def test_memory_counters():
