@@ -8,7 +8,8 @@ every op's config with the strategy's. Any op that differs (a per-op SOAP split 
 flag expresses) is listed and the export refused: nothing is approximated silently. Each
 format then refuses what its framework cannot express (ZeRO-2/3 in Megatron-LM's flags,
 tensor or pipeline parallelism in a DeepSpeed config, ZeRO-1 in torchtitan), naming the
-setting and the format that can.
+setting and the format that can. A mixture-of-experts model's expert-parallel degrees come from
+its ``experts`` ops, and its MoE and MLA settings go out as :mod:`engine.export_moe` states.
 
 Flag and key names are those of the frameworks' documentation: Megatron-LM
 ``megatron/training/arguments.py`` (``--tensor-model-parallel-size``, ...), DeepSpeed's config
@@ -19,14 +20,18 @@ JSON reference (https://www.deepspeed.ai/docs/config-json/), torchtitan's
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import asdict
 from typing import Any
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
+from .export_moe import deepspeed_expert_parallel, megatron_moe_flags, megatron_pipeline_layout, torchtitan_expert_lines
 from .graph import OpGraph
 from .layout import SWITCHES, Layout, layer_blocks
 from .search.baselines import build_layout
+from .search.layouts import balanced_layers
 from .strategy import Strategy, splits_into_microbatches
 
 __all__ = ["Layout", "infer_layout", "to_megatron", "to_deepspeed", "to_torchtitan", "FORMATS", "export",
@@ -60,6 +65,10 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     if norm is not None:
         ncfg = strategy.configs[norm.name]
         cp = ncfg.degree("length") // (tp if sp else 1) or 1
+    # expert parallelism: ep folded over samples (expert) and sequence shards (expert_seq)
+    moe = next((strategy.configs[op.name] for op in graph.ops if op.kind == "experts"), None)
+    ep = moe.degree("expert") * moe.degree("expert_seq") if moe is not None else 1
+    etp = moe.degree("ffn") if moe is not None else 1
     m = max(1, strategy.pipeline.microbatches)
     batch = graph.batch_size
     problems: list[Problem] = []
@@ -74,7 +83,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
             first = next(op for op in graph.ops if op.block == b)
             per[strategy.stage_of.get(first.name, 0)] += 1
         counts = tuple(per)
-    lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
+    lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
                  schedule=strategy.pipeline.schedule, recompute=strategy.recompute, zero_stage=strategy.zero_stage,
                  sequence_parallel=sp, fp8=strategy.fp8, tp_comm_overlap=strategy.tp_comm_overlap,
                  layers_per_stage=counts, gather_unit=strategy.gather_unit, shard_group=strategy.shard_group,
@@ -82,8 +91,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     try:
         rebuilt = build_layout(graph, cluster, lay)
     except ValueError as e:
-        raise _fail([Problem("layout", f"tp {tp} x pp {pp} x cp {cp} x dp {dp} is no valid Megatron layout here: "
-                                       f"{e}")]) from None
+        raise _fail([Problem("layout", f"{lay.describe()} is no valid Megatron layout here: {e}")]) from None
     # the same configs up to which block of devices each stage sits on (Megatron places stage
     # s on devices s*dp*cp*tp...; a strategy may have permuted the stages)
     mapping: dict[int, int] = {}
@@ -117,15 +125,19 @@ def _refuse(fmt: str, what: str, instead: str) -> ValidationError:
     return _fail([Problem(fmt, f"{what}; {instead}")])
 
 
-def to_megatron(lay: Layout) -> list[str]:
-    """Megatron-LM (Megatron-Core) command-line flags."""
+def to_megatron(lay: Layout, graph: OpGraph | None = None) -> list[str]:
+    """Megatron-LM (Megatron-Core) command-line flags; with ``graph``, also its MoE and MLA
+    settings (:func:`engine.export_moe.megatron_moe_flags`) and an uneven interleaved split."""
     if lay.zero_stage >= 2:
         raise _refuse("megatron", f"ZeRO stage {lay.zero_stage} has no Megatron-LM flag (its distributed optimizer "
                                   "is ZeRO-1)", "export --format torchtitan (FSDP) or deepspeed")
     f = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp)]
     if lay.cp > 1:
         f += ["--context-parallel-size", str(lay.cp)]
-    if lay.vpp > 1:
+    chunks = balanced_layers(len(layer_blocks(graph)), lay.pp * lay.vpp) if graph is not None and lay.vpp > 1 else []
+    if len(set(chunks)) > 1:  # (the balanced split build_layout makes: only a layout string says it)
+        f += ["--pipeline-model-parallel-layout", megatron_pipeline_layout(chunks, lay.pp)]
+    elif lay.vpp > 1:
         f += ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)]
     if lay.layers_per_stage and len(set(lay.layers_per_stage)) > 1:
         first, *mid, last = lay.layers_per_stage
@@ -161,6 +173,10 @@ def to_megatron(lay: Layout) -> list[str]:
         raise _refuse("megatron", "the GPipe schedule has no Megatron-LM flag (it runs 1F1B, or interleaved with "
                                   "virtual stages)", "use 1f1b")
     f += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
+    if graph is not None:
+        f += megatron_moe_flags(graph, lay)
+    elif lay.ep * lay.etp > 1:
+        raise ValueError("to_megatron: an expert-parallel layout's flags need the model (graph=...)")
     return f
 
 
@@ -187,7 +203,12 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
         mid = (total - first - last) // max(1, pp - 2)
         counts = (first, *([mid] * (pp - 2)), last)
     vpp = int(v.get("--num-virtual-stages-per-pipeline-rank", 1))
-    return Layout(tp=tp, pp=pp, dp=base.dp, cp=cp, vpp=vpp, micro_batch=mb, global_batch=gb,
+    if "--pipeline-model-parallel-layout" in v:  # (stages split by "|"; "(tt|)*29" repeats one)
+        text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: x.group(1) * int(x.group(2)),
+                      v["--pipeline-model-parallel-layout"])
+        vpp = (text.count("|") + 1) // pp
+    ep, etp = int(v.get("--expert-model-parallel-size", 1)), int(v.get("--expert-tensor-parallel-size", 1))
+    return Layout(tp=tp, pp=pp, dp=base.dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb, global_batch=gb,
                   schedule="interleaved" if vpp > 1 else "1f1b", recompute=v.get("--recompute-granularity", "none"),
                   zero_stage=1 if v.get("--use-distributed-optimizer") else 0,
                   sequence_parallel=bool(v.get("--sequence-parallel")), fp8="--fp8-format" in v,
@@ -197,8 +218,8 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
                   fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=base.grad_reduce_in_fp32)
 
 
-def to_deepspeed(lay: Layout, precision: str) -> dict[str, Any]:
-    """A DeepSpeed config (ZeRO data parallelism)."""
+def to_deepspeed(lay: Layout, precision: str, graph: OpGraph | None = None) -> dict[str, Any]:
+    """A DeepSpeed config (ZeRO data parallelism; expert parallelism by AutoEP)."""
     if lay.tp > 1 or lay.pp > 1 or lay.cp > 1:
         raise _refuse("deepspeed", f"tensor / pipeline / context parallelism (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}) "
                                    "is set in the model code, not in a DeepSpeed config",
@@ -230,6 +251,9 @@ def to_deepspeed(lay: Layout, precision: str) -> dict[str, Any]:
                                        "know", f"export with cpu, then set {key}.device to nvme and its nvme_path")
         if where == "cpu":
             cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": True}
+    ep = deepspeed_expert_parallel(lay, graph)
+    if ep is not None:
+        cfg["expert_parallel"] = ep
     return cfg
 
 
@@ -243,10 +267,11 @@ def layout_from_deepspeed(cfg: dict[str, Any], base: Layout) -> Layout:
                   layers_per_stage=None, gather_unit=base.gather_unit, shard_group=int(z.get("zero_hpz_partition_size", 0)),
                   overlap_grad_reduce=bool(z.get("overlap_comm", base.overlap_grad_reduce)),
                   offload_optimizer=z.get("offload_optimizer", {}).get("device", "none"),
-                  offload_params=z.get("offload_param", {}).get("device", "none"))
+                  offload_params=z.get("offload_param", {}).get("device", "none"),
+                  ep=int(cfg.get("expert_parallel", {}).get("autoep_size", 1)))
 
 
-def to_torchtitan(lay: Layout, precision: str, seq_len: int) -> str:
+def to_torchtitan(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None = None) -> str:
     """A torchtitan job config (TOML)."""
     if lay.zero_stage == 1:
         raise _refuse("torchtitan", "ZeRO-1 (sharded optimizer state only) has no torchtitan setting (FSDP shards "
@@ -267,6 +292,7 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int) -> str:
         f"pipeline_parallel_degree = {lay.pp}",
         f'pipeline_parallel_schedule = "{sched}"',
         f"pipeline_parallel_microbatch_size = {lay.micro_batch}",
+        *torchtitan_expert_lines(lay, graph, shard),
         "",
         "[training]",
         f"local_batch_size = {lay.global_batch // lay.dp}",
@@ -301,6 +327,7 @@ def layout_from_torchtitan(text: str, base: Layout) -> Layout:
     sched = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}[p["pipeline_parallel_schedule"]]
     tp = int(p["tensor_parallel_degree"])
     return Layout(tp=tp, pp=int(p["pipeline_parallel_degree"]), dp=shard * rep, cp=int(p["context_parallel_degree"]),
+                  ep=int(p.get("expert_parallel_degree", 1)), etp=int(p.get("expert_tensor_parallel_degree", 1)),
                   vpp=base.vpp, micro_batch=int(p["pipeline_parallel_microbatch_size"]),
                   global_batch=int(tr["global_batch_size"]), schedule=sched,
                   recompute=("selective-op" if t["activation_checkpoint"].get("selective_ac_option") == "op"
@@ -315,12 +342,12 @@ def export(fmt: str, graph: OpGraph, strategy: Strategy, cluster: Cluster) -> st
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
     lay = infer_layout(graph, strategy, cluster)
-    if fmt == "megatron":
-        return " ".join(to_megatron(lay)) + "\n"
+    if fmt == "megatron":  # (shell-quoted: a layout string or --moe-layer-freq list has | ( ) *)
+        return shlex.join(to_megatron(lay, graph)) + "\n"
     if fmt == "deepspeed":
-        return json.dumps(to_deepspeed(lay, graph.precision), indent=2) + "\n"
+        return json.dumps(to_deepspeed(lay, graph.precision, graph), indent=2) + "\n"
     seq = next((op.dim("length").size for op in graph.ops if "length" in op.dim_names), 0)
-    return to_torchtitan(lay, graph.precision, seq)
+    return to_torchtitan(lay, graph.precision, seq, graph)
 
 
 def layout_dict(lay: Layout) -> dict[str, Any]:
