@@ -9,12 +9,13 @@ nothing back, so what the user typed stays).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 from typing import Any
 
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
 from engine.layout import OPTION_NAMES, Layout
-from engine.search.baselines import BASELINES, make_baseline
+from engine.search.baselines import BASELINES, make_baseline, megatron
 from engine.strategy import Config, Strategy, validate_strategy
 
 from .sessions import current
@@ -24,7 +25,7 @@ from .state import (MAX_COMPARED, MAX_HISTORY, SWITCHES, bump, config_dict, cont
                     same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
-           "layout_options",
+           "layout_options", "build_baseline", "set_expert_loads",
            "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
            "LAYOUT_OVERLAPS", "LAYOUT_OFFLOADS", "SHOWN_PROBLEMS"]
 
@@ -203,7 +204,8 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
 
 
 #: the layout panel's integer fields (form name -> baseline option) and its choices
-LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group"}
+LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group",
+               "ep": "ep", "etp": "etp"}
 LAYOUT_KINDS = ("megatron", "fsdp")
 #: the layout panel's overlap checkboxes (value -> Layout field: ticked is on), those the
 #: engine's layout has (a switch it drops leaves the panel with it; pipeline sends always run
@@ -265,6 +267,10 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
             v = opts.pop(k, None)
             if v is True or v not in (None, 1, False):
                 raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
+        for k in ("ep", "etp"):
+            if opts.get(k, 1) != 1:
+                raise ValueError(f"fsdp does not take {k} (expert parallelism): pick megatron for it")
+            opts.pop(k, None)
     elif "shard_group" in opts:
         raise ValueError("a shard group (hybrid sharding) applies to fsdp")
     Layout.from_options(opts)  # (the one layout record checks every field: its name and valid values)
@@ -305,12 +311,17 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     default; 0 or a fraction is refused."""
     try:
         opts = layout_options(kind, form if isinstance(form, dict) else {})
-        s = make_baseline(kind, graph_of(state), cluster_of(state), **opts)
+        s = build_baseline(kind, graph_of(state), cluster_of(state), **opts)
     except (ValueError, SoapboxError) as e:
         return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
     o = s.found_by.get("options", {})
-    parts = [f"{k} {o.get(k, 1)}" for k in ("tp", "pp", "cp", "dp", "vpp", "micro_batch")
+    parts = [f"{k} {o.get(k, 1)}" for k in ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "micro_batch")
              if o.get(k) not in (None, 1) or k in ("tp", "pp", "dp")]
+    loads = state["strategy"].get("expert_loads")
+    if loads is not None and not validate_strategy(replace(s, expert_loads=tuple(loads)), graph_of(state),
+                                                   cluster_of(state)):
+        s = replace(s, expert_loads=tuple(float(x) for x in loads))  # (the routing what-if stays)
+        parts.append("routing what-if kept")
     extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
                          if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
                          "fp8" if s.fp8 else "") if x] + switch_notes(s)
@@ -323,6 +334,57 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
         return state, msg
     new["baseline"] = kind
     return new, msg
+
+
+def build_baseline(kind: str, graph, cluster, **options: Any) -> Strategy:
+    """:func:`engine.search.baselines.make_baseline`, and a Megatron layout with expert
+    parallelism (``ep`` / ``etp``) through :func:`engine.search.baselines.megatron` while the
+    baseline registry does not list those options."""
+    moe = {k: options[k] for k in ("ep", "etp") if options.get(k) not in (None, 1)}
+    if kind == "megatron" and moe and not set(moe) <= set(BASELINES["megatron"].options):
+        unknown = sorted(set(options) - set(BASELINES["megatron"].options) - {"ep", "etp"})
+        if unknown:
+            make_baseline(kind, graph, cluster, **{k: options[k] for k in unknown})  # (raises, naming them)
+        return megatron(graph, cluster, **{k: v for k, v in options.items() if v is not None})
+    return make_baseline(kind, graph, cluster, **{k: v for k, v in options.items()
+                                                  if k not in ("ep", "etp") or v not in (None, 1)})
+
+
+def set_expert_loads(state: dict, loads: Any, what: str) -> tuple[dict, str]:
+    """The routing-imbalance what-if on the state's strategy (:attr:`engine.strategy.Strategy.
+    expert_loads`: each expert's share of the routed tokens; None: balanced routing, the
+    default and what published runs measure), checked against the model first; the op edits'
+    undo history stays (it does not touch the configs). ``what`` names it in the message."""
+    graph = graph_of(state)
+    counts = sorted({op.attrs["num_experts"] for op in graph.ops if op.kind == "experts"})
+    if not counts:
+        return state, f"No routing what-if: {graph.name} has no mixture-of-experts layers."
+    current_loads = state["strategy"].get("expert_loads")
+    if loads is None:
+        if current_loads is None:
+            return state, "Routing is balanced already."
+        new = dict(state, strategy={k: v for k, v in state["strategy"].items() if k not in ("expert_loads", "cost")})
+        return bump(new), "Routing back to balanced (every expert gets the same share of tokens)."
+    shares = [float(x) for x in loads]
+    if len(counts) > 1:
+        return state, f"The routing what-if needs one expert count; {graph.name} has layers of {counts} experts."
+    if len(shares) != counts[0]:
+        return state, f"Routing what-if refused: {len(shares)} shares for {counts[0]} experts."
+    total = sum(shares)
+    if not all(math.isfinite(x) and x >= 0 for x in shares) or not total > 0:
+        return state, "Routing what-if refused: expert shares must be finite, non-negative and not all zero."
+    shares = [x / total for x in shares]
+    if current_loads is not None and [round(x, 12) for x in current_loads] == [round(x, 12) for x in shares]:
+        return state, "That routing what-if is already applied."
+    strategy = dict(state["strategy"], expert_loads=shares, cost={})
+    new = bump(dict(state, strategy=strategy))
+    try:
+        problems = validate_strategy(page_strategy(new), graph, cluster_of(state))
+    except ValidationError as e:
+        problems = e.problems
+    if problems:
+        return state, f"Routing what-if refused: {problems[0]}"
+    return new, f"Routing what-if applied ({what}); the views show it simulated."
 
 
 def adopt_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, str]:

@@ -17,8 +17,8 @@ from .uploads import MAX_UPLOAD_BYTES
 __all__ = ["register"]
 
 #: the layout panel's components, in the order the reducer reads them (form name -> component)
-_LAYOUT_FORM = ("kind", "tp", "pp", "cp", "vpp", "mb", "shard", "recompute", "zero", "schedule", "flags", "overlap",
-                "opt-offload", "param-offload")
+_LAYOUT_FORM = ("kind", "tp", "pp", "cp", "vpp", "mb", "shard", "ep", "etp", "recompute", "zero", "schedule", "flags",
+                "overlap", "opt-offload", "param-offload")
 
 
 def _shown(value, showing):
@@ -50,12 +50,15 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
         Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
         Input("pick-seq", "value"), Input("pick-precision", "value"),
+        Input("expert-apply", "n_clicks"), Input("expert-balanced", "n_clicks"),
+        State("expert-source", "value"), State("expert-skew", "value"), State("expert-hist", "data"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
         *[State(f"layout-{name}", "value") for name in _LAYOUT_FORM])
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
-                _sc, seq, precision, deg_values, deg_ids, devices, compare_name, collapse, state, *form):
+                _sc, seq, precision, _xa, _xb, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
+                collapse, state, *form):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         step = None
         if isinstance(ctx.triggered_id, dict) and ctx.triggered_id.get("type") == "tour" and \
@@ -73,7 +76,8 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
                             upload=uploaded.get("contents"), filename=uploaded.get("filename"), ops=ops,
                             degrees=degrees, devices=devices, click=click, compare_name=compare_name, batch=batch,
                             step=step, size=seq if trigger == "pick-seq" else precision,
-                            layout=dict(zip(_LAYOUT_FORM, form)))
+                            layout=dict(zip(_LAYOUT_FORM, form)),
+                            whatif={"source": x_source, "skew": x_skew, "histogram": x_hist})
         # a refused or empty action leaves the state as it was: not sent again, so the editor
         # and the views keep what the user typed (sending it reset the op editor's fields)
         return (no_update if new is state else new, msg, _shown(new["model"].get("name"), model),

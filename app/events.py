@@ -18,13 +18,14 @@ from engine.report import tokens_per_sample
 from engine.search.baselines import make_baseline
 
 from . import jobs
-from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, parse_devices, problems_summary,
-                      redo, select_baseline, undo)
+from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, build_baseline, parse_devices,
+                      problems_summary, redo, select_baseline, set_expert_loads, undo)
 from .components import first_line
 from .fitscan import layout_of
 from .fmt import format_seconds
 from .sources import DEFAULT_CLUSTER, DEFAULT_MODEL, MODEL_SIZES, cluster_of, graph_of
 from .state import check_state, new_state, page_strategy, strategy_dict
+from .tabs.experts import apply_whatif
 from .tabs.explore import cancel_simulation, graph_view
 from .tabs.learn import tour
 from .uploads import decode_upload, import_file, import_onnx_file
@@ -34,7 +35,7 @@ __all__ = ["on_event", "TRIGGERS"]
 #: the triggers :func:`on_event` knows (the components that fire them)
 TRIGGERS = ("url", "pick-model", "pick-cluster", "pick-baseline", "pick-batch", "pick-seq", "pick-precision",
             "upload", "edit-apply", "undo", "redo", "op-graph", "edit-ops", "search-adopt", "compare-add",
-            "compare-clear", "layout-apply", "tour", "sim-cancel")
+            "compare-clear", "layout-apply", "tour", "sim-cancel", "expert-apply", "expert-balanced")
 #: triggers that replace the model or cluster (a running search is then stopped)
 _REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour")
 
@@ -89,7 +90,8 @@ def _text(v: Any, limit: int = 200) -> str | None:
 def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, cluster: Any = None,
            baseline: Any = None, upload: Any = None, filename: Any = None, ops: Any = None,
            degrees: Any = None, devices: Any = None, click: Any = None, compare_name: Any = None,
-           batch: Any = None, layout: Any = None, step: Any = None, size: Any = None) -> tuple[dict, str]:
+           batch: Any = None, layout: Any = None, step: Any = None, size: Any = None,
+           whatif: Any = None) -> tuple[dict, str]:
     model, cluster, baseline = _text(model), _text(cluster), _text(baseline)
     ops = [o for o in ops if isinstance(o, str)] if isinstance(ops, list) else []
     if trigger == "pick-model" and model and model != state["model"].get("name"):
@@ -109,6 +111,10 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
         return tour(state, str(step or "")[:30])
     if trigger == "sim-cancel":
         return cancel_simulation(state)
+    if trigger == "expert-balanced":
+        return set_expert_loads(state, None, "balanced")
+    if trigger == "expert-apply":
+        return apply_whatif(state, whatif)
     if trigger == "layout-apply":
         form = dict(layout) if isinstance(layout, dict) else {}
         return apply_layout(state, str(form.pop("kind", "megatron"))[:30], form)
@@ -227,7 +233,7 @@ def _fresh(state: dict, model: str | None = None, cluster: str | None = None,
     new = new_state(m, c, "data-parallel", sid=state["sid"], **kept)
     g, cl = graph_of(new), cluster_of(new)
     try:
-        s = make_baseline(kind, g, cl, **opts)
+        s = build_baseline(kind, g, cl, **opts)
         under = f", under the layout {text} (kept)" if text else f", under {kind}"
     except (ValueError, SoapboxError) as e:
         s = make_baseline("data-parallel", g, cl)

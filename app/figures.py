@@ -18,6 +18,7 @@ import numpy as np
 from plotly.subplots import make_subplots
 
 from .fmt import format_bytes, format_seconds
+from .gantt import A2A_LABEL
 
 __all__ = [
     "KIND_COLOURS",
@@ -29,12 +30,13 @@ __all__ = [
     "build_memory_figure",
     "build_trace_figure",
     "build_compare_figure",
+    "build_expert_figure",
     "empty_figure",
 ]
 
 #: task kind -> colour (colour-blind safe, Okabe-Ito)
 KIND_COLOURS = {"forward": "#0072B2", "backward": "#E69F00", "optimizer": "#009E73", "transfer": "#CC79A7",
-                "collective": "#D55E00"}
+                "collective": "#D55E00", A2A_LABEL: "#882255"}  # (the all-to-alls: Tol's wine)
 CRITICAL_COLOUR = "#C00000"
 SELECTED_COLOUR = "#FFD400"
 #: colours for configs in the op graph, in order of first appearance
@@ -342,9 +344,14 @@ def build_memory_figure(data: dict[str, Any]) -> dict[str, Any]:
     row each at a fixed pitch, so labels never overlap however many groups there are."""
     y = data.get("labels") or [f"GPU {d}" for d in data["devices"]]
     n = len(y)
+    share = data.get("expert_share")  # (a MoE model: the routed experts' part of the parameters)
+    moe = ("weights", "gradients", "optimizer")
     traces = [dict(type="bar", orientation="h", y=y, x=np.asarray(values) / 1e9, name=label,
                    marker=dict(color=MEMORY_COLOURS[label]),
-                   hovertemplate="%{y}: %{x:.3g} GB " + label + "<extra></extra>")
+                   **(dict(customdata=np.asarray(share, np.float64),
+                           hovertemplate="%{y}: %{x:.3g} GB " + label + ", %{customdata:.0%} of it routed experts'"
+                                         "<extra></extra>") if share is not None and label in moe else
+                      dict(hovertemplate="%{y}: %{x:.3g} GB " + label + "<extra></extra>")))
               for label, values in data["parts"].items()]
     traces.append(dict(type="scatter", y=y, x=np.asarray(data["capacity"]) / 1e9, mode="markers",
                        name="capacity", marker=dict(symbol="line-ns", size=max(12, ROW_PX - 2),
@@ -408,3 +415,64 @@ def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, A
     # every timeline its own time labels (in a scrolled view the bottom axis is out of sight)
     fig.update_xaxes(showticklabels=True, **time_ticks(0.0, max(d["makespan_s"] for _, d in items)))
     return fig.to_dict()
+
+
+#: the expert view's colours: an expert's (or rank's) own tokens and work, the busiest rank's,
+#: the wait of the others for it, and the balanced share
+EXPERT_COLOURS = {"work": "#0072B2", "busiest": CRITICAL_COLOUR, "wait": "rgba(150,150,150,0.45)",
+                  "balanced": "#333333"}
+
+
+def build_expert_figure(table: dict[str, Any]) -> dict[str, Any]:
+    """One MoE layer's routing (:func:`app.tabs.experts.expert_table`): at the left the token
+    copies each expert receives per iteration (thousands; the busiest rank's experts in red, the
+    balanced share dashed), at the right each expert-parallel rank's experts' time per
+    iteration (ms): its own work, and the wait for the busiest rank, which every rank does at
+    the combine all-to-all (hatched). Numeric axes (128 experts keep readable ticks); titles
+    above each panel, the legend under both."""
+    e = np.arange(len(table["expert_tokens"]))
+    r = np.arange(len(table["rank_own_s"]))
+    busiest = int(table["busiest_rank"])
+    per = int(table["experts_per_rank"])
+    hot = (e // per) == busiest
+    tok = np.asarray(table["expert_tokens"], np.float64) / 1e3
+    own = _ms(table["rank_own_s"])
+    gated = float(np.max(own)) if own.size else 0.0
+    wait = gated - own
+    bal_tok = float(table["balanced_expert_tokens"]) / 1e3
+    bal_s = float(table["balanced_rank_s"]) * 1e3
+    traces = [
+        dict(type="bar", x=e[~hot], y=tok[~hot], name="token copies per expert", xaxis="x", yaxis="y",
+             marker=dict(color=EXPERT_COLOURS["work"]), hovertemplate="expert %{x}: %{y:.4g}k tokens<extra></extra>"),
+        dict(type="bar", x=e[hot], y=tok[hot], name=f"rank {busiest}'s experts (busiest)", xaxis="x", yaxis="y",
+             marker=dict(color=EXPERT_COLOURS["busiest"]),
+             hovertemplate="expert %{x}: %{y:.4g}k tokens (on the busiest rank)<extra></extra>"),
+        dict(type="scatter", x=[-0.5, e.size - 0.5], y=[bal_tok, bal_tok], mode="lines", name="balanced",
+             xaxis="x", yaxis="y", line=dict(color=EXPERT_COLOURS["balanced"], dash="dash", width=1.5),
+             hovertemplate="balanced: %{y:.4g}k tokens per expert<extra></extra>"),
+        dict(type="bar", x=r, y=own, name="a rank's own experts' work", xaxis="x2", yaxis="y2",
+             marker=dict(color=[EXPERT_COLOURS["busiest"] if i == busiest else EXPERT_COLOURS["work"] for i in r]),
+             showlegend=False, hovertemplate="rank %{x}: %{y:.3g} ms of its own work<extra></extra>"),
+        dict(type="bar", x=r, y=wait, name="waiting for the busiest rank", xaxis="x2", yaxis="y2",
+             marker=dict(color=EXPERT_COLOURS["wait"], pattern=dict(shape="/", fgcolor="#888", size=6)),
+             hovertemplate="rank %{x}: waits %{y:.3g} ms for the busiest<extra></extra>"),
+        dict(type="scatter", x=[-0.5, r.size - 0.5], y=[bal_s, bal_s], mode="lines", name="balanced ", xaxis="x2",
+             yaxis="y2", line=dict(color=EXPERT_COLOURS["balanced"], dash="dash", width=1.5), showlegend=False,
+             hovertemplate="balanced: %{y:.3g} ms per rank<extra></extra>"),
+    ]
+    titles = [dict(text=f"token copies per expert ({table['layer_short']})", x=0.22, xref="paper",
+                   y=1.0, yref="paper", yanchor="bottom", xanchor="center", showarrow=False, font=dict(size=12)),
+              dict(text=f"experts' time per EP rank (ep {table['ep']})", x=0.78, xref="paper", y=1.0, yref="paper",
+                   yanchor="bottom", xanchor="center", showarrow=False, font=dict(size=12))]
+    height = 360
+    margin = {**_MARGIN, "l": 60, "t": 40, "b": 110}
+    return _figure(traces, barmode="stack", height=height, margin=margin, annotations=titles,
+                   xaxis=dict(domain=[0.0, 0.44], title=dict(text="expert", standoff=4), range=[-0.5, e.size - 0.5],
+                              zeroline=False),
+                   yaxis=dict(title=dict(text="thousands of tokens"), rangemode="tozero"),
+                   xaxis2=dict(domain=[0.56, 1.0], title=dict(text="expert-parallel rank", standoff=4),
+                               range=[-0.5, r.size - 0.5], zeroline=False, anchor="y2",
+                               dtick=1 if r.size <= 16 else None),
+                   yaxis2=dict(title=dict(text="ms per iteration"), anchor="x2", rangemode="tozero"),
+                   legend=dict(orientation="h", y=-70 / (height - margin["t"] - margin["b"]), yanchor="top", x=0),
+                   uirevision="experts")

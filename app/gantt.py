@@ -17,15 +17,19 @@ from engine.graph import OpGraph
 from engine.simulate import Timeline
 from engine.strategy import Strategy
 from engine.device_runs import device_runs
-from engine.taskgraph import BWD, COLL, COLL_NAMES, FWD, UPDATE, XFER
+from engine.taskgraph import BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "PHASE_NAMES", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
+__all__ = ["gantt_data", "PHASE_NAMES", "A2A_LABEL", "a2a_roles", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
            "MAX_GPU_ROWS"]
 
 MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
 PHASE_NAMES = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
+#: the bars of a mixture-of-experts layer's all-to-alls (token dispatch and combine), told apart
+#: from the other collectives on the collectives row
+A2A_LABEL = "all-to-all (MoE dispatch/combine)"
+_A2A = COLL_INDEX["all_to_all"]
 
 
 # --------------------------------------------------------------------------- Gantt
@@ -241,8 +245,9 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     if ids.size > max_bars:
         eps = (t1 - t0) / 1500
     per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
-    for k, label in PHASE_NAMES.items():
-        sel = ids[kind[pair_task] == k]
+    a2a = (kind[pair_task] == COLL) & (tg.coll[pair_task] == _A2A)
+    for k, label in list(PHASE_NAMES.items()) + [(COLL, A2A_LABEL)]:
+        sel = ids[(kind[pair_task] == k) & (a2a if label == A2A_LABEL else ~a2a)]
         if sel.size:
             t, r = pair_task[sel], pair_row[sel]
             o = np.lexsort((start[t], r))
@@ -259,6 +264,10 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
         eps *= 2
     for label, b in bars.items():
         b["text"] = _task_texts(tg, names, b["task"], b["count"], b["start"], b["end"])
+        if label == A2A_LABEL:  # (which of the four: dispatch or combine, forward or backward)
+            roles = a2a_roles(tg, start, b["task"])
+            b["text"] = [t if c > 1 else t.replace(" all_to_all ", f" all_to_all {r} ", 1)
+                         for t, r, c in zip(b["text"], roles, np.asarray(b["count"]).tolist())]
     overlays = {}
     crit = timeline.critical_tasks
     first_row = np.full(tg.num_tasks, -1, np.int64)
@@ -345,6 +354,38 @@ def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: 
     gr = np.concatenate([dev_row[d][big], dev_row[devs][tail]]).astype(np.int64)
     vis = (ge >= t0) & (gs <= t1)
     out.update(start=gs[vis], end=ge[vis], row=gr[vis])
+    return out
+
+
+def a2a_roles(tg, start: np.ndarray, tasks: np.ndarray) -> list[str]:
+    """For each all-to-all task in ``tasks``, which of its MoE layer's four it is: the forward
+    ``dispatch`` (tokens to their experts' ranks: the experts op's forward tasks follow it),
+    ``combine`` (the outputs back), and in the backward ``dispatch (backward)`` (the combine's
+    gradient, before the experts' backward tasks) and ``combine (backward)`` (after them). Read
+    from the task graph's successor edges; a combine belongs to the backward when it starts at
+    or after the op's first backward task of its microbatch."""
+    tasks = np.asarray(tasks, np.int64)
+    if tasks.size == 0:
+        return []
+    ops = np.unique(tg.op[tasks])
+    first_b: dict[tuple[int, int], float] = {}
+    bwd = np.flatnonzero(np.isin(tg.op, ops) & (tg.kind == BWD))
+    for o, m, s in zip(tg.op[bwd].tolist(), tg.mb[bwd].tolist(), start[bwd].tolist()):
+        if s < first_b.get((o, m), np.inf):
+            first_b[(o, m)] = s
+    out = []
+    ptr, idx = tg.succ_ptr, tg.succ_idx
+    for t in tasks.tolist():
+        op = tg.op[t]
+        succ = idx[ptr[t]:ptr[t + 1]]
+        mine = succ[tg.op[succ] == op]
+        if np.any(tg.kind[mine] == FWD):
+            out.append("dispatch")
+        elif np.any(tg.kind[mine] == BWD):
+            out.append("dispatch (backward)")
+        else:
+            late = start[t] >= first_b.get((int(op), int(tg.mb[t])), np.inf)
+            out.append("combine (backward)" if late else "combine")
     return out
 
 

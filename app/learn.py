@@ -80,6 +80,36 @@ buffers, and the activations saved for the backward pass at their peak over the 
 data parallel fills each size) on every size of the cluster's family from one node, in the
 background, and says the first on which it fits.
 """),
+    "experts": ("Expert parallelism (mixture of experts)", """
+A mixture-of-experts (MoE) layer replaces the MLP by many **experts** (small MLPs) and a
+**router** that scores every token over them and sends it to its top-k (Mixtral: 8 experts,
+top-2; DeepSeek-V3: 256, top-8). Each token passes through k experts only, so a MoE model has
+far more parameters than it computes with (Mixtral: 46.7 B, 12.9 B active).
+
+* **ep** (expert parallelism, Megatron's --expert-model-parallel-size) splits the experts over
+  ep GPUs: with 8 experts and ep 8 each GPU holds one. Tokens live where attention left them,
+  so each layer sends every token copy to the GPU holding its expert and back: two
+  **all-to-alls** per layer forward (*dispatch* and *combine*) and two backward. They are
+  drawn in wine red on the timeline's collectives rows; hover one to see which it is.
+* **etp** (expert tensor parallelism) splits each expert's FFN width over etp GPUs, as tp
+  splits a dense MLP; it must divide tp.
+* **edp** (expert data parallelism) is what is left: tp x cp x dp / (ep x etp) copies of each
+  expert, whose gradients are all-reduced like any replicated weights. ep folds onto the
+  attention's tp x cp x dp GPUs (Megatron-Core's "parallel folding"), so it costs no GPUs of
+  its own; ep must divide the experts, and tp > 1 with experts needs sequence parallelism.
+
+**The slowest expert gates the step.** Every GPU of an expert-parallel group waits at the
+combine for the one whose experts received the most tokens (GShard §2.2; Switch Transformer
+§2.2). With balanced routing every expert gets tokens x top-k / experts; a skewed router
+sends more to a few, and the busiest rank's share x ep is how much longer everyone takes. The
+Experts panel (Explore, shown for MoE models) draws tokens and time per expert and per rank
+for one layer, under balanced routing and under a what-if: a Zipf skew (expert i gets a share
+proportional to 1/(i+1)^skew) or an uploaded histogram of measured token counts. "Apply
+what-if" re-simulates the iteration with it. Published MoE runs are measured with balanced
+routing (Megatron-Core's tables force it), and soapbox simulates balanced routing unless a
+what-if is applied. Memory: the experts' weights, gradients and optimizer state are part of
+the memory chart's bars; its hover says how much of them is routed experts'.
+"""),
     "search": ("Searching", """
 Five searches, one protocol (a budget, a seed, progress, a best strategy that fits in memory):
 

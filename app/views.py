@@ -14,6 +14,7 @@ import networkx as nx
 import numpy as np
 
 from engine.cluster import Cluster
+from engine.ops import EXPERT
 from engine.graph import OpGraph
 from engine.memory import MemoryReport
 from engine.report import tokens_per_s
@@ -24,8 +25,8 @@ from engine.taskgraph import BWD, COLL, FWD, XFER
 from .fmt import format_bytes
 from .gantt import PHASE_NAMES
 
-__all__ = ["block_stack", "graph_layout", "config_label", "op_details", "topology_data", "memory_data",
-           "summary_data", "why_text", "config_diff"]
+__all__ = ["block_stack", "graph_layout", "config_label", "moe_text", "op_details", "topology_data", "memory_data",
+           "summary_data", "why_text", "config_diff", "expert_param_share"]
 
 # --------------------------------------------------------------------------- op graph
 
@@ -150,7 +151,8 @@ def block_stack(graph: OpGraph, strategy: Strategy, selected: list[str] | None =
                     ys.append(y)
                     mem_out[n] = [n]
                 strip = len(r[0]) + 1
-                op_text[ops[-1]] = " · ".join(n[strip:] if n.startswith(r[0] + ".") else n for n in ops)
+                op_text[ops[-1]] = " · ".join((n[strip:] if n.startswith(r[0] + ".") else n)
+                                              + _moe_tag(graph[n], strategy[n]) for n in ops)
                 y -= _STACK_OP_DY
             edges += sub["edges"]
             y -= 1.0 - _STACK_OP_DY
@@ -194,7 +196,40 @@ def _row_label(graph: OpGraph, strategy: Strategy, blocks: list[str], members: d
     stages = sorted({strategy.stage_of[m] for m in ms if m in strategy.stage_of})
     stage = f" · stage {stages[0]}" if len(stages) == 1 and strategy.pipeline.stages > 1 else ""
     ops = f"{len(ms)} op{'s' if len(ms) > 1 else ''}" + (" each" if len(blocks) > 1 else "")
-    return f"{name} · {ops} · {top}{more} · {len(devs):,} GPU{'s' if len(devs) > 1 else ''}{stage}"
+    moe = next((" · " + moe_text(graph[m], strategy[m], short=True) for m in ms if graph[m].kind == "experts"), "")
+    return f"{name} · {ops}{moe} · {top}{more} · {len(devs):,} GPU{'s' if len(devs) > 1 else ''}{stage}"
+
+
+def _moe_tag(op, config: Config) -> str:
+    """The expanded block's note on a MoE op: ``" [top-2 of 8]"`` (router), ``" [8 experts
+    top-2 · ep 8 · all-to-all in and out]"`` (experts); "" for other ops."""
+    if op.kind == "router":
+        return f" [top-{op.attrs['top_k']} of {op.attrs['num_experts']}]"
+    if op.kind == "experts":
+        how = "all-to-all" if op.attrs.get("dispatcher", "alltoall") == "alltoall" else "gather/scatter"
+        return f" [{moe_text(op, config, short=True)[4:]} · {how} in and out]"
+    return ""
+
+
+def moe_text(op, config: Config, short: bool = False) -> str:
+    """What a mixture-of-experts op does under ``config``: for the experts op ``"8 experts,
+    top-2, ep 8 (all-to-all dispatch and combine)"`` (ep: the degrees of its expert dims, etp:
+    of its ``ffn`` dim; ``short``: ``"MoE 8 experts top-2 · ep 8"``), for the router ``"scores
+    over 8 experts, picks top-2"``; "" for any other op."""
+    if op.kind == "router":
+        return f"scores over {op.attrs['num_experts']} experts, picks top-{op.attrs['top_k']}"
+    if op.kind != "experts":
+        return ""
+    ep = int(np.prod([config.degree(d.name) for d in op.dims if d.kind == EXPERT]))
+    etp = config.degree("ffn")
+    par = f"ep {ep}" + (f" x etp {etp}" if etp > 1 else "")
+    e, k = op.attrs["num_experts"], op.attrs["top_k"]
+    if short:
+        return f"MoE {e} experts top-{k} · {par}"
+    how = "all-to-all" if op.attrs.get("dispatcher", "alltoall") == "alltoall" else "all-gather / reduce-scatter"
+    per = e // ep if e % ep == 0 else e / ep
+    return (f"{e} experts, top-{k}, {par} ({per:g} expert{'s' if per != 1 else ''} per rank; tokens "
+            f"dispatched to them and combined back by {how})")
 
 
 def config_label(config: Config) -> str:
@@ -220,7 +255,7 @@ def op_details(graph: OpGraph, strategy: Strategy, timeline: Timeline, name: str
         "dims": [{"name": d.name, "size": d.size, "kind": d.kind} for d in op.dims],
         "fwd_flops": op.fwd_flops, "bwd_flops": op.bwd_flops, "params": op.param_count,
         "config": cfg.to_dict(), "label": config_label(cfg),
-        "time_s": busy, "partitions": cfg.num_partitions,
+        "time_s": busy, "partitions": cfg.num_partitions, "moe": moe_text(op, cfg),
     }
 
 
@@ -276,14 +311,16 @@ MEMORY_LABELS = {"optimizer state": "optimizer", "communication buffers": "comm 
 
 
 def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.ndarray | None = None,
-                max_groups: int = 64) -> dict[str, Any]:
+                max_groups: int = 64, expert_share: np.ndarray | None = None) -> dict[str, Any]:
     """Per group of GPUs whose memory is identical (bytes): every part of the peak
     (:meth:`~engine.memory.MemoryReport.breakdown_arrays`: weights, gradients, optimizer state,
     buffers, peak activations, gathered parameters, logits, fragmentation, CUDA context) and
     capacity; one bar per group, labelled with its pipeline stage
     (``stage_of_device``, :func:`stage_of_devices`), its first GPU and how many it stands for
     (1,024 data-parallel GPUs are one bar; a pipeline's stages one each). At most ``max_groups``
-    bars, the fullest kept (``hidden`` counts the groups left out)."""
+    bars, the fullest kept (``hidden`` counts the groups left out). ``expert_share``
+    (:func:`expert_param_share`): a MoE model's routed experts' share of each GPU's
+    parameters, given per bar as ``expert_share`` (the hover says it)."""
     d = np.asarray(devices, np.int64)
     # every part of the peak (MemoryReport.breakdown_arrays, summing to peak_bytes), by the
     # figure's labels
@@ -306,7 +343,31 @@ def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.nd
     return {"devices": [int(x) for x in d[pick]], "labels": labels,
             "parts": {k: v[pick] for k, v in parts.items()},
             "capacity": cap[pick], "feasible": report.feasible, "hidden": hidden,
-            "over": report.over_capacity()}
+            "over": report.over_capacity(),
+            **({"expert_share": np.asarray(expert_share)[d][pick]} if expert_share is not None else {})}
+
+
+def expert_param_share(graph: OpGraph, strategy: Strategy, n_devices: int) -> np.ndarray | None:
+    """[device] the share of the parameters a GPU holds that are routed experts' (their
+    weights, gradients and optimizer state scale with it); None for a dense model. Each op's
+    partition counted on its device (before ZeRO's sharding, which cuts every part alike)."""
+    if not any(op.kind == "experts" for op in graph.ops):
+        return None
+    held, experts = np.zeros(n_devices), np.zeros(n_devices)
+    sizes: dict[tuple, float] = {}
+    for op in graph.ops:
+        if not op.param_count or op.kind == "input":
+            continue
+        cfg = strategy[op.name]
+        key = (op.kind, tuple(p.shape for p in op.params), tuple(cfg.degrees.items()))
+        n = sizes.get(key)
+        if n is None:
+            n = sizes[key] = op.partition_param_elements(cfg.degrees)
+        devs = np.asarray(cfg.devices, np.int64)
+        np.add.at(held, devs, n)
+        if op.kind == "experts":
+            np.add.at(experts, devs, n)
+    return np.divide(experts, held, out=np.zeros(n_devices), where=held > 0)
 
 
 def summary_data(graph: OpGraph, timeline: Timeline, report: MemoryReport, dp_cost_s: float | None) -> dict:

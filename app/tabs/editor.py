@@ -21,14 +21,18 @@ from ..store import digest_of
 from ..fmt import format_seconds
 from ..sources import graph_of
 from ..state import SWITCHES, check_state, page_strategy
+from ..components import first_line
 from ..views import op_details
 
 __all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "overlap_choices", "register",
-           "PANEL_FIELDS", "OVERLAP_CHOICES", "OFFLOAD_CHOICES"]
+           "moe_fields", "PANEL_FIELDS", "MOE_FIELDS", "OVERLAP_CHOICES", "OFFLOAD_CHOICES"]
 
 #: the layout panel's fields: (form name, label, placeholder, builder option)
 PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "1", "cp"), ("vpp", "vpp", "1", "vpp"),
-                ("mb", "micro-batch", "auto", "micro_batch"), ("shard", "shard group", "-", "shard_group"))
+                ("mb", "micro-batch", "auto", "micro_batch"), ("shard", "shard group", "-", "shard_group"),
+                ("ep", "ep (experts)", "1", "ep"), ("etp", "etp (experts)", "1", "etp"))
+#: the expert-parallel fields (mixture-of-experts models, megatron only)
+MOE_FIELDS = ("ep", "etp")
 
 #: the overlap group's checkboxes: (value, label, what it is: Megatron-LM's flag), for the
 #: layout fields of :data:`app.actions.LAYOUT_OVERLAPS`
@@ -82,6 +86,7 @@ def layout_panel() -> html.Div:
                             dcc.Input(id=f"layout-{name}", type="number", min=1, step=1, debounce=True,
                                       placeholder=ph, className="layout-num")], className="layout-field")
                   for name, label, ph, _ in PANEL_FIELDS], className="layout-grid"),
+        html.P(id="layout-moe-hint", className="hint"),
         html.Label("recomputation", htmlFor="layout-recompute"),
         dcc.Dropdown(id="layout-recompute", options=["none", "selective", "full"], value="none", clearable=False),
         html.Label("ZeRO stage", htmlFor="layout-zero"),
@@ -169,6 +174,7 @@ def op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
             ("dims", ", ".join(f"{x['name']} {x['size'] or 'copies'} [{x['kind']}]" for x in d["dims"])),
             ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
             ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
+            *([("mixture of experts", d["moe"])] if d.get("moe") else []),
             ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–")]
     body = [html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]
     extra = [html.P(f"+ {len(selected) - 1} more selected op(s): an edit applies to all of them.")] \
@@ -193,6 +199,43 @@ def render_editor(state: dict) -> tuple[list, list, str]:
             dcc.Input(id={"type": "deg", "dim": d.name}, type="number", min=1, step=1, value=cfg.degree(d.name)),
         ], className="deg"))
     return options, inputs, device_runs(cfg.devices).replace(",", ", ")
+
+
+def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
+    """(ep and etp disabled, the line under them) for the layout panel's current form: disabled
+    for a dense model or an fsdp layout, with the reason; for a mixture-of-experts model the
+    engine's verdict on the layout typed so far (:func:`engine.layout.layout_problem`, which
+    applies Megatron-Core's expert rules: :func:`engine.moe.moe_layout_problem`) or what it makes:
+    experts per rank and the expert data-parallel degree."""
+    from engine.layout import Layout, layout_problem
+
+    from ..actions import layout_options
+    from ..sources import cluster_of
+
+    try:
+        check_state(state)
+        g, c = graph_of(state), cluster_of(state)
+    except (ValueError, SoapboxError):
+        return True, ""
+    counts = sorted({op.attrs["num_experts"] for op in g.ops if op.kind == "experts"})
+    if not counts:
+        return True, f"ep / etp: expert parallelism needs a mixture-of-experts model; {g.name} has no experts."
+    if kind == "fsdp":
+        return True, "ep / etp: expert parallelism is a megatron layout here (pick megatron)."
+    try:
+        opts = layout_options("megatron", {k: form.get(k) for k in ("tp", "pp", "cp", "ep", "etp", "flags")})
+        lay = Layout.from_options(opts)
+        why = layout_problem(g, c, lay)
+    except ValueError as e:
+        why = first_line(e)
+    if why:
+        return False, f"Not valid yet: {why}."
+    tp_cp = lay.tp * lay.cp
+    dp = c.num_devices // (tp_cp * lay.pp)
+    edp = tp_cp * dp // (lay.ep * lay.etp)
+    per = ", ".join(f"{n // lay.ep:g}" for n in counts)
+    return False, (f"{counts[0]} experts over ep {lay.ep}: {per} per rank, etp {lay.etp}, expert data parallel "
+                   f"{edp}; tokens reach their experts by an all-to-all within each group of {lay.ep} ranks.")
 
 
 _PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "zero", "schedule", "flags", "overlap",
@@ -225,6 +268,15 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         except (ValueError, SoapboxError):
             return nothing
         return [v[i] for i in _PANEL_IDS] + [v["hint"], key]
+
+    @app.callback(Output("layout-ep", "disabled"), Output("layout-etp", "disabled"),
+                  Output("layout-moe-hint", "children"),
+                  Input("state", "data"), Input("layout-kind", "value"), Input("layout-tp", "value"),
+                  Input("layout-pp", "value"), Input("layout-cp", "value"), Input("layout-ep", "value"),
+                  Input("layout-etp", "value"), Input("layout-flags", "value"))
+    def _moe(state, kind, tp, pp, cp, ep, etp, flags):
+        off, hint = moe_fields(state, kind, {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "flags": flags})
+        return off, off, hint
 
     @app.callback(Output("layout-overlap", "options"), Output("layout-overlap", "value", allow_duplicate=True),
                   Input("layout-kind", "value"), Input("layout-flags", "value"), Input("layout-zero", "value"),

@@ -29,8 +29,9 @@ from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, b
 from ..state import check_state, content_key
 from engine.report import mfu
 
-from ..views import block_stack, config_label, graph_layout, memory_data, summary_data, topology_data, why_text
-from . import editor, timeline
+from ..views import (block_stack, config_label, expert_param_share, graph_layout, memory_data, moe_text, summary_data,
+                     topology_data, why_text)
+from . import editor, experts, timeline
 
 __all__ = ["layout", "register", "render_explore", "draw_explore", "graph_view", "train_estimate", "sim_status_text",
            "cancel_simulation", "fit_view", "EXPLORE_IDS"]
@@ -64,6 +65,7 @@ def layout() -> html.Div:
             editor.editor_panel(),
         ], className="row"),
         timeline.layout(),
+        experts.layout(),
         html.Div([
             html.Div([html.H3("Cluster"),
                       dcc.RadioItems(id="topo-metric", options=[{"label": " utilisation", "value": "utilization"},
@@ -109,7 +111,8 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
         if len(ms) == 1:
             op = graph[ms[0]]
             hover[node] = (f"{op.name} ({op.kind})<br>out {' x '.join(map(str, op.out_tensors[0].shape))}"
-                           f"<br>{op.fwd_flops / 1e9:.3g} GFLOP fwd · {op.param_count:,} params<br>{labels[op.name]} GPU(s)")
+                           f"<br>{op.fwd_flops / 1e9:.3g} GFLOP fwd · {op.param_count:,} params<br>{labels[op.name]} GPU(s)"
+                           + (f"<br>{moe_text(op, strategy[op.name])}" if op.kind in ("router", "experts") else ""))
         else:
             hover[node] = f"{node}: {len(ms)} ops<br>{lab}"
     legend = {c: lab for lab, c in palette.items()}
@@ -306,7 +309,8 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
         "gantt": gantt_fig,
         "gantt-notes": notes,
         "topology": topo_fig,
-        "memory": build_memory_figure(memory_data(mem, used, stage_of_devices(s, c.num_devices))),
+        "memory": build_memory_figure(memory_data(mem, used, stage_of_devices(s, c.num_devices),
+                                                  expert_share=expert_param_share(g, s, c.num_devices))),
         "summary": summ,
     }
 
@@ -353,3 +357,4 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
 
     editor.register(app)
     timeline.register(app)
+    experts.register(app)

@@ -8,8 +8,9 @@ from dash import ALL, Dash, Input, Output, ctx, dcc, html, no_update
 from ..actions import add_to_compare, apply_layout, select_baseline
 from ..learn import TOPICS
 from ..state import new_state
+from .experts import apply_whatif
 
-__all__ = ["layout", "register", "tour", "TOUR"]
+__all__ = ["layout", "register", "tour", "TOUR", "MOE_STEP", "MOE_LAYOUTS", "MOE_SKEW"]
 
 #: the guided comparison: step -> (title, what it sets up, the tab it opens)
 TOUR: dict[str, tuple[str, str, str]] = {
@@ -23,7 +24,19 @@ TOUR: dict[str, tuple[str, str, str]] = {
                  "timeline row per stage and its idle time hatched: the schedule's bubble (p−1)/(m+p−1) "
                  "shrinks from 43% to 9%; what idles beyond it is imbalance (the last stage also computes "
                  "the 50,257-word output layer) and waiting for transfers.", "explore"),
+    "experts": ("3 · Expert parallelism on Mixtral 8x7B at 64 GPUs",
+                "Mixtral 8x7B (8 experts, top-2; batch 64 of 1,024 tokens) on eight DGX H100s (64 GPUs), tp 2 "
+                "with sequence parallelism and the distributed optimizer: ep 8 (one expert per GPU, expert data "
+                "parallel 8) and ep 4 x etp 2 kept in Compare, then ep 8 again under a skewed router (Zipf 1: the "
+                "first expert gets 37% of the tokens). Explore shows the skewed plan: the timeline's all-to-alls "
+                "(dispatch and combine, wine red) and the Experts panel, where the busiest rank gates every "
+                "layer's step; 'Balanced routing' there goes back to what published runs measure.", "explore"),
 }
+#: the guided MoE step's layouts (name, layout panel form) and its routing skew
+MOE_STEP = ("mixtral-8x7b", "dgx-h100:8", 64, 1024)
+MOE_LAYOUTS = (("ep 8 (balanced)", {"tp": 2, "ep": 8, "zero": 1, "flags": ["sp"]}),
+               ("ep 4 x etp 2 (balanced)", {"tp": 2, "ep": 4, "etp": 2, "zero": 1, "flags": ["sp"]}))
+MOE_SKEW = 1.0
 
 
 def tour(state: dict | None, step: str) -> tuple[dict, str]:
@@ -38,6 +51,16 @@ def tour(state: dict | None, step: str) -> tuple[dict, str]:
         s, _ = add_to_compare(s, "data parallel")
         for kind, name in (("model-parallel", "model parallel"), ("expert", "expert")):
             s, _ = select_baseline(s, kind)
+            s, _ = add_to_compare(s, name)
+    elif step == "experts":
+        model, cluster, batch, seq = MOE_STEP
+        s = new_state(model, cluster, "data-parallel", sid=sid, batch=batch, seq_len=seq)
+        for name, form in MOE_LAYOUTS + ((f"ep 8, skewed routing (Zipf {MOE_SKEW:g})", MOE_LAYOUTS[0][1]),):
+            s, msg = apply_layout(s, "megatron", form)
+            if not msg.startswith("Layout"):
+                raise ValueError(f"the guided step {step!r} could not be set up: {msg}")
+            if name.startswith("ep 8, skewed"):
+                s, msg = apply_whatif(s, {"source": "skew", "skew": MOE_SKEW})
             s, _ = add_to_compare(s, name)
     else:
         s = new_state("gpt2", "dgx-a100-80gb:1", "data-parallel", sid=sid, batch=64)
@@ -62,10 +85,13 @@ def layout() -> html.Div:
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
-    @app.callback(Output("tabs", "value"), Output("gantt-rows", "value"),
+    @app.callback(Output("tabs", "value"), Output("gantt-rows", "value"), Output("expert-skew", "value"),
+                  Output("expert-source", "value", allow_duplicate=True),
                   Input({"type": "tour", "step": ALL}, "n_clicks"), prevent_initial_call=True)
     def _tour_tab(clicks):
         step = ctx.triggered_id.get("step") if isinstance(ctx.triggered_id, dict) else None
         if not isinstance(step, str) or step not in TOUR or not isinstance(clicks, list) or not any(clicks):
-            return no_update, no_update
-        return TOUR[step][2], ("stage" if step == "pipeline" else "auto")
+            return no_update, no_update, no_update, no_update
+        moe = step == "experts"  # (the Experts panel's controls show the what-if the step applied)
+        return (TOUR[step][2], ("stage" if step == "pipeline" else "auto"), MOE_SKEW if moe else no_update,
+                "skew" if moe else no_update)
