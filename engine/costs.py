@@ -38,12 +38,22 @@ __all__ = [
     "transfer_time_s",
     "COLLECTIVES",
     "MATMUL_KINDS",
+    "GROUPED_GEMM_SHARE",
+    "GROUPED_GEMM_TILE_M",
 ]
 
 #: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
 MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention", "router", "experts"})
 #: rows of a GEMM tile: a grouped GEMM pads each expert's tokens to a multiple of it
 GROUPED_GEMM_TILE_M = 128
+#: What a large grouped GEMM (a MoE layer's experts in one kernel) keeps of a dense GEMM's
+#: large-GEMM fraction, per precision: measured on one H200 (benchmarks/gpu_grouped_gemm.py,
+#: benchmarks/measured/h200_grouped_gemm.jsonl: torch 2.11's ``_grouped_mm`` and fp8 rowwise
+#: ``_scaled_grouped_mm`` at the five MoE samples' per-rank shapes), reduced by
+#: benchmarks/fit_grouped_gemm.py. bf16 grouped GEMMs reached 0.52-0.78 of peak, fp8 only
+#: 0.41-0.49 of fp8's peak (1.0-1.2x bf16's rate). Applied on every architecture (measured on
+#: Hopper only).
+GROUPED_GEMM_SHARE = {"bf16": 0.856, "fp16": 0.856, "fp8": 0.583}
 
 # GEMM time from its shape (M x K) . (K x N), per device and precision:
 #     fraction of dense peak = large-GEMM fraction(arch, precision)
@@ -356,9 +366,10 @@ class CostModel:
         Core's GroupedMLP / Transformer Engine's GroupedLinear: one kernel over the local
         experts). Each local expert multiplies its tokens (the partition's tokens x top_k x
         capacity share / local experts, balanced) by its (h x f_in) and (f x h) weights: the
-        GEMMs are priced by :meth:`gemm_fraction` on the experts' rows stacked, times each
-        expert's rows padded to a :data:`GROUPED_GEMM_TILE_M` tile (few tokens per expert, as
-        with many experts on few ranks' tokens, waste the tile). The two GEMMs are weighted
+        GEMMs are priced by :meth:`gemm_fraction` on the experts' rows stacked, times the
+        measured grouped-GEMM share (:data:`GROUPED_GEMM_SHARE`), times each expert's rows
+        padded to a :data:`GROUPED_GEMM_TILE_M` tile (few tokens per expert, as with many
+        experts on few ranks' tokens, waste the tile). The two GEMMs are weighted
         by their FLOPs; the backward's data and weight gradients as a linear layer's."""
         local, h, f_in = params[0]
         f = params[1][1]
@@ -366,8 +377,10 @@ class CostModel:
         m_e = rows / max(1, local)
         pad = m_e / (math.ceil(m_e / GROUPED_GEMM_TILE_M) * GROUPED_GEMM_TILE_M) if m_e > 0 else 1.0
 
+        share = GROUPED_GEMM_SHARE.get(gemm, 1.0)
+
         def frac(m, n, k):
-            return self.gemm_fraction(m, n, k, device_type, gemm) * pad
+            return self.gemm_fraction(m, n, k, device_type, gemm) * pad * share
 
         def weighted(pairs):  # [(flops, fraction)] -> the fraction of their sum
             return sum(w for w, _ in pairs) / sum(w / x for w, x in pairs if x > 0)
