@@ -161,3 +161,137 @@ def moe_layout_problem(graph, tp: int, cp: int, dp: int, ep: int, etp: int, sequ
     except ValueError as e:
         return str(e)
     return None
+
+
+# --------------------------------------------------------------------------- the expert view
+
+
+__all__ += ["expert_degrees", "ExpertTable", "expert_table", "parse_histogram", "MAX_HISTOGRAM_BYTES"]
+
+from dataclasses import dataclass  # noqa: E402  (this section was added after the rest)
+
+#: the largest routing-histogram file read (a count per expert, MAX_HISTOGRAM_EXPERTS of them)
+MAX_HISTOGRAM_BYTES = 1 << 20
+
+
+def expert_degrees(graph, strategy) -> tuple[int, int]:
+    """(ep, etp) of ``strategy``'s first ``experts`` op: the product of its expert dims'
+    degrees (``expert`` x ``expert_seq``) and its ``ffn`` degree; (1, 1) for a dense model."""
+    from .ops import EXPERT
+
+    op = next((o for o in graph.ops if o.kind == "experts"), None)
+    if op is None:
+        return 1, 1
+    cfg = strategy.configs[op.name]
+    ep = int(np.prod([cfg.degree(d.name) for d in op.dims if d.kind == EXPERT]))
+    return ep, int(cfg.degree("ffn"))
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    """Who holds which experts and how many routed token copies each expert-parallel rank
+    receives in one microbatch of one mixture-of-experts layer (:func:`expert_table`).
+
+    ``tokens_per_microbatch``: the routed token copies (tokens x top_k) one expert-parallel
+    group shares out per microbatch and layer; ``rank_tokens`` [rank] each rank's part of
+    them; ``gate``: the busiest rank's load over the mean (:func:`gate_factor`)."""
+
+    layer: str  #: the first experts op (every MoE layer of the sample models is alike)
+    layers: int  #: experts ops in the model
+    num_experts: int
+    top_k: int
+    ep: int
+    etp: int
+    microbatches: int
+    tokens_per_microbatch: float
+    rank_experts: tuple[tuple[int, int], ...]  #: [rank] (first, last) expert held
+    rank_shares: tuple[float, ...]  #: [rank] share of the routed copies
+    rank_tokens: tuple[float, ...]  #: [rank] routed copies received per microbatch
+    gate: float
+    balanced: bool  #: no routing what-if (``strategy.expert_loads`` is None)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the fields, the tuples as lists."""
+        return {k: (list(map(list, v)) if k == "rank_experts" else list(v) if isinstance(v, tuple) else v)
+                for k, v in self.__dict__.items()}
+
+
+def expert_table(graph, strategy) -> ExpertTable | None:
+    """The expert view of ``strategy`` on ``graph``'s first mixture-of-experts layer (None
+    for a dense model): per expert-parallel rank its experts (placed in order), its share of
+    the routed tokens (``strategy.expert_loads``, else balanced) and the copies it receives
+    per microbatch, and the gate the busiest rank sets.
+
+    Tokens: the layer's input tokens (every axis but the hidden one) over the microbatches
+    and the expert data-parallel groups (tp x cp x dp / (ep x etp) on a stage, each with its
+    own tokens), times top_k. Copies over an expert's capacity (``capacity_factor``) are
+    counted as received; the simulator drops them from the compute.
+    """
+    ops = [o for o in graph.ops if o.kind == "experts"]
+    if not ops:
+        return None
+    op = ops[0]
+    cfg = strategy.configs[op.name]
+    ep, etp = expert_degrees(graph, strategy)
+    n, top_k = int(op.attrs["num_experts"]), int(op.attrs["top_k"])
+    x = op.in_tensors[0]
+    m = max(1, int(strategy.pipeline.microbatches))
+    tokens = float(np.prod(x.shape[:-1])) / (m if "sample" in x.axes else 1)
+    edp = max(1, len(cfg.devices) // (ep * etp))
+    copies = tokens / edp * top_k
+    loads = None if strategy.expert_loads is None else expert_loads(n, histogram=strategy.expert_loads)
+    shares = rank_loads(loads if loads is not None else expert_loads(n), ep)
+    per = n // ep
+    return ExpertTable(op.name, len(ops), n, top_k, ep, etp, m, copies,
+                       tuple((r * per, (r + 1) * per - 1) for r in range(ep)),
+                       tuple(float(s) for s in shares), tuple(float(s * copies) for s in shares),
+                       gate_factor(loads, ep), loads is None)
+
+
+def parse_histogram(text: str, source: str = "<histogram>") -> list[float]:
+    """Token counts per expert from text: a JSON list (``[120, 80, ...]``), one number a line,
+    or numbers separated by commas (blank lines and ``#`` comments skipped). Never evaluated:
+    each count must read as a plain decimal number.
+
+    >>> parse_histogram("[3, 1.5]"), parse_histogram("# layer 7\\n3\\n1e2\\n"), parse_histogram("1,2,3")
+    ([3.0, 1.5], [3.0, 100.0], [1.0, 2.0, 3.0])
+
+    Raises
+    ------
+    ValueError
+        Naming ``source`` and the line: an empty list, text that is not a number, a negative
+        or non-finite count, more than MAX_HISTOGRAM_EXPERTS counts.
+    """
+    import math
+    import re
+
+    number = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+    body = text.strip()
+    bracketed = body.startswith("[")
+    if bracketed:
+        if not body.endswith("]"):
+            raise ValueError(f"{source}: a JSON list must end with ']'")
+        text = text.replace("[", " ", 1)[::-1].replace("]", " ", 1)[::-1]
+    counts: list[float] = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0] if not bracketed else line
+        for tok in (t.strip() for t in line.split(",")):
+            if not tok:
+                continue
+            where = f"{source}, line {line_no}"
+            if not number.fullmatch(tok):
+                shown = tok if len(tok) <= 30 else tok[:30] + "..."
+                raise ValueError(f"{where}: {shown!r} is not a token count (a number such as 1200 or 3.5e4; give "
+                                 "one count per expert: a JSON list, one a line, or separated by commas)")
+            v = float(tok)
+            if not math.isfinite(v):
+                raise ValueError(f"{where}: {tok[:30]!r} is too large a token count")
+            if v < 0:
+                raise ValueError(f"{where}: {tok[:30]!r}: a token count cannot be negative")
+            counts.append(v)
+            if len(counts) > MAX_HISTOGRAM_EXPERTS:
+                raise ValueError(f"{where}: more than {MAX_HISTOGRAM_EXPERTS:,} token counts (one per expert)")
+    if not counts:
+        raise ValueError(f"{source}: no token counts (give one count per expert: a JSON list, one a line, or "
+                         "separated by commas)")
+    return counts

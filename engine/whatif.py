@@ -11,8 +11,13 @@ Mapping onto survivors (a), by the strategy's shape:
 * a Megatron-shaped layout (:func:`engine.export.infer_layout`): the same tensor, pipeline
   and context degrees, micro-batch and settings, data parallelism shrunk to the largest degree
   the survivors hold that divides the batch (more microbatches keep the global batch), stages
-  on consecutive survivors;
+  on consecutive survivors; the same expert-parallel degrees ep and etp, or, when ep no longer
+  folds onto the smaller mesh (:func:`engine.moe.moe_layout_problem`), the largest ep below it
+  that does (the rule says so);
 * any other (per-op) strategy has no such rule: only the re-plan is given.
+
+A mixture-of-experts strategy's routing what-if (``expert_loads``) is carried onto the mapped
+strategy.
 
 A failed NIC link takes one NIC from its node (the node's GPUs share the rest); a slowed GPU
 keeps the strategy and runs its compute at the given fraction of its speed.
@@ -141,20 +146,22 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     """The strategy mapped onto the survivors by its layout's rule, and the rule used (or None
     and why there is none)."""
     from .errors import ValidationError
-    from .export import infer_layout
     from .layout import micro_batch_sizes
     from .search.baselines import build_layout, data_parallel, expert
 
+    def carried(s: Strategy) -> Strategy:  # (the routing what-if travels with the strategy)
+        return replace(s, expert_loads=strategy.expert_loads) if strategy.expert_loads is not None else s
+
     if dict(strategy.configs) == dict(data_parallel(graph, cluster).configs):
         s = data_parallel(graph, after)
-        return s, f"data parallel over {len(s.devices_used())} GPUs (the largest count dividing the batch)"
+        return carried(s), f"data parallel over {len(s.devices_used())} GPUs (the largest count dividing the batch)"
     try:
         if dict(strategy.configs) == dict(expert(graph, cluster).configs):
-            return expert(graph, after), "FlexFlow's expert strategy rebuilt on the survivors"
+            return carried(expert(graph, after)), "FlexFlow's expert strategy rebuilt on the survivors"
     except ValueError:
         pass
     try:
-        lay = infer_layout(graph, strategy, cluster)
+        lay = _layout_of(graph, strategy, cluster)
     except (ValidationError, ValueError):
         return None, "a per-op strategy has no rule to map it onto fewer GPUs: re-planned only"
     fixed = lay.tp * lay.pp * lay.cp
@@ -166,13 +173,68 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     if dp == 0:
         return None, (f"tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {fixed} GPUs a replica: the {after.num_devices} "
                       "survivors hold no replica that divides the batch")
-    new = replace(lay, dp=dp, layers_per_stage=lay.layers_per_stage)
+    ep, ep_note = _mapped_ep(graph, lay, dp)
+    if ep is None:
+        return None, ep_note
+    new = replace(lay, dp=dp, ep=ep, layers_per_stage=lay.layers_per_stage)
     try:
         s = build_layout(graph, after, new)
     except ValueError as e:
         return None, f"the layout does not fit the survivors: {e}"
-    return s, (f"the same layout (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, micro-batch {lay.micro_batch}) with dp "
-               f"{lay.dp} -> {dp} ({fixed * dp} GPUs)")
+    moe = f", ep {lay.ep}" + (f", etp {lay.etp}" if lay.etp > 1 else "") if lay.ep * lay.etp > 1 else ""
+    return carried(s), (f"the same layout (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}{moe}, micro-batch {lay.micro_batch}) "
+                        f"with dp {lay.dp} -> {dp} ({fixed * dp} GPUs){ep_note}")
+
+
+def _layout_of(graph: OpGraph, strategy: Strategy, cluster: Cluster):
+    """The Megatron-shaped layout ``strategy`` is (:func:`engine.export.infer_layout`) with
+    its expert-parallel degrees: infer_layout reads the dense ops, on a copy of the strategy
+    whose experts ops are laid out as their routers (an experts op's config without expert
+    parallelism is its router's); ep and etp come from the experts ops
+    (:func:`engine.moe.expert_degrees`), and the layout with them must rebuild those ops.
+
+    Raises
+    ------
+    ValueError, ValidationError
+        When no layout explains the strategy."""
+    from .export import infer_layout
+    from .moe import expert_degrees
+    from .search.baselines import build_layout
+
+    ep, etp = expert_degrees(graph, strategy)
+    if ep * etp == 1:
+        return infer_layout(graph, strategy, cluster)
+    experts = [op for op in graph.ops if op.kind == "experts"]
+    probe = dict(strategy.configs)
+    for op in experts:
+        router = next((o for o in graph.ops if o.kind == "router" and o.block == op.block), None)
+        if router is None:
+            raise ValueError(f"experts op {op.name!r} has no router in its block")
+        probe[op.name] = strategy.configs[router.name]
+    lay = replace(infer_layout(graph, replace(strategy, configs=probe), cluster), ep=ep, etp=etp)
+    rebuilt = build_layout(graph, cluster, lay)
+    if any(rebuilt.configs[op.name] != strategy.configs[op.name] for op in experts):
+        raise ValueError("the experts ops' splits are not those of the layout's ep and etp")
+    return lay
+
+
+def _mapped_ep(graph: OpGraph, lay, dp: int) -> tuple[int | None, str]:
+    """(ep, note): the layout's ep when it still folds onto dp data-parallel ranks, else the
+    largest smaller ep that does, with a note saying so; (None, why) when none does."""
+    from .moe import moe_layout_problem
+
+    def problem(ep: int) -> str | None:
+        return moe_layout_problem(graph, lay.tp, lay.cp, dp, ep, lay.etp, lay.sequence_parallel)
+
+    if lay.ep * lay.etp == 1:
+        return lay.ep, ""
+    why = problem(lay.ep)
+    if why is None:
+        return lay.ep, ""
+    ep = next((e for e in range(lay.ep - 1, 0, -1) if problem(e) is None), None)
+    if ep is None:
+        return None, f"ep {lay.ep} no longer folds onto dp {dp} ({why}), nor does any smaller ep: re-planned only"
+    return ep, f"; ep {lay.ep} -> {ep}, the largest that folds onto dp {dp} ({why})"
 
 
 def simulate_with_slow(graph: OpGraph, strategy: Strategy, cluster: Cluster, slow: list[Failure],

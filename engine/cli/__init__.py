@@ -14,6 +14,8 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
 * ``simulate``: simulate one iteration of a strategy (file or baseline kind); ``--json``,
   ``--trace`` for a Chrome trace.
+* ``experts``: the expert view of a mixture-of-experts strategy (experts and routed tokens
+  per expert-parallel rank, the busiest rank's gate).
 * ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
 
 Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
@@ -47,6 +49,7 @@ from .commands import (
     cmd_profile,
     cmd_cluster,
     cmd_clusters,
+    cmd_experts,
     cmd_model,
     cmd_models,
     cmd_schema,
@@ -59,6 +62,7 @@ from .common import (
     EPILOG,
     EXIT_ERROR,
     add_batch_options,
+    add_routing_options,
     add_strategy_options,
     int_in,
     name_arg,
@@ -213,6 +217,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--strategy", default="data-parallel", help="strategy file or baseline kind (default data-parallel)")
     p.add_argument("--fail", action="append", default=[], metavar="gpu:N|node:N|link:NODE/nicK")
     p.add_argument("--slow", action="append", default=[], metavar="gpu:N=F", help="GPU N keeps F of its speed")
+    add_strategy_options(p)
+    add_routing_options(p)
     p.add_argument("--budget", default="30s", help="the re-plan's search budget (0 for none)")
     p.add_argument("--mtbf-hours", type=number_in(1e-3, 1e12), default=50_000.0,
                    help="mean time between failures of one GPU, hours (default 50,000: Llama 3's run)")
@@ -231,6 +237,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--strategy", required=True, help="a strategy file, or a baseline kind: " + ", ".join(BASELINES))
     add_batch_options(p)
     add_strategy_options(p)
+    add_routing_options(p)
     p.add_argument("--profile", help="measured profile table (soapbox.profile/1) to use before the roofline")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the iteration to this file")
@@ -264,8 +271,27 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--kind", required=True, choices=list(BASELINES), help="which baseline")
     add_batch_options(p)
     add_strategy_options(p)
+    add_routing_options(p)
     p.add_argument("-o", "--output", required=True, help="strategy file to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = sub.add_parser("experts", help="the expert view of a mixture-of-experts strategy: experts and tokens per "
+                                       "expert-parallel rank",
+                       description="Per expert-parallel rank of a mixture-of-experts model's first MoE layer: the "
+                                   "experts it holds (placed in order, as Megatron-Core places them), its share of "
+                                   "the routed tokens and the token copies it receives per microbatch, and the gate "
+                                   "the busiest rank sets (every rank waits for it). Balanced unless --routing-skew "
+                                   "or --routing-histogram states an imbalance.")
+    p.add_argument("--model", required=True, help="a mixture-of-experts sample model (e.g. mixtral-8x7b) or file")
+    p.add_argument("--cluster", required=True, help="preset name or cluster file")
+    p.add_argument("--strategy", default="megatron",
+                   help="a strategy file, or a baseline kind (default megatron): " + ", ".join(BASELINES))
+    add_batch_options(p)
+    add_strategy_options(p)
+    add_routing_options(p)
+    p.add_argument("--max-rows", type=int_in(1, 4096), default=16, metavar="N",
+                   help="with more than 2N ranks, show the first and last N (default 16)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -284,6 +310,7 @@ COMMANDS = {
     "export": cmd_export,
     "sweep": cmd_sweep,
     "whatif": cmd_whatif,
+    "experts": cmd_experts,
 }
 
 

@@ -4,6 +4,7 @@ baselines, simulating. See :mod:`engine.cli`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 from pathlib import Path
 import json
@@ -19,9 +20,17 @@ from ..models import SAMPLE_MODELS
 from ..models.transformer import GPTConfig, gpt
 from ..report import json_text
 from ..search.baselines import BASELINES, make_baseline
-from .common import EXIT_DOES_NOT_FIT, EXIT_INVALID_FILE, model_and_cluster, strategy_options
+from .common import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_INVALID_FILE,
+    baseline_strategy,
+    model_and_cluster,
+    strategy_options,
+    with_routing,
+)
 
-__all__ = ["cmd_models", "cmd_clusters", "cmd_cluster", "cmd_schema", "cmd_validate", "cmd_model", "cmd_baseline", "cmd_simulate"]
+__all__ = ["cmd_models", "cmd_clusters", "cmd_cluster", "cmd_schema", "cmd_validate", "cmd_model", "cmd_baseline",
+           "cmd_simulate", "cmd_experts"]
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -150,7 +159,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     g, c = model_and_cluster(args)
-    s = make_baseline(args.kind, g, c, **strategy_options(args))
+    s = with_routing(baseline_strategy(args.kind, g, c, strategy_options(args), make_baseline), args, g)
     save_json(s.to_dict(), args.output)
     used = len(s.devices_used())
     summary = {"output": args.output, "model": g.name, "cluster": c.name, "kind": args.kind,
@@ -169,22 +178,28 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from ..costs import CostModel
-    from ..formats import load_profile
-    from ..formats import load_strategy
-    from ..trace import write_chrome_trace
-    from ..report import format_summary, simulate_strategy
-
-    g, c = model_and_cluster(args)
+def _strategy(args: argparse.Namespace, g, c):
+    """The strategy ``--strategy`` names (a baseline kind with the baseline options, or a
+    file), with the routing what-if of ``--routing-skew`` / ``--routing-histogram``."""
     if args.strategy in BASELINES:
-        s = make_baseline(args.strategy, g, c, **strategy_options(args))
+        s = baseline_strategy(args.strategy, g, c, strategy_options(args), make_baseline)
     else:
         given = [k for k, v in strategy_options(args).items() if v not in (None, False)]
         if given:
             raise ValueError(f"baseline options ({', '.join('--' + k.replace('_', '-') for k in given)}) "
                              f"apply to a baseline kind, not to the strategy file {args.strategy}")
         s = load_strategy(args.strategy, g, c)
+    return with_routing(s, args, g)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from ..costs import CostModel
+    from ..formats import load_profile
+    from ..trace import write_chrome_trace
+    from ..report import format_summary, simulate_strategy
+
+    g, c = model_and_cluster(args)
+    s = _strategy(args, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
     result = simulate_strategy(g, s, c, cost, check=False)  # (a baseline and a loaded file are checked)
     cover = None
@@ -204,6 +219,43 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(f"  measured compute   {cover['measured_share_of_compute']:.1%} of compute time from the profile "
                   f"({cover['measured_partitions']:,} of {cover['partitions']:,} op partitions; the rest roofline)")
     return 0 if result.memory.feasible else EXIT_DOES_NOT_FIT
+
+
+def cmd_experts(args: argparse.Namespace) -> int:
+    """The expert view: per expert-parallel rank, its experts and the routed token copies it
+    receives per microbatch, and the gate the busiest rank sets (:func:`engine.moe.expert_table`)."""
+    from ..moe import expert_table
+
+    g, c = model_and_cluster(args)
+    table = expert_table(g, _strategy(args, g, c))
+    if table is None:
+        raise ValueError(f"{printable(g.name, 80)!r} has no mixture-of-experts layers: no experts to show")
+    if args.json:
+        print(json_text({"model": g.name, "cluster": c.name, **table.to_dict()}))
+        return 0
+    t = table
+    where = "balanced routing" if t.balanced else "routing what-if"
+    print(f"{printable(g.name)} on {printable(c.name)}: {t.num_experts} experts (top-{t.top_k}) in each of {t.layers} "
+          f"MoE layers, ep {t.ep} x etp {t.etp}, {t.microbatches} microbatch(es); {where}")
+    print(f"  {t.tokens_per_microbatch:,.0f} routed token copies per microbatch and layer in each expert-parallel "
+          f"group (tokens x top-{t.top_k})")
+    print(f"  {'rank':>5}  {'experts':<12} {'share':>7} {'tokens/microbatch':>18}")
+    rows = list(range(t.ep))
+    shown = rows if len(rows) <= 2 * args.max_rows else rows[:args.max_rows] + rows[-args.max_rows:]
+    for k, r in enumerate(shown):
+        if k and shown[k - 1] != r - 1:
+            print(f"  {'...':>5}  ({t.ep - 2 * args.max_rows:,} ranks not shown; --max-rows)")
+        lo, hi = t.rank_experts[r]
+        ex = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        busiest = "  <- busiest" if not t.balanced and t.rank_shares[r] == max(t.rank_shares) else ""
+        print(f"  {r:>5}  {ex:<12} {t.rank_shares[r]:>7.1%} {t.rank_tokens[r]:>18,.0f}{busiest}")
+    if t.balanced:
+        print("  gate 1.00: balanced routing, as published MoE runs are measured (--routing-skew or "
+              "--routing-histogram for an imbalance)")
+    else:
+        print(f"  gate {t.gate:.2f}: the busiest rank receives {t.gate:.2f}x the mean rank's tokens, and every "
+              "rank waits for it")
+    return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -250,7 +302,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if not fails and not slow:
         raise ValueError("give at least one --fail or --slow")
     g, c = model_and_cluster(args)
-    s = make_baseline(args.strategy, g, c) if args.strategy in BASELINES else load_strategy(args.strategy, g, c)
+    s = _strategy(args, g, c)
     t0 = time.perf_counter()
     tl, mem = simulate_with_slow(g, s, c, [])
     out: dict[str, Any] = {"model": g.name, "cluster": c.name, "gpus": c.num_devices,
@@ -275,8 +327,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         r = ALGORITHMS["auto"].run(g, after, Budget.parse(args.budget), seed=0, initial=mapped)
         out["replan"] = {"iteration_time_s": r.best_time_s, "feasible": r.feasible, "search_s": r.elapsed_s,
                          "source": r.best.found_by.get("source")}
-        if slow_after and r.feasible:
-            rtl, _ = simulate_with_slow(g, r.best, after, slow_after)
+        if (slow_after or s.expert_loads is not None) and r.feasible:  # (the search prices balanced routing)
+            best = r.best if s.expert_loads is None else dataclasses.replace(r.best, expert_loads=s.expert_loads)
+            rtl, _ = simulate_with_slow(g, best, after, slow_after)
             out["replan"]["iteration_time_s"] = rtl.makespan_s
         if r.feasible:
             out["replan"]["gpus_used"] = len(r.best.devices_used())

@@ -8,12 +8,13 @@ import math
 from typing import Any, Callable
 
 from ..cluster import MAX_DEVICES
-from ..errors import printable
+from ..errors import ValidationError, printable
 from ..ops import MAX_DIM
 from ..strategy import GATHER_UNITS, RECOMPUTE, SCHEDULES
 
 __all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
-           "add_batch_options", "model_and_cluster"]
+           "add_batch_options", "model_and_cluster", "add_routing_options", "routing_loads", "with_routing",
+           "baseline_strategy"]
 
 
 EXIT_INVALID_FILE = 1
@@ -125,6 +126,16 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gather-unit", choices=GATHER_UNITS,
                    help="what ZeRO-3 gathers at once (fsdp): block (PyTorch FSDP, default) or op "
                         "(DeepSpeed ZeRO-3: each module's parameters on their own)")
+    g.add_argument("--ep", type=device_count, metavar="N",
+                   help="expert-parallel degree, a mixture-of-experts model's experts split over N ranks (megatron; "
+                        "Megatron-LM's --expert-model-parallel-size; default 1). MoE parallel folding: the ep ranks "
+                        "are taken from the attention's tp x cp x dp ranks of a stage, so N must divide the experts "
+                        "and either divide the cp x tp / etp sequence shards or be a multiple of them that "
+                        "divides dp")
+    g.add_argument("--etp", type=device_count, metavar="N",
+                   help="expert tensor-parallel degree, each expert's FFN width split over N ranks (megatron; "
+                        "Megatron-LM's --expert-tensor-parallel-size; default 1); must divide tp. The expert "
+                        "data-parallel degree is tp x cp x dp / (ep x etp)")
     g.add_argument("--layers-per-stage", type=_counts, metavar="N,N,...",
                    help="layers on each pipeline stage, e.g. 7,8,8,7 (megatron; default: even, or balanced "
                         "counting the embedding and output layer when the layers do not divide)")
@@ -175,9 +186,9 @@ def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-#: Layout fields without a flag: ep (mixture-of-experts, to come), the global batch (--batch
-#: sets the model's), the stage-to-mesh map (the pipeline planner's choice)
-_NO_FLAG = ("ep", "global_batch", "stage_mesh")
+#: Layout fields without a flag: the global batch (--batch sets the model's), the
+#: stage-to-mesh map (the pipeline planner's choice)
+_NO_FLAG = ("global_batch", "stage_mesh")
 
 
 def _counts(text: str) -> list[int]:
@@ -190,3 +201,103 @@ def _counts(text: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def add_routing_options(p: argparse.ArgumentParser) -> None:
+    """``--routing-skew`` / ``--routing-histogram``: the routing-imbalance what-if of a
+    mixture-of-experts model (:attr:`engine.strategy.Strategy.expert_loads`)."""
+    from ..moe import MAX_HISTOGRAM_EXPERTS, MAX_SKEW
+
+    g = p.add_argument_group("routing-imbalance what-if (mixture-of-experts models; default balanced, as "
+                             "published MoE runs are measured)").add_mutually_exclusive_group()
+    g.add_argument("--routing-skew", type=number_in(0.0, MAX_SKEW), metavar="S",
+                   help=f"tokens spread over the experts by Zipf's law with exponent S (0 balanced, up to "
+                        f"{MAX_SKEW:g}; at 1 the first of 8 experts gets 37%%): every expert-parallel rank waits "
+                        "for the busiest one")
+    g.add_argument("--routing-histogram", metavar="FILE",
+                   help=f"measured token counts per expert (any scale): a JSON list, one number a line, or "
+                        f"numbers separated by commas; as many as the model has experts (at most "
+                        f"{MAX_HISTOGRAM_EXPERTS:,})")
+
+
+def routing_loads(args: argparse.Namespace, graph) -> tuple[float, ...] | None:
+    """The expert shares ``--routing-skew`` or ``--routing-histogram`` give for ``graph``
+    (:func:`engine.moe.expert_loads`), or None when neither is given.
+
+    Raises
+    ------
+    ValueError
+        For a dense model, a model whose MoE layers differ in expert count, or a histogram
+        file that cannot be read or parsed (naming the file and the line).
+    """
+    from ..formats.jsonio import read_bytes
+    from ..moe import MAX_HISTOGRAM_BYTES, expert_counts, expert_loads, parse_histogram
+
+    skew, path = getattr(args, "routing_skew", None), getattr(args, "routing_histogram", None)
+    if skew is None and path is None:
+        return None
+    flag = "--routing-skew" if path is None else "--routing-histogram"
+    counts = sorted(expert_counts(graph))
+    if not counts:
+        raise ValueError(f"{flag}: the routing-imbalance what-if needs a mixture-of-experts model; "
+                         f"{printable(graph.name, 80)!r} has no experts (samples with experts: mixtral-8x7b, "
+                         "deepseek-v3, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-120b)")
+    if len(counts) > 1:
+        raise ValueError(f"{flag}: {printable(graph.name, 80)!r} has MoE layers of {' and '.join(map(str, counts))} "
+                         "experts; the what-if takes one expert count")
+    if path is None:
+        return tuple(float(x) for x in expert_loads(counts[0], skew=skew))
+    source = f"--routing-histogram {printable(str(path), 200)}"
+    try:
+        raw = read_bytes(path, source, MAX_HISTOGRAM_BYTES, "a routing histogram")
+    except ValidationError as e:  # (one line: not found, a folder, too large)
+        raise ValueError(f"{source}: {'; '.join(p.message for p in e.problems)}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    hist = parse_histogram(text, source)
+    try:
+        return tuple(float(x) for x in expert_loads(counts[0], histogram=hist))
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def with_routing(strategy, args: argparse.Namespace, graph):
+    """``strategy`` with the routing what-if of the flags (:func:`routing_loads`); as it was
+    without them."""
+    from dataclasses import replace
+
+    loads = routing_loads(args, graph)
+    return strategy if loads is None else replace(strategy, expert_loads=loads)
+
+
+def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: Callable[..., Any] | None = None):
+    """Baseline ``kind`` with the flags' ``options`` (:func:`strategy_options`), through
+    ``make`` (default :func:`engine.search.baselines.make_baseline`). ``ep``/``etp`` go to the
+    megatron baseline (its keyword arguments; the registry's option list may not name them
+    yet) and are refused for any other kind."""
+    from ..layout import ON_BY_DEFAULT
+    from ..search.baselines import BASELINES, make_baseline, megatron
+
+    make = make or make_baseline
+    opts = dict(options)
+    moe = {k: v for k in ("ep", "etp") if (v := opts.pop(k, None)) is not None}
+    if not moe:
+        return make(kind, graph, cluster, **opts)
+    flags = " and ".join("--" + k for k in moe)
+    if kind == "fsdp":
+        raise ValueError(f"fsdp does not take {flags}: the fsdp baseline lays out no expert parallelism (its experts "
+                         "are sharded with the rest); for expert parallelism with sharded state use --strategy "
+                         "megatron --zero-stage 3 (or 1, 2)")
+    if kind != "megatron":
+        raise ValueError(f"{kind} does not take {flags}: expert parallelism is a megatron layout (--strategy megatron)")
+    if "ep" in BASELINES[kind].options:  # (the registry names them)
+        return make(kind, graph, cluster, **opts, **moe)
+    given = {k: v for k, v in opts.items() if v is not None and (v is not False or k in ON_BY_DEFAULT)}
+    if set(given) - set(BASELINES[kind].options):
+        return make(kind, graph, cluster, **opts)  # (refuses the option megatron does not take)
+    return megatron(graph, cluster, **given, **moe)

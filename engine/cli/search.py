@@ -16,7 +16,7 @@ from ..formats import save_json
 from ..report import json_text
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES, make_baseline
-from .common import EXIT_DOES_NOT_FIT, model_and_cluster, strategy_options
+from .common import EXIT_DOES_NOT_FIT, baseline_strategy, model_and_cluster, strategy_options
 
 __all__ = ["cmd_search", "compare_searches", "option_names"]
 
@@ -76,7 +76,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         return _search_all(args, g, c, budget)
     initial = None
     if args.strategy:
-        initial = make_baseline(args.strategy, g, c, **strategy_options(args)) if args.strategy in BASELINES \
+        initial = baseline_strategy(args.strategy, g, c, strategy_options(args), make_baseline) \
+            if args.strategy in BASELINES \
             else load_strategy(args.strategy, g, c)
     show = None if args.quiet or args.json or not sys.stderr.isatty() and not os.environ.get("SOAPBOX_PROGRESS") \
         else _progress_bar(budget)
