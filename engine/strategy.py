@@ -165,6 +165,13 @@ class Strategy:
         routed tokens (:func:`engine.moe.expert_loads`; sums to 1). Every expert-parallel rank
         is priced at the busiest rank's load (:func:`engine.moe.gate_factor`). None: balanced,
         as published MoE runs are measured.
+    moe_comm_overlap : bool
+        Megatron-Core's ``--overlap-moe-expert-parallel-comm`` (with ``--delay-wgrad-compute``;
+        Megatron-Core 0.14): the 1F1B steady state merges one microbatch's forward with another's
+        backward, layer by layer, so that each one's dispatch and combine all-to-alls run under
+        the other's compute. Modelled on the all-to-alls: a forward one is hidden behind up to half
+        of the experts' backward time, a backward one behind up to half of their forward time
+        (the partner microbatch's compute of the same layer), only what is left shows.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -196,6 +203,7 @@ class Strategy:
     grad_reduce_in_fp32: bool = True
     fp8_params: bool = False
     expert_loads: tuple[float, ...] | None = None
+    moe_comm_overlap: bool = False
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -242,6 +250,7 @@ class Strategy:
             **({"grad_reduce_in_fp32": False} if not self.grad_reduce_in_fp32 else {}),
             **({"fp8_params": True} if self.fp8_params else {}),
             **({"expert_loads": list(self.expert_loads)} if self.expert_loads is not None else {}),
+            **({"moe_comm_overlap": True} if self.moe_comm_overlap else {}),
             "ops": ops,
         }
 
@@ -280,7 +289,8 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("offload_optimizer", "none"),
                     data.get("offload_params", "none"), data.get("grad_reduce_in_fp32", True),
                     data.get("fp8_params", False),
-                    tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None)
+                    tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
+                    data.get("moe_comm_overlap", False))
 
 
 def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:

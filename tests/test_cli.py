@@ -58,15 +58,16 @@ class TestListings:
         lines = out.splitlines()
         assert lines[0].split() == ["name", "ops", "parameters", "fwd", "FLOPs", "batch", "description"]
         assert [ln.split()[0] for ln in lines[1:]] == list(SAMPLE_MODELS)
-        assert len(lines) == 12
+        assert len(lines) == 1 + len(SAMPLE_MODELS) == 17  # header + the samples (5 mixture-of-experts)
         assert "61,100,840" in lines[1]  # AlexNet, torchvision's count
+        assert "46,702,792,704" in out  # Mixtral 8x7B, transformers' count
         assert "174,615,846,912" in out  # GPT-3 175B
 
     def test_models_json(self, capsys):
         rc, out, _ = run(capsys, "models", "--json")
         assert rc == 0
         rows = json.loads(out)
-        assert len(rows) == 11
+        assert len(rows) == 16
         assert [r["name"] for r in rows] == list(SAMPLE_MODELS)
         assert all(isinstance(r["parameters"], int) and r["parameters"] > 0 for r in rows)
         by_name = {r["name"]: r for r in rows}
@@ -111,8 +112,8 @@ class TestListings:
         cmd = [exe, "models"] if exe else [sys.executable, "-m", "engine.cli", "models"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
-        assert len(proc.stdout.splitlines()) == 12
-        assert "gpt3-175b" in proc.stdout
+        assert len(proc.stdout.splitlines()) == 17
+        assert "gpt3-175b" in proc.stdout and "deepseek-v3" in proc.stdout
 
 
 class TestValidate:
@@ -283,7 +284,8 @@ class TestBaseline:
                          "-o", str(tmp_path / "s.json"))
         assert rc == 2
         assert err == ("soapbox: error: unknown model 'gpt5': not a sample (alexnet, inception_v3, resnet101, "
-                       "rnntc, rnnlm, nmt, transformer, gpt2, gpt3-175b, bert-large, llama2-7b) nor a file\n")
+                       "rnntc, rnnlm, nmt, transformer, gpt2, gpt3-175b, bert-large, llama2-7b, mixtral-8x7b, "
+                       "deepseek-v3, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-120b) nor a file\n")
         assert "Traceback" not in err
 
     def test_unknown_cluster(self, capsys, tmp_path):

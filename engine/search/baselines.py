@@ -304,7 +304,7 @@ BASELINES: dict[str, Baseline] = {
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
                   "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap",
                   "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "grad_reduce_in_fp32",
-                  "fp8_params")),
+                  "fp8_params", "ep", "etp")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
                   "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params", "sequence_parallel",

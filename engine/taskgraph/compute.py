@@ -64,9 +64,7 @@ class ComputeBuilder:
         hit = self._memo.get(sig)
         if hit is None or self.emit.heterogeneous:
             names, grid = partition_grid(op, config)
-            degrees = dict(config.degrees)
-            if m > 1 and "sample" in op.dim_names:
-                degrees["sample"] = degrees.get("sample", 1) * m
+            degrees = self._degrees(op, config)
             fwd_t, bwd_t = self.emit.partition_times_s(op, degrees, devs)
             if reruns:
                 bwd_t = bwd_t + fwd_t
@@ -180,24 +178,39 @@ class ComputeBuilder:
         fwd_in, fwd_ready = t.fwd[oi].copy(), t.fwd_ready[oi].copy()
         bwd_in, bwd_out = t.bwd[oi].copy(), t.bwd[oi].copy()
         none, mbs = np.zeros((m, 0), np.int64), np.arange(m)
+        # the merged 1F1B schedule (--overlap-moe-expert-parallel-comm) hides each exchange under
+        # the partner microbatch's compute of this layer: half the experts' backward for a forward
+        # one, half their forward for a backward one; it needs a partner (two microbatches)
+        merged = s.moe_comm_overlap and m > 1
         for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
             members = np.nonzero(cls == c)[0]
             devs = t.devs[oi][members]
             nbytes = float(size[members[0]])
             cols = members[np.unique(t.fwd[oi][0, members], return_index=True)[1]]  # distinct tasks
-            d = self.emit.collectives(seg, kinds[0], nbytes, devs, none, oi, mbs)
+            f_hide = float(self.emit.partition_times_s(op, self._degrees(op, cfg), devs[:1])[1][0]) / 2 if merged else 0.0
+            b_hide = float(t.fwd_s[oi][members[0]]) / 2 if merged else 0.0
+            d = self.emit.collectives(seg, kinds[0], nbytes, devs, none, oi, mbs, hide_s=f_hide)
             if d is None:
                 continue
             seg.edges(np.repeat(d[:, None], cols.size, axis=1), t.fwd[oi][:, cols])
             fwd_in[:, members] = d[:, None]
-            r = self.emit.collectives(seg, kinds[1], nbytes, devs, t.fwd_ready[oi][:, cols], oi, mbs)
+            r = self.emit.collectives(seg, kinds[1], nbytes, devs, t.fwd_ready[oi][:, cols], oi, mbs, hide_s=f_hide)
             fwd_ready[:, members] = r[:, None]
-            bi = self.emit.collectives(seg, kinds[0], nbytes * (3 if recomputed else 1), devs, none, oi, mbs)
+            bi = self.emit.collectives(seg, kinds[0], nbytes * (3 if recomputed else 1), devs, none, oi, mbs,
+                                       hide_s=b_hide)
             seg.edges(np.repeat(bi[:, None], cols.size, axis=1), t.bwd[oi][:, cols])
             bwd_in[:, members] = bi[:, None]
-            bo = self.emit.collectives(seg, kinds[1], nbytes, devs, t.bwd[oi][:, cols], oi, mbs)
+            bo = self.emit.collectives(seg, kinds[1], nbytes, devs, t.bwd[oi][:, cols], oi, mbs, hide_s=b_hide)
             bwd_out[:, members] = bo[:, None]
         t.fwd_in[oi], t.fwd_ready[oi], t.bwd_in[oi], t.bwd_out[oi] = fwd_in, fwd_ready, bwd_in, bwd_out
+
+    def _degrees(self, op: Op, config) -> dict[str, int]:
+        """The degrees one microbatch's partition is priced at (the sample dim times the
+        microbatches)."""
+        degrees = dict(config.degrees)
+        if self.ctx.microbatches > 1 and "sample" in op.dim_names:
+            degrees["sample"] = degrees.get("sample", 1) * self.ctx.microbatches
+        return degrees
 
     def _scatter_after(self, op: Op) -> bool:
         """Sequence parallelism: a row-parallel output whose consumers split 'length' over the

@@ -135,7 +135,7 @@ class Emitter:
         return int(ids[0]) if ids is not None else -1
 
     def collectives(self, seg: Segment, kind: str, size_bytes: float, devices, preds: np.ndarray, op: int,
-                    mbs: np.ndarray, overlap_s: float = 0.0) -> np.ndarray | None:
+                    mbs: np.ndarray, overlap_s: float = 0.0, hide_s: float = 0.0) -> np.ndarray | None:
         """One collective per row of ``preds`` ([k, n_preds] handles), all over the same
         ``devices`` and of the same size (e.g. one per microbatch); returns their handles, or
         None when the group is a single device.
@@ -144,7 +144,11 @@ class Emitter:
         precedes it (Transformer Engine's userbuffers, Megatron-Core's --tp-comm-overlap: both
         split into n chunks over the n ranks, chunk i's communication running under chunk i+1's
         GEMM; Wang et al. ASPLOS'23): of its time c, what shows beyond the GEMM is
-        c/n + (n-1)/n x max(0, c - overlap_s)."""
+        c/n + (n-1)/n x max(0, c - overlap_s).
+
+        ``hide_s`` > 0: the collective runs under that many seconds of other compute that the
+        task graph does not order against it (Megatron-Core's merged 1F1B for MoE all-to-alls):
+        only max(0, c - hide_s) shows."""
         devs = np.unique(np.asarray(devices, np.int64)).tolist()  # sorted, distinct
         if len(devs) <= 1 or size_bytes <= 0:
             return None
@@ -161,6 +165,8 @@ class Emitter:
         dur = group_collective_time_s(kind, size_bytes, group, self.ctx.cost.link_efficiency)
         if overlap_s > 0:
             dur = dur / n + (n - 1) / n * max(0.0, dur - overlap_s)
+        if hide_s > 0:
+            dur = max(0.0, dur - hide_s)
         ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
         res = self.ctx.n_devices + np.asarray(links, np.int64)  # [link] resources after the devices
         f = seg.flat
