@@ -1,7 +1,10 @@
 """Decoder-only models from a Hugging Face ``config.json`` (read offline from a local file):
 GPT-2, LLaMA / Mistral (grouped-query attention, SwiGLU, RMSNorm, rotary positions) and Qwen2
 (the same with biases on the query, key and value projections), built by the same
-:func:`engine.models.transformer.gpt` as ``soapbox model gpt`` and the sample models.
+:func:`engine.models.transformer.gpt` as ``soapbox model gpt`` and the sample models; and the
+mixture-of-experts decoders Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS, built by
+:func:`engine.models.moe.moe_gpt` as the MoE samples (see :func:`from_hf_config` for the
+fields each reads and what it refuses or approximates).
 
 The fields read are those of the ``transformers`` configuration classes (``GPT2Config``:
 ``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``n_positions``, ``vocab_size``,
@@ -11,20 +14,38 @@ The fields read are those of the ``transformers`` configuration classes (``GPT2C
 ``attention_bias``, ``mlp_bias``, ``tie_word_embeddings``, ``torch_dtype``), with those classes'
 defaults where a field is absent. Anything that would change the parameter count or the
 computation and is not modelled (another activation, MLP biases, a head dimension that is not
-hidden / heads) is refused with the field named, not approximated.
+hidden / heads) is refused with the field named, not approximated. Sizes are bounded before
+anything is built (at most :data:`MAX_LAYERS` layers, :data:`MAX_SIZE` for a width and
+:data:`MAX_EXPERTS` experts), so a malformed config fails at once.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping
 
 from ..graph import OpGraph
+from ..moe import MAX_HISTOGRAM_EXPERTS
+from .moe import MoEConfig, moe_gpt
 from .transformer import GPTConfig, gpt
 
-__all__ = ["FAMILIES", "from_hf_config"]
+__all__ = ["FAMILIES", "MOE_FAMILIES", "MAX_LAYERS", "MAX_SIZE", "MAX_EXPERTS", "from_hf_config"]
 
 #: ``model_type`` -> family
-FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "mixtral": "mixtral",
+            "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss"}
+#: the mixture-of-experts families
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+
+#: the most decoder layers an import builds (published decoders have up to ~128; the bound
+#: keeps a malformed config from building for ever)
+MAX_LAYERS = 1024
+#: the largest width, head count or vocabulary an import takes (2^24)
+MAX_SIZE = 1 << 24
+#: the most routed experts an import takes (as the routing what-if's histograms)
+MAX_EXPERTS = MAX_HISTOGRAM_EXPERTS
+#: the largest context (max_position_embeddings, n_positions): only compared, never allocated
+_MAX_CONTEXT = 1 << 40
 
 #: torch_dtype -> soapbox precision
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -34,13 +55,25 @@ _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 DEFAULT_MAX_SEQ = 4096
 
 
-def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, where: str) -> int:
+def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, where: str, hi: int = MAX_SIZE,
+         lo: int = 1) -> int:
     v = cfg.get(key, default)
     if v is None:
-        raise ValueError(f"{where}: {key!r} is missing")
-    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 40:
-        raise ValueError(f"{where}: {key!r} must be a positive integer, got {str(v)[:40]!r}")
+        raise ValueError(f"{where}: {key!r} is missing" + (" (null)" if key in cfg else ""))
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        kind = "a positive integer" if lo == 1 else f"an integer of at least {lo}"
+        raise ValueError(f"{where}: {key!r} must be {kind}, got {str(v)[:40]!r}")
+    if v > hi:
+        raise ValueError(f"{where}: {key!r} is {v}, above the {hi:,} soapbox imports")
     return v
+
+
+def _shown(v: Any) -> str:
+    """A config value as its JSON (true, null, "x"), cut to 40 characters."""
+    try:
+        return json.dumps(v)[:40]
+    except (TypeError, ValueError):
+        return repr(v)[:40]
 
 
 def _bool(cfg: Mapping[str, Any], key: str, default: bool, *, where: str) -> bool:
@@ -58,10 +91,14 @@ def _rate(cfg: Mapping[str, Any], key: str, default: float, *, where: str) -> fl
 
 
 def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = None, precision: str | None = None,
-                   name: str | None = None, source: str = "config.json") -> OpGraph:
+                   name: str | None = None, source: str = "config.json", notes: list[str] | None = None) -> OpGraph:
     """The model a Hugging Face config describes, for a global batch of ``batch`` sequences of
     ``seq_len`` tokens (default: the config's context, at most 4,096), in ``precision``
-    (default: the config's ``torch_dtype``, else bf16).
+    (default: the config's ``dtype`` or ``torch_dtype``, else bf16).
+
+    What a mixture-of-experts import prices differently from the config (sliding windows priced
+    as full attention, GPT-OSS's attention sinks, DeepSeek-V3's multi-token-prediction layer) is
+    appended to ``notes`` when given, and to the graph's description.
 
     Raises
     ------
@@ -75,6 +112,39 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     ...                     "vocab_size": 100, "n_positions": 32}, batch=2)
     >>> g.name, g.param_count
     ('gpt2', 108544)
+
+    Notes
+    -----
+    Mixture-of-experts configs (Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS; parameter counts
+    equal those of transformers' own models of the config, tests/test_import_hf_moe.py) are
+    read as transformers 5's modelling code uses them, absent fields taking its config classes'
+    defaults: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+    ``vocab_size``, ``max_position_embeddings``, ``hidden_act`` (silu only),
+    ``tie_word_embeddings``, ``num_experts_per_tok``, the experts' count and width (Mixtral
+    ``num_local_experts`` / ``intermediate_size``; Qwen3-MoE ``num_experts`` /
+    ``moe_intermediate_size``; DeepSeek-V3 ``n_routed_experts`` / ``moe_intermediate_size``;
+    GPT-OSS ``num_local_experts`` / ``intermediate_size``) and per family:
+
+    * Mixtral: ``num_key_value_heads``, ``head_dim``, ``sliding_window``.
+    * Qwen3-MoE: the same, QK-norm on every layer, ``attention_bias`` (false only),
+      ``decoder_sparse_step`` (1 only), ``mlp_only_layers`` (leading layers only: they become
+      dense MLPs of ``intermediate_size``), ``use_sliding_window``.
+    * DeepSeek-V3: MLA's ``q_lora_rank`` (null: a full query projection), ``kv_lora_rank``,
+      ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``first_k_dense_replace``
+      (dense layers of ``intermediate_size``), ``n_shared_experts`` (of
+      ``moe_intermediate_size`` each), ``moe_layer_freq`` (1 only), ``scoring_func`` (sigmoid
+      only), ``topk_method`` (noaux_tc only), ``attention_bias`` (false only),
+      ``num_nextn_predict_layers`` (not built, as transformers does not build it: a note).
+    * GPT-OSS: ``num_key_value_heads``, ``head_dim``, ``attention_bias`` (true only: biases on
+      the attention, the router and the experts), ``layer_types`` and ``sliding_window``.
+
+    Not read because they change neither the parameters nor the priced computation:
+    ``norm_topk_prob``, ``routed_scaling_factor``, ``n_group`` / ``topk_group`` (the
+    group-limited choice of experts), aux-loss coefficients, ``swiglu_limit``, rotary
+    settings, ``quantization_config`` (the checkpoint's storage; ``--precision`` sets the
+    training precision). Priced differently, with a note: sliding-window layers as full
+    attention (an upper bound on their attention FLOPs), GPT-OSS's attention sinks (one logit
+    a head a layer: ``heads x layers`` parameters, 2,304 for gpt-oss-120b) left out.
     """
     where = source
     if not isinstance(cfg, Mapping):
@@ -85,14 +155,14 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         shown = repr(mt[:40]) if isinstance(mt, str) else repr(mt)[:40]
         raise ValueError(f"{where}: model_type {shown} is not one soapbox imports; it imports "
                          f"{', '.join(sorted(FAMILIES))} (decoder-only families)")
-    dtype = cfg.get("torch_dtype")
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype")  # transformers 5 writes "dtype", 4 "torch_dtype"
     if precision is None:
         precision = _DTYPES.get(dtype, "bf16") if isinstance(dtype, str) else "bf16"
     if family == "gpt2":
-        layers = _int(cfg, "n_layer", where=where)
+        layers = _int(cfg, "n_layer", where=where, hi=MAX_LAYERS)
         hidden = _int(cfg, "n_embd", where=where)
         heads = _int(cfg, "n_head", where=where)
-        positions = _int(cfg, "n_positions", 1024, where=where)
+        positions = _int(cfg, "n_positions", 1024, where=where, hi=_MAX_CONTEXT)
         ffn = cfg.get("n_inner")
         ffn = 4 * hidden if ffn is None else _int(cfg, "n_inner", where=where)
         act = cfg.get("activation_function", "gelu_new")
@@ -107,8 +177,11 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
                           tie_embeddings=_bool(cfg, "tie_word_embeddings", True, where=where),
                           dropout=_rate(cfg, "resid_pdrop", 0.1, where=where),
                           precision=precision, name=name or str(cfg.get("_name_or_path") or "gpt2")[:80] or "gpt2")
+    elif family in MOE_FAMILIES:
+        return _moe(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, source=source,
+                    notes=notes)
     else:
-        layers = _int(cfg, "num_hidden_layers", where=where)
+        layers = _int(cfg, "num_hidden_layers", where=where, hi=MAX_LAYERS)
         hidden = _int(cfg, "hidden_size", where=where)
         heads = _int(cfg, "num_attention_heads", where=where)
         kv = _int(cfg, "num_key_value_heads", heads, where=where)
@@ -122,7 +195,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
                              f"({hidden // heads}); soapbox's attention uses hidden / heads")
         if _bool(cfg, "mlp_bias", False, where=where):
             raise ValueError(f"{where}: mlp_bias true is not modelled (biases on the MLP's projections)")
-        context = _int(cfg, "max_position_embeddings", 2048, where=where)
+        context = _int(cfg, "max_position_embeddings", 2048, where=where, hi=_MAX_CONTEXT)
         seq = seq_len or min(context, DEFAULT_MAX_SEQ)
         attn_bias = _bool(cfg, "attention_bias", False, where=where)
         qwen = family == "qwen2"
@@ -135,3 +208,122 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         return gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}")
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+#: transformers 5's config-class defaults (MixtralConfig, Qwen3MoeConfig, DeepseekV3Config,
+#: GptOssConfig) for the fields an import reads when a config leaves them out; the sizes that
+#: make the model (layers, hidden, heads, experts, top-k, expert width) must be given
+_MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 131072},
+    "qwen3_moe": {"num_key_value_heads": 4, "vocab_size": 151936, "max_position_embeddings": 32768,
+                  "intermediate_size": 6144, "sliding_window": 4096},
+    "deepseek_v3": {"vocab_size": 129280, "max_position_embeddings": 4096, "intermediate_size": 18432,
+                    "first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "max_position_embeddings": 131072,
+                "sliding_window": 128},
+}
+#: family -> the fields naming the routed experts' count (aliases: transformers 5 maps
+#: num_experts to num_local_experts) and one expert's intermediate width
+_EXPERT_FIELDS = {"mixtral": (("num_local_experts",), "intermediate_size"),
+                  "qwen3_moe": (("num_experts", "num_local_experts"), "moe_intermediate_size"),
+                  "deepseek_v3": (("n_routed_experts",), "moe_intermediate_size"),
+                  "gpt_oss": (("num_local_experts", "num_experts"), "intermediate_size")}
+
+
+def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None, precision: str,
+         name: str | None, source: str, notes: list[str] | None) -> OpGraph:
+    """A mixture-of-experts decoder through :func:`engine.models.moe.moe_gpt` (the fields read
+    are listed in :func:`from_hf_config`'s notes)."""
+    where, d = source, _MOE_DEFAULTS[family]
+
+    def num(key: str, **kw) -> int:
+        return _int(cfg, key, d.get(key), where=where, **kw)
+
+    def only(key: str, allowed: Any, default: Any, what: str) -> None:
+        v = cfg.get(key, default)
+        if v != allowed or isinstance(v, bool) != isinstance(allowed, bool):
+            raise ValueError(f"{where}: {key} {_shown(v)} is not modelled; soapbox models {what}")
+
+    layers, hidden, heads = num("num_hidden_layers", hi=MAX_LAYERS), num("hidden_size"), num("num_attention_heads")
+    vocab, context = num("vocab_size"), num("max_position_embeddings", hi=_MAX_CONTEXT)
+    seq = seq_len or min(context, DEFAULT_MAX_SEQ)
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{where}: hidden_act {str(act)[:40]!r}: soapbox models SwiGLU (silu) experts only")
+    keys, width = _EXPERT_FIELDS[family]
+    given = [k for k in keys if cfg.get(k) is not None]
+    if len(given) > 1 and cfg[given[0]] != cfg[given[1]]:
+        raise ValueError(f"{where}: {given[0]!r} and {given[1]!r} disagree ({str(cfg[given[0]])[:20]} vs "
+                         f"{str(cfg[given[1]])[:20]})")
+    experts = num(given[0] if given else keys[0], hi=MAX_EXPERTS)
+    top_k = num("num_experts_per_tok", hi=MAX_EXPERTS)
+    if top_k > experts:
+        raise ValueError(f"{where}: 'num_experts_per_tok' ({top_k}) exceeds the {experts} routed experts")
+    kw: dict[str, Any] = {}
+    found: list[str] = []  # what is priced differently from the config
+
+    def window(w: int, n: int, field: str) -> None:
+        if w < seq:
+            found.append(f"{n} of the {layers} layers attend within a {w}-token sliding window ({field}); soapbox "
+                         f"prices full attention over the {seq}-token sequence for them")
+
+    if family == "deepseek_v3":
+        only("attention_bias", False, False, "DeepSeek-V3's attention without biases")
+        only("moe_layer_freq", 1, 1, "an experts layer after every dense one (moe_layer_freq 1)")
+        only("scoring_func", "sigmoid", "sigmoid", "DeepSeek-V3's sigmoid router")
+        only("topk_method", "noaux_tc", "noaux_tc", "DeepSeek-V3's bias-balanced top-k (noaux_tc)")
+        q_lora = 0 if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None else num("q_lora_rank")
+        dense = num("first_k_dense_replace", lo=0, hi=layers)
+        kw = dict(attention="mla", q_lora=q_lora, kv_lora=num("kv_lora_rank"), qk_nope=num("qk_nope_head_dim"),
+                  qk_rope=num("qk_rope_head_dim"), v_head=num("v_head_dim"), score="sigmoid",
+                  shared_experts=num("n_shared_experts", lo=0, hi=MAX_EXPERTS), dense_layers=dense,
+                  dense_ffn=num("intermediate_size") if dense else None)
+        mtp = _int(cfg, "num_nextn_predict_layers", 0, where=where, lo=0, hi=MAX_LAYERS)
+        if mtp:
+            found.append(f"num_nextn_predict_layers {mtp}: the multi-token-prediction module is not built (nor "
+                         "by transformers' DeepseekV3ForCausalLM)")
+    else:
+        head_dim = None if cfg.get("head_dim", d.get("head_dim")) is None else num("head_dim")
+        kw = dict(kv_heads=num("num_key_value_heads"), head_dim=head_dim)
+        if family == "qwen3_moe":
+            only("attention_bias", False, False, "Qwen3-MoE's attention without biases")
+            only("decoder_sparse_step", 1, 1, "experts on every layer but the leading mlp_only_layers")
+            dense = cfg.get("mlp_only_layers") or []
+            if not isinstance(dense, list) or len(dense) > layers or dense != list(range(len(dense))):
+                raise ValueError(f"{where}: mlp_only_layers {str(dense)[:40]}: soapbox models dense layers before "
+                                 "the experts layers only (0, 1, .., k-1)")
+            kw.update(qk_norm=True, dense_layers=len(dense), dense_ffn=num("intermediate_size") if dense else None)
+            if _bool(cfg, "use_sliding_window", False, where=where):
+                window(num("sliding_window", hi=_MAX_CONTEXT), layers, "use_sliding_window")
+        elif family == "mixtral":
+            if cfg.get("sliding_window") is not None:
+                window(num("sliding_window", hi=_MAX_CONTEXT), layers, "sliding_window")
+        else:  # gpt_oss
+            only("attention_bias", True, True, "GPT-OSS's attention with biases")
+            alias = cfg.get("experts_per_token")
+            if alias is not None and alias != top_k:
+                raise ValueError(f"{where}: 'experts_per_token' ({str(alias)[:20]}) and 'num_experts_per_tok' "
+                                 f"({top_k}) disagree")
+            types = cfg.get("layer_types")
+            types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2) \
+                if types is None else types
+            if not isinstance(types, list) or len(types) != layers or \
+                    not set(types) <= {"sliding_attention", "full_attention"}:
+                raise ValueError(f"{where}: layer_types must list 'sliding_attention' or 'full_attention' for each "
+                                 f"of the {layers} layers")
+            if "sliding_attention" in types:
+                window(num("sliding_window", hi=_MAX_CONTEXT), types.count("sliding_attention"), "layer_types")
+            found.append(f"the attention sinks (one logit a head a layer, {heads * layers:,} parameters) are not "
+                         "modelled")
+            kw["bias"] = True
+    shape = MoEConfig(layers, hidden, heads, seq, vocab, batch, experts, top_k, num(width), **kw,
+                      tie_embeddings=_bool(cfg, "tie_word_embeddings", False, where=where), precision=precision,
+                      name=name or str(cfg.get("_name_or_path") or family)[:80] or family)
+    try:
+        g = moe_gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}", notes=found)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if notes is not None:
+        notes.extend(found)
+    return g

@@ -12,8 +12,9 @@ Attention is grouped-query attention with an explicit head width (Qwen3: 128 wit
 2048; GPT-OSS: 64 with hidden 2880), or DeepSeek's multi-head latent attention (MLA, DeepSeek-V2
 §2.1, Liu et al. 2024): queries through a low-rank projection (q_lora), keys and values
 through a shared compressed latent (kv_lora) plus a decoupled rotary key, expanded per head;
-q.k head width nope + rope (192), values 128. FLOPs and parameters follow the weights; the
-few FLOPs of rotary embeddings and of QK-norm are not modelled.
+q.k head width nope + rope (192), values 128. Qwen3's QK-norm (an RMSNorm over each query and
+key head's width, Qwen3 technical report 2025 §2) is an ``rmsnorm`` op on the heads. FLOPs and
+parameters follow the weights; the few FLOPs of rotary embeddings are not modelled.
 
 Sources of the shapes (each sample's docstring):
 Mixtral 8x7B (Jiang et al. 2024 Table 1; HF ``mistralai/Mixtral-8x7B-v0.1`` config),
@@ -25,6 +26,7 @@ GPT-OSS-120B (OpenAI gpt-oss model card 2025, Table 1; HF ``openai/gpt-oss-120b`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from .transformer import Blocks
@@ -61,6 +63,7 @@ class MoEConfig:
     qk_nope: int = 128  # MLA: per-head q.k width without rotary
     qk_rope: int = 64  # MLA: per-head rotary q.k width (the rotary key is shared by the heads)
     v_head: int = 128  # MLA: per-head value width
+    qk_norm: bool = False  # RMSNorm over each query and key head (Qwen3; a gain of head_dim each)
     bias: bool = False  # biases on the attention projections and the experts (GPT-OSS)
     tie_embeddings: bool = False
     precision: str = "bf16"
@@ -81,7 +84,7 @@ class MoEConfig:
         kv = self.kv_heads or self.heads
         if kv <= 0 or self.heads % kv:
             raise ValueError(f"kv_heads ({kv}) must divide heads ({self.heads})")
-        if self.head_dim is None and self.hidden % self.heads:
+        if self.attention == "gqa" and self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden}) unless head_dim is given")
 
     @property
@@ -96,6 +99,14 @@ class _MoEBlocks(Blocks):
         super().__init__(b, cfg.batch, cfg.hidden, cfg.heads, cfg.kv_heads or cfg.heads, cfg.bias, "rmsnorm", 0.0,
                          flash=True, causal=True, head_dim=cfg.head_dim)
         self.cfg = cfg
+
+    def _heads(self, name: str, x: TensorRef, seq: int, n_heads: int) -> TensorRef:
+        """[b, s, n*d] -> [b, n, s, d], with QK-norm on the queries and keys when configured
+        (Qwen3 normalises each head over its width before the rotary embedding)."""
+        y = super()._heads(name, x, seq, n_heads)
+        if self.cfg.qk_norm and name.rsplit(".", 1)[-1] in ("q", "k"):
+            y = self.norm(f"{name}.norm", y)  # [b, n, s, d], gain [d]
+        return y
 
     def moe(self, name: str, x: TensorRef) -> TensorRef:
         c = self.cfg
@@ -148,10 +159,12 @@ class _MoEBlocks(Blocks):
         return self.merge(name, ctx, seq)
 
 
-def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "") -> OpGraph:
+def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "", notes: Sequence[str] = ()) -> OpGraph:
     """Build a mixture-of-experts decoder from its shape: token embedding, ``layers`` pre-norm
     blocks (attention, then a dense MLP for the first ``dense_layers`` and router + experts
     (+ shared experts) for the rest), a final RMSNorm, the output layer and the loss.
+    ``notes`` (what the shape leaves out, e.g. an importer's approximations) are appended to
+    the description.
 
     >>> g = moe_gpt(MoEConfig(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, batch=2, experts=8,
     ...                       top_k=2, expert_ffn=32))
@@ -159,7 +172,8 @@ def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "") -> OpGraph:
     (8, 64, 64)
     """
     cfg.check()
-    b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg), source)
+    description = " ".join([description or _describe(cfg), *(f"Note: {n}." for n in notes)])
+    b = GraphBuilder(cfg.name, cfg.precision, description, source)
     blk = _MoEBlocks(b, cfg)
     bs = [cfg.batch, cfg.seq_len]
     b.block = "embedding"
@@ -218,19 +232,21 @@ def deepseek_v3(batch: int = 8192, seq_len: int = 4096, precision: str = "bf16")
 
 def qwen3_30b_a3b(batch: int = 512, seq_len: int = 4096, precision: str = "bf16") -> OpGraph:
     """Qwen3-30B-A3B (Qwen3 technical report 2025, Table 2; HF ``Qwen/Qwen3-30B-A3B``): 48
-    layers, hidden 2048, 32 heads of 128 (4 kv), 128 experts of SwiGLU 768, top-8, vocabulary
-    151,936, untied; 30.5 B parameters, 3.3 B active."""
+    layers, hidden 2048, 32 heads of 128 (4 kv) with QK-norm, 128 experts of SwiGLU 768, top-8,
+    vocabulary 151,936, untied; 30.5 B parameters (30,532,122,624, as transformers counts the HF
+    config), 3.3 B active."""
     return moe_gpt(MoEConfig(48, 2048, 32, seq_len, 151936, batch, 128, 8, 768, kv_heads=4, head_dim=128,
-                             precision=precision, name="qwen3-30b-a3b"),
+                             qk_norm=True, precision=precision, name="qwen3-30b-a3b"),
                    source=f"engine.models.moe.qwen3_30b_a3b(batch={batch})")
 
 
 def qwen3_235b_a22b(batch: int = 2048, seq_len: int = 4096, precision: str = "bf16") -> OpGraph:
     """Qwen3-235B-A22B (Qwen3 technical report 2025, Table 2; HF ``Qwen/Qwen3-235B-A22B``): 94
-    layers, hidden 4096, 64 heads of 128 (4 kv), 128 experts of SwiGLU 1536, top-8, vocabulary
-    151,936, untied; 235 B parameters, 22 B active."""
+    layers, hidden 4096, 64 heads of 128 (4 kv) with QK-norm, 128 experts of SwiGLU 1536, top-8,
+    vocabulary 151,936, untied; 235 B parameters (235,093,634,560, as transformers counts the HF
+    config), 22 B active."""
     return moe_gpt(MoEConfig(94, 4096, 64, seq_len, 151936, batch, 128, 8, 1536, kv_heads=4, head_dim=128,
-                             precision=precision, name="qwen3-235b-a22b"),
+                             qk_norm=True, precision=precision, name="qwen3-235b-a22b"),
                    source=f"engine.models.moe.qwen3_235b_a22b(batch={batch})")
 
 
