@@ -191,7 +191,10 @@ class Predictor:
         rid = int(row["row_id"])
         if rid in self.cache:
             return self.cache[rid]
-        res = RowResult(rid, source_of(row), row.get("model") or "", cell_number(row, "gpus") or 0,
+        family = source_of(row)
+        if is_moe(row) and not family.endswith("MoE"):  # mixture-of-experts rows are reported apart
+            family += " MoE"
+        res = RowResult(rid, family, row.get("model") or "", cell_number(row, "gpus") or 0,
                         metric_name=row.get("metric_name") or "", published=cell_number(row, "metric_value"),
                         metric2_name=row.get("metric2_name") or "", published2=cell_number(row, "metric2_value"))
         t0 = time.perf_counter()

@@ -13,6 +13,8 @@ Megatron-style rows use ``megatron``: the distributed optimizer is ZeRO-1.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Any
 
 from published_rows import (FUSED_ATTENTION, READERS, Setup, Skip, _cluster_name, _gpus_per_node, cell_int,
@@ -261,7 +263,7 @@ MOE_SAMPLES = (("deepseek", "deepseek-v3"), ("qwen3_30b", "qwen3-30b-a3b"), ("qw
 
 
 def _moe_model(row: dict[str, str], shape: dict[str, Any], precision: str, notes: list[str]):
-    """(graph factory, top-k) of a MoE row: the sample of the model its name says, built with
+    """(graph factory, top-k, sample name) of a MoE row: the sample of the model its name says, built with
     the row's batch and sequence; a Skip when the row's columns disagree with the sample."""
     name = (row.get("model") or "").lower()
     sample = next((s for k, s in MOE_SAMPLES if k in name), None)
@@ -277,25 +279,75 @@ def _moe_model(row: dict[str, str], shape: dict[str, Any], precision: str, notes
     if bad:
         raise Skip(f"the row's {', '.join(bad)} disagree with sample {sample}")
     notes.append(f"model: sample {sample} (its model card's shape; engine.models.moe)")
-    return (lambda: g), first.attrs["top_k"]
+    return (lambda: g), first.attrs["top_k"], sample
 
 
-def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int) -> tuple[Any, str, int]:
+#: What Megatron-Bridge's performance configs set for a MoE row, by (sample, container release),
+#: read from github.com/NVIDIA-NeMo/Megatron-Bridge (scripts/performance; branches r0.1.0 =
+#: 684a6861 for 25.09, r0.2.0 = 04651896 for 25.11, tags v0.3.0 = 21b02e0c for 26.02, v0.3.1 =
+#: 9c9dd848 for 26.02.01, v0.4.0 = 0fbfe7d3 for 26.04): ``a2a_overlap``:
+#: overlap_moe_expert_parallel_comm (merged 1F1B); ``tp_overlap``: tp_comm_overlap;
+#: ``grad_overlap``: overlap_grad_reduce; ``dispatcher``: what ran (``alltoall`` is modelled;
+#: DeepEP / HybridEP ``flex`` are priced as it); ``recompute``: the selective modules (not
+#: modelled: soapbox's memory then over-counts); ``stale``: where the config at that release
+#: disagrees with the page's layout (the page's layout is simulated). Every row: etp 1, forced
+#: load balancing (dropless) or capacity factor 1.0 padded (25.09's token-drop Qwen3 runs).
+MOE_RECIPES: dict[tuple[str, str], dict[str, Any]] = {
+    ("deepseek-v3", "25.09"): dict(a2a_overlap=True, tp_overlap=False, grad_overlap=False, dispatcher="flex (DeepEP)",
+                                   recompute="mla_up_proj, mlp"),
+    ("qwen3-30b-a3b", "25.09"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall"),
+    ("qwen3-30b-a3b", "25.11"): dict(a2a_overlap=True, tp_overlap=True, dispatcher="alltoall",
+                                     stale="the 25.11 config is pp 2 x vp 12, micro-batch 1"),
+    ("qwen3-30b-a3b", "26.02.01"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="flex (HybridEP)",
+                                        stale="the 26.02.01 config is pp 1 x ep 16 (as 26.04's row)"),
+    ("qwen3-30b-a3b", "26.04.01"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="flex (HybridEP)"),
+    ("qwen3-235b-a22b", "25.09"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall"),
+    ("qwen3-235b-a22b", "25.11"): dict(a2a_overlap=True, tp_overlap=False, dispatcher="alltoall"),
+    ("qwen3-235b-a22b", "26.04.01"): dict(a2a_overlap=True, tp_overlap=False, dispatcher="alltoall"),
+    ("gpt-oss-120b", "25.11"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall",
+                                    recompute="layernorm, moe_act", stale="the 25.11 config's micro-batch is 1"),
+    ("gpt-oss-120b", "26.02"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall",
+                                    recompute="layernorm, moe_act"),
+}
+
+
+def _release(row: dict[str, str]) -> str:
+    """The NeMo container release a Megatron-Bridge row was measured with (``25.09``, ``26.02.01``)."""
+    m = re.match(r"\s*(\d\d\.\d\d(?:\.\d\d)?)", row.get("table_or_figure") or "")
+    return m.group(1) if m else ""
+
+
+def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int,
+                sample: str) -> tuple[Any, str, int]:
     """(build, layout text, dp) of a Megatron-Core MoE row: the Megatron layout with ``ep``
-    folded onto the attention's ranks and expert tensor parallelism 1 (Megatron-Bridge's and
-    Megatron-Core's MoE recipes set expert_tensor_parallel_size 1; not on the pages)."""
+    folded onto the attention's ranks, expert tensor parallelism 1, and what the release's
+    performance config set (:data:`MOE_RECIPES`)."""
+    recipe = MOE_RECIPES.get((sample, _release(row)), {}) if src == "Megatron-Bridge" else {}
+    if recipe:
+        L["overlap"] = L["overlap"] and recipe["tp_overlap"]
     build_dense, layout, dp = _megatron_layout(row, src, L, notes)
-    notes.append("expert tensor parallelism 1 (the MoE recipes' expert_tensor_parallel_size; not on the page)")
-    if "force" in (row.get("notes") or "").lower() or "balanced" in (row.get("notes") or "").lower():
-        notes.append("routing balanced, as the row says (forced load balancing)")
-    else:
-        notes.append("routing balanced (soapbox's default; the row does not say)")
+    notes.append("expert tensor parallelism 1 (the MoE recipes' expert_tensor_parallel_size)")
+    text = (row.get("notes") or "").lower()
+    notes.append("routing balanced, as the row says (forced load balancing)" if "balanc" in text
+                 else "routing balanced (the token-drop runs' capacity factor 1.0 is then never exceeded)"
+                 if "tokendrop" in (row.get("model") or "").lower() else
+                 "routing balanced (soapbox's default; the row does not say)")
+    if recipe:
+        notes.append(f"{_release(row)} recipe: all-to-all overlap {'on' if recipe['a2a_overlap'] else 'off'}, "
+                     f"tp_comm_overlap {'on' if recipe['tp_overlap'] else 'off'}, dispatcher {recipe['dispatcher']}"
+                     + ("" if recipe["dispatcher"] == "alltoall" else " (priced as all-to-all)"))
+        if "recompute" in recipe:
+            notes.append(f"recomputed modules {recipe['recompute']} not modelled (memory over-counted, time under)")
+        if "stale" in recipe:
+            notes.append(f"the page's layout is simulated, but {recipe['stale']}")
+    grad = recipe.get("grad_overlap", True)
+    a2a = recipe.get("a2a_overlap", False)
 
     def build(g, c):
         s = build_dense(g, c, ep=ep)
-        return s
+        return replace(s, moe_comm_overlap=a2a, overlap_grad_reduce=s.overlap_grad_reduce and grad)
 
-    return build, f"{layout} ep{ep}", dp
+    return build, f"{layout} ep{ep}{' a2a-overlap' if a2a else ''}", dp
 
 
 def setup_for(row: dict[str, str]) -> Setup:
@@ -324,8 +376,8 @@ def setup_for(row: dict[str, str]) -> Setup:
     L["sp"], L["overlap"] = _overlaps(row, tp, notes)
     if is_moe(row):
         ep = expert_parallel_of(row)
-        make_graph, top_k = _moe_model(row, shape, precision, notes)
-        build, layout, dp = _moe_layout(row, src, L, notes, ep)
+        make_graph, top_k, sample = _moe_model(row, shape, precision, notes)
+        build, layout, dp = _moe_layout(row, src, L, notes, ep, sample)
         return Setup(cfg, cluster_name, build, layout, recompute == "full", notes, family=src,
                      software=software_of(row), memory_counter=memory_counter(row), tp=tp, pp=L["pp"], dp=dp,
                      cp=L["cp"], zero_stage=L["zero"], make_graph=make_graph, ep=ep, top_k=top_k)

@@ -121,7 +121,8 @@ def test_sample_registry_batches():
         expected = 256 if name == "alexnet" else 64
         assert build_sample(name).batch_size == expected, name
     assert set(SAMPLE_MODELS) == {"alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt", "transformer",
-                                  "gpt2", "gpt3-175b", "bert-large", "llama2-7b"}
+                                  "gpt2", "gpt3-175b", "bert-large", "llama2-7b", "mixtral-8x7b", "deepseek-v3",
+                                  "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b"}
 
 
 def test_unknown_sample():

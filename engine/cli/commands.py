@@ -134,7 +134,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             raise ValueError("--hf needs --batch (the global batch in sequences)")
         cfg = read_json(args.hf)  # (a path the user typed: limits on size and depth, no NaN)
         g = from_hf_config(cfg, batch=args.batch, seq_len=args.seq_len, precision=args.precision, name=args.name,
-                           source=printable(str(args.hf))[:200])
+                           source=printable(str(args.hf))[:200], notes=notes)
     else:
         from ..models.onnx_import import MAX_ONNX_BYTES, import_onnx
 
