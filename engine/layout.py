@@ -28,11 +28,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from .cluster import Cluster
 from .graph import OpGraph
-from .moe import moe_layout_problem
+from .moe import expert_counts, moe_layout_problem
+from .moe_layouts import expert_shapes
 from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
-           "valid_layouts", "mesh_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT",
+           "valid_layouts", "mesh_shapes", "expert_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT",
            "MAX_CP", "MIN_CP_TOKENS", "MAX_MICROBATCHES_PER_STAGE"]
 
 #: the largest context-parallel degree the enumerator proposes by default: Megatron-Core's
@@ -424,7 +425,7 @@ def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None
                   max_cp: int | None = None, max_microbatches_per_stage: int | None = MAX_MICROBATCHES_PER_STAGE,
                   **settings: Any) -> Iterator[Layout]:
     """Every valid Megatron-shaped layout of ``graph`` on ``cluster``, in the order tp, pp,
-    cp, micro-batch (each ascending; ``dp`` the devices left over). The one enumerator: MCMC's
+    cp, ep, etp, micro-batch (each ascending; ``dp`` the devices left over). The one enumerator: MCMC's
     layout moves, the pipeline planner and the sweep's ``layout_points`` draw from it.
 
     The rules (Megatron-LM ``arguments.py``; Narayanan et al. SC'21 §3):
@@ -439,6 +440,8 @@ def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None
       every sequence length, and is at most ``max_cp`` (default: :data:`MAX_CP`, and each
       rank keeps at least :data:`MIN_CP_TOKENS` tokens of the shortest sequence).
     * **batch**: dp divides the global batch.
+    * **experts** (MoE): (ep, etp) by :func:`expert_shapes` (dense: 1, 1); sequence parallelism
+      wherever tp > 1, whatever is asked (Megatron-LM ``arguments.py`` requires it with MoE).
     * **micro-batches** (:func:`micro_batch_sizes`): the micro-batch divides the per-replica
       batch (batch / dp), and the microbatches (batch / (dp x micro-batch)) are at most
       ``max_microbatches_per_stage`` x pp (default :data:`MAX_MICROBATCHES_PER_STAGE`; None:
@@ -459,19 +462,21 @@ def valid_layouts(graph: OpGraph, cluster: Cluster, *, tps: Sequence[int] | None
     n_layers = len(layer_blocks(graph))
     seqs = [op.dim("length").size for op in graph.ops if "length" in op.dim_names]
     cp_cap = _cp_cap(seqs, max_cp)
-    sp = bool(settings.pop("sequence_parallel", False))
+    sp = bool(settings.pop("sequence_parallel", False)) or bool(expert_counts(graph))
     for tp in (tps if tps is not None else _divisors(n)):
         if n % tp or tp_problem(graph, cluster, tp):
             continue
+        tsp = sp and tp > 1
         for pp in (pps if pps is not None else _divisors(n // tp)):
             if (n // tp) % pp or pp > max(1, n_layers):
                 continue
-            for cp in _cp_choices(n // (tp * pp), cp_cap, seqs, tp, sp and tp > 1):
+            for cp in _cp_choices(n // (tp * pp), cp_cap, seqs, tp, tsp):
                 dp = n // (tp * pp * cp)
                 allowed = micro_batch_sizes(batch, dp, pp, max_microbatches_per_stage)
-                for mb in (allowed if micro_batches is None else [m for m in micro_batches if m in allowed]):
-                    yield Layout(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch=mb, sequence_parallel=sp and tp > 1,
-                                 **settings)
+                for ep, etp in expert_shapes(graph, tp, cp, dp):
+                    for mb in (allowed if micro_batches is None else [m for m in micro_batches if m in allowed]):
+                        yield Layout(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, micro_batch=mb,
+                                     sequence_parallel=tsp, **settings)
 
 
 def _divisors(n: int) -> list[int]:

@@ -4,7 +4,8 @@ Ray cluster (``backend="ray"``: the same call runs on a laptop in Ray's local mo
 cluster given its address).
 
 A point is a Megatron-shaped layout (:func:`engine.search.baselines.megatron`: tp, pp, cp, vpp,
-micro-batch, recomputation, ZeRO stage, sequence parallelism) of one model on one cluster;
+micro-batch, recomputation, ZeRO stage, sequence parallelism; expert and expert tensor parallelism
+ep and etp for a mixture-of-experts model) of one model on one cluster;
 its row holds the layout, the simulated iteration time, tokens (or samples) per second, the
 peak memory per GPU and whether it fits, or why it cannot be built. Points are sent to
 workers in batches (``batch`` points a task), so that per-task scheduling costs little against
@@ -23,11 +24,11 @@ __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
-             "recompute": "recompute", "sp": "sequence_parallel"}
+             "recompute": "recompute", "sp": "sequence_parallel", "ep": "ep", "etp": "etp"}
 
 #: the columns of a result row, in order
 COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
-           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why")
+           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp")
 
 #: the most points one sweep runs
 MAX_POINTS = 100_000
@@ -101,7 +102,8 @@ def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str
 def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
                   **limits: Any) -> list[dict[str, Any]]:
     """Every valid layout of ``model`` on each of ``clusters`` (names, as :func:`points`
-    takes) as sweep points (grid keys tp, pp, cp, mb), clusters outermost: the grid that
+    takes) as sweep points (grid keys tp, pp, cp, mb; ep, etp and sp where a mixture-of-experts
+    layout sets them), clusters outermost: the grid that
     :func:`engine.layout.valid_layouts` gives (``soapbox sweep --grid auto``; ``limits`` are its
     keyword limits: ``tps``, ``max_microbatches_per_stage``, ...).
 
@@ -115,7 +117,12 @@ def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
     out: list[dict[str, Any]] = []
     for name in clusters:
         for lay in valid_layouts(g, resolve_cluster(name, allow_path=True), **limits):
-            out.append({"cluster": name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch})
+            pt = {"cluster": name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch}
+            if lay.ep * lay.etp > 1:  # (a mixture-of-experts layout: its experts' degrees and sp)
+                pt.update(ep=lay.ep, etp=lay.etp)
+            if lay.sequence_parallel:
+                pt["sp"] = True
+            out.append(pt)
             if len(out) > MAX_POINTS:
                 raise ValueError(f"more than the {MAX_POINTS:,} points a sweep runs")
     return out
@@ -144,7 +151,8 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
     row: dict[str, Any] = {k: None for k in COLUMNS}
     row.update(cluster=name, gpus=c.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
                vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
-               recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False)
+               recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False,
+               ep=opts.get("ep", 1), etp=opts.get("etp", 1))
     try:
         s = build_layout(g, c, Layout.from_options(opts))
         r = simulate_strategy(g, s, c, check=False)
@@ -349,7 +357,9 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str) -> None:
     front = pareto(rows)
 
     def label(r):
-        return f"tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']} mb {r['mb']} {r['recompute']} z{r['zero']}"
+        ep, etp = r.get("ep") or 1, r.get("etp") or 1
+        moe = f" ep {ep} etp {etp}" if ep * etp > 1 else ""
+        return f"tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} {r['recompute']} z{r['zero']}"
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=["iteration time (s) by GPUs", "peak memory (GB) by time (s)"])
     fig.add_trace(go.Scatter(x=[r["gpus"] for r in ok], y=[r["iteration_time_s"] for r in ok], mode="markers",

@@ -233,6 +233,9 @@ class AutoOptions:
     refine: bool = True  # then MCMC from the best feasible seed or baseline
     seed_share: float = 0.5  # of a time budget, the most the seeds use together
     chains: int = 4  # MCMC's starting points
+    # the mixture-of-experts Megatron seeds' GEMMs in fp8 (Transformer Engine); None: where every
+    # GPU has fp8 tensor cores, as the published MoE recipes train (DeepSeek-V3 §3.3)
+    fp8: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,27 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..errors import TooLargeError
 from ..graph import OpGraph
+from ..layout import Layout, layer_blocks, layout_problem, tp_problem
+from ..memory_static import state_bytes_per_param
+from ..moe import expert_counts
+from ..moe_layouts import megatron_eps
 from ..strategy import Strategy, strategy_from_dict
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
 from .processes import die_with_parent
 
-__all__ = ["auto", "PASE_MAX_OPS"]
+__all__ = ["auto", "moe_seed_layouts", "PASE_MAX_OPS", "MOE_STATIC_SHARE"]
 
 #: PaSE and the differentiable search (which solves PaSE's problem) run as seeds only on
 #: models with at most this many ops: their set-up and dynamic program grow with the ops and
 #: the configs per op, and cannot be stopped midway (NMT's 2,000+ ops on 64 GPUs ran for
 #: minutes); larger models are seeded by the baselines and the pipeline planner.
 PASE_MAX_OPS = 600
+
+#: the share of a GPU's memory the mixture-of-experts seeds let weights, gradients and
+#: optimizer state take when they choose the pipeline depth (the rest is for activations,
+#: buffers and the allocator); DeepSeek-V3 in Megatron-Bridge's layout (tp 2, pp 8, ep 64,
+#: ZeRO-1) holds ~21 GB of them on an 80 GB H100
+MOE_STATIC_SHARE = 0.5
 
 
 def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
@@ -46,8 +56,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     """Seeds (PaSE, differentiable, pipeline planner, where they apply), then MCMC from the
     best feasible seed or baseline; the best strategy seen, with what each algorithm found."""
     from . import ALGORITHMS
-    from .baselines import data_parallel, expert, fsdp
-    from .layouts import layer_blocks
+    from .baselines import build_layout, data_parallel, expert, fsdp
 
     t0 = time.perf_counter()
     opts = options or AutoOptions()
@@ -82,6 +91,15 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             return False
         return True
 
+    slowest_price = [0.0]  # the longest one pricing took so far (s)
+
+    def timed_price(strategy: Strategy) -> Price:
+        t = time.perf_counter()
+        try:
+            return price(graph, strategy, cluster, cost_model)
+        finally:
+            slowest_price[0] = max(slowest_price[0], time.perf_counter() - t)
+
     def consider(name: str, strategy: Strategy, p: Price) -> None:
         nonlocal best_cost
         found[name] = (strategy, p)
@@ -92,7 +110,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     for name, make in (("data-parallel", data_parallel), ("expert", expert)):
         try:
             s = make(graph, cluster)
-            p = price(graph, s, cluster, cost_model)
+            p = timed_price(s)
         except TooLargeError as e:
             notes.append(f"baseline {name} {e}: no speedup over it is reported")
             continue
@@ -106,7 +124,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         # recomputation: a starting point MCMC and the user can compare with
         try:
             s = fsdp(graph, cluster, micro_batch=1, recompute="full")
-            p = price(graph, s, cluster, cost_model)
+            p = timed_price(s)
         except ValueError as e:
             notes.append(f"baseline fsdp cannot run here: {e}")
         else:
@@ -117,6 +135,32 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             consider("initial", initial, price(graph, initial, cluster, cost_model))
         except TooLargeError as e:
             notes.append(f"the starting strategy was {e}")
+
+    # Megatron layouts of a mixture-of-experts model (the published recipes' shapes), priced
+    # like the baselines before the searches; within the seeds' share of a time budget
+    seed_end = t0 + opts.seed_share * budget.seconds if budget.seconds is not None else None
+    if opts.seeds and expert_counts(graph) and layered:
+        fp8 = opts.fp8 if opts.fp8 is not None else all(
+            "fp8" in cluster.device_type(d).peak_flops_per_s for d in range(cluster.num_devices))
+        stage[0] = "megatron"
+        for first, *fallbacks in moe_seed_layouts(graph, cluster, fp8=fp8):
+            for lay in (first, *fallbacks):  # (a deeper pipeline when the first does not fit)
+                # (a seed is not started without the time the slowest pricing took)
+                if cancelled or (seed_end is not None and seed_end - time.perf_counter() < slowest_price[0]):
+                    break
+                try:
+                    s = build_layout(graph, cluster, lay)
+                    p = timed_price(s)
+                except (ValueError, TooLargeError) as e:
+                    notes.append(f"{_seed_name(lay)}: cannot run here: {str(e)[:200]}")
+                    continue
+                consider(_seed_name(lay), s, p)
+                report(Progress(0, 0.0, best_cost, best_cost, 0.0))
+                if p.feasible:
+                    break
+        picked = [n for n in found if n.startswith("megatron ")]
+        notes.append(f"mixture-of-experts seeds: {len(picked)} Megatron layouts priced (ZeRO-1, micro-batch 1"
+                     + (", fp8 GEMMs as the published MoE recipes; AutoOptions(fp8=False) keeps bf16)" if fp8 else ")"))
 
     # seeds
     seeds: list[str] = []
@@ -129,7 +173,6 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                 notes.append("pipeline: not run as a seed (the model has no repeated layers to stage)")
             else:
                 seeds.append(name)
-    seed_end = t0 + opts.seed_share * budget.seconds if budget.seconds is not None else None
     for name in seeds:
         if cancelled:
             break
@@ -174,7 +217,13 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     if budget.seconds is not None:
         mcmc_budget = Budget(iterations=budget.iterations,
                              seconds=max(0.5, budget.seconds - (time.perf_counter() - t0)))
-    if not cancelled and opts.refine:
+    # MCMC builds and prices its starting points (data parallel, expert, the seed) before its
+    # first move: it is not started when what is left of a time budget would not cover that
+    left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - t0)
+    if not cancelled and opts.refine and left is not None and left < 3 * slowest_price[0]:
+        notes.append(f"mcmc: not run ({left:.1f} s left of the budget; pricing one strategy took up to "
+                     f"{slowest_price[0]:.1f} s)")
+    elif not cancelled and opts.refine:
         seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
         t = time.perf_counter()
         stage[0] = "mcmc"
@@ -260,5 +309,63 @@ def _best(found: dict[str, tuple[Strategy, Price]]) -> tuple[str, Strategy]:
     return name, found[name][0]
 
 
+def _seed_name(lay: Layout) -> str:
+    """``megatron tp 2 x pp 8 x cp 1 x dp the rest, ep 64, micro-batch 1, vpp 4``."""
+    return (f"megatron {lay.describe()}" + (f", vpp {lay.vpp}" if lay.vpp > 1 else "")
+            + (f", recompute {lay.recompute}" if lay.recompute != "none" else "") + (", fp8" if lay.fp8 else ""))
+
+
 def _ms(p: Price) -> str:
     return f"{p.time_s * 1e3:.1f} ms" + ("" if p.feasible else " (does not fit)")
+
+
+def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False) -> list[list[Layout]]:
+    """Megatron layouts of a mixture-of-experts model as the published recipes shape them:
+    for tp 2 and 1 (with sequence parallelism; Megatron-Bridge's DeepSeek-V3 and Qwen3 recipes
+    keep tp small) and each expert-parallel degree of :func:`engine.moe_layouts.megatron_eps`
+    (the largest inside a node, the largest across up to 8 nodes), the shallowest pipeline
+    whose weights, gradients and ZeRO-1-sharded optimizer state per GPU stay under
+    :data:`MOE_STATIC_SHARE` of its memory (the pp the memory needs), interleaved with the
+    largest vpp of 4 and 2 the layers and microbatches allow (Megatron-LM ``arguments.py``: the
+    microbatches a multiple of pp), micro-batch 1, ZeRO-1 (the distributed optimizer).
+    Each entry is the layout and, after it, what to try when it does not fit: the next deeper
+    pipeline, then the layout with full recomputation. Empty for a dense model.
+    """
+    if not expert_counts(graph):
+        return []
+    n, batch, gpn = cluster.num_devices, graph.batch_size, cluster.gpus_per_node
+    n_layers = len(layer_blocks(graph))
+    capacity = min(cluster.device_type(d).memory_bytes for d in range(n))
+    routed = float(sum(p.numel for op in graph.ops if op.kind == "experts" for p in op.params))
+    dense = float(sum(p.numel for op in graph.ops if op.kind != "experts" for p in op.params))
+    w, g, mg, o = state_bytes_per_param(graph.precision, 1)
+
+    def static_bytes(tp: int, pp: int, dp: int, ep: int) -> float:
+        # Megatron-Core's distributed-optimizer bytes per parameter, (w + g) + (main grads +
+        # Adam) / d: dense weights over tp and sharded over dp, experts over ep and over edp
+        edp = max(1, tp * dp // ep)
+        return dense / (tp * pp) * (w + g + (mg + o) / dp) + routed / (ep * pp) * (w + g + (mg + o) / edp)
+
+    out: list[list[Layout]] = []
+    for tp, which in ((2, -1), (2, 0), (1, -1), (1, 0)):  # ep across nodes, then inside one; tp 2 first
+        if n % tp or tp_problem(graph, cluster, tp):
+            continue
+        fits = []
+        for pp in (d for d in range(1, min(n // tp, n_layers) + 1) if (n // tp) % d == 0):
+            dp = n // (tp * pp)
+            if batch % dp:
+                continue
+            ep = megatron_eps(graph, gpn, tp, 1, dp)[which]
+            vpp = next((v for v in (4, 2) if pp > 1 and pp * v <= n_layers and (batch // dp) % pp == 0), 1)
+            lay = Layout(tp=tp, pp=pp, vpp=vpp, ep=ep, micro_batch=1, sequence_parallel=tp > 1, zero_stage=1,
+                         fp8=fp8)
+            if layout_problem(graph, cluster, lay) is None and \
+                    (fits or static_bytes(tp, pp, dp, ep) <= MOE_STATIC_SHARE * capacity):
+                fits.append(lay)
+                if len(fits) == 2:
+                    break
+        if fits and all(fits[0] != x[0] for x in out):
+            # activations do not shrink with pp (1F1B's first stage holds pp microbatches of
+            # L / pp layers): when neither fits, full recomputation (Korthikanti et al. 2022)
+            out.append(fits + [replace(fits[0], recompute="full")])
+    return out

@@ -24,11 +24,14 @@ Kinds (:data:`GLOBAL_KINDS`):
 ``block``
     the (data, context, tensor)-parallel degrees of one block of ops (a transformer layer, a
     ResNet bottleneck) as one move: every op of the block re-laid on the block's devices as
-    Megatron lays a layer (:func:`engine.search.layouts.mesh_config`).
+    Megatron lays a layer (:func:`engine.search.layouts.mesh_config`); a block with experts
+    also takes every expert-parallel shape (ep, etp) that folds onto its mesh
+    (:func:`engine.search.layouts.expert_config`).
 ``layout``
-    a whole Megatron-shaped layout (tp, pp, cp, micro-batch) keeping the strategy's
-    recomputation, ZeRO stage and precision: a jump to another region of the space, for
-    models with numbered layers.
+    a whole Megatron-shaped layout (tp, pp, cp, micro-batch; of a mixture-of-experts model ep
+    and etp too, :func:`engine.layout.valid_layouts`) keeping the strategy's recomputation,
+    ZeRO stage and precision: a jump to another region of the space, for models with
+    numbered layers.
 
 :meth:`Space.propose` draws a random move of a kind; :meth:`Space.neighbours` lists every
 move of a kind from a strategy (the final polish checks them all, so the answer is a local
@@ -43,9 +46,10 @@ from typing import Iterator
 
 from ..cluster import Cluster
 from ..graph import OpGraph
-from ..layout import MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, mesh_shapes, valid_layouts
+from ..layout import (MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, expert_shapes, mesh_shapes,
+                      valid_layouts)
 from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy, splits_into_microbatches
-from .layouts import layer_blocks, mesh_config, tp_plan
+from .layouts import expert_config, layer_blocks, mesh_config, tp_plan
 
 __all__ = ["GLOBAL_KINDS", "Space"]
 
@@ -235,17 +239,22 @@ class Space:
         size = len(devices)
         ctx = self._has_length and any("length" in self.graph[n].dim_names for n in names)
         current = {n: s.configs[n] for n in names}
+        experts = [n for n in names if self.graph[n].kind == "experts"]
         for tp, cp, dp in self._meshes(size, ctx, s.sequence_parallel):
             plan = self._plan(tp, s.sequence_parallel) if tp > 1 else None
-            if tp > 1 and plan is None:
-                continue
+            if tp > 1 and (plan is None or (experts and not s.sequence_parallel)):
+                continue  # (Megatron-LM: MoE with tensor parallelism needs sequence parallelism)
             configs = dict(s.configs)
             for n in names:
                 dim, deg = plan[n] if plan is not None else (None, 1)
                 configs[n] = mesh_config(self.graph[n], dim, deg, dp, cp, tp, devices)
-            if all(configs[n] == current[n] for n in names):
-                continue
-            yield replace(s, configs=configs)
+            # a block with experts: every (ep, etp) that folds onto the mesh (Megatron-Core's
+            # parallel folding, engine.moe_layouts.expert_shapes), the experts' ops re-laid with it
+            for ep, etp in expert_shapes(self.graph, tp, cp, dp) if experts else [(1, 1)]:
+                for n in experts:
+                    configs[n] = expert_config(self.graph[n], dp, cp, tp, ep, etp, devices)
+                if any(configs[n] != current[n] for n in names):
+                    yield replace(s, configs=dict(configs))
 
     def _layout_moves(self, s: Strategy, rng: random.Random | None) -> Iterator[Strategy]:
         from .baselines import build_layout  # (baselines imports layouts; this module is imported by mcmc)
@@ -253,8 +262,9 @@ class Space:
         sp = s.sequence_parallel
         if sp not in self._layouts:
             lays = list(valid_layouts(self.graph, self.cluster, max_cp=self._max_cp, sequence_parallel=sp))
-            # the nearest layouts first (fewest model-parallel ranks, then the largest micro-batch)
-            lays.sort(key=lambda x: (x.tp * x.pp * x.cp, x.pp, x.cp, -(x.micro_batch or 0)))
+            # the nearest layouts first (fewest model-parallel ranks, then the largest micro-batch;
+            # of a mixture-of-experts model, the fewest expert-parallel ranks among those)
+            lays.sort(key=lambda x: (x.tp * x.pp * x.cp, x.pp, x.cp, x.ep * x.etp, x.ep, -(x.micro_batch or 0)))
             self._layouts[sp] = lays
         layouts = self._layouts[sp]
         if rng is not None:

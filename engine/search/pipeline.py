@@ -49,6 +49,8 @@ from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from .api import Budget, PipelineOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from ..layout import Layout, microbatch_count, valid_layouts
+from ..moe import expert_counts, expert_split
+from ..moe_layouts import megatron_eps
 from .baselines import build_layout, layer_blocks, tp_plan
 
 __all__ = ["Plan", "plan_pipeline", "pipeline"]
@@ -65,16 +67,20 @@ class Plan:
     stage_mesh: list[int]
     model_cost_s: float  # Alpa's T plus the data-parallel sync, analytic
     recompute: str = "none"
+    ep: int = 1  # a mixture-of-experts model's expert-parallel degree (etp 1)
+    moe: bool = False  # a mixture-of-experts model: sequence parallelism where tp > 1 (Megatron-LM's rule)
 
     @property
     def layout(self) -> Layout:
         """The plan as a :class:`engine.layout.Layout`."""
         return Layout(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, recompute=self.recompute,
                       layers_per_stage=self.layers_per_stage if self.pp > 1 else None,
-                      stage_mesh=self.stage_mesh if self.pp > 1 else None)
+                      stage_mesh=self.stage_mesh if self.pp > 1 else None, ep=self.ep,
+                      sequence_parallel=self.moe and self.tp > 1)
 
     def describe(self) -> str:
-        return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}, micro-batch {self.micro_batch} "
+        return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}{f', ep {self.ep}' if self.ep > 1 else ''}, "
+                f"micro-batch {self.micro_batch} "
                 f"({self.microbatches} microbatches), recompute {self.recompute}, layers per stage "
                 f"{self.layers_per_stage}, meshes {self.stage_mesh}")
 
@@ -108,6 +114,7 @@ class _Model:
         self.g, self.c, self.cost = graph, cluster, cost
         self.units = _units(graph)
         self.pbytes = DTYPE_BYTES[graph.precision]
+        self.moe = bool(expert_counts(graph))
         self._plans: dict[int, dict] = {}
         self._times: dict[tuple, np.ndarray] = {}
         self._sizes: dict[tuple, tuple] = {}
@@ -117,14 +124,31 @@ class _Model:
         return self.c.collective_group(devices)
 
     def tp_plan(self, tp: int) -> dict:
-        if tp not in self._plans:
-            self._plans[tp] = tp_plan(self.g, tp, False)[0]
+        if tp not in self._plans:  # (a mixture-of-experts model: sequence parallel, Megatron-LM's rule)
+            self._plans[tp] = tp_plan(self.g, tp, self.moe and tp > 1)[0]
         return self._plans[tp]
 
-    def layer_times(self, tp: int, dp: int, m: int, dtype, tp_group: tuple[int, ...], recompute: str) -> np.ndarray:
+    def degrees(self, op, tp: int, dp: int, m: int, ep: int) -> dict[str, int]:
+        """``op``'s partition degrees for one microbatch on a (dp, tp) mesh: Megatron's tensor
+        parallelism, or for an ``experts`` op the expert-parallel folding of
+        :func:`engine.search.layouts.expert_config` (etp 1)."""
+        if op.kind == "experts":
+            ep_s, ep_l = expert_split(tp, 1, dp, ep, 1)
+            want = {"sample": dp // ep_s * m, "expert": ep_s, "length": tp // ep_l, "expert_seq": ep_l}
+            return {d.name: want[d.name] for d in op.dims if want.get(d.name, 1) > 1}
+        dim, deg = self.tp_plan(tp)[op.name]
+        degrees = {"sample": dp * m} if "sample" in op.dim_names else {}
+        if dim is not None and deg > 1:
+            degrees[dim] = deg
+        return degrees
+
+    def layer_times(self, tp: int, dp: int, m: int, dtype, tp_group: tuple[int, ...], recompute: str, ep: int = 1,
+                    ep_group: tuple[int, ...] = ()) -> np.ndarray:
         """[layer] seconds of one microbatch's forward + backward (+ the recomputed forward)
-        on one mesh (cached per device type: a tensor-parallel group sits inside one node)."""
-        key = (tp, dp, m, dtype.name, recompute)
+        on one mesh (cached per device type: a tensor-parallel group sits inside one node);
+        an ``experts`` op adds its dispatch and combine, an all-to-all each way in the forward
+        and in the backward over ``ep_group`` (Megatron-Core's all-to-all token dispatcher)."""
+        key = (tp, dp, m, dtype.name, recompute, ep, ep_group)
         hit = self._times.get(key)
         if hit is not None:
             return hit
@@ -138,11 +162,15 @@ class _Model:
                 if op.kind == "input":
                     continue
                 dim, deg = plan[op.name]
-                degrees = {"sample": dp * m} if "sample" in op.dim_names else {}
-                if dim is not None and deg > 1:
-                    degrees[dim] = deg
+                degrees = self.degrees(op, tp, dp, m, ep)
                 f, b = self.cost.partition_times_s(op, degrees, self.g.precision, dtype)
                 t += f + b + (f if recompute == "full" else 0.0)
+                if op.kind == "experts":
+                    if ep > 1:  # each token copy goes out to its expert and comes back
+                        copies = float(math.prod(op.in_tensors[0].shape)) / (dp * m * tp) * op.attrs["top_k"]
+                        t += (6 if recompute == "full" else 4) * group_collective_time_s(
+                            "all_to_all", copies * self.pbytes, self.group(ep_group), self.cost.link_efficiency)
+                    continue
                 if dim is not None and deg > 1 and op.dim(dim).kind == "R":  # row-parallel: all-reduce out
                     _, outs, _ = op.partition_shapes(degrees)
                     size = float(sum(math.prod(s) for s in outs)) * self.pbytes
@@ -152,31 +180,26 @@ class _Model:
         self._times[key] = out
         return out
 
-    def layer_sizes(self, tp: int, dp: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def layer_sizes(self, tp: int, dp: int, m: int, ep: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """[layer] parameters per GPU, activation bytes kept per microbatch per GPU, and the
         bytes of the layer's output per microbatch per GPU (what a stage boundary sends)."""
-        hit = self._sizes.get((tp, dp, m))
+        hit = self._sizes.get((tp, dp, m, ep))
         if hit is not None:
             return hit
-        plan = self.tp_plan(tp)
         params = np.zeros(len(self.units))
         acts = np.zeros(len(self.units))
         outb = np.zeros(len(self.units))
         for k, ops in enumerate(self.units):
             for i in ops:
                 op = self.g.ops[i]
-                dim, deg = plan[op.name]
-                degrees = {"sample": dp * m} if "sample" in op.dim_names else {}
-                if dim is not None and deg > 1:
-                    degrees[dim] = deg
-                ins, outs, ps = op.partition_shapes(degrees)
+                ins, outs, ps = op.partition_shapes(self.degrees(op, tp, dp, m, ep))
                 params[k] += float(sum(math.prod(s) for s in ps))
                 acts[k] += float(sum(math.prod(s) * DTYPE_BYTES[t.dtype] for s, t in zip(ins, op.in_tensors)))
             last = self.g.ops[ops[-1]] if ops else None
             if last is not None:
                 _, outs, _ = last.partition_shapes({"sample": dp * m} if "sample" in last.dim_names else {})
                 outb[k] = float(sum(math.prod(s) for s in outs)) * self.pbytes
-        self._sizes[(tp, dp, m)] = (params, acts, outb)
+        self._sizes[(tp, dp, m, ep)] = (params, acts, outb)
         return params, acts, outb
 
 
@@ -247,10 +270,16 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     # cap on the microbatches: the planner prices each plan analytically and simulates only the
     # best few, so long gradient accumulation is a plan it may pick (the cap is MCMC's, whose
     # every jump is simulated)
+    # A mixture-of-experts model's layouts are planned with etp 1 and the expert-parallel
+    # degrees published runs take (:func:`engine.moe_layouts.megatron_eps`: the largest in a
+    # node, the largest across up to 8 nodes), not every one the enumerator folds
     pps = range(1, min(L, max_pp or L) + 1)
+    moe = bool(expert_counts(graph))
     for lay in valid_layouts(graph, cluster, tps=tps, pps=pps, micro_batches=micro_batches, max_cp=1,
                              max_microbatches_per_stage=None):
-        tp, pp, dp, mb = lay.tp, lay.pp, lay.dp, lay.micro_batch
+        tp, pp, dp, mb, ep = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.ep
+        if moe and (lay.etp > 1 or ep not in megatron_eps(graph, cluster.gpus_per_node, tp, 1, dp)):
+            continue
         model.tp_plan(tp)
         mesh_size = dp * tp
         meshes = [tuple(range(k * mesh_size, (k + 1) * mesh_size)) for k in range(pp)]
@@ -263,22 +292,28 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
             graph.precision, 0.0)) for mesh in meshes]
         if not hardware_aware:
             types = [cluster.device_type(0)] * pp
-        params, acts, outb = model.layer_sizes(tp, dp, m)
+        params, acts, outb = model.layer_sizes(tp, dp, m, ep)
         for recompute in recomputes:
-            plans += _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params,
-                                acts, outb, recompute, hardware_aware, mem_cap, opt_bytes, cost)
+            for plan in _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params,
+                                   acts, outb, recompute, hardware_aware, mem_cap, opt_bytes, cost, ep):
+                plan.ep, plan.moe = ep, moe
+                plans.append(plan)
     plans.sort(key=lambda p: p.model_cost_s)
     return plans
 
 
 def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed, params, acts, outb, recompute,
-               hardware_aware, mem_cap, opt_bytes, cost) -> list[Plan]:
+               hardware_aware, mem_cap, opt_bytes, cost, ep=1) -> list[Plan]:
     """The best layer split for every assignment of stages to meshes, for one layout."""
     n = cluster.num_devices
     L = params.size
     mesh_size = len(meshes[0])
     plans = []
-    times_by_mesh = [model.layer_times(tp, dp, m, types[k], meshes[k][:tp], recompute) for k in range(pp)]
+    # the expert-parallel group of a mesh's first rank: ep_l sequence shards of each of ep_s samples
+    ep_s, ep_l = expert_split(tp, 1, dp, ep, 1) if ep > 1 else (1, 1)
+    ep_at = [s * tp + r for s in range(ep_s) for r in range(ep_l)]
+    times_by_mesh = [model.layer_times(tp, dp, m, types[k], meshes[k][:tp], recompute, ep,
+                                       tuple(meshes[k][i] for i in ep_at) if ep > 1 else ()) for k in range(pp)]
     if recompute == "full":  # only each layer's input is kept between forward and backward
         acts = np.concatenate([[outb[0]], outb[:-1]])
     pre_p = np.concatenate([[0.0], np.cumsum(params)])
