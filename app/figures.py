@@ -468,7 +468,7 @@ def build_expert_figure(table: dict[str, Any]) -> dict[str, Any]:
     margin = {**_MARGIN, "l": 60, "t": 40, "b": 110}
     return _figure(traces, barmode="stack", height=height, margin=margin, annotations=titles,
                    xaxis=dict(domain=[0.0, 0.44], title=dict(text="expert", standoff=4), range=[-0.5, e.size - 0.5],
-                              zeroline=False),
+                              zeroline=False, dtick=1 if e.size <= 16 else None),
                    yaxis=dict(title=dict(text="thousands of tokens"), rangemode="tozero"),
                    xaxis2=dict(domain=[0.56, 1.0], title=dict(text="expert-parallel rank", standoff=4),
                                range=[-0.5, r.size - 0.5], zeroline=False, anchor="y2",

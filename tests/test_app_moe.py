@@ -213,7 +213,7 @@ class TestWhatIf:
         assert skewed_s > balanced_s
         fig, options, shown, text = XP.expert_view(new, None, {"source": "skew", "skew": 1.0})
         said = " ".join(p.children for p in text)
-        assert "Published MoE runs are measured with balanced routing" in said
+        assert "Published MoE runs are measured with balanced routing" in str(XP.layout())
         assert f"({skewed_s / balanced_s - 1:+.0%})" in said, said
         assert shown == "layers.0.mlp.experts" and len(options) == 32
         # the balanced time the panel computes is the balanced strategy's own simulation

@@ -259,11 +259,11 @@ def expert_view(state: dict, layer: Any, whatif: Any) -> tuple[Any, list[dict], 
         body += (f"Balanced routing: each rank works {format_seconds(t['balanced_rank_s'])} per iteration on this "
                  "layer's experts; no rank waits for another.")
     else:
-        body += (f"Under {what}, EP rank {t['busiest_rank']} ({experts}) receives {t['rank_share'][t['busiest_rank']]:.0%} "
-                 f"of the token copies, {t['gate']:.2f}x a balanced rank's: every rank waits for it at the combine "
-                 f"all-to-all (the slowest expert gates the step), so this layer's experts take "
-                 f"{format_seconds(t['balanced_rank_s'] * t['gate'])} instead of {format_seconds(t['balanced_rank_s'])}"
-                 " per iteration, and the all-to-alls carry the busiest rank's share too.")
+        body += (f"Under {what}, EP rank {t['busiest_rank']} ({experts}) receives "
+                 f"{t['rank_share'][t['busiest_rank']]:.0%} of the token copies, {t['gate']:.2f}x a balanced "
+                 "rank's: every rank waits for it at the combine all-to-all (the slowest expert gates the step), so "
+                 f"this layer's experts take {format_seconds(t['balanced_rank_s'] * t['gate'])} instead of "
+                 f"{format_seconds(t['balanced_rank_s'])} per iteration, and the all-to-alls carry the busiest rank's share too.")
     applied = s.expert_loads is not None
     now = format_seconds(tl.makespan_s)
     if applied:
@@ -275,12 +275,12 @@ def expert_view(state: dict, layer: Any, whatif: Any) -> tuple[Any, list[dict], 
         effect = f"Simulated now: balanced routing, iteration {now}."
     drawn = None if balanced else np.asarray(t["expert_share"])
     if applied != (drawn is not None) or (applied and not np.allclose(np.asarray(s.expert_loads), drawn, atol=1e-9)):
-        effect += (" Press 'Apply what-if' to re-simulate the iteration with the distribution drawn." if drawn is not None
-                   else " The controls show balanced routing: press 'Balanced routing' to simulate it.")
-    a2a = f" As simulated now, this layer's all-to-alls take {format_seconds(t['a2a_s'])} per iteration on GPU {t['device']}." \
-        if t["a2a_s"] > 0 else ""
-    return build_expert_figure(t), options, shown, [html.P(problem + body + a2a), html.P(effect),
-                                                    html.P(BALANCED_NOTE, className="hint")]
+        effect += (" Press 'Apply what-if' to re-simulate the iteration with the distribution drawn."
+                   if drawn is not None else " The controls show balanced routing: press 'Balanced routing' to "
+                   "simulate it.")
+    a2a = (f" As simulated now, this layer's all-to-alls take {format_seconds(t['a2a_s'])} per iteration on GPU "
+           f"{t['device']}.") if t["a2a_s"] > 0 else ""
+    return build_expert_figure(t), options, shown, [html.P(problem + body + a2a), html.P(effect)]
 
 
 def layout() -> html.Div:
@@ -321,8 +321,8 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
             const bytes = Math.floor((contents.length - contents.indexOf(',') - 1) * 3 / 4);
             if (bytes > {MAX_HISTOGRAM_BYTES}) {{
                 return [window.dash_clientside.no_update, 'Histogram refused: ' + filename + ' is '
-                        + (bytes / 1e3).toFixed(0) + ' kB; a histogram file is at most {MAX_HISTOGRAM_BYTES // 1000} kB. '
-                        + 'The what-if is unchanged.'];
+                        + (bytes / 1e3).toFixed(0) + ' kB; a histogram file is at most '
+                        + '{MAX_HISTOGRAM_BYTES // 1000} kB. The what-if is unchanged.'];
             }}
             return [{{contents: contents, filename: filename}}, window.dash_clientside.no_update];
         }}
