@@ -288,13 +288,13 @@ def _moe_model(row: dict[str, str], shape: dict[str, Any], precision: str, notes
 #: 9c9dd848 for 26.02.01, v0.4.0 = 0fbfe7d3 for 26.04): ``a2a_overlap``:
 #: overlap_moe_expert_parallel_comm (merged 1F1B); ``tp_overlap``: tp_comm_overlap;
 #: ``grad_overlap``: overlap_grad_reduce; ``dispatcher``: what ran (``alltoall`` is modelled;
-#: DeepEP / HybridEP ``flex`` are priced as it); ``recompute``: the selective modules (not
-#: modelled: soapbox's memory then over-counts); ``stale``: where the config at that release
+#: DeepEP / HybridEP ``flex`` are priced as it); ``recompute``: the selective recompute
+#: modules (``--recompute-modules``); ``stale``: where the config at that release
 #: disagrees with the page's layout (the page's layout is simulated). Every row: etp 1, forced
 #: load balancing (dropless) or capacity factor 1.0 padded (25.09's token-drop Qwen3 runs).
 MOE_RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("deepseek-v3", "25.09"): dict(a2a_overlap=True, tp_overlap=False, grad_overlap=False, dispatcher="flex (DeepEP)",
-                                   recompute="mla_up_proj, mlp"),
+                                   recompute=("mla_up_proj", "mlp")),
     ("qwen3-30b-a3b", "25.09"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall"),
     ("qwen3-30b-a3b", "25.11"): dict(a2a_overlap=True, tp_overlap=True, dispatcher="alltoall",
                                      stale="the 25.11 config is pp 2 x vp 12, micro-batch 1"),
@@ -305,9 +305,9 @@ MOE_RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("qwen3-235b-a22b", "25.11"): dict(a2a_overlap=True, tp_overlap=False, dispatcher="alltoall"),
     ("qwen3-235b-a22b", "26.04.01"): dict(a2a_overlap=True, tp_overlap=False, dispatcher="alltoall"),
     ("gpt-oss-120b", "25.11"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall",
-                                    recompute="layernorm, moe_act", stale="the 25.11 config's micro-batch is 1"),
+                                    recompute=("layernorm", "moe_act"), stale="the 25.11 config's micro-batch is 1"),
     ("gpt-oss-120b", "26.02"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall",
-                                    recompute="layernorm, moe_act"),
+                                    recompute=("layernorm", "moe_act")),
 }
 
 
@@ -337,15 +337,18 @@ def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int,
                      f"tp_comm_overlap {'on' if recipe['tp_overlap'] else 'off'}, dispatcher {recipe['dispatcher']}"
                      + ("" if recipe["dispatcher"] == "alltoall" else " (priced as all-to-all)"))
         if "recompute" in recipe:
-            notes.append(f"recomputed modules {recipe['recompute']} not modelled (memory over-counted, time under)")
+            notes.append(f"selective recomputation of {', '.join(recipe['recompute'])} (the recipe's recompute_modules)")
         if "stale" in recipe:
             notes.append(f"the page's layout is simulated, but {recipe['stale']}")
     grad = recipe.get("grad_overlap", True)
     a2a = recipe.get("a2a_overlap", False)
 
+    modules = recipe.get("recompute", ())
+
     def build(g, c):
         s = build_dense(g, c, ep=ep)
-        return replace(s, moe_comm_overlap=a2a, overlap_grad_reduce=s.overlap_grad_reduce and grad)
+        return replace(s, moe_comm_overlap=a2a, overlap_grad_reduce=s.overlap_grad_reduce and grad,
+                       **(dict(recompute="selective", recompute_modules=modules) if modules else {}))
 
     return build, f"{layout} ep{ep}{' a2a-overlap' if a2a else ''}", dp
 

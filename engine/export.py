@@ -85,6 +85,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
         counts = tuple(per)
     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
                  schedule=strategy.pipeline.schedule, recompute=strategy.recompute, zero_stage=strategy.zero_stage,
+                 recompute_modules=strategy.recompute_modules,
                  sequence_parallel=sp, fp8=strategy.fp8, tp_comm_overlap=strategy.tp_comm_overlap,
                  layers_per_stage=counts, gather_unit=strategy.gather_unit, shard_group=strategy.shard_group,
                  **{k: getattr(strategy, k) for k in SWITCHES})
@@ -157,10 +158,14 @@ def to_megatron(lay: Layout, graph: OpGraph | None = None) -> list[str]:
                                   "--optimizer-cpu-offload is a different hybrid optimizer", "export --format deepspeed")
     if lay.recompute == "selective":
         f += ["--recompute-granularity", "selective"]
+        if lay.recompute_modules:
+            f += ["--recompute-modules", *lay.recompute_modules]
     elif lay.recompute == "full":
         f += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if lay.zero_stage == 1:
         f.append("--use-distributed-optimizer")
+    if lay.moe_comm_overlap:  # (Megatron-Core 0.14's merged 1F1B; it needs the delayed weight gradient)
+        f += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if lay.overlap_grad_reduce:  # (on in the simulation unless turned off; Megatron-LM's default is off)
         f.append("--overlap-grad-reduce")
         if lay.overlap_param_gather and lay.zero_stage == 1:
@@ -186,13 +191,12 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
     v: dict[str, Any] = {}
     k = 0
     while k < len(flags):
-        name = flags[k]
-        if k + 1 < len(flags) and not flags[k + 1].startswith("--"):
-            v[name] = flags[k + 1]
-            k += 2
-        else:
-            v[name] = True
+        name, values = flags[k], []
+        k += 1
+        while k < len(flags) and not flags[k].startswith("--"):  # (--recompute-modules takes several)
+            values.append(flags[k])
             k += 1
+        v[name] = (values if name == "--recompute-modules" else values[0]) if values else True
     tp, pp, cp = int(v["--tensor-model-parallel-size"]), int(v["--pipeline-model-parallel-size"]), \
         int(v.get("--context-parallel-size", 1))
     mb, gb = int(v["--micro-batch-size"]), int(v["--global-batch-size"])
@@ -215,7 +219,9 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
                   tp_comm_overlap=bool(v.get("--tp-comm-overlap")), layers_per_stage=counts,
                   gather_unit=base.gather_unit, shard_group=base.shard_group,
                   overlap_grad_reduce="--overlap-grad-reduce" in v, overlap_param_gather="--overlap-param-gather" in v,
-                  fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=base.grad_reduce_in_fp32)
+                  fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=base.grad_reduce_in_fp32,
+                  recompute_modules=tuple(v.get("--recompute-modules", ())),
+                  moe_comm_overlap="--overlap-moe-expert-parallel-comm" in v)
 
 
 def to_deepspeed(lay: Layout, precision: str, graph: OpGraph | None = None) -> dict[str, Any]:
@@ -236,6 +242,9 @@ def to_deepspeed(lay: Layout, precision: str, graph: OpGraph | None = None) -> d
         cfg["bf16"] = {"enabled": True}
     elif precision == "fp16":
         cfg["fp16"] = {"enabled": True}
+    if lay.moe_comm_overlap:
+        raise _refuse("deepspeed", "Megatron-Core's merged-1F1B all-to-all overlap has no DeepSpeed setting",
+                      "export --format megatron")
     if lay.recompute == "selective":
         raise _refuse("deepspeed", "selective recomputation (Megatron's: attention's core only) has no DeepSpeed "
                                    "setting; DeepSpeed checkpoints whole layers", "export --format megatron")
@@ -305,6 +314,9 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int, graph: OpGraph | No
     ]
     if lay.recompute == "selective-op":
         lines.append('selective_ac_option = "op"')
+    if lay.recompute_modules or lay.moe_comm_overlap:
+        raise _refuse("torchtitan", "Megatron-Core's recompute modules and MoE all-to-all overlap have no torchtitan "
+                                    "setting", "export --format megatron")
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         raise _refuse("torchtitan", "ZeRO-Offload / ZeRO-Infinity (DeepSpeed's) is not torchtitan's CPU offload (which "
                                     "moves parameters, gradients and optimizer state together)", "export --format deepspeed")

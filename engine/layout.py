@@ -30,7 +30,7 @@ from .cluster import Cluster
 from .graph import OpGraph
 from .moe import expert_counts, moe_layout_problem
 from .moe_layouts import expert_shapes
-from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES
+from .strategy import GATHER_UNITS, MAX_MICROBATCHES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 
 __all__ = ["Layout", "layer_blocks", "microbatch_count", "micro_batch_sizes", "tp_problem", "layout_problem",
            "valid_layouts", "mesh_shapes", "expert_shapes", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT",
@@ -98,6 +98,8 @@ class Layout:
     #: activation recomputation: none, selective (attention's core), full (--recompute-granularity)
     #: or selective-op (torchtitan's per-op policy: :func:`engine.recompute.op_checkpoint_saved`)
     recompute: str = "none"
+    #: with selective: Megatron-Core's --recompute-modules (e.g. mla_up_proj,mlp); empty: core_attn
+    recompute_modules: tuple[str, ...] = ()
     #: Megatron sequence parallelism (--sequence-parallel; Korthikanti et al. 2022 §4.2.2)
     sequence_parallel: bool = False
     #: tensor-parallel communication overlapped with the GEMMs (--tp-comm-overlap; needs sp)
@@ -122,6 +124,8 @@ class Layout:
     overlap_grad_reduce: bool = True
     #: ZeRO-1/2's parameter all-gather overlapped with the next forward (--overlap-param-gather)
     overlap_param_gather: bool = False
+    #: MoE all-to-alls under another microbatch's compute (--overlap-moe-expert-parallel-comm)
+    moe_comm_overlap: bool = False
     #: ZeRO-Offload: optimizer state and step on the host (``cpu``) or NVMe (``nvme``)
     offload_optimizer: str = "none"
     #: ZeRO-Infinity: half-precision parameters in host memory (``cpu``) or on NVMe (ZeRO-3)
@@ -144,6 +148,10 @@ class Layout:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        object.__setattr__(self, "recompute_modules", mods := _parse("recompute_modules", self.recompute_modules))
+        if mods and self.recompute != "selective":
+            raise ValueError(f"recompute_modules {','.join(mods)}: needs recompute selective (Megatron's "
+                             f"--recompute-granularity selective), got {self.recompute!r}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
@@ -238,12 +246,12 @@ OPTION_NAMES = tuple(f.name for f in fields(Layout))
 #: same name on :class:`engine.strategy.Strategy`; ``tp_comm_overlap`` travels with sequence
 #: parallelism and is not among them)
 SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
-            "grad_reduce_in_fp32")
+            "grad_reduce_in_fp32", "moe_comm_overlap")
 #: the switches that are on unless turned off (False is a choice for them, not "not given")
 ON_BY_DEFAULT = tuple(f.name for f in fields(Layout) if f.name in SWITCHES and f.default is True)
 
 _BOOL = ("sequence_parallel", "tp_comm_overlap", "fp8", "overlap_grad_reduce", "overlap_param_gather", "fp8_params",
-         "grad_reduce_in_fp32")
+         "grad_reduce_in_fp32", "moe_comm_overlap")
 _LISTS = ("layers_per_stage", "stage_mesh")
 _TEXT = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "gather_unit": GATHER_UNITS,
          "offload_optimizer": OFFLOAD_DEVICES, "offload_params": OFFLOAD_DEVICES}
@@ -276,6 +284,13 @@ def _parse(name: str, v: Any) -> Any:
         if v not in _TEXT[name]:
             raise ValueError(f"{name}: {str(v)[:20]!r} is not one of {', '.join(_TEXT[name])}")
         return v
+    if name == "recompute_modules":
+        parts = [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+        if isinstance(parts, (bytes, Mapping)) or not hasattr(parts, "__iter__") or \
+                not all(p in RECOMPUTE_MODULES for p in parts):
+            raise ValueError(f"{name}: {str(v)[:40]!r} is not a list of {', '.join(RECOMPUTE_MODULES)} (e.g. "
+                             "mla_up_proj,mlp)")
+        return tuple(parts)
     if name in _LISTS:
         parts = v.split(",") if isinstance(v, str) else v
         if isinstance(parts, (bytes, Mapping)) or not hasattr(parts, "__iter__"):

@@ -349,17 +349,19 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
     input in fp8 (1 byte per element), as Transformer Engine does."""
     out = np.zeros(len(graph.ops))
     recompute = strategy.recompute
-    saving = cache.get(("saving", recompute, strategy.fp8))
+    mods = strategy.recompute_modules if recompute == "selective" else ()
+    saving = cache.get(("saving", recompute, strategy.fp8, mods))
     if saving is None:
-        saving = cache[("saving", recompute, strategy.fp8)] = [
+        saving = cache[("saving", recompute, strategy.fp8, mods)] = [
             (i, op, kept) for i, op in enumerate(graph.ops)
-            if (kept := kept_inputs(graph, op, recompute, strategy.fp8))
+            if (kept := kept_inputs(graph, op, recompute, strategy.fp8, mods))
             or keeps_output(graph, op, recompute, strategy.fp8)]
     configs = strategy.configs
     kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
     for i, op, inputs in saving:
         cfg = configs[op.name]
-        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel)
+        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel,
+              mods)
         hit = cache.get(ck)
         if hit is None:
             degrees = dict(cfg.degrees)
@@ -374,7 +376,7 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
                 if op.in_tensors[k].dtype in FLOAT_DTYPES]
             if recompute == "selective-op":
                 hit += saved_outputs(graph, op, cfg, outs, strategy)
-            hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8)
+            hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8, mods)
             cache[ck] = hit
         for ref, shape, nbytes in hit:
             key = ((ref.op, ref.index), shape, cfg.devices)

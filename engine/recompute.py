@@ -26,7 +26,8 @@ from .graph import Op, OpGraph
 from .ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, experts_capacity_share, op_kind
 from .strategy import Strategy, selective_recompute_reruns
 
-__all__ = ["op_checkpoint_saved", "recompute_reruns", "kept_inputs", "keeps_output", "saved_outputs", "experts_saved"]
+__all__ = ["op_checkpoint_saved", "recompute_reruns", "recomputed_ops", "kept_inputs", "keeps_output", "saved_outputs",
+           "experts_saved"]
 
 
 #: graph -> {fp8: (names of the layer blocks' ops, names of the ops whose outputs
@@ -81,21 +82,72 @@ def op_checkpoint_saved(graph: OpGraph, op: Op, fp8: bool = False) -> bool | Non
     return op.name in saved
 
 
-def recompute_reruns(graph: OpGraph, op: Op, recompute: str, fp8: bool = False) -> bool:
+#: graph -> {modules: names of the ops they recompute}; an entry goes with its graph
+_MODULES: "weakref.WeakKeyDictionary[OpGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def _in_module(graph: OpGraph, op: Op, module: str, moe_blocks: set) -> bool:
+    """Whether ``op`` belongs to Megatron-Core's recompute module ``module``, by the names the
+    model builders give (``layers.i.mlp.*``, ``layers.i.attn.q_up``, ...). Megatron-Core's
+    ``TransformerConfig.recompute_modules``: ``core_attn`` the attention core, ``mlp`` the dense
+    MLP layers, ``moe`` the MoE layers (router, experts with their dispatch, shared experts),
+    ``shared_experts`` the shared experts, ``moe_act`` the experts' activation, ``layernorm``
+    the layer's norms, ``mla_up_proj`` MLA's up-projections and rotary parts."""
+    if module == "core_attn":  # (a fused attention keeps no score matrix: nothing to recompute)
+        return selective_recompute_reruns(graph, op)
+    if module == "layernorm":
+        return op.kind in ("layernorm", "rmsnorm")
+    if module in ("mlp", "moe", "shared_experts"):
+        in_mlp = ".mlp." in op.name
+        if module == "moe":
+            return in_mlp and op.block in moe_blocks
+        if module == "shared_experts":
+            return ".mlp.shared." in op.name
+        return in_mlp and op.block not in moe_blocks  # "mlp": the dense MLP layers
+    if module == "mla_up_proj":  # the up-projections and the head reshapes up to the attention core
+        tail = op.name.rsplit(".attn.", 1)[-1] if ".attn." in op.name else ""
+        return tail.startswith(("q_up", "kv_up", "kv_heads", "k_v_split", "k_rope", "k_cat", "k.to_bhsd",
+                                "v.to_bhsd", "q.split_heads", "q.to_bhsd"))
+    return False  # moe_act: inside the experts op (:func:`experts_saved`)
+
+
+def recomputed_ops(graph: OpGraph, modules: tuple[str, ...]) -> frozenset:
+    """Names of the layer ops whose forward Megatron-Core's selective recomputation of
+    ``modules`` (``--recompute-modules``; empty: its default ``core_attn``) reruns before
+    their backward. A tensor such an op makes is not kept for the backward (it is made
+    again); the op keeps its inputs from outside the recomputed ops. ``moe_act`` (the experts'
+    activation) is inside the experts op: :func:`experts_saved` drops it."""
+    modules = tuple(modules) or ("core_attn",)
+    per = _MODULES.setdefault(graph, {})
+    hit = per.get(modules)
+    if hit is None:
+        from .layout import layer_blocks  # (layout imports this module)
+        layers = set(layer_blocks(graph))
+        moe_blocks = {op.block for op in graph.ops if op.kind == "experts"}
+        hit = per[modules] = frozenset(op.name for op in graph.ops if op.block in layers and op.kind != "input"
+                                       and any(_in_module(graph, op, m, moe_blocks) for m in modules))
+    return hit
+
+
+def recompute_reruns(graph: OpGraph, op: Op, recompute: str, fp8: bool = False,
+                     modules: tuple[str, ...] = ()) -> bool:
     """Whether ``op``'s forward runs again before its backward under ``recompute``: every op
-    under ``full``; the attention core under ``selective`` (:func:`selective_recompute_reruns`);
-    the checkpointed layers' ops whose outputs are not saved under ``selective-op``
+    under ``full``; under ``selective`` the attention core (:func:`selective_recompute_reruns`),
+    or the ops of Megatron-Core's recompute ``modules`` (:func:`recomputed_ops`); the
+    checkpointed layers' ops whose outputs are not saved under ``selective-op``
     (:func:`op_checkpoint_saved`). One rule for the task-graph builder's timing."""
     if op.kind == "input" or recompute == "none":
         return False
     if recompute == "full":
         return True
     if recompute == "selective":
+        if modules:
+            return op.name in recomputed_ops(graph, modules)
         return selective_recompute_reruns(graph, op)
     return op_checkpoint_saved(graph, op, fp8) is False
 
 
-def kept_inputs(graph: OpGraph, op, recompute: str, fp8: bool = False) -> tuple[int, ...]:
+def kept_inputs(graph: OpGraph, op, recompute: str, fp8: bool = False, modules: tuple[str, ...] = ()) -> tuple[int, ...]:
     """Indices of the inputs ``op`` keeps for its backward pass under ``recompute``: none
     for ops whose backward reads no input; with full recomputation only the layer's inputs
     (tensors made by another block), the rest being recomputed from them; an op that
@@ -103,12 +155,16 @@ def kept_inputs(graph: OpGraph, op, recompute: str, fp8: bool = False) -> tuple[
     region (the attention core's Q, K and V, Korthikanti et al. 2022 §5); under
     ``selective-op`` a checkpointed layer's op keeps only the layer's inputs, as under full
     (the outputs the policy saves: :func:`keeps_output`), and the ops outside the layers
-    keep what they keep without recomputation."""
+    keep what they keep without recomputation. With Megatron-Core's recompute ``modules``
+    no op keeps a tensor a recomputed op makes (:func:`recomputed_ops`)."""
     if op.kind == "input" or op.is_view or not op_kind(op.kind).bwd_reads_inputs:
         return ()
     every = range(len(op.inputs))
     if recompute == "full" or recompute == "selective-op" and op_checkpoint_saved(graph, op, fp8) is not None:
         return tuple(k for k in every if graph[op.inputs[k].op].block != op.block)
+    if recompute == "selective" and modules:
+        redo = recomputed_ops(graph, modules)
+        return tuple(k for k in every if op.inputs[k].op not in redo)
     if recompute == "selective" and selective_recompute_reruns(graph, op):
         return tuple(k for k in every if not selective_recompute_reruns(graph, graph[op.inputs[k].op]))
     return tuple(every)
@@ -153,18 +209,24 @@ class _Saved:
     index: str
 
 
-def experts_saved(op, outs, params, recompute: str, fp8: bool) -> list[tuple]:
+def experts_saved(op, outs, params, recompute: str, fp8: bool, modules: tuple[str, ...] = ()) -> list[tuple]:
     """(tensor, shape, bytes) a mixture-of-experts partition keeps inside its layer for the
     backward pass, per microbatch, besides its inputs: each routed token copy (the partition's
     tokens x top_k x capacity share) as permuted (h), the first GEMM's output (f_in) and the
     activation (f) (Megatron-Core's GroupedMLP / TEGroupedMLP saves all three; with fp8 the
     two GEMM inputs are kept in fp8, one byte). None under full recomputation (the layer's
-    input is all it keeps)."""
+    input is all it keeps), nor when Megatron-Core's ``moe`` module is recomputed;
+    without the activation (f) when ``moe_act`` is (its recomputation, a pointwise kernel, is
+    not timed)."""
     if op.kind != "experts" or recompute == "full" or not params or not outs:
+        return []
+    if recompute == "selective" and "moe" in modules:
         return []
     _, h, f_in = params[0]
     f = params[1][1]
     rows = math.prod(outs[0][:-1]) * op.attrs["top_k"] * experts_capacity_share(op.attrs)
     item = DTYPE_BYTES[op.out_tensors[0].dtype]
     low = 1 if fp8 else item
+    if recompute == "selective" and "moe_act" in modules:
+        f = 0
     return [(_Saved(op.name, "routed"), (int(rows), h + f_in + f), rows * (h * low + f_in * item + f * low))]

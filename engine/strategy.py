@@ -33,6 +33,7 @@ from .graph import Op, OpGraph
 
 __all__ = [
     "selective_recompute_reruns",
+    "RECOMPUTE_MODULES",
     "zero_shares",
     "divisors", "splits_into_microbatches",
     "check_config",
@@ -57,6 +58,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: core), ``selective-op`` torchtitan's per-op selective checkpointing
 #: (:func:`engine.recompute.op_checkpoint_saved`), ``full`` every layer from its input.
 RECOMPUTE = ("none", "selective", "full", "selective-op")
+#: Megatron-Core's ``--recompute-modules`` (with ``--recompute-granularity selective``; its
+#: default is ``core_attn``): which parts of each layer rerun their forward before their
+#: backward instead of keeping their activations (:func:`engine.recompute.recomputed_ops`).
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
 
 
 def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
@@ -165,6 +170,9 @@ class Strategy:
         routed tokens (:func:`engine.moe.expert_loads`; sums to 1). Every expert-parallel rank
         is priced at the busiest rank's load (:func:`engine.moe.gate_factor`). None: balanced,
         as published MoE runs are measured.
+    recompute_modules : tuple of str
+        With ``recompute`` ``selective``: Megatron-Core's ``--recompute-modules``
+        (:data:`RECOMPUTE_MODULES`); empty is its default, the attention core.
     moe_comm_overlap : bool
         Megatron-Core's ``--overlap-moe-expert-parallel-comm`` (with ``--delay-wgrad-compute``;
         Megatron-Core 0.14): the 1F1B steady state merges one microbatch's forward with another's
@@ -204,6 +212,7 @@ class Strategy:
     fp8_params: bool = False
     expert_loads: tuple[float, ...] | None = None
     moe_comm_overlap: bool = False
+    recompute_modules: tuple[str, ...] = ()
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -251,6 +260,7 @@ class Strategy:
             **({"fp8_params": True} if self.fp8_params else {}),
             **({"expert_loads": list(self.expert_loads)} if self.expert_loads is not None else {}),
             **({"moe_comm_overlap": True} if self.moe_comm_overlap else {}),
+            **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
             "ops": ops,
         }
 
@@ -290,7 +300,7 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("offload_params", "none"), data.get("grad_reduce_in_fp32", True),
                     data.get("fp8_params", False),
                     tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
-                    data.get("moe_comm_overlap", False))
+                    data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())))
 
 
 def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
@@ -326,6 +336,13 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
         add(Problem("pipeline.virtual_stages", f"virtual_stages > 1 needs schedule 'interleaved', got {pipe.schedule!r}"))
     if strategy.recompute not in RECOMPUTE:
         add(Problem("recompute", f"unknown recompute {strategy.recompute!r}; valid: {', '.join(RECOMPUTE)}"))
+    mods = strategy.recompute_modules
+    bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+    if bad:
+        add(Problem("recompute_modules", f"unknown module {str(bad[0])[:40]!r}; valid: {', '.join(RECOMPUTE_MODULES)}"))
+    elif mods and strategy.recompute != "selective":
+        add(Problem("recompute_modules", f"recompute modules need recompute 'selective' (Megatron's "
+                                         f"--recompute-granularity selective), got {strategy.recompute!r}"))
     if strategy.zero_stage not in (0, 1, 2, 3):
         add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
     if strategy.gather_unit not in GATHER_UNITS:

@@ -229,3 +229,64 @@ class TestSamples:
         # without the input embedding (201,088 x 2,880)
         assert g.param_count == pytest.approx(116.83e9, rel=1e-3)
         assert active_parameters(g) - 201_088 * 2_880 == pytest.approx(5.13e9, rel=0.01)
+
+
+class TestRecomputeModules:
+    """Megatron-Core's --recompute-modules (selective granularity)."""
+
+    def run(self, **kw):
+        g, c = small_moe(), preset("dgx-h100:2")
+        r = simulate_strategy(g, build_layout(g, c, Layout(ep=8, **kw)), c)
+        return r.memory.breakdown(0)["activations"], r.iteration_time_s
+
+    def test_moe_drops_the_moe_layer_and_reruns_it(self):
+        act0, t0 = self.run()
+        assert self.run(recompute="selective", recompute_modules=("mlp",)) == (act0, t0)  # (dense MLPs only)
+        act, t = self.run(recompute="selective", recompute_modules=("moe",))
+        # 512 tokens a GPU x top-2 copies x (256 + 1024 + 512) bf16 elements, 4 layers: 14.7 MB no longer kept
+        assert act0 - act >= 4 * 512 * 2 * (256 + 1024 + 512) * 2
+        assert t > t0  # the experts (and their all-to-alls) run twice
+
+    def test_moe_act_drops_only_the_activation(self):
+        act0, t0 = self.run()
+        act, t = self.run(recompute="selective", recompute_modules=("moe_act",))
+        assert act0 - act == 4 * 512 * 2 * 512 * 2  # f = 512 elements per copy, bf16, 4 layers
+        assert t == t0  # (the pointwise rerun is not timed)
+
+    def test_layernorm_drops_the_norms_outputs(self):
+        act0, _ = self.run()
+        act, _ = self.run(recompute="selective", recompute_modules=("layernorm",))
+        assert act < act0
+
+    def test_refusals(self):
+        with pytest.raises(ValueError, match="needs recompute selective"):
+            Layout(recompute_modules=("mlp",))
+        with pytest.raises(ValueError, match="is not a list of core_attn"):
+            Layout(recompute="selective", recompute_modules=("attention",))
+        g, c = small_moe(), preset("dgx-h100:2")
+        s = build_layout(g, c, Layout(ep=8))
+        bad = s.__class__(**{**s.__dict__, "recompute_modules": ("mlp",)})
+        assert any("need recompute 'selective'" in p.message for p in validate_strategy(bad, g, c))
+
+    def test_megatron_flags_round_trip(self):
+        from engine.export import export, layout_from_megatron
+        g, c = small_moe(), preset("dgx-h100:2")
+        lay = Layout(ep=8, recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_comm_overlap=True,
+                     micro_batch=1)
+        s = build_layout(g, c, lay)
+        text = export("megatron", g, s, c)
+        assert "--recompute-modules moe_act layernorm" in text and "--overlap-moe-expert-parallel-comm" in text
+        back = layout_from_megatron(text.split(), lay.resolved(g, c))
+        assert back.recompute_modules == ("moe_act", "layernorm") and back.moe_comm_overlap
+
+
+def test_moe_comm_overlap_hides_all_to_alls():
+    """With four microbatches each all-to-all runs under the partner's compute (cross-node ep 16)."""
+    g, c = small_moe(batch=64, experts=16), preset("dgx-h100:2")
+    plain = simulate_strategy(g, build_layout(g, c, Layout(ep=16, micro_batch=1)), c).iteration_time_s
+    merged = simulate_strategy(g, build_layout(g, c, Layout(ep=16, micro_batch=1, moe_comm_overlap=True)),
+                               c).iteration_time_s
+    assert merged < plain
+    one = small_moe(batch=16, experts=16)  # one microbatch: no partner, nothing hidden
+    assert simulate_strategy(one, build_layout(one, c, Layout(ep=16, moe_comm_overlap=True)), c).iteration_time_s == \
+        simulate_strategy(one, build_layout(one, c, Layout(ep=16)), c).iteration_time_s

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from ..cluster import MAX_DEVICES
 from ..errors import ValidationError, printable
 from ..ops import MAX_DIM
-from ..strategy import GATHER_UNITS, RECOMPUTE, SCHEDULES
+from ..layout import Layout
+from ..strategy import GATHER_UNITS, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 
 __all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
            "add_batch_options", "model_and_cluster", "add_routing_options", "routing_loads", "with_routing",
@@ -102,6 +103,12 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
                    help="data-parallel gradient collectives issued during the backward pass (default on: PyTorch "
                         "DDP/FSDP, NeMo; Megatron-LM's bare default and DeepSpeed ZeRO-1/2's overlap_comm are off)")
+    g.add_argument("--recompute-modules", type=_recompute_modules,
+                   help="with --recompute selective: Megatron-Core's --recompute-modules, comma-separated: "
+                        f"{', '.join(RECOMPUTE_MODULES)} (default core_attn: the attention core)")
+    g.add_argument("--moe-comm-overlap", action="store_true", default=None,
+                   help="mixture-of-experts all-to-alls under another microbatch's compute (Megatron-Core's "
+                        "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute)")
     g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=None,
                    help="ZeRO-1/2: the updated parameters' all-gather overlapped with the next forward "
                         "(Megatron-Core's --overlap-param-gather; default off)")
@@ -301,3 +308,11 @@ def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: 
     if set(given) - set(BASELINES[kind].options):
         return make(kind, graph, cluster, **opts)  # (refuses the option megatron does not take)
     return megatron(graph, cluster, **given, **moe)
+
+
+def _recompute_modules(text: str) -> tuple[str, ...]:
+    """``--recompute-modules mla_up_proj,mlp`` -> the modules (argparse's one-line error else)."""
+    try:
+        return Layout.from_options({"recompute": "selective", "recompute_modules": text}).recompute_modules
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -131,7 +131,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
              zero_stage: int = 0, cp: int = 1, fp8: bool = False, tp_comm_overlap: bool = False,
              overlap_grad_reduce: bool = True, overlap_param_gather: bool = False,
              offload_optimizer: str = "none", grad_reduce_in_fp32: bool = True, fp8_params: bool = False,
-             ep: int = 1, etp: int = 1) -> Strategy:
+             ep: int = 1, etp: int = 1, recompute_modules: Sequence[str] = (), moe_comm_overlap: bool = False
+             ) -> Strategy:
     """Megatron-LM's 3-D parallelism (Narayanan et al. SC'21): the strategy of the
     :class:`engine.layout.Layout` these options make (:func:`build_layout`, where the layout
     is described); the keyword form the CLI and the app call."""
@@ -140,7 +141,8 @@ def megatron(graph: OpGraph, cluster: Cluster, tp: int = 1, pp: int = 1, dp: int
                  zero_stage=zero_stage, fp8=fp8, layers_per_stage=layers_per_stage, stage_mesh=stage_mesh,
                  overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                  grad_reduce_in_fp32=grad_reduce_in_fp32, fp8_params=fp8_params,
-                 offload_optimizer=offload_optimizer, ep=ep, etp=etp)
+                 offload_optimizer=offload_optimizer, ep=ep, etp=etp, recompute_modules=tuple(recompute_modules),
+                 moe_comm_overlap=moe_comm_overlap)
     return build_layout(graph, cluster, lay)
 
 
@@ -208,6 +210,8 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         configs[op.name] = made[key]
     options = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "vpp": vpp, "recompute": recompute,
                "sequence_parallel": sequence_parallel}
+    if lay.recompute_modules:
+        options["recompute_modules"] = list(lay.recompute_modules)
     if lay.zero_stage:
         options["zero_stage"] = lay.zero_stage
     if cp > 1:
@@ -228,6 +232,7 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     s = _finish(graph, cluster, configs, "megatron", options, notes,
                 pipeline=PipelineSettings(pp, m, lay.schedule, vpp),
                 stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
+                recompute_modules=lay.recompute_modules,
                 zero_stage=lay.zero_stage, fp8=lay.fp8, tp_comm_overlap=lay.tp_comm_overlap,
                 **{k: getattr(lay, k) for k in SWITCHES})
     if lay.gather_unit != "block" or lay.shard_group:
@@ -304,7 +309,7 @@ BASELINES: dict[str, Baseline] = {
                  ("tp", "pp", "dp", "micro_batch", "vpp", "recompute", "sequence_parallel", "schedule",
                   "layers_per_stage", "stage_mesh", "zero_stage", "cp", "fp8", "tp_comm_overlap",
                   "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "grad_reduce_in_fp32",
-                  "fp8_params", "ep", "etp")),
+                  "fp8_params", "ep", "etp", "recompute_modules", "moe_comm_overlap")),
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
                   "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params", "sequence_parallel",

@@ -58,7 +58,7 @@ class ComputeBuilder:
         # forward again before backward: the recomputed forward's time is added to the backward
         # task (full: every op; selective: the attention core; selective-op: the checkpointed
         # layers' ops whose outputs torchtitan's policy does not save)
-        reruns = recompute_reruns(g, op, s.recompute, s.fp8)
+        reruns = recompute_reruns(g, op, s.recompute, s.fp8, s.recompute_modules)
         sig = (op_signature(op), tuple(config.degrees.items()), ctx.sym.dims.get(op.name) if ctx.sym else None,
                reruns)
         hit = self._memo.get(sig)
