@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     # Megatron-Bridge docs/performance-summary-archive.md, 25.09, DGX-H100 (validation row 3123)
     "deepseek-v3": ("deepseek-v3", "dgx-h100:128",
-                    "tp=2, pp=8, vpp=4, ep=64, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True"),
+                    "tp=2, pp=8, vpp=4, ep=64, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True, "
+                    "fp8_params=True, grad_reduce_in_fp32=False, overlap_param_gather=True, overlap_grad_reduce=False, "
+                    "recompute='selective', recompute_modules=('mla_up_proj', 'mlp'), moe_comm_overlap=True"),
     # GPT-3 175B in a Megatron layout of Narayanan et al. SC'21's family (tp 8 x pp 16 x dp 8)
     "gpt3-175b": ("gpt3-175b", "dgx-h100:128", "tp=8, pp=16, micro_batch=1"),
 }

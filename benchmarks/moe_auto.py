@@ -25,8 +25,13 @@ from engine.search.api import Budget, price
 from engine.search.auto import auto
 from engine.search.baselines import build_layout
 
-#: Megatron-Bridge's DeepSeek-V3 pretraining layout on 1,024 H100s (as the issue cites it)
-PUBLISHED = Layout(tp=2, pp=8, vpp=4, ep=64, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True)
+#: Megatron-Bridge's DeepSeek-V3 pretraining layout on 1,024 H100s (as the issue cites it), with
+#: what its 25.09 performance recipe sets (benchmarks/published_setup.py MOE_RECIPES: recompute
+#: modules mla_up_proj and mlp, the all-to-all overlap, no grad-reduce overlap, fp8 parameters,
+#: bf16 gradient reduction, parameter-gather overlap): validation row 3123's layout
+PUBLISHED = Layout(tp=2, pp=8, vpp=4, ep=64, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True,
+                   fp8_params=True, grad_reduce_in_fp32=False, overlap_param_gather=True, overlap_grad_reduce=False,
+                   recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_comm_overlap=True)
 
 
 def _s(t: float | None) -> str:
