@@ -249,49 +249,104 @@ def expert_table(graph, strategy) -> ExpertTable | None:
 
 
 def parse_histogram(text: str, source: str = "<histogram>") -> list[float]:
-    """Token counts per expert from text: a JSON list (``[120, 80, ...]``), one number a line,
-    or numbers separated by commas (blank lines and ``#`` comments skipped). Never evaluated:
-    each count must read as a plain decimal number.
+    """Token counts per expert from text, as the CLI's ``--routing-histogram`` and the
+    explorer's upload both read them: a JSON list (``[120, 80, ...]``); a JSON object holding
+    that list under ``counts``, ``tokens_per_expert`` or ``histogram``; numbers one a line or
+    separated by commas, semicolons or spaces; or a CSV table whose first line is a header (text,
+    not numbers), of which each row's last cell is read (``expert,tokens`` then ``0,120`` ...).
+    Blank lines and ``#`` comments are skipped (outside JSON). Never evaluated: each count must
+    read as a plain decimal number.
 
-    >>> parse_histogram("[3, 1.5]"), parse_histogram("# layer 7\\n3\\n1e2\\n"), parse_histogram("1,2,3")
-    ([3.0, 1.5], [3.0, 100.0], [1.0, 2.0, 3.0])
+    >>> parse_histogram("[3, 1.5]"), parse_histogram("# layer 7\\n3\\n1e2\\n"), parse_histogram("1,2;3 4")
+    ([3.0, 1.5], [3.0, 100.0], [1.0, 2.0, 3.0, 4.0])
+    >>> parse_histogram('{"counts": [4, 2]}'), parse_histogram("expert,tokens\\n0,10\\n1,30")
+    ([4.0, 2.0], [10.0, 30.0])
 
     Raises
     ------
     ValueError
-        Naming ``source`` and the line: an empty list, text that is not a number, a negative
-        or non-finite count, more than MAX_HISTOGRAM_EXPERTS counts.
+        One line naming ``source`` and the line (in a JSON object: the item): text of more
+        than MAX_HISTOGRAM_BYTES characters, invalid JSON, no counts, text that is not a
+        number, a negative or non-finite count, more than MAX_HISTOGRAM_EXPERTS counts, every
+        count zero.
     """
+    import json
     import math
     import re
 
+    class Literal(str):
+        """A JSON number's (or NaN's) source text, to be read as a token is."""
+
     number = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-    body = text.strip()
-    bracketed = body.startswith("[")
-    if bracketed:
-        if not body.endswith("]"):
-            raise ValueError(f"{source}: a JSON list must end with ']'")
-        text = text.replace("[", " ", 1)[::-1].replace("]", " ", 1)[::-1]
+    forms = "give one count per expert: a JSON list, one a line, or separated by commas or spaces"
     counts: list[float] = []
-    for line_no, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0] if not bracketed else line
-        for tok in (t.strip() for t in line.split(",")):
-            if not tok:
-                continue
-            where = f"{source}, line {line_no}"
-            if not number.fullmatch(tok):
-                shown = tok if len(tok) <= 30 else tok[:30] + "..."
-                raise ValueError(f"{where}: {shown!r} is not a token count (a number such as 1200 or 3.5e4; give "
-                                 "one count per expert: a JSON list, one a line, or separated by commas)")
-            v = float(tok)
-            if not math.isfinite(v):
-                raise ValueError(f"{where}: {tok[:30]!r} is too large a token count")
-            if v < 0:
-                raise ValueError(f"{where}: {tok[:30]!r}: a token count cannot be negative")
-            counts.append(v)
-            if len(counts) > MAX_HISTOGRAM_EXPERTS:
-                raise ValueError(f"{where}: more than {MAX_HISTOGRAM_EXPERTS:,} token counts (one per expert)")
+
+    def add(tok: object, where: str) -> None:
+        shown = tok if isinstance(tok, str) else "[...]" if isinstance(tok, list) else \
+            "{...}" if isinstance(tok, dict) else json.dumps(tok)
+        shown = shown if len(shown) <= 30 else shown[:30] + "..."
+        if not isinstance(tok, str) or not number.fullmatch(tok):
+            raise ValueError(f"{where}: {shown!r} is not a token count (a number such as 1200 or 3.5e4; {forms})")
+        v = float(tok)
+        if not math.isfinite(v):
+            raise ValueError(f"{where}: {shown!r} is too large a token count")
+        if v < 0:
+            raise ValueError(f"{where}: {shown!r}: a token count cannot be negative")
+        counts.append(v)
+        if len(counts) > MAX_HISTOGRAM_EXPERTS:
+            raise ValueError(f"{where}: more than {MAX_HISTOGRAM_EXPERTS:,} token counts (one per expert)")
+
+    if len(text) > MAX_HISTOGRAM_BYTES:  # (a file within the CLI's byte cap is within this one)
+        raise ValueError(f"{source}: the text is larger than the limit of {MAX_HISTOGRAM_BYTES / 2**20:g} MiB "
+                         f"({len(text):,} characters; {MAX_HISTOGRAM_EXPERTS:,} counts are far fewer)")
+    text = text[1:] if text.startswith("\ufeff") else text  # (a byte-order mark, as spreadsheets write)
+    body = text.strip()
+    if body.startswith("{"):
+        try:
+            data = json.loads(text, parse_int=Literal, parse_float=Literal, parse_constant=Literal)
+        except RecursionError:
+            raise ValueError(f"{source}: not valid JSON (nested too deeply)") from None
+        except ValueError as e:
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+            where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+            raise ValueError(f"{source}: not valid JSON ({msg[:80]}{where})") from None
+        key = next((k for k in ("counts", "tokens_per_expert", "histogram") if k in data), None)
+        if key is None:
+            raise ValueError(f"{source}: a JSON object needs a 'counts' list (token counts per expert; "
+                             "'tokens_per_expert' or 'histogram' are read too)")
+        if not isinstance(data[key], list):
+            raise ValueError(f"{source}: {key!r} must be a list of token counts, one per expert")
+        for i, v in enumerate(data[key], 1):
+            add(v if isinstance(v, Literal) else json.dumps(v) if isinstance(v, str) else v,
+                f"{source}, item {i} of {key!r}")
+    else:
+        bracketed = body.startswith("[")
+        if bracketed:
+            if not body.endswith("]"):
+                raise ValueError(f"{source}: not valid JSON (a JSON list must end with ']')")
+            text = text.replace("[", " ", 1)[::-1].replace("]", " ", 1)[::-1]
+        rows = []  # [row] (line number, cells)
+        for line_no, line in enumerate(text.splitlines(), 1):
+            cells = re.split(r"[,;\s]+", line if bracketed else line.split("#", 1)[0])
+            if any(cells):
+                rows.append((line_no, [c for c in cells if c]))
+            if len(rows) > MAX_HISTOGRAM_EXPERTS + 1:  # (enough to find the first problem, a header aside)
+                break
+
+        def readable(cell: str) -> bool:  # (float() reads nan, inf and 1_000: a header has none of them)
+            try:
+                float(cell)
+            except ValueError:
+                return False
+            return True
+
+        header = (not bracketed and len(rows) > 1 and re.search(r"[A-Za-z]", " ".join(rows[0][1])) is not None
+                  and not any(readable(c) for c in rows[0][1]))
+        for line_no, cells in rows[1:] if header else rows:
+            for tok in cells[-1:] if header else cells:
+                add(tok, f"{source}, line {line_no}")
     if not counts:
-        raise ValueError(f"{source}: no token counts (give one count per expert: a JSON list, one a line, or "
-                         "separated by commas)")
+        raise ValueError(f"{source}: no token counts ({forms})")
+    if not any(counts):
+        raise ValueError(f"{source}: the token counts are all zero (at least one expert must receive tokens)")
     return counts

@@ -270,13 +270,14 @@ class TestHistogram:
 
     @pytest.mark.parametrize("text, reason", [
         ("[1, 2, 3]", "lists 3 experts; mixtral-8x7b has 8"),
-        ("[1, 2, 3, 4, 5, 6, 7, -8]", "must be a finite count >= 0"),
-        ("[1, 2, 3, 4, 5, 6, 7, \"x\"]", "item 8 ('x') is not a number"),
-        ("[0, 0, 0, 0, 0, 0, 0, 0]", "every count is zero"),
+        ("[1, 2, 3, 4, 5, 6, 7, -8]", "h.json, line 1: '-8': a token count cannot be negative"),
+        ("[1, 2, 3, 4, 5, 6, 7, \"x\"]", "h.json, line 1: '\"x\"' is not a token count"),
+        ('{"counts": [1, 2, 3, 4, 5, 6, 7, "x"]}', "h.json, item 8 of 'counts': '\"x\"' is not a token count"),
+        ("[0, 0, 0, 0, 0, 0, 0, 0]", "the token counts are all zero"),
         ("{\"tokens\": [1]}", "needs a 'counts' list"),
         ("[1, 2", "not valid JSON"),
-        ("", "no token counts found"),
-        ("1," * 200_000, "larger than"),
+        ("", "no token counts"),
+        ("1," * 600_000, "h.json: the file is larger than the limit of 1 MiB"),
     ])
     def test_bad_files_are_refused_and_the_kept_one_stays(self, fresh, text, reason):
         kept, note = XP.read_histogram(data_url(text), "h.json", graph_of(fresh))

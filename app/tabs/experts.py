@@ -11,8 +11,6 @@ what-if is applied, and the panel says so. Hidden for a dense model.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -20,25 +18,23 @@ import numpy as np
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from engine.errors import SoapboxError
-from engine.moe import MAX_HISTOGRAM_EXPERTS, MAX_SKEW, expert_loads, gate_factor, rank_loads
+from engine.moe import MAX_HISTOGRAM_BYTES, MAX_SKEW, expert_loads, gate_factor, parse_histogram, rank_loads
 from engine.ops import EXPERT, experts_capacity_share
 from engine.taskgraph import BWD, COLL, COLL_INDEX, FWD
 
 from ..actions import set_expert_loads
 from ..components import GRAPH_CONFIG, first_line, image_buttons, learn
 from ..figures import build_expert_figure, empty_figure
-from ..fmt import format_bytes, format_count, format_seconds
+from ..fmt import format_count, format_seconds
 from ..sessions import current
 from ..simulation import workspace
 from ..sources import APP_MAX_TASKS, graph_of
 from ..state import check_state, content_key
 from ..uploads import decode_upload
 
-__all__ = ["layout", "register", "moe_layers", "parse_histogram", "read_histogram", "whatif_loads", "apply_whatif",
+__all__ = ["layout", "register", "moe_layers", "read_histogram", "whatif_loads", "apply_whatif",
            "expert_table", "expert_view", "MAX_HISTOGRAM_BYTES", "BALANCED_NOTE"]
 
-#: the largest routing histogram the panel reads (4,096 counts as text are far smaller)
-MAX_HISTOGRAM_BYTES = 256_000
 #: what the panel says of published runs (and of soapbox's default)
 BALANCED_NOTE = ("Published MoE runs are measured with balanced routing (Megatron-Core's performance tables force "
                  "it; balancing losses keep real runs near it), and soapbox simulates balanced routing unless you "
@@ -50,77 +46,27 @@ def moe_layers(graph) -> list[str]:
     return [op.name for op in graph.ops if op.kind == "experts"]
 
 
-def parse_histogram(text: str, filename: str = "histogram") -> list[float]:
-    """Token counts per expert from a file: a JSON list of numbers, a JSON object holding one
-    under ``counts`` (or ``tokens_per_expert`` / ``histogram``), or numbers separated by commas,
-    spaces or new lines (a CSV row or column; a header line of text is skipped).
-
-    Raises
-    ------
-    ValueError
-        Naming the file and what is wrong: too large, no numbers, a value that is not a
-        number, more than :data:`engine.moe.MAX_HISTOGRAM_EXPERTS` counts.
-
-    >>> parse_histogram("[4, 2, 1, 1]"), parse_histogram("expert,tokens\\n0,10\\n1,30", "h.csv")
-    ([4.0, 2.0, 1.0, 1.0], [10.0, 30.0])
-    """
-    if len(text) > MAX_HISTOGRAM_BYTES:
-        raise ValueError(f"{filename}: larger than {format_bytes(MAX_HISTOGRAM_BYTES)}; a histogram of "
-                         f"{MAX_HISTOGRAM_EXPERTS:,} experts is far smaller")
-    stripped = text.strip()
-    values: Any
-    if stripped[:1] in ("[", "{"):
-        try:
-            values = json.loads(stripped)
-        except ValueError as e:
-            raise ValueError(f"{filename}: not valid JSON ({str(e)[:80]})") from None
-        if isinstance(values, dict):
-            key = next((k for k in ("counts", "tokens_per_expert", "histogram") if k in values), None)
-            if key is None:
-                raise ValueError(f"{filename}: a JSON object needs a 'counts' list (tokens per expert)")
-            values = values[key]
-        if not isinstance(values, list):
-            raise ValueError(f"{filename}: the counts must be a list of numbers, one per expert")
-        where = "item"
-    else:  # CSV or plain numbers: the last number of each line, or every number of a single line
-        lines = [ln for ln in stripped.splitlines() if ln.strip()]
-        if lines and re.search(r"[A-Za-z]", lines[0]) and not re.fullmatch(r"[\s,;\deE.+-]*", lines[0]):
-            lines = lines[1:]  # (a header)
-        cells = [[c for c in re.split(r"[,;\s]+", ln.strip()) if c] for ln in lines]
-        values = cells[0] if len(cells) == 1 else [row[-1] for row in cells if row]
-        where = "value"
-    if not values:
-        raise ValueError(f"{filename}: no token counts found (give one number per expert)")
-    if len(values) > MAX_HISTOGRAM_EXPERTS:
-        raise ValueError(f"{filename}: {len(values):,} counts; at most {MAX_HISTOGRAM_EXPERTS:,} experts")
-    out = []
-    for i, v in enumerate(values):
-        try:
-            if isinstance(v, bool):
-                raise ValueError
-            f = float(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"{filename}: {where} {i + 1} ({str(v)[:20]!r}) is not a number") from None
-        if not np.isfinite(f) or f < 0:
-            raise ValueError(f"{filename}: {where} {i + 1} ({str(v)[:20]}) must be a finite count >= 0")
-        out.append(f)
-    if sum(out) <= 0:
-        raise ValueError(f"{filename}: every count is zero")
-    return out
-
-
 def read_histogram(contents: Any, filename: Any, graph) -> tuple[dict | None, str]:
     """(the histogram to keep, the line to show) from an upload: None and the reason when it
-    cannot be used (the histogram kept before stays)."""
+    cannot be used (the histogram kept before stays). The file is read as the CLI's
+    ``--routing-histogram`` reads it (the same cap, :func:`engine.moe.parse_histogram`), so a
+    file is taken or refused alike, with the same reason."""
     name = str(filename or "histogram")[:100]
     counts_of = sorted({op.attrs["num_experts"] for op in graph.ops if op.kind == "experts"})
     if not counts_of:
         return None, f"{name}: {graph.name} has no mixture-of-experts layers."
+    too_large = f"{name}: the file is larger than the limit of {MAX_HISTOGRAM_BYTES / 2**20:g} MiB"
     try:
         if isinstance(contents, str) and len(contents) > MAX_HISTOGRAM_BYTES * 4 // 3 + 200:
-            raise ValueError(f"{name}: larger than {format_bytes(MAX_HISTOGRAM_BYTES)}; a histogram of "
-                             f"{MAX_HISTOGRAM_EXPERTS:,} experts is far smaller")
-        counts = parse_histogram(str(decode_upload(contents, name)), name)
+            raise ValueError(too_large)  # (before decoding: base64 is 4/3 the bytes)
+        raw = decode_upload(contents, name, binary=True)
+        if len(raw) > MAX_HISTOGRAM_BYTES:
+            raise ValueError(too_large)
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}: not UTF-8 text (byte {e.start})") from None
+        counts = parse_histogram(text, name)
     except ValueError as e:
         return None, f"Histogram refused: {first_line(e)}. The what-if is unchanged."
     if len(counts) not in counts_of:
@@ -299,8 +245,8 @@ def layout() -> html.Div:
                                  marks={i: str(i) for i in range(int(MAX_SKEW) + 1)},
                                  tooltip={"placement": "bottom"})], className="expert-skew"),
         ], className="expert-controls"),
-        dcc.Upload(id="expert-upload", children=html.Div(["Drop or ", html.A("choose"),
-                                                         " a histogram: token counts per expert (JSON list or CSV)"]),
+        dcc.Upload(id="expert-upload", children=html.Div([
+            "Drop or ", html.A("choose"), " a histogram: token counts per expert (JSON, CSV or one a line)"]),
                    className="upload", multiple=False),
         dcc.Store(id="expert-upload-ok", storage_type="memory"),
         dcc.Store(id="expert-hist", storage_type="memory"),
@@ -320,9 +266,8 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
             if (!contents) {{ return [window.dash_clientside.no_update, window.dash_clientside.no_update]; }}
             const bytes = Math.floor((contents.length - contents.indexOf(',') - 1) * 3 / 4);
             if (bytes > {MAX_HISTOGRAM_BYTES}) {{
-                return [window.dash_clientside.no_update, 'Histogram refused: ' + filename + ' is '
-                        + (bytes / 1e3).toFixed(0) + ' kB; a histogram file is at most '
-                        + '{MAX_HISTOGRAM_BYTES // 1000} kB. The what-if is unchanged.'];
+                return [window.dash_clientside.no_update, 'Histogram refused: ' + filename + ': the file is larger '
+                        + 'than the limit of {MAX_HISTOGRAM_BYTES / 2**20:g} MiB. The what-if is unchanged.'];
             }}
             return [{{contents: contents, filename: filename}}, window.dash_clientside.no_update];
         }}
