@@ -221,7 +221,8 @@ def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool)
     """The summary tables (text) and the same figures as a dict for ``--json``."""
     fitted = {rid for ids in calibration_rows(rows).values() for rid in ids}
     groups = sweeps(results, {int(r["row_id"]): r for r in rows})
-    sets = {fam: [r for r in results if r.source == fam] for fam in SOURCES}
+    names = list(SOURCES) + sorted({r.source for r in results} - set(SOURCES))  # (with "<family> MoE")
+    sets = {fam: [r for r in results if r.source == fam] for fam in names}
     sets.update({"in-sample": [r for r in results if r.row_id in fitted],
                  "held out": [r for r in results if r.row_id not in fitted], "all": results})
     summaries = {name: family_summary(sub, groups, fitted) for name, sub in sets.items() if sub}
