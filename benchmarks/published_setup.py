@@ -350,6 +350,8 @@ def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int,
         return replace(s, moe_comm_overlap=a2a, overlap_grad_reduce=s.overlap_grad_reduce and grad,
                        **(dict(recompute="selective", recompute_modules=modules) if modules else {}))
 
+    if modules:
+        layout = layout.replace("rc=none", "rc=" + "+".join(modules))
     return build, f"{layout} ep{ep}{' a2a-overlap' if a2a else ''}", dp
 
 
