@@ -118,16 +118,23 @@ class TestExpertParallelFlags:
                        "--pp", "2", "--ep", "8")
         assert "ep 8 does not fold onto dp 4" in msg
 
-    def test_fsdp_refuses_with_a_reason(self, capsys, tiny):
+    def test_fsdp_lays_out_experts(self, capsys, tiny):
+        """torchtitan's FSDP + EP: the fsdp baseline folds ep like megatron and ZeRO-3 shards the
+        experts over their expert data-parallel ranks."""
+        rc, out, err = run(capsys, "simulate", "--model", tiny, "--cluster", "dgx-h100:1", "--strategy", "fsdp",
+                           "--ep", "2", "--json")
+        assert rc == 0, err
+        data = json.loads(out)
+        assert data["moe"]["ep"] == 2 and data["strategy"] == "baseline:fsdp"
         msg = error_of(capsys, "simulate", "--model", tiny, "--cluster", "dgx-h100:1", "--strategy", "fsdp",
-                       "--ep", "2")
-        assert msg.startswith("soapbox: error: fsdp does not take --ep: ") and "--strategy megatron" in msg
+                       "--ep", "3")
+        assert "ep 3 does not divide the 8 experts" in msg
 
     def test_other_kinds_refuse(self, capsys, tiny):
         msg = error_of(capsys, "simulate", "--model", tiny, "--cluster", "dgx-h100:1", "--strategy", "data-parallel",
                        "--etp", "2")
-        assert msg == ("soapbox: error: data-parallel does not take --etp: expert parallelism is a megatron layout "
-                       "(--strategy megatron)")
+        assert msg == ("soapbox: error: data-parallel does not take --etp: expert parallelism is a megatron or fsdp "
+                       "layout (--strategy megatron or fsdp)")
 
     def test_megatron_still_refuses_an_option_it_does_not_take(self, capsys, tiny):
         msg = error_of(capsys, "simulate", "--model", tiny, "--cluster", "dgx-h100:1", "--strategy", "megatron",

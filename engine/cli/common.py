@@ -285,29 +285,18 @@ def with_routing(strategy, args: argparse.Namespace, graph):
 def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: Callable[..., Any] | None = None):
     """Baseline ``kind`` with the flags' ``options`` (:func:`strategy_options`), through
     ``make`` (default :func:`engine.search.baselines.make_baseline`). ``ep``/``etp`` go to the
-    megatron baseline (its keyword arguments; the registry's option list may not name them
-    yet) and are refused for any other kind."""
-    from ..layout import ON_BY_DEFAULT
-    from ..search.baselines import BASELINES, make_baseline, megatron
+    baselines that lay out experts (megatron, fsdp: its ZeRO shards the experts over the
+    expert data-parallel ranks, torchtitan's FSDP + EP) and are refused for any other kind."""
+    from ..search.baselines import BASELINES, make_baseline
 
     make = make or make_baseline
     opts = dict(options)
     moe = {k: v for k in ("ep", "etp") if (v := opts.pop(k, None)) is not None}
-    if not moe:
-        return make(kind, graph, cluster, **opts)
-    flags = " and ".join("--" + k for k in moe)
-    if kind == "fsdp":
-        raise ValueError(f"fsdp does not take {flags}: the fsdp baseline lays out no expert parallelism (its experts "
-                         "are sharded with the rest); for expert parallelism with sharded state use --strategy "
-                         "megatron --zero-stage 3 (or 1, 2)")
-    if kind != "megatron":
-        raise ValueError(f"{kind} does not take {flags}: expert parallelism is a megatron layout (--strategy megatron)")
-    if "ep" in BASELINES[kind].options:  # (the registry names them)
-        return make(kind, graph, cluster, **opts, **moe)
-    given = {k: v for k, v in opts.items() if v is not None and (v is not False or k in ON_BY_DEFAULT)}
-    if set(given) - set(BASELINES[kind].options):
-        return make(kind, graph, cluster, **opts)  # (refuses the option megatron does not take)
-    return megatron(graph, cluster, **given, **moe)
+    if moe and kind in BASELINES and "ep" not in BASELINES[kind].options:
+        flags = " and ".join("--" + k for k in moe)
+        raise ValueError(f"{kind} does not take {flags}: expert parallelism is a megatron or fsdp layout "
+                         "(--strategy megatron or fsdp)")
+    return make(kind, graph, cluster, **opts, **moe)
 
 
 def _recompute_modules(text: str) -> tuple[str, ...]:

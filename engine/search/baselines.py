@@ -245,7 +245,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
          recompute: str = "none", pp: int = 1, gather_unit: str = "block", cp: int = 1,
          fp8: bool = False, shard_group: int = 0, overlap_grad_reduce: bool = True,
          offload_optimizer: str = "none", offload_params: str = "none", sequence_parallel: bool = False,
-         tp_comm_overlap: bool = False) -> Strategy:
+         tp_comm_overlap: bool = False, ep: int = 1, etp: int = 1) -> Strategy:
     """PyTorch FSDP / ZeRO (Rajbhandari et al. SC'20; Zhao et al. VLDB'23): data parallel
     over every device (or over ``devices / (tp x pp)`` groups with Megatron tensor and
     pipeline parallelism around it, the 3-D / 4-D layouts of torchtitan and Llama 3),
@@ -258,7 +258,10 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
     replicas across them. ``offload_optimizer`` / ``offload_params``: ZeRO-Offload and
     ZeRO-Infinity (:attr:`engine.strategy.Strategy.offload_optimizer`). ``sequence_parallel``
     and ``tp_comm_overlap`` with ``tp`` > 1: torchtitan's 2-D layout (its tensor parallelism
-    shards the norms' sequence, and "async TP" overlaps its collectives with the GEMMs)."""
+    shards the norms' sequence, and "async TP" overlaps its collectives with the GEMMs).
+    ``ep`` / ``etp``: a mixture-of-experts model's expert parallelism folded onto the ranks as
+    in :func:`build_layout`, the experts sharded over their expert data-parallel ranks
+    (torchtitan's FSDP + EP)."""
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage!r}")
     if gather_unit not in GATHER_UNITS:
@@ -272,7 +275,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, zero_stage: int = 3, micro_batch: int
                                             shard_group=shard_group, overlap_grad_reduce=overlap_grad_reduce,
                                             offload_optimizer=offload_optimizer,
                                             offload_params=offload_params, sequence_parallel=sequence_parallel,
-                                            tp_comm_overlap=tp_comm_overlap))
+                                            tp_comm_overlap=tp_comm_overlap, ep=ep, etp=etp))
     opts = dict(s.found_by["options"])
     opts.update(zero_stage=zero_stage)
     if gather_unit != "block":
@@ -313,7 +316,7 @@ BASELINES: dict[str, Baseline] = {
         Baseline("fsdp", fsdp, "FSDP / ZeRO sharded data parallelism (optionally with tp and pp)",
                  ("zero_stage", "micro_batch", "tp", "pp", "cp", "recompute", "gather_unit", "fp8",
                   "shard_group", "overlap_grad_reduce", "offload_optimizer", "offload_params", "sequence_parallel",
-                  "tp_comm_overlap")),
+                  "tp_comm_overlap", "ep", "etp")),
     ]
 }
 
