@@ -15,8 +15,9 @@ from typing import Any
 
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
 from engine.layout import OPTION_NAMES, Layout
+from engine.moe import expert_counts
 from engine.search.baselines import BASELINES, make_baseline, megatron
-from engine.strategy import Config, Strategy, validate_strategy
+from engine.strategy import RECOMPUTE_MODULES, Config, Strategy, validate_strategy
 
 from .sessions import current
 from .simulation import check_size, workspace
@@ -25,7 +26,7 @@ from .state import (MAX_COMPARED, MAX_HISTORY, SWITCHES, bump, config_dict, cont
                     same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
-           "layout_options", "build_baseline", "set_expert_loads",
+           "layout_options", "build_baseline", "set_expert_loads", "module_reasons", "moe_overlap_reason",
            "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
            "LAYOUT_OVERLAPS", "LAYOUT_OFFLOADS", "SHOWN_PROBLEMS"]
 
@@ -211,10 +212,47 @@ LAYOUT_KINDS = ("megatron", "fsdp")
 #: engine's layout has (a switch it drops leaves the panel with it; pipeline sends always run
 #: beside compute in the engine, so there is no p2p switch)
 LAYOUT_OVERLAPS = {value: name for value, name in (("tp", "tp_comm_overlap"), ("grad", "overlap_grad_reduce"),
-                                                   ("param", "overlap_param_gather"))
+                                                   ("param", "overlap_param_gather"), ("moe", "moe_comm_overlap"))
                    if name in OPTION_NAMES}
 #: the layout panel's offload dropdowns (form name -> Layout field; each none, cpu or nvme)
 LAYOUT_OFFLOADS = {"opt-offload": "offload_optimizer", "param-offload": "offload_params"}
+
+
+def module_reasons(graph) -> dict[str, str | None]:
+    """Why each of Megatron-Core's recompute modules (:data:`engine.strategy.RECOMPUTE_MODULES`)
+    does not apply to ``graph`` (None where it does), by the names the model builders give
+    (:func:`engine.recompute.recomputed_ops`): ``mlp`` needs a dense MLP layer (``*.mlp.*``
+    outside the MoE layers), the MoE ones mixture-of-experts layers (``shared_experts`` shared
+    experts too), ``layernorm`` norms, ``mla_up_proj`` multi-head latent attention (ops named
+    ``*.attn.q_up`` / ``*.attn.kv_up``); ``core_attn``, Megatron's default, always applies."""
+    moe_blocks = {op.block for op in graph.ops if op.kind == "experts"}
+    has = {"mlp": any(".mlp." in op.name and op.block not in moe_blocks for op in graph.ops),
+           "moe": bool(expert_counts(graph)), "moe_act": bool(expert_counts(graph)),
+           "shared_experts": any(".mlp.shared." in op.name for op in graph.ops),
+           "layernorm": any(op.kind in ("layernorm", "rmsnorm") for op in graph.ops),
+           "mla_up_proj": any(op.name.endswith((".attn.q_up", ".attn.kv_up")) for op in graph.ops)}
+    what = {"mlp": "dense MLP layers", "moe": "mixture-of-experts layers", "moe_act": "mixture-of-experts layers",
+            "shared_experts": "shared experts", "layernorm": "layer norms",
+            "mla_up_proj": "multi-head latent attention (MLA)"}
+    return {m: None if has.get(m, True) else f"{graph.name} has no {what[m]}" for m in RECOMPUTE_MODULES}
+
+
+def moe_overlap_reason(graph) -> str | None:
+    """Why the MoE all-to-all overlap (``--overlap-moe-expert-parallel-comm``) does not apply
+    to ``graph`` (a dense model has no all-to-alls); None for a mixture-of-experts model."""
+    return None if expert_counts(graph) else f"{graph.name} has no mixture-of-experts layers (no all-to-alls)"
+
+
+def _model_problem(graph, opts: dict[str, Any]) -> str | None:
+    """What in the layout options does not apply to ``graph``: a recompute module it lacks the
+    layers for, or the MoE overlap on a dense model (the engine would ignore them silently)."""
+    reasons = module_reasons(graph)
+    for m in opts.get("recompute_modules") or ():
+        if reasons.get(m):
+            return f"recompute module {m}: {reasons[m]}"
+    if opts.get("moe_comm_overlap") and moe_overlap_reason(graph):
+        return f"MoE all-to-all overlap (--overlap-moe-expert-parallel-comm): {moe_overlap_reason(graph)}"
+    return None
 
 
 def _whole(v: Any) -> int | None:
@@ -247,6 +285,9 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
         opts[opt] = n
     if form.get("recompute") not in (None, ""):
         opts["recompute"] = str(form["recompute"])[:40]
+    mods = form.get("recompute-modules")
+    if isinstance(mods, (list, tuple)) and mods:  # (with recompute selective: Layout says so otherwise)
+        opts["recompute_modules"] = [str(m)[:40] for m in mods[:2 * len(RECOMPUTE_MODULES)]]
     if form.get("zero") not in (None, ""):
         z = str(form["zero"])[:4]
         if z not in ("0", "1", "2", "3"):
@@ -271,6 +312,10 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
             if opts.get(k, 1) != 1:
                 raise ValueError(f"fsdp does not take {k} (expert parallelism): pick megatron for it")
             opts.pop(k, None)
+        for k, what in (("recompute_modules", "recompute modules (Megatron-Core's --recompute-modules)"),
+                        ("moe_comm_overlap", "the MoE all-to-all overlap (Megatron-Core's)")):
+            if opts.get(k):
+                raise ValueError(f"fsdp does not take {what}: pick megatron for it")
     elif "shard_group" in opts:
         raise ValueError("a shard group (hybrid sharding) applies to fsdp")
     Layout.from_options(opts)  # (the one layout record checks every field: its name and valid values)
@@ -311,6 +356,9 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     default; 0 or a fraction is refused."""
     try:
         opts = layout_options(kind, form if isinstance(form, dict) else {})
+        why = _model_problem(graph_of(state), opts)
+        if why:
+            raise ValueError(why)
         s = build_baseline(kind, graph_of(state), cluster_of(state), **opts)
     except (ValueError, SoapboxError) as e:
         return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
@@ -322,7 +370,8 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
                                                    cluster_of(state)):
         s = replace(s, expert_loads=tuple(float(x) for x in loads))  # (the routing what-if stays)
         parts.append("routing what-if kept")
-    extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}"
+    mods = f" ({', '.join(s.recompute_modules)})" if s.recompute_modules else ""
+    extra = [x for x in (f"ZeRO {s.zero_stage}" if s.zero_stage else "", f"recompute {s.recompute}{mods}"
                          if s.recompute != "none" else "", "sequence parallel" if s.sequence_parallel else "",
                          "fp8" if s.fp8 else "") if x] + switch_notes(s)
     # the options the user gave, so that another cluster size rebuilds the layout from them (a

@@ -17,8 +17,8 @@ from .uploads import MAX_UPLOAD_BYTES
 __all__ = ["register"]
 
 #: the layout panel's components, in the order the reducer reads them (form name -> component)
-_LAYOUT_FORM = ("kind", "tp", "pp", "cp", "vpp", "mb", "shard", "ep", "etp", "recompute", "zero", "schedule", "flags",
-                "overlap", "opt-offload", "param-offload")
+_LAYOUT_FORM = ("kind", "tp", "pp", "cp", "vpp", "mb", "shard", "ep", "etp", "recompute", "recompute-modules", "zero",
+                "schedule", "flags", "overlap", "opt-offload", "param-offload")
 
 
 def _shown(value, showing):

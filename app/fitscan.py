@@ -22,6 +22,19 @@ __all__ = ["fit_start", "fit_status", "layout_of"]
 _GIVEN = tuple(n for n in OPTION_NAMES if n not in ("dp", "stage_mesh", "global_batch"))
 
 
+def _plain(k: str, v: Any) -> bool:
+    """Whether option ``k``'s value is one a layout carries: a flag, a number or a word, or
+    for ``recompute_modules`` a list of words (Megatron-Core's --recompute-modules)."""
+    if k == "recompute_modules":
+        return isinstance(v, (list, tuple)) and all(isinstance(m, str) for m in v)
+    return isinstance(v, (bool, int, str))
+
+
+def _shown(k: str, v: Any) -> str:
+    """An option in words: ``tp 2``, ``sequence parallel``, ``recompute modules mlp,moe``."""
+    return k.replace("_", " ") + ("" if v is True else f" {','.join(v) if isinstance(v, (list, tuple)) else v}")
+
+
 def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
     """(baseline kind, the options that rebuild the strategy's layout on another cluster size,
     a description) for a strategy made by a baseline builder or the layout panel; None for a
@@ -36,9 +49,9 @@ def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
     if kind not in BASELINES:
         return None
     if isinstance(given, dict):  # the layout panel's: exactly what the user set (the builder's defaults else)
-        o = {k: v for k, v in given.items() if k in _GIVEN and isinstance(v, (bool, int, str))}
+        o = {k: v for k, v in given.items() if k in _GIVEN and _plain(k, v)}
     elif kind in ("megatron", "fsdp"):  # a file's or a starting baseline's: its degrees, not the micro-batch
-        o = {k: v for k, v in o.items() if k in _GIVEN and k != "micro_batch" and isinstance(v, (bool, int, str))}
+        o = {k: v for k, v in o.items() if k in _GIVEN and k != "micro_batch" and _plain(k, v)}
         o["zero_stage"] = strategy.zero_stage
         if kind == "megatron":
             o["fp8"] = strategy.fp8
@@ -50,8 +63,8 @@ def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
         Layout.from_options({k: v for k, v in o.items() if k != "shard_group" or kind == "fsdp"})
     except (ValueError, TypeError):
         return None  # (a file's options no layout can hold: nothing to carry over)
-    shown = ", ".join([k.replace("_", " ") + ("" if v is True else f" {v}") for k, v in o.items() if k not in SWITCHES
-                       and (v is True or v not in (None, False, "none", 0, 1) or k in ("tp", "pp", "micro_batch"))]
+    shown = ", ".join([_shown(k, v) for k, v in o.items() if k not in SWITCHES
+                       and (v is True or v not in (None, False, "none", 0, 1, []) or k in ("tp", "pp", "micro_batch"))]
                       + switch_notes(o))
     return kind, o, f"{kind}" + (f" ({shown})" if shown else "")
 

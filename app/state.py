@@ -230,12 +230,13 @@ def same_settings(a: Strategy, b: Strategy) -> bool:
 
 #: the overlap and offload switches (fields of both :class:`engine.layout.Layout` and
 #: :class:`engine.strategy.Strategy`; those the layout has) and their defaults, the layout's
+#: (the panel's: the engine's SWITCHES less the buffer switches)
 SWITCHES = {f.name: f.default for f in fields(Layout)
-            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer",
-                          "offload_params")}  # (the panel's: the engine's SWITCHES less the buffer switches)
+            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_comm_overlap",
+                          "offload_optimizer", "offload_params")}
 
 _SWITCH_WORDS = {"tp_comm_overlap": "tp comm overlap", "overlap_grad_reduce": "grad-reduce overlap",
-                 "overlap_param_gather": "param-gather overlap",
+                 "overlap_param_gather": "param-gather overlap", "moe_comm_overlap": "MoE all-to-all overlap",
                  "offload_optimizer": "optimizer offloaded to", "offload_params": "parameters offloaded to"}
 _DEVICE_WORDS = {"cpu": "CPU", "nvme": "NVMe"}
 

@@ -22,7 +22,7 @@ from app.tabs import editor as ED
 
 #: the overlaps on by default, as the panel ticks them
 DEFAULT_TICKED = ["grad"]
-ALL = ["tp", "grad", "param"]
+ALL = ["tp", "grad", "param", "moe"]  # (moe: mixture-of-experts models only)
 
 
 @pytest.fixture()
@@ -114,20 +114,20 @@ class TestThePanel:
     def test_overlaps_disabled_with_the_reason_where_they_do_not_apply(self):
         options, ticked = ED.overlap_choices("megatron", [], None, None, ALL)
         off = {o["value"]: o["title"] for o in options if o["disabled"]}
-        assert set(off) == {"tp", "param"}
+        assert set(off) == {"tp", "param", "moe"}
         assert "needs sequence parallel" in off["tp"] and "ZeRO 1 or 2" in off["param"]
         assert ticked == DEFAULT_TICKED
-        options, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL)
+        options, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL, moe_why=None)
         assert not any(o["disabled"] for o in options) and ticked == ALL
         options, _ = ED.overlap_choices("fsdp", [], None, 2, [])  # fsdp: ZeRO 3 by default
-        assert [o["value"] for o in options if o["disabled"]] == ["tp", "param"]
+        assert [o["value"] for o in options if o["disabled"]] == ["tp", "param", "moe"]
 
     def test_all_overlap_off_unticks_all(self):
         _, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL, all_off=True)
         assert ticked == []
 
-    def test_the_three_overlaps(self):
-        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ["tp", "grad", "param"]
+    def test_the_four_overlaps(self):
+        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ["tp", "grad", "param", "moe"]
 
     @pytest.mark.parametrize("junk", [None, "x", 3.5, {"a": 1}, [None, 1, ["p2p"]], float("nan"), True])
     def test_any_value_from_the_page(self, junk):

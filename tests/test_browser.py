@@ -130,6 +130,7 @@ class TestExplorer:
         boxes = page.locator("#layout-overlap input[type=checkbox]")
         expect(page.locator("#layout-overlap input[value=grad]")).to_be_checked()
         expect(page.locator("#layout-overlap input[value=tp]")).to_be_disabled()
+        expect(page.locator("#layout-overlap input[value=moe]")).to_be_disabled()  # (a dense model: no all-to-alls)
         page.locator("#layout-flags").get_by_text("sequence parallel").click()
         expect(page.locator("#layout-overlap input[value=tp]")).to_be_enabled()
         page.locator("#layout-flags").get_by_text("sequence parallel").click()

@@ -15,7 +15,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from engine.device_runs import device_runs
 from engine.errors import SoapboxError
 
-from ..actions import LAYOUT_OVERLAPS
+from ..actions import LAYOUT_OVERLAPS, module_reasons, moe_overlap_reason
 from ..fitscan import layout_of
 from ..store import digest_of
 from ..fmt import format_seconds
@@ -25,7 +25,8 @@ from ..components import first_line
 from ..views import op_details
 
 __all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "overlap_choices", "register",
-           "moe_fields", "PANEL_FIELDS", "MOE_FIELDS", "OVERLAP_CHOICES", "OFFLOAD_CHOICES"]
+           "moe_fields", "module_choices", "model_reasons", "PANEL_FIELDS", "MOE_FIELDS", "OVERLAP_CHOICES",
+           "OFFLOAD_CHOICES", "MODULE_CHOICES", "NO_MOE"]
 
 #: the layout panel's fields: (form name, label, placeholder, builder option)
 PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "1", "cp"), ("vpp", "vpp", "1", "vpp"),
@@ -38,22 +39,33 @@ MOE_FIELDS = ("ep", "etp")
 #: layout fields of :data:`app.actions.LAYOUT_OVERLAPS`
 OVERLAP_CHOICES = tuple(c for c in (("tp", " tensor-parallel comm with the GEMMs", "--tp-comm-overlap"),
                                     ("grad", " gradient reduce during backward", "--overlap-grad-reduce"),
-                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"))
+                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"),
+                                    ("moe", " MoE all-to-all overlap (under another microbatch)",
+                                     "--overlap-moe-expert-parallel-comm"))
                         if c[0] in LAYOUT_OVERLAPS)
+#: why the MoE overlap is off when the model is not known to have experts
+NO_MOE = "needs a mixture-of-experts model"
+#: Megatron-Core's recompute modules (engine.strategy.RECOMPUTE_MODULES): (name, what it reruns)
+MODULE_CHOICES = (("core_attn", "the attention core (Megatron's default when none is ticked)"),
+                  ("mlp", "the dense MLP layers"), ("moe", "the MoE layers, with the token dispatch"),
+                  ("moe_act", "the experts' activation"), ("shared_experts", "the shared experts"),
+                  ("layernorm", "the layer norms"), ("mla_up_proj", "MLA's up-projections"))
 #: where ZeRO-Offload / ZeRO-Infinity keep what they offload (engine.strategy.OFFLOAD_DEVICES)
 OFFLOAD_CHOICES = ({"label": "none", "value": "none"}, {"label": "CPU", "value": "cpu"},
                    {"label": "NVMe", "value": "nvme"})
 
 
-def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
-                    all_off: bool = False) -> tuple[list[dict], list[str]]:
+def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any, all_off: bool = False,
+                    moe_why: str | None = NO_MOE) -> tuple[list[dict], list[str]]:
     """The overlap checkboxes for what the panel's other fields say: (options, ticked values).
 
     A switch that does not apply is disabled, with the reason as its tooltip: tensor-parallel
     overlap without sequence parallelism, parameter-gather overlap outside ZeRO 1/2 under
-    megatron; a disabled switch is unticked (on, it would be refused). Pipeline sends always
-    run beside compute (the engine has no switch for them). ``all_off``: nothing ticked. Values from the page may be anything: a
-    ``ticked`` that is not a list is the layout's defaults.
+    megatron, the MoE all-to-all overlap for a dense model (``moe_why``, None for a
+    mixture-of-experts model: :func:`app.actions.moe_overlap_reason`) or under fsdp; a disabled
+    switch is unticked (on, it would be refused). Pipeline sends always run beside compute (the
+    engine has no switch for them). ``all_off``: nothing ticked. Values from the page may be
+    anything: a ``ticked`` that is not a list is the layout's defaults.
     """
     sp = isinstance(flags, (list, tuple)) and "sp" in flags
     default_zero = 3 if kind == "fsdp" else 0
@@ -62,9 +74,12 @@ def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
            "grad": None,
            "param": (None if kind == "megatron" and z in (1, 2) else
                      "only with ZeRO 1 or 2 under megatron (the distributed optimizer's all-gather; ZeRO-3 "
-                     "gathers before each use)")}
+                     "gathers before each use)"),
+           "moe": (moe_why if moe_why is not None else None if kind == "megatron" else
+                   "Megatron-Core's, with megatron layouts (pick megatron)")}
+    hide = "hides the all-to-alls under another microbatch's compute (2+ microbatches)"
     options = [{"label": label, "value": value, "disabled": why[value] is not None,
-                "title": f"{flag}: {why[value]}" if why[value] else flag}
+                "title": f"{flag}: {why[value]}" if why[value] else flag + (f": {hide}" if value == "moe" else "")}
                for value, label, flag in OVERLAP_CHOICES]
     if all_off:
         return options, []
@@ -75,8 +90,47 @@ def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any,
                      if value in on and why[value] is None]
 
 
+def module_choices(recompute: Any, kind: Any, reasons: Any, ticked: Any) -> tuple[list[dict], list[str], str]:
+    """The recompute-module checkboxes (Megatron-Core's ``--recompute-modules``) for what the
+    panel says: (options, ticked values, the line under them). Every module is disabled, with
+    the reason in the line, unless recomputation is selective under megatron; a module that
+    does not apply to the model (``reasons``: :func:`app.actions.module_reasons`) is disabled
+    with its reason as the tooltip. A disabled module is unticked (on, it would be refused).
+    Values from the page may be anything."""
+    reasons = reasons if isinstance(reasons, dict) else {}
+    off = ("Megatron-Core's --recompute-modules: pick megatron" if kind != "megatron" else
+           None if recompute == "selective" else
+           "Recompute modules: only with recomputation selective (Megatron's --recompute-granularity selective).")
+    options = []
+    for name, what in MODULE_CHOICES:
+        why = reasons.get(name) if isinstance(reasons.get(name), str) else None
+        options.append({"label": f" {name}", "value": name, "disabled": bool(off or why),
+                        "title": f"{name}: {what}" + (f" (not here: {why})" if why else "")})
+    if off:
+        return options, [], off
+    on = {x for x in ticked if isinstance(x, str)} if isinstance(ticked, (list, tuple)) else set()
+    value = [o["value"] for o in options if o["value"] in on and not o["disabled"]]
+    greyed = [o["value"] for o in options if o["disabled"]]
+    return options, value, ("--recompute-modules: the ticked parts rerun their forward in the backward instead of "
+                            "keeping activations; none ticked: core_attn (Megatron's default)."
+                            + (f" Not for this model: {', '.join(greyed)} (hover for why)." if greyed else ""))
+
+
+def model_reasons(state: Any) -> tuple[dict[str, str | None], str | None]:
+    """(why each recompute module does not apply, why the MoE overlap does not) for the
+    state's model (:func:`app.actions.module_reasons`, :func:`app.actions.moe_overlap_reason`);
+    for a state that cannot be read, none known and the overlap off."""
+    try:
+        check_state(state)
+        g = graph_of(state)
+    except (ValueError, SoapboxError):
+        return {}, NO_MOE
+    return module_reasons(g), moe_overlap_reason(g)
+
+
 def layout_panel() -> html.Div:
     options, ticked = overlap_choices("megatron", [], None, None, None)
+    modules, _, why = module_choices("none", "megatron", {}, [])
     return html.Div([
         html.H3("Layout"),
         html.P("A Megatron (tensor x pipeline x data) or FSDP layout; data parallel fills the rest. "
@@ -89,6 +143,9 @@ def layout_panel() -> html.Div:
         html.P(id="layout-moe-hint", className="hint"),
         html.Label("recomputation", htmlFor="layout-recompute"),
         dcc.Dropdown(id="layout-recompute", options=["none", "selective", "full"], value="none", clearable=False),
+        dcc.Checklist(id="layout-recompute-modules", options=modules, value=[], inline=True,
+                      className="layout-modules"),
+        html.P(why, id="layout-modules-hint", className="hint"),
         html.Label("ZeRO stage", htmlFor="layout-zero"),
         dcc.Dropdown(id="layout-zero", options=[{"label": str(z), "value": z} for z in (0, 1, 2, 3)],
                      placeholder="0 (megatron) / 3 (fsdp)"),
@@ -140,7 +197,8 @@ def panel_values(state: dict) -> dict[str, Any]:
     found = layout_of(s)
     empty = {name: None for name, *_ in PANEL_FIELDS}
     switches = {"overlap": [value for value, name in LAYOUT_OVERLAPS.items() if getattr(s, name)],
-                "opt-offload": s.offload_optimizer, "param-offload": s.offload_params}
+                "opt-offload": s.offload_optimizer, "param-offload": s.offload_params,
+                "recompute-modules": list(s.recompute_modules)}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
         return {"kind": "megatron", **empty, "recompute": "none", "zero": None, "schedule": None, "flags": [],
@@ -238,8 +296,8 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
                    f"{edp}; tokens reach their experts by an all-to-all within each group of {lay.ep} ranks.")
 
 
-_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "zero", "schedule", "flags", "overlap",
-                                                                "opt-offload", "param-offload"]
+_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "recompute-modules", "zero", "schedule",
+                                                                "flags", "overlap", "opt-offload", "param-offload"]
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
@@ -280,11 +338,20 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
 
     @app.callback(Output("layout-overlap", "options"), Output("layout-overlap", "value", allow_duplicate=True),
                   Input("layout-kind", "value"), Input("layout-flags", "value"), Input("layout-zero", "value"),
-                  Input("layout-pp", "value"), Input("layout-overlap-off", "n_clicks"),
+                  Input("layout-pp", "value"), Input("layout-overlap-off", "n_clicks"), Input("state", "data"),
                   State("layout-overlap", "value"), prevent_initial_call=True)
-    def _overlap(kind, flags, zero, pp, _off, ticked):
+    def _overlap(kind, flags, zero, pp, _off, state, ticked):
         # which overlaps apply follows the fields they depend on (as the user types, and when
-        # the panel is set from the page's strategy: it sets the ticks first)
+        # the panel is set from the page's strategy: it sets the ticks first) and the model
         off = ctx.triggered_id == "layout-overlap-off"
-        options, value = overlap_choices(kind, flags, zero, pp, ticked, all_off=off)
+        options, value = overlap_choices(kind, flags, zero, pp, ticked, all_off=off, moe_why=model_reasons(state)[1])
         return options, (no_update if value == ticked else value)
+
+    @app.callback(Output("layout-recompute-modules", "options"),
+                  Output("layout-recompute-modules", "value", allow_duplicate=True),
+                  Output("layout-modules-hint", "children"),
+                  Input("layout-recompute", "value"), Input("layout-kind", "value"), Input("state", "data"),
+                  State("layout-recompute-modules", "value"), prevent_initial_call=True)
+    def _modules(recompute, kind, state, ticked):
+        options, value, hint = module_choices(recompute, kind, model_reasons(state)[0], ticked)
+        return options, (no_update if value == ticked else value), hint
