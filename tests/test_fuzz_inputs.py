@@ -607,7 +607,8 @@ class TestNameResolution:
         assert opened == [str(path)]
         assert summary == (f"{path}: valid soapbox.strategy/1 structure (24 ops); not checked against a model and "
                            "cluster: unknown model '/etc/hostname': not a sample model (alexnet, inception_v3, "
-                           "resnet101, rnntc, rnnlm, nmt, transformer, gpt2, gpt3-175b, bert-large, llama2-7b)")
+                           "resnet101, rnntc, rnnlm, nmt, transformer, gpt2, gpt3-175b, bert-large, llama2-7b, "
+                           "mixtral-8x7b, deepseek-v3, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-120b)")
 
     def test_validate_a_profile(self, tmp_path):
         path = tmp_path / "p.json"
