@@ -16,7 +16,7 @@ from typing import Any
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
 from engine.layout import OPTION_NAMES, Layout
 from engine.moe import expert_counts
-from engine.search.baselines import BASELINES, make_baseline, megatron
+from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import RECOMPUTE_MODULES, Config, Strategy, validate_strategy
 
 from .sessions import current
@@ -308,10 +308,9 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
             v = opts.pop(k, None)
             if v is True or v not in (None, 1, False):
                 raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
-        for k in ("ep", "etp"):
-            if opts.get(k, 1) != 1:
-                raise ValueError(f"fsdp does not take {k} (expert parallelism): pick megatron for it")
-            opts.pop(k, None)
+        for k in ("ep", "etp"):  # (fsdp folds them as megatron does: torchtitan's FSDP + EP)
+            if opts.get(k) == 1:
+                opts.pop(k)
         for k, what in (("recompute_modules", "recompute modules (Megatron-Core's --recompute-modules)"),
                         ("moe_comm_overlap", "the MoE all-to-all overlap (Megatron-Core's)")):
             if opts.get(k):
@@ -386,15 +385,8 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
 
 
 def build_baseline(kind: str, graph, cluster, **options: Any) -> Strategy:
-    """:func:`engine.search.baselines.make_baseline`, and a Megatron layout with expert
-    parallelism (``ep`` / ``etp``) through :func:`engine.search.baselines.megatron` while the
-    baseline registry does not list those options."""
-    moe = {k: options[k] for k in ("ep", "etp") if options.get(k) not in (None, 1)}
-    if kind == "megatron" and moe and not set(moe) <= set(BASELINES["megatron"].options):
-        unknown = sorted(set(options) - set(BASELINES["megatron"].options) - {"ep", "etp"})
-        if unknown:
-            make_baseline(kind, graph, cluster, **{k: options[k] for k in unknown})  # (raises, naming them)
-        return megatron(graph, cluster, **{k: v for k, v in options.items() if v is not None})
+    """:func:`engine.search.baselines.make_baseline` with the layout panel's options (an ep or
+    etp of 1, the default, is left out for the kinds that do not take them)."""
     return make_baseline(kind, graph, cluster, **{k: v for k, v in options.items()
                                                   if k not in ("ep", "etp") or v not in (None, 1)})
 

@@ -93,14 +93,17 @@ class TestLayoutPanel:
         assert not disabled
         assert "8 experts over ep 8: 1 per rank" in hint and "expert data parallel 8" in hint, hint
 
-    def test_dense_models_and_fsdp_disable_ep_with_the_reason(self, ep8):
+    def test_dense_models_disable_ep_with_the_reason_and_fsdp_takes_it(self, ep8):
         dense = ST.new_state("gpt2", CLUSTER, "data-parallel")
         disabled, hint = ED.moe_fields(dense, "megatron", {})
         assert disabled and "needs a mixture-of-experts model" in hint and "gpt2" in hint
-        disabled, hint = ED.moe_fields(ep8, "fsdp", {})
-        assert disabled and "pick megatron" in hint
+        disabled, hint = ED.moe_fields(ep8, "fsdp", {"ep": 8})
+        assert not disabled and "8 experts over ep 8" in hint, hint
+        # torchtitan's FSDP + EP: the experts folded as megatron folds them, ZeRO-3 over the rest
         new, msg = EV.on_event("layout-apply", ep8, layout={"kind": "fsdp", "ep": 8})
-        assert new is ep8 and "fsdp does not take ep" in msg
+        assert new is not ep8, msg
+        op, cfg = experts_config(new)
+        assert cfg.degree("expert") * cfg.degree("expert_seq") == 8 and new["strategy"]["zero_stage"] == 3
 
     @pytest.mark.parametrize("bad", [0, 2.5, "x"])
     def test_a_degree_that_is_not_a_whole_number_is_named(self, bad):

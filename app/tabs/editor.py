@@ -261,7 +261,7 @@ def render_editor(state: dict) -> tuple[list, list, str]:
 
 def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
     """(ep and etp disabled, the line under them) for the layout panel's current form: disabled
-    for a dense model or an fsdp layout, with the reason; for a mixture-of-experts model the
+    for a dense model, with the reason; for a mixture-of-experts model (megatron or fsdp) the
     engine's verdict on the layout typed so far (:func:`engine.layout.layout_problem`, which
     applies Megatron-Core's expert rules: :func:`engine.moe.moe_layout_problem`) or what it makes:
     experts per rank and the expert data-parallel degree."""
@@ -278,8 +278,6 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
     counts = sorted({op.attrs["num_experts"] for op in g.ops if op.kind == "experts"})
     if not counts:
         return True, f"ep / etp: expert parallelism needs a mixture-of-experts model; {g.name} has no experts."
-    if kind == "fsdp":
-        return True, "ep / etp: expert parallelism is a megatron layout here (pick megatron)."
     try:
         opts = layout_options("megatron", {k: form.get(k) for k in ("tp", "pp", "cp", "ep", "etp", "flags")})
         lay = Layout.from_options(opts)
