@@ -12,8 +12,18 @@ batch_norm variants, layer_norm, rms_norm, relu, gelu, silu, sigmoid, tanh, drop
 add / sub / mul / div (equal shapes; with a scalar, constant or broadcast operand as
 ``elementwise``), scaled_dot_product_attention (attention), embedding, cat, views (view,
 reshape, flatten, unflatten, squeeze, unsqueeze), transpose / permute, select / split / chunk
-(split), contiguous / clone / alias / detach (pass through). Anything else is listed with its
-count; ``unknown="elementwise"`` imports shape-preserving ones as ``elementwise`` ops.
+(split), slice (split, or nothing when whole), expand (broadcast: grouped-query heads),
+contiguous / clone / alias / detach / to (pass through), and RMSNorm spelled out in pieces
+(transformers' LlamaRMSNorm: one ``rmsnorm``). An in-place variant (``relu_``, ``add_``,
+``hardtanh_``) maps as its out-of-place op. Anything else is listed, every call with its count
+(a stand-in keeps the calls after an unmapped one mapped, so they are listed too);
+``unknown="elementwise"`` imports shape-preserving ones as ``elementwise`` ops.
+
+Shared parameters (GPT-2's ``lm_head.weight`` is its token table) share a ``param_group`` and
+count once; a table looked up by constant ids (positions from ``arange``) stays a parameter,
+its ids an input. Computations on constants alone (causal masks, rotary tables) cost nothing.
+A transformers model's ``config.use_cache`` is turned off (a note says so): training keeps no
+key/value cache, and ``torch.export`` cannot return one.
 
 Running the factory runs the user's code: only the command line does it (a name the user
 typed), never the app or a name read from a file.
@@ -33,6 +43,7 @@ from typing import Any
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import OpError
+from .torch_patterns import PASS_THROUGH, aten_name, rms_norms, shared_parameters
 
 __all__ = ["import_torch", "load_factory"]
 
@@ -41,9 +52,11 @@ _FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za
 _UNARY = {"relu": "relu", "gelu": "gelu", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
 _BINARY = {"add": "add", "sub": "add", "mul": "mul", "div": "mul"}
 _VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as"}
-_PASS = {"contiguous", "clone", "alias", "detach", "_to_copy", "to", "lift_fresh_copy"}
 _GENERIC = {"rsqrt": 2.0, "sqrt": 1.0, "exp": 4.0, "pow": 2.0, "neg": 1.0, "reciprocal": 1.0, "erf": 8.0,
-            "log": 4.0, "abs": 1.0, "clamp": 2.0, "mean": 1.0}
+            "log": 4.0, "abs": 1.0, "clamp": 2.0, "mean": 1.0, "hardtanh": 2.0, "leaky_relu": 2.0,
+            "hardswish": 4.0, "hardsigmoid": 3.0, "elu": 4.0, "sin": 4.0, "cos": 4.0}
+#: calls with no tensor result that soapbox skips (checks torch.export leaves in the graph)
+_SKIP = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range_for_size"}
 
 
 def load_factory(spec: str):
@@ -90,18 +103,26 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
     module, example = made
     example = example if isinstance(example, tuple) else (example,)
     module = module.to("meta")
+    notes = []
+    config = getattr(module, "config", None)
+    if getattr(config, "use_cache", False) is True:  # (transformers: a KV cache is for generation, not training)
+        config.use_cache = False
+        notes.append("use_cache turned off (a key/value cache is for generation; training keeps none)")
     example = tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in example)
     try:
         ep = torch.export.export(module.eval(), example)
     except Exception as e:
         raise fail("torch.export", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from None
-    counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            module(*example)
-        torch_flops = float(counter.get_total_flops())
-    except Exception:  # (a module the counter cannot run on meta tensors: no cross-check)
-        torch_flops = None
+    torch_flops = None
+    for run in (module, ep.module()):  # (the capture runs where eager code reads values: masks' .item())
+        counter = FlopCounterMode(display=False)
+        try:
+            with counter:
+                run(*example)
+            torch_flops = float(counter.get_total_flops())
+            break
+        except Exception:  # (neither runs on meta tensors: no cross-check)
+            continue
 
     dtypes = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     sig = ep.graph_signature
@@ -119,10 +140,16 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
     unmapped: dict[str, list[str]] = {}
     problems = 0
     used = Counter()
+    params = set(sig.inputs_to_parameters)
+    tied = shared_parameters(ep, module)
+    absorbed, norms, gains = rms_norms(g, params)
 
     def shape(n) -> tuple[int, ...] | None:
         v = n.meta.get("val") if hasattr(n, "meta") else None
         return tuple(int(d) for d in v.shape) if isinstance(v, torch.Tensor) else None
+
+    int_inputs = [shape(n) for n in g.nodes if n.op == "placeholder" and n.name in user_inputs
+                  and n.meta["val"].dtype in (torch.int64, torch.int32)]
 
     def nm(n) -> str:
         used[n.name] += 1
@@ -145,6 +172,8 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
         if n.op != "call_function":
             continue
         target = n.target
+        if n.name in absorbed:
+            continue
         if target is operator.getitem:
             src, k = n.args
             if src.name in ref and isinstance(ref[src.name], list):
@@ -152,13 +181,28 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
             elif src.name in const:
                 const[n.name] = shape(n)
             continue
-        op = getattr(getattr(target, "_overloadpacket", None), "__name__", str(target)).split(".")[-1]
+        op = aten_name(target)
+        if op in _SKIP:
+            continue
         args = list(n.args)
         acts = [a for a in args if hasattr(a, "name") and a.name in ref]
-        if not acts:
-            const[n.name] = shape(n)  # (shape arithmetic on constants)
-            continue
         out = shape(n)
+        if op == "embedding" and not acts and args[0].name in params and shape(args[1]) is not None:
+            # a table looked up by constant ids (positions from arange): ids become an input,
+            # one row per sample as the token ids have, so that the table stays a parameter
+            ids = shape(args[1])
+            tokens = next((s for s in int_inputs if len(ids) == 2 and ids[0] == 1 and s and len(s) == 2
+                           and s[1] == ids[1]), None)  # [batch, seq] of the token ids
+            name_ = nm(n)
+            pos = b.input(f"{name_}.ids", list(tokens or ids), dtype="int64",
+                          **({"axes": ["sample", "length"]} if tokens else {}))
+            v, d = const[args[0].name]
+            ref[n.name] = b.add("embedding", name_, [pos], num_embeddings=v, embedding_dim=d,
+                                param_group=tied.get(args[0].name))
+            continue
+        if not acts:
+            const[n.name] = shape(n)  # (shape arithmetic on constants, the causal mask: it costs nothing)
+            continue
 
         def add(kind: str, inputs, **attrs: Any):
             try:
@@ -172,8 +216,13 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
 
         x = args[0] if args else None
         try:
-            if op == "linear" and x.name in ref and args[1].name in const:
-                add("linear", [x], out_features=const[args[1].name][0], bias=len(args) > 2 and args[2] is not None)
+            if n.name in norms:
+                add("rmsnorm", [ref[norms[n.name]]])
+            elif n.name in gains:  # (the rmsnorm's gain)
+                ref[n.name] = ref[gains[n.name]]
+            elif op == "linear" and x.name in ref and args[1].name in const:
+                add("linear", [x], out_features=const[args[1].name][0], bias=len(args) > 2 and args[2] is not None,
+                    param_group=tied.get(args[1].name))
             elif op in ("mm", "matmul") and len(acts) == 1 and x.name in ref and args[1].name in const:
                 add("linear", [x], out_features=const[args[1].name][-1], bias=False)
             elif op == "addmm" and args[1].name in ref and args[2].name in const:
@@ -230,7 +279,7 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
                 add("attention", acts[:3], causal=causal)
             elif op == "embedding" and args[0].name in const:
                 v, d = const[args[0].name]
-                add("embedding", [args[1]], num_embeddings=v, embedding_dim=d)
+                add("embedding", [args[1]], num_embeddings=v, embedding_dim=d, param_group=tied.get(args[0].name))
             elif op in _VIEWS and out is not None:
                 add("reshape", [x], shape=list(out))
             elif op in ("transpose", "t", "permute"):
@@ -263,17 +312,35 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
                 outs = [tuple(int(d) for d in v.shape) for v in n.meta["val"]]
                 r = add("split", [x], axis=axis, sizes=[o[axis] for o in outs])
                 ref[n.name] = r if isinstance(r, list) else [r]
-            elif op in _PASS:
+            elif op == "expand" and out is not None:
+                ref[n.name] = _expand(b, ref[x.name], shape(x), out, n.name)
+            elif op == "slice" and out is not None and (args[4] if len(args) > 4 else 1) == 1:
+                axis = int(args[1]) % len(out)
+                size = shape(x)[axis]
+                start = min(max(int(args[2]) + (size if int(args[2]) < 0 else 0), 0), size) if len(args) > 2 else 0
+                pieces = [p for p in (start, out[axis], size - start - out[axis]) if p]
+                r = add("split", [x], axis=axis, sizes=pieces) if len(pieces) > 1 else ref[x.name]
+                ref[n.name] = r[0 if start == 0 else 1] if isinstance(r, list) else r
+            elif op in PASS_THROUGH:
                 ref[n.name] = ref[x.name]
                 used[n.name] -= 1
             else:
                 raise _Unmapped()
-        except _Unmapped:
+        except ValidationError:
+            raise
+        except (_Unmapped, TypeError, IndexError, KeyError, AttributeError, ValueError):  # (never a traceback)
             if unknown == "elementwise" and x is not None and hasattr(x, "name") and x.name in ref and \
                     shape(x) == out:
                 add("elementwise", [x], flops_per_element=1.0, label=op)
             else:
                 problems += 1
+                # a stand-in input in its place, so the calls after it are mapped and listed too
+                vals = n.meta.get("val")
+                vals = vals if isinstance(vals, (tuple, list)) else [vals]
+                stand_ins = [b.input(f"{n.name}.unmapped{i}", list(v.shape)) for i, v in enumerate(vals)
+                             if isinstance(v, torch.Tensor)]
+                if stand_ins:
+                    ref[n.name] = stand_ins if isinstance(n.meta.get("val"), (tuple, list)) else stand_ins[0]
             unmapped.setdefault(op, []).append(n.name)
     if problems:
         listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(v[:3])})"
@@ -284,7 +351,6 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
         graph = b.build()
     except (OpError, ValueError) as e:
         raise fail("graph", str(e)) from None
-    notes = []
     if unmapped:
         notes.append("imported as elementwise (memory-bound): " + "; ".join(
             f"{op} x {len(v)}" for op, v in sorted(unmapped.items())))
@@ -296,7 +362,22 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
         notes.append(f"forward GEMM-class FLOPs: torch.utils.flop_counter {torch_flops:.4g}, soapbox {mine:.4g}"
                      + (f" (+{skipped:.4g} causal attention skips)" if skipped else "")
                      + ("" if math.isclose(torch_flops, mine + skipped, rel_tol=0.01) else " (they differ)"))
+    unique = sum(p.numel() for p in module.parameters())  # (a shared tensor once)
+    notes.append(f"parameters: torch {unique:,}, soapbox {graph.param_count:,}"
+                 + ("" if unique == graph.param_count else " (they differ: a parameter soapbox cannot place)"))
     return graph, notes
+
+
+def _expand(b: GraphBuilder, r: TensorRef, have: tuple[int, ...], want: tuple[int, ...], name: str) -> TensorRef:
+    """``expand`` as soapbox ops: a reshape adding the leading axes, then a ``broadcast`` per
+    size-1 axis that grows (grouped-query attention's repeated key/value heads)."""
+    if len(want) > len(have):
+        have = (1,) * (len(want) - len(have)) + tuple(have)
+        r = b.add("reshape", f"{name}.lead", [r], shape=list(have))
+    for axis, (h, w) in enumerate(zip(have, want)):
+        if h != w:
+            r = b.add("broadcast", f"{name}.axis{axis}", [r], axis=axis, size=w)
+    return r
 
 
 class _Unmapped(Exception):
