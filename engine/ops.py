@@ -1001,6 +1001,12 @@ def _attention_infer(ins, attrs, precision):
         raise OpError(f"{k.shape[1]} key/value heads must divide {q.shape[1]} query heads", "inputs[1]")
     if not isinstance(attrs.get("causal", False), bool):
         raise OpError(f"must be true or false, got {attrs['causal']!r}", "attrs.causal")
+    window = attrs.get("window")
+    if window is not None:
+        if not _is_int(window) or window < 1:
+            raise OpError(f"must be a positive integer (keys a query sees), got {window!r}", "attrs.window")
+        if not attrs.get("causal", False):
+            raise OpError("a sliding window needs causal attention (causal: true)", "attrs.window")
     # the values' head_dim may differ from the queries' and keys' (DeepSeek's multi-head latent
     # attention: 192 for q.k, 128 for v)
     return [TensorInfo(q.shape[:3] + v.shape[3:], q.axes, q.dtype)]
@@ -1019,9 +1025,30 @@ def _attention_dims(ins, outs, attrs):
 
 
 def _attention_flops(ins, outs, params, attrs):
+    """QK^T and PV over the keys each query sees: 2 b h s_q (d_q + d_v) x keys a query.
+
+    * full attention: s_k keys a query;
+    * causal: s_k / 2 (the triangle the causal mask keeps, counted as s^2 / 2 rather than
+      the exact s (s + 1) / 2, as Megatron's and FlashAttention's FLOPs formulas count it);
+    * causal in a sliding window of ``w`` keys (Mistral, Jiang et al. 2023 §2; each query
+      sees itself and the w - 1 keys before it): w' = min(w, s_k) keys less the triangle
+      of the first w' queries, (s_k w' - w'^2 / 2) / s_k keys a query on average, so
+      2 b h (d_q + d_v) (s w' - w'^2 / 2) for the whole op (exactly s w' - w' (w' - 1) / 2
+      keys; w' = s_k gives the causal s^2 / 2).
+
+    A length (context-parallel) split divides the queries, never the keys (s_k stays the
+    op's), so each query partition is priced at the average keys a query and the FLOPs of the
+    partitions add up to the op's; the imbalance between early and late queries is the
+    strategy's to balance (Megatron-Core's mirrored chunks), as for causal attention.
+    """
     q, k, v = ins
-    full = 2.0 * math.prod(q[:3]) * k[2] * (q[3] + v[3])  # QK^T and PV
-    return full / 2 if attrs.get("causal", False) else full
+    s_k = k[2]
+    if not attrs.get("causal", False):
+        keys = float(s_k)
+    else:
+        w = min(attrs.get("window") or s_k, s_k)
+        keys = w - w * w / (2.0 * s_k)
+    return 2.0 * math.prod(q[:3]) * keys * (q[3] + v[3])  # QK^T and PV
 
 
 # softmax cross-entropy loss ---------------------------------------------------------------------
@@ -1252,9 +1279,10 @@ def _build_registry() -> dict[str, OpKind]:
                _reshape_infer, _no_params, _reshape_dims, _zero_flops, 1.0, is_view=True, attrs=("shape", "axes")),
         OpKind("transpose", "Permute axes; attrs: perm.",
                _transpose_infer, _no_params, _transpose_dims, _zero_flops, 1.0, attrs=("perm",), bwd_reads_inputs=False),
-        OpKind("attention", "Fused scaled dot-product attention (FlashAttention) of q, k, v; attrs: causal.",
+        OpKind("attention", "Fused scaled dot-product attention (FlashAttention) of q, k, v; attrs: causal, window "
+                            "(a causal sliding window: the keys each query sees, itself included).",
                _attention_infer, _no_params, _attention_dims, _attention_flops, FLASH_BWD_FACTOR,
-               attrs=("causal",)),
+               attrs=("causal", "window")),
         OpKind("softmax_cross_entropy", "Softmax cross-entropy of logits against integer labels (one loss per example).",
                _ce_infer, _no_params, _ce_dims, _ce_flops, 1.0),
         OpKind("broadcast", "Repeat a size-1 axis (a tensor shared by every head: DeepSeek's rotary key); attrs: "

@@ -68,7 +68,7 @@ def test_qwen2_has_biases_on_qkv_only():
     ({"model_type": None}, "model_type None"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"mlp_bias": True}, "mlp_bias"),
-    ({"head_dim": 64}, "head_dim 64"),
+    ({"head_dim": 0}, "'head_dim' must be a positive integer"),
     ({"hidden_size": "4096"}, "'hidden_size' must be a positive integer"),
     ({"num_hidden_layers": 0}, "'num_hidden_layers' must be a positive integer"),
     ({"num_key_value_heads": 5}, "kv_heads"),

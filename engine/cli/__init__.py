@@ -8,7 +8,7 @@ Sub-commands (``soapbox COMMAND --help`` for each):
   every problem listed otherwise.
 * ``model gpt``: write a GPT-style model file from its shape.
 * ``import --hf config.json``: write a model file from a Hugging Face config (GPT-2, LLaMA,
-  Mistral, Qwen2).
+  Mistral, Qwen2, Phi-3, Gemma, Falcon and the MoE families Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS).
 * ``cluster NAME -o FILE``: write a preset as an editable cluster file.
 * ``schema model|cluster|strategy``: print a format's JSON Schema.
 * ``baseline``: build a baseline strategy for a model on a cluster and write it.
@@ -131,7 +131,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p = sub.add_parser("import", help="write a model file from an ONNX file or a Hugging Face config",
                        description="Write a soapbox.model/1 file from an ONNX model (needs the onnx package: "
                                    "pip install 'soapbox[onnx]') or a Hugging Face config.json (decoder-only "
-                                   "families: gpt2, llama, mistral, qwen2), read offline from local files.")
+                                   "families: gpt2, llama, mistral, qwen2, phi3, gemma, falcon, mixtral, qwen3_moe, "
+                                   "deepseek_v3, gpt_oss), read offline from local files.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("onnx_file", nargs="?", metavar="MODEL_ONNX", help="an ONNX model file")
     src.add_argument("--hf", metavar="CONFIG_JSON", help="a Hugging Face config.json")

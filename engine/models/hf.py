@@ -1,6 +1,7 @@
 """Decoder-only models from a Hugging Face ``config.json`` (read offline from a local file):
-GPT-2, LLaMA / Mistral (grouped-query attention, SwiGLU, RMSNorm, rotary positions) and Qwen2
-(the same with biases on the query, key and value projections), built by the same
+GPT-2, LLaMA / Mistral / Phi-3 (grouped-query attention, SwiGLU, RMSNorm, rotary positions),
+Qwen2 (the same with biases on the query, key and value projections), Gemma (GeGLU, heads of
+256) and Falcon (multi-query attention, parallel attention and MLP, LayerNorm), built by the same
 :func:`engine.models.transformer.gpt` as ``soapbox model gpt`` and the sample models; and the
 mixture-of-experts decoders Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS, built by
 :func:`engine.models.moe.moe_gpt` as the MoE samples (see :func:`from_hf_config` for the
@@ -11,10 +12,12 @@ The fields read are those of the ``transformers`` configuration classes (``GPT2C
 ``tie_word_embeddings``; ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config``:
 ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
 ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``, ``hidden_act``,
-``attention_bias``, ``mlp_bias``, ``tie_word_embeddings``, ``torch_dtype``), with those classes'
+``head_dim``, ``attention_bias``, ``mlp_bias``, ``tie_word_embeddings``, ``torch_dtype``,
+the sliding-window fields; Phi-3, Gemma and Falcon: see :func:`_dense`), with those classes'
 defaults where a field is absent. Anything that would change the parameter count or the
-computation and is not modelled (another activation, MLP biases, a head dimension that is not
-hidden / heads) is refused with the field named, not approximated. Sizes are bounded before
+computation and is not modelled (another activation, MLP biases, another norm placement) is
+refused with the field named, not approximated. Sliding windows shorter than the sequence
+are priced on fused attention ops with a ``window`` (:func:`engine.ops._attention_flops`). Sizes are bounded before
 anything is built (at most :data:`MAX_LAYERS` layers, :data:`MAX_SIZE` for a width and
 :data:`MAX_EXPERTS` experts), so a malformed config fails at once.
 """
@@ -32,8 +35,9 @@ from .transformer import GPTConfig, gpt
 __all__ = ["FAMILIES", "MOE_FAMILIES", "MAX_LAYERS", "MAX_SIZE", "MAX_EXPERTS", "from_hf_config"]
 
 #: ``model_type`` -> family
-FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "mixtral": "mixtral",
-            "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss"}
+FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "phi3": "phi3",
+            "gemma": "gemma", "falcon": "falcon", "mixtral": "mixtral", "qwen3_moe": "qwen3_moe",
+            "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss"}
 #: the mixture-of-experts families
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
@@ -90,15 +94,25 @@ def _rate(cfg: Mapping[str, Any], key: str, default: float, *, where: str) -> fl
     return float(v)
 
 
+def _layer_types(types: Any, layers: int, where: str) -> list[str]:
+    """A config's ``layer_types``, checked: 'sliding_attention' or 'full_attention' for each layer."""
+    if not isinstance(types, list) or len(types) != layers or \
+            not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ValueError(f"{where}: layer_types must list 'sliding_attention' or 'full_attention' for each "
+                         f"of the {layers} layers")
+    return types
+
+
 def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = None, precision: str | None = None,
                    name: str | None = None, source: str = "config.json", notes: list[str] | None = None) -> OpGraph:
     """The model a Hugging Face config describes, for a global batch of ``batch`` sequences of
     ``seq_len`` tokens (default: the config's context, at most 4,096), in ``precision``
     (default: the config's ``dtype`` or ``torch_dtype``, else bf16).
 
-    What a mixture-of-experts import prices differently from the config (sliding windows priced
-    as full attention, GPT-OSS's attention sinks, DeepSeek-V3's multi-token-prediction layer) is
-    appended to ``notes`` when given, and to the graph's description.
+    What an import prices differently from the config (GPT-OSS's attention sinks, DeepSeek-V3's
+    multi-token-prediction layer; a dense import's sliding window, priced on fused attention
+    ops) is appended to ``notes`` when given; a mixture-of-experts import's notes also go to
+    the graph's description.
 
     Raises
     ------
@@ -142,9 +156,10 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     ``norm_topk_prob``, ``routed_scaling_factor``, ``n_group`` / ``topk_group`` (the
     group-limited choice of experts), aux-loss coefficients, ``swiglu_limit``, rotary
     settings, ``quantization_config`` (the checkpoint's storage; ``--precision`` sets the
-    training precision). Priced differently, with a note: sliding-window layers as full
-    attention (an upper bound on their attention FLOPs), GPT-OSS's attention sinks (one logit
-    a head a layer: ``heads x layers`` parameters, 2,304 for gpt-oss-120b) left out.
+    training precision). Sliding windows shorter than the sequence are modelled (the ``window``
+    of the layers' fused attention: all layers for Mixtral and Qwen3-MoE, GPT-OSS's
+    ``layer_types``). Left out, with a note: GPT-OSS's attention sinks (one logit a head a
+    layer: ``heads x layers`` parameters, 2,304 for gpt-oss-120b).
     """
     where = source
     if not isinstance(cfg, Mapping):
@@ -181,29 +196,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         return _moe(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, source=source,
                     notes=notes)
     else:
-        layers = _int(cfg, "num_hidden_layers", where=where, hi=MAX_LAYERS)
-        hidden = _int(cfg, "hidden_size", where=where)
-        heads = _int(cfg, "num_attention_heads", where=where)
-        kv = _int(cfg, "num_key_value_heads", heads, where=where)
-        ffn = _int(cfg, "intermediate_size", where=where)
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"{where}: hidden_act {str(act)[:40]!r}: soapbox models the SwiGLU (silu) MLP only")
-        head_dim = cfg.get("head_dim")
-        if head_dim is not None and head_dim != hidden // heads:
-            raise ValueError(f"{where}: head_dim {head_dim!r} differs from hidden_size / num_attention_heads "
-                             f"({hidden // heads}); soapbox's attention uses hidden / heads")
-        if _bool(cfg, "mlp_bias", False, where=where):
-            raise ValueError(f"{where}: mlp_bias true is not modelled (biases on the MLP's projections)")
-        context = _int(cfg, "max_position_embeddings", 2048, where=where, hi=_MAX_CONTEXT)
-        seq = seq_len or min(context, DEFAULT_MAX_SEQ)
-        attn_bias = _bool(cfg, "attention_bias", False, where=where)
-        qwen = family == "qwen2"
-        shape = GPTConfig(layers, hidden, heads, seq, _int(cfg, "vocab_size", 32000, where=where), batch,
-                          kv_heads=kv, ffn_hidden=ffn, swiglu=True, norm="rmsnorm", positions="rotary",
-                          bias=attn_bias and not qwen, qkv_bias=True if qwen else None,
-                          tie_embeddings=_bool(cfg, "tie_word_embeddings", False, where=where), dropout=0.0,
-                          precision=precision, name=name or str(cfg.get("_name_or_path") or mt)[:80] or mt)
+        shape = _dense(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, where=where,
+                       notes=notes)
     try:
         return gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}")
     except ValueError as e:
@@ -263,10 +257,9 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
     kw: dict[str, Any] = {}
     found: list[str] = []  # what is priced differently from the config
 
-    def window(w: int, n: int, field: str) -> None:
-        if w < seq:
-            found.append(f"{n} of the {layers} layers attend within a {w}-token sliding window ({field}); soapbox "
-                         f"prices full attention over the {seq}-token sequence for them")
+    def window(w: int, windowed: tuple[int, ...] | None) -> None:
+        if w < seq and windowed != ():
+            kw.update(sliding_window=w, window_layers=windowed)
 
     if family == "deepseek_v3":
         only("attention_bias", False, False, "DeepSeek-V3's attention without biases")
@@ -295,10 +288,10 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
                                  "the experts layers only (0, 1, .., k-1)")
             kw.update(qk_norm=True, dense_layers=len(dense), dense_ffn=num("intermediate_size") if dense else None)
             if _bool(cfg, "use_sliding_window", False, where=where):
-                window(num("sliding_window", hi=_MAX_CONTEXT), layers, "use_sliding_window")
+                window(num("sliding_window", hi=_MAX_CONTEXT), None)
         elif family == "mixtral":
             if cfg.get("sliding_window") is not None:
-                window(num("sliding_window", hi=_MAX_CONTEXT), layers, "sliding_window")
+                window(num("sliding_window", hi=_MAX_CONTEXT), None)
         else:  # gpt_oss
             only("attention_bias", True, True, "GPT-OSS's attention with biases")
             alias = cfg.get("experts_per_token")
@@ -307,13 +300,10 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
                                  f"({top_k}) disagree")
             types = cfg.get("layer_types")
             types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2) \
-                if types is None else types
-            if not isinstance(types, list) or len(types) != layers or \
-                    not set(types) <= {"sliding_attention", "full_attention"}:
-                raise ValueError(f"{where}: layer_types must list 'sliding_attention' or 'full_attention' for each "
-                                 f"of the {layers} layers")
+                if types is None else _layer_types(types, layers, where)
             if "sliding_attention" in types:
-                window(num("sliding_window", hi=_MAX_CONTEXT), types.count("sliding_attention"), "layer_types")
+                window(num("sliding_window", hi=_MAX_CONTEXT),
+                       tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
             found.append(f"the attention sinks (one logit a head a layer, {heads * layers:,} parameters) are not "
                          "modelled")
             kw["bias"] = True
@@ -327,3 +317,107 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
     if notes is not None:
         notes.extend(found)
     return g
+
+
+#: transformers 5's config-class defaults (LlamaConfig, MistralConfig, Qwen2Config, Phi3Config,
+#: GemmaConfig, FalconConfig) for the fields a dense import reads when a config leaves them out
+_DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"vocab_size": 32000, "max_position_embeddings": 2048, "tie_word_embeddings": False},
+    "mistral": {"vocab_size": 32000, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                "sliding_window": 4096},
+    "qwen2": {"vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+              "sliding_window": 4096, "max_window_layers": 28},
+    "phi3": {"vocab_size": 32064, "max_position_embeddings": 4096, "tie_word_embeddings": False},
+    "gemma": {"vocab_size": 256000, "max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256},
+    "falcon": {"vocab_size": 65024, "max_position_embeddings": 2048, "tie_word_embeddings": True,
+               "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71},
+}
+_GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def _dense(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None, precision: str,
+           name: str | None, where: str, notes: list[str] | None) -> GPTConfig:
+    """The shape of a dense decoder other than GPT-2 (LLaMA, Mistral, Qwen2, Phi-3, Gemma, Falcon).
+
+    * LLaMA / Mistral / Qwen2 / Phi-3: SwiGLU, RMSNorm, rotary; ``head_dim`` when given (Mistral-Nemo:
+      32 heads of 128 with hidden 5120); Qwen2 biases on q, k, v; Phi-3's fused ``qkv_proj`` and
+      ``gate_up_proj`` hold the same weights as separate projections.
+    * Gemma: GeGLU (``hidden_activation`` / ``hidden_act``, a GeLU), ``head_dim`` (256), tied embeddings;
+      its RMSNorm scales by 1 + w (the same gain) and its embedding by sqrt(hidden) (no parameters).
+    * Falcon: LayerNorm, GeLU MLP of ``ffn_hidden_size`` (4 h), ``bias`` on every projection, multi-query
+      attention (``multi_query``: one key/value head) or ``num_kv_heads`` (``new_decoder_architecture``),
+      attention and MLP in parallel (``parallel_attn``) after one LayerNorm or two
+      (``num_ln_in_parallel_attn``, 2 by default with the new architecture); ALiBi or rotary (no parameters).
+
+    Sliding windows (Mistral ``sliding_window``; Qwen2 ``use_sliding_window`` on the layers from
+    ``max_window_layers`` on; Phi-3 ``sliding_window``) shorter than the sequence are priced on fused
+    attention ops (FlashAttention's window), with a note.
+    """
+    d = _DENSE_DEFAULTS[family]
+
+    def num(key: str, **kw) -> int:
+        return _int(cfg, key, d.get(key), where=where, **kw)
+
+    layers, hidden, heads = num("num_hidden_layers", hi=MAX_LAYERS), num("hidden_size"), num("num_attention_heads")
+    context = num("max_position_embeddings", hi=_MAX_CONTEXT)
+    seq = seq_len or min(context, DEFAULT_MAX_SEQ)
+    kw: dict[str, Any] = dict(swiglu=True, norm="rmsnorm", positions="rotary", bias=False, dropout=0.0)
+    if family == "falcon":
+        parallel, new_arch = _bool(cfg, "parallel_attn", True, where=where), \
+            _bool(cfg, "new_decoder_architecture", False, where=where)
+        if new_arch and not parallel:
+            raise ValueError(f"{where}: new_decoder_architecture with parallel_attn false is not modelled")
+        n_ln = cfg.get("num_ln_in_parallel_attn") or (2 if new_arch else 1)
+        if n_ln not in (1, 2):
+            raise ValueError(f"{where}: num_ln_in_parallel_attn {_shown(n_ln)}: soapbox models 1 or 2 LayerNorms")
+        kv = num("num_kv_heads", hi=MAX_SIZE) if cfg.get("num_kv_heads") is not None else heads
+        if not new_arch and _bool(cfg, "multi_query", True, where=where):
+            kv = 1
+        act = cfg.get("activation", "gelu")
+        if act not in _GELUS:
+            raise ValueError(f"{where}: activation {_shown(act)}: soapbox models Falcon's GeLU MLP only")
+        ffn = _int(cfg, "ffn_hidden_size", 4 * hidden, where=where)
+        kw = dict(swiglu=False, norm="layernorm", positions="rotary", bias=_bool(cfg, "bias", False, where=where),
+                  dropout=_rate(cfg, "hidden_dropout", 0.0, where=where), parallel=n_ln if parallel else 0)
+        head_dim = None
+    else:
+        kv = _int(cfg, "num_key_value_heads", heads, where=where)
+        ffn = num("intermediate_size")
+        gemma = family == "gemma"
+        act = (cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")) if gemma \
+            else cfg.get("hidden_act", "silu")
+        if gemma and act not in _GELUS:
+            raise ValueError(f"{where}: hidden_activation {_shown(act)}: soapbox models Gemma's GeGLU (a GeLU) only")
+        if not gemma and act not in ("silu", "swish"):
+            raise ValueError(f"{where}: hidden_act {str(act)[:40]!r}: soapbox models the SwiGLU (silu) MLP only")
+        head_dim = None if cfg.get("head_dim", d.get("head_dim")) is None else num("head_dim")
+        if head_dim == hidden // heads and hidden % heads == 0:
+            head_dim = None
+        if _bool(cfg, "mlp_bias", False, where=where):
+            raise ValueError(f"{where}: mlp_bias true is not modelled (biases on the MLP's projections)")
+        attn_bias = _bool(cfg, "attention_bias", False, where=where)
+        qwen = family == "qwen2"
+        kw.update(bias=attn_bias and not qwen, qkv_bias=True if qwen else None, gated_act="gelu" if gemma else "silu")
+    window, windowed, field = None, None, ""
+    if family in ("mistral", "phi3") and cfg.get("sliding_window", d.get("sliding_window")) is not None:
+        window, field = num("sliding_window", hi=_MAX_CONTEXT), "sliding_window"
+    elif family == "qwen2" and _bool(cfg, "use_sliding_window", False, where=where) and \
+            cfg.get("sliding_window", d["sliding_window"]) is not None:
+        window, field = num("sliding_window", hi=_MAX_CONTEXT), "use_sliding_window"
+        types = cfg.get("layer_types")
+        if types is None:
+            first = _int(cfg, "max_window_layers", d["max_window_layers"], where=where, lo=0, hi=MAX_LAYERS)
+            windowed = tuple(range(min(first, layers), layers))
+        else:
+            windowed = tuple(i for i, t in enumerate(_layer_types(types, layers, where)) if t == "sliding_attention")
+    if window is not None and window < seq and windowed != ():
+        n = layers if windowed is None else len(windowed)
+        kw.update(sliding_window=window, window_layers=windowed, flash_attention=True)
+        found = (f"{n} of the {layers} layers attend within a {window}-token sliding window ({field}): priced on "
+                 "fused (FlashAttention) attention ops, which skip the keys outside it")
+        if notes is not None:
+            notes.append(found)
+    return GPTConfig(layers, hidden, heads, seq, num("vocab_size"), batch, kv_heads=kv, ffn_hidden=ffn,
+                     head_dim=head_dim, tie_embeddings=_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"],
+                                                             where=where),
+                     precision=precision, name=name or str(cfg.get("_name_or_path") or family)[:80] or family, **kw)

@@ -65,6 +65,8 @@ class MoEConfig:
     v_head: int = 128  # MLA: per-head value width
     qk_norm: bool = False  # RMSNorm over each query and key head (Qwen3; a gain of head_dim each)
     bias: bool = False  # biases on the attention projections and the experts (GPT-OSS)
+    sliding_window: int | None = None  # keys a query sees in windowed layers (GPT-OSS: 128)
+    window_layers: tuple[int, ...] | None = None  # the windowed layers; None: every layer
     tie_embeddings: bool = False
     precision: str = "bf16"
     name: str = "moe"
@@ -84,6 +86,10 @@ class MoEConfig:
         kv = self.kv_heads or self.heads
         if kv <= 0 or self.heads % kv:
             raise ValueError(f"kv_heads ({kv}) must divide heads ({self.heads})")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ValueError(f"sliding_window must be a positive integer, got {self.sliding_window!r}")
+        if self.window_layers is not None and not all(0 <= i < self.layers for i in self.window_layers):
+            raise ValueError(f"window_layers must name layers 0..{self.layers - 1}")
         if self.attention == "gqa" and self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden}) unless head_dim is given")
 
@@ -183,8 +189,9 @@ def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "", notes: Sequ
     for i in range(cfg.layers):
         b.block = n = f"layers.{i}"
         h = blk.norm(f"{n}.norm1", x)
-        a = blk.mla(f"{n}.attn", h, cfg.seq_len) if cfg.attention == "mla" else blk.attention(f"{n}.attn", h,
-                                                                                                cfg.seq_len)
+        w = cfg.sliding_window if cfg.window_layers is None or i in cfg.window_layers else None
+        a = blk.mla(f"{n}.attn", h, cfg.seq_len) if cfg.attention == "mla" else \
+            blk.attention(f"{n}.attn", h, cfg.seq_len, window=w)
         x = blk.residual(f"{n}.attn_residual", x, a)
         h = blk.norm(f"{n}.norm2", x)
         m = blk.mlp(f"{n}.mlp", h, cfg.dense_ffn or cfg.expert_ffn, True) if i < cfg.dense_layers \
@@ -203,6 +210,9 @@ def _describe(cfg: MoEConfig) -> str:
     dense = f", first {cfg.dense_layers} dense (FFN {cfg.dense_ffn})" if cfg.dense_layers else ""
     attn = "MLA" if cfg.attention == "mla" else f"{cfg.heads} heads" + (
         f" ({cfg.kv_heads} kv)" if cfg.kv_heads and cfg.kv_heads != cfg.heads else "")
+    if cfg.sliding_window is not None:
+        n_win = cfg.layers if cfg.window_layers is None else len(cfg.window_layers)
+        attn += f", {cfg.sliding_window}-token sliding window on {n_win} layers"
     return (f"Mixture-of-experts decoder: {cfg.layers} layers, hidden {cfg.hidden}, {attn}, {cfg.experts} experts"
             f"{shared} top-{cfg.top_k} (expert FFN {cfg.expert_ffn}){dense}, seq {cfg.seq_len}, vocab {cfg.vocab}, "
             f"batch {cfg.batch}, {cfg.precision}")
@@ -253,11 +263,12 @@ def qwen3_235b_a22b(batch: int = 2048, seq_len: int = 4096, precision: str = "bf
 def gpt_oss_120b(batch: int = 512, seq_len: int = 4096, precision: str = "bf16") -> OpGraph:
     """GPT-OSS-120B (OpenAI gpt-oss model card 2025, Table 1; HF ``openai/gpt-oss-120b``): 36
     layers, hidden 2880, 64 heads of 64 (8 kv), 128 experts of SwiGLU 2880 with biases, top-4,
-    vocabulary 201,088, untied; 116.8 B parameters, 5.1 B active. Not modelled: the attention
-    sinks (64 scalars a layer) and the alternating 128-token sliding-window layers (full
-    attention is priced for all)."""
+    vocabulary 201,088, untied; 116.8 B parameters, 5.1 B active. Even layers attend within a
+    128-token sliding window, odd layers over the whole sequence (the config's ``layer_types``).
+    Not modelled: the attention sinks (64 scalars a layer)."""
     return moe_gpt(MoEConfig(36, 2880, 64, seq_len, 201088, batch, 128, 4, 2880, kv_heads=8, head_dim=64,
-                             bias=True, precision=precision, name="gpt-oss-120b"),
+                             bias=True, sliding_window=128, window_layers=tuple(range(0, 36, 2)),
+                             precision=precision, name="gpt-oss-120b"),
                    source=f"engine.models.moe.gpt_oss_120b(batch={batch})")
 
 

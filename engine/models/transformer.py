@@ -16,7 +16,15 @@ sample library needs:
 
 Attention is modelled as its matmuls (scores ``Q K^T`` and context ``P V``), a softmax and
 dropout over the full ``s x s`` matrix, as Megatron's FLOPs formula counts it (Narayanan et
-al. SC'21, Eq. 3); the causal mask is not a separate op.
+al. SC'21, Eq. 3); the causal mask is not a separate op. A sliding window (Mistral, Jiang et
+al. 2023 §2) is priced on the fused ``attention`` op only (its ``window`` attribute, as
+FlashAttention's ``window_size`` skips the blocks outside it); unfused matmuls compute the
+whole score matrix and mask it, as eager implementations do.
+
+Variants for imported families (:mod:`engine.models.hf`): an explicit ``head_dim`` (Gemma,
+Mistral-Nemo: heads x head_dim need not equal hidden), a GeLU-gated MLP (GeGLU, Gemma;
+Shazeer 2020) and parallel attention and MLP blocks (GPT-J, Falcon: both read the layer's
+input, one LayerNorm shared or one each, and add into the same residual).
 """
 
 from __future__ import annotations
@@ -59,6 +67,11 @@ class GPTConfig:
     tie_embeddings: bool = True
     dropout: float = 0.1  # 0 removes the dropout ops
     flash_attention: bool = False  # one fused causal attention op instead of its matmuls and softmax
+    head_dim: int | None = None  # width of one head; None: hidden / heads
+    gated_act: str = "silu"  # the gated MLP's activation: silu (SwiGLU) or gelu (GeGLU, Gemma)
+    parallel: int = 0  # parallel attention and MLP: 1 norm shared (Falcon-7B), 2 one each; 0 sequential
+    sliding_window: int | None = None  # keys a query sees in windowed layers (fused attention only)
+    window_layers: tuple[int, ...] | None = None  # the windowed layers; None: every layer
     precision: str = "fp16"
     name: str = "gpt"
 
@@ -68,8 +81,21 @@ class GPTConfig:
             v = getattr(self, field_)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{field_} must be a positive integer, got {v!r}")
-        if self.hidden % self.heads:
-            raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden}) unless head_dim is given")
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim <= 0):
+            raise ValueError(f"head_dim must be a positive integer, got {self.head_dim!r}")
+        if self.gated_act not in ("silu", "gelu"):
+            raise ValueError(f"gated_act must be 'silu' or 'gelu', got {self.gated_act!r}")
+        if self.parallel not in (0, 1, 2):
+            raise ValueError(f"parallel must be 0, 1 or 2 (LayerNorms a parallel layer), got {self.parallel!r}")
+        if self.sliding_window is not None:
+            if not isinstance(self.sliding_window, int) or self.sliding_window <= 0:
+                raise ValueError(f"sliding_window must be a positive integer, got {self.sliding_window!r}")
+            if not self.flash_attention:
+                raise ValueError("sliding_window needs flash_attention (the window is the fused attention op's)")
+        if self.window_layers is not None and not all(0 <= i < self.layers for i in self.window_layers):
+            raise ValueError(f"window_layers must name layers 0..{self.layers - 1}")
         kv = self.kv_heads or self.heads
         if kv <= 0 or self.heads % kv:
             raise ValueError(f"kv_heads ({kv}) must divide heads ({self.heads})")
@@ -101,6 +127,7 @@ class Blocks:
         self.head_dim = head_dim or hidden // heads
         self.bias, self.norm_kind, self.rate = bias, norm, dropout
         self.qkv_bias: bool | None = None  # None: as ``bias``
+        self.gated_act = "silu"  # the gated MLP's activation op (silu or gelu)
 
     def norm(self, name: str, x: TensorRef) -> TensorRef:
         return self.b.add(self.norm_kind, name, [x])
@@ -118,8 +145,9 @@ class Blocks:
         return self.b.add("transpose", f"{name}.to_bhsd", [r], perm=[0, 2, 1, 3])
 
     def attention(self, name: str, x: TensorRef, seq: int, memory: TensorRef | None = None,
-                  mem_seq: int | None = None) -> TensorRef:
-        """Multi-head (or grouped-query) attention; ``memory`` gives cross-attention."""
+                  mem_seq: int | None = None, window: int | None = None) -> TensorRef:
+        """Multi-head (or grouped-query) attention; ``memory`` gives cross-attention; ``window``
+        a causal sliding window (fused attention only; below ``seq`` to matter)."""
         kv_src = memory if memory is not None else x
         kv_seq = mem_seq if memory is not None else seq
         kv_width = self.kv_heads * self.head_dim
@@ -129,7 +157,8 @@ class Blocks:
         k = self._heads(f"{name}.k", self.linear(f"{name}.k", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
         v = self._heads(f"{name}.v", self.linear(f"{name}.v", kv_src, kv_width, bias=qkv), kv_seq, self.kv_heads)
         if self.flash:
-            ctx = self.b.add("attention", f"{name}.core", [q, k, v], causal=self.causal and memory is None)
+            extra = {"window": window} if window is not None and window < kv_seq else {}
+            ctx = self.b.add("attention", f"{name}.core", [q, k, v], causal=self.causal and memory is None, **extra)
         else:
             scores = self.b.add("batch_matmul", f"{name}.scores", [q, k], transpose_b=True)  # [b, h, s, s_kv]
             probs = self.drop(f"{name}.attn_dropout", self.b.add("softmax", f"{name}.softmax", [scores], axis=-1))
@@ -146,7 +175,7 @@ class Blocks:
 
     def mlp(self, name: str, x: TensorRef, ffn: int, swiglu: bool) -> TensorRef:
         if swiglu:
-            gate = self.b.add("silu", f"{name}.act", [self.linear(f"{name}.gate", x, ffn)])
+            gate = self.b.add(self.gated_act, f"{name}.act", [self.linear(f"{name}.gate", x, ffn)])
             up = self.linear(f"{name}.up", x, ffn)
             return self.linear(f"{name}.down", self.b.add("mul", f"{name}.glu", [gate, up]), self.hidden)
         h = self.b.add("gelu", f"{name}.act", [self.linear(f"{name}.fc1", x, ffn)])
@@ -187,8 +216,8 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     ffn = cfg.ffn_hidden or (swiglu_ffn_hidden(cfg.hidden) if cfg.swiglu else 4 * cfg.hidden)
     b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg, kv, ffn), source)
     blk = Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
-                  causal=True)
-    blk.qkv_bias = cfg.qkv_bias
+                  causal=True, head_dim=cfg.head_dim)
+    blk.qkv_bias, blk.gated_act = cfg.qkv_bias, cfg.gated_act
     bs = [cfg.batch, cfg.seq_len]
     b.block = "embedding"
     tokens = b.input("tokens", bs, dtype="int64", axes=["sample", "length"])
@@ -203,7 +232,15 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     for i in range(cfg.layers):
         b.block = f"layers.{i}"
         n = f"layers.{i}"
-        x = blk.residual(f"{n}.attn_residual", x, blk.attention(f"{n}.attn", blk.norm(f"{n}.norm1", x), cfg.seq_len))
+        w = cfg.sliding_window if cfg.window_layers is None or i in cfg.window_layers else None
+        if cfg.parallel:  # x + attn(norm1(x)) + mlp(norm2(x) or norm1(x)) (GPT-J, Falcon)
+            h = blk.norm(f"{n}.norm1", x)
+            a = blk.attention(f"{n}.attn", h, cfg.seq_len, window=w)
+            m = blk.mlp(f"{n}.mlp", blk.norm(f"{n}.norm2", x) if cfg.parallel == 2 else h, ffn, cfg.swiglu)
+            x = blk.residual(f"{n}.residual", x, b.add("add", f"{n}.attn_mlp_sum", [a, m]))
+            continue
+        a = blk.attention(f"{n}.attn", blk.norm(f"{n}.norm1", x), cfg.seq_len, window=w)
+        x = blk.residual(f"{n}.attn_residual", x, a)
         x = blk.residual(f"{n}.mlp_residual", x, blk.mlp(f"{n}.mlp", blk.norm(f"{n}.norm2", x), ffn, cfg.swiglu))
     b.block = "head"
     x = blk.norm("final_norm", x)
@@ -216,8 +253,14 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
 
 def _describe(cfg: GPTConfig, kv: int, ffn: int) -> str:
     attn = f"{cfg.heads} heads" + (f" ({kv} kv heads)" if kv != cfg.heads else "")
-    mlp = f"SwiGLU {ffn}" if cfg.swiglu else f"MLP {ffn}"
+    mlp = (f"{'GeGLU' if cfg.gated_act == 'gelu' else 'SwiGLU'} {ffn}" if cfg.swiglu else f"MLP {ffn}") \
+        + (" in parallel" if cfg.parallel else "")
     fused = ", FlashAttention" if cfg.flash_attention else ""
+    if cfg.head_dim is not None:
+        attn += f" of {cfg.head_dim}"
+    if cfg.sliding_window is not None:
+        n_win = cfg.layers if cfg.window_layers is None else len(cfg.window_layers)
+        fused += f", {cfg.sliding_window}-token sliding window on {n_win} layers"
     return (f"GPT-style decoder: {cfg.layers} layers, hidden {cfg.hidden}, {attn}{fused}, {mlp}, "
             f"{cfg.norm}, seq {cfg.seq_len}, vocab {cfg.vocab}, batch {cfg.batch}, {cfg.precision}")
 
