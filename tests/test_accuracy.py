@@ -96,7 +96,7 @@ TODAY_MEDIAN_PCT = {"torchtitan": 8.0,  # 6.3
                     "Megatron-Bridge": 15.0,  # 12.3
                     "Sailor": 52.0,  # 48.5 (small runs dominated by per-kernel host overhead, not modelled)
                     # mixture of experts (issue 26; no constant fitted on these rows: all held out)
-                    "Megatron-Bridge MoE": 26.0,  # 24.3 (DeepSeek-V3 and Qwen3-235B 2-15%; the small
+                    "Megatron-Bridge MoE": 28.0,  # 26.2 (DeepSeek-V3 and Qwen3-235B 2-15%; the small
                     # fine-grained Qwen3-30B-A3B and GPT-OSS 12-258% too fast: see BENCHMARKS.md)
                     "Megatron-Core MoE": 8.0}  # 6.7 (Mixtral 8x7B)
 TODAY_OOM_BUT_RAN = 8  # 3 Megatron-Bridge, 3 NeMo long-seq, 1 KempnerForge, 1 Megatron-Bridge MoE (GPT-OSS at

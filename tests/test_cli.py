@@ -211,7 +211,7 @@ class TestModel:
         rc, out, err = run(capsys, "model", "gpt", "--layers", "1", "--hidden", "64", "--heads", "3", "--seq-len",
                            "4", "--vocab", "10", "--batch", "1", "-o", str(tmp_path / "g.json"))
         assert rc == 2 and out == ""
-        assert err == "soapbox: error: heads (3) must divide hidden (64)\n"
+        assert err == "soapbox: error: heads (3) must divide hidden (64) unless head_dim is given\n"
         assert not (tmp_path / "g.json").exists()
 
     def test_non_positive_size_is_a_usage_error(self, capsys, tmp_path):
