@@ -50,14 +50,14 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Input("compare-clear", "n_clicks"), Input("pick-batch", "value"), Input("layout-apply", "n_clicks"),
         Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
         Input("pick-seq", "value"), Input("pick-precision", "value"),
-        Input("expert-apply", "n_clicks"), Input("expert-balanced", "n_clicks"),
+        Input("expert-apply", "n_clicks"), Input("expert-balanced", "n_clicks"), Input("profile-detach", "n_clicks"),
         State("expert-source", "value"), State("expert-skew", "value"), State("expert-hist", "data"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
         *[State(f"layout-{name}", "value") for name in _LAYOUT_FORM])
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
-                _sc, seq, precision, _xa, _xb, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
+                _sc, seq, precision, _xa, _xb, _pd, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
                 collapse, state, *form):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         step = None

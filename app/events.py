@@ -25,6 +25,7 @@ from .fitscan import layout_of
 from .fmt import format_seconds
 from .sources import DEFAULT_CLUSTER, DEFAULT_MODEL, MODEL_SIZES, cluster_of, graph_of
 from .state import check_state, new_state, page_strategy, strategy_dict
+from .profiles import detach_profile
 from .tabs.experts import apply_whatif
 from .tabs.explore import cancel_simulation, graph_view
 from .tabs.learn import tour
@@ -35,7 +36,8 @@ __all__ = ["on_event", "TRIGGERS"]
 #: the triggers :func:`on_event` knows (the components that fire them)
 TRIGGERS = ("url", "pick-model", "pick-cluster", "pick-baseline", "pick-batch", "pick-seq", "pick-precision",
             "upload", "edit-apply", "undo", "redo", "op-graph", "edit-ops", "search-adopt", "compare-add",
-            "compare-clear", "layout-apply", "tour", "sim-cancel", "expert-apply", "expert-balanced")
+            "compare-clear", "layout-apply", "tour", "sim-cancel", "expert-apply", "expert-balanced",
+            "profile-detach")
 #: triggers that replace the model or cluster (a running search is then stopped)
 _REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour")
 
@@ -111,6 +113,8 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
         return tour(state, str(step or "")[:30])
     if trigger == "sim-cancel":
         return cancel_simulation(state)
+    if trigger == "profile-detach":
+        return detach_profile(state)
     if trigger == "expert-balanced":
         return set_expert_loads(state, None, "balanced")
     if trigger == "expert-apply":
@@ -242,6 +246,8 @@ def _fresh(state: dict, model: str | None = None, cluster: str | None = None,
     new["strategy"] = strategy_dict(s)
     new["baseline"] = kind
     new["version"] = state.get("version", 0) + 1
+    if state.get("profile"):  # (a measured table stays attached: it prices whatever ops it has)
+        new["profile"] = state["profile"]
     return new, under
 
 

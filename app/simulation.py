@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.cluster import Cluster
+from engine.costs import CostModel, ProfileTable
 from engine.delta import DeltaSimulator
 from engine.errors import Cancelled, SoapboxError, TooLargeError, ValidationError
 from engine.graph import OpGraph
@@ -27,7 +28,7 @@ from engine.strategy import Config, Strategy, validate_strategy
 
 from . import store
 from .sessions import Build, Busy, current
-from .sources import APP_MAX_TASKS, cluster_of, graph_of
+from .sources import APP_MAX_TASKS, cluster_of, graph_of, profile_of
 from .state import content_key, page_strategy, same_settings
 
 __all__ = ["Workspace", "workspace", "workspace_within", "build_status", "cancel_build", "check_size",
@@ -59,6 +60,13 @@ class Workspace:
     #: replicas, as the engine's symmetry reduction allows): no delta simulator is built until
     #: a hand edit needs one
     static: tuple[Strategy, Timeline] | None = field(default=None, repr=False)
+    #: the uploaded profile table that priced the ops it measured (None: the roofline alone)
+    profile: ProfileTable | None = field(default=None, repr=False)
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model this workspace simulates with."""
+        return self.sim.cost if self.sim is not None else CostModel(profile=self.profile)
 
     @property
     def strategy(self) -> Strategy:
@@ -73,7 +81,7 @@ class Workspace:
         symmetric workspace)."""
         if self.sim is None:
             check_size(self.graph, self.static[0], "a hand edit needs the full simulation (no symmetry): it")
-            self.sim = DeltaSimulator(self.graph, self.static[0], self.cluster)
+            self.sim = DeltaSimulator(self.graph, self.static[0], self.cluster, CostModel(profile=self.profile))
             self.static = None
             self.memory_cache = None
         return self.sim
@@ -146,7 +154,7 @@ def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | 
     sessions = current()
     ws = sessions.workspace(sid)
     if sessions.build(sid) is None and ws is not None and ws.version == state.get("version") \
-            and ws.graph is graph_of(state) and ws.cluster is cluster_of(state):
+            and ws.graph is graph_of(state) and ws.cluster is cluster_of(state) and ws.profile is profile_of(state):
         return _workspace_now(state, None)  # drawn before: no simulation (a cheap check)
     b = sessions.submit(sid, content_key(state), lambda b: _workspace_now(state, b))
     try:
@@ -180,12 +188,13 @@ def _workspace_now(state: dict, build: Build | None) -> Workspace:
             build.phase = text
 
     phase("checking the strategy")
-    graph, cluster = graph_of(state), cluster_of(state)
+    graph, cluster, profile = graph_of(state), cluster_of(state), profile_of(state)
     strategy = page_strategy(state)
     sid = state["sid"]
     sessions = current()
     ws = sessions.workspace(sid)
-    if ws is not None and ws.graph is graph and ws.cluster is cluster and same_settings(ws.strategy, strategy):
+    if ws is not None and ws.graph is graph and ws.cluster is cluster and ws.profile is profile \
+            and same_settings(ws.strategy, strategy):
         with ws.lock:
             if ws.strategy.configs == strategy.configs:  # (the same strategy under a new version)
                 ws.version = state.get("version", 0)
@@ -208,35 +217,38 @@ def _workspace_now(state: dict, build: Build | None) -> Workspace:
     problems = validate_strategy(strategy, graph, cluster)  # every problem, with where (parsed once above)
     if problems:
         raise ValidationError(problems, "the page's strategy")
-    ws = _full_workspace(graph, cluster, strategy, state.get("version", 0), build, phase)
+    ws = _full_workspace(graph, cluster, strategy, state.get("version", 0), build, phase, profile)
     sessions.keep(sid, ws)
     return ws
 
 
 def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, version: int,
-                    build: Build | None, phase) -> Workspace:
+                    build: Build | None, phase, profile: ProfileTable | None = None) -> Workspace:
     """A workspace simulated from scratch: with the engine's symmetry reduction when the
     strategy has an exact symmetry, else a delta simulator ready for edits (refused past
     :data:`APP_MAX_TASKS`). ``build``: the background build whose cancel event the engine's
-    loops poll and where it says what it is doing."""
+    loops poll and where it says what it is doing. ``profile``: a measured table pricing the ops
+    it has (the roofline prices the rest)."""
     from engine.report import simulate_strategy
     from engine.taskgraph import estimate_tasks
 
     cancel = build.cancel if build is not None else None
+    cost = CostModel(profile=profile)
     check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
     try:  # the engine's one entry point, symmetric only: without an exact symmetry the delta simulator builds it
-        r = simulate_strategy(graph, strategy, cluster, check=False, symmetry="only", cancel=cancel,
+        r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
                               account_memory=False)
     except TooLargeError:
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:
-        return Workspace(graph, cluster, None, version, static=(strategy, r.timeline))
+        return Workspace(graph, cluster, None, version, static=(strategy, r.timeline), profile=profile)
     n = estimate_tasks(graph, strategy)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")
     phase(f"simulating every GPU (no exact symmetry), about {n / 1e6:.1f} M tasks")
-    return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster, cancel=cancel), version)
+    return Workspace(graph, cluster, DeltaSimulator(graph, strategy, cluster, cost, cancel=cancel), version,
+                     profile=profile)
 
 
 # --------------------------------------------------------------------------- baselines
@@ -247,8 +259,8 @@ def _baseline_of(state: dict, kind: str) -> tuple[float, float, bool] | None:
     model and cluster, simulated once per pair (None when it cannot be built)."""
     from engine.report import simulate_strategy
 
-    g, c = graph_of(state), cluster_of(state)
-    key = (g.fingerprint, store.digest_of(c.to_dict()), kind)
+    g, c, p = graph_of(state), cluster_of(state), state.get("profile")
+    key = (g.fingerprint, store.digest_of(c.to_dict()), kind, p["upload"] if p else "")
     cache = current().baselines
     hit = cache.get(key)
     if hit is not None:
@@ -260,7 +272,8 @@ def _baseline_of(state: dict, kind: str) -> tuple[float, float, bool] | None:
         hit = (ws.timeline.makespan_s, ws.timeline.comm_bytes, bool(ws.memory.feasible))
     else:
         try:
-            r = simulate_strategy(g, make_baseline(kind, g, c), c, check=False, symmetry="auto",
+            r = simulate_strategy(g, make_baseline(kind, g, c), c, CostModel(profile=profile_of(state)), check=False,
+                                  symmetry="auto",
                                   max_tasks=APP_MAX_TASKS)
             hit = (r.iteration_time_s, r.timeline.comm_bytes, bool(r.memory.feasible))
         except (ValueError, SoapboxError):

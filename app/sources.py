@@ -1,4 +1,4 @@
-"""Where a page's model and cluster come from: a sample model or a preset cluster by name, or
+"""Where a page's model, cluster and profile table come from: a sample model or a preset cluster by name, or
 a file this session uploaded, by content digest. Never a path: a name from a request is
 looked up among the samples and presets only, and an upload is found only under the session
 that uploaded it (:meth:`app.store.Store.get_upload` takes the session id and the digest).
@@ -13,14 +13,15 @@ import re
 from typing import Any
 
 from engine.cluster import PRESETS, Cluster, preset, preset_names
-from engine.formats import load_cluster, load_model, resolve_model
+from engine.costs import CostModel, ProfileTable
+from engine.formats import load_cluster, load_model, load_profile, resolve_model
 from engine.graph import OpGraph
 from engine.models import sample_names
 
 from . import store
 from .sessions import current
 
-__all__ = ["graph_of", "cluster_of", "refs", "sample", "preset_cluster", "family_sizes", "cheap_size_problem",
+__all__ = ["graph_of", "cluster_of", "profile_of", "cost_of", "refs", "sample", "preset_cluster", "family_sizes", "cheap_size_problem",
            "MODEL_SIZES", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "MAX_APP_OPS", "MAX_APP_DEVICES", "MAX_APP_DEVICE_IDS",
            "APP_MAX_TASKS", "FAMILY_NODES"]
 
@@ -108,7 +109,8 @@ def _from_upload(kind: str, sid: str, digest: str) -> Any:
     data = st.get_upload(sid, digest, kind)
     if data is None:
         raise ValueError(f"the {kind} this page names ({digest[:12]}...) has expired; upload it again")
-    cache.put(key, load_model(data) if kind == "model" else load_cluster(data))
+    cache.put(key, load_model(data) if kind == "model" else load_cluster(data) if kind == "cluster"
+              else load_profile(data))
     return cache.get(key)
 
 
@@ -124,6 +126,19 @@ def cluster_of(state: dict) -> Cluster:
     """The state's cluster: a preset, or a cluster this session uploaded; never a path."""
     c = state["cluster"]
     return _from_upload("cluster", state["sid"], c["upload"]) if "upload" in c else preset_cluster(c["name"])
+
+
+def profile_of(state: dict) -> ProfileTable | None:
+    """The profile table the state names (one this session uploaded), or None (the roofline)."""
+    p = state.get("profile")
+    return _from_upload("profile", state["sid"], p["upload"]) if p else None
+
+
+def cost_of(state: dict) -> CostModel | None:
+    """The cost model the state's simulation uses: the profile table's measured times where it
+    has them, else the roofline (None: the engine's default)."""
+    table = profile_of(state)
+    return CostModel(profile=table) if table is not None else None
 
 
 def refs(state: dict) -> dict:

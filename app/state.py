@@ -77,6 +77,9 @@ STATE_SCHEMA = {
                                                   "items": {"type": "string", "maxLength": 1000}}]},
         "baseline": {"enum": list(BASELINES)},
         "collapse": {"type": "boolean"},
+        #: an uploaded soapbox.profile/1 table pricing the ops it measured (absent: the roofline)
+        "profile": {"type": "object", "required": ["name", "upload"], "additionalProperties": False,
+                    "properties": {"name": _NAME, "upload": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}},
     },
 }
 
@@ -183,11 +186,12 @@ def page_strategy(state: dict) -> Strategy:
 
 
 def content_key(state: dict) -> str:
-    """A digest of what the state simulates: its model, cluster and strategy (and, for a model
-    or cluster the session uploaded, the session: an upload is drawn for its owner only)."""
-    owner = state["sid"] if "upload" in state["model"] or "upload" in state["cluster"] else ""
-    return hashlib.sha256(json.dumps([state["model"], state["cluster"], state["strategy"], owner], sort_keys=True)
-                          .encode()).hexdigest()
+    """A digest of what the state simulates: its model, cluster, strategy and profile table
+    (and, for anything the session uploaded, the session: an upload is drawn for its owner only)."""
+    profile = state.get("profile")
+    owner = state["sid"] if "upload" in state["model"] or "upload" in state["cluster"] or profile else ""
+    parts = [state["model"], state["cluster"], state["strategy"], owner] + ([profile] if profile else [])
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def config_dict(config: Config) -> dict:

@@ -1,7 +1,7 @@
-"""Files a user brings: a model, cluster or strategy (soapbox JSON, told apart by its
-``format``) or an ONNX model. A model or cluster is kept in the store for the session that
-uploaded it (and is drawn for that session only: :mod:`app.sources`); a strategy must fit
-the current model and cluster. Sizes are checked before anything is parsed further.
+"""Files a user brings: a model, cluster, strategy or profile table (soapbox JSON, told apart
+by its ``format``; a profile table: :mod:`app.profiles`) or an ONNX model. A model, cluster or
+profile table is kept in the store for the session that uploaded it (and is drawn for that
+session only: :mod:`app.sources`); a strategy must fit the current model and cluster. Sizes are checked before anything is parsed further.
 """
 
 from __future__ import annotations
@@ -115,6 +115,10 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             new["strategy"] = strategy_dict(make_baseline("data-parallel", graph_of(new), c))
             new.update(undo=[], redo=[], baseline="data-parallel", compare=[])
             return bump(new), f"Loaded cluster {c.name} ({c.num_devices} GPUs) from {filename}; strategy: data parallel.", True
+        if kind == "profile":
+            from .profiles import attach_profile
+
+            return attach_profile(state, data, filename)
         if kind == "strategy":
             s = load_strategy(data, graph_of(state), cluster_of(state))
             new, msg = set_strategy(state, s, f"Imported strategy from {filename}.")
@@ -124,4 +128,4 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
     except (SoapboxError, ValueError) as e:
         return state, f"{filename}: {e}", False
     return state, (f"{filename}: not a soapbox file (its 'format' is {fmt[:40]!r}; expected soapbox.model/1, "
-                   "soapbox.cluster/1 or soapbox.strategy/1)"), False
+                   "soapbox.cluster/1, soapbox.strategy/1 or soapbox.profile/1)"), False

@@ -221,8 +221,9 @@ def panel_values(state: dict) -> dict[str, Any]:
             "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
 
 
-def op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
-    """The selected op's details (shape, dims, FLOPs, parameters, config, device time)."""
+def op_panel(graph, strategy, timeline, selected: list[str], cost_mark: str | None = None) -> Any:
+    """The selected op's details (shape, dims, FLOPs, parameters, config, device time);
+    ``cost_mark``: where its compute time came from (:func:`app.profiles.op_cost_mark`)."""
     if not selected:
         return html.P("Click an op in the graph to see it here and edit its config.")
     name = selected[0]
@@ -233,7 +234,8 @@ def op_panel(graph, strategy, timeline, selected: list[str]) -> Any:
             ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
             ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
             *([("mixture of experts", d["moe"])] if d.get("moe") else []),
-            ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–")]
+            ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–"),
+            *([("cost", cost_mark)] if cost_mark else [])]
     body = [html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]
     extra = [html.P(f"+ {len(selected) - 1} more selected op(s): an edit applies to all of them.")] \
         if len(selected) > 1 else []

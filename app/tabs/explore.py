@@ -23,6 +23,7 @@ from ..figures import (CONFIG_PALETTE, build_block_stack_figure, build_memory_fi
 from ..fitscan import fit_start, fit_status
 from ..fmt import format_bytes, format_count, format_rate, format_seconds
 from ..gantt import stage_of_devices
+from ..profiles import coverage_note, op_cost_mark, profile_status
 from ..sessions import Busy, current
 from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, baseline_fits, build_status,
                           cancel_build, workspace, workspace_within)
@@ -38,7 +39,7 @@ __all__ = ["layout", "register", "render_explore", "draw_explore", "graph_view",
 
 #: the components :func:`render_explore` fills
 EXPLORE_IDS = ["sum-time", "sum-throughput", "sum-speedup", "sum-comm", "sum-memory", "sum-tasks", "why",
-               "op-graph", "op-panel", "gantt", "gantt-notes", "topology", "memory", "rate"]
+               "op-graph", "op-panel", "gantt", "gantt-notes", "topology", "memory", "rate", "profile-note"]
 
 
 def layout() -> html.Div:
@@ -53,6 +54,9 @@ def layout() -> html.Div:
                   html.Span(id="train-estimate", className="train-estimate"),
                   dcc.Store(id="rate")], className="train"),
         html.P(id="why", className="why"),
+        html.Div([html.Span(id="profile-note", className="hint", role="status"),
+                  html.Button("Detach profile table", id="profile-detach", n_clicks=0, className="small",
+                              title="price every op by the roofline again")], className="buttons profile"),
         html.Div([
             html.Div([
                 html.H3("Operator graph"),
@@ -305,7 +309,8 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
             "" if dp_fits is not False else " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": (build_block_stack_figure if view.get("stack") else build_op_graph_figure)(
             view, colour_of, legend, hover, sel_nodes),
-        "op-panel": editor.op_panel(g, s, tl, selected),
+        "op-panel": editor.op_panel(g, s, tl, selected, op_cost_mark(ws, selected[0]) if selected else None),
+        "profile-note": coverage_note(ws) or profile_status(state),
         "gantt": gantt_fig,
         "gantt-notes": notes,
         "topology": topo_fig,
