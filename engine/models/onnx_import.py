@@ -201,7 +201,8 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                                               f"at most 2**44 elements)")
 
     groups, tie_notes = find_ties(g, shapes)
-    data_batch = next((s[0] for v in g.input if v.name not in inits and (s := shapes.get(v.name))), None)
+    data_shape = next((s for v in g.input if v.name not in inits and (s := shapes.get(v.name))), ())
+    data_batch = data_shape[0] if data_shape else None
 
     # -- inputs
     precision = precision or next((_ELEM[elem[v.name]] for v in g.input if v.name not in inits
@@ -267,14 +268,20 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             continue
         if op == "Gather" and not acts and ins[0] in groups_or_tables and len(ins) == 2 and node.output \
                 and elem.get(ins[0]) in _FLOAT and attr(node, "axis", 0) == 0 and data_batch and \
-                1 <= len(shapes.get(node.output[0]) or partial.get(node.output[0]) or ()) <= 3 and \
-                min((shapes.get(node.output[0]) or partial[node.output[0]])[1:]) > 0:
-            # a table looked up by constant ids (positions, token types): kept, its ids an input
+                2 <= len(shapes.get(node.output[0]) or partial.get(node.output[0]) or ()) <= 3:
+            # a table looked up by constant ids (positions, token types): kept, its ids an input; ids
+            # broadcast over the batch by the exporter get the batch, a length ONNX leaves unknown the input's
             out, (v, d) = node.output[0], shapes[ins[0]]
             ids = list((shapes.get(out) or partial[out])[:-1])
             if len(ids) == 1 or (len(ids) == 2 and ids[0] in (1, -1)):
-                ids = [data_batch, ids[-1]]  # (broadcast over the batch by the exporter)
+                ids = [data_batch, ids[-1]]
+            if ids[-1] == -1 and len(ids) == 2 and len(data_shape) == 2:
+                ids[-1] = data_shape[1]
             nm = _clean(node.name or out, k, op, used)
+            if min(ids) < 1:  # (folded as before, and said)
+                const.update(o for o in node.output if o)
+                notes.append(f"{nm}: a table looked up by constant ids of unknown shape is not counted")
+                continue
             kw = {"axes": ["sample", "length"]} if len(ids) == 2 else {}
             try:
                 r = b.add("embedding", nm, [b.input(_clean(f"{nm}.ids", k, op, used), ids, dtype="int64", **kw)],
