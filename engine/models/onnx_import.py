@@ -9,18 +9,21 @@ symbolic axis of an input to ``--batch``, the others to ``--seq-len``, any by na
 ``--dim NAME=N``.
 
 Mapped operators (ONNX operator names, https://onnx.ai/onnx/operators/): Gemm and MatMul with
-a weight (linear; a following Add of a bias vector is folded in), MatMul of two activations
-(batch_matmul), Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool,
-BatchNormalization, LayerNormalization, SimplifiedLayerNormalization / RMSNormalization,
-Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes, Dropout, Gather of
-a table by integer ids (embedding); Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
-Split as views and layout ops; Identity and float-to-float Cast pass through; Shape,
-Constant and any node whose inputs are all constants are folded (shape arithmetic). An
-elementwise op with a constant operand (a scale, a bias) and Erf, Pow, Sqrt, Exp, Neg,
-Reciprocal become ``elementwise`` ops (memory-bound, FLOPs from their shapes). Anything else is
-listed with its count and node names; ``unknown="elementwise"`` imports a shape-preserving
+a weight (linear; a following bias Add folded in), MatMul of two activations (batch_matmul),
+Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool, ReduceMean over H, W (global
+average pool), BatchNormalization, LayerNormalization, SimplifiedLayerNormalization /
+RMSNormalization, Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes,
+Dropout, Gather of a table by ids (embedding; by constant ids, as exporters fold position and
+token-type lookups, the ids become an input); Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
+Concat, Split, Slice of one axis and Gather of one index as views and layout ops; Identity and
+float-to-float Cast pass through; Shape, Constant and any node whose inputs are all constants
+are folded. Elementwise ops with a constant or broadcast operand, Erf, Pow, Sqrt, Exp, Neg,
+Reciprocal, IsNaN and reductions over the last axis become ``elementwise`` ops (memory-bound).
+A weight read by several nodes (tied embeddings; see :mod:`engine.models.onnx_ties`) is one
+``param_group``, counted once. Anything else is listed with its count and node names (with the
+ops it feeds skipped, never a traceback); ``unknown="elementwise"`` imports a shape-preserving
 unknown op as an ``elementwise`` op and says so. Every op's output shape is checked against
-ONNX's inferred shape.
+ONNX's inferred shape; a malformed node is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             raise fail(f"tensor {nm[:80]!r}", f"shape {list(shp)[:8]} is over the limits (rank <= {MAX_RANK}, "
                                               f"at most 2**44 elements)")
 
-    groups, tie_notes = find_ties(g, shapes)
+    groups, tie_notes, table_groups = find_ties(g, shapes)
     data_shape = next((s for v in g.input if v.name not in inits and (s := shapes.get(v.name))), ())
     data_batch = data_shape[0] if data_shape else None
 
@@ -259,6 +262,9 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         ins = [i for i in node.input if i]
         acts = [i for i in ins if i not in const]
         op = node.op_type
+        if op in ("Shape", "Size"):  # (known from ONNX's inference, even after an unmapped op)
+            const.update(o for o in node.output if o)
+            continue
         where_dead = [i for i in acts if i in dead]
         if where_dead:  # fed by an op that could not be mapped: skipped, listed if unmapped itself
             dead.update(o for o in node.output if o)
@@ -330,7 +336,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 if len(w) != 2:
                     raise _Unmapped()
                 group = groups.get(ins[1])
-                if group and bias:  # a tied layer's own bias: soapbox shares whole ops' parameters
+                if group in table_groups and bias:  # its own bias: soapbox shares whole ops' parameters
                     bias = False
                     notes.append(f"{nm}: the bias of a layer tied to {group[:80]} is not counted ({n_out} elements)")
                 add("linear", [ins[0]], out_features=int(n_out), bias=bias, param_group=group)
@@ -367,10 +373,22 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                               sizes=[1, h - 1] if h > 1 else [1])
                 ref[out + "#red"] = first[0] if isinstance(first, list) else first
                 add("reshape", [out + "#red"], name=_clean(nm + ".keep", k, op, used), shape=list(oshape))
-            elif op == "Slice" and len(acts) == 1 and oshape is not None and len(ins) >= 3:
-                axes = const_ints(g, ins[3]) if len(ins) > 3 else list(range(len(oshape)))
-                sizes = _slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
-                                     const_ints(g, ins[4]) if len(ins) > 4 else None)
+            elif (op == "Slice" and len(acts) == 1 and acts[0] == ins[0] and oshape is not None and len(ins) >= 3) \
+                    or (op == "Gather" and acts == ins[:1] and oshape is not None):  # (Gather: one index)
+                if op == "Gather":
+                    idx = const_ints(g, ins[1])
+                    sizes = _slice_sizes(shapes[acts[0]], idx, [idx[0] + 1 if idx and idx[0] != -1 else 2**62]
+                                         if idx else None, [int(attr(node, "axis", 0))], None) \
+                        if idx and len(idx) == 1 else None
+                else:
+                    axes = const_ints(g, ins[3]) if len(ins) > 3 else list(range(len(oshape)))
+                    sizes = _slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
+                                         const_ints(g, ins[4]) if len(ins) > 4 else None)
+                diff = [a for a, (i, o) in enumerate(zip(shapes[acts[0]], oshape)) if i != o]
+                if sizes is None and op == "Slice" and len(diff) == 1 and len(oshape) == len(shapes[acts[0]]):
+                    # bounds computed in the graph: the piece's size from ONNX's inference, at offset 0
+                    a = diff[0]
+                    sizes = (a, [oshape[a], shapes[acts[0]][a] - oshape[a]], 0)
                 if sizes is None:
                     raise _Unmapped()
                 axis, pieces, keep = sizes

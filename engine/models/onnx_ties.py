@@ -14,6 +14,11 @@ The first two are found from the graph; the third by comparing the two tensors' 
 (only the pairs of a lookup table (V, H) and a GEMM weight (H, V) or (V, H) of the same
 element type; a table of all zeros equal to a zero weight would be taken for a tie).
 Every tie becomes one soapbox ``param_group``, so the parameters are counted once.
+
+Precondition not checked: weights equal in value are one tensor to the file. The dynamo
+exporter itself merges initializers of equal values, so an untrained model whose layers are
+copies of one another (``nn.TransformerEncoder`` deep-copies its layer) is imported with those
+layers tied; export a trained (or re-initialised) model.
 """
 
 from __future__ import annotations
@@ -51,9 +56,10 @@ def _weights(g: Any, root: dict[str, str], shapes: dict[str, Any]) -> tuple[list
     return tables, gemms, uses
 
 
-def find_ties(g: Any, shapes: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+def find_ties(g: Any, shapes: dict[str, Any]) -> tuple[dict[str, str], list[str], set[str]]:
     """The ``param_group`` of every constant tensor whose weight is read by more than one
-    lookup or GEMM (keyed by the tensor the node reads), and notes on the ties found.
+    lookup or GEMM (keyed by the tensor the node reads), notes on the ties found, and the
+    groups that hold a lookup table (whose GEMMs cannot share a bias with it).
 
     ``g`` is an ONNX ``GraphProto`` after shape inference; ``shapes`` maps tensor names to
     their shapes (``None`` when unknown).
@@ -93,7 +99,7 @@ def find_ties(g: Any, shapes: dict[str, Any]) -> tuple[dict[str, str], list[str]
         notes.append("shared weights counted once: " + ", ".join(
             f"{c[:80]} ({count[c]} uses{', with its transposed copy' if c in alias.values() else ''})"
             for c in tied))
-    return groups, notes
+    return groups, notes, {alias.get(t, t)[:200] for t in tables} & set(tied)
 
 
 def const_ints(g: Any, name: str) -> list[int] | None:
