@@ -70,7 +70,7 @@ def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str,
 
         # sizes checked before anything is parsed: the bytes, then the nodes counted in the raw
         # file (constant and shape nodes fold away: 3 nodes an op), then the ops as they are built
-        g, notes = import_onnx(raw, batch=ONNX_BATCH, seq_len=ONNX_SEQ_LEN, unknown="elementwise",
+        g, notes = import_onnx(raw, batch=ONNX_BATCH, seq_len=ONNX_SEQ_LEN, unknown="elementwise", fixed_batch="keep",
                                source=filename[:200], max_bytes=MAX_UPLOAD_BYTES, max_nodes=3 * MAX_APP_OPS,
                                max_ops=MAX_APP_OPS)
         data = g.to_dict()

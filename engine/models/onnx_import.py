@@ -9,18 +9,21 @@ symbolic axis of an input to ``--batch``, the others to ``--seq-len``, any by na
 ``--dim NAME=N``.
 
 Mapped operators (ONNX operator names, https://onnx.ai/onnx/operators/): Gemm and MatMul with
-a weight (linear; a following Add of a bias vector is folded in), MatMul of two activations
-(batch_matmul), Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool,
-BatchNormalization, LayerNormalization, SimplifiedLayerNormalization / RMSNormalization,
-Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes, Dropout, Gather of
-a table by integer ids (embedding); Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
-Split as views and layout ops; Identity and float-to-float Cast pass through; Shape,
-Constant and any node whose inputs are all constants are folded (shape arithmetic). An
-elementwise op with a constant operand (a scale, a bias) and Erf, Pow, Sqrt, Exp, Neg,
-Reciprocal become ``elementwise`` ops (memory-bound, FLOPs from their shapes). Anything else is
-listed with its count and node names; ``unknown="elementwise"`` imports a shape-preserving
+a weight (linear; a following bias Add folded in), MatMul of two activations (batch_matmul),
+Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool, ReduceMean over H, W (global
+average pool), BatchNormalization, LayerNormalization, SimplifiedLayerNormalization /
+RMSNormalization, Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes,
+Dropout, Gather of a table by ids (embedding; by constant ids, as exporters fold position and
+token-type lookups, the ids become an input); Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
+Concat, Split, Slice of one axis and Gather of one index as views and layout ops; Identity and
+float-to-float Cast pass through; Shape, Constant and any node whose inputs are all constants
+are folded. Elementwise ops with a constant or broadcast operand, Erf, Pow, Sqrt, Exp, Neg,
+Reciprocal, IsNaN and reductions over the last axis become ``elementwise`` ops (memory-bound).
+A weight read by several nodes (tied embeddings; see :mod:`engine.models.onnx_ties`) is one
+``param_group``, counted once. Anything else is listed with its count and node names (with the
+ops it feeds skipped, never a traceback); ``unknown="elementwise"`` imports a shape-preserving
 unknown op as an ``elementwise`` op and says so. Every op's output shape is checked against
-ONNX's inferred shape.
+ONNX's inferred shape; a malformed node is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any, Mapping
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
+from .onnx_ties import const_ints, find_ties
+from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
 
@@ -49,81 +54,13 @@ _UNARY = {"Relu": "relu", "Gelu": "gelu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 _BINARY = {"Add": "add", "Sub": "add", "Mul": "mul", "Div": "mul"}
 #: FLOPs per element of the ops imported as ``elementwise`` (counted as a simple kernel does)
 _GENERIC = {"Erf": 8.0, "Pow": 2.0, "Sqrt": 1.0, "Exp": 4.0, "Neg": 1.0, "Reciprocal": 1.0, "Log": 4.0,
-            "Abs": 1.0, "Add": 1.0, "Sub": 1.0, "Mul": 1.0, "Div": 1.0, "Where": 1.0, "Clip": 2.0}
+            "Abs": 1.0, "IsNaN": 1.0, "Add": 1.0, "Sub": 1.0, "Mul": 1.0, "Div": 1.0, "Where": 1.0, "Clip": 2.0}
 _VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 _PASS = {"Identity", "Cast", "Contiguous"}
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The protobuf varint at ``data[pos:]`` and the position after it."""
-    value, shift = 0, 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        b = data[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(data: bytes, start: int, end: int):
-    """(field number, wire type, payload start, payload end) of each field of the protobuf
-    message in ``data[start:end]``, read from the wire format alone (nothing decoded)."""
-    pos = start
-    while pos < end:
-        tag, pos = _varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:  # varint
-            _, after = _varint(data, pos)
-        elif wire == 1:  # 64-bit
-            after = pos + 8
-        elif wire == 2:  # length-delimited: bytes, string, sub-message, packed
-            size, pos = _varint(data, pos)
-            after = pos + size
-        elif wire == 5:  # 32-bit
-            after = pos + 4
-        else:  # groups (3, 4) are not in onnx.proto; anything else is not protobuf
-            raise ValueError(f"wire type {wire}")
-        if after > end or number == 0:
-            raise ValueError("a field runs past its message")
-        yield number, wire, pos, after
-        pos = after
-
-
-#: field numbers in onnx.proto: ModelProto.graph = 7, GraphProto.node = 1
-_MODEL_GRAPH, _GRAPH_NODE = 7, 1
-
-
-def onnx_node_count(data: bytes, stop_after: int | None = None) -> int:
-    """How many nodes the main graph of an ONNX file's bytes holds, counted from protobuf's wire
-    format without decoding a message (a 7 MB file of 190,000 nodes in about 0.1 s, where
-    importing it costs 15 CPU-s): the cheap check before an import.
-
-    Counts the ``node`` fields (1) of every ``graph`` field (7) of the ``ModelProto`` (protobuf
-    merges repeated occurrences of a message field). With ``stop_after``, stops counting past it.
-
-    Raises
-    ------
-    ValueError
-        When the bytes are not a well-formed protobuf message.
-
-    Examples
-    --------
-    >>> onnx_node_count(b"")
-    0
-    """
-    data = bytes(data)
-    count = 0
-    for number, wire, start, end in _fields(data, 0, len(data)):
-        if number == _MODEL_GRAPH and wire == 2:
-            for n, w, _, _ in _fields(data, start, end):
-                if n == _GRAPH_NODE and w == 2:
-                    count += 1
-                    if stop_after is not None and count > stop_after:
-                        return count
-    return count
+#: ops with a mapping (for some of their forms): not listed when skipped after an unmapped op
+_KNOWN = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean",
+          "BatchNormalization", "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "Softmax",
+          "Dropout", "Transpose", "Concat", "Split", "Gather", *_UNARY, *_BINARY, *_GENERIC, *_VIEWS, *_PASS}
 
 
 def _clean(name: str, k: int, op_type: str, used: set[str]) -> str:
@@ -139,7 +76,8 @@ def _clean(name: str, k: int, op_type: str, used: set[str]) -> str:
 def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = None,
                 dims: Mapping[str, int] | None = None, unknown: str = "error", precision: str | None = None,
                 name: str | None = None, source: str = "model.onnx", max_bytes: int = MAX_ONNX_BYTES,
-                max_nodes: int = MAX_ONNX_NODES, max_ops: int | None = None) -> tuple[OpGraph, list[str]]:
+                max_nodes: int = MAX_ONNX_NODES, max_ops: int | None = None,
+                fixed_batch: str = "refuse") -> tuple[OpGraph, list[str]]:
     """The soapbox model of an ONNX file's bytes, and notes on what was approximated.
 
     ``max_bytes`` and ``max_nodes`` are checked first, from the bytes' length and their wire
@@ -148,6 +86,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     milliseconds, not the seconds a build takes (about 80 us a node). ``max_ops`` stops the
     build as soon as it passes that many soapbox operators (nodes folded as constants or shape
     arithmetic are not operators), so a refusal costs no more than the largest model accepted.
+
+    ``batch`` binds a symbolic first axis. A model exported with a *fixed* batch (every data
+    input's first axis a number) keeps it: its reshapes hold that batch as constants, so it
+    cannot be rescaled. Then a different ``batch`` is refused (``fixed_batch="refuse"``, the
+    command line's choice), or ignored with a note (``fixed_batch="keep"``, the explorer's:
+    it always offers its default batch).
 
     Raises
     ------
@@ -166,6 +110,8 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     def fail(where: str, message: str) -> ValidationError:
         return ValidationError([Problem(where, message)], source)
 
+    if fixed_batch not in ("refuse", "keep"):
+        raise ValueError(f"fixed_batch must be 'refuse' or 'keep', got {fixed_batch!r}")
     if unknown not in ("error", "elementwise"):
         raise ValueError(f"unknown must be 'error' or 'elementwise', got {unknown!r}")
     if len(data) > max_bytes:
@@ -197,11 +143,14 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     dims = dict(dims or {})
     inits = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
     bound: dict[str, int] = {}
+    fixed: dict[str, int] = {}  # data input -> its fixed first axis
     for vi in g.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
         first = True
+        if tt.shape.dim and tt.shape.dim[0].HasField("dim_value") and tt.shape.dim[0].dim_value > 0:
+            fixed[vi.name] = int(tt.shape.dim[0].dim_value)
         for k, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 first = False
@@ -220,6 +169,15 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             bound[label] = value
             d.Clear()
             d.dim_value = value
+    fixed_notes = []
+    if batch is not None and fixed and len(fixed) == len([v for v in g.input if v.name not in inits]) \
+            and batch not in fixed.values():
+        nm0, b0 = next(iter(fixed.items()))
+        if fixed_batch == "refuse":
+            raise fail(f"input {nm0[:80]!r} axis 0", f"exported with a fixed batch of {b0}: --batch {batch} cannot "
+                       "change it (the graph's reshapes hold it as constants); re-export with a dynamic batch axis "
+                       "(torch.onnx.export's dynamic_axes or dynamic_shapes) or leave --batch out")
+        fixed_notes.append(f"exported with a fixed batch of {b0}, kept (batch {batch} applies to symbolic axes)")
     try:
         model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:
@@ -227,6 +185,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     g = model.graph
     shapes: dict[str, tuple[int, ...] | None] = {}
     elem: dict[str, int] = {}
+    partial: dict[str, tuple[int, ...]] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         tt = vi.type.tensor_type
         elem[vi.name] = tt.elem_type
@@ -234,6 +193,8 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
         else:
             shapes.setdefault(vi.name, None)
+            if tt.HasField("shape"):  # (-1: unknown)
+                partial[vi.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
     for t in g.initializer:
         shapes[t.name], elem[t.name] = inits[t.name], t.data_type
     for nm, shp in shapes.items():
@@ -241,6 +202,10 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                                 math.prod(shp) > MAX_TENSOR_ELEMENTS):
             raise fail(f"tensor {nm[:80]!r}", f"shape {list(shp)[:8]} is over the limits (rank <= {MAX_RANK}, "
                                               f"at most 2**44 elements)")
+
+    groups, tie_notes, table_groups = find_ties(g, shapes)
+    data_shape = next((s for v in g.input if v.name not in inits and (s := shapes.get(v.name))), ())
+    data_batch = data_shape[0] if data_shape else None
 
     # -- inputs
     precision = precision or next((_ELEM[elem[v.name]] for v in g.input if v.name not in inits
@@ -270,6 +235,10 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     problems: list[Problem] = []
     unmapped: dict[str, list[str]] = {}
     notes: list[str] = []
+    weights: set[str] = set()  # float initializers read as constant operands of elementwise ops
+    dead: set[str] = set()  # outputs of unmapped ops (error mode: listed, then skipped)
+    const_ids: list[str] = []  # embeddings looked up by constant ids
+    groups_or_tables = set(groups) | {t.name for t in g.initializer if len(t.dims) == 2}
     folded_add: dict[int, str] = {}  # node index of an Add folded into the linear before it
     nodes = list(g.node)
     added = [0]  # operators added to the builder (for max_ops)
@@ -293,6 +262,41 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         ins = [i for i in node.input if i]
         acts = [i for i in ins if i not in const]
         op = node.op_type
+        if op in ("Shape", "Size"):  # (known from ONNX's inference, even after an unmapped op)
+            const.update(o for o in node.output if o)
+            continue
+        where_dead = [i for i in acts if i in dead]
+        if where_dead:  # fed by an op that could not be mapped: skipped, listed if unmapped itself
+            dead.update(o for o in node.output if o)
+            if op not in _KNOWN:
+                unmapped.setdefault(op, []).append(node.name or node.output[0])
+                problems.append(Problem(where, "not mapped"))
+            continue
+        if op == "Gather" and not acts and ins[0] in groups_or_tables and len(ins) == 2 and node.output \
+                and elem.get(ins[0]) in _FLOAT and attr(node, "axis", 0) == 0 and data_batch and \
+                2 <= len(shapes.get(node.output[0]) or partial.get(node.output[0]) or ()) <= 3:
+            # a table looked up by constant ids (positions, token types): kept, its ids an input; ids
+            # broadcast over the batch by the exporter get the batch, a length ONNX leaves unknown the input's
+            out, (v, d) = node.output[0], shapes[ins[0]]
+            ids = list((shapes.get(out) or partial[out])[:-1])
+            if len(ids) == 1 or (len(ids) == 2 and ids[0] in (1, -1)):
+                ids = [data_batch, ids[-1]]
+            if ids[-1] == -1 and len(ids) == 2 and len(data_shape) == 2:
+                ids[-1] = data_shape[1]
+            nm = _clean(node.name or out, k, op, used)
+            if min(ids) < 1:  # (folded as before, and said)
+                const.update(o for o in node.output if o)
+                notes.append(f"{nm}: a table looked up by constant ids of unknown shape is not counted")
+                continue
+            kw = {"axes": ["sample", "length"]} if len(ids) == 2 else {}
+            try:
+                r = b.add("embedding", nm, [b.input(_clean(f"{nm}.ids", k, op, used), ids, dtype="int64", **kw)],
+                          num_embeddings=int(v), embedding_dim=int(d), param_group=groups.get(ins[0]))
+            except (OpError, ValueError) as e:
+                raise fail(where, f"as soapbox embedding: {e}") from None
+            ref[out], shapes[out] = r, tuple(ids) + (int(d),)
+            const_ids.append(nm)
+            continue
         if not acts or op in ("Shape", "Constant", "ConstantOfShape", "Size"):
             const.update(o for o in node.output if o)  # shape arithmetic and constants: folded
             continue
@@ -300,12 +304,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         oshape = shapes.get(out)
         nm = _clean(node.name or out, k, op, used)
 
-        def add(kind: str, inputs: list[str], **attrs: Any) -> None:
+        def add(kind: str, inputs: list[str], name: str | None = None, **attrs: Any) -> None:
             added[0] += 1
             if max_ops is not None and added[0] > max_ops:
                 raise fail("graph", f"more than {max_ops:,} operators, the most a model may have here")
             try:
-                r = b.add(kind, nm, [ref[i] for i in inputs], **attrs)
+                r = b.add(kind, name or nm, [ref[i] for i in inputs], **attrs)
             except (OpError, ValueError) as e:
                 raise fail(where, f"as soapbox {kind}: {e}") from None
             rs = r if isinstance(r, list) else [r]
@@ -331,7 +335,11 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                             bias, folded_add[nxt] = True, out
                 if len(w) != 2:
                     raise _Unmapped()
-                add("linear", [ins[0]], out_features=int(n_out), bias=bias)
+                group = groups.get(ins[1])
+                if group in table_groups and bias:  # its own bias: soapbox shares whole ops' parameters
+                    bias = False
+                    notes.append(f"{nm}: the bias of a layer tied to {group[:80]} is not counted ({n_out} elements)")
+                add("linear", [ins[0]], out_features=int(n_out), bias=bias, param_group=group)
             elif op == "MatMul" and len(acts) == 2:
                 add("batch_matmul", acts)
             elif op == "Conv" and len(acts) == 1 and ins[1] in const:
@@ -349,6 +357,44 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 kern = list(attr(node, "kernel_shape"))
                 add("pool2d", acts, mode="max" if op == "MaxPool" else "avg", kernel=kern,
                     stride=list(attr(node, "strides", kern)), padding=pads[:2])
+            elif op == "ReduceMean" and len(shapes[acts[0]]) == 4 and sorted(
+                    a % 4 for a in (attr(node, "axes") or const_ints(g, ins[1]) if len(ins) > 1 else attr(node, "axes"))
+                    or ()) == [2, 3]:  # global average pool (the dynamo exporter's, torch.mean over H, W)
+                if attr(node, "keepdims", 1):
+                    add("pool2d", acts, mode="avg", **{"global": True})
+                else:
+                    ref[out + "#pool"] = b.add("pool2d", nm, [ref[acts[0]]], mode="avg", **{"global": True})
+                    add("reshape", [out + "#pool"], name=_clean(nm + ".squeeze", k, op, used), shape=list(oshape))
+            elif op in ("ReduceMean", "ReduceSum", "ReduceMax") and len(acts) == 1 and oshape is not None and \
+                    oshape == shapes[acts[0]][:-1] + (1,):  # over the last axis (a norm's statistics)
+                red = b.add("elementwise", nm, [ref[acts[0]]], flops_per_element=1.0, label=op)
+                h = shapes[acts[0]][-1]
+                first = b.add("split", _clean(nm + ".first", k, op, used), [red], axis=len(oshape) - 1,
+                              sizes=[1, h - 1] if h > 1 else [1])
+                ref[out + "#red"] = first[0] if isinstance(first, list) else first
+                add("reshape", [out + "#red"], name=_clean(nm + ".keep", k, op, used), shape=list(oshape))
+            elif (op == "Slice" and len(acts) == 1 and acts[0] == ins[0] and oshape is not None and len(ins) >= 3) \
+                    or (op == "Gather" and acts == ins[:1] and oshape is not None):  # (Gather: one index)
+                if op == "Gather":
+                    idx = const_ints(g, ins[1])
+                    sizes = _slice_sizes(shapes[acts[0]], idx, [idx[0] + 1 if idx and idx[0] != -1 else 2**62]
+                                         if idx else None, [int(attr(node, "axis", 0))], None) \
+                        if idx and len(idx) == 1 else None
+                else:
+                    axes = const_ints(g, ins[3]) if len(ins) > 3 else list(range(len(oshape)))
+                    sizes = _slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
+                                         const_ints(g, ins[4]) if len(ins) > 4 else None)
+                diff = [a for a, (i, o) in enumerate(zip(shapes[acts[0]], oshape)) if i != o]
+                if sizes is None and op == "Slice" and len(diff) == 1 and len(oshape) == len(shapes[acts[0]]):
+                    # bounds computed in the graph: the piece's size from ONNX's inference, at offset 0
+                    a = diff[0]
+                    sizes = (a, [oshape[a], shapes[acts[0]][a] - oshape[a]], 0)
+                if sizes is None:
+                    raise _Unmapped()
+                axis, pieces, keep = sizes
+                parts = b.add("split", nm, [ref[acts[0]]], axis=axis, sizes=pieces)
+                ref[out + "#part"] = parts[keep] if isinstance(parts, list) else parts
+                add("reshape", [out + "#part"], name=_clean(nm + ".part", k, op, used), shape=list(oshape))
             elif op in ("GlobalAveragePool", "GlobalMaxPool"):
                 add("pool2d", acts, mode="avg" if op == "GlobalAveragePool" else "max", **{"global": True})
             elif op == "BatchNormalization":
@@ -365,8 +411,11 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 add("softmax", acts, axis=int(attr(node, "axis", -1)))
             elif op in _BINARY and len(acts) == 2 and shapes.get(acts[0]) == shapes.get(acts[1]) == oshape:
                 add(_BINARY[op], acts)
-            elif op in _GENERIC and len(acts) == 1 and shapes.get(acts[0]) == oshape:
-                add("elementwise", acts, flops_per_element=_GENERIC[op], label=op)
+            elif op in _GENERIC and oshape is not None and oshape in [shapes.get(a) for a in acts]:
+                # (with a broadcast operand, a norm's statistics or a mask: memory-bound on the full-size one)
+                add("elementwise", [a for a in acts if shapes.get(a) == oshape][:1], flops_per_element=_GENERIC[op],
+                    label=op)
+                weights.update(i for i in ins if i in inits and math.prod(inits[i]) > 1 and elem.get(i) in _FLOAT)
             elif op == "Dropout":
                 add("dropout", acts[:1], rate=float(attr(node, "ratio", 0.5)) if len(ins) < 2 else 0.1)
             elif op in _VIEWS and oshape is not None:
@@ -383,13 +432,18 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 add("split", acts, axis=axis, sizes=sizes)
             elif op == "Gather" and ins[0] in const and len(shapes[ins[0]]) == 2 and attr(node, "axis", 0) == 0:
                 v, d = shapes[ins[0]]
-                add("embedding", acts, num_embeddings=int(v), embedding_dim=int(d))
+                add("embedding", acts, num_embeddings=int(v), embedding_dim=int(d), param_group=groups.get(ins[0]))
             elif op in _PASS and len(acts) == 1 and (op != "Cast" or attr(node, "to") in _FLOAT and
                                                      elem.get(acts[0]) in _FLOAT):
                 ref[out] = ref[acts[0]]
                 used.discard(nm)
             else:
                 raise _Unmapped()
+        except ValidationError:
+            raise
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError, OpError) as e:
+            raise fail(where, f"malformed node ({type(e).__name__}: {str(e)[:120]}): check its inputs, attributes "
+                              "and shapes") from None
         except _Unmapped:
             if unknown == "elementwise" and len(acts) >= 1 and oshape is not None and \
                     shapes.get(acts[0]) == oshape and len([o for o in node.output if o]) == 1:
@@ -399,12 +453,20 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 unmapped.setdefault(op, []).append(node.name or out)
                 problems.append(Problem(where, "not mapped"))
                 used.discard(nm)
+                dead.update(o for o in node.output if o)
     if problems:
         listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(x[:60] for x in v[:3])})"
                            for op, v in sorted(unmapped.items(), key=lambda kv: -len(kv[1])))
         raise fail("graph", f"{len(problems)} node(s) soapbox cannot map: {listed}. Import them as memory-bound "
                             "elementwise ops with --unknown elementwise (when they keep their input's shape), or "
                             "export without them")
+    notes[:0] = fixed_notes + tie_notes
+    if const_ids:
+        notes.append("tables looked up by constant ids kept as embeddings, their ids an input each: " +
+                     ", ".join(x[:60] for x in const_ids[:8]))
+    if weights:
+        notes.append(f"constant operands of elementwise ops not counted as parameters (a decomposed norm's gain): "
+                     f"{sum(math.prod(inits[w]) for w in weights):,} elements in {len(weights)} tensor(s)")
     if unmapped:
         notes.append("imported as elementwise (memory-bound, 1 FLOP an element): " + "; ".join(
             f"{op} x {len(v)}" for op, v in sorted(unmapped.items())))
@@ -414,6 +476,20 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         return b.build(), notes
     except (OpError, ValueError) as e:
         raise fail("graph", str(e)) from None
+
+
+def _slice_sizes(shape, starts, ends, axes, steps) -> tuple[int, list[int], int] | None:
+    """A Slice of one axis with step 1 as a split: (axis, the pieces' sizes, the one kept)."""
+    if not starts or not ends or axes is None or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 \
+            or (steps and steps != [1]):
+        return None
+    axis = axes[0] % len(shape)
+    dim = shape[axis]
+    start, end = (max(0, min(dim, v + dim if v < 0 else v)) for v in (starts[0], ends[0]))
+    if end <= start:
+        return None
+    pieces = [p for p in (start, end - start, dim - end) if p > 0]
+    return axis, pieces, 1 if start > 0 else 0
 
 
 class _Unmapped(Exception):
