@@ -64,7 +64,9 @@ class ComputeBuilder:
         hit = self._memo.get(sig)
         if hit is None or self.emit.heterogeneous:
             names, grid = partition_grid(op, config)
-            degrees = self._degrees(op, config)
+            degrees = dict(config.degrees)
+            if m > 1 and "sample" in op.dim_names:
+                degrees["sample"] = degrees.get("sample", 1) * m
             fwd_t, bwd_t = self.emit.partition_times_s(op, degrees, devs)
             if reruns:
                 bwd_t = bwd_t + fwd_t
@@ -98,7 +100,7 @@ class ComputeBuilder:
         for table in (t.fwd_in, t.bwd_in, t.bwd_out):
             table.pop(oi, None)
         if op.kind == "experts":
-            self._dispatch(seg, oi, bool(reruns))
+            self._dispatch(seg, oi, bool(reruns), bwd_t)
 
     def _representatives(self, op: Op, names: list[str], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[part] mask of representative partitions and [part] index of each one's image."""
@@ -141,7 +143,7 @@ class ComputeBuilder:
                 ready[:, members] = ids[:, None]
         t.fwd_ready[oi] = ready
 
-    def _dispatch(self, seg: Segment, oi: int, recomputed: bool) -> None:
+    def _dispatch(self, seg: Segment, oi: int, recomputed: bool, bwd_s: np.ndarray) -> None:
         """A mixture-of-experts layer's token exchange over each expert-parallel group (the
         partitions that differ only in their expert dims): before the experts run, every
         token copy goes to the rank holding its expert (dispatch), and comes back after
@@ -154,7 +156,8 @@ class ComputeBuilder:
         (:func:`engine.moe.gate_factor`). ``allgather``: every rank gathers the group's
         tokens and reduce-scatters the outputs (``MoEAllGatherTokenDispatcher``). A recomputed
         layer re-runs its dispatch and combine before the backward's (three exchanges' bytes
-        in the backward's first)."""
+        in the backward's first). ``bwd_s``: [part] the experts' backward seconds (the merged
+        1F1B's hiding budget for the forward exchanges)."""
         t, m, s = self.tables, self.ctx.microbatches, self.ctx.strategy
         op = self.ctx.graph.ops[oi]
         names, grid = t.grid[oi]
@@ -187,7 +190,7 @@ class ComputeBuilder:
             devs = t.devs[oi][members]
             nbytes = float(size[members[0]])
             cols = members[np.unique(t.fwd[oi][0, members], return_index=True)[1]]  # distinct tasks
-            f_hide = float(self.emit.partition_times_s(op, self._degrees(op, cfg), devs[:1])[1][0]) / 2 if merged else 0.0
+            f_hide = float(bwd_s[members[0]]) / 2 if merged else 0.0
             b_hide = float(t.fwd_s[oi][members[0]]) / 2 if merged else 0.0
             d = self.emit.collectives(seg, kinds[0], nbytes, devs, none, oi, mbs, hide_s=f_hide)
             if d is None:
@@ -203,14 +206,6 @@ class ComputeBuilder:
             bo = self.emit.collectives(seg, kinds[1], nbytes, devs, t.bwd[oi][:, cols], oi, mbs, hide_s=b_hide)
             bwd_out[:, members] = bo[:, None]
         t.fwd_in[oi], t.fwd_ready[oi], t.bwd_in[oi], t.bwd_out[oi] = fwd_in, fwd_ready, bwd_in, bwd_out
-
-    def _degrees(self, op: Op, config) -> dict[str, int]:
-        """The degrees one microbatch's partition is priced at (the sample dim times the
-        microbatches)."""
-        degrees = dict(config.degrees)
-        if self.ctx.microbatches > 1 and "sample" in op.dim_names:
-            degrees["sample"] = degrees.get("sample", 1) * self.ctx.microbatches
-        return degrees
 
     def _scatter_after(self, op: Op) -> bool:
         """Sequence parallelism: a row-parallel output whose consumers split 'length' over the
