@@ -20,6 +20,7 @@ import engine.cli.commands as commands
 import engine.cli.search as cli_search
 import engine.sweep as sweep
 from engine.cli import main
+from toys import run_cli  # tests/toys.py
 from engine.cluster import preset
 from engine.errors import Problem, ValidationError, problems_summary
 from engine.formats import load_strategy, resolve_model, save_json
@@ -27,15 +28,7 @@ from engine.search.baselines import make_baseline
 from engine.strategy import validate_strategy
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``soapbox ARGV`` in process (argparse's usage errors
-    exit with status 2)."""
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+run = run_cli  # (tests/toys.py)
 
 
 @pytest.fixture(scope="module")

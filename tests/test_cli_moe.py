@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from engine.cli import main
+from toys import run_cli  # tests/toys.py
 from engine.formats import load_strategy, resolve_model, save_json
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import MAX_HISTOGRAM_BYTES, expert_loads, gate_factor, parse_histogram
@@ -22,14 +22,7 @@ from engine.moe import MAX_HISTOGRAM_BYTES, expert_loads, gate_factor, parse_his
 RAW = re.compile(r"Traceback|invalid literal|could not convert|object has no attribute|NoneType|KeyError")
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``soapbox ARGV`` in process (argparse exits with 2)."""
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+run = run_cli  # (tests/toys.py)
 
 
 @pytest.fixture(scope="module")

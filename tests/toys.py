@@ -30,3 +30,16 @@ def mlp(batch=4, width=1000, layers=2, bias=False):
 
 def strategy(graph, placements, **kw):
     return Strategy({n: c for n, c in placements.items()}, **kw)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``soapbox ARGV`` in process (argparse's usage errors
+    exit with status 2)."""
+    from engine.cli import main
+
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
