@@ -5,6 +5,7 @@ sample models' parameter counts (issue 26)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -194,16 +195,16 @@ class TestRouting:
         lo, hi = sorted(skews)
         g, c = small_moe(layers=2), preset("dgx-h100:2")
         s = build_layout(g, c, Layout(ep=8))
-        times = [simulate_strategy(g, s.__class__(**{**s.__dict__, "expert_loads": tuple(expert_loads(8, k))}),
+        times = [simulate_strategy(g, replace(s, expert_loads=tuple(expert_loads(8, k))),
                                    c).iteration_time_s for k in (lo, hi)]
         assert times[1] >= times[0]
 
     def test_what_if_round_trips_and_is_checked(self):
         g, c = small_moe(), preset("dgx-h100:2")
         s = build_layout(g, c, Layout(ep=8))
-        w = s.__class__(**{**s.__dict__, "expert_loads": tuple(expert_loads(8, 1.0).tolist())})
+        w = replace(s, expert_loads=tuple(expert_loads(8, 1.0).tolist()))
         assert strategy_from_dict(w.to_dict()).expert_loads == w.expert_loads
-        bad = s.__class__(**{**s.__dict__, "expert_loads": (0.5, 0.5)})
+        bad = replace(s, expert_loads=(0.5, 0.5))
         assert any("2 expert shares for a model with 8 experts" in p.message
                    for p in validate_strategy(bad, g, c))
 
@@ -265,7 +266,7 @@ class TestRecomputeModules:
             Layout(recompute="selective", recompute_modules=("attention",))
         g, c = small_moe(), preset("dgx-h100:2")
         s = build_layout(g, c, Layout(ep=8))
-        bad = s.__class__(**{**s.__dict__, "recompute_modules": ("mlp",)})
+        bad = replace(s, recompute_modules=("mlp",))
         assert any("need recompute 'selective'" in p.message for p in validate_strategy(bad, g, c))
 
     def test_megatron_flags_round_trip(self):
