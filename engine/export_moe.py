@@ -41,7 +41,7 @@ from .layout import Layout, layer_blocks
 from .moe import moe_layout_problem
 
 __all__ = ["MoEShape", "MLAShape", "moe_shape", "mla_shape", "megatron_moe_flags", "megatron_layer_freq",
-           "megatron_pipeline_layout", "deepspeed_expert_parallel", "torchtitan_expert_lines"]
+           "megatron_pipeline_layout", "deepspeed_expert_parallel", "torchtitan_expert_lines", "refuse"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class MLAShape:
     v_head: int
 
 
-def _refuse(fmt: str, what: str, instead: str) -> ValidationError:
+def refuse(fmt: str, what: str, instead: str) -> ValidationError:
+    """The error of an export that ``fmt`` cannot express: what, and what to do instead."""
     return ValidationError([Problem(fmt, f"{what}; {instead}")], "export")
 
 
@@ -103,14 +104,14 @@ def moe_shape(graph: OpGraph) -> MoEShape | None:
         other = settings(op)
         for key, v in first.items():
             if other[key] != v:
-                raise _refuse("megatron", f"{op.name} has {key} {other[key]} where {experts[0].name} has {v}: "
+                raise refuse("megatron", f"{op.name} has {key} {other[key]} where {experts[0].name} has {v}: "
                                           "Megatron-LM sets one value for every MoE layer",
                               "give every MoE layer the same settings")
     shared = {op.block: op.params[0].shape[1] for op in graph.ops
               if op.kind == "linear" and op.name.endswith(".shared.down") and op.params}
     widths = {shared.get(op.block, 0) for op in experts}
     if len(widths) > 1:
-        raise _refuse("megatron", f"shared experts of widths {sorted(widths)} across the MoE layers: Megatron-LM sets "
+        raise refuse("megatron", f"shared experts of widths {sorted(widths)} across the MoE layers: Megatron-LM sets "
                                   "one --moe-shared-expert-intermediate-size",
                       "give every MoE layer the same shared experts")
     with_experts = {op.block for op in experts}
@@ -194,21 +195,21 @@ def megatron_moe_flags(graph: OpGraph, lay: Layout) -> list[str]:
     moe = moe_shape(graph)
     if moe is None:
         if lay.ep * lay.etp > 1:
-            raise _refuse("megatron", f"ep {lay.ep}, etp {lay.etp} on {graph.name!r}, which has no experts",
+            raise refuse("megatron", f"ep {lay.ep}, etp {lay.etp} on {graph.name!r}, which has no experts",
                           "set ep and etp to 1")
         return f
     why = moe_layout_problem(graph, lay.tp, lay.cp, lay.dp or 1, lay.ep, lay.etp, lay.sequence_parallel)
     if why is not None:
-        raise _refuse("megatron", why, "choose ep and etp by Megatron-LM's rules")
+        raise refuse("megatron", why, "choose ep and etp by Megatron-LM's rules")
     if (lay.tp * lay.cp * (lay.dp or 1)) % (lay.ep * lay.etp):  # (parallel_state: edp must be whole)
-        raise _refuse("megatron", f"ep {lay.ep} x etp {lay.etp} does not divide the {lay.tp * lay.cp * lay.dp} ranks "
+        raise refuse("megatron", f"ep {lay.ep} x etp {lay.etp} does not divide the {lay.tp * lay.cp * lay.dp} ranks "
                                   "of a pipeline stage", "choose ep x etp dividing tp x cp x dp")
     if moe.precision != "bf16":
-        raise _refuse("megatron", f"the experts as grouped GEMMs (--moe-grouped-gemm, as simulated) run in bf16 only "
+        raise refuse("megatron", f"the experts as grouped GEMMs (--moe-grouped-gemm, as simulated) run in bf16 only "
                                   f"(Megatron-LM's rule), and the model is {moe.precision}",
                       "build the model in bf16")
     if moe.bias and lay.etp > 1:
-        raise _refuse("megatron", f"biases in MoE layers need etp 1 in Megatron-Core (etp {lay.etp} here)",
+        raise refuse("megatron", f"biases in MoE layers need etp 1 in Megatron-Core (etp {lay.etp} here)",
                       "set etp to 1")
     f += ["--bf16",  # (--moe-grouped-gemm asserts it)
           "--num-experts", str(moe.num_experts), "--expert-model-parallel-size", str(lay.ep),
@@ -242,10 +243,10 @@ def _plain_experts(fmt: str, graph: OpGraph | None, what: str) -> None:
             continue
         cf, dispatcher = float(op.attrs.get("capacity_factor", 0) or 0), op.attrs.get("dispatcher", "alltoall")
         if cf > 0:
-            raise _refuse(fmt, f"token dropping ({op.name}: capacity factor {cf:g}): {what} is dropless",
+            raise refuse(fmt, f"token dropping ({op.name}: capacity factor {cf:g}): {what} is dropless",
                           "export --format megatron (--moe-expert-capacity-factor)")
         if dispatcher != "alltoall":
-            raise _refuse(fmt, f"the {dispatcher} token dispatcher ({op.name}): {what} dispatches by all-to-all",
+            raise refuse(fmt, f"the {dispatcher} token dispatcher ({op.name}): {what} dispatches by all-to-all",
                           "export --format megatron (--moe-token-dispatcher-type allgather), or use alltoall")
 
 
@@ -255,7 +256,7 @@ def deepspeed_expert_parallel(lay: Layout, graph: OpGraph | None) -> dict[str, A
     if lay.ep * lay.etp == 1:
         return None
     if lay.etp > 1:  # (unreachable with tp 1, which the DeepSpeed export needs; stated for hand-made layouts)
-        raise _refuse("deepspeed", f"etp {lay.etp}: AutoEP's expert_tensor_parallel_size must be 1 in DeepSpeed "
+        raise refuse("deepspeed", f"etp {lay.etp}: AutoEP's expert_tensor_parallel_size must be 1 in DeepSpeed "
                                    "0.19.8", "export --format megatron (--expert-tensor-parallel-size)")
     return {"enabled": True, "autoep_size": lay.ep}
 
@@ -267,7 +268,7 @@ def torchtitan_expert_lines(lay: Layout, graph: OpGraph | None, shard: int) -> l
     if lay.ep * lay.etp == 1:
         return []
     if lay.etp not in (1, lay.tp):
-        raise _refuse("torchtitan", f"etp {lay.etp} with tp {lay.tp}: torchtitan's expert tensor parallelism is 1 or "
+        raise refuse("torchtitan", f"etp {lay.etp} with tp {lay.tp}: torchtitan's expert tensor parallelism is 1 or "
                                     "tp", "export --format megatron (--expert-tensor-parallel-size)")
     # torchtitan takes the ep x etp ranks from dp_shard x cp x tp (never from the replicas) and
     # FSDP-shards the experts over the rest (efsdp, even when dp_shard is 1)
@@ -275,7 +276,7 @@ def torchtitan_expert_lines(lay: Layout, graph: OpGraph | None, shard: int) -> l
     if ranks % width or (lay.zero_stage < 2 and ranks != width):
         where = ("folds ep onto data-parallel replicas" if ranks % width
                  else f"replicates the experts over the other {ranks // width} (no ZeRO)")
-        raise _refuse("torchtitan", f"ep {lay.ep} x etp {lay.etp} over dp_shard {shard} x cp {lay.cp} x tp {lay.tp} "
+        raise refuse("torchtitan", f"ep {lay.ep} x etp {lay.etp} over dp_shard {shard} x cp {lay.cp} x tp {lay.tp} "
                                     f"= {ranks} ranks: torchtitan takes the expert-parallel ranks from those and "
                                     f"shards the experts over the rest, where this layout {where}",
                       "export --format megatron, or choose ep x etp = cp x tp (or FSDP, ZeRO 2/3)")
