@@ -19,13 +19,12 @@ JSON reference (https://www.deepspeed.ai/docs/config-json/), torchtitan's
 
 from __future__ import annotations
 
-import json
-import shlex
 from dataclasses import asdict
 from typing import Any
 
 from .cluster import Cluster
 from .errors import Problem, ValidationError
+from . import export_deepspeed, export_megatron, export_torchtitan
 from .export_deepspeed import layout_from_deepspeed, to_deepspeed
 from .export_megatron import layout_from_megatron, to_megatron
 from .export_torchtitan import layout_from_torchtitan, to_torchtitan
@@ -123,16 +122,13 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
 
 
 def export(fmt: str, graph: OpGraph, strategy: Strategy, cluster: Cluster) -> str:
-    """The strategy in format ``fmt`` as text (flags on one line, JSON, or TOML)."""
+    """The strategy in format ``fmt`` as the text a user hands the framework (each format's
+    ``render``: it names the framework release it targets)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
     lay = infer_layout(graph, strategy, cluster)
-    if fmt == "megatron":  # (shell-quoted: a layout string or --moe-layer-freq list has | ( ) *)
-        return shlex.join(to_megatron(lay, graph)) + "\n"
-    if fmt == "deepspeed":
-        return json.dumps(to_deepspeed(lay, graph.precision, graph), indent=2) + "\n"
-    seq = next((op.dim("length").size for op in graph.ops if "length" in op.dim_names), 0)
-    return to_torchtitan(lay, graph.precision, seq, graph)
+    return {"megatron": export_megatron.render, "deepspeed": export_deepspeed.render,
+            "torchtitan": export_torchtitan.render}[fmt](lay, graph, cluster)
 
 
 def layout_dict(lay: Layout) -> dict[str, Any]:

@@ -6,8 +6,10 @@ Key names are DeepSpeed's config JSON reference (https://www.deepspeed.ai/docs/c
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from .cluster import Cluster
 from .export_moe import deepspeed_expert_parallel, refuse
 from .graph import OpGraph
 from .layout import Layout
@@ -67,3 +69,8 @@ def layout_from_deepspeed(cfg: dict[str, Any], base: Layout) -> Layout:
                   offload_optimizer=z.get("offload_optimizer", {}).get("device", "none"),
                   offload_params=z.get("offload_param", {}).get("device", "none"),
                   ep=int(cfg.get("expert_parallel", {}).get("autoep_size", 1)))
+
+
+def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
+    """The export's text."""
+    return json.dumps(to_deepspeed(lay, graph.precision, graph), indent=2) + "\n"

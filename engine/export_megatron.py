@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import re
+import shlex
+from .cluster import Cluster
 from .export_moe import megatron_moe_flags, megatron_pipeline_layout, refuse
 from .graph import OpGraph
 from .layout import Layout, layer_blocks
@@ -111,3 +113,8 @@ def layout_from_megatron(flags: list[str], base: Layout) -> Layout:
                   fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=base.grad_reduce_in_fp32,
                   recompute_modules=tuple(v.get("--recompute-modules", ())),
                   moe_comm_overlap="--overlap-moe-expert-parallel-comm" in v)
+
+
+def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
+    """The export's text (shell-quoted: a layout string or --moe-layer-freq list has | ( ) *)."""
+    return shlex.join(to_megatron(lay, graph)) + "\n"

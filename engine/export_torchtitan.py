@@ -6,6 +6,7 @@ Names are torchtitan's ``torchtitan/config/job_config.py``.
 
 from __future__ import annotations
 
+from .cluster import Cluster
 from .export_moe import refuse, torchtitan_expert_lines
 from .graph import OpGraph
 from .layout import Layout
@@ -78,3 +79,9 @@ def layout_from_torchtitan(text: str, base: Layout) -> Layout:
                   zero_stage=zero, sequence_parallel=tp > 1, fp8="float8" in t, tp_comm_overlap=False,
                   layers_per_stage=base.layers_per_stage, gather_unit=base.gather_unit,
                   shard_group=shard if zero >= 2 and rep > 1 else 0)
+
+
+def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
+    """The export's text."""
+    seq = next((op.dim("length").size for op in graph.ops if "length" in op.dim_names), 0)
+    return to_torchtitan(lay, graph.precision, seq, graph)
