@@ -6,8 +6,8 @@ Key names are DeepSpeed's config JSON reference (https://www.deepspeed.ai/docs/c
 
 from __future__ import annotations
 
-import json
 from typing import Any
+import json
 
 from .cluster import Cluster
 from .export_moe import deepspeed_expert_parallel, refuse

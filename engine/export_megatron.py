@@ -7,9 +7,9 @@ Flag names are Megatron-LM's ``megatron/training/arguments.py``.
 from __future__ import annotations
 
 from typing import Any
-
 import re
 import shlex
+
 from .cluster import Cluster
 from .export_moe import megatron_moe_flags, megatron_pipeline_layout, refuse
 from .graph import OpGraph

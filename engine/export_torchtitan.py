@@ -6,6 +6,8 @@ Names are torchtitan's ``torchtitan/config/job_config.py``.
 
 from __future__ import annotations
 
+
+
 from .cluster import Cluster
 from .export_moe import refuse, torchtitan_expert_lines
 from .graph import OpGraph
