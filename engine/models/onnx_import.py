@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
-from .onnx_ties import const_ints, find_ties
+from .onnx_ties import MAX_FOLD_ROUNDS, const_ints, find_ties, fold_shape_inputs
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -180,9 +180,14 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         fixed_notes.append(f"exported with a fixed batch of {b0}, kept (batch {batch} applies to symbolic axes)")
     try:
         model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        for _ in range(MAX_FOLD_ROUNDS):  # shapes computed from constants (TorchScript's), folded, then inferred
+            if not fold_shape_inputs(model):
+                break
+            model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:
         raise fail("graph", f"ONNX shape inference failed: {str(e).splitlines()[0][:300]}") from None
     g = model.graph
+    inits.update((t.name, tuple(int(d) for d in t.dims)) for t in g.initializer if t.name not in inits)
     shapes: dict[str, tuple[int, ...] | None] = {}
     elem: dict[str, int] = {}
     partial: dict[str, tuple[int, ...]] = {}
@@ -395,6 +400,24 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 parts = b.add("split", nm, [ref[acts[0]]], axis=axis, sizes=pieces)
                 ref[out + "#part"] = parts[keep] if isinstance(parts, list) else parts
                 add("reshape", [out + "#part"], name=_clean(nm + ".part", k, op, used), shape=list(oshape))
+            elif op == "Expand" and acts == ins[:1] and oshape is not None and shapes.get(acts[0]) is not None:
+                # (grouped-query attention's key/value heads repeated: a broadcast per size-1 axis that grows)
+                have, want = tuple(shapes[acts[0]]), tuple(oshape)
+                if len(have) > len(want) or any(h not in (1, w) for h, w in zip(have[::-1], want[::-1])):
+                    raise _Unmapped()
+                r = ref[acts[0]]
+                if len(want) > len(have):
+                    have = (1,) * (len(want) - len(have)) + have
+                    r = b.add("reshape", _clean(nm + ".lead", k, op, used), [r], shape=list(have))
+                grows = [a for a, (h, w) in enumerate(zip(have, want)) if h != w]
+                for a in grows[:-1]:
+                    r = b.add("broadcast", _clean(f"{nm}.axis{a}", k, op, used), [r], axis=a, size=want[a])
+                if grows:
+                    ref[out + "#grow"] = r
+                    add("broadcast", [out + "#grow"], axis=grows[-1], size=want[grows[-1]])
+                else:
+                    ref[out + "#same"] = r
+                    add("reshape", [out + "#same"], shape=list(want))
             elif op in ("GlobalAveragePool", "GlobalMaxPool"):
                 add("pool2d", acts, mode="avg" if op == "GlobalAveragePool" else "max", **{"global": True})
             elif op == "BatchNormalization":

@@ -23,6 +23,7 @@ layers tied; export a trained (or re-initialised) model.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -122,3 +123,107 @@ def const_ints(g: Any, name: str) -> list[int] | None:
                     v = helper.get_attribute_value(a)
                     return [int(x) for x in (v if isinstance(v, list) else [v])]
     return None
+
+
+#: the most nodes :func:`folded_ints` evaluates to get one folded value (a shape computed from
+#: constants is a handful: TorchScript's expand writes ConstantOfShape, Mul, Equal, Where)
+MAX_FOLDED_NODES = 32
+#: the ops :func:`folded_ints` evaluates: shape arithmetic whose output is no larger than its
+#: inputs (ConstantOfShape is checked apart: its output's size is its input's product)
+FOLDABLE_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs",
+                          "Min", "Max", "Equal", "Less", "Greater", "Not", "And", "Or", "Where", "Concat", "Gather",
+                          "Slice", "Squeeze", "Unsqueeze", "Reshape", "Shape"})
+
+
+def folded_ints(g: Any, name: str, opsets: Any = None,
+                shapes: dict[str, tuple[int, ...] | None] | None = None) -> list[int] | None:
+    """The values of a small integer tensor computed from constants only (e.g. the target
+    shape of an ``Expand``), by ONNX's own reference evaluator on the few nodes that make it;
+    ``None`` when it depends on an input, needs more than :data:`MAX_FOLDED_NODES` nodes, reads
+    an initializer of more than 64 elements, or fails to evaluate. ``opsets``: the model's
+    ``opset_import`` (the nodes run under their own opset's definitions). ``shapes``: tensors'
+    inferred static shapes; a ``Shape`` of one of them is its (constant) shape."""
+    direct = const_ints(g, name)
+    if direct is not None:
+        return direct
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    producer = {o: n for n in g.node for o in n.output if o}
+    inits = {t.name: t for t in g.initializer}
+    need, todo, seen = [], [name], set()
+    while todo:
+        t = todo.pop()
+        if t in seen or t == "":
+            continue
+        seen.add(t)
+        if t in inits:
+            if math.prod(inits[t].dims) > 64:
+                return None
+            continue
+        n = producer.get(t)
+        if n is None or len(need) >= MAX_FOLDED_NODES or n.op_type not in FOLDABLE_OPS:
+            return None  # (a graph input, a value read from one, or an op that may grow a tensor)
+        if n.op_type == "ConstantOfShape":  # (a 64-element shape of 10^9: never evaluated)
+            dims = folded_ints(g, n.input[0], opsets, shapes) if n.input else []
+            if dims is None or math.prod(dims) > 64 or min(dims, default=0) < 0:
+                return None
+        if n.op_type == "Shape":
+            known = (shapes or {}).get(n.input[0])
+            if known is None:
+                return None
+            a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+            dims = list(known)[a.get("start", 0):a["end"] if "end" in a else None]
+            n = helper.make_node("Constant", [], [t], value=helper.make_tensor(t + "#shape", 7, [len(dims)], dims))
+            need.append(n)
+            continue
+        need.append(n)
+        todo.extend(n.input)
+    order = {o: k for k, n in enumerate(g.node) for o in n.output}
+    nodes = sorted(need, key=lambda n: order.get(n.output[0], -1))
+    used = [inits[t] for t in seen if t in inits]
+    try:
+        sub = helper.make_model(helper.make_graph(nodes, "folded", [], [helper.make_tensor_value_info(name, 7, None)],
+                                                  used), opset_imports=list(opsets or []) or None)
+        value = ReferenceEvaluator(sub).run(None, {})[0]
+    except Exception:  # (an op the reference evaluator lacks, or a malformed node: not foldable here)
+        return None
+    if value.size > 64 or value.dtype.kind not in "iu":
+        return None
+    return [int(v) for v in value.reshape(-1)]
+
+
+#: passes of :func:`fold_shape_inputs` and shape inference (a folded shape can make the next
+#: one's ``Shape`` input known: TorchScript's attention reshapes chain a few)
+MAX_FOLD_ROUNDS = 4
+
+
+def fold_shape_inputs(model: Any) -> int:
+    """Replace the shape operand of each ``Reshape`` / ``Expand`` whose output ONNX's shape
+    inference left unknown by an initializer, when :func:`folded_ints` can compute it (a shape
+    made from constants and known static shapes: TorchScript's ``view`` and ``expand``). Returns
+    how many were folded; run shape inference again after it."""
+    from onnx import helper
+
+    g = model.graph
+    known: dict[str, tuple[int, ...] | None] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            known[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for t in g.initializer:
+        known[t.name] = tuple(t.dims)
+    folded = 0
+    for n in g.node:
+        if n.op_type not in ("Reshape", "Expand") or len(n.input) < 2 or not n.output or n.output[0] in known:
+            continue
+        if known.get(n.input[0]) is None or const_ints(g, n.input[1]) is not None:
+            continue
+        value = folded_ints(g, n.input[1], model.opset_import, known)
+        if value is None:
+            continue
+        name = f"{n.output[0]}#folded_shape"
+        g.initializer.append(helper.make_tensor(name, 7, [len(value)], value))
+        n.input[1] = name
+        folded += 1
+    return folded
