@@ -75,13 +75,13 @@ def _check(lay: Layout, precision: str, graph: OpGraph | None) -> None:
                                    "or Ulysses in the model code, which a DeepSpeed config does not set",
                       "export --format megatron (Megatron-DeepSpeed takes its flags) or torchtitan")
     if lay.tp > 1:
-        if lay.sequence_parallel:
-            raise refuse("deepspeed", f"tp {lay.tp} with sequence parallelism: DeepSpeed's AutoTP is Megatron-style "
-                                       "tensor parallelism without it", "export --format megatron or torchtitan")
         if any(op.kind == "experts" for op in (graph.ops if graph is not None else ())):
             raise refuse("deepspeed", f"tp {lay.tp} on a mixture-of-experts model: AutoTP's MoE presets split the "
                                        "experts over the tp ranks, where AutoEP's expert_tensor_parallel_size must "
                                        "be 1", "export --format megatron (--expert-tensor-parallel-size)")
+        if lay.sequence_parallel:
+            raise refuse("deepspeed", f"tp {lay.tp} with sequence parallelism: DeepSpeed's AutoTP is Megatron-style "
+                                       "tensor parallelism without it", "export --format megatron or torchtitan")
         if _preset(graph) is None:
             raise refuse("deepspeed", f"tp {lay.tp} on {getattr(graph, 'name', '?')!r}: without an AutoTP preset "
                                        "DeepSpeed's training AutoTP splits the output layer over the vocabulary "
