@@ -240,13 +240,15 @@ def test_dense_exports_carry_no_moe_flags():
 # ----------------------------------------------------------------------------- DeepSpeed
 
 def test_deepspeed_autoep_section():
+    from dataclasses import replace
     g = tiny()
-    s = megatron(g, C8, ep=4, zero_stage=3)
+    s = replace(megatron(g, C8, ep=4, zero_stage=3), gather_unit="op")  # (DeepSpeed's ZeRO-3 gathers per op)
     cfg = json.loads(export("deepspeed", g, s, C8))
     assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 4}
     back = layout_from_deepspeed(cfg, infer_layout(g, s, C8))
     assert all(build_layout(g, C8, back).configs[op.name] == s.configs[op.name] for op in g.ops)
-    assert "expert_parallel" not in json.loads(export("deepspeed", g, megatron(g, C8, zero_stage=3), C8))
+    assert "expert_parallel" not in json.loads(export("deepspeed", g, replace(megatron(g, C8, zero_stage=3),
+                                                                              gather_unit="op"), C8))
 
 
 def test_deepspeed_reads_the_autoep_section():
