@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
-from .onnx_ties import MAX_FOLD_ROUNDS, const_ints, find_ties, fold_shape_inputs
+from .onnx_ties import MAX_FOLD_ROUNDS, const_ints, find_ties, fold_shape_inputs, slice_sizes
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -382,12 +382,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                     or (op == "Gather" and acts == ins[:1] and oshape is not None):  # (Gather: one index)
                 if op == "Gather":
                     idx = const_ints(g, ins[1])
-                    sizes = _slice_sizes(shapes[acts[0]], idx, [idx[0] + 1 if idx and idx[0] != -1 else 2**62]
+                    sizes = slice_sizes(shapes[acts[0]], idx, [idx[0] + 1 if idx and idx[0] != -1 else 2**62]
                                          if idx else None, [int(attr(node, "axis", 0))], None) \
                         if idx and len(idx) == 1 else None
                 else:
                     axes = const_ints(g, ins[3]) if len(ins) > 3 else list(range(len(oshape)))
-                    sizes = _slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
+                    sizes = slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
                                          const_ints(g, ins[4]) if len(ins) > 4 else None)
                 diff = [a for a, (i, o) in enumerate(zip(shapes[acts[0]], oshape)) if i != o]
                 if sizes is None and op == "Slice" and len(diff) == 1 and len(oshape) == len(shapes[acts[0]]):
@@ -402,22 +402,15 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 add("reshape", [out + "#part"], name=_clean(nm + ".part", k, op, used), shape=list(oshape))
             elif op == "Expand" and acts == ins[:1] and oshape is not None and shapes.get(acts[0]) is not None:
                 # (grouped-query attention's key/value heads repeated: a broadcast per size-1 axis that grows)
-                have, want = tuple(shapes[acts[0]]), tuple(oshape)
-                if len(have) > len(want) or any(h not in (1, w) for h, w in zip(have[::-1], want[::-1])):
+                want = tuple(oshape)
+                have = (1,) * (len(want) - len(shapes[acts[0]])) + tuple(shapes[acts[0]])
+                if len(have) != len(want) or any(h not in (1, w) for h, w in zip(have, want)):
                     raise _Unmapped()
-                r = ref[acts[0]]
-                if len(want) > len(have):
-                    have = (1,) * (len(want) - len(have)) + have
-                    r = b.add("reshape", _clean(nm + ".lead", k, op, used), [r], shape=list(have))
-                grows = [a for a, (h, w) in enumerate(zip(have, want)) if h != w]
-                for a in grows[:-1]:
-                    r = b.add("broadcast", _clean(f"{nm}.axis{a}", k, op, used), [r], axis=a, size=want[a])
-                if grows:
-                    ref[out + "#grow"] = r
-                    add("broadcast", [out + "#grow"], axis=grows[-1], size=want[grows[-1]])
-                else:
-                    ref[out + "#same"] = r
-                    add("reshape", [out + "#same"], shape=list(want))
+                r = ref[out + "#in"] = b.add("reshape", _clean(nm + ".in", k, op, used), [ref[acts[0]]], shape=list(have))
+                for a in [a for a, (h, w) in enumerate(zip(have, want)) if h != w]:
+                    r = ref[out + "#in"] = b.add("broadcast", _clean(f"{nm}.axis{a}", k, op, used), [r], axis=a,
+                                                 size=want[a])
+                add("reshape", [out + "#in"], shape=list(want))
             elif op in ("GlobalAveragePool", "GlobalMaxPool"):
                 add("pool2d", acts, mode="avg" if op == "GlobalAveragePool" else "max", **{"global": True})
             elif op == "BatchNormalization":
@@ -499,20 +492,6 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         return b.build(), notes
     except (OpError, ValueError) as e:
         raise fail("graph", str(e)) from None
-
-
-def _slice_sizes(shape, starts, ends, axes, steps) -> tuple[int, list[int], int] | None:
-    """A Slice of one axis with step 1 as a split: (axis, the pieces' sizes, the one kept)."""
-    if not starts or not ends or axes is None or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 \
-            or (steps and steps != [1]):
-        return None
-    axis = axes[0] % len(shape)
-    dim = shape[axis]
-    start, end = (max(0, min(dim, v + dim if v < 0 else v)) for v in (starts[0], ends[0]))
-    if end <= start:
-        return None
-    pieces = [p for p in (start, end - start, dim - end) if p > 0]
-    return axis, pieces, 1 if start > 0 else 0
 
 
 class _Unmapped(Exception):

@@ -19,6 +19,11 @@ Precondition not checked: weights equal in value are one tensor to the file. The
 exporter itself merges initializers of equal values, so an untrained model whose layers are
 copies of one another (``nn.TransformerEncoder`` deep-copies its layer) is imported with those
 layers tied; export a trained (or re-initialised) model.
+
+Also here, the importer's constant folding: shapes that an exporter computes from constants
+(TorchScript's ``view`` / ``expand`` targets) evaluated by ONNX's reference evaluator on the
+few nodes that make them (:func:`folded_ints`, :func:`fold_shape_inputs`), and a ``Slice``
+read as a split (:func:`slice_sizes`).
 """
 
 from __future__ import annotations
@@ -227,3 +232,17 @@ def fold_shape_inputs(model: Any) -> int:
         n.input[1] = name
         folded += 1
     return folded
+
+
+def slice_sizes(shape, starts, ends, axes, steps) -> tuple[int, list[int], int] | None:
+    """A Slice of one axis with step 1 as a split: (axis, the pieces' sizes, the one kept)."""
+    if not starts or not ends or axes is None or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 \
+            or (steps and steps != [1]):
+        return None
+    axis = axes[0] % len(shape)
+    dim = shape[axis]
+    start, end = (max(0, min(dim, v + dim if v < 0 else v)) for v in (starts[0], ends[0]))
+    if end <= start:
+        return None
+    pieces = [p for p in (start, end - start, dim - end) if p > 0]
+    return axis, pieces, 1 if start > 0 else 0
