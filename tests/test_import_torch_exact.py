@@ -123,6 +123,13 @@ def llama():
     return LlamaForCausalLM(cfg), torch.zeros(2, 32, dtype=torch.long)
 
 
+def bert():
+    from transformers import BertConfig, BertForMaskedLM
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                     vocab_size=1000, max_position_embeddings=128, attn_implementation="eager")
+    return BertForMaskedLM(cfg), torch.zeros(2, 32, dtype=torch.long)
+
+
 def gpt2_sdpa():
     return gpt2("sdpa")
 
@@ -151,6 +158,20 @@ def test_parameters_and_gemm_flops_equal_torchs(name, tmp_path, capsys):
     params, flops = torch_counts(globals()[name])
     assert g.param_count == params
     assert sum(o.fwd_flops for o in g.ops if o.kind in GEMM_KINDS) == flops
+
+
+def test_bert_tied_decoder_and_its_tables(tmp_path, capsys):
+    """BERT's masked-LM decoder shares the token table (counted once); its own bias beside the
+    tied weight is left out and said (soapbox shares whole ops' parameters, as the ONNX
+    importer); the position and token-type tables, looked up by constant ids, are kept."""
+    g = cli_import("bert", tmp_path)
+    out = capsys.readouterr().out
+    assert "the bias of a layer tied to bert.embeddings.word_embeddings.weight is not counted (1,000 elements)" in out
+    params, flops = torch_counts(bert)
+    assert g.param_count == params - 1000
+    assert sum(o.fwd_flops for o in g.ops if o.kind in GEMM_KINDS) == flops
+    tables = sorted(o.params[0].shape for o in g.ops if o.kind == "embedding")
+    assert tables == [(2, 64), (128, 64), (1000, 64)]
 
 
 def test_resnets_in_place_relus_and_residual_adds():

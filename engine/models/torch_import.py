@@ -221,8 +221,12 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
             elif n.name in gains:  # (the rmsnorm's gain)
                 ref[n.name] = ref[gains[n.name]]
             elif op == "linear" and x.name in ref and args[1].name in const:
-                add("linear", [x], out_features=const[args[1].name][0], bias=len(args) > 2 and args[2] is not None,
-                    param_group=tied.get(args[1].name))
+                bias, group = len(args) > 2 and args[2] is not None, tied.get(args[1].name)
+                if bias and group:  # (BERT's MLM decoder: soapbox shares whole ops' parameters, as the ONNX importer)
+                    bias = False
+                    notes.append(f"{n.name}: the bias of a layer tied to {group[:80]} is not counted "
+                                 f"({const[args[1].name][0]:,} elements)")
+                add("linear", [x], out_features=const[args[1].name][0], bias=bias, param_group=group)
             elif op in ("mm", "matmul") and len(acts) == 1 and x.name in ref and args[1].name in const:
                 add("linear", [x], out_features=const[args[1].name][-1], bias=False)
             elif op == "addmm" and args[1].name in ref and args[2].name in const:
