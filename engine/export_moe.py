@@ -204,15 +204,16 @@ def megatron_moe_flags(graph: OpGraph, lay: Layout) -> list[str]:
     if (lay.tp * lay.cp * (lay.dp or 1)) % (lay.ep * lay.etp):  # (parallel_state: edp must be whole)
         raise refuse("megatron", f"ep {lay.ep} x etp {lay.etp} does not divide the {lay.tp * lay.cp * lay.dp} ranks "
                                   "of a pipeline stage", "choose ep x etp dividing tp x cp x dp")
-    if moe.precision != "bf16":
+    if moe.precision != "bf16":  # (core_v0.15.3's validate_args asserted it; core_v0.19.0 dropped the assert,
+        # and TE's grouped GEMM in fp16 / fp32 is not what the simulation's grouped-GEMM rates were measured on)
         raise refuse("megatron", f"the experts as grouped GEMMs (--moe-grouped-gemm, as simulated) run in bf16 only "
-                                  f"(Megatron-LM's rule), and the model is {moe.precision}",
+                                  f"(Megatron-LM's rule up to core_v0.15.3), and the model is {moe.precision}",
                       "build the model in bf16")
     if moe.bias and lay.etp > 1:
         raise refuse("megatron", f"biases in MoE layers need etp 1 in Megatron-Core (etp {lay.etp} here)",
                       "set etp to 1")
-    f += ["--bf16",  # (--moe-grouped-gemm asserts it)
-          "--num-experts", str(moe.num_experts), "--expert-model-parallel-size", str(lay.ep),
+    # (--bf16 comes with the model's precision: engine.export_megatron)
+    f += ["--num-experts", str(moe.num_experts), "--expert-model-parallel-size", str(lay.ep),
           "--expert-tensor-parallel-size", str(lay.etp),  # (explicit: Megatron-LM's default is tp)
           "--moe-ffn-hidden-size", str(moe.ffn_hidden), "--moe-router-topk", str(moe.top_k),
           "--moe-router-score-function", moe.score]

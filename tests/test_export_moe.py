@@ -5,10 +5,7 @@ and etp; DeepSpeed (AutoEP) and torchtitan say what their configs can and refuse
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import shlex
 import tomllib
 from collections import Counter
 
@@ -23,83 +20,10 @@ from engine.graph import GraphBuilder
 from engine.layout import Layout, layer_blocks
 from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
+from engine.export_megatron import megatron_flags
 from engine.search.baselines import megatron
-
-#: Megatron-LM's argument names the exports use, read from megatron/training/arguments.py at
-#: core_v0.15.3 (commit 309ffca6a40553362d44fd17efc56b772fa1aa44; each is also a
-#: TransformerConfig / ModelParallelConfig field at core_v0.19.0, 5be9626709af, whose
-#: ArgumentGroupFactory names flags "--" + field.replace("_", "-")). name -> True (store_true),
-#: a type, or a tuple of choices.
-MEGATRON_ARGS = {
-    # parallelism and batch (arguments.py _add_distributed_args, _add_training_args)
-    "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
-    "--num-virtual-stages-per-pipeline-rank": int, "--decoder-first-pipeline-num-layers": int,
-    "--decoder-last-pipeline-num-layers": int, "--pipeline-model-parallel-layout": str,
-    "--sequence-parallel": True, "--tp-comm-overlap": True, "--use-distributed-optimizer": True,
-    "--overlap-grad-reduce": True, "--overlap-param-gather": True,
-    "--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
-    "--recompute-num-layers": int, "--fp8-format": ("e4m3", "hybrid"), "--fp8-param-gather": True,
-    "--micro-batch-size": int, "--global-batch-size": int, "--bf16": True,
-    # _add_moe_args
-    "--num-experts": int, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
-    "--moe-layer-freq": str, "--moe-ffn-hidden-size": int, "--moe-shared-expert-intermediate-size": int,
-    "--moe-grouped-gemm": True, "--moe-router-dtype": ("fp32", "fp64"),
-    "--moe-router-score-function": ("softmax", "sigmoid"), "--moe-router-topk": int,
-    "--moe-router-pre-softmax": True, "--moe-router-enable-expert-bias": True,
-    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"), "--moe-expert-capacity-factor": float,
-    "--moe-pad-expert-input-to-capacity": True,
-    # _add_network_size_args and _add_mla_args
-    "--multi-latent-attention": True, "--q-lora-rank": int, "--kv-lora-rank": int, "--qk-head-dim": int,
-    "--qk-pos-emb-head-dim": int, "--v-head-dim": int,
-}
-
-
-def megatron_parse(text: str) -> argparse.Namespace:
-    """Parse an export's command line as Megatron-LM's parser would (unknown names, missing or
-    extra values and bad choices fail)."""
-    p = argparse.ArgumentParser(exit_on_error=False, add_help=False)
-    for name, kind in MEGATRON_ARGS.items():
-        if kind is True:
-            p.add_argument(name, action="store_true")
-        elif isinstance(kind, tuple):
-            p.add_argument(name, choices=kind)
-        else:
-            p.add_argument(name, type=kind)
-    args, unknown = p.parse_known_args(shlex.split(text))
-    assert unknown == [], f"not Megatron-LM arguments: {unknown}"
-    return args
-
-
-def eval_layer_freq(pattern: str) -> list[int]:
-    """Megatron-LM's moe_freq_type / _eval_pattern (arguments.py): only , digits [ ] ( ) + *."""
-    assert not re.search(r"[^,\d\[\]\(\)\+\*]", pattern), pattern
-    return eval(pattern)
-
-
-def parse_pipeline_layout(layout: str) -> list[str]:
-    """PipelineParallelLayerLayout.parse_str_to_list (megatron/core/transformer/
-    pipeline_parallel_layer_layout.py at core_v0.15.3): the chunks' layer letters."""
-    layout = layout.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        layout = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), layout)
-    return layout.split("|")
-
-
-def megatron_rules(args: argparse.Namespace, gpus: int, layers: int) -> None:
-    """The checks of Megatron-LM's validate_args, TransformerConfig and parallel_state that the
-    MoE flags meet (core_v0.15.3)."""
-    ep, etp, tp, pp = (args.expert_model_parallel_size, args.expert_tensor_parallel_size,
-                       args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
-    assert args.num_experts % ep == 0  # "Number of experts should be a multiple of expert model parallel_size."
-    assert tp == 1 or args.sequence_parallel  # MoE + tensor parallelism needs sequence parallelism
-    assert (gpus // pp) % (ep * etp) == 0  # parallel_state: expert data parallel size must be whole
-    assert not args.moe_grouped_gemm or args.bf16  # "GroupedGEMM for MoE only supports bf16"
-    assert not args.moe_router_enable_expert_bias or args.moe_router_score_function == "sigmoid"
-    assert args.moe_router_topk > 1 or args.moe_router_score_function != "softmax" or args.moe_router_pre_softmax
-    assert not args.moe_pad_expert_input_to_capacity or args.moe_expert_capacity_factor is not None
-    if args.moe_layer_freq is not None:
-        assert len(eval_layer_freq(args.moe_layer_freq)) == layers
-
+# Megatron-LM's recorded flags and validate_args checks (core_v0.19.0): tests/megatron_args.py
+from megatron_args import environment, eval_layer_freq, megatron_parse, megatron_rules, parse_pipeline_layout
 
 # ----------------------------------------------------------------------------- Megatron-LM
 
@@ -119,11 +43,11 @@ def test_mixtral_8x7b_ep8_reads_as_megatron_cores_reference_mapping():
     PP 4, VP 8, MBS 1, GBS 256, dropless, all-to-all, bf16."""
     g, c, s = case(MIXTRAL)
     text = export("megatron", g, s, c)
-    assert shlex.split(text) == [
+    assert megatron_flags(text) == [
         "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "4",
         "--num-virtual-stages-per-pipeline-rank", "8", "--use-distributed-optimizer", "--overlap-grad-reduce",
-        "--micro-batch-size", "1", "--global-batch-size", "256",
-        "--bf16", "--num-experts", "8", "--expert-model-parallel-size", "8", "--expert-tensor-parallel-size", "1",
+        "--bf16", "--micro-batch-size", "1", "--global-batch-size", "256",
+        "--num-experts", "8", "--expert-model-parallel-size", "8", "--expert-tensor-parallel-size", "1",
         "--moe-ffn-hidden-size", "14336", "--moe-router-topk", "2", "--moe-router-score-function", "softmax",
         "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
     args = megatron_parse(text)
@@ -134,21 +58,21 @@ def test_mixtral_8x7b_ep8_reads_as_megatron_cores_reference_mapping():
 def test_deepseek_v3_tp2_pp8_vpp4_ep64():
     g, c, s = case(DEEPSEEK)
     text = export("megatron", g, s, c)
-    flags = shlex.split(text)
+    flags = megatron_flags(text)
     assert flags == [
         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "8",
         "--pipeline-model-parallel-layout", "Et|t|(tt|)*29,tL", "--sequence-parallel",
-        "--use-distributed-optimizer", "--overlap-grad-reduce", "--micro-batch-size", "1",
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--bf16", "--micro-batch-size", "1",
         "--global-batch-size", "8192",
         "--multi-latent-attention", "--q-lora-rank", "1536", "--kv-lora-rank", "512", "--qk-head-dim", "128",
         "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128",
-        "--bf16", "--num-experts", "256", "--expert-model-parallel-size", "64", "--expert-tensor-parallel-size", "1",
+        "--num-experts", "256", "--expert-model-parallel-size", "64", "--expert-tensor-parallel-size", "1",
         "--moe-ffn-hidden-size", "2048", "--moe-router-topk", "8", "--moe-router-score-function", "sigmoid",
         "--moe-router-enable-expert-bias", "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall",
         "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "2048", "--moe-layer-freq", "([0]*3+[1]*58)"]
     assert "'Et|t|(tt|)*29,tL'" in text and "'([0]*3+[1]*58)'" in text  # quoted for the shell
     args = megatron_parse(text)
-    megatron_rules(args, c.num_devices, 61)
+    megatron_rules(args, c.num_devices, 61, env=environment(text))
     assert eval_layer_freq(args.moe_layer_freq) == [0] * 3 + [1] * 58
 
 
@@ -172,7 +96,7 @@ def test_round_trip_recovers_ep(spec):
     g, c, s = case(spec)
     lay = infer_layout(g, s, c)
     assert (lay.ep, lay.etp) == (spec[2]["ep"], 1)
-    back = layout_from_megatron(shlex.split(export("megatron", g, s, c)), lay)
+    back = layout_from_megatron(megatron_flags(export("megatron", g, s, c)), lay)
     assert (back.ep, back.etp, back.vpp) == (lay.ep, 1, spec[2]["vpp"])
     rebuilt = build_layout(g, c, back)
     assert all(rebuilt.configs[op.name] == s.configs[op.name] for op in g.ops)
@@ -183,9 +107,9 @@ def test_etp_round_trips_and_is_told_from_tp():
     s = build_layout(g, c, Layout(tp=4, ep=8, etp=2, sequence_parallel=True, micro_batch=1, zero_stage=1))
     lay = infer_layout(g, s, c)
     assert (lay.tp, lay.ep, lay.etp) == (4, 8, 2)
-    args = megatron_parse(export("megatron", g, s, c))
+    args = megatron_parse(text := export("megatron", g, s, c))
     assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (8, 2)
-    megatron_rules(args, 16, 48)
+    megatron_rules(args, 16, 48, env=environment(text))
 
 
 def tiny(**kw):
@@ -233,7 +157,7 @@ def test_layers_that_differ_are_refused():
 def test_dense_exports_carry_no_moe_flags():
     g, c = build_sample("gpt2"), preset("dgx-a100-80gb:2")
     text = export("megatron", g, megatron(g, c, tp=2, pp=2, micro_batch=1), c)
-    assert not any(f.startswith(("--moe", "--num-experts", "--expert", "--bf16")) for f in text.split())
+    assert not any(f.startswith(("--moe", "--num-experts", "--expert", "--bf16")) for f in megatron_flags(text))
     assert "'" not in text
 
 

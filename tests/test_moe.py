@@ -271,13 +271,14 @@ class TestRecomputeModules:
 
     def test_megatron_flags_round_trip(self):
         from engine.export import export, layout_from_megatron
+        from engine.export_megatron import megatron_flags
         g, c = small_moe(), preset("dgx-h100:2")
         lay = Layout(ep=8, recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_comm_overlap=True,
                      micro_batch=1)
         s = build_layout(g, c, lay)
         text = export("megatron", g, s, c)
         assert "--recompute-modules moe_act layernorm" in text and "--overlap-moe-expert-parallel-comm" in text
-        back = layout_from_megatron(text.split(), lay.resolved(g, c))
+        back = layout_from_megatron(megatron_flags(text), lay.resolved(g, c))
         assert back.recompute_modules == ("moe_act", "layernorm") and back.moe_comm_overlap
 
 
