@@ -58,7 +58,8 @@ from .graph import OpGraph
 from .layout import Layout, layer_blocks
 from .search.layouts import balanced_layers
 
-__all__ = ["RELEASE", "SHIPPED", "to_torchtitan", "layout_from_torchtitan", "render", "placeholder_module"]
+__all__ = ["RELEASE", "SHIPPED", "PLACEHOLDER", "to_torchtitan", "overrides", "launch_args", "layout_from_torchtitan",
+           "render", "placeholder_module"]
 
 #: the torchtitan release the export targets
 RELEASE = "0.3.0"
