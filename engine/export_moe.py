@@ -17,12 +17,11 @@ Names were read from the frameworks' source, each at the release cited:
   section (AutoEP, ``deepspeed/module_inject/auto_ep_config.py``: ``enabled``,
   ``autoep_size``, ``expert_tensor_parallel_size``, which must be 1). AutoEP is dropless and
   dispatches by all-to-all (``auto_ep_layer.py``).
-* torchtitan v0.2.2 (commit 73a0e6979dd1) ``torchtitan/config/job_config.py``:
-  ``[parallelism] expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (1 or tp;
-  ``torchtitan/distributed/parallel_dims.py`` borrows the ep x etp ranks from dp_shard x cp x
-  tp, never from the replicas). torchtitan's main branch has dropped
-  ``expert_tensor_parallel_degree`` (etp 1 implied), so it is written only when it is not 1.
-  torchtitan's MoE is dropless and dispatches by all-to-all (``expert_parallel.py``).
+* torchtitan 0.3.0 (installed) ``torchtitan/config/configs.py``: the override
+  ``--parallelism.expert_parallel_degree`` (``torchtitan/distributed/parallel_dims.py`` borrows
+  the ep ranks from dp_shard x cp x tp, never from the replicas); 0.3.0 has no
+  ``expert_tensor_parallel_degree`` (v0.2.2 had it), so etp > 1 is refused. torchtitan's MoE is
+  dropless and dispatches by all-to-all (``models/common/token_dispatcher.py``).
 
 The MoE shape is read from the graph's ``router`` and ``experts`` ops; shared experts and MLA
 from the op names :mod:`engine.models.moe` gives them (``<layer>.mlp.shared.down``,
@@ -263,25 +262,26 @@ def deepspeed_expert_parallel(lay: Layout, graph: OpGraph | None) -> dict[str, A
 
 
 def torchtitan_expert_lines(lay: Layout, graph: OpGraph | None, shard: int) -> list[str]:
-    """The ``[parallelism]`` lines of expert parallelism (empty without it); ``shard`` is the
-    data_parallel_shard_degree written."""
+    """torchtitan 0.3.0's expert-parallel override (empty without expert parallelism); ``shard``
+    is the data_parallel_shard_degree written.
+
+    torchtitan 0.3.0 ``config/configs.py`` ``ParallelismConfig.expert_parallel_degree``: EP
+    borrows its ranks from dp_shard x cp x tp and FSDP-shards the experts over the rest (efsdp =
+    dp_shard x cp x tp / ep, never the replicas; ``distributed/parallel_dims.py`` keeps efsdp
+    whenever ep > 1); ``expert_tensor_parallel_degree`` is gone (experts are not tensor-parallel)."""
     _plain_experts("torchtitan", graph, "torchtitan's MoE")
     if lay.ep * lay.etp == 1:
         return []
-    if lay.etp not in (1, lay.tp):
-        raise refuse("torchtitan", f"etp {lay.etp} with tp {lay.tp}: torchtitan's expert tensor parallelism is 1 or "
-                                    "tp", "export --format megatron (--expert-tensor-parallel-size)")
-    # torchtitan takes the ep x etp ranks from dp_shard x cp x tp (never from the replicas) and
-    # FSDP-shards the experts over the rest (efsdp, even when dp_shard is 1)
-    ranks, width = shard * lay.cp * lay.tp, lay.ep * lay.etp
+    if lay.etp > 1:
+        raise refuse("torchtitan", f"etp {lay.etp}: torchtitan 0.3.0 has no expert tensor parallelism (its "
+                                    "expert_tensor_parallel_degree is gone; experts take ep ranks only)",
+                     "export --format megatron (--expert-tensor-parallel-size), or etp 1")
+    ranks, width = shard * lay.cp * lay.tp, lay.ep
     if ranks % width or (lay.zero_stage < 2 and ranks != width):
         where = ("folds ep onto data-parallel replicas" if ranks % width
                  else f"replicates the experts over the other {ranks // width} (no ZeRO)")
-        raise refuse("torchtitan", f"ep {lay.ep} x etp {lay.etp} over dp_shard {shard} x cp {lay.cp} x tp {lay.tp} "
+        raise refuse("torchtitan", f"ep {lay.ep} over dp_shard {shard} x cp {lay.cp} x tp {lay.tp} "
                                     f"= {ranks} ranks: torchtitan takes the expert-parallel ranks from those and "
                                     f"shards the experts over the rest, where this layout {where}",
-                      "export --format megatron, or choose ep x etp = cp x tp (or FSDP, ZeRO 2/3)")
-    lines = [f"expert_parallel_degree = {lay.ep}"]
-    if lay.etp > 1:
-        lines.append(f"expert_tensor_parallel_degree = {lay.etp}  # (v0.2.2; main implies 1)")
-    return lines
+                      "export --format megatron, or choose ep = cp x tp (or FSDP, ZeRO 2/3)")
+    return ["--parallelism.expert_parallel_degree", str(lay.ep)]

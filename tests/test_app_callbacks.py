@@ -655,7 +655,7 @@ class TestExportFramework:
         data, msg = EXPT.export_framework(state, "megatron")
         assert data["filename"].endswith(".txt") and "--tensor-model-parallel-size" in data["content"], msg
         data, msg = EXPT.export_framework(state, "torchtitan")
-        assert data["filename"].endswith(".toml") and "[parallelism]" in data["content"], msg
+        assert data["filename"].endswith(".sh") and "torchtitan 0.3.0" in data["content"], msg
 
 
 class TestLayoutPanel:

@@ -59,11 +59,11 @@ def test_round_trips(name):
     except ValidationError as e:
         assert lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.recompute == "selective" or lay.zero_stage in (0, 3), e
     try:
-        text = to_torchtitan(lay, G.precision, 1024)
+        text = to_torchtitan(lay, G.precision, 1024, G)
         same_configs(build_layout(G, C, layout_from_torchtitan(text, lay)), s)
         done += 1
-    except ValidationError as e:
-        assert lay.zero_stage == 1 or (lay.tp > 1 and not lay.sequence_parallel), e
+    except ValidationError as e:  # (ZeRO-1; gpt2's tied weights under pp; DDP's per-step reduction; cp without ZeRO)
+        assert lay.zero_stage == 1 or lay.pp > 1 or lay.microbatches > 1 or lay.cp > 1, e
     assert done >= 1
 
 
@@ -106,7 +106,7 @@ def test_cli(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", "--format", "torchtitan", str(path), "--batch", "32"]) == 0
     out = capsys.readouterr().out
-    assert "data_parallel_shard_degree = 16" in out and 'mode = "none"' in out
+    assert "--parallelism.data_parallel_shard_degree 16" in out and "activation-checkpoint:none" in out
     assert main(["export", "--format", "megatron", str(path), "--batch", "32"]) == 0
     assert "--data-parallel-sharding-strategy optim_grads_params" in capsys.readouterr().out
     assert main(["export", "--format", "deepspeed", str(path), "--batch", "32", "-o", str(tmp_path / "ds.json")]) == 2
@@ -132,4 +132,4 @@ def test_switches_reach_the_exports():
     with pytest.raises(ValidationError, match="nvme_path"):
         export("deepspeed", G, fsdp(G, C, zero_stage=3, offload_params="nvme"), C)
     t = export("torchtitan", G, fsdp(G, C, recompute="selective-op"), C)
-    assert 'mode = "selective"' in t and 'selective_ac_option = "op"' in t
+    assert t.rstrip().endswith("activation-checkpoint:selective")

@@ -22,7 +22,7 @@ __all__ = ["layout", "register", "strategy_export", "export_strategy", "export_f
 #: the most trace events the page downloads (a few hundred bytes each: ~100 MB); larger
 #: plans are written by the command line (`soapbox simulate --trace`), which streams to a file
 MAX_TRACE_EVENTS = 400_000
-_EXT = {"megatron": "txt", "deepspeed": "json", "torchtitan": "toml"}
+_EXT = {"megatron": "txt", "deepspeed": "json", "torchtitan": "sh"}
 
 
 def layout() -> html.Div:

@@ -177,7 +177,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--quiet", action="store_true")
     p.add_argument("-o", "--output", required=True, help="profile table to write")
 
-    p = sub.add_parser("export", help="a strategy as Megatron-LM flags, a DeepSpeed config or a torchtitan TOML",
+    p = sub.add_parser("export", help="a strategy as Megatron-LM flags, a DeepSpeed config or a torchtitan "
+                                      "launch line",
                        description="Export a Megatron-shaped strategy (tensor x pipeline x context x data "
                                    "parallel, as the frameworks lay them out) for a framework; a strategy they "
                                    "cannot express (per-op splits) is refused with the ops that break it.")
