@@ -1,20 +1,24 @@
 """Plans a framework can run: a strategy as Megatron-LM flags, a DeepSpeed config or a
-torchtitan TOML (``soapbox export``).
+torchtitan launch line (``soapbox export``), each for a named release of its framework.
 
 A strategy is exportable when it *is* a Megatron-shaped layout: :func:`infer_layout` reads its
 tensor / pipeline / context / data-parallel degrees, microbatches, schedule, layer split and
 settings, rebuilds that layout with :func:`engine.search.baselines.megatron`, and compares
 every op's config with the strategy's. Any op that differs (a per-op SOAP split no framework
 flag expresses) is listed and the export refused: nothing is approximated silently. Each
-format then refuses what its framework cannot express (ZeRO-2/3 in Megatron-LM's flags,
-tensor or pipeline parallelism in a DeepSpeed config, ZeRO-1 in torchtitan), naming the
-setting and the format that can. A mixture-of-experts model's expert-parallel degrees come from
-its ``experts`` ops, and its MoE and MLA settings go out as :mod:`engine.export_moe` states.
+format's module then writes what that release would run as simulated, or refuses what it
+would run differently, naming the setting and what to do instead:
 
-Flag and key names are those of the frameworks' documentation: Megatron-LM
-``megatron/training/arguments.py`` (``--tensor-model-parallel-size``, ...), DeepSpeed's config
-JSON reference (https://www.deepspeed.ai/docs/config-json/), torchtitan's
-``torchtitan/config/job_config.py`` (``[parallelism]``, ``[activation_checkpoint]``, ...).
+* :mod:`engine.export_megatron`: Megatron-LM core_v0.19.0 flags (precision, the environment it
+  needs, Megatron-FSDP for ZeRO-2/3, pipeline layout strings);
+* :mod:`engine.export_deepspeed`: a DeepSpeed 0.19.8 config (ZeRO, offload, AutoTP, AutoEP,
+  the recomputation block and what the model code must do for it);
+* :mod:`engine.export_torchtitan`: a torchtitan 0.3.0 launch line (config function and
+  command-line overrides).
+
+A mixture-of-experts model's expert-parallel degrees come from its ``experts`` ops, and its
+MoE and MLA settings go out as :mod:`engine.export_moe` states. Each module cites the source
+files of its release that its names and rules were read from.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Issue 15: plans a framework can run. A Megatron-shaped strategy exports to Megatron-LM
-flags, a DeepSpeed config and a torchtitan TOML; parsed back they give the same layout (the
+flags, a DeepSpeed config and a torchtitan launch line; parsed back they give the same layout (the
 same configs, op for op); what a framework cannot express is refused with the reason."""
 
 from __future__ import annotations

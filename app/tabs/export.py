@@ -33,9 +33,9 @@ def layout() -> html.Div:
         html.P("Import a strategy, model or cluster file with the upload box at the top. Every figure has PNG "
                "and SVG buttons under it (and the camera in its toolbar)."),
         html.H4("For a framework"),
-        html.Div([html.Button("Megatron-LM flags", id="export-megatron", n_clicks=0),
-                  html.Button("DeepSpeed config", id="export-deepspeed", n_clicks=0),
-                  html.Button("torchtitan TOML", id="export-torchtitan", n_clicks=0)], className="buttons"),
+        html.Div([html.Button("Megatron-LM flags (core_v0.19)", id="export-megatron", n_clicks=0),
+                  html.Button("DeepSpeed config (0.19.8)", id="export-deepspeed", n_clicks=0),
+                  html.Button("torchtitan launch line (0.3.0)", id="export-torchtitan", n_clicks=0)], className="buttons"),
         html.Div(id="export-fw-message", className="message", role="status"),
         html.H4("Share"),
         html.Div([html.Button("Make a link to this state", id="share", n_clicks=0),
