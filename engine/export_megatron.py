@@ -335,7 +335,7 @@ def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
     flags = to_megatron(lay, graph, cluster)
     notes = [f"# {RELEASE}, megatron/training/arguments.py: pretrain_gpt.py flags for {graph.name} on "
              f"{cluster.name} ({lay.tp * lay.cp * lay.pp * (lay.dp or 1)} GPUs, dp {lay.dp}, "
-             f"{lay.microbatches} microbatches)",
+             f"{lay.microbatches} microbatch{'es' if lay.microbatches != 1 else ''})",
              "# add the flags of the model (--num-layers, --hidden-size, --num-attention-heads, --seq-length, ...), "
              "the data and the optimizer (Adam, as simulated)"]
     if lay.zero_stage >= 2:
