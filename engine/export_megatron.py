@@ -65,6 +65,7 @@ import shlex
 from typing import Any
 
 from .cluster import Cluster
+from .export_megatron_model import megatron_model_flags
 from .export_moe import megatron_moe_flags, megatron_pipeline_layout, moe_shape, refuse
 from .graph import OpGraph
 from .layout import Layout, layer_blocks
@@ -333,11 +334,16 @@ def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
     ``export CUDA_DEVICE_MAX_CONNECTIONS=1`` where Megatron-LM needs it, then the flags on one
     line (shell-quoted: a layout string or --moe-layer-freq list has | ( ) *)."""
     flags = to_megatron(lay, graph, cluster)
+    model, model_notes, why = megatron_model_flags(graph, lay.tp)
     notes = [f"# {RELEASE}, megatron/training/arguments.py: pretrain_gpt.py flags for {graph.name} on "
              f"{cluster.name} ({lay.tp * lay.cp * lay.pp * (lay.dp or 1)} GPUs, dp {lay.dp}, "
-             f"{lay.microbatches} microbatch{'es' if lay.microbatches != 1 else ''})",
-             "# add the flags of the model (--num-layers, --hidden-size, --num-attention-heads, --seq-length, ...), "
-             "the data and the optimizer (Adam, as simulated)"]
+             f"{lay.microbatches} microbatch{'es' if lay.microbatches != 1 else ''})"]
+    if why is None:
+        notes += ["# add the data, the tokenizer and the optimizer (Adam, as simulated)", *model_notes]
+    else:
+        notes.append(f"# add the flags of the model (--num-layers, --hidden-size, --num-attention-heads, --seq-length, "
+                     f"...; soapbox does not write them for {why}), the data, the tokenizer and the optimizer (Adam, "
+                     "as simulated)")
     if lay.zero_stage >= 2:
         notes.append("# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (validate_args asserts it is not 1); "
                      "checkpoints are written as fsdp_dtensor")
@@ -349,4 +355,4 @@ def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
         notes.append("# CUDA_DEVICE_MAX_CONNECTIONS left unset: with --overlap-moe-expert-parallel-comm Megatron-LM "
                      "only warns, and the overlap wants more than one connection")
     env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if needs_max_connections(lay, cluster) else []
-    return "\n".join(notes + env + [shlex.join(flags)]) + "\n"
+    return "\n".join(notes + env + [shlex.join(flags + model)]) + "\n"

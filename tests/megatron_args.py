@@ -47,6 +47,15 @@ MEGATRON_ARGS = {
     "--moe-router-pre-softmax": True, "--moe-router-enable-expert-bias": True,
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"), "--moe-expert-capacity-factor": float,
     "--moe-pad-expert-input-to-capacity": True,
+    # the model (_add_network_size_args l. 2293-2380, TransformerConfig fields; export_megatron_model)
+    "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
+    "--group-query-attention": True, "--num-query-groups": int, "--kv-channels": int, "--seq-length": int,
+    "--max-position-embeddings": int,
+    "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
+    "--normalization": ("LayerNorm", "RMSNorm"), "--swiglu": True, "--disable-bias-linear": True,
+    "--add-qkv-bias": True, "--qk-layernorm": True, "--untie-embeddings-and-output-weights": True,
+    "--attention-dropout": float, "--hidden-dropout": float,
+    "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     # _add_network_size_args and _add_mla_args
     "--multi-latent-attention": True, "--q-lora-rank": int, "--kv-lora-rank": int, "--qk-head-dim": int,
     "--qk-pos-emb-head-dim": int, "--v-head-dim": int,

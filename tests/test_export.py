@@ -73,7 +73,12 @@ def test_megatron_flags_read_like_megatron_lm():
     assert megatron_flags(text) == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                             "--sequence-parallel", "--recompute-granularity", "selective",
                             "--use-distributed-optimizer", "--overlap-grad-reduce", "--micro-batch-size", "1",
-                            "--global-batch-size", "32"]  # (gradient reduction overlapped, as simulated)
+                            "--global-batch-size", "32",  # (gradient reduction overlapped, as simulated)
+                            # GPT-2's shape: learned positions, LayerNorm, GeLU, biases, tied head, dropout 0.1,
+                            # attention simulated unfused
+                            "--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
+                            "--ffn-hidden-size", "3072", "--seq-length", "1024", "--max-position-embeddings", "1024",
+                            "--attention-dropout", "0.1", "--hidden-dropout", "0.1", "--attention-backend", "unfused"]
 
 
 def test_a_per_op_split_is_refused_with_the_ops_that_break_it():

@@ -204,3 +204,48 @@ def test_refusals_name_the_reason():
     with pytest.raises(ValidationError, match="no switch for TF32"):
         to_megatron(Layout(dp=8, micro_batch=1, global_batch=32), resolve_model("gpt2", batch=32, precision="tf32"),
                     preset("dgx-h100:1"))
+
+
+#: the published shapes of the samples (model cards), as Megatron-LM's parser reads the export
+MODEL_SHAPES = {
+    "gpt2": dict(num_layers=12, hidden_size=768, ffn_hidden_size=3072, num_attention_heads=12, num_query_groups=None,
+                 kv_channels=None, normalization=None, swiglu=False, disable_bias_linear=False, qk_layernorm=False,
+                 position_embedding_type=None, max_position_embeddings=1024, untie_embeddings_and_output_weights=False,
+                 attention_dropout=0.1, hidden_dropout=0.1),
+    "llama2-7b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=11008, num_attention_heads=32,
+                      num_query_groups=None, kv_channels=None, normalization="RMSNorm", swiglu=True,
+                      disable_bias_linear=True, qk_layernorm=False, position_embedding_type="rope",
+                      max_position_embeddings=4096, untie_embeddings_and_output_weights=True, attention_dropout=0.0,
+                      hidden_dropout=0.0),
+    "qwen3-30b-a3b": dict(num_layers=48, hidden_size=2048, ffn_hidden_size=None, num_attention_heads=32,
+                          num_query_groups=4, kv_channels=128, normalization="RMSNorm", swiglu=True,
+                          disable_bias_linear=True, qk_layernorm=True, position_embedding_type="rope",
+                          max_position_embeddings=4096, untie_embeddings_and_output_weights=True,
+                          attention_dropout=0.0, hidden_dropout=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_SHAPES))
+def test_the_model_flags_build_the_simulated_model(name):
+    """The export carries the model's own flags, so pretrain_gpt.py builds what was simulated
+    (checked once against core_v0.19.0's own parse_args, validate_args and TransformerConfig)."""
+    g = build_sample(name, batch=64)
+    c = preset("dgx-h100:4")
+    moe = {"ep": 8} if "qwen" in name else {}
+    s = megatron(g, c, tp=2, sequence_parallel=True, micro_batch=1, zero_stage=1, **moe)
+    text = export("megatron", g, s, c)
+    args = megatron_parse(text)
+    assert {k: getattr(args, k) for k in MODEL_SHAPES[name]} == MODEL_SHAPES[name]
+    assert args.seq_length == max(op.dim("length").size for op in g.ops if "length" in op.dim_names)
+    assert args.attention_backend == ("unfused" if any(o.kind == "softmax" for o in g.ops) else None)
+    assert "# vocabulary: set by the tokenizer" in text and "add the flags of the model" not in text
+
+
+@pytest.mark.parametrize("name,why", [("gpt-oss-120b", "windowed or non-causal attention"),
+                                      ("bert-large", "post-norm layers")])
+def test_models_it_cannot_describe_ask_for_their_flags(name, why):
+    g = build_sample(name, batch=128)
+    c = preset("dgx-h100:8")
+    kw = {"ep": 8, "zero_stage": 1} if name.startswith("gpt-oss") else {}
+    text = export("megatron", g, megatron(g, c, micro_batch=1, **kw), c)
+    assert f"soapbox does not write them for {why}" in text and "--num-layers" not in megatron_flags(text)

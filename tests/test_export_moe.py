@@ -49,7 +49,12 @@ def test_mixtral_8x7b_ep8_reads_as_megatron_cores_reference_mapping():
         "--bf16", "--micro-batch-size", "1", "--global-batch-size", "256",
         "--num-experts", "8", "--expert-model-parallel-size", "8", "--expert-tensor-parallel-size", "1",
         "--moe-ffn-hidden-size", "14336", "--moe-router-topk", "2", "--moe-router-score-function", "softmax",
-        "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+        # the model (engine.export_megatron_model): Mixtral's shape as its model card has it
+        "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--swiglu",
+        "--group-query-attention", "--num-query-groups", "8", "--seq-length", "4096", "--max-position-embeddings",
+        "4096", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights", "--attention-dropout", "0", "--hidden-dropout", "0"]
     args = megatron_parse(text)
     megatron_rules(args, c.num_devices, 32)
     assert args.moe_expert_capacity_factor is None  # dropless
@@ -69,7 +74,12 @@ def test_deepseek_v3_tp2_pp8_vpp4_ep64():
         "--num-experts", "256", "--expert-model-parallel-size", "64", "--expert-tensor-parallel-size", "1",
         "--moe-ffn-hidden-size", "2048", "--moe-router-topk", "8", "--moe-router-score-function", "sigmoid",
         "--moe-router-enable-expert-bias", "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall",
-        "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "2048", "--moe-layer-freq", "([0]*3+[1]*58)"]
+        "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "2048", "--moe-layer-freq", "([0]*3+[1]*58)",
+        # the model: its first 3 layers dense (ffn 18432), MLA's widths above
+        "--num-layers", "61", "--hidden-size", "7168", "--num-attention-heads", "128", "--ffn-hidden-size", "18432",
+        "--swiglu", "--seq-length", "4096", "--max-position-embeddings", "4096", "--position-embedding-type", "rope",
+        "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--attention-dropout", "0", "--hidden-dropout", "0"]
     assert "'Et|t|(tt|)*29,tL'" in text and "'([0]*3+[1]*58)'" in text  # quoted for the shell
     args = megatron_parse(text)
     megatron_rules(args, c.num_devices, 61, env=environment(text))
