@@ -750,6 +750,19 @@ def _per_element(cost: float):
     return flops
 
 
+# bias --------------------------------------------------------------------------------------
+def _bias_params(ins, attrs):
+    return [ParamInfo("bias", (ins[0].shape[-1],))]
+
+
+def _bias_dims(ins, outs, attrs):
+    """Pointwise; a split of the last axis splits the bias vector with it."""
+    out = outs[0]
+    last = len(out.shape) - 1
+    return [ParallelDim(name, PARAMETER if ax == last else _axis_kind(name), out.shape[ax], ax, (ax,),
+                        (0 if ax == last else None,)) for ax, name in enumerate(out.axes)]
+
+
 # softmax ---------------------------------------------------------------------------------
 def _softmax_infer(ins, attrs, precision):
     _expect_inputs(ins, (1,))
@@ -1299,6 +1312,11 @@ def _build_registry() -> dict[str, OpKind]:
                _experts_infer, _experts_params, _experts_dims, _experts_flops, 2.0,
                attrs=("num_experts", "top_k", "ffn_hidden", "gated", "bias", "capacity_factor", "dispatcher")),
     ]
+    kinds.append(
+        OpKind("bias", "A learned bias added along the last axis, apart from its GEMM (the bias of a layer whose "
+                       "weight is tied to another op's, e.g. BERT's masked-LM decoder).",
+               _norm_infer, _bias_params, _bias_dims, _per_element(BINARY_FLOPS_PER_ELEMENT), 1.0,
+               bwd_reads_inputs=False))
     kinds.append(
         OpKind("elementwise", "A memory-bound op on each element of one input, with no kind of its own (an "
                               "imported op: a constant scale or bias, erf, pow...); attrs: flops_per_element, label.",

@@ -161,17 +161,19 @@ def test_parameters_and_gemm_flops_equal_torchs(name, tmp_path, capsys):
 
 
 def test_bert_tied_decoder_and_its_tables(tmp_path, capsys):
-    """BERT's masked-LM decoder shares the token table (counted once); its own bias beside the
-    tied weight is left out and said (soapbox shares whole ops' parameters, as the ONNX
-    importer); the position and token-type tables, looked up by constant ids, are kept."""
+    """BERT's masked-LM decoder shares the token table (counted once) and has a bias of its own
+    (a ``bias`` op beside the tied linear); the position and token-type tables, looked up by
+    constant ids, are kept: parameters equal torch's."""
     g = cli_import("bert", tmp_path)
-    out = capsys.readouterr().out
-    assert "the bias of a layer tied to bert.embeddings.word_embeddings.weight is not counted (1,000 elements)" in out
+    assert "they differ" not in capsys.readouterr().out
     params, flops = torch_counts(bert)
-    assert g.param_count == params - 1000
+    assert g.param_count == params
     assert sum(o.fwd_flops for o in g.ops if o.kind in GEMM_KINDS) == flops
     tables = sorted(o.params[0].shape for o in g.ops if o.kind == "embedding")
     assert tables == [(2, 64), (128, 64), (1000, 64)]
+    head, bias = g.ops[-2:]
+    assert (head.kind, head.param_group, bias.kind, bias.params[0].shape) == \
+        ("linear", "bert.embeddings.word_embeddings.weight", "bias", (1000,))
 
 
 def test_resnets_in_place_relus_and_residual_adds():

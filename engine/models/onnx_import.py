@@ -341,10 +341,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 if len(w) != 2:
                     raise _Unmapped()
                 group = groups.get(ins[1])
-                if group in table_groups and bias:  # its own bias: soapbox shares whole ops' parameters
-                    bias = False
-                    notes.append(f"{nm}: the bias of a layer tied to {group[:80]} is not counted ({n_out} elements)")
-                add("linear", [ins[0]], out_features=int(n_out), bias=bias, param_group=group)
+                if group in table_groups and bias:  # its own bias beside the tied weight: a bias op of its own
+                    ref[out + "#tied"] = b.add("linear", _clean(nm + ".tied", k, op, used), [ref[ins[0]]],
+                                               out_features=int(n_out), bias=False, param_group=group)
+                    add("bias", [out + "#tied"])
+                else:
+                    add("linear", [ins[0]], out_features=int(n_out), bias=bias, param_group=group)
             elif op == "MatMul" and len(acts) == 2:
                 add("batch_matmul", acts)
             elif op == "Conv" and len(acts) == 1 and ins[1] in const:

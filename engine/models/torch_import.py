@@ -222,11 +222,16 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
                 ref[n.name] = ref[gains[n.name]]
             elif op == "linear" and x.name in ref and args[1].name in const:
                 bias, group = len(args) > 2 and args[2] is not None, tied.get(args[1].name)
-                if bias and group:  # (BERT's MLM decoder: soapbox shares whole ops' parameters, as the ONNX importer)
-                    bias = False
-                    notes.append(f"{n.name}: the bias of a layer tied to {group[:80]} is not counted "
-                                 f"({const[args[1].name][0]:,} elements)")
-                add("linear", [x], out_features=const[args[1].name][0], bias=bias, param_group=group)
+                if bias and group:  # (BERT's MLM decoder: its own bias beside the tied weight, a bias op)
+                    name_ = nm(n)
+                    try:
+                        lin = b.add("linear", name_, [ref[x.name]], out_features=const[args[1].name][0], bias=False,
+                                    param_group=group)
+                        ref[n.name] = b.add("bias", f"{name_}.bias", [lin])
+                    except (OpError, ValueError) as e:
+                        raise fail(f"node {n.name} ({op})", f"as soapbox linear and bias: {e}") from None
+                else:
+                    add("linear", [x], out_features=const[args[1].name][0], bias=bias, param_group=group)
             elif op in ("mm", "matmul") and len(acts) == 1 and x.name in ref and args[1].name in const:
                 add("linear", [x], out_features=const[args[1].name][-1], bias=False)
             elif op == "addmm" and args[1].name in ref and args[2].name in const:
