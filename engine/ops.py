@@ -1318,6 +1318,10 @@ def _build_registry() -> dict[str, OpKind]:
                _norm_infer, _bias_params, _bias_dims, _per_element(BINARY_FLOPS_PER_ELEMENT), 1.0,
                bwd_reads_inputs=False))
     kinds.append(
+        OpKind("scale", "A learned gain multiplied along the last axis, apart from its norm (a normalisation an "
+                        "exporter decomposed into elementwise ops: the RMSNorm of LLaMA in ONNX).",
+               _norm_infer, _bias_params, _bias_dims, _per_element(BINARY_FLOPS_PER_ELEMENT), 2.0))
+    kinds.append(
         OpKind("elementwise", "A memory-bound op on each element of one input, with no kind of its own (an "
                               "imported op: a constant scale or bias, erf, pow...); attrs: flops_per_element, label.",
                _generic_infer, _no_params, _elementwise_dims, _generic_flops, 1.0,

@@ -61,6 +61,8 @@ DIM_CASES = {
                     {"sample": "S", "length": "A", "feature": "A", "replica": "C"}),
     "bias": (lambda b: b.add("bias", "op", [b.input("x", [2, 3, 4])]),
              {"sample": "S", "length": "A", "feature": "P", "replica": "C"}),
+    "scale": (lambda b: b.add("scale", "op", [b.input("x", [2, 3, 4])]),
+              {"sample": "S", "length": "A", "feature": "P", "replica": "C"}),
     "add": (lambda b: b.add("add", "op", [b.input("x", [2, 4]), b.input("y", [2, 4])]),
             {"sample": "S", "feature": "A", "replica": "C"}),
     "concat": (lambda b: b.add("concat", "op", [b.input("x", [2, 4]), b.input("y", [2, 6])], axis=1),

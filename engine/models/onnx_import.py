@@ -2,29 +2,29 @@
 (the ``soapbox[onnx]`` extra) and its shape inference.
 
 What is read: the graph's nodes, inputs and the *shapes* of its initializers (weights); no
-weight values, and never external data (an initializer stored in another file is refused by
-default, or imported from the dims its descriptor states: the importer opens no file but the
-one it was given). Symbolic input dimensions are bound before shape inference: the first
-symbolic axis of an input to ``--batch``, the others to ``--seq-len``, any by name with
-``--dim NAME=N``.
+weight values (but the few small integer ones of a shape computed from constants), never
+external data (an initializer stored in another file is refused by default, or imported from
+the dims its descriptor states: the importer opens no file but the one it was given).
+Symbolic input dimensions are bound before shape inference: the first symbolic axis of an
+input to ``--batch``, the others to ``--seq-len``, any by name with ``--dim NAME=N``.
 
-Mapped operators (ONNX operator names, https://onnx.ai/onnx/operators/): Gemm and MatMul with
-a weight (linear; a following bias Add folded in), MatMul of two activations (batch_matmul),
-Conv, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool, ReduceMean over H, W (global
-average pool), BatchNormalization, LayerNormalization, SimplifiedLayerNormalization /
-RMSNormalization, Relu, Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes,
-Dropout, Gather of a table by ids (embedding; by constant ids, as exporters fold position and
-token-type lookups, the ids become an input); Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
-Concat, Split, Slice of one axis and Gather of one index as views and layout ops; Identity and
-float-to-float Cast pass through; Shape, Constant and any node whose inputs are all constants
-are folded. Elementwise ops with a constant or broadcast operand, Erf, Pow, Sqrt, Exp, Neg,
-Reciprocal, IsNaN and reductions over the last axis become ``elementwise`` ops (memory-bound).
-A weight read by several nodes (tied embeddings; see :mod:`engine.models.onnx_ties`) is one
-``param_group``, counted once. Anything else is listed with its count and node names (with the
-ops it feeds skipped, never a traceback); ``unknown="elementwise"`` imports a shape-preserving
-unknown op as an ``elementwise`` op and says so. Every op's output shape is checked against
-ONNX's inferred shape; a malformed node is a one-line error naming it.
-"""
+Mapped operators (https://onnx.ai/onnx/operators/): Gemm and MatMul with a weight (linear; a
+following bias Add folded in), MatMul of two activations (batch_matmul), Conv, MaxPool /
+AveragePool / GlobalAveragePool / GlobalMaxPool, ReduceMean over H, W (global average pool),
+BatchNormalization, LayerNormalization, SimplifiedLayerNormalization / RMSNormalization, Relu,
+Gelu, Sigmoid, Tanh, Softmax, Add / Sub / Mul / Div of equal shapes, Mul / Add by a learned
+vector (scale / bias: a decomposed norm's gain), Expand (broadcast), Dropout, Gather of a table
+by ids (embedding; by constant ids, as exporters fold position and token-type lookups, the ids
+become an input); Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Slice of one
+axis and Gather of one index as views and layout ops; Identity and float-to-float Cast pass
+through; Shape, Constant and nodes whose inputs are all constants are folded. Other elementwise
+ops with a constant or broadcast operand, Erf, Pow, Sqrt, Exp, Neg, Reciprocal, IsNaN and
+reductions over the last axis become ``elementwise`` ops (memory-bound). A weight read by
+several nodes (tied embeddings; :mod:`engine.models.onnx_ties`) is one ``param_group``, counted
+once. Anything else is listed with its count and node names (the ops it feeds skipped, never a
+traceback); ``unknown="elementwise"`` imports a shape-preserving unknown op as ``elementwise``
+and says so. Each op's output shape is checked against ONNX's; a malformed node is a one-line
+error naming it."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
-from .onnx_ties import MAX_FOLD_ROUNDS, const_ints, find_ties, fold_shape_inputs, slice_sizes
+from .onnx_ties import MAX_FOLD_ROUNDS, Unmapped, const_ints, find_ties, fold_shape_inputs, slice_sizes, vector_operand
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -329,7 +329,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             if op in ("Gemm", "MatMul") and len(acts) == 1 and acts[0] == ins[0] and ins[1] in const:
                 w = shapes[ins[1]]
                 if op == "Gemm" and (attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0):
-                    raise _Unmapped()
+                    raise Unmapped()
                 n_out = w[0] if op == "Gemm" and attr(node, "transB", 0) else w[-1]
                 bias = op == "Gemm" and len(ins) > 2
                 if op == "MatMul" and consumers[out] == 1:  # fold a following bias Add
@@ -339,7 +339,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                         if len(other) == 1 and other[0] in const and shapes.get(other[0]) in ((n_out,), (1, n_out)):
                             bias, folded_add[nxt] = True, out
                 if len(w) != 2:
-                    raise _Unmapped()
+                    raise Unmapped()
                 group = groups.get(ins[1])
                 if group in table_groups and bias:  # its own bias beside the tied weight: a bias op of its own
                     ref[out + "#tied"] = b.add("linear", _clean(nm + ".tied", k, op, used), [ref[ins[0]]],
@@ -353,14 +353,14 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 w = shapes[ins[1]]
                 pads = list(attr(node, "pads", [0] * 4))
                 if len(w) != 4 or pads[:2] != pads[2:] or any(d != 1 for d in attr(node, "dilations", [1, 1])):
-                    raise _Unmapped()
+                    raise Unmapped()
                 add("conv2d", [ins[0]], out_channels=int(w[0]), kernel=[int(w[2]), int(w[3])],
                     stride=list(attr(node, "strides", [1, 1])), padding=pads[:2], groups=int(attr(node, "group", 1)),
                     bias=len(ins) > 2)
             elif op in ("MaxPool", "AveragePool"):
                 pads = list(attr(node, "pads", [0] * 4))
                 if pads[:2] != pads[2:] or attr(node, "ceil_mode", 0):
-                    raise _Unmapped()
+                    raise Unmapped()
                 kern = list(attr(node, "kernel_shape"))
                 add("pool2d", acts, mode="max" if op == "MaxPool" else "avg", kernel=kern,
                     stride=list(attr(node, "strides", kern)), padding=pads[:2])
@@ -397,7 +397,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                     a = diff[0]
                     sizes = (a, [oshape[a], shapes[acts[0]][a] - oshape[a]], 0)
                 if sizes is None:
-                    raise _Unmapped()
+                    raise Unmapped()
                 axis, pieces, keep = sizes
                 parts = b.add("split", nm, [ref[acts[0]]], axis=axis, sizes=pieces)
                 ref[out + "#part"] = parts[keep] if isinstance(parts, list) else parts
@@ -407,8 +407,9 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 want = tuple(oshape)
                 have = (1,) * (len(want) - len(shapes[acts[0]])) + tuple(shapes[acts[0]])
                 if len(have) != len(want) or any(h not in (1, w) for h, w in zip(have, want)):
-                    raise _Unmapped()
-                r = ref[out + "#in"] = b.add("reshape", _clean(nm + ".in", k, op, used), [ref[acts[0]]], shape=list(have))
+                    raise Unmapped()
+                r = ref[out + "#in"] = b.add("reshape", _clean(nm + ".in", k, op, used), [ref[acts[0]]],
+                                             shape=list(have))
                 for a in [a for a, (h, w) in enumerate(zip(have, want)) if h != w]:
                     r = ref[out + "#in"] = b.add("broadcast", _clean(f"{nm}.axis{a}", k, op, used), [r], axis=a,
                                                  size=want[a])
@@ -419,7 +420,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 add("batchnorm", acts[:1])
             elif op == "LayerNormalization":
                 if attr(node, "axis", -1) not in (-1, len(shapes[ins[0]] or ()) - 1):
-                    raise _Unmapped()
+                    raise Unmapped()
                 add("layernorm", acts[:1])
             elif op in ("SimplifiedLayerNormalization", "RMSNormalization"):
                 add("rmsnorm", acts[:1])
@@ -429,6 +430,9 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 add("softmax", acts, axis=int(attr(node, "axis", -1)))
             elif op in _BINARY and len(acts) == 2 and shapes.get(acts[0]) == shapes.get(acts[1]) == oshape:
                 add(_BINARY[op], acts)
+            elif op in ("Mul", "Add") and shapes.get(acts[0]) == oshape and \
+                    (vec := vector_operand(ins, acts, inits, elem, oshape, _FLOAT)) is not None:
+                add("scale" if op == "Mul" else "bias", acts, param_group=groups.get(vec))
             elif op in _GENERIC and oshape is not None and oshape in [shapes.get(a) for a in acts]:
                 # (with a broadcast operand, a norm's statistics or a mask: memory-bound on the full-size one)
                 add("elementwise", [a for a in acts if shapes.get(a) == oshape][:1], flops_per_element=_GENERIC[op],
@@ -456,13 +460,13 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                 ref[out] = ref[acts[0]]
                 used.discard(nm)
             else:
-                raise _Unmapped()
+                raise Unmapped()
         except ValidationError:
             raise
         except (KeyError, TypeError, IndexError, ValueError, AttributeError, OpError) as e:
             raise fail(where, f"malformed node ({type(e).__name__}: {str(e)[:120]}): check its inputs, attributes "
                               "and shapes") from None
-        except _Unmapped:
+        except Unmapped:
             if unknown == "elementwise" and len(acts) >= 1 and oshape is not None and \
                     shapes.get(acts[0]) == oshape and len([o for o in node.output if o]) == 1:
                 add("elementwise", acts[:1], flops_per_element=1.0, label=op)
@@ -483,7 +487,7 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         notes.append("tables looked up by constant ids kept as embeddings, their ids an input each: " +
                      ", ".join(x[:60] for x in const_ids[:8]))
     if weights:
-        notes.append(f"constant operands of elementwise ops not counted as parameters (a decomposed norm's gain): "
+        notes.append(f"constant operands of elementwise ops not counted as parameters (rotary tables, folded rows): "
                      f"{sum(math.prod(inits[w]) for w in weights):,} elements in {len(weights)} tensor(s)")
     if unmapped:
         notes.append("imported as elementwise (memory-bound, 1 FLOP an element): " + "; ".join(
@@ -494,7 +498,3 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         return b.build(), notes
     except (OpError, ValueError) as e:
         raise fail("graph", str(e)) from None
-
-
-class _Unmapped(Exception):
-    """This node has no soapbox op (listed, or imported as elementwise)."""

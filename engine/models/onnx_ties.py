@@ -135,8 +135,8 @@ def const_ints(g: Any, name: str) -> list[int] | None:
 MAX_FOLDED_NODES = 32
 #: the ops :func:`folded_ints` evaluates: shape arithmetic whose output is no larger than its
 #: inputs (ConstantOfShape is checked apart: its output's size is its input's product)
-FOLDABLE_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs",
-                          "Min", "Max", "Equal", "Less", "Greater", "Not", "And", "Or", "Where", "Concat", "Gather",
+FOLDABLE_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Neg",
+                          "Abs", "Min", "Max", "Equal", "Less", "Greater", "Not", "And", "Or", "Where", "Concat", "Gather",
                           "Slice", "Squeeze", "Unsqueeze", "Reshape", "Shape"})
 
 
@@ -246,3 +246,27 @@ def slice_sizes(shape, starts, ends, axes, steps) -> tuple[int, list[int], int] 
         return None
     pieces = [p for p in (start, end - start, dim - end) if p > 0]
     return axis, pieces, 1 if start > 0 else 0
+
+
+def vector_operand(ins: list[str], acts: list[str], inits: dict[str, tuple[int, ...]], elem: dict[str, int],
+                   out_shape: tuple[int, ...] | None, floats: Any) -> str | None:
+    """The learned vector of a ``Mul`` / ``Add`` of one activation by a float initializer of
+    the output's last width (leading axes of 1: a decomposed norm's gain or a bias), or None.
+
+    >>> vector_operand(["x", "g"], ["x"], {"g": (1, 1, 8)}, {"g": 1}, (2, 4, 8), {1})
+    'g'
+    >>> vector_operand(["x", "s"], ["x"], {"s": (1,)}, {"s": 1}, (2, 4, 8), {1}) is None
+    True
+    """
+    other = [i for i in ins if i not in acts]
+    if len(acts) != 1 or len(other) != 1 or out_shape is None or out_shape[-1] < 2:
+        return None
+    shape = inits.get(other[0])
+    if shape is None or elem.get(other[0]) not in floats or not shape or shape[-1] != out_shape[-1] \
+            or any(d != 1 for d in shape[:-1]):
+        return None
+    return other[0]
+
+
+class Unmapped(Exception):
+    """An ONNX node with no soapbox op (listed, or imported as elementwise)."""
