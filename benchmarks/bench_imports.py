@@ -18,7 +18,10 @@ The transformers models use eager attention (two matmuls that ``FlopCounterMode`
    dynamo, ``dynamo=True``, weights inside the file) by ``tests/test_import_onnx_exact.py``'s own
    ``export`` (its ``find_packed_sequence_indices`` patch included; ResNet in training mode, so
    that TorchScript keeps BatchNorm apart from the convolutions); the export is not timed. Then
-   ``import_onnx(bytes)`` is timed ``--runs`` times.
+   ``import_onnx(bytes)`` is timed ``--runs`` times, interleaved run by run with the baseline
+   ("before": ONNX's shape inference on the whole model, weights included, as soapbox ran it
+   before ``engine.models.onnx_ties.infer_shapes_light`` set the large initializers' values
+   aside), and the ratio of the medians.
 2. ``--torch``: ``import_torch(factory)`` (what ``soapbox import --torch module:factory`` calls:
    the factory run on the meta device, ``torch.export``, the mapping and its own FlopCounterMode
    cross-check) timed ``--runs`` times.
@@ -50,6 +53,7 @@ import tempfile
 import time
 import warnings
 from functools import partial
+from unittest import mock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +67,7 @@ from torch import nn  # noqa: E402
 
 import test_import_onnx_exact as OX  # noqa: E402
 import test_import_torch_exact as TX  # noqa: E402
+import engine.models.onnx_import as OI  # noqa: E402
 from engine.models.onnx_import import import_onnx  # noqa: E402
 from engine.models.torch_import import import_torch  # noqa: E402
 
@@ -163,6 +168,32 @@ def timed(fn, runs: int):
     return out, times, peak
 
 
+def plain_inference(model, **options):
+    """The baseline: ONNX's shape inference on the whole model, weights included (soapbox before
+    ``engine.models.onnx_ties.infer_shapes_light``)."""
+    from onnx import shape_inference
+
+    return shape_inference.infer_shapes(model, **options)
+
+
+def import_before(data: bytes):
+    with mock.patch.object(OI, "infer_shapes_light", plain_inference):
+        return import_onnx(data)
+
+
+def timed_pair(now, before, runs: int):
+    """``timed`` of ``now`` and of ``before``, interleaved run by run (the same load on both)."""
+    out, a, b, pa, pb = None, [], [], None, None
+    for _ in range(runs):
+        out, t, p = timed(now, 1)
+        a += t
+        pa = max(pa or 0.0, p or 0.0) if p is not None else pa
+        _, t, p = timed(before, 1)
+        b += t
+        pb = max(pb or 0.0, p or 0.0) if p is not None else pb
+    return out, a, pa, b, pb
+
+
 def gemm(g, kinds=OX.GEMM_KINDS) -> float:
     return sum(op.fwd_flops for op in g.ops if op.kind in kinds)
 
@@ -213,9 +244,9 @@ def export_bytes(model: nn.Module, x, dynamo: bool, training: bool) -> bytes:
 # -- the two parts ----------------------------------------------------------------------------
 def bench_onnx(models, runs: int, bert_layers: int) -> None:
     print(f"\nONNX import, `import_onnx(bytes)`, median of {runs} (export not timed)\n")
-    print("| model | exporter | file | export | import wall | runs (s) | peak RSS added | ops "
-          "| parameters soapbox | torch | soapbox - torch | GEMM GFLOPs soapbox / FlopCounterMode |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | exporter | file | export | import wall | runs (s) | peak RSS added | before: wall, runs, peak "
+          "| ratio | ops | parameters soapbox | torch | soapbox - torch | GEMM GFLOPs soapbox / FlopCounterMode |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in models:
         label = name if name != "bert-base" or bert_layers == 12 else f"bert-base ({bert_layers} layers)"
         try:
@@ -235,13 +266,17 @@ def bench_onnx(models, runs: int, bert_layers: int) -> None:
                 continue
             head = f"| {label} | {exporter} | {len(data) / 1e6:,.0f} MB | {exp:.0f} s"
             try:
-                (g, _notes), times, peak = timed(partial(import_onnx, data), runs)
+                (g, _notes), times, peak, old, old_peak = timed_pair(partial(import_onnx, data),
+                                                                     partial(import_before, data), runs)
             except Exception as e:  # noqa: BLE001
                 print(f"{head} | {_err(e)} | | | | | {params:,} | | |", flush=True)
                 continue
             med, each = _wall(times)
+            old_med, old_each = _wall(old)
+            ratio = statistics.median(old) / statistics.median(times)
             options = documented(name, dynamo, model)
-            print(f"{head} | {med} | {each} | {_mb(peak)} | {len(g.ops):,} | {g.param_count:,} | {params:,} "
+            print(f"{head} | {med} | {each} | {_mb(peak)} | {old_med}, {old_each}, {_mb(old_peak)} | {ratio:.2f}x "
+                  f"| {len(g.ops):,} | {g.param_count:,} | {params:,} "
                   f"| {_params(g.param_count, params, options)} | {_flops(gemm(g), flops)} |", flush=True)
             del g, data
         del model

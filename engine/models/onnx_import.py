@@ -36,7 +36,8 @@ from typing import Any, Mapping
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
-from .onnx_ties import MAX_FOLD_ROUNDS, Unmapped, const_ints, find_ties, fold_shape_inputs, slice_sizes, vector_operand
+from .onnx_ties import (MAX_FOLD_ROUNDS, Unmapped, const_ints, find_ties, fold_shape_inputs, infer_shapes_light,
+                         slice_sizes, vector_operand)
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -103,7 +104,6 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     """
     try:
         import onnx
-        from onnx import shape_inference
     except ImportError:  # pragma: no cover - the extra is installed with the tests
         raise ValueError("importing ONNX needs the onnx package: pip install 'soapbox[onnx]'") from None
 
@@ -179,11 +179,11 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                        "(torch.onnx.export's dynamic_axes or dynamic_shapes) or leave --batch out")
         fixed_notes.append(f"exported with a fixed batch of {b0}, kept (batch {batch} applies to symbolic axes)")
     try:
-        model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        model = infer_shapes_light(model, check_type=False, strict_mode=False, data_prop=True)
         for _ in range(MAX_FOLD_ROUNDS):  # shapes computed from constants (TorchScript's), folded, then inferred
             if not fold_shape_inputs(model):
                 break
-            model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+            model = infer_shapes_light(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:
         raise fail("graph", f"ONNX shape inference failed: {str(e).splitlines()[0][:300]}") from None
     g = model.graph
