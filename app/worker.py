@@ -102,7 +102,12 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
             flush(final=True)
         except Exception:
             pass
-        store.finish(sid, "failed", error=f"{type(e).__name__}: {e}")
+        # a refusal (the engine's ValueError / SoapboxError) is its own one-line message; anything
+        # else is a bug, shown with its type
+        from engine.errors import SoapboxError
+
+        refusal = isinstance(e, (ValueError, SoapboxError))
+        store.finish(sid, "failed", error=str(e) if refusal else f"{type(e).__name__}: {e}")
         return "failed"
 
 

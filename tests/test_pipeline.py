@@ -86,3 +86,48 @@ class TestPlanner:
         assert stages == {0}
         with pytest.raises(ValueError, match="layers per stage"):
             megatron(g, c, tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[6, 5])
+
+
+class TestRefusals:
+    """Issue 28: the pipeline search on a model without layers ended in a raw ``ValueError``
+    (the app's page showed "Search failed: ValueError: ..."); every refusal is one line that
+    names what is missing."""
+
+    def test_a_model_without_layers_names_what_the_planner_needs(self, alexnet):
+        with pytest.raises(ValueError, match=r"no numbered layer blocks \(layers\.0, layers\.1, \.\.\.\).*mcmc"):
+            ALGORITHMS["pipeline"].run(*alexnet, None)
+
+    def test_cli_refusal_is_one_line(self, capsys):
+        from engine.cli import main
+
+        status = main(["search", "--algo", "pipeline", "--model", "alexnet", "--cluster", "p100-4x4",
+                       "--budget", "10", "--quiet"])
+        err = capsys.readouterr().err
+        assert status == 2
+        assert err.count("\n") == 1 and err.startswith("soapbox: error: model 'alexnet' has no numbered layer")
+        assert "Traceback" not in err and "mcmc, pase or auto" in err
+
+    def test_the_app_worker_records_the_refusal_without_an_exception_name(self, alex, tmp_path):
+        from app import sources, store, worker
+
+        st = store.Store(tmp_path / "db.sqlite3")  # not the pool's: no worker claims this one
+        sid = st.create_search(alex["sid"], "pipeline", "10", None, 0, sources.refs(alex), None)
+        row = st.claim_next(0)
+        assert worker.run_search(st, row) == "failed"
+        error = st.search(sid)["error"]
+        assert error.startswith("model 'alexnet' has no numbered layer blocks") and "ValueError" not in error
+        assert "\n" not in error
+
+    def test_the_app_worker_keeps_the_type_of_an_unexpected_error(self, alex, tmp_path, monkeypatch):
+        import types
+
+        from app import sources, store, worker
+
+        def broken(*a, **k):
+            raise KeyError("x")
+
+        monkeypatch.setitem(ALGORITHMS, "pipeline", types.SimpleNamespace(run=broken, description="broken"))
+        st = store.Store(tmp_path / "db.sqlite3")
+        sid = st.create_search(alex["sid"], "pipeline", "10", None, 0, sources.refs(alex), None)
+        assert worker.run_search(st, st.claim_next(0)) == "failed"
+        assert st.search(sid)["error"] == "KeyError: 'x'"

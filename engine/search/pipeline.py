@@ -259,7 +259,8 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     n = cluster.num_devices
     L = len(layer_blocks(graph))
     if L == 0:
-        raise ValueError(f"model {graph.name!r} has no numbered layer blocks to cut into pipeline stages")
+        raise ValueError(f"model {graph.name!r} has no numbered layer blocks (layers.0, layers.1, ...) for the "
+                         f"pipeline search to cut into stages; search it with mcmc, pase or auto instead")
     model = _Model(graph, cluster, cost)
     batch = graph.batch_size
     mem_cap = np.array([cluster.device_type(d).memory_bytes for d in range(n)], dtype=np.float64)
@@ -380,7 +381,9 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, 
     cost_model = cost or CostModel()
     plans = plan_pipeline(graph, cluster, cost_model, opts.hardware_aware)
     if not plans:
-        raise ValueError(f"no pipeline plan fits {graph.name} on {cluster.name} (memory, batch or layers)")
+        raise ValueError(f"no pipeline plan of {graph.name!r} fits on {cluster.name!r}: no layout (tp x pp x dp = "
+                         f"{cluster.num_devices} GPUs, micro-batches dividing the batch of {graph.batch_size}) "
+                         f"holds its weights, optimizer state and activations in memory")
     best = None
     rows: list[Progress] = []
     tried = 0
