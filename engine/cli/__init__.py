@@ -23,7 +23,9 @@ Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can
 or invalid input, an output that cannot be written); 3 ``simulate`` of a strategy that does
 not fit in memory (the report is printed and says which devices are over), or ``search``
 that found no strategy that fits; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). An
-interrupted write leaves the file it would replace as it was and no temporary file.
+interrupted write leaves the file it would replace as it was and no temporary file. An
+interrupted (or terminated) ``search -o FILE`` writes the best strategy it had found to FILE
+first, and says so.
 
 Names: ``--model``, ``--cluster``, ``--strategy``, ``--profile`` and ``validate FILE`` may
 be paths, since a user typed them; the model and cluster a strategy file names resolve only
@@ -61,6 +63,9 @@ from .commands import (
 from .common import (
     EPILOG,
     EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
     add_batch_options,
     add_routing_options,
     add_strategy_options,
@@ -316,9 +321,7 @@ COMMANDS = {
 }
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that ``finally`` blocks and temporary-file
-    clean-ups run as for Ctrl-C."""
+_Terminated = Terminated  # (its former name)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -360,10 +363,10 @@ def main(argv: Sequence[str] | None = None, extra: Mapping[str, ExtraCommand] | 
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("soapbox: interrupted", file=sys.stderr)
-        return 130
-    except _Terminated:
+        return EXIT_INTERRUPTED
+    except Terminated:
         print("soapbox: terminated", file=sys.stderr)
-        return 143
+        return EXIT_TERMINATED
     finally:
         if own:
             signal.signal(signal.SIGTERM, previous)

@@ -13,7 +13,9 @@ from ..ops import MAX_DIM
 from ..layout import Layout
 from ..strategy import GATHER_UNITS, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 
-__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg", "add_strategy_options", "strategy_options",
+__all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+           "Terminated", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg",
+           "add_strategy_options", "strategy_options",
            "add_batch_options", "model_and_cluster", "add_routing_options", "routing_loads", "with_routing",
            "baseline_strategy"]
 
@@ -21,6 +23,13 @@ __all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EPILOG", "in
 EXIT_INVALID_FILE = 1
 EXIT_ERROR = 2
 EXIT_DOES_NOT_FIT = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (:func:`engine.cli.main` installs the handler) so that
+    ``finally`` blocks and temporary-file clean-ups run as for Ctrl-C."""
 EPILOG = ("exit status: 0 done; 1 invalid file (validate); 2 error (one line 'soapbox: error: ...'); "
           "3 the strategy does not fit in memory (simulate) or no strategy found fits (search); "
           "130 interrupted; 143 terminated")

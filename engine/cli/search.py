@@ -16,7 +16,15 @@ from ..formats import save_json
 from ..report import json_text
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES, make_baseline
-from .common import EXIT_DOES_NOT_FIT, baseline_strategy, model_and_cluster, strategy_options
+from .common import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    baseline_strategy,
+    model_and_cluster,
+    strategy_options,
+)
 
 __all__ = ["cmd_search", "compare_searches", "option_names"]
 
@@ -35,6 +43,48 @@ def _progress_bar(budget):
                          f"accepted {p.acceptance_rate * 100:4.1f}%  chains {p.chains}")
         sys.stderr.flush()
     return show
+
+
+class _BestSoFar:
+    """A search's progress consumer that keeps the best feasible strategy its rows carry (and
+    draws the progress bar, when there is one), so that an interrupted search can still write
+    what it had found. Rows reference the strategy (frozen: :class:`engine.strategy.Strategy`),
+    so keeping one costs nothing."""
+
+    def __init__(self, show) -> None:
+        self.show = show
+        self.row = None  # the last row that carried a feasible best
+
+    def __call__(self, p) -> None:
+        if p.best is not None and math.isfinite(p.best_cost_s) and \
+                (self.row is None or p.best_cost_s <= self.row.best_cost_s):
+            self.row = p
+        if self.show is not None:
+            self.show(p)
+
+    def write(self, args: argparse.Namespace, g, c, how: str) -> int:
+        """After ``how`` (``interrupted``, ``terminated``): write the best so far to ``-o``
+        atomically, print one line saying what was written, and return the exit status
+        (130 or 143)."""
+        from ..search.api import Price, stamp
+
+        status = EXIT_INTERRUPTED if how == "interrupted" else EXIT_TERMINATED
+        p = self.row
+        if p is None:
+            print(f"soapbox: {how}: nothing written to {printable(args.output)} (no strategy found so far "
+                  f"fits in memory)", file=sys.stderr)
+            return status
+        found_by = {"algorithm": args.algo, "interrupted": True, "proposals": p.iteration,
+                    "elapsed_s": p.elapsed_s,
+                    "notes": [f"the best found before the search was {how}, not its final answer"]}
+        try:
+            save_json(stamp(p.best, g, c, found_by, Price(p.best_cost_s, True)).to_dict(), args.output)
+        except (SoapboxError, OSError) as exc:
+            print(f"soapbox: {how}: the best so far could not be written: {printable(str(exc))}", file=sys.stderr)
+            return status
+        print(f"soapbox: {how}: wrote the best strategy found so far ({p.best_cost_s * 1e3:.3f} ms per iteration, "
+              f"after {p.iteration} proposals in {p.elapsed_s:.1f} s) to {printable(args.output)}", file=sys.stderr)
+        return status
 
 
 #: What a user can do when no strategy the search found fits in memory.
@@ -81,9 +131,17 @@ def cmd_search(args: argparse.Namespace) -> int:
             else load_strategy(args.strategy, g, c)
     show = None if args.quiet or args.json or not sys.stderr.isatty() and not os.environ.get("SOAPBOX_PROGRESS") \
         else _progress_bar(budget)
+    best_so_far = _BestSoFar(show)
     try:
-        result = ALGORITHMS[args.algo].run(g, c, budget, seed=args.seed, progress=show, initial=initial,
+        result = ALGORITHMS[args.algo].run(g, c, budget, seed=args.seed, progress=best_so_far, initial=initial,
                                            options=options)
+    except (KeyboardInterrupt, Terminated) as exc:
+        if show is not None:  # (end the bar's line before the one that says what happened)
+            sys.stderr.write("\n")
+            show = None
+        if not args.output:
+            raise
+        return best_so_far.write(args, g, c, "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated")
     finally:
         if show is not None:
             sys.stderr.write("\n")
