@@ -16,6 +16,11 @@ Mapping onto survivors (a), by the strategy's shape:
   that does (the rule says so);
 * any other (per-op) strategy has no such rule: only the re-plan is given.
 
+The re-plan (b), :func:`replan`, starts the search from the mapped layout and prices its plan
+as the mapped layout is priced (slowed GPUs and the routing what-if included); a plan that
+does not fit or is slower is not offered: the mapped layout is kept when it fits, and nothing
+when neither fits (``soapbox whatif`` then exits with status 3 and writes no ``-o``).
+
 A mixture-of-experts strategy's routing what-if (``expert_loads``) is carried onto the mapped
 strategy.
 
@@ -50,8 +55,8 @@ from .strategy import Strategy
 #: 50,000 GPU-hours per failure
 DEFAULT_MTBF_GPU_HOURS = 50_000.0
 
-__all__ = ["DEFAULT_MTBF_GPU_HOURS", "Failure", "parse_failure", "survivors", "map_strategy", "young_interval_s", "daly_interval_s",
-           "goodput", "simulate_with_slow", "checkpoint_bytes"]
+__all__ = ["DEFAULT_MTBF_GPU_HOURS", "Failure", "parse_failure", "survivors", "map_strategy", "young_interval_s",
+           "daly_interval_s", "goodput", "simulate_with_slow", "checkpoint_bytes", "Replan", "replan"]
 
 _SPEC = re.compile(r"^(gpu|node|link):(.+)$")
 
@@ -260,6 +265,64 @@ def simulate_with_slow(graph: OpGraph, strategy: Strategy, cluster: Cluster, slo
         tg.dur_s[sel] = tg.dur_s[sel] / f.factor
     tl = simulate(tg)
     return tl, memory_report(graph, strategy, cluster, tl)
+
+
+@dataclass(frozen=True)
+class Replan:
+    """What the re-plan offers: ``strategy`` (None when nothing fits), which it is (``kept``:
+    ``search``, the search's plan; ``mapped``, the mapped layout, when the search found nothing
+    better that fits; ``none``), its iteration time (s) and fit priced as the mapped layout is
+    (slowed GPUs and the routing what-if included), the search's time (s) and a line saying
+    what was decided."""
+
+    strategy: Strategy | None
+    kept: str
+    iteration_time_s: float | None
+    feasible: bool
+    search_s: float
+    note: str
+    source: str | None = None  # which of auto's parts found the search's plan
+
+
+def replan(graph: OpGraph, after: Cluster, mapped: Strategy | None, slow: list[Failure], budget: Any,
+           expert_loads: Any = None, search: Any = None, mapped_priced: tuple[float, bool] | None = None) -> Replan:
+    """Re-plan on the survivors ``after``, seeded with the ``mapped`` layout, and never offer a
+    plan that is slower than it or does not fit.
+
+    The search (``search``, default :data:`engine.search.ALGORITHMS` ``["auto"]``) starts from
+    ``mapped`` (auto prices it with its baselines, and MCMC starts from it when it is the best
+    of them). Its plan is then priced as the mapped layout is, by :func:`simulate_with_slow`
+    with the slowed GPUs ``slow`` and the routing what-if ``expert_loads`` (the search prices
+    balanced routing at full speed, and a search under load may stop early): the plan is kept
+    only when it fits and is no slower than the mapped layout; otherwise the mapped layout is
+    kept when it fits, and nothing when neither fits. ``mapped_priced``: the mapped layout's
+    (iteration time in s, fits) when the caller has simulated it so already.
+    """
+    if search is None:
+        from .search import ALGORITHMS
+
+        search = ALGORITHMS["auto"].run
+    r = search(graph, after, budget, seed=0, initial=mapped)
+    plan = r.best if expert_loads is None else replace(r.best, expert_loads=expert_loads)
+    tl, mem = simulate_with_slow(graph, plan, after, slow)
+    plan_s, plan_fits = tl.makespan_s, bool(mem.feasible)
+    mapped_s, mapped_fits = None, False
+    if mapped is not None and mapped_priced is not None:
+        mapped_s, mapped_fits = mapped_priced
+    elif mapped is not None:
+        mtl, mmem = simulate_with_slow(graph, mapped, after, slow)
+        mapped_s, mapped_fits = mtl.makespan_s, bool(mmem.feasible)
+    source = r.best.found_by.get("source")
+    what = f"{plan_s * 1e3:,.1f} ms" if plan_fits else f"{plan_s * 1e3:,.1f} ms, does not fit in memory"
+    if plan_fits and (not mapped_fits or plan_s <= mapped_s):
+        return Replan(plan, "search", plan_s, True, r.elapsed_s, f"the search's plan ({what}, from {source})", source)
+    if mapped_fits:
+        return Replan(mapped, "mapped", mapped_s, True, r.elapsed_s,
+                      f"the mapped layout is kept: the search's best ({what}) is not better", source)
+    return Replan(None, "none", plan_s, False, r.elapsed_s,
+                  "nothing fits in memory on the survivors: neither the mapped layout "
+                  f"{'(none)' if mapped is None else f'({mapped_s * 1e3:,.1f} ms)'} nor the search's best ({what})",
+                  source)
 
 
 def checkpoint_bytes(graph: OpGraph) -> float:

@@ -4,6 +4,7 @@ Young's and Daly's checkpoint intervals against their closed forms."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -108,3 +109,88 @@ def test_cli_json(capsys):
     assert out["replan"]["feasible"] and 0 < out["replan"]["goodput"]["goodput"] <= 1
     assert main(["whatif", "--model", "gpt2", "--cluster", "p100-4x4"]) == 2
     assert "at least one --fail or --slow" in capsys.readouterr().err
+
+
+class TestReplanHonest:
+    """Issue 28: the re-plan did not start from the mapped layout and, under load, wrote a plan
+    that does not fit with exit status 0 while the mapped layout fit. The re-plan is seeded with
+    the mapped layout, priced as it is, and never offered when it does not fit or is slower."""
+
+    ARGS = ["whatif", "--model", "gpt2", "--batch", "16", "--cluster", "rtx2080ti:2", "--fail", "node:1",
+            "--budget", "2s", "--json"]
+
+    @staticmethod
+    def one_gpu_plan():
+        """GPT-2 with its batch of 16 on one 11 GB GPU: does not fit in memory."""
+        g = resolve_model("gpt2", batch=16)
+        one, _ = survivors(preset("rtx2080ti:1"), [parse_failure(f"gpu:{k}") for k in range(1, 8)])
+        return g, data_parallel(g, one)  # (every op on GPU 0, which the survivors keep)
+
+    @pytest.fixture()
+    def search_returns(self, monkeypatch):
+        """Replace auto by a search that returns ``plan`` and claims it fits (as a search whose
+        pricing and the what-if's disagree would); records what it was started from."""
+        import engine.search.auto
+        from engine.search.api import SearchResult
+
+        seen = {}
+
+        def install(plan):
+            def fake(graph, cluster, budget, *, seed=0, progress=None, initial=None, cost=None, options=None):
+                seen["initial"] = initial
+                best = dataclasses.replace(plan, found_by={"algorithm": "auto", "source": "mcmc"})
+                return SearchResult(best, 0.001, {}, 1, 0.01, algorithm="auto")
+            monkeypatch.setattr(engine.search.auto, "auto", fake)
+            return seen
+        return install
+
+    def test_a_plan_that_does_not_fit_falls_back_to_the_mapped_layout(self, search_returns, capsys, tmp_path):
+        g, plan = self.one_gpu_plan()
+        seen = search_returns(plan)
+        out_file = tmp_path / "plan.json"
+        assert main(self.ARGS + ["-o", str(out_file)]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["mapped"]["feasible"] and out["replan"]["kept"] == "mapped" and out["replan"]["feasible"]
+        assert out["replan"]["iteration_time_s"] == out["mapped"]["iteration_time_s"]
+        assert "the mapped layout is kept" in out["replan"]["note"] and "does not fit" in out["replan"]["note"]
+        after, _ = survivors(preset("rtx2080ti:2"), [parse_failure("node:1")])
+        written = json.loads(out_file.read_text())
+        mapped = data_parallel(g, after)
+        assert {k: v["devices"] for k, v in written["ops"].items()} == \
+            {k: list(c.devices) for k, c in mapped.configs.items()}
+        assert dict(seen["initial"].configs) == dict(mapped.configs)  # (seeded with the mapped layout)
+
+    def test_nothing_fits_is_not_a_success(self, search_returns, capsys, tmp_path):
+        g, plan = self.one_gpu_plan()
+        search_returns(plan)
+        out_file = tmp_path / "plan.json"
+        args = [a if a != "16" else "256" for a in self.ARGS]  # (data parallel no longer fits either)
+        assert main([a for a in args if a != "--json"] + ["-o", str(out_file)]) == 3
+        text = capsys.readouterr().out
+        assert "nothing fits in memory on the survivors" in text and f"nothing written to {out_file}" in text
+        assert not out_file.exists()
+
+    def test_a_faster_plan_that_fits_is_kept(self):
+        g = resolve_model("gpt2", batch=16)
+        c = preset("rtx2080ti:1")
+        from engine.search.api import SearchResult
+
+        slow_plan = data_parallel(g, c)
+        fast = megatron(g, c, tp=1, pp=1, dp=8, micro_batch=2)
+
+        def fake(graph, cluster, budget, *, seed=0, initial=None):
+            return SearchResult(dataclasses.replace(fast, found_by={"source": "mcmc"}), 0.1, {}, 1, 0.0)
+
+        from engine.whatif import replan
+        t_fast = simulate_with_slow(g, fast, c, [])[0].makespan_s
+        rp = replan(g, c, slow_plan, [], None, search=fake, mapped_priced=(t_fast * 2, True))
+        assert rp.kept == "search" and rp.feasible and rp.iteration_time_s == t_fast and rp.source == "mcmc"
+        rp = replan(g, c, slow_plan, [], None, search=fake, mapped_priced=(t_fast / 2, True))
+        assert rp.kept == "mapped" and rp.strategy is slow_plan and rp.iteration_time_s == t_fast / 2
+
+    def test_with_a_slow_gpu_the_real_replan_is_never_slower_than_the_mapped_layout(self, capsys):
+        assert main(["whatif", "--model", "gpt2", "--batch", "32", "--cluster", "dgx-a100-80gb:2", "--fail",
+                     "node:1", "--slow", "gpu:0=0.25", "--budget", "2s", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["replan"]["feasible"] and out["replan"]["kept"] in ("search", "mapped")
+        assert out["replan"]["iteration_time_s"] <= out["mapped"]["iteration_time_s"]

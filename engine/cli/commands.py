@@ -4,7 +4,6 @@ baselines, simulating. See :mod:`engine.cli`."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 from pathlib import Path
 import json
@@ -290,8 +289,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from ..search import ALGORITHMS, Budget
-    from ..whatif import checkpoint_bytes, goodput, map_strategy, parse_failure, simulate_with_slow, survivors
+    from ..search import Budget
+    from ..whatif import checkpoint_bytes, goodput, map_strategy, parse_failure, replan, simulate_with_slow, survivors
 
     for name, v, lo in (("--mtbf-hours", args.mtbf_hours, 1e-3), ("--storage-gbps", args.storage_gbps, 1e-6),
                         ("--restart-min", args.restart_min, 0.0)):
@@ -322,25 +321,27 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         out["mapped"].update(iteration_time_s=mtl.makespan_s, peak_memory_bytes=float(max(mmem.peak_bytes)),
                              feasible=bool(mmem.feasible), gpus_used=len(mapped.devices_used()),
                              goodput=goodput(mtl.makespan_s, len(mapped.devices_used()), mtbf_s, ckpt, bw, restart_s))
+    status = 0
     if str(args.budget).strip() not in ("0", "0s"):
-        # the mapped layout is one of the search's starting points: the re-plan is never worse
-        r = ALGORITHMS["auto"].run(g, after, Budget.parse(args.budget), seed=0, initial=mapped)
-        out["replan"] = {"iteration_time_s": r.best_time_s, "feasible": r.feasible, "search_s": r.elapsed_s,
-                         "source": r.best.found_by.get("source")}
-        if (slow_after or s.expert_loads is not None) and r.feasible:  # (the search prices balanced routing)
-            best = r.best if s.expert_loads is None else dataclasses.replace(r.best, expert_loads=s.expert_loads)
-            rtl, _ = simulate_with_slow(g, best, after, slow_after)
-            out["replan"]["iteration_time_s"] = rtl.makespan_s
-        if r.feasible:
-            out["replan"]["gpus_used"] = len(r.best.devices_used())
-            out["replan"]["goodput"] = goodput(out["replan"]["iteration_time_s"], out["replan"]["gpus_used"], mtbf_s,
-                                               ckpt, bw, restart_s)
-        if args.output:
-            save_json(r.best.to_dict(), args.output)
+        # seeded with the mapped layout, priced as it is, and never worse than it (engine.whatif.replan)
+        mapped_priced = (out["mapped"]["iteration_time_s"], out["mapped"]["feasible"]) if mapped is not None else None
+        rp = replan(g, after, mapped, slow_after, Budget.parse(args.budget), expert_loads=s.expert_loads,
+                    mapped_priced=mapped_priced)
+        out["replan"] = {"iteration_time_s": rp.iteration_time_s, "feasible": rp.feasible, "search_s": rp.search_s,
+                         "source": rp.source, "kept": rp.kept, "note": rp.note}
+        if rp.strategy is not None:
+            out["replan"]["gpus_used"] = len(rp.strategy.devices_used())
+            out["replan"]["goodput"] = goodput(rp.iteration_time_s, out["replan"]["gpus_used"], mtbf_s, ckpt, bw,
+                                               restart_s)
+        else:
+            status = EXIT_DOES_NOT_FIT
+        if args.output and rp.strategy is not None:
+            save_json(rp.strategy.to_dict(), args.output)
+        out["replan"]["output"] = args.output if args.output and rp.strategy is not None else None
     out["seconds"] = time.perf_counter() - t0
     if args.json:
         print(json_text(out))
-        return 0
+        return status
 
     def line(label: str, d: dict[str, Any]) -> str:
         if "iteration_time_s" not in d:
@@ -360,10 +361,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     print(line("mapped", out["mapped"]) + (f"\n             {rule}" if mapped is not None else ""))
     if "replan" in out:
         print(line("re-plan", out["replan"]) + f"  [auto, {out['replan']['search_s']:.1f} s]")
+        print(f"             {printable(out['replan']['note'])}")
+        if args.output:
+            print(f"  wrote {printable(args.output)}" if out["replan"]["output"] else
+                  f"  nothing written to {printable(args.output)}: no plan fits in memory")
     gp = out["healthy"]["goodput"]
     print(f"  job MTBF {gp['job_mtbf_s'] / 3600:.2f} h at {args.mtbf_hours:,.0f} GPU-hours a failure; checkpoint "
           f"{ckpt / 1e9:,.1f} GB written in {gp['checkpoint_write_s']:.1f} s; restart {args.restart_min:g} min")
-    return 0
+    return status
 
 
 def cmd_export(args: argparse.Namespace) -> int:
