@@ -159,6 +159,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                "speedup_vs_best_baseline": min(fitting) / best if fits and fitting and best > 0 else None,
                "iterations": result.iterations, "elapsed_s": result.elapsed_s,
                "locally_optimal": result.locally_optimal, "cancelled": result.cancelled, "output": args.output,
+               "baseline_returned": result.baseline_returned,
                "notes": notes}
     status = 0 if fits else EXIT_DOES_NOT_FIT
     if args.json:

@@ -194,6 +194,8 @@ class SearchResult:
     algorithm: str = "mcmc"
     best_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: the baseline returned as ``best`` because the search's own plan was slower (a note says so)
+    baseline_returned: str | None = None
 
     def __post_init__(self) -> None:
         if self.best_time_s is None:

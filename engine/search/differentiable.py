@@ -15,6 +15,12 @@ p = softmax(z), ∂E/∂z = p ⊙ (g − p·g) with g = ∂E/∂p, and z = θ/τ
 Adam (Kingma & Ba 2015) on θ, warm-started from a strategy (data parallel by default; see
 :func:`optimise`), τ annealed geometrically from ``tau0`` to ``tau1`` so the distributions harden; then the argmax config of every op, and a short greedy polish: single-op
 changes that lower the same cost F, until none does (so the result is a local optimum of F).
+
+The result is simulated like every search's; when it is slower than a baseline (data parallel,
+FlexFlow's expert strategy) the baseline is returned with a note saying so
+(:func:`engine.search.pase.finish`). Progress rows carry F of the current argmax as their
+current cost and the best *simulated* cost so far (data parallel's, then the result's) as
+their best, so the best curve never rises.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from ..graph import OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from ..memory import optimizer_bytes_per_param
-from .api import Budget, DifferentiableOptions, Progress, ProgressFn, SearchResult
+from ..errors import TooLargeError
+from .api import Budget, DifferentiableOptions, Price, Progress, ProgressFn, SearchResult, price
 from .baselines import data_parallel
 from .pase import PaseProblem, build_problem, finish
 
@@ -181,14 +188,20 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Budget | None = Non
     problem = build_problem(graph, cluster, cost_model, max_table_bytes=None)  # no DP tables are made here
     seconds = budget.seconds if budget is not None else None
     steps = int(budget.iterations) if budget is not None and budget.iterations else opts.steps
-    best_f = [math.inf]
+    # the best curve is the best *simulated* cost so far (never rising): data parallel, priced
+    # before the descent (and reused as the baseline), until the plan is priced at the end;
+    # the live rows' current cost is the model's cost F of the current argmax, not a
+    # simulated time, so they are streamed but not kept in the result's trace
+    known: dict[str, Price] = {}
+    try:
+        known["data-parallel"] = price(graph, data_parallel(graph, cluster), cluster, cost_model)
+    except (ValueError, TooLargeError):  # (price_baselines says why in the result's notes)
+        pass
+    best_s = known["data-parallel"].cost_s if known else math.inf
 
     def report(step: int, elapsed: float, f: float) -> None:
-        # live rows carry the model's cost F of the current argmax (not a simulated time),
-        # so they are streamed but not kept in the result's trace
-        best_f[0] = min(best_f[0], f)
         if progress is not None:
-            progress(Progress(step, time.perf_counter() - t0, f, best_f[0], 1.0, 1))
+            progress(Progress(step, time.perf_counter() - t0, f, best_s, 1.0, 1))
 
     start_from = initial if initial is not None else data_parallel(graph, cluster)
     start = [cs.index(start_from[op.name]) if start_from[op.name] in cs else 0
@@ -196,7 +209,8 @@ def differentiable(graph: OpGraph, cluster: Cluster, budget: Budget | None = Non
     r = optimise(problem, steps=steps, seed=seed, seconds=seconds, progress=report, start=start)
     result = finish(graph, cluster, problem, r.choice, cost_model,
                     {"algorithm": "differentiable", "seed": seed, "options": {"steps": steps},
-                     "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s}, t0, iterations=r.steps)
+                     "relaxed_cost_s": r.relaxed_cost_s, "model_cost_s": r.cost_s}, t0, iterations=r.steps,
+                    known=known)
     if progress is not None:
         progress(result.trace[-1])
     return result

@@ -46,7 +46,7 @@ from ..costs import CostModel, group_collective_time_s, transfer_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Config, Strategy, degree_choices, partition_grid
-from .api import Budget, PaseOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from .api import Budget, PaseOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .baselines import data_parallel
 
 __all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult", "finish"]
@@ -382,17 +382,36 @@ def estimate_seconds(graph: OpGraph, cluster: Cluster, min_part: int = 1) -> flo
 
 
 def finish(graph: OpGraph, cluster: Cluster, problem: PaseProblem, choice: list[int], cost: CostModel,
-           found_by: dict[str, Any], t0: float, iterations: int = 1) -> SearchResult:
+           found_by: dict[str, Any], t0: float, iterations: int = 1,
+           known: dict[str, Price] | None = None) -> SearchResult:
     """The search result of a choice of configs (data parallel's settings otherwise), priced
-    with the baselines (:func:`engine.search.api.price`)."""
+    with the baselines (:func:`engine.search.api.price`; ``known``: baselines already priced).
+
+    No search offers a plan slower than the best baseline it knows without saying so: when
+    the plan simulates slower than a baseline that fits (or does not fit), the fastest such
+    baseline is returned as ``best``, with a note saying so and ``baseline_returned`` naming
+    it (the plan's own time stays in ``found_by``)."""
+    from .baselines import make_baseline
+
     best = replace(data_parallel(graph, cluster),
                    configs={op.name: problem.configs[v][choice[v]] for v, op in enumerate(graph.ops)})
     p = price(graph, best, cluster, cost)
-    baselines, notes = price_baselines(graph, cluster, cost)
+    baselines, notes = price_baselines(graph, cluster, cost, known=known)
+    algorithm = found_by["algorithm"]
     if not p.feasible:
-        notes.insert(0, f"the strategy found does not fit in memory ({found_by['algorithm']}'s cost has no "
-                        "memory term)")
+        notes.insert(0, f"the strategy found does not fit in memory ({algorithm}'s cost has no memory term)")
+    fitting = {n: c for n, c in baselines.items() if math.isfinite(c)}
+    returned = None
+    if fitting and min(fitting.values()) < p.cost_s:
+        returned = min(fitting, key=lambda n: fitting[n])
+        plan = f"{p.time_s * 1e3:.3f} ms" + (f", {p.time_s / fitting[returned]:.2f}x the baseline's" if p.feasible
+                                              else ", does not fit in memory")
+        notes.insert(0, f"{algorithm}'s plan ({plan}) is slower than the {returned} baseline "
+                        f"({fitting[returned] * 1e3:.3f} ms): the baseline is returned as the best instead")
+        found_by = {**found_by, "baseline_returned": returned, "plan_time_s": p.time_s, "plan_fits": p.feasible}
+        best, p = make_baseline(returned, graph, cluster), Price(fitting[returned], True)
     elapsed = time.perf_counter() - t0
-    row = Progress(iterations, elapsed, p.cost_s, p.cost_s, 1.0, 1)
-    return SearchResult(stamp(best, graph, cluster, found_by, p), p.cost_s, baselines, iterations, elapsed, [row],
-                        algorithm=found_by["algorithm"], best_time_s=p.time_s, notes=notes)
+    stamped = stamp(best, graph, cluster, found_by, p)
+    row = Progress(iterations, elapsed, p.cost_s, p.cost_s, 1.0, 1, best=stamped if p.feasible else None)
+    return SearchResult(stamped, p.cost_s, baselines, iterations, elapsed, [row], algorithm=algorithm,
+                        best_time_s=p.time_s, notes=notes, baseline_returned=returned)
