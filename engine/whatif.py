@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .cluster import Cluster, NodeSpec
@@ -157,7 +157,10 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     def carried(s: Strategy) -> Strategy:  # (the routing what-if travels with the strategy)
         return replace(s, expert_loads=strategy.expert_loads) if strategy.expert_loads is not None else s
 
-    if dict(strategy.configs) == dict(data_parallel(graph, cluster).configs):
+    dp = data_parallel(graph, cluster)
+    # (FSDP / ZeRO and recomputation share data parallel's configs: their settings take the
+    # layout rule below, which carries them)
+    if dict(strategy.configs) == dict(dp.configs) and _settings(strategy) == _settings(dp):
         s = data_parallel(graph, after)
         return carried(s), f"data parallel over {len(s.devices_used())} GPUs (the largest count dividing the batch)"
     try:
@@ -189,6 +192,14 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     moe = f", ep {lay.ep}" + (f", etp {lay.etp}" if lay.etp > 1 else "") if lay.ep * lay.etp > 1 else ""
     return carried(s), (f"the same layout (tp {lay.tp}, pp {lay.pp}, cp {lay.cp}{moe}, micro-batch {lay.micro_batch}) "
                         f"with dp {lay.dp} -> {dp} ({fixed * dp} GPUs){ep_note}")
+
+
+def _settings(s: Strategy) -> dict[str, Any]:
+    """A strategy's settings that span ops (ZeRO stage, recomputation, microbatches, ...): every
+    field but its configs, its labels and the routing what-if."""
+    skip = {"configs", "stage_of", "model_name", "model_fingerprint", "cluster_name", "cluster_devices", "found_by",
+            "cost", "expert_loads"}
+    return {f.name: getattr(s, f.name) for f in fields(s) if f.name not in skip}
 
 
 def _layout_of(graph: OpGraph, strategy: Strategy, cluster: Cluster):

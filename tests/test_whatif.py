@@ -194,3 +194,19 @@ class TestReplanHonest:
         out = json.loads(capsys.readouterr().out)
         assert out["replan"]["feasible"] and out["replan"]["kept"] in ("search", "mapped")
         assert out["replan"]["iteration_time_s"] <= out["mapped"]["iteration_time_s"]
+
+
+def test_fsdp_maps_with_its_sharding_and_recomputation():
+    """Issue 28: FSDP shares data parallel's configs, so it was mapped as plain data parallel
+    (ZeRO-3 and recomputation dropped: 87.6 GB on 11.8 GB GPUs where FSDP needs 5.8 GB)."""
+    g, c = resolve_model("gpt2", batch=256), preset("rtx2080ti:2")
+    from engine.search.baselines import fsdp
+
+    s = fsdp(g, c, recompute="full")
+    after, _ = survivors(c, [parse_failure("node:1")])
+    m, rule = map_strategy(g, s, c, after)
+    assert rule.startswith("the same layout (tp 1, pp 1, cp 1, micro-batch 16) with dp 16 -> 8")
+    assert (m.zero_stage, m.recompute, len(m.devices_used())) == (3, "full", 8)
+    assert simulate_with_slow(g, m, after, [])[1].feasible
+    d, rule = map_strategy(g, data_parallel(g, c), c, after)  # (plain data parallel keeps its own rule)
+    assert rule.startswith("data parallel over 8 GPUs") and d.zero_stage == 0
