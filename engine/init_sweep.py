@@ -56,7 +56,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["InitSweepConfig", "Phase", "halving_schedule", "split_budget", "select", "spiral", "run_experiment",
-           "summarise", "config_dict", "run_member", "ARMS"]
+           "summarise", "config_dict", "run_member", "premise",
+           "ARMS"]
 
 ARMS = ("sweep", "independent", "single")
 
@@ -390,6 +391,50 @@ def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,
     finally:
         close()
     return rows
+
+
+def premise(cfg: InitSweepConfig, seed: int, workers: int = 1) -> dict[str, Any]:
+    """Does what the sweep scores at init predict training? The sweep's own ``inits`` first
+    inits for ``seed``, each scored and then trained alone for the whole budget: Spearman's rank
+    correlation (Spearman 1904) of the steps to the target (a run that never reaches it counts
+    ``budget_steps + 1``) with the init loss (``rho_loss``) and with minus the gradient norm
+    (``rho_minus_grad``). Both near +1: the rule picks fast learners; near 0: it picks at random.
+    """
+    seeds = [_seed(seed, 1, i) for i in range(cfg.inits)]
+    run, close = _mapper(workers)
+    try:
+        scored = run([{"cfg": cfg, "init_seed": s, "steps": 0} for s in seeds])
+        trained = run([{"cfg": cfg, "init_seed": s, "steps": cfg.budget_steps} for s in seeds])
+    finally:
+        close()
+    steps = []
+    for r in trained:
+        hit = np.nonzero(r["losses"] <= cfg.target_loss)[0]
+        steps.append(int(hit[0]) + 1 if len(hit) else cfg.budget_steps + 1)
+    loss, grad = [float(r["losses"][0]) for r in scored], [r["grad_norm"] for r in scored]
+    return {"steps_to_target": steps, "init_loss": loss, "init_grad_norm": grad,
+            "rho_loss": _spearman(loss, steps), "rho_minus_grad": _spearman([-g for g in grad], steps)}
+
+
+def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rho: Pearson's correlation of the ranks (tied values share their mean rank);
+    NaN when either side is constant.
+
+    >>> _spearman([1, 2, 3], [10, 30, 20]), _spearman([1, 2, 3], [5, 5, 1])
+    (0.5, -0.8660254037844387)
+    """
+    def ranks(x: Sequence[float]) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        r = np.empty(len(x))
+        r[np.argsort(x, kind="stable")] = np.arange(len(x))
+        for v in np.unique(x):
+            r[x == v] = r[x == v].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return math.nan
+    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

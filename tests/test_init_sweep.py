@@ -140,6 +140,15 @@ class TestExperiment:
         r = run_member({"cfg": TINY, "init_seed": 3, "steps": 30})
         assert r["losses"].shape == (30,) and r["final_loss"] < r["losses"][0]
 
+    def test_premise_scores_the_sweeps_own_inits(self, rows):
+        from engine.init_sweep import premise
+
+        check = premise(TINY, 0, workers=1)
+        assert len(check["steps_to_target"]) == TINY.inits
+        assert all(1 <= s <= TINY.budget_steps + 1 for s in check["steps_to_target"])
+        assert all(-1.0 <= check[k] <= 1.0 or math.isnan(check[k]) for k in ("rho_loss", "rho_minus_grad"))
+        assert check == premise(TINY, 0, workers=1)
+
     def test_summary_medians(self, rows):
         s = {x["arm"]: x for x in summarise(rows)}
         finals = sorted(r["final_loss"] for r in rows if r["arm"] == "single")
