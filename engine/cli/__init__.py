@@ -17,6 +17,8 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 * ``experts``: the expert view of a mixture-of-experts strategy (experts and routed tokens
   per expert-parallel rank, the busiest rank's gate).
 * ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
+* ``init-sweep``: parallel random initialisation against N runs and one run, at equal compute
+  (a small MLP trained with PyTorch on CPU; :mod:`engine.init_sweep`).
 
 Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
 (printed as one line ``soapbox: error: ...``, no traceback: a bad argument, an unreadable
@@ -75,6 +77,7 @@ from .common import (
     positive_int,
     strategy_options,
 )
+from .init_sweep import add_init_sweep_parser, cmd_init_sweep
 from .search import cmd_search, compare_searches, option_names
 
 __all__ = ["main", "int_in", "build_parser", "add_strategy_options", "strategy_options", "compare_searches"]
@@ -214,6 +217,8 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet")
     p.add_argument("--report", help="HTML report to write (Plotly)")
 
+    add_init_sweep_parser(sub)
+
     p = sub.add_parser("whatif", help="what a failed GPU, node or link (or a slow GPU) costs, and goodput",
                        description="Fail GPUs, nodes or network links (or slow a GPU down): the strategy mapped "
                                    "onto the survivors by its layout's rule, a re-plan by the search, and goodput "
@@ -318,6 +323,7 @@ COMMANDS = {
     "sweep": cmd_sweep,
     "whatif": cmd_whatif,
     "experts": cmd_experts,
+    "init-sweep": cmd_init_sweep,
 }
 
 
