@@ -85,6 +85,7 @@ def cases():
         ("gpt2 tp2 dp16 zero1", "gpt2", 32, None, a4, lambda g, c: megatron(g, c, tp=2, zero_stage=1)),
         ("gpt2 fsdp3 tp2 hsdp4", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, tp=2, shard_group=4)),
         ("gpt2 tp2 dp64", "gpt2", 128, None, "dgx-a100-80gb:16", lambda g, c: megatron(g, c, tp=2)),
+        ("gpt2 tp2 dp512 (1,024 GPUs)", "gpt2", 512, None, "dgx-a100-80gb:128", lambda g, c: megatron(g, c, tp=2)),
         ("llama2-7b tp8 pp2", "llama2-7b", 16, 1024, a2, lambda g, c: megatron(g, c, tp=8, pp=2, micro_batch=1)),
         ("llama2-7b tp4 sp dp4", "llama2-7b", 16, 1024, a2,
          lambda g, c: megatron(g, c, tp=4, sequence_parallel=True)),
