@@ -18,7 +18,8 @@ from engine.search.baselines import data_parallel, expert, fsdp, megatron
 from engine.search.mcmc import random_config
 from engine.strategy import check_strategy
 from engine.taskgraph import build_task_graph, estimate_symmetric_tasks, estimate_tasks
-from engine.taskgraph.estimate import overlap_pairs
+from engine.taskgraph import estimate as estimate_mod
+from engine.taskgraph.estimate import TooManyPairs, overlap_pairs
 
 A100 = "dgx-a100-80gb:1"
 
@@ -94,6 +95,15 @@ class TestEstimateTasks:
         big = estimate_tasks(g, megatron(g, preset("dgx-a100-80gb:16"), tp=2, dp=64), preset("dgx-a100-80gb:16"))
         assert big <= 8.5 * small
 
+    def test_edges_past_the_pair_bound_are_counted_high_not_enumerated(self, monkeypatch):
+        """A consumer reading every shard of a wide split meets holders x receivers pairs: past
+        _MAX_PAIRS they are counted as cross-node transfers, never held in memory."""
+        g, c = build_sample("gpt2", 8, seq_len=256), preset(A100)
+        s = megatron(g, c, tp=4, sequence_parallel=True)
+        exact = estimate_tasks(g, s, c)
+        monkeypatch.setattr(estimate_mod, "_MAX_PAIRS", 1)
+        assert estimate_tasks(g, s, c) > exact
+
     def test_symmetric_estimate_is_never_above_the_full_one(self):
         g, c = build_sample("gpt2", 8, seq_len=256), preset(A100)
         s = megatron(g, c, tp=2)
@@ -122,3 +132,10 @@ class TestOverlapPairs:
         src, dst = overlap_pairs(lo, hi, np.array([0, 1]), np.array([0, 1]), np.array([[3]]), np.array([[3]]),
                                  np.array([5]))
         assert src.size == 0 and dst.size == 0
+
+    def test_too_many_pairs_says_how_many(self):
+        lo, hi = np.array([[0], [4]]), np.array([[4], [8]])
+        with pytest.raises(TooManyPairs) as e:
+            overlap_pairs(lo, hi, np.array([0, 1]), np.array([0, 1]), np.array([[0]]), np.array([[8]]),
+                          np.array([2]), max_pairs=1)
+        assert e.value.pairs == 2

@@ -24,15 +24,31 @@ from .regions import classes, in_regions, out_regions
 from .symmetry import find_symmetry
 from .sync import sync_unit
 
-__all__ = ["estimate_tasks", "estimate_symmetric_tasks", "overlap_pairs"]
+__all__ = ["estimate_tasks", "estimate_symmetric_tasks", "overlap_pairs", "TooManyPairs"]
+
+#: the most (holder class, receiver) pairs one edge enumerates (~100 MB of index arrays); past it
+#: every pair is counted as a transfer of :data:`_HOPS_BEYOND` links, unenumerated (a consumer
+#: reading all of a 16,384-way split from 16,384 partitions: 268 M pairs)
+_MAX_PAIRS = 1 << 22
+#: links of the longest structural route: NIC, uplink, downlink, NIC (:meth:`Cluster.path`)
+_HOPS_BEYOND = 4
 
 #: hops per transfer when no cluster is given: a transfer through a switch (an NVSwitch node's
 #: up and down links) is two link tasks (:meth:`engine.cluster.Cluster.path`)
 _HOPS_WITHOUT_CLUSTER = 2
 
 
+class TooManyPairs(Exception):
+    """:func:`overlap_pairs` met more pairs than its ``max_pairs``; ``pairs`` says how many."""
+
+    def __init__(self, pairs: int) -> None:
+        super().__init__(f"{pairs:,} overlapping pairs")
+        self.pairs = pairs
+
+
 def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: np.ndarray,
-                  r_lo: np.ndarray, r_hi: np.ndarray, r_dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  r_lo: np.ndarray, r_hi: np.ndarray, r_dev: np.ndarray,
+                  max_pairs: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(source device, destination device) of every transfer :func:`.regions.transfer_plan`
     makes, found sparsely: per axis the holders' distinct intervals are sorted, each receiver
     meets the run of them its region overlaps (for uniform splits of an axis into a and b pieces,
@@ -45,6 +61,8 @@ def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: 
     h_lo, h_hi : [holder, axis] region bounds; h_dev, h_cls : [holder] device and class (holders
         of one class hold the same region).
     r_lo, r_hi : [receiver, axis] region bounds; r_dev : [receiver] device.
+    max_pairs : int, optional
+        Raise :class:`TooManyPairs` rather than enumerate more overlapping pairs than this.
 
     Examples
     --------
@@ -86,6 +104,8 @@ def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: 
     total = int(per_recv.sum())
     if total == 0:
         return empty
+    if max_pairs is not None and total > max_pairs:
+        raise TooManyPairs(total)
     r = np.repeat(r_ids, per_recv)  # [pair]
     q = np.arange(total) - np.repeat(np.cumsum(per_recv) - per_recv, per_recv)
     flat = np.zeros(total, np.int64)
@@ -167,8 +187,9 @@ def _same_regions(prod: Op, cons: Op, i: int, names: list[str]) -> bool:
 def _edge(prod: Op, o: int, pcfg: Config, cons: Op, i: int, ccfg: Config) -> tuple[np.ndarray, np.ndarray, int]:
     """(source devices, destination devices) of the transfers of one producer-output ->
     consumer-input edge per microbatch, forward and backward together, and its collectives
-    (:meth:`.dataflow.DataflowBuilder.build`: the regions each consumer partition reads, the
-    gradients sent back, the partial input gradients' all-reduce)."""
+    with the link tasks of any transfers too many to enumerate (:func:`_pairs`), as
+    :meth:`.dataflow.DataflowBuilder.build` makes them: the regions each consumer partition
+    reads, the gradients sent back, the partial input gradients' all-reduce."""
     cnames, cgrid = partition_grid(cons, ccfg)
     cdev = np.asarray(ccfg.devices, np.int64)
     grads = prod.out_tensors[o].dtype in FLOAT_DTYPES and prod.kind != "input"  # gradients flow back
@@ -183,12 +204,22 @@ def _edge(prod: Op, o: int, pcfg: Config, cons: Op, i: int, ccfg: Config) -> tup
     h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
     r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
     hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
-    src, dst = overlap_pairs(h_lo, h_hi, pdev, classes(pgrid, pnames, hkeep), r_lo, r_hi, cdev)
+    src, dst, beyond = _pairs(h_lo, h_hi, pdev, classes(pgrid, pnames, hkeep), r_lo, r_hi, cdev)
     if grads:
         ckeep = {n for n in cnames if n not in partial and cons.dim(n).kind != REPLICA}
-        b_src, b_dst = overlap_pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
-        src, dst = np.concatenate([src, b_src]), np.concatenate([dst, b_dst])
-    return src, dst, colls
+        b_src, b_dst, b_beyond = _pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
+        src, dst, beyond = np.concatenate([src, b_src]), np.concatenate([dst, b_dst]), beyond + b_beyond
+    return src, dst, colls + beyond
+
+
+def _pairs(*args: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`overlap_pairs` within :data:`_MAX_PAIRS`, and the link tasks of the pairs past
+    it (then all counted as transfers of :data:`_HOPS_BEYOND` links, none enumerated)."""
+    try:
+        return (*overlap_pairs(*args, max_pairs=_MAX_PAIRS), 0)
+    except TooManyPairs as e:
+        none = np.zeros(0, np.int64)
+        return none, none, e.pairs * _HOPS_BEYOND
 
 
 def _op_collectives(op: Op, cfg: Config) -> int:
