@@ -121,11 +121,11 @@ class TestOverlapPairs:
 
     def test_a_class_member_on_the_receivers_device_sends_nothing(self):
         """Two replicas (one class) hold the whole axis on GPUs 0 and 1; receivers on 1 and 2:
-        the one on GPU 1 reads locally, the one on GPU 2 from member 1 mod 2 = GPU 1."""
+        the one on GPU 1 reads locally, receiver 1 (GPU 2) from member 1 mod 2 = holder 1."""
         lo, hi = np.array([[0], [0]]), np.array([[8], [8]])
-        src, dst = overlap_pairs(lo, hi, np.array([0, 1]), np.array([0, 0]), np.array([[0], [4]]),
-                                 np.array([[4], [8]]), np.array([1, 2]))
-        assert src.tolist() == [1] and dst.tolist() == [2]
+        holder, receiver = overlap_pairs(lo, hi, np.array([0, 1]), np.array([0, 0]), np.array([[0], [4]]),
+                                         np.array([[4], [8]]), np.array([1, 2]))
+        assert holder.tolist() == [1] and receiver.tolist() == [1]
 
     def test_empty_regions_read_nothing(self):
         lo, hi = np.array([[0], [2]]), np.array([[2], [4]])

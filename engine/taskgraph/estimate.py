@@ -6,12 +6,13 @@ compute (:mod:`.compute`), the dataflow transfers between every pair of partitio
 regions overlap on different devices (:mod:`.dataflow`, :func:`.regions.transfer_plan`, enumerated
 sparsely here: a receiver meets only the holders its region overlaps, not all of them), the
 collectives of reductions, mixture-of-experts exchanges and parameter synchronisation
-(:mod:`.sync`), and the optimizer steps. It does not deduplicate a region sent to two consumers
-on one device, so it errs high (an upper estimate guards memory)."""
+(:mod:`.sync`), the optimizer steps and the pipeline barriers, with the builder's sharing of a
+region sent to several consumers on one device."""
 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from ..cluster import Cluster
@@ -49,8 +50,8 @@ class TooManyPairs(Exception):
 def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: np.ndarray,
                   r_lo: np.ndarray, r_hi: np.ndarray, r_dev: np.ndarray,
                   max_pairs: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(source device, destination device) of every transfer :func:`.regions.transfer_plan`
-    makes, found sparsely: per axis the holders' distinct intervals are sorted, each receiver
+    """(holder, receiver) of every transfer :func:`.regions.transfer_plan` makes (the pairs
+    on different devices), found sparsely: per axis the holders' distinct intervals are sorted, each receiver
     meets the run of them its region overlaps (for uniform splits of an axis into a and b pieces,
     a + b - gcd(a, b) pairs in all), and the product over axes names the holder classes it reads.
     A class with a member on the receiver's device sends nothing (a dependency); otherwise member
@@ -70,10 +71,10 @@ def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: 
     receiver 0 on holder 0's device:
 
     >>> lo, hi = np.array([[0], [3], [6], [9]]), np.array([[3], [6], [9], [12]])
-    >>> src, dst = overlap_pairs(lo, hi, np.arange(4), np.arange(4), np.array([[0], [4], [8]]),
-    ...                          np.array([[4], [8], [12]]), np.array([0, 5, 6]))
-    >>> src.tolist(), dst.tolist()
-    ([1, 1, 2, 2, 3], [0, 5, 5, 6, 6])
+    >>> holder, receiver = overlap_pairs(lo, hi, np.arange(4), np.arange(4), np.array([[0], [4], [8]]),
+    ...                                  np.array([[4], [8], [12]]), np.array([0, 5, 6]))
+    >>> holder.tolist(), receiver.tolist()
+    ([1, 1, 2, 2, 3], [0, 1, 1, 2, 2])
     """
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     n_cls = int(h_cls.max()) + 1
@@ -124,9 +125,7 @@ def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: 
     moving = known[pos] != want  # no class member on the receiver's device
     g, r = g[moving], r[moving]
     holder = order[first[g] + r % counts[g]]
-    src, dst = h_dev[holder], r_dev[r]
-    keep = src != dst
-    return src[keep].astype(np.int64), dst[keep].astype(np.int64)
+    return holder.astype(np.int64), r.astype(np.int64)
 
 
 class _Hops:
@@ -184,32 +183,63 @@ def _same_regions(prod: Op, cons: Op, i: int, names: list[str]) -> bool:
     return len(axes) == len(set(axes))
 
 
-def _edge(prod: Op, o: int, pcfg: Config, cons: Op, i: int, ccfg: Config) -> tuple[np.ndarray, np.ndarray, int]:
-    """(source devices, destination devices) of the transfers of one producer-output ->
-    consumer-input edge per microbatch, forward and backward together, and its collectives
-    with the link tasks of any transfers too many to enumerate (:func:`_pairs`), as
-    :meth:`.dataflow.DataflowBuilder.build` makes them: the regions each consumer partition
-    reads, the gradients sent back, the partial input gradients' all-reduce."""
-    cnames, cgrid = partition_grid(cons, ccfg)
-    cdev = np.asarray(ccfg.devices, np.int64)
-    grads = prod.out_tensors[o].dtype in FLOAT_DTYPES and prod.kind != "input"  # gradients flow back
-    partial = {n for n in cnames if cons.dim(n).kind != REPLICA
-               and (i >= len(cons.dim(n).in_axes) or cons.dim(n).in_axes[i] is None)}
-    colls = _groups_of(cgrid, cnames, {n for n in cnames if n not in partial}, cdev) if grads and partial else 0
-    none = np.zeros(0, np.int64)
-    if pcfg == ccfg and _same_regions(prod, cons, i, cnames):
-        return none, none, colls  # every partition reads what it wrote (an elementwise chain)
+def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(source devices, destination devices) of the transfers of output ``o`` of ``prod`` to
+    all its ``users`` (consumer, input index, config) per microbatch, forward and backward
+    together, and its collectives with the link tasks of any transfers too many to enumerate
+    (:func:`_pairs`), as :meth:`.dataflow.DataflowBuilder.build` makes them: the regions each
+    consumer partition reads, the gradients sent back, the partial input gradients'
+    all-reduce. With several users, a region goes to a device once, the gradients of one
+    producer partition from one device are summed there and sent once (not after a partial
+    all-reduce), and users with one config share their all-reduces, as in the builder."""
+    shared = len(users) > 1
     pnames, pgrid = partition_grid(prod, pcfg)
     pdev = np.asarray(pcfg.devices, np.int64)
     h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
-    r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
-    hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
-    src, dst, beyond = _pairs(h_lo, h_hi, pdev, classes(pgrid, pnames, hkeep), r_lo, r_hi, cdev)
-    if grads:
-        ckeep = {n for n in cnames if n not in partial and cons.dim(n).kind != REPLICA}
-        b_src, b_dst, b_beyond = _pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
-        src, dst, beyond = np.concatenate([src, b_src]), np.concatenate([dst, b_dst]), beyond + b_beyond
-    return src, dst, colls + beyond
+    h_cls = classes(pgrid, pnames, {n for n in pnames if prod.dim(n).out_axis is not None})
+    grads = prod.out_tensors[o].dtype in FLOAT_DTYPES and prod.kind != "input"  # gradients flow back
+    D = 1 + max(int(pdev.max()), *(max(ccfg.devices) for _, _, ccfg in users))
+    once: dict[str, list[np.ndarray]] = {"fwd": [], "bwd": []}  # [pair] holder * D + device, deduplicated
+    src, dst = [], []
+    extra, reduced = 0, set()
+    for cons, i, ccfg in users:
+        cnames, cgrid = partition_grid(cons, ccfg)
+        cdev = np.asarray(ccfg.devices, np.int64)
+        partial = {n for n in cnames if cons.dim(n).kind != REPLICA
+                   and (i >= len(cons.dim(n).in_axes) or cons.dim(n).in_axes[i] is None)}
+        keep = frozenset(n for n in cnames if n not in partial)
+        if grads and partial and (ccfg, keep) not in reduced:
+            reduced.add((ccfg, keep))
+            extra += _groups_of(cgrid, cnames, keep, cdev)
+        if pcfg == ccfg and _same_regions(prod, cons, i, cnames):
+            continue  # every partition reads what it wrote (an elementwise chain)
+        r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
+        holder, recv, beyond = _pairs(h_lo, h_hi, pdev, h_cls, r_lo, r_hi, cdev)
+        extra += beyond
+        if shared:
+            once["fwd"].append(holder * D + cdev[recv])
+        else:
+            src.append(pdev[holder])
+            dst.append(cdev[recv])
+        if grads:
+            ckeep = {n for n in keep if cons.dim(n).kind != REPLICA}
+            holder, recv, beyond = _pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
+            extra += beyond
+            if shared and not partial:
+                once["bwd"].append(recv * D + cdev[holder])
+            else:
+                src.append(cdev[holder])
+                dst.append(pdev[recv])
+    if once["fwd"]:  # (producer partition, destination device)
+        code = np.unique(np.concatenate(once["fwd"]))
+        src.append(pdev[code // D])
+        dst.append(code % D)
+    if once["bwd"]:  # (producer partition, source device)
+        code = np.unique(np.concatenate(once["bwd"]))
+        src.append(code % D)
+        dst.append(pdev[code // D])
+    none = np.zeros(0, np.int64)
+    return (np.concatenate(src) if src else none), (np.concatenate(dst) if dst else none), extra
 
 
 def _pairs(*args: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -281,16 +311,20 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
     link of its path through ``cluster``, :data:`_HOPS_WITHOUT_CLUSTER` without one) between
     the pairs of partitions whose regions overlap on different devices, forward and backward;
     the collectives of reductions, expert exchanges and parameter synchronisation; an
-    optimizer step per device of the cluster.
+    optimizer step per device of the cluster; each device's barriers between its pipeline
+    schedule units.
 
-    An upper estimate (a region sent to two consumers on one device, such as a LayerNorm's
-    output to Q, K and V under sequence parallelism, is counted for each): over the 32
-    layouts of ``benchmarks/estimate_tasks.py`` (Megatron, FSDP, MoE with ep, FlexFlow-style
-    random splits) within 1.00-1.26x of the real count, median 1.02x. Edges between the same
-    split on devices shifted alike (repeated layers, pipeline stages) are counted once:
-    ~5-50 ms for the sample models (GPT-3 175B on 64 GPUs: 30 ms), against seconds for the
-    build. A search asks it before building a candidate that could take gigabytes (GPT-3
-    under FlexFlow's expert strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
+    Over the 33 layouts of ``benchmarks/estimate_tasks.py`` (Megatron with tp, pp, vpp, dp,
+    cp, sequence parallelism and ZeRO-1, FSDP and hybrid sharding, MoE with ep, FlexFlow-style
+    random per-op splits; up to 1,024 GPUs) it is the real count on 32 and 8 tasks below it
+    (1e-5) on GPT-3 with vpp and sequence parallelism. It can err high where the builder shares
+    more than it follows (consumers of one tensor with different configs on the same devices
+    share the input-gradient all-reduce there; an edge past :data:`_MAX_PAIRS` pairs). Edges
+    between the same split on devices shifted alike (repeated layers, pipeline stages) are
+    counted once: 5-60 ms for the sample models (GPT-3 175B on 64 GPUs: ~150 ms, on 1,024:
+    ~0.4 s; on a loaded 2-core machine), against seconds to minutes for the build. A search asks
+    it before building a candidate that could take gigabytes (GPT-3 under FlexFlow's expert
+    strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
 
     >>> from engine.formats import resolve_model
     >>> from engine.cluster import preset
@@ -305,6 +339,9 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
     # a forward per partition and microbatch, a backward too but for inputs; an optimizer step per device
     n = m * sum(c.num_partitions * (1 if op.kind == "input" else 2) for op, c in zip(graph.ops, cfg))
     n += cluster.num_devices if cluster is not None else (strategy.cluster_devices or len(strategy.devices_used()))
+    pipe = strategy.pipeline
+    if m > 1 or pipe.stages > 1:  # each device's chain of barriers between its schedule units (.schedule)
+        n += len(strategy.devices_used()) * (2 * m * max(1, pipe.virtual_stages) - 1)
     kinds: dict[tuple, int] = {}  # op signature -> a small id (identical layers share it)
     sig = [kinds.setdefault(op_signature(op), len(kinds)) for op in graph.ops]
     # Counts depend on devices only through which are equal, so configs are keyed by their
@@ -326,18 +363,21 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
         if key not in seen:
             seen[key] = _op_collectives(op, c)
         n += m * seen[key]
-    edges: dict[tuple, tuple] = {}  # edge -> (sources, destinations less the consumer's lowest device, collectives)
-    links: dict[tuple, int] = {}  # (edge, where it lies) -> link tasks
+    users: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (producer, output) -> [(consumer, input)]
     for (p, o, c, i) in graph.edges:
-        key = (sig[p], o, pat[p], sig[c], i, pat[c], lo[p] - lo[c])
-        hit = edges.get(key)
+        users.setdefault((p, o), []).append((c, i))
+    tensors: dict[tuple, tuple] = {}  # tensor -> (sources, destinations less the producer's lowest device, extra)
+    links: dict[tuple, int] = {}  # (tensor, where it lies) -> link tasks
+    for (p, o), readers in users.items():
+        key = (sig[p], o, pat[p], tuple((sig[c], i, pat[c], lo[c] - lo[p]) for c, i in readers))
+        hit = tensors.get(key)
         if hit is None:
-            src, dst, colls = _edge(graph.ops[p], o, cfg[p], graph.ops[c], i, cfg[c])
-            hit = edges[key] = (src - lo[c], dst - lo[c], colls)
-        where = (key, lo[c] % hops.period if hops.period else lo[c])
+            src, dst, extra = _tensor(graph.ops[p], o, cfg[p], [(graph.ops[c], i, cfg[c]) for c, i in readers])
+            hit = tensors[key] = (src - lo[p], dst - lo[p], extra)
+        where = (key, lo[p] % hops.period if hops.period else lo[p])
         k = links.get(where)
         if k is None:
-            k = links[where] = hops(hit[0] + lo[c], hit[1] + lo[c])
+            k = links[where] = hops(hit[0] + lo[p], hit[1] + lo[p])
         n += m * (k + hit[2])
     return n + _sync_collectives(graph, strategy)
 
