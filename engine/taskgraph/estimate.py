@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..cluster import Cluster
-from ..config import Config, partition_grid
+from ..config import Config, partition_grid, zero_shares
 from ..graph import Op, OpGraph
 from ..ops import EXPERT, FLOAT_DTYPES, REDUCTION, REPLICA, sliding_window
 from ..strategy import Strategy
@@ -275,33 +275,44 @@ def _sync_collectives(graph: OpGraph, strategy: Strategy) -> int:
     before each forward and backward of every microbatch (per op with ``gather_unit`` "op"), and
     hybrid sharding's all-reduces across the shard groups."""
     zero, m = strategy.zero_stage, max(1, strategy.pipeline.microbatches)
-    units: dict[str, list[tuple[int, int]]] = {}  # unit -> (groups, devices per group) per op
+    # unit -> group key -> [groups, device sets, members]: ops of a unit whose partitions group
+    # alike share collectives (ZeRO keys a group by its devices, else by the split dims' names)
+    units: dict[str, dict[tuple, list]] = {}
+    devices: dict[int, frozenset[int]] = {}  # id of a config -> its devices
+    shares = zero_shares(graph, strategy) if zero >= 1 else {}  # sequence-parallel ops: one group per tp rank
     for op in graph.ops:
         if not op.param_count or op.kind == "input":
             continue
         cfg = strategy.configs[op.name]
+        ds = devices.get(id(cfg))
+        if ds is None:
+            ds = devices[id(cfg)] = frozenset(cfg.devices)
         if zero >= 1:
-            groups = math.prod(d for n, d in cfg.degrees.items() if n not in ("sample", "length"))
+            split = tuple(n for n in cfg.degrees if n not in ("sample", "length"))
+            share = shares.get(op.name, 1)
+            key: tuple = (ds, share)
         else:
-            groups = math.prod(d for n, d in cfg.degrees.items()
-                               if any(ax is not None for ax in op.dim(n).param_axes))
-        size = len(set(cfg.devices)) // max(1, groups)
-        units.setdefault(sync_unit(op, zero), []).append((groups, size))
+            split = tuple(n for n in cfg.degrees if any(ax is not None for ax in op.dim(n).param_axes))
+            share, key = 1, split
+        entry = units.setdefault(sync_unit(op, zero), {}).setdefault(key, [1, set(), 0])
+        entry[0] = max(entry[0], math.prod(cfg.degrees[n] for n in split) * share)
+        entry[1].add(ds)
+        entry[2] += 1
     per_op_gathers = zero >= 3 and strategy.gather_unit == "op"
     k = strategy.shard_group if zero >= 2 else 0
     n = 0
-    for members in units.values():
-        groups = max(g for g, _ in members)
-        size = max(s for _, s in members)
-        if size <= 1:
-            continue
-        subs = size // k if k and k < size else 1
-        per_group = subs * ((m if zero >= 3 else 1) + (1 if zero in (1, 2) else 0))
-        if subs > 1:
-            per_group += k
-        if zero >= 3:
-            per_group += subs * 2 * m * (len(members) if per_op_gathers else 1)
-        n += groups * per_group
+    for keyed in units.values():
+        for groups, sets, members in keyed.values():
+            size = len(frozenset().union(*sets)) // groups  # devices per group
+            if size <= 1:
+                continue
+            subs = size // k if k and k < size else 1
+            per_group = subs * ((m if zero >= 3 else 1) + (1 if zero in (1, 2) else 0))
+            if subs > 1:
+                per_group += k
+            if zero >= 3:
+                per_group += subs * 2 * m * (members if per_op_gathers else 1)
+            n += groups * per_group
     return n
 
 
@@ -316,15 +327,15 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
 
     Over the 33 layouts of ``benchmarks/estimate_tasks.py`` (Megatron with tp, pp, vpp, dp,
     cp, sequence parallelism and ZeRO-1, FSDP and hybrid sharding, MoE with ep, FlexFlow-style
-    random per-op splits; up to 1,024 GPUs) it is the real count on 32 and 8 tasks below it
-    (1e-5) on GPT-3 with vpp and sequence parallelism. It can err high where the builder shares
-    more than it follows (consumers of one tensor with different configs on the same devices
-    share the input-gradient all-reduce there; an edge past :data:`_MAX_PAIRS` pairs). Edges
-    between the same split on devices shifted alike (repeated layers, pipeline stages) are
-    counted once: 5-60 ms for the sample models (GPT-3 175B on 64 GPUs: ~150 ms, on 1,024:
-    ~0.4 s; on a loaded 2-core machine), against seconds to minutes for the build. A search asks
-    it before building a candidate that could take gigabytes (GPT-3 under FlexFlow's expert
-    strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
+    random per-op splits; up to 1,024 GPUs) it is the real count on all 33. It can err high
+    where the builder shares more than it follows (consumers of one tensor with different
+    configs on the same devices share the input-gradient all-reduce there; ZeRO's groups of
+    one unit on different configs over the same devices; an edge past :data:`_MAX_PAIRS`
+    pairs). Edges between the same split on devices shifted alike (repeated layers, pipeline
+    stages) are counted once: 5-60 ms for the sample models (GPT-3 175B on 64 GPUs: ~150 ms,
+    on 1,024: ~0.1-0.4 s; on a loaded 2-core machine), against seconds to minutes for the
+    build. A search asks it before building a candidate that could take gigabytes (GPT-3
+    under FlexFlow's expert strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
 
     >>> from engine.formats import resolve_model
     >>> from engine.cluster import preset
