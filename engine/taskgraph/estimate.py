@@ -325,17 +325,20 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
     optimizer step per device of the cluster; each device's barriers between its pipeline
     schedule units.
 
-    Over the 33 layouts of ``benchmarks/estimate_tasks.py`` (Megatron with tp, pp, vpp, dp,
-    cp, sequence parallelism and ZeRO-1, FSDP and hybrid sharding, MoE with ep, FlexFlow-style
-    random per-op splits; up to 1,024 GPUs) it is the real count on all 33. It can err high
-    where the builder shares more than it follows (consumers of one tensor with different
-    configs on the same devices share the input-gradient all-reduce there; ZeRO's groups of
-    one unit on different configs over the same devices; an edge past :data:`_MAX_PAIRS`
-    pairs). Edges between the same split on devices shifted alike (repeated layers, pipeline
-    stages) are counted once: 5-60 ms for the sample models (GPT-3 175B on 64 GPUs: ~150 ms,
-    on 1,024: ~0.1-0.4 s; on a loaded 2-core machine), against seconds to minutes for the
-    build. A search asks it before building a candidate that could take gigabytes (GPT-3
-    under FlexFlow's expert strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
+    Over the 37 layouts of ``benchmarks/estimate_tasks.py`` (Megatron with tp, pp, vpp, dp,
+    cp, sequence parallelism and ZeRO 1/2, FSDP with per-block or per-op gathers and hybrid
+    sharding, MoE with ep, FlexFlow-style random per-op splits; up to 1,024 GPUs) it is the
+    real count on 35 and at most 0.5% above it on the other two (ZeRO with sequence
+    parallelism). It errs high where the builder shares more than it follows (consumers of
+    one tensor with different configs on the same devices share the input-gradient
+    all-reduce there; ZeRO groups of one unit over the same devices; an edge past
+    :data:`_MAX_PAIRS` pairs). Edges between the same split on devices shifted alike
+    (repeated layers, pipeline stages) are counted once: 5-80 ms for the sample models
+    (GPT-3 175B on 64 GPUs: 80-150 ms, on 1,024: 35-400 ms; FlexFlow-style random splits of
+    Inception-v3, every edge distinct: 0.2-0.5 s; on a loaded 2-core machine), against
+    seconds to minutes for the build. A search asks it before building a candidate that
+    could take gigabytes (GPT-3 under FlexFlow's expert strategy on 64 GPUs: 23.8 M tasks,
+    5.2 GB).
 
     >>> from engine.formats import resolve_model
     >>> from engine.cluster import preset
@@ -380,7 +383,8 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
     tensors: dict[tuple, tuple] = {}  # tensor -> (sources, destinations less the producer's lowest device, extra)
     links: dict[tuple, int] = {}  # (tensor, where it lies) -> link tasks
     for (p, o), readers in users.items():
-        key = (sig[p], o, pat[p], tuple((sig[c], i, pat[c], lo[c] - lo[p]) for c, i in readers))
+        dtype = graph.ops[p].out_tensors[o].dtype  # (whether gradients flow back: not in the signature)
+        key = (sig[p], o, dtype, pat[p], tuple((sig[c], i, pat[c], lo[c] - lo[p]) for c, i in readers))
         hit = tensors.get(key)
         if hit is None:
             src, dst, extra = _tensor(graph.ops[p], o, cfg[p], [(graph.ops[c], i, cfg[c]) for c, i in readers])
