@@ -34,9 +34,9 @@ _MAX_PAIRS = 1 << 22
 #: links of the longest structural route: NIC, uplink, downlink, NIC (:meth:`Cluster.path`)
 _HOPS_BEYOND = 4
 
-#: hops per transfer when no cluster is given: a transfer through a switch (an NVSwitch node's
-#: up and down links) is two link tasks (:meth:`engine.cluster.Cluster.path`)
-_HOPS_WITHOUT_CLUSTER = 2
+#: hops per transfer when no cluster is given: the longest structural route's, so that the
+#: estimate stays high (a transfer inside an NVSwitch node is 2 link tasks, a P100 mesh link 1)
+_HOPS_WITHOUT_CLUSTER = _HOPS_BEYOND
 
 
 class TooManyPairs(Exception):
