@@ -115,7 +115,7 @@ def check_size(graph: OpGraph, strategy: Strategy, what: str = "its simulation",
     full estimate is over the cap."""
     from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
 
-    n = estimate_tasks(graph, strategy)
+    n = estimate_tasks(graph, strategy, cluster)
     if n <= APP_MAX_TASKS:
         return
     if cluster is None:
@@ -243,7 +243,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:
         return Workspace(graph, cluster, None, version, static=(strategy, r.timeline), profile=profile)
-    n = estimate_tasks(graph, strategy)
+    n = estimate_tasks(graph, strategy, cluster)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")
     phase(f"simulating every GPU (no exact symmetry), about {n / 1e6:.1f} M tasks")

@@ -405,7 +405,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     if check:
         check_strategy(strategy, graph, cluster)
     if max_tasks is not None:
-        n = estimate_tasks(graph, strategy)  # (the symmetric estimate is never above it: asked only past the cap)
+        n = estimate_tasks(graph, strategy, cluster)  # (the symmetric estimate is never above it: asked only past the cap)
         if n > max_tasks and symmetry != "off":
             n = estimate_symmetric_tasks(graph, strategy, cluster)
         if n > max_tasks:

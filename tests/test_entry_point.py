@@ -131,7 +131,7 @@ class TestEntryPoint:
     def test_max_tasks_refuses_before_building(self, monkeypatch):
         g, c = resolve_model("alexnet"), preset("p100-4x4")
         s = expert(g, c)
-        n = estimate_tasks(g, s)
+        n = estimate_tasks(g, s, c)
 
         def no_build(*a, **k):
             raise AssertionError("built although refused")
@@ -145,7 +145,7 @@ class TestEntryPoint:
         it, so it runs (with symmetry) and is refused without."""
         g, c = resolve_model("alexnet"), preset("dgx-a100-80gb:1")
         s = data_parallel(g, c)
-        full, sym = estimate_tasks(g, s), estimate_symmetric_tasks(g, s, c)
+        full, sym = estimate_tasks(g, s, c), estimate_symmetric_tasks(g, s, c)
         assert sym < full
         cap = (sym + full) // 2
         assert simulate_strategy(g, s, c, max_tasks=cap).tasks.num_tasks <= sym

@@ -179,10 +179,10 @@ def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: Cost
 DELTA_MAX_TASKS = 1_000_000
 
 
-def _delta_ok(graph: OpGraph, strategy: Strategy) -> bool:
+def _delta_ok(graph: OpGraph, strategy: Strategy, cluster: Cluster | None = None) -> bool:
     """Whether a delta simulator (a full build: edits break symmetry) of ``strategy`` stays
     within DELTA_MAX_TASKS."""
-    return estimate_tasks(graph, strategy) <= DELTA_MAX_TASKS
+    return estimate_tasks(graph, strategy, cluster) <= DELTA_MAX_TASKS
 
 
 def _metropolis(chain: _Chain, new: float) -> bool:
@@ -279,7 +279,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
             break
         t_build = time.perf_counter()
         try:
-            if _delta_ok(graph, strategy):
+            if _delta_ok(graph, strategy, cluster):
                 sim: DeltaSimulator | None = DeltaSimulator(graph, strategy, cluster, cost_model)
                 p = _price(sim, graph, cluster)
             else:
@@ -346,7 +346,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                     cand = space.propose(chain.strategy, kind, chain.rng)
                     new = None if cand is None else _whole_cost(graph, cand, cluster, cost_model, check_memory)
                     if new is not None and _metropolis(chain, new):
-                        chain.jump(cand, _delta_ok(graph, cand))
+                        chain.jump(cand, _delta_ok(graph, cand, cluster))
                         _took(chain, new)
                 else:
                     family = "op"
@@ -419,7 +419,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
     cost = cost or CostModel()
     current = strategy
     if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost) if _delta_ok(graph, strategy) else None
+        sim = DeltaSimulator(graph, strategy, cluster, cost) if _delta_ok(graph, strategy, cluster) else None
     best = _cost(sim, graph, cluster, check_memory) if sim is not None else \
         _whole_cost(graph, strategy, cluster, cost, check_memory)
     best = math.inf if best is None else best
@@ -458,7 +458,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 new = _whole_cost(graph, cand, cluster, cost, check_memory)
                 if new is not None and new < best * (1 - 1e-12):
                     best, improved, current = new, True, cand
-                    sim = DeltaSimulator(graph, cand, cluster, cost) if _delta_ok(graph, cand) else None
+                    sim = DeltaSimulator(graph, cand, cluster, cost) if _delta_ok(graph, cand, cluster) else None
                     break
             if improved:
                 break

@@ -20,6 +20,7 @@ from .compute import ComputeBuilder
 from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
 from .emit import Emitter
+from .estimate import estimate_symmetric_tasks, estimate_tasks
 from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
@@ -144,59 +145,6 @@ class TaskGraphBuilder:
         return image
 
 
-#: a transfer between two ops whose configs differ costs this many tasks per partition pair
-#: and microbatch, forward and backward together (sends on links and their receives; measured
-#: on NMT, AlexNet, GPT-2 and GPT-3 under FlexFlow's expert strategy: 1.1-2.8)
-_TASKS_PER_PAIR = 6
-
-
-def estimate_tasks(graph: OpGraph, strategy: Strategy) -> int:
-    """About how many tasks a full (not symmetric) build of ``strategy`` makes: forward and
-    backward per partition and microbatch, and for every edge between ops with different
-    configs a transfer per pair of partitions (an upper estimate: on the sample models within
-    0.9-2.4x of the real count, never below 0.98x). Milliseconds for thousands of ops; a search
-    asks it before building a candidate that could take gigabytes (GPT-3 under FlexFlow's
-    expert strategy on 64 GPUs: 23.8 M tasks, 5.2 GB).
-
-    >>> from engine.formats import resolve_model
-    >>> from engine.cluster import preset
-    >>> from engine.search.baselines import data_parallel
-    >>> g, c = resolve_model("alexnet"), preset("p100-4x4")
-    >>> estimate_tasks(g, data_parallel(g, c))
-    768
-    """
-    m = max(1, strategy.pipeline.microbatches)
-    cfg = [strategy.configs[op.name] for op in graph.ops]
-    parts = [c.num_partitions for c in cfg]
-    n = 2 * m * sum(parts)
-    for (p, _, c, _) in graph.edges:
-        a, b = cfg[p], cfg[c]
-        if a is b or a == b:
-            continue
-        if a.degrees == b.degrees:  # the same split moved: one transfer per partition
-            n += 2 * m * parts[p]
-        else:
-            n += _TASKS_PER_PAIR * m * parts[p] * parts[c]
-    return n
-
-
-def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> int:
-    """About how many tasks :func:`build_task_graph` makes with its symmetry reduction: the
-    representatives it simulates (the devices used over the replicas :func:`find_symmetry`
-    finds) at a forward, a backward and a communication task per op of their pipeline stage
-    and microbatch (GPT-3 175B, tp 8 x pp 16 on 1,024 GPUs: 1.39 M estimated, ~1 M built;
-    LLaMA-2 7B, tp 8 x pp 2 on 64: 0.59 M, 0.43 M built); :func:`estimate_tasks` when no
-    symmetry holds, and never above it."""
-    n = estimate_tasks(graph, strategy)
-    sym = find_symmetry(graph, strategy, cluster)
-    if sym is None:
-        return n
-    replicas = max(1, math.prod(d for d, _ in sym.axes))
-    reps = max(1, len(strategy.devices_used()) // replicas)
-    p = strategy.pipeline
-    return min(n, reps * 3 * max(1, p.microbatches) * math.ceil(len(graph.ops) / max(1, p.stages)))
-
-
 def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
                      symmetry: str = "auto", max_tasks: int | None = None, cancel: Any = None) -> TaskGraph:
     """Build the task graph of one training iteration of ``graph`` under ``strategy``.
@@ -256,7 +204,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                 if tg is not None:
                     return tg
         if max_tasks is not None:
-            n = estimate_tasks(graph, strategy)
+            n = estimate_tasks(graph, strategy, cluster)
             if n > max_tasks:
                 raise TooLargeError(f"not simulated: about {n:,} tasks without symmetry, more than the "
                                     f"{max_tasks:,} allowed")
