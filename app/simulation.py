@@ -113,9 +113,9 @@ def check_size(graph: OpGraph, strategy: Strategy, what: str = "its simulation",
     engine's symmetry where it finds one (a plan of 500,000 microbatches is too large however
     alike its replicas). The estimate first (milliseconds); the symmetry search only when the
     full estimate is over the cap."""
-    from engine.taskgraph import estimate_symmetric_tasks, estimate_tasks
+    from engine.taskgraph import estimate_symmetric_tasks, tasks_within
 
-    n = estimate_tasks(graph, strategy, cluster)
+    n = tasks_within(graph, strategy, APP_MAX_TASKS, cluster)
     if n <= APP_MAX_TASKS:
         return
     if cluster is None:
@@ -230,7 +230,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     loops poll and where it says what it is doing. ``profile``: a measured table pricing the ops
     it has (the roofline prices the rest)."""
     from engine.report import simulate_strategy
-    from engine.taskgraph import estimate_tasks
+    from engine.taskgraph import tasks_within
 
     cancel = build.cancel if build is not None else None
     cost = CostModel(profile=profile)
@@ -243,7 +243,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:
         return Workspace(graph, cluster, None, version, static=(strategy, r.timeline), profile=profile)
-    n = estimate_tasks(graph, strategy, cluster)
+    n = tasks_within(graph, strategy, APP_MAX_TASKS, cluster)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")
     phase(f"simulating every GPU (no exact symmetry), about {n / 1e6:.1f} M tasks")

@@ -26,7 +26,7 @@ from .graph import OpGraph
 from .memory import MemoryReport, fits_in_memory, memory_report
 from .simulate import Timeline, simulate
 from .strategy import Strategy, check_strategy
-from .taskgraph import TaskGraph, build_task_graph, estimate_symmetric_tasks, estimate_tasks
+from .taskgraph import TaskGraph, build_task_graph, estimate_symmetric_tasks, tasks_within
 
 __all__ = ["SimulationResult", "simulate_strategy", "SYMMETRY_MODES", "tokens_per_sample", "model_flops",
            "tokens_per_s", "peak_flops_per_s", "mfu", "devices_used", "finite_json", "json_text", "fit_words",
@@ -405,7 +405,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     if check:
         check_strategy(strategy, graph, cluster)
     if max_tasks is not None:
-        n = estimate_tasks(graph, strategy, cluster)  # (the symmetric estimate is never above it: asked only past the cap)
+        n = tasks_within(graph, strategy, max_tasks, cluster)  # (the symmetric estimate is never above it: asked only past the cap)
         if n > max_tasks and symmetry != "off":
             n = estimate_symmetric_tasks(graph, strategy, cluster)
         if n > max_tasks:

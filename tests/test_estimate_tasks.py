@@ -139,3 +139,16 @@ class TestOverlapPairs:
             overlap_pairs(lo, hi, np.array([0, 1]), np.array([0, 1]), np.array([[0]]), np.array([[8]]),
                           np.array([2]), max_pairs=1)
         assert e.value.pairs == 2
+
+
+def test_a_cap_check_takes_the_quick_bound_only_when_it_is_within_the_cap():
+    """tasks_within: the quick (loose, upper) bound when under the cap, else the close estimate,
+    so a layout the quick bound over-counts 100x past a cap is still let through."""
+    from engine.taskgraph import quick_task_bound, tasks_within
+
+    g, c = build_sample("gpt2", batch=1024), preset("dgx-a100-80gb:128")
+    s = megatron(g, c, tp=2, micro_batch=1)
+    quick, close = quick_task_bound(g, s), estimate_tasks(g, s, c)
+    assert quick > 100 * close  # (the old formula: quadratic in dp 512)
+    assert tasks_within(g, s, 10 * quick, c) == quick
+    assert tasks_within(g, s, 2 * close, c) == close <= 2 * close

@@ -36,7 +36,7 @@ from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
 from ..errors import TooLargeError
 from ..strategy import Config, Strategy, degree_choices, validate_strategy
-from ..taskgraph import estimate_tasks
+from ..taskgraph import tasks_within
 from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price,
                   price_baselines, stamp)
 from .baselines import data_parallel, expert
@@ -182,7 +182,7 @@ DELTA_MAX_TASKS = 1_000_000
 def _delta_ok(graph: OpGraph, strategy: Strategy, cluster: Cluster | None = None) -> bool:
     """Whether a delta simulator (a full build: edits break symmetry) of ``strategy`` stays
     within DELTA_MAX_TASKS."""
-    return estimate_tasks(graph, strategy, cluster) <= DELTA_MAX_TASKS
+    return tasks_within(graph, strategy, DELTA_MAX_TASKS, cluster) <= DELTA_MAX_TASKS
 
 
 def _metropolis(chain: _Chain, new: float) -> bool:

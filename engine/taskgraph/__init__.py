@@ -34,6 +34,7 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 from __future__ import annotations
 
 from .builder import TaskGraphBuilder, build_task_graph, estimate_symmetric_tasks, estimate_tasks
+from .estimate import quick_task_bound, tasks_within
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry
 from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, UPDATE, XFER, TaskGraph
@@ -46,6 +47,8 @@ __all__ = [
     "build_task_graph",
     "estimate_tasks",
     "estimate_symmetric_tasks",
+    "quick_task_bound",
+    "tasks_within",
     "schedule_order",
     "FWD",
     "BWD",

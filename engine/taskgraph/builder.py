@@ -20,7 +20,7 @@ from .compute import ComputeBuilder
 from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
 from .emit import Emitter
-from .estimate import estimate_symmetric_tasks, estimate_tasks
+from .estimate import estimate_symmetric_tasks, estimate_tasks, tasks_within
 from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
@@ -204,7 +204,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                 if tg is not None:
                     return tg
         if max_tasks is not None:
-            n = estimate_tasks(graph, strategy, cluster)
+            n = tasks_within(graph, strategy, max_tasks, cluster)
             if n > max_tasks:
                 raise TooLargeError(f"not simulated: about {n:,} tasks without symmetry, more than the "
                                     f"{max_tasks:,} allowed")

@@ -25,7 +25,8 @@ from .regions import classes, in_regions, out_regions
 from .symmetry import find_symmetry
 from .sync import sync_unit
 
-__all__ = ["estimate_tasks", "estimate_symmetric_tasks", "overlap_pairs", "TooManyPairs"]
+__all__ = ["estimate_tasks", "estimate_symmetric_tasks", "overlap_pairs", "TooManyPairs", "quick_task_bound",
+           "tasks_within"]
 
 #: the most (holder class, receiver) pairs one edge enumerates (~100 MB of index arrays); past it
 #: every pair is counted as a transfer of :data:`_HOPS_BEYOND` links, unenumerated (a consumer
@@ -395,6 +396,37 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
             k = links[where] = hops(hit[0] + lo[p], hit[1] + lo[p])
         n += m * (k + hit[2])
     return n + _sync_collectives(graph, strategy)
+
+
+#: per pair of differently split partitions, the tasks :func:`quick_task_bound` charges (a
+#: transfer each way over a few links)
+_QUICK_TASKS_PER_PAIR = 6
+
+
+def quick_task_bound(graph: OpGraph, strategy: Strategy) -> int:
+    """A fast, loose upper bound of :func:`estimate_tasks` (the estimate before issue 28: 2 m
+    tasks a partition, and per edge between different configs a transfer per partition, or
+    :data:`_QUICK_TASKS_PER_PAIR` per pair of partitions: quadratic in the data-parallel
+    degree; 0.98x to 1,379x the real count over ``benchmarks/estimate_tasks.py``). Microseconds
+    a thousand ops: what :func:`tasks_within` asks first."""
+    m = max(1, strategy.pipeline.microbatches)
+    cfg = [strategy.configs[op.name] for op in graph.ops]
+    parts = [c.num_partitions for c in cfg]
+    n = 2 * m * sum(parts)
+    for (p, _, c, _) in graph.edges:
+        a, b = cfg[p], cfg[c]
+        if a is b or a == b:
+            continue
+        n += 2 * m * parts[p] if a.degrees == b.degrees else _QUICK_TASKS_PER_PAIR * m * parts[p] * parts[c]
+    return n
+
+
+def tasks_within(graph: OpGraph, strategy: Strategy, cap: int, cluster: Cluster | None = None) -> int:
+    """The task count to compare with ``cap``: :func:`quick_task_bound` when it is within the cap
+    (the real count is too, and the explorer's hot path stays at microseconds), else the close
+    :func:`estimate_tasks` (tens to hundreds of milliseconds at 1,024 GPUs)."""
+    quick = quick_task_bound(graph, strategy)
+    return quick if quick <= cap else estimate_tasks(graph, strategy, cluster)
 
 
 def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> int:
