@@ -126,7 +126,7 @@ class TestAlreadySet:
         def no_work(*a, **k):
             raise AssertionError("work started although the cancel was set")
 
-        for name in ("check_strategy", "build_task_graph", "estimate_tasks", "simulate", "memory_report"):
+        for name in ("check_strategy", "build_task_graph", "tasks_within", "simulate", "memory_report"):
             monkeypatch.setattr(report_mod, name, no_work)
         ev = threading.Event()
         ev.set()
