@@ -143,3 +143,16 @@ class TestSearchesAvoidTheSlowDevice:
         problem = build_problem(g, mixed_pair(slow_bw=FAST_BW / 1000))
         choice = [cs.index(r.best[op.name]) for op, cs in zip(g.ops, problem.configs)]
         assert r.best.found_by["model_cost_s"] == pytest.approx(problem.cost(choice), rel=1e-12)
+
+
+def test_alexnet_on_h100s_and_v100s_plan_is_no_longer_priced_at_h100_speed():
+    """Regression (issue 28): on 4 H100s + 4 V100s, pricing every op at device 0's speed made
+    PaSE's AlexNet plan look 5.7 ms (F) while it simulated at 29.6 ms, slower than the expert
+    baseline, which was returned instead. Priced on each config's own devices, F is close to
+    the simulated time and the plan is PaSE's own, faster than every baseline."""
+    demo = preset("hetero-demo")
+    c = Cluster("mixed-8", [demo.node_specs[0], demo.node_specs[2]], demo.device_types)
+    r = pase(resolve_model("alexnet"), c)
+    assert r.baseline_returned is None
+    assert r.best_cost_s < min(r.baselines.values())
+    assert r.best.found_by["pase_cost_s"] == pytest.approx(r.best_time_s, rel=0.25)
