@@ -6,15 +6,18 @@ Each op v holds logits θ_v over its configs (PaSE's config space and cost table
 
     E(θ) = Σ_v p_v · a_v + Σ_(u,v) p_uᵀ B_uv p_v + λ Σ_d relu(M_d(p) − cap_d)² / cap_d²
 
-— compute and parameter synchronisation linear in each op's probabilities (a_v), data movement
-bilinear in neighbouring ops' (B_uv), and memory as a penalty: M_d(p), the expected bytes each
+— compute (on the slowest of each config's devices, so a mixed cluster is priced at its
+devices' own speeds: :func:`engine.search.pase.compute_time_s`) and parameter synchronisation
+linear in each op's probabilities (a_v), data movement bilinear in neighbouring ops' (B_uv),
+and memory as a penalty: M_d(p), the expected bytes each
 device holds (weights, gradients and optimizer state of every partition placed on it, plus
 the activations it keeps), over its capacity. Gradients are analytic (NumPy): for
 p = softmax(z), ∂E/∂z = p ⊙ (g − p·g) with g = ∂E/∂p, and z = θ/τ.
 
 Adam (Kingma & Ba 2015) on θ, warm-started from a strategy (data parallel by default; see
-:func:`optimise`), τ annealed geometrically from ``tau0`` to ``tau1`` so the distributions harden; then the argmax config of every op, and a short greedy polish: single-op
-changes that lower the same cost F, until none does (so the result is a local optimum of F).
+:func:`optimise`), τ annealed geometrically from ``tau0`` to ``tau1`` so the distributions
+harden; then the argmax config of every op, and a short greedy polish: single-op changes
+that lower the same cost F, until none does (so the result is a local optimum of F).
 
 The result is simulated like every search's; when it is slower than a baseline (data parallel,
 FlexFlow's expert strategy) the baseline is returned with a note saying so

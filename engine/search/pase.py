@@ -21,9 +21,11 @@ the first devices in row-major order.
 
 Costs, from the simulator's cost model (:mod:`engine.costs`):
 
-* t_l(v, c): forward + backward time of one partition (the roofline or a profile table), plus
-  the all-reduce of its parameter gradients over the partitions that replicate them
-  (ring/tree collective over the group's slowest path).
+* t_l(v, c): forward + backward time of one partition (the roofline or a profile table) on
+  the slowest of the config's devices (:func:`compute_time_s`: on a mixed cluster the slowest
+  device gates a synchronous split; on one device type, that type's time), plus the
+  all-reduce of its parameter gradients over the partitions that replicate them (ring/tree
+  collective over the group's slowest path).
 * t_x(u, v, c_u, c_v): the elements a consumer partition must fetch (its input region less
   what the producer partition on its own device holds), for the partition that fetches the
   most, twice (activations forward, their gradients backward), at the slowest path bandwidth
@@ -49,7 +51,8 @@ from ..strategy import Config, Strategy, degree_choices, partition_grid
 from .api import Budget, PaseOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .baselines import data_parallel
 
-__all__ = ["PaseProblem", "pase_configs", "build_problem", "generate_seq", "solve", "pase", "PaseResult", "finish"]
+__all__ = ["PaseProblem", "pase_configs", "compute_time_s", "build_problem", "generate_seq", "solve", "pase",
+           "PaseResult", "finish"]
 
 #: largest DP table (bytes) an instance may need before it is refused
 MAX_TABLE_BYTES = PaseOptions.max_table_bytes
@@ -113,6 +116,21 @@ def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tu
     return lo, hi
 
 
+def compute_time_s(op: Op, cfg: Config, precision: str, cluster: Cluster, cost: CostModel) -> float:
+    """Forward + backward seconds of ``op`` under ``cfg``: the partitions run in step (every
+    partition waits for its inputs from all of the previous op's), so the slowest device of
+    the config gates it — the max over the config's device types of one partition's time on
+    that type (:meth:`engine.costs.CostModel.partition_times_s`, as the simulator prices a
+    partition on its own device, :meth:`engine.taskgraph.emit.Emitter.partition_times_s`).
+    On a cluster of one device type this is that type's partition time."""
+    types = {cluster.devices[d].type: cluster.device_type(d) for d in cfg.devices}
+    best = 0.0
+    for dt in types.values():
+        f_s, b_s = cost.partition_times_s(op, cfg.degrees, precision, dt)
+        best = max(best, f_s + b_s)
+    return best
+
+
 def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, min_part: int = 1,
                   max_table_bytes: int | None = MAX_TABLE_BYTES) -> PaseProblem:
     """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring).
@@ -124,7 +142,6 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         counts and the ordering alone, before any cost is computed)."""
     cost = cost or CostModel()
     D = cluster.num_devices
-    dtype = cluster.device_type(0)
 
     def group(n: int):
         """The collective group of the first ``n`` devices."""
@@ -145,8 +162,7 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     for op, cs in zip(graph.ops, configs):
         costs = np.zeros(len(cs))
         for k, c in enumerate(cs):
-            f, b = cost.partition_times_s(op, c.degrees, graph.precision, dtype) if op.kind != "input" else (0, 0)
-            t = f + b
+            t = compute_time_s(op, c, graph.precision, cluster, cost) if op.kind != "input" else 0.0
             if op.param_count:
                 elems = op.partition_param_elements(c.degrees)
                 repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
