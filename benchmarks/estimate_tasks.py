@@ -2,7 +2,8 @@
 symmetric) build, over Megatron / FSDP layouts of GPT-2, LLaMA-2 7B and GPT-3 175B on DGX A100
 nodes, data parallelism and FlexFlow-style per-op splits of AlexNet and Inception-v3 on 16 P100s,
 and a mixture-of-experts layout with expert parallelism; the estimate of before issue 28 (the
-quadratic pair formula, kept here as ``estimate_before``) beside today's, in one run.
+quadratic pair formula, kept as ``engine.taskgraph.quick_task_bound``, the cap checks'
+first test) beside today's, in one run.
 
 Each real count is ``build_task_graph(..., symmetry="off").num_tasks``; a case whose estimate
 is above ``--max-tasks`` (default 2 M) is skipped with a note (its build would take minutes and
@@ -29,29 +30,7 @@ from engine.models import build_sample  # noqa: E402
 from engine.search.baselines import data_parallel, expert, fsdp, megatron  # noqa: E402
 from engine.search.mcmc import random_config  # noqa: E402
 from engine.strategy import Strategy, check_strategy  # noqa: E402
-from engine.taskgraph import build_task_graph, estimate_tasks  # noqa: E402
-
-#: the estimate's pair cost before issue 28 (tasks per pair of partitions and microbatch)
-_TASKS_PER_PAIR = 6
-
-
-def estimate_before(graph: OpGraph, strategy: Strategy) -> int:
-    """The estimate before issue 28, verbatim: 2 m tasks per partition, and per edge between
-    different configs one transfer per partition if only the devices differ, else
-    ``_TASKS_PER_PAIR`` per pair of partitions (quadratic in the data-parallel degree)."""
-    m = max(1, strategy.pipeline.microbatches)
-    cfg = [strategy.configs[op.name] for op in graph.ops]
-    parts = [c.num_partitions for c in cfg]
-    n = 2 * m * sum(parts)
-    for (p, _, c, _) in graph.edges:
-        a, b = cfg[p], cfg[c]
-        if a is b or a == b:
-            continue
-        if a.degrees == b.degrees:
-            n += 2 * m * parts[p]
-        else:
-            n += _TASKS_PER_PAIR * m * parts[p] * parts[c]
-    return n
+from engine.taskgraph import build_task_graph, estimate_tasks, quick_task_bound  # noqa: E402
 
 
 def flexflow_random(graph: OpGraph, cluster, seed: int) -> Strategy:
@@ -144,7 +123,7 @@ def main() -> None:
         except ValueError as e:
             print(f"{label:28s} skipped: {e}")
             continue
-        old = estimate_before(g, s)
+        old = quick_task_bound(g, s)
         t = time.perf_counter()
         new = estimate_tasks(g, s, c)
         est_ms = (time.perf_counter() - t) * 1e3

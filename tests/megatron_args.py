@@ -207,8 +207,7 @@ def megatron_rules(args: argparse.Namespace, gpus: int, layers: int, *, seq: int
         assert not args.moe_pad_expert_input_to_capacity or args.moe_expert_capacity_factor is not None
         if args.moe_layer_freq is not None:
             assert len(eval_layer_freq(args.moe_layer_freq)) == layers
-    if args.delay_wgrad_compute:
-        pass  # l. 1790: needs the transformer_engine implementation (the default)
+    # (--delay-wgrad-compute, l. 1790, needs the transformer_engine implementation: the default)
 
 
 def what_megatron_runs(args: argparse.Namespace) -> dict:

@@ -5,12 +5,14 @@ wall-clock assertion."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import BROWSER_TIMEOUT_MS as TIMEOUT_MS
 from playwright.sync_api import Page, expect
 
 from app.learn import TOPICS
 
 
+@pytest.mark.browser
 def test_learn_page_shows_the_init_sweep_measurement(page: Page, app_url: str):
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
