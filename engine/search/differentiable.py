@@ -2,7 +2,8 @@
 Liu, Simonyan, Yang ICLR'19), optimised by gradient descent with temperature annealing.
 
 Each op v holds logits θ_v over its configs (PaSE's config space and cost tables,
-:mod:`engine.search.pase`), and p_v = softmax(θ_v / τ). The expected cost is smooth:
+:mod:`engine.search.pase`; on a mixed cluster the configs' device sets are part of that space:
+:mod:`engine.search.pase_placement`), and p_v = softmax(θ_v / τ). The expected cost is smooth:
 
     E(θ) = Σ_v p_v · a_v + Σ_(u,v) p_uᵀ B_uv p_v + λ Σ_d relu(M_d(p) − cap_d)² / cap_d²
 

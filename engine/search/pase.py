@@ -17,7 +17,11 @@ whose table would not fit in ``max_table_bytes`` is refused before any work.
 Config space (as PaSE restricts it): each op splits its data and parameter dimensions (FlexFlow
 kinds S, A, P; no reduction or replica splits), degrees dividing the dimension with at least
 ``min_part`` elements per partition, their product dividing the device count, partitions on
-the first devices in row-major order.
+the first devices in row-major order. On a mixed cluster the devices are part of the config
+(:mod:`engine.search.pase_placement`): a k-way config may also run on the k fastest devices or
+inside the fastest node or device type that holds k, and k may also divide the size of the
+fastest device types together (8 = 4 H100 + 4 A100 on 12 GPUs); at most 4 device sets a
+degree vector. On one device type the space and the tables are PaSE's, bit for bit.
 
 Costs, from the simulator's cost model (:mod:`engine.costs`):
 
@@ -25,11 +29,12 @@ Costs, from the simulator's cost model (:mod:`engine.costs`):
   the slowest of the config's devices (:func:`compute_time_s`: on a mixed cluster the slowest
   device gates a synchronous split; on one device type, that type's time), plus the
   all-reduce of its parameter gradients over the partitions that replicate them (ring/tree
-  collective over the group's slowest path).
+  collective over the group's slowest path; on a mixed cluster over the real groups of the
+  config's devices, the slowest gating: :func:`engine.search.pase_placement.sync_groups_time_s`).
 * t_x(u, v, c_u, c_v): the elements a consumer partition must fetch (its input region less
   what the producer partition on its own device holds), for the partition that fetches the
   most, twice (activations forward, their gradients backward), at the slowest path bandwidth
-  of the devices involved, plus one latency when anything moves.
+  of the devices involved (both configs' devices together), plus one latency when anything moves.
 
 The optimum of F is then simulated like any strategy, so it can be compared with the others.
 """
@@ -39,16 +44,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..cluster import Cluster
-from ..costs import CostModel, group_collective_time_s, transfer_time_s
+from ..costs import CostModel, transfer_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Config, Strategy, degree_choices, partition_grid
 from .api import Budget, PaseOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from . import pase_placement as placement
 from .baselines import data_parallel
 
 __all__ = ["PaseProblem", "pase_configs", "compute_time_s", "build_problem", "generate_seq", "solve", "pase",
@@ -58,24 +64,35 @@ __all__ = ["PaseProblem", "pase_configs", "compute_time_s", "build_problem", "ge
 MAX_TABLE_BYTES = PaseOptions.max_table_bytes
 
 
-def _pase_degrees(op: Op, n_devices: int, min_part: int = 1) -> list[dict[str, int]]:
+def _pase_degrees(op: Op, n_devices: int | list[int], min_part: int = 1) -> list[dict[str, int]]:
+    """Degree vectors of ``op`` whose product divides ``n_devices`` (or one of a list of device
+    counts: :func:`engine.search.pase_placement.partition_totals`), smallest product first."""
+    totals = [n_devices] if isinstance(n_devices, int) else list(n_devices)
     # PaSE's own space splits a fully-connected layer's input (reduction) dim too (its code's
     # FC configurations; the partial sums are then all-reduced, priced in the vertex cost)
     dims = [d for d in op.dims if (d.kind in ("S", "A", "P") or d.kind == "R" and op.kind == "linear") and d.size > 0]
     out: list[dict[str, int]] = [{}]
     for d in dims:
-        ks = degree_choices(d, n_devices, min_part=min_part)
+        ks = sorted({k for n in totals for k in degree_choices(d, n, min_part=min_part)})
         out = [dict(c, **({d.name: k} if k > 1 else {})) for c in out for k in ks
-               if n_devices % (math.prod(c.values()) * k) == 0]
+               if any(n % (math.prod(c.values()) * k) == 0 for n in totals)]
     out.sort(key=lambda c: (math.prod(c.values()), sorted(c.items())))
     return out
 
 
-def pase_configs(op: Op, n_devices: int, min_part: int = 1) -> list[Config]:
+def pase_configs(op: Op, n_devices: int, min_part: int = 1,
+                 sets: dict[int, list[tuple[int, ...]]] | None = None) -> list[Config]:
     """PaSE's configs of ``op``: degrees over its S, A and P dims (and a linear layer's input
     dim) that divide the dims (at least ``min_part`` elements a partition) with a product
-    dividing ``n_devices``, on devices ``0 .. product-1``. The unsplit config comes first."""
-    return [Config(c, tuple(range(math.prod(c.values())))) for c in _pase_degrees(op, n_devices, min_part)]
+    dividing ``n_devices``, on devices ``0 .. product-1``. The unsplit config comes first.
+
+    ``sets`` (:func:`engine.search.pase_placement.placements`: partition count -> device
+    tuples) widens the space on a mixed cluster: a degree vector whose product is a key, once
+    on each of its device tuples (the first-k devices first)."""
+    if sets is None:
+        return [Config(c, tuple(range(math.prod(c.values())))) for c in _pase_degrees(op, n_devices, min_part)]
+    totals = [k for k in sets if not any(m % k == 0 and m != k for m in sets)]  # the maximal counts
+    return [Config(c, devs) for c in _pase_degrees(op, totals, min_part) for devs in sets[math.prod(c.values())]]
 
 
 @dataclass
@@ -95,14 +112,15 @@ class PaseProblem:
         return total + sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
 
 
-def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tuple[int, ...],
+def _regions(op: Op, cfg: Config, tensor_axes: Any, n_axes: int, shape: tuple[int, ...],
              n_devices: int) -> tuple[np.ndarray, np.ndarray]:
-    """[device, axis] lo and hi of the region of one tensor each partition holds or needs
-    (rows past the config's partitions are empty), devices row-major over ``op.dims``."""
+    """[device, axis] lo and hi of the region of one tensor each partition holds or needs,
+    partition p on device ``cfg.devices[p]`` (rows of the other devices are empty),
+    partitions row-major over ``op.dims`` (:func:`engine.config.partition_grid`)."""
     lo = np.zeros((n_devices, n_axes), np.int64)
     hi = np.zeros((n_devices, n_axes), np.int64)
-    parts = cfg.num_partitions
-    hi[:parts] = np.asarray(shape, np.int64)
+    rows = list(cfg.devices)
+    hi[rows] = np.asarray(shape, np.int64)
     names, grid = partition_grid(op, cfg)
     for j, name in enumerate(names):
         d, k = op.dim(name), cfg.degree(name)
@@ -111,8 +129,8 @@ def _regions(op: Op, cfg: Config, tensor_axes: list[Any], n_axes: int, shape: tu
             continue
         coord = grid[:, j]
         step = shape[ax] // k
-        lo[:parts, ax] = coord * step
-        hi[:parts, ax] = (coord + 1) * step
+        lo[rows, ax] = coord * step
+        hi[rows, ax] = (coord + 1) * step
     return lo, hi
 
 
@@ -131,9 +149,24 @@ def compute_time_s(op: Op, cfg: Config, precision: str, cluster: Cluster, cost: 
     return best
 
 
+def _config_counts(graph: OpGraph, cluster: Cluster, min_part: int,
+                   sets: dict[int, list[tuple[int, ...]]]) -> list[int]:
+    """[op] how many configs each op has (memoised per op signature; nothing is priced)."""
+    memo: dict[tuple, int] = {}
+    counts = []
+    for op in graph.ops:
+        sig = (op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))
+        if sig not in memo:
+            memo[sig] = len(pase_configs(op, cluster.num_devices, min_part, sets))
+        counts.append(memo[sig])
+    return counts
+
+
 def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, min_part: int = 1,
                   max_table_bytes: int | None = MAX_TABLE_BYTES) -> PaseProblem:
-    """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring).
+    """PaSE's configs and cost tables for ``graph`` on ``cluster`` (see the module docstring;
+    on a mixed cluster each config's device set is part of the space:
+    :mod:`engine.search.pase_placement`).
 
     Raises
     ------
@@ -142,37 +175,30 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         counts and the ordering alone, before any cost is computed)."""
     cost = cost or CostModel()
     D = cluster.num_devices
-
-    def group(n: int):
-        """The collective group of the first ``n`` devices."""
-        return cluster.collective_group(tuple(range(n)))
-
+    sets = placement.placements(cluster, graph.precision)
     if max_table_bytes is not None:  # refuse before any config or cost is made
-        degrees = {}
-        for op in graph.ops:
-            sig = (op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))
-            if sig not in degrees:
-                degrees[sig] = len(_pase_degrees(op, D, min_part))
-        counts = [degrees[(op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))] for op in graph.ops]
         edges = list(dict.fromkeys((p, c) for (p, _, c, _) in graph.edges))
-        _check_tables(graph, counts, edges, max_table_bytes)
-    configs = [pase_configs(op, D, min_part) for op in graph.ops]
+        _check_tables(graph, _config_counts(graph, cluster, min_part, sets), edges, max_table_bytes)
+    configs = [pase_configs(op, D, min_part, sets) for op in graph.ops]
     pbytes = DTYPE_BYTES[graph.precision]
+    eff = cost.link_efficiency
     vertex = []
     for op, cs in zip(graph.ops, configs):
         costs = np.zeros(len(cs))
+        replicating = [d.name for d in op.dims if all(a is None for a in d.param_axes)]
+        reducing = [d.name for d in op.dims if d.kind == "R"]
         for k, c in enumerate(cs):
             t = compute_time_s(op, c, graph.precision, cluster, cost) if op.kind != "input" else 0.0
             if op.param_count:
                 elems = op.partition_param_elements(c.degrees)
-                repl = math.prod(c.degree(d.name) for d in op.dims if all(a is None for a in d.param_axes))
+                repl = math.prod(c.degree(name) for name in replicating)
                 if repl > 1 and elems > 0:
-                    t += group_collective_time_s("all_reduce", elems * pbytes, group(repl), cost.link_efficiency)
-            red = math.prod(c.degree(d.name) for d in op.dims if d.kind == "R")
+                    t += placement.sync_groups_time_s(op, c, replicating, elems * pbytes, cluster, eff)
+            red = math.prod(c.degree(name) for name in reducing)
             if red > 1 and op.kind != "input":  # partial outputs summed over the reduction split
                 _, outs, _ = op.partition_shapes(c.degrees)
                 size = float(math.prod(outs[0])) * DTYPE_BYTES[op.out_tensors[0].dtype]
-                t += group_collective_time_s("all_reduce", size, group(red), cost.link_efficiency)
+                t += placement.sync_groups_time_s(op, c, reducing, size, cluster, eff)
             costs[k] = t
         vertex.append(costs)
     problem = PaseProblem(graph, cluster, configs, vertex)
@@ -187,7 +213,7 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         m = cache.get(key)
         if m is None:
             m = cache[key] = _edge_costs(prod, configs[p], cons, configs[c], i, shape, DTYPE_BYTES[tensor.dtype],
-                                         D, group, cost.link_efficiency)
+                                         cluster, eff)
         if (p, c) in problem.edges:  # two tensors between the same ops
             problem.edges[(p, c)] = problem.edges[(p, c)] + m
         else:
@@ -195,9 +221,16 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     return problem
 
 
+def _device_set_index(cs: list[Config]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The distinct device tuples of ``cs`` and [config] the index of each config's."""
+    index: dict[tuple[int, ...], int] = {}
+    of = np.array([index.setdefault(c.devices, len(index)) for c in cs], np.int64)
+    return list(index), of
+
+
 def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int, shape: tuple[int, ...],
-                nbytes: float, D: int, group: Callable[[int], tuple[float, float]], eff: float) -> np.ndarray:
-    A = len(shape)
+                nbytes: float, cluster: Cluster, eff: float) -> np.ndarray:
+    D, A = cluster.num_devices, len(shape)
     P_lo = np.zeros((len(pcs), D, A), np.int64)
     P_hi = np.zeros((len(pcs), D, A), np.int64)
     for k, c in enumerate(pcs):
@@ -206,18 +239,26 @@ def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int
     C_hi = np.zeros((len(ccs), D, A), np.int64)
     for k, c in enumerate(ccs):
         C_lo[k], C_hi[k] = _regions(cons, c, lambda d: d.in_axes[i] if i < len(d.in_axes) else None, A, shape, D)
-    need = np.prod(C_hi[:, 0] - C_lo[:, 0], axis=1).astype(np.float64)  # [cv] elements a partition reads
-    # [cu, cv, device] elements the consumer partition finds on its own device
+    # [cv] elements a partition reads (every partition of a config reads as much)
+    need = np.array([np.prod(C_hi[k, c.devices[0]] - C_lo[k, c.devices[0]]) for k, c in enumerate(ccs)], np.float64)
+    # [cu, cv, device] elements the consumer partition on a device finds there
     ov = np.minimum(P_hi[:, None], C_hi[None]) - np.maximum(P_lo[:, None], C_lo[None])
     local = np.prod(np.clip(ov, 0, None), axis=3).astype(np.float64)
-    parts_c = np.array([c.num_partitions for c in ccs])
-    valid = np.arange(D)[None, :] < parts_c[:, None]  # [cv, device]
+    valid = np.zeros((len(ccs), D), bool)  # [cv, device] the consumer config's devices
+    for k, c in enumerate(ccs):
+        valid[k, list(c.devices)] = True
     local = np.where(valid[None], local, np.inf).min(axis=2)  # the partition that has least
     remote = np.maximum(need[None, :] - local, 0.0)  # [cu, cv]
-    parts_p = np.array([c.num_partitions for c in pcs])
-    span = np.maximum(parts_p[:, None], parts_c[None, :])
-    bw = np.vectorize(lambda n: group(int(n)).bw_bytes_per_s)(span)
-    lat = np.vectorize(lambda n: max(group(int(n)).latency_s, group(int(n)).inter_latency_s))(span)
+    # the group of both configs' devices: its slowest path carries the transfer
+    p_sets, p_of = _device_set_index(pcs)
+    c_sets, c_of = _device_set_index(ccs)
+    bw = np.empty((len(p_sets), len(c_sets)))
+    lat = np.empty((len(p_sets), len(c_sets)))
+    for a, ps in enumerate(p_sets):
+        for b, cset in enumerate(c_sets):
+            grp = cluster.collective_group(tuple(sorted(set(ps) | set(cset))))
+            bw[a, b], lat[a, b] = grp.bw_bytes_per_s, max(grp.latency_s, grp.inter_latency_s)
+    bw, lat = bw[p_of[:, None], c_of[None, :]], lat[p_of[:, None], c_of[None, :]]
     # activations forward and their gradients back
     return np.where(remote > 0, transfer_time_s(2 * remote * nbytes, bw, lat, eff), 0.0)
 
@@ -384,14 +425,7 @@ TABLE_ENTRIES_PER_S = 5e7
 def estimate_seconds(graph: OpGraph, cluster: Cluster, min_part: int = 1) -> float:
     """Seconds PaSE would take on ``graph`` and ``cluster``, from the config counts and the
     elimination order alone (a fraction of a second; nothing is priced)."""
-    D = cluster.num_devices
-    memo: dict[tuple, int] = {}
-    counts = []
-    for op in graph.ops:
-        sig = (op.kind, tuple((d.name, d.kind, d.size) for d in op.dims))
-        if sig not in memo:
-            memo[sig] = len(_pase_degrees(op, D, min_part))
-        counts.append(memo[sig])
+    counts = _config_counts(graph, cluster, min_part, placement.placements(cluster, graph.precision))
     edges = list(dict.fromkeys((p, c) for (p, _, c, _) in graph.edges))
     _, _, sizes = _check_tables(graph, counts, edges, 1 << 62)
     return sum(counts[p] * counts[c] for p, c in edges) * EDGE_ENTRY_S + sum(sizes) / TABLE_ENTRIES_PER_S
