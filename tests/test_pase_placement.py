@@ -6,6 +6,7 @@ space and tables."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -69,6 +70,19 @@ class TestPlacements:
         assert sets[2] == [(0, 1), (4, 5)]
         assert sets[4] == [(0, 1, 2, 3), (4, 5, 6, 7)]
         assert sets[8] == [tuple(range(8))]
+
+    def test_k_fastest_spans_the_fast_nodes(self):
+        """V100 node, then two H100 nodes: eight H100s are the 8 fastest (not PaSE's first
+        eight); four fit in one H100 node (the first, by id)."""
+        demo = preset("hetero-demo")
+        c = Cluster("v-h-h", [demo.node_specs[2], replace(demo.node_specs[0], repeat=2)], DEVICE_TYPES)
+        assert [c.devices[d].type[:4] for d in (0, 4, 8)] == ["V100", "H100", "H100"]
+        assert partition_totals(c, "fp32") == [8, 12]
+        sets = placements(c, "fp32")
+        assert sets[8] == [tuple(range(8)), tuple(range(4, 12))]
+        assert sets[4] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+        assert sets[6] == [tuple(range(6)), tuple(range(4, 10))]  # no node holds six: the fastest six
+        assert sets[12] == [tuple(range(12))]
 
     @pytest.mark.parametrize("cluster", [preset("hetero-demo"), mixed8(), mixed8(v100_first=True)])
     def test_bounded_and_a_superset_of_pases_space(self, cluster):
