@@ -15,9 +15,10 @@ twice in one process, "before" and "after":
 
 Clusters: ``hetero-demo`` (4 x H100, 4 x A100-40GB, 4 x V100), ``mixed-8`` (its H100 node and
 V100 node: 4 x H100 + 4 x V100) and ``mixed-8-v100-first`` (the same two nodes, the V100 node
-listed first, as a cluster file may list them: PaSE's first devices are then the slow ones).
+listed first, as a cluster file may list them: PaSE's first devices are then the slow ones) and
+``v100-h100-h100`` (the V100 node, then two H100 nodes: the 8 fastest GPUs span two nodes).
 
-Usage: python benchmarks/bench_hetero_search.py [--cluster hetero-demo|mixed-8|mixed-8-v100-first]
+Usage: python benchmarks/bench_hetero_search.py [--cluster hetero-demo|mixed-8|mixed-8-v100-first|v100-h100-h100]
        [--models alexnet,transformer] [--searches pase,differentiable] [--before prefix|device0]
 """
 
@@ -27,6 +28,7 @@ import argparse
 import time
 
 import math
+from dataclasses import replace
 
 import engine.search.pase as pase_module
 import engine.search.pase_placement as placement_module
@@ -49,8 +51,16 @@ def mixed8(v100_first: bool = False) -> Cluster:
     return Cluster("mixed-8", nodes, DEVICE_TYPES, "4 x H100 + 4 x V100")
 
 
+def v100_h100_h100() -> Cluster:
+    """hetero-demo's V100 node, then two of its H100 nodes: 12 GPUs, the 8 fastest span two nodes."""
+    demo = preset("hetero-demo")
+    return Cluster("v100-h100-h100", [demo.node_specs[2], replace(demo.node_specs[0], repeat=2)], DEVICE_TYPES,
+                   "4 x V100 + 2 x (4 x H100)")
+
+
 def cluster_named(name: str) -> Cluster:
-    return {"mixed-8": lambda: mixed8(), "mixed-8-v100-first": lambda: mixed8(True)}.get(name, lambda: preset(name))()
+    return {"mixed-8": lambda: mixed8(), "mixed-8-v100-first": lambda: mixed8(True),
+            "v100-h100-h100": v100_h100_h100}.get(name, lambda: preset(name))()
 
 
 def device0_compute_time_s(op, cfg, precision, cluster, cost) -> float:
