@@ -18,7 +18,8 @@ from engine.graph import GraphBuilder
 from engine.search import pase_placement
 from engine.search.api import Budget
 from engine.search.differentiable import differentiable
-from engine.search.pase import build_problem, compute_time_s, pase, pase_configs
+from engine.search.pase import (build_problem, compute_time_s, estimate_seconds, pase, pase_configs,
+                                solve)
 from engine.search.pase_placement import (MAX_SETS_PER_DEGREE, partition_totals, placements, sync_groups,
                                           sync_groups_time_s)
 
@@ -96,6 +97,18 @@ class TestPlacements:
             degrees = {tuple(sorted(c.degrees.items())) for c in new}
             assert len(new) <= MAX_SETS_PER_DEGREE * len(degrees)
             assert new[0] == Config.single(0)
+
+
+    def test_the_time_estimate_and_the_refusal_count_the_placed_configs(self):
+        """PaSE refuses before any work from the config counts: they must be the placed ones."""
+        g = resolve_model("alexnet")
+        fast_first, slow_first = mixed8(), mixed8(v100_first=True)
+        assert estimate_seconds(g, slow_first) > estimate_seconds(g, fast_first)
+        largest = solve(build_problem(g, slow_first)).largest_table_entries  # entries of 8 bytes
+        assert largest > solve(build_problem(g, fast_first)).largest_table_entries
+        build_problem(g, slow_first, max_table_bytes=8 * largest)
+        with pytest.raises(ValueError, match="PaSE's table for op"):
+            build_problem(g, slow_first, max_table_bytes=8 * largest - 1)
 
 
 class TestSyncGroups:
