@@ -12,7 +12,12 @@ With ``--diff``: the differentiable search on the same cost tables (warm start f
 parallel, 400 steps, then the polish) against the DP optimum of F, on FlexFlow's six models on
 p100-4x4 and PaSE's Transformer on 8 GPUs: the gap and both times.
 
-Usage: python benchmarks/bench_pase.py [--repeats 3] [--diff]
+With ``--versus``: PaSE's plan against the data-parallel and expert baselines (issue 28: "on
+8 of 15 cases its answer simulates slower than data parallel or expert"), on the instances
+above and FlexFlow's six models on ``p100-4x4`` and ``k80-16x4``; an instance PaSE estimates
+at more than ``--max-seconds`` is listed as skipped.
+
+Usage: python benchmarks/bench_pase.py [--repeats 3] [--diff] [--versus [--max-seconds 60]]
 """
 
 from __future__ import annotations
@@ -58,14 +63,57 @@ def differentiable_gap() -> None:
               f"{d.cost_s / r.cost_s - 1:+8.2%} {d.seconds:7.2f}", flush=True)
 
 
+def versus(max_seconds: float) -> None:
+    import math
+
+    from engine.cluster import preset
+    from engine.search.pase import estimate_seconds, pase
+
+    cases = [(m, p100_nodes(n)) for m, n, _ in CASES]
+    cases += [(m, preset(c)) for c in ("p100-4x4", "k80-16x4")
+              for m in ("alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt")]
+    print(f"{'model':13} {'cluster':10} {'plan ms':>9} {'DP ms':>9} {'expert ms':>9} {'plan/min':>8} {'wall s':>7}")
+    slower, ran = 0, 0
+    seen = set()
+    for model, c in cases:
+        if (model, c.name) in seen:
+            continue
+        seen.add((model, c.name))
+        g = resolve_model(model)
+        est = estimate_seconds(g, c)
+        if est > max_seconds:
+            print(f"{model:13} {c.name:10} skipped: PaSE estimates {est:.0f} s", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            r = pase(g, c)
+        except ValueError as e:
+            print(f"{model:13} {c.name:10} refused: {str(e)[:80]}", flush=True)
+            continue
+        wall = time.perf_counter() - t0
+        plan_s = r.best.found_by.get("plan_time_s", r.best_time_s)
+        dp, ex = r.baselines.get("data-parallel", math.inf), r.baselines.get("expert", math.inf)
+        ratio = plan_s / min(dp, ex)
+        ran += 1
+        slower += ratio > 1
+        print(f"{model:13} {c.name:10} {plan_s * 1e3:9.3f} {dp * 1e3:9.3f} {ex * 1e3:9.3f} {ratio:7.3f}x "
+              f"{wall:7.1f}", flush=True)
+    print(f"PaSE's plan slower than data parallel or expert on {slower} of {ran} cases")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--diff", action="store_true", help="the differentiable search's gap instead")
+    ap.add_argument("--versus", action="store_true", help="PaSE's plan against data parallel and expert instead")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="with --versus: skip longer instances")
     args = ap.parse_args()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
     if args.diff:
         differentiable_gap()
+        return
+    if args.versus:
+        versus(args.max_seconds)
         return
     print(f"{'model':13} {'GPUs':>4} {'tables s':>8} {'DP s':>6} {'total s':>7} {'PaSE ref s':>10} {'ratio':>6} "
           f"{'|D| max':>7} {'table max':>10} {'F ms':>7} {'simulated ms':>12}")
