@@ -131,6 +131,34 @@ class TestExperiment:
         strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in rows if r["seed"] == 1]
         assert [{k: v for k, v in r.items() if k != "wall_s"} for r in again] == strip
 
+    def test_ray_gives_the_same_rows_as_the_pool(self, rows):
+        """Issue 28: the members on Ray (a local Ray of 2 CPUs, as ``soapbox sweep``'s test) give
+        the pool's numbers, seed for seed."""
+        pytest.importorskip("ray", reason="Ray is a test extra (pip install soapbox[test])")
+        on_ray = run_experiment(TINY, [1], workers=2, backend="ray")
+        strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in rows if r["seed"] == 1]
+        assert [{k: v for k, v in r.items() if k != "wall_s"} for r in on_ray] == strip
+
+    def test_the_curve_reaches_the_target_where_the_row_says(self, rows):
+        with_curve = run_experiment(TINY, [0], workers=1, curve_points=TINY.budget_steps)  # (a point per step)
+        for r, plain in zip(with_curve, rows):
+            assert {k: v for k, v in r.items() if k not in ("wall_s", "curve")} == \
+                {k: v for k, v in plain.items() if k != "wall_s"}  # (recording the curve changes nothing)
+            x, y = r["curve"]["compute_examples"], r["curve"]["best_loss"]
+            assert x == [float(k * TINY.examples) for k in range(1, TINY.budget_steps + 1)]
+            known = [v for v in y if v is not None]
+            assert known == sorted(known, reverse=True) and y[-1] is not None  # the lowest loss so far
+            hit = next((xi for xi, yi in zip(x, y) if yi is not None and yi <= TINY.target_loss), None)
+            assert hit == r["compute_to_target_examples"], r["arm"]
+        assert with_curve[2]["curve"]["best_loss"][0] is not None  # (one run: a loss after its first step)
+        assert with_curve[0]["curve"]["best_loss"][0] is None  # (the sweep: 4 inits scored cost 4 steps)
+
+    def test_bad_backend_and_curve_points(self):
+        with pytest.raises(ValueError, match="backend must be pool or ray, got 'dask'"):
+            run_experiment(TINY, [0], backend="dask")
+        with pytest.raises(ValueError, match="curve_points must be 0 to 100,000, got -1"):
+            run_experiment(TINY, [0], curve_points=-1)
+
     def test_another_seed_differs(self, rows):
         assert rows[0]["final_loss"] != rows[3]["final_loss"]
 
@@ -180,12 +208,28 @@ class TestCommand:
         ("--target-loss", "0", "soapbox: error: init-sweep: target_loss must be a number above 0, got 0.0\n"),
         ("--target-loss", "-2", "soapbox: error: init-sweep: target_loss must be a number above 0, got -2.0\n"),
         ("--seeds", "a,b", "soapbox: error: --seeds: 'a,b' is not a list of whole numbers (e.g. 0,1,2 or 0-4)\n"),
+        ("--address", "auto", "soapbox: error: --address is a Ray cluster's: give --backend ray with it\n"),
         ("--budget-steps", "5", "soapbox: error: init-sweep: a budget of 5 steps cannot pay for 16 inits' scoring "
                                 "and halving (needs at least"),
     ])
     def test_bad_input_is_one_line(self, capsys, flag, value, message):
         rc, out, err = run_cli(capsys, "init-sweep", flag, value, "--workers", "1")
         assert (rc, out) == (2, "") and err.startswith(message) and err.count("\n") == 1
+
+
+class TestTally:
+    def test_hand_computed_phase(self):
+        """Two members in lockstep for 3 and 2 steps, after 10 steps spent: the lowest loss per
+        step is 0.8, 0.6, 0.4 after 12, 14, 15 steps' compute; the target 0.5 is first met at 15."""
+        from engine.init_sweep import _Tally
+
+        cfg = InitSweepConfig(inits=2, budget_steps=20, target_loss=0.5, points_per_class=1)  # 3 examples a step
+        t = _Tally(cfg)
+        t.phase([{"losses": [1.0] * 10}], [10])
+        t.phase([{"losses": [0.9, 0.6, 0.4]}, {"losses": [0.8, float("nan")]}], [3, 2])
+        assert t.hit == (15 * 3, 10 + 3) and (t.compute_steps, t.depth) == (15, 13)
+        c = t.curve(4)  # at 5, 10, 15, 20 steps' compute
+        assert c == {"compute_examples": [15.0, 30.0, 45.0, 60.0], "best_loss": [1.0, 1.0, 0.4, 0.4]}
 
 
 def test_parse_seeds():
