@@ -236,3 +236,71 @@ def test_parse_seeds():
     assert parse_seeds("0-4") == [0, 1, 2, 3, 4] and parse_seeds(" 3 , 1") == [3, 1]
     with pytest.raises(ValueError, match="--seeds"):
         parse_seeds("-1")
+
+
+# --------------------------------------------------------------------------- the Learn tab's figure
+
+def _doc(curves: dict[str, list[list]], target: float = 0.5) -> dict:
+    """A measurement with one problem: label -> one curve (lowest loss at 1, 2, 3 k examples) per seed."""
+    rows = [{"arm": label.split(" (")[0], "label": label, "seed": k,
+             "curve": {"compute_examples": [1000.0, 2000.0, 3000.0], "best_loss": c}}
+            for label, cs in curves.items() for k, c in enumerate(cs)]
+    return {"format": "soapbox.init-sweep-bench/1", "seeds": [0, 1, 2],
+            "problems": [{"name": "toy", "config": {"target_loss": target}, "rows": rows}]}
+
+
+class TestLearnFigure:
+    def test_median_line_and_band_over_the_seeds(self):
+        from app.learn_figures import build_init_sweep_figure
+
+        fig = build_init_sweep_figure(_doc({"single": [[0.9, 0.5, 0.2], [0.7, 0.6, 0.4], [0.8, 0.3, 0.1]],
+                                            "sweep": [[None, 0.8, 0.3], [0.9, 0.7, 0.6], [1.0, 0.5, 0.5]]}))
+        d = fig.to_dict()
+        by_name = {t["name"]: t for t in d["data"] if t.get("name")}
+        assert list(by_name) == ["init-sweep", "one run"]
+        one = by_name["one run"]
+        assert list(one["x"]) == [1.0, 2.0, 3.0] and list(one["y"]) == [0.8, 0.5, 0.2]  # median of each column
+        hi, lo = d["data"][3], d["data"][4]  # (single's band: best to worst seed, filled between)
+        assert list(hi["y"]) == [0.9, 0.6, 0.4] and list(lo["y"]) == [0.7, 0.3, 0.1] and lo["fill"] == "tonexty"
+        assert list(by_name["init-sweep"]["x"]) == [2.0, 3.0]  # (no point until every seed has a loss)
+        assert d["layout"]["yaxis"]["type"] == "log" and "3 seeds" in d["layout"]["title"]["text"]
+        assert [s["y0"] for s in d["layout"]["shapes"]] == [0.5]  # the target, dashed
+        assert d["layout"]["shapes"][0]["line"]["dash"] == "dash"
+
+    def test_the_ablation_starts_hidden_in_the_legend(self):
+        from app.learn_figures import build_init_sweep_figure
+
+        d = build_init_sweep_figure(_doc({"sweep (no narrowing)": [[0.9, 0.5, 0.2]]})).to_dict()
+        assert {t.get("visible") for t in d["data"]} == {"legendonly"}
+
+    def test_the_committed_measurement_has_curves_for_every_row(self):
+        from app.learn_figures import build_init_sweep_figure, load_init_sweep
+
+        doc = load_init_sweep()
+        assert doc is not None, "benchmarks/measured/init_sweep.json is missing or has no loss curves"
+        fig = build_init_sweep_figure(doc)
+        assert len(doc["problems"]) == 2 and len(fig.to_dict()["layout"]["shapes"]) == 2
+        for prob in doc["problems"]:
+            for r in prob["rows"]:
+                y = [v for v in r["curve"]["best_loss"] if v is not None]
+                assert y == sorted(y, reverse=True)
+                hit = r["compute_to_target_examples"]  # (the curve is sampled: it crosses at the next point)
+                first = next((x for x, v in zip(r["curve"]["compute_examples"], r["curve"]["best_loss"])
+                              if v is not None and v <= prob["config"]["target_loss"]), None)
+                spacing = r["curve"]["compute_examples"][0]
+                assert (hit is None) == (first is None) and (hit is None or 0 <= first - hit < spacing)
+
+    def test_a_missing_measurement_is_one_line_on_the_page(self, monkeypatch, tmp_path):
+        import app.learn_figures as lf
+        from app.tabs.learn import topic_figure
+
+        assert lf.load_init_sweep(tmp_path / "none.json") is None
+        old = tmp_path / "old.json"  # (a measurement from before the curves were recorded)
+        old.write_text(json.dumps({"format": "soapbox.init-sweep-bench/1", "problems": [{"rows": [{"arm": "x"}]}]}))
+        assert lf.load_init_sweep(old) is None
+        (graph,) = topic_figure("init-sweep")
+        assert graph.id == "learn-init-sweep-graph" and graph.figure == lf.init_sweep_figure_json()
+        monkeypatch.setattr(lf, "init_sweep_figure_json", lambda: None)
+        (p,) = topic_figure("init-sweep")
+        assert p.children.startswith("The measurement's figure needs benchmarks/measured/init_sweep.json")
+        assert topic_figure("soap") == []
