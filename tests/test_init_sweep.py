@@ -153,6 +153,14 @@ class TestExperiment:
         assert with_curve[2]["curve"]["best_loss"][0] is not None  # (one run: a loss after its first step)
         assert with_curve[0]["curve"]["best_loss"][0] is None  # (the sweep: 4 inits scored cost 4 steps)
 
+    def test_without_ray_the_ray_backend_is_one_line(self, monkeypatch, capsys):
+        monkeypatch.setitem(__import__("sys").modules, "ray", None)  # (import ray raises ImportError)
+        with pytest.raises(ValueError, match=r"^--backend ray needs Ray: pip install ray$"):
+            run_experiment(TINY, [0], backend="ray")
+        rc, out, err = run_cli(capsys, "init-sweep", "--backend", "ray", "--seeds", "0", "--inits", "4",
+                               "--budget-steps", "60")
+        assert (rc, out, err) == (2, "", "soapbox: error: --backend ray needs Ray: pip install ray\n")
+
     def test_bad_backend_and_curve_points(self):
         with pytest.raises(ValueError, match="backend must be pool or ray, got 'dask'"):
             run_experiment(TINY, [0], backend="dask")
