@@ -3,11 +3,15 @@ inits, keep low loss + large gradients, perturb the survivors, successive halvin
 best) against N independent runs and one run, each spending the same examples x steps; and the
 same sweep without the perturbation step (pure halving) as an ablation.
 
-Writes the rows and the summary as JSON and a Plotly figure (PNG when kaleido is installed, else
-HTML) next to it; prints a Markdown table for BENCHMARKS.md.
+Writes the rows (each with its loss curve: the lowest loss reached against compute, at
+``--curve-points`` points) and the summary as JSON, and next to it the Learn tab's figure of
+them (:func:`app.learn_figures.build_init_sweep_figure`) as HTML and, with kaleido (an optional
+extra; kaleido 1.x drives a Chrome or Chromium it finds, or the one BROWSER_PATH names), as SVG
+for BENCHMARKS.md; prints a Markdown table for BENCHMARKS.md.
 
 Usage: python benchmarks/init_sweep.py [--seeds 0-6] [--inits 16] [--budget-steps 2000]
-       [--target-loss 0.02] [--workers 2] [-o benchmarks/measured/init_sweep.json]
+       [--workers 2] [--backend pool|ray] [--curve-points 100] [-o benchmarks/measured/init_sweep.json]
+       python benchmarks/init_sweep.py --figure-only   (redraw the figure from the JSON)
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import os
 import platform
 import time
@@ -22,32 +27,6 @@ from dataclasses import replace
 
 from engine.cli.init_sweep import parse_seeds
 from engine.init_sweep import InitSweepConfig, config_dict, premise, run_experiment, summarise
-
-#: colour per arm (the ablation's sweep is the "sweep" colour, lighter)
-COLOURS = {"sweep": "#1f77b4", "sweep (no narrowing)": "#9ecae1", "independent": "#ff7f0e", "single": "#2ca02c"}
-
-
-def build_figure(rows: list[dict], target: float):
-    """Two panels, one point per seed: compute to the target (k examples) and final loss, per arm."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"compute to loss {target:g} (k examples; lower is better)",
-                                                        "final loss at equal compute (nats; lower is better)"))
-    for arm, colour in COLOURS.items():
-        mine = [r for r in rows if r["label"] == arm]
-        if not mine:
-            continue
-        hit = [r for r in mine if r["compute_to_target_examples"] is not None]
-        fig.add_trace(go.Box(y=[r["compute_to_target_examples"] / 1e3 for r in hit], name=arm, marker_color=colour,
-                             boxpoints="all", showlegend=False), row=1, col=1)
-        fig.add_trace(go.Box(y=[r["final_loss"] for r in mine], name=arm, marker_color=colour, boxpoints="all",
-                             showlegend=False), row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title="Parallel random initialisation vs N runs vs one run, equal compute (spiral MLP)",
-                      width=1100, height=480, template="plotly_white")
-    return fig
-
 
 #: (name, hidden widths, target loss): the default wide MLP, and a narrow deep one whose
 #: initialisations differ more (single runs from 12 inits took 80 to 360 steps to reach 0.15)
@@ -68,20 +47,28 @@ def main() -> None:
     ap.add_argument("--inits", type=int, default=16)
     ap.add_argument("--budget-steps", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--backend", choices=["pool", "ray"], default="pool")
+    ap.add_argument("--curve-points", type=int, default=100, help="points of each row's loss curve")
     ap.add_argument("-o", "--output", default="benchmarks/measured/init_sweep.json")
+    ap.add_argument("--figure-only", action="store_true", help="redraw the figure from the JSON; run nothing")
     args = ap.parse_args()
+    if args.figure_only:
+        with open(args.output) as fh:
+            write_figure(json.load(fh), args.output)
+        return
     seeds = parse_seeds(args.seeds)
     print(f"# {platform.node()}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}; {args.workers} workers; "
           f"seeds {args.seeds}; {args.inits} inits; {args.budget_steps:,} steps per arm")
-    table, doc, figs = [], {"format": "soapbox.init-sweep-bench/1", "seeds": seeds, "problems": []}, []
+    table, doc = [], {"format": "soapbox.init-sweep-bench/1", "seeds": seeds, "problems": []}
     for name, hidden, target in PROBLEMS:
         cfg = InitSweepConfig(inits=args.inits, budget_steps=args.budget_steps, target_loss=target, hidden=hidden)
         t0 = time.perf_counter()
-        rows = run_experiment(cfg, seeds, workers=args.workers)
+        run = dict(workers=args.workers, backend=args.backend, curve_points=args.curve_points)
+        rows = run_experiment(cfg, seeds, **run)
         for r in rows:
             r["label"] = r["arm"]
-        plain = run_experiment(replace(cfg, narrow=False), seeds, workers=args.workers, arms=("sweep",))
+        plain = run_experiment(replace(cfg, narrow=False), seeds, arms=("sweep",), **run)
         for r in plain:
             r["label"] = "sweep (no narrowing)"
         summary = summarise(rows)
@@ -97,7 +84,6 @@ def main() -> None:
         table += [_md_row(name, s) for s in summary]
         doc["problems"].append({"name": name, "config": config_dict(cfg), "wall_s": wall_s, "summary": summary,
                                 "premise": check, "rows": rows + plain})
-        figs.append((name, rows + plain, target))
 
     print(f"\ncompute per arm: {args.budget_steps:,} steps x 300 examples = {args.budget_steps * 0.3:,.0f} k examples; "
           f"median [min, max] over {len(seeds)} seeds (compute and steps over the seeds that reached the target)\n")
@@ -109,19 +95,24 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w") as fh:
         json.dump(doc, fh, indent=1)
-    stem = os.path.splitext(args.output)[0]
-    written = [args.output]
-    for k, (name, rows, target) in enumerate(figs):
-        fig = build_figure(rows, target)
-        fig.update_layout(title=f"Parallel random initialisation vs N runs vs one run, equal compute: {name}")
-        if importlib.util.find_spec("kaleido") is not None:
-            written.append(f"{stem}_{k}.png")
-            fig.write_image(written[-1])
-        else:
-            written.append(f"{stem}_{k}.html")
-            fig.write_html(written[-1], include_plotlyjs="cdn")
-    print(f"\nwrote {', '.join(written)}" + ("" if written[-1].endswith(".png") else
-                                              " (kaleido is not installed: HTML, no PNG)"))
+    write_figure(doc, args.output)
+
+
+def write_figure(doc: dict, output: str) -> None:
+    """The Learn tab's figure of ``doc`` beside ``output``: ``.html`` always, ``.svg`` with kaleido."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # (the app, from the tree)
+    from app.learn_figures import build_init_sweep_figure
+
+    fig = build_init_sweep_figure(doc)
+    fig.update_layout(width=1100, height=460)
+    stem = os.path.splitext(output)[0]
+    written = [f"{stem}.html"]
+    fig.write_html(written[0], include_plotlyjs="cdn")
+    if importlib.util.find_spec("kaleido") is not None:
+        written.append(f"{stem}.svg")
+        fig.write_image(written[-1])
+    print(f"\nwrote {output}, {', '.join(written)}" + ("" if written[-1].endswith(".svg") else
+                                                       " (kaleido is not installed: no SVG; pip install kaleido)"))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ lockstep on a process pool: a hit at a member's ``t``-th step of a phase with ``
 costs the compute before the phase plus ``m * t * n`` (``compute_to_target_examples``) and
 ``steps before the phase + t`` sequential steps (``steps_to_target``: wall time on ideal
 parallel hardware). ``final_loss`` is the best end member's loss after its last update (one
-uncounted forward).
+uncounted forward). The loss curve (``curve_points``): the lowest loss any member has reached
+against the compute spent, counted the same way (it reaches the target at
+``compute_to_target_examples``). Members run here, on a process pool or on Ray (``backend="ray"``:
+local, or a cluster's address; :mod:`engine.raypool`): the same rows for a seed on each.
 
 Problem: a 2-D spiral of ``classes`` arms (Karpathy's CS231n "spiral" dataset), an MLP with
 ReLU, full-batch Adam (Kingma & Ba 2015, Algorithm 1) written out so that its state travels
@@ -56,8 +59,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["InitSweepConfig", "Phase", "halving_schedule", "split_budget", "select", "spiral", "run_experiment",
-           "summarise", "config_dict", "run_member", "premise",
-           "ARMS"]
+           "summarise", "config_dict", "run_member", "premise", "ARMS"]
 
 ARMS = ("sweep", "independent", "single")
 
@@ -297,17 +299,36 @@ class _Tally:
 
     def __init__(self, cfg: InitSweepConfig):
         self.cfg, self.compute_steps, self.depth, self.hit = cfg, 0, 0, None
+        # after each lockstep step: compute spent (steps x members) and the lowest loss so far (nats)
+        self.curve_steps: list[np.ndarray] = []
+        self.curve_loss: list[np.ndarray] = []
 
     def phase(self, results: list[dict[str, Any]], steps: Sequence[int]) -> None:
         """Members ran in lockstep, member i for ``steps[i]`` steps."""
-        if self.hit is None:
-            for t in range(1, max(steps) + 1):
-                if any(t <= s and r["losses"][t - 1] <= self.cfg.target_loss for r, s in zip(results, steps)):
-                    ahead = sum(min(t, s) for s in steps)
-                    self.hit = ((self.compute_steps + ahead) * self.cfg.examples, self.depth + t)
-                    break
+        loss = np.full((len(results), max(steps)), np.inf)  # [member, step]; NaN or past a member's end: inf
+        for i, (r, s) in enumerate(zip(results, steps)):
+            loss[i, :s] = np.nan_to_num(r["losses"][:s], nan=np.inf)
+        step_best = loss.min(0)  # [step]: the lowest loss of the step's forward passes
+        spent = self.compute_steps + np.minimum(np.arange(1, len(step_best) + 1)[None, :],
+                                                np.asarray(steps)[:, None]).sum(0)  # [step]
+        reached = step_best <= self.cfg.target_loss
+        if self.hit is None and reached.any():
+            t = int(np.argmax(reached))
+            self.hit = (int(spent[t]) * self.cfg.examples, self.depth + t + 1)
+        before = self.curve_loss[-1][-1] if self.curve_loss else np.inf
+        self.curve_loss.append(np.minimum.accumulate(np.minimum(step_best, before)))
+        self.curve_steps.append(spent)
         self.compute_steps += sum(steps)
         self.depth += max(steps)
+
+    def curve(self, points: int) -> dict[str, list]:
+        """The lowest loss reached (nats; None before the first step) at ``points`` evenly spaced
+        amounts of compute, the budget's 1/points to all of it (examples)."""
+        steps, loss = np.concatenate(self.curve_steps), np.concatenate(self.curve_loss)
+        grid = np.arange(1, points + 1) * (self.cfg.budget_steps / points)  # [point], steps
+        at = np.searchsorted(steps, grid + 1e-9, side="right") - 1
+        return {"compute_examples": [float(g * self.cfg.examples) for g in grid],
+                "best_loss": [float(loss[i]) if i >= 0 and np.isfinite(loss[i]) else None for i in at]}
 
 
 def _arm_sweep(cfg: InitSweepConfig, seed: int, run: Mapper) -> tuple[_Tally, float]:
@@ -348,8 +369,16 @@ def _arm_runs(cfg: InitSweepConfig, seed: int, runs: int, run: Mapper) -> tuple[
     return tally, min(r["final_loss"] for r in out)
 
 
-def _mapper(workers: int) -> tuple[Mapper, Callable[[], None]]:
-    """Run tasks in order on one process or on a process pool (as :func:`engine.sweep.run_sweep`)."""
+def _mapper(workers: int, backend: str = "pool", address: str | None = None) -> tuple[Mapper, Callable[[], None]]:
+    """Run tasks in order on one process, a process pool or Ray (as :func:`engine.sweep.run_sweep`)."""
+    if backend == "ray":
+        from contextlib import ExitStack
+
+        from .raypool import ray_map, ray_session
+
+        stack = ExitStack()
+        ray = stack.enter_context(ray_session(address, workers))
+        return ray_map(ray, run_member), stack.close
     if workers <= 1:
         return (lambda tasks: [run_member(t) for t in tasks]), (lambda: None)
     import multiprocessing
@@ -362,10 +391,18 @@ def _mapper(workers: int) -> tuple[Mapper, Callable[[], None]]:
 
 
 def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,
-                   arms: Sequence[str] = ARMS) -> list[dict[str, Any]]:
+                   arms: Sequence[str] = ARMS, backend: str = "pool", address: str | None = None,
+                   curve_points: int = 0) -> list[dict[str, Any]]:
     """One row per (seed, arm): ``compute_to_target_examples`` and ``steps_to_target`` (None
     when the target was not reached), ``final_loss`` (nats), ``compute_examples`` (spent),
-    ``wall_s``. The same seeds give the same rows (``wall_s`` aside) on any number of workers."""
+    ``wall_s``; with ``curve_points``, ``curve`` (:meth:`_Tally.curve`: the lowest loss reached
+    against compute). The same seeds give the same rows (``wall_s`` aside) on any number of
+    workers and on either ``backend`` ("pool": this process or a process pool; "ray": Ray,
+    local or at ``address``)."""
+    if backend not in ("pool", "ray"):
+        raise ValueError(f"init-sweep: backend must be pool or ray, got {str(backend)[:40]!r}")
+    if not 0 <= curve_points <= 100_000:
+        raise ValueError(f"init-sweep: curve_points must be 0 to 100,000, got {curve_points!r}")
     if not seeds:
         raise ValueError("init-sweep: give at least one seed")
     if workers < 1:
@@ -375,7 +412,7 @@ def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,
         raise ValueError(f"init-sweep: unknown arm {bad[0]!r}; arms are {', '.join(ARMS)}")
     halving_schedule(cfg.inits, cfg.budget_steps, cfg.eta, cfg.keep, cfg.rung_steps, cfg.narrow)  # (a clear error)
     split_budget(cfg.budget_steps, cfg.inits)
-    run, close = _mapper(workers)
+    run, close = _mapper(workers, backend, address)
     rows = []
     try:
         for seed in seeds:
@@ -388,6 +425,8 @@ def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,
                              "steps_to_target": tally.hit[1] if tally.hit else None,
                              "sequential_steps": tally.depth, "final_loss": final,
                              "wall_s": time.perf_counter() - t0})
+                if curve_points:
+                    rows[-1]["curve"] = tally.curve(curve_points)
     finally:
         close()
     return rows

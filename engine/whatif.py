@@ -56,7 +56,8 @@ from .strategy import Strategy
 DEFAULT_MTBF_GPU_HOURS = 50_000.0
 
 __all__ = ["DEFAULT_MTBF_GPU_HOURS", "Failure", "parse_failure", "survivors", "map_strategy", "young_interval_s",
-           "daly_interval_s", "goodput", "simulate_with_slow", "checkpoint_bytes", "Replan", "replan"]
+           "daly_interval_s", "goodput", "simulate_with_slow", "checkpoint_bytes", "Replan", "replan",
+           "parse_replan_budget"]
 
 _SPEC = re.compile(r"^(gpu|node|link):(.+)$")
 
@@ -293,6 +294,25 @@ class Replan:
     search_s: float
     note: str
     source: str | None = None  # which of auto's parts found the search's plan
+
+
+def parse_replan_budget(text: str) -> Any:
+    """The re-plan's budget: ``None`` for a zero budget (``0``, ``0s``, ``0.0m``: no re-plan
+    is asked for), else :meth:`engine.search.Budget.parse` of ``text`` (proposals or a time).
+
+    >>> parse_replan_budget("0.0m") is None, parse_replan_budget("2s")
+    (True, Budget(iterations=None, seconds=2.0))
+
+    Raises ``ValueError`` (one line naming ``--budget``) for text that is neither.
+    """
+    from .search import Budget
+
+    if re.fullmatch(r"\s*0+(?:\.0*)?\s*[smh]?\s*", str(text)[:1000]):
+        return None
+    try:
+        return Budget.parse(text)
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
 
 
 def replan(graph: OpGraph, after: Cluster, mapped: Strategy | None, slow: list[Failure], budget: Any,

@@ -1,9 +1,12 @@
 """Issue 28, item 6: the Learn tab's page on parallel random initialisation, in a real headless
 Chromium (Playwright): its heading, the three arms and the measured conclusion (whichever way
-it came out: here, that one run needs less compute) are shown, with no console error. No
-wall-clock assertion."""
+it came out: here, that one run needs less compute) are shown, and the figure of the committed
+measurement is drawn (its SVG: a panel per problem, the three arms' lines and bands, the legend),
+with no console error. No wall-clock assertion."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from conftest import BROWSER_TIMEOUT_MS as TIMEOUT_MS
@@ -29,4 +32,13 @@ def test_learn_page_shows_the_init_sweep_measurement(page: Page, app_url: str):
                   "it does not save compute", "python benchmarks/init_sweep.py"):
         expect(panel).to_contain_text(words)
     expect(panel.locator("li")).to_have_count(3)  # the three arms, as a list
+    graph = panel.locator("#learn-init-sweep-graph")
+    graph.scroll_into_view_if_needed()
+    expect(graph.locator("svg.main-svg").first).to_be_visible()
+    # 2 panels x 3 arms x (band top, band bottom, median): the ablation is in the legend only
+    expect(graph.locator(".scatterlayer .trace")).to_have_count(18)
+    expect(graph.locator(".scatterlayer .trace path.js-line").first).to_have_attribute("d", re.compile(r"^M.+L"))
+    for name in ("init-sweep", "16 independent runs", "one run", "init-sweep, no narrowing"):
+        expect(graph.locator(".legend .legendtext", has_text=re.compile(f"^{re.escape(name)}$"))).to_have_count(1)
+    expect(graph.locator(".gtitle")).to_contain_text("median over 7 seeds")
     assert not errors, errors

@@ -131,6 +131,42 @@ class TestExperiment:
         strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in rows if r["seed"] == 1]
         assert [{k: v for k, v in r.items() if k != "wall_s"} for r in again] == strip
 
+    def test_ray_gives_the_same_rows_as_the_pool(self, rows):
+        """Issue 28: the members on Ray (a local Ray of 2 CPUs, as ``soapbox sweep``'s test) give
+        the pool's numbers, seed for seed."""
+        pytest.importorskip("ray", reason="Ray is a test extra (pip install soapbox[test])")
+        on_ray = run_experiment(TINY, [1], workers=2, backend="ray")
+        strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in rows if r["seed"] == 1]
+        assert [{k: v for k, v in r.items() if k != "wall_s"} for r in on_ray] == strip
+
+    def test_the_curve_reaches_the_target_where_the_row_says(self, rows):
+        with_curve = run_experiment(TINY, [0], workers=1, curve_points=TINY.budget_steps)  # (a point per step)
+        for r, plain in zip(with_curve, rows):
+            assert {k: v for k, v in r.items() if k not in ("wall_s", "curve")} == \
+                {k: v for k, v in plain.items() if k != "wall_s"}  # (recording the curve changes nothing)
+            x, y = r["curve"]["compute_examples"], r["curve"]["best_loss"]
+            assert x == [float(k * TINY.examples) for k in range(1, TINY.budget_steps + 1)]
+            known = [v for v in y if v is not None]
+            assert known == sorted(known, reverse=True) and y[-1] is not None  # the lowest loss so far
+            hit = next((xi for xi, yi in zip(x, y) if yi is not None and yi <= TINY.target_loss), None)
+            assert hit == r["compute_to_target_examples"], r["arm"]
+        assert with_curve[2]["curve"]["best_loss"][0] is not None  # (one run: a loss after its first step)
+        assert with_curve[0]["curve"]["best_loss"][0] is None  # (the sweep: 4 inits scored cost 4 steps)
+
+    def test_without_ray_the_ray_backend_is_one_line(self, monkeypatch, capsys):
+        monkeypatch.setitem(__import__("sys").modules, "ray", None)  # (import ray raises ImportError)
+        with pytest.raises(ValueError, match=r"^--backend ray needs Ray: pip install ray$"):
+            run_experiment(TINY, [0], backend="ray")
+        rc, out, err = run_cli(capsys, "init-sweep", "--backend", "ray", "--seeds", "0", "--inits", "4",
+                               "--budget-steps", "60")
+        assert (rc, out, err) == (2, "", "soapbox: error: --backend ray needs Ray: pip install ray\n")
+
+    def test_bad_backend_and_curve_points(self):
+        with pytest.raises(ValueError, match="backend must be pool or ray, got 'dask'"):
+            run_experiment(TINY, [0], backend="dask")
+        with pytest.raises(ValueError, match="curve_points must be 0 to 100,000, got -1"):
+            run_experiment(TINY, [0], curve_points=-1)
+
     def test_another_seed_differs(self, rows):
         assert rows[0]["final_loss"] != rows[3]["final_loss"]
 
@@ -180,6 +216,7 @@ class TestCommand:
         ("--target-loss", "0", "soapbox: error: init-sweep: target_loss must be a number above 0, got 0.0\n"),
         ("--target-loss", "-2", "soapbox: error: init-sweep: target_loss must be a number above 0, got -2.0\n"),
         ("--seeds", "a,b", "soapbox: error: --seeds: 'a,b' is not a list of whole numbers (e.g. 0,1,2 or 0-4)\n"),
+        ("--address", "auto", "soapbox: error: --address is a Ray cluster's: give --backend ray with it\n"),
         ("--budget-steps", "5", "soapbox: error: init-sweep: a budget of 5 steps cannot pay for 16 inits' scoring "
                                 "and halving (needs at least"),
     ])
@@ -188,7 +225,90 @@ class TestCommand:
         assert (rc, out) == (2, "") and err.startswith(message) and err.count("\n") == 1
 
 
+class TestTally:
+    def test_hand_computed_phase(self):
+        """Two members in lockstep for 3 and 2 steps, after 10 steps spent: the lowest loss per
+        step is 0.8, 0.6, 0.4 after 12, 14, 15 steps' compute; the target 0.5 is first met at 15."""
+        from engine.init_sweep import _Tally
+
+        cfg = InitSweepConfig(inits=2, budget_steps=20, target_loss=0.5, points_per_class=1)  # 3 examples a step
+        t = _Tally(cfg)
+        t.phase([{"losses": [1.0] * 10}], [10])
+        t.phase([{"losses": [0.9, 0.6, 0.4]}, {"losses": [0.8, float("nan")]}], [3, 2])
+        assert t.hit == (15 * 3, 10 + 3) and (t.compute_steps, t.depth) == (15, 13)
+        c = t.curve(4)  # at 5, 10, 15, 20 steps' compute
+        assert c == {"compute_examples": [15.0, 30.0, 45.0, 60.0], "best_loss": [1.0, 1.0, 0.4, 0.4]}
+
+
 def test_parse_seeds():
     assert parse_seeds("0-4") == [0, 1, 2, 3, 4] and parse_seeds(" 3 , 1") == [3, 1]
     with pytest.raises(ValueError, match="--seeds"):
         parse_seeds("-1")
+
+
+# --------------------------------------------------------------------------- the Learn tab's figure
+
+def _doc(curves: dict[str, list[list]], target: float = 0.5) -> dict:
+    """A measurement with one problem: label -> one curve (lowest loss at 1, 2, 3 k examples) per seed."""
+    rows = [{"arm": label.split(" (")[0], "label": label, "seed": k,
+             "curve": {"compute_examples": [1000.0, 2000.0, 3000.0], "best_loss": c}}
+            for label, cs in curves.items() for k, c in enumerate(cs)]
+    return {"format": "soapbox.init-sweep-bench/1", "seeds": [0, 1, 2],
+            "problems": [{"name": "toy", "config": {"target_loss": target}, "rows": rows}]}
+
+
+class TestLearnFigure:
+    def test_median_line_and_band_over_the_seeds(self):
+        from app.learn_figures import build_init_sweep_figure
+
+        fig = build_init_sweep_figure(_doc({"single": [[0.9, 0.5, 0.2], [0.7, 0.6, 0.4], [0.8, 0.3, 0.1]],
+                                            "sweep": [[None, 0.8, 0.3], [0.9, 0.7, 0.6], [1.0, 0.5, 0.5]]}))
+        d = fig.to_dict()
+        by_name = {t["name"]: t for t in d["data"] if t.get("name")}
+        assert list(by_name) == ["init-sweep", "one run"]
+        one = by_name["one run"]
+        assert list(one["x"]) == [1.0, 2.0, 3.0] and list(one["y"]) == [0.8, 0.5, 0.2]  # median of each column
+        hi, lo = d["data"][3], d["data"][4]  # (single's band: best to worst seed, filled between)
+        assert list(hi["y"]) == [0.9, 0.6, 0.4] and list(lo["y"]) == [0.7, 0.3, 0.1] and lo["fill"] == "tonexty"
+        assert list(by_name["init-sweep"]["x"]) == [2.0, 3.0]  # (no point until every seed has a loss)
+        assert d["layout"]["yaxis"]["type"] == "log" and "3 seeds" in d["layout"]["title"]["text"]
+        assert [s["y0"] for s in d["layout"]["shapes"]] == [0.5]  # the target, dashed
+        assert d["layout"]["shapes"][0]["line"]["dash"] == "dash"
+
+    def test_the_ablation_starts_hidden_in_the_legend(self):
+        from app.learn_figures import build_init_sweep_figure
+
+        d = build_init_sweep_figure(_doc({"sweep (no narrowing)": [[0.9, 0.5, 0.2]]})).to_dict()
+        assert {t.get("visible") for t in d["data"]} == {"legendonly"}
+
+    def test_the_committed_measurement_has_curves_for_every_row(self):
+        from app.learn_figures import build_init_sweep_figure, load_init_sweep
+
+        doc = load_init_sweep()
+        assert doc is not None, "benchmarks/measured/init_sweep.json is missing or has no loss curves"
+        fig = build_init_sweep_figure(doc)
+        assert len(doc["problems"]) == 2 and len(fig.to_dict()["layout"]["shapes"]) == 2
+        for prob in doc["problems"]:
+            for r in prob["rows"]:
+                y = [v for v in r["curve"]["best_loss"] if v is not None]
+                assert y == sorted(y, reverse=True)
+                hit = r["compute_to_target_examples"]  # (the curve is sampled: it crosses at the next point)
+                first = next((x for x, v in zip(r["curve"]["compute_examples"], r["curve"]["best_loss"])
+                              if v is not None and v <= prob["config"]["target_loss"]), None)
+                spacing = r["curve"]["compute_examples"][0]
+                assert (hit is None) == (first is None) and (hit is None or 0 <= first - hit < spacing)
+
+    def test_a_missing_measurement_is_one_line_on_the_page(self, monkeypatch, tmp_path):
+        import app.learn_figures as lf
+        from app.tabs.learn import topic_figure
+
+        assert lf.load_init_sweep(tmp_path / "none.json") is None
+        old = tmp_path / "old.json"  # (a measurement from before the curves were recorded)
+        old.write_text(json.dumps({"format": "soapbox.init-sweep-bench/1", "problems": [{"rows": [{"arm": "x"}]}]}))
+        assert lf.load_init_sweep(old) is None
+        (graph,) = topic_figure("init-sweep")
+        assert graph.id == "learn-init-sweep-graph" and graph.figure == lf.init_sweep_figure_json()
+        monkeypatch.setattr(lf, "init_sweep_figure_json", lambda: None)
+        (p,) = topic_figure("init-sweep")
+        assert p.children.startswith("The measurement's figure needs benchmarks/measured/init_sweep.json")
+        assert topic_figure("soap") == []

@@ -15,7 +15,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 #: bottom to top; a module may import its own layer and those before it
 LAYERS = ["errors", "ops", "moe", "graph", "cluster", "device_runs", "config", "strategy", "moe_layouts", "layout", "recompute", "collectives", "costs", "models", "taskgraph", "simulate", "memory_static", "memory",
-          "delta", "report", "formats", "trace", "search", "profiling", "export_moe", "export_megatron_model", "export_megatron", "export_deepspeed", "export_torchtitan", "export", "sweep", "whatif", "init_sweep", "cli"]
+          "delta", "report", "formats", "trace", "search", "profiling", "export_moe", "export_megatron_model", "export_megatron", "export_deepspeed", "export_torchtitan", "export", "raypool", "sweep", "whatif", "init_sweep", "cli"]
 
 
 def modules():
@@ -95,8 +95,8 @@ APP = ENGINE.parent / "app"
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
 APP_LAYERS = ["cache", "fmt", "learn", "datadir", "store", "sessions", "sources", "state", "simulation", "gantt",
-              "views", "figures", "components", "actions", "profiles", "uploads", "links", "fitscan", "jobs", "worker",
-              "tabs", "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
+              "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
+              "jobs", "worker", "tabs", "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search
 #: workers (services the process opens once; every cache and build lives in Sessions)

@@ -10,7 +10,7 @@ from ..learn import TOPICS
 from ..state import new_state
 from .experts import apply_whatif
 
-__all__ = ["layout", "register", "tour", "TOUR", "MOE_STEP", "MOE_LAYOUTS", "MOE_SKEW"]
+__all__ = ["layout", "register", "tour", "TOUR", "MOE_STEP", "MOE_LAYOUTS", "MOE_SKEW", "topic_figure"]
 
 #: the guided comparison: step -> (title, what it sets up, the tab it opens)
 TOUR: dict[str, tuple[str, str, str]] = {
@@ -73,6 +73,22 @@ def tour(state: dict | None, step: str) -> tuple[dict, str]:
     return s, f"Guided comparison {TOUR[step][0]}: {TOUR[step][1]}"
 
 
+def topic_figure(topic: str) -> list:
+    """What a topic shows under its text: the ``init-sweep`` measurement's figure
+    (:func:`app.learn_figures.init_sweep_figure_json`), or one line saying it is not in this
+    install; nothing for the other topics."""
+    if topic != "init-sweep":
+        return []
+    from ..learn_figures import INIT_SWEEP_FILE, init_sweep_figure_json
+
+    figure = init_sweep_figure_json()
+    if figure is None:
+        return [html.P(f"The measurement's figure needs {INIT_SWEEP_FILE} with its loss curves, which this install "
+                       "does not have: run python benchmarks/init_sweep.py in the source tree.", className="hint")]
+    return [dcc.Graph(id="learn-init-sweep-graph", figure=figure,
+                      config={"displaylogo": False})]
+
+
 def layout() -> html.Div:
     steps = [html.Div([html.Button(title, id={"type": "tour", "step": step}, n_clicks=0, className="primary"),
                        html.P(text)], className="tour-step") for step, (title, text, _) in TOUR.items()]
@@ -80,8 +96,8 @@ def layout() -> html.Div:
                            html.P("Each step replaces the model, cluster and kept strategies the page shows, then "
                                   "opens the view to look at.", className="hint")] + steps,
                           className="panel", id="tour")
-    return html.Div([tour_panel] + [html.Div([html.H3(title), dcc.Markdown(text)], className="panel")
-                                    for title, text in TOPICS.values()])
+    return html.Div([tour_panel] + [html.Div([html.H3(title), dcc.Markdown(text)] + topic_figure(topic),
+                                             className="panel") for topic, (title, text) in TOPICS.items()])
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests

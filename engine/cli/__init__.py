@@ -23,9 +23,10 @@ Sub-commands (``soapbox COMMAND --help`` for each):
 Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
 (printed as one line ``soapbox: error: ...``, no traceback: a bad argument, an unreadable
 or invalid input, an output that cannot be written); 3 ``simulate`` of a strategy that does
-not fit in memory (the report is printed and says which devices are over), or ``search``
-that found no strategy that fits; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). An
-interrupted write leaves the file it would replace as it was and no temporary file. An
+not fit in memory (the report is printed and says which devices are over), ``search``
+that found no strategy that fits, or ``whatif`` whose re-plan found no plan that fits; 130
+interrupted (Ctrl-C), 143 terminated (SIGTERM). An interrupted write leaves the file it would
+replace as it was and no temporary file. An
 interrupted (or terminated) ``search -o FILE`` writes the best strategy it had found to FILE
 first, and says so.
 
@@ -222,7 +223,10 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p = sub.add_parser("whatif", help="what a failed GPU, node or link (or a slow GPU) costs, and goodput",
                        description="Fail GPUs, nodes or network links (or slow a GPU down): the strategy mapped "
                                    "onto the survivors by its layout's rule, a re-plan by the search, and goodput "
-                                   "over a job with checkpoints at the optimum interval (Young 1974, Daly 2006).")
+                                   "over a job with checkpoints at the optimum interval (Young 1974, Daly 2006).",
+                       epilog="exit status 0: done (with --budget 0 no re-plan is run and -o writes nothing, and "
+                              "says so); 3: the re-plan found no plan that fits in memory, neither the search's nor "
+                              "the mapped layout (nothing is written to -o); 2: an error")
     p.add_argument("--model", required=True, help="sample model name or model file")
     p.add_argument("--cluster", required=True, help="cluster preset name or cluster file")
     add_batch_options(p)
@@ -231,7 +235,9 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--slow", action="append", default=[], metavar="gpu:N=F", help="GPU N keeps F of its speed")
     add_strategy_options(p)
     add_routing_options(p)
-    p.add_argument("--budget", default="30s", help="the re-plan's search budget (0 for none)")
+    p.add_argument("--budget", default="30s",
+                   help="the re-plan's search budget: proposals (5000) or a time (30s, 2m); 0 for no re-plan "
+                        "(default 30s)")
     p.add_argument("--mtbf-hours", type=number_in(1e-3, 1e12), default=50_000.0,
                    help="mean time between failures of one GPU, hours (default 50,000: Llama 3's run)")
     p.add_argument("--storage-gbps", type=number_in(1e-6, 1e12), default=100.0,
@@ -239,7 +245,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     p.add_argument("--restart-min", type=number_in(0.0, 1e12), default=10.0,
                    help="restart time after a failure, minutes")
     p.add_argument("--json", action="store_true")
-    p.add_argument("-o", "--output", help="write the re-planned strategy here")
+    p.add_argument("-o", "--output", help="write the re-planned strategy here (nothing with --budget 0)")
 
     p = sub.add_parser("simulate", help="simulate one training iteration of a strategy",
                        epilog="exit status 3: the strategy does not fit in memory (the report says where); "

@@ -289,8 +289,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from ..search import Budget
-    from ..whatif import checkpoint_bytes, goodput, map_strategy, parse_failure, replan, simulate_with_slow, survivors
+    from ..whatif import (checkpoint_bytes, goodput, map_strategy, parse_failure, parse_replan_budget, replan,
+                          simulate_with_slow, survivors)
 
     for name, v, lo in (("--mtbf-hours", args.mtbf_hours, 1e-3), ("--storage-gbps", args.storage_gbps, 1e-6),
                         ("--restart-min", args.restart_min, 0.0)):
@@ -300,6 +300,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     slow = [parse_failure(f, slow=True) for f in args.slow]
     if not fails and not slow:
         raise ValueError("give at least one --fail or --slow")
+    budget = parse_replan_budget(args.budget)  # (None: --budget 0, no re-plan; a bad budget fails before any work)
     g, c = model_and_cluster(args)
     s = _strategy(args, g, c)
     t0 = time.perf_counter()
@@ -322,10 +323,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                              feasible=bool(mmem.feasible), gpus_used=len(mapped.devices_used()),
                              goodput=goodput(mtl.makespan_s, len(mapped.devices_used()), mtbf_s, ckpt, bw, restart_s))
     status = 0
-    if str(args.budget).strip() not in ("0", "0s"):
+    if budget is not None:
         # seeded with the mapped layout, priced as it is, and never worse than it (engine.whatif.replan)
         mapped_priced = (out["mapped"]["iteration_time_s"], out["mapped"]["feasible"]) if mapped is not None else None
-        rp = replan(g, after, mapped, slow_after, Budget.parse(args.budget), expert_loads=s.expert_loads,
+        rp = replan(g, after, mapped, slow_after, budget, expert_loads=s.expert_loads,
                     mapped_priced=mapped_priced)
         out["replan"] = {"iteration_time_s": rp.iteration_time_s, "feasible": rp.feasible, "search_s": rp.search_s,
                          "source": rp.source, "kept": rp.kept, "note": rp.note}
@@ -338,9 +339,16 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         if args.output and rp.strategy is not None:
             save_json(rp.strategy.to_dict(), args.output)
         out["replan"]["output"] = args.output if args.output and rp.strategy is not None else None
+    skipped = None
+    if budget is None and args.output:
+        # no re-plan was asked for: nothing to write (a file already there is left as it was)
+        skipped = (f"nothing written to {printable(args.output)}: --budget {printable(str(args.budget), 20)} "
+                   "asks for no re-plan")
     out["seconds"] = time.perf_counter() - t0
     if args.json:
         print(json_text(out))
+        if skipped:
+            print(f"soapbox: {skipped}", file=sys.stderr)
         return status
 
     def line(label: str, d: dict[str, Any]) -> str:
@@ -365,6 +373,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         if args.output:
             print(f"  wrote {printable(args.output)}" if out["replan"]["output"] else
                   f"  nothing written to {printable(args.output)}: no plan fits in memory")
+    elif skipped:
+        print(f"  {skipped}")
     gp = out["healthy"]["goodput"]
     print(f"  job MTBF {gp['job_mtbf_s'] / 3600:.2f} h at {args.mtbf_hours:,.0f} GPU-hours a failure; checkpoint "
           f"{ckpt / 1e9:,.1f} GB written in {gp['checkpoint_write_s']:.1f} s; restart {args.restart_min:g} min")

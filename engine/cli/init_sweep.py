@@ -39,14 +39,19 @@ def parse_seeds(text: str) -> list[int]:
 def add_init_sweep_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "init-sweep", help="test parallel random initialisation against N runs and one run, at equal compute",
-        description="Train a small MLP on a 2-D spiral (PyTorch, CPU) three ways with the same total compute: "
+        description="Train a small MLP on a 2-D spiral (PyTorch, CPU; on a process pool or Ray) three ways with the "
+                    "same total compute: "
                     "(a) sample N random initialisations, keep low loss and large gradients, perturb the "
                     "survivors, successive halving, then train the few best; (b) N independent runs; (c) one run. "
                     "Prints compute and steps to the target loss and the final loss, over the seeds.")
     p.add_argument("--inits", type=_ANY_INT, default=16, metavar="N", help="initialisations / runs (default 16)")
     p.add_argument("--seeds", default="0-4", help="seeds: 0,1,2 or 0-4 (default 0-4)")
+    p.add_argument("--backend", choices=["pool", "ray"], default="pool",
+                   help="a local process pool (default) or Ray (--address for a cluster; a local Ray without); "
+                        "the same numbers per seed on each")
+    p.add_argument("--address", help="Ray cluster address (ray://host:10001, or auto); with --backend ray")
     p.add_argument("--workers", type=int_in(1, 1024), default=None,
-                   help="processes of the pool (default: all cores; 1: in this process)")
+                   help="processes of the pool, or CPUs of a local Ray (default: all cores; 1: pool in this process)")
     p.add_argument("--target-loss", type=number_in(-1e300, 1e300), default=0.02,
                    help="cross-entropy (nats) to reach (default 0.02)")
     p.add_argument("--budget-steps", type=_ANY_INT, default=2000,
@@ -70,8 +75,10 @@ def cmd_init_sweep(args: argparse.Namespace) -> int:
     cfg = InitSweepConfig(inits=args.inits, budget_steps=args.budget_steps, target_loss=args.target_loss,
                           eta=args.eta, keep=args.keep, narrow=not args.no_narrow)
     seeds = parse_seeds(args.seeds)
+    if args.address and args.backend != "ray":
+        raise ValueError("--address is a Ray cluster's: give --backend ray with it")
     workers = args.workers or os.cpu_count() or 1
-    rows = run_experiment(cfg, seeds, workers=workers)
+    rows = run_experiment(cfg, seeds, workers=workers, backend=args.backend, address=args.address)
     summary = summarise(rows)
     doc = {"format": "soapbox.init-sweep/1", "config": config_dict(cfg), "seeds": seeds, "summary": summary,
            "rows": rows}
