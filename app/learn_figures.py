@@ -1,6 +1,7 @@
 """Figures of the Learn tab's measured topics, drawn from the committed measurements.
 
-``init-sweep``: :func:`build_init_sweep_figure` draws ``benchmarks/measured/init_sweep.json``
+``init-sweep``: :func:`build_init_sweep_figure` draws ``app/data/init_sweep.json`` (package data:
+written by ``benchmarks/init_sweep.py``, shipped with the app)
 (written by ``benchmarks/init_sweep.py``, which saves the same figure as the SVG that
 BENCHMARKS.md shows): per problem, the lowest loss reached against the compute spent, one line
 per arm (the median over the seeds) and a band from the best to the worst seed.
@@ -19,8 +20,8 @@ from plotly.subplots import make_subplots
 
 __all__ = ["INIT_SWEEP_FILE", "ARM_STYLE", "load_init_sweep", "build_init_sweep_figure", "init_sweep_figure_json"]
 
-#: the committed measurement, relative to the source tree's root (or the server's working folder)
-INIT_SWEEP_FILE = Path("benchmarks") / "measured" / "init_sweep.json"
+#: the committed measurement, inside the ``app`` package (installed with it as package data)
+INIT_SWEEP_FILE = Path(__file__).resolve().parent / "data" / "init_sweep.json"
 
 #: the label of each arm's rows -> (legend name, colour, shown at first); the ablation starts hidden
 ARM_STYLE: dict[str, tuple[str, str, bool]] = {
@@ -33,11 +34,9 @@ ARM_STYLE: dict[str, tuple[str, str, bool]] = {
 
 def load_init_sweep(path: str | Path | None = None) -> dict[str, Any] | None:
     """The measurement (``soapbox.init-sweep-bench/1``) from ``path``, else from
-    :data:`INIT_SWEEP_FILE` beside the ``app`` package's source tree or in the working folder;
-    None when none is there (an install without the benchmarks), or when it holds no loss
-    curves (a measurement made before they were recorded)."""
-    here = Path(__file__).resolve().parents[1]
-    for p in ([Path(path)] if path else [here / INIT_SWEEP_FILE, Path.cwd() / INIT_SWEEP_FILE]):
+    :data:`INIT_SWEEP_FILE`; None when none is there, or when it holds no loss curves (a
+    measurement made before they were recorded)."""
+    for p in [Path(path) if path else INIT_SWEEP_FILE]:
         if p.is_file():
             doc = json.loads(p.read_text())
             ok = doc.get("format") == "soapbox.init-sweep-bench/1" and all(

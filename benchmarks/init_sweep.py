@@ -10,7 +10,7 @@ extra; kaleido 1.x drives a Chrome or Chromium it finds, or the one BROWSER_PATH
 for BENCHMARKS.md; prints a Markdown table for BENCHMARKS.md.
 
 Usage: python benchmarks/init_sweep.py [--seeds 0-6] [--inits 16] [--budget-steps 2000]
-       [--workers 2] [--backend pool|ray] [--curve-points 100] [-o benchmarks/measured/init_sweep.json]
+       [--workers 2] [--backend pool|ray] [--curve-points 100] [-o app/data/init_sweep.json]
        python benchmarks/init_sweep.py --figure-only   (redraw the figure from the JSON)
 """
 
@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--backend", choices=["pool", "ray"], default="pool")
     ap.add_argument("--curve-points", type=int, default=100, help="points of each row's loss curve")
-    ap.add_argument("-o", "--output", default="benchmarks/measured/init_sweep.json")
+    ap.add_argument("-o", "--output", default="app/data/init_sweep.json",
+                    help="the measurement (the Learn page draws it: package data); the figures go to "
+                         "benchmarks/measured/init_sweep.html and .svg")
     ap.add_argument("--figure-only", action="store_true", help="redraw the figure from the JSON; run nothing")
     args = ap.parse_args()
     if args.figure_only:
@@ -99,13 +101,15 @@ def main() -> None:
 
 
 def write_figure(doc: dict, output: str) -> None:
-    """The Learn tab's figure of ``doc`` beside ``output``: ``.html`` always, ``.svg`` with kaleido."""
+    """The Learn tab's figure of ``doc`` in ``benchmarks/measured/`` named after ``output``: ``.html``
+    always, ``.svg`` with kaleido."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # (the app, from the tree)
     from app.learn_figures import build_init_sweep_figure
 
     fig = build_init_sweep_figure(doc)
     fig.update_layout(width=1100, height=460)
-    stem = os.path.splitext(output)[0]
+    stem = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured",
+                        os.path.splitext(os.path.basename(output))[0])
     written = [f"{stem}.html"]
     fig.write_html(written[0], include_plotlyjs="cdn")
     if importlib.util.find_spec("kaleido") is not None:

@@ -285,7 +285,7 @@ class TestLearnFigure:
         from app.learn_figures import build_init_sweep_figure, load_init_sweep
 
         doc = load_init_sweep()
-        assert doc is not None, "benchmarks/measured/init_sweep.json is missing or has no loss curves"
+        assert doc is not None, "app/data/init_sweep.json is missing or has no loss curves"
         fig = build_init_sweep_figure(doc)
         assert len(doc["problems"]) == 2 and len(fig.to_dict()["layout"]["shapes"]) == 2
         for prob in doc["problems"]:
@@ -310,5 +310,5 @@ class TestLearnFigure:
         assert graph.id == "learn-init-sweep-graph" and graph.figure == lf.init_sweep_figure_json()
         monkeypatch.setattr(lf, "init_sweep_figure_json", lambda: None)
         (p,) = topic_figure("init-sweep")
-        assert p.children.startswith("The measurement's figure needs benchmarks/measured/init_sweep.json")
+        assert p.children.startswith("The measurement's figure needs app/data/init_sweep.json")
         assert topic_figure("soap") == []

@@ -83,8 +83,9 @@ def topic_figure(topic: str) -> list:
 
     figure = init_sweep_figure_json()
     if figure is None:
-        return [html.P(f"The measurement's figure needs {INIT_SWEEP_FILE} with its loss curves, which this install "
-                       "does not have: run python benchmarks/init_sweep.py in the source tree.", className="hint")]
+        return [html.P(f"The measurement's figure needs app/data/{INIT_SWEEP_FILE.name} with its loss curves, which "
+                       "this install does not have: run python benchmarks/init_sweep.py in the source tree.",
+                       className="hint")]
     return [dcc.Graph(id="learn-init-sweep-graph", figure=figure,
                       config={"displaylogo": False})]
 
