@@ -15,7 +15,7 @@ from .emit import Emitter
 from .regions import classes, in_regions, out_regions, tile, transfer_plan
 from .segments import Segment
 
-__all__ = ["DataflowBuilder"]
+__all__ = ["DataflowBuilder", "split_gathers", "context_parallel"]
 
 
 def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev, r_rep: np.ndarray):
@@ -34,7 +34,7 @@ def _overlap(a_lo, a_hi, b_lo, b_hi) -> np.ndarray:
     return np.prod(np.clip(np.minimum(a_hi, b_hi) - np.maximum(a_lo, b_lo), 0, None), axis=1)
 
 
-def _context_parallel(cons, ccfg, i: int) -> bool:
+def context_parallel(cons, ccfg, i: int) -> bool:
     """Whether consumer ``cons`` splits the sequence (``length``) while reading input ``i``
     whole along it: attention under context parallelism, whose queries are split over the cp
     ranks while each needs every key and value (Megatron-Core gathers them over the cp group)."""
@@ -187,7 +187,7 @@ class DataflowBuilder:
                 hcls = classes(pgrid, pnames, hkeep)
                 fwd_plan = _plan(h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c], t.rep[c])
                 gathers: tuple = ()
-                if s.sequence_parallel or _context_parallel(cons, ccfg, i):
+                if s.sequence_parallel or context_parallel(cons, ccfg, i):
                     fwd_plan, gathers = split_gathers(fwd_plan, h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c])
                 hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, gathers, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), gathers, bwd_plans = hit
