@@ -454,14 +454,14 @@ def tasks_within(graph: OpGraph, strategy: Strategy, cap: int, cluster: Cluster 
     return quick if quick <= cap else estimate_tasks(graph, strategy, cluster)
 
 
-def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> int:
+def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster, full: int | None = None) -> int:
     """About how many tasks :func:`build_task_graph` makes with its symmetry reduction: the
     representatives it simulates (the devices used over the replicas :func:`find_symmetry`
     finds) at a forward, a backward and a communication task per op of their pipeline stage
     and microbatch (GPT-3 175B, tp 8 x pp 16 on 1,024 GPUs: 1.39 M estimated, ~1 M built;
     LLaMA-2 7B, tp 8 x pp 2 on 64: 0.59 M, 0.43 M built); :func:`estimate_tasks` when no
-    symmetry holds, and never above it."""
-    n = estimate_tasks(graph, strategy, cluster)
+    symmetry holds, and never above it (``full``: that estimate, when the caller has it)."""
+    n = estimate_tasks(graph, strategy, cluster) if full is None else full
     sym = find_symmetry(graph, strategy, cluster)
     if sym is None:
         return n
