@@ -227,8 +227,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         share = None
         if seed_end is not None:
             share = seed_slice(name, seed_end - time.perf_counter(), seeds[i + 1:])
-            if share < 1.0:
-                notes.append(f"{name}: not run as a seed (no time left in the seeds' share of the budget)")
+            # (a seed prices what it finds as auto does: not started with less than one pricing took)
+            if share < max(1.0, slowest_price[0]):
+                notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of the "
+                             f"budget; pricing one strategy took up to {slowest_price[0]:.1f} s)")
                 continue
         sb = Budget(seconds=share) if share is not None else None
         t = time.perf_counter()
