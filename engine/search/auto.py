@@ -13,6 +13,19 @@ is left. PaSE's set-up and dynamic program cannot be stopped midway (ResNet-101 
 14 s), so with a time budget each seed runs in a forked child process that is stopped at its
 share (where the platform forks; elsewhere in process); with a number budget the seeds run in
 process with their own defaults and MCMC makes that many proposals, reproducibly.
+
+Allocation (issue 28), the rule: the budget counts from the call (baselines, their pricing and
+the forked seeds included). Layered models get the Megatron layouts of
+:func:`moe_seed_layouts` priced first (dense ones too), within the seeds' share. Seeds run
+quickest first, each in the slice :func:`seed_slice` gives it, and none is started with less
+time than one pricing took. A seed that ends without beating the best priced before it stops
+its family (the differentiable search and PaSE solve the same problem): the later ones are
+skipped and MCMC, which starts when the seeds end, gets their time. MCMC is not started when
+its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
+would not fit in what is left; once running it is stopped at the first progress row from
+which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
+(a seed refused or stopped, MCMC failing), the best priced strategy is kept and returned, and
+the notes say where it came from and what was the best before the searches.
 """
 
 from __future__ import annotations
