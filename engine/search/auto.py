@@ -65,7 +65,7 @@ MOE_STATIC_SHARE = 0.5
 #: with a time budget B, MCMC is stopped at its first progress row from which one more move
 #: (as long as the last) would end past HARD_SHARE x B after auto started (set-up included);
 #: what it found by then is kept
-HARD_SHARE = 1.1
+HARD_SHARE = 1.0
 
 #: seeds that solve the same problem: when one ends without beating what was priced before
 #: it, the later ones of its family are not run (PaSE solves the differentiable search's problem)
