@@ -1,5 +1,5 @@
 """``auto``'s budget (issue 28): the seeds' slices, a seed family that pays nothing gives its
-time to MCMC, MCMC is stopped past 1.1 times a time budget, and the best priced is always
+time to MCMC, MCMC is stopped before it would run past a time budget, and the best priced is always
 kept. Fake seeds and a fake MCMC: nothing here depends on the machine's speed."""
 
 from __future__ import annotations
