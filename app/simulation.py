@@ -120,7 +120,7 @@ def check_size(graph: OpGraph, strategy: Strategy, what: str = "its simulation",
         return
     if cluster is None:
         raise _too_large(n, what)
-    sym_n = estimate_symmetric_tasks(graph, strategy, cluster)  # (n itself when no symmetry holds)
+    sym_n = estimate_symmetric_tasks(graph, strategy, cluster, full=n)  # (n itself when no symmetry holds)
     if sym_n > APP_MAX_TASKS:
         raise _too_large(sym_n, f"it has no exact symmetry: {what}" if sym_n == n else
                          f"{what}, one GPU per set of identical ones,")

@@ -407,7 +407,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     if max_tasks is not None:
         n = tasks_within(graph, strategy, max_tasks, cluster)  # (the symmetric estimate is never above it: asked only past the cap)
         if n > max_tasks and symmetry != "off":
-            n = estimate_symmetric_tasks(graph, strategy, cluster)
+            n = estimate_symmetric_tasks(graph, strategy, cluster, full=n)
         if n > max_tasks:
             raise TooLargeError(f"not simulated: about {n:,} tasks, more than the {max_tasks:,} allowed")
     if symmetry == "only":
@@ -451,8 +451,6 @@ def format_summary(r: SimulationResult) -> str:
     """Human-readable report printed by ``soapbox simulate``."""
     s = r.summary()
     util = np.nan_to_num(np.asarray(r.timeline.utilization, dtype=float))
-    peak = r.memory.peak_bytes
-    cap = r.memory.capacity_bytes
     used = r.devices_used
     throughput = s["throughput_samples_per_s"]
     lines = [

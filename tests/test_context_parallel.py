@@ -42,18 +42,35 @@ def test_ranks_are_laid_out_tp_cp_dp():
         assert grid[idx] == c_["sample"] * 4 + c_["length"] * 2 + c_["head"]
 
 
+@pytest.mark.parametrize("sp", [False, True])
 @pytest.mark.parametrize("flash", [True, False])
-def test_symmetric_build_is_exact(flash):
-    """Context-parallel ranks exchange keys and values, so they are not replicas: the builder
-    keeps the tensor- and data-parallel symmetry and simulates every cp rank, exactly."""
+def test_symmetric_build_is_exact(flash, sp):
+    """Context-parallel ranks gather keys and values over the cp group (a collective, as
+    Megatron-Core's all-gather), so they mirror one another like tensor- and data-parallel
+    ranks: every axis is kept (the norms, which split the sequence over cp x tp ranks under
+    sequence parallelism, run along both the tp and the cp axis), exactly."""
     g, c = model(flash), preset(CLUSTER)
-    s = megatron(g, c, tp=2, cp=2, zero_stage=1, micro_batch=1)
+    s = megatron(g, c, tp=2, cp=2, zero_stage=1, micro_batch=1, sequence_parallel=sp)
     tg = build_task_graph(g, s, c)
     full = build_task_graph(g, s, c, symmetry="off")
-    assert tg.info["symmetry"] is not None and tg.num_tasks < full.num_tasks / 2
+    assert tg.info["symmetry"] is not None and tg.info["symmetry"].axes == ((2, 1), (2, 2), (4, 4))
+    assert tg.num_tasks < full.num_tasks / 10
     a, b = simulate(tg), simulate(full)
-    assert a.makespan_s == pytest.approx(b.makespan_s, rel=1e-12)
+    assert a.makespan_s == b.makespan_s
     assert a.comm_bytes == pytest.approx(b.comm_bytes, rel=1e-12)
+
+
+def test_keys_and_values_are_gathered():
+    """Each cp rank's attention gets the other ranks' keys and values from one all-gather per
+    tensor and microbatch over its cp group (2 ranks here), not from point-to-point transfers."""
+    g, c = model(), preset(CLUSTER)
+    s = megatron(g, c, tp=2, cp=2, micro_batch=1)
+    tg = build_task_graph(g, s, c, symmetry="off")
+    attn = {g.index[op.name] for op in g.ops if op.kind == "attention"}
+    gathers = np.flatnonzero((tg.kind == COLL) & (tg.coll == COLL_INDEX["all_gather"]) & np.isin(tg.op, list(attn)))
+    ptr, idx, tasks = tg.info["coll_devices"]
+    ranks = {int(t): int(ptr[i + 1] - ptr[i]) for i, t in enumerate(tasks)}
+    assert gathers.size > 0 and {ranks[t] for t in gathers} == {2}
 
 
 def test_activations_split_and_keys_values_move():

@@ -45,10 +45,13 @@ def valid_moves(sim: DeltaSimulator, n: int, seed: int) -> list:
     return moves
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["in-place", "sequence-parallel"])
-def test_change_revert_commit_equal_a_full_simulation(sequence_parallel):
+@pytest.mark.parametrize("sequence_parallel, cp", [(False, 1), (True, 1), (False, 2), (True, 2)],
+                         ids=["in-place", "sequence-parallel", "context-parallel", "sp-and-cp"])
+def test_change_revert_commit_equal_a_full_simulation(sequence_parallel, cp):
+    """(with context or sequence parallelism, the gathers are collectives: a change that breaks
+    their pattern turns them back into transfers, and back)"""
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    sim = DeltaSimulator(g, megatron(g, c, tp=2, sequence_parallel=sequence_parallel), c)
+    sim = DeltaSimulator(g, megatron(g, c, tp=2, cp=cp, sequence_parallel=sequence_parallel), c)
     assert sim.strategy.sequence_parallel is sequence_parallel
     start = sim.strategy
     (a, ca), (b, cb), (d, cd) = valid_moves(sim, 3, seed=4)

@@ -13,6 +13,19 @@ is left. PaSE's set-up and dynamic program cannot be stopped midway (ResNet-101 
 14 s), so with a time budget each seed runs in a forked child process that is stopped at its
 share (where the platform forks; elsewhere in process); with a number budget the seeds run in
 process with their own defaults and MCMC makes that many proposals, reproducibly.
+
+Allocation (issue 28), the rule: the budget counts from the call (baselines, their pricing and
+the forked seeds included). Layered models get the Megatron layouts of
+:func:`moe_seed_layouts` priced first (dense ones too), within the seeds' share. Seeds run
+quickest first, each in the slice :func:`seed_slice` gives it, and none is started with less
+time than one pricing took. A seed that ends without beating the best priced before it stops
+its family (the differentiable search and PaSE solve the same problem): the later ones are
+skipped and MCMC, which starts when the seeds end, gets their time. MCMC is not started when
+its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
+would not fit in what is left; once running it is stopped at the first progress row from
+which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
+(a seed refused or stopped, MCMC failing), the best priced strategy is kept and returned, and
+the notes say where it came from and what was the best before the searches.
 """
 
 from __future__ import annotations
@@ -49,6 +62,31 @@ PASE_MAX_OPS = 600
 #: ZeRO-1) holds ~24 GB of them on an 80 GB H100 (weights 6.9, gradients 9.4, optimizer 7.6)
 MOE_STATIC_SHARE = 0.5
 
+#: with a time budget B, MCMC is stopped at its first progress row from which one more move
+#: (as long as the last) would end past HARD_SHARE x B after auto started (set-up included);
+#: what it found by then is kept
+HARD_SHARE = 1.0
+
+#: seeds that solve the same problem: when one ends without beating what was priced before
+#: it, the later ones of its family are not run (PaSE solves the differentiable search's problem)
+SEED_FAMILY = {"pipeline": "pipeline", "differentiable": "pase", "pase": "pase"}
+
+
+def seed_slice(name: str, left_s: float, later: list[str]) -> float:
+    """The seconds seed ``name`` may run, of ``left_s`` left in the seeds' share of a time
+    budget, with the seeds in ``later`` still to run: the pipeline planner (seconds on an LLM)
+    a third when others follow; the differentiable search half when PaSE follows (it reaches
+    PaSE's answer in a fraction of PaSE's time: both build the same problem; NMT on 64 K80s,
+    13.6 s against 111 s), so that, when it pays nothing, PaSE is skipped and half the seeds'
+    time goes to MCMC; the last seed all that is left.
+
+    >>> seed_slice("differentiable", 10.0, ["pase"]), seed_slice("pase", 4.0, [])
+    (5.0, 4.0)
+    """
+    if not later:
+        return left_s
+    return left_s / 3 if name == "pipeline" else left_s / 2
+
 
 def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
          progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
@@ -70,6 +108,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     best_so_far: list[Strategy | None] = [None]
     proposals = [0]  # made by the stages that finished
     stage = ["baselines"]
+    # past this MCMC is stopped at its next progress row, as a consumer stops it
+    deadline = None if budget.seconds is None else t0 + HARD_SHARE * budget.seconds
+    overran = [False]
+    last_row: list[float | None] = [None]  # when MCMC's last progress row came
 
     def report(row: Progress) -> bool:
         """Forward a stage's progress with auto's elapsed time and best so far (the
@@ -78,6 +120,15 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         analytic cost, not a simulation), so while a seed runs the rows carry the best priced
         so far; MCMC's rows are simulated and memory-checked, and pass when better."""
         nonlocal cancelled
+        now = time.perf_counter()
+        if stage[0] == "mcmc" and deadline is not None:
+            # stopped when the next move, taking as long as the last one, would end past the
+            # deadline (MCMC keeps and returns its best when stopped)
+            move_s = 0.0 if last_row[0] is None else now - last_row[0]
+            last_row[0] = now
+            if now + move_s > deadline:
+                overran[0] = True
+                return False
         if stage[0] == "mcmc" and row.best_cost_s <= best_cost:
             out = replace(row, elapsed_s=time.perf_counter() - t0, iteration=proposals[0] + row.iteration)
         else:
@@ -92,13 +143,15 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         return True
 
     slowest_price = [0.0]  # the longest one pricing took so far (s)
+    price_s: dict[int, float] = {}  # id(strategy) -> the seconds pricing it took
 
     def timed_price(strategy: Strategy) -> Price:
         t = time.perf_counter()
         try:
             return price(graph, strategy, cluster, cost_model)
         finally:
-            slowest_price[0] = max(slowest_price[0], time.perf_counter() - t)
+            price_s[id(strategy)] = time.perf_counter() - t
+            slowest_price[0] = max(slowest_price[0], price_s[id(strategy)])
 
     def consider(name: str, strategy: Strategy, p: Price) -> None:
         nonlocal best_cost
@@ -132,18 +185,19 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
     if initial is not None:
         try:
-            consider("initial", initial, price(graph, initial, cluster, cost_model))
+            consider("initial", initial, timed_price(initial))
         except TooLargeError as e:
             notes.append(f"the starting strategy was {e}")
 
     # Megatron layouts of a mixture-of-experts model (the published recipes' shapes), priced
     # like the baselines before the searches; within the seeds' share of a time budget
     seed_end = t0 + opts.seed_share * budget.seconds if budget.seconds is not None else None
-    if opts.seeds and expert_counts(graph) and layered:
-        fp8 = opts.fp8 if opts.fp8 is not None else all(
+    moe = bool(expert_counts(graph))
+    if opts.seeds and layered:
+        fp8 = opts.fp8 if opts.fp8 is not None else moe and all(
             "fp8" in cluster.device_type(d).peak_flops_per_s for d in range(cluster.num_devices))
         stage[0] = "megatron"
-        for first, *fallbacks in moe_seed_layouts(graph, cluster, fp8=fp8):
+        for first, *fallbacks in moe_seed_layouts(graph, cluster, fp8=fp8, dense=not moe):
             for lay in (first, *fallbacks):  # (a deeper pipeline when the first does not fit)
                 # (a seed is not started without the time the slowest pricing took)
                 if cancelled or (seed_end is not None and seed_end - time.perf_counter() < slowest_price[0]):
@@ -159,10 +213,12 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                 if p.feasible:
                     break
         picked = [n for n in found if n.startswith("megatron ")]
-        notes.append(f"mixture-of-experts seeds: {len(picked)} Megatron layouts priced (ZeRO-1, micro-batch 1"
+        notes.append(f"{'mixture-of-experts' if moe else 'dense'} seeds: {len(picked)} Megatron layouts priced "
+                     "(ZeRO-1, micro-batch 1"
                      + (", fp8 GEMMs as the published MoE recipes; AutoOptions(fp8=False) keeps bf16)" if fp8 else ")"))
 
-    # seeds
+    # seeds (the searches); what was priced before them, the bar they are measured against
+    found_before_searches = {n: (not p.feasible, p.time_s) for n, (_, p) in found.items()}
     seeds: list[str] = []
     if opts.seeds:
         small = len(graph.ops) <= PASE_MAX_OPS
@@ -173,20 +229,21 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                 notes.append("pipeline: not run as a seed (the model has no repeated layers to stage)")
             else:
                 seeds.append(name)
-    for name in seeds:
+    unpaid: set[str] = set()  # the seed families whose last seed beat nothing priced before it
+    for i, name in enumerate(seeds):
         if cancelled:
             break
-        # the pipeline planner (seconds) gets at most a third of the seeds' time (all of it when
-        # it is the only seed, as on models too large for PaSE); the
-        # differentiable search all that is left, as it reaches PaSE's answer in a fraction
-        # of PaSE's time (both build the same problem; PaSE's DP then runs to its end:
-        # NMT on 64 K80s, 13.6 s against 111 s); PaSE what remains after it
+        if SEED_FAMILY[name] in unpaid:
+            notes.append(f"{name}: not run as a seed (the {SEED_FAMILY[name]} seed before it beat nothing "
+                         "priced before it; MCMC gets its time)")
+            continue
         share = None
         if seed_end is not None:
-            left = seed_end - time.perf_counter()
-            share = left / 3 if name == "pipeline" and len(seeds) > 1 else left
-            if share < 1.0:
-                notes.append(f"{name}: not run as a seed (no time left in the seeds' share of the budget)")
+            share = seed_slice(name, seed_end - time.perf_counter(), seeds[i + 1:])
+            # (a seed prices what it finds as auto does: not started with less than one pricing took)
+            if share < max(1.0, slowest_price[0]):
+                notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of the "
+                             f"budget; pricing one strategy took up to {slowest_price[0]:.1f} s)")
                 continue
         sb = Budget(seconds=share) if share is not None else None
         t = time.perf_counter()
@@ -207,7 +264,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             notes.append(f"{name}: refused as a seed: {e}")
             continue
         p = Price(time_s, feasible)
+        before = best_cost
         consider(name, best_s, p)
+        if not p.cost_s < before:
+            unpaid.add(SEED_FAMILY[name])
         proposals[0] += iterations
         notes.append(f"{name}: {_ms(p)} in {time.perf_counter() - t:.1f} s")
 
@@ -218,28 +278,44 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         mcmc_budget = Budget(iterations=budget.iterations,
                              seconds=max(0.5, budget.seconds - (time.perf_counter() - t0)))
     # MCMC builds and prices its starting points (data parallel, expert, the seed) before its
-    # first move: it is not started when what is left of a time budget would not cover that
+    # first move, and a move prices about as long as its start: it is not started when what is
+    # left of a time budget would not cover that set-up and one move (the pricing times measured
+    # above; the slowest one for a strategy not priced here)
+    seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
+    starts = [found[n][0] for n in ("data-parallel", "expert") if n in found] + [seeded] * (seeded is not None)
+    setup_s = sum(price_s.get(id(x), slowest_price[0]) for x in starts) + \
+        max((price_s.get(id(x), slowest_price[0]) for x in starts), default=0.0)
     left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - t0)
-    if not cancelled and opts.refine and left is not None and left < 3 * slowest_price[0]:
-        notes.append(f"mcmc: not run ({left:.1f} s left of the budget; pricing one strategy took up to "
-                     f"{slowest_price[0]:.1f} s)")
-    elif not cancelled and opts.refine:
-        seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
+    if not cancelled and opts.refine and left is not None and left < setup_s:
+        notes.append(f"mcmc: not run ({left:.1f} s left of the budget; its set-up and a move take about "
+                     f"{setup_s:.1f} s)")
+    r = None
+    if not cancelled and opts.refine and (left is None or left >= setup_s):
         t = time.perf_counter()
         stage[0] = "mcmc"
-        r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=seed, progress=report, initial=seeded,
-                                   cost=cost_model, options=MCMCOptions(chains=opts.chains))
+        try:
+            r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=seed, progress=report, initial=seeded,
+                                       cost=cost_model, options=MCMCOptions(chains=opts.chains))
+        except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
+            notes.append(f"mcmc: stopped without an answer: {str(e)[:200]}")
+            r = None
+    if r is not None:
         p = Price(r.best_time_s if r.best_time_s is not None else r.best_cost_s, math.isfinite(r.best_cost_s))
         consider("mcmc", r.best, p)
         proposals[0] += r.iterations
-        cancelled = cancelled or r.cancelled
+        cancelled = cancelled or (r.cancelled and not overran[0])
         notes.append(f"mcmc from {start_name if seeded is start else 'the baselines'}: {_ms(p)}, "
                      f"{r.iterations} proposals in {time.perf_counter() - t:.1f} s")
 
     best_name, best = _best(found)
     bp = found[best_name][1]
     contributions = {name: (p.time_s if p.feasible else None) for name, (_, p) in found.items()}
-    notes.append(f"best: {best_name}" + ("" if bp.feasible else " (nothing found fits in memory)"))
+    if overran[0]:
+        notes.append(f"mcmc: stopped before {HARD_SHARE:g} times the budget")
+    first = min(found_before_searches, key=found_before_searches.__getitem__, default=best_name)
+    notes.append(f"best: {best_name}, {_ms(bp)}" + ("" if bp.feasible else " (nothing found fits in memory)")
+                 + (f"; the best priced before the searches: {first}, {_ms(found[first][1])}"
+                    if first != best_name else ""))
     found_by = {"algorithm": "auto", "source": best_name, "seed": seed, "budget": str(budget),
                 "contributions": contributions}
     baselines = {n: found[n][1].cost_s for n in ("data-parallel", "expert") if n in found}
@@ -319,7 +395,8 @@ def _ms(p: Price) -> str:
     return f"{p.time_s * 1e3:.1f} ms" + ("" if p.feasible else " (does not fit)")
 
 
-def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False) -> list[list[Layout]]:
+def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False, dense: bool = False
+                     ) -> list[list[Layout]]:
     """Megatron layouts of a mixture-of-experts model as the published recipes shape them:
     for tp 2 and 1 (with sequence parallelism; Megatron-Bridge's DeepSeek-V3 and Qwen3 recipes
     keep tp small) and each expert-parallel degree of :func:`engine.moe_layouts.megatron_eps`
@@ -329,9 +406,11 @@ def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False) -> lis
     largest vpp of 4 and 2 the layers and microbatches allow (Megatron-LM ``arguments.py``: the
     microbatches a multiple of pp), micro-batch 1, ZeRO-1 (the distributed optimizer).
     Each entry is the layout and, after it, what to try when it does not fit: the next deeper
-    pipeline, then the layout with full recomputation. Empty for a dense model.
+    pipeline, then the layout with full recomputation. Empty for a dense model unless ``dense``:
+    then tp is the node's GPUs or half of them (ep 1), the rest alike.
     """
-    if not expert_counts(graph):
+    moe = bool(expert_counts(graph))
+    if not moe and not dense:
         return []
     n, batch, gpn = cluster.num_devices, graph.batch_size, cluster.gpus_per_node
     n_layers = len(layer_blocks(graph))
@@ -347,7 +426,12 @@ def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False) -> lis
         return dense / (tp * pp) * (w + g + (mg + o) / dp) + routed / (ep * pp) * (w + g + (mg + o) / edp)
 
     out: list[list[Layout]] = []
-    for tp, which in ((2, -1), (2, 0), (1, -1), (1, 0)):  # ep across nodes, then inside one; tp 2 first
+    # ep across nodes, then inside one; tp 2 first. A dense model (``dense``): tp the node's GPUs,
+    # then half of them, ep 1 (Narayanan et al. SC'21, Table 1: GPT-3 175B at tp 8)
+    tps = ((2, -1), (2, 0), (1, -1), (1, 0)) if moe else ((gpn, 0), (gpn // 2, 0))
+    for tp, which in tps:
+        if tp < 1:
+            continue
         if n % tp or tp_problem(graph, cluster, tp):
             continue
         fits = []

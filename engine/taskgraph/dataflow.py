@@ -15,7 +15,7 @@ from .emit import Emitter
 from .regions import classes, in_regions, out_regions, tile, transfer_plan
 from .segments import Segment
 
-__all__ = ["DataflowBuilder"]
+__all__ = ["DataflowBuilder", "split_gathers", "context_parallel"]
 
 
 def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev, r_rep: np.ndarray):
@@ -29,15 +29,99 @@ def _plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev, r_rep: np.ndarray):
     return holder, rr[recv], elems
 
 
+def _overlap(a_lo, a_hi, b_lo, b_hi) -> np.ndarray:
+    """Elements in common between the boxes of rows ``a`` and the box ``b``."""
+    return np.prod(np.clip(np.minimum(a_hi, b_hi) - np.maximum(a_lo, b_lo), 0, None), axis=1)
+
+
+def context_parallel(cons, ccfg, i: int) -> bool:
+    """Whether consumer ``cons`` splits the sequence (``length``) while reading input ``i``
+    whole along it: attention under context parallelism, whose queries are split over the cp
+    ranks while each needs every key and value (Megatron-Core gathers them over the cp group)."""
+    if ccfg.degree("length") <= 1 or "length" not in cons.dim_names:
+        return False
+    axes = cons.dim("length").in_axes
+    return i >= len(axes) or axes[i] is None
+
+
+def split_gathers(plan, h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev):
+    """Take the all-gathers out of a transfer plan: ``(rest of the plan, gathers)``.
+
+    A set of holders on distinct devices G, each holding an equal, disjoint part of a region
+    that every receiver on G needs whole (one receiver per device of G, its own part
+    local), is an all-gather over G, as frameworks run it: Megatron-LM's sequence
+    parallelism gathers the sequence shards before a column-parallel layer and gathers the
+    output gradient shards before a row-parallel layer's backward (Korthikanti et al. 2022
+    §4.2.2), and context parallelism gathers keys and values over the cp group (Megatron-Core
+    ``cp_comm_type="all_gather"``). One collective task over G replaces the |G| x (|G| - 1)
+    point-to-point transfers; it crosses no replica, so a translation symmetry along G's axis
+    stays exact (the members mirror one another as data-parallel replicas do).
+
+    Used where the framework gathers (sequence parallelism, context parallelism); FlexFlow's
+    runtime moves regions point to point, and its strategies keep the transfers.
+
+    Returns ``gathers``: tuples (holder partitions, receivers in ``plan``, elements of a part).
+    """
+    holder, recv, elems = plan
+    if holder.size < 2:
+        return plan, ()
+    order = np.argsort(recv, kind="stable")
+    rs, starts = np.unique(recv[order], return_index=True)
+    bounds = np.append(starts, order.size)
+    hvol = np.prod(h_hi - h_lo, axis=1)
+    taken = np.zeros(holder.size, bool)
+    groups: dict[tuple, list] = {}
+    for j, r in enumerate(rs.tolist()):
+        idx = order[bounds[j]:bounds[j + 1]]
+        hs = holder[idx]
+        if idx.size < 2 or np.unique(h_dev[hs]).size != idx.size or not (h_dev[hs] == r_dev[r]).any():
+            continue
+        key = tuple(sorted(hs.tolist()))
+        if key not in groups:
+            groups[key] = [_closed(hs, h_lo, h_hi, h_dev, h_cls, hvol, r_lo, r_hi, r_dev, r), []]
+        if groups[key][0] is not None and (r_lo[r] == r_lo[groups[key][0]]).all() \
+                and (r_hi[r] == r_hi[groups[key][0]]).all():
+            groups[key][1].append(r)
+            taken[idx] = True
+    if not taken.any():
+        return plan, ()
+    rest = ~taken
+    gathers = tuple((np.asarray(k, np.int64), np.asarray(rcv, np.int64), int(hvol[k[0]]))
+                    for k, (ok, rcv) in groups.items() if ok is not None and rcv)
+    return (holder[rest], recv[rest], elems[rest]), gathers
+
+
+def _closed(hs, h_lo, h_hi, h_dev, h_cls, hvol, r_lo, r_hi, r_dev, r) -> int | None:
+    """``r`` when holders ``hs`` hold equal, disjoint parts tiling receiver ``r``'s region
+    and every device of theirs has exactly one receiver of that region, whose holders are
+    ``hs`` (so one all-gather over those devices serves them all); else None."""
+    part = hvol[hs]
+    if np.unique(part).size != 1 or (_overlap(h_lo[hs], h_hi[hs], r_lo[r], r_hi[r]) != part).any() \
+            or int(part.sum()) != int(np.prod(r_hi[r] - r_lo[r])):
+        return None
+    devs = h_dev[hs]
+    same = np.flatnonzero(np.isin(r_dev, devs) & (r_lo == r_lo[r]).all(axis=1) & (r_hi == r_hi[r]).all(axis=1))
+    if same.size != devs.size or np.unique(r_dev[same]).size != devs.size:
+        return None
+    h2, r2, _ = transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo[same], r_hi[same], r_dev[same], r_ids=same)
+    want = np.sort(hs)
+    for k in range(same.size):
+        if not np.array_equal(np.sort(h2[r2 == k]), want):
+            return None
+    return r
+
+
 class _Sent:
     """Transfers already made for one tensor, so that a region goes to a device once.
 
     ``hops[key]``: (sorted codes, [code, mb] hop handles) per direction; ``reduced``: the
-    input-gradient all-reduces made, by (tensor, devices, elements)."""
+    input-gradient all-reduces made, by (tensor, devices, elements); ``gathered``: the
+    forward all-gathers made, by (tensor, devices)."""
 
     def __init__(self) -> None:
         self.hops: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.reduced: dict[tuple, np.ndarray] = {}
+        self.gathered: dict[tuple, np.ndarray] = {}
 
 
 class DataflowBuilder:
@@ -94,16 +178,23 @@ class DataflowBuilder:
             (p_lo, p_pat), (c_lo, c_pat) = self._pattern(t.devs[p]), self._pattern(t.devs[c])
             pkey = (op_signature(prod), o, tuple(pcfg.degrees.items()), op_signature(cons), i,
                     tuple(ccfg.degrees.items()), p_pat, c_pat, p_lo - c_lo,
-                    self._pattern(t.rep[p])[1], self._pattern(t.rep[c])[1])
+                    self._pattern(t.rep[p])[1], self._pattern(t.rep[c])[1], s.sequence_parallel)
             hit = self._plans.get(pkey)
             if hit is None:
                 hkeep = {n for n in pnames if prod.dim(n).out_axis is not None}
                 h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
                 r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
-                fwd_plan = _plan(h_lo, h_hi, t.devs[p], classes(pgrid, pnames, hkeep), r_lo, r_hi, t.devs[c], t.rep[c])
-                hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, {})
-            h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), bwd_plans = hit
+                hcls = classes(pgrid, pnames, hkeep)
+                fwd_plan = _plan(h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c], t.rep[c])
+                gathers: tuple = ()
+                if s.sequence_parallel or context_parallel(cons, ccfg, i):
+                    fwd_plan, gathers = split_gathers(fwd_plan, h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c])
+                hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, gathers, {})
+            h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), gathers, bwd_plans = hit
             shared = len(users) > 1  # dedupe only matters with several consumers
+            if gathers:
+                self._gathers(seg, sent, gathers, t.fwd_ready[p], t.fwd_in.get(c, t.fwd[c]), nbytes, t.devs[p], c,
+                              key=(p, o))
             self._per_mb(seg, sent, t.fwd_ready[p], t.fwd_in.get(c, t.fwd[c]), holder, recv, elems * nbytes,
                          t.devs[p], t.devs[c],
                          c, p, c, key=(p, o) if shared else None)
@@ -117,9 +208,13 @@ class DataflowBuilder:
             if partial:
                 ready = self._grad_reduce(seg, sent, c, cnames, cgrid, r_lo, r_hi, partial, nbytes, (p, o))
             if "bwd" not in bwd_plans:
-                bwd_plans["bwd"] = _plan(r_lo, r_hi, t.devs[c], classes(cgrid, cnames, ckeep), h_lo, h_hi, t.devs[p],
-                                         t.rep[p])
-            h2, r2, e2 = bwd_plans["bwd"]
+                ccls = classes(cgrid, cnames, ckeep)
+                plan = _plan(r_lo, r_hi, t.devs[c], ccls, h_lo, h_hi, t.devs[p], t.rep[p])
+                bwd_plans["bwd"] = split_gathers(plan, r_lo, r_hi, t.devs[c], ccls, h_lo, h_hi, t.devs[p]) \
+                    if s.sequence_parallel else (plan, ())
+            (h2, r2, e2), bgathers = bwd_plans["bwd"]
+            if bgathers:
+                self._gathers(seg, sent, bgathers, ready, t.bwd_in.get(p, t.bwd[p]), nbytes, t.devs[c], p)
             self._per_mb(seg, sent, ready, t.bwd_in.get(p, t.bwd[p]), h2, r2, e2 * nbytes, t.devs[c], t.devs[p], p, c, p,
                          key=(p, o, "grad") if shared and not partial else None, backward=True)
 
@@ -169,6 +264,23 @@ class DataflowBuilder:
             if ids is not None:
                 ready[:, members] = ids[:, None]
         return ready
+
+    def _gathers(self, seg: Segment, sent: _Sent, gathers, src_tasks, dst_tasks, nbytes: float, src_dev, op: int,
+                 key: tuple | None = None) -> None:
+        """One all-gather per group and microbatch (:func:`split_gathers`), after the holders'
+        tasks and before the receivers'; forward ones (``key``: the tensor) are shared by the
+        consumers that read the same parts on the same devices (Q, K and V after one norm)."""
+        m = self.ctx.microbatches
+        for hs, rcv, part in gathers:
+            devs = src_dev[hs]
+            gkey = None if key is None else (key, tuple(sorted(devs.tolist())), part)
+            ids = sent.gathered.get(gkey) if gkey is not None else None
+            if ids is None:
+                ids = self.emit.collectives(seg, "all_gather", part * nbytes * hs.size, devs, src_tasks[:, hs], op,
+                                            np.arange(m))
+                if gkey is not None:
+                    sent.gathered[gkey] = ids
+            seg.edges(np.repeat(ids, rcv.size), dst_tasks[:, rcv])
 
     def _per_mb(self, seg: Segment, sent: _Sent, src_tasks, dst_tasks, holder, recv, size_bytes, src_dev, dst_dev,
                 op, src_op: int, dst_op: int, key: tuple | None = None, backward: bool = False) -> None:

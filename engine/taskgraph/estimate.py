@@ -21,7 +21,8 @@ from ..graph import Op, OpGraph
 from ..ops import EXPERT, FLOAT_DTYPES, REDUCTION, REPLICA, sliding_window
 from ..strategy import Strategy
 from .compute import op_signature
-from .regions import classes, in_regions, out_regions
+from .dataflow import context_parallel, split_gathers
+from .regions import classes, in_regions, out_regions, transfer_plan
 from .symmetry import find_symmetry
 from .sync import sync_unit
 
@@ -184,7 +185,17 @@ def _same_regions(prod: Op, cons: Op, i: int, names: list[str]) -> bool:
     return len(axes) == len(set(axes))
 
 
-def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]]) -> tuple[np.ndarray, np.ndarray, int]:
+def _gathered(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """The moving (holder, receiver) pairs the builder leaves as transfers after taking out
+    the all-gathers (:func:`.dataflow.split_gathers`), and the gathers' device groups."""
+    rest, gathers = split_gathers(transfer_plan(h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev),
+                                  h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev)
+    moving = rest[2] > 0
+    return rest[0][moving], rest[1][moving], [(tuple(sorted(h_dev[hs].tolist())), part) for hs, _, part in gathers]
+
+
+def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]],
+            sp: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
     """(source devices, destination devices) of the transfers of output ``o`` of ``prod`` to
     all its ``users`` (consumer, input index, config) per microbatch, forward and backward
     together, and its collectives with the link tasks of any transfers too many to enumerate
@@ -192,8 +203,11 @@ def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]])
     consumer partition reads, the gradients sent back, the partial input gradients'
     all-reduce. With several users, a region goes to a device once, the gradients of one
     producer partition from one device are summed there and sent once (not after a partial
-    all-reduce), and users with one config share their all-reduces, as in the builder."""
+    all-reduce), and users with one config share their all-reduces, as in the builder. Under
+    sequence parallelism (``sp``) and for attention under context parallelism, gathers are one
+    collective per group (shared by the users in the forward pass), as in the builder."""
     shared = len(users) > 1
+    fwd_groups: set[tuple] = set()
     pnames, pgrid = partition_grid(prod, pcfg)
     pdev = np.asarray(pcfg.devices, np.int64)
     h_lo, h_hi = out_regions(prod, pcfg, pnames, pgrid, o)
@@ -215,8 +229,12 @@ def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]])
         if pcfg == ccfg and _same_regions(prod, cons, i, cnames):
             continue  # every partition reads what it wrote (an elementwise chain)
         r_lo, r_hi = in_regions(cons, ccfg, cnames, cgrid, i)
-        holder, recv, beyond = _pairs(h_lo, h_hi, pdev, h_cls, r_lo, r_hi, cdev)
-        extra += beyond
+        if (sp or context_parallel(cons, ccfg, i)) and len(h_lo) * len(r_lo) <= _MAX_PAIRS:  # (a dense plan)
+            holder, recv, groups = _gathered(h_lo, h_hi, pdev, h_cls, r_lo, r_hi, cdev)
+            fwd_groups.update(groups)
+        else:
+            holder, recv, beyond = _pairs(h_lo, h_hi, pdev, h_cls, r_lo, r_hi, cdev)
+            extra += beyond
         if shared:
             once["fwd"].append(holder * D + cdev[recv])
         else:
@@ -224,8 +242,12 @@ def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]])
             dst.append(cdev[recv])
         if grads:
             ckeep = {n for n in keep if cons.dim(n).kind != REPLICA}
-            holder, recv, beyond = _pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
-            extra += beyond
+            if sp and len(h_lo) * len(r_lo) <= _MAX_PAIRS:
+                holder, recv, groups = _gathered(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
+                extra += len(groups)
+            else:
+                holder, recv, beyond = _pairs(r_lo, r_hi, cdev, classes(cgrid, cnames, ckeep), h_lo, h_hi, pdev)
+                extra += beyond
             if shared and not partial:
                 once["bwd"].append(recv * D + cdev[holder])
             else:
@@ -240,6 +262,7 @@ def _tensor(prod: Op, o: int, pcfg: Config, users: list[tuple[Op, int, Config]])
         src.append(code % D)
         dst.append(pdev[code // D])
     none = np.zeros(0, np.int64)
+    extra += len(fwd_groups)
     return (np.concatenate(src) if src else none), (np.concatenate(dst) if dst else none), extra
 
 
@@ -329,8 +352,9 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
     Over the 37 layouts of ``benchmarks/estimate_tasks.py`` (Megatron with tp, pp, vpp, dp,
     cp, sequence parallelism and ZeRO 1/2, FSDP with per-block or per-op gathers and hybrid
     sharding, MoE with ep, FlexFlow-style random per-op splits; up to 1,024 GPUs) it is the
-    real count on 35 and at most 0.5% above it on the other two (ZeRO with sequence
-    parallelism). It errs high where the builder shares more than it follows (consumers of
+    real count on 35 and at most 0.7% above it on the other two (ZeRO with sequence
+    parallelism; measured again after sequence and context parallelism's gathers became
+    collectives, issue 28). It errs high where the builder shares more than it follows (consumers of
     one tensor with different configs on the same devices share the input-gradient
     all-reduce there; ZeRO groups of one unit over the same devices; an edge past
     :data:`_MAX_PAIRS` pairs). Edges between the same split on devices shifted alike
@@ -388,7 +412,8 @@ def estimate_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster | None =
         key = (sig[p], o, dtype, pat[p], tuple((sig[c], i, pat[c], lo[c] - lo[p]) for c, i in readers))
         hit = tensors.get(key)
         if hit is None:
-            src, dst, extra = _tensor(graph.ops[p], o, cfg[p], [(graph.ops[c], i, cfg[c]) for c, i in readers])
+            src, dst, extra = _tensor(graph.ops[p], o, cfg[p], [(graph.ops[c], i, cfg[c]) for c, i in readers],
+                                      strategy.sequence_parallel)
             hit = tensors[key] = (src - lo[p], dst - lo[p], extra)
         where = (key, lo[p] % hops.period if hops.period else lo[p])
         k = links.get(where)
@@ -429,14 +454,14 @@ def tasks_within(graph: OpGraph, strategy: Strategy, cap: int, cluster: Cluster 
     return quick if quick <= cap else estimate_tasks(graph, strategy, cluster)
 
 
-def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> int:
+def estimate_symmetric_tasks(graph: OpGraph, strategy: Strategy, cluster: Cluster, full: int | None = None) -> int:
     """About how many tasks :func:`build_task_graph` makes with its symmetry reduction: the
     representatives it simulates (the devices used over the replicas :func:`find_symmetry`
     finds) at a forward, a backward and a communication task per op of their pipeline stage
     and microbatch (GPT-3 175B, tp 8 x pp 16 on 1,024 GPUs: 1.39 M estimated, ~1 M built;
     LLaMA-2 7B, tp 8 x pp 2 on 64: 0.59 M, 0.43 M built); :func:`estimate_tasks` when no
-    symmetry holds, and never above it."""
-    n = estimate_tasks(graph, strategy, cluster)
+    symmetry holds, and never above it (``full``: that estimate, when the caller has it)."""
+    n = estimate_tasks(graph, strategy, cluster) if full is None else full
     sym = find_symmetry(graph, strategy, cluster)
     if sym is None:
         return n

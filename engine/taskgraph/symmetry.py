@@ -67,21 +67,50 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     if getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
             and cluster.num_devices > cluster.pod_gpus:
         return None  # groups inside a pod and across pods are not equivalent
+    sym = _common_axes(graph, strategy, axes, factors=True)
+    return sym if sym is not None else _common_axes(graph, strategy, axes, factors=False)
+
+
+def _factors(strides: dict[str, tuple[int, int]]) -> dict[str, list[tuple[tuple[int, int], tuple[int, int]]]]:
+    """Each dim's splits into an inner and an outer axis: a dim of degree a x b and device
+    stride s runs along (a, s) and (b, a x s) together (under sequence and context
+    parallelism a norm splits the sequence over cp x tp ranks, where attention splits heads
+    over tp and the sequence over cp)."""
+    out: dict[str, list] = {}
+    for n, (d, st) in strides.items():
+        pairs = [((a, st), (d // a, st * a)) for a in range(2, d) if d % a == 0]
+        if pairs:
+            out[n] = pairs
+    return out
+
+
+def _common_axes(graph: OpGraph, strategy: Strategy, axes, factors: bool) -> Symmetry | None:
+    """:func:`find_symmetry`'s search, with each dim also offered as its factor pairs
+    (``factors``): an axis is common when every op runs exactly one dim (or one dim's factor)
+    along it; a factored dim counts only with both its factors among the axes."""
     common: set[tuple[int, int]] | None = None
-    per_op: dict[str, dict[str, tuple[int, int]]] = {}
-    # ops that share a config object and a dim order share the strides (a baseline's 3,030
-    # ops have a handful of configs: reading each op's 16,384 devices took 1.4 s)
-    seen: dict[tuple, dict[str, tuple[int, int]]] = {}
+    per_op: dict[str, tuple[dict, dict]] = {}
+    # ops that share a config (its degrees and its devices less the first: strides do not
+    # see a shift) and a dim order share the strides (a baseline's 3,030 ops have a handful of
+    # configs: reading each op's 16,384 devices took 1.4 s; a Megatron layout's 2,410 ops of
+    # GPT-3 have one config object each, and 13 distinct ones)
+    seen: dict[tuple, tuple[dict, dict]] = {}
+    by_id: dict[int, tuple] = {}
     for op in graph.ops:
         cfg = strategy.configs[op.name]
-        key = (id(cfg), tuple(d.name for d in op.dims))
+        code = by_id.get(id(cfg))
+        if code is None:
+            devs = np.asarray(cfg.devices, np.int64)
+            code = by_id[id(cfg)] = (tuple(cfg.degrees.items()), (devs - devs.min()).tobytes() if devs.size else b"")
+        key = (code, tuple(d.name for d in op.dims), op.kind)
         st = seen.get(key)
         if st is None:
-            st = seen[key] = _with_nested(op, dim_strides(op, cfg))
+            direct = _with_nested(op, dim_strides(op, cfg))
+            st = seen[key] = (direct, _factors(direct) if factors else {})
         per_op[op.name] = st
-        found = set(st.values())
-        if len(found) != len(st):
-            found = {a for a in found if list(st.values()).count(a) == 1}
+        direct, fac = st
+        listed = list(direct.values()) + [a for pairs in fac.values() for pair in pairs for a in pair]
+        found = {a for a in listed if listed.count(a) == 1}
         if axes is not None:
             found &= set(axes)
         common = found if common is None else common & found
@@ -89,13 +118,24 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
             return None
     if not common:
         return None
+    for d, st in list(common):  # an axis common whole, not as its factors
+        for pair in _factors({"": (d, st)}).get("", []):
+            common.difference_update(pair)
     chosen = tuple(sorted(common, key=lambda a: a[1]))
     dims = {}
-    for name, st in per_op.items():
-        used = tuple(d for n, a in st.items() if a in common for d in n.split("+"))
-        if len(set(used)) != len(used):  # one dim on two axes: not a translation
+    for name, (direct, fac) in per_op.items():
+        used = [d for n, a in direct.items() if a in common for d in n.split("+")]
+        covered = {a for a in direct.values() if a in common}
+        for n, pairs in fac.items():
+            for pair in pairs:
+                inside = [a in common for a in pair]
+                if all(inside):
+                    used.append(n)
+                    covered.update(pair)
+        if len(set(used)) != len(used) or covered != common:
+            # one dim on two axes, or an axis only half of a factored dim runs along: not a translation
             return None
-        dims[name] = used
+        dims[name] = tuple(used)
     return Symmetry(chosen, dims)
 
 

@@ -1,0 +1,128 @@
+"""``auto``'s budget (issue 28): the seeds' slices, a seed family that pays nothing gives its
+time to MCMC, MCMC is stopped before it would run past a time budget, and the best priced is always
+kept. Fake seeds and a fake MCMC: nothing here depends on the machine's speed."""
+
+from __future__ import annotations
+
+import math
+import time
+import types
+
+import pytest
+
+from engine.cluster import preset
+from engine.errors import TooLargeError
+from engine.formats import resolve_model
+from engine.search import ALGORITHMS, AutoOptions, Budget
+from engine.search.api import Progress, price
+from engine.search.auto import HARD_SHARE, moe_seed_layouts, seed_slice
+from engine.search.baselines import data_parallel, expert
+
+
+@pytest.fixture(scope="module")
+def alexnet():
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    best = min(price(g, s, c).cost_s for s in (data_parallel(g, c), expert(g, c)))
+    return g, c, best
+
+
+def _fake(result_of, calls, name):
+    def run(graph, cluster, budget=None, **kw):
+        calls.append(name)
+        return result_of(graph, cluster, budget, **kw)
+    return types.SimpleNamespace(run=run)
+
+
+def _result(strategy, time_s, iterations=1):
+    return types.SimpleNamespace(best=strategy, best_time_s=time_s, best_cost_s=time_s, iterations=iterations,
+                                 cancelled=False)
+
+
+def test_seed_slices():
+    assert seed_slice("pipeline", 9.0, ["differentiable", "pase"]) == 3.0
+    assert seed_slice("differentiable", 10.0, ["pase"]) == 5.0
+    assert seed_slice("pase", 4.0, []) == 4.0
+    assert seed_slice("pipeline", 6.0, []) == 6.0  # alone (an LLM too large for PaSE): all of it
+
+
+def test_a_seed_that_beats_nothing_skips_its_family(monkeypatch, alexnet):
+    """The differentiable search returns something slower than the baselines: PaSE (its
+    problem, solved exactly) is not run and MCMC runs at once."""
+    g, c, best = alexnet
+    calls = []
+    slow = _fake(lambda graph, cluster, budget, **kw: _result(data_parallel(graph, cluster), 10 * best), calls,
+                 "differentiable")
+    monkeypatch.setitem(ALGORITHMS, "differentiable", slow)
+    monkeypatch.setitem(ALGORITHMS, "pase", _fake(lambda *a, **k: pytest.fail("pase ran"), calls, "pase"))
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=20), seed=1)
+    assert calls == ["differentiable"]
+    text = "\n".join(r.notes)
+    assert "pase: not run as a seed (the pase seed before it beat nothing" in text and "mcmc from " in text
+    assert r.best_cost_s <= best and r.best.found_by["source"] != "differentiable"
+
+
+def test_a_seed_that_pays_lets_the_next_run(monkeypatch, alexnet):
+    g, c, best = alexnet
+    calls = []
+    fast = _fake(lambda graph, cluster, budget, **kw: _result(expert(graph, cluster), best / 2), calls,
+                 "differentiable")
+    monkeypatch.setitem(ALGORITHMS, "differentiable", fast)
+    monkeypatch.setitem(ALGORITHMS, "pase", _fake(lambda graph, cluster, budget, **kw: _result(
+        data_parallel(graph, cluster), best), calls, "pase"))
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=20), options=AutoOptions(refine=False))
+    assert calls == ["differentiable", "pase"]
+    # never slower than its best seed; the notes say where the answer came from
+    assert r.best_cost_s == best / 2 and r.best.found_by["source"] == "differentiable"
+    assert any(n.startswith("best: differentiable, ") and "the best priced before the searches: " in n
+               for n in r.notes), r.notes
+
+
+def test_mcmc_without_an_answer_keeps_the_best_priced(monkeypatch, alexnet):
+    g, c, best = alexnet
+
+    def broken(*a, **k):
+        raise TooLargeError("no starting strategy can be simulated: (test)")
+
+    monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(run=broken))
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=10), options=AutoOptions(seeds=False))
+    assert r.best_cost_s == pytest.approx(best, rel=1e-12) and math.isfinite(r.best_cost_s)
+    assert any(n.startswith("mcmc: stopped without an answer") for n in r.notes)
+
+
+def test_a_slower_mcmc_answer_is_not_returned(monkeypatch, alexnet):
+    g, c, best = alexnet
+    monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(
+        run=lambda graph, cluster, budget, **kw: _result(data_parallel(graph, cluster), 3 * best)))
+    r = ALGORITHMS["auto"].run(g, c, Budget(iterations=10), options=AutoOptions(seeds=False))
+    assert r.best_cost_s == pytest.approx(best, rel=1e-12) and r.best.found_by["source"] != "mcmc"
+    assert r.best.found_by["contributions"]["mcmc"] == 3 * best
+
+
+def test_mcmc_is_stopped_past_its_share_of_a_time_budget(monkeypatch, alexnet):
+    """A fake MCMC that would run on forever is stopped at its first progress row from which
+    a move would end past HARD_SHARE x the budget, and its best so far is kept; it is not reported as cancelled."""
+    g, c, best = alexnet
+    rows = []
+
+    def endless(graph, cluster, budget, progress=None, **kw):
+        for i in range(100000):
+            time.sleep(0.01)
+            rows.append(i)
+            if progress(Progress(i, 0.0, best / 2, best / 2, 0.0)) is False:
+                return types.SimpleNamespace(best=expert(graph, cluster), best_time_s=best / 2, best_cost_s=best / 2,
+                                             iterations=i, cancelled=True)
+        pytest.fail("not stopped")
+
+    monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(run=endless))
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=3.0), options=AutoOptions(seeds=False))
+    assert not r.cancelled and r.best_cost_s == best / 2 and r.best.found_by["source"] == "mcmc"
+    assert f"mcmc: stopped before {HARD_SHARE:g} times the budget" in r.notes
+
+
+def test_dense_megatron_seeds():
+    g, c = resolve_model("gpt2", batch=16), preset("dgx-a100-80gb:2")
+    assert moe_seed_layouts(g, c) == []  # (a dense model has none unless asked)
+    seeds = moe_seed_layouts(g, c, dense=True)
+    # tp the node's 8 GPUs or half of them: GPT-2's 12 heads take 4 only
+    assert seeds and [e[0].tp for e in seeds] == [4] and all(lay.ep == 1 for entry in seeds for lay in entry)
+    assert seeds[0][-1].recompute == "full"
