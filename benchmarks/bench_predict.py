@@ -58,8 +58,9 @@ print(json.dumps(out))
 
 def run(tree: Path, options: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CODE, json.dumps(options)], env=env, capture_output=True, text=True,
-                         check=True)
+    # (in the tree: ``python -c`` puts the working folder ahead of PYTHONPATH)
+    out = subprocess.run([sys.executable, "-c", CODE, json.dumps(options)], env=env, cwd=tree, capture_output=True,
+                         text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
