@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from ..errors import check_cancel
@@ -118,6 +119,85 @@ class SegmentStore:
         return {"arrays": arrays, "bounds": bounds}
 
 
+def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.ndarray, A: dict[str, np.ndarray],
+                    cancel: Any) -> tuple[np.ndarray, ...]:
+    """:func:`_link` in NumPy steps and blocks of :data:`_CANCEL_BLOCK` tasks, ``cancel``
+    (:func:`engine.errors.check_cancel`) asked between them; the same arrays."""
+    def gid(h: np.ndarray) -> np.ndarray:
+        return offset[h >> SHIFT] + (h & MASK)
+
+    # resources: one per task (its device or link), several for a collective
+    counts = (single >= 0).astype(np.int64)
+    check_cancel(cancel)
+    counts[coll] = A["coll_nres"]
+    res_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=res_ptr[1:])
+    check_cancel(cancel)
+    res_idx = np.empty(res_ptr[-1], np.int64)
+    has = np.nonzero(single >= 0)[0]
+    for a in range(0, has.size, _CANCEL_BLOCK):  # (in blocks: a cancel is asked between them)
+        check_cancel(cancel)
+        h = has[a:a + _CANCEL_BLOCK]
+        res_idx[res_ptr[h]] = single[h]
+    check_cancel(cancel)
+    if coll.size:
+        m_len = A["coll_nres"]
+        starts_m = np.repeat(res_ptr[coll], m_len)
+        within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
+        res_idx[starts_m + within] = A["coll_res"]
+    check_cancel(cancel)
+    # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
+    succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)
+    check_cancel(cancel)
+    chain_next = np.full(n, -1, np.int64)
+    chain_lag = np.zeros(n)
+    cf, ct, cl = A["chain_from"], A["chain_to"], A["chain_lag"]
+    for a in range(0, cf.size, _CANCEL_BLOCK):
+        check_cancel(cancel)
+        at = gid(cf[a:a + _CANCEL_BLOCK])
+        chain_next[at] = gid(ct[a:a + _CANCEL_BLOCK])
+        chain_lag[at] = cl[a:a + _CANCEL_BLOCK]
+    check_cancel(cancel)
+    return res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
+
+
+@nb.njit(cache=True)
+def _link(offset, n, single, coll, coll_nres, coll_res, src_h, dst_h, chain_from, chain_to,
+          chain_lag_in):  # pragma: no cover - compiled
+    """The index arrays of a :class:`TaskGraph` from the spliced columns, in one compiled
+    pass each (:func:`_link_in_blocks` makes the same in NumPy steps): resources (CSR
+    ``res_ptr``/``res_idx``: a task's device or link, a collective's group), successors
+    (:func:`~engine.taskgraph.segments.csr_from_handles`) and cut-through chains.
+    ``offset[slot]``: the slot's first task id; handles are ``slot << 32 | local index``."""
+    counts = np.zeros(n, np.int64)
+    for t in range(n):
+        if single[t] >= 0:
+            counts[t] = 1
+    for i in range(coll.shape[0]):
+        counts[coll[i]] = coll_nres[i]
+    res_ptr = np.zeros(n + 1, np.int64)
+    for t in range(n):
+        res_ptr[t + 1] = res_ptr[t] + counts[t]
+    res_idx = np.empty(res_ptr[n], np.int64)
+    for t in range(n):
+        if single[t] >= 0:
+            res_idx[res_ptr[t]] = single[t]
+    k = 0
+    for i in range(coll.shape[0]):
+        at = res_ptr[coll[i]]
+        for j in range(coll_nres[i]):
+            res_idx[at + j] = coll_res[k]
+            k += 1
+    succ_ptr, succ_idx, npred = csr_from_handles(src_h, dst_h, offset, n)
+    chain_next = np.full(n, -1, np.int64)
+    chain_lag = np.zeros(n)
+    for i in range(chain_from.shape[0]):
+        a = offset[chain_from[i] >> SHIFT] + (chain_from[i] & MASK)
+        chain_next[a] = offset[chain_to[i] >> SHIFT] + (chain_to[i] & MASK)
+        chain_lag[a] = chain_lag_in[i]
+    return res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
+
+
 def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emitter,
              device_image: np.ndarray, cancel: Any = None) -> TaskGraph:
     """Concatenate the store's segments in slot order, turn handles into task ids, price each
@@ -150,40 +230,14 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         cross += sg.cross_replica
     cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
     check_cancel(cancel)
-    # resources: one per task (its device or link), several for a collective
-    single = cols["res"]
-    counts = (single >= 0).astype(np.int64)
-    check_cancel(cancel)
     coll = gid(A["coll_h"])
-    counts[coll] = A["coll_nres"]
-    res_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=res_ptr[1:])
-    check_cancel(cancel)
-    res_idx = np.empty(res_ptr[-1], np.int64)
-    has = np.nonzero(single >= 0)[0]
-    for a in range(0, has.size, _CANCEL_BLOCK):  # (in blocks: a cancel is asked between them)
-        check_cancel(cancel)
-        h = has[a:a + _CANCEL_BLOCK]
-        res_idx[res_ptr[h]] = single[h]
-    check_cancel(cancel)
-    if coll.size:
-        m_len = A["coll_nres"]
-        starts_m = np.repeat(res_ptr[coll], m_len)
-        within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
-        res_idx[starts_m + within] = A["coll_res"]
-    check_cancel(cancel)
-    # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
-    succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)
-    check_cancel(cancel)
-    chain_next = np.full(n, -1, np.int64)
-    chain_lag = np.zeros(n)
-    cf, ct, cl = A["chain_from"], A["chain_to"], A["chain_lag"]
-    for a in range(0, cf.size, _CANCEL_BLOCK):
-        check_cancel(cancel)
-        at = gid(cf[a:a + _CANCEL_BLOCK])
-        chain_next[at] = gid(ct[a:a + _CANCEL_BLOCK])
-        chain_lag[at] = cl[a:a + _CANCEL_BLOCK]
-    check_cancel(cancel)
+    if cancel is None:  # (a rebuild: one compiled pass for the resources, successors and chains)
+        res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag = _link(
+            offset, n, cols["res"], coll, A["coll_nres"], A["coll_res"], A["src"], A["dst"], A["chain_from"],
+            A["chain_to"], A["chain_lag"])
+    else:  # (a first build: the same arrays in blocks, a cancel asked between them)
+        res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag = _link_in_blocks(
+            offset, n, cols["res"], coll, A, cancel)
     # collectives' devices
     ptr = np.zeros(coll.size + 1, np.int64)
     np.cumsum(A["coll_ndev"], out=ptr[1:])
