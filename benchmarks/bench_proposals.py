@@ -6,6 +6,10 @@ process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a w
 that compiles numba's cache), and reports proposals / elapsed seconds (set-up included) and the steady rate between the first
 and the last progress rows (set-up excluded: on NMT / 64 GPUs building the two starting
 simulations takes ~2.3 s, the length of some 40 proposals).
+After the search, ``--samples`` single-op changes of the best strategy found are each timed
+(CPU time) as a proposal (:meth:`DeltaSimulator.change`) and as a full build and simulation of
+the changed strategy, and the median ratios are printed (FlexFlow's point: a proposal costs far
+less than a simulation; issue 28's goal: >= 20x).
 With ``--baseline TREE`` the same runs of another checkout are interleaved with the current
 tree's, round by round, and the ratio of medians is printed.
 
@@ -48,14 +52,46 @@ seconds = time.perf_counter() - t
 # steady rate: proposals between the first and the last progress row (set-up excluded)
 a, b = rows[0], rows[-2] if len(rows) > 2 else rows[-1]
 steady = (b.iteration - a.iteration) / (b.elapsed_s - a.elapsed_s) if b.elapsed_s > a.elapsed_s else 0.0
-print(json.dumps({"proposals": r.iterations, "seconds": seconds, "best_s": r.best_cost_s, "steady": steady}))
+# a proposal against a full simulation of the same graph: from the best strategy found,
+# single-op changes (each reverted) timed as a proposal's change and as a full build and
+# simulation of the changed strategy (no symmetry, like the delta simulator's own build)
+import random
+from engine.costs import CostModel
+from engine.delta import DeltaSimulator
+from engine.search.mcmc import random_config
+from engine.simulate import simulate
+from engine.taskgraph import TaskGraphBuilder
+sim = DeltaSimulator(g, r.best, c)
+rng, names, ratios, sim_ratios, tasks = random.Random(0), [op.name for op in g.ops], [], [], []
+while len(ratios) < int(sys.argv[5]):
+    name = rng.choice(names)
+    config = random_config(g[name], c.num_devices, rng)
+    if config == sim.strategy[name] or sim.check(name, config):
+        continue
+    t = time.process_time()
+    sim.change(name, config)
+    t_prop = time.process_time() - t
+    t = time.process_time()
+    tg = TaskGraphBuilder(g, sim.strategy, c, CostModel()).build()
+    t_build = time.process_time() - t
+    t = time.process_time()
+    simulate(tg)
+    t_sim = time.process_time() - t
+    ratios.append((t_build + t_sim) / t_prop)
+    sim_ratios.append(t_sim / t_prop)
+    tasks.append(tg.num_tasks)
+    sim.revert()
+ratios.sort(); sim_ratios.sort(); tasks.sort()
+print(json.dumps({"proposals": r.iterations, "seconds": seconds, "best_s": r.best_cost_s, "steady": steady,
+                  "ratio_full": ratios[len(ratios) // 2], "ratio_sim": sim_ratios[len(ratios) // 2],
+                  "tasks": tasks[len(tasks) // 2]}))
 """
 
 
-def run(tree: Path, model: str, cluster: str, n: int, share: float = 0.0) -> dict:
+def run(tree: Path, model: str, cluster: str, n: int, share: float = 0.0, samples: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n), str(share)], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n), str(share), str(samples)], env=env,
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -65,6 +101,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path)
     ap.add_argument("--global-share", type=float, default=0.0,
                     help="MCMCOptions.global_share (default 0: single-op proposals only, the rate the goal names)")
+    ap.add_argument("--samples", type=int, default=15,
+                    help="proposals timed against a full build and simulation of the same graph (median ratio)")
     args = ap.parse_args()
     trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
     print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
@@ -74,17 +112,28 @@ def main() -> None:
             run(tree, model, cluster, 10)  # warm-up: numba's cache, the page cache
         rates: dict[str, list[float]] = {name: [] for name, _ in trees}
         steady: dict[str, list[float]] = {name: [] for name, _ in trees}
+        full: dict[str, list[float]] = {name: [] for name, _ in trees}
+        sim: dict[str, list[float]] = {name: [] for name, _ in trees}
+        tasks: dict[str, list[int]] = {name: [] for name, _ in trees}
         for _ in range(args.rounds):
             for name, tree in trees:
-                r = run(tree, model, cluster, n, args.global_share)
+                r = run(tree, model, cluster, n, args.global_share, args.samples)
                 rates[name].append(r["proposals"] / r["seconds"])
                 steady[name].append(r["steady"])
-        for label, table in (("with set-up", rates), ("steady (set-up excluded)", steady)):
+                full[name].append(r["ratio_full"])
+                sim[name].append(r["ratio_sim"])
+                tasks[name].append(r["tasks"])
+        print(f"{model} on {cluster}: median tasks of the sampled proposals' graphs " +
+              ", ".join(f"{name} {statistics.median(v):,.0f}" for name, v in tasks.items()))
+        for label, table in (("with set-up", rates), ("steady (set-up excluded)", steady),
+                             ("full build + simulation / proposal (x)", full), ("simulation alone / proposal (x)", sim)):
+            unit = "" if "(x)" in label else "/s"
             line = f"{model} on {cluster}, {label}: " + ", ".join(
-                f"{name} {statistics.median(v):.1f}/s ({min(v):.1f}-{max(v):.1f})" for name, v in table.items())
+                f"{name} {statistics.median(v):.1f}{unit} ({min(v):.1f}-{max(v):.1f})" for name, v in table.items())
             if args.baseline:
                 line += f"; ratio {statistics.median(table['current']) / statistics.median(table['baseline']):.2f}"
             print(line, flush=True)
+    print(f"# load at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
