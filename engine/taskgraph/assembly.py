@@ -36,6 +36,9 @@ class SegmentStore:
         self._keys: list[tuple] = []  # keys in slot order (refreshed when keys are added)
         self.previous: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
         self._barriers: dict[int, np.ndarray] = {}  # device -> its barrier handles
+        self._dirty: set[tuple] = set()  # keys whose segment was replaced since the last live()
+        # the last live(): (devices in use, position of each live key, segments, serials, slots)
+        self._live: tuple | None = None
 
     def begin(self, key: tuple, refs) -> Segment:
         """A new, empty segment for ``key`` (replacing any old one) reading ``refs``."""
@@ -50,6 +53,7 @@ class SegmentStore:
         self.refs[key] = refs
         for o in refs:
             self.readers.setdefault(o, set()).add(key)
+        self._dirty.add(key)  # (a new segment, or an old one put back, comes with its refs)
 
     def reading(self, oi: int) -> list[tuple]:
         """Keys of the segments that read op ``oi``, in slot (build) order."""
@@ -67,11 +71,31 @@ class SegmentStore:
                 seg.edges(ids[:-1], ids[1:])
         return ids
 
-    def live(self, rep_devices: set[int]) -> list[Segment]:
-        """The segments of the graph in slot order (barriers only of devices in use)."""
+    def live(self, rep_devices: set[int]) -> tuple[list[Segment], np.ndarray, np.ndarray]:
+        """The segments of the graph in slot order (barriers only of devices in use), their
+        serials and their slots. Kept from the last call: after a rebuild only the replaced
+        segments are looked up again (the returned list and arrays are new, never modified)."""
         if len(self._keys) != len(self.segments):
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
-        return [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in rep_devices]
+            self._live = None
+        used = frozenset(rep_devices)
+        if self._live is None or self._live[0] != used:
+            keys = [k for k in self._keys if k[0] != "barriers" or k[1] in used]
+            segs = [self.segments[k] for k in keys]
+            serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
+            slots = np.fromiter((sg.slot for sg in segs), np.int64, len(segs))
+            self._live = (used, {k: i for i, k in enumerate(keys)}, segs, serials, slots)
+        elif self._dirty:
+            _, where, segs, serials, slots = self._live
+            segs, serials = list(segs), serials.copy()
+            for k in self._dirty:
+                i = where.get(k)
+                if i is not None:
+                    segs[i] = self.segments[k]
+                    serials[i] = segs[i].serial
+            self._live = (used, where, segs, serials, slots)
+        self._dirty.clear()
+        return self._live[2], self._live[3], self._live[4]
 
     def splice(self, segs: list[Segment], serials: np.ndarray, cancel: Any = None) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
@@ -205,14 +229,12 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
     check_cancel(cancel)
     D = ctx.n_devices
-    segs = store.live(tables.rep_devices)
-    serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
+    segs, serials, slots = store.live(tables.rep_devices)
     asm = store.splice(segs, serials, cancel)
     check_cancel(cancel)
     A = asm["arrays"]
     starts = asm["bounds"]["kind"]
     n = int(starts[-1])
-    slots = np.array([sg.slot for sg in segs], np.int64)
     offset = np.zeros(int(slots.max()) + 1, np.int64)  # [slot] first task id
     offset[slots] = starts[:-1]
 
