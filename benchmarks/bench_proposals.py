@@ -3,7 +3,8 @@
 
 Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
 process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
-that compiles numba's cache), and reports proposals / elapsed seconds (set-up included) and the steady rate between the first
+that compiles numba's cache), and reports proposals / elapsed seconds (set-up included), proposals / CPU seconds of the
+process (less sensitive to other processes on a shared machine) and the steady rate between the first
 and the last progress rows (set-up excluded: on NMT / 64 GPUs building the two starting
 simulations takes ~2.3 s, the length of some 40 proposals).
 After the search, ``--samples`` single-op changes of the best strategy found are each timed
@@ -45,10 +46,10 @@ opts = {"chains": 1, "polish": False}
 if "global_share" in MCMCOptions.__dataclass_fields__:  # (a tree from before global moves has none)
     opts["global_share"] = float(sys.argv[4])
 rows = []
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=int(sys.argv[3])), options=MCMCOptions(**opts),
                            progress=rows.append)
-seconds = time.perf_counter() - t
+seconds, cpu_s = time.perf_counter() - t, time.process_time() - cpu
 # steady rate: proposals between the first and the last progress row (set-up excluded)
 a, b = rows[0], rows[-2] if len(rows) > 2 else rows[-1]
 steady = (b.iteration - a.iteration) / (b.elapsed_s - a.elapsed_s) if b.elapsed_s > a.elapsed_s else 0.0
@@ -82,8 +83,8 @@ while len(ratios) < int(sys.argv[5]):
     tasks.append(tg.num_tasks)
     sim.revert()
 ratios.sort(); sim_ratios.sort(); tasks.sort()
-print(json.dumps({"proposals": r.iterations, "seconds": seconds, "best_s": r.best_cost_s, "steady": steady,
-                  "ratio_full": ratios[len(ratios) // 2], "ratio_sim": sim_ratios[len(ratios) // 2],
+print(json.dumps({"proposals": r.iterations, "seconds": seconds, "cpu_s": cpu_s, "best_s": r.best_cost_s,
+                  "steady": steady, "ratio_full": ratios[len(ratios) // 2], "ratio_sim": sim_ratios[len(ratios) // 2],
                   "tasks": tasks[len(tasks) // 2]}))
 """
 
@@ -112,6 +113,7 @@ def main() -> None:
             run(tree, model, cluster, 10)  # warm-up: numba's cache, the page cache
         rates: dict[str, list[float]] = {name: [] for name, _ in trees}
         steady: dict[str, list[float]] = {name: [] for name, _ in trees}
+        per_cpu: dict[str, list[float]] = {name: [] for name, _ in trees}
         full: dict[str, list[float]] = {name: [] for name, _ in trees}
         sim: dict[str, list[float]] = {name: [] for name, _ in trees}
         tasks: dict[str, list[int]] = {name: [] for name, _ in trees}
@@ -120,13 +122,16 @@ def main() -> None:
                 r = run(tree, model, cluster, n, args.global_share, args.samples)
                 rates[name].append(r["proposals"] / r["seconds"])
                 steady[name].append(r["steady"])
+                per_cpu[name].append(r["proposals"] / r["cpu_s"])
                 full[name].append(r["ratio_full"])
                 sim[name].append(r["ratio_sim"])
                 tasks[name].append(r["tasks"])
         print(f"{model} on {cluster}: median tasks of the sampled proposals' graphs " +
               ", ".join(f"{name} {statistics.median(v):,.0f}" for name, v in tasks.items()))
         for label, table in (("with set-up", rates), ("steady (set-up excluded)", steady),
-                             ("full build + simulation / proposal (x)", full), ("simulation alone / proposal (x)", sim)):
+                             ("per CPU second, with set-up", per_cpu),
+                             ("full build + simulation / proposal (x)", full),
+                             ("simulation alone / proposal (x)", sim)):
             unit = "" if "(x)" in label else "/s"
             line = f"{model} on {cluster}, {label}: " + ", ".join(
                 f"{name} {statistics.median(v):.1f}{unit} ({min(v):.1f}-{max(v):.1f})" for name, v in table.items())
