@@ -113,6 +113,7 @@ def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, 
         done += 1
         start[t] = start_old[u]
         end[t] = end_old[u]
+        ready[t] = ready_old[u]  # (final: its predecessors all came before it in the prefix)
         if rp_old[u] >= 0:
             res_pred[t] = old_to_new[rp_old[u]]
         for k in range(succ_ptr[t], succ_ptr[t + 1]):
@@ -129,10 +130,6 @@ def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, 
         for k in range(res_ptr[t], res_ptr[t + 1]):
             last[res_idx[k]] = end[t]
             last_task[res_idx[k]] = t
-    for i in range(old_order.shape[0]):  # the prefix's own ready times, as they were
-        u = old_order[i]
-        if ready_old[u] < t_c:
-            ready[old_to_new[u]] = ready_old[u]
     return start, end, ready, left, last, last_task, res_pred, order, done
 
 
