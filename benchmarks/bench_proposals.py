@@ -3,10 +3,12 @@
 
 Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
 process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
-that compiles numba's cache), and reports proposals / elapsed seconds (set-up included), proposals / CPU seconds of the
-process (less sensitive to other processes on a shared machine) and the steady rate between the first
-and the last progress rows (set-up excluded: on NMT / 64 GPUs building the two starting
-simulations takes ~2.3 s, the length of some 40 proposals).
+that compiles numba's cache; the working directory is that tree too: ``python -c`` puts it
+first on ``sys.path``, ahead of ``PYTHONPATH``), and reports proposals / elapsed seconds
+(set-up included), proposals / CPU seconds of the process (less sensitive to other processes
+on a shared machine) and the steady rate between the first and the last progress rows
+(set-up excluded: on NMT / 64 GPUs building the two starting simulations takes ~2.3 s, the
+length of some 40 proposals).
 After the search, ``--samples`` single-op changes of the best strategy found are each timed
 (CPU time) as a proposal (:meth:`DeltaSimulator.change`) and as a full build and simulation of
 the changed strategy, and the median ratios are printed (FlexFlow's point: a proposal costs far
@@ -17,8 +19,11 @@ tree's, round by round, and the ratio of medians is printed.
 Global moves (whole-strategy rebuilds, :mod:`engine.search.moves`) are off by default here
 (``--global-share 0``): the rate is that of single-op proposals, the delta-simulated ones.
 
+``--phases`` instead times a proposal's phases (CPU time: resume, its first-change search,
+restored state and event loop; rebuild, its assembly and splice) on fixed moves, per tree.
+
 Usage: python benchmarks/bench_proposals.py [--rounds 3] [--baseline /path/to/other/checkout]
-       [--global-share 0.1]
+       [--global-share 0.1] [--samples 15] [--phases]
 """
 
 from __future__ import annotations
@@ -88,11 +93,82 @@ print(json.dumps({"proposals": r.iterations, "seconds": seconds, "cpu_s": cpu_s,
                   "tasks": tasks[len(tasks) // 2]}))
 """
 
+#: ``--phases``: CPU ms of a proposal (one op's change, then its revert) by phase, on the graph
+#: after ``argv[3]`` accepted random moves from data parallel (the same moves in every tree)
+PHASES = """
+import json, random, sys, time
+import engine.delta as D
+import engine.taskgraph.assembly as AS
+import engine.taskgraph.builder as B
+from engine.formats import resolve_model
+from engine.cluster import preset
+from engine.search.baselines import data_parallel
+from engine.search.mcmc import random_config
+acc = {}
+def timed(owner, name, label):
+    f = getattr(owner, name)
+    def wrapper(*a, **k):
+        t = time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] = acc.get(label, 0.0) + time.process_time() - t
+    setattr(owner, name, wrapper)
+timed(D, "resume", "resume")
+timed(D, "_first_change", "  first change (t_c)")
+timed(D, "_restore", "  loop state restored")
+timed(D, "event_loop", "  event loop (the suffix)")
+timed(B.TaskGraphBuilder, "rebuild", "rebuild")
+timed(B, "assemble", "  assembly")
+timed(AS.SegmentStore, "splice", "    splice of the arrays")
+g, c = resolve_model(sys.argv[1]), preset(sys.argv[2])
+sim = D.DeltaSimulator(g, data_parallel(g, c), c)
+rng, names = random.Random(3), [op.name for op in g.ops]
+def step(keep):
+    while True:
+        name = rng.choice(names)
+        cfg = random_config(g[name], c.num_devices, rng)
+        if not sim.check(name, cfg):
+            break
+    sim.change(name, cfg)
+    sim.commit() if keep else sim.revert()
+for _ in range(int(sys.argv[3])):
+    step(True)
+for _ in range(3):
+    step(False)
+acc.clear()
+n = int(sys.argv[4])
+t = time.process_time()
+for _ in range(n):
+    step(False)
+total = time.process_time() - t
+per = {k: 1e3 * v / n for k, v in acc.items()}
+print(json.dumps({"tasks": sim.tasks.num_tasks, "proposal": 1e3 * total / n, **per}))
+"""
+
+
+def phases(trees: list[tuple[str, Path]], model: str, cluster: str, moves: int, n: int) -> None:
+    rows = {}
+    for name, tree in trees:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        out = subprocess.run([sys.executable, "-c", PHASES, model, cluster, str(moves), str(n)], env=env,
+                             capture_output=True, text=True, check=True, cwd=tree)
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    first = next(iter(rows.values()))
+    print(f"\n{model} on {cluster} after {moves} accepted moves ({first['tasks']:,} tasks): CPU ms per proposal "
+          f"(change + revert, mean of {n})")
+    print("| phase | " + " | ".join(rows) + " |\n|---|" + "---:|" * len(rows))
+    for key in ["proposal", "rebuild", "  assembly", "    splice of the arrays", "resume", "  first change (t_c)",
+                "  loop state restored", "  event loop (the suffix)"]:
+        label = key.strip().replace("proposal", "whole proposal")
+        print(f"| {'&nbsp;' * (len(key) - len(key.lstrip()))}{label} | " +
+              " | ".join(f"{r.get(key, float('nan')):.1f}" for r in rows.values()) + " |")
+
 
 def run(tree: Path, model: str, cluster: str, n: int, share: float = 0.0, samples: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", CODE, model, cluster, str(n), str(share), str(samples)], env=env,
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -104,8 +180,15 @@ def main() -> None:
                     help="MCMCOptions.global_share (default 0: single-op proposals only, the rate the goal names)")
     ap.add_argument("--samples", type=int, default=15,
                     help="proposals timed against a full build and simulation of the same graph (median ratio)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: CPU ms of a proposal by phase (NMT / 64 GPUs after 12 moves, Inception-v3 / 16)")
     args = ap.parse_args()
     trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
+    if args.phases:
+        print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        phases(trees, "nmt", "k80-16x4", 12, 20)
+        phases(trees, "inception_v3", "p100-4x4", 12, 100)
+        return
     print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; median of {args.rounds} rounds")
     for model, cluster, n in CASES:
