@@ -85,8 +85,8 @@ def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, 
     """The event loop's state after the kept prefix (the old tasks that became ready strictly
     before ``t_c``, in their old dispatch order, renumbered by ``old_to_new``), in one
     compiled pass: start, end, ready, predecessors left, each resource's free time and last
-    task, resource predecessors, the dispatch order so far, its length, and the tasks ready
-    to go (every predecessor dispatched). The arrays :func:`engine.simulate.dispatch` runs on.
+    task, resource predecessors, the dispatch order so far and its length (the arrays
+    :func:`engine.simulate.event_loop` goes on from).
 
     (Checkpoints of the old run's state would not pay here: task ids shift between the old
     and the new graph, so a restored checkpoint costs an O(tasks) renumbering, as much as
