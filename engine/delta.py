@@ -80,19 +80,42 @@ def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, en
 
 
 @nb.njit(cache=True)
-def _restore(P, start, end, succ_ptr, succ_idx, chain_next, chain_lag, npred, res_ptr, res_idx, n_res):  # pragma: no cover
-    """Event-loop state after the dispatched prefix ``P`` (in dispatch order): predecessors
-    left, ready times, and each resource's free time and last task."""
+def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, succ_ptr, succ_idx, chain_next,
+             chain_lag, npred, res_ptr, res_idx, n_res):  # pragma: no cover
+    """The event loop's state after the kept prefix (the old tasks that became ready strictly
+    before ``t_c``, in their old dispatch order, renumbered by ``old_to_new``), in one
+    compiled pass: start, end, ready, predecessors left, each resource's free time and last
+    task, resource predecessors, the dispatch order so far and its length (the arrays
+    :func:`engine.simulate.event_loop` goes on from).
+
+    (Checkpoints of the old run's state would not pay here: task ids shift between the old
+    and the new graph, so a restored checkpoint costs an O(tasks) renumbering, as much as
+    this pass, and saving them costs every run.)"""
     n = npred.shape[0]
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    ready = np.zeros(n)
     left = npred.copy()
     for t in range(n):
         if chain_next[t] >= 0:
             left[chain_next[t]] += 1
-    ready = np.zeros(n)
     last = np.zeros(n_res)
     last_task = np.full(n_res, -1, np.int64)
-    for i in range(P.shape[0]):
-        t = P[i]
+    res_pred = np.full(n, -1, np.int64)
+    order = np.empty(n, np.int64)
+    done = 0
+    for i in range(old_order.shape[0]):
+        u = old_order[i]
+        if not ready_old[u] < t_c:
+            continue
+        t = old_to_new[u]
+        order[done] = t
+        done += 1
+        start[t] = start_old[u]
+        end[t] = end_old[u]
+        ready[t] = ready_old[u]  # (final: its predecessors all came before it in the prefix)
+        if rp_old[u] >= 0:
+            res_pred[t] = old_to_new[rp_old[u]]
         for k in range(succ_ptr[t], succ_ptr[t + 1]):
             v = succ_idx[k]
             left[v] -= 1
@@ -107,7 +130,7 @@ def _restore(P, start, end, succ_ptr, succ_idx, chain_next, chain_lag, npred, re
         for k in range(res_ptr[t], res_ptr[t + 1]):
             last[res_idx[k]] = end[t]
             last_task[res_idx[k]] = t
-    return left, ready, last, last_task
+    return start, end, ready, left, last, last_task, res_pred, order, done
 
 
 def _task_map(old_segs, new_segs, n_old: int) -> np.ndarray:
@@ -138,34 +161,16 @@ def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
     t_c = _first_change(old.succ_ptr, old.succ_idx, new.succ_ptr, new.succ_idx, new.chain_next, old_to_new,
                         ready_old, old_tl.end_s, old.dur_s, new.dur_s)
     # the prefix: old tasks that became ready strictly before t_c (all kept, by construction)
-    prefix_old = old_tl.order[ready_old[old_tl.order] < t_c]
-    return _continue(new, old_tl, prefix_old, old_to_new)
-
-
-def _continue(new: TaskGraph, old_tl: Timeline, prefix_old: np.ndarray, old_to_new: np.ndarray) -> Timeline:
-    n = new.num_tasks
-    P = old_to_new[prefix_old]  # dispatched tasks, in dispatch order (new ids)
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
-    start[P] = old_tl.start_s[prefix_old]
-    end[P] = old_tl.end_s[prefix_old]
-    left, ready, last, last_task = _restore(P, start, end, new.succ_ptr, new.succ_idx, new.chain_next,
-                                            new.chain_lag_s, new.npred, new.res_ptr, new.res_idx,
-                                            new.n_devices + new.n_links)
-    ready[P] = old_tl.extra["ready_s"][prefix_old]
-    done_mask = np.zeros(n, bool)
-    done_mask[P] = True
-    res_pred = np.full(n, -1, np.int64)
-    rp_old = old_tl.resource_pred[prefix_old]
-    res_pred[P] = np.where(rp_old >= 0, old_to_new[np.maximum(rp_old, 0)], -1)
-    order = np.empty(n, np.int64)
-    order[:P.size] = P
-    initial = np.nonzero((left == 0) & ~done_mask)[0]
+    start, end, ready, left, last, last_task, res_pred, order, done = _restore(
+        old_tl.order, ready_old, old_tl.start_s, old_tl.end_s, old_tl.resource_pred, old_to_new, t_c,
+        new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s, new.npred, new.res_ptr, new.res_idx,
+        new.n_devices + new.n_links)
+    initial = np.flatnonzero((left == 0) & np.isnan(start))
     start, end, order, res_pred, ready = event_loop(
         new.dur_s, new.res_ptr, new.res_idx, new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s,
-        np.zeros(0), start, end, ready, left, last, last_task, res_pred, order, P.size, initial)
+        np.zeros(0), start, end, ready, left, last, last_task, res_pred, order, done, initial)
     tl = timeline_from(new, start, end, order, res_pred, ready)
-    tl.extra["reused_tasks"] = int(P.size)
+    tl.extra["reused_tasks"] = int(done)
     return tl
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from ..errors import check_cancel
@@ -35,6 +36,9 @@ class SegmentStore:
         self._keys: list[tuple] = []  # keys in slot order (refreshed when keys are added)
         self.previous: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
         self._barriers: dict[int, np.ndarray] = {}  # device -> its barrier handles
+        self._dirty: set[tuple] = set()  # keys whose segment was replaced since the last live()
+        # the last live(): (devices in use, position of each live key, segments, serials, slots)
+        self._live: tuple | None = None
 
     def begin(self, key: tuple, refs) -> Segment:
         """A new, empty segment for ``key`` (replacing any old one) reading ``refs``."""
@@ -49,6 +53,7 @@ class SegmentStore:
         self.refs[key] = refs
         for o in refs:
             self.readers.setdefault(o, set()).add(key)
+        self._dirty.add(key)  # (a new segment, or an old one put back, comes with its refs)
 
     def reading(self, oi: int) -> list[tuple]:
         """Keys of the segments that read op ``oi``, in slot (build) order."""
@@ -66,11 +71,31 @@ class SegmentStore:
                 seg.edges(ids[:-1], ids[1:])
         return ids
 
-    def live(self, rep_devices: set[int]) -> list[Segment]:
-        """The segments of the graph in slot order (barriers only of devices in use)."""
+    def live(self, rep_devices: set[int]) -> tuple[list[Segment], np.ndarray, np.ndarray]:
+        """The segments of the graph in slot order (barriers only of devices in use), their
+        serials and their slots. Kept from the last call: after a rebuild only the replaced
+        segments are looked up again (the returned list and arrays are new, never modified)."""
         if len(self._keys) != len(self.segments):
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
-        return [self.segments[k] for k in self._keys if k[0] != "barriers" or k[1] in rep_devices]
+            self._live = None
+        used = frozenset(rep_devices)
+        if self._live is None or self._live[0] != used:
+            keys = [k for k in self._keys if k[0] != "barriers" or k[1] in used]
+            segs = [self.segments[k] for k in keys]
+            serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
+            slots = np.fromiter((sg.slot for sg in segs), np.int64, len(segs))
+            self._live = (used, {k: i for i, k in enumerate(keys)}, segs, serials, slots)
+        elif self._dirty:
+            _, where, segs, serials, slots = self._live
+            segs, serials = list(segs), serials.copy()
+            for k in self._dirty:
+                i = where.get(k)
+                if i is not None:
+                    segs[i] = self.segments[k]
+                    serials[i] = segs[i].serial
+            self._live = (used, where, segs, serials, slots)
+        self._dirty.clear()
+        return self._live[2], self._live[3], self._live[4]
 
     def splice(self, segs: list[Segment], serials: np.ndarray, cancel: Any = None) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
@@ -118,43 +143,16 @@ class SegmentStore:
         return {"arrays": arrays, "bounds": bounds}
 
 
-def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emitter,
-             device_image: np.ndarray, cancel: Any = None) -> TaskGraph:
-    """Concatenate the store's segments in slot order, turn handles into task ids, price each
-    device's optimizer step, and build the CSR arrays of successors and resources
-    (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
-    check_cancel(cancel)
-    D = ctx.n_devices
-    segs = store.live(tables.rep_devices)
-    serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
-    asm = store.splice(segs, serials, cancel)
-    check_cancel(cancel)
-    A = asm["arrays"]
-    starts = asm["bounds"]["kind"]
-    n = int(starts[-1])
-    slots = np.array([sg.slot for sg in segs], np.int64)
-    offset = np.zeros(int(slots.max()) + 1, np.int64)  # [slot] first task id
-    offset[slots] = starts[:-1]
-
+def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.ndarray, A: dict[str, np.ndarray],
+                    cancel: Any) -> tuple[np.ndarray, ...]:
+    """:func:`_link` in NumPy steps and blocks of :data:`_CANCEL_BLOCK` tasks, ``cancel``
+    (:func:`engine.errors.check_cancel`) asked between them; the same arrays."""
     def gid(h: np.ndarray) -> np.ndarray:
         return offset[h >> SHIFT] + (h & MASK)
 
-    cols = {k: A[k] for k in Segment._DTYPES}
-    # optimizer steps: one per device that runs a representative partition
-    params = np.zeros(D)
-    comm_bytes, cross = 0.0, 0
-    for sg in segs:
-        if sg.device_params is not None:
-            params += sg.device_params
-        comm_bytes += sg.comm_bytes
-        cross += sg.cross_replica
-    cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
-    check_cancel(cancel)
     # resources: one per task (its device or link), several for a collective
-    single = cols["res"]
     counts = (single >= 0).astype(np.int64)
     check_cancel(cancel)
-    coll = gid(A["coll_h"])
     counts[coll] = A["coll_nres"]
     res_ptr = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=res_ptr[1:])
@@ -184,6 +182,84 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         chain_next[at] = gid(ct[a:a + _CANCEL_BLOCK])
         chain_lag[at] = cl[a:a + _CANCEL_BLOCK]
     check_cancel(cancel)
+    return res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
+
+
+@nb.njit(cache=True)
+def _link(offset, n, single, coll, coll_nres, coll_res, src_h, dst_h, chain_from, chain_to,
+          chain_lag_in):  # pragma: no cover - compiled
+    """The index arrays of a :class:`TaskGraph` from the spliced columns, in one compiled
+    pass each (:func:`_link_in_blocks` makes the same in NumPy steps): resources (CSR
+    ``res_ptr``/``res_idx``: a task's device or link, a collective's group), successors
+    (:func:`~engine.taskgraph.segments.csr_from_handles`) and cut-through chains.
+    ``offset[slot]``: the slot's first task id; handles are ``slot << 32 | local index``."""
+    counts = np.zeros(n, np.int64)
+    for t in range(n):
+        if single[t] >= 0:
+            counts[t] = 1
+    for i in range(coll.shape[0]):
+        counts[coll[i]] = coll_nres[i]
+    res_ptr = np.zeros(n + 1, np.int64)
+    for t in range(n):
+        res_ptr[t + 1] = res_ptr[t] + counts[t]
+    res_idx = np.empty(res_ptr[n], np.int64)
+    for t in range(n):
+        if single[t] >= 0:
+            res_idx[res_ptr[t]] = single[t]
+    k = 0
+    for i in range(coll.shape[0]):
+        at = res_ptr[coll[i]]
+        for j in range(coll_nres[i]):
+            res_idx[at + j] = coll_res[k]
+            k += 1
+    succ_ptr, succ_idx, npred = csr_from_handles(src_h, dst_h, offset, n)
+    chain_next = np.full(n, -1, np.int64)
+    chain_lag = np.zeros(n)
+    for i in range(chain_from.shape[0]):
+        a = offset[chain_from[i] >> SHIFT] + (chain_from[i] & MASK)
+        chain_next[a] = offset[chain_to[i] >> SHIFT] + (chain_to[i] & MASK)
+        chain_lag[a] = chain_lag_in[i]
+    return res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
+
+
+def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emitter,
+             device_image: np.ndarray, cancel: Any = None) -> TaskGraph:
+    """Concatenate the store's segments in slot order, turn handles into task ids, price each
+    device's optimizer step, and build the CSR arrays of successors and resources
+    (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
+    check_cancel(cancel)
+    D = ctx.n_devices
+    segs, serials, slots = store.live(tables.rep_devices)
+    asm = store.splice(segs, serials, cancel)
+    check_cancel(cancel)
+    A = asm["arrays"]
+    starts = asm["bounds"]["kind"]
+    n = int(starts[-1])
+    offset = np.zeros(int(slots.max()) + 1, np.int64)  # [slot] first task id
+    offset[slots] = starts[:-1]
+
+    def gid(h: np.ndarray) -> np.ndarray:
+        return offset[h >> SHIFT] + (h & MASK)
+
+    cols = {k: A[k] for k in Segment._DTYPES}
+    # optimizer steps: one per device that runs a representative partition
+    params = np.zeros(D)
+    comm_bytes, cross = 0.0, 0
+    for sg in segs:
+        if sg.device_params is not None:
+            params += sg.device_params
+        comm_bytes += sg.comm_bytes
+        cross += sg.cross_replica
+    cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
+    check_cancel(cancel)
+    coll = gid(A["coll_h"])
+    if cancel is None:  # (a rebuild: one compiled pass for the resources, successors and chains)
+        res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag = _link(
+            offset, n, cols["res"], coll, A["coll_nres"], A["coll_res"], A["src"], A["dst"], A["chain_from"],
+            A["chain_to"], A["chain_lag"])
+    else:  # (a first build: the same arrays in blocks, a cancel asked between them)
+        res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag = _link_in_blocks(
+            offset, n, cols["res"], coll, A, cancel)
     # collectives' devices
     ptr = np.zeros(coll.size + 1, np.int64)
     np.cumsum(A["coll_ndev"], out=ptr[1:])

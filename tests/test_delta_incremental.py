@@ -1,0 +1,181 @@
+"""Proposals at full speed (issue 28, item 1): the spliced assembly, the compiled re-linking of a
+rebuild, the resumed event loop and the 4-ary ready heap give results identical, bit for bit,
+to a full build and simulation, through chains of changes, reverts and commits."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.cluster import preset
+from engine.costs import CostModel
+from engine.delta import DeltaSimulator, resume
+from engine.formats import resolve_model
+from engine.search.baselines import data_parallel, megatron
+from engine.search.mcmc import random_config
+from engine.simulate import run_reference, simulate
+from engine.taskgraph import TaskGraph, TaskGraphBuilder
+
+#: every array of a TaskGraph, and of a Timeline
+TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
+               "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")
+
+MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnntc")}
+
+
+def full(graph, strategy, cluster):
+    tg = TaskGraphBuilder(graph, strategy, cluster, CostModel()).build()
+    return tg, simulate(tg)
+
+
+def assert_same_graph(a: TaskGraph, b: TaskGraph) -> None:
+    for key in TASK_ARRAYS:
+        x, y = getattr(a, key), getattr(b, key)
+        assert x.dtype == y.dtype and np.array_equal(x, y), key
+    assert a.comm_bytes == b.comm_bytes
+    ptr_a, dev_a, coll_a = a.info["coll_devices"]
+    ptr_b, dev_b, coll_b = b.info["coll_devices"]
+    assert np.array_equal(ptr_a, ptr_b) and np.array_equal(dev_a, dev_b) and np.array_equal(coll_a, coll_b)
+
+
+def assert_same_timeline(a, b) -> None:
+    """Task for task, bit for bit (NaN nowhere: every task runs)."""
+    for key in ("start_s", "end_s", "order", "resource_pred"):
+        assert np.array_equal(getattr(a, key), getattr(b, key)), key
+    assert np.array_equal(a.extra["ready_s"], b.extra["ready_s"])
+
+
+def random_move(sim: DeltaSimulator, rng: random.Random) -> tuple[str, object]:
+    """A valid change of one op to a config it does not have."""
+    names = [op.name for op in sim.graph.ops]
+    while True:
+        name = rng.choice(names)
+        config = random_config(sim.graph[name], sim.cluster.num_devices, rng)
+        if config != sim.strategy[name] and not sim.check(name, config):
+            return name, config
+
+
+class TestChainsOfChanges:
+    @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(sorted(MODELS)), st.sampled_from(["p100-4x4", "dgx-a100-80gb:1"]),
+           st.integers(0, 10**6), st.lists(st.sampled_from(["commit", "revert"]), min_size=3, max_size=8))
+    def test_every_step_equals_a_full_build_and_simulation(self, model, cluster_name, seed, steps):
+        """A chain of random changes, each kept or reverted: every array of the task graph and
+        of the timeline (ready times and resource predecessors included) equals a full build
+        and simulation of the strategy at that step."""
+        g, c = MODELS[model], preset(cluster_name)
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        rng = random.Random(seed)
+        for step in steps:
+            before_tasks, before_tl = sim.tasks, sim.timeline
+            sim.change(*random_move(sim, rng))
+            if step == "revert":
+                sim.revert()
+                assert sim.tasks is before_tasks and sim.timeline is before_tl
+            else:
+                sim.commit()
+            tg, tl = full(g, sim.strategy, c)
+            assert_same_graph(sim.tasks, tg)
+            assert_same_timeline(sim.timeline, tl)
+
+    def test_changes_undone_by_changes_give_the_first_arrays_back(self):
+        """Five committed changes, then five changes back to the old configs (new segments
+        spliced each time, never a revert): the graph and timeline are the first ones again."""
+        g, c = MODELS["inception_v3"], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        first_tasks, first_tl = sim.tasks, sim.timeline
+        rng, undo = random.Random(5), []
+        for _ in range(5):
+            name, config = random_move(sim, rng)
+            undo.append((name, sim.strategy[name]))
+            sim.change(name, config)
+            sim.commit()
+        assert sim.timeline.makespan_s != first_tl.makespan_s
+        for name, config in reversed(undo):
+            sim.change(name, config)
+            sim.commit()
+        assert_same_graph(sim.tasks, first_tasks)
+        assert_same_timeline(sim.timeline, first_tl)
+
+    @pytest.mark.parametrize("model, cluster_name, strategy", [
+        ("gpt2", "p100-4x4", lambda g, c: megatron(g, c, tp=2)),  # all-reduces over tensor-parallel groups
+        ("alexnet", "k80-16x4", data_parallel),  # multi-hop transfers (cut-through chains) after moves
+    ])
+    def test_collectives_and_chains(self, model, cluster_name, strategy):
+        """Changes relink the collectives' resources and the cut-through chains as a full build
+        does (on 64 GPUs the random moves make multi-hop transfers)."""
+        g, c = resolve_model(model), preset(cluster_name)
+        sim = DeltaSimulator(g, strategy(g, c), c)
+        rng = random.Random(2)
+        for _ in range(3):
+            sim.change(*random_move(sim, rng))
+            sim.commit()
+            tg, tl = full(g, sim.strategy, c)
+            assert_same_graph(sim.tasks, tg)
+            assert_same_timeline(sim.timeline, tl)
+        assert (sim.tasks.coll >= 0).any() and (sim.tasks.chain_next >= 0).any()
+
+
+class TestResume:
+    def test_nothing_shared_is_a_full_simulation(self):
+        """A graph from another builder shares no segment: nothing is reused, and the result
+        is the full simulation."""
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        old, old_tl = full(g, data_parallel(g, c), c)
+        new, new_tl = full(g, data_parallel(g, c), c)
+        tl = resume(old, old_tl, new)
+        assert tl.extra["reused_tasks"] == 0
+        assert_same_timeline(tl, new_tl)
+
+    def test_the_same_graph_reuses_every_task(self):
+        """Nothing changed: the whole old timeline is the prefix and the loop dispatches nothing."""
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        tg, tl = full(g, data_parallel(g, c), c)
+        again = resume(tg, tl, tg)
+        assert again.extra["reused_tasks"] == tg.num_tasks
+        assert_same_timeline(again, tl)
+
+
+def _random_dag(rng: random.Random, n: int, devices: int) -> TaskGraph:
+    """``n`` tasks on ``devices`` devices, edges from lower to higher ids, durations of 0, 1
+    or 2 s (many ties in ready time, the heap's tie-break by task id decides)."""
+    edges = sorted({(u, v) for v in range(1, n) for u in rng.sample(range(v), min(v, rng.randint(0, 3)))})
+    src = np.array([u for u, _ in edges], np.int64)
+    dst = np.array([v for _, v in edges], np.int64)
+    order = np.argsort(src, kind="stable")
+    succ_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    res = np.array([rng.randrange(devices) for _ in range(n)], np.int64)
+    i32, z = np.full(n, -1, np.int32), np.zeros(n)
+    return TaskGraph(kind=np.zeros(n, np.int8), op=i32, part=i32, mb=i32, device=res.astype(np.int32),
+                     dur_s=np.array([float(rng.choice((0, 1, 2))) for _ in range(n)]), size_bytes=z, flops=z,
+                     coll=np.full(n, -1, np.int8), link=i32, res_ptr=np.arange(n + 1, dtype=np.int64), res_idx=res,
+                     succ_ptr=succ_ptr, succ_idx=dst[order], npred=np.bincount(dst, minlength=n).astype(np.int64),
+                     chain_next=np.full(n, -1, np.int64), chain_lag_s=z, n_devices=devices, n_links=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 300), st.integers(1, 5))
+def test_ready_heap_matches_the_python_reference(seed, n, devices):
+    """The 4-ary heap pops what Python's heapq pops (ready time, ties by task id): the compiled
+    loop's start and end times equal the reference loop's, on random graphs full of ties."""
+    tg = _random_dag(random.Random(seed), n, devices)
+    tl = simulate(tg)
+    start, end = run_reference(tg)
+    assert np.array_equal(tl.start_s, start) and np.array_equal(tl.end_s, end)
+    assert np.array_equal(np.sort(tl.order), np.arange(n))
+
+
+@pytest.mark.parametrize("model", ["inception_v3"])
+def test_a_cancellable_build_links_the_same_arrays(model):
+    """The first build with a cancel relinks in NumPy blocks, without one in one compiled pass:
+    the same arrays."""
+    g, c = MODELS[model], preset("p100-4x4")
+    s = data_parallel(g, c)
+    a = TaskGraphBuilder(g, s, c, CostModel()).build()
+    b = TaskGraphBuilder(g, s, c, CostModel()).build(cancel=lambda: False)
+    assert_same_graph(a, b)
