@@ -1,0 +1,378 @@
+"""soapbox's prediction time side by side with Calculon's, on the same Megatron runs (issue 28).
+
+Calculon (Isaev et al., "Calculon: a methodology and tool for high-level co-design of systems
+and large language models", SC'23; github.com/calculon-ai/calculon) is an analytic model of
+LLM training in pure Python. It is not on PyPI and none of its code or JSON is copied here:
+``--calculon PATH`` names a checkout, which is imported in this process, and every Calculon
+input is read from it:
+
+* models: ``models/gpt3-175B.json``, ``models/megatron-22B.json``, ``models/turing-530B.json``,
+  ``models/megatron-1T.json``;
+* system: ``systems/a100_80g.json`` (the one its Table 5 validation uses);
+* executions: ``validation/seqsel/tab5/<model>_{full,seqsel}.json`` (Korthikanti et al. 2022,
+  arXiv 2205.05198, Table 5: full recomputation, and sequence parallelism + selective
+  recomputation). The 1,024-GPU runs start from ``tab5/gpt3-175B_full.json`` and change only
+  the layout (num_procs 1024, pipeline_par 16, data_par 8, batch_size 1536,
+  pipeline_interleaving 1) and, with sequence parallelism, ``tensor_par_comm_type`` ``rs_ag``
+  (Calculon's sequence parallelism: ``Llm.Execution._sequence_par``).
+
+soapbox runs the same layouts: model ``gpt3-175b`` (``engine.models.build_sample``) or a
+``GPTConfig`` of Korthikanti et al.'s Table 3 shapes with Megatron's GPT conventions, preset
+``dgx-a100-80gb:<nodes>``, ``engine.layout.Layout`` -> ``engine.search.baselines.build_layout``
+-> ``engine.report.simulate_strategy(check=False)``, whose memory report is made inside
+(``account_memory`` on). Both sides: fp16, no ZeRO / optimizer sharding, data-parallel gradient
+reduction not overlapped with the backward (Calculon's ``data_par_overlap`` false in those
+files; soapbox ``overlap_grad_reduce`` off), no tensor-parallel communication overlap.
+Differences that stay: Calculon has no embedding or output layer (soapbox's models have a
+51,200-word vocabulary); Calculon's time is a formula, soapbox's a simulated timeline.
+
+What is timed, per prediction:
+
+* Calculon: ``Llm.Execution.from_json`` + ``Llm(app)`` + ``compile`` + ``run`` +
+  ``get_stats_json`` (the application and system objects made once, as its validation does);
+* soapbox: ``Layout.resolved`` + ``build_layout`` + ``simulate_strategy`` (task-graph build,
+  simulation, memory report). The model graph and the cluster are made once per run; the
+  graph's build time is shown on its own (``model build s``).
+
+One process; for each run one warm-up call of each (numba compiles, caches fill), then
+``--rounds`` rounds, each one Calculon call then one soapbox call; the medians are reported.
+The published iteration time is Korthikanti et al.'s Table 5 for their eight runs, and a row of
+``validation/published_runs_public.csv`` with the same model, GPUs, layout and batch where one
+exists (converted by Megatron's FLOPs count, ``published.megatron_flops``); ``-`` otherwise.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_calculon.py --calculon /path/to/calculon [--rounds 5]
+        [--only 1024|korthikanti] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["RUNS", "Run", "Result", "load_calculon", "markdown_table", "main"]
+
+#: Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: seconds per iteration measured on
+#: Selene (DGX A100 80GB), "full" = full recomputation, "seqsel" = sequence parallelism +
+#: selective recomputation ("present work").
+KORTHIKANTI_TABLE5_S = {
+    ("megatron-22B", "full"): 1.42, ("megatron-22B", "seqsel"): 1.10,
+    ("gpt3-175B", "full"): 18.13, ("gpt3-175B", "seqsel"): 13.75,
+    ("turing-530B", "full"): 49.05, ("turing-530B", "seqsel"): 37.83,
+    ("megatron-1T", "full"): 94.42, ("megatron-1T", "seqsel"): 71.49,
+}
+
+#: Korthikanti et al. 2022, Table 3 (model shapes; sequence 2048) and the layouts of Calculon's
+#: tab5 files: name -> (layers, hidden, heads, tp, pp, vpp, GPUs, global batch, micro-batch)
+KORTHIKANTI_RUNS = {
+    "megatron-22B": (48, 6144, 64, 8, 1, 1, 8, 4, 4),
+    "gpt3-175B": (96, 12288, 96, 8, 8, 3, 64, 64, 1),
+    "turing-530B": (105, 20480, 128, 8, 35, 3, 280, 280, 1),
+    "megatron-1T": (128, 25600, 160, 8, 64, 1, 512, 512, 1),
+}
+SEQ_LEN = 2048
+#: GPT-2's 50,257 words padded to 51,200 (Megatron-LM's --make-vocab-size-divisible-by 128 x tp 8)
+VOCAB = 51200
+GPUS_PER_NODE = 8  # DGX A100
+CALCULON_SYSTEM = "systems/a100_80g.json"
+TAB5 = "validation/seqsel/tab5"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run both tools predict."""
+
+    name: str
+    #: Calculon: model file, execution file (under the checkout), and the fields changed in it
+    calculon_model: str
+    calculon_exe: str
+    calculon_changes: dict[str, Any]
+    #: soapbox: model (layers, hidden, heads, global batch), GPUs and layout options
+    layers: int
+    hidden: int
+    heads: int
+    global_batch: int
+    gpus: int
+    layout: dict[str, Any]
+    #: published seconds per iteration and where from; None: none known
+    published_s: float | None = None
+    published_from: str = ""
+
+    @property
+    def cluster(self) -> str:
+        """soapbox's cluster preset: whole DGX A100 80GB nodes."""
+        return f"dgx-a100-80gb:{self.gpus // GPUS_PER_NODE}"
+
+
+def _runs() -> list[Run]:
+    out = []
+    base = dict(recompute="full", micro_batch=1, overlap_grad_reduce=False)
+    for sp in (False, True):
+        changes: dict[str, Any] = dict(num_procs=1024, pipeline_par=16, data_par=8, batch_size=1536,
+                                       pipeline_interleaving=1)
+        if sp:
+            changes["tensor_par_comm_type"] = "rs_ag"
+        out.append(Run(f"GPT-3 175B 1024 GPUs tp8 pp16 dp8 full{' + sp' if sp else ''}", "models/gpt3-175B.json",
+                       f"{TAB5}/gpt3-175B_full.json", changes, 96, 12288, 96, 1536, 1024,
+                       dict(base, tp=8, pp=16, dp=8, sequence_parallel=sp)))
+    for model, (L, h, a, tp, pp, vpp, gpus, batch, mb) in KORTHIKANTI_RUNS.items():
+        for mode in ("full", "seqsel"):
+            lay = dict(tp=tp, pp=pp, dp=gpus // (tp * pp), vpp=vpp, micro_batch=mb, overlap_grad_reduce=False,
+                       recompute="full" if mode == "full" else "selective", sequence_parallel=mode == "seqsel")
+            out.append(Run(f"Korthikanti T5 {model} {mode}", f"models/{model}.json", f"{TAB5}/{model}_{mode}.json",
+                           {}, L, h, a, batch, gpus, lay, KORTHIKANTI_TABLE5_S[(model, mode)],
+                           "Korthikanti et al. 2022 Table 5"))
+    return out
+
+
+RUNS = _runs()
+
+
+@dataclass
+class Result:
+    """One run's figures: seconds per prediction (median over rounds), predicted iteration
+    seconds and memory per GPU (GiB) from each tool, the published iteration seconds."""
+
+    run: str
+    calculon_pred_s: float | None = None
+    soapbox_pred_s: float | None = None
+    soapbox_model_build_s: float | None = None
+    calculon_iter_s: float | None = None
+    soapbox_iter_s: float | None = None
+    calculon_mem_gib: float | None = None
+    soapbox_peak_gib: float | None = None
+    published_s: float | None = None
+    published_from: str = ""
+    soapbox_tasks: int | None = None
+    calculon_rounds_s: list[float] = field(default_factory=list)
+    soapbox_rounds_s: list[float] = field(default_factory=list)
+    problem: str = ""
+
+
+class BenchError(Exception):
+    """A problem the user can act on, printed as one line."""
+
+
+def load_calculon(path: str | os.PathLike) -> Any:
+    """Import Calculon from the checkout at ``path`` (the folder holding ``calculon/``);
+    :class:`BenchError` names the path and what is missing there."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise BenchError(f"--calculon {path}: no such folder (a checkout of github.com/calculon-ai/calculon)")
+    if not (root / "calculon" / "llm" / "llm.py").is_file():
+        raise BenchError(f"--calculon {path}: not a Calculon checkout (no calculon/llm/llm.py there)")
+    sys.path.insert(0, str(root.resolve()))
+    try:
+        calculon = importlib.import_module("calculon")
+        importlib.import_module("calculon.llm")
+    except Exception as e:  # its own import failing (a missing dependency, a syntax error)
+        raise BenchError(f"--calculon {path}: importing Calculon failed: {type(e).__name__}: {e}") from None
+    return calculon
+
+
+def _read_json(root: Path, rel: str) -> dict[str, Any]:
+    p = root / rel
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError:
+        raise BenchError(f"{p}: missing from the Calculon checkout") from None
+    except ValueError as e:
+        raise BenchError(f"{p}: not JSON ({e})") from None
+
+
+def calculon_predictor(calculon: Any, root: Path, run: Run) -> Callable[[], tuple[float, float]]:
+    """A call returning Calculon's (iteration s, memory per GPU in bytes: tier-1 capacity
+    required, ``proc_mem_tier1_cap_req``) for ``run``; the files read now."""
+    from calculon.llm import Llm
+    app = Llm.Application(_read_json(root, run.calculon_model))
+    system = calculon.System(_read_json(root, CALCULON_SYSTEM))
+    cfg = dict(_read_json(root, run.calculon_exe), **run.calculon_changes)
+    log = logging.getLogger("calculon")
+
+    def predict() -> tuple[float, float]:
+        exe = Llm.Execution.from_json(cfg)
+        m = Llm(app, log)
+        m.compile(system, exe)
+        m.run(system)
+        stats = m.get_stats_json(False)
+        return float(stats["total_time"]), float(stats["proc_mem_tier1_cap_req"])
+    return predict
+
+
+def soapbox_model(run: Run):
+    """soapbox's model of ``run``: the sample ``gpt3-175b`` for GPT-3's shape, else a GPT of
+    Korthikanti et al.'s Table 3 shape with Megatron-LM's GPT conventions (learned positions,
+    biases, tied embeddings, dropout 0.1; :class:`engine.models.transformer.GPTConfig`'s
+    defaults), fp16, sequence 2048, vocabulary 51,200."""
+    from engine.models import build_sample
+    from engine.models.transformer import GPTConfig, gpt
+    if (run.layers, run.hidden, run.heads) == (96, 12288, 96):
+        return build_sample("gpt3-175b", batch=run.global_batch)
+    return gpt(GPTConfig(run.layers, run.hidden, run.heads, SEQ_LEN, VOCAB, run.global_batch, precision="fp16",
+                         name=Path(run.calculon_model).stem), source="benchmarks/bench_calculon.py")
+
+
+def soapbox_predictor(graph: Any, run: Run) -> Callable[[], tuple[float, float, int]]:
+    """A call returning soapbox's (iteration s, peak memory of the worst GPU in bytes, tasks)
+    for ``run``: layout -> strategy -> build, simulate and memory report."""
+    from engine.cluster import preset
+    from engine.layout import Layout
+    from engine.report import simulate_strategy
+    from engine.search.baselines import build_layout
+    cluster = preset(run.cluster)
+    lay = Layout.from_options(run.layout)
+
+    def predict() -> tuple[float, float, int]:
+        s = build_layout(graph, cluster, lay.resolved(graph, cluster))
+        r = simulate_strategy(graph, s, cluster, check=False)
+        return r.iteration_time_s, float(r.memory.peak_bytes.max()), r.tasks.num_tasks
+    return predict
+
+
+def published_from_csv(run: Run) -> tuple[float | None, str]:
+    """(seconds per iteration, row) of a ``validation/published_runs_public.csv`` row with
+    ``run``'s layers, hidden, GPUs, tp, pp and global batch and a ``tflops_per_gpu`` metric
+    (Megatron's count, Narayanan et al. SC'21 Eq. 3, with full recomputation); (None, "") when
+    there is none."""
+    from published import load_rows, megatron_flops
+    from published_rows import cell_float, cell_int
+    want = dict(layers=run.layers, hidden=run.hidden, gpus=run.gpus, tp=run.layout["tp"], pp=run.layout["pp"],
+                global_batch=run.global_batch)
+    for row in load_rows():
+        if all(cell_int(row, k) == v for k, v in want.items()) and row.get("metric_name") == "tflops_per_gpu":
+            tf = cell_float(row, "metric_value")
+            if tf:
+                F = megatron_flops(run.global_batch, SEQ_LEN, run.layers, run.hidden, cell_int(row, "vocab") or VOCAB,
+                                   recompute=(row.get("recompute") or "").startswith("full"))
+                return F / (tf * 1e12 * run.gpus), f"published_runs_public.csv row {row['row_id']}"
+    return None, ""
+
+
+def measure(run: Run, calc: Callable[[], tuple[float, float]], soap: Callable[[], tuple[float, float, int]],
+            rounds: int, res: Result) -> Result:
+    """Warm each tool up once, then ``rounds`` rounds of (Calculon call, soapbox call)."""
+    calc_out = soap_out = None
+    try:
+        calc_out = calc()
+    except Exception as e:  # Calculon refuses a layout with its own Error
+        res.problem += f"Calculon: {type(e).__name__}: {e}. "
+    try:
+        soap_out = soap()
+    except Exception as e:
+        res.problem += f"soapbox: {type(e).__name__}: {e}. "
+    for _ in range(rounds):
+        if calc_out is not None:
+            t = time.perf_counter()
+            calc_out = calc()
+            res.calculon_rounds_s.append(time.perf_counter() - t)
+        if soap_out is not None:
+            t = time.perf_counter()
+            soap_out = soap()
+            res.soapbox_rounds_s.append(time.perf_counter() - t)
+    if calc_out is not None:
+        res.calculon_iter_s, res.calculon_mem_gib = calc_out[0], calc_out[1] / 2**30
+        res.calculon_pred_s = statistics.median(res.calculon_rounds_s) if res.calculon_rounds_s else None
+    if soap_out is not None:
+        res.soapbox_iter_s, res.soapbox_peak_gib, res.soapbox_tasks = soap_out[0], soap_out[1] / 2**30, soap_out[2]
+        res.soapbox_pred_s = statistics.median(res.soapbox_rounds_s) if res.soapbox_rounds_s else None
+    return res
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _err(pred: float | None, pub: float | None) -> str:
+    return "-" if pred is None or not pub else f"{(pred - pub) / pub * 100:+.1f}%"
+
+
+def markdown_table(results: list[Result]) -> str:
+    """The results as a Markdown table (times per prediction in ms for Calculon, s for soapbox;
+    iteration times in s; memory in GiB per GPU; error against the published time)."""
+    lines = ["| run | Calculon ms/prediction | soapbox s/prediction | soapbox model build s | published s/iter | "
+             "Calculon s/iter (err) | soapbox s/iter (err) | Calculon GiB/GPU | soapbox peak GiB | soapbox tasks |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        calc_ms = None if r.calculon_pred_s is None else r.calculon_pred_s * 1e3
+        lines.append(f"| {r.run} | {_f(calc_ms, '.1f')} | {_f(r.soapbox_pred_s, '.2f')} | "
+                     f"{_f(r.soapbox_model_build_s, '.2f')} | {_f(r.published_s, '.2f')} | "
+                     f"{_f(r.calculon_iter_s, '.2f')} ({_err(r.calculon_iter_s, r.published_s)}) | "
+                     f"{_f(r.soapbox_iter_s, '.2f')} ({_err(r.soapbox_iter_s, r.published_s)}) | "
+                     f"{_f(r.calculon_mem_gib, '.1f')} | {_f(r.soapbox_peak_gib, '.1f')} | "
+                     f"{'-' if r.soapbox_tasks is None else f'{r.soapbox_tasks:,}'} |")
+    for r in results:
+        if r.problem:
+            lines.append(f"\n{r.run}: {r.problem.strip()}")
+    return "\n".join(lines)
+
+
+def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
+    import engine
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_1_5_15": load,
+            "engine": str(Path(engine.__file__).resolve().parent), "calculon": str(calculon_root.resolve()),
+            "rounds": rounds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calculon", required=True, help="a checkout of github.com/calculon-ai/calculon")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the warm-up (default 5)")
+    ap.add_argument("--only", choices=("1024", "korthikanti"), help="only the 1,024-GPU runs or Korthikanti's eight")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        print(f"bench_calculon: --rounds {args.rounds}: needs 1 or more", file=sys.stderr)
+        return 2
+    try:
+        importlib.import_module("engine")  # soapbox's engine first: from PYTHONPATH, never from this file's tree
+        calculon = load_calculon(args.calculon)
+        root = Path(args.calculon).expanduser()
+        sys.path.insert(1, str(Path(__file__).resolve().parent))  # published.py, after the engine is chosen
+        runs = [r for r in RUNS if args.only is None or (args.only == "1024") == (r.gpus == 1024)]
+        preds = [calculon_predictor(calculon, root, r) for r in runs]  # every file read before any timing
+    except BenchError as e:
+        print(f"bench_calculon: {e}", file=sys.stderr)
+        return 2
+    head = _header(args.rounds, root)
+    results = []
+    graphs: dict[tuple[int, int, int, int], Any] = {}
+    for run, calc in zip(runs, preds):
+        res = Result(run.name, published_s=run.published_s, published_from=run.published_from)
+        key = (run.layers, run.hidden, run.heads, run.global_batch)
+        t = time.perf_counter()
+        graph = graphs.get(key) or soapbox_model(run)
+        res.soapbox_model_build_s = None if key in graphs else time.perf_counter() - t
+        graphs[key] = graph
+        if res.published_s is None:
+            res.published_s, res.published_from = published_from_csv(run)
+        results.append(measure(run, calc, soapbox_predictor(graph, run), args.rounds, res))
+        if not args.json:
+            print(f"  done: {run.name}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps({"setup": head, "results": [asdict(r) for r in results]}, indent=1))
+    else:
+        print(f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
+              f"Python {head['python']}, {head['date_utc']} UTC, load average {head['load_1_5_15']}; "
+              f"median of {args.rounds} interleaved rounds after one warm-up each\n")
+        print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

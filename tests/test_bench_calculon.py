@@ -1,0 +1,116 @@
+"""benchmarks/bench_calculon.py: its runs match on both sides, its errors are one line, its table
+and soapbox's side of a run (Calculon itself is not installed here: the script imports it from
+a checkout named on the command line)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "benchmarks"))
+
+import bench_calculon as bc  # noqa: E402
+from published import megatron_flops  # noqa: E402
+
+from engine.cluster import preset  # noqa: E402
+
+
+class TestCalculonPath:
+    def test_missing_folder_is_one_line(self, tmp_path, capsys):
+        where = tmp_path / "nowhere"
+        assert bc.main(["--calculon", str(where)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(where) in err and "no such folder" in err
+
+    def test_folder_without_calculon(self, tmp_path, capsys):
+        assert bc.main(["--calculon", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "not a Calculon checkout" in err and "calculon/llm/llm.py" in err
+
+    def test_calculon_that_fails_to_import(self, tmp_path, capsys, monkeypatch):
+        pkg = tmp_path / "calculon"
+        (pkg / "llm").mkdir(parents=True)
+        (pkg / "llm" / "llm.py").write_text("")
+        (pkg / "__init__.py").write_text("raise ImportError('no module named numpy (test)')\n")
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        monkeypatch.delitem(sys.modules, "calculon", raising=False)
+        assert bc.main(["--calculon", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "importing Calculon failed" in err and "numpy (test)" in err
+
+    def test_rounds_below_one(self, tmp_path, capsys):
+        assert bc.main(["--calculon", str(tmp_path), "--rounds", "0"]) == 2
+        assert "--rounds 0" in capsys.readouterr().err
+
+
+class TestRuns:
+    def test_ten_runs(self):
+        assert len(bc.RUNS) == 10
+        assert sum(r.gpus == 1024 for r in bc.RUNS) == 2
+        assert sorted(r.published_s for r in bc.RUNS if r.published_s) == sorted(bc.KORTHIKANTI_TABLE5_S.values())
+
+    @pytest.mark.parametrize("run", bc.RUNS, ids=lambda r: r.name)
+    def test_layout_fills_its_cluster(self, run):
+        lay = run.layout
+        assert lay["tp"] * lay["pp"] * lay["dp"] == run.gpus == preset(run.cluster).num_devices
+        assert run.global_batch % (lay["dp"] * lay["micro_batch"]) == 0
+        assert lay["overlap_grad_reduce"] is False  # Calculon's data_par_overlap is false in its tab5 files
+
+    def test_1024_runs_change_calculon_to_the_same_layout(self):
+        for run in (r for r in bc.RUNS if r.gpus == 1024):
+            ch, lay = run.calculon_changes, run.layout
+            assert (ch["num_procs"], ch["pipeline_par"], ch["data_par"], ch["batch_size"]) == (
+                run.gpus, lay["pp"], lay["dp"], run.global_batch)
+            # Calculon's sequence parallelism is its reduce-scatter / all-gather tensor-parallel comm
+            assert (ch.get("tensor_par_comm_type") == "rs_ag") == lay["sequence_parallel"]
+            assert lay["recompute"] == "full"
+
+    def test_korthikanti_modes(self):
+        for run in (r for r in bc.RUNS if r.gpus != 1024):
+            seqsel = run.calculon_exe.endswith("_seqsel.json")
+            assert run.layout["sequence_parallel"] is seqsel
+            assert run.layout["recompute"] == ("selective" if seqsel else "full")
+            assert run.calculon_changes == {}
+
+
+class TestPublished:
+    def test_no_row_for_the_1024_gpu_runs(self):
+        assert bc.published_from_csv(bc.RUNS[0]) == (None, "")
+
+    def test_row_found_and_converted(self):
+        # Narayanan et al. SC'21 Table 1, GPT-145B: 80 layers, h 12288, 1536 GPUs, tp 8, pp 8,
+        # batch 2304, 148 TFLOP/s per GPU (row 7 of the CSV)
+        run = bc.Run("145B", "", "", {}, 80, 12288, 96, 2304, 1536, dict(tp=8, pp=8, dp=24, micro_batch=2))
+        t, where = bc.published_from_csv(run)
+        assert where == "published_runs_public.csv row 7"
+        assert t == pytest.approx(megatron_flops(2304, 2048, 80, 12288, 51200, True) / (148e12 * 1536))
+        # the same row's aggregate 227.1 PFLOP/s (its metric2) gives the same time to rounding
+        assert t == pytest.approx(megatron_flops(2304, 2048, 80, 12288, 51200, True) / 227.1e15, rel=0.01)
+
+
+class TestTable:
+    def test_rows_dashes_and_errors(self):
+        a = bc.Result("a", calculon_pred_s=0.004, soapbox_pred_s=1.5, calculon_iter_s=11.0, soapbox_iter_s=9.0,
+                      published_s=10.0, calculon_mem_gib=20.0, soapbox_peak_gib=30.0, soapbox_tasks=1234)
+        b = bc.Result("b", problem="Calculon: Error: too big.")
+        text = bc.markdown_table([a, b])
+        lines = text.splitlines()
+        assert lines[2] == ("| a | 4.0 | 1.50 | - | 10.00 | 11.00 (+10.0%) | 9.00 (-10.0%) | 20.0 | 30.0 | 1,234 |")
+        assert lines[3] == "| b | - | - | - | - | - (-) | - (-) | - | - | - |"
+        assert lines[-1] == "b: Calculon: Error: too big."
+
+
+class TestSoapboxSide:
+    def test_megatron_22b_sequence_parallel_selective_beats_full_recompute(self):
+        """Korthikanti et al.'s Table 5 relationship (1.10 s < 1.42 s) on soapbox's side: less
+        recomputation, shorter iteration; and the predictor reports tasks and memory."""
+        full, seqsel = (r for r in bc.RUNS if "megatron-22B" in r.name)
+        graph = bc.soapbox_model(full)
+        t_full, mem_full, n_full = bc.soapbox_predictor(graph, full)()
+        t_sel, mem_sel, n_sel = bc.soapbox_predictor(graph, seqsel)()
+        assert 0 < t_sel < t_full
+        assert mem_full > 0 and mem_sel > 0 and n_full > 0 and n_sel > 0
+        assert graph.batch_size == 4
