@@ -43,7 +43,8 @@ exists (converted by Megatron's FLOPs count, ``published.megatron_flops``); ``-`
 Usage::
 
     PYTHONPATH=. python benchmarks/bench_calculon.py --calculon /path/to/calculon [--rounds 5]
-        [--only 1024|korthikanti] [--json]
+        [--only 1024|korthikanti] [--json] [--save out.json]
+    python benchmarks/bench_calculon.py --table out.json
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["RUNS", "Run", "Result", "load_calculon", "markdown_table", "main"]
+__all__ = ["RUNS", "Run", "Result", "load_calculon", "markdown_table", "summary_lines", "main"]
 
 #: Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: seconds per iteration measured on
 #: Selene (DGX A100 80GB), "full" = full recomputation, "seqsel" = sequence parallelism +
@@ -87,6 +88,9 @@ VOCAB = 51200
 GPUS_PER_NODE = 8  # DGX A100
 CALCULON_SYSTEM = "systems/a100_80g.json"
 TAB5 = "validation/seqsel/tab5"
+#: soapbox builds above this many estimated tasks are refused (the machine's memory: a 1T-parameter
+#: run with sequence parallelism and no symmetry reduction took over 12 GB before it was stopped)
+MAX_TASKS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -223,19 +227,23 @@ def soapbox_model(run: Run):
                          name=Path(run.calculon_model).stem), source="benchmarks/bench_calculon.py")
 
 
-def soapbox_predictor(graph: Any, run: Run) -> Callable[[], tuple[float, float, int]]:
+def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None) -> Callable[[], tuple[float, float, int]]:
     """A call returning soapbox's (iteration s, peak memory of the worst GPU in bytes, tasks)
-    for ``run``: layout -> strategy -> build, simulate and memory report."""
+    for ``run``: layout -> strategy -> build, simulate and memory report. The first call
+    refuses (``engine.errors.TooLargeError``) a build of more than ``max_tasks`` estimated
+    tasks, as the explorer does; the calls after it (the timed ones) skip that estimate."""
     from engine.cluster import preset
     from engine.layout import Layout
     from engine.report import simulate_strategy
     from engine.search.baselines import build_layout
     cluster = preset(run.cluster)
     lay = Layout.from_options(run.layout)
+    calls = []
 
     def predict() -> tuple[float, float, int]:
         s = build_layout(graph, cluster, lay.resolved(graph, cluster))
-        r = simulate_strategy(graph, s, cluster, check=False)
+        r = simulate_strategy(graph, s, cluster, check=False, max_tasks=None if calls else max_tasks)
+        calls.append(1)
         return r.iteration_time_s, float(r.memory.peak_bytes.max()), r.tasks.num_tasks
     return predict
 
@@ -311,10 +319,27 @@ def markdown_table(results: list[Result]) -> str:
                      f"{_f(r.soapbox_iter_s, '.2f')} ({_err(r.soapbox_iter_s, r.published_s)}) | "
                      f"{_f(r.calculon_mem_gib, '.1f')} | {_f(r.soapbox_peak_gib, '.1f')} | "
                      f"{'-' if r.soapbox_tasks is None else f'{r.soapbox_tasks:,}'} |")
+    lines += summary_lines(results)
     for r in results:
         if r.problem:
             lines.append(f"\n{r.run}: {r.problem.strip()}")
     return "\n".join(lines)
+
+
+def summary_lines(results: list[Result]) -> list[str]:
+    """Per tool, over the runs it predicted: the range of seconds per prediction and, over
+    those with a published time, the median absolute error of the iteration time."""
+    out = []
+    for tool in ("calculon", "soapbox"):
+        pred = [getattr(r, f"{tool}_pred_s") for r in results if getattr(r, f"{tool}_pred_s") is not None]
+        errs = [abs(getattr(r, f"{tool}_iter_s") / r.published_s - 1) * 100 for r in results
+                if r.published_s and getattr(r, f"{tool}_iter_s") is not None]
+        if pred:
+            err = f"; median |error| {statistics.median(errs):.1f}% over the {len(errs)} with a published time" \
+                if errs else ""
+            out.append(f"\n{'Calculon' if tool == 'calculon' else 'soapbox'}: {min(pred):.3g}-{max(pred):.3g} s per "
+                       f"prediction over {len(pred)} runs{err}")
+    return out
 
 
 def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
@@ -329,13 +354,45 @@ def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
             "rounds": rounds}
 
 
+def _title(head: dict[str, Any]) -> str:
+    return (f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
+            f"Python {head['python']}, {head['date_utc']} UTC, load average {head['load_1_5_15']}; "
+            f"median of {head['rounds']} interleaved rounds after one warm-up each\n")
+
+
+def print_saved(path: str) -> int:
+    """Print the title and Markdown table of a JSON file ``--save`` wrote; 2 and one line for
+    a file that is missing or not one."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        head, results = doc["setup"], [Result(**r) for r in doc["results"]]
+        title = _title(head)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_calculon: --table {path}: not a file bench_calculon --save wrote ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 2
+    print(title)
+    print(markdown_table(results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--calculon", required=True, help="a checkout of github.com/calculon-ai/calculon")
+    ap.add_argument("--calculon", help="a checkout of github.com/calculon-ai/calculon (required unless --table)")
+    ap.add_argument("--table", metavar="JSON", help="print the Markdown table of a file --save wrote; run nothing")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the warm-up (default 5)")
     ap.add_argument("--only", choices=("1024", "korthikanti"), help="only the 1,024-GPU runs or Korthikanti's eight")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
+    ap.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
+    ap.add_argument("--max-tasks", type=int, default=MAX_TASKS,
+                    help=f"refuse a soapbox build of more estimated tasks (default {MAX_TASKS:,}; 0: no cap)")
     args = ap.parse_args(argv)
+    if args.table:
+        return print_saved(args.table)
+    if not args.calculon:
+        print("bench_calculon: --calculon PATH is required (a checkout of github.com/calculon-ai/calculon)",
+              file=sys.stderr)
+        return 2
     if args.rounds < 1:
         print(f"bench_calculon: --rounds {args.rounds}: needs 1 or more", file=sys.stderr)
         return 2
@@ -361,15 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         graphs[key] = graph
         if res.published_s is None:
             res.published_s, res.published_from = published_from_csv(run)
-        results.append(measure(run, calc, soapbox_predictor(graph, run), args.rounds, res))
+        results.append(measure(run, calc, soapbox_predictor(graph, run, args.max_tasks or None), args.rounds, res))
         if not args.json:
             print(f"  done: {run.name}", file=sys.stderr, flush=True)
+    doc = json.dumps({"setup": head, "results": [asdict(r) for r in results]}, indent=1)
+    if args.save:
+        Path(args.save).write_text(doc + "\n", encoding="utf-8")
     if args.json:
-        print(json.dumps({"setup": head, "results": [asdict(r) for r in results]}, indent=1))
+        print(doc)
     else:
-        print(f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
-              f"Python {head['python']}, {head['date_utc']} UTC, load average {head['load_1_5_15']}; "
-              f"median of {args.rounds} interleaved rounds after one warm-up each\n")
+        print(_title(head))
         print(markdown_table(results))
     return 0
 

@@ -41,6 +41,11 @@ class TestCalculonPath:
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "importing Calculon failed" in err and "numpy (test)" in err
 
+    def test_calculon_required_without_table(self, capsys):
+        assert bc.main([]) == 2
+        assert capsys.readouterr().err.strip() == ("bench_calculon: --calculon PATH is required (a checkout of "
+                                                   "github.com/calculon-ai/calculon)")
+
     def test_rounds_below_one(self, tmp_path, capsys):
         assert bc.main(["--calculon", str(tmp_path), "--rounds", "0"]) == 2
         assert "--rounds 0" in capsys.readouterr().err
@@ -101,6 +106,16 @@ class TestTable:
         assert lines[2] == ("| a | 4.0 | 1.50 | - | 10.00 | 11.00 (+10.0%) | 9.00 (-10.0%) | 20.0 | 30.0 | 1,234 |")
         assert lines[3] == "| b | - | - | - | - | - (-) | - (-) | - | - | - |"
         assert lines[-1] == "b: Calculon: Error: too big."
+        assert "Calculon: 0.004-0.004 s per prediction over 1 runs; median |error| 10.0% over the 1 with a " \
+               "published time" in text
+
+    def test_summary_median_error(self):
+        rs = [bc.Result(str(i), soapbox_pred_s=p, soapbox_iter_s=it, published_s=pub)
+              for i, (p, it, pub) in enumerate([(1.0, 11.0, 10.0), (3.0, 7.0, 10.0), (2.0, 13.0, 10.0),
+                                                 (5.0, 9.0, None)])]
+        assert bc.summary_lines(rs) == ["\nsoapbox: 1-5 s per prediction over 4 runs; median |error| 30.0% over the 3 "
+                                        "with a published time"]
+        assert bc.summary_lines([bc.Result("x")]) == []
 
 
 class TestSoapboxSide:
@@ -114,3 +129,24 @@ class TestSoapboxSide:
         assert 0 < t_sel < t_full
         assert mem_full > 0 and mem_sel > 0 and n_full > 0 and n_sel > 0
         assert graph.batch_size == 4
+
+
+class TestSavedTable:
+    def test_round_trip(self, tmp_path, capsys):
+        import json
+        from dataclasses import asdict
+        head = {"engine": "/e", "calculon": "/c", "host": "h", "cpus": 2, "python": "3", "date_utc": "d",
+                "load_1_5_15": [1, 2, 3], "rounds": 5}
+        r = bc.Result("a", calculon_pred_s=0.004, soapbox_iter_s=9.0, published_s=10.0)
+        p = tmp_path / "out.json"
+        p.write_text(json.dumps({"setup": head, "results": [asdict(r)]}))
+        assert bc.main(["--table", str(p)]) == 0
+        out = capsys.readouterr().out
+        assert "soapbox engine /e; Calculon /c" in out and bc.markdown_table([r]) in out
+
+    def test_not_a_saved_file(self, tmp_path, capsys):
+        p = tmp_path / "x.json"
+        p.write_text('{"setup": {}}')
+        assert bc.main(["--table", str(p)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(p) in err and "not a file bench_calculon --save wrote" in err
