@@ -145,7 +145,7 @@ RUNS = _runs()
 
 @dataclass
 class Result:
-    """One run's figures: seconds per prediction (median over rounds), predicted iteration
+    """One run's figures: wall seconds per prediction (median over rounds), predicted iteration
     seconds and memory per GPU (GiB) from each tool, the published iteration seconds."""
 
     run: str
@@ -159,8 +159,13 @@ class Result:
     published_s: float | None = None
     published_from: str = ""
     soapbox_tasks: int | None = None
+    #: CPU seconds per prediction (this process's, all threads), median over the rounds
+    calculon_cpu_s: float | None = None
+    soapbox_cpu_s: float | None = None
     calculon_rounds_s: list[float] = field(default_factory=list)
     soapbox_rounds_s: list[float] = field(default_factory=list)
+    calculon_cpu_rounds_s: list[float] = field(default_factory=list)
+    soapbox_cpu_rounds_s: list[float] = field(default_factory=list)
     problem: str = ""
 
 
@@ -269,7 +274,8 @@ def published_from_csv(run: Run) -> tuple[float | None, str]:
 
 def measure(run: Run, calc: Callable[[], tuple[float, float]], soap: Callable[[], tuple[float, float, int]],
             rounds: int, res: Result) -> Result:
-    """Warm each tool up once, then ``rounds`` rounds of (Calculon call, soapbox call)."""
+    """Warm each tool up once, then ``rounds`` rounds of (Calculon call, soapbox call), each
+    timed in wall seconds and in this process's CPU seconds."""
     calc_out = soap_out = None
     try:
         calc_out = calc()
@@ -281,19 +287,25 @@ def measure(run: Run, calc: Callable[[], tuple[float, float]], soap: Callable[[]
         res.problem += f"soapbox: {type(e).__name__}: {e}. "
     for _ in range(rounds):
         if calc_out is not None:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             calc_out = calc()
             res.calculon_rounds_s.append(time.perf_counter() - t)
+            res.calculon_cpu_rounds_s.append(time.process_time() - cpu)
         if soap_out is not None:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             soap_out = soap()
             res.soapbox_rounds_s.append(time.perf_counter() - t)
+            res.soapbox_cpu_rounds_s.append(time.process_time() - cpu)
     if calc_out is not None:
         res.calculon_iter_s, res.calculon_mem_gib = calc_out[0], calc_out[1] / 2**30
-        res.calculon_pred_s = statistics.median(res.calculon_rounds_s) if res.calculon_rounds_s else None
+        if res.calculon_rounds_s:
+            res.calculon_pred_s = statistics.median(res.calculon_rounds_s)
+            res.calculon_cpu_s = statistics.median(res.calculon_cpu_rounds_s)
     if soap_out is not None:
         res.soapbox_iter_s, res.soapbox_peak_gib, res.soapbox_tasks = soap_out[0], soap_out[1] / 2**30, soap_out[2]
-        res.soapbox_pred_s = statistics.median(res.soapbox_rounds_s) if res.soapbox_rounds_s else None
+        if res.soapbox_rounds_s:
+            res.soapbox_pred_s = statistics.median(res.soapbox_rounds_s)
+            res.soapbox_cpu_s = statistics.median(res.soapbox_cpu_rounds_s)
     return res
 
 
@@ -301,19 +313,28 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _pair(wall_s: float | None, cpu_s: float | None, scale: float, fmt: str) -> str:
+    """``wall (cpu)`` scaled, or ``-``."""
+    if wall_s is None:
+        return "-"
+    return format(wall_s * scale, fmt) + ("" if cpu_s is None else f" ({cpu_s * scale:{fmt}})")
+
+
 def _err(pred: float | None, pub: float | None) -> str:
     return "-" if pred is None or not pub else f"{(pred - pub) / pub * 100:+.1f}%"
 
 
 def markdown_table(results: list[Result]) -> str:
-    """The results as a Markdown table (times per prediction in ms for Calculon, s for soapbox;
-    iteration times in s; memory in GiB per GPU; error against the published time)."""
-    lines = ["| run | Calculon ms/prediction | soapbox s/prediction | soapbox model build s | published s/iter | "
-             "Calculon s/iter (err) | soapbox s/iter (err) | Calculon GiB/GPU | soapbox peak GiB | soapbox tasks |",
+    """The results as a Markdown table (times per prediction, wall and (CPU), in ms for
+    Calculon, s for soapbox; iteration times in s; memory in GiB per GPU; error against the
+    published time)."""
+    lines = ["| run | Calculon ms/prediction (CPU) | soapbox s/prediction (CPU) | soapbox model build s | "
+             "published s/iter | Calculon s/iter (err) | soapbox s/iter (err) | Calculon GiB/GPU | soapbox peak GiB | "
+             "soapbox tasks |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        calc_ms = None if r.calculon_pred_s is None else r.calculon_pred_s * 1e3
-        lines.append(f"| {r.run} | {_f(calc_ms, '.1f')} | {_f(r.soapbox_pred_s, '.2f')} | "
+        calc = _pair(r.calculon_pred_s, r.calculon_cpu_s, 1e3, ".1f")
+        lines.append(f"| {r.run} | {calc} | {_pair(r.soapbox_pred_s, r.soapbox_cpu_s, 1.0, '.2f')} | "
                      f"{_f(r.soapbox_model_build_s, '.2f')} | {_f(r.published_s, '.2f')} | "
                      f"{_f(r.calculon_iter_s, '.2f')} ({_err(r.calculon_iter_s, r.published_s)}) | "
                      f"{_f(r.soapbox_iter_s, '.2f')} ({_err(r.soapbox_iter_s, r.published_s)}) | "

@@ -99,11 +99,13 @@ class TestPublished:
 class TestTable:
     def test_rows_dashes_and_errors(self):
         a = bc.Result("a", calculon_pred_s=0.004, soapbox_pred_s=1.5, calculon_iter_s=11.0, soapbox_iter_s=9.0,
+                      calculon_cpu_s=0.0035, soapbox_cpu_s=1.25,
                       published_s=10.0, calculon_mem_gib=20.0, soapbox_peak_gib=30.0, soapbox_tasks=1234)
         b = bc.Result("b", problem="Calculon: Error: too big.")
         text = bc.markdown_table([a, b])
         lines = text.splitlines()
-        assert lines[2] == ("| a | 4.0 | 1.50 | - | 10.00 | 11.00 (+10.0%) | 9.00 (-10.0%) | 20.0 | 30.0 | 1,234 |")
+        assert lines[2] == ("| a | 4.0 (3.5) | 1.50 (1.25) | - | 10.00 | 11.00 (+10.0%) | 9.00 (-10.0%) | 20.0 | 30.0 "
+                            "| 1,234 |")
         assert lines[3] == "| b | - | - | - | - | - (-) | - (-) | - | - | - |"
         assert lines[-1] == "b: Calculon: Error: too big."
         assert "Calculon: 0.004-0.004 s per prediction over 1 runs; median |error| 10.0% over the 1 with a " \
