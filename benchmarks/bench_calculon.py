@@ -348,18 +348,20 @@ def markdown_table(results: list[Result]) -> str:
 
 
 def summary_lines(results: list[Result]) -> list[str]:
-    """Per tool, over the runs it predicted: the range of seconds per prediction and, over
-    those with a published time, the median absolute error of the iteration time."""
+    """Per tool, over the runs it predicted: the range of wall (and CPU) seconds per prediction
+    and, over those with a published time, the median absolute error of the iteration time."""
     out = []
     for tool in ("calculon", "soapbox"):
         pred = [getattr(r, f"{tool}_pred_s") for r in results if getattr(r, f"{tool}_pred_s") is not None]
+        cpu = [getattr(r, f"{tool}_cpu_s") for r in results if getattr(r, f"{tool}_cpu_s") is not None]
+        cpu_text = f" ({min(cpu):.3g}-{max(cpu):.3g} s CPU)" if cpu else ""
         errs = [abs(getattr(r, f"{tool}_iter_s") / r.published_s - 1) * 100 for r in results
                 if r.published_s and getattr(r, f"{tool}_iter_s") is not None]
         if pred:
             err = f"; median |error| {statistics.median(errs):.1f}% over the {len(errs)} with a published time" \
                 if errs else ""
-            out.append(f"\n{'Calculon' if tool == 'calculon' else 'soapbox'}: {min(pred):.3g}-{max(pred):.3g} s per "
-                       f"prediction over {len(pred)} runs{err}")
+            out.append(f"\n{'Calculon' if tool == 'calculon' else 'soapbox'}: {min(pred):.3g}-{max(pred):.3g} s"
+                       f"{cpu_text} per prediction over {len(pred)} runs{err}")
     return out
 
 

@@ -108,8 +108,8 @@ class TestTable:
                             "| 1,234 |")
         assert lines[3] == "| b | - | - | - | - | - (-) | - (-) | - | - | - |"
         assert lines[-1] == "b: Calculon: Error: too big."
-        assert "Calculon: 0.004-0.004 s per prediction over 1 runs; median |error| 10.0% over the 1 with a " \
-               "published time" in text
+        assert "Calculon: 0.004-0.004 s (0.0035-0.0035 s CPU) per prediction over 1 runs; median |error| 10.0% " \
+               "over the 1 with a published time" in text
 
     def test_summary_median_error(self):
         rs = [bc.Result(str(i), soapbox_pred_s=p, soapbox_iter_s=it, published_s=pub)
