@@ -368,7 +368,7 @@ def summary_lines(results: list[Result]) -> list[str]:
 def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
     import engine
     try:
-        load = os.getloadavg()
+        load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -378,8 +378,10 @@ def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
 
 
 def _title(head: dict[str, Any]) -> str:
+    load = head["load_1_5_15"]
+    load = ", ".join(f"{x:.2f}" for x in load) if load else "unknown"
     return (f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
-            f"Python {head['python']}, {head['date_utc']} UTC, load average {head['load_1_5_15']}; "
+            f"Python {head['python']}, {head['date_utc']} UTC, load average {load}; "
             f"median of {head['rounds']} interleaved rounds after one warm-up each\n")
 
 
