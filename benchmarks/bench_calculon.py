@@ -204,8 +204,15 @@ def calculon_predictor(calculon: Any, root: Path, run: Run) -> Callable[[], tupl
     """A call returning Calculon's (iteration s, memory per GPU in bytes: tier-1 capacity
     required, ``proc_mem_tier1_cap_req``) for ``run``; the files read now."""
     from calculon.llm import Llm
-    app = Llm.Application(_read_json(root, run.calculon_model))
-    system = calculon.System(_read_json(root, CALCULON_SYSTEM))
+    made = {}
+    for rel, make in ((run.calculon_model, Llm.Application), (CALCULON_SYSTEM, calculon.System)):
+        try:
+            made[rel] = make(_read_json(root, rel))
+        except BenchError:
+            raise
+        except Exception as e:  # Calculon's own constructors on a file it cannot use
+            raise BenchError(f"{root / rel}: Calculon cannot use it ({type(e).__name__}: {e})") from None
+    app, system = made[run.calculon_model], made[CALCULON_SYSTEM]
     cfg = dict(_read_json(root, run.calculon_exe), **run.calculon_changes)
     log = logging.getLogger("calculon")
 
@@ -422,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_calculon: --rounds {args.rounds}: needs 1 or more", file=sys.stderr)
         return 2
     try:
-        importlib.import_module("engine")  # soapbox's engine first: from PYTHONPATH, never from this file's tree
+        try:  # soapbox's engine first: from PYTHONPATH, never from this file's tree
+            importlib.import_module("engine")
+        except ImportError as e:
+            raise BenchError(f"soapbox's engine is not importable ({e}): run with PYTHONPATH=<a soapbox tree>") \
+                from None
         calculon = load_calculon(args.calculon)
         root = Path(args.calculon).expanduser()
         sys.path.insert(1, str(Path(__file__).resolve().parent))  # published.py, after the engine is chosen

@@ -46,6 +46,28 @@ class TestCalculonPath:
         assert capsys.readouterr().err.strip() == ("bench_calculon: --calculon PATH is required (a checkout of "
                                                    "github.com/calculon-ai/calculon)")
 
+    def test_model_file_calculon_cannot_use(self, tmp_path, capsys, monkeypatch):
+        """A checkout whose model file lacks a field: one line naming the file (the fake
+        Calculon's Application reads the field as Calculon's does, cfg['hidden'])."""
+        pkg = tmp_path / "calculon"
+        (pkg / "llm").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("class System:\n    def __init__(self, cfg):\n        pass\n")
+        (pkg / "llm" / "__init__.py").write_text("from .llm import Llm\n")
+        (pkg / "llm" / "llm.py").write_text("class Llm:\n    class Application:\n        def __init__(self, cfg):\n"
+                                             "            self.hidden = cfg['hidden']\n")
+        (tmp_path / "models").mkdir()
+        (tmp_path / "models" / "gpt3-175B.json").write_text("{}")
+        (tmp_path / "systems").mkdir()
+        (tmp_path / "systems" / "a100_80g.json").write_text("{}")
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        for m in ("calculon", "calculon.llm", "calculon.llm.llm"):
+            monkeypatch.delitem(sys.modules, m, raising=False)
+        assert bc.main(["--calculon", str(tmp_path), "--only", "1024"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "gpt3-175B.json: Calculon cannot use it (KeyError" in err
+        for m in ("calculon", "calculon.llm", "calculon.llm.llm"):
+            sys.modules.pop(m, None)
+
     def test_rounds_below_one(self, tmp_path, capsys):
         assert bc.main(["--calculon", str(tmp_path), "--rounds", "0"]) == 2
         assert "--rounds 0" in capsys.readouterr().err
