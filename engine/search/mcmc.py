@@ -212,6 +212,23 @@ def _propose(chain: _Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluste
     return name, random_config(op, cluster.num_devices, rng, max(1, sim.strategy.pipeline.microbatches))
 
 
+def _starts(graph: OpGraph, cluster: Cluster, rng: random.Random, chains: int, initial: Strategy | None
+            ) -> list[tuple[str, Strategy]]:
+    """The chains' starting points, named: ``initial`` (when given), data parallel, FlexFlow's
+    expert strategy, then random strategies (one draw of ``rng`` each) up to ``chains``."""
+    starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
+                                         ("expert", expert(graph, cluster))]
+    plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
+    if initial is not None:
+        starts.insert(0, ("initial", initial))
+    names = [op.name for op in graph.ops]
+    for k in range(max(0, chains - len(starts))):
+        r = random.Random(rng.random())
+        configs = {n: random_config(graph[n], cluster.num_devices, r, 1) for n in names}
+        starts.append((f"random-{k}", replace(plain, configs=configs, found_by={}, cost={})))
+    return starts
+
+
 def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
          progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
          options: MCMCOptions | None = None) -> SearchResult:
@@ -236,29 +253,25 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         The best strategy (never slower than the best baseline), its cost, the baselines'
         costs, the progress trace.
     """
-    t0 = time.perf_counter()
     opts = options or MCMCOptions()
+    if opts.backend is not None:  # chains as tasks on a backend, sharing priced strategies (rounds)
+        from .parallel import parallel_mcmc
+
+        return parallel_mcmc(graph, cluster, budget, seed=seed, progress=progress, initial=initial, cost=cost,
+                             options=opts)
+    t0 = time.perf_counter()
     budget = budget or Budget()
     chains, beta, check_memory, polish = opts.chains, opts.beta, opts.check_memory, opts.polish
     rng = random.Random(seed)
     cost_model = cost or CostModel()
-    m = 1
     space = Space(graph, cluster)
     share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
     if not 0 <= share <= 1:
         raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
     kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
     timed = budget.seconds is not None
-    starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
-                                         ("expert", expert(graph, cluster))]
-    plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
-    if initial is not None:
-        starts.insert(0, ("initial", initial))
+    starts = _starts(graph, cluster, rng, chains, initial)
     names = [op.name for op in graph.ops]
-    for k in range(max(0, chains - len(starts))):
-        r = random.Random(rng.random())
-        configs = {n: random_config(graph[n], cluster.num_devices, r, m) for n in names}
-        starts.append((f"random-{k}", replace(plain, configs=configs, found_by={}, cost={})))
     # Random starts are made only while setting up has used less than a tenth of a time
     # budget: on large models a random strategy's task graph is many times data parallel's
     # (NMT on 64 GPUs: ~4 s to build, ~0.5 s a proposal), and such a chain is dropped at

@@ -1,12 +1,36 @@
-"""Child processes of a search: dying with the parent that started them."""
+"""Where a search's (or a sweep's) tasks run: one process, a local process pool, or Ray.
+
+:class:`Backend` is the one copy of the pool and Ray plumbing that ``soapbox sweep``
+(:func:`engine.sweep.run_sweep`) and the parallel MCMC chains
+(:mod:`engine.search.parallel`) share. A backend ships one *context* (e.g. the graph, the
+cluster and the cost model) to each worker once, then runs ``fn(context, item)`` for each
+item; :meth:`Backend.map` returns the results in the items' order whatever order they finish
+in, so a caller that merges them in that order gets the same answer on every backend.
+
+Names, as ``soapbox sweep --backend`` spells them: ``serial`` (this process; ``local`` is the
+same), ``pool`` (a local process pool, forked where the platform forks) and ``ray`` (Ray's
+local mode on this machine, or a cluster given its ``address``: ``ray://host:10001`` or
+``auto``).
+
+The context travels pickled with cloudpickle (Ray's own, or the ``cloudpickle`` package):
+soapbox's graphs and strategies hold read-only mapping proxies, which the standard pickle
+refuses. Items and results go through the standard pickle (pool) or Ray's serialiser: keep
+them plain (dicts, tuples, numbers, strategies as :meth:`engine.strategy.Strategy.to_dict`).
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import pickle
 import signal
 import sys
+from typing import Any, Callable, Sequence
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "Backend", "BACKENDS", "check_backend"]
+
+#: backend names, as ``soapbox sweep`` takes them (``local`` is read as ``serial``)
+BACKENDS = ("serial", "pool", "ray")
 
 
 def die_with_parent() -> None:
@@ -18,3 +42,148 @@ def die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
         except OSError:
             pass
+
+
+def check_backend(name: Any) -> str:
+    """The backend's canonical name (``local`` -> ``serial``).
+
+    >>> check_backend("local"), check_backend("pool")
+    ('serial', 'pool')
+
+    Raises
+    ------
+    ValueError
+        One line naming the bad value and the valid ones.
+    """
+    text = str(name).strip().lower()
+    if text == "local":
+        return "serial"
+    if text not in BACKENDS:
+        shown = repr(str(name)[:40])
+        raise ValueError(f"backend {shown}: expected serial (or local: this process), pool (a local process pool) "
+                         "or ray (Ray: local mode, or a cluster with an address)")
+    return text
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        from ray import cloudpickle
+    except ImportError:
+        import cloudpickle  # (a dependency of dask and Ray; the pool needs it only for its context)
+    return cloudpickle.dumps(obj)
+
+
+#: a pool worker's context, set once by its initializer (one pool per worker process)
+_CONTEXT: list[Any] = [None]
+
+
+def _init_worker(blob: bytes) -> None:
+    die_with_parent()
+    _CONTEXT[0] = pickle.loads(blob)
+
+
+def _pool_call(fn: Callable[[Any, Any], Any], item: Any) -> Any:
+    return fn(_CONTEXT[0], item)
+
+
+class Backend:
+    """A context manager that runs ``fn(context, item)`` for items on ``name``'s workers.
+
+    Parameters
+    ----------
+    name : str
+        ``serial`` (or ``local``), ``pool`` or ``ray`` (:func:`check_backend`).
+    context : object
+        Shipped once to each worker (cloudpickled), passed as ``fn``'s first argument.
+    workers : int, optional
+        Processes (pool) or CPUs of Ray's local mode; default: every core. ``pool`` with one
+        worker runs in this process, as ``serial``.
+    address : str, optional
+        A Ray cluster to join (``ray``); without it Ray starts in local mode.
+
+    Examples
+    --------
+    >>> with Backend("serial", context=10) as b:
+    ...     b.map(pow, [1, 2, 3])
+    [10, 100, 1000]
+    """
+
+    def __init__(self, name: str, context: Any = None, workers: int | None = None, address: str | None = None):
+        self.name = check_backend(name)
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.address = address
+        self.context = context
+        self._pool = None
+        self._ray = None
+        self._ray_started = False
+        self._ref = None
+        self._remotes: dict[Any, Any] = {}
+
+    @property
+    def parallel(self) -> bool:
+        """Whether items run in other processes."""
+        return not (self.name == "serial" or (self.name == "pool" and self.workers == 1))
+
+    def __enter__(self) -> "Backend":
+        if self.name == "pool" and self.parallel:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(_dumps(self.context),))
+        elif self.name == "ray":
+            try:
+                import ray
+            except ImportError:
+                raise ValueError("--backend ray needs Ray: pip install ray") from None
+            self._ray = ray
+            self._ray_started = not ray.is_initialized()
+            if self._ray_started:
+                ray.init(address=self.address, num_cpus=None if self.address else self.workers,
+                         include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+            self._ref = ray.put(self.context)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._ray is not None and self._ray_started:
+            self._ray.shutdown()
+        self._ray = None
+
+    def map(self, fn: Callable[[Any, Any], Any], items: Sequence[Any],
+            done: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """``[fn(context, item) for item in items]``, run on the workers; ``done(k, result)``
+        is called as each item finishes (in the order they finish). ``fn`` must be a
+        module-level function (it is pickled by name)."""
+        out: list[Any] = [None] * len(items)
+
+        def tick(k: int, result: Any) -> None:
+            out[k] = result
+            if done is not None:
+                done(k, result)
+
+        if not self.parallel:
+            for k, item in enumerate(items):
+                tick(k, fn(self.context, item))
+        elif self._pool is not None:
+            from concurrent.futures import as_completed
+
+            futs = {self._pool.submit(_pool_call, fn, item): k for k, item in enumerate(items)}
+            for f in as_completed(futs):
+                tick(futs[f], f.result())
+        elif self._ray is not None:
+            remote = self._remotes.get(fn)
+            if remote is None:
+                remote = self._remotes[fn] = self._ray.remote(fn)
+            refs = {remote.remote(self._ref, item): k for k, item in enumerate(items)}
+            pending = list(refs)
+            while pending:
+                ready, pending = self._ray.wait(pending, num_returns=1)
+                for r in ready:
+                    tick(refs[r], self._ray.get(r))
+        else:
+            raise RuntimeError("Backend.map outside its with-block")
+        return out
