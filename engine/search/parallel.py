@@ -50,7 +50,8 @@ from ..graph import OpGraph
 from ..strategy import Config, Strategy, strategy_from_dict, validate_strategy
 from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .baselines import data_parallel
-from .mcmc import POLISH_SHARE, _Chain, _delta_ok, _metropolis, _price, _propose, _starts, _took, local_polish
+from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, price_of_sim, propose_op,
+                   starting_points, took)
 from .moves import Space
 from .processes import Backend, check_backend
 
@@ -178,7 +179,7 @@ def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
     strategy = sim.strategy if sim is not None else strategy_from_dict(item["strategy"])
     rng = random.Random()
     rng.setstate(item["rng"])
-    chain = _Chain(item["name"], strategy, sim, rng, item["beta"], item["cost"])
+    chain = Chain(item["name"], strategy, sim, rng, item["beta"], item["cost"])
     chain.best_cost, chain.best, chain.delta_ok = item["best_cost"], None, item["delta_ok"]
     chain.seconds, chain.counts = dict(item["seconds"]), dict(item["counts"])
     chain.proposals, chain.accepted = item["proposals"], item["accepted"]
@@ -225,37 +226,37 @@ def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
                     priced += 1
                     v = new[k] = None if p is None else (p.time_s, p.feasible, index)
                 c = cost_of(v)
-                if c is not None and _metropolis(chain, c):
-                    chain.jump(cand, _delta_ok(graph, cand, cluster))
+                if c is not None and metropolis(chain, c):
+                    chain.jump(cand, delta_affordable(graph, cand, cluster))
                     key = k
-                    _took(chain, c)
+                    took(chain, c)
                     if chain.best is chain.strategy:
                         best_key = key
         else:
             family = "op"
             sim = chain.simulator(graph, cluster, cost_model)
-            name, config = _propose(chain, sim, graph, cluster, names, neighbours)
+            name, config = propose_op(chain, sim, graph, cluster, names, neighbours)
             old = sim.strategy[name]
             if config != old and not sim.check(name, config):
                 k = (key - st.op_key(name, old) + st.op_key(name, config)) & _MASK
                 hit, v = lookup(k)
                 if hit:
                     c = cost_of(v)
-                    if _metropolis(chain, c):
+                    if metropolis(chain, c):
                         sim.change(name, config)  # (a move, not a pricing: the price came from the cache)
                         key = k
-                        _took(chain, c)
+                        took(chain, c)
                         if chain.best is chain.strategy:
                             best_key = key
                 else:
                     sim.change(name, config)
-                    p = _price(sim, graph, cluster)
+                    p = price_of_sim(sim, graph, cluster)
                     priced += 1
                     v = new[k] = (p.time_s, p.feasible, index)
                     c = cost_of(v)
-                    if _metropolis(chain, c):
+                    if metropolis(chain, c):
                         key = k
-                        _took(chain, c)
+                        took(chain, c)
                         if chain.best is chain.strategy:
                             best_key = key
                     else:
@@ -331,12 +332,12 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     notes_start: list[str] = []
     start_prices: dict[str, Price] = {}
     here = _state(ctx)  # (this process's worker state: the serial backend reuses these simulators)
-    for name, strategy in _starts(graph, cluster, rng, opts.chains, initial):
+    for name, strategy in starting_points(graph, cluster, rng, opts.chains, initial):
         try:
-            ok = _delta_ok(graph, strategy, cluster)
+            ok = delta_affordable(graph, strategy, cluster)
             if ok:
                 sim = DeltaSimulator(graph, strategy, cluster, cost_model)
-                p, strategy = _price(sim, graph, cluster), sim.strategy
+                p, strategy = price_of_sim(sim, graph, cluster), sim.strategy
             else:
                 p = price(graph, strategy, cluster, cost_model)
         except TooLargeError as e:
@@ -406,7 +407,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
                 for ch in chains:
                     if ch["cost"] > best_cost * (1.0 + opts.adopt_gap) and ch is not top:
                         ch.update(strategy=top["best"], key=top["best_key"], cost=best_cost,
-                                  delta_ok=_delta_ok(graph, strategy_from_dict(top["best"]), cluster))
+                                  delta_ok=delta_affordable(graph, strategy_from_dict(top["best"]), cluster))
                         if opts.beta is None:
                             ch["beta"] = 100.0 / best_cost
                         adopted += 1
