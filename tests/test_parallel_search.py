@@ -112,7 +112,7 @@ class TestSharedCache:
         neighbours = {n: [] for n in names}
         ctx = {"token": "test-replay", "graph": g, "cluster": c, "cost": CostModel(), "check_memory": True,
                "share": 0.1, "kinds": False, "timed": False, "names": names, "neighbours": neighbours,
-               "share_cache": True}
+               "share_cache": True, "keep": 4}
         _state(ctx)
         item = {"name": "a", "index": 0, "strategy": s.to_dict(), "key": strategy_key(s),
                 "rng": random.Random(7).getstate(), "beta": 1e3, "cost": 1.0, "best_cost": 1.0, "proposals": 0,

@@ -123,13 +123,14 @@ class PricedCache:
 
 class _WorkerState:
     """What a worker process keeps between its tasks of one search: the move space, the
-    op-key memo and a few delta simulators by strategy key (a chain that comes back to this
-    worker with the same strategy does not rebuild its simulator)."""
+    op-key memo and a few delta simulators by chain and strategy key (a chain that comes back
+    to this worker, as :meth:`Backend.map`'s ``pin`` makes it, with the same strategy does not
+    rebuild its simulator; a chain that took the best so far from another builds its own)."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster) -> None:
         self.space = Space(graph, cluster)
         self.op_keys: dict[tuple[str, Config], int] = {}
-        self.sims: OrderedDict[int, DeltaSimulator] = OrderedDict()
+        self.sims: OrderedDict[tuple[int, int], DeltaSimulator] = OrderedDict()  # (chain, key) -> simulator
 
     def op_key(self, op: str, config: Config) -> int:
         k = self.op_keys.get((op, config))
@@ -137,7 +138,7 @@ class _WorkerState:
             k = self.op_keys[(op, config)] = op_key(op, config)
         return k
 
-    def keep(self, key: int, sim: DeltaSimulator, limit: int = 4) -> None:
+    def keep(self, key: tuple[int, int], sim: DeltaSimulator, limit: int = 4) -> None:
         self.sims[key] = sim
         self.sims.move_to_end(key)
         while len(self.sims) > limit:
@@ -175,7 +176,7 @@ def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
     names, neighbours = ctx["names"], ctx["neighbours"]
     st = _state(ctx)
     key = item["key"]
-    sim = st.sims.pop(key, None) if item["delta_ok"] else None
+    sim = st.sims.pop((item["index"], key), None) if item["delta_ok"] else None
     strategy = sim.strategy if sim is not None else strategy_from_dict(item["strategy"])
     rng = random.Random()
     rng.setstate(item["rng"])
@@ -264,7 +265,7 @@ def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
         chain.seconds[family] += time.perf_counter() - t_move
         chain.counts[family] += 1
     if chain.sim is not None:
-        st.keep(key, chain.sim)
+        st.keep((index, key), chain.sim, ctx["keep"])
     return {"strategy": chain.strategy.to_dict(), "key": key, "rng": chain.rng.getstate(), "cost": chain.cost,
             "best_cost": chain.best_cost, "best": None if best_key is None else chain.best.to_dict(),
             "best_key": best_key, "proposals": chain.proposals, "accepted": chain.accepted,
@@ -324,7 +325,8 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
         neighbours[graph.ops[c].name].append(graph.ops[p].name)
     ctx = {"token": uuid.uuid4().hex, "graph": graph, "cluster": cluster, "cost": cost_model,
            "check_memory": opts.check_memory, "share": share, "kinds": kinds, "timed": budget.seconds is not None,
-           "names": names, "neighbours": neighbours, "share_cache": opts.share_cache}
+           "names": names, "neighbours": neighbours, "share_cache": opts.share_cache,
+           "keep": max(4, opts.chains)}  # (delta simulators a worker keeps: one a chain)
 
     # the starting points, priced here as the classic search prices them (a full build where a
     # delta simulator is affordable): the same draws of ``rng`` in the same order
@@ -348,7 +350,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
         c = p.cost_s if opts.check_memory else p.time_s
         key = strategy_key(strategy)
         if ok:
-            here.keep(key, sim, limit=max(4, opts.chains))
+            here.keep((len(chains), key), sim, ctx["keep"])
         beta = opts.beta if opts.beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
         chains.append({"name": name, "index": len(chains), "strategy": strategy.to_dict(), "key": key,
                        "rng": random.Random(rng.random()).getstate(), "beta": beta, "cost": c, "best_cost": c,
@@ -359,7 +361,10 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
 
     n = len(chains)
     total = budget.iterations
-    per_round = opts.round_proposals or (max(1, min(64, math.ceil(total / (8 * n)))) if total else 32)
+    # a proposal budget: rounds of about an eighth of a chain's share; a time budget alone: a
+    # first round of 8 proposals a chain, then rounds sized to take about a twentieth of the time
+    per_round = opts.round_proposals or (max(1, min(64, math.ceil(total / (8 * n)))) if total else 8)
+    adapt = opts.round_proposals is None and total is None and budget.seconds is not None
     cache = PricedCache()
     top = min(chains, key=lambda ch: (ch["best_cost"], ch["index"]))
     best_cost, best_dict = top["best_cost"], top["best"]
@@ -369,6 +374,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     search_s = None if budget.seconds is None else budget.seconds * (1.0 - POLISH_SHARE if opts.polish else 1.0)
     improved_at = (0, time.perf_counter() - t0)
     round_s = 0.0  # the longest round took (s)
+    most = 0  # the most proposals a chain made in a round
     with Backend(backend, context=ctx, workers=opts.workers, address=opts.address) as pool:
         while True:
             elapsed = time.perf_counter() - t0
@@ -377,6 +383,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
             if budget.seconds is not None and (elapsed + round_s >= search_s or
                                                elapsed - improved_at[1] >= budget.seconds / 2):
                 break
+            most = max(most, per_round)
             counts = [per_round] * n
             if total is not None and total - it < per_round * n:  # (the last round: what is left, in order)
                 left = total - it
@@ -385,8 +392,11 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
             items = [{**{f: ch[f] for f in _SHIPPED}, "n": counts[k], "cache": snapshot}
                      for k, ch in enumerate(chains) if counts[k]]
             t_round = time.perf_counter()
-            results = pool.map(_run_round, items)
-            round_s = max(round_s, time.perf_counter() - t_round)
+            results = pool.map(_run_round, items, pin=[item["index"] for item in items])
+            took_s = time.perf_counter() - t_round
+            round_s = max(round_s, took_s) if not adapt else took_s
+            if adapt:  # (a time budget is allowed to differ run to run)
+                per_round = max(1, min(1024, int(per_round * (budget.seconds / 20) / max(took_s, 1e-3))))
             rounds += 1
             for item, res in zip(items, results):  # merged in the chains' order
                 ch = chains[item["index"]]
@@ -434,7 +444,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
         progress(trace[-1])
     found_by = {"algorithm": "mcmc", "seed": seed, "budget": str(budget),
                 "options": {"chains": opts.chains, "beta": opts.beta, "backend": backend,
-                            "round_proposals": per_round},
+                            "round_proposals": most},
                 "rounds": rounds, "cache": {"hits_other": hits_other, "hits_own": hits_own, "simulated": priced,
                                             "entries": len(cache), "adopted": adopted}}
     final = Price(best_cost, True) if opts.check_memory and math.isfinite(best_cost) else \
@@ -442,7 +452,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     baselines, notes = price_baselines(graph, cluster, cost_model, known=start_prices)
     notes = [x for x in notes_start if not x.startswith(("start data-parallel", "start expert"))] + notes
     where = backend if backend != "pool" else f"pool of {pool.workers} processes"
-    notes.append(f"parallel chains on {where}: {n} chains, {rounds} rounds of up to {per_round} proposals a chain; "
+    notes.append(f"parallel chains on {where}: {n} chains, {rounds} rounds of up to {most} proposals a chain; "
                  f"shared cache: {hits_other + hits_own} of {it} proposals priced from it ({hits_other} priced "
                  f"by another chain, {hits_own} by the same chain), {priced} simulated, {len(cache)} strategies "
                  f"cached; best so far adopted {adopted} times")

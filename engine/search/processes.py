@@ -86,6 +86,16 @@ def _pool_call(fn: Callable[[Any, Any], Any], item: Any) -> Any:
     return fn(_CONTEXT[0], item)
 
 
+class _RayWorker:
+    """One Ray actor: a process that keeps its state between the tasks pinned to it."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+
+    def call(self, fn: Callable[[Any, Any], Any], item: Any) -> Any:
+        return fn(self.context, item)
+
+
 class Backend:
     """A context manager that runs ``fn(context, item)`` for items on ``name``'s workers.
 
@@ -118,21 +128,38 @@ class Backend:
         self._ray_started = False
         self._ref = None
         self._remotes: dict[Any, Any] = {}
+        self._pinned: list[Any] = []
+        self._blob: bytes | None = None
+        self._entered = False
 
     @property
     def parallel(self) -> bool:
         """Whether items run in other processes."""
         return not (self.name == "serial" or (self.name == "pool" and self.workers == 1))
 
-    def __enter__(self) -> "Backend":
-        if self.name == "pool" and self.parallel:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+    def _executor(self, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-            ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(_dumps(self.context),))
-        elif self.name == "ray":
+        if self._blob is None:
+            self._blob = _dumps(self.context)
+        ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                   initargs=(self._blob,))
+
+    def _pinned_workers(self) -> list[Any]:
+        """One process per worker (a pool executor of one, or a Ray actor), made when first
+        needed: items pinned to a worker find the state its earlier items left there."""
+        if not self._pinned:
+            if self._ray is not None:
+                actor = self._ray.remote(_RayWorker)
+                self._pinned = [actor.remote(self._ref) for _ in range(self.workers)]
+            else:
+                self._pinned = [self._executor(1) for _ in range(self.workers)]
+        return self._pinned
+
+    def __enter__(self) -> "Backend":
+        if self.name == "ray":
             try:
                 import ray
             except ImportError:
@@ -143,21 +170,27 @@ class Backend:
                 ray.init(address=self.address, num_cpus=None if self.address else self.workers,
                          include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
             self._ref = ray.put(self.context)
+        self._entered = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for ex in ([self._pool] if self._pool is not None else []) + (self._pinned if self._ray is None else []):
+            ex.shutdown(wait=True, cancel_futures=True)
+        self._pool, self._pinned, self._entered = None, [], False
         if self._ray is not None and self._ray_started:
             self._ray.shutdown()
         self._ray = None
 
     def map(self, fn: Callable[[Any, Any], Any], items: Sequence[Any],
-            done: Callable[[int, Any], None] | None = None) -> list[Any]:
+            done: Callable[[int, Any], None] | None = None, pin: Sequence[int] | None = None) -> list[Any]:
         """``[fn(context, item) for item in items]``, run on the workers; ``done(k, result)``
         is called as each item finishes (in the order they finish). ``fn`` must be a
-        module-level function (it is pickled by name)."""
+        module-level function (it is pickled by name). ``pin``: a number per item; items with
+        the same number run in the same worker process (number modulo the workers), one after
+        another, so that what an item leaves in its process (a chain's delta simulator) is there
+        for the next item with that number; without it, items go to whichever worker is free."""
+        if not self._entered:
+            raise RuntimeError("Backend.map outside its with-block")
         out: list[Any] = [None] * len(items)
 
         def tick(k: int, result: Any) -> None:
@@ -168,22 +201,30 @@ class Backend:
         if not self.parallel:
             for k, item in enumerate(items):
                 tick(k, fn(self.context, item))
-        elif self._pool is not None:
+        elif self._ray is None:
             from concurrent.futures import as_completed
 
-            futs = {self._pool.submit(_pool_call, fn, item): k for k, item in enumerate(items)}
+            if pin is not None:
+                workers = self._pinned_workers()
+                futs = {workers[pin[k] % self.workers].submit(_pool_call, fn, item): k for k, item in enumerate(items)}
+            else:
+                if self._pool is None:
+                    self._pool = self._executor(self.workers)
+                futs = {self._pool.submit(_pool_call, fn, item): k for k, item in enumerate(items)}
             for f in as_completed(futs):
                 tick(futs[f], f.result())
-        elif self._ray is not None:
-            remote = self._remotes.get(fn)
-            if remote is None:
-                remote = self._remotes[fn] = self._ray.remote(fn)
-            refs = {remote.remote(self._ref, item): k for k, item in enumerate(items)}
+        else:
+            if pin is not None:
+                actors = self._pinned_workers()
+                refs = {actors[pin[k] % self.workers].call.remote(fn, item): k for k, item in enumerate(items)}
+            else:
+                remote = self._remotes.get(fn)
+                if remote is None:
+                    remote = self._remotes[fn] = self._ray.remote(fn)
+                refs = {remote.remote(self._ref, item): k for k, item in enumerate(items)}
             pending = list(refs)
             while pending:
                 ready, pending = self._ray.wait(pending, num_returns=1)
                 for r in ready:
                     tick(refs[r], self._ray.get(r))
-        else:
-            raise RuntimeError("Backend.map outside its with-block")
         return out
