@@ -211,7 +211,8 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                     continue
                 best_s, time_s, feasible, iterations = out
             elif name in ran:
-                status, value = ran[name]
+                status, value, ran_s = ran[name]
+                t = time.perf_counter() - ran_s  # (its note gives the time it ran on the backend)
                 if status != "ok":
                     raise ValueError(value)
                 data, time_s, feasible, iterations = value
@@ -271,15 +272,18 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
 
 def _seed_task(ctx: tuple, name: str) -> tuple[str, object]:
     """One seed as a backend's task (:class:`engine.search.processes.Backend`): ("ok", (best as
-    a dict, time in s, fits, proposals)) or ("refused", why)."""
+    a dict, its simulated time in s, fits, proposals), seconds it ran) or ("refused", why,
+    seconds it ran)."""
     from . import ALGORITHMS
 
     graph, cluster, seed, cost = ctx
+    t = time.perf_counter()
     try:
         r = ALGORITHMS[name].run(graph, cluster, None, seed=seed, cost=cost)
     except (ValueError, MemoryError) as e:
-        return "refused", str(e)
-    return "ok", (r.best.to_dict(), r.best_time_s, math.isfinite(r.best_cost_s), r.iterations)
+        return "refused", str(e), time.perf_counter() - t
+    return "ok", (r.best.to_dict(), r.best_time_s, math.isfinite(r.best_cost_s), r.iterations), \
+        time.perf_counter() - t
 
 
 def _seeds_on_backend(seeds: list[str], graph, cluster, seed: int, cost, opts: AutoOptions) -> dict[str, tuple]:
