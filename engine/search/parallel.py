@@ -375,8 +375,13 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     improved_at = (0, time.perf_counter() - t0)
     round_s = 0.0  # the longest round took (s)
     most = 0  # the most proposals a chain made in a round
+    # a first row with the best start: an interrupted search has a best so far to write
+    row = Progress(0, time.perf_counter() - t0, best_cost, best_cost, 0.0, n, best=strategy_from_dict(best_dict))
+    trace.append(row)
+    if progress is not None and progress(row) is False:
+        cancelled = True
     with Backend(backend, context=ctx, workers=opts.workers, address=opts.address) as pool:
-        while True:
+        while not cancelled:
             elapsed = time.perf_counter() - t0
             if total is not None and (it >= total or (it > 0 and it - improved_at[0] >= total / 2)):
                 break

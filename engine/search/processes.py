@@ -78,6 +78,10 @@ _CONTEXT: list[Any] = [None]
 
 
 def _init_worker(blob: bytes) -> None:
+    # a forked worker inherits its parent's handlers (the CLI's SIGTERM raises): the parent
+    # handles Ctrl-C and stops its workers, which end quietly on SIGTERM
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
     _CONTEXT[0] = pickle.loads(blob)
 
@@ -174,8 +178,12 @@ class Backend:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        failed = exc[0] is not None  # (Ctrl-C, SIGTERM, an error: do not wait for the running tasks)
         for ex in ([self._pool] if self._pool is not None else []) + (self._pinned if self._ray is None else []):
-            ex.shutdown(wait=True, cancel_futures=True)
+            if failed:  # the executor's processes (a private attribute of concurrent.futures), stopped now
+                for proc in list((getattr(ex, "_processes", None) or {}).values()):
+                    proc.terminate()
+            ex.shutdown(wait=not failed, cancel_futures=True)
         self._pool, self._pinned, self._entered = None, [], False
         if self._ray is not None and self._ray_started:
             self._ray.shutdown()
