@@ -100,6 +100,19 @@ class TestSameAnswerOnEveryBackend:
             (b.best_cost_s, b.best.to_dict()["ops"], b.best.found_by["source"])
         assert [n for n in a.notes if " in " not in n] == [n for n in b.notes if " in " not in n]
 
+    def test_cancelled_after_a_round_keeps_the_best_so_far(self):
+        g, c = tiny()
+        rows = []
+
+        def stop(p):
+            rows.append(p)
+            return len(rows) < 2  # the first row (the best start), then one round
+
+        r = mcmc(g, c, Budget(iterations=10_000), seed=0, progress=stop,
+                 options=MCMCOptions(backend="pool", workers=2, round_proposals=5))
+        assert r.cancelled and r.iterations == 5 * 4 and rows[0].iteration == 0 and rows[0].best is not None
+        assert r.best_cost_s == rows[1].best_cost_s <= rows[0].best_cost_s <= min(r.baselines.values())
+
 
 class TestSharedCache:
     def test_a_round_replayed_from_the_cache_simulates_nothing(self):
