@@ -36,7 +36,8 @@ parallel hardware). ``final_loss`` is the best end member's loss after its last 
 uncounted forward). The loss curve (``curve_points``): the lowest loss any member has reached
 against the compute spent, counted the same way (it reaches the target at
 ``compute_to_target_examples``). Members run here, on a process pool or on Ray (``backend="ray"``:
-local, or a cluster's address; :mod:`engine.raypool`): the same rows for a seed on each.
+local, or a cluster's address; :class:`engine.search.processes.Backend`, as ``soapbox sweep``): the same
+rows for a seed on each.
 
 Problem: a 2-D spiral of ``classes`` arms (Karpathy's CS231n "spiral" dataset), an MLP with
 ReLU, full-batch Adam (Kingma & Ba 2015, Algorithm 1) written out so that its state travels
@@ -48,7 +49,6 @@ thread each, so a seed reproduces every number on any number of workers.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import sys
 import time
@@ -369,25 +369,18 @@ def _arm_runs(cfg: InitSweepConfig, seed: int, runs: int, run: Mapper) -> tuple[
     return tally, min(r["final_loss"] for r in out)
 
 
+def _member(_context: Any, task: dict[str, Any]) -> dict[str, Any]:
+    return run_member(task)
+
+
 def _mapper(workers: int, backend: str = "pool", address: str | None = None) -> tuple[Mapper, Callable[[], None]]:
-    """Run tasks in order on one process, a process pool or Ray (as :func:`engine.sweep.run_sweep`)."""
-    if backend == "ray":
-        from contextlib import ExitStack
-
-        from .raypool import ray_map, ray_session
-
-        stack = ExitStack()
-        ray = stack.enter_context(ray_session(address, workers))
-        return ray_map(ray, run_member), stack.close
-    if workers <= 1:
-        return (lambda tasks: [run_member(t) for t in tasks]), (lambda: None)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """Run tasks in order on one process, a process pool or Ray (:class:`engine.search.processes.Backend`,
+    the sweep's and the searches' plumbing)."""
+    from .search.processes import Backend
 
     # fork is cheap and safe while this process has not started torch's thread pools; else spawn
-    method = "fork" if hasattr(os, "fork") and "torch" not in sys.modules else "spawn"
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
-    return (lambda tasks: list(ex.map(run_member, tasks))), ex.shutdown
+    b = Backend(backend, workers=workers, address=address, fork="torch" not in sys.modules).__enter__()
+    return (lambda tasks: b.map(_member, tasks)), (lambda: b.__exit__(None, None, None))
 
 
 def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,

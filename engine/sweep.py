@@ -241,62 +241,34 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     return rows
 
 
-def _batch(model: str, pts: list[dict[str, Any]], batch: int | None) -> list[dict[str, Any]]:
+def _batch(context: tuple[str, int | None], pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    model, batch = context
     return [evaluate(model, p, batch) for p in pts]
 
 
 def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
               batch_points: int | None = None, address: str | None = None, batch: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray")."""
+    """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray":
+    :class:`engine.search.processes.Backend`)."""
+    from .search.processes import Backend, check_backend
+
     if backend not in ("serial", "pool", "ray"):
-        raise ValueError(f"backend must be serial, pool or ray, got {backend!r}")
+        check_backend(backend)  # (raises: one line naming the valid backends)
     n = len(pts)
     workers = max(1, workers or os.cpu_count() or 1)
     size = batch_points or max(1, min(64, math.ceil(n / (4 * workers))))
     chunks = [pts[i:i + size] for i in range(0, n, size)]
     done = 0
-    out: list[list[dict[str, Any]] | None] = [None] * len(chunks)
 
     def tick(k: int, rows: list[dict[str, Any]]) -> None:
         nonlocal done
-        out[k] = rows
         done += len(rows)
         if progress is not None:
             progress(done, n)
 
-    if backend == "serial" or (backend == "pool" and workers == 1):
-        for k, ch in enumerate(chunks):
-            tick(k, _batch(model, ch, batch))
-    elif backend == "pool":
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-            futs = {ex.submit(_batch, model, ch, batch): k for k, ch in enumerate(chunks)}
-            for f in as_completed(futs):
-                tick(futs[f], f.result())
-    else:
-        try:
-            import ray
-        except ImportError:
-            raise ValueError("--backend ray needs Ray: pip install ray") from None
-        started = not ray.is_initialized()
-        if started:
-            ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
-                     log_to_driver=False, ignore_reinit_error=True)
-        try:
-            remote = ray.remote(_batch)
-            refs = {remote.remote(model, ch, batch): k for k, ch in enumerate(chunks)}
-            pending = list(refs)
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                for r in ready:
-                    tick(refs[r], ray.get(r))
-        finally:
-            if started:
-                ray.shutdown()
+    with Backend(backend, context=(model, batch), workers=workers, address=address) as b:
+        out = b.map(_batch, chunks, done=tick)
     return [row for rows in out for row in (rows or [])]
 
 

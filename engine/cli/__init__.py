@@ -272,6 +272,14 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                    help="random seed (an iteration budget is reproducible)")
     p.add_argument("--chains", type=int_in(1, 256), default=None,
                    help="mcmc: starting points (data parallel, expert, random); at most 256; default 4")
+    p.add_argument("--backend", metavar="serial|pool|ray",
+                   help="mcmc, auto: run the chains (and auto's seeds, with a proposal budget) as tasks in rounds "
+                        "that share priced strategies and the best so far, in this process (serial, or local), a "
+                        "local process pool or Ray (local mode; --address for a cluster): the same answer on each "
+                        "for a proposal budget; default: the classic single-process search")
+    p.add_argument("--workers", type=int_in(1, 4096), help="--backend: processes (pool) or local CPUs (Ray); "
+                                                           "default: all cores")
+    p.add_argument("--address", help="--backend ray: a Ray cluster's address (ray://host:10001, or auto)")
     p.add_argument("--option", action="append", metavar="NAME=VALUE",
                    help="an option of the algorithm (repeatable): mcmc " + option_names("mcmc") +
                    "; pase " + option_names("pase") + "; pipeline " + option_names("pipeline") +

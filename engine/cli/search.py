@@ -16,6 +16,7 @@ from ..formats import save_json
 from ..report import json_text
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES, make_baseline
+from ..search.processes import check_backend
 from .common import (
     EXIT_DOES_NOT_FIT,
     EXIT_INTERRUPTED,
@@ -106,9 +107,19 @@ def _search_options(args: argparse.Namespace):
         if args.algo not in ("mcmc", "auto"):
             raise ValueError(f"--chains applies to mcmc and auto, not {args.algo}")
         pairs.append(f"chains={args.chains}")
+    given = [f for f in ("backend", "workers", "address") if getattr(args, f, None) is not None]
+    if given:
+        if args.algo not in ("mcmc", "auto"):
+            raise ValueError(f"--{given[0]} applies to mcmc and auto, not {args.algo}")
+        if args.backend is None:
+            raise ValueError(f"--{given[0]} needs --backend (serial, pool or ray)")
+        if args.address is not None and check_backend(args.backend) != "ray":
+            raise ValueError("--address applies to --backend ray")
+        pairs.append(f"backend={check_backend(args.backend)}")
+        pairs += [f"{f}={getattr(args, f)}" for f in ("workers", "address") if getattr(args, f) is not None]
     if args.algo == "all":
         if pairs:
-            raise ValueError("--option and --chains apply to one algorithm, not to --algo all")
+            raise ValueError("--option, --chains and --backend apply to one algorithm, not to --algo all")
         return None
     return ALGORITHMS[args.algo].parse_options(pairs)
 

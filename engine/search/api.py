@@ -227,6 +227,16 @@ class MCMCOptions:
     # engine.search.moves): of the proposals with a proposal budget, of the time with a time
     # budget; None: 0.5 on models with numbered layers (LLMs), 0.1 otherwise; 0 turns them off
     global_share: float | None = None
+    # Where the chains run (engine.search.parallel): None, this process one chain after another
+    # with successive halving (the classic search); serial (or local), pool or ray: every chain
+    # as a task per round of ``round_proposals`` proposals, sharing a cache of priced strategies
+    # and the best so far between rounds; the same answer on each for an iteration budget
+    backend: str | None = None
+    workers: int | None = None  # pool processes or Ray's local CPUs; default every core
+    address: str | None = None  # a Ray cluster (ray://host:10001 or auto); default Ray's local mode
+    round_proposals: int | None = None  # a chain's proposals a round; default about an eighth of its share
+    share_cache: bool = True  # look strategies up in the priced-strategy cache before simulating them
+    adopt_gap: float = 0.05  # after a round, a chain more than this fraction slower than the best takes the best
 
 
 @dataclass(frozen=True)
@@ -238,6 +248,9 @@ class AutoOptions:
     # the mixture-of-experts Megatron seeds' GEMMs in fp8 (Transformer Engine); None: where every
     # GPU has fp8 tensor cores, as the published MoE recipes train (DeepSeek-V3 §3.3)
     fp8: bool | None = None
+    backend: str | None = None  # MCMC's chains (and, with a proposal budget, the seeds) on serial, pool or ray
+    workers: int | None = None  # pool processes or Ray's local CPUs; default every core
+    address: str | None = None  # a Ray cluster; default Ray's local mode
 
 
 @dataclass(frozen=True)

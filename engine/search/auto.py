@@ -8,6 +8,9 @@ the baselines with the one memory-checked :func:`~engine.search.api.price`, star
 the best feasible of them, and returns the best strategy it has seen: never slower than a
 feasible baseline or seed it knows of. Its notes say which algorithm contributed what.
 
+With ``AutoOptions.backend`` (serial, pool or ray), MCMC's chains run as that backend's tasks
+(:mod:`engine.search.parallel`) and, with a number budget, the seeds run at once as its tasks.
+
 Budget: with a time budget, the seeds share at most ``seed_share`` of it, and MCMC gets what
 is left. PaSE's set-up and dynamic program cannot be stopped midway (ResNet-101 on 64 K80s:
 14 s), so with a time budget each seed runs in a forked child process that is stopped at its
@@ -98,6 +101,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
 
     t0 = time.perf_counter()
     opts = options or AutoOptions()
+    if opts.backend is not None:
+        from .processes import check_backend
+
+        opts = replace(opts, backend=check_backend(opts.backend))  # (an unknown name: one line, before any work)
     budget = budget or Budget(seconds=30.0)
     cost_model = cost or CostModel()
     cancelled = False
@@ -229,6 +236,10 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                 notes.append("pipeline: not run as a seed (the model has no repeated layers to stage)")
             else:
                 seeds.append(name)
+    # with a proposal budget and a backend, the seeds run at once as its tasks (each with its own
+    # defaults, as in process: the same answers, considered in the same order)
+    ran = _seeds_on_backend(seeds, graph, cluster, seed, cost_model, opts) \
+        if opts.backend is not None and budget.seconds is None and seeds and not cancelled else {}
     unpaid: set[str] = set()  # the seed families whose last seed beat nothing priced before it
     for i, name in enumerate(seeds):
         if cancelled:
@@ -256,6 +267,13 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                     notes.append(f"{name}: " + ("cancelled" if cancelled else out))
                     continue
                 best_s, time_s, feasible, iterations = out
+            elif name in ran:
+                status, value, ran_s = ran[name]
+                t = time.perf_counter() - ran_s  # (its note gives the time it ran on the backend)
+                if status != "ok":
+                    raise ValueError(value)
+                data, time_s, feasible, iterations = value
+                best_s = strategy_from_dict(data)
             else:
                 r = ALGORITHMS[name].run(graph, cluster, sb, seed=seed, progress=report, cost=cost_model)
                 best_s, time_s, feasible, iterations = r.best, r.best_time_s, math.isfinite(r.best_cost_s), r.iterations
@@ -295,7 +313,9 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         stage[0] = "mcmc"
         try:
             r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=seed, progress=report, initial=seeded,
-                                       cost=cost_model, options=MCMCOptions(chains=opts.chains))
+                                       cost=cost_model, options=MCMCOptions(chains=opts.chains, backend=opts.backend,
+                                                                            workers=opts.workers,
+                                                                            address=opts.address))
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
             notes.append(f"mcmc: stopped without an answer: {str(e)[:200]}")
             r = None
@@ -325,6 +345,31 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     return SearchResult(best=stamp(best, graph, cluster, found_by, bp), best_cost_s=bp.cost_s, baselines=baselines,
                         iterations=proposals[0], elapsed_s=time.perf_counter() - t0, trace=trace, cancelled=cancelled,
                         algorithm="auto", best_time_s=bp.time_s, notes=notes)
+
+
+def _seed_task(ctx: tuple, name: str) -> tuple[str, object]:
+    """One seed as a backend's task (:class:`engine.search.processes.Backend`): ("ok", (best as
+    a dict, its simulated time in s, fits, proposals), seconds it ran) or ("refused", why,
+    seconds it ran)."""
+    from . import ALGORITHMS
+
+    graph, cluster, seed, cost = ctx
+    t = time.perf_counter()
+    try:
+        r = ALGORITHMS[name].run(graph, cluster, None, seed=seed, cost=cost)
+    except (ValueError, MemoryError) as e:
+        return "refused", str(e), time.perf_counter() - t
+    return "ok", (r.best.to_dict(), r.best_time_s, math.isfinite(r.best_cost_s), r.iterations), \
+        time.perf_counter() - t
+
+
+def _seeds_on_backend(seeds: list[str], graph, cluster, seed: int, cost, opts: AutoOptions) -> dict[str, tuple]:
+    """Every seed at once on ``opts.backend``: name -> :func:`_seed_task`'s answer."""
+    from .processes import Backend
+
+    with Backend(opts.backend, context=(graph, cluster, seed, cost), workers=opts.workers,
+                 address=opts.address) as b:
+        return dict(zip(seeds, b.map(_seed_task, seeds)))
 
 
 def _child(conn, parent: int, algorithm, graph, cluster, budget, seed, cost) -> None:

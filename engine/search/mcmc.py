@@ -42,7 +42,9 @@ from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult
 from .baselines import data_parallel, expert
 from .moves import Space
 
-__all__ = ["mcmc", "candidate_configs", "random_config", "local_polish"]
+__all__ = ["mcmc", "candidate_configs", "random_config", "local_polish",
+           # a chain's pieces, shared with the chains on a backend (engine.search.parallel)
+           "Chain", "starting_points", "propose_op", "metropolis", "took", "price_of_sim", "delta_affordable"]
 
 
 #: share of a time budget kept for the final polish (the chains stop at the rest)
@@ -105,7 +107,7 @@ def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int 
 # --------------------------------------------------------------------------- chains
 
 
-class _Chain:
+class Chain:
     """One Markov chain: its strategy, the delta simulator its single-op moves edit (built
     when first needed after a global move replaced the strategy), and its costs."""
 
@@ -133,7 +135,7 @@ class _Chain:
 
     def jump(self, strategy: Strategy, delta_ok: bool) -> None:
         """Take an accepted global move (its simulator is built when a single-op move needs it,
-        if ``delta_ok``: its full task graph is small enough, :func:`_delta_ok`)."""
+        if ``delta_ok``: its full task graph is small enough, :func:`delta_affordable`)."""
         self.sim, self._strategy, self.delta_ok = None, strategy, delta_ok
 
     def global_turn(self, share: float, timed: bool) -> bool:
@@ -150,14 +152,14 @@ class _Chain:
         return self.rng.random() < p
 
 
-def _price(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster) -> Price:
+def price_of_sim(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster) -> Price:
     return price(graph, sim.strategy, cluster, timeline=sim.timeline)
 
 
 def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: bool) -> float:
     """:attr:`Price.cost_s` (inf when a device runs out of memory), or the simulated time
     alone without ``check_memory``."""
-    return _price(sim, graph, cluster).cost_s if check_memory else sim.timeline.makespan_s
+    return price_of_sim(sim, graph, cluster).cost_s if check_memory else sim.timeline.makespan_s
 
 
 def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
@@ -179,27 +181,27 @@ def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: Cost
 DELTA_MAX_TASKS = 1_000_000
 
 
-def _delta_ok(graph: OpGraph, strategy: Strategy, cluster: Cluster | None = None) -> bool:
+def delta_affordable(graph: OpGraph, strategy: Strategy, cluster: Cluster | None = None) -> bool:
     """Whether a delta simulator (a full build: edits break symmetry) of ``strategy`` stays
     within DELTA_MAX_TASKS."""
     return tasks_within(graph, strategy, DELTA_MAX_TASKS, cluster) <= DELTA_MAX_TASKS
 
 
-def _metropolis(chain: _Chain, new: float) -> bool:
+def metropolis(chain: Chain, new: float) -> bool:
     """The Metropolis-Hastings rule (FlexFlow §6.2): always take a better (or equal) strategy,
     a worse one with probability exp(-beta * (new - cost)); never one over memory (inf)."""
     delta = chain.cost - new  # > 0 when better
     return new < math.inf and (delta >= 0 or chain.rng.random() < math.exp(chain.beta * delta))
 
 
-def _took(chain: _Chain, new: float) -> None:
+def took(chain: Chain, new: float) -> None:
     chain.cost = new
     chain.accepted += 1
     if new < chain.best_cost:
         chain.best_cost, chain.best = new, chain.strategy
 
 
-def _propose(chain: _Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, names: list[str],
+def propose_op(chain: Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, names: list[str],
              neighbours: dict[str, list[str]]) -> tuple[str, Config]:
     rng = chain.rng
     name = rng.choice(names)
@@ -210,6 +212,23 @@ def _propose(chain: _Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluste
         if not sim.check(name, other):
             return name, other
     return name, random_config(op, cluster.num_devices, rng, max(1, sim.strategy.pipeline.microbatches))
+
+
+def starting_points(graph: OpGraph, cluster: Cluster, rng: random.Random, chains: int, initial: Strategy | None
+            ) -> list[tuple[str, Strategy]]:
+    """The chains' starting points, named: ``initial`` (when given), data parallel, FlexFlow's
+    expert strategy, then random strategies (one draw of ``rng`` each) up to ``chains``."""
+    starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
+                                         ("expert", expert(graph, cluster))]
+    plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
+    if initial is not None:
+        starts.insert(0, ("initial", initial))
+    names = [op.name for op in graph.ops]
+    for k in range(max(0, chains - len(starts))):
+        r = random.Random(rng.random())
+        configs = {n: random_config(graph[n], cluster.num_devices, r, 1) for n in names}
+        starts.append((f"random-{k}", replace(plain, configs=configs, found_by={}, cost={})))
+    return starts
 
 
 def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
@@ -236,29 +255,25 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         The best strategy (never slower than the best baseline), its cost, the baselines'
         costs, the progress trace.
     """
-    t0 = time.perf_counter()
     opts = options or MCMCOptions()
+    if opts.backend is not None:  # chains as tasks on a backend, sharing priced strategies (rounds)
+        from .parallel import parallel_mcmc
+
+        return parallel_mcmc(graph, cluster, budget, seed=seed, progress=progress, initial=initial, cost=cost,
+                             options=opts)
+    t0 = time.perf_counter()
     budget = budget or Budget()
     chains, beta, check_memory, polish = opts.chains, opts.beta, opts.check_memory, opts.polish
     rng = random.Random(seed)
     cost_model = cost or CostModel()
-    m = 1
     space = Space(graph, cluster)
     share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
     if not 0 <= share <= 1:
         raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
     kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
     timed = budget.seconds is not None
-    starts: list[tuple[str, Strategy]] = [("data-parallel", data_parallel(graph, cluster)),
-                                         ("expert", expert(graph, cluster))]
-    plain = starts[0][1]  # data parallel: one stage, one microbatch (random starts keep its settings)
-    if initial is not None:
-        starts.insert(0, ("initial", initial))
+    starts = starting_points(graph, cluster, rng, chains, initial)
     names = [op.name for op in graph.ops]
-    for k in range(max(0, chains - len(starts))):
-        r = random.Random(rng.random())
-        configs = {n: random_config(graph[n], cluster.num_devices, r, m) for n in names}
-        starts.append((f"random-{k}", replace(plain, configs=configs, found_by={}, cost={})))
     # Random starts are made only while setting up has used less than a tenth of a time
     # budget: on large models a random strategy's task graph is many times data parallel's
     # (NMT on 64 GPUs: ~4 s to build, ~0.5 s a proposal), and such a chain is dropped at
@@ -269,7 +284,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         neighbours[graph.ops[p].name].append(graph.ops[c].name)
         neighbours[graph.ops[c].name].append(graph.ops[p].name)
 
-    live: list[_Chain] = []
+    live: list[Chain] = []
     notes_start: list[str] = []
     start_prices: dict[str, Price] = {}
     build_s = 0.0  # the longest a starting simulation took to build (the polish builds one too)
@@ -279,9 +294,9 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
             break
         t_build = time.perf_counter()
         try:
-            if _delta_ok(graph, strategy, cluster):
+            if delta_affordable(graph, strategy, cluster):
                 sim: DeltaSimulator | None = DeltaSimulator(graph, strategy, cluster, cost_model)
-                p = _price(sim, graph, cluster)
+                p = price_of_sim(sim, graph, cluster)
             else:
                 sim, p = None, price(graph, strategy, cluster, cost_model)
         except TooLargeError as e:
@@ -292,7 +307,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         c = p.cost_s if check_memory else p.time_s
         build_s = max(build_s, time.perf_counter() - t_build)
         b = beta if beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
-        live.append(_Chain(name, strategy if sim is None else sim.strategy, sim, random.Random(rng.random()), b, c))
+        live.append(Chain(name, strategy if sim is None else sim.strategy, sim, random.Random(rng.random()), b, c))
     if not live:
         raise TooLargeError("no starting strategy can be simulated: " + "; ".join(notes_start))
     best_chain = min(live, key=lambda ch: ch.best_cost)
@@ -345,18 +360,18 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                     kind = chain.rng.choice(space.kinds(chain.strategy))
                     cand = space.propose(chain.strategy, kind, chain.rng)
                     new = None if cand is None else _whole_cost(graph, cand, cluster, cost_model, check_memory)
-                    if new is not None and _metropolis(chain, new):
-                        chain.jump(cand, _delta_ok(graph, cand, cluster))
-                        _took(chain, new)
+                    if new is not None and metropolis(chain, new):
+                        chain.jump(cand, delta_affordable(graph, cand, cluster))
+                        took(chain, new)
                 else:
                     family = "op"
                     sim = chain.simulator(graph, cluster, cost_model)
-                    name, config = _propose(chain, sim, graph, cluster, names, neighbours)
+                    name, config = propose_op(chain, sim, graph, cluster, names, neighbours)
                     if config != sim.strategy[name] and not sim.check(name, config):
                         sim.change(name, config)
                         new = _cost(sim, graph, cluster, check_memory)
-                        if _metropolis(chain, new):
-                            _took(chain, new)
+                        if metropolis(chain, new):
+                            took(chain, new)
                         else:
                             sim.revert()
                 chain.seconds[family] += time.perf_counter() - t_move
@@ -419,7 +434,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
     cost = cost or CostModel()
     current = strategy
     if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost) if _delta_ok(graph, strategy, cluster) else None
+        sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
     best = _cost(sim, graph, cluster, check_memory) if sim is not None else \
         _whole_cost(graph, strategy, cluster, cost, check_memory)
     best = math.inf if best is None else best
@@ -458,7 +473,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 new = _whole_cost(graph, cand, cluster, cost, check_memory)
                 if new is not None and new < best * (1 - 1e-12):
                     best, improved, current = new, True, cand
-                    sim = DeltaSimulator(graph, cand, cluster, cost) if _delta_ok(graph, cand, cluster) else None
+                    sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) else None
                     break
             if improved:
                 break

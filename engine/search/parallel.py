@@ -1,0 +1,465 @@
+"""MCMC chains as tasks on a backend (one process, a process pool, Ray), sharing their work.
+
+FlexFlow's MCMC search (Jia et al. SysML'19 §6; :mod:`engine.search.mcmc`) runs its chains
+one after another. Here every chain runs as a task on a :class:`~engine.search.processes.Backend`
+for a *round* of a fixed number of proposals; between rounds the driver
+
+1. merges the strategies each chain priced into a **shared cache** (key: :func:`strategy_key`,
+   a canonical 64-bit hash of the strategy; value: its simulated time in seconds and whether it
+   fits in memory), so that no chain simulates again a strategy any chain priced in an earlier
+   round (a proposal found in the cache is accepted or rejected on the cached price; an
+   accepted one still moves the chain's delta simulator);
+2. **broadcasts the best so far**: a chain whose current strategy is more than
+   ``adopt_gap`` slower than the best any chain found continues from the best (its own random
+   stream, its inverse temperature re-set to ``100 / cost(best)`` unless ``beta`` is given).
+
+Rounds end at fixed proposal counts, never at wall times, and results are merged in the
+chains' order (ties: the lower chain), so with an iteration budget the answer (best strategy
+and its time) for a seed is the same on every backend and any number of workers; a time
+budget decides how many rounds run and may differ. Within a round a chain sees the cache as it
+was at the round's start plus what it priced itself: what other chains price in the same round
+reaches it only at the next round (this is what keeps the answer independent of the order the
+workers finish in).
+
+Every chain stays live (no successive halving): the broadcast moves the weak chains onto the
+best region instead, so that every worker keeps working. The search ends with the greedy polish
+of :func:`engine.search.mcmc.local_polish`, in the driver.
+
+Preconditions not checked: the delta simulator's times equal a full simulation's bit for bit
+(``tests/test_delta.py`` pins this): a cached price and a re-simulated one are then the same
+number, so which process simulated a strategy first does not change the walk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..delta import DeltaSimulator
+from ..errors import TooLargeError
+from ..graph import OpGraph
+from ..strategy import Config, Strategy, strategy_from_dict, validate_strategy
+from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
+from .baselines import data_parallel
+from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, price_of_sim, propose_op,
+                   starting_points, took)
+from .moves import Space
+from .processes import Backend, check_backend
+
+__all__ = ["parallel_mcmc", "strategy_key", "op_key", "PricedCache"]
+
+_MASK = (1 << 64) - 1
+
+
+def _h64(text: str) -> int:
+    """A 64-bit hash that is the same in every process (Python's ``hash`` of a str is salted
+    per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def op_key(op: str, config: Config) -> int:
+    """The hash of one op's config (a term of :func:`strategy_key`)."""
+    return _h64(f"op|{op}|{sorted(config.degrees.items())}|{config.devices}")
+
+
+def _rest_key(strategy: Strategy) -> int:
+    """The hash of everything but the ops' configs: the pipeline and the settings that span
+    ops, and the stage of each op (labels ``found_by`` and ``cost`` and the names of the model
+    and cluster left out)."""
+    d = replace(strategy, configs={}, stage_of={}, found_by={}, cost={}, model_name="", model_fingerprint="",
+                cluster_name="", cluster_devices=0).to_dict()
+    d["stage_of"] = sorted(strategy.stage_of.items())
+    return _h64("rest|" + json.dumps(d, sort_keys=True, default=str))
+
+
+def strategy_key(strategy: Strategy) -> int:
+    """A canonical 64-bit key of ``strategy``: the sum (mod 2^64) of :func:`op_key` over its
+    ops plus the hash of its other settings (Zobrist-style hashing, Zobrist 1970: changing one
+    op's config updates the key in O(1), ``key - op_key(op, old) + op_key(op, new)``). Equal
+    strategies have equal keys in every process; two different ones share a key with
+    probability about 2^-64 per pair.
+
+    >>> from engine.formats import resolve_model
+    >>> from engine.cluster import preset
+    >>> from engine.search.baselines import data_parallel
+    >>> g, c = resolve_model("alexnet"), preset("p100-4x4")
+    >>> s = data_parallel(g, c)
+    >>> strategy_key(s) == strategy_key(strategy_from_dict(s.to_dict()))
+    True
+    """
+    total = _rest_key(strategy)
+    for name, config in strategy.configs.items():
+        total += op_key(name, config)
+    return total & _MASK
+
+
+@dataclass
+class PricedCache:
+    """The shared cache of priced strategies: key -> ``(time_s, feasible, chain)`` (the
+    chain that priced it first), or None for a strategy that cannot be priced (refused by the
+    loader's check or too large to simulate)."""
+
+    entries: dict[int, tuple[float, bool, int] | None] = field(default_factory=dict)
+
+    def merge(self, new: dict[int, tuple[float, bool, int] | None]) -> None:
+        for k, v in new.items():
+            self.entries.setdefault(k, v)  # (the same price whoever priced it: keep the first)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+# --------------------------------------------------------------------------- the worker side
+
+
+class _WorkerState:
+    """What a worker process keeps between its tasks of one search: the move space, the
+    op-key memo and a few delta simulators by chain and strategy key (a chain that comes back
+    to this worker, as :meth:`Backend.map`'s ``pin`` makes it, with the same strategy does not
+    rebuild its simulator; a chain that took the best so far from another builds its own)."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster) -> None:
+        self.space = Space(graph, cluster)
+        self.op_keys: dict[tuple[str, Config], int] = {}
+        self.sims: OrderedDict[tuple[int, int], DeltaSimulator] = OrderedDict()  # (chain, key) -> simulator
+
+    def op_key(self, op: str, config: Config) -> int:
+        k = self.op_keys.get((op, config))
+        if k is None:
+            k = self.op_keys[(op, config)] = op_key(op, config)
+        return k
+
+    def keep(self, key: tuple[int, int], sim: DeltaSimulator, limit: int = 4) -> None:
+        self.sims[key] = sim
+        self.sims.move_to_end(key)
+        while len(self.sims) > limit:
+            self.sims.popitem(last=False)
+
+
+#: per worker process: search token -> its state (the last two searches' only)
+_STATES: OrderedDict[str, _WorkerState] = OrderedDict()
+
+
+def _state(ctx: dict[str, Any]) -> _WorkerState:
+    st = _STATES.get(ctx["token"])
+    if st is None:
+        st = _STATES[ctx["token"]] = _WorkerState(ctx["graph"], ctx["cluster"])
+        while len(_STATES) > 2:
+            _STATES.popitem(last=False)
+    return st
+
+
+def _whole_price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel) -> Price | None:
+    """A global move's candidate priced (None when the loader refuses it or it is too large)."""
+    if validate_strategy(strategy, graph, cluster):
+        return None
+    try:
+        return price(graph, strategy, cluster, cost)
+    except TooLargeError:
+        return None
+
+
+def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    """One chain's round on a worker: ``item["n"]`` proposals from its state; returns its new
+    state, what it priced (for the shared cache) and its cache hits."""
+    graph, cluster, cost_model = ctx["graph"], ctx["cluster"], ctx["cost"]
+    check_memory, share, kinds, timed = ctx["check_memory"], ctx["share"], ctx["kinds"], ctx["timed"]
+    names, neighbours = ctx["names"], ctx["neighbours"]
+    st = _state(ctx)
+    key = item["key"]
+    sim = st.sims.pop((item["index"], key), None) if item["delta_ok"] else None
+    strategy = sim.strategy if sim is not None else strategy_from_dict(item["strategy"])
+    rng = random.Random()
+    rng.setstate(item["rng"])
+    chain = Chain(item["name"], strategy, sim, rng, item["beta"], item["cost"])
+    chain.best_cost, chain.best, chain.delta_ok = item["best_cost"], None, item["delta_ok"]
+    chain.seconds, chain.counts = dict(item["seconds"]), dict(item["counts"])
+    chain.proposals, chain.accepted = item["proposals"], item["accepted"]
+    shared, index = item["cache"], item["index"]
+    new: dict[int, tuple[float, bool, int] | None] = {}
+    hits_own = hits_other = priced = 0
+    best_key = None
+
+    def cost_of(v: tuple[float, bool, int] | None) -> float | None:
+        if v is None:
+            return None
+        return v[0] if (v[1] or not check_memory) else math.inf
+
+    def lookup(k: int) -> tuple[bool, tuple[float, bool, int] | None]:
+        nonlocal hits_own, hits_other
+        if not ctx["share_cache"]:
+            return False, None
+        if k in new:
+            hits_own += 1
+            return True, new[k]
+        if k in shared:
+            v = shared[k]
+            if v is not None and v[2] != index:
+                hits_other += 1
+            else:
+                hits_own += 1
+            return True, v
+        return False, None
+
+    for _ in range(item["n"]):
+        chain.proposals += 1
+        t_move = time.perf_counter()
+        if not chain.delta_ok and not kinds:
+            break  # (nothing this chain can afford to move)
+        if kinds and (not chain.delta_ok or chain.global_turn(share, timed)):
+            family = "global"
+            kind = chain.rng.choice(st.space.kinds(chain.strategy))
+            cand = st.space.propose(chain.strategy, kind, chain.rng)
+            if cand is not None:
+                k = strategy_key(cand)
+                hit, v = lookup(k)
+                if not hit:
+                    p = _whole_price(graph, cand, cluster, cost_model)
+                    priced += 1
+                    v = new[k] = None if p is None else (p.time_s, p.feasible, index)
+                c = cost_of(v)
+                if c is not None and metropolis(chain, c):
+                    chain.jump(cand, delta_affordable(graph, cand, cluster))
+                    key = k
+                    took(chain, c)
+                    if chain.best is chain.strategy:
+                        best_key = key
+        else:
+            family = "op"
+            sim = chain.simulator(graph, cluster, cost_model)
+            name, config = propose_op(chain, sim, graph, cluster, names, neighbours)
+            old = sim.strategy[name]
+            if config != old and not sim.check(name, config):
+                k = (key - st.op_key(name, old) + st.op_key(name, config)) & _MASK
+                hit, v = lookup(k)
+                if hit:
+                    c = cost_of(v)
+                    if metropolis(chain, c):
+                        sim.change(name, config)  # (a move, not a pricing: the price came from the cache)
+                        key = k
+                        took(chain, c)
+                        if chain.best is chain.strategy:
+                            best_key = key
+                else:
+                    sim.change(name, config)
+                    p = price_of_sim(sim, graph, cluster)
+                    priced += 1
+                    v = new[k] = (p.time_s, p.feasible, index)
+                    c = cost_of(v)
+                    if metropolis(chain, c):
+                        key = k
+                        took(chain, c)
+                        if chain.best is chain.strategy:
+                            best_key = key
+                    else:
+                        sim.revert()
+        chain.seconds[family] += time.perf_counter() - t_move
+        chain.counts[family] += 1
+    if chain.sim is not None:
+        st.keep((index, key), chain.sim, ctx["keep"])
+    return {"strategy": chain.strategy.to_dict(), "key": key, "rng": chain.rng.getstate(), "cost": chain.cost,
+            "best_cost": chain.best_cost, "best": None if best_key is None else chain.best.to_dict(),
+            "best_key": best_key, "proposals": chain.proposals, "accepted": chain.accepted,
+            "delta_ok": chain.delta_ok, "seconds": chain.seconds, "counts": chain.counts, "new": new,
+            "hits_own": hits_own, "hits_other": hits_other, "priced": priced}
+
+
+# --------------------------------------------------------------------------- the driver
+
+#: a chain's state that a round's task needs (its best so far stays with the driver)
+_SHIPPED = ("name", "index", "strategy", "key", "rng", "beta", "cost", "best_cost", "proposals", "accepted",
+            "delta_ok", "seconds", "counts")
+
+
+def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
+                  progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
+                  options: MCMCOptions | None = None) -> SearchResult:
+    """MCMC with every chain a task on ``options.backend`` (``serial``/``local``, ``pool`` or
+    ``ray``), rounds of ``round_proposals`` proposals a chain, a shared cache of priced
+    strategies and the best so far broadcast between rounds (see the module's docstring).
+
+    Parameters are those of :func:`engine.search.mcmc.mcmc`; ``options.backend`` must be set.
+
+    Returns
+    -------
+    SearchResult
+        As :func:`~engine.search.mcmc.mcmc`'s; its notes give the backend, the rounds, the
+        proposals priced from the shared cache (from other chains and from the chain's own
+        earlier proposals) and the best-so-far adoptions.
+
+    Raises
+    ------
+    ValueError
+        An unknown backend, a bad option (one line each).
+    """
+    t0 = time.perf_counter()
+    opts = options or MCMCOptions(backend="serial")
+    backend = check_backend(opts.backend)
+    budget = budget or Budget()
+    if opts.workers is not None and not 1 <= opts.workers <= 4096:
+        raise ValueError(f"workers must be between 1 and 4,096, got {opts.workers!r}")
+    if opts.round_proposals is not None and not 1 <= opts.round_proposals <= 10**9:
+        raise ValueError(f"round_proposals must be a positive whole number, got {opts.round_proposals!r}")
+    if not 0 <= opts.adopt_gap <= 1e9 or math.isnan(opts.adopt_gap):
+        raise ValueError(f"adopt_gap must be a non-negative fraction, got {opts.adopt_gap!r}")
+    rng = random.Random(seed)
+    cost_model = cost or CostModel()
+    space = Space(graph, cluster)
+    share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
+    if not 0 <= share <= 1:
+        raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
+    kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
+    names = [op.name for op in graph.ops]
+    neighbours: dict[str, list[str]] = {n: [] for n in names}
+    for (p, _, c, _) in graph.edges:
+        neighbours[graph.ops[p].name].append(graph.ops[c].name)
+        neighbours[graph.ops[c].name].append(graph.ops[p].name)
+    ctx = {"token": uuid.uuid4().hex, "graph": graph, "cluster": cluster, "cost": cost_model,
+           "check_memory": opts.check_memory, "share": share, "kinds": kinds, "timed": budget.seconds is not None,
+           "names": names, "neighbours": neighbours, "share_cache": opts.share_cache,
+           "keep": max(4, opts.chains)}  # (delta simulators a worker keeps: one a chain)
+
+    # the starting points, priced here as the classic search prices them (a full build where a
+    # delta simulator is affordable): the same draws of ``rng`` in the same order
+    chains: list[dict[str, Any]] = []
+    notes_start: list[str] = []
+    start_prices: dict[str, Price] = {}
+    here = _state(ctx)  # (this process's worker state: the serial backend reuses these simulators)
+    for name, strategy in starting_points(graph, cluster, rng, opts.chains, initial):
+        try:
+            ok = delta_affordable(graph, strategy, cluster)
+            if ok:
+                sim = DeltaSimulator(graph, strategy, cluster, cost_model)
+                p, strategy = price_of_sim(sim, graph, cluster), sim.strategy
+            else:
+                p = price(graph, strategy, cluster, cost_model)
+        except TooLargeError as e:
+            notes_start.append(f"start {name} {e}")
+            continue
+        if name in ("data-parallel", "expert"):
+            start_prices[name] = p
+        c = p.cost_s if opts.check_memory else p.time_s
+        key = strategy_key(strategy)
+        if ok:
+            here.keep((len(chains), key), sim, ctx["keep"])
+        beta = opts.beta if opts.beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
+        chains.append({"name": name, "index": len(chains), "strategy": strategy.to_dict(), "key": key,
+                       "rng": random.Random(rng.random()).getstate(), "beta": beta, "cost": c, "best_cost": c,
+                       "best": strategy.to_dict(), "best_key": key, "proposals": 0, "accepted": 0, "delta_ok": ok,
+                       "seconds": {"op": 0.0, "global": 0.0}, "counts": {"op": 0, "global": 0}})
+    if not chains:
+        raise TooLargeError("no starting strategy can be simulated: " + "; ".join(notes_start))
+
+    n = len(chains)
+    total = budget.iterations
+    # a proposal budget: rounds of about an eighth of a chain's share; a time budget alone: a
+    # first round of 8 proposals a chain, then rounds sized to take about a twentieth of the time
+    per_round = opts.round_proposals or (max(1, min(64, math.ceil(total / (8 * n)))) if total else 8)
+    adapt = opts.round_proposals is None and total is None and budget.seconds is not None
+    cache = PricedCache()
+    top = min(chains, key=lambda ch: (ch["best_cost"], ch["index"]))
+    best_cost, best_dict = top["best_cost"], top["best"]
+    it, rounds, adopted, hits_own, hits_other, priced = 0, 0, 0, 0, 0, 0
+    trace: list[Progress] = []
+    cancelled = False
+    search_s = None if budget.seconds is None else budget.seconds * (1.0 - POLISH_SHARE if opts.polish else 1.0)
+    improved_at = (0, time.perf_counter() - t0)
+    round_s = 0.0  # the longest round took (s)
+    most = 0  # the most proposals a chain made in a round
+    # a first row with the best start: an interrupted search has a best so far to write
+    row = Progress(0, time.perf_counter() - t0, best_cost, best_cost, 0.0, n, best=strategy_from_dict(best_dict))
+    trace.append(row)
+    if progress is not None and progress(row) is False:
+        cancelled = True
+    with Backend(backend, context=ctx, workers=opts.workers, address=opts.address) as pool:
+        while not cancelled:
+            elapsed = time.perf_counter() - t0
+            if total is not None and (it >= total or (it > 0 and it - improved_at[0] >= total / 2)):
+                break
+            if budget.seconds is not None and (elapsed + round_s >= search_s or
+                                               elapsed - improved_at[1] >= budget.seconds / 2):
+                break
+            most = max(most, per_round)
+            counts = [per_round] * n
+            if total is not None and total - it < per_round * n:  # (the last round: what is left, in order)
+                left = total - it
+                counts = [left // n + (1 if k < left % n else 0) for k in range(n)]
+            snapshot = dict(cache.entries)
+            items = [{**{f: ch[f] for f in _SHIPPED}, "n": counts[k], "cache": snapshot}
+                     for k, ch in enumerate(chains) if counts[k]]
+            t_round = time.perf_counter()
+            results = pool.map(_run_round, items, pin=[item["index"] for item in items])
+            took_s = time.perf_counter() - t_round
+            round_s = max(round_s, took_s) if not adapt else took_s
+            if adapt:  # (a time budget is allowed to differ run to run)
+                per_round = max(1, min(1024, int(per_round * (budget.seconds / 20) / max(took_s, 1e-3))))
+            rounds += 1
+            for item, res in zip(items, results):  # merged in the chains' order
+                ch = chains[item["index"]]
+                it += res["proposals"] - ch["proposals"]
+                ch.update(strategy=res["strategy"], key=res["key"], rng=res["rng"], cost=res["cost"],
+                          best_cost=res["best_cost"], proposals=res["proposals"], accepted=res["accepted"],
+                          delta_ok=res["delta_ok"], seconds=res["seconds"], counts=res["counts"])
+                if res["best"] is not None:
+                    ch["best"], ch["best_key"] = res["best"], res["best_key"]
+                cache.merge(res["new"])
+                hits_own, hits_other, priced = hits_own + res["hits_own"], hits_other + res["hits_other"], \
+                    priced + res["priced"]
+            top = min(chains, key=lambda ch: (ch["best_cost"], ch["index"]))
+            if top["best_cost"] < best_cost:
+                best_cost, best_dict = top["best_cost"], top["best"]
+                improved_at = (it, time.perf_counter() - t0)
+            if math.isfinite(best_cost):  # the broadcast: weak chains continue from the best so far
+                for ch in chains:
+                    if ch["cost"] > best_cost * (1.0 + opts.adopt_gap) and ch is not top:
+                        ch.update(strategy=top["best"], key=top["best_key"], cost=best_cost,
+                                  delta_ok=delta_affordable(graph, strategy_from_dict(top["best"]), cluster))
+                        if opts.beta is None:
+                            ch["beta"] = 100.0 / best_cost
+                        adopted += 1
+            accepted = sum(ch["accepted"] for ch in chains) / max(1, sum(ch["proposals"] for ch in chains))
+            row = Progress(it, time.perf_counter() - t0, min(ch["cost"] for ch in chains), best_cost, accepted, n,
+                           best=strategy_from_dict(best_dict))
+            trace.append(row)
+            if progress is not None and progress(row) is False:
+                cancelled = True
+                break
+            if total is None and budget.seconds is None and rounds >= 8:
+                break  # (no budget: eight rounds)
+    best = strategy_from_dict(best_dict)
+    polished = False
+    deadline = None if budget.seconds is None else t0 + budget.seconds
+    if opts.polish and not cancelled and (deadline is None or deadline - time.perf_counter() > 2 * round_s):
+        best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, opts.check_memory,
+                                                 max_evals=budget.iterations or 10**9, deadline=deadline,
+                                                 global_moves=kinds)
+    elapsed = time.perf_counter() - t0
+    accepted = sum(ch["accepted"] for ch in chains) / max(1, sum(ch["proposals"] for ch in chains))
+    trace.append(Progress(it, elapsed, best_cost, best_cost, accepted, n))
+    if progress is not None:
+        progress(trace[-1])
+    found_by = {"algorithm": "mcmc", "seed": seed, "budget": str(budget),
+                "options": {"chains": opts.chains, "beta": opts.beta, "backend": backend,
+                            "round_proposals": most},
+                "rounds": rounds, "cache": {"hits_other": hits_other, "hits_own": hits_own, "simulated": priced,
+                                            "entries": len(cache), "adopted": adopted}}
+    final = Price(best_cost, True) if opts.check_memory and math.isfinite(best_cost) else \
+        price(graph, best, cluster, cost_model)
+    baselines, notes = price_baselines(graph, cluster, cost_model, known=start_prices)
+    notes = [x for x in notes_start if not x.startswith(("start data-parallel", "start expert"))] + notes
+    where = backend if backend != "pool" else f"pool of {pool.workers} processes"
+    notes.append(f"parallel chains on {where}: {n} chains, {rounds} rounds of up to {most} proposals a chain; "
+                 f"shared cache: {hits_other + hits_own} of {it} proposals priced from it ({hits_other} priced "
+                 f"by another chain, {hits_own} by the same chain), {priced} simulated, {len(cache)} strategies "
+                 f"cached; best so far adopted {adopted} times")
+    return SearchResult(stamp(best, graph, cluster, found_by, final), final.cost_s, baselines, it, elapsed, trace,
+                        cancelled, locally_optimal=polished, algorithm="mcmc", best_time_s=final.time_s, notes=notes)
