@@ -89,3 +89,35 @@ def test_cli_says_it(capsys):
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "note: pase's plan (" in text and "the baseline is returned as the best instead" in text
+
+
+def test_price_remembers_whole_strategies_and_refusals():
+    """``price`` answers a strategy it priced before (by content, for the same graph, cluster and
+    cost model) without simulating it again, refusals included; another cost model prices anew."""
+    from unittest import mock
+
+    import engine.report as report
+    from engine.costs import CostModel
+    from engine.errors import TooLargeError
+    from engine.formats import resolve_model
+    from engine.cluster import preset
+    from engine.search.api import price
+    from engine.search.baselines import data_parallel
+    from engine.strategy import strategy_from_dict
+
+    g, c, cm = resolve_model("alexnet"), preset("p100-4x4"), CostModel()
+    s = data_parallel(g, c)
+    first = price(g, s, c, cm)
+    with mock.patch.object(report, "simulate_strategy", side_effect=AssertionError("simulated again")):
+        assert price(g, strategy_from_dict(s.to_dict()), c, cm) == first  # equal content, another object
+    other = CostModel()
+    calls = []
+    real = report.simulate_strategy
+    with mock.patch.object(report, "simulate_strategy", side_effect=lambda *a, **k: calls.append(1) or real(*a, **k)):
+        assert price(g, s, c, other) == first and calls == [1]
+    with pytest.raises(TooLargeError) as e1:
+        price(g, s, c, cm, max_tasks=10)
+    with mock.patch.object(report, "simulate_strategy", side_effect=AssertionError("simulated again")):
+        with pytest.raises(TooLargeError) as e2:
+            price(g, s, c, cm, max_tasks=10)
+    assert str(e1.value) == str(e2.value)
