@@ -13,7 +13,7 @@ its own final result and the best baseline it knows.
 
 Usage: python benchmarks/compare_searches.py [--budget 30s] [--cases all|small] [--plot OUT.html]
        python benchmarks/compare_searches.py --from-table table.md --plot OUT.html
-       python benchmarks/compare_searches.py --tenfold [--budget 15s] [--cases small|all]
+       python benchmarks/compare_searches.py --tenfold [--budget 15s] [--cases small|all] [--only alexnet]
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ def main() -> None:
     ap.add_argument("--plot", help="write the comparison as a Plotly HTML page here")
     ap.add_argument("--from-table", help="plot a table printed by an earlier run instead of searching")
     ap.add_argument("--tenfold", action="store_true", help="auto with the budget against each algorithm with 10x it")
+    ap.add_argument("--only", help="--tenfold: only this model's cases (e.g. alexnet)")
     args = ap.parse_args()
     if args.tenfold:
         cases = [(m, "p100-4x4") for m in ("alexnet", "inception_v3", "resnet101")]
         if args.cases == "all":
             cases += [(m, "p100-4x4") for m in ("rnntc", "rnnlm", "nmt")] + [("alexnet", "k80-16x4")]
-        tenfold(cases, Budget.parse(args.budget))
+        tenfold([c for c in cases if args.only in (None, c[0])], Budget.parse(args.budget))
         return
     if args.from_table:
         plot(parse_table(open(args.from_table).read()), args.plot or "search-comparison.html")
