@@ -189,8 +189,9 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
             tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build(exact_only=True, cancel=cancel)
             if tg is not None:
                 return tg
-            # Some transfer crosses replicas along an axis (context-parallel ranks exchange
-            # keys and values; data-parallel replicas do not): keep the largest subsets of
+            # Some transfer crosses replicas along an axis (a FlexFlow-style split whose ranks
+            # exchange regions point to point; sequence and context parallelism's gathers are
+            # collectives, which do not): keep the largest subsets of
             # the axes, most replicas first, until one is exact (at most 6 more tries, each
             # of representatives only and stopped at the first crossing transfer).
             subsets = [keep for k in range(len(sym.axes) - 1, 0, -1)
