@@ -7,16 +7,16 @@ import json
 import math
 
 from engine.cli import main
-from engine.cluster import Cluster, DeviceType, NodeSpec, preset
+from engine.cluster import preset
 from engine.costs import CostModel
 from engine.delta import DeltaSimulator
 from engine.formats import load_strategy, resolve_model
-from engine.graph import GraphBuilder
 from engine.search.api import Budget, MCMCOptions
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import candidate_configs, local_polish, mcmc
 from engine.simulate import simulate
 from engine.taskgraph import TaskGraphBuilder
+from toys import tiny  # tests/toys.py
 
 
 MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnntc")}
@@ -28,17 +28,6 @@ def full(graph, strategy, cluster):
     return tg, simulate(tg)
 
 
-def tiny():
-    """A small model and cluster where every single-op change can be checked by brute force."""
-    b = GraphBuilder("tiny")
-    x = b.input("x", [16, 64])
-    h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=256)])
-    y = b.add("linear", "fc2", [h], out_features=64)
-    b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [16], dtype="int64")])
-    t = DeviceType("toy", {"fp32": 1e12}, 1e11, 10**11)
-    c = Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9, repeat=1)],
-                {"toy": t})
-    return b.build(), c
 
 
 class TestMcmc:

@@ -9,10 +9,9 @@ import random
 
 import pytest
 
-from engine.cluster import Cluster, DeviceType, NodeSpec, preset
+from engine.cluster import preset
 from engine.costs import CostModel
 from engine.formats import resolve_model
-from engine.graph import GraphBuilder
 from engine.search.api import AutoOptions, Budget, MCMCOptions
 from engine.search.auto import auto
 from engine.search.baselines import data_parallel, expert
@@ -20,22 +19,11 @@ from engine.search.mcmc import mcmc
 from engine.search.parallel import _run_round, _state, op_key, strategy_key
 from engine.search.processes import Backend, check_backend
 from engine.strategy import Config, strategy_from_dict
-from toys import run_cli  # tests/toys.py
+from toys import run_cli, tiny  # tests/toys.py
 
 ALEXNET = resolve_model("alexnet")
 
 
-def tiny():
-    """Two linear layers on 4 toy devices: few configs, so chains meet the same strategies."""
-    b = GraphBuilder("tiny")
-    x = b.input("x", [16, 64])
-    h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=256)])
-    y = b.add("linear", "fc2", [h], out_features=64)
-    b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [16], dtype="int64")])
-    t = DeviceType("toy", {"fp32": 1e12}, 1e11, 10**11)
-    c = Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9, repeat=1)],
-                {"toy": t})
-    return b.build(), c
 
 
 def answer(r):

@@ -43,3 +43,17 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def tiny():
+    """Two linear layers on 4 toy devices: few configs, so every single-op change can be checked by brute
+    force and MCMC chains meet the same strategies."""
+    b = GraphBuilder("tiny")
+    x = b.input("x", [16, 64])
+    h = b.add("relu", "act", [b.add("linear", "fc1", [x], out_features=256)])
+    y = b.add("linear", "fc2", [h], out_features=64)
+    b.add("softmax_cross_entropy", "loss", [y, b.input("labels", [16], dtype="int64")])
+    t = DeviceType("toy", {"fp32": 1e12}, 1e11, 10**11)
+    c = Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9, repeat=1)],
+                {"toy": t})
+    return b.build(), c

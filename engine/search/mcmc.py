@@ -214,6 +214,23 @@ def propose_op(chain: Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Clust
     return name, random_config(op, cluster.num_devices, rng, max(1, sim.strategy.pipeline.microbatches))
 
 
+def move_setup(graph: OpGraph, cluster: Cluster, opts: MCMCOptions
+               ) -> tuple[Space, float, bool, list[str], dict[str, list[str]]]:
+    """What proposing moves needs: the global moves' space, the share of global moves, whether
+    the model has any, the op names and each op's neighbours in the graph."""
+    space = Space(graph, cluster)
+    share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
+    if not 0 <= share <= 1:
+        raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
+    kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
+    names = [op.name for op in graph.ops]
+    neighbours: dict[str, list[str]] = {n: [] for n in names}
+    for (p, _, c, _) in graph.edges:
+        neighbours[graph.ops[p].name].append(graph.ops[c].name)
+        neighbours[graph.ops[c].name].append(graph.ops[p].name)
+    return space, share, kinds, names, neighbours
+
+
 def starting_points(graph: OpGraph, cluster: Cluster, rng: random.Random, chains: int, initial: Strategy | None
             ) -> list[tuple[str, Strategy]]:
     """The chains' starting points, named: ``initial`` (when given), data parallel, FlexFlow's
@@ -266,23 +283,14 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     chains, beta, check_memory, polish = opts.chains, opts.beta, opts.check_memory, opts.polish
     rng = random.Random(seed)
     cost_model = cost or CostModel()
-    space = Space(graph, cluster)
-    share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
-    if not 0 <= share <= 1:
-        raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
-    kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
+    space, share, kinds, names, neighbours = move_setup(graph, cluster, opts)
     timed = budget.seconds is not None
     starts = starting_points(graph, cluster, rng, chains, initial)
-    names = [op.name for op in graph.ops]
     # Random starts are made only while setting up has used less than a tenth of a time
     # budget: on large models a random strategy's task graph is many times data parallel's
     # (NMT on 64 GPUs: ~4 s to build, ~0.5 s a proposal), and such a chain is dropped at
     # the first rung anyway.
     setup_share = 0.1
-    neighbours = {n: [] for n in names}
-    for (p, _, c, _) in graph.edges:
-        neighbours[graph.ops[p].name].append(graph.ops[c].name)
-        neighbours[graph.ops[c].name].append(graph.ops[p].name)
 
     live: list[Chain] = []
     notes_start: list[str] = []

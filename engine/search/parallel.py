@@ -47,9 +47,8 @@ from ..errors import TooLargeError
 from ..graph import OpGraph
 from ..strategy import Config, Strategy, strategy_from_dict, validate_strategy
 from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
-from .baselines import data_parallel
-from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, price_of_sim, propose_op,
-                   starting_points, took)
+from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, move_setup, price_of_sim,
+                   propose_op, starting_points, took)
 from .moves import Space
 from .keys import MASK as _MASK, op_key, strategy_key
 from .processes import Backend, check_backend
@@ -267,16 +266,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
         raise ValueError(f"adopt_gap must be a non-negative fraction, got {opts.adopt_gap!r}")
     rng = random.Random(seed)
     cost_model = cost or CostModel()
-    space = Space(graph, cluster)
-    share = opts.global_share if opts.global_share is not None else (0.5 if space.layers else 0.1)
-    if not 0 <= share <= 1:
-        raise ValueError(f"global_share must be between 0 and 1, got {share!r}")
-    kinds = bool(share) and bool(space.kinds(data_parallel(graph, cluster)))
-    names = [op.name for op in graph.ops]
-    neighbours: dict[str, list[str]] = {n: [] for n in names}
-    for (p, _, c, _) in graph.edges:
-        neighbours[graph.ops[p].name].append(graph.ops[c].name)
-        neighbours[graph.ops[c].name].append(graph.ops[p].name)
+    space, share, kinds, names, neighbours = move_setup(graph, cluster, opts)
     ctx = {"token": uuid.uuid4().hex, "graph": graph, "cluster": cluster, "cost": cost_model,
            "check_memory": opts.check_memory, "share": share, "kinds": kinds, "timed": budget.seconds is not None,
            "names": names, "neighbours": neighbours, "share_cache": opts.share_cache,
