@@ -215,3 +215,15 @@ def test_every_package_is_installed():
     found = {".".join(p.parent.relative_to(root).parts) for top in ("engine", "app")
              for p in (root / top).rglob("__init__.py")}
     assert found - listed == set()
+
+
+def test_the_app_s_data_files_are_package_data():
+    """The Learn tab draws app/data/init_sweep.json: an installed app (``pip install .``, the
+    Docker image) has it only as package data, not from the source tree's benchmarks/."""
+    import fnmatch
+    import tomllib
+
+    root = ENGINE.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["app"]
+    files = [p.relative_to(root / "app").as_posix() for p in (root / "app" / "data").iterdir() if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), files
