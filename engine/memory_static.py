@@ -124,21 +124,32 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
         param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
     # (a sequence-parallel op's length split is partly tensor-parallel: not sharded over)
     shares = zero_shares(graph, strategy) if zero >= 1 else {}
+    # each op's arrays, kept for its config object (a search changes one op a proposal: the
+    # others are looked up, not made again; group and unit ids follow param_ops' fixed order)
+    per_op = cache.setdefault("static_per_op", {})
     for op in param_ops:
         cfg = strategy.configs[op.name]
-        regions, devices, elems, _ = param_partitions(cache, op, cfg)
         gid = groups.setdefault(op.param_group or op.name, len(groups))
-        codes.append((gid * (1 << 24) + regions) * D + devices)
-        devs_p.append(devices)
-        elems_p.append(np.full(devices.size, elems))
-        # ZeRO's group for this parameter: the partitions equal on every dim but the data
-        # dims (sample and sequence), as SyncBuilder.build groups them
-        zc_p.append(np.full(devices.size, float(cfg.degree("sample") * cfg.degree("length")
-                                                 // shares.get(op.name, 1))))
+        uid = units.setdefault(sync_unit(op, zero), len(units)) if zero >= 3 else -1
+        share = shares.get(op.name, 1)
+        hit = per_op.get(op.name)
+        if hit is None or hit[0] is not cfg or hit[1] != (D, gid, uid, share):
+            regions, devices, elems, _ = param_partitions(cache, op, cfg)
+            n = devices.size
+            # ZeRO's group for this parameter: the partitions equal on every dim but the data
+            # dims (sample and sequence), as SyncBuilder.build groups them
+            hit = per_op[op.name] = (cfg, (D, gid, uid, share), (gid * (1 << 24) + regions) * D + devices, devices,
+                                     np.full(n, elems), np.full(n, float(cfg.degree("sample") * cfg.degree("length")
+                                                                         // share)),
+                                     np.full(n, uid), np.full(n, op.kind == "linear"))
+        codes.append(hit[2])
+        devs_p.append(hit[3])
+        elems_p.append(hit[4])
+        zc_p.append(hit[5])
         if zero >= 3:
-            unit_p.append(np.full(devices.size, units.setdefault(sync_unit(op, zero), len(units))))
+            unit_p.append(hit[6])
         if strategy.fp8:  # (only fp8's weight caches read it)
-            gemm_p.append(np.full(devices.size, op.kind == "linear"))
+            gemm_p.append(hit[7])
     params = np.zeros(D)  # [device] parameters held (before sharding)
     sharded = np.zeros(D)  # [device] parameters of ZeRO's shard (each over its own group)
     gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
