@@ -306,3 +306,36 @@ class TestBreakdown:
                      "allocator fragmentation", "CUDA context and NCCL"):
             assert name in line
         assert "max_memory_allocated" in text and "max_memory_reserved" in text
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_static_memory_kept_per_op_follows_each_change(zero):
+    """``static_memory`` keeps each op's arrays for its config object: after random one-op
+    changes (as a search makes them) it equals the same computation on a fresh copy of the
+    graph, which has nothing kept."""
+    import random
+    from dataclasses import replace
+
+    from engine.memory_static import static_memory
+    from engine.search.mcmc import random_config
+    from engine.strategy import validate_strategy
+
+    g, c = resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-a100-80gb:1")
+    s = megatron(g, c, tp=2, zero_stage=zero) if zero < 3 else data_parallel(g, c)
+    if zero == 3:
+        s = replace(s, zero_stage=3)
+    rng = random.Random(7)
+    ops = [op for op in g.ops if op.param_count]
+    changed = 0
+    for _ in range(12):
+        op = rng.choice(ops)
+        cand = replace(s, configs={**s.configs, op.name: random_config(op, c.num_devices, rng)})
+        if validate_strategy(cand, g, c):
+            continue
+        s, changed = cand, changed + 1
+        tg = build_task_graph(g, s, c)
+        kept = static_memory(g, s, c, tg)
+        fresh = static_memory(resolve_model("gpt2", batch=8, seq_len=128), s, c, tg)
+        for part in ("weights", "grads", "optim", "gathered"):
+            assert np.array_equal(getattr(kept, part), getattr(fresh, part)), part
+    assert changed >= 3
