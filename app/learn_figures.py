@@ -1,9 +1,8 @@
 """Figures of the Learn tab's measured topics, drawn from the committed measurements.
 
-``init-sweep``: :func:`build_init_sweep_figure` draws ``app/data/init_sweep.json`` (package data:
-written by ``benchmarks/init_sweep.py``, shipped with the app)
-(written by ``benchmarks/init_sweep.py``, which saves the same figure as the SVG that
-BENCHMARKS.md shows): per problem, the lowest loss reached against the compute spent, one line
+``init-sweep``: :func:`build_init_sweep_figure` draws ``app/data/init_sweep.json`` (package data,
+shipped with the app; written by ``benchmarks/init_sweep.py``, which saves the same figure as the
+SVG that BENCHMARKS.md shows): per problem, the lowest loss reached against the compute spent, one line
 per arm (the median over the seeds) and a band from the best to the worst seed.
 """
 
@@ -36,13 +35,13 @@ def load_init_sweep(path: str | Path | None = None) -> dict[str, Any] | None:
     """The measurement (``soapbox.init-sweep-bench/1``) from ``path``, else from
     :data:`INIT_SWEEP_FILE`; None when none is there, or when it holds no loss curves (a
     measurement made before they were recorded)."""
-    for p in [Path(path) if path else INIT_SWEEP_FILE]:
-        if p.is_file():
-            doc = json.loads(p.read_text())
-            ok = doc.get("format") == "soapbox.init-sweep-bench/1" and all(
-                "curve" in r for prob in doc.get("problems", []) for r in prob.get("rows", []))
-            return doc if ok and doc.get("problems") else None
-    return None
+    p = Path(path) if path else INIT_SWEEP_FILE
+    if not p.is_file():
+        return None
+    doc = json.loads(p.read_text())
+    ok = doc.get("format") == "soapbox.init-sweep-bench/1" and all(
+        "curve" in r for prob in doc.get("problems", []) for r in prob.get("rows", []))
+    return doc if ok and doc.get("problems") else None
 
 
 def _band(rows: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], list[float]]:
