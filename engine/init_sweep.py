@@ -376,11 +376,14 @@ def _member(_context: Any, task: dict[str, Any]) -> dict[str, Any]:
 def _mapper(workers: int, backend: str = "pool", address: str | None = None) -> tuple[Mapper, Callable[[], None]]:
     """Run tasks in order on one process, a process pool or Ray (:class:`engine.search.processes.Backend`,
     the sweep's and the searches' plumbing)."""
+    from contextlib import ExitStack
+
     from .search.processes import Backend
 
+    stack = ExitStack()
     # fork is cheap and safe while this process has not started torch's thread pools; else spawn
-    b = Backend(backend, workers=workers, address=address, fork="torch" not in sys.modules).__enter__()
-    return (lambda tasks: b.map(_member, tasks)), (lambda: b.__exit__(None, None, None))
+    b = stack.enter_context(Backend(backend, workers=workers, address=address, fork="torch" not in sys.modules))
+    return (lambda tasks: b.map(_member, tasks)), stack.close
 
 
 def run_experiment(cfg: InitSweepConfig, seeds: Sequence[int], workers: int = 1,
