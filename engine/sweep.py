@@ -253,8 +253,7 @@ def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", w
     :class:`engine.search.processes.Backend`)."""
     from .search.processes import Backend, check_backend
 
-    if backend not in ("serial", "pool", "ray"):
-        check_backend(backend)  # (raises: one line naming the valid backends)
+    backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
     n = len(pts)
     workers = max(1, workers or os.cpu_count() or 1)
     size = batch_points or max(1, min(64, math.ceil(n / (4 * workers))))
