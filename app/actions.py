@@ -20,7 +20,7 @@ from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import RECOMPUTE_MODULES, Config, Strategy, validate_strategy
 
 from .sessions import current
-from .simulation import check_size, workspace
+from .simulation import check_size, size_checked_key, workspace
 from .sources import cluster_of, graph_of
 from .state import (MAX_COMPARED, MAX_HISTORY, SWITCHES, bump, config_dict, content_key, page_strategy,
                     same_settings, strategy_dict, switch_notes)
@@ -181,14 +181,19 @@ def set_strategy(state: dict, strategy: Strategy, message: str) -> tuple[dict, s
     old = page_strategy(state)
     new = copy.deepcopy(state)
     new["strategy"] = strategy_dict(strategy)
+    # (the op entries only when the settings are the same: a layout change on a 2,410-op model
+    # would write ~5,000 configs as runs for nothing)
     entries = [{"op": op, "before": config_dict(old[op]), "after": config_dict(c)}
-               for op, c in strategy.configs.items() if op in old.configs and old[op] != c]
-    if same_settings(old, strategy) and entries:
+               for op, c in strategy.configs.items() if op in old.configs and old[op] != c] \
+        if same_settings(old, strategy) else []
+    if entries:
         new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
     else:  # settings (pipeline, ZeRO, ...) changed too: the history no longer applies
         new["undo"] = []
     new["redo"] = []
-    return bump(new), message
+    new = bump(new)
+    current().checked.put(size_checked_key(new), True)  # (drawing it does not repeat the size check)
+    return new, message
 
 
 def select_baseline(state: dict, kind: str) -> tuple[dict, str]:

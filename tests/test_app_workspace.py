@@ -485,6 +485,35 @@ class TestUploadLimits:
         assert not ok and new is alex and "24 ops" in msg
 
 
+class TestLayoutChangeChecksSizeOnce:
+    """A layout change estimates the strategy's size once: where it is set (refused there when
+    too large), not again when its views are drawn (~0.2 s on GPT-3 175B's 2,410 ops)."""
+
+    def test_drawing_a_new_layout_does_not_repeat_the_size_check(self, monkeypatch):
+        calls = []
+        real = SIM.check_size
+
+        def counted(*a, **k):
+            calls.append(a[2] if len(a) > 2 else k.get("what"))
+            return real(*a, **k)
+
+        monkeypatch.setattr(SIM, "check_size", counted)
+        monkeypatch.setattr(ACT, "check_size", counted)
+        s = ST.new_state("gpt2", "dgx-a100-80gb:2", sid=ST.new_sid())
+        new, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1})
+        assert msg.startswith("Layout"), msg
+        assert len(calls) == 1
+        assert new["undo"] == []  # (the settings changed: no op-by-op history to keep)
+        ws = SIM.workspace(new)
+        assert len(calls) == 1 and ws.timeline.makespan_s > 0
+        # a state nobody checked (sent by a browser, say) is checked when drawn
+        other = dict(new, sid=ST.new_sid(), strategy=dict(new["strategy"], cost={"x": 1}))
+        SIM.workspace(other)
+        assert len(calls) == 2
+        SES.current().forget(new["sid"])
+        SES.current().forget(other["sid"])
+
+
 class TestTour:
     """Issue 16: the Learn tab's guided comparison sets up each step's model, cluster and
     strategies, and keeps them to compare."""

@@ -112,12 +112,24 @@ class Op:
     def param_bytes(self) -> int:
         return self.param_count * DTYPE_BYTES[self.param_dtype]
 
+    @cached_property
+    def signature(self) -> tuple:
+        """What the op's partitions depend on, apart from its name and neighbours: kind, input
+        and output shapes, attributes (identical layers of a deep model share it, and so share
+        the task-graph builder's tables). Computed once (the op is immutable)."""
+        return (self.kind, tuple(t.shape for t in self.in_tensors), tuple(t.shape for t in self.out_tensors),
+                tuple(sorted((k, str(v)) for k, v in self.attrs.items())))
+
     # -- dims -------------------------------------------------------------------------
     def dim(self, name: str) -> ParallelDim:
-        for d in self.dims:
-            if d.name == name:
-                return d
-        raise KeyError(name)
+        try:
+            return self._dims_by_name[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    @cached_property
+    def _dims_by_name(self) -> dict[str, ParallelDim]:
+        return {d.name: d for d in self.dims}
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -305,8 +317,16 @@ class OpGraph:
         return tuple(out)
 
     def consumers(self, name: str) -> list[str]:
-        i = self.index[name]
-        return [self.ops[j].name for (p, _, j, _) in self.edges if p == i]
+        """Names of the ops that read ``name``'s outputs, once per use, in edge order."""
+        return list(self._consumer_names[self.index[name]])
+
+    @cached_property
+    def _consumer_names(self) -> tuple[tuple[str, ...], ...]:
+        """[op] :meth:`consumers` of every op (one pass over the edges, not one per call)."""
+        out: list[list[str]] = [[] for _ in self.ops]
+        for (p, _, j, _) in self.edges:
+            out[p].append(self.ops[j].name)
+        return tuple(tuple(x) for x in out)
 
     # -- views --------------------------------------------------------------------------------
     @cached_property

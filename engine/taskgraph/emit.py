@@ -123,7 +123,8 @@ class Emitter:
         if self._image is None:
             return 1
         reps = self._image[np.asarray(devices, np.int64)]
-        return self._replicas // int(np.unique(reps, return_counts=True)[1].max())
+        most = np.bincount(reps).max() if reps.min() >= 0 else np.unique(reps, return_counts=True)[1].max()
+        return self._replicas // int(most)  # (the most group members that mirror one representative)
 
     # -- collectives -----------------------------------------------------------------
     def collective(self, seg: Segment, kind: str, size_bytes: float, devices, preds, op: int = -1,
