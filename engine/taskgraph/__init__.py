@@ -26,7 +26,8 @@ holds (size = overlap volume x bytes per element). Beyond FlexFlow:
   an uncontended transfer takes sum(latency) + bytes / min(bandwidth), as on real networks.
 
 Tasks are numbered and stored as NumPy arrays (``[task]``); dependencies as CSR successor
-lists. No Python object is made per task.
+lists. No Python object is made per task. A first build makes a segment whose inputs twin an
+earlier one's (the identical layers of a pipeline stage) by copying it (:mod:`.twins`).
 
 Preconditions not checked here: the strategy passed :func:`engine.strategy.validate_strategy`.
 """

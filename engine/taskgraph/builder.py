@@ -25,6 +25,7 @@ from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
 from .tasks import UPDATE, TaskGraph
+from .twins import Twins
 
 __all__ = ["TaskGraphBuilder", "build_task_graph", "estimate_tasks", "estimate_symmetric_tasks"]
 
@@ -39,10 +40,11 @@ class TaskGraphBuilder:
     builder per segment kind: :class:`ComputeBuilder` (``("op", oi)``),
     :class:`DataflowBuilder` (``("tensor", p, o)``), :class:`SyncBuilder` (``("sync", unit)``),
     with the :class:`SchedulePlan`'s barriers (``("barriers", device)``) and the optimizer steps
-    (``("updates",)``)."""
+    (``("updates",)``). A first build copies the segments that twin one it made before
+    (:class:`~engine.taskgraph.twins.Twins`; ``twins=False`` builds every one: the same arrays)."""
 
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel,
-                 symmetry: Symmetry | None = None) -> None:
+                 symmetry: Symmetry | None = None, twins: bool = True) -> None:
         self.ctx = BuildContext(graph, strategy, cluster, cost, symmetry)
         self.tables = OpTables(cluster.num_devices)
         self.emit = Emitter(self.ctx)
@@ -52,6 +54,9 @@ class TaskGraphBuilder:
         self.compute = ComputeBuilder(self.ctx, self.tables, self.emit)
         self.dataflow = DataflowBuilder(self.ctx, self.tables, self.emit)
         self.sync = SyncBuilder(self.ctx, self.tables, self.emit, self.fsdp)
+        #: a first build copies segments that twin earlier ones (:mod:`.twins`); False: builds all
+        self.twins = twins
+        self.copied = 0  # segments the last first build copied from twins
 
     @property
     def strategy(self) -> Strategy:
@@ -72,19 +77,26 @@ class TaskGraphBuilder:
         check_cancel(cancel)
         seg = self.store.begin(("updates",), ())
         self.tables.updates = seg.add(D, UPDATE, device=np.arange(D), res=np.arange(D))
+        twins = Twins(self.ctx, self.store, self.tables, self.schedule, self.fsdp,
+                      self.compute.scatter_after) if self.twins else None
         for oi in range(len(self.ctx.graph.ops)):
             check_cancel(cancel)
-            self._build_op(oi)
+            if twins is None or not twins.compute(self.store.begin(("op", oi), (oi,)), oi, self.emit.mirror):
+                self._build_op(oi)
         self.tables.count_all_rep_devices()
         for (p, o), users in self.ctx.users.items():
             check_cancel(cancel)
             seg = self.store.begin(("tensor", p, o), {p, *(c for c, _ in users)})
-            self.dataflow.build(seg, p, o)
+            if twins is None or not twins.tensor(seg, p, o):
+                self.dataflow.build(seg, p, o)
             if exact_only and seg.cross_replica:
                 return None
         for unit in self.fsdp.units:
             check_cancel(cancel)
-            self.sync.build(self.store.begin(("sync", unit), self.fsdp.refs(unit)), unit)
+            seg = self.store.begin(("sync", unit), self.fsdp.refs(unit))
+            if twins is None or not twins.sync(seg, unit):
+                self.sync.build(seg, unit)
+        self.copied = twins.copied if twins is not None else 0
         return self._assemble(cancel)
 
     def rebuild(self, strategy: Strategy, op: str) -> TaskGraph:

@@ -18,7 +18,7 @@ from .regions import classes, in_regions, out_regions, tile
 from .segments import Segment
 from .tasks import BWD, FWD
 
-__all__ = ["ComputeBuilder", "op_signature"]
+__all__ = ["ComputeBuilder", "op_signature", "spread"]
 
 
 def op_signature(op: Op) -> tuple:
@@ -27,7 +27,7 @@ def op_signature(op: Op) -> tuple:
     return op.signature
 
 
-def _spread(tasks: np.ndarray, slot: np.ndarray) -> np.ndarray:
+def spread(tasks: np.ndarray, slot: np.ndarray) -> np.ndarray:
     """[mb, part] task handles of every partition from the representatives' ``tasks`` [mb, rep]
     (``slot``: [part] each partition's representative column). Where one representative stands
     for every partition (symmetry's common case) a read-only broadcast view: on GPT-3 175B on
@@ -102,13 +102,13 @@ class ComputeBuilder:
                     res=dev).reshape(m, R)
         # every partition's entry points at its representative's task
         slot = np.searchsorted(keep, image)
-        t.fwd[oi] = _spread(f, slot)
+        t.fwd[oi] = spread(f, slot)
         t.fwd_ready[oi] = t.fwd[oi]
         t.bwd.pop(oi, None)
         if op.kind != "input":
             b = seg.add(m * R, BWD, op=oi, part=parts, mb=mbs, device=dev, dur=tile(bwd_t[keep], m), flops=bwd_f,
                         res=dev).reshape(m, R)
-            t.bwd[oi] = _spread(b, slot)
+            t.bwd[oi] = spread(b, slot)
             seg.edges(f, b)  # a partition's backward follows its own forward
             seg.edges(b[-1], t.updates[devs[keep]])  # its last backward precedes the optimizer step
         self._reduce(seg, oi)
@@ -144,7 +144,7 @@ class ComputeBuilder:
         cls = classes(grid, names, keep)
         lo, hi = out_regions(op, self.ctx.strategy.configs[op.name], names, grid, 0)
         elems = np.prod(hi - lo, axis=1)
-        kind = "reduce_scatter" if self._scatter_after(op) else "all_reduce"
+        kind = "reduce_scatter" if self.scatter_after(op) else "all_reduce"
         ready = t.fwd[oi].copy()
         for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
             members = np.nonzero(cls == c)[0]
@@ -222,7 +222,7 @@ class ComputeBuilder:
             bwd_out[:, members] = bo[:, None]
         t.fwd_in[oi], t.fwd_ready[oi], t.bwd_in[oi], t.bwd_out[oi] = fwd_in, fwd_ready, bwd_in, bwd_out
 
-    def _scatter_after(self, op: Op) -> bool:
+    def scatter_after(self, op: Op) -> bool:
         """Sequence parallelism: a row-parallel output whose consumers split 'length' over the
         same devices is reduce-scattered (Korthikanti et al. 2022 §4.2.2)."""
         s = self.ctx.strategy

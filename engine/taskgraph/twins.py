@@ -1,0 +1,248 @@
+"""Twin segments: a stage's identical layers built once (issue 28).
+
+A segment whose inputs are, op for op at a fixed offset, those of a segment already made in
+this build is made by copying that segment's tasks and renaming what names an op: the handles
+of the tasks it points at and its tasks' op column. On GPT-3 175B under a Megatron layout, five
+of the six layers of every pipeline stage are such twins of the stage's second layer.
+
+Why the copy equals a build: a segment reads only the ops its store entry names
+(:attr:`SegmentStore.refs <engine.taskgraph.assembly.SegmentStore>`, which delta simulation
+relies on and its equality tests check) and settings of the whole build. Two segments of one
+kind whose refs are ``r`` and ``r + delta``, ref for ref, with equal *op classes*
+(:meth:`Twins.op_classes`: everything a builder reads about an op -- signature, config and
+devices, schedule position, recomputation, symmetric dims, ZeRO share, its neighbours at
+relative offsets) go through the same steps on the same values; only the ops they name differ,
+by ``delta``. A handle into any segment outside the renaming (neither the twin's own, nor one
+of its refs' compute segments, the optimizer steps or a device's barriers) makes the copy give
+up, and the segment is built. ``TaskGraphBuilder(twins=False)`` builds every segment; the
+tests compare the two array for array.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..recompute import recompute_reruns
+from .assembly import SegmentStore
+from .compute import op_signature, spread
+from .context import BuildContext, OpTables
+from .schedule import SchedulePlan
+from .segments import MASK, SHIFT, Segment
+from .sync import FsdpPlan
+from .tasks import BWD, FWD
+
+__all__ = ["Twins"]
+
+#: the per-op tables that hold task handles (renamed for a twin) and those that do not (shared)
+_HANDLE_TABLES = ("fwd", "bwd", "fwd_ready", "fwd_in", "bwd_in", "bwd_out")
+_PLAIN_TABLES = ("devs", "grid", "rep", "image", "fwd_s")
+#: flat arrays of a segment that hold handles
+_HANDLE_FLAT = ("src", "dst", "chain_from", "chain_to", "coll_h")
+
+
+class _Foreign(Exception):
+    """A handle or op outside the renaming: the segment is built instead."""
+
+
+class Twins:
+    """Finds each segment's twin made earlier in the same build and copies it.
+
+    ``scatter_after(op)``: the compute builder's sequence-parallel reduce-scatter rule (it reads
+    the op's consumers' configs, which are not the op's own)."""
+
+    def __init__(self, ctx: BuildContext, store: SegmentStore, tables: OpTables, schedule: SchedulePlan,
+                 fsdp: FsdpPlan, scatter_after: Callable) -> None:
+        self.ctx, self.store, self.tables, self.schedule, self.fsdp = ctx, store, tables, schedule, fsdp
+        self._scatter_after = scatter_after
+        self._cls: list[int] | None = None
+        self._first: dict[tuple, tuple] = {}  # segment class -> (its first segment's key, base op)
+        self.copied = 0  # segments made as copies (what a build reports)
+
+    # -- classes -------------------------------------------------------------------------
+    def op_classes(self) -> list[int]:
+        """[op] class id: equal for ops whose compute segments (and the parts of other segments
+        that read them) a build makes alike, apart from the ops they name."""
+        if self._cls is not None:
+            return self._cls
+        ctx, sch, fsdp = self.ctx, self.schedule, self.fsdp
+        g, s = ctx.graph, ctx.strategy
+        index, users = g.index, ctx.users
+        sym = ctx.sym.dims if ctx.sym is not None else None
+        dev_ids: dict[int, tuple[tuple, int]] = {}  # id of a device tuple -> (it, its number)
+        dev_vals: dict[tuple, int] = {}
+        classes: dict[tuple, int] = {}
+        out = []
+        for oi, op in enumerate(g.ops):
+            cfg = s.configs[op.name]
+            hit = dev_ids.get(id(cfg.devices))
+            if hit is None or hit[0] is not cfg.devices:
+                hit = dev_ids[id(cfg.devices)] = (cfg.devices, dev_vals.setdefault(cfg.devices, len(dev_vals)))
+            where = (int(sch.chunk_of[oi]), bool(sch.has_prod[oi]), bool(sch.has_cons[oi]),
+                     bool(sch.has_bwd_prod[oi])) if sch.units else None
+            key = (op_signature(op), op.is_view, op.param_count, op.param_dtype, op.fwd_flops, op.bwd_flops,
+                   bool(op.param_group), op.kind == "input",
+                   tuple(cfg.degrees.items()), hit[1], recompute_reruns(g, op, s.recompute, s.fp8, s.recompute_modules),
+                   tuple(sym.get(op.name) or ()) if sym is not None else None, where,
+                   fsdp.zero_shares.get(op.name, 1), self._scatter_after(op),
+                   tuple((index[r.op] - oi, r.index) for r in op.inputs),
+                   tuple(tuple((c - oi, i) for c, i in users.get((oi, o), ())) for o in range(len(op.out_tensors))))
+            out.append(classes.setdefault(key, len(classes)))
+        self._cls = out
+        return out
+
+    def _source(self, key: tuple, cls: tuple, base: int) -> tuple[tuple, int] | None:
+        """The first segment of class ``cls`` and the offset to it; None (``key`` recorded as
+        the class's first) when there is none."""
+        first = self._first.get(cls)
+        if first is None:
+            self._first[cls] = (key, base)
+            return None
+        return first[0], base - first[1]
+
+    # -- copies --------------------------------------------------------------------------
+    def compute(self, seg: Segment, oi: int, mirror: Callable) -> bool:
+        """Make op ``oi``'s compute segment (and its tables) as a copy of a twin's; False when
+        it has none (or the copy gives up): then it is built."""
+        src = self._source(("op", oi), ("op", self.op_classes()[oi]), oi)
+        if src is None:
+            return False
+        so = src[0][1]
+        try:
+            lut, op_map = self._renaming(self.store.segments[src[0]], seg, src[1], [so], [])
+            t = self.tables
+            renamed = {name: _rename_table(getattr(t, name)[so], lut) for name in _HANDLE_TABLES
+                       if so in getattr(t, name)}
+            self._copy(self.store.segments[src[0]], seg, lut, op_map)
+        except _Foreign:
+            return False
+        for name in _HANDLE_TABLES:
+            table = getattr(t, name)
+            if name in renamed:
+                table[oi] = renamed[name]
+            else:
+                table.pop(oi, None)
+        for name in _PLAIN_TABLES:
+            getattr(t, name)[oi] = getattr(t, name)[so]
+        mirror(t.devs[oi], t.devs[oi][t.image[oi]])
+        return True
+
+    def tensor(self, seg: Segment, p: int, o: int) -> bool:
+        """Make tensor ``(p, o)``'s transfer segment as a copy of a twin's (False: build it)."""
+        cls = self.op_classes()
+        users = self.ctx.users[(p, o)]
+        src = self._source(("tensor", p, o), ("tensor", o, cls[p], tuple((c - p, i, cls[c]) for c, i in users)), p)
+        if src is None:
+            return False
+        delta = src[1]
+        refs = [p - delta] + [c - delta for c, _ in users]
+        return self._copied(src[0], seg, delta, refs, [])
+
+    def sync(self, seg: Segment, unit: str) -> bool:
+        """Make parameter unit ``unit``'s synchronisation segment as a copy of a twin's (False:
+        build it). The ops whose backwards end a stage's pass (:meth:`FsdpPlan.stage_tail`) are
+        the same ops for every unit of the stage: they are matched as themselves."""
+        plan, cls = self.fsdp, self.op_classes()
+        members = plan.units[unit]
+        base = members[0]
+        ahead = [plan.prefetch.get((unit, ph)) for ph in (FWD, BWD)]
+        tail = plan.stage_tail(unit)
+        rel = set(members) | {a for a in ahead if a is not None}
+        if rel & set(tail):
+            return False
+        key = ("sync", tuple((r - base, cls[r]) for r in members),
+               tuple(None if a is None else (a - base, cls[a]) for a in ahead), tuple(tail))
+        src = self._source(("sync", unit), key, base)
+        if src is None:
+            return False
+        delta = src[1]
+        return self._copied(src[0], seg, delta, [r - delta for r in rel], list(tail))
+
+    def _copied(self, src_key: tuple, seg: Segment, delta: int, rel: list[int], fixed: list[int]) -> bool:
+        src = self.store.segments[src_key]
+        try:
+            lut, op_map = self._renaming(src, seg, delta, rel, fixed)
+            self._copy(src, seg, lut, op_map)
+        except _Foreign:
+            return False
+        return True
+
+    def _renaming(self, src: Segment, seg: Segment, delta: int, rel: list[int],
+                  fixed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """[slot] new slot of every slot a copy of ``src`` may point into (-1: none) and [op]
+        new op index (-1: none): ``src`` to ``seg``, each op of ``rel`` (the source's refs)
+        ``delta`` further on, the ops of ``fixed``, the optimizer steps and the barriers to
+        themselves."""
+        if src._frozen is not None or src._shared is not None:
+            raise _Foreign  # (made in an earlier build: its entries are gone)
+        slot_of = self.store.slot_of
+        lut = np.full(len(slot_of), -1, np.int64)
+        D = self.ctx.n_devices
+        lut[:D] = np.arange(D)  # ("barriers", d) has slot d
+        up = slot_of[("updates",)]
+        lut[up] = up
+        lut[src.slot] = seg.slot
+        n_ops = len(self.ctx.graph.ops)
+        op_map = np.full(n_ops + 1, -1, np.int64)  # (index -1, the "no op" of a task, maps to itself)
+        for r in fixed:
+            s_ = slot_of[("op", r)]
+            lut[s_] = s_
+            op_map[r] = r
+        for r in rel:
+            if not 0 <= r + delta < n_ops:
+                raise _Foreign
+            lut[slot_of[("op", r)]] = slot_of[("op", r + delta)]
+            op_map[r] = r + delta
+        return lut, op_map
+
+    def _copy(self, src: Segment, seg: Segment, lut: np.ndarray, op_map: np.ndarray) -> None:
+        """``seg`` made from ``src``'s entries, handles and ops renamed (nothing is written to
+        ``seg`` when a handle or an op falls outside the renaming: :class:`_Foreign`)."""
+        # every handle array renamed in one pass (few, large calls: numpy's cost per call is
+        # what a copy saves over a build)
+        flat = dict(src.flat)
+        held = [(name, arrays) for name, arrays in src.flat.items() if name in _HANDLE_FLAT and arrays]
+        if held:
+            parts = [a for _, arrays in held for a in arrays]
+            renamed = _rename(np.concatenate(parts) if len(parts) > 1 else parts[0], lut)
+            at = 0
+            for name, arrays in held:
+                n = sum(a.size for a in arrays)
+                flat[name] = [renamed[at:at + n]]
+                at += n
+        ops = []
+        for n, v in src.cols["op"]:
+            if type(v) is np.ndarray:
+                w = op_map[v]
+                if np.any(w[v >= 0] < 0):
+                    raise _Foreign
+            else:
+                w = int(op_map[v])
+                if v >= 0 > w:
+                    raise _Foreign
+            ops.append((n, w))
+        seg.cols = dict(src.cols)  # (the source is complete: its entry lists are shared, never appended to)
+        seg.cols["op"] = ops
+        seg.flat = flat
+        seg.n = src.n
+        seg.comm_bytes = src.comm_bytes
+        seg.cross_replica = src.cross_replica
+        seg.device_params = None if src.device_params is None else src.device_params.copy()
+        self.copied += 1
+
+
+def _rename_table(tab: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """An op table ([mb, part] handles) renamed; a view of one column (:func:`.compute.spread`)
+    stays one: its column is renamed and spread again."""
+    if tab.ndim == 2 and tab.shape[1] > 1 and tab.strides[1] == 0:
+        return spread(_rename(np.ascontiguousarray(tab[:, :1]), lut), np.empty(tab.shape[1]))
+    return _rename(tab, lut)
+
+
+def _rename(h: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Handles ``h`` with their slots renamed by ``lut`` (:class:`_Foreign` when one is not)."""
+    slots = lut[h >> SHIFT]
+    if slots.size and slots.min() < 0:
+        raise _Foreign
+    return (slots << SHIFT) | (h & MASK)
