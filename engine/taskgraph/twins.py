@@ -112,8 +112,13 @@ class Twins:
         try:
             lut, op_map = self._renaming(self.store.segments[src[0]], seg, src[1], [so], [])
             t = self.tables
-            renamed = {name: _rename_table(getattr(t, name)[so], lut) for name in _HANDLE_TABLES
-                       if so in getattr(t, name)}
+            renamed, done = {}, {}  # (a table shared by two names, fwd and fwd_ready, renamed once)
+            for name in _HANDLE_TABLES:
+                tab = getattr(t, name).get(so)
+                if tab is not None:
+                    if id(tab) not in done:
+                        done[id(tab)] = _rename_table(tab, lut)
+                    renamed[name] = done[id(tab)]
             self._copy(self.store.segments[src[0]], seg, lut, op_map)
         except _Foreign:
             return False
