@@ -415,13 +415,22 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     if isinstance(pipe.virtual_stages, int) and pipe.virtual_stages > MAX_VIRTUAL_STAGES:
         add(Problem("pipeline.virtual_stages", f"at most {MAX_VIRTUAL_STAGES:,}, got {pipe.virtual_stages:,}"))
     checked: set[int] = set()  # device tuples found valid (ops of repeated layers share them)
+    clean: set[tuple] = set()  # (op signature, dims, degrees) found without a problem
     for op in graph.ops:
         at = f"ops.{op.name}"
         config = strategy.configs.get(op.name)
         if config is None:
             add(Problem(at, "no config for this op"))
             continue
-        problems += check_config(op, config, cluster, at, microbatches, checked)
+        try:  # (an op of a repeated layer with the config of one checked before: its devices are all to check)
+            key = (op.signature, op.dims, tuple(config.degrees.items()))
+        except TypeError:  # (an unhashable degree: checked in full, which says what is wrong)
+            key = None
+        if key not in clean or id(config.devices) not in checked or len(config.devices) != config.num_partitions:
+            found = check_config(op, config, cluster, at, microbatches, checked)
+            if not found and key is not None:
+                clean.add(key)
+            problems += found
         if strategy.stage_of or pipe.stages > 1:
             stage = strategy.stage_of.get(op.name)
             if stage is None:

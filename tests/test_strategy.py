@@ -755,3 +755,23 @@ class TestDeviceRuns:
         bad["ops"]["fc6"]["devices"] = "15-0"
         with pytest.raises(ValidationError, match=r"ops\.fc6\.devices.*counts down"):
             load_strategy(bad, g, c)
+
+
+def test_repeated_layers_checked_once_still_report_every_problem():
+    """validate_strategy checks a config of a repeated layer's op once (the signature, dims and
+    degrees of one checked before, on a device tuple found valid), yet every op's own problems
+    -- a device tuple of its own, a missing stage -- are still reported, with the op named."""
+    from engine.models import build_sample
+    from engine.search.baselines import megatron
+    from engine.strategy import Config, validate_strategy
+
+    g, c = build_sample("gpt2", batch=16), preset("dgx-a100-80gb:1")
+    s = megatron(g, c, tp=2, pp=2, micro_batch=1)
+    assert validate_strategy(s, g, c) == []
+    fc = s["layers.9.mlp.fc1"]
+    bad = Config(dict(fc.degrees), tuple(fc.devices[:-1]) + (99,))  # same degrees, a device that does not exist
+    t = replace(s.with_config("layers.9.mlp.fc1", bad),
+                stage_of={k: v for k, v in s.stage_of.items() if k != "layers.10.mlp.fc1"})
+    found = {p.path for p in validate_strategy(t, g, c)}
+    assert any(w.startswith("ops.layers.9.mlp.fc1.devices") for w in found), found
+    assert "ops.layers.10.mlp.fc1.stage" in found
