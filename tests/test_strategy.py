@@ -775,3 +775,17 @@ def test_repeated_layers_checked_once_still_report_every_problem():
     found = {p.path for p in validate_strategy(t, g, c)}
     assert any(w.startswith("ops.layers.9.mlp.fc1.devices") for w in found), found
     assert "ops.layers.10.mlp.fc1.stage" in found
+
+
+def test_parsing_shares_equal_device_tuples():
+    """strategy_from_dict makes equal device lists one tuple (the ops of repeated layers share
+    it, as in a strategy built in code): the same strategy, far fewer distinct objects."""
+    from engine.models import build_sample
+    from engine.search.baselines import megatron
+    from engine.strategy import strategy_from_dict
+
+    g, c = build_sample("gpt2", batch=16), preset("dgx-a100-80gb:2")
+    s = megatron(g, c, tp=4, pp=2, micro_batch=1)
+    p = strategy_from_dict(json.loads(json.dumps(s.to_dict())))
+    assert p.configs == s.configs
+    assert len({id(cf.devices) for cf in p.configs.values()}) == len({cf.devices for cf in s.configs.values()})
