@@ -1,0 +1,170 @@
+"""The parts of a proposal made faster for issue 28 (Inception-v3 / 16 GPUs at >= 200 proposals/s):
+the memory check's per-op reuse, the assembly's per-segment totals and the segment columns' fill.
+Each is pinned against the computation it replaces or a fresh one that has nothing kept."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.delta import DeltaSimulator
+from engine.formats import resolve_model
+from engine.memory import fits_in_memory, memory_report, saved_activation_bytes
+from engine.memory_static import graph_cache, static_memory
+from engine.search.baselines import data_parallel, megatron
+from engine.search.mcmc import random_config
+from engine.strategy import Config
+from engine.taskgraph.assembly import Live
+from engine.taskgraph.segments import Segment, _fill
+
+STATIC_PARTS = ("weights", "grads", "optim", "comm", "gathered", "logits", "context", "host", "nvme")
+
+
+# --------------------------------------------------------------------------- segment columns
+
+
+class TestFill:
+    def test_scalars_and_arrays_by_hand(self):
+        ns = np.array([2, 3, 1])
+        out = _fill([7, np.array([1, 2, 3]), -1], ns, np.cumsum(ns).tolist(), np.int32)
+        assert out.dtype == np.int32 and out.tolist() == [7, 7, 1, 2, 3, -1]
+
+    def test_scalars_only_and_empty(self):
+        ns = np.array([1, 0, 2])
+        assert _fill([0.5, 9.0, 1.5], ns, [1, 1, 3], np.float64).tolist() == [0.5, 1.5, 1.5]
+        assert _fill([], np.zeros(0, np.int64), [], np.int8).size == 0
+
+    def test_a_segment_freezes_its_adds_in_order(self):
+        sg = Segment(3)
+        a = sg.add(2, 1, op=4, dur=np.array([1.0, 2.0]))
+        b = sg.add(1, 2, op=5, device=np.array([6]), res=6)
+        assert (a >> 32).tolist() == [3, 3] and (a & 0xFFFFFFFF).tolist() == [0, 1] and (b & 0xFFFFFFFF)[0] == 2
+        cols = sg.freeze()["cols"]
+        assert cols["kind"].tolist() == [1, 1, 2] and cols["op"].tolist() == [4, 4, 5]
+        assert cols["dur"].tolist() == [1.0, 2.0, 0.0] and cols["device"].tolist() == [-1, -1, 6]
+        assert cols["res"].tolist() == [-1, -1, 6]
+
+    def test_frozen_together_equals_one_by_one(self):
+        rng = np.random.default_rng(0)
+
+        def make(slot: int) -> Segment:
+            sg = Segment(slot)
+            for _ in range(int(rng.integers(0, 5))):
+                n = int(rng.integers(0, 4))
+                sg.add(n, int(rng.integers(0, 3)), op=rng.integers(0, 9, n), dur=float(rng.random()),
+                       size=rng.random(n), res=int(rng.integers(-1, 4)))
+            return sg
+
+        rng_state = rng.bit_generator.state
+        alone = [make(s) for s in range(6)]
+        rng.bit_generator.state = rng_state
+        together = [make(s) for s in range(6)]
+        whole = Segment.freeze_all(together)
+        for key in Segment._DTYPES:
+            expect = np.concatenate([sg.freeze()["cols"][key] for sg in alone])
+            assert whole["arrays"][key].dtype == expect.dtype and np.array_equal(whole["arrays"][key], expect), key
+            assert all(np.array_equal(t.freeze()["cols"][key], a.freeze()["cols"][key]) for t, a in
+                       zip(together, alone))
+
+
+# --------------------------------------------------------------------------- per-segment totals
+
+
+class _Seg:
+    def __init__(self, params):
+        self.device_params = params
+
+
+def _sequential(segs, D):
+    out = np.zeros(D)
+    for sg in segs:
+        if sg.device_params is not None:
+            out += sg.device_params
+    return out
+
+
+def test_live_params_add_in_slot_order_bit_for_bit_through_replacements():
+    """``Live.params`` (np.add.accumulate) equals adding each segment's parameters one after
+    another, as the assembly did, also after segments gain, change and lose parameters."""
+    rng = np.random.default_rng(1)
+    D = 5
+    segs = [_Seg(rng.random(D) * 10 ** rng.integers(0, 12, D) if rng.random() < 0.4 else None) for _ in range(60)]
+    live = Live(segs, np.arange(60), np.arange(60), np.zeros(60), np.zeros(60, np.int64), D)
+    assert np.array_equal(live.params(), _sequential(segs, D))
+    for _ in range(40):
+        i = int(rng.integers(0, 60))
+        live = Live(list(live.segs), live.serials, live.slots, live.comm_bytes, live.cross_replica, D,
+                    live.param_pos, live.param_rows.copy())
+        sg = live.segs[i] = _Seg(rng.random(D) * 1e7 if rng.random() < 0.6 else None)
+        live.set_params(i, sg.device_params)
+        assert np.array_equal(live.param_pos, [k for k, s in enumerate(live.segs) if s.device_params is not None])
+        assert np.array_equal(live.params(), _sequential(live.segs, D))
+    empty = Live([_Seg(None)], np.arange(1), np.arange(1), np.zeros(1), np.zeros(1, np.int64), D)
+    assert empty.params().tolist() == [0.0] * D
+
+
+# --------------------------------------------------------------------------- the memory check
+
+
+def _moves(sim: DeltaSimulator, rng: random.Random, steps: int):
+    """``steps`` proposals as MCMC makes them: a change, then a commit or (mostly) a revert."""
+    names = [op.name for op in sim.graph.ops if op.kind != "input"]
+    for _ in range(steps):
+        while True:
+            name = rng.choice(names)
+            config = random_config(sim.graph[name], sim.cluster.num_devices, rng)
+            if config != sim.strategy[name] and not sim.check(name, config):
+                break
+        sim.change(name, config)
+        yield
+        sim.commit() if rng.random() < 0.3 else sim.revert()
+        yield
+
+
+CASES = {
+    "inception-v3 on 16 GPUs": lambda: (resolve_model("inception_v3"), preset("p100-4x4"), data_parallel),
+    "gpt2, sequence parallel, selective-op": lambda: (
+        resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-a100-80gb:1"),
+        lambda g, c: megatron(g, c, tp=2, sequence_parallel=True, recompute="selective-op")),
+    "gpt2, ZeRO-3, fp8": lambda: (
+        resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-h100:1"),
+        lambda g, c: megatron(g, c, tp=2, zero_stage=3, fp8=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_memory_check_with_kept_parts_equals_a_fresh_one(case):
+    """Through changes, reverts and commits of one simulator (an MCMC chain), the memory check's
+    parts (static memory, saved activations, the fit) equal the same computations on a fresh
+    copy of the graph, which has nothing kept, bit for bit."""
+    g, c, make = CASES[case]()
+    sim = DeltaSimulator(g, make(g, c), c)
+    rng = random.Random(5)
+    seen = 0
+    for _ in _moves(sim, rng, 8):
+        fresh = CASES[case]()[0]  # (the same model again: a new graph object, nothing cached for it)
+        s, tl = sim.strategy, sim.timeline
+        got, want = static_memory(g, s, c, sim.tasks), static_memory(fresh, s, c, sim.tasks)
+        for part in STATIC_PARTS:
+            assert np.array_equal(getattr(got, part), getattr(want, part)), part
+        assert np.array_equal(saved_activation_bytes(g, s), saved_activation_bytes(fresh, s))
+        assert fits_in_memory(g, s, c, tl) == memory_report(fresh, s, c, tl).feasible
+        seen += 1
+    assert seen == 16 and graph_cache(g).get("static_last") is not None
+
+
+def test_saved_bytes_follow_a_config_change():
+    """The per-op entries are kept per config object: changing one op's config changes its
+    saved bytes and nothing else's; the old strategy gives the old bytes again."""
+    g, c = resolve_model("inception_v3"), preset("p100-4x4")
+    s = data_parallel(g, c)
+    before = saved_activation_bytes(g, s)
+    i, op = next((i, o) for i, o in enumerate(g.ops) if o.kind == "conv2d" and before[i] > 0)
+    t = s.with_config(op.name, Config({}, (0,)))  # the whole op on device 0: 16x a partition's batch
+    after = saved_activation_bytes(g, t)
+    assert after[i] == pytest.approx(16 * before[i])
+    assert np.array_equal(np.delete(after, i), np.delete(before, i))
+    assert np.array_equal(saved_activation_bytes(g, s), before)
