@@ -168,3 +168,52 @@ def test_saved_bytes_follow_a_config_change():
     assert after[i] == pytest.approx(16 * before[i])
     assert np.array_equal(np.delete(after, i), np.delete(before, i))
     assert np.array_equal(saved_activation_bytes(g, s), before)
+
+
+# --------------------------------------------------------------------------- MCMC's judgement
+
+
+def test_judge_takes_the_moves_the_old_rule_took_where_everything_fits():
+    """Time first, memory only for a move the time would take (:func:`judge`): where every
+    strategy fits, the same decisions and the same random draws as pricing every proposal
+    (``_cost``) then :func:`metropolis`."""
+    from engine.search.mcmc import Chain, _cost, judge, metropolis
+
+    g, c = resolve_model("inception_v3"), preset("p100-4x4")
+    sim = DeltaSimulator(g, data_parallel(g, c), c)
+    start = sim.timeline.makespan_s
+    old = Chain("old", sim.strategy, None, random.Random(9), 100.0 / start, start)
+    new = Chain("new", sim.strategy, None, random.Random(9), 100.0 / start, start)
+    rng, decided = random.Random(2), []
+    names = [op.name for op in g.ops if op.kind != "input"]
+    while len(decided) < 40:
+        name = rng.choice(names)
+        config = random_config(g[name], c.num_devices, rng)
+        if config == sim.strategy[name] or sim.check(name, config):
+            continue
+        sim.change(name, config)
+        cost = _cost(sim, g, c, True)
+        assert cost < float("inf")
+        a = metropolis(old, cost)
+        b = judge(new, sim, g, c, True)
+        assert a == (b is not None) and old.rng.getstate() == new.rng.getstate()
+        if a:
+            assert b == cost
+            old.cost = new.cost = cost
+            sim.commit()
+        else:
+            sim.revert()
+        decided.append(a)
+    assert True in decided and False in decided
+
+
+def test_judge_rejects_a_faster_move_over_memory():
+    from engine.search.mcmc import Chain, judge
+
+    g, c = resolve_model("gpt2", batch=64, seq_len=1024), preset("rtx2080ti:1")  # data parallel does not fit
+    sim = DeltaSimulator(g, data_parallel(g, c), c)
+    chain = Chain("c", sim.strategy, sim, random.Random(0), 1.0, float("inf"))
+    state = chain.rng.getstate()
+    assert judge(chain, sim, g, c, True) is None  # faster than inf: taken on time, refused on memory
+    assert chain.rng.getstate() == state  # (no draw: a better time needs none)
+    assert judge(chain, sim, g, c, False) == sim.timeline.makespan_s  # without the memory check it is taken
