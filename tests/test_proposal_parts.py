@@ -96,12 +96,14 @@ def test_live_params_add_in_slot_order_bit_for_bit_through_replacements():
     assert np.array_equal(live.params(), _sequential(segs, D))
     for _ in range(40):
         i = int(rng.integers(0, 60))
+        old, before = live, live.params()
         live = Live(list(live.segs), live.serials, live.slots, live.comm_bytes, live.cross_replica, D,
-                    live.param_pos, live.param_rows.copy())
+                    live.param_pos, live.param_rows)
         sg = live.segs[i] = _Seg(rng.random(D) * 1e7 if rng.random() < 0.6 else None)
         live.set_params(i, sg.device_params)
         assert np.array_equal(live.param_pos, [k for k, s in enumerate(live.segs) if s.device_params is not None])
         assert np.array_equal(live.params(), _sequential(live.segs, D))
+        assert np.array_equal(old.params(), before)  # (the record it came from is never modified)
     empty = Live([_Seg(None)], np.arange(1), np.arange(1), np.zeros(1), np.zeros(1, np.int64), D)
     assert empty.params().tolist() == [0.0] * D
 

@@ -14,7 +14,7 @@ from .emit import Emitter
 from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
 from .tasks import BARRIER, TaskGraph
 
-__all__ = ["SegmentStore", "assemble"]
+__all__ = ["SegmentStore", "Live", "assemble"]
 
 #: tasks a step of the assembly handles between two cancel checks (~0.1-0.3 s on a loaded
 #: 2-core machine, where touching fresh memory dominates)
@@ -92,7 +92,7 @@ class SegmentStore:
         elif self._dirty:
             _, where, old = self._live
             live = Live(list(old.segs), old.serials.copy(), old.slots, old.comm_bytes.copy(), old.cross_replica.copy(),
-                        self.n_devices, old.param_pos, old.param_rows.copy())
+                        self.n_devices, old.param_pos, old.param_rows)  # (rows copied when one changes)
             for k in self._dirty:
                 i = where.get(k)
                 if i is not None:
@@ -158,7 +158,7 @@ class Live:
     device]: the parameters each device's optimizer step updates, of the segments at
     positions ``param_pos`` (in slot order; sync segments only, a few per parameter unit)."""
 
-    __slots__ = ("segs", "serials", "slots", "comm_bytes", "cross_replica", "param_pos", "param_rows")
+    __slots__ = ("segs", "serials", "slots", "comm_bytes", "cross_replica", "param_pos", "param_rows", "_own_rows")
 
     def __init__(self, segs: list[Segment], serials: np.ndarray, slots: np.ndarray, comm_bytes: np.ndarray,
                  cross_replica: np.ndarray, n_devices: int, param_pos: np.ndarray | None = None,
@@ -167,32 +167,51 @@ class Live:
         self.comm_bytes, self.cross_replica = comm_bytes, cross_replica
         if param_pos is None:
             self._rows_from_segs(n_devices)
-        else:
-            self.param_pos, self.param_rows = param_pos, param_rows
+        else:  # (another record's rows: copied before this one changes them)
+            self.param_pos, self.param_rows, self._own_rows = param_pos, param_rows, False
 
     def _rows_from_segs(self, n_devices: int) -> None:
         pos = [i for i, sg in enumerate(self.segs) if sg.device_params is not None]
         self.param_pos = np.array(pos, np.int64)
         self.param_rows = np.zeros((len(pos), n_devices))
+        self._own_rows = True
         for r, i in enumerate(pos):
             self.param_rows[r] = self.segs[i].device_params
 
     def set_params(self, i: int, device_params: np.ndarray | None) -> None:
-        """Segment ``i`` was replaced: take its parameters (``param_rows`` must be this
-        record's own copy)."""
+        """Segment ``i`` was replaced: take its parameters."""
         r = int(np.searchsorted(self.param_pos, i))
         had = r < self.param_pos.size and self.param_pos[r] == i
         if had and device_params is not None:
+            if not self._own_rows:
+                self.param_rows, self._own_rows = self.param_rows.copy(), True
             self.param_rows[r] = device_params
         elif had or device_params is not None:  # a segment gained or lost parameters: rows again
             self._rows_from_segs(self.param_rows.shape[1])
 
     def params(self) -> np.ndarray:
         """[device] the parameters each device's optimizer step updates, the segments' added
-        one after another in slot order (``np.add.accumulate``, not a pairwise sum)."""
-        if not self.param_pos.size:
-            return np.zeros(self.param_rows.shape[1])
-        return np.add.accumulate(self.param_rows, axis=0)[-1]
+        one after another in slot order (not a pairwise sum: the same additions as a loop)."""
+        return _add_rows(self.param_rows)
+
+
+@nb.njit(cache=True)
+def _add_rows(rows):  # pragma: no cover - compiled
+    """[column] the rows of ``rows`` added one after another, from zeros (no temporary)."""
+    out = np.zeros(rows.shape[1])
+    for r in range(rows.shape[0]):
+        for d in range(rows.shape[1]):
+            out[d] += rows[r, d]
+    return out
+
+
+@nb.njit(cache=True)
+def _add_all(x):  # pragma: no cover - compiled
+    """The elements of ``x`` added one after another, from 0.0 (as a Python loop would)."""
+    total = 0.0
+    for v in x:
+        total += v
+    return total
 
 
 def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.ndarray, A: dict[str, np.ndarray],
@@ -296,9 +315,9 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
 
     cols = {k: A[k] for k in Segment._DTYPES}
     # optimizer steps: one per device that runs a representative partition (the segments'
-    # parameters and bytes added in slot order, one after another: accumulate, not sum)
+    # parameters and bytes added in slot order, one after another, as a loop would)
     params = live.params()
-    comm_bytes = float(np.add.accumulate(live.comm_bytes)[-1]) if segs else 0.0
+    comm_bytes = float(_add_all(live.comm_bytes))
     cross = int(live.cross_replica.sum())
     cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
     check_cancel(cancel)
