@@ -29,8 +29,6 @@ import time
 from dataclasses import replace
 from itertools import product as iproduct
 
-
-
 from ..cluster import Cluster
 from ..costs import CostModel
 from ..delta import DeltaSimulator
@@ -163,20 +161,13 @@ def _cost(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: b
     return price_of_sim(sim, graph, cluster).cost_s if check_memory else sim.timeline.makespan_s
 
 
-def _fits(sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: bool) -> bool:
-    """Whether the simulator's strategy fits in memory (True without ``check_memory``)."""
-    return not check_memory or price_of_sim(sim, graph, cluster).feasible
-
-
 def judge(chain: Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, check_memory: bool) -> float | None:
-    """The Metropolis-Hastings decision (:func:`metropolis`) on ``sim``'s changed strategy: its
-    cost when the chain takes it, else None. The time is judged first and the memory checked
-    only for a move the time alone would take: most proposals are rejected on their time, and
-    their memory check (~1 ms of a ~7 ms proposal on Inception-v3 / 16 GPUs) is skipped. A move
-    over memory is rejected either way, as when its cost is inf; only whether its random draw
-    is taken differs (now whenever its time is worse than the chain's)."""
+    """:func:`metropolis` on ``sim``'s changed strategy: its cost when the chain takes it, else
+    None. Time first, memory only for a move the time would take: most proposals are rejected
+    on time and skip the check (~1 ms of ~7 on Inception-v3 / 16 GPUs). A move over memory is
+    rejected as before; its random draw is now taken whenever its time is worse."""
     time_s = sim.timeline.makespan_s
-    if not metropolis(chain, time_s) or not _fits(sim, graph, cluster, check_memory):
+    if not metropolis(chain, time_s) or _cost(sim, graph, cluster, check_memory) == math.inf:
         return None
     return time_s
 
@@ -485,7 +476,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 evals += 1
                 sim.change(op.name, config)
                 new = sim.timeline.makespan_s  # (memory checked only for an improvement)
-                if new < best * (1 - 1e-12) and _fits(sim, graph, cluster, check_memory):
+                if new < best * (1 - 1e-12) and _cost(sim, graph, cluster, check_memory) < math.inf:
                     best, improved = new, True
                     current = sim.strategy
                 else:
