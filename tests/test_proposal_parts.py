@@ -219,3 +219,44 @@ def test_judge_rejects_a_faster_move_over_memory():
     assert judge(chain, sim, g, c, True) is None  # faster than inf: taken on time, refused on memory
     assert chain.rng.getstate() == state  # (no draw: a better time needs none)
     assert judge(chain, sim, g, c, False) == sim.timeline.makespan_s  # without the memory check it is taken
+
+
+# --------------------------------------------------------------------------- the resumed simulation
+
+
+def _task_map_numpy(old_segs, new_segs, n_old):
+    """The NumPy form :func:`engine.delta._task_map` had before it was compiled (the reference)."""
+    o_slot, o_start, o_n, o_serial = old_segs
+    n_slot, n_start, _, n_serial = new_segs
+    size = int(max(o_slot.max(initial=0), n_slot.max(initial=0))) + 1
+    where = np.full(size, -1, np.int64)
+    where[n_slot] = np.arange(n_slot.size)
+    j = where[o_slot]
+    shared = (j >= 0) & (n_serial[np.maximum(j, 0)] == o_serial)
+    shift = np.where(shared, n_start[np.maximum(j, 0)] - o_start, -1 - n_old)
+    out = np.arange(n_old, dtype=np.int64) + np.repeat(shift, o_n)
+    out[out < 0] = -1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_task_map_equals_its_numpy_form(seed):
+    """Random segment layouts: slots dropped, added and moved, serials kept or renewed, empty
+    segments; the compiled map equals the NumPy one."""
+    from engine.delta import _task_map
+
+    rng = np.random.default_rng(seed)
+
+    def layout(slots, serials):
+        n = rng.integers(0, 5, slots.size)
+        start = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+        return (slots.astype(np.int64), start, n.astype(np.int64), serials.astype(np.int64)), int(n.sum())
+
+    o_slots = rng.permutation(30)[:20]
+    old, n_old = layout(o_slots, np.arange(20) + 100)
+    keep = rng.random(20) < 0.7
+    n_slots = np.concatenate([o_slots[keep], 30 + np.arange(rng.integers(0, 5))])
+    serials = np.concatenate([np.where(rng.random(keep.sum()) < 0.8, (np.arange(20) + 100)[keep], 999),
+                              500 + np.arange(n_slots.size - keep.sum())])
+    new, _ = layout(n_slots, serials)
+    assert np.array_equal(_task_map(old, new, n_old), _task_map_numpy(old, new, n_old))
