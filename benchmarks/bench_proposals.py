@@ -1,5 +1,5 @@
-"""MCMC proposals per second (issue 13's speed goal: >= 100/s on Inception-v3 / 16 GPUs and
->= 30/s on NMT / 64 GPUs, one core).
+"""MCMC proposals per second (issue 28's speed goal: >= 200/s on Inception-v3 / 16 GPUs and
+>= 30/s on NMT / 64 GPUs, one core, steady; issue 13's was 100/s on Inception-v3).
 
 Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
 process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
