@@ -1,5 +1,5 @@
-"""MCMC proposals per second (issue 13's speed goal: >= 100/s on Inception-v3 / 16 GPUs and
->= 30/s on NMT / 64 GPUs, one core).
+"""MCMC proposals per second (issue 28's speed goal: >= 200/s on Inception-v3 / 16 GPUs and
+>= 30/s on NMT / 64 GPUs, one core, steady; issue 13's was 100/s on Inception-v3).
 
 Each case runs ``mcmc`` with one chain, no polish and a fixed number of proposals in a fresh
 process (``python -c`` with ``PYTHONPATH`` set to the tree under test, after a warm-up run
@@ -23,7 +23,7 @@ Global moves (whole-strategy rebuilds, :mod:`engine.search.moves`) are off by de
 restored state and event loop; rebuild, its assembly and splice) on fixed moves, per tree.
 
 Usage: python benchmarks/bench_proposals.py [--rounds 3] [--baseline /path/to/other/checkout]
-       [--global-share 0.1] [--samples 15] [--phases]
+       [--global-share 0.1] [--samples 15] [--phases] [--only inception_v3|nmt]
 """
 
 from __future__ import annotations
@@ -180,18 +180,24 @@ def main() -> None:
                     help="MCMCOptions.global_share (default 0: single-op proposals only, the rate the goal names)")
     ap.add_argument("--samples", type=int, default=15,
                     help="proposals timed against a full build and simulation of the same graph (median ratio)")
+    ap.add_argument("--only", choices=[m for m, _, _ in CASES],
+                    help="run one model's case (default: all; with --phases too)")
     ap.add_argument("--phases", action="store_true",
                     help="instead: CPU ms of a proposal by phase (NMT / 64 GPUs after 12 moves, Inception-v3 / 16)")
     args = ap.parse_args()
     trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
     if args.phases:
         print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-        phases(trees, "nmt", "k80-16x4", 12, 20)
-        phases(trees, "inception_v3", "p100-4x4", 12, 100)
+        if args.only in (None, "nmt"):
+            phases(trees, "nmt", "k80-16x4", 12, 20)
+        if args.only in (None, "inception_v3"):
+            phases(trees, "inception_v3", "p100-4x4", 12, 100)
         return
     print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; median of {args.rounds} rounds")
     for model, cluster, n in CASES:
+        if args.only not in (None, model):
+            continue
         for _, tree in trees:
             run(tree, model, cluster, 10)  # warm-up: numba's cache, the page cache
         rates: dict[str, list[float]] = {name: [] for name, _ in trees}

@@ -85,8 +85,8 @@ def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, 
     """The event loop's state after the kept prefix (the old tasks that became ready strictly
     before ``t_c``, in their old dispatch order, renumbered by ``old_to_new``), in one
     compiled pass: start, end, ready, predecessors left, each resource's free time and last
-    task, resource predecessors, the dispatch order so far and its length (the arrays
-    :func:`engine.simulate.event_loop` goes on from).
+    task, resource predecessors, the dispatch order so far and its length, and the tasks
+    ready to go (the arrays :func:`engine.simulate.event_loop` goes on from).
 
     (Checkpoints of the old run's state would not pay here: task ids shift between the old
     and the new graph, so a restored checkpoint costs an O(tasks) renumbering, as much as
@@ -130,23 +130,42 @@ def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, 
         for k in range(res_ptr[t], res_ptr[t + 1]):
             last[res_idx[k]] = end[t]
             last_task[res_idx[k]] = t
-    return start, end, ready, left, last, last_task, res_pred, order, done
+    initial = np.empty(n, np.int64)  # tasks ready to go: predecessors all dispatched, not dispatched
+    k = 0
+    for t in range(n):
+        if left[t] == 0 and np.isnan(start[t]):
+            initial[k] = t
+            k += 1
+    return start, end, ready, left, last, last_task, res_pred, order, done, initial[:k]
 
 
 def _task_map(old_segs, new_segs, n_old: int) -> np.ndarray:
     """Old task id -> new task id for tasks of segments both graphs share (same slot and
-    serial), -1 for the others. ``*_segs``: (slot, first task, tasks, serial) per segment."""
+    serial), -1 for the others. ``*_segs``: (slot, first task, tasks, serial) per segment,
+    in task order."""
     o_slot, o_start, o_n, o_serial = old_segs
     n_slot, n_start, _, n_serial = new_segs
-    size = int(max(o_slot.max(initial=0), n_slot.max(initial=0))) + 1
-    where = np.full(size, -1, np.int64)
-    where[n_slot] = np.arange(n_slot.size)
-    j = where[o_slot]
-    shared = (j >= 0) & (n_serial[np.maximum(j, 0)] == o_serial)
-    shift = np.where(shared, n_start[np.maximum(j, 0)] - o_start, -1 - n_old)  # -1 - n_old: not shared
-    per_task = np.repeat(shift, o_n)
-    out = np.arange(n_old, dtype=np.int64) + per_task
-    out[out < 0] = -1
+    return _map_tasks(o_slot, o_start, o_n, o_serial, n_slot, n_start, n_serial, n_old)
+
+
+@nb.njit(cache=True)
+def _map_tasks(o_slot, o_start, o_n, o_serial, n_slot, n_start, n_serial, n_old):  # pragma: no cover
+    """:func:`_task_map` in one compiled pass."""
+    size = 1
+    for x in o_slot:
+        size = max(size, x + 1)
+    for x in n_slot:
+        size = max(size, x + 1)
+    where = np.full(size, -1, np.int64)  # [slot] the segment's index in the new graph
+    for i in range(n_slot.shape[0]):
+        where[n_slot[i]] = i
+    out = np.full(n_old, -1, np.int64)
+    for s in range(o_slot.shape[0]):
+        j = where[o_slot[s]]
+        if j >= 0 and n_serial[j] == o_serial[s]:
+            shift = n_start[j] - o_start[s]
+            for t in range(o_start[s], o_start[s] + o_n[s]):
+                out[t] = t + shift
     return out
 
 
@@ -161,11 +180,10 @@ def resume(old: TaskGraph, old_tl: Timeline, new: TaskGraph) -> Timeline:
     t_c = _first_change(old.succ_ptr, old.succ_idx, new.succ_ptr, new.succ_idx, new.chain_next, old_to_new,
                         ready_old, old_tl.end_s, old.dur_s, new.dur_s)
     # the prefix: old tasks that became ready strictly before t_c (all kept, by construction)
-    start, end, ready, left, last, last_task, res_pred, order, done = _restore(
+    start, end, ready, left, last, last_task, res_pred, order, done, initial = _restore(
         old_tl.order, ready_old, old_tl.start_s, old_tl.end_s, old_tl.resource_pred, old_to_new, t_c,
         new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s, new.npred, new.res_ptr, new.res_idx,
         new.n_devices + new.n_links)
-    initial = np.flatnonzero((left == 0) & np.isnan(start))
     start, end, order, res_pred, ready = event_loop(
         new.dur_s, new.res_ptr, new.res_idx, new.succ_ptr, new.succ_idx, new.chain_next, new.chain_lag_s,
         np.zeros(0), start, end, ready, left, last, last_task, res_pred, order, done, initial)

@@ -357,35 +357,53 @@ def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.
             if (kept := kept_inputs(graph, op, recompute, strategy.fp8, mods))
             or keeps_output(graph, op, recompute, strategy.fp8)]
     configs = strategy.configs
+    sp = strategy.sequence_parallel
+    flags = (m, strategy.fp8, recompute, sp, mods)
+    # each op's entries (the once-only key, the tensor, bytes), kept for its config object: a
+    # search changes one op a proposal, the others are looked up
+    per_op = cache.setdefault(("saved_per_op", flags), {})
     kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
     for i, op, inputs in saving:
         cfg = configs[op.name]
-        ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel,
-              mods)
-        hit = cache.get(ck)
-        if hit is None:
-            degrees = dict(cfg.degrees)
-            if m > 1 and "sample" in op.dim_names:
-                degrees["sample"] = degrees.get("sample", 1) * m
-            ins, outs, _ = op.partition_shapes(degrees)
-            per = op_kind(op.kind).bwd_saved_bytes_per_element
-            if strategy.fp8 and op.kind == "linear":
-                per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
-            hit = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
-                DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
-                if op.in_tensors[k].dtype in FLOAT_DTYPES]
-            if recompute == "selective-op":
-                hit += saved_outputs(graph, op, cfg, outs, strategy)
-            hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8, mods)
-            cache[ck] = hit
-        for ref, shape, nbytes in hit:
-            key = ((ref.op, ref.index), shape, cfg.devices)
+        entries = per_op.get(op.name)
+        if entries is None or entries[0] is not cfg:
+            made = _op_saved(graph, op, cfg, inputs, strategy, m, cache)
+            entries = per_op[op.name] = (cfg, [(((ref.op, ref.index), shape, cfg.devices), ref, nbytes)
+                                               for ref, shape, nbytes in made])
+        total = 0.0  # (the same additions, in the same order, as out[i] += each)
+        for key, ref, nbytes in entries[1]:
             if key in kept_tensors:
                 continue
             kept_tensors.add(key)
-            if strategy.sequence_parallel and cfg.degree("length") == 1:
+            if sp and cfg.degree("length") == 1:
                 pcfg = configs[ref.op]
                 if pcfg.degree("length") > 1 and set(pcfg.devices) == set(cfg.devices):
                     nbytes /= pcfg.degree("length")
-            out[i] += nbytes
+            total += nbytes
+        out[i] = total
     return out
+
+
+def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache: dict) -> list[tuple]:
+    """(tensor, partition shape, bytes) one partition of ``op`` saves per microbatch under
+    ``cfg``, before the once-only rule of :func:`_saved_bytes` (cached by degrees)."""
+    recompute = strategy.recompute
+    mods = strategy.recompute_modules if recompute == "selective" else ()
+    ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel, mods)
+    hit = cache.get(ck)
+    if hit is None:
+        degrees = dict(cfg.degrees)
+        if m > 1 and "sample" in op.dim_names:
+            degrees["sample"] = degrees.get("sample", 1) * m
+        ins, outs, _ = op.partition_shapes(degrees)
+        per = op_kind(op.kind).bwd_saved_bytes_per_element
+        if strategy.fp8 and op.kind == "linear":
+            per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
+        hit = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
+            DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
+            if op.in_tensors[k].dtype in FLOAT_DTYPES]
+        if recompute == "selective-op":
+            hit += saved_outputs(graph, op, cfg, outs, strategy)
+        hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8, mods)
+        cache[ck] = hit
+    return hit

@@ -113,62 +113,47 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
     off_par = getattr(strategy, "offload_params", "none")
     pbytes = DTYPE_BYTES[graph.precision]
     # -- parameters per device, shared groups counted once per (group, region, device)
-    # (Vectorised: every parameter partition gets an integer code for its (tensor, region,
-    # device); the first of equal codes counts, as a set of seen keys would.)
-    codes, devs_p, elems_p, zc_p, gemm_p, unit_p = [], [], [], [], [], []
-    groups: dict[str, int] = {}
-    units: dict[str, int] = {}
     cache = graph_cache(graph)
-    param_ops = cache.get("param_ops")
-    if param_ops is None:
-        param_ops = cache["param_ops"] = [op for op in graph.ops if op.param_count and op.kind != "input"]
+    meta = cache.get(("param_meta", zero))
+    if meta is None:  # (op, name, group id, ZeRO-3 unit id) of every op with parameters, in a fixed order
+        groups: dict[str, int] = {}
+        units: dict[str, int] = {}
+        meta = cache[("param_meta", zero)] = (
+            [(op, op.name, groups.setdefault(op.param_group or op.name, len(groups)),
+              units.setdefault(sync_unit(op, zero), len(units)) if zero >= 3 else -1)
+             for op in graph.ops if op.param_count and op.kind != "input"], len(units))
+    meta, n_units = meta
     # (a sequence-parallel op's length split is partly tensor-parallel: not sharded over)
     shares = zero_shares(graph, strategy) if zero >= 1 else {}
     # each op's arrays, kept for its config object (a search changes one op a proposal: the
-    # others are looked up, not made again; group and unit ids follow param_ops' fixed order)
+    # others are looked up, not made again; group and unit ids follow the ops' fixed order)
     per_op = cache.setdefault("static_per_op", {})
-    for op in param_ops:
-        cfg = strategy.configs[op.name]
-        gid = groups.setdefault(op.param_group or op.name, len(groups))
-        uid = units.setdefault(sync_unit(op, zero), len(units)) if zero >= 3 else -1
-        share = shares.get(op.name, 1)
-        hit = per_op.get(op.name)
+    configs = strategy.configs
+    hits = []
+    for op, name, gid, uid in meta:
+        cfg = configs[name]
+        share = shares.get(name, 1) if shares else 1
+        hit = per_op.get(name)
         if hit is None or hit[0] is not cfg or hit[1] != (D, gid, uid, share):
             regions, devices, elems, _ = param_partitions(cache, op, cfg)
             n = devices.size
             # ZeRO's group for this parameter: the partitions equal on every dim but the data
             # dims (sample and sequence), as SyncBuilder.build groups them
-            hit = per_op[op.name] = (cfg, (D, gid, uid, share), (gid * (1 << 24) + regions) * D + devices, devices,
-                                     np.full(n, elems), np.full(n, float(cfg.degree("sample") * cfg.degree("length")
-                                                                         // share)),
-                                     np.full(n, uid), np.full(n, op.kind == "linear"))
-        codes.append(hit[2])
-        devs_p.append(hit[3])
-        elems_p.append(hit[4])
-        zc_p.append(hit[5])
-        if zero >= 3:
-            unit_p.append(hit[6])
-        if strategy.fp8:  # (only fp8's weight caches read it)
-            gemm_p.append(hit[7])
-    params = np.zeros(D)  # [device] parameters held (before sharding)
-    sharded = np.zeros(D)  # [device] parameters of ZeRO's shard (each over its own group)
-    gemm_params = np.zeros(D)  # of them, linear layers' weights (fp8's cached copies)
-    unit_max = np.zeros(D)  # ZeRO-3: the largest unit's parameters a device gathers
-    if codes:
-        _, first = np.unique(np.concatenate(codes), return_index=True)
-        devs_p = np.concatenate(devs_p)[first]
-        elems_p = np.concatenate(elems_p)[first]
-        div = np.concatenate(zc_p)[first]
-        if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
-            div = np.minimum(div, strategy.shard_group)
-        params += np.bincount(devs_p, elems_p, minlength=D)
-        sharded += np.bincount(devs_p, elems_p / div, minlength=D)
-        if strategy.fp8:
-            np.add.at(gemm_params, devs_p, np.where(np.concatenate(gemm_p)[first], elems_p, 0.0))
-        if zero >= 3:
-            per_unit = np.zeros((len(units), D))
-            np.add.at(per_unit, (np.concatenate(unit_p)[first], devs_p), elems_p)
-            unit_max = per_unit.max(axis=0)
+            hit = per_op[name] = (cfg, (D, gid, uid, share), (gid * (1 << 24) + regions) * D + devices, devices,
+                                  np.full(n, elems), np.full(n, float(cfg.degree("sample") * cfg.degree("length")
+                                                                      // share)),
+                                  np.full(n, uid), np.full(n, op.kind == "linear"))
+        hits.append(hit)
+    # the per-device sums, made again only when some op's arrays changed: a proposal that
+    # changes an op without parameters reuses the last call's (``hits`` is kept with them, so
+    # the ids compared name the same objects)
+    key = (tuple(map(id, hits)), D, zero, strategy.shard_group if zero >= 2 else 0, bool(strategy.fp8))
+    last = cache.get("static_last")
+    if last is not None and last[0] == key:
+        params, sharded, gemm_params, unit_max = last[2]
+    else:
+        params, sharded, gemm_params, unit_max = sums = _param_sums(hits, D, zero, n_units, strategy)
+        cache["static_last"] = (key, hits, sums)
     w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
                                                   getattr(strategy, "grad_reduce_in_fp32", True))
     weights = (sharded if zero >= 3 else params) * w_b
@@ -207,7 +192,9 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
         counts = np.diff(ptr)
         np.maximum.at(comm, idx, np.repeat(tg.size_bytes[tasks], counts))
         if idx.size:
-            tag = np.random.default_rng(0).integers(1, 2**62, D, dtype=np.int64)  # a group's key: its members' sum
+            tag = cache.get(("group_tags", D))  # a group's key: its members' sum
+            if tag is None:
+                tag = cache[("group_tags", D)] = np.random.default_rng(0).integers(1, 2**62, D, dtype=np.int64)
             nz = counts > 0
             key = np.zeros(counts.size, np.int64)
             key[nz] = np.add.reduceat(tag[idx], ptr[:-1][nz])
@@ -226,11 +213,42 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
         has = image >= 0
         logits[has] = logits[image[has]]
     used = np.zeros(D, bool)
-    for devs in {id(c.devices): c.devices for c in strategy.configs.values()}.values():
-        used[np.asarray(devs, np.int64)] = True
+    in_use = set().union(*[c.devices for c in configs.values()])
+    used[np.fromiter(in_use, np.int64, len(in_use))] = True
     context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
                        0.0)
     return StaticMemory(weights, grads, optim, comm, gathered, logits, context, host, nvme)
+
+
+def _param_sums(hits: list[tuple], D: int, zero: int, n_units: int, strategy: Strategy
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[device] parameters held (before sharding), in ZeRO's shard (each over its own group),
+    of them linear layers' weights (fp8's cached copies) and, under ZeRO-3, the largest unit's
+    parameters a device gathers, from :func:`static_memory`'s per-op arrays (``hits``).
+    Shared groups are counted once per (group, region, device): every parameter partition has
+    an integer code for its (tensor, region, device), and the first of equal codes counts, as
+    a set of seen keys would."""
+    params = np.zeros(D)
+    sharded = np.zeros(D)
+    gemm_params = np.zeros(D)
+    unit_max = np.zeros(D)
+    if not hits:
+        return params, sharded, gemm_params, unit_max
+    _, first = np.unique(np.concatenate([h[2] for h in hits]), return_index=True)
+    devs_p = np.concatenate([h[3] for h in hits])[first]
+    elems_p = np.concatenate([h[4] for h in hits])[first]
+    div = np.concatenate([h[5] for h in hits])[first]
+    if zero >= 2 and strategy.shard_group:  # hybrid sharding: shards within groups of k ranks
+        div = np.minimum(div, strategy.shard_group)
+    params += np.bincount(devs_p, elems_p, minlength=D)
+    sharded += np.bincount(devs_p, elems_p / div, minlength=D)
+    if strategy.fp8:
+        np.add.at(gemm_params, devs_p, np.where(np.concatenate([h[7] for h in hits])[first], elems_p, 0.0))
+    if zero >= 3:
+        per_unit = np.zeros((n_units, D))
+        np.add.at(per_unit, (np.concatenate([h[6] for h in hits])[first], devs_p), elems_p)
+        unit_max = per_unit.max(axis=0)
+    return params, sharded, gemm_params, unit_max
 
 
 def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
@@ -238,9 +256,11 @@ def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
     (PyTorch autocast runs cross-entropy in fp32; in fp32 the logits' gradient is as large)."""
     out = np.zeros(D)
     m = max(1, strategy.pipeline.microbatches)
-    for op in graph.ops:
-        if op.kind != "softmax_cross_entropy":
-            continue
+    cache = graph_cache(graph)
+    losses = cache.get("loss_ops")
+    if losses is None:
+        losses = cache["loss_ops"] = [op for op in graph.ops if op.kind == "softmax_cross_entropy"]
+    for op in losses:
         cfg = strategy.configs[op.name]
         degrees = dict(cfg.degrees)
         if m > 1 and "sample" in op.dim_names:

@@ -14,7 +14,7 @@ from .emit import Emitter
 from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
 from .tasks import BARRIER, TaskGraph
 
-__all__ = ["SegmentStore", "assemble"]
+__all__ = ["SegmentStore", "Live", "assemble"]
 
 #: tasks a step of the assembly handles between two cancel checks (~0.1-0.3 s on a loaded
 #: 2-core machine, where touching fresh memory dominates)
@@ -27,6 +27,7 @@ class SegmentStore:
     order, kept through rebuilds), and which ops' tables each reads."""
 
     def __init__(self, n_devices: int) -> None:
+        self.n_devices = n_devices
         self.segments: dict[tuple, Segment] = {}
         # ("barriers", d) has slot d: made only for devices with tasks, in an order that
         # does not depend on when
@@ -37,7 +38,7 @@ class SegmentStore:
         self.previous: dict[str, Any] | None = None  # the last assembly's arrays, spliced by the next
         self._barriers: dict[int, np.ndarray] = {}  # device -> its barrier handles
         self._dirty: set[tuple] = set()  # keys whose segment was replaced since the last live()
-        # the last live(): (devices in use, position of each live key, segments, serials, slots)
+        # the last live(): (devices in use, position of each live key, the Live record)
         self._live: tuple | None = None
 
     def begin(self, key: tuple, refs) -> Segment:
@@ -71,10 +72,11 @@ class SegmentStore:
                 seg.edges(ids[:-1], ids[1:])
         return ids
 
-    def live(self, rep_devices: set[int]) -> tuple[list[Segment], np.ndarray, np.ndarray]:
+    def live(self, rep_devices: set[int]) -> "Live":
         """The segments of the graph in slot order (barriers only of devices in use), their
-        serials and their slots. Kept from the last call: after a rebuild only the replaced
-        segments are looked up again (the returned list and arrays are new, never modified)."""
+        serials, slots and per-segment totals (:class:`Live`). Kept from the last call: after
+        a rebuild only the replaced segments are looked up again (the returned record and its
+        arrays are new, never modified)."""
         if len(self._keys) != len(self.segments):
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
             self._live = None
@@ -82,33 +84,39 @@ class SegmentStore:
         if self._live is None or self._live[0] != used:
             keys = [k for k in self._keys if k[0] != "barriers" or k[1] in used]
             segs = [self.segments[k] for k in keys]
-            serials = np.fromiter((sg.serial for sg in segs), np.int64, len(segs))
-            slots = np.fromiter((sg.slot for sg in segs), np.int64, len(segs))
-            self._live = (used, {k: i for i, k in enumerate(keys)}, segs, serials, slots)
+            live = Live(segs, np.fromiter((sg.serial for sg in segs), np.int64, len(segs)),
+                        np.fromiter((sg.slot for sg in segs), np.int64, len(segs)),
+                        np.fromiter((sg.comm_bytes for sg in segs), np.float64, len(segs)),
+                        np.fromiter((sg.cross_replica for sg in segs), np.int64, len(segs)), self.n_devices)
+            self._live = (used, {k: i for i, k in enumerate(keys)}, live)
         elif self._dirty:
-            _, where, segs, serials, slots = self._live
-            segs, serials = list(segs), serials.copy()
+            _, where, old = self._live
+            live = Live(list(old.segs), old.serials.copy(), old.slots, old.comm_bytes.copy(), old.cross_replica.copy(),
+                        self.n_devices, old.param_pos, old.param_rows)  # (rows copied when one changes)
             for k in self._dirty:
                 i = where.get(k)
                 if i is not None:
-                    segs[i] = self.segments[k]
-                    serials[i] = segs[i].serial
-            self._live = (used, where, segs, serials, slots)
+                    sg = live.segs[i] = self.segments[k]
+                    live.serials[i], live.comm_bytes[i], live.cross_replica[i] = sg.serial, sg.comm_bytes, \
+                        sg.cross_replica
+                    live.set_params(i, sg.device_params)
+            self._live = (used, where, live)
         self._dirty.clear()
-        return self._live[2], self._live[3], self._live[4]
+        return self._live[2]
 
     def splice(self, segs: list[Segment], serials: np.ndarray, cancel: Any = None) -> dict[str, Any]:
         """Every column and flat array of ``segs`` concatenated, with each segment's bounds.
 
         The first assembly concatenates everything; later ones (after a rebuild) copy runs of
         segments unchanged since the previous assembly as slices of its arrays and insert
-        only the new segments, so the Python work is per changed segment."""
-        whole = Segment.freeze_all(segs, cancel)
+        only the new segments, so the Python work is per changed segment (never per segment
+        of the graph)."""
         prev = self.previous
-        if whole is not None:  # every segment is new (a first assembly)
+        if prev is None:  # every segment is new (a first assembly)
+            whole = Segment.freeze_all(segs, cancel)
+            assert whole is not None, "segments frozen outside an assembly"
             whole["arrays"]["dur"] = whole["arrays"]["dur"].copy()  # optimizer steps are written in
             return whole
-        assert prev is not None, "segments frozen outside an assembly"
         # each segment's index in the previous assembly (by serial; -1 when new), then runs
         # of consecutive previous segments and the new segments between them
         p_ser, p_order = prev["serials"], prev["serial_order"]
@@ -116,31 +124,94 @@ class SegmentStore:
         j = np.where(p_ser[p_order[k]] == serials, p_order[k], -1)
         kept = j >= 0
         run_start = kept & np.concatenate([[True], (j[1:] != j[:-1] + 1) | ~kept[:-1]])
-        begin = np.flatnonzero(run_start | ~kept).tolist() + [len(segs)]
-        pieces: list = []  # [first, end) runs of the previous assembly's segments, or new segments
-        for b, e in zip(begin[:-1], begin[1:]):
-            pieces.append([int(j[b]), int(j[b]) + e - b] if kept[b] else segs[b])
-        frozen = {id(p): p.freeze() for p in pieces if type(p) is not list}
+        begin = np.flatnonzero(run_start | ~kept)
+        is_run = kept[begin].tolist()
+        fresh = np.flatnonzero(~kept)  # positions of the new segments
+        news = [segs[i] for i in fresh.tolist()]
+        Segment.freeze_all(news)  # (those not frozen yet, in one go; restored ones are)
+        frozen = [sg.freeze() for sg in news]
+        runs = begin[kept[begin]]
+        r_first = j[runs]  # each run's first and end segment in the previous assembly
+        r_end = r_first + np.diff(np.append(begin, len(segs)))[kept[begin]]
+        jj = np.maximum(j, 0)
         arrays, bounds = {}, {}
         for name in ALL_ARRAYS:
             w, off = prev["arrays"][name], prev["bounds"][name]
-            parts, ends = [], [np.zeros(1, np.int64)]
-            at = 0  # elements so far
-            for p in pieces:
-                if type(p) is list:
-                    a, b = off[p[0]], off[p[1]]
-                    parts.append(w[a:b])
-                    ends.append(off[p[0] + 1:p[1] + 1] + (at - a))
-                    at += b - a
-                else:
-                    f = frozen[id(p)]
-                    x = f["cols"][name] if name in Segment._DTYPES else f[name]
-                    parts.append(x)
-                    at += x.size
-                    ends.append(np.array([at], np.int64))
-            arrays[name] = np.concatenate(parts)
-            bounds[name] = np.concatenate(ends)
+            task_col = name in Segment._DTYPES
+            xs = [f["cols"][name] for f in frozen] if task_col else [f[name] for f in frozen]
+            spans = zip(off[r_first].tolist(), off[r_end].tolist())
+            it = iter(xs)
+            arrays[name] = np.concatenate([w[slice(*next(spans))] if r else next(it) for r in is_run])
+            if task_col and name != "kind":  # (the task columns share their bounds)
+                bounds[name] = bounds["kind"]
+                continue
+            sizes = (off[1:] - off[:-1])[jj]  # [segment] elements (kept ones as before)
+            sizes[fresh] = [x.size for x in xs]
+            b = bounds[name] = np.zeros(len(segs) + 1, np.int64)
+            np.cumsum(sizes, out=b[1:])
         return {"arrays": arrays, "bounds": bounds}
+
+
+class Live:
+    """The live segments of a :class:`SegmentStore` in slot order and, per segment, its serial,
+    slot, bytes sent and transfers crossing replicas; ``param_rows`` [segment with parameters,
+    device]: the parameters each device's optimizer step updates, of the segments at
+    positions ``param_pos`` (in slot order; sync segments only, a few per parameter unit)."""
+
+    __slots__ = ("segs", "serials", "slots", "comm_bytes", "cross_replica", "param_pos", "param_rows", "_own_rows")
+
+    def __init__(self, segs: list[Segment], serials: np.ndarray, slots: np.ndarray, comm_bytes: np.ndarray,
+                 cross_replica: np.ndarray, n_devices: int, param_pos: np.ndarray | None = None,
+                 param_rows: np.ndarray | None = None) -> None:
+        self.segs, self.serials, self.slots = segs, serials, slots
+        self.comm_bytes, self.cross_replica = comm_bytes, cross_replica
+        if param_pos is None:
+            self._rows_from_segs(n_devices)
+        else:  # (another record's rows: copied before this one changes them)
+            self.param_pos, self.param_rows, self._own_rows = param_pos, param_rows, False
+
+    def _rows_from_segs(self, n_devices: int) -> None:
+        pos = [i for i, sg in enumerate(self.segs) if sg.device_params is not None]
+        self.param_pos = np.array(pos, np.int64)
+        self.param_rows = np.zeros((len(pos), n_devices))
+        self._own_rows = True
+        for r, i in enumerate(pos):
+            self.param_rows[r] = self.segs[i].device_params
+
+    def set_params(self, i: int, device_params: np.ndarray | None) -> None:
+        """Segment ``i`` was replaced: take its parameters."""
+        r = int(np.searchsorted(self.param_pos, i))
+        had = r < self.param_pos.size and self.param_pos[r] == i
+        if had and device_params is not None:
+            if not self._own_rows:
+                self.param_rows, self._own_rows = self.param_rows.copy(), True
+            self.param_rows[r] = device_params
+        elif had or device_params is not None:  # a segment gained or lost parameters: rows again
+            self._rows_from_segs(self.param_rows.shape[1])
+
+    def params(self) -> np.ndarray:
+        """[device] the parameters each device's optimizer step updates, the segments' added
+        one after another in slot order (not a pairwise sum: the same additions as a loop)."""
+        return _add_rows(self.param_rows)
+
+
+@nb.njit(cache=True)
+def _add_rows(rows):  # pragma: no cover - compiled
+    """[column] the rows of ``rows`` added one after another, from zeros (no temporary)."""
+    out = np.zeros(rows.shape[1])
+    for r in range(rows.shape[0]):
+        for d in range(rows.shape[1]):
+            out[d] += rows[r, d]
+    return out
+
+
+@nb.njit(cache=True)
+def _add_all(x):  # pragma: no cover - compiled
+    """The elements of ``x`` added one after another, from 0.0 (as a Python loop would)."""
+    total = 0.0
+    for v in x:
+        total += v
+    return total
 
 
 def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.ndarray, A: dict[str, np.ndarray],
@@ -229,7 +300,8 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
     check_cancel(cancel)
     D = ctx.n_devices
-    segs, serials, slots = store.live(tables.rep_devices)
+    live = store.live(tables.rep_devices)
+    segs, serials, slots = live.segs, live.serials, live.slots
     asm = store.splice(segs, serials, cancel)
     check_cancel(cancel)
     A = asm["arrays"]
@@ -242,14 +314,11 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         return offset[h >> SHIFT] + (h & MASK)
 
     cols = {k: A[k] for k in Segment._DTYPES}
-    # optimizer steps: one per device that runs a representative partition
-    params = np.zeros(D)
-    comm_bytes, cross = 0.0, 0
-    for sg in segs:
-        if sg.device_params is not None:
-            params += sg.device_params
-        comm_bytes += sg.comm_bytes
-        cross += sg.cross_replica
+    # optimizer steps: one per device that runs a representative partition (the segments'
+    # parameters and bytes added in slot order, one after another, as a loop would)
+    params = live.params()
+    comm_bytes = float(_add_all(live.comm_bytes))
+    cross = int(live.cross_replica.sum())
     cols["dur"][gid(tables.updates)] = emit.optimizer_times_s(params, tables.rep_devices)
     check_cancel(cancel)
     coll = gid(A["coll_h"])

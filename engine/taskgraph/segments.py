@@ -43,7 +43,8 @@ class Segment:
         self.slot = slot
         self.serial = next(Segment._serials)  # identity across assemblies (delta simulation)
         self.n = 0
-        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}
+        self.ns: list[int] = []  # tasks of each add() call
+        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}  # each add() call's value, per column
         # edges, cut-through chains and collectives' resources/devices, as lists of arrays
         self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
         self.comm_bytes = 0.0
@@ -58,18 +59,19 @@ class Segment:
         until :meth:`freeze`) or an array of length ``n``."""
         ids = (self.slot << SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
         self.n += n
-        c = self.cols  # (written out: ~6,500 calls a GPT-3 build)
-        c["kind"].append((n, kind))
-        c["op"].append((n, op))
-        c["part"].append((n, part))
-        c["mb"].append((n, mb))
-        c["device"].append((n, device))
-        c["dur"].append((n, dur))
-        c["size"].append((n, size))
-        c["flops"].append((n, flops))
-        c["coll"].append((n, coll))
-        c["link"].append((n, link))
-        c["res"].append((n, res))
+        self.ns.append(n)
+        c = self.cols
+        c["kind"].append(kind)
+        c["op"].append(op)
+        c["part"].append(part)
+        c["mb"].append(mb)
+        c["device"].append(device)
+        c["dur"].append(dur)
+        c["size"].append(size)
+        c["flops"].append(flops)
+        c["coll"].append(coll)
+        c["link"].append(link)
+        c["res"].append(res)
         return ids
 
     def edges(self, src, dst) -> None:
@@ -89,23 +91,25 @@ class Segment:
         todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
-        total = sum(sg.n for sg in todo)
+        ns = np.fromiter(chain.from_iterable(sg.ns for sg in todo), np.int64)  # tasks of every add() call
+        ends = np.cumsum(ns).tolist()
         cols = {}
         for key, dt in cls._DTYPES.items():
             check_cancel(cancel)
-            cols[key] = _fill(chain.from_iterable(sg.cols[key] for sg in todo), total, dt)
+            cols[key] = _fill(list(chain.from_iterable(sg.cols[key] for sg in todo)), ns, ends, dt)
         starts = np.cumsum([0] + [sg.n for sg in todo])
         flat = {}
         for name, dt in cls._FLAT.items():
             check_cancel(cancel)
             per = [sg.flat[name] for sg in todo]
             arrays = list(chain.from_iterable(per))
-            bounds = np.cumsum([0] + [sum(a.size for a in x) for x in per])
+            bounds = np.cumsum([0] + [sum([a.size for a in x]) for x in per])
             flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
         shared = (cols, flat)
         for j, sg in enumerate(todo):
             sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
             sg.cols = {}
+            sg.ns = []
             sg.flat = {}
         if len(todo) != len(segs):
             return None
@@ -122,13 +126,16 @@ class Segment:
                 self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
             self._shared = None
         if self._frozen is None:
-            cols = {key: _fill(parts, self.n, self._DTYPES[key]) for key, parts in self.cols.items()}
+            ns = np.array(self.ns, np.int64)
+            ends = np.cumsum(ns).tolist()
+            cols = {key: _fill(values, ns, ends, self._DTYPES[key]) for key, values in self.cols.items()}
 
             self._frozen = {"cols": cols}
             for name, dt in self._FLAT.items():
                 xs = self.flat[name]
                 self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
             self.cols = {}
+            self.ns = []
             self.flat = {}
         return self._frozen
 
@@ -136,18 +143,21 @@ class Segment:
 ALL_ARRAYS = (*Segment._DTYPES, *Segment._FLAT)
 
 
-def _fill(entries, total: int, dtype) -> np.ndarray:
-    """One column of ``total`` tasks from ``(n, value)`` entries (a scalar for n tasks, or an
-    array of n): the scalars in one ``np.repeat``, the arrays copied in."""
-    entries = list(entries)
-    ns = [n for n, _ in entries]
-    scalar = [v if type(v) is not np.ndarray else 0 for _, v in entries]
-    out = np.repeat(np.asarray(scalar, dtype), ns) if entries else np.empty(0, dtype)
-    pos = 0
-    for n, v in entries:
-        if type(v) is np.ndarray:
-            out[pos:pos + n] = v
-        pos += n
+def _fill(values: list, ns: np.ndarray, ends: list[int], dtype) -> np.ndarray:
+    """One column from each add() call's value (a scalar for its ``ns[i]`` tasks, or an array
+    of them; ``ends``: the running sum of ``ns``): the scalars in one ``np.repeat``, the arrays
+    copied in."""
+    if not values:
+        return np.empty(0, dtype)
+    arrays = [i for i, v in enumerate(values) if type(v) is np.ndarray]
+    if not arrays:
+        return np.repeat(np.asarray(values, dtype), ns)
+    scalars = list(values)
+    for i in arrays:
+        scalars[i] = 0
+    out = np.repeat(np.asarray(scalars, dtype), ns)
+    for i in arrays:
+        out[ends[i - 1] if i else 0:ends[i]] = values[i]
     return out
 
 

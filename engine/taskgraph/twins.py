@@ -218,7 +218,7 @@ class Twins:
                 flat[name] = [renamed[at:at + n]]
                 at += n
         ops = []
-        for n, v in src.cols["op"]:
+        for v in src.cols["op"]:  # (each add() call's op: a scalar, or an array of its tasks')
             if type(v) is np.ndarray:
                 w = op_map[v]
                 if np.any(w[v >= 0] < 0):
@@ -227,9 +227,11 @@ class Twins:
                 w = int(op_map[v])
                 if v >= 0 > w:
                     raise _Foreign
-            ops.append((n, w))
-        seg.cols = dict(src.cols)  # (the source is complete: its entry lists are shared, never appended to)
+            ops.append(w)
+        # (the source is complete: its lists are shared, never appended to)
+        seg.cols = dict(src.cols)
         seg.cols["op"] = ops
+        seg.ns = src.ns
         seg.flat = flat
         seg.n = src.n
         seg.comm_bytes = src.comm_bytes
