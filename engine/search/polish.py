@@ -8,7 +8,11 @@ local optimum under single-op changes: FlexFlow's local-optimality check, Jia et
 rounds try only the candidates that span every device (one placement per degree combination:
 165 of AlexNet's 1,571 candidates on 16 GPUs, 163 of 6,863 on 64); when such a round improves
 nothing, the rounds try every candidate. From PaSE's answer on AlexNet / ``p100-4x4`` that
-reaches 12.85 ms in 134 candidates (0.7 s) instead of 1,436 (5 s).
+reaches 12.85 ms in 134 candidates (0.7 s) instead of 1,436 (5 s). Each round begins with a
+global pass over the move kinds with few neighbours (:data:`POLISH_KINDS`: a layer across a
+pipeline stage boundary, the schedule, the microbatches, recomputation, ZeRO), each candidate
+priced whole and the first that improves taken, as :func:`engine.search.mcmc.local_polish`
+does after its single-op rounds.
 
 Ops are visited heaviest first (:func:`visit_order`): the ops with the most parameters, then the
 rest in graph order. Whether an op's weights are worth replicating (data parallelism) or splitting
@@ -33,8 +37,17 @@ from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import OpGraph
 from ..strategy import Strategy
+from .moves import Space
 
-__all__ = ["PolishResult", "coordinate_descent", "visit_order"]
+__all__ = ["PolishResult", "coordinate_descent", "visit_order", "POLISH_KINDS"]
+
+#: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
+#: configs: those with a handful of neighbours (a layer across a stage boundary, GPipe or 1F1B,
+#: the microbatches halved or doubled, recomputation, the ZeRO stage), each priced whole. From
+#: the pipeline planner's plan for ResNet-101 / p100-4x4 (50.40 ms) the split and schedule moves
+#: reach 47.29 ms in 33 pricings (3.1 s), where MCMC with 150 s ends at 48.47-50.30 ms. The
+#: kinds with up to 64 neighbours each (``block``, ``layout``) are left to MCMC.
+POLISH_KINDS = ("split", "schedule", "microbatches", "recompute", "zero")
 
 
 @dataclass
@@ -72,8 +85,8 @@ def visit_order(graph: OpGraph) -> list[str]:
 
 def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None, *,
                        max_evals: int | None = None, deadline: float | None = None,
-                       sim: DeltaSimulator | None = None, tick: Callable[[PolishResult], bool] | None = None
-                       ) -> PolishResult:
+                       sim: DeltaSimulator | None = None, tick: Callable[[PolishResult], bool] | None = None,
+                       global_moves: bool = True) -> PolishResult:
     """Greedy coordinate descent from ``strategy`` over each op's candidate configs.
 
     Parameters
@@ -87,6 +100,8 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     tick : callable, optional
         Called every 10 candidates with the result so far (its best strategy and cost, kept
         current); returning False stops.
+    global_moves : bool
+        Begin each round with the global pass (:data:`POLISH_KINDS`).
 
     Returns
     -------
@@ -98,7 +113,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     The caller checks that a delta simulator of ``strategy`` is affordable
     (:func:`engine.search.mcmc.delta_affordable`); this builds one when ``sim`` is not given.
     """
-    from .mcmc import candidate_configs, price_of_sim
+    from .mcmc import _whole_cost, candidate_configs, delta_affordable, price_of_sim
 
     t0 = time.perf_counter()
     cost = cost or CostModel()
@@ -115,11 +130,29 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         return tick is not None and out.evals % 10 == 0 and tick(out) is False
 
     n = cluster.num_devices
+    space = Space(graph, cluster) if global_moves else None
     wide = True  # the first rounds: only the candidates that span every device
     while True:
         out.rounds += 1
         improved = False
-        for name in order:
+        # the global pass: per kind, the first neighbour that improves is taken, until none does
+        for kind in [k for k in POLISH_KINDS if space is not None and k in space.kinds(out.strategy)]:
+            moved = True
+            while moved:
+                moved = False
+                for cand in space.neighbours(out.strategy, kind):
+                    if stop():
+                        return out
+                    out.evals += 1
+                    new = _whole_cost(graph, cand, cluster, cost, True)
+                    if new is not None and new < best * (1 - 1e-12):
+                        best, improved, moved = new, True, True
+                        sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
+                            else None
+                        out.strategy, out.cost_s = (cand if sim is None else sim.strategy), best
+                        out.improvements.append((out.evals, time.perf_counter() - t0, best))
+                        break
+        for name in order if sim is not None else ():  # (single-op moves where delta simulation is affordable)
             m = max(1, sim.strategy.pipeline.microbatches)
             current = sim.strategy[name]
             pick, pick_cost = None, best
@@ -140,10 +173,10 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                 best, improved = pick_cost, True
                 out.strategy, out.cost_s = sim.strategy, best
                 out.improvements.append((out.evals, time.perf_counter() - t0, best))
-        if not improved and wide:
+        if not improved and wide and sim is not None:
             wide = False
         elif not improved:
-            out.finished = True
+            out.finished = sim is not None  # (no claim of a local optimum where single-op moves were skipped)
             return out
 
 
