@@ -113,7 +113,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     The caller checks that a delta simulator of ``strategy`` is affordable
     (:func:`engine.search.mcmc.delta_affordable`); this builds one when ``sim`` is not given.
     """
-    from .mcmc import _whole_cost, candidate_configs, delta_affordable, price_of_sim
+    from .mcmc import whole_cost, candidate_configs, delta_affordable, price_of_sim
 
     t0 = time.perf_counter()
     cost = cost or CostModel()
@@ -144,7 +144,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                     if stop():
                         return out
                     out.evals += 1
-                    new = _whole_cost(graph, cand, cluster, cost, True)
+                    new = whole_cost(graph, cand, cluster, cost, True)
                     if new is not None and new < best * (1 - 1e-12):
                         best, improved, moved = new, True, True
                         sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
