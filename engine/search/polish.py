@@ -113,7 +113,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     The caller checks that a delta simulator of ``strategy`` is affordable
     (:func:`engine.search.mcmc.delta_affordable`); this builds one when ``sim`` is not given.
     """
-    from .mcmc import whole_cost, candidate_configs, delta_affordable, price_of_sim
+    from .mcmc import candidate_configs, delta_affordable, price_of_sim, whole_cost
 
     t0 = time.perf_counter()
     cost = cost or CostModel()
@@ -160,7 +160,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                 if (wide and len(config.devices) < n) or config == current or sim.check(name, config):
                     continue
                 if stop():
-                    return _finish(out, sim, name, current, pick, pick_cost, best, t0)
+                    return _finish(out, sim, name, pick, pick_cost, best, t0)
                 out.evals += 1
                 sim.change(name, config)
                 new = price_of_sim(sim, graph, cluster).cost_s
@@ -180,7 +180,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
             return out
 
 
-def _finish(out: PolishResult, sim: DeltaSimulator, name: str, current, pick, pick_cost: float, best: float,
+def _finish(out: PolishResult, sim: DeltaSimulator, name: str, pick, pick_cost: float, best: float,
             t0: float) -> PolishResult:
     """Stopped midway through op ``name``: keep the best candidate of it found so far."""
     if pick is not None and pick_cost < best:
