@@ -50,7 +50,7 @@ class TestCoordinateDescent:
                         (op.name, config)
 
     def test_no_global_move_of_the_polish_kinds_improves_a_local_optimum(self):
-        """the global pass (POLISH_KINDS: split, schedule, microbatches, recompute, zero): no
+        """the global pass (POLISH_KINDS: split, schedule, zero, microbatches, recompute): no
         neighbour of those kinds that the loader accepts is faster than the answer."""
         g, c = tiny()
         r = coordinate_descent(g, c, expert(g, c))
@@ -65,7 +65,7 @@ class TestCoordinateDescent:
 
     def test_the_global_pass_comes_first(self):
         """With one candidate, the first global kind's first neighbour is priced: the answer is it
-        when it is faster, else the start (on the tiny model: the microbatches doubled)."""
+        when it is faster, else the start (on the tiny model: ZeRO stage 1)."""
         g, c = tiny()
         s = data_parallel(g, c)
         space = Space(g, c)

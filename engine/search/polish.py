@@ -10,7 +10,7 @@ rounds try only the candidates that span every device (one placement per degree 
 nothing, the rounds try every candidate. From PaSE's answer on AlexNet / ``p100-4x4`` that
 reaches 12.85 ms in 134 candidates (0.7 s) instead of 1,436 (5 s). Each round begins with a
 global pass over the move kinds with few neighbours (:data:`POLISH_KINDS`: a layer across a
-pipeline stage boundary, the schedule, the microbatches, recomputation, ZeRO), each candidate
+pipeline stage boundary, the schedule, ZeRO, the microbatches, recomputation), each candidate
 priced whole and the first that improves taken, as :func:`engine.search.mcmc.local_polish`
 does after its single-op rounds.
 
@@ -45,9 +45,12 @@ __all__ = ["PolishResult", "coordinate_descent", "visit_order", "POLISH_KINDS"]
 #: configs: those with a handful of neighbours (a layer across a stage boundary, GPipe or 1F1B,
 #: the microbatches halved or doubled, recomputation, the ZeRO stage), each priced whole. From
 #: the pipeline planner's plan for ResNet-101 / p100-4x4 (50.40 ms) the split and schedule moves
-#: reach 47.29 ms in 33 pricings (3.1 s), where MCMC with 150 s ends at 48.47-50.30 ms. The
-#: kinds with up to 64 neighbours each (``block``, ``layout``) are left to MCMC.
-POLISH_KINDS = ("split", "schedule", "microbatches", "recompute", "zero")
+#: reach 47.29 ms in 33 pricings (3.1 s), where MCMC with 150 s ends at 48.47-50.30 ms. ZeRO
+#: before the microbatches and recomputation (which trade time for memory): from FlexFlow's
+#: expert strategy for Inception-v3 / p100-4x4, ZeRO-2 takes 35.27 to 30.42 ms (MCMC with 150 s:
+#: 34.59 ms), and when the microbatches came first a 15 s auto ran out of polish time before it.
+#: The kinds with up to 64 neighbours each (``block``, ``layout``) are left to MCMC.
+POLISH_KINDS = ("split", "schedule", "zero", "microbatches", "recompute")
 
 
 @dataclass
