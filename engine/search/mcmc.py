@@ -43,7 +43,8 @@ from .moves import Space
 
 __all__ = ["mcmc", "candidate_configs", "random_config", "local_polish",
            # a chain's pieces, shared with the chains on a backend (engine.search.parallel)
-           "Chain", "starting_points", "propose_op", "metropolis", "judge", "took", "price_of_sim", "delta_affordable"]
+           "Chain", "starting_points", "propose_op", "metropolis", "judge", "took", "price_of_sim", "delta_affordable",
+           "whole_cost"]
 
 
 #: share of a time budget kept for the final polish (the chains stop at the rest)
@@ -172,7 +173,7 @@ def judge(chain: Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, c
     return time_s
 
 
-def _whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
+def whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
                 ) -> float | None:
     """The cost of a strategy a global move made: None when the loader's check refuses it or
     it is too large to simulate (no symmetry and more than SEARCH_MAX_TASKS tasks)."""
@@ -377,7 +378,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                     family = "global"
                     kind = chain.rng.choice(space.kinds(chain.strategy))
                     cand = space.propose(chain.strategy, kind, chain.rng)
-                    new = None if cand is None else _whole_cost(graph, cand, cluster, cost_model, check_memory)
+                    new = None if cand is None else whole_cost(graph, cand, cluster, cost_model, check_memory)
                     if new is not None and metropolis(chain, new):
                         chain.jump(cand, delta_affordable(graph, cand, cluster))
                         took(chain, new)
@@ -454,7 +455,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
     if sim is None or sim.strategy is not strategy:
         sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
     best = _cost(sim, graph, cluster, check_memory) if sim is not None else \
-        _whole_cost(graph, strategy, cluster, cost, check_memory)
+        whole_cost(graph, strategy, cluster, cost, check_memory)
     best = math.inf if best is None else best
     space = Space(graph, cluster) if global_moves else None
     evals = 0
@@ -488,7 +489,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 if spent():
                     return current, best, False
                 evals += 1
-                new = _whole_cost(graph, cand, cluster, cost, check_memory)
+                new = whole_cost(graph, cand, cluster, cost, check_memory)
                 if new is not None and new < best * (1 - 1e-12):
                     best, improved, current = new, True, cand
                     sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) else None

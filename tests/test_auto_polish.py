@@ -1,0 +1,145 @@
+"""``auto``'s polish (:mod:`engine.search.polish`): greedy coordinate descent over single-op
+configs, checked against brute force on the tiny model, and its place in ``auto``."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.search import ALGORITHMS, Budget
+from engine.search.api import price
+from engine.search.baselines import data_parallel, expert
+from engine.search.mcmc import candidate_configs
+from engine.search.moves import Space
+from engine.search.polish import POLISH_KINDS, coordinate_descent, visit_order
+from engine.strategy import validate_strategy
+from toys import tiny  # tests/toys.py
+
+
+def priced(g, s, c) -> float:
+    return price(g, s, c).cost_s
+
+
+class TestVisitOrder:
+    def test_heaviest_first_then_graph_order(self):
+        g, _ = tiny()
+        # fc1: 64 x 256 weights, fc2: 256 x 64 (a tie: graph order), then the ops without weights
+        assert visit_order(g) == ["fc1", "fc2", "x", "act", "labels", "loss"]
+
+    def test_alexnet_fully_connected_layers_first(self):
+        g = resolve_model("alexnet")
+        order = visit_order(g)
+        assert order[:3] == ["fc6", "fc7", "fc8"] and sorted(order) == sorted(op.name for op in g.ops)
+
+
+class TestCoordinateDescent:
+    def test_a_local_optimum_no_single_op_change_improves(self):
+        """finished: every candidate config of every op, priced by a full simulation, is no
+        faster than the answer (FlexFlow's local-optimality check)."""
+        g, c = tiny()
+        start = data_parallel(g, c)
+        r = coordinate_descent(g, c, start)
+        assert r.finished and r.cost_s <= priced(g, start, c)
+        assert r.cost_s == pytest.approx(priced(g, r.strategy, c), rel=1e-12)
+        assert validate_strategy(r.strategy, g, c) == []
+        for op in g.ops:
+            for config in candidate_configs(op, c.num_devices):
+                if config != r.strategy[op.name]:
+                    assert priced(g, r.strategy.with_config(op.name, config), c) >= r.cost_s * (1 - 1e-9), \
+                        (op.name, config)
+
+    def test_no_global_move_of_the_polish_kinds_improves_a_local_optimum(self):
+        """the global pass (POLISH_KINDS: split, schedule, zero, microbatches, recompute): no
+        neighbour of those kinds that the loader accepts is faster than the answer."""
+        g, c = tiny()
+        r = coordinate_descent(g, c, expert(g, c))
+        assert r.finished
+        space = Space(g, c)
+        kinds = [k for k in POLISH_KINDS if k in space.kinds(r.strategy)]
+        assert "microbatches" in kinds and "recompute" in kinds
+        for kind in kinds:
+            for cand in space.neighbours(r.strategy, kind):
+                if not validate_strategy(cand, g, c):
+                    assert priced(g, cand, c) >= r.cost_s * (1 - 1e-9), kind
+
+    def test_the_global_pass_comes_first(self):
+        """With one candidate, the first global kind's first neighbour is priced: the answer is it
+        when it is faster, else the start (on the tiny model: ZeRO stage 1)."""
+        g, c = tiny()
+        s = data_parallel(g, c)
+        space = Space(g, c)
+        first = next(k for k in POLISH_KINDS if k in space.kinds(s))
+        cand = next(space.neighbours(s, first))
+        r = coordinate_descent(g, c, s, max_evals=1)
+        expected = min(priced(g, s, c), priced(g, cand, c))
+        assert r.evals == 1 and r.cost_s == expected
+
+    def test_first_op_takes_its_best_candidate(self):
+        """After the first op's candidates (those spanning every device), the strategy is the
+        best of them by brute force, or the start when none beats it."""
+        g, c = tiny()
+        start = data_parallel(g, c)
+        first = visit_order(g)[0]
+        wide = [x for x in candidate_configs(g[first], c.num_devices)
+                if len(x.devices) == c.num_devices and x != start[first]]
+        r = coordinate_descent(g, c, start, max_evals=len(wide), global_moves=False)
+        assert r.evals == len(wide) and not r.finished
+        costs = {x: priced(g, start.with_config(first, x), c) for x in wide}
+        best = min(costs, key=costs.get)
+        if costs[best] < priced(g, start, c):
+            assert r.strategy[first] == best and r.cost_s == pytest.approx(costs[best], rel=1e-12)
+        else:
+            assert r.strategy.to_dict()["ops"] == start.to_dict()["ops"]
+        assert all(r.strategy[op.name] == start[op.name] for op in g.ops if op.name != first)
+
+    @pytest.mark.parametrize("start", [data_parallel, expert])
+    def test_never_worse_than_its_start(self, start):
+        g, c = tiny()
+        s = start(g, c)
+        for n in (0, 1, 7, 50):
+            r = coordinate_descent(g, c, s, max_evals=n)
+            assert r.evals <= n and r.cost_s <= priced(g, s, c)
+            assert [x[2] for x in r.improvements] == sorted((x[2] for x in r.improvements), reverse=True)
+        r = coordinate_descent(g, c, s, max_evals=0)
+        assert r.strategy.to_dict()["ops"] == s.to_dict()["ops"] and r.cost_s == priced(g, s, c)
+
+    def test_a_number_budget_gives_the_same_answer_twice(self):
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        a = coordinate_descent(g, c, data_parallel(g, c), max_evals=60)
+        b = coordinate_descent(g, c, data_parallel(g, c), max_evals=60)
+        assert a.evals == b.evals == 60 and a.cost_s == b.cost_s and a.improvements[0][::2] == b.improvements[0][::2]
+        assert a.strategy.to_dict()["ops"] == b.strategy.to_dict()["ops"]
+        # fully connected layers first: a few dozen candidates already beat data parallel and expert
+        assert a.cost_s < min(priced(g, data_parallel(g, c), c), priced(g, expert(g, c), c))
+
+    def test_tick_false_stops_it(self):
+        g, c = tiny()
+        seen = []
+
+        def tick(r):
+            seen.append(r.evals)
+            return len(seen) < 2
+
+        r = coordinate_descent(g, c, data_parallel(g, c), tick=tick)
+        assert seen == [0, 10] and r.evals == 10 and not r.finished
+
+    def test_past_deadline_prices_nothing(self):
+        g, c = tiny()
+        s = data_parallel(g, c)
+        r = coordinate_descent(g, c, s, deadline=0.0)
+        assert r.evals == 0 and not r.finished and r.cost_s == priced(g, s, c)
+
+
+class TestInAuto:
+    def test_auto_polishes_its_best_seed_and_says_so(self):
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        r = ALGORITHMS["auto"].run(g, c, Budget(iterations=100), seed=1)
+        contributions = r.best.found_by["contributions"]
+        assert "polish" in contributions and contributions["polish"] <= min(
+            v for k, v in contributions.items() if k in ("data-parallel", "expert", "pase", "differentiable"))
+        assert any(n.startswith("polish (coordinate descent) from pase") for n in r.notes)
+        assert any(n.startswith("mcmc from polish") for n in r.notes)
+        assert r.best_cost_s <= contributions["polish"]
+        again = ALGORITHMS["auto"].run(g, c, Budget(iterations=100), seed=1)
+        assert again.best_cost_s == r.best_cost_s and again.best.to_dict()["ops"] == r.best.to_dict()["ops"]
