@@ -280,7 +280,7 @@ class MCMCOptions:
 @dataclass(frozen=True)
 class AutoOptions:
     seeds: bool = True  # run the fast searches that apply (PaSE, differentiable, pipeline) first
-    refine: bool = True  # then MCMC from the best feasible seed or baseline
+    refine: bool = True  # then the polish (coordinate descent) and MCMC from the best feasible seed or baseline
     seed_share: float = 0.5  # of a time budget, the most the seeds use together
     chains: int = 4  # MCMC's starting points
     # the mixture-of-experts Megatron seeds' GEMMs in fp8 (Transformer Engine); None: where every
