@@ -121,3 +121,31 @@ def test_price_remembers_whole_strategies_and_refusals():
         with pytest.raises(TooLargeError) as e2:
             price(g, s, c, cm, max_tasks=10)
     assert str(e1.value) == str(e2.value)
+
+
+def test_a_pricing_past_its_deadline_is_abandoned_and_not_remembered():
+    """A search's global move priced whole stops at the search's deadline (at LLM scale one
+    pricing of a plan just under the cap takes a minute: auto on GPT-3 / 512 H100s ran 2x its
+    budget): whole_cost then answers None, price raises Cancelled and remembers nothing."""
+    import time
+
+    from engine.costs import CostModel
+    from engine.errors import Cancelled
+    from engine.search.api import whole_cost
+    from engine.search.baselines import megatron
+
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
+    s, cost = megatron(g, c, tp=2, micro_batch=1), CostModel()  # (a cost model of its own: nothing remembered yet)
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return True
+
+    with pytest.raises(Cancelled):
+        price(g, s, c, cost, cancel=stop)
+    assert calls
+    assert whole_cost(g, s, c, cost, True, deadline=time.perf_counter() - 1.0) is None
+    p = price(g, s, c, cost)  # (priced in full now: the cancelled one was not remembered)
+    assert p.time_s > 0
+    assert whole_cost(g, s, c, cost, False, deadline=time.perf_counter() + 600) == p.time_s

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import re
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -30,13 +31,13 @@ from typing import Any, Callable
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..errors import TooLargeError
+from ..errors import Cancelled, TooLargeError
 from ..graph import OpGraph
 from ..strategy import Strategy
 
-__all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "price_baselines", "SEARCH_MAX_TASKS", "stamp",
-           "MCMCOptions", "AutoOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions", "parse_options",
-           "ProgressFn"]
+__all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "whole_cost", "price_baselines", "SEARCH_MAX_TASKS",
+           "stamp", "MCMCOptions", "AutoOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions",
+           "parse_options", "ProgressFn"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ _PRICED_LOCK = threading.Lock()
 
 
 def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
-          timeline=None, max_tasks: int | None = SEARCH_MAX_TASKS) -> Price:
+          timeline=None, max_tasks: int | None = SEARCH_MAX_TASKS, cancel: Any = None) -> Price:
     """Simulate ``strategy`` (or take ``timeline``, its simulation already made, e.g. by a
     delta simulator) and check every device's memory.
 
@@ -141,11 +142,17 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
     baselines and then MCMC starts from them, and at LLM scale one pricing takes seconds
     (FlexFlow's expert strategy of GPT-3 175B on 512 GPUs: 7.8 s to be refused).
 
+    ``cancel`` (:func:`engine.errors.check_cancel`: an event or a callable) is asked between the
+    build's segments and the event loop's chunks: a search's deadline bounds a pricing that
+    would run past it (a plan just under the cap, without symmetry, takes a minute here).
+
     Raises
     ------
     TooLargeError
         When its simulation would have more than ``max_tasks`` tasks (with the symmetry
         reduction where exact: :func:`engine.report.simulate_strategy`): refused before building.
+    Cancelled
+        When ``cancel`` was set first (nothing is remembered then).
     """
     from ..memory import fits_in_memory  # (the simulator's modules load only when a search prices)
     from ..report import simulate_strategy
@@ -164,7 +171,8 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
             raise TooLargeError(hit[3])
         return hit[3]
     try:  # the engine's one entry point (memory answered from the bound first)
-        r = simulate_strategy(graph, strategy, cluster, cost, check=False, max_tasks=max_tasks, account_memory=False)
+        r = simulate_strategy(graph, strategy, cluster, cost, check=False, max_tasks=max_tasks, account_memory=False,
+                              cancel=cancel)
         out: Price | str = Price(r.iteration_time_s, r.feasible)
     except TooLargeError as e:
         out = str(e)
@@ -175,6 +183,25 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
     if isinstance(out, str):
         raise TooLargeError(out)
     return out
+
+
+def whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None, check_memory: bool,
+               deadline: float | None = None) -> float | None:
+    """:func:`price`'s cost of a strategy a search's global move made (its time alone without
+    ``check_memory``): None when the loader's check refuses it, it is too large to simulate (no
+    symmetry and more than SEARCH_MAX_TASKS tasks), or its pricing is still running at
+    ``deadline`` (a :func:`time.perf_counter` time: abandoned there, within a segment's or a
+    loop chunk's work, so a time budget holds)."""
+    from ..strategy import validate_strategy
+
+    if validate_strategy(strategy, graph, cluster):
+        return None
+    stop = None if deadline is None else (lambda: time.perf_counter() >= deadline)
+    try:
+        p = price(graph, strategy, cluster, cost, cancel=stop)
+    except (TooLargeError, Cancelled):
+        return None
+    return p.cost_s if check_memory else p.time_s
 
 
 def price_baselines(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None,

@@ -34,10 +34,10 @@ from ..costs import CostModel
 from ..delta import DeltaSimulator
 from ..graph import Op, OpGraph
 from ..errors import TooLargeError
-from ..strategy import Config, Strategy, degree_choices, validate_strategy
+from ..strategy import Config, Strategy, degree_choices
 from ..taskgraph import tasks_within
 from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price,
-                  price_baselines, stamp)
+                  price_baselines, stamp, whole_cost)
 from .baselines import data_parallel, expert
 from .moves import Space
 
@@ -171,19 +171,6 @@ def judge(chain: Chain, sim: DeltaSimulator, graph: OpGraph, cluster: Cluster, c
     if not metropolis(chain, time_s) or _cost(sim, graph, cluster, check_memory) == math.inf:
         return None
     return time_s
-
-
-def whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel, check_memory: bool
-                ) -> float | None:
-    """The cost of a strategy a global move made: None when the loader's check refuses it or
-    it is too large to simulate (no symmetry and more than SEARCH_MAX_TASKS tasks)."""
-    if validate_strategy(strategy, graph, cluster):
-        return None
-    try:
-        p = price(graph, strategy, cluster, cost)
-    except TooLargeError:
-        return None
-    return p.cost_s if check_memory else p.time_s
 
 
 #: the largest full task graph (estimated) a chain edits by delta simulation: a proposal costs
@@ -354,6 +341,7 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     # a time budget holds for the whole call: set-up (above) counts, and the final polish gets
     # the last POLISH_SHARE of it rather than running past it
     search_s = None if budget.seconds is None else budget.seconds * (1.0 - POLISH_SHARE if polish else 1.0)
+    hard_stop = None if budget.seconds is None else t0 + budget.seconds  # (a move's pricing is abandoned there)
     loop_t0 = time.perf_counter() - t0  # (when the proposals start: their mean time excludes the set-up)
     rung = 0
     while live and not cancelled and not out_of_budget():
@@ -378,7 +366,8 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                     family = "global"
                     kind = chain.rng.choice(space.kinds(chain.strategy))
                     cand = space.propose(chain.strategy, kind, chain.rng)
-                    new = None if cand is None else whole_cost(graph, cand, cluster, cost_model, check_memory)
+                    new = None if cand is None else whole_cost(graph, cand, cluster, cost_model, check_memory,
+                                                               hard_stop)
                     if new is not None and metropolis(chain, new):
                         chain.jump(cand, delta_affordable(graph, cand, cluster))
                         took(chain, new)
@@ -489,7 +478,7 @@ def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: f
                 if spent():
                     return current, best, False
                 evals += 1
-                new = whole_cost(graph, cand, cluster, cost, check_memory)
+                new = whole_cost(graph, cand, cluster, cost, check_memory, deadline)
                 if new is not None and new < best * (1 - 1e-12):
                     best, improved, current = new, True, cand
                     sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) else None

@@ -116,7 +116,8 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     The caller checks that a delta simulator of ``strategy`` is affordable
     (:func:`engine.search.mcmc.delta_affordable`); this builds one when ``sim`` is not given.
     """
-    from .mcmc import candidate_configs, delta_affordable, price_of_sim, whole_cost
+    from .api import whole_cost
+    from .mcmc import candidate_configs, delta_affordable, price_of_sim
 
     t0 = time.perf_counter()
     cost = cost or CostModel()
@@ -147,7 +148,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                     if stop():
                         return out
                     out.evals += 1
-                    new = whole_cost(graph, cand, cluster, cost, True)
+                    new = whole_cost(graph, cand, cluster, cost, True, deadline)
                     if new is not None and new < best * (1 - 1e-12):
                         best, improved, moved = new, True, True
                         sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
