@@ -100,8 +100,11 @@ class Workspace:
 
 
 def _too_large(n: int, what: str) -> TooLargeError:
+    from engine.taskgraph import count_text
+
     return TooLargeError(
-        f"{what} would take about {n:,} tasks, more than the explorer simulates ({APP_MAX_TASKS:,}). "
+        f"{what} would take {count_text(n, APP_MAX_TASKS)} tasks, more than the explorer simulates "
+        f"({APP_MAX_TASKS:,}). "
         "Simulate it with the command line (soapbox simulate --strategy FILE), or use a layout whose "
         "replicas are alike (the layout panel's megatron or fsdp), which the explorer simulates once per "
         "set of identical GPUs, with fewer microbatches")

@@ -26,7 +26,7 @@ from .graph import OpGraph
 from .memory import MemoryReport, fits_in_memory, memory_report
 from .simulate import Timeline, simulate
 from .strategy import Strategy, check_strategy
-from .taskgraph import TaskGraph, build_task_graph, estimate_symmetric_tasks, tasks_within
+from .taskgraph import TaskGraph, build_task_graph, count_text, estimate_symmetric_tasks, tasks_within
 
 __all__ = ["SimulationResult", "simulate_strategy", "SYMMETRY_MODES", "tokens_per_sample", "model_flops",
            "tokens_per_s", "peak_flops_per_s", "mfu", "devices_used", "finite_json", "json_text", "fit_words",
@@ -409,7 +409,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
         if n > max_tasks and symmetry != "off":
             n = estimate_symmetric_tasks(graph, strategy, cluster, full=n)
         if n > max_tasks:
-            raise TooLargeError(f"not simulated: about {n:,} tasks, more than the {max_tasks:,} allowed")
+            raise TooLargeError(f"not simulated: {count_text(n, max_tasks)} tasks, more than the {max_tasks:,} allowed")
     if symmetry == "only":
         try:  # (max_tasks 0: the builder refuses the full build it falls back to)
             tg = build_task_graph(graph, strategy, cluster, cost, max_tasks=0, cancel=cancel)

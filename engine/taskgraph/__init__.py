@@ -35,7 +35,7 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 from __future__ import annotations
 
 from .builder import TaskGraphBuilder, build_task_graph, estimate_symmetric_tasks, estimate_tasks
-from .estimate import quick_task_bound, tasks_within
+from .estimate import count_text, quick_task_bound, tasks_within
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry
 from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, UPDATE, XFER, TaskGraph
@@ -50,6 +50,7 @@ __all__ = [
     "estimate_symmetric_tasks",
     "quick_task_bound",
     "tasks_within",
+    "count_text",
     "schedule_order",
     "FWD",
     "BWD",

@@ -20,7 +20,7 @@ from .compute import ComputeBuilder
 from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
 from .emit import Emitter
-from .estimate import estimate_symmetric_tasks, estimate_tasks, tasks_within
+from .estimate import count_text, estimate_symmetric_tasks, estimate_tasks, tasks_within
 from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
@@ -219,7 +219,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
         if max_tasks is not None:
             n = tasks_within(graph, strategy, max_tasks, cluster)
             if n > max_tasks:
-                raise TooLargeError(f"not simulated: about {n:,} tasks without symmetry, more than the "
+                raise TooLargeError(f"not simulated: {count_text(n, max_tasks)} tasks without symmetry, more than the "
                                     f"{max_tasks:,} allowed")
         return TaskGraphBuilder(graph, strategy, cluster, cost).build(cancel=cancel)
     finally:
