@@ -16,6 +16,7 @@ from ..errors import TooLargeError, check_cancel
 from ..graph import OpGraph
 from ..strategy import Strategy
 from .assembly import SegmentStore, assemble
+from .segments import Segment
 from .compute import ComputeBuilder
 from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
@@ -81,8 +82,9 @@ class TaskGraphBuilder:
                       self.compute.scatter_after) if self.twins else None
         for oi in range(len(self.ctx.graph.ops)):
             check_cancel(cancel)
-            if twins is None or not twins.compute(self.store.begin(("op", oi), (oi,)), oi, self.emit.mirror):
-                self._build_op(oi)
+            seg = self.store.begin(("op", oi), (oi,))
+            if twins is None or not twins.compute(seg, oi, self.emit.mirror):
+                self._build_op(oi, seg)
         self.tables.count_all_rep_devices()
         for (p, o), users in self.ctx.users.items():
             check_cancel(cancel)
@@ -132,8 +134,9 @@ class TaskGraphBuilder:
         self.ctx.strategy = snap["strategy"]
         self.store.previous = snap["previous"]
 
-    def _build_op(self, oi: int) -> None:
-        seg = self.store.begin(("op", oi), (oi,))
+    def _build_op(self, oi: int, seg: Segment | None = None) -> None:
+        """Op ``oi``'s compute segment, into ``seg`` (begun for it, empty) or a new one."""
+        seg = seg if seg is not None else self.store.begin(("op", oi), (oi,))
         self.compute.build(seg, oi)
         self.schedule.edges(seg, oi, self.tables, self._barriers_of)
 
