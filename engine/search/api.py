@@ -33,7 +33,7 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..errors import Cancelled, TooLargeError
 from ..graph import OpGraph
-from ..strategy import Strategy
+from ..strategy import Strategy, validate_strategy
 
 __all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "whole_cost", "price_baselines", "SEARCH_MAX_TASKS",
            "stamp", "MCMCOptions", "AutoOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions",
@@ -192,8 +192,6 @@ def whole_cost(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostM
     symmetry and more than SEARCH_MAX_TASKS tasks), or its pricing is still running at
     ``deadline`` (a :func:`time.perf_counter` time: abandoned there, within a segment's or a
     loop chunk's work, so a time budget holds)."""
-    from ..strategy import validate_strategy
-
     if validate_strategy(strategy, graph, cluster):
         return None
     stop = None if deadline is None else (lambda: time.perf_counter() >= deadline)

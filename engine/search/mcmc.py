@@ -294,16 +294,16 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
     notes_start: list[str] = []
     start_prices: dict[str, Price] = {}
     build_s = 0.0  # the longest a starting simulation took to build (the polish builds one too)
-    editable = {}  # start -> whether a delta simulator of it is affordable
+    dp_editable = True  # (random starts need single-op moves: none where data parallel is too large to edit)
     for name, strategy in starts:
-        # (random starts need single-op moves: none where data parallel is too large to edit)
         if name.startswith("random-") and (budget.seconds is not None and time.perf_counter() - t0 >
-                                           setup_share * budget.seconds or not editable.get("data-parallel", True)):
+                                           setup_share * budget.seconds or not dp_editable):
             break
         t_build = time.perf_counter()
         try:
-            editable[name] = delta_affordable(graph, strategy, cluster)
-            if editable[name]:
+            editable = delta_affordable(graph, strategy, cluster)
+            dp_editable = dp_editable and (editable or name != "data-parallel")
+            if editable:
                 sim: DeltaSimulator | None = DeltaSimulator(graph, strategy, cluster, cost_model)
                 p = price_of_sim(sim, graph, cluster)
             else:
