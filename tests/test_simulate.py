@@ -213,6 +213,20 @@ def test_makespan_bounds(case):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case())
+def test_pred_lists_transpose_the_successor_lists(case):
+    """Every edge once, by target, each target's sources in increasing id (what a stable sort of
+    the edges by target gives)."""
+    g, s, c = case
+    tg = build_task_graph(g, s, c)
+    ptr, idx = tg.pred_lists()
+    src = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
+    assert ptr[0] == 0 and ptr[-1] == tg.succ_idx.size
+    assert np.array_equal(np.diff(ptr), np.bincount(tg.succ_idx, minlength=tg.num_tasks))
+    assert np.array_equal(idx, src[np.argsort(tg.succ_idx, kind="stable")])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case())
 def test_one_device_means_no_transfers(case):
     g, s, c = case
     one = Strategy({n: Config.single(0) for n in s.configs}, s.pipeline)
