@@ -131,6 +131,60 @@ class TestCoordinateDescent:
         assert r.evals == 0 and not r.finished and r.cost_s == priced(g, s, c)
 
 
+class TestOptions:
+    """The options MCMC's final polish uses (:func:`engine.search.mcmc.local_polish`)."""
+
+    @staticmethod
+    def no_memory():
+        """The tiny model on devices with 1 MiB each (less than its framework overhead): nothing fits."""
+        from engine.cluster import Cluster, DeviceType, NodeSpec
+
+        g, c = tiny()
+        t = DeviceType("toy", {"fp32": 1e12}, 1e11, 1 << 20)
+        return g, Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9,
+                                          repeat=1)], {"toy": t})
+
+    def test_with_the_memory_check_nothing_that_does_not_fit_is_taken(self):
+        g, c = self.no_memory()
+        s = data_parallel(g, c)
+        assert not price(g, s, c).feasible
+        r = coordinate_descent(g, c, s)
+        assert r.cost_s == float("inf") and r.improvements == []
+        assert r.strategy.to_dict()["ops"] == s.to_dict()["ops"]
+
+    def test_without_it_the_time_alone_is_minimised(self):
+        g, c = self.no_memory()
+        s = data_parallel(g, c)
+        r = coordinate_descent(g, c, s, check_memory=False)
+        assert r.finished and r.improvements
+        assert r.cost_s == price(g, r.strategy, c).time_s < price(g, s, c).time_s
+
+    def test_kinds_none_passes_every_kind_in_the_spaces_order(self):
+        """With one candidate: the first neighbour of the first kind that can move the start
+        (recomputation on the tiny model, where :data:`POLISH_KINDS` begins with ZeRO)."""
+        g, c = tiny()
+        s = data_parallel(g, c)
+        space = Space(g, c)
+        first = space.kinds(s)[0]
+        assert first != next(k for k in POLISH_KINDS if k in space.kinds(s))
+        cand = next(space.neighbours(s, first))
+        r = coordinate_descent(g, c, s, max_evals=1, kinds=None)
+        assert r.evals == 1 and r.cost_s == min(priced(g, s, c), priced(g, cand, c))
+
+    def test_a_start_too_large_for_delta_simulation_gets_the_global_pass_only(self, monkeypatch):
+        import engine.search.mcmc as M
+
+        monkeypatch.setattr(M, "delta_affordable", lambda *a: False)
+        g, c = tiny()
+        s = data_parallel(g, c)
+        space = Space(g, c)
+        r = coordinate_descent(g, c, s)
+        assert not r.finished  # (no claim of a local optimum: single-op moves were skipped)
+        assert r.cost_s <= priced(g, s, c)
+        most = sum(1 for k in POLISH_KINDS if k in space.kinds(s) for _ in space.neighbours(s, k))
+        assert 0 < r.evals <= most * (len(r.improvements) + 1)
+
+
 class TestInAuto:
     def test_auto_polishes_its_best_seed_and_says_so(self):
         g, c = resolve_model("alexnet"), preset("p100-4x4")

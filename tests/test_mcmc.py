@@ -97,7 +97,7 @@ def test_local_polish_never_makes_it_worse():
     g, c = tiny()
     s = data_parallel(g, c)
     _, tl = full(g, s, c)
-    best, cost, done = local_polish(g, c, s, tl.makespan_s)
+    best, cost, done = local_polish(g, c, s)
     assert done and cost <= tl.makespan_s
 
 

@@ -114,7 +114,7 @@ def test_local_optimality_under_every_move_kind():
     g, c = tiny_gpt(layers=2, batch=8), small_cluster(nodes=2, gpus=2)
     cost = CostModel()
     start = mcmc(g, c, Budget(iterations=80), seed=1, options=MCMCOptions(polish=False)).best
-    best, best_cost, done = local_polish(g, c, start, math.inf, cost)
+    best, best_cost, done = local_polish(g, c, start, cost)
     assert done
     assert best_cost == pytest.approx(price(g, best, c, cost).cost_s, rel=1e-9)
     sim = DeltaSimulator(g, best, c, cost)

@@ -14,7 +14,8 @@ the budget is spent in rungs, and after each rung the worse half of the chains i
 (successive halving, Jamieson & Talwalkar 2016), so that sampling many starting points costs
 little more than running the promising ones. The search stops when the budget (iterations or
 seconds) is spent or the best cost has not improved for half of it, and returns the best
-strategy seen, polished by a greedy pass over single-op changes so that none improves it.
+strategy seen, polished by greedy coordinate descent (:mod:`engine.search.polish`, the descent
+``auto`` runs too) so that no single-op change or global move improves it.
 
 Progress is one stream of :class:`Progress` rows that the CLI renders as a progress bar and
 the app as a live trace; the callback may return ``False`` to cancel, and the best strategy
@@ -40,6 +41,7 @@ from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult
                   price_baselines, stamp, whole_cost)
 from .baselines import data_parallel, expert
 from .moves import Space
+from .polish import coordinate_descent
 
 __all__ = ["mcmc", "candidate_configs", "random_config", "local_polish",
            # a chain's pieces, shared with the chains on a backend (engine.search.parallel)
@@ -412,9 +414,9 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
         # the polish gets as many evaluations as the search had proposals, or what is left of
         # the time budget (when that is more than building its simulation takes)
         holder = next((ch.sim for ch in live if ch.sim is not None and ch.sim.strategy is best), None)
-        best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, check_memory,
-                                                 max_evals=budget.iterations or 10**9, deadline=deadline,
-                                                 sim=holder, global_moves=kinds)
+        best, best_cost, polished = local_polish(graph, cluster, best, cost_model, check_memory,
+                                                 max_evals=budget.iterations, deadline=deadline, sim=holder,
+                                                 global_moves=kinds)
     elapsed = time.perf_counter() - t0
     trace.append(Progress(it, elapsed, best_cost, best_cost,
                           sum(ch.accepted for ch in live) / max(1, sum(ch.proposals for ch in live)), len(live)))
@@ -431,62 +433,15 @@ def mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int =
                         cancelled, locally_optimal=polished, algorithm="mcmc", best_time_s=final.time_s, notes=notes)
 
 
-def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost_s: float, cost: CostModel | None = None,
-                 check_memory: bool = True, max_evals: int = 10**9, deadline: float | None = None,
+def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None,
+                 check_memory: bool = True, max_evals: int | None = None, deadline: float | None = None,
                  sim: DeltaSimulator | None = None, global_moves: bool = True) -> tuple[Strategy, float, bool]:
-    """Greedy descent over every move kind: every candidate config (:func:`candidate_configs`)
-    of every op, then (with ``global_moves``) every move of every global kind
-    (:meth:`engine.search.moves.Space.neighbours`); keep any improvement, repeat until a full
-    round finds none (FlexFlow's local-optimality check, extended to the whole space).
-    ``sim``: a delta simulator already holding ``strategy`` (a chain's), reused instead of
-    building one. Single-op moves are skipped for a strategy whose full task graph would exceed
-    DELTA_MAX_TASKS. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
+    """MCMC's final polish: :func:`engine.search.polish.coordinate_descent` over every op's
+    candidate configs and (with ``global_moves``) every global kind that can move the strategy,
+    until a round improves nothing (FlexFlow's local-optimality check, extended to the whole
+    space) or the budget ends. ``sim``: a delta simulator already holding ``strategy`` (a
+    chain's), reused. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
     the ``deadline`` (a perf_counter time) came first, or single-op moves were skipped)."""
-    cost = cost or CostModel()
-    current = strategy
-    if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
-    best = _cost(sim, graph, cluster, check_memory) if sim is not None else \
-        whole_cost(graph, strategy, cluster, cost, check_memory)
-    best = math.inf if best is None else best
-    space = Space(graph, cluster) if global_moves else None
-    evals = 0
-
-    def spent() -> bool:
-        return evals >= max_evals or (deadline is not None and time.perf_counter() >= deadline)
-
-    partial = False  # single-op moves skipped somewhere (too large): no claim of local optimality
-    while True:
-        improved = False
-        partial = partial or sim is None
-        m = max(1, current.pipeline.microbatches)
-        for op in graph.ops if sim is not None else ():  # (single-op moves where a delta simulator is affordable)
-            for config in candidate_configs(op, cluster.num_devices, m):
-                if spent():
-                    return sim.strategy, best, False
-                if config == sim.strategy[op.name] or sim.check(op.name, config):
-                    continue
-                evals += 1
-                sim.change(op.name, config)
-                new = sim.timeline.makespan_s  # (memory checked only for an improvement)
-                if new < best * (1 - 1e-12) and _cost(sim, graph, cluster, check_memory) < math.inf:
-                    best, improved = new, True
-                    current = sim.strategy
-                else:
-                    sim.revert()
-        if improved:
-            continue
-        for kind in space.kinds(current) if space is not None else ():
-            for cand in space.neighbours(current, kind):
-                if spent():
-                    return current, best, False
-                evals += 1
-                new = whole_cost(graph, cand, cluster, cost, check_memory, deadline)
-                if new is not None and new < best * (1 - 1e-12):
-                    best, improved, current = new, True, cand
-                    sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) else None
-                    break
-            if improved:
-                break
-        if not improved:
-            return current, best, not partial
+    r = coordinate_descent(graph, cluster, strategy, cost, max_evals=max_evals, deadline=deadline, sim=sim,
+                           global_moves=global_moves, kinds=None, check_memory=check_memory)
+    return r.strategy, r.cost_s, r.finished

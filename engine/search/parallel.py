@@ -383,9 +383,8 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     polished = False
     deadline = None if budget.seconds is None else t0 + budget.seconds
     if opts.polish and not cancelled and (deadline is None or deadline - time.perf_counter() > 2 * round_s):
-        best, best_cost, polished = local_polish(graph, cluster, best, best_cost, cost_model, opts.check_memory,
-                                                 max_evals=budget.iterations or 10**9, deadline=deadline,
-                                                 global_moves=kinds)
+        best, best_cost, polished = local_polish(graph, cluster, best, cost_model, opts.check_memory,
+                                                 max_evals=budget.iterations, deadline=deadline, global_moves=kinds)
     elapsed = time.perf_counter() - t0
     accepted = sum(ch["accepted"] for ch in chains) / max(1, sum(ch["proposals"] for ch in chains))
     trace.append(Progress(it, elapsed, best_cost, best_cost, accepted, n))

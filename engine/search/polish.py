@@ -1,4 +1,5 @@
-"""Greedy coordinate descent over single-op configs: the polish ``auto`` runs on its best seed.
+"""Greedy coordinate descent over single-op configs: the polish ``auto`` runs on its best seed,
+and MCMC's final polish (:func:`engine.search.mcmc.local_polish`, with every global kind).
 
 For each op in turn, every candidate config of that op (:func:`engine.search.mcmc.candidate_configs`)
 is priced by delta simulation with the other ops held fixed, and the best of them is kept when it
@@ -10,9 +11,9 @@ rounds try only the candidates that span every device (one placement per degree 
 nothing, the rounds try every candidate. From PaSE's answer on AlexNet / ``p100-4x4`` that
 reaches 12.85 ms in 134 candidates (0.7 s) instead of 1,436 (5 s). Each round begins with a
 global pass over the move kinds with few neighbours (:data:`POLISH_KINDS`: a layer across a
-pipeline stage boundary, the schedule, ZeRO, the microbatches, recomputation), each candidate
-priced whole and the first that improves taken, as :func:`engine.search.mcmc.local_polish`
-does after its single-op rounds.
+pipeline stage boundary, the schedule, ZeRO, the microbatches, recomputation; MCMC's final polish
+passes every kind that can move the strategy), each candidate priced whole and the first that
+improves taken.
 
 Ops are visited heaviest first (:func:`visit_order`): the ops with the most parameters, then the
 rest in graph order. Whether an op's weights are worth replicating (data parallelism) or splitting
@@ -28,6 +29,7 @@ Deterministic: no random draws, so a number budget gives the same answer every t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -89,7 +91,8 @@ def visit_order(graph: OpGraph) -> list[str]:
 def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None, *,
                        max_evals: int | None = None, deadline: float | None = None,
                        sim: DeltaSimulator | None = None, tick: Callable[[PolishResult], bool] | None = None,
-                       global_moves: bool = True) -> PolishResult:
+                       global_moves: bool = True, kinds: tuple[str, ...] | None = POLISH_KINDS,
+                       check_memory: bool = True) -> PolishResult:
     """Greedy coordinate descent from ``strategy`` over each op's candidate configs.
 
     Parameters
@@ -104,17 +107,27 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         Called every 10 candidates with the result so far (its best strategy and cost, kept
         current); returning False stops.
     global_moves : bool
-        Begin each round with the global pass (:data:`POLISH_KINDS`).
+        Begin each round with the global pass.
+    kinds : tuple of str, optional
+        The global kinds that pass tries (:data:`POLISH_KINDS`; None: every kind that can move
+        the strategy, MCMC's final polish).
+    check_memory : bool
+        Keep only candidates that fit in memory (False: the simulated time alone, MCMC's
+        ``check_memory=False``; ``cost_s`` is then that time).
 
     Returns
     -------
     PolishResult
-        Never worse than ``strategy``: a candidate is kept only when it is strictly faster and fits.
+        Never worse than ``strategy``: a candidate is kept only when it is strictly faster (and
+        fits, with ``check_memory``).
 
     Notes
     -----
-    The caller checks that a delta simulator of ``strategy`` is affordable
-    (:func:`engine.search.mcmc.delta_affordable`); this builds one when ``sim`` is not given.
+    Single-op candidates are priced by delta simulation where a simulator of the current
+    strategy is affordable (:func:`engine.search.mcmc.delta_affordable`); elsewhere only the
+    global pass runs, each candidate priced whole, and ``finished`` is never claimed. A
+    candidate's time is compared first and its memory checked only when the time would keep
+    it (the same choices as pricing every candidate with its memory check, fewer checks).
     """
     from .api import whole_cost
     from .mcmc import candidate_configs, delta_affordable, price_of_sim
@@ -122,9 +135,17 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     t0 = time.perf_counter()
     cost = cost or CostModel()
     if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost)
-    best = price_of_sim(sim, graph, cluster).cost_s
-    out = PolishResult(sim.strategy, best)
+        sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
+
+    def fits(sim_: DeltaSimulator) -> bool:
+        return not check_memory or price_of_sim(sim_, graph, cluster).feasible
+
+    if sim is not None:
+        best = sim.timeline.makespan_s if fits(sim) else math.inf
+    else:
+        best = whole_cost(graph, strategy, cluster, cost, check_memory, deadline)
+        best = math.inf if best is None else best
+    out = PolishResult(strategy if sim is None else sim.strategy, best)
     order = visit_order(graph)
 
     def stop() -> bool:
@@ -136,11 +157,13 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     n = cluster.num_devices
     space = Space(graph, cluster) if global_moves else None
     wide = True  # the first rounds: only the candidates that span every device
+    partial = sim is None  # single-op moves skipped somewhere: no claim of a local optimum
     while True:
         out.rounds += 1
         improved = False
         # the global pass: per kind, the first neighbour that improves is taken, until none does
-        for kind in [k for k in POLISH_KINDS if space is not None and k in space.kinds(out.strategy)]:
+        here = space.kinds(out.strategy) if space is not None else []
+        for kind in [k for k in (here if kinds is None else kinds) if k in here]:
             moved = True
             while moved:
                 moved = False
@@ -148,11 +171,12 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                     if stop():
                         return out
                     out.evals += 1
-                    new = whole_cost(graph, cand, cluster, cost, True, deadline)
+                    new = whole_cost(graph, cand, cluster, cost, check_memory, deadline)
                     if new is not None and new < best * (1 - 1e-12):
                         best, improved, moved = new, True, True
                         sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
                             else None
+                        partial = partial or sim is None
                         out.strategy, out.cost_s = (cand if sim is None else sim.strategy), best
                         out.improvements.append((out.evals, time.perf_counter() - t0, best))
                         break
@@ -167,10 +191,10 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                     return _finish(out, sim, name, pick, pick_cost, best, t0)
                 out.evals += 1
                 sim.change(name, config)
-                new = price_of_sim(sim, graph, cluster).cost_s
-                sim.revert()
-                if new < pick_cost * (1 - 1e-12):
+                new = sim.timeline.makespan_s  # (memory checked only for a time that would be kept)
+                if new < pick_cost * (1 - 1e-12) and fits(sim):
                     pick, pick_cost = config, new
+                sim.revert()
             if pick is not None:
                 sim.change(name, pick)
                 sim.commit()
@@ -180,7 +204,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         if not improved and wide and sim is not None:
             wide = False
         elif not improved:
-            out.finished = sim is not None  # (no claim of a local optimum where single-op moves were skipped)
+            out.finished = not partial and sim is not None
             return out
 
 
