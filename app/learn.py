@@ -121,7 +121,8 @@ Five searches, one protocol (a budget, a seed, progress, a best strategy that fi
   recomputation, ZeRO, microbatches, the layer split between stages), re-simulates only what a
   one-op change touches (delta simulation), and accepts it with probability
   min(1, exp(β·(old − new))): better strategies always, worse ones sometimes, so it can leave
-  local optima. Several chains; at each rung the worse half is dropped (successive halving).
+  local optima. Several chains; at each rung the worse half is dropped (successive halving);
+  the best is polished by the same coordinate descent as auto's.
 * **pase**: PaSE's dynamic programming over a vertex ordering: the exact optimum of a cost that
   adds each op's time and each edge's re-layout (Elango, IPDPS'21); it estimates its time first
   and refuses a graph it cannot finish in the budget.
