@@ -9,6 +9,7 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS, Budget
 from engine.search.api import price
+from engine.search.auto import PolishSlices
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import candidate_configs
 from engine.search.moves import Space
@@ -183,6 +184,34 @@ class TestOptions:
         assert r.cost_s <= priced(g, s, c)
         most = sum(1 for k in POLISH_KINDS if k in space.kinds(s) for _ in space.neighbours(s, k))
         assert 0 < r.evals <= most * (len(r.improvements) + 1)
+
+
+class TestPolishSlices:
+    """auto's polish time under a time budget follows what pays (:class:`PolishSlices`)."""
+
+    def test_improving_every_slice_it_runs_to_the_cap_and_no_further(self):
+        c = PolishSlices(start=10.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        cost, now, went = 1.0, 10.0, []
+        while c.go_on(now, cost):
+            went.append(now)
+            now += 0.5
+            cost *= 0.99  # (faster at every step)
+        assert c.cap == 16.0 and now == 16.0 and went[-1] == 15.5
+
+    def test_a_slice_that_makes_nothing_faster_ends_it_at_its_end(self):
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert all(c.go_on(t, 1.0) for t in (0.0, 1.0, 1.99))
+        assert not c.go_on(2.0, 1.0)
+
+    def test_the_mark_moves_to_each_slices_start(self):
+        """A second slice must beat the best at its own start, not only the first slice's."""
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert c.go_on(2.0, 0.9) and c.end == 4.0
+        assert not c.go_on(4.0, 0.9)
+
+    def test_no_extension_when_the_most_is_the_first_share(self):
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.5, max_share=0.25)
+        assert c.cap == 4.0 and c.go_on(3.9, 0.5) and not c.go_on(4.0, 0.1)
 
 
 class TestInAuto:

@@ -28,8 +28,9 @@ quickest first, each in the slice :func:`seed_slice` gives it, and none is start
 time than one pricing took. A seed that ends without beating the best priced before it stops
 its family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
-takes at most :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in
-it). MCMC is not started when
+takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it), and
+further slices as long while each makes the best faster, up to :data:`POLISH_MAX_SHARE`
+(:class:`PolishSlices`: the time follows what pays). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
 would not fit in what is left; once running it is stopped at the first progress row from
 which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
@@ -81,6 +82,45 @@ SEED_FAMILY = {"pipeline": "pipeline", "differentiable": "pase", "pase": "pase"}
 #: polish on p100-4x4; on NMT a polished candidate costs ~0.1 s and with half MCMC fell 0.5%
 #: behind (72.04 ms against 71.66), with a quarter it reaches 71.66 again
 POLISH_SHARE = 0.25
+
+#: with a time budget, the most of what is left after the seeds that the polish takes when it
+#: keeps paying: past its first :data:`POLISH_SHARE` it gets another slice as long (then another)
+#: while the last slice made the best faster, up to this share; MCMC gets the rest. Measured at
+#: 15 s (issue 28): on RNNTC / p100-4x4 the descent from FlexFlow's expert strategy still finds
+#: faster strategies 12 s in (30.05 -> 29.09 ms), where auto's quarter stopped it at 30.0 ms and
+#: MCMC's 8 s from there found nothing
+POLISH_MAX_SHARE = 0.75
+
+
+class PolishSlices:
+    """The polish's time under a time budget, allocated by measured improvement: a first slice of
+    ``share`` x ``left_s`` from ``start``, then further slices of that length while the slice
+    before made the best strictly faster, never past ``max_share`` x ``left_s``.
+
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.slice_s, c.cap
+    (3.0, 9.0)
+    >>> c.go_on(2.9, 9.0), c.go_on(3.1, 9.0), c.end     # improved in the first slice: a second
+    (True, True, 6.0)
+    >>> c.go_on(6.2, 9.0)                                 # nothing better in the second: stop
+    False
+    """
+
+    def __init__(self, start: float, left_s: float, cost_s: float, share: float = POLISH_SHARE,
+                 max_share: float = POLISH_MAX_SHARE) -> None:
+        self.slice_s = share * left_s
+        self.end = start + self.slice_s
+        self.cap = start + max(share, max_share) * left_s
+        self.mark = cost_s  # the best when the current slice began
+
+    def go_on(self, now: float, cost_s: float) -> bool:
+        """Whether the polish goes on at ``now`` with its best at ``cost_s``."""
+        if now < self.end:
+            return True
+        if cost_s < self.mark * (1 - 1e-12) and self.end < self.cap:
+            self.mark, self.end = cost_s, min(self.end + self.slice_s, self.cap)
+            return now < self.end
+        return False
 
 
 def seed_slice(name: str, left_s: float, later: list[str]) -> float:
@@ -307,7 +347,8 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
 
     # greedy coordinate descent over single-op configs (engine.search.polish) from the best priced
     # so far, where it fits and a delta simulator of it is affordable; with a time budget it takes
-    # at most POLISH_SHARE of what is left, with a number budget that many candidates
+    # POLISH_SHARE of what is left and more slices while they pay (PolishSlices), with a number
+    # budget that many candidates
     from .mcmc import delta_affordable
 
     start_name, start = _best(found)
@@ -317,15 +358,18 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             delta_affordable(graph, start, cluster):
         stage[0] = "polish"
         t = time.perf_counter()
+        slices = None if left is None else PolishSlices(t, left, found[start_name][1].cost_s)
 
         def tick(r: PolishResult) -> bool:
             if r.cost_s < best_cost:
                 consider("polish", r.strategy, Price(r.cost_s, True))
+            if slices is not None and not slices.go_on(time.perf_counter(), r.cost_s):
+                return False  # (a slice that made nothing faster: MCMC gets the rest)
             return report(Progress(r.evals, 0.0, best_cost, best_cost, 0.0))
 
         try:
             pr = coordinate_descent(graph, cluster, start, cost_model, max_evals=budget.iterations,
-                                    deadline=None if left is None else t + POLISH_SHARE * left, tick=tick)
+                                    deadline=None if slices is None else slices.cap, tick=tick)
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
             notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
         else:
