@@ -86,7 +86,9 @@ def _pop3(hk, ht, hi, n):  # pragma: no cover
 def renumbered_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res,
                     tie):  # pragma: no cover
     """FIFO list scheduling as :func:`engine.simulate.dispatch`, ties broken by ``tie`` (the
-    original ids) instead of the ids of this numbering."""
+    original ids) instead of the ids of this numbering. (The engine's loop, written out again
+    with that one change: the measurement below decided against it, so the engine keeps one
+    loop and this variant lives only here.)"""
     n = dur.shape[0]
     start, end, ready, left, last, last_task, res_pred, order = loop_state(npred, n_res, n)
     hk = np.empty(n + 1)
