@@ -9,7 +9,7 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS, Budget
 from engine.search.api import price
-from engine.search.auto import PolishSlices
+from engine.search.polish import PolishSlices
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import candidate_configs
 from engine.search.moves import Space

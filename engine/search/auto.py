@@ -30,7 +30,7 @@ its family (the differentiable search and PaSE solve the same problem): the late
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
 takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it), and
 further slices as long while each makes the best faster, up to :data:`POLISH_MAX_SHARE`
-(:class:`PolishSlices`: the time follows what pays). MCMC is not started when
+(:class:`~engine.search.polish.PolishSlices`: the time follows what pays). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
 would not fit in what is left; once running it is stopped at the first progress row from
 which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
@@ -54,7 +54,7 @@ from ..layout import Layout, layer_blocks
 from ..moe import expert_counts
 from ..strategy import Strategy, strategy_from_dict
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
-from .polish import PolishResult, coordinate_descent
+from .polish import PolishResult, PolishSlices, coordinate_descent
 from .processes import die_with_parent
 from .seed_layouts import MOE_STATIC_SHARE, moe_seed_layouts
 
@@ -76,51 +76,18 @@ HARD_SHARE = 1.0
 #: it, the later ones of its family are not run (PaSE solves the differentiable search's problem)
 SEED_FAMILY = {"pipeline": "pipeline", "differentiable": "pase", "pase": "pase"}
 
-#: with a time budget, the most of what is left after the seeds that the polish (greedy
-#: coordinate descent, :mod:`engine.search.polish`) takes before MCMC; it stops earlier at a
+#: with a time budget, the share of what is left after the seeds that the polish (greedy
+#: coordinate descent, :mod:`engine.search.polish`) takes first; it stops earlier at a
 #: local optimum. Measured at 15 s (issue 28): AlexNet reaches MCMC's 150 s answer within 1 s of
 #: polish on p100-4x4; on NMT a polished candidate costs ~0.1 s and with half MCMC fell 0.5%
 #: behind (72.04 ms against 71.66), with a quarter it reaches 71.66 again
 POLISH_SHARE = 0.25
 
-#: with a time budget, the most of what is left after the seeds that the polish takes when it
-#: keeps paying: past its first :data:`POLISH_SHARE` it gets another slice as long (then another)
-#: while the last slice made the best faster, up to this share; MCMC gets the rest. Measured at
-#: 15 s (issue 28): on RNNTC / p100-4x4 the descent from FlexFlow's expert strategy still finds
-#: faster strategies 12 s in (30.05 -> 29.09 ms), where auto's quarter stopped it at 30.0 ms and
-#: MCMC's 8 s from there found nothing
+#: with a time budget, the most of what is left after the seeds that the polish takes while each
+#: further slice as long as its first share makes the best faster (:class:`PolishSlices`); MCMC
+#: gets the rest. On RNNTC / p100-4x4 (issue 28) the descent from FlexFlow's expert strategy finds
+#: faster strategies 9-12 s in, where a quarter stopped it at 30.0 ms and MCMC found nothing more
 POLISH_MAX_SHARE = 0.75
-
-
-class PolishSlices:
-    """The polish's time under a time budget, allocated by measured improvement: a first slice of
-    ``share`` x ``left_s`` from ``start``, then further slices of that length while the slice
-    before made the best strictly faster, never past ``max_share`` x ``left_s``.
-
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.slice_s, c.cap
-    (3.0, 9.0)
-    >>> c.go_on(2.9, 9.0), c.go_on(3.1, 9.0), c.end     # improved in the first slice: a second
-    (True, True, 6.0)
-    >>> c.go_on(6.2, 9.0)                                 # nothing better in the second: stop
-    False
-    """
-
-    def __init__(self, start: float, left_s: float, cost_s: float, share: float = POLISH_SHARE,
-                 max_share: float = POLISH_MAX_SHARE) -> None:
-        self.slice_s = share * left_s
-        self.end = start + self.slice_s
-        self.cap = start + max(share, max_share) * left_s
-        self.mark = cost_s  # the best when the current slice began
-
-    def go_on(self, now: float, cost_s: float) -> bool:
-        """Whether the polish goes on at ``now`` with its best at ``cost_s``."""
-        if now < self.end:
-            return True
-        if cost_s < self.mark * (1 - 1e-12) and self.end < self.cap:
-            self.mark, self.end = cost_s, min(self.end + self.slice_s, self.cap)
-            return now < self.end
-        return False
 
 
 def seed_slice(name: str, left_s: float, later: list[str]) -> float:
@@ -358,7 +325,8 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
             delta_affordable(graph, start, cluster):
         stage[0] = "polish"
         t = time.perf_counter()
-        slices = None if left is None else PolishSlices(t, left, found[start_name][1].cost_s)
+        slices = None if left is None else PolishSlices(t, left, found[start_name][1].cost_s, POLISH_SHARE,
+                                                        POLISH_MAX_SHARE)
 
         def tick(r: PolishResult) -> bool:
             if r.cost_s < best_cost:

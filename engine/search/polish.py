@@ -41,7 +41,7 @@ from ..graph import OpGraph
 from ..strategy import Strategy
 from .moves import Space
 
-__all__ = ["PolishResult", "coordinate_descent", "visit_order", "POLISH_KINDS"]
+__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "visit_order", "POLISH_KINDS"]
 
 #: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
 #: configs: those with a handful of neighbours (a layer across a stage boundary, GPipe or 1F1B,
@@ -71,6 +71,36 @@ class PolishResult:
     rounds: int = 0
     finished: bool = False
     improvements: list[tuple[int, float, float]] = field(default_factory=list)
+
+
+class PolishSlices:
+    """The polish's time under a time budget, allocated by measured improvement: a first slice of
+    ``share`` x ``left_s`` from ``start``, then further slices of that length while the slice
+    before made the best strictly faster, never past ``max_share`` x ``left_s``.
+
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.slice_s, c.cap
+    (3.0, 9.0)
+    >>> c.go_on(2.9, 9.0), c.go_on(3.1, 9.0), c.end     # improved in the first slice: a second
+    (True, True, 6.0)
+    >>> c.go_on(6.2, 9.0)                                 # nothing better in the second: stop
+    False
+    """
+
+    def __init__(self, start: float, left_s: float, cost_s: float, share: float, max_share: float) -> None:
+        self.slice_s = share * left_s
+        self.end = start + self.slice_s
+        self.cap = start + max(share, max_share) * left_s
+        self.mark = cost_s  # the best when the current slice began
+
+    def go_on(self, now: float, cost_s: float) -> bool:
+        """Whether the polish goes on at ``now`` with its best at ``cost_s``."""
+        if now < self.end:
+            return True
+        if cost_s < self.mark * (1 - 1e-12) and self.end < self.cap:
+            self.mark, self.end = cost_s, min(self.end + self.slice_s, self.cap)
+            return now < self.end
+        return False
 
 
 def visit_order(graph: OpGraph) -> list[str]:
