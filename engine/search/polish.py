@@ -234,7 +234,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         if not improved and wide and sim is not None:
             wide = False
         elif not improved:
-            out.finished = not partial and sim is not None
+            out.finished = not partial  # (partial whenever a strategy was left without a delta simulator)
             return out
 
 
