@@ -17,11 +17,12 @@ from engine.graph import OpGraph
 from engine.simulate import Timeline
 from engine.strategy import Strategy
 from engine.device_runs import device_runs
+from engine.idle import device_gaps
 from engine.taskgraph import BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "PHASE_NAMES", "A2A_LABEL", "a2a_roles", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
+__all__ = ["gantt_data", "merge_bars", "gap_before", "by_row_then_start", "PHASE_NAMES", "A2A_LABEL", "a2a_roles", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
            "MAX_GPU_ROWS"]
 
 MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
@@ -35,17 +36,50 @@ _A2A = COLL_INDEX["all_to_all"]
 # --------------------------------------------------------------------------- Gantt
 
 
-def _merge(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
+def gap_before(row: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """[task] (sorted by row, then start) the gap from the previous task on its row to its
+    start (inf for the first task of a row)."""
+    g = np.full(start.size, np.inf)
+    if start.size > 1:
+        g[1:] = np.where(row[1:] != row[:-1], np.inf, start[1:] - end[:-1])
+    return g
+
+
+def merge_bars(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float,
+           gap: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Bars of tasks (sorted by row, then start) merged where the gap to the previous task on
-    the row is at most ``eps``: (first index of each bar, start, end, tasks per bar)."""
+    the row (``gap``: :func:`gap_before`) is at most ``eps`` (negative: none merged): (first
+    index of each bar, start, end, tasks per bar)."""
     if start.size == 0:
         z = np.zeros(0)
         return np.zeros(0, np.int64), z, z, np.zeros(0, np.int64)
-    new = np.ones(start.size, bool)
-    if eps >= 0:
-        new[1:] = (row[1:] != row[:-1]) | (start[1:] - end[:-1] > eps)
-    idx = np.flatnonzero(new)
+    if eps < 0:
+        idx = np.arange(start.size)
+        return idx, start.copy(), end.copy(), np.ones(start.size, np.int64)
+    idx = np.flatnonzero((gap if gap is not None else gap_before(row, start, end)) > eps)
     return idx, np.minimum.reduceat(start, idx), np.maximum.reduceat(end, idx), np.diff(np.append(idx, start.size))
+
+
+def by_row_then_start(tasks: np.ndarray, row: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``tasks`` (one bar each, on row ``row[task]``) ordered by row, then start, ties by task
+    id: (tasks, their rows). Given in the event loop's dispatch order, a stable sort by row is
+    enough where each row's starts then rise strictly, as on a GPU's or a link's row (a
+    resource held by one task at a time, served first come, first served): a sort by a small
+    integer instead of a lexicographic one (~50 ms of a 1.1 M-task plan's timeline). Else the
+    lexicographic sort."""
+    r = row[tasks]
+    if tasks.size > 1:
+        o = np.argsort(r.astype(np.int16) if r.max() < 2 ** 15 else r, kind="stable")
+        t, r = tasks[o], r[o]
+        s = start[t]
+        same = r[1:] == r[:-1]
+        if np.all(s[1:][same] > s[:-1][same]):
+            return t, r
+        tasks = np.sort(tasks)
+        r = row[tasks]
+        o = np.lexsort((start[tasks], r))
+        tasks, r = tasks[o], r[o]
+    return tasks, r
 
 
 #: how the timeline's GPU rows are grouped (``auto``: each GPU up to 16 rows, else by stage
@@ -115,9 +149,8 @@ def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: 
         rows = "gpu" if dev_used.size <= 16 else ("stage" if stage_of_device is not None else "node")
     if rows == "stage" and stage_of_device is None:
         rows = "node"
-    busy = np.zeros(n)  # compute seconds per simulated GPU
     comp = (tg.kind == FWD) | (tg.kind == BWD)
-    np.add.at(busy, tg.device[comp], tg.dur_s[comp])
+    busy = np.bincount(tg.device[comp], weights=tg.dur_s[comp], minlength=n)  # compute seconds per simulated GPU
     busy_all = np.where(image >= 0, busy[np.maximum(image, 0)], 0.0)
     filt = parse_row_filter(row_filter)
 
@@ -196,7 +229,7 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     t0, t1 = window if window else (0.0, makespan)
     names = [op.name for op in graph.ops]
     kind = tg.kind
-    dev_used = np.unique(tg.device[(kind == FWD) | (kind == BWD)])
+    dev_used = np.flatnonzero(np.bincount(tg.device[(kind == FWD) | (kind == BWD)], minlength=tg.n_devices))
     shown, gpu_labels, grouping = _row_plan(timeline, cluster, dev_used, rows, stage_of_device, row_filter)
     image = tg.info.get("device_image")
     gpus_in_plan = int(np.count_nonzero(image >= 0)) if image is not None else int(dev_used.size)
@@ -226,42 +259,45 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     hop = kind == XFER
     row[hop] = link_row[tg.link[hop]]
     # collectives: a bar on the collectives row of every device that takes part, so the
-    # task list below is (task, row) pairs: each other task once, a collective per device
-    pair_task = np.flatnonzero(row >= 0)
-    pair_row = row[pair_task]
+    # bars below are of (task, row) pairs: each other task once, a collective per device
+    visible = (end >= t0) & (start <= t1) & (end > start)  # [task] in the window, not empty
+    drawn = (row >= 0) & visible
+    ct, cr = np.zeros(0, np.int64), np.zeros(0, np.int64)  # the collectives' pairs
     coll_devs = tg.info.get("coll_devices")
     if coll_devs is not None:
         ptr, idx, tasks = coll_devs
         if tasks.size:
             ct = np.repeat(tasks, np.diff(ptr))
             cr = dev_row[idx]
-            ok = cr >= 0
-            pair_task = np.concatenate([pair_task, ct[ok]])
-            pair_row = np.concatenate([pair_row, cr[ok] + 1])
-    vis = (end[pair_task] >= t0) & (start[pair_task] <= t1) & (end[pair_task] > start[pair_task])
-    pair_task, pair_row = pair_task[vis], pair_row[vis]
-    ids = np.arange(pair_task.size)  # pair index
+            ok = (cr >= 0) & visible[ct]
+            ct, cr = ct[ok], cr[ok] + 1
+    in_view = int(np.count_nonzero(drawn)) + ct.size
     eps = -1.0
-    if ids.size > max_bars:
+    if in_view > max_bars:
         eps = (t1 - t0) / 1500
     per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
-    a2a = (kind[pair_task] == COLL) & (tg.coll[pair_task] == _A2A)
+    in_order = timeline.order[drawn[timeline.order]]  # (the drawn tasks in dispatch order)
+    kind_in_order = kind[in_order]
+    a2a = tg.coll[ct] == _A2A
     for k, label in list(PHASE_NAMES.items()) + [(COLL, A2A_LABEL)]:
-        sel = ids[(kind[pair_task] == k) & (a2a if label == A2A_LABEL else ~a2a)]
-        if sel.size:
-            t, r = pair_task[sel], pair_row[sel]
+        if k == COLL:
+            sel = a2a if label == A2A_LABEL else ~a2a
+            t, r = ct[sel], cr[sel]
             o = np.lexsort((start[t], r))
-            per_kind[label] = (t[o], r[o])
-    bars: dict[str, dict[str, Any]] = {}
-    while True:
-        bars, total = {}, 0
-        for label, (t, r) in per_kind.items():
-            first, b_start, b_end, count = _merge(r, start[t], end[t], eps)
-            bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
-            total += first.size
-        if total <= max_bars or eps < 0 or eps > (t1 - t0):
+            t, r = t[o], r[o]
+        else:
+            t, r = by_row_then_start(in_order[kind_in_order == k], row, start)
+        if t.size:
+            per_kind[label] = (t, r, gap_before(r, start[t], end[t]))
+    while eps >= 0:  # (the merge's bar count at each width, without merging)
+        total = sum(int(np.count_nonzero(g > eps)) for _, _, g in per_kind.values())
+        if total <= max_bars or eps > (t1 - t0):
             break  # (past the window's width every row and kind is one bar already)
         eps *= 2
+    bars: dict[str, dict[str, Any]] = {}
+    for label, (t, r, g) in per_kind.items():
+        first, b_start, b_end, count = merge_bars(r, start[t], end[t], eps, g)
+        bars[label] = {"task": t[first], "start": b_start, "end": b_end, "row": r[first], "count": count}
     for label, b in bars.items():
         b["text"] = _task_texts(tg, names, b["task"], b["count"], b["start"], b["end"])
         if label == A2A_LABEL:  # (which of the four: dispatch or combine, forward or backward)
@@ -271,7 +307,7 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     overlays = {}
     crit = timeline.critical_tasks
     first_row = np.full(tg.num_tasks, -1, np.int64)
-    first_row[pair_task[::-1]] = pair_row[::-1]  # a collective's first device's row
+    first_row[ct[::-1]] = cr[::-1]  # a collective's first device's row
     row = np.where(row >= 0, row, first_row)
     crit = crit[(row[crit] >= 0) & (end[crit] > start[crit])]
     overlays["critical path"] = crit
@@ -287,22 +323,22 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             # by one it made a 22 MB figure the browser took minutes to draw)
             o = np.lexsort((start[t], row[t]))
             t = t[o]
-            first, b_start, b_end, count = _merge(row[t], start[t], end[t], eps)
+            first, b_start, b_end, count = merge_bars(row[t], start[t], end[t], eps)
             over[name] = {"start": b_start, "end": b_end, "row": row[t][first],
                           "text": _task_texts(tg, names, t[first], count, b_start, b_end)}
         else:
             over[name] = {"start": start[t], "end": end[t], "row": row[t],
                           "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
-    bubble = _bubble(tg, start, end, dev_row, shown, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
+    bubble = _bubble(timeline, dev_row, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
             "bubble": bubble,
-            "merged": eps >= 0, "tasks_in_view": int(ids.size), "rows": grouping,
+            "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,
             "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
             "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
 
 
-def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: np.ndarray,
-            pipeline: tuple[int, int, int], t0: float, t1: float) -> dict[str, Any]:
+def _bubble(timeline: Timeline, dev_row: np.ndarray, pipeline: tuple[int, int, int], t0: float,
+            t1: float) -> dict[str, Any]:
     """The pipeline bubble on each shown GPU row: the gaps in its forward/backward work between
     the iteration's start and the last backward task of any GPU (the gaps of at least 0.5% of
     that span drawn), the measured idle share (mean over every GPU of the plan, mirrored ones
@@ -312,46 +348,28 @@ def _bubble(tg, start: np.ndarray, end: np.ndarray, dev_row: np.ndarray, shown: 
     time = (p-1)/m, divided by v under the interleaved schedule)."""
     p, m, v = (int(x) for x in pipeline)
     formula = (p - 1) / (v * m + p - 1)
-    comp = np.flatnonzero((tg.kind == FWD) | (tg.kind == BWD))
-    span = float(end[comp].max()) if comp.size else 0.0
+    g = device_gaps(timeline, 0.005)  # (one pass over the dispatch order: engine/idle.py)
+    span = g.span_s
     out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
            "beyond": 0.0, "busy_spread": 0.0,
            "start": np.zeros(0), "end": np.zeros(0), "row": np.zeros(0, np.int64)}
     if span <= 0:
         return out
-    dev = tg.device[comp]
-    by_dev = np.argsort(dev, kind="stable")  # [task] grouped by device, then each group by start:
-    cut = np.flatnonzero(np.diff(dev[by_dev])) + 1  # (per-group sorts: cheaper than one lexsort)
-    groups = np.split(by_dev, cut)
-    t = np.concatenate([comp[g][np.argsort(start[comp[g]], kind="stable")] for g in groups])
-    d = tg.device[t]
-    devs = np.array([tg.device[comp[g[0]]] for g in groups], np.int64)
-    rank = np.repeat(np.arange(devs.size), [g.size for g in groups])
-    # each device's covered time so far: a running max of ends that never crosses devices
-    # (offset by the device's rank times more than the span, so earlier devices stay below)
-    off = rank * (2.0 * span + 1.0)
-    covered = np.maximum.accumulate(end[t] + off) - off
-    first = np.r_[True, d[1:] != d[:-1]]
-    last = np.r_[d[1:] != d[:-1], True]
-    prev_end = np.where(first, 0.0, np.r_[0.0, covered[:-1]])  # [task] idle from here ...
-    gap = start[t] - prev_end  # ... to its start: from 0 to a device's first task, between runs
-    tail_s = covered[last]  # [device] idle from its last task to the span's end
-    idle = np.bincount(rank, weights=np.where(gap > 0, gap, 0.0), minlength=devs.size) + \
-        np.maximum(span - tail_s, 0.0)
+    tg = timeline.tasks
     image = tg.info.get("device_image")
     alike = np.bincount(image[image >= 0], minlength=tg.n_devices) if image is not None else None
-    weights = alike[devs].astype(np.float64) if alike is not None else np.ones(devs.size)  # GPUs each stands for
-    out["measured"] = float(np.average(idle / span, weights=weights))
+    weights = alike[g.devices].astype(np.float64) if alike is not None else np.ones(g.devices.size)  # GPUs each stands for
+    out["measured"] = float(np.average(g.idle_s / span, weights=weights))
     # what idles beyond the schedule's bubble: stages that compute unequal amounts (measured as
     # the spread of the GPUs' busy compute time) and waits for transfers
     out["beyond"] = max(out["measured"] - formula, 0.0)
-    busy = np.bincount(rank, weights=(end[t] - start[t]), minlength=devs.size)
+    busy = g.busy_s
     out["busy_spread"] = float(busy.max() / busy.min() - 1.0) if busy.size and busy.min() > 0 else 0.0
-    big = (gap > 0.005 * span) & (dev_row[d] >= 0)
-    tail = (span - tail_s > 0.005 * span) & (dev_row[devs] >= 0)
-    gs = np.concatenate([prev_end[big], tail_s[tail]])
-    ge = np.concatenate([start[t][big], np.full(int(tail.sum()), span)])
-    gr = np.concatenate([dev_row[d][big], dev_row[devs][tail]]).astype(np.int64)
+    big = dev_row[g.gap_device] >= 0  # (the gaps of at least 0.5% of the span, on the rows shown)
+    tail = (span - g.last_end_s > 0.005 * span) & (dev_row[g.devices] >= 0)
+    gs = np.concatenate([g.gap_from_s[big], g.last_end_s[tail]])
+    ge = np.concatenate([g.gap_to_s[big], np.full(int(tail.sum()), span)])
+    gr = np.concatenate([dev_row[g.gap_device][big], dev_row[g.devices][tail]]).astype(np.int64)
     vis = (ge >= t0) & (gs <= t1)
     out.update(start=gs[vis], end=ge[vis], row=gr[vis])
     return out
