@@ -94,28 +94,32 @@ def _common_axes(graph: OpGraph, strategy: Strategy, axes, factors: bool) -> Sym
     # see a shift) and a dim order share the strides (a baseline's 3,030 ops have a handful of
     # configs: reading each op's 16,384 devices took 1.4 s; a Megatron layout's 2,410 ops of
     # GPT-3 have one config object each, and 13 distinct ones)
-    seen: dict[tuple, tuple[dict, dict]] = {}
+    seen: dict[tuple, tuple[dict, dict, frozenset]] = {}
     by_id: dict[int, tuple] = {}
+    shapes: dict[int, bytes] = {}  # id(device tuple) -> its devices less the first (tuples are shared)
     for op in graph.ops:
         cfg = strategy.configs[op.name]
         code = by_id.get(id(cfg))
         if code is None:
-            devs = np.asarray(cfg.devices, np.int64)
-            code = by_id[id(cfg)] = (tuple(cfg.degrees.items()), (devs - devs.min()).tobytes() if devs.size else b"")
+            shape = shapes.get(id(cfg.devices))
+            if shape is None:
+                devs = np.asarray(cfg.devices, np.int64)
+                shape = shapes[id(cfg.devices)] = (devs - devs.min()).tobytes() if devs.size else b""
+            code = by_id[id(cfg)] = (tuple(cfg.degrees.items()), shape)
         key = (code, tuple(d.name for d in op.dims), op.kind)
         st = seen.get(key)
         if st is None:
             direct = _with_nested(op, dim_strides(op, cfg))
-            st = seen[key] = (direct, _factors(direct) if factors else {})
-        per_op[op.name] = st
-        direct, fac = st
-        listed = list(direct.values()) + [a for pairs in fac.values() for pair in pairs for a in pair]
-        found = {a for a in listed if listed.count(a) == 1}
-        if axes is not None:
-            found &= set(axes)
-        common = found if common is None else common & found
-        if not common:
-            return None
+            fac = _factors(direct) if factors else {}
+            listed = list(direct.values()) + [a for pairs in fac.values() for pair in pairs for a in pair]
+            found = {a for a in listed if listed.count(a) == 1}
+            if axes is not None:
+                found &= set(axes)
+            st = seen[key] = (direct, fac, frozenset(found))
+            common = set(found) if common is None else common & found
+            if not common:
+                return None
+        per_op[op.name] = st[:2]
     if not common:
         return None
     for d, st in list(common):  # an axis common whole, not as its factors
