@@ -81,3 +81,37 @@ def test_change_revert_commit_equal_a_full_simulation(sequence_parallel, cp):
     assert sim.strategy[a] == ca and sim.strategy[b] == cb
     assert_equals_full_simulation(sim)
 
+
+
+@pytest.mark.parametrize("model, cluster", [("alexnet", "p100-4x4"), ("rnntc", "p100-4x4")])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_segments_made_again_for_the_same_configs_are_put_back(model, cluster, seed):
+    """A random walk over two neighbouring ops and three configs each, changes kept or undone
+    at random: the same (op, config) comes back many times, with its neighbour's config the same
+    (the kept segment is put back) or not (made again). Every step equals a full build and
+    simulation, array for array."""
+    g, c = resolve_model(model), preset(cluster)
+    from engine.search.baselines import data_parallel
+    sim = DeltaSimulator(g, data_parallel(g, c), c)
+    rng = random.Random(seed)
+    ops = [op for op in g.ops if op.kind != "input" and op.inputs]
+    b = rng.choice(ops)
+    a = g.ops[g.index[b.inputs[0].op]]  # b reads a's output: their tensor's segment reads both
+    pool = {}
+    for op in (a, b):
+        pool[op.name] = [sim.strategy[op.name]]
+        while len(pool[op.name]) < 3:
+            config = random_config(op, c.num_devices, rng)
+            if config not in pool[op.name] and not sim.check(op.name, config):
+                pool[op.name].append(config)
+    for _ in range(14):
+        name = rng.choice([a.name, b.name])
+        config = rng.choice([x for x in pool[name] if x != sim.strategy[name]])
+        sim.change(name, config)
+        assert_equals_full_simulation(sim)
+        if rng.random() < 0.5:
+            sim.commit()
+        else:
+            sim.revert()
+            assert_equals_full_simulation(sim)
+    assert sim._builder.reused > 0, "the walk never met a kept segment"

@@ -188,13 +188,26 @@ class Op:
         """Shapes of one partition's inputs, outputs and parameters under ``degrees``.
 
         Every degree must divide its dim's size (checked by strategy validation; here a
-        ``ValueError`` is raised).
+        ``ValueError`` is raised). Computed once per op and degrees (an op never changes;
+        a search asks for the same few configs of an op over and over: delta simulation of
+        one RNN op's change read its parameter unit's 40 ops' shapes each time).
         """
+        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
+        hit = self._partitions.get(key)
+        if hit is None:
+            hit = self._partitions[key] = self._partition_shapes(key)
+        ins, outs, params, _ = hit
+        return list(ins), list(outs), list(params)
+
+    @cached_property
+    def _partitions(self) -> dict[tuple[int, ...], tuple]:
+        return {}
+
+    def _partition_shapes(self, key: tuple[int, ...]) -> tuple:
         ins = [list(t.shape) for t in self.in_tensors]
         outs = [list(t.shape) for t in self.out_tensors]
         params = [list(p.shape) for p in self.params]
-        for d in self.dims:
-            deg = int(degrees.get(d.name, 1))
+        for d, deg in zip(self.dims, key):
             if deg == 1 or d.is_replica:
                 continue
             why = d.degree_problem(deg)
@@ -209,13 +222,18 @@ class Op:
             for i, ax in enumerate(d.param_axes):
                 if ax is not None:
                     params[i][ax] //= deg
-        return [tuple(s) for s in ins], [tuple(s) for s in outs], [tuple(s) for s in params]
+        params_t = tuple(tuple(s) for s in params)
+        return (tuple(tuple(s) for s in ins), tuple(tuple(s) for s in outs), params_t,
+                float(sum(math.prod(s) for s in params_t)))
 
     def partition_param_elements(self, degrees: Mapping[str, int]) -> float:
         """Parameter elements one partition holds under ``degrees`` (all its parameter
         tensors; a shared ``param_group`` is counted by each op that holds it)."""
-        _, _, params = self.partition_shapes(degrees)
-        return float(sum(math.prod(s) for s in params))
+        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
+        hit = self._partitions.get(key)
+        if hit is None:
+            hit = self._partitions[key] = self._partition_shapes(key)
+        return hit[3]
 
     def partition_flops(self, degrees: Mapping[str, int]) -> tuple[float, float]:
         """(forward, backward) FLOPs of one partition, from the op's formula on its shapes."""

@@ -48,6 +48,11 @@ class SegmentStore:
         self.set_refs(key, set(refs))
         return seg
 
+    def put(self, key: tuple, seg: Segment, refs: set[int]) -> None:
+        """Put back a segment made before for ``key`` (it keeps its slot), reading ``refs``."""
+        self.segments[key] = seg
+        self.set_refs(key, refs)
+
     def set_refs(self, key: tuple, refs: set[int]) -> None:
         for o in self.refs.get(key, ()):
             self.readers[o].discard(key)

@@ -99,16 +99,24 @@ class OpTables:
 
     def snapshot(self, oi: int) -> dict[str, Any]:
         """Op ``oi``'s rows and the device counts, for :meth:`restore`."""
-        return {"rows": {name: getattr(self, name).get(oi) for name in self._PER_OP},
+        return {"rows": self.rows(oi),
                 "rep_devices": set(self.rep_devices), "rep_devs_of": self._rep_devs_of[oi]}
 
-    def restore(self, oi: int, saved: dict[str, Any]) -> None:
-        for name, value in saved["rows"].items():
+    def rows(self, oi: int) -> dict[str, Any]:
+        """Op ``oi``'s rows of every per-op table (what its compute segment publishes)."""
+        return {name: getattr(self, name).get(oi) for name in self._PER_OP}
+
+    def set_rows(self, oi: int, rows: dict[str, Any]) -> None:
+        """Put back rows :meth:`rows` returned (the device counts are :meth:`count_rep_devices`')."""
+        for name, value in rows.items():
             table = getattr(self, name)
             if value is None:
                 table.pop(oi, None)
             else:
                 table[oi] = value
+
+    def restore(self, oi: int, saved: dict[str, Any]) -> None:
+        self.set_rows(oi, saved["rows"])
         self._rep_count[self._rep_devs_of[oi]] -= 1
         self._rep_count[saved["rep_devs_of"]] += 1
         self._rep_devs_of[oi] = saved["rep_devs_of"]
