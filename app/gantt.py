@@ -276,7 +276,8 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     if in_view > max_bars:
         eps = (t1 - t0) / 1500
     per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
-    in_order = timeline.order[drawn[timeline.order]]  # (the drawn tasks in dispatch order)
+    order = timeline.order if timeline.order.size == tg.num_tasks else np.arange(tg.num_tasks)
+    in_order = order[drawn[order]]  # (the drawn tasks in dispatch order)
     kind_in_order = kind[in_order]
     a2a = tg.coll[ct] == _A2A
     for k, label in list(PHASE_NAMES.items()) + [(COLL, A2A_LABEL)]:

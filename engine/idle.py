@@ -107,7 +107,9 @@ def device_gaps(timeline: Timeline, min_gap_share: float = 0.005) -> DeviceGaps:
     # a GPU's long gaps are disjoint spans within the span: fewer than span / min_gap each
     room = tg.num_tasks if min_gap <= 0 else min(tg.num_tasks, tg.n_devices * (int(1 / min_gap_share) + 1))
     args = (kind, device, timeline.start_s, timeline.end_s, tg.n_devices, min_gap, room)
-    covered, idle, busy, has, gd, gf, gt, ok = _gaps(np.ascontiguousarray(timeline.order, np.int64), *args)
+    ok = timeline.order.size == tg.num_tasks
+    if ok:
+        covered, idle, busy, has, gd, gf, gt, ok = _gaps(np.ascontiguousarray(timeline.order, np.int64), *args)
     if not ok:  # (not the event loop's order: read by start; ties by task id)
         covered, idle, busy, has, gd, gf, gt, ok = _gaps(np.argsort(timeline.start_s, kind="stable"), *args)
     devs = np.flatnonzero(has)
