@@ -46,7 +46,7 @@ def gap_before(row: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
 
 
 def merge_bars(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float,
-           gap: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+               gap: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Bars of tasks (sorted by row, then start) merged where the gap to the previous task on
     the row (``gap``: :func:`gap_before`) is at most ``eps`` (negative: none merged): (first
     index of each bar, start, end, tasks per bar)."""
@@ -81,6 +81,9 @@ def by_row_then_start(tasks: np.ndarray, row: np.ndarray, start: np.ndarray) -> 
         tasks, r = tasks[o], r[o]
     return tasks, r
 
+
+#: the bubble's gaps drawn: those longer than this share of the span
+BUBBLE_MIN_GAP = 0.005
 
 #: how the timeline's GPU rows are grouped (``auto``: each GPU up to 16 rows, else by stage
 #: when pipelined, else by node)
@@ -349,7 +352,7 @@ def _bubble(timeline: Timeline, dev_row: np.ndarray, pipeline: tuple[int, int, i
     time = (p-1)/m, divided by v under the interleaved schedule)."""
     p, m, v = (int(x) for x in pipeline)
     formula = (p - 1) / (v * m + p - 1)
-    g = device_gaps(timeline, 0.005)  # (one pass over the dispatch order: engine/idle.py)
+    g = device_gaps(timeline, BUBBLE_MIN_GAP)  # (one pass over the dispatch order: engine/idle.py)
     span = g.span_s
     out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
            "beyond": 0.0, "busy_spread": 0.0,
@@ -366,8 +369,8 @@ def _bubble(timeline: Timeline, dev_row: np.ndarray, pipeline: tuple[int, int, i
     out["beyond"] = max(out["measured"] - formula, 0.0)
     busy = g.busy_s
     out["busy_spread"] = float(busy.max() / busy.min() - 1.0) if busy.size and busy.min() > 0 else 0.0
-    big = dev_row[g.gap_device] >= 0  # (the gaps of at least 0.5% of the span, on the rows shown)
-    tail = (span - g.last_end_s > 0.005 * span) & (dev_row[g.devices] >= 0)
+    big = dev_row[g.gap_device] >= 0  # (the long gaps, on the rows shown)
+    tail = (span - g.last_end_s > BUBBLE_MIN_GAP * span) & (dev_row[g.devices] >= 0)
     gs = np.concatenate([g.gap_from_s[big], g.last_end_s[tail]])
     ge = np.concatenate([g.gap_to_s[big], np.full(int(tail.sum()), span)])
     gr = np.concatenate([dev_row[g.gap_device][big], dev_row[g.devices][tail]]).astype(np.int64)

@@ -39,7 +39,7 @@ class DeviceGaps:
     span_s : float
         When the iteration's last forward/backward task ends (any GPU).
     gap_device, gap_from_s, gap_to_s : [gap]
-        The gaps longer than the ``min_gap_s`` asked for (those after a GPU's last task not
+        The gaps longer than ``min_gap_share`` x ``span_s`` (those after a GPU's last task not
         included: see ``last_end_s``), by GPU, then time.
     """
 

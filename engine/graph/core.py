@@ -192,16 +192,20 @@ class Op:
         a search asks for the same few configs of an op over and over: delta simulation of
         one RNN op's change read its parameter unit's 40 ops' shapes each time).
         """
-        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
-        hit = self._partitions.get(key)
-        if hit is None:
-            hit = self._partitions[key] = self._partition_shapes(key)
-        ins, outs, params, _ = hit
+        ins, outs, params, _ = self._partition(degrees)
         return list(ins), list(outs), list(params)
 
     @cached_property
     def _partitions(self) -> dict[tuple[int, ...], tuple]:
         return {}
+
+    def _partition(self, degrees: Mapping[str, int]) -> tuple:
+        """(inputs, outputs, parameters, parameter elements) of one partition, kept per degrees."""
+        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
+        hit = self._partitions.get(key)
+        if hit is None:
+            hit = self._partitions[key] = self._partition_shapes(key)
+        return hit
 
     def _partition_shapes(self, key: tuple[int, ...]) -> tuple:
         ins = [list(t.shape) for t in self.in_tensors]
@@ -229,11 +233,7 @@ class Op:
     def partition_param_elements(self, degrees: Mapping[str, int]) -> float:
         """Parameter elements one partition holds under ``degrees`` (all its parameter
         tensors; a shared ``param_group`` is counted by each op that holds it)."""
-        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
-        hit = self._partitions.get(key)
-        if hit is None:
-            hit = self._partitions[key] = self._partition_shapes(key)
-        return hit[3]
+        return self._partition(degrees)[3]
 
     def partition_flops(self, degrees: Mapping[str, int]) -> tuple[float, float]:
         """(forward, backward) FLOPs of one partition, from the op's formula on its shapes."""

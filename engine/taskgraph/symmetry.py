@@ -94,7 +94,7 @@ def _common_axes(graph: OpGraph, strategy: Strategy, axes, factors: bool) -> Sym
     # see a shift) and a dim order share the strides (a baseline's 3,030 ops have a handful of
     # configs: reading each op's 16,384 devices took 1.4 s; a Megatron layout's 2,410 ops of
     # GPT-3 have one config object each, and 13 distinct ones)
-    seen: dict[tuple, tuple[dict, dict, frozenset]] = {}
+    seen: dict[tuple, tuple[dict, dict]] = {}
     by_id: dict[int, tuple] = {}
     shapes: dict[int, bytes] = {}  # id(device tuple) -> its devices less the first (tuples are shared)
     for op in graph.ops:
@@ -115,11 +115,11 @@ def _common_axes(graph: OpGraph, strategy: Strategy, axes, factors: bool) -> Sym
             found = {a for a in listed if listed.count(a) == 1}
             if axes is not None:
                 found &= set(axes)
-            st = seen[key] = (direct, fac, frozenset(found))
-            common = set(found) if common is None else common & found
+            st = seen[key] = (direct, fac)
+            common = found if common is None else common & found  # (an op class's axes met once)
             if not common:
                 return None
-        per_op[op.name] = st[:2]
+        per_op[op.name] = st
     if not common:
         return None
     for d, st in list(common):  # an axis common whole, not as its factors
