@@ -129,8 +129,14 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
     assert shares, "no seed ran in a child process"
     assert all(0 < s == b <= AutoOptions().seed_share * 6 for s, b in shares), shares
+    # every stage says what it did or why it did not run; which ones ran depends on the
+    # machine's speed (a slow machine leaves MCMC less than its set-up), so both are accepted
     text = "\n".join(r.notes)
-    assert "pipeline: " in text and "mcmc from " in text
+    assert any(n.startswith("pipeline: ") for n in r.notes), text
+    mcmc = [n for n in r.notes if n.startswith(("mcmc from ", "mcmc: not run ("))]
+    assert len(mcmc) == 1, text
+    if mcmc[0].startswith("mcmc: not run"):  # (then only for want of time, and it says how much)
+        assert "s left of the budget; its set-up and a move take about" in mcmc[0]
     assert r.best_cost_s <= min(r.baselines.values())
 
 
