@@ -572,7 +572,7 @@ class TestBackgroundSimulation:
         from engine.errors import Cancelled
 
         s = ST.new_state("alexnet", batch=48)  # (a batch no other test draws: nothing cached)
-        assert EXP.render_explore(s, True, wait_s=5.0) is not None  # drawn: what Cancel goes back to
+        assert EXP.render_explore(s, True, wait_s=SIM.MAX_WAIT_S) is not None  # drawn: what Cancel goes back to
         gate, saw = _held_builds(monkeypatch, polls_cancel=True)
         s2, msg = EV.on_event("pick-batch", s, batch=40)  # another graph: a full build
         assert msg.startswith("Batch: 40"), msg
@@ -598,7 +598,7 @@ class TestBackgroundSimulation:
         gate.set()
         ws = SIM.workspace(s2)  # asked again: built anew
         assert ws.strategy.configs == ST.page_strategy(s2).configs
-        assert EXP.render_explore(s2, True, wait_s=5.0)["sum-time"]
+        assert EXP.render_explore(s2, True, wait_s=SIM.MAX_WAIT_S)["sum-time"]
         SES.current().forget(s["sid"])
 
     def test_a_superseded_build_stops(self, monkeypatch):

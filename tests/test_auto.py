@@ -127,12 +127,16 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
     monkeypatch.setattr(A, "_bounded", bounded)
     g, c = resolve_model("resnet101"), preset("p100-4x4")
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
-    assert shares, "no seed ran in a child process"
+    # which stages run depends on the machine's speed (on a loaded machine the baselines' pricing
+    # leaves the seeds, or MCMC, less than they need), so what is asserted holds at any speed:
+    # every seed that ran went through a child process within the seeds' share, and every stage
+    # says what it did or why it did not run
     assert all(0 < s == b <= AutoOptions().seed_share * 6 for s, b in shares), shares
-    # every stage says what it did or why it did not run; which ones ran depends on the
-    # machine's speed (a slow machine leaves MCMC less than its set-up), so both are accepted
     text = "\n".join(r.notes)
-    assert any(n.startswith("pipeline: ") for n in r.notes), text
+    for name in ("pipeline", "differentiable", "pase"):
+        assert sum(n.startswith(f"{name}: ") for n in r.notes) == 1, text
+    ran = [n for n in r.notes if n.startswith(("pipeline: ", "differentiable: ", "pase: ")) and " ms in " in n]
+    assert len(shares) >= len(ran), (shares, text)  # (a seed stopped at its share ran there too)
     mcmc = [n for n in r.notes if n.startswith(("mcmc from ", "mcmc: not run ("))]
     assert len(mcmc) == 1, text
     if mcmc[0].startswith("mcmc: not run"):  # (then only for want of time, and it says how much)

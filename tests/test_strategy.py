@@ -720,6 +720,7 @@ class TestPartitionFlopsProperty:
 class TestDeviceRuns:
     """Devices written as runs ('0-7,64-71'): the compact form the explorer keeps in the page."""
 
+    @settings(deadline=None)
     @given(st.lists(st.integers(0, 16383), min_size=1, max_size=300))
     def test_round_trip(self, devs):
         from engine.strategy import device_runs, parse_device_runs
