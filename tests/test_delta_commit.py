@@ -82,7 +82,6 @@ def test_change_revert_commit_equal_a_full_simulation(sequence_parallel, cp):
     assert_equals_full_simulation(sim)
 
 
-
 @pytest.mark.parametrize("model, cluster", [("alexnet", "p100-4x4"), ("rnntc", "p100-4x4")])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_segments_made_again_for_the_same_configs_are_put_back(model, cluster, seed):
