@@ -11,8 +11,12 @@ counted), and reports the seconds of the second prediction, the tasks simulated 
 predicted iteration time. With ``--baseline TREE`` the same runs of another checkout are
 interleaved with the current tree's, case by case, and the ratio of medians is printed.
 
+With ``--steady`` the current tree also runs with ``simulate_strategy(steady=True)``
+(:mod:`engine.steady`: the pipeline's steady state simulated for a few microbatches and
+extrapolated), interleaved with its full simulation; the table shows both predictions.
+
 Usage: python benchmarks/bench_predict.py [--rounds 3] [--baseline /path/to/other/checkout]
-       [--only nosp|sp|cp|cp-sp]
+       [--only nosp|sp|cp|cp-sp] [--steady]
 """
 
 from __future__ import annotations
@@ -48,19 +52,19 @@ s = build_layout(g, c, lay.resolved(g, c))
 out = {}
 for _ in range(2):  # the first compiles numba's loops (or loads them from its cache)
     t = time.perf_counter()
-    r = simulate_strategy(g, s, c, check=False)
+    r = simulate_strategy(g, s, c, check=False, **({"steady": True} if sys.argv[2] == "1" else {}))
     peak = float(r.memory.peak_bytes.max())
-    out = {"seconds": time.perf_counter() - t, "tasks": int(r.tasks.num_tasks), "iteration_s": r.timeline.makespan_s,
-           "peak_gb": peak / 1e9}
+    out = {"seconds": time.perf_counter() - t, "tasks": int(getattr(r, "num_tasks", r.tasks.num_tasks)),
+           "simulated": int(r.tasks.num_tasks), "iteration_s": r.timeline.makespan_s, "peak_gb": peak / 1e9}
 print(json.dumps(out))
 """
 
 
-def run(tree: Path, options: dict) -> dict:
+def run(tree: Path, options: dict, steady: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     # (in the tree: ``python -c`` puts the working folder ahead of PYTHONPATH)
-    out = subprocess.run([sys.executable, "-c", CODE, json.dumps(options)], env=env, cwd=tree, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CODE, json.dumps(options), "1" if steady else "0"], env=env, cwd=tree,
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -69,28 +73,33 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", type=Path)
     ap.add_argument("--only", choices=sorted(CASES))
+    ap.add_argument("--steady", action="store_true",
+                    help="also the current tree with simulate_strategy(steady=True) (engine.steady), interleaved")
     args = ap.parse_args()
-    trees = [("current", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
+    trees = [("current", ROOT, False)] + ([("current, steady", ROOT, True)] if args.steady else []) + \
+        ([("baseline", args.baseline, False)] if args.baseline else [])
     print(f"# {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; median of {args.rounds} rounds")
-    print("| case | tree | seconds (median, min-max) | tasks | iteration s | peak GB |")
+    print("| case | tree | seconds (median, min-max) | tasks (simulated) | iteration s | peak GB |")
     print("|---|---|---:|---:|---:|---:|")
     for case, options in CASES.items():
         if args.only and case != args.only:
             continue
-        runs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in trees}
         for _ in range(args.rounds):
-            for name, tree in trees:
-                runs[name].append(run(tree, options))
+            for name, tree, steady in trees:
+                runs[name].append(run(tree, options, steady))
         med = {}
         for name, rs in runs.items():
             secs = [r["seconds"] for r in rs]
             med[name] = statistics.median(secs)
             last = rs[-1]
-            print(f"| {case} | {name} | {med[name]:.2f} ({min(secs):.2f}-{max(secs):.2f}) | {last['tasks']:,} | "
-                  f"{last['iteration_s']:.3f} | {last['peak_gb']:.1f} |", flush=True)
-        if args.baseline:
-            print(f"| {case} | current / baseline | {med['current'] / med['baseline']:.3f} | | | |", flush=True)
+            simulated = f" ({last['simulated']:,})" if last.get("simulated", last["tasks"]) != last["tasks"] else ""
+            print(f"| {case} | {name} | {med[name]:.2f} ({min(secs):.2f}-{max(secs):.2f}) | {last['tasks']:,}{simulated} | "
+                  f"{last['iteration_s']:.6f} | {last['peak_gb']:.3f} |", flush=True)
+        for name in med:
+            if name != "current":
+                print(f"| {case} | {name} / current | {med[name] / med['current']:.3f} | | | |", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from .errors import TooLargeError, check_cancel, printable
 from .graph import OpGraph
 from .memory import MemoryReport, fits_in_memory, memory_report
 from .simulate import Timeline, simulate
+from .steady import SteadyState, simulate_steady
+from .moe_report import BALANCED_NOTE, moe_fields, moe_lines  # noqa: F401 (BALANCED_NOTE re-exported)
 from .strategy import Strategy, check_strategy
 from .taskgraph import TaskGraph, build_task_graph, count_text, estimate_symmetric_tasks, tasks_within
 
@@ -221,6 +223,18 @@ class SimulationResult:
         return self.timeline.makespan_s
 
     @property
+    def steady(self) -> SteadyState | None:
+        """How the steady state was extrapolated (``simulate_strategy(steady=True)``), or None
+        where every microbatch was simulated."""
+        return getattr(self.timeline, "steady", None)
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks of the whole iteration (the ones simulated, or with an extrapolated steady
+        state the count a full simulation would hold)."""
+        return self.timeline.num_tasks if self.steady is not None else self.tasks.num_tasks
+
+    @property
     def devices_used(self) -> list[int]:
         """The GPUs the strategy places work on (MFU's denominator), ascending; made once per
         strategy (:func:`devices_used`)."""
@@ -282,12 +296,17 @@ class SimulationResult:
             "utilization": self.timeline.utilization.tolist(),
             "comm_bytes": self.timeline.comm_bytes,
             "critical_path_s": self.timeline.critical_path_s,
-            "num_tasks": self.tasks.num_tasks,
+            "num_tasks": self.num_tasks,
             "devices_used": len(used),
             "microbatches": self.strategy.pipeline.microbatches,
             "memory": fit_words(self.memory),
         }
-        moe = _moe_fields(self)
+        if self.steady is not None:
+            st = self.steady
+            out["steady_state"] = {"simulated_microbatches": st.simulated, "period_microbatches": st.period,
+                                   "period_s": st.period_s, "repeats_from_microbatch": st.first,
+                                   "microbatches_checked": st.checked}
+        moe = moe_fields(self)
         if moe is not None:
             out["moe"] = moe
         out = finite_json(out, "", notes)
@@ -295,69 +314,9 @@ class SimulationResult:
         return out
 
 
-#: what the summary says of a mixture-of-experts model's routing
-BALANCED_NOTE = "published MoE runs are measured with balanced routing"
-
-
-def _moe_fields(r: "SimulationResult") -> dict[str, Any] | None:
-    """The ``moe`` block of :meth:`SimulationResult.summary` (None for a dense model):
-    parameters (total, and active a token: :func:`engine.moe.active_parameters`), ep x etp,
-    the seconds an all-to-all (dispatch or combine) is in flight somewhere and their share of
-    the iteration, and the routing: balanced, or the what-if's per-rank loads and their
-    max / mean (the gate, :func:`engine.moe.gate_factor`)."""
-    from .moe import active_parameters, expert_table
-    from .taskgraph import COLL, COLL_INDEX
-
-    table = expert_table(r.graph, r.strategy)
-    if table is None:
-        return None
-    tg, tl = r.tasks, r.timeline
-    sel = np.nonzero((tg.kind == COLL) & (tg.coll == COLL_INDEX["all_to_all"]))[0]
-    a2a_s = 0.0
-    if sel.size:  # the union of the all-to-alls' intervals
-        order = sel[np.argsort(tl.start_s[sel], kind="stable")]
-        start, end = tl.start_s[order], np.maximum.accumulate(tl.end_s[order])
-        gaps = np.maximum(start[1:] - end[:-1], 0.0)
-        a2a_s = float(end[-1] - start[0] - gaps.sum())
-    t = r.iteration_time_s
-    out: dict[str, Any] = {
-        "total_parameters": int(r.graph.param_count), "active_parameters": active_parameters(r.graph),
-        "num_experts": table.num_experts, "top_k": table.top_k, "ep": table.ep, "etp": table.etp,
-        "alltoall_in_flight_s": a2a_s, "alltoall_share": a2a_s / t if t > 0 else None,
-        "routing": "balanced" if table.balanced else "what-if",
-        "rank_load_max_over_mean": table.gate, "note": BALANCED_NOTE,
-    }
-    if not table.balanced:
-        out["rank_loads"] = list(table.rank_shares)
-    return out
-
-
-def _moe_lines(s: dict[str, Any]) -> list[str]:
-    """The mixture-of-experts lines of :func:`format_summary` (none for a dense model)."""
-    m = s.get("moe")
-    if not m:
-        return []
-    def count(n: float) -> str:
-        return next((f"{n / k:,.1f} {unit}" for unit, k in (("B", 1e9), ("M", 1e6)) if n >= k), f"{n:,.0f}")
-
-    lines = [f"  mixture of experts {count(m['total_parameters'])} parameters, {count(m['active_parameters'])} "
-             f"active a token (top-{m['top_k']} of {m['num_experts']} experts); ep {m['ep']} x etp {m['etp']}"]
-    if m["alltoall_share"] is not None and m["alltoall_in_flight_s"] > 0:
-        lines.append(f"  all-to-all         in flight {m['alltoall_in_flight_s'] * 1e3:,.3f} ms, "
-                     f"{m['alltoall_share']:.1%} of the iteration (token dispatch and combine)")
-    if m["routing"] == "balanced":
-        lines.append(f"  routing            balanced ({BALANCED_NOTE})")
-    else:
-        loads = m["rank_loads"]
-        lines.append(f"  routing            what-if: the busiest of {len(loads)} expert-parallel rank(s) gets "
-                     f"{max(loads):.1%} of the tokens, max/mean {m['rank_load_max_over_mean']:.2f} (the gate: every "
-                     f"rank waits for it); {BALANCED_NOTE}")
-    return lines
-
-
 def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
                       check: bool = True, *, symmetry: str = "auto", max_tasks: int | None = None,
-                      cancel: Any = None, account_memory: bool = True) -> SimulationResult:
+                      cancel: Any = None, account_memory: bool = True, steady: bool = False) -> SimulationResult:
     """Validate, build the task graph, simulate and account memory: the engine's one
     simulation entry point.
 
@@ -389,6 +348,14 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     account_memory : bool
         Make the memory report now (default); with False it is made when first read, and
         :attr:`SimulationResult.feasible` uses a cheaper bound first.
+    steady : bool
+        For a pipeline of many microbatches, simulate only the first few and extrapolate the
+        steady state where the schedule is checked to repeat (:mod:`engine.steady`): the
+        same iteration time, busy times, bytes, critical path, task count and peak memory
+        (to float rounding), with the timeline's per-task arrays only for the microbatches
+        simulated (``timeline.steady`` says how; None: every microbatch was simulated, as
+        without it). For what reads the totals (a sweep, ``soapbox simulate``), not a
+        timeline drawn task by task.
 
     Raises
     ------
@@ -410,6 +377,18 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
             n = estimate_symmetric_tasks(graph, strategy, cluster, full=n)
         if n > max_tasks:
             raise TooLargeError(f"not simulated: {count_text(n, max_tasks)} tasks, more than the {max_tasks:,} allowed")
+    if steady:
+        try:
+            short = simulate_steady(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks,
+                                    cancel=cancel)
+        except TooLargeError:
+            if symmetry == "only":
+                raise TooLargeError("not simulated: the strategy has no exact symmetry (symmetry='only')") from None
+            raise
+        if short is not None:
+            tg, tl = short
+            mem = memory_report(graph, strategy, cluster, tl, cancel=cancel) if account_memory else None
+            return SimulationResult(graph, strategy, cluster, tg, tl, mem)
     if symmetry == "only":
         try:  # (max_tasks 0: the builder refuses the full build it falls back to)
             tg = build_task_graph(graph, strategy, cluster, cost, max_tasks=0, cancel=cancel)
@@ -457,6 +436,7 @@ def format_summary(r: SimulationResult) -> str:
         f"{printable(r.graph.name)} on {printable(r.cluster.name)} ({printable(str(s['strategy']))}): {len(used)} of "
         f"{r.cluster.num_devices} GPUs, {s['microbatches']} microbatch(es), {s['num_tasks']:,} tasks",
         f"  iteration time     {s['iteration_time_s'] * 1e3:.3f} ms",
+        *([f"  steady state       {r.steady.describe()}"] if r.steady is not None else []),
         f"  throughput         {throughput:.2f} samples/s" if throughput is not None else
         "  throughput         - (the iteration takes 0 s)",
         *([f"  tokens/s           {s['tokens_per_s']:,.0f} ({r.tokens_per_s / max(1, len(used)):,.0f} per GPU)"]
@@ -467,7 +447,7 @@ def format_summary(r: SimulationResult) -> str:
         f"  utilisation        mean {util[used].mean() * 100:.1f}%, min {util[used].min() * 100:.1f}%, "
         f"max {util[used].max() * 100:.1f}%",
         f"  communication      {_fmt_bytes(s['comm_bytes'])} per iteration",
-        *_moe_lines(s),
+        *moe_lines(s),
         *_memory_lines(r.memory),
     ]
     if s["feasible"]:

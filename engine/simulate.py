@@ -399,8 +399,13 @@ class Timeline:
         """Length of the longest dependency chain with unlimited resources (a lower bound of
         the makespan)."""
         tg = self.tasks
-        est = _longest_path(self.order, tg.dur_s, tg.succ_ptr, tg.succ_idx, tg.chain_next, tg.chain_lag_s)
-        return float(np.max(est + tg.dur_s)) if tg.num_tasks else 0.0
+        return float(np.max(self.earliest_starts_s + tg.dur_s)) if tg.num_tasks else 0.0
+
+    @cached_property
+    def earliest_starts_s(self) -> np.ndarray:
+        """[task] when each task could start with unlimited resources (dependencies only)."""
+        tg = self.tasks
+        return _longest_path(self.order, tg.dur_s, tg.succ_ptr, tg.succ_idx, tg.chain_next, tg.chain_lag_s)
 
     @cached_property
     def critical_tasks(self) -> np.ndarray:

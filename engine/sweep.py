@@ -155,7 +155,7 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
                ep=opts.get("ep", 1), etp=opts.get("etp", 1))
     try:
         s = build_layout(g, c, Layout.from_options(opts))
-        r = simulate_strategy(g, s, c, check=False)
+        r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.steady)
     except ValueError as e:
         row["why"] = str(e).splitlines()[0][:300]
         return row
@@ -190,7 +190,7 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     ``capacity_bytes`` (of the fullest GPU), ``iteration_time_s``, ``why`` (a layout that
     cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
     GPU and bytes over capacity). Simulated with the engine's symmetry reduction where it is
-    exact; ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
+    exact, a long pipeline's steady state extrapolated (:mod:`engine.steady`); ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
     ends the scan early (asked before each cluster and, as the simulation's ``cancel``, during
     each build and simulation: a cluster stopped mid-way has no row), ``progress`` gets each
     row as it comes.
@@ -221,7 +221,7 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
             s = make_baseline(kind, graph, c, **options)
             # (max_tasks with symmetry too: a plan of 10^5 microbatches is large however alike;
             # ``stop`` also ends a running build or simulation)
-            r = simulate_strategy(graph, s, c, check=False, max_tasks=max_tasks, cancel=stop)
+            r = simulate_strategy(graph, s, c, check=False, max_tasks=max_tasks, cancel=stop, steady=True)
             tl, mem = r.timeline, r.memory
         except Cancelled:
             break

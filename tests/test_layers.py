@@ -14,7 +14,7 @@ import pytest
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 #: bottom to top; a module may import its own layer and those before it
-LAYERS = ["errors", "ops", "moe", "graph", "cluster", "device_runs", "config", "strategy", "moe_layouts", "layout", "recompute", "collectives", "costs", "models", "taskgraph", "simulate", "idle", "memory_static", "memory",
+LAYERS = ["errors", "ops", "moe", "graph", "cluster", "device_runs", "config", "strategy", "moe_layouts", "layout", "recompute", "collectives", "costs", "models", "taskgraph", "simulate", "idle", "memory_static", "memory", "steady", "moe_report",
           "delta", "report", "formats", "trace", "search", "profiling", "export_moe", "export_megatron_model", "export_megatron", "export_deepspeed", "export_torchtitan", "export", "sweep", "whatif", "init_sweep", "cli"]
 
 

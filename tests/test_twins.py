@@ -146,6 +146,18 @@ def test_delta_simulation_from_a_copied_build():
             sim.commit()
 
 
+def drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap):
+    """The Megatron layout a hypothesis test drew (one the builder refuses is not drawn)."""
+    from hypothesis import assume
+
+    try:
+        return megatron(g, c, tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb, sequence_parallel=sp and tp > 1,
+                        zero_stage=zero, recompute=recompute, overlap_grad_reduce=overlap,
+                        overlap_param_gather=overlap and zero > 0)
+    except ValueError:
+        assume(False)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), vpp=st.sampled_from([1, 3]),
        mb=st.sampled_from([1, 2]), sp=st.booleans(), zero=st.sampled_from([0, 1, 2]),
@@ -153,14 +165,7 @@ def test_delta_simulation_from_a_copied_build():
 def test_random_megatron_layouts(tp, pp, vpp, mb, sp, zero, recompute, overlap, symmetric):
     """Megatron layouts of GPT-2 (batch 32) on 16 GPUs drawn at random, built with and without
     twins: the same arrays (layouts the builder refuses are skipped by hypothesis)."""
-    from hypothesis import assume
-
     g, c = model("gpt2@32"), preset("dgx-a100-80gb:2")
-    try:
-        s = megatron(g, c, tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb, sequence_parallel=sp and tp > 1,
-                     zero_stage=zero, recompute=recompute, overlap_grad_reduce=overlap,
-                     overlap_param_gather=overlap and zero > 0)
-    except ValueError:
-        assume(False)
+    s = drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap)
     plain, twinned, _ = both(g, s, c, symmetric and find_symmetry(g, s, c) is not None)
     assert_same_graph(plain, twinned)

@@ -200,7 +200,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     g, c = model_and_cluster(args)
     s = _strategy(args, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
-    result = simulate_strategy(g, s, c, cost, check=False)  # (a baseline and a loaded file are checked)
+    # (a baseline and a loaded file are checked; a long pipeline's steady state is extrapolated
+    # unless the trace needs every task: engine.steady)
+    result = simulate_strategy(g, s, c, cost, check=False, steady=not args.trace)
     cover = None
     if args.profile:
         from ..profiling import coverage

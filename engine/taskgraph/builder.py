@@ -42,11 +42,13 @@ class TaskGraphBuilder:
     :class:`DataflowBuilder` (``("tensor", p, o)``), :class:`SyncBuilder` (``("sync", unit)``),
     with the :class:`SchedulePlan`'s barriers (``("barriers", device)``) and the optimizer steps
     (``("updates",)``). A first build copies the segments that twin one it made before
-    (:class:`~engine.taskgraph.twins.Twins`; ``twins=False`` builds every one: the same arrays)."""
+    (:class:`~engine.taskgraph.twins.Twins`; ``twins=False`` builds every one: the same arrays).
+    ``microbatches``: give tasks to only the first that many of the strategy's microbatches
+    (each still its share of the batch; :mod:`engine.steady`)."""
 
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel,
-                 symmetry: Symmetry | None = None, twins: bool = True) -> None:
-        self.ctx = BuildContext(graph, strategy, cluster, cost, symmetry)
+                 symmetry: Symmetry | None = None, twins: bool = True, microbatches: int | None = None) -> None:
+        self.ctx = BuildContext(graph, strategy, cluster, cost, symmetry, microbatches)
         self.tables = OpTables(cluster.num_devices)
         self.emit = Emitter(self.ctx)
         self.store = SegmentStore(cluster.num_devices)
@@ -205,7 +207,8 @@ class TaskGraphBuilder:
 
 
 def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,
-                     symmetry: str = "auto", max_tasks: int | None = None, cancel: Any = None) -> TaskGraph:
+                     symmetry: str = "auto", max_tasks: int | None = None, cancel: Any = None,
+                     microbatches: int | None = None) -> TaskGraph:
     """Build the task graph of one training iteration of ``graph`` under ``strategy``.
 
     Parameters
@@ -224,6 +227,9 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
         :func:`estimate_tasks` puts above this many tasks; a symmetric build is not limited.
     cancel : threading.Event or callable, optional
         Asked before any work and between segments (:func:`engine.errors.check_cancel`).
+    microbatches : int, optional
+        Simulate only the first that many microbatches (each still 1/m of the batch): the
+        iteration cut short that :mod:`engine.steady` extrapolates. Default: all of them.
 
     Returns
     -------
@@ -245,7 +251,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     try:
         sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
         if sym is not None:
-            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym).build(exact_only=True, cancel=cancel)
+            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym, microbatches=microbatches).build(exact_only=True, cancel=cancel)
             if tg is not None:
                 return tg
             # Some transfer crosses replicas along an axis (a FlexFlow-style split whose ranks
@@ -260,7 +266,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                 sub = find_symmetry(graph, strategy, cluster, axes=keep)
                 if sub is None:
                     continue
-                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub).build(exact_only=True, cancel=cancel)
+                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub, microbatches=microbatches).build(exact_only=True, cancel=cancel)
                 if tg is not None:
                     return tg
         if max_tasks is not None:
@@ -268,7 +274,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
             if n > max_tasks:
                 raise TooLargeError(f"not simulated: {count_text(n, max_tasks)} tasks without symmetry, more than the "
                                     f"{max_tasks:,} allowed")
-        return TaskGraphBuilder(graph, strategy, cluster, cost).build(cancel=cancel)
+        return TaskGraphBuilder(graph, strategy, cluster, cost, microbatches=microbatches).build(cancel=cancel)
     finally:
         if was_enabled:
             gc.enable()

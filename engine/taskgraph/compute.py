@@ -80,8 +80,8 @@ class ComputeBuilder:
         if hit is None or self.emit.heterogeneous:
             names, grid = partition_grid(op, config)
             degrees = dict(config.degrees)
-            if m > 1 and "sample" in op.dim_names:
-                degrees["sample"] = degrees.get("sample", 1) * m
+            if ctx.split > 1 and "sample" in op.dim_names:
+                degrees["sample"] = degrees.get("sample", 1) * ctx.split
             fwd_t, bwd_t = self.emit.partition_times_s(op, degrees, devs)
             if reruns:
                 bwd_t = bwd_t + fwd_t
@@ -148,7 +148,7 @@ class ComputeBuilder:
         ready = t.fwd[oi].copy()
         for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
             members = np.nonzero(cls == c)[0]
-            per_mb = m if "sample" in op.out_tensors[0].axes else 1
+            per_mb = self.ctx.split if "sample" in op.out_tensors[0].axes else 1
             nbytes = float(elems[members[0]]) * DTYPE_BYTES[op.out_tensors[0].dtype] / per_mb
             # Megatron-Core's --tp-comm-overlap pipelines this collective with the GEMM before it
             hide = float(t.fwd_s[oi][members[0]]) if self.ctx.strategy.tp_comm_overlap else 0.0
@@ -184,7 +184,7 @@ class ComputeBuilder:
         cls = classes(grid, names, {n for n in names if n not in experts})
         x = op.in_tensors[0]
         lo, hi = in_regions(op, cfg, names, grid, 0)
-        tokens = np.prod(hi[:, :-1] - lo[:, :-1], axis=1) / (m if "sample" in x.axes else 1)
+        tokens = np.prod(hi[:, :-1] - lo[:, :-1], axis=1) / (self.ctx.split if "sample" in x.axes else 1)
         row_bytes = x.shape[-1] * DTYPE_BYTES[x.dtype]
         if op.attrs.get("dispatcher", "alltoall") == "alltoall":
             kinds = ("all_to_all", "all_to_all")

@@ -27,6 +27,10 @@ class BuildContext:
     cluster: Cluster
     cost: CostModel
     sym: Symmetry | None  # None: every partition is simulated
+    #: microbatches given tasks, when fewer than the strategy's (:mod:`engine.steady`: a
+    #: pipeline's steady state is simulated for a few and extrapolated); each is still
+    #: 1/``split`` of the batch. None: all of them.
+    simulated: int | None = None
     #: (producer op, output index) -> [(consumer op, input index)], in edge order
     users: dict[tuple[int, int], list[tuple[int, int]]] = field(init=False)
     n_devices: int = field(init=False)
@@ -38,8 +42,15 @@ class BuildContext:
             self.users.setdefault((p, o), []).append((c, i))
 
     @property
-    def microbatches(self) -> int:
+    def split(self) -> int:
+        """Microbatches the batch is cut into (what one microbatch's sizes are a share of)."""
         return max(1, self.strategy.pipeline.microbatches)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches given tasks: :attr:`split`, or fewer (``simulated``)."""
+        m = self.split
+        return m if self.simulated is None else max(1, min(m, self.simulated))
 
 
 @dataclass(eq=False)

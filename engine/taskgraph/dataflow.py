@@ -161,7 +161,7 @@ class DataflowBuilder:
 
     def build(self, seg: Segment, p: int, o: int) -> None:
         ctx, t = self.ctx, self.tables
-        g, s, m = ctx.graph, ctx.strategy, ctx.microbatches
+        g, s = ctx.graph, ctx.strategy
         sent = _Sent()
         users = ctx.users[(p, o)]
         for (c, i) in users:
@@ -171,7 +171,7 @@ class DataflowBuilder:
             cnames, cgrid = t.grid[c]
             tensor = prod.out_tensors[o]
             # regions are of the whole batch; a microbatch carries 1/m of the sample axis
-            nbytes = DTYPE_BYTES[tensor.dtype] / (m if "sample" in tensor.axes else 1)
+            nbytes = DTYPE_BYTES[tensor.dtype] / (ctx.split if "sample" in tensor.axes else 1)
             # forward: holders = producer partitions; identical data across reduction (after
             # the all-reduce) and replica dims
             # (the two device arrays less their common minimum: each less its own, and the offset)

@@ -103,7 +103,7 @@ class Emitter:
             else:
                 t = ctx.cost.optimizer_time_s(params[d], c.device_type(d))
             if off_par != "none":
-                fetch_bytes = 2 * ctx.microbatches * params[d] * pbytes
+                fetch_bytes = 2 * ctx.split * params[d] * pbytes
                 t += fetch_bytes / bw
                 if off_par == "nvme":
                     t += fetch_bytes * int(node_gpus[d]) / NVME_BW_BYTES_PER_S
@@ -178,8 +178,19 @@ class Emitter:
         f["coll_dev"].append(tile(np.asarray(devs, np.int64), k))
         seg.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)  # bytes each rank sends, in buffers
-        seg.comm_bytes += factor * size_bytes * k * self.copies(devs)
+        copies = self.copies(devs)
+        seg.comm_bytes += factor * size_bytes * k * copies
+        if self.ctx.simulated is not None:
+            self._per_mb(seg, np.broadcast_to(mbs, (k,)), np.full(k, factor * size_bytes * copies))
         return ids
+
+    def _per_mb(self, seg: Segment, mbs: np.ndarray, sent: np.ndarray) -> None:
+        """Add ``sent`` [task] bytes to ``seg.comm_mb`` by the tasks' microbatches (a build of
+        some microbatches keeps them: :mod:`engine.steady` extrapolates one microbatch's)."""
+        mbs = np.asarray(mbs)
+        own = mbs >= 0
+        add = np.bincount(mbs[own], weights=sent[own], minlength=self.ctx.microbatches)
+        seg.comm_mb = add if seg.comm_mb is None else seg.comm_mb + add
 
     # -- transfers -------------------------------------------------------------------
     def transfers(self, seg: Segment, src_tasks: np.ndarray, dst_tasks: np.ndarray, src_dev: np.ndarray,
@@ -225,6 +236,8 @@ class Emitter:
             last_hop[sel] = prev
         # (transfers never cross replicas under symmetry: the builder drops it when one would)
         seg.comm_bytes += float(size_bytes[idx].sum()) * self._replicas
+        if self.ctx.simulated is not None:
+            self._per_mb(seg, mb[idx], size_bytes[idx] * self._replicas)
         return first_hop, last_hop
 
 

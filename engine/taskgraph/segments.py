@@ -48,6 +48,7 @@ class Segment:
         # edges, cut-through chains and collectives' resources/devices, as lists of arrays
         self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
         self.comm_bytes = 0.0
+        self.comm_mb: np.ndarray | None = None  # [microbatch] of comm_bytes (kept by a build of some microbatches)
         self.cross_replica = 0
         self.device_params: np.ndarray | None = None  # parameters each device's optimizer updates
         self._frozen: dict[str, Any] | None = None

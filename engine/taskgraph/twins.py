@@ -234,7 +234,7 @@ class Twins:
         seg.ns = src.ns
         seg.flat = flat
         seg.n = src.n
-        seg.comm_bytes = src.comm_bytes
+        seg.comm_bytes, seg.comm_mb = src.comm_bytes, src.comm_mb
         seg.cross_replica = src.cross_replica
         seg.device_params = None if src.device_params is None else src.device_params.copy()
         self.copied += 1
