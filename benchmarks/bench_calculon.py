@@ -43,7 +43,7 @@ exists (converted by Megatron's FLOPs count, ``published.megatron_flops``); ``-`
 Usage::
 
     PYTHONPATH=. python benchmarks/bench_calculon.py --calculon /path/to/calculon [--rounds 5]
-        [--only 1024|korthikanti] [--json] [--save out.json]
+        [--only 1024|korthikanti] [--steady] [--json] [--save out.json]
     python benchmarks/bench_calculon.py --table out.json
 """
 
@@ -239,11 +239,15 @@ def soapbox_model(run: Run):
                          name=Path(run.calculon_model).stem), source="benchmarks/bench_calculon.py")
 
 
-def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None) -> Callable[[], tuple[float, float, int]]:
+def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
+                      steady: bool = False) -> Callable[[], tuple[float, float, int]]:
     """A call returning soapbox's (iteration s, peak memory of the worst GPU in bytes, tasks)
     for ``run``: layout -> strategy -> build, simulate and memory report. The first call
     refuses (``engine.errors.TooLargeError``) a build of more than ``max_tasks`` estimated
-    tasks, as the explorer does; the calls after it (the timed ones) skip that estimate."""
+    tasks, as the explorer does; the calls after it (the timed ones) skip that estimate.
+    ``steady``: ``simulate_strategy(steady=True)`` (``engine.steady``: a long pipeline's steady
+    state simulated for a few microbatches and extrapolated; the tasks are the whole
+    iteration's count)."""
     from engine.cluster import preset
     from engine.layout import Layout
     from engine.report import simulate_strategy
@@ -254,9 +258,10 @@ def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None) -> Cal
 
     def predict() -> tuple[float, float, int]:
         s = build_layout(graph, cluster, lay.resolved(graph, cluster))
-        r = simulate_strategy(graph, s, cluster, check=False, max_tasks=None if calls else max_tasks)
+        r = simulate_strategy(graph, s, cluster, check=False, max_tasks=None if calls else max_tasks,
+                              **({"steady": True} if steady else {}))
         calls.append(1)
-        return r.iteration_time_s, float(r.memory.peak_bytes.max()), r.tasks.num_tasks
+        return r.iteration_time_s, float(r.memory.peak_bytes.max()), getattr(r, "num_tasks", r.tasks.num_tasks)
     return predict
 
 
@@ -372,7 +377,7 @@ def summary_lines(results: list[Result]) -> list[str]:
     return out
 
 
-def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
+def _header(rounds: int, calculon_root: Path, steady: bool = False) -> dict[str, Any]:
     import engine
     try:
         load = [round(x, 2) for x in os.getloadavg()]
@@ -381,7 +386,7 @@ def _header(rounds: int, calculon_root: Path) -> dict[str, Any]:
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_1_5_15": load,
             "engine": str(Path(engine.__file__).resolve().parent), "calculon": str(calculon_root.resolve()),
-            "rounds": rounds}
+            "rounds": rounds, "steady": steady}
 
 
 def _title(head: dict[str, Any]) -> str:
@@ -389,7 +394,8 @@ def _title(head: dict[str, Any]) -> str:
     load = ", ".join(f"{x:.2f}" for x in load) if load else "unknown"
     return (f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
             f"Python {head['python']}, {head['date_utc']} UTC, load average {load}; "
-            f"median of {head['rounds']} interleaved rounds after one warm-up each\n")
+            f"median of {head['rounds']} interleaved rounds after one warm-up each"
+            f"{'; soapbox with steady=True (engine.steady)' if head.get('steady') else ''}\n")
 
 
 def print_saved(path: str) -> int:
@@ -416,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("1024", "korthikanti"), help="only the 1,024-GPU runs or Korthikanti's eight")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
     ap.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
+    ap.add_argument("--steady", action="store_true",
+                    help="soapbox extrapolates a long pipeline's steady state (simulate_strategy(steady=True))")
     ap.add_argument("--max-tasks", type=int, default=MAX_TASKS,
                     help=f"refuse a soapbox build of more estimated tasks (default {MAX_TASKS:,}; 0: no cap)")
     args = ap.parse_args(argv)
@@ -442,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"bench_calculon: {e}", file=sys.stderr)
         return 2
-    head = _header(args.rounds, root)
+    head = _header(args.rounds, root, args.steady)
     results = []
     graphs: dict[tuple[int, int, int, int], Any] = {}
     for run, calc in zip(runs, preds):
@@ -454,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         graphs[key] = graph
         if res.published_s is None:
             res.published_s, res.published_from = published_from_csv(run)
-        results.append(measure(run, calc, soapbox_predictor(graph, run, args.max_tasks or None), args.rounds, res))
+        results.append(measure(run, calc, soapbox_predictor(graph, run, args.max_tasks or None, args.steady),
+                               args.rounds, res))
         if not args.json:
             print(f"  done: {run.name}", file=sys.stderr, flush=True)
     doc = json.dumps({"setup": head, "results": [asdict(r) for r in results]}, indent=1)

@@ -343,7 +343,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
         res_ptr=res_ptr, res_idx=res_idx, succ_ptr=succ_ptr, succ_idx=succ_idx, npred=npred,
         chain_next=chain_next, chain_lag_s=chain_lag, n_devices=D, n_links=len(ctx.cluster.links),
         comm_bytes=comm_bytes)
-    tg.info = {"microbatches": ctx.microbatches, "split": ctx.split, "ops": len(ctx.graph.ops), "coll_devices": (ptr, A["coll_dev"], coll),
+    tg.info = {"microbatches": ctx.microbatches, "ops": len(ctx.graph.ops), "coll_devices": (ptr, A["coll_dev"], coll),
                "symmetry": ctx.sym, "cross_replica_transfers": cross, "device_image": device_image,
                # per segment, in task order: slot, first task id, tasks, serial (identity of
                # its contents): which tasks a delta simulation can reuse
