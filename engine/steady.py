@@ -9,8 +9,8 @@ deterministic and a stage's future depends only on the microbatches in flight (a
 once more than p microbatches in a row have each repeated exactly the one a period before,
 every later one does, and the cool-down is the short run's shifted. This is checked on the
 run, not assumed: ZeRO-3 without a pipeline, whose parameter gathers wait for nothing and
-queue on the links from the start, does not repeat and is simulated in full. GPT-3 175B on 1,024 A100s (tp 8, pp 16, m = 192) repeats
-from microbatch 16 on with 158.207 ms a microbatch.
+queue on the links from the start, does not repeat and is simulated in full. GPT-3 175B on
+1,024 A100s (tp 8, pp 16, m = 192) repeats from microbatch 16 on, 158.207 ms a microbatch.
 
 :func:`simulate_steady` gives tasks to the first ``microbatches_to_simulate`` microbatches only
 (each still 1/m of the batch, :attr:`engine.taskgraph.context.BuildContext.split`), simulates

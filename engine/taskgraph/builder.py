@@ -251,7 +251,8 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     try:
         sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
         if sym is not None:
-            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym, microbatches=microbatches).build(exact_only=True, cancel=cancel)
+            tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym, microbatches=microbatches).build(
+                exact_only=True, cancel=cancel)
             if tg is not None:
                 return tg
             # Some transfer crosses replicas along an axis (a FlexFlow-style split whose ranks
@@ -266,7 +267,8 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                 sub = find_symmetry(graph, strategy, cluster, axes=keep)
                 if sub is None:
                     continue
-                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub, microbatches=microbatches).build(exact_only=True, cancel=cancel)
+                tg = TaskGraphBuilder(graph, strategy, cluster, cost, sub, microbatches=microbatches).build(
+                    exact_only=True, cancel=cancel)
                 if tg is not None:
                     return tg
         if max_tasks is not None:

@@ -91,8 +91,14 @@ class OpTables:
         """Count every op's representative devices (after the first build's compute)."""
         self._rep_count[:] = 0
         self._rep_devs_of = {}
-        for oi in self.devs:
-            self.count_rep_devices(oi)
+        seen: dict[tuple[int, int], np.ndarray] = {}  # ops share their device and representative arrays
+        for oi, devs in self.devs.items():
+            rep = self.rep[oi]
+            new = seen.get((id(devs), id(rep)))
+            if new is None:
+                new = seen[(id(devs), id(rep))] = np.unique(devs[rep])
+            self._rep_count[new] += 1
+            self._rep_devs_of[oi] = new
         self.rep_devices = set(np.flatnonzero(self._rep_count).tolist())
 
     def count_rep_devices(self, oi: int) -> None:

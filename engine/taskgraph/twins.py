@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numba as nb
 import numpy as np
 
 from ..recompute import recompute_reruns
@@ -60,6 +61,10 @@ class Twins:
         self._cls: list[int] | None = None
         self._first: dict[tuple, tuple] = {}  # segment class -> (its first segment's key, base op)
         self.copied = 0  # segments made as copies (what a build reports)
+        # the renaming's tables, made once; each copy sets its entries and puts them back
+        self._lut: np.ndarray | None = None
+        self._op_map: np.ndarray | None = None
+        self._set: tuple[list[int], list[int]] = ([], [])  # (slots, ops) the current renaming set
 
     # -- classes -------------------------------------------------------------------------
     def op_classes(self) -> list[int]:
@@ -123,6 +128,8 @@ class Twins:
             self._copy(self.store.segments[src[0]], seg, lut, op_map)
         except _Foreign:
             return False
+        finally:
+            self._put_back()
         for name in _HANDLE_TABLES:
             table = getattr(t, name)
             if name in renamed:
@@ -172,6 +179,8 @@ class Twins:
             self._copy(src, seg, lut, op_map)
         except _Foreign:
             return False
+        finally:
+            self._put_back()
         return True
 
     def _renaming(self, src: Segment, seg: Segment, delta: int, rel: list[int],
@@ -183,24 +192,44 @@ class Twins:
         if src._frozen is not None or src._shared is not None:
             raise _Foreign  # (made in an earlier build: its entries are gone)
         slot_of = self.store.slot_of
-        lut = np.full(len(slot_of), -1, np.int64)
-        D = self.ctx.n_devices
-        lut[:D] = np.arange(D)  # ("barriers", d) has slot d
-        up = slot_of[("updates",)]
-        lut[up] = up
-        lut[src.slot] = seg.slot
         n_ops = len(self.ctx.graph.ops)
-        op_map = np.full(n_ops + 1, -1, np.int64)  # (index -1, the "no op" of a task, maps to itself)
+        lut, op_map = self._lut, self._op_map
+        if lut is None or lut.size < len(slot_of):  # -1 but for the barriers and the optimizer steps
+            lut = self._lut = np.full(max(1024, 2 * len(slot_of)), -1, np.int64)
+            D = self.ctx.n_devices
+            lut[:D] = np.arange(D)  # ("barriers", d) has slot d
+            up = slot_of[("updates",)]
+            lut[up] = up
+        if op_map is None:  # (index -1, the "no op" of a task, maps to itself)
+            op_map = self._op_map = np.full(n_ops + 1, -1, np.int64)
+        slots, ops = self._set
+        lut[src.slot] = seg.slot
+        slots.append(src.slot)
         for r in fixed:
             s_ = slot_of[("op", r)]
             lut[s_] = s_
             op_map[r] = r
+            slots.append(s_)
+            ops.append(r)
         for r in rel:
             if not 0 <= r + delta < n_ops:
                 raise _Foreign
-            lut[slot_of[("op", r)]] = slot_of[("op", r + delta)]
+            s_ = slot_of[("op", r)]
+            lut[s_] = slot_of[("op", r + delta)]
             op_map[r] = r + delta
+            slots.append(s_)
+            ops.append(r)
         return lut, op_map
+
+    def _put_back(self) -> None:
+        """Undo what the last :meth:`_renaming` set in its tables."""
+        slots, ops = self._set
+        if slots:
+            self._lut[slots] = -1
+            slots.clear()
+        if ops:
+            self._op_map[ops] = -1
+            ops.clear()
 
     def _copy(self, src: Segment, seg: Segment, lut: np.ndarray, op_map: np.ndarray) -> None:
         """``seg`` made from ``src``'s entries, handles and ops renamed (nothing is written to
@@ -250,7 +279,20 @@ def _rename_table(tab: np.ndarray, lut: np.ndarray) -> np.ndarray:
 
 def _rename(h: np.ndarray, lut: np.ndarray) -> np.ndarray:
     """Handles ``h`` with their slots renamed by ``lut`` (:class:`_Foreign` when one is not)."""
-    slots = lut[h >> SHIFT]
-    if slots.size and slots.min() < 0:
+    out, ok = _renamed(np.ascontiguousarray(h).reshape(-1), lut)
+    if not ok:
         raise _Foreign
-    return (slots << SHIFT) | (h & MASK)
+    return out.reshape(h.shape)
+
+
+@nb.njit(cache=True)
+def _renamed(h: np.ndarray, lut: np.ndarray) -> tuple[np.ndarray, bool]:  # pragma: no cover - compiled
+    """(``h`` renamed, True), or False at the first handle whose slot ``lut`` does not rename
+    (one pass: a copy renames many small arrays, where NumPy's per-call cost dominated)."""
+    out = np.empty_like(h)
+    for i in range(h.size):
+        s = lut[h[i] >> SHIFT]
+        if s < 0:
+            return out, False
+        out[i] = (s << SHIFT) | (h[i] & MASK)
+    return out, True
