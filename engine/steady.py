@@ -8,8 +8,8 @@ interleaved schedule, whose units come in groups of p microbatches). The simulat
 deterministic and a stage's future depends only on the microbatches in flight (at most p), so
 once more than p microbatches in a row have each repeated exactly the one a period before,
 every later one does, and the cool-down is the short run's shifted. This is checked on the
-run, not assumed: ZeRO-3 without a pipeline, whose parameter gathers wait for nothing and
-queue on the links from the start, does not repeat and is simulated in full. GPT-3 175B on
+run, not assumed (ZeRO-3, whose parameter gathers wait for nothing and queue on the links
+from the start, does not repeat, and is not tried). GPT-3 175B on
 1,024 A100s (tp 8, pp 16, m = 192) repeats from microbatch 16 on, 158.207 ms a microbatch.
 
 :func:`simulate_steady` gives tasks to the first ``microbatches_to_simulate`` microbatches only
@@ -20,7 +20,7 @@ over the iteration: the iteration time, each GPU's busy time, the bytes sent, th
 path, the task count. The peak memory is the short run's: after the warm-up a stage holds the
 same microbatches' activations in every period. Where the run does not repeat (or the plan is
 one this does not apply to: GPipe, whose activations grow with m; mixture-of-experts layers,
-whose all-to-all overlap is measured over the timeline; few microbatches) it returns None and
+whose all-to-all overlap is measured over the timeline; ZeRO-3; few microbatches) it returns None and
 the caller simulates every microbatch.
 
 The result's :class:`SteadyTimeline` holds the short run's per-task arrays (what the memory
@@ -103,12 +103,16 @@ class SteadyTimeline(Timeline):
 def microbatches_to_simulate(graph: OpGraph, strategy: Strategy) -> tuple[int, int] | None:
     """(microbatches to simulate, microbatches a period) for ``strategy``, or None where the
     steady state is not extrapolated: GPipe over several stages (its activations grow with m),
-    a mixture-of-experts model, or fewer than twice the microbatches it would simulate."""
+    a mixture-of-experts model, ZeRO-3 (each microbatch's parameter gathers wait for nothing
+    and queue on the links from the start: the run never repeats, and the short run would
+    be simulated for nothing), or fewer than twice the microbatches it would simulate."""
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
     if p > 1 and pipe.schedule == "gpipe":
         return None
     if any(op.attrs.get("num_experts") for op in graph.ops):
+        return None
+    if strategy.zero_stage >= 3:  # every microbatch's parameter gathers wait for nothing: no repeat
         return None
     q = p if (p > 1 and v > 1 and pipe.schedule == "interleaved") else 1
     # the warm-up (up to p microbatches), p + 1 periods to check, the cool-down (up to p), and
