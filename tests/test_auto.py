@@ -144,6 +144,47 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
     assert r.best_cost_s <= min(r.baselines.values())
 
 
+def test_the_seeds_get_their_shares_of_a_time_budget_on_a_fake_clock(monkeypatch):
+    """auto's wiring of the seeds into their child processes, on a clock that moves only as
+    the test says (every reading 5 ms later, and a seed takes its whole share), so at any speed
+    of the machine: each seed goes through ``_bounded`` with half of what is left of the seeds'
+    share and the last with all of it, no seed starts past that share, and MCMC runs after."""
+    import time
+
+    import engine.search.auto as A
+
+    clock = [1000.0]
+
+    def now() -> float:
+        clock[0] += 0.005
+        return clock[0]
+
+    calls = []
+
+    def bounded(algorithm, graph, cluster, budget, seed, cost, seconds, tick):
+        calls.append((algorithm.name, seconds, budget.seconds, clock[0]))
+        clock[0] += seconds  # (it ran its whole share, and was stopped there)
+        return f"stopped at its share of the budget ({seconds:.1f} s)"
+
+    monkeypatch.setattr(time, "perf_counter", now)
+    monkeypatch.setattr(A, "_bounded", bounded)
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    start = clock[0]
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
+    share = AutoOptions().seed_share * 6
+    names = [n for n, *_ in calls]
+    assert names == ["differentiable", "pase"], r.notes  # (AlexNet has no repeated layers to stage)
+    (_, first, b1, t1), (_, second, b2, t2) = calls
+    assert (b1, b2) == (first, second)
+    assert first == pytest.approx((start + share - t1) / 2, abs=0.02)  # half, another seed following
+    assert second == pytest.approx(start + share - t2, abs=0.02)  # the last: all that is left
+    assert 0 < second <= first and first + second <= share
+    for name, _, _, _ in calls:
+        assert f"{name}: stopped at its share of the budget" in "\n".join(r.notes)
+    assert sum(n.startswith("mcmc from ") for n in r.notes) == 1, r.notes
+    assert r.best_cost_s <= min(r.baselines.values())
+
+
 def test_a_seed_that_outlives_its_share_is_stopped():
     """The other end of the time budget: a seed still running at its share is stopped (its
     process killed), and auto is told why."""
