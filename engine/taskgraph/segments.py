@@ -104,7 +104,10 @@ class Segment:
             check_cancel(cancel)
             per = [sg.flat[name] for sg in todo]
             arrays = list(chain.from_iterable(per))
-            bounds = np.cumsum([0] + [sum([a.size for a in x]) for x in per])
+            sizes = np.fromiter((a.size for a in arrays), np.int64, len(arrays))  # (one pass, not a sum a segment)
+            owner = np.repeat(np.arange(len(per)), np.fromiter((len(x) for x in per), np.int64, len(per)))
+            bounds = np.zeros(len(per) + 1, np.int64)
+            np.cumsum(np.bincount(owner, weights=sizes, minlength=len(per)).astype(np.int64), out=bounds[1:])
             flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
         shared = (cols, flat)
         for j, sg in enumerate(todo):

@@ -61,6 +61,7 @@ class Twins:
         self._cls: list[int] | None = None
         self._first: dict[tuple, tuple] = {}  # segment class -> (its first segment's key, base op)
         self.copied = 0  # segments made as copies (what a build reports)
+        self._held: dict[int, tuple] = {}  # id(source) -> (it, [(flat name, handles)], its handles joined)
         # the renaming's tables, made once; each copy sets its entries and puts them back
         self._lut: np.ndarray | None = None
         self._op_map: np.ndarray | None = None
@@ -235,15 +236,19 @@ class Twins:
         """``seg`` made from ``src``'s entries, handles and ops renamed (nothing is written to
         ``seg`` when a handle or an op falls outside the renaming: :class:`_Foreign`)."""
         # every handle array renamed in one pass (few, large calls: numpy's cost per call is
-        # what a copy saves over a build)
+        # what a copy saves over a build); a source's handles are gathered once for all its copies
         flat = dict(src.flat)
-        held = [(name, arrays) for name, arrays in src.flat.items() if name in _HANDLE_FLAT and arrays]
-        if held:
-            parts = [a for _, arrays in held for a in arrays]
-            renamed = _rename(np.concatenate(parts) if len(parts) > 1 else parts[0], lut)
+        held = self._held.get(id(src))
+        if held is None or held[0] is not src:
+            names = [(name, sum(a.size for a in arrays)) for name, arrays in src.flat.items()
+                     if name in _HANDLE_FLAT and arrays]
+            parts = [a for name, _ in names for a in src.flat[name]]
+            cat = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+            held = self._held[id(src)] = (src, names, cat)
+        if held[2] is not None:
+            renamed = _rename(held[2], lut)
             at = 0
-            for name, arrays in held:
-                n = sum(a.size for a in arrays)
+            for name, n in held[1]:
                 flat[name] = [renamed[at:at + n]]
                 at += n
         ops = []
