@@ -377,26 +377,13 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
             n = estimate_symmetric_tasks(graph, strategy, cluster, full=n)
         if n > max_tasks:
             raise TooLargeError(f"not simulated: {count_text(n, max_tasks)} tasks, more than the {max_tasks:,} allowed")
-    if steady:
-        try:
-            short = simulate_steady(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks,
-                                    cancel=cancel)
-        except TooLargeError:
-            if symmetry == "only":
-                raise TooLargeError("not simulated: the strategy has no exact symmetry (symmetry='only')") from None
-            raise
-        if short is not None:
-            tg, tl = short
-            mem = memory_report(graph, strategy, cluster, tl, cancel=cancel) if account_memory else None
-            return SimulationResult(graph, strategy, cluster, tg, tl, mem)
-    if symmetry == "only":
-        try:  # (max_tasks 0: the builder refuses the full build it falls back to)
-            tg = build_task_graph(graph, strategy, cluster, cost, max_tasks=0, cancel=cancel)
-        except TooLargeError:
-            raise TooLargeError("not simulated: the strategy has no exact symmetry (symmetry='only')") from None
+    short = simulate_steady(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks,
+                            cancel=cancel) if steady else None
+    if short is not None:
+        tg, tl = short
     else:
         tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel)
-    tl = simulate(tg, cancel=cancel)
+        tl = simulate(tg, cancel=cancel)
     mem = memory_report(graph, strategy, cluster, tl, cancel=cancel) if account_memory else None
     return SimulationResult(graph, strategy, cluster, tg, tl, mem)
 

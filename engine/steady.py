@@ -176,18 +176,15 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
                     cancel: Any = None) -> tuple[TaskGraph, SteadyTimeline] | None:
     """The short run's task graph and its timeline with the whole iteration's totals (see the
     module), or None where the steady state is not extrapolated or the run does not repeat.
-    ``symmetry``, ``max_tasks``, ``cancel``: as :func:`engine.taskgraph.build_task_graph`'s
-    (``symmetry="only"``: no full build of the short run either)."""
+    ``symmetry``, ``max_tasks``, ``cancel``: as :func:`engine.taskgraph.build_task_graph`'s."""
     plan = microbatches_to_simulate(graph, strategy)
     if plan is None:
         return None
     n, q = plan
-    m, p = strategy.pipeline.microbatches, max(1, strategy.pipeline.stages)
-    if symmetry == "only":
-        tg = build_task_graph(graph, strategy, cluster, cost, max_tasks=0, cancel=cancel, microbatches=n)
-    else:
-        tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
-                              microbatches=n)
+    pipe = strategy.pipeline
+    m, p, v = pipe.microbatches, max(1, pipe.stages), max(1, pipe.virtual_stages)
+    tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
+                          microbatches=n)
     tl = simulate(tg, cancel=cancel)
     paired = _paired_rows(tg, n)
     if paired is None:
@@ -212,7 +209,7 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
     one = on_dev & (tg.mb == first)  # one microbatch's compute (all alike)
     busy_mb = mirror(np.bincount(tg.device[one], weights=tg.dur_s[one], minlength=tg.n_devices), tg)
     bars = int(np.count_nonzero(tg.kind == BARRIER))
-    units = 2 * n * max(1, strategy.pipeline.virtual_stages)  # each device's barriers: units - 1
+    units = 2 * n * v  # each device's barriers: units - 1
     bar_devices = bars // (units - 1) if bars else 0
     steady = SteadyState(n, m, q, shift, first, checked)
     out = SteadyTimeline(
@@ -222,6 +219,5 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
         total_busy_s=tl.device_busy_s + (m - n) * busy_mb,
         total_comm_bytes=tg.comm_bytes + (m - n) * float(sent[first]),
         total_critical_path_s=(float(np.max(est + tg.dur_s)) + more * cp_shift),
-        num_tasks=tg.num_tasks + (m - n) * rows.shape[1] + bar_devices * 2 * (m - n) * max(
-            1, strategy.pipeline.virtual_stages))
+        num_tasks=tg.num_tasks + (m - n) * rows.shape[1] + bar_devices * 2 * (m - n) * v)
     return tg, out

@@ -217,11 +217,12 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
         ``strategy`` must be valid for them (:func:`engine.strategy.validate_strategy`).
     cost : CostModel, optional
         Defaults to the calibrated roofline.
-    symmetry : {"auto", "off"}
+    symmetry : {"auto", "off", "only"}
         ``auto`` simulates one representative per set of identical replicas when
         :func:`find_symmetry` finds an exact symmetry (and no transfer crosses replicas);
         the timeline then holds the representatives' tasks, and ``info["device_image"]``
-        maps every device to the representative it mirrors.
+        maps every device to the representative it mirrors. ``only``: the same, but without
+        an exact symmetry :class:`~engine.errors.TooLargeError` instead of a full build.
     max_tasks : int, optional
         Refuse (:class:`~engine.errors.TooLargeError`) a full build that
         :func:`estimate_tasks` puts above this many tasks; a symmetric build is not limited.
@@ -249,7 +250,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        sym = find_symmetry(graph, strategy, cluster) if symmetry == "auto" else None
+        sym = find_symmetry(graph, strategy, cluster) if symmetry in ("auto", "only") else None
         if sym is not None:
             tg = TaskGraphBuilder(graph, strategy, cluster, cost, sym, microbatches=microbatches).build(
                 exact_only=True, cancel=cancel)
@@ -271,6 +272,8 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
                     exact_only=True, cancel=cancel)
                 if tg is not None:
                     return tg
+        if symmetry == "only":
+            raise TooLargeError("not simulated: the strategy has no exact symmetry (symmetry='only')")
         if max_tasks is not None:
             n = tasks_within(graph, strategy, max_tasks, cluster)
             if n > max_tasks:

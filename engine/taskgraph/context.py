@@ -97,14 +97,15 @@ class OpTables:
             new = seen.get((id(devs), id(rep)))
             if new is None:
                 new = seen[(id(devs), id(rep))] = np.unique(devs[rep])
-            self._rep_count[new] += 1
-            self._rep_devs_of[oi] = new
+            self.count_rep_devices(oi, new)
         self.rep_devices = set(np.flatnonzero(self._rep_count).tolist())
 
-    def count_rep_devices(self, oi: int) -> None:
-        """Recount op ``oi``'s representative devices (after its compute was rebuilt)."""
+    def count_rep_devices(self, oi: int, new: np.ndarray | None = None) -> None:
+        """Recount op ``oi``'s representative devices (after its compute was rebuilt; ``new``:
+        them, when already known)."""
         old = self._rep_devs_of.get(oi)
-        new = np.unique(self.devs[oi][self.rep[oi]])
+        if new is None:
+            new = np.unique(self.devs[oi][self.rep[oi]])
         if old is not None:
             if np.array_equal(old, new):
                 return
