@@ -170,12 +170,11 @@ class Emitter:
             dur = max(0.0, dur - hide_s)
         ids = seg.add(k, COLL, op=op, mb=mbs, dur=dur, size=size_bytes, coll=COLL_INDEX[kind])
         res = self.ctx.n_devices + np.asarray(links, np.int64)  # [link] resources after the devices
-        f = seg.flat
-        f["coll_h"].append(ids)
-        f["coll_nres"].append(np.full(k, res.size, np.int64))
-        f["coll_res"].append(tile(res, k))
-        f["coll_ndev"].append(np.full(k, n, np.int64))
-        f["coll_dev"].append(tile(np.asarray(devs, np.int64), k))
+        seg.put("coll_h", ids)
+        seg.put("coll_nres", np.full(k, res.size, np.int64))
+        seg.put("coll_res", tile(res, k))
+        seg.put("coll_ndev", np.full(k, n, np.int64))
+        seg.put("coll_dev", tile(np.asarray(devs, np.int64), k))
         seg.edges(preds, np.repeat(ids, preds.shape[1]))
         factor = 2 * (n - 1) if kind == "all_reduce" else (n - 1)  # bytes each rank sends, in buffers
         copies = self.copies(devs)
@@ -227,10 +226,9 @@ class Emitter:
                     seg.edges(src_tasks[sel], ids)
                     first_hop[sel] = ids
                 else:
-                    f = seg.flat
-                    f["chain_from"].append(prev)
-                    f["chain_to"].append(ids)
-                    f["chain_lag"].append(self.link_lat[links[:, h - 1]])
+                    seg.put("chain_from", prev)
+                    seg.put("chain_to", ids)
+                    seg.put("chain_lag", self.link_lat[links[:, h - 1]])
                 prev = ids
             seg.edges(prev, dst_tasks[sel])
             last_hop[sel] = prev

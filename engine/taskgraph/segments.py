@@ -43,10 +43,11 @@ class Segment:
         self.slot = slot
         self.serial = next(Segment._serials)  # identity across assemblies (delta simulation)
         self.n = 0
-        self.ns: list[int] = []  # tasks of each add() call
-        self.cols: dict[str, list] = {k: [] for k in self._DTYPES}  # each add() call's value, per column
-        # edges, cut-through chains and collectives' resources/devices, as lists of arrays
-        self.flat: dict[str, list[np.ndarray]] = {k: [] for k in self._FLAT}
+        # one row per add() call: (its task count, then its value of each column, in _DTYPES order)
+        self.rows: list[tuple] = []
+        # edges, cut-through chains and collectives' resources/devices, as lists of arrays (only
+        # the names used; most segments hold edges alone)
+        self.flat: dict[str, list[np.ndarray]] = {}
         self.comm_bytes = 0.0
         self.comm_mb: np.ndarray | None = None  # [microbatch] of comm_bytes (kept by a build of some microbatches)
         self.cross_replica = 0
@@ -60,27 +61,23 @@ class Segment:
         until :meth:`freeze`) or an array of length ``n``."""
         ids = (self.slot << SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
         self.n += n
-        self.ns.append(n)
-        c = self.cols
-        c["kind"].append(kind)
-        c["op"].append(op)
-        c["part"].append(part)
-        c["mb"].append(mb)
-        c["device"].append(device)
-        c["dur"].append(dur)
-        c["size"].append(size)
-        c["flops"].append(flops)
-        c["coll"].append(coll)
-        c["link"].append(link)
-        c["res"].append(res)
+        self.rows.append((n, kind, op, part, mb, device, dur, size, flops, coll, link, res))
         return ids
 
     def edges(self, src, dst) -> None:
         src = np.asarray(src, np.int64).ravel()
         dst = np.asarray(dst, np.int64).ravel()
         if src.size:
-            self.flat["src"].append(src)
-            self.flat["dst"].append(dst)
+            self.put("src", src)
+            self.put("dst", dst)
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        """Append ``array`` to the flat array ``name`` (one of :attr:`_FLAT`)."""
+        got = self.flat.get(name)
+        if got is None:
+            self.flat[name] = [array]
+        else:
+            got.append(array)
 
     @classmethod
     def freeze_all(cls, segs: list["Segment"], cancel: Any = None) -> dict[str, Any] | None:
@@ -92,33 +89,41 @@ class Segment:
         todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
-        ns = np.fromiter(chain.from_iterable(sg.ns for sg in todo), np.int64)  # tasks of every add() call
+        rows = list(chain.from_iterable(sg.rows for sg in todo))  # every add() call's row
+        by_col = list(zip(*rows)) if rows else [()] * (1 + len(cls._DTYPES))  # (one transpose, in C)
+        ns = np.fromiter(by_col[0], np.int64, len(rows))
         ends = np.cumsum(ns).tolist()
         cols = {}
-        for key, dt in cls._DTYPES.items():
+        for i, (key, dt) in enumerate(cls._DTYPES.items(), 1):
             check_cancel(cancel)
-            cols[key] = _fill(list(chain.from_iterable(sg.cols[key] for sg in todo)), ns, ends, dt)
-        starts = np.cumsum([0] + [sg.n for sg in todo])
+            cols[key] = _fill(by_col[i], ns, ends, dt)
+        starts_at = np.cumsum([0] + [sg.n for sg in todo])
+        starts = starts_at.tolist()
+        # each flat name's arrays in segment order, with the segment each came from
+        arrays: dict[str, list[np.ndarray]] = {name: [] for name in cls._FLAT}
+        owners: dict[str, list[int]] = {name: [] for name in cls._FLAT}
+        for j, sg in enumerate(todo):
+            for name, got in sg.flat.items():
+                arrays[name] += got
+                owners[name] += [j] * len(got)
+        check_cancel(cancel)
         flat = {}
         for name, dt in cls._FLAT.items():
-            check_cancel(cancel)
-            per = [sg.flat[name] for sg in todo]
-            arrays = list(chain.from_iterable(per))
-            sizes = np.fromiter((a.size for a in arrays), np.int64, len(arrays))  # (one pass, not a sum a segment)
-            owner = np.repeat(np.arange(len(per)), np.fromiter((len(x) for x in per), np.int64, len(per)))
-            bounds = np.zeros(len(per) + 1, np.int64)
-            np.cumsum(np.bincount(owner, weights=sizes, minlength=len(per)).astype(np.int64), out=bounds[1:])
-            flat[name] = (np.concatenate(arrays) if arrays else np.zeros(0, dt), bounds)
+            got = arrays[name]
+            sizes = np.fromiter((a.size for a in got), np.int64, len(got))
+            bounds = np.zeros(len(todo) + 1, np.int64)
+            np.cumsum(np.bincount(np.asarray(owners[name], np.int64), weights=sizes,
+                                  minlength=len(todo)).astype(np.int64), out=bounds[1:])
+            flat[name] = (np.concatenate(got) if got else np.zeros(0, dt), bounds)
         shared = (cols, flat)
         for j, sg in enumerate(todo):
-            sg._shared = (shared, j, int(starts[j]), int(starts[j + 1]))  # views made on demand by freeze()
-            sg.cols = {}
-            sg.ns = []
+            sg._shared = (shared, j, starts[j], starts[j + 1])  # views made on demand by freeze()
+            sg.rows = []
             sg.flat = {}
         if len(todo) != len(segs):
             return None
         arrays = {**cols, **{name: arr for name, (arr, _) in flat.items()}}
-        bounds = {name: starts for name in cols} | {name: b for name, (_, b) in flat.items()}
+        bounds = {name: starts_at for name in cols} | {name: b for name, (_, b) in flat.items()}
         return {"arrays": arrays, "bounds": bounds}
 
     def freeze(self) -> dict[str, Any]:
@@ -130,16 +135,15 @@ class Segment:
                 self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
             self._shared = None
         if self._frozen is None:
-            ns = np.array(self.ns, np.int64)
+            by_col = list(zip(*self.rows)) if self.rows else [()] * (1 + len(self._DTYPES))
+            ns = np.array(by_col[0], np.int64)
             ends = np.cumsum(ns).tolist()
-            cols = {key: _fill(values, ns, ends, self._DTYPES[key]) for key, values in self.cols.items()}
-
+            cols = {key: _fill(by_col[i], ns, ends, dt) for i, (key, dt) in enumerate(self._DTYPES.items(), 1)}
             self._frozen = {"cols": cols}
             for name, dt in self._FLAT.items():
-                xs = self.flat[name]
+                xs = self.flat.get(name)
                 self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
-            self.cols = {}
-            self.ns = []
+            self.rows = []
             self.flat = {}
         return self._frozen
 
@@ -147,7 +151,7 @@ class Segment:
 ALL_ARRAYS = (*Segment._DTYPES, *Segment._FLAT)
 
 
-def _fill(values: list, ns: np.ndarray, ends: list[int], dtype) -> np.ndarray:
+def _fill(values, ns: np.ndarray, ends: list[int], dtype) -> np.ndarray:
     """One column from each add() call's value (a scalar for its ``ns[i]`` tasks, or an array
     of them; ``ends``: the running sum of ``ns``): the scalars in one ``np.repeat``, the arrays
     copied in."""

@@ -251,8 +251,9 @@ class Twins:
             for name, n in held[1]:
                 flat[name] = [renamed[at:at + n]]
                 at += n
-        ops = []
-        for v in src.cols["op"]:  # (each add() call's op: a scalar, or an array of its tasks')
+        rows = []
+        for row in src.rows:  # (each add() call's op, row[2]: a scalar, or an array of its tasks')
+            v = row[2]
             if type(v) is np.ndarray:
                 w = op_map[v]
                 if np.any(w[v >= 0] < 0):
@@ -261,11 +262,9 @@ class Twins:
                 w = int(op_map[v])
                 if v >= 0 > w:
                     raise _Foreign
-            ops.append(w)
-        # (the source is complete: its lists are shared, never appended to)
-        seg.cols = dict(src.cols)
-        seg.cols["op"] = ops
-        seg.ns = src.ns
+            rows.append((*row[:2], w, *row[3:]))
+        # (the source is complete: its arrays are shared, never written to)
+        seg.rows = rows
         seg.flat = flat
         seg.n = src.n
         seg.comm_bytes, seg.comm_mb = src.comm_bytes, src.comm_mb
