@@ -125,6 +125,40 @@ class TestCoordinateDescent:
         r = coordinate_descent(g, c, data_parallel(g, c), tick=tick)
         assert seen == [0, 10] and r.evals == 10 and not r.finished
 
+    def test_a_rounds_changed_ops_visit_first_in_the_next(self, monkeypatch):
+        """Round 2 begins with the ops round 1 changed, in the order it changed them, then the
+        rest in :func:`visit_order` (each op once a round)."""
+        import engine.search.mcmc as M
+        from engine.delta import DeltaSimulator
+
+        visits, committed, last = [], [], [None]
+        real_candidates, real_change, real_commit = M.candidate_configs, DeltaSimulator.change, DeltaSimulator.commit
+
+        def candidates(op, *a, **k):
+            visits.append(op.name)
+            return real_candidates(op, *a, **k)
+
+        def change(self, name, config):
+            last[0] = name
+            return real_change(self, name, config)
+
+        def commit(self):
+            committed.append((len(visits), last[0]))
+            return real_commit(self)
+
+        monkeypatch.setattr(M, "candidate_configs", candidates)
+        monkeypatch.setattr(DeltaSimulator, "change", change)
+        monkeypatch.setattr(DeltaSimulator, "commit", commit)
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        order = visit_order(g)
+        r = coordinate_descent(g, c, data_parallel(g, c), global_moves=False)
+        assert r.rounds >= 2
+        first, second = visits[:len(order)], visits[len(order):2 * len(order)]
+        assert first == order
+        changed = [name for at, name in committed if at <= len(order)]
+        assert changed and second[:len(changed)] == changed
+        assert second[len(changed):] == [name for name in order if name not in changed]
+
     def test_past_deadline_prices_nothing(self):
         g, c = tiny()
         s = data_parallel(g, c)
@@ -208,6 +242,20 @@ class TestPolishSlices:
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
         assert c.go_on(2.0, 0.9) and c.end == 4.0
         assert not c.go_on(4.0, 0.9)
+
+    def test_the_first_round_is_not_judged_before_it_ends_where_it_ends_under_the_cap(self):
+        """At a slice's end, a first round that at its pace (share of its ops visited) ends by the
+        cap goes on, whatever it found; one that would end past the cap is judged as any slice,
+        and after the first round the slices alone decide."""
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)  # slice 2 s, cap 6 s
+        assert c.go_on(2.0, 1.0, first_round=0.4)  # (would end at 5 s)
+        assert c.go_on(5.5, 1.0, first_round=0.95)
+        assert not c.go_on(2.0, 1.0, first_round=0.3)  # (would end at 6.7 s)
+        assert not c.go_on(2.0, 1.0, first_round=None)
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert c.go_on(5.0, 0.8, first_round=0.9)  # round 1 ran past its slice and made the best faster:
+        assert c.go_on(5.1, 0.8) and c.end == 6.0  # a slice from its end, up to the cap
+        assert not c.go_on(6.0, 0.7)
 
     def test_no_extension_when_the_most_is_the_first_share(self):
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.5, max_share=0.25)
