@@ -331,8 +331,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         def tick(r: PolishResult) -> bool:
             if r.cost_s < best_cost:
                 consider("polish", r.strategy, Price(r.cost_s, True))
-            if slices is not None and not slices.go_on(time.perf_counter(), r.cost_s,
-                                                       r.round_share if r.rounds == 1 else None):
+            if slices is not None and not slices.go_on(time.perf_counter(), r.cost_s, r.first_round):
                 return False  # (a slice that made nothing faster: MCMC gets the rest)
             return report(Progress(r.evals, 0.0, best_cost, best_cost, 0.0))
 

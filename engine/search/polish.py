@@ -77,6 +77,11 @@ class PolishResult:
     improvements: list[tuple[int, float, float]] = field(default_factory=list)
     round_share: float = 0.0
 
+    @property
+    def first_round(self) -> float | None:
+        """:attr:`round_share` during the first round, None after it."""
+        return self.round_share if self.rounds == 1 else None
+
 
 class PolishSlices:
     """The polish's time under a time budget, allocated by measured improvement: a first slice of
