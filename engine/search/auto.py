@@ -29,8 +29,8 @@ time than one pricing took. A seed that ends without beating the best priced bef
 its family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
 takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it), and
-further slices as long while each makes the best faster, up to :data:`POLISH_MAX_SHARE`
-(:class:`~engine.search.polish.PolishSlices`: the time follows what pays). MCMC is not started when
+further slices while each makes the best faster, up to :data:`POLISH_MAX_SHARE`, its first round
+uncut where at its pace it ends by then (:class:`~engine.search.polish.PolishSlices`). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
 would not fit in what is left; once running it is stopped at the first progress row from
 which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
