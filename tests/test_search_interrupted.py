@@ -99,8 +99,14 @@ def test_a_real_ctrl_c_after_the_first_progress_row(tmp_path):
 
     out = tmp_path / "best.json"
     env = dict(os.environ, SOAPBOX_PROGRESS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", *ARGS, "--budget", "10m", "-o", str(out)],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+    # Ctrl-C as a terminal's foreground job gets it: a test run started in the background by a
+    # shell without job control has SIGINT ignored, a child inherits that, and Python then
+    # installs no KeyboardInterrupt handler (as a shell intends for its background jobs)
+    child = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"sys.argv = ['soapbox', *{[*ARGS, '--budget', '10m', '-o', str(out)]!r}]; "
+             "runpy.run_module('engine.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", child], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env=env, text=True)
     try:
         seen = ""
         while "proposals" not in seen:
