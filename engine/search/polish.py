@@ -18,8 +18,9 @@ improves taken.
 Ops are visited heaviest first (:func:`visit_order`): the ops with the most parameters, then the
 rest in graph order; from the second round on, the ops the round before changed come first, since
 each was chosen before the changes after it in that round (on RNNTC / ``p100-4x4``, from FlexFlow's
-expert strategy, round 1's last ops take 30.0 to 29.78 ms and revisiting ``lstm.l2.t12``, changed
-early in round 1, then takes 29.09 ms: 12 candidates into round 2 rather than 161 in graph order). Whether an op's weights are worth replicating (data parallelism) or splitting
+expert strategy, round 1 changes ``lstm.l0.t8`` at its 169th candidate and ends at 29.78 ms;
+taking that change back gives 29.09 ms, at the 705th candidate instead of the 861st in graph
+order). Whether an op's weights are worth replicating (data parallelism) or splitting
 (model parallelism) turns on its parameter count against its compute; Krizhevsky's "one weird
 trick" (arXiv:1404.5997, §2: convolutional layers hold 90-95% of the computation and 5% of the
 parameters, fully connected layers the reverse) makes that choice per layer. Visiting the
@@ -216,7 +217,8 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         out.rounds += 1
         improved = False
         if changed:
-            order = changed + [name for name in base if name not in set(changed)]
+            first = set(changed)
+            order = changed + [name for name in base if name not in first]
             changed = []
         # the global pass: per kind, the first neighbour that improves is taken, until none does
         here = space.kinds(out.strategy) if space is not None else []
