@@ -216,6 +216,7 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     while True:
         out.rounds += 1
         improved = False
+        out.round_share = 0.0
         if changed:
             first = set(changed)
             order = changed + [name for name in base if name not in first]
@@ -239,7 +240,6 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
                         out.strategy, out.cost_s = (cand if sim is None else sim.strategy), best
                         out.improvements.append((out.evals, time.perf_counter() - t0, best))
                         break
-        out.round_share = 0.0
         for at, name in enumerate(order if sim is not None else ()):  # (single-op moves where delta
             out.round_share = at / len(order)  # simulation is affordable)
             m = max(1, sim.strategy.pipeline.microbatches)

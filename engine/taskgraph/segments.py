@@ -89,14 +89,7 @@ class Segment:
         todo = [sg for sg in segs if sg._frozen is None and sg._shared is None]
         if not todo:
             return None
-        rows = list(chain.from_iterable(sg.rows for sg in todo))  # every add() call's row
-        by_col = list(zip(*rows)) if rows else [()] * (1 + len(cls._DTYPES))  # (one transpose, in C)
-        ns = np.fromiter(by_col[0], np.int64, len(rows))
-        ends = np.cumsum(ns).tolist()
-        cols = {}
-        for i, (key, dt) in enumerate(cls._DTYPES.items(), 1):
-            check_cancel(cancel)
-            cols[key] = _fill(by_col[i], ns, ends, dt)
+        cols = cls._columns(list(chain.from_iterable(sg.rows for sg in todo)), cancel)  # every add() call's row
         starts_at = np.cumsum([0] + [sg.n for sg in todo])
         starts = starts_at.tolist()
         # each flat name's arrays in segment order, with the segment each came from
@@ -126,6 +119,19 @@ class Segment:
         bounds = {name: starts_at for name in cols} | {name: b for name, (_, b) in flat.items()}
         return {"arrays": arrays, "bounds": bounds}
 
+    @classmethod
+    def _columns(cls, rows: list[tuple], cancel: Any = None) -> dict[str, np.ndarray]:
+        """Each column of :attr:`_DTYPES` from add() rows (transposed in one ``zip``, in C);
+        ``cancel`` is asked before each column."""
+        by_col = list(zip(*rows)) if rows else [()] * (1 + len(cls._DTYPES))
+        ns = np.fromiter(by_col[0], np.int64, len(rows))
+        ends = np.cumsum(ns).tolist()
+        cols = {}
+        for i, (key, dt) in enumerate(cls._DTYPES.items(), 1):
+            check_cancel(cancel)
+            cols[key] = _fill(by_col[i], ns, ends, dt)
+        return cols
+
     def freeze(self) -> dict[str, Any]:
         """The segment's arrays (computed once; a built segment never changes)."""
         if self._shared is not None:
@@ -135,11 +141,7 @@ class Segment:
                 self._frozen[name] = arr[bounds[j]:bounds[j + 1]]
             self._shared = None
         if self._frozen is None:
-            by_col = list(zip(*self.rows)) if self.rows else [()] * (1 + len(self._DTYPES))
-            ns = np.array(by_col[0], np.int64)
-            ends = np.cumsum(ns).tolist()
-            cols = {key: _fill(by_col[i], ns, ends, dt) for i, (key, dt) in enumerate(self._DTYPES.items(), 1)}
-            self._frozen = {"cols": cols}
+            self._frozen = {"cols": self._columns(self.rows)}
             for name, dt in self._FLAT.items():
                 xs = self.flat.get(name)
                 self._frozen[name] = np.concatenate(xs) if xs else np.zeros(0, dt)
