@@ -15,6 +15,7 @@ from .cluster import Cluster
 from .graph import OpGraph
 from .ops import DTYPE_BYTES
 from .strategy import Strategy, partition_grid, zero_shares
+from .taskgraph.regions import param_keys, param_regions, param_split, pieces
 from .taskgraph.sync import sync_unit
 
 __all__ = ["StaticMemory", "static_memory", "logits_bytes", "host_capacity", "graph_cache", "param_partitions",
@@ -142,7 +143,7 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
             hit = per_op[name] = (cfg, (D, gid, uid, share), (gid * (1 << 24) + regions) * D + devices, devices,
                                   np.full(n, elems), np.full(n, float(cfg.degree("sample") * cfg.degree("length")
                                                                       // share)),
-                                  np.full(n, uid), np.full(n, op.kind == "linear"))
+                                  np.full(n, uid), np.full(n, op.kind == "linear"), param_split(op, cfg))
         hits.append(hit)
     # the per-device sums, made again only when some op's arrays changed: a proposal that
     # changes an op without parameters reuses the last call's (``hits`` is kept with them, so
@@ -152,7 +153,23 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
     if last is not None and last[0] == key:
         params, sharded, gemm_params, unit_max = last[2]
     else:
-        params, sharded, gemm_params, unit_max = sums = _param_sums(hits, D, zero, n_units, strategy)
+        # a shared tensor its ops cut differently (an RNN's timesteps under different configs):
+        # a GPU holding the whole and a half holds the whole once, the union of its regions
+        mixed: dict[int, list] = {}
+        if not zero:
+            cuts: dict[int, set] = {}
+            for (op, _, gid, _), hit in zip(meta, hits):
+                cuts.setdefault(gid, set()).add(hit[8])
+            mixed = {gid: [] for gid, c in cuts.items() if len(c) > 1}
+            for (op, _, gid, _), hit in zip(meta, hits):
+                if gid in mixed:
+                    mixed[gid].append((op, hit[0]))
+        params, sharded, gemm_params, unit_max = sums = _param_sums(
+            [h for m, h in zip(meta, hits) if m[2] not in mixed] if mixed else hits, D, zero, n_units, strategy)
+        for members in mixed.values():
+            params += _union_held(cache, members, D)
+            if strategy.fp8:
+                gemm_params += _union_held(cache, [(op, cfg) for op, cfg in members if op.kind == "linear"], D)
         cache["static_last"] = (key, hits, sums)
     w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
                                                   getattr(strategy, "grad_reduce_in_fp32", True))
@@ -234,7 +251,7 @@ def _param_sums(hits: list[tuple], D: int, zero: int, n_units: int, strategy: St
     unit_max = np.zeros(D)
     if not hits:
         return params, sharded, gemm_params, unit_max
-    _, first = np.unique(np.concatenate([h[2] for h in hits]), return_index=True)
+    _, first, which = np.unique(np.concatenate([h[2] for h in hits]), return_index=True, return_inverse=True)
     devs_p = np.concatenate([h[3] for h in hits])[first]
     elems_p = np.concatenate([h[4] for h in hits])[first]
     div = np.concatenate([h[5] for h in hits])[first]
@@ -242,13 +259,40 @@ def _param_sums(hits: list[tuple], D: int, zero: int, n_units: int, strategy: St
         div = np.minimum(div, strategy.shard_group)
     params += np.bincount(devs_p, elems_p, minlength=D)
     sharded += np.bincount(devs_p, elems_p / div, minlength=D)
-    if strategy.fp8:
-        np.add.at(gemm_params, devs_p, np.where(np.concatenate([h[7] for h in hits])[first], elems_p, 0.0))
+    if strategy.fp8:  # (a region a linear layer holds, shared with an embedding: cached in fp8 too)
+        linear = np.zeros(first.size, bool)
+        np.logical_or.at(linear, which.ravel(), np.concatenate([h[7] for h in hits]))
+        np.add.at(gemm_params, devs_p, np.where(linear, elems_p, 0.0))
     if zero >= 3:
         per_unit = np.zeros((n_units, D))
         np.add.at(per_unit, (np.concatenate([h[6] for h in hits])[first], devs_p), elems_p)
         unit_max = per_unit.max(axis=0)
     return params, sharded, gemm_params, unit_max
+
+
+def _union_held(cache: dict, members: list[tuple], D: int) -> np.ndarray:
+    """[device] elements of one shared tensor its ops (``members``: (op, config)) hold: the
+    union of each GPU's regions (the tensor cut at every boundary of every region; each piece
+    counted once a GPU holding it). Kept for the same config objects."""
+    if not members:
+        return np.zeros(D)
+    memo = cache.setdefault("union_held", {})
+    key = (members[0][0].name, D)
+    hit = memo.get(key)
+    if hit is not None and len(hit[0]) == len(members) and all(a is b for a, (_, b) in zip(hit[0], members)):
+        return hit[1]
+    grids = [partition_grid(op, cfg) for op, cfg in members]
+    devs = np.concatenate([np.asarray(cfg.devices, np.int64) for _, cfg in members])
+    total = np.zeros(D)
+    for i in range(len(members[0][0].params)):
+        lo, hi = (np.concatenate(x) for x in zip(*(param_regions(op, cfg, names, grid, i)
+                                                    for (op, cfg), (names, grid) in zip(members, grids))))
+        volume, _, on = pieces(lo, hi, devs, D)
+        total += volume @ on
+    if len(memo) > 4096:
+        memo.clear()
+    memo[key] = ([cfg for _, cfg in members], total)
+    return total
 
 
 def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
@@ -319,8 +363,10 @@ def param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, floa
         cols = [grid_names.index(n) for n in split]
         codes = np.ravel_multi_index(grid[:, cols].T, [cfg.degree(n) for n in split]) if cols else \
             np.zeros(grid.shape[0], np.int64)
-        distinct, inverse = np.unique(codes, return_inverse=True)  # (a few: the split's degrees)
-        key = tuple(split)
-        regions = np.array([ids.setdefault((key, int(c)), len(ids)) for c in distinct], np.int64)[inverse.ravel()]
+        distinct, first, inverse = np.unique(codes, return_index=True, return_inverse=True)  # (a few)
+        # labelled by the region of the tensor (equal across ops sharing it: a tied embedding's
+        # vocab slice and its output layer's are one region), not by the dims that cut it
+        labels = param_keys(op, cfg, grid_names, grid[first])
+        regions = np.array([ids.setdefault(lab, len(ids)) for lab in labels], np.int64)[inverse.ravel()]
         hit = cache[ck] = (regions, np.asarray(cfg.devices, np.int64), elems, copies)
     return hit

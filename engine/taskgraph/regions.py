@@ -9,7 +9,8 @@ from ..graph import Op
 from ..ops import sliding_window
 from ..strategy import Config
 
-__all__ = ["tile", "ranges", "out_regions", "in_regions", "classes", "transfer_plan"]
+__all__ = ["tile", "ranges", "out_regions", "in_regions", "param_regions", "param_split", "param_keys", "pieces",
+           "classes", "transfer_plan"]
 
 def tile(x: np.ndarray, m: int) -> np.ndarray:
     """``np.tile`` of a 1-D array ``m`` times, without its Python overhead (a third of
@@ -37,6 +38,70 @@ def out_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, k: i
                                                                     for j, n in enumerate(names)]).items():
         lo[:, ax], hi[:, ax] = ranges(coord, deg, shape[ax])
     return lo, hi
+
+
+def param_regions(op: Op, config: Config, names: list[str], grid: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """[part, axis] lo/hi of the region of parameter tensor ``i`` each partition holds."""
+    shape = op.params[i].shape
+    n = grid.shape[0]
+    lo = np.zeros((n, len(shape)), np.int64)
+    hi = np.tile(np.asarray(shape, np.int64), (n, 1))
+    axes = [(j, op.dim(name).param_axes[i] if i < len(op.dim(name).param_axes) else None)
+            for j, name in enumerate(names)]
+    for ax, (coord, deg) in _axis_splits(op, config, names, grid, axes).items():
+        lo[:, ax], hi[:, ax] = ranges(coord, deg, shape[ax])
+    return lo, hi
+
+
+def param_split(op: Op, config: Config) -> tuple[tuple[int, ...], ...]:
+    """Per parameter tensor, the number of pieces each of its axes is cut into: two ops sharing
+    a tensor (a ``param_group``) hold the same set of regions exactly when these are equal
+    (the regions of an axis cut ``k`` ways are its ``k`` :func:`ranges`, whichever dims cut it)."""
+    out = []
+    for i, p in enumerate(op.params):
+        cut = [1] * len(p.shape)
+        for d in op.dims:
+            ax = d.param_axes[i] if i < len(d.param_axes) else None
+            if ax is not None and not d.is_replica:
+                cut[ax] *= config.degree(d.name)
+        out.append(tuple(cut))
+    return tuple(out)
+
+
+def param_keys(op: Op, config: Config, names: list[str], grid: np.ndarray) -> list[tuple]:
+    """A label per partition of the parameter region it holds: equal for two partitions, of one
+    op or of two ops sharing a tensor, exactly when they hold the same region (the cuts of
+    every tensor axis and where the region starts on each), whatever the dims that cut it are
+    called (a tied embedding's ``vocab`` and its output layer's ``feature`` cut the same axis)."""
+    sig = param_split(op, config)
+    los = [param_regions(op, config, names, grid, i)[0] for i in range(len(op.params))]
+    lo = np.concatenate(los, axis=1) if los else np.zeros((grid.shape[0], 0), np.int64)
+    return [(sig, tuple(row)) for row in lo.tolist()]
+
+
+def pieces(lo: np.ndarray, hi: np.ndarray, devices: np.ndarray, n_devices: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tensor cut at every boundary of the regions ``lo``/``hi`` ([holder, axis]) that
+    ``devices`` ([holder]) hold: (``volume`` [piece] elements, ``held`` [holder, piece] the
+    holder's region contains the piece, ``on`` [piece, device] some holder on the device does).
+    The regions of ops sharing a tensor but cutting it differently (a half, a quarter, the
+    whole) meet in these pieces; each piece lies whole inside or outside every region.
+
+    >>> v, held, on = pieces(np.array([[0], [0], [4]]), np.array([[8], [4], [8]]), np.array([0, 1, 2]), 3)
+    >>> v.tolist(), held.astype(int).tolist(), on.astype(int).tolist()
+    ([4.0, 4.0], [[1, 1], [1, 0], [0, 1]], [[1, 1, 0], [1, 0, 1]])
+    """
+    cuts = [np.unique(np.concatenate([lo[:, ax], hi[:, ax]])) for ax in range(lo.shape[1])]
+    cells = np.stack([c.ravel() for c in np.meshgrid(*[np.arange(c.size - 1) for c in cuts], indexing="ij")],
+                     axis=1).reshape(-1, len(cuts))
+    c_lo = np.stack([c[cells[:, ax]] for ax, c in enumerate(cuts)], axis=1).reshape(cells.shape)
+    c_hi = np.stack([c[cells[:, ax] + 1] for ax, c in enumerate(cuts)], axis=1).reshape(cells.shape)
+    volume = np.prod(c_hi - c_lo, axis=1).astype(float)  # (1 for a scalar)
+    held = np.all((lo[:, None, :] <= c_lo[None]) & (c_hi[None] <= hi[:, None, :]), axis=2)
+    on = np.zeros((volume.size, n_devices), bool)
+    h, c = np.nonzero(held)
+    on[c, devices[h]] = True
+    return volume, held, on
 
 
 def _axis_splits(op: Op, config: Config, names: list[str], grid: np.ndarray,

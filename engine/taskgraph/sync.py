@@ -1,6 +1,8 @@
 """Synchronisation segments: gradients of replicated parameters reduced over the partitions that
-hold the same region, ZeRO's sharded update and gathers (Rajbhandari et al. SC'20), and FSDP's
-per-microbatch parameter gathers with one unit of prefetch."""
+hold the same region (of the tensor: ops sharing one, a ``param_group``, reduce together, and
+where they cut it differently every piece is reduced over all its holders), ZeRO's sharded
+update and gathers (Rajbhandari et al. SC'20), and FSDP's per-microbatch parameter gathers with
+one unit of prefetch."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from ..ops import DTYPE_BYTES
 from ..strategy import zero_shares
 from .context import BuildContext, OpTables
 from .emit import Emitter
-from .regions import tile
+from .regions import param_keys, param_regions, param_split, pieces, tile
 from .segments import Segment
 from .tasks import BWD, FWD
 
@@ -125,7 +127,7 @@ class SyncBuilder:
         region they hold, in ascending code order (vectorised)."""
         t, cfg = self.tables, self.ctx.strategy.configs[self.ctx.graph.ops[oi].name]
         devs = t.devs[oi]
-        key = (id(devs), id(grid), tuple(split), share, zero >= 1)
+        key = (id(devs), id(grid), tuple(split), share, zero >= 1, self.ctx.graph.ops[oi].signature)
         hit = self._groups.get(key)
         if hit is not None and hit[0] is devs and hit[1] is grid:
             return hit[2]
@@ -137,9 +139,12 @@ class SyncBuilder:
             codes = codes * share + grid[:, names.index("length")] % share
         order = np.argsort(codes, kind="stable")
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
-        groups = [((np.sort(devs[part_ids]).tobytes(),) if zero >= 1 else
-                   (tuple(names[j] for j in split), int(codes[part_ids[0]])), part_ids)
-                  for part_ids in np.split(order, bounds)]
+        parts = np.split(order, bounds)
+        if zero >= 1:
+            groups = [((np.sort(devs[part_ids]).tobytes(),), part_ids) for part_ids in parts]
+        else:  # labelled by the region of the tensor they hold, equal across ops sharing it
+            labels = param_keys(self.ctx.graph.ops[oi], cfg, names, grid[[p[0] for p in parts]])
+            groups = list(zip(labels, parts))
         if len(self._groups) >= 4096:  # bounded: a long search meets many configs
             self._groups.clear()
         self._groups[key] = (devs, grid, groups)
@@ -151,8 +156,12 @@ class SyncBuilder:
         zero = ctx.strategy.zero_stage
         device_params = np.zeros(ctx.n_devices)  # parameters each device's optimizer updates
         pbytes = DTYPE_BYTES[ctx.graph.precision]
-        regions: dict[tuple, list] = {}  # region -> [devices, (op, parts), elements, tensors counted]
-        for oi in members:
+        # region -> [devices, (op, parts), elements, tensors counted]; a shared tensor its ops
+        # cut differently is cut into pieces first
+        ops = ctx.graph.ops
+        mixed = not zero and len({param_split(ops[oi], ctx.strategy.configs[ops[oi].name]) for oi in members}) > 1
+        regions: dict[tuple, list] = self._shared_regions(members) if mixed else {}
+        for oi in () if mixed else members:
             op = ctx.graph.ops[oi]
             names, grid = t.grid[oi]
             cfg = ctx.strategy.configs[op.name]
@@ -241,6 +250,49 @@ class SyncBuilder:
         seg.device_params = device_params
         if zero >= 3:
             self._fsdp_gathers(seg, unit, members, gathers)
+
+    def _shared_regions(self, members: list[int]) -> dict[tuple, list]:
+        """The all-reduces of a shared tensor (a ``param_group``) whose ops cut it differently
+        (an RNN's timesteps under different configs): keyed by their region codes, a half
+        held by one timestep and the whole held by the others would be reduced apart, and
+        the copies would drift. The tensor is cut at every boundary of every op's regions;
+        each piece is reduced over every device holding it, with the contributions of every
+        partition holding it, and pieces held by the same devices are reduced together (one
+        collective, as a framework buckets them). Entries as ``build``'s ``regions``."""
+        ctx, t = self.ctx, self.tables
+        op_of = np.concatenate([np.full(t.devs[oi].size, oi, np.int64) for oi in members])  # [holder] op
+        part_of = np.concatenate([np.arange(t.devs[oi].size) for oi in members])  # [holder] its partition
+        dev_of = np.concatenate([t.devs[oi] for oi in members])  # [holder] its device
+        groups: dict[bytes, list] = {}  # [device] holds it -> [devices, [holders], elements]
+        for i in range(len(ctx.graph.ops[members[0]].params)):
+            b_lo, b_hi = (np.concatenate(x) for x in zip(*(self._boxes(oi, i) for oi in members)))
+            volume, held, on = pieces(b_lo, b_hi, dev_of, ctx.n_devices)
+            rows, first, which = np.unique(on, axis=0, return_index=True, return_inverse=True)
+            which = which.ravel()
+            pick = np.zeros((volume.size, rows.shape[0]), np.int64)  # [piece, holder set] one-hot
+            pick[np.arange(volume.size), which] = 1
+            has = (held.astype(np.int64) @ pick) > 0  # [holder, holder set]
+            for r in np.argsort(first):  # in order of their first pieces
+                entry = groups.setdefault(rows[r].tobytes(), [np.flatnonzero(rows[r]), [], 0.0])
+                entry[1].append(np.flatnonzero(has[:, r]))
+                entry[2] += float(volume[which == r].sum())
+        out = {}
+        for key, (devs, holders, elems) in groups.items():
+            hs = np.unique(np.concatenate(holders))  # (ascending: by op in members' order, then partition)
+            runs = np.split(hs, np.flatnonzero(np.diff(op_of[hs])) + 1)
+            out[("shared", key)] = [[devs], [(int(op_of[r[0]]), part_of[r]) for r in runs], elems, set()]
+        return out
+
+    def _boxes(self, oi: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """[part, axis] lo/hi of parameter tensor ``i``'s region each partition of op ``oi``
+        holds (ops of one layer under one config share their grid: computed once for them)."""
+        op = self.ctx.graph.ops[oi]
+        names, grid = self.tables.grid[oi]
+        key = ("boxes", op.signature, i, id(grid))
+        hit = self._groups.get(key)
+        if hit is None or hit[0] is not grid:
+            hit = self._groups[key] = (grid, *param_regions(op, self.ctx.strategy.configs[op.name], names, grid, i))
+        return hit[1], hit[2]
 
     def _param_gather(self, seg: Segment, unit: str, members: list[int], devs: list[int], size_bytes: float) -> None:
         """ZeRO-1/2's all-gather of a unit's updated parameters over ``devs``: after the
