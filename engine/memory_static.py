@@ -287,7 +287,7 @@ def _union_held(cache: dict, members: list[tuple], D: int) -> np.ndarray:
     for i in range(len(members[0][0].params)):
         lo, hi = (np.concatenate(x) for x in zip(*(param_regions(op, cfg, names, grid, i)
                                                     for (op, cfg), (names, grid) in zip(members, grids))))
-        volume, _, on = pieces(lo, hi, devs, D)
+        volume, _, _, on = pieces(lo, hi, devs, D)
         total += volume @ on
     if len(memo) > 4096:
         memo.clear()

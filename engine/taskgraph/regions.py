@@ -10,7 +10,7 @@ from ..ops import sliding_window
 from ..strategy import Config
 
 __all__ = ["tile", "ranges", "out_regions", "in_regions", "param_regions", "param_split", "param_keys", "pieces",
-           "classes", "transfer_plan"]
+           "unique_rows", "classes", "transfer_plan"]
 
 def tile(x: np.ndarray, m: int) -> np.ndarray:
     """``np.tile`` of a 1-D array ``m`` times, without its Python overhead (a third of
@@ -79,29 +79,51 @@ def param_keys(op: Op, config: Config, names: list[str], grid: np.ndarray) -> li
     return [(sig, tuple(row)) for row in lo.tolist()]
 
 
-def pieces(lo: np.ndarray, hi: np.ndarray, devices: np.ndarray, n_devices: int
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A tensor cut at every boundary of the regions ``lo``/``hi`` ([holder, axis]) that
-    ``devices`` ([holder]) hold: (``volume`` [piece] elements, ``held`` [holder, piece] the
-    holder's region contains the piece, ``on`` [piece, device] some holder on the device does).
-    The regions of ops sharing a tensor but cutting it differently (a half, a quarter, the
-    whole) meet in these pieces; each piece lies whole inside or outside every region.
+def unique_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct rows in lexicographic order, [row] index of each one's first occurrence,
+    [row of x] index of its distinct row): ``np.unique(x, axis=0, return_index=True,
+    return_inverse=True)`` by one stable lexsort (~9x faster on the few thousand short rows
+    of a shared tensor's regions).
 
-    >>> v, held, on = pieces(np.array([[0], [0], [4]]), np.array([[8], [4], [8]]), np.array([0, 1, 2]), 3)
-    >>> v.tolist(), held.astype(int).tolist(), on.astype(int).tolist()
+    >>> r, first, inv = unique_rows(np.array([[2, 1], [0, 5], [2, 1]]))
+    >>> r.tolist(), first.tolist(), inv.tolist()
+    ([[0, 5], [2, 1]], [1, 0], [1, 0, 1])
+    """
+    order = np.lexsort(x.T[::-1]) if x.shape[1] else np.arange(x.shape[0])
+    xs = x[order]
+    new = np.ones(x.shape[0], bool)
+    new[1:] = np.any(xs[1:] != xs[:-1], axis=1)
+    inverse = np.empty(x.shape[0], np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return xs[new], order[new], inverse
+
+
+def pieces(lo: np.ndarray, hi: np.ndarray, devices: np.ndarray, n_devices: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A tensor cut at every boundary of the regions ``lo``/``hi`` ([holder, axis]) that
+    ``devices`` ([holder]) hold: (``volume`` [piece] elements, ``held`` [box, piece] the
+    distinct region ``box`` contains the piece, ``box`` [holder] the holder's distinct region,
+    ``on`` [piece, device] some holder on the device holds it). The regions of ops sharing a
+    tensor but cutting it differently (a half, a quarter, the whole) meet in these pieces;
+    each piece lies whole inside or outside every region.
+
+    >>> v, held, box, on = pieces(np.array([[0], [0], [4]]), np.array([[8], [4], [8]]), np.array([0, 1, 2]), 3)
+    >>> v.tolist(), held[box].astype(int).tolist(), on.astype(int).tolist()
     ([4.0, 4.0], [[1, 1], [1, 0], [0, 1]], [[1, 1, 0], [1, 0, 1]])
     """
-    cuts = [np.unique(np.concatenate([lo[:, ax], hi[:, ax]])) for ax in range(lo.shape[1])]
+    boxes, _, box = unique_rows(np.concatenate([lo, hi], axis=1))
+    b_lo, b_hi = boxes[:, :lo.shape[1]], boxes[:, lo.shape[1]:]
+    cuts = [np.unique(boxes[:, [ax, lo.shape[1] + ax]]) for ax in range(lo.shape[1])]
     cells = np.stack([c.ravel() for c in np.meshgrid(*[np.arange(c.size - 1) for c in cuts], indexing="ij")],
                      axis=1).reshape(-1, len(cuts))
     c_lo = np.stack([c[cells[:, ax]] for ax, c in enumerate(cuts)], axis=1).reshape(cells.shape)
     c_hi = np.stack([c[cells[:, ax] + 1] for ax, c in enumerate(cuts)], axis=1).reshape(cells.shape)
     volume = np.prod(c_hi - c_lo, axis=1).astype(float)  # (1 for a scalar)
-    held = np.all((lo[:, None, :] <= c_lo[None]) & (c_hi[None] <= hi[:, None, :]), axis=2)
-    on = np.zeros((volume.size, n_devices), bool)
-    h, c = np.nonzero(held)
-    on[c, devices[h]] = True
-    return volume, held, on
+    held = np.all((b_lo[:, None, :] <= c_lo[None]) & (c_hi[None] <= b_hi[:, None, :]), axis=2)
+    where = np.zeros((boxes.shape[0], n_devices), np.int64)  # [box, device] some holder there
+    where[box, devices] = 1
+    on = (held.T.astype(np.int64) @ where) > 0
+    return volume, held, box, on
 
 
 def _axis_splits(op: Op, config: Config, names: list[str], grid: np.ndarray,

@@ -13,7 +13,7 @@ from ..ops import DTYPE_BYTES
 from ..strategy import zero_shares
 from .context import BuildContext, OpTables
 from .emit import Emitter
-from .regions import param_keys, param_regions, param_split, pieces, tile
+from .regions import param_keys, param_regions, param_split, pieces, tile, unique_rows
 from .segments import Segment
 from .tasks import BWD, FWD
 
@@ -266,12 +266,11 @@ class SyncBuilder:
         groups: dict[bytes, list] = {}  # [device] holds it -> [devices, [holders], elements]
         for i in range(len(ctx.graph.ops[members[0]].params)):
             b_lo, b_hi = (np.concatenate(x) for x in zip(*(self._boxes(oi, i) for oi in members)))
-            volume, held, on = pieces(b_lo, b_hi, dev_of, ctx.n_devices)
-            rows, first, which = np.unique(on, axis=0, return_index=True, return_inverse=True)
-            which = which.ravel()
+            volume, held, box, on = pieces(b_lo, b_hi, dev_of, ctx.n_devices)
+            rows, first, which = unique_rows(on)
             pick = np.zeros((volume.size, rows.shape[0]), np.int64)  # [piece, holder set] one-hot
             pick[np.arange(volume.size), which] = 1
-            has = (held.astype(np.int64) @ pick) > 0  # [holder, holder set]
+            has = ((held.astype(np.int64) @ pick) > 0)[box]  # [holder, holder set]
             for r in np.argsort(first):  # in order of their first pieces
                 entry = groups.setdefault(rows[r].tobytes(), [np.flatnonzero(rows[r]), [], 0.0])
                 entry[1].append(np.flatnonzero(has[:, r]))
