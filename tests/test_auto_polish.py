@@ -125,6 +125,17 @@ class TestCoordinateDescent:
         r = coordinate_descent(g, c, data_parallel(g, c), tick=tick)
         assert seen == [0, 10] and r.evals == 10 and not r.finished
 
+    def test_until_is_asked_before_every_candidate(self):
+        g, c = tiny()
+        seen = []
+
+        def until(r):
+            seen.append(r.evals)
+            return r.evals < 7
+
+        r = coordinate_descent(g, c, data_parallel(g, c), until=until)
+        assert seen == list(range(8)) and r.evals == 7 and not r.finished
+
     def test_a_rounds_changed_ops_visit_first_in_the_next(self, monkeypatch):
         """Round 2 begins with the ops round 1 changed, in the order it changed them, then the
         rest in :func:`visit_order` (each op once a round)."""

@@ -327,17 +327,17 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         t = time.perf_counter()
         slices = None if left is None else PolishSlices(t, left, found[start_name][1].cost_s, POLISH_SHARE,
                                                         POLISH_MAX_SHARE)
+        # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
+        until = None if slices is None else lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round)
 
         def tick(r: PolishResult) -> bool:
             if r.cost_s < best_cost:
                 consider("polish", r.strategy, Price(r.cost_s, True))
-            if slices is not None and not slices.go_on(time.perf_counter(), r.cost_s, r.first_round):
-                return False  # (a slice that made nothing faster: MCMC gets the rest)
             return report(Progress(r.evals, 0.0, best_cost, best_cost, 0.0))
 
         try:
             pr = coordinate_descent(graph, cluster, start, cost_model, max_evals=budget.iterations,
-                                    deadline=None if slices is None else slices.cap, tick=tick)
+                                    deadline=None if slices is None else slices.cap, tick=tick, until=until)
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
             notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
         else:
