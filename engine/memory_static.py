@@ -157,13 +157,11 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
         # a GPU holding the whole and a half holds the whole once, the union of its regions
         mixed: dict[int, list] = {}
         if not zero:
-            cuts: dict[int, set] = {}
+            by_group: dict[int, list] = {}  # group -> [(op, config, its cuts)]
             for (op, _, gid, _), hit in zip(meta, hits):
-                cuts.setdefault(gid, set()).add(hit[8])
-            mixed = {gid: [] for gid, c in cuts.items() if len(c) > 1}
-            for (op, _, gid, _), hit in zip(meta, hits):
-                if gid in mixed:
-                    mixed[gid].append((op, hit[0]))
+                by_group.setdefault(gid, []).append((op, hit[0], hit[8]))
+            mixed = {gid: [(op, cfg) for op, cfg, _ in m] for gid, m in by_group.items()
+                     if len({cut for *_, cut in m}) > 1}
         params, sharded, gemm_params, unit_max = sums = _param_sums(
             [h for m, h in zip(meta, hits) if m[2] not in mixed] if mixed else hits, D, zero, n_units, strategy)
         for members in mixed.values():
@@ -363,7 +361,7 @@ def param_partitions(cache: dict, op, cfg) -> tuple[np.ndarray, np.ndarray, floa
         cols = [grid_names.index(n) for n in split]
         codes = np.ravel_multi_index(grid[:, cols].T, [cfg.degree(n) for n in split]) if cols else \
             np.zeros(grid.shape[0], np.int64)
-        distinct, first, inverse = np.unique(codes, return_index=True, return_inverse=True)  # (a few)
+        _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)  # (a few distinct)
         # labelled by the region of the tensor (equal across ops sharing it: a tied embedding's
         # vocab slice and its output layer's are one region), not by the dims that cut it
         labels = param_keys(op, cfg, grid_names, grid[first])
