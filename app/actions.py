@@ -226,7 +226,7 @@ LAYOUT_OFFLOADS = {"opt-offload": "offload_optimizer", "param-offload": "offload
 def module_reasons(graph) -> dict[str, str | None]:
     """Why each of Megatron-Core's recompute modules (:data:`engine.strategy.RECOMPUTE_MODULES`)
     does not apply to ``graph`` (None where it does), by the names the model builders give
-    (:func:`engine.recompute.recomputed_ops`): ``mlp`` needs a dense MLP layer (``*.mlp.*``
+    (:func:`engine.strategy.recompute.recomputed_ops`): ``mlp`` needs a dense MLP layer (``*.mlp.*``
     outside the MoE layers), the MoE ones mixture-of-experts layers (``shared_experts`` shared
     experts too), ``layernorm`` norms, ``mla_up_proj`` multi-head latent attention (ops named
     ``*.attn.q_up`` / ``*.attn.kv_up``); ``core_attn``, Megatron's default, always applies."""

@@ -14,7 +14,7 @@ from typing import Any
 from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_strategy
 from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ
-from engine.report import tokens_per_sample
+from engine.sim.report import tokens_per_sample
 from engine.search.baselines import make_baseline
 
 from . import jobs

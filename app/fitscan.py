@@ -1,6 +1,6 @@
 """The smallest cluster for a layout: the preset sizes of the page's cluster family tried in
 the background, smallest first, until the layout fits in memory
-(:func:`engine.sweep.smallest_fit`); the page polls :func:`fit_status`."""
+(:func:`engine.studies.sweep.smallest_fit`); the page polls :func:`fit_status`."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def fit_start(state: dict) -> str:
     graph = graph_of(state)
 
     def run() -> None:
-        from engine.sweep import smallest_fit
+        from engine.studies.sweep import smallest_fit
 
         try:
             smallest_fit(graph, kind, opts, [preset(n) for n in sizes], max_tasks=APP_MAX_TASKS,

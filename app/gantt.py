@@ -14,10 +14,10 @@ import numpy as np
 
 from engine.cluster import Cluster
 from engine.graph import OpGraph
-from engine.simulate import Timeline
+from engine.sim.full import Timeline
 from engine.strategy import Strategy
-from engine.device_runs import device_runs
-from engine.idle import device_gaps
+from engine.strategy.device_runs import device_runs
+from engine.sim.idle import device_gaps
 from engine.taskgraph import BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
@@ -352,7 +352,7 @@ def _bubble(timeline: Timeline, dev_row: np.ndarray, pipeline: tuple[int, int, i
     time = (p-1)/m, divided by v under the interleaved schedule)."""
     p, m, v = (int(x) for x in pipeline)
     formula = (p - 1) / (v * m + p - 1)
-    g = device_gaps(timeline, BUBBLE_MIN_GAP)  # (one pass over the dispatch order: engine/idle.py)
+    g = device_gaps(timeline, BUBBLE_MIN_GAP)  # (one pass over the dispatch order: engine/sim/idle.py)
     span = g.span_s
     out = {"formula": formula, "stages": p, "microbatches": m, "virtual": v, "span_s": span, "measured": 0.0,
            "beyond": 0.0, "busy_spread": 0.0,

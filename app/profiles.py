@@ -1,12 +1,12 @@
 """Measured op costs in the explorer: a ``soapbox.profile/1`` table (``soapbox profile``'s
 output) attached to a session prices the ops it measured (:class:`engine.costs.CostModel`
 with the table); the summary says which share of the compute came from it
-(:func:`engine.profiling.coverage`) and the op panel marks each op's cost measured or modelled.
+(:func:`engine.studies.profiling.coverage`) and the op panel marks each op's cost measured or modelled.
 
 A table comes through the page's upload box (the same size cap, and the engine's loader checks
 it against the format's schema); it is kept in the store for the session that uploaded it, as
 its models and clusters are, and the state names it by digest only. The command line's local
-measurement cache (:class:`engine.profiling.MeasurementCache`) is not offered: the explorer
+measurement cache (:class:`engine.studies.profiling.MeasurementCache`) is not offered: the explorer
 has no configured place to read one from, and never opens a path a request names.
 """
 
@@ -87,11 +87,11 @@ def op_cost_mark(ws: Workspace, name: str) -> str:
 
 def coverage_note(ws: Workspace) -> str:
     """The summary's line on where op costs came from: '' without a table, else how many ops
-    and what share of the compute time (forward and backward, :func:`engine.profiling.coverage`)
+    and what share of the compute time (forward and backward, :func:`engine.studies.profiling.coverage`)
     the table measured."""
     if ws.profile is None:
         return ""
-    from engine.profiling import coverage
+    from engine.studies.profiling import coverage
 
     cov = coverage(ws.graph, ws.strategy, ws.cluster, ws.cost)
     marks = _op_marks(ws)

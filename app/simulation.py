@@ -18,12 +18,12 @@ from typing import Any
 
 from engine.cluster import Cluster
 from engine.costs import CostModel, ProfileTable
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.errors import Cancelled, SoapboxError, TooLargeError, ValidationError
 from engine.graph import OpGraph
-from engine.memory import MemoryReport, memory_report
+from engine.sim.memory import MemoryReport, memory_report
 from engine.search.baselines import make_baseline
-from engine.simulate import Timeline
+from engine.sim.full import Timeline
 from engine.strategy import Config, Strategy, validate_strategy
 
 from . import store
@@ -241,7 +241,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     loops poll and where it says what it is doing. ``profile``: a measured table pricing the ops
     it has (the roofline prices the rest). ``sized``: :func:`check_size` with the cluster
     passed for this content already (:func:`size_checked_key`)."""
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
     from engine.taskgraph import tasks_within
 
     cancel = build.cancel if build is not None else None
@@ -270,7 +270,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
 def _baseline_of(state: dict, kind: str) -> tuple[float, float, bool] | None:
     """(iteration time s, communication bytes, fits in memory) of a baseline on the state's
     model and cluster, simulated once per pair (None when it cannot be built)."""
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
 
     g, c, p = graph_of(state), cluster_of(state), state.get("profile")
     key = (g.fingerprint, store.digest_of(c.to_dict()), kind, p["upload"] if p else "")

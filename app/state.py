@@ -157,7 +157,7 @@ def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:
     Compare), checked before it is parsed: at most :data:`MAX_APP_OPS` ops, and device runs
     standing for at most :data:`MAX_APP_DEVICES` devices an op and :data:`MAX_APP_DEVICE_IDS`
     in all (counted, never listed)."""
-    from engine.device_runs import check_runs
+    from engine.strategy.device_runs import check_runs
 
     ops = data.get("ops") if isinstance(data, dict) else None
     if isinstance(ops, dict):

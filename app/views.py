@@ -16,9 +16,9 @@ import numpy as np
 from engine.cluster import Cluster
 from engine.ops import EXPERT
 from engine.graph import OpGraph
-from engine.memory import MemoryReport
-from engine.report import tokens_per_s
-from engine.simulate import Timeline
+from engine.sim.memory import MemoryReport
+from engine.sim.report import tokens_per_s
+from engine.sim.full import Timeline
 from engine.strategy import Config, Strategy
 from engine.taskgraph import BWD, COLL, FWD, XFER
 
@@ -313,7 +313,7 @@ MEMORY_LABELS = {"optimizer state": "optimizer", "communication buffers": "comm 
 def memory_data(report: MemoryReport, devices: list[int], stage_of_device: np.ndarray | None = None,
                 max_groups: int = 64, expert_share: np.ndarray | None = None) -> dict[str, Any]:
     """Per group of GPUs whose memory is identical (bytes): every part of the peak
-    (:meth:`~engine.memory.MemoryReport.breakdown_arrays`: weights, gradients, optimizer state,
+    (:meth:`~engine.sim.memory.MemoryReport.breakdown_arrays`: weights, gradients, optimizer state,
     buffers, peak activations, gathered parameters, logits, fragmentation, CUDA context) and
     capacity; one bar per group, labelled with its pipeline stage
     (``stage_of_device``, :func:`stage_of_devices`), its first GPU and how many it stands for
@@ -371,7 +371,7 @@ def expert_param_share(graph: OpGraph, strategy: Strategy, n_devices: int) -> np
 
 
 def summary_data(graph: OpGraph, timeline: Timeline, report: MemoryReport, dp_cost_s: float | None) -> dict:
-    """The summary cards' numbers (tokens/s as the engine defines it: :func:`engine.report.tokens_per_s`)."""
+    """The summary cards' numbers (tokens/s as the engine defines it: :func:`engine.sim.report.tokens_per_s`)."""
     t = timeline.makespan_s
     tg = timeline.tasks
     return {

@@ -19,7 +19,7 @@ input is read from it:
 soapbox runs the same layouts: model ``gpt3-175b`` (``engine.models.build_sample``) or a
 ``GPTConfig`` of Korthikanti et al.'s Table 3 shapes with Megatron's GPT conventions, preset
 ``dgx-a100-80gb:<nodes>``, ``engine.layout.Layout`` -> ``engine.search.baselines.build_layout``
--> ``engine.report.simulate_strategy(check=False)``, whose memory report is made inside
+-> ``engine.sim.report.simulate_strategy(check=False)``, whose memory report is made inside
 (``account_memory`` on). Both sides: fp16, no ZeRO / optimizer sharding, data-parallel gradient
 reduction not overlapped with the backward (Calculon's ``data_par_overlap`` false in those
 files; soapbox ``overlap_grad_reduce`` off), no tensor-parallel communication overlap.
@@ -245,12 +245,12 @@ def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
     for ``run``: layout -> strategy -> build, simulate and memory report. The first call
     refuses (``engine.errors.TooLargeError``) a build of more than ``max_tasks`` estimated
     tasks, as the explorer does; the calls after it (the timed ones) skip that estimate.
-    ``steady``: ``simulate_strategy(steady=True)`` (``engine.steady``: a long pipeline's steady
+    ``steady``: ``simulate_strategy(steady=True)`` (``engine.sim.steady``: a long pipeline's steady
     state simulated for a few microbatches and extrapolated; the tasks are the whole
     iteration's count)."""
     from engine.cluster import preset
     from engine.layout import Layout
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
     from engine.search.baselines import build_layout
     cluster = preset(run.cluster)
     lay = Layout.from_options(run.layout)
@@ -395,7 +395,7 @@ def _title(head: dict[str, Any]) -> str:
     return (f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
             f"Python {head['python']}, {head['date_utc']} UTC, load average {load}; "
             f"median of {head['rounds']} interleaved rounds after one warm-up each"
-            f"{'; soapbox with steady=True (engine.steady)' if head.get('steady') else ''}\n")
+            f"{'; soapbox with steady=True (engine.sim.steady)' if head.get('steady') else ''}\n")
 
 
 def print_saved(path: str) -> int:

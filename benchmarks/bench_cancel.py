@@ -3,14 +3,14 @@ cancel checks cost the event loop.
 
 The case is the explorer's largest background build: LLaMA-2 7B under FlexFlow's "expert"
 strategy on ``dgx-a100-80gb:8`` (64 A100s; no exact symmetry, so ~9 M tasks are built and
-simulated). A worker thread runs :func:`engine.report.simulate_strategy` (build, simulate,
+simulated). A worker thread runs :func:`engine.sim.report.simulate_strategy` (build, simulate,
 account memory) with a :class:`threading.Event` as ``cancel``; the main thread asks to cancel
 at several points of the run and measures the seconds from just before ``cancel.set()``
 (waiting for the interpreter lock included, as a request thread would) to the worker's
 :class:`engine.errors.Cancelled`. The simulation alone is cancelled the same way on a
 prebuilt task graph.
 
-Overhead: :func:`engine.simulate.run_schedule` of the same task graph with no cancel (one
+Overhead: :func:`engine.sim.full.run_schedule` of the same task graph with no cancel (one
 compiled call) against a never-set cancel (chunks of ``CANCEL_CHECK_EVENTS`` tasks with a
 check between them), and the build likewise, alternated, median and minimum of ``--repeat``
 runs each (on a shared machine the minimum is the steadier figure).
@@ -30,9 +30,9 @@ from typing import Any, Callable
 
 from engine.errors import Cancelled
 from engine.formats import resolve_cluster, resolve_model
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import make_baseline
-from engine.simulate import CANCEL_CHECK_EVENTS, run_schedule
+from engine.sim.full import CANCEL_CHECK_EVENTS, run_schedule
 from engine.taskgraph import build_task_graph
 
 

@@ -1,7 +1,7 @@
 """Would numbering tasks in dispatch order pay for one prediction? (issue 28, "tasks numbered in
 dispatch order")
 
-The event loop (:func:`engine.simulate.dispatch`) touches a dozen arrays per task at the task's
+The event loop (:func:`engine.sim.full.dispatch`) touches a dozen arrays per task at the task's
 id; on GPT-3 175B's 1 M-task graph its ready heap holds 18 tasks on average, so the loop is
 bound by memory access, not by the heap. Numbering tasks in the order they will run puts what
 the loop touches next to each other. Ties between equal ready times are broken by task id, so a
@@ -10,7 +10,7 @@ carries that id in the heap (a third heap array), and its results, mapped back, 
 equal the loop's bit for bit.
 
 For each order the script reports, median of ``--repeat`` runs in one process, interleaved with
-the loop as it is (:func:`engine.simulate.run_schedule`'s compiled ``_run``):
+the loop as it is (:func:`engine.sim.full.run_schedule`'s compiled ``_run``):
 - ``prep``: the permutation and the permuted arrays (CSR rows reordered, successors renamed);
 - ``loop``: the renumbered loop; ``back``: its results mapped back to the original ids.
 
@@ -34,7 +34,7 @@ import time
 import numba as nb
 import numpy as np
 
-from engine.simulate import HEAP_ARITY, _run, loop_state
+from engine.sim.full import HEAP_ARITY, _run, loop_state
 
 
 @nb.njit(cache=True, inline="always")
@@ -85,7 +85,7 @@ def _pop3(hk, ht, hi, n):  # pragma: no cover
 @nb.njit(cache=True)
 def renumbered_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res,
                     tie):  # pragma: no cover
-    """FIFO list scheduling as :func:`engine.simulate.dispatch`, ties broken by ``tie`` (the
+    """FIFO list scheduling as :func:`engine.sim.full.dispatch`, ties broken by ``tie`` (the
     original ids) instead of the ids of this numbering. (The engine's loop, written out again
     with that one change: the measurement below decided against it, so the engine keeps one
     loop and this variant lives only here.)"""

@@ -38,7 +38,7 @@ from engine.models import build_sample
 from engine.cluster import preset
 from engine.layout import Layout
 from engine.search.baselines import build_layout
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 g = build_sample({model!r})
 c = preset({cluster!r})
 s = build_layout(g, c, Layout({layout}))

@@ -30,7 +30,7 @@ import time
 from engine.cluster import DEVICE_TYPES, IB_EDR_BW, NVLINK1_PAIR_BW, PCIE3_BW, Cluster, NodeSpec
 from engine.formats import resolve_model
 from engine.search.pase import build_problem, solve
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 
 #: (model, devices, PaSE's reference seconds from the issue)

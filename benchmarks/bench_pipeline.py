@@ -18,7 +18,7 @@ import time
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import megatron
 from engine.search.api import PipelineOptions
 from engine.search.pipeline import pipeline

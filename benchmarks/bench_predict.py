@@ -1,5 +1,5 @@
 """One prediction at LLM scale, in process: build the task graph, simulate it and make the memory
-report (``engine.report.simulate_strategy``), for Megatron layouts of GPT-3 175B on 1,024 A100s
+report (``engine.sim.report.simulate_strategy``), for Megatron layouts of GPT-3 175B on 1,024 A100s
 (Narayanan et al. SC'21: tp 8 x pp 16 x dp 8, micro-batch 1, global batch 1,536, full
 recomputation) with and without sequence parallelism, and with context parallelism 2 (tp 8 x
 cp 2 x pp 8) with and without it (issue 28: the symmetry reduction surviving sequence and
@@ -13,7 +13,7 @@ of the N after the warm-up), the tasks simulated and the predicted iteration tim
 case by case, and the ratio of medians is printed.
 
 With ``--steady`` the current tree also runs with ``simulate_strategy(steady=True)``
-(:mod:`engine.steady`: the pipeline's steady state simulated for a few microbatches and
+(:mod:`engine.sim.steady`: the pipeline's steady state simulated for a few microbatches and
 extrapolated), interleaved with its full simulation (and the baseline's, given one that has
 it); the table shows both predictions.
 
@@ -47,7 +47,7 @@ from engine.models import build_sample
 from engine.cluster import preset
 from engine.layout import Layout
 from engine.search.baselines import build_layout
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 g, c = build_sample("gpt3-175b"), preset("dgx-a100-80gb:128")
 lay = Layout.from_options(json.loads(sys.argv[1]))
 s = build_layout(g, c, lay.resolved(g, c))
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="predictions timed in each process after the warm-up (a run's figure: their median)")
     ap.add_argument("--steady", action="store_true",
-                    help="also the current tree with simulate_strategy(steady=True) (engine.steady), interleaved")
+                    help="also the current tree with simulate_strategy(steady=True) (engine.sim.steady), interleaved")
     args = ap.parse_args()
     trees = [("current", ROOT, False)] + ([("current, steady", ROOT, True)] if args.steady else []) + \
         ([("baseline", args.baseline, False)] if args.baseline else []) + \

@@ -5,7 +5,7 @@ The CPU is described as a device type: its fp32 peak from its clock, cores and v
 (AVX-512 FMA: 2 units x 16 lanes x 2 FLOPs a cycle, stated as an assumption; ``--flops-per-cycle``
 changes it) and its memory bandwidth measured here (a 256 MiB copy, read + write, best of 5):
 a CPU has no spec sheet to quote. Each distinct op partition of the model under data
-parallelism on one such device is measured once (``engine.profiling``), then the model is
+parallelism on one such device is measured once (``engine.studies.profiling``), then the model is
 simulated with the roofline alone and with the profile.
 
 Usage: python benchmarks/bench_profile.py [--model alexnet] [--batch 16] [--repeats 10]
@@ -24,8 +24,8 @@ import torch
 from engine.cluster import Cluster, DeviceType, NodeSpec
 from engine.costs import CostModel, ProfileTable
 from engine.formats import resolve_model
-from engine.profiling import coverage, local_device_name, measure, needed_keys
-from engine.report import simulate_strategy
+from engine.studies.profiling import coverage, local_device_name, measure, needed_keys
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel
 
 

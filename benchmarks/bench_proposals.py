@@ -63,9 +63,9 @@ steady = (b.iteration - a.iteration) / (b.elapsed_s - a.elapsed_s) if b.elapsed_
 # simulation of the changed strategy (no symmetry, like the delta simulator's own build)
 import random
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.search.mcmc import random_config
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 sim = DeltaSimulator(g, r.best, c)
 rng, names, ratios, sim_ratios, tasks = random.Random(0), [op.name for op in g.ops], [], [], []
@@ -97,7 +97,7 @@ print(json.dumps({"proposals": r.iterations, "seconds": seconds, "cpu_s": cpu_s,
 #: after ``argv[3]`` accepted random moves from data parallel (the same moves in every tree)
 PHASES = """
 import json, random, sys, time
-import engine.delta as D
+import engine.sim.delta as D
 import engine.taskgraph.assembly as AS
 import engine.taskgraph.builder as B
 from engine.formats import resolve_model

@@ -66,7 +66,7 @@ def app_cases() -> list[Case]:
     from app import links as LNK
     from app import state as ST
     from app import uploads as UP
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
 
     alex = ST.new_state("alexnet")
     names = ["/etc/hostname", "x.json", "dgx-h100:100000000", "dgx-a100-80gb:129", "p100-4x4:2",

@@ -21,12 +21,12 @@ import time
 
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
 from engine.search.api import Budget
 from engine.search.mcmc import mcmc, random_config
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 
 DELTA_CASES = [("inception_v3", "p100-4x4"), ("inception_v3", "k80-16x4"), ("nmt", "p100-4x4"), ("nmt", "k80-16x4")]

@@ -2,7 +2,7 @@
 
 Prints one row per case: tasks, edges, build seconds, simulation seconds and simulated tasks
 per second (median of ``--repeat`` runs after one warm-up), and, for the cases small enough,
-the same simulation by the pure-Python reference loop (``engine.simulate.run_reference``) in
+the same simulation by the pure-Python reference loop (``engine.sim.full.run_reference``) in
 the same process, with the speed-up ratio. The last case is GPT-3 175B on 1,024 A100s with
 Megatron's layout (tp 8, pp 16, dp 8, 1F1B, micro-batch 1): end-to-end seconds (baseline
 construction excluded: build + simulate), target < 2 s.
@@ -20,7 +20,7 @@ import time
 from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel, expert, megatron
-from engine.simulate import run_reference, simulate
+from engine.sim.full import run_reference, simulate
 from engine.taskgraph import build_task_graph
 
 REFERENCE_MAX_TASKS = 600_000  # the Python loop takes ~1 s per 250k tasks

@@ -13,7 +13,7 @@ import platform
 import statistics
 import time
 
-from engine.sweep import parse_clusters, parse_grid, points, run_sweep
+from engine.studies.sweep import parse_clusters, parse_grid, points, run_sweep
 
 
 def main() -> None:

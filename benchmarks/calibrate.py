@@ -1,13 +1,13 @@
 """Fit the cost model's calibrated constants on named public rows, and print them.
 
-Every fitted constant of ``engine/costs.py`` comes from this script, on the in-sample rows
+Every fitted constant of ``engine/costs/model.py`` comes from this script, on the in-sample rows
 listed by ``benchmarks/published.py`` (``in_sample``) of ``validation/published_runs_public.csv``
 (the in-repository copy); every other row is held out (``benchmarks/validate_published.py``
 reports the two sets apart). The
 constants are physically meaningful and per device type where the hardware differs:
 
 * ``SUSTAINED_FRACTION``, per device type: the share of the measured kernel rates (MAMF per
-  architecture and precision, fused attention per architecture; cited in engine/costs.py,
+  architecture and precision, fused attention per architecture; cited in engine/costs/model.py,
   not fitted) a GPU sustains through a training run, on that device type's in-sample rows —
   those of today's stacks (2024-26 software) where it has at least three, else all of them.
   Tile and wave quantisation follow from each GPU's SM count; ``GEMM_K_HALF`` (the K-loop
@@ -39,7 +39,7 @@ from published_rows import source_of  # noqa: E402
 from engine.cluster import preset  # noqa: E402
 from engine.costs import CostModel  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
-from engine.report import simulate_strategy  # noqa: E402
+from engine.sim.report import simulate_strategy  # noqa: E402
 
 
 #: Families whose rows ran 2024-26 software (validation/README.md; benchmarks/published_rows.py)
@@ -125,7 +125,7 @@ def main() -> int:
 
     ids = sorted({rid for family in sets.values() for rid in family})
     print(f"in-sample rows: {', '.join(map(str, ids))}")
-    print("  (the large-GEMM fractions are measured, not fitted: engine/costs.py GEMM_FRACTION)")
+    print("  (the large-GEMM fractions are measured, not fitted: engine/costs/model.py GEMM_FRACTION)")
     by_device: dict[str, list[int]] = {}
     by_id = {int(r["row_id"]): r for r in rows}
     for rid in ids:

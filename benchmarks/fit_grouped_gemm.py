@@ -1,4 +1,4 @@
-"""The grouped-GEMM shares of engine/costs.py (``GROUPED_GEMM_SHARE``), from the measurements in
+"""The grouped-GEMM shares of engine/costs/model.py (``GROUPED_GEMM_SHARE``), from the measurements in
 benchmarks/measured/h200_grouped_gemm.jsonl (benchmarks/gpu_grouped_gemm.py on one NVIDIA H200,
 torch 2.11 ``torch._grouped_mm`` / ``torch._scaled_grouped_mm``, 2026-11-26).
 

@@ -51,7 +51,7 @@ from engine.formats import load_cluster, load_model, load_profile, load_strategy
 from engine.graph import GraphBuilder
 from engine.models import sample_dir
 from engine.models.transformer import GPTConfig, gpt
-from engine.report import format_summary, json_text, simulate_strategy
+from engine.sim.report import format_summary, json_text, simulate_strategy
 from engine.search.baselines import data_parallel, make_baseline
 
 KINDS = ("model", "cluster", "strategy", "profile")

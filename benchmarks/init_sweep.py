@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 
 from engine.cli.init_sweep import parse_seeds
-from engine.init_sweep import InitSweepConfig, config_dict, premise, run_experiment, summarise
+from engine.experiments.init_sweep import InitSweepConfig, config_dict, premise, run_experiment, summarise
 
 #: (name, hidden widths, target loss): the default wide MLP, and a narrow deep one whose
 #: initialisations differ more (single runs from 12 inits took 80 to 360 steps to reach 0.15)

@@ -30,7 +30,7 @@ from published_rows import software_of  # noqa: E402
 
 from engine.cluster import preset  # noqa: E402
 from engine.models.transformer import GPTConfig, gpt  # noqa: E402
-from engine.report import simulate_strategy  # noqa: E402
+from engine.sim.report import simulate_strategy  # noqa: E402
 from engine.search.baselines import fsdp, megatron  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from published_setup import setup_for  # noqa: E402
 from engine.cluster import preset  # noqa: E402
 from engine.errors import printable  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
-from engine.report import model_flops, simulate_strategy  # noqa: E402
+from engine.sim.report import model_flops, simulate_strategy  # noqa: E402
 
 __all__ = ["ROOT", "SOURCES", "Skip", "RowResult", "Setup", "Predictor", "CsvError", "default_csv",
            "load_rows", "cell_int", "cell_float", "cell_number", "source_of", "group_key", "megatron_flops",
@@ -268,7 +268,7 @@ class Predictor:
                F: float, model_F: float | None = None) -> tuple[float, float | None]:
         """(predicted metric, iteration time implied by the published value or None), by the
         conversions of ``validation/README.md``. ``F``: Megatron-counted FLOPs per iteration;
-        ``model_F``: model FLOPs without recomputation (:func:`engine.report.model_flops`; built
+        ``model_F``: model FLOPs without recomputation (:func:`engine.sim.report.model_flops`; built
         from ``setup.cfg`` when not given)."""
         c, gpus = setup.cfg, cell_int(row, "gpus")
         tokens = c.batch * c.seq_len

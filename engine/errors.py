@@ -157,7 +157,7 @@ def check_cancel(cancel: Any) -> None:
     ``cancel`` is None (never cancelled), an object with ``is_set()`` (a
     :class:`threading.Event`) or a callable returning true when the work should stop. The
     builder, the event loop and the memory report call this between their phases (the event
-    loop every :data:`engine.simulate.CANCEL_CHECK_EVENTS` tasks), so a cancel set from another
+    loop every :data:`engine.sim.full.CANCEL_CHECK_EVENTS` tasks), so a cancel set from another
     thread ends the work within a fraction of a second.
 
     >>> import threading

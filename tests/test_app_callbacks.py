@@ -11,14 +11,14 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from engine.strategy import compact_strategy_dict, devices_of_entry
+from engine.strategy.device_runs import compact_strategy_dict, devices_of_entry
 from dash import no_update
 
 from app import jobs
 from app.fmt import format_rate, format_seconds
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search import ALGORITHMS
 from engine.search.baselines import data_parallel, expert
 from app import actions as ACT
@@ -748,7 +748,7 @@ def test_learn_texts_have_no_line_that_markdown_reads_as_a_bullet():
 
 def test_language_models_show_tokens_per_second_and_mfu():
     """Issue 16: throughput in tokens/s for LLMs, and MFU (PaLM's definition)."""
-    from engine.report import mfu
+    from engine.sim.report import mfu
 
     state = ST.new_state("gpt2", "dgx-a100-80gb:1")
     out = EXP.render_explore(state)

@@ -17,11 +17,11 @@ from app import views as V
 from app.fmt import format_bytes, format_count, format_rate, format_seconds
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import Config
-from engine.memory import memory_report
-from engine.simulate import simulate
+from engine.sim.memory import memory_report
+from engine.sim.full import simulate
 from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER, build_task_graph
 from app import actions as ACT
 from app import simulation as SIM

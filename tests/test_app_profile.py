@@ -17,7 +17,7 @@ from app.sources import cluster_of, graph_of
 from app.state import new_state, page_strategy
 from app.tabs import explore as EXP
 from engine.costs import ProfileTable
-from engine.profiling import needed_keys
+from engine.studies.profiling import needed_keys
 
 #: made-up measured times (s): far from the roofline's, so the simulation shows them
 FWD_S, BWD_S = 0.25, 0.5

@@ -11,13 +11,13 @@ import zlib
 import pytest
 
 from engine.errors import ValidationError
-from engine.strategy import compact_strategy_dict, devices_of_entry
+from engine.strategy.device_runs import compact_strategy_dict, devices_of_entry
 
 from app import store
 from engine.cluster import preset
 from engine.formats import load_strategy, resolve_model
 from engine.models import sample_names
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import strategy_from_dict
 from app import actions as ACT
@@ -542,7 +542,7 @@ def _held_builds(monkeypatch, polls_cancel: bool = False):
     engine's loops do; the list it returns with the event gets each build's cancel argument."""
     import threading
 
-    import engine.report as R
+    import engine.sim.report as R
     import engine.taskgraph as T
     from engine.errors import Cancelled
 
@@ -696,7 +696,7 @@ class TestReviewRegressions:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
         assert peak < 20e6, peak
-        from engine.device_runs import check_runs
+        from engine.strategy.device_runs import check_runs
 
         assert check_runs({"a": {"devices": "0-9"}, "b": {"devices": "0-9"}}, limit=15) == [
             ("ops.b.devices", "the strategy's device runs stand for more than 15 device ids")]

@@ -140,7 +140,7 @@ class TestCoordinateDescent:
         """Round 2 begins with the ops round 1 changed, in the order it changed them, then the
         rest in :func:`visit_order` (each op once a round)."""
         import engine.search.mcmc as M
-        from engine.delta import DeltaSimulator
+        from engine.sim.delta import DeltaSimulator
 
         visits, committed, last = [], [], [None]
         real_candidates, real_change, real_commit = M.candidate_configs, DeltaSimulator.change, DeltaSimulator.commit

@@ -20,17 +20,9 @@ from engine.cluster import A100_NVSWITCH_BW, DEVICE_TYPES, Cluster, NodeSpec, pr
 from engine.errors import ValidationError
 from engine.graph import OpGraph
 from engine.models import build_sample, sample_names
-from engine.search.baselines import (
-    BASELINES,
-    balanced_layers,
-    data_parallel,
-    expert,
-    fsdp,
-    layer_blocks,
-    make_baseline,
-    megatron,
-    model_parallel,
-)
+from engine.search.baselines import BASELINES, data_parallel, expert, fsdp, make_baseline, megatron, model_parallel
+from engine.layout.placement import balanced_layers
+from engine.graph.blocks import layer_blocks
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
 
 
@@ -446,7 +438,7 @@ class TestUnevenStagesAndZero:
     def test_megatron_with_zero(self, stage):
         """The distributed optimizer (1), and ZeRO-2/3 with tp and pp: the state sharded over
         each data-parallel group of 2."""
-        from engine.report import simulate_strategy
+        from engine.sim.report import simulate_strategy
 
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
         plain = megatron(g, c, tp=2, pp=2, micro_batch=1)

@@ -12,16 +12,16 @@ import threading
 import numpy as np
 import pytest
 
-import engine.simulate as sim_mod
+import engine.sim.full as sim_mod
 import engine.taskgraph.builder as builder_mod
 from engine.cluster import preset
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.errors import Cancelled, check_cancel
 from engine.formats import resolve_model
-from engine.memory import memory_report
-from engine.report import simulate_strategy
+from engine.sim.memory import memory_report
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert, megatron
-from engine.simulate import run_schedule, simulate
+from engine.sim.full import run_schedule, simulate
 from engine.taskgraph import build_task_graph
 
 TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
@@ -120,7 +120,7 @@ class TestAlreadySet:
             build_task_graph(g, s, c, cancel=lambda: True)
 
     def test_entry_point_raises_before_checking_or_building(self, alexnet, monkeypatch):
-        import engine.report as report_mod
+        import engine.sim.report as report_mod
         g, s, c = alexnet
 
         def no_work(*a, **k):
@@ -226,7 +226,7 @@ class TestNeverSet:
     def test_smallest_fit_stop_ends_a_running_simulation(self, monkeypatch):
         """The scan's ``stop`` is its simulations' cancel: asked during a build, a stopped
         scan returns the rows so far (none here) instead of finishing the cluster."""
-        from engine.sweep import smallest_fit
+        from engine.studies.sweep import smallest_fit
         g = resolve_model("gpt2")
         calls = [0]
 

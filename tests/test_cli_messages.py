@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import engine.cli.commands as commands
 import engine.cli.search as cli_search
-import engine.sweep as sweep
+import engine.studies.sweep as sweep
 from engine.cli import main
 from toys import run_cli  # tests/toys.py
 from engine.cluster import preset

@@ -1,7 +1,7 @@
 """NCCL's collective cost model (engine.costs.collective_time_s) and ZeRO-3's gather unit.
 
 The expected times are worked by hand from NCCL's tuner constants (src/graph/tuning.cc,
-quoted in engine/costs.py): base latency + intra-node steps x per-step latency + cross-node
+quoted in engine/costs/model.py): base latency + intra-node steps x per-step latency + cross-node
 steps x network step latency + the bus share of the buffer at the protocol's share of the
 bandwidth, the least over protocols (and the tree for all-reduce)."""
 
@@ -15,7 +15,7 @@ from engine.costs import collective_time_s
 from engine.formats import resolve_model
 from engine.models.transformer import gpt2
 from engine.search.baselines import fsdp, make_baseline
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import Strategy, strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
 from engine.taskgraph.sync import sync_unit

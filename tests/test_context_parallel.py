@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.memory import memory_report
+from engine.sim.memory import memory_report
 from engine.models.transformer import GPTConfig, gpt
 from engine.search.baselines import fsdp, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from engine.taskgraph.tasks import COLL, COLL_INDEX
 

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.errors import ValidationError
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
 from engine.search.mcmc import random_config
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
 

@@ -11,11 +11,11 @@ import pytest
 
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.search.baselines import megatron
 from engine.search.mcmc import random_config
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 
 ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator, resume
+from engine.sim.delta import DeltaSimulator, resume
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel, megatron
 from engine.search.mcmc import random_config
-from engine.simulate import run_reference, simulate
+from engine.sim.full import run_reference, simulate
 from engine.taskgraph import TaskGraph, TaskGraphBuilder
 
 #: every array of a TaskGraph, and of a Timeline

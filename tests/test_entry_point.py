@@ -1,22 +1,22 @@
 """The engine's one simulation entry point (issue 24 part 3): ``simulate_strategy`` with its
 ``symmetry``, ``max_tasks`` and ``account_memory`` options, and the metrics defined once in
-``engine.report`` (tokens per sample, model FLOPs, tokens/s, MFU), with the callers that now
+``engine.sim.report`` (tokens per sample, model FLOPs, tokens/s, MFU), with the callers that now
 read them (the sweep, the searches' pricing)."""
 
 from __future__ import annotations
 
 import pytest
 
-import engine.report as report_mod
+import engine.sim.report as report_mod
 from engine.cluster import preset
 from engine.errors import TooLargeError
 from engine.formats import resolve_model
-from engine.memory import fits_in_memory
+from engine.sim.memory import fits_in_memory
 from engine.models.transformer import GPTConfig, gpt
-from engine.report import mfu, model_flops, peak_flops_per_s, simulate_strategy, tokens_per_s, tokens_per_sample
+from engine.sim.report import mfu, model_flops, peak_flops_per_s, simulate_strategy, tokens_per_s, tokens_per_sample
 from engine.search.api import price
 from engine.search.baselines import data_parallel, expert, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph, estimate_symmetric_tasks, estimate_tasks
 
 TINY = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, batch=8)
@@ -168,7 +168,7 @@ class TestEntryPoint:
 
 
 def test_sweep_throughput_is_tokens_per_s_for_a_language_model():
-    from engine.sweep import evaluate
+    from engine.studies.sweep import evaluate
     row = evaluate("gpt2", {"cluster": "dgx-a100-80gb:1", "tp": 2})
     assert row["throughput_per_s"] == pytest.approx(8 * 1024 / row["iteration_time_s"])
     row = evaluate("alexnet", {"cluster": "dgx-a100-80gb:1"})

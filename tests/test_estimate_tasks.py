@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.config import Config
+from engine.strategy.config import Config
 from engine.graph import GraphBuilder
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, expert, fsdp, megatron

@@ -14,7 +14,7 @@ from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.export import (build_layout, export, infer_layout, layout_from_deepspeed, layout_from_megatron,
                            layout_from_torchtitan, to_deepspeed, to_megatron, to_torchtitan)
-from engine.export_megatron import megatron_flags
+from engine.export.megatron import megatron_flags
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel, fsdp, megatron
 from engine.strategy import Config

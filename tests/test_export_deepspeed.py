@@ -13,7 +13,8 @@ from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.export import build_layout, export, infer_layout, layout_from_deepspeed
 from engine.formats import resolve_model
-from engine.layout import Layout, layer_blocks
+from engine.layout import Layout
+from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, fsdp, megatron
 

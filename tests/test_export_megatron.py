@@ -13,9 +13,10 @@ import pytest
 from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.export import build_layout, export, infer_layout
-from engine.export_megatron import RELEASE, layout_from_megatron, megatron_flags, to_megatron
+from engine.export.megatron import RELEASE, layout_from_megatron, megatron_flags, to_megatron
 from engine.formats import resolve_model
-from engine.layout import Layout, layer_blocks
+from engine.layout import Layout
+from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, fsdp, megatron
 from megatron_args import environment, megatron_parse, megatron_rules, parse_pipeline_layout, what_megatron_runs

@@ -14,13 +14,14 @@ from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.export import (build_layout, export, infer_layout, layout_from_deepspeed, layout_from_megatron,
                            layout_from_torchtitan, to_megatron)
-from engine.export_moe import megatron_layer_freq, megatron_pipeline_layout, moe_shape
-from engine.export_torchtitan import launch_args
+from engine.export.moe import megatron_layer_freq, megatron_pipeline_layout, moe_shape
+from engine.export.torchtitan import launch_args
 from engine.graph import GraphBuilder
-from engine.layout import Layout, layer_blocks
+from engine.layout import Layout
+from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
-from engine.export_megatron import megatron_flags
+from engine.export.megatron import megatron_flags
 from engine.search.baselines import megatron
 # Megatron-LM's recorded flags and validate_args checks (core_v0.19.0): tests/megatron_args.py
 from megatron_args import environment, eval_layer_freq, megatron_parse, megatron_rules, parse_pipeline_layout
@@ -50,7 +51,7 @@ def test_mixtral_8x7b_ep8_reads_as_megatron_cores_reference_mapping():
         "--num-experts", "8", "--expert-model-parallel-size", "8", "--expert-tensor-parallel-size", "1",
         "--moe-ffn-hidden-size", "14336", "--moe-router-topk", "2", "--moe-router-score-function", "softmax",
         "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
-        # the model (engine.export_megatron_model): Mixtral's shape as its model card has it
+        # the model (engine.export.megatron_model): Mixtral's shape as its model card has it
         "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--swiglu",
         "--group-query-attention", "--num-query-groups", "8", "--seq-length", "4096", "--max-position-embeddings",
         "4096", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--disable-bias-linear",

@@ -19,9 +19,10 @@ import pytest
 from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.export import build_layout, export, infer_layout
-from engine.export_torchtitan import PLACEHOLDER, SHIPPED, launch_args, layout_from_torchtitan
+from engine.export.torchtitan import PLACEHOLDER, SHIPPED, launch_args, layout_from_torchtitan
 from engine.formats import resolve_model
-from engine.layout import Layout, layer_blocks
+from engine.layout import Layout
+from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.models.hf import from_hf_config
 from engine.search.baselines import data_parallel, fsdp, megatron

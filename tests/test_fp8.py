@@ -10,11 +10,12 @@ from dataclasses import replace
 import pytest
 
 from engine.cluster import preset
-from engine.costs import FP8_CAST_BYTES_PER_ELEMENT, CostModel
-from engine.memory import memory_report
+from engine.costs.model import FP8_CAST_BYTES_PER_ELEMENT
+from engine.costs import CostModel
+from engine.sim.memory import memory_report
 from engine.models.transformer import GPTConfig, gpt
 from engine.search.baselines import megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
 

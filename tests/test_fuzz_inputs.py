@@ -47,7 +47,7 @@ from engine.formats import (
     validate_file,
 )
 from engine.graph import GraphBuilder
-from engine.report import finite_json, json_text, simulate_strategy
+from engine.sim.report import finite_json, json_text, simulate_strategy
 from engine.search.baselines import data_parallel, make_baseline
 from engine.search.api import Budget, MCMCOptions, SearchResult, parse_options
 from engine.strategy import Config, Strategy

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.cluster import DEVICE_TYPES
-from engine.costs import (GEMM_FRACTION, GEMM_K_REF, CostModel, MATMUL_EFFICIENCY, _quantisation)
+from engine.costs.model import GEMM_FRACTION, GEMM_K_REF, MATMUL_EFFICIENCY, _quantisation
+from engine.costs import CostModel
 from engine.graph import GraphBuilder
 
 A100 = DEVICE_TYPES["A100-SXM4-80GB"]
@@ -103,7 +104,7 @@ def test_a_fraction_is_within_the_large_gemm_one(m, n, k, name):
 def test_tf32_precision_fp32_tensors_on_tf32_tensor_cores():
     from engine.cluster import preset
     from engine.models.transformer import gpt2
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
     from engine.search.baselines import data_parallel
     from engine.errors import ValidationError
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.memory import memory_report
+from engine.sim.memory import memory_report
 from engine.models.transformer import gpt2
 from engine.search.baselines import fsdp
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
 from engine.taskgraph.tasks import COLL, COLL_INDEX

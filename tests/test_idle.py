@@ -1,4 +1,4 @@
-"""engine/idle.py: each GPU's idle gaps read in one pass over the dispatch order, pinned on a
+"""engine/sim/idle.py: each GPU's idle gaps read in one pass over the dispatch order, pinned on a
 hand-computed case and checked on random graphs against a sort by device, then start."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.idle import device_gaps
-from engine.simulate import Timeline, simulate
+from engine.sim.idle import device_gaps
+from engine.sim.full import Timeline, simulate
 from engine.taskgraph import BWD, FWD, TaskGraph, XFER
 
 

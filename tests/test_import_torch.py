@@ -17,7 +17,7 @@ from engine.errors import ValidationError
 from engine.formats import load_model
 from engine.graph import GraphBuilder
 from engine.models.torch_import import import_torch, load_factory
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel
 
 

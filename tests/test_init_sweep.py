@@ -10,8 +10,8 @@ import math
 import pytest
 
 from engine.cli.init_sweep import parse_seeds
-from engine.init_sweep import (ARMS, InitSweepConfig, Phase, halving_schedule, run_experiment, select, split_budget,
-                               spiral, summarise)
+from engine.experiments.init_sweep import (ARMS, InitSweepConfig, Phase, halving_schedule, run_experiment, select,
+    split_budget, spiral, summarise)
 from toys import run_cli  # tests/toys.py
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -171,13 +171,13 @@ class TestExperiment:
         assert rows[0]["final_loss"] != rows[3]["final_loss"]
 
     def test_training_lowers_the_loss(self, rows):
-        from engine.init_sweep import run_member
+        from engine.experiments.init_sweep import run_member
 
         r = run_member({"cfg": TINY, "init_seed": 3, "steps": 30})
         assert r["losses"].shape == (30,) and r["final_loss"] < r["losses"][0]
 
     def test_premise_scores_the_sweeps_own_inits(self, rows):
-        from engine.init_sweep import premise
+        from engine.experiments.init_sweep import premise
 
         check = premise(TINY, 0, workers=1)
         assert len(check["steps_to_target"]) == TINY.inits
@@ -229,7 +229,7 @@ class TestTally:
     def test_hand_computed_phase(self):
         """Two members in lockstep for 3 and 2 steps, after 10 steps spent: the lowest loss per
         step is 0.8, 0.6, 0.4 after 12, 14, 15 steps' compute; the target 0.5 is first met at 15."""
-        from engine.init_sweep import _Tally
+        from engine.experiments.init_sweep import _Tally
 
         cfg = InitSweepConfig(inits=2, budget_steps=20, target_loss=0.5, points_per_class=1)  # 3 examples a step
         t = _Tally(cfg)

@@ -1,21 +1,47 @@
-"""The engine's layers import one way, and no module reaches into another's private names.
+"""The engine's layers import one way, no module imports itself round a circle, and no module
+reaches into another's private names.
 
-Read from the source (ast), so the rule holds for lazy imports inside functions too. A
-layer may import any layer below it, never one above: a change to the simulator cannot
-need a change to the searches' or the formats' code."""
+Read from the source (ast), so the rules hold for lazy imports inside functions too. A layer
+may import any layer below it, never one above: a change to the simulator cannot need a change
+to the searches' or the formats' code. Inside a layer, modules import each other without a
+circle (a package's modules import their siblings, never their own package's face)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
-#: bottom to top; a module may import its own layer and those before it
-LAYERS = ["errors", "ops", "moe", "graph", "cluster", "device_runs", "config", "strategy", "moe_layouts", "layout", "recompute", "collectives", "costs", "models", "taskgraph", "simulate", "idle", "memory_static", "memory", "steady", "moe_report",
-          "delta", "report", "formats", "trace", "search", "profiling", "export_moe", "export_megatron_model", "export_megatron", "export_deepspeed", "export_torchtitan", "export", "sweep", "whatif", "init_sweep", "cli"]
+#: the engine's packages (and its three root modules), bottom to top: a module may import its
+#: own layer and those below it
+LAYERS = [
+    "errors",  # errors a user can act on
+    "ops",  # the operator catalogue
+    "moe",  # the mixture-of-experts routing vocabulary
+    "graph",  # OpGraph, layer blocks
+    "cluster",  # devices, nodes, links, presets
+    "costs",  # kernels, transfers, collectives, offload
+    "strategy",  # Config, Strategy, device runs, recomputation
+    "layout",  # the Layout record, its rules, the enumerator, building a layout
+    "models",  # builders and importers
+    "formats",  # versioned JSON files
+    "taskgraph",  # (graph, strategy, cluster) -> task arrays
+    "sim",  # full, delta and steady simulation, memory, the report, traces
+    "search",  # the searches and the baselines
+    "export",  # Megatron-LM, DeepSpeed, torchtitan
+    "studies",  # sweeps, what-ifs, profiling
+    "experiments",  # the init-sweep: a one-way wing
+    "cli",  # the soapbox command
+]
+#: the modules the engine's root may hold beside its packages (the ground vocabulary)
+ROOT_MODULES = {"__init__.py", "errors.py", "moe.py"}
+#: the longest function a module may hold without saying why in its docstring ("Long:")
+MAX_FUNCTION_LINES = 120
 
 
 def modules():
@@ -29,7 +55,8 @@ def modules():
 
 
 def imports(path: Path, name: str, is_pkg: bool):
-    """(target module, imported names, line) of every engine import in the file."""
+    """(target module, imported names, line) of every engine import in the file; ``from
+    package import module`` yields the module."""
     package = name.split(".") if is_pkg else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -39,11 +66,21 @@ def imports(path: Path, name: str, is_pkg: bool):
             else:
                 target = node.module or ""
             if target == "engine" or target.startswith("engine."):
-                yield target, [a.name for a in node.names], node.lineno
+                subs = [a.name for a in node.names if _is_module(f"{target}.{a.name}")]
+                for sub in subs:
+                    yield f"{target}.{sub}", [], node.lineno
+                rest = [a.name for a in node.names if a.name not in subs]
+                if rest or not subs:
+                    yield target, rest, node.lineno
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith(("engine.", "app")):
                     yield a.name, [], node.lineno
+
+
+def _is_module(dotted: str) -> bool:
+    path = ENGINE.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def layer(module: str) -> int | None:
@@ -54,6 +91,13 @@ def layer(module: str) -> int | None:
 def test_every_engine_module_has_a_layer():
     missing = {name.split(".")[1] for _, name, _ in modules() if name != "engine"} - set(LAYERS)
     assert not missing, f"add {sorted(missing)} to LAYERS"
+
+
+def test_the_engine_root_holds_packages_and_the_ground_vocabulary():
+    """A newcomer reads the root as the data flow: packages, and only the vocabulary every one
+    of them speaks (errors, the MoE routing terms) beside them."""
+    assert {p.name for p in ENGINE.glob("*.py")} <= ROOT_MODULES
+    assert len(ROOT_MODULES) <= 5
 
 
 def test_imports_go_down_only():
@@ -67,6 +111,51 @@ def test_imports_go_down_only():
     assert upward == []
 
 
+def import_graph() -> nx.DiGraph:
+    """Module -> module, for every import anywhere in a file (lazy ones inside functions too).
+    Importing ``a.b.c`` runs the faces ``a.b`` first: an edge to each package above the target
+    that does not hold the importer (its own packages are already being imported)."""
+    g = nx.DiGraph()
+    for path, name, is_pkg in modules():
+        g.add_node(name)
+        for target, _, _ in imports(path, name, is_pkg):
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                face = ".".join(parts[:k])
+                if not (name == face or name.startswith(face + ".")):
+                    g.add_edge(name, face)
+            if target != name:
+                g.add_edge(name, target)
+    return g
+
+
+def test_no_import_cycles():
+    """Regression (issue 41): ``search/mcmc.py`` imported ``parallel.py`` and ``polish.py``, both of
+    which imported it back (lazily, so Python never complained)."""
+    cycles = sorted(" -> ".join(c + [c[0]]) for c in nx.simple_cycles(import_graph()))
+    assert cycles == []
+
+
+def test_the_cycle_test_sees_lazy_imports(tmp_path, monkeypatch):
+    """The cycle finder reads imports inside functions too (the circle it was written for hid there)."""
+    pkg = tmp_path / "engine" / "demo"
+    pkg.mkdir(parents=True)
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def x():\n    from .a import y\n")
+    monkeypatch.setattr(__import__(__name__), "ENGINE", tmp_path / "engine")
+    assert list(nx.simple_cycles(import_graph())) != []
+
+
+def test_experiments_are_a_one_way_wing():
+    """Only the command line may reach the experiments; the core never imports them."""
+    found = [f"{path.relative_to(ENGINE.parent)}:{line}" for path, name, is_pkg in modules()
+             if not name.startswith(("engine.experiments", "engine.cli"))
+             for target, _, line in imports(path, name, is_pkg) if target.startswith("engine.experiments")]
+    assert found == []
+
+
 def test_no_private_name_imported_across_modules():
     private = []
     for path, name, is_pkg in modules():
@@ -77,11 +166,40 @@ def test_no_private_name_imported_across_modules():
     assert private == []
 
 
-@pytest.mark.parametrize("path", [p for p, _, _ in modules() if p.name != "ops.py"],
-                         ids=lambda p: str(p.relative_to(ENGINE)))
+def test_one_public_constant_name_per_meaning():
+    """Regression (issue 41): two different shares were both called ``POLISH_SHARE`` (auto's
+    polish and MCMC's final one). A public constant's name is defined in one module only."""
+    where: dict[str, list[str]] = {}
+    for path, name, _ in modules():
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", t.id):
+                    where.setdefault(t.id, []).append(name)
+    assert {k: v for k, v in where.items() if len(v) > 1} == {}
+
+
+@pytest.mark.parametrize("path", [p for p, _, _ in modules()], ids=lambda p: str(p.relative_to(ENGINE)))
 def test_no_engine_file_over_500_lines(path):
-    """One concern per file (the operator catalogue, ops.py, a table by kind, is left out)."""
+    """A tripwire: a file that grows is split by concern (never trimmed to fit)."""
     assert len(path.read_text().splitlines()) <= 500
+
+
+def long_functions(root: Path):
+    """(file:line name, lines) of every function over :data:`MAX_FUNCTION_LINES` whose docstring
+    does not say why it is long (a paragraph starting "Long:")."""
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and "\nLong:" not in "\n" + (ast.get_docstring(node) or ""):
+                    yield f"{path.relative_to(root.parent)}:{node.lineno} {node.name}", n
+
+
+@pytest.mark.parametrize("top", ["engine", "app"])
+def test_no_function_over_120_lines_without_a_reason(top):
+    assert dict(long_functions(ENGINE.parent / top)) == {}
 
 
 # --------------------------------------------------------------------------- the app's floors
@@ -211,7 +329,10 @@ def test_every_package_is_installed():
     import tomllib
 
     root = ENGINE.parent
-    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    from setuptools import find_packages
+
+    include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    listed = set(find_packages(str(root), include=include))
     found = {".".join(p.parent.relative_to(root).parts) for top in ("engine", "app")
              for p in (root / top).rglob("__init__.py")}
     assert found - listed == set()

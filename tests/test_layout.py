@@ -237,7 +237,7 @@ def test_pipeline_plans_come_from_the_enumerator():
 
 
 def test_sweep_layout_points_and_the_smallest_cluster_scan():
-    from engine.sweep import layout_points, smallest_fit
+    from engine.studies.sweep import layout_points, smallest_fit
 
     g = resolve_model("gpt2", batch=8)
     pts = layout_points("gpt2", ["dgx-a100-80gb:1"], batch=8, tps=[2])

@@ -9,12 +9,12 @@ import math
 from engine.cli import main
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.formats import load_strategy, resolve_model
 from engine.search.api import Budget, MCMCOptions
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import candidate_configs, local_polish, mcmc
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 from toys import tiny  # tests/toys.py
 

@@ -9,10 +9,11 @@ import pytest
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.report import simulate_strategy
-from engine.memory import memory_report, optimizer_bytes_per_param
+from engine.sim.report import simulate_strategy
+from engine.sim.memory import memory_report
+from engine.sim.memory_static import optimizer_bytes_per_param
 from engine.search.baselines import data_parallel, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from toys import IDEAL, mlp, toy_cluster
 
@@ -109,7 +110,7 @@ def test_the_per_graph_cache_lives_beside_the_graph_not_inside_it():
     import gc
     import weakref
 
-    from engine import memory_static as memory  # (the cache lives with the static memory model)
+    from engine.sim import memory_static as memory  # (the cache lives with the static memory model)
 
     g = mlp()
     c = toy_cluster()
@@ -130,7 +131,7 @@ class TestKorthikantiActivations:
     S, H, A = 2048, 12288, 96  # GPT-3 175B's layer
 
     def layer_bytes(self, tp, sp, recompute):
-        from engine.memory import saved_activation_bytes
+        from engine.sim.memory import saved_activation_bytes
         from engine.models.transformer import GPTConfig, gpt
 
         g = gpt(GPTConfig(2, self.H, self.A, self.S, 51200, 1, precision="fp16", dropout=0.1, name="k"))
@@ -221,7 +222,7 @@ class TestBytesPerParameter:
     def test_megatron_and_fsdp2_totals(self, precision, zero, want):
         """Megatron-Core's distributed-optimizer table (18 / 20 / 16 bytes unsharded) and
         FSDP2's fp32 sharded parameters, gradients and moments (16)."""
-        from engine.memory import state_bytes_per_param
+        from engine.sim.memory_static import state_bytes_per_param
 
         assert sum(state_bytes_per_param(precision, zero)) == want
 
@@ -268,7 +269,7 @@ class TestBreakdown:
         assert mem.reserved_peak_bytes + mem.context_bytes == pytest.approx(mem.peak_bytes, rel=1e-12)
 
     def test_reserved_is_allocated_plus_the_stated_fragmentation(self):
-        from engine.memory import FRAGMENTATION_FRACTION
+        from engine.sim.memory_static import FRAGMENTATION_FRACTION
 
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
@@ -295,7 +296,7 @@ class TestBreakdown:
         assert mem.gathered_bytes.tolist() == [2 * max(layer, 128 * 64 + 32 * 64) * 2] * 8
 
     def test_the_cli_prints_every_part(self):
-        from engine.report import format_summary
+        from engine.sim.report import format_summary
 
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
@@ -316,7 +317,7 @@ def test_static_memory_kept_per_op_follows_each_change(zero):
     import random
     from dataclasses import replace
 
-    from engine.memory_static import static_memory
+    from engine.sim.memory_static import static_memory
     from engine.search.mcmc import random_config
     from engine.strategy import validate_strategy
 

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.cluster import preset
-from engine.collectives import all_to_all_time_s, group_collective_time_s
+from engine.costs.collectives import all_to_all_time_s, group_collective_time_s
 from engine.costs import CostModel
 from engine.graph import GraphBuilder
 from engine.layout import Layout, layout_problem
 from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import active_parameters, expert_loads, expert_split, gate_factor, rank_loads
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import build_layout
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import COLL, COLL_NAMES, XFER, TaskGraphBuilder
@@ -271,7 +271,7 @@ class TestRecomputeModules:
 
     def test_megatron_flags_round_trip(self):
         from engine.export import export, layout_from_megatron
-        from engine.export_megatron import megatron_flags
+        from engine.export.megatron import megatron_flags
         g, c = small_moe(), preset("dgx-h100:2")
         lay = Layout(ep=8, recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_comm_overlap=True,
                      micro_batch=1)

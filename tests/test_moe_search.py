@@ -14,7 +14,7 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.layout import Layout, expert_shapes, layout_problem, valid_layouts
 from engine.models.moe import MoEConfig, moe_gpt
-from engine.moe_layouts import megatron_eps
+from engine.layout.experts import megatron_eps
 from engine.search.api import Budget, MCMCOptions, price
 from engine.search.baselines import build_layout, megatron
 from engine.strategy import validate_strategy
@@ -150,7 +150,7 @@ def test_block_moves_relay_the_experts_with_every_shape(moe, cluster):
 
 
 def test_moe_seed_layouts(moe, cluster):
-    from engine.search.auto import moe_seed_layouts
+    from engine.search.seed_layouts import moe_seed_layouts
 
     seeds = moe_seed_layouts(moe, cluster, fp8=True)
     assert seeds
@@ -164,7 +164,7 @@ def test_moe_seed_layouts(moe, cluster):
 
 
 def _best_seed(moe, cluster):
-    from engine.search.auto import moe_seed_layouts
+    from engine.search.seed_layouts import moe_seed_layouts
 
     prices = [price(moe, build_layout(moe, cluster, lay), cluster) for entry in moe_seed_layouts(moe, cluster, True)
               for lay in entry]
@@ -193,7 +193,7 @@ def test_auto_keeps_bf16_when_asked(moe, cluster):
 
 
 def test_mcmc_from_a_moe_seed_is_no_slower_than_it(moe, cluster):
-    from engine.search.auto import moe_seed_layouts
+    from engine.search.seed_layouts import moe_seed_layouts
     from engine.search.mcmc import mcmc
 
     start = build_layout(moe, cluster, moe_seed_layouts(moe, cluster, True)[0][0])
@@ -225,7 +225,7 @@ def test_pipeline_plans_expert_parallel_layouts(moe, cluster):
 
 def test_sweep_takes_ep_and_etp_grid_keys(moe, cluster, tmp_path):
     from engine.formats import save_json
-    from engine.sweep import layout_points, parse_grid, points, run_sweep
+    from engine.studies.sweep import layout_points, parse_grid, points, run_sweep
 
     path = str(tmp_path / "moe.json")
     save_json(moe.to_dict(), path)

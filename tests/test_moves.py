@@ -13,7 +13,7 @@ import pytest
 
 from engine.cluster import DEVICE_TYPES, Cluster, NodeSpec
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.errors import ValidationError
 from engine.formats import load_strategy
 from engine.models.transformer import GPTConfig, gpt
@@ -146,9 +146,9 @@ def test_the_memory_bound_answers_as_the_full_report(model):
 
     from engine.cluster import preset
     from engine.formats import resolve_model
-    from engine.memory import fits_in_memory, memory_report
+    from engine.sim.memory import fits_in_memory, memory_report
     from engine.search.mcmc import random_config
-    from engine.simulate import simulate
+    from engine.sim.full import simulate
     from engine.taskgraph import build_task_graph
 
     g, c = resolve_model(model), preset("p100-4x4")

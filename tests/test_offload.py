@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.costs import CPU_ADAM_PARAMS_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
+from engine.costs.model import CPU_ADAM_PARAMS_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
 from engine.formats import resolve_model
-from engine.memory import HOST_MEMORY_BYTES_PER_GPU, OFFLOAD_STATE_BYTES_PER_PARAM
-from engine.report import simulate_strategy
+from engine.sim.memory_static import HOST_MEMORY_BYTES_PER_GPU, OFFLOAD_STATE_BYTES_PER_PARAM
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel, fsdp, megatron
 from engine.taskgraph import UPDATE
 from toys import IDEAL, mlp, toy_cluster

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 import engine.models.onnx_import as OI
 from engine.errors import ValidationError
-from engine.models.onnx_import import import_onnx, onnx_node_count
+from engine.models.onnx_import import import_onnx
+from engine.models.onnx_wire import onnx_node_count
 from test_import_onnx import transformer_block, unknown_ops_model
 
 

@@ -9,9 +9,9 @@ import pytest
 from engine.cli.common import strategy_options
 from engine.cluster import preset
 from engine.models.transformer import gpt2
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import fsdp, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import BWD, COLL, COLL_INDEX, FWD, build_task_graph
 
 

@@ -16,7 +16,8 @@ from engine.search.api import AutoOptions, Budget, MCMCOptions
 from engine.search.auto import auto
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import mcmc
-from engine.search.parallel import _run_round, _state, op_key, strategy_key
+from engine.search.parallel import _run_round, _state
+from engine.search.keys import op_key, strategy_key
 from engine.search.processes import Backend, check_backend
 from engine.strategy import Config, strategy_from_dict
 from toys import run_cli, tiny  # tests/toys.py

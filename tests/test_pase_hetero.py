@@ -9,7 +9,8 @@ import math
 import pytest
 
 from engine.cluster import Cluster, DeviceType, NodeSpec, preset
-from engine.costs import KERNEL_OVERHEAD_S, MEMORY_EFFICIENCY, CostModel
+from engine.costs.model import KERNEL_OVERHEAD_S, MEMORY_EFFICIENCY
+from engine.costs import CostModel
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
 from engine.search.api import Budget

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from engine.cluster import DEVICE_TYPES, Cluster, DeviceType, NodeSpec, preset
-from engine.config import Config
+from engine.strategy.config import Config
 from engine.costs import CostModel, group_collective_time_s, transfer_time_s
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder

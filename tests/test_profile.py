@@ -13,7 +13,7 @@ from engine.cluster import preset
 from engine.costs import ProfileTable
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
-from engine.profiling import MeasurementCache, measure, needed_keys
+from engine.studies.profiling import MeasurementCache, measure, needed_keys
 from engine.search.baselines import data_parallel, megatron
 
 

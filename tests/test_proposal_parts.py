@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
-from engine.memory import fits_in_memory, memory_report, saved_activation_bytes
-from engine.memory_static import graph_cache, static_memory
+from engine.sim.memory import fits_in_memory, memory_report, saved_activation_bytes
+from engine.sim.memory_static import graph_cache, static_memory
 from engine.search.baselines import data_parallel, megatron
 from engine.search.mcmc import random_config
 from engine.strategy import Config
@@ -225,7 +225,7 @@ def test_judge_rejects_a_faster_move_over_memory():
 
 
 def _task_map_numpy(old_segs, new_segs, n_old):
-    """The NumPy form :func:`engine.delta._task_map` had before it was compiled (the reference)."""
+    """The NumPy form :func:`engine.sim.delta._task_map` had before it was compiled (the reference)."""
     o_slot, o_start, o_n, o_serial = old_segs
     n_slot, n_start, _, n_serial = new_segs
     size = int(max(o_slot.max(initial=0), n_slot.max(initial=0))) + 1
@@ -243,7 +243,7 @@ def _task_map_numpy(old_segs, new_segs, n_old):
 def test_task_map_equals_its_numpy_form(seed):
     """Random segment layouts: slots dropped, added and moved, serials kept or renewed, empty
     segments; the compiled map equals the NumPy one."""
-    from engine.delta import _task_map
+    from engine.sim.delta import _task_map
 
     rng = np.random.default_rng(seed)
 

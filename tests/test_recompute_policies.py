@@ -11,10 +11,11 @@ from dataclasses import replace
 import pytest
 
 from engine.cluster import preset
-from engine.memory import saved_activation_bytes, state_bytes_per_param
+from engine.sim.memory import saved_activation_bytes
+from engine.sim.memory_static import state_bytes_per_param
 from engine.models.transformer import GPTConfig, gpt
-from engine.report import simulate_strategy
-from engine.recompute import op_checkpoint_saved, recompute_reruns
+from engine.sim.report import simulate_strategy
+from engine.strategy.recompute import op_checkpoint_saved, recompute_reruns
 from engine.search.baselines import data_parallel, megatron
 from engine.strategy import RECOMPUTE, strategy_from_dict, validate_strategy
 from engine.taskgraph import BWD

@@ -48,7 +48,7 @@ class TestPrice:
         assert Price(0.02, False).cost_s == math.inf
 
     def test_matches_the_simulator_and_memory_report(self, alexnet):
-        from engine.report import simulate_strategy
+        from engine.sim.report import simulate_strategy
 
         g, c = alexnet
         s = data_parallel(g, c)

@@ -96,7 +96,7 @@ def test_price_remembers_whole_strategies_and_refusals():
     cost model) without simulating it again, refusals included; another cost model prices anew."""
     from unittest import mock
 
-    import engine.report as report
+    import engine.sim.report as report
     from engine.costs import CostModel
     from engine.errors import TooLargeError
     from engine.formats import resolve_model

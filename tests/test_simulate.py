@@ -15,7 +15,7 @@ from engine.costs import collective_time_s
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
 from engine.search.baselines import data_parallel, expert
-from engine.simulate import run_reference, simulate
+from engine.sim.full import run_reference, simulate
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
 from engine.taskgraph import BARRIER, COLL, XFER, build_task_graph, schedule_order
 from toys import IDEAL, mlp, strategy, toy_cluster  # tests/toys.py

@@ -1,5 +1,5 @@
 """``soapbox simulate``: the human report, the ``--json`` object (and that it agrees with
-:func:`engine.report.simulate_strategy`), strategy files against baseline kinds, traces,
+:func:`engine.sim.report.simulate_strategy`), strategy files against baseline kinds, traces,
 measured profile tables, and every error a user can make (exit 2, a message, no traceback)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from engine.cli import main
 from engine.cluster import preset
 from engine.costs import CostModel, ProfileTable
 from engine.formats import load_profile, read_json, resolve_model, save_json
-from engine.report import simulate_strategy
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel
 from engine.taskgraph import FWD
 

@@ -1,5 +1,5 @@
 """A long pipeline's steady state simulated for a few microbatches and extrapolated
-(engine.steady): every total the same as the full simulation's, to float rounding."""
+(engine.sim.steady): every total the same as the full simulation's, to float rounding."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine import steady
+from engine.sim import steady
 from engine.cli import main
 from engine.cluster import preset
 from engine.costs import CostModel
 from engine.models import build_sample
-from engine.report import format_summary, simulate_strategy
+from engine.sim.report import format_summary, simulate_strategy
 from engine.search.baselines import fsdp, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import BWD, FWD, build_task_graph
 
 from test_twins import drawn_megatron

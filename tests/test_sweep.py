@@ -9,7 +9,7 @@ import json
 import pytest
 
 from engine.cli import main
-from engine.sweep import pareto, parse_clusters, parse_grid, points, run_sweep
+from engine.studies.sweep import pareto, parse_clusters, parse_grid, points, run_sweep
 
 GRID = parse_grid(["tp=1,2,4", "pp=1,2", "mb=1,2"])
 CLUSTERS = parse_clusters("dgx-a100-80gb:1,2")
@@ -75,7 +75,7 @@ class TestSmallestFit:
     def test_stops_at_the_first_fit_and_says_why_before(self):
         from engine.cluster import preset
         from engine.formats import resolve_model
-        from engine.sweep import smallest_fit
+        from engine.studies.sweep import smallest_fit
 
         g = resolve_model("gpt2")
         sizes = [preset(f"dgx-a100-80gb:{n}") for n in (1, 2, 4)]
@@ -90,7 +90,7 @@ class TestSmallestFit:
         batch/dp samples' activations: with nothing else on a GPU, doubling the GPUs halves it."""
         from engine.cluster import preset
         from engine.formats import resolve_model
-        from engine.sweep import smallest_fit
+        from engine.studies.sweep import smallest_fit
 
         g = resolve_model("llama2-7b")
         seen = []

@@ -13,10 +13,10 @@ import pytest
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.trace import COMPUTE_TID, write_chrome_trace
-from engine.memory import memory_report
+from engine.sim.trace import COMPUTE_TID, write_chrome_trace
+from engine.sim.memory import memory_report
 from engine.search.baselines import data_parallel, expert, fsdp, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import Config, Strategy
 from engine.taskgraph import BWD, FWD, UPDATE, Symmetry, build_task_graph, find_symmetry
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.graph import GraphBuilder
 from engine.search.baselines import data_parallel
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import COLL, build_task_graph
 
@@ -95,8 +95,8 @@ def test_one_cut_everywhere_keeps_one_reduction_per_region(shared):
     (Config({"feature": 2}, (0, 1)), Config({"feature": 4}, (0, 1, 2, 3)), [36, 54, 18, 18]),
 ])
 def test_a_gpu_holds_the_union_of_its_regions(shared, a, b, held):
-    from engine.memory import memory_report
-    from engine.memory_static import state_bytes_per_param
+    from engine.sim.memory import memory_report
+    from engine.sim.memory_static import state_bytes_per_param
 
     g, c = shared
     s = plan(g, c, a, b)
@@ -146,8 +146,8 @@ class TestTiedEmbedding:
         return g, c, s
 
     def test_one_copy_a_gpu(self, case):
-        from engine.memory import memory_report
-        from engine.memory_static import state_bytes_per_param
+        from engine.sim.memory import memory_report
+        from engine.sim.memory_static import state_bytes_per_param
 
         g, c, s = case
         m = memory_report(g, s, c, simulate(build_task_graph(g, s, c)))

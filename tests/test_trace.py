@@ -1,4 +1,4 @@
-"""Chrome trace export (engine.trace): the file is valid Trace Event Format JSON,
+"""Chrome trace export (engine.sim.trace): the file is valid Trace Event Format JSON,
 every event is well formed, tracks and flows line up with the task graph, memory counters
 follow the memory report, and all times are microseconds."""
 
@@ -13,14 +13,8 @@ import pytest
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.trace import (
-    COLLECTIVE_TID,
-    COMPUTE_TID,
-    LINKS_PID,
-    trace_events,
-    write_chrome_trace,
-)
-from engine.report import simulate_strategy
+from engine.sim.trace import COLLECTIVE_TID, COMPUTE_TID, LINKS_PID, trace_events, write_chrome_trace
+from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel, expert
 from engine.taskgraph import BWD, COLL, FWD, UPDATE, XFER
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from engine.cluster import preset
 from engine.costs import CostModel
-from engine.delta import DeltaSimulator
+from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, expert, fsdp, megatron
 from engine.search.mcmc import random_config
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder, find_symmetry
 
 from test_delta_incremental import assert_same_graph, assert_same_timeline

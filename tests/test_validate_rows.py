@@ -23,7 +23,7 @@ from engine.cluster import preset  # noqa: E402
 from engine.cluster.presets import PRESETS  # noqa: E402
 from engine.models.transformer import gpt  # noqa: E402
 from engine.ops import DTYPE_BYTES  # noqa: E402
-from engine.report import model_flops  # noqa: E402
+from engine.sim.report import model_flops  # noqa: E402
 
 
 def row(**kw) -> dict[str, str]:

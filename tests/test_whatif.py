@@ -14,10 +14,10 @@ from engine.cli import main
 from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel, megatron
-from engine.simulate import simulate
+from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
-from engine.whatif import (checkpoint_bytes, daly_interval_s, goodput, map_strategy, parse_failure,
-                           simulate_with_slow, survivors, young_interval_s)
+from engine.studies.whatif import (checkpoint_bytes, daly_interval_s, goodput, map_strategy, parse_failure,
+    simulate_with_slow, survivors, young_interval_s)
 
 
 def test_failing_a_gpu_in_data_parallel_on_16_gives_the_rules_layout():
@@ -181,7 +181,7 @@ class TestReplanHonest:
         def fake(graph, cluster, budget, *, seed=0, initial=None):
             return SearchResult(dataclasses.replace(fast, found_by={"source": "mcmc"}), 0.1, {}, 1, 0.0)
 
-        from engine.whatif import replan
+        from engine.studies.whatif import replan
         t_fast = simulate_with_slow(g, fast, c, [])[0].makespan_s
         rp = replan(g, c, slow_plan, [], None, search=fake, mapped_priced=(t_fast * 2, True))
         assert rp.kept == "search" and rp.feasible and rp.iteration_time_s == t_fast and rp.source == "mcmc"

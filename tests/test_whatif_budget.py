@@ -10,7 +10,7 @@ import json
 import pytest
 
 from engine.cli import main
-from engine.whatif import parse_replan_budget
+from engine.studies.whatif import parse_replan_budget
 
 ARGS = ["whatif", "--model", "gpt2", "--batch", "16", "--cluster", "dgx-a100-80gb:2", "--fail", "node:1"]
 
@@ -58,7 +58,7 @@ def test_budget_0_without_output_says_nothing_about_files(capsys):
 
 
 def test_a_bad_budget_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    import engine.whatif as whatif
+    import engine.studies.whatif as whatif
 
     def no_simulation(*a, **k):  # (the budget is checked before the strategy is simulated)
         raise AssertionError("simulated before the budget was checked")

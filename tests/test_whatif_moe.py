@@ -14,7 +14,7 @@ from engine.cluster import preset
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import expert_degrees, expert_loads
 from engine.search.baselines import data_parallel, megatron
-from engine.whatif import map_strategy, parse_failure, survivors
+from engine.studies.whatif import map_strategy, parse_failure, survivors
 
 #: two MoE layers of 8 experts (top-2), batch 16: on 16 GPUs dp 16 with tp 1
 GRAPH = moe_gpt(MoEConfig(2, 64, 4, 64, 100, 16, 8, 2, 64, name="tiny-moe"))

@@ -18,7 +18,7 @@ from ..gantt import gantt_data, stage_of_devices
 from ..sessions import current
 from ..sources import APP_MAX_TASKS, cluster_of, graph_of
 from ..state import check_page_strategy, check_state, content_key
-from engine.report import mfu
+from engine.sim.report import mfu
 
 from ..views import config_diff, summary_data
 
@@ -44,7 +44,7 @@ def compared(state: dict, item: dict) -> tuple[Any, Any, Any]:
     one entry point with its symmetry reduction (the page's own path: an LLM plan on 64 GPUs
     is a few representatives, not millions of tasks); cached, as the Compare tab redraws on
     every state."""
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
 
     key = content_key({**state, "strategy": item["strategy"]})
     cache = current().compared

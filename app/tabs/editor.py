@@ -12,7 +12,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from engine.device_runs import device_runs
+from engine.strategy.device_runs import device_runs
 from engine.errors import SoapboxError
 
 from ..actions import LAYOUT_OVERLAPS, module_reasons, moe_overlap_reason

@@ -163,7 +163,7 @@ def expert_table(graph, strategy, timeline, layer: str, loads: Any = None) -> di
 def _balanced_time_s(state: dict, ws) -> float | None:
     """The page's strategy simulated with balanced routing (for the iteration-time effect of an
     applied what-if), once per state content."""
-    from engine.report import simulate_strategy
+    from engine.sim.report import simulate_strategy
 
     key = ("moe-balanced", content_key(state))
     cache = current().baselines

@@ -28,7 +28,7 @@ from ..sessions import Busy, current
 from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, baseline_fits, build_status,
                           cancel_build, workspace, workspace_within)
 from ..state import check_state, content_key
-from engine.report import mfu
+from engine.sim.report import mfu
 
 from ..views import (block_stack, config_label, expert_param_share, graph_layout, memory_data, moe_text, summary_data,
                      topology_data, why_text)

@@ -9,7 +9,7 @@ import numpy as np
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from engine.errors import SoapboxError
-from engine.trace import trace_events
+from engine.sim.trace import trace_events
 
 from ..components import first_line
 from ..links import share_query

@@ -18,7 +18,7 @@ Sub-commands (``soapbox COMMAND --help`` for each):
   per expert-parallel rank, the busiest rank's gate).
 * ``search``: search for a faster strategy (MCMC with delta simulation); ``-o best.json``.
 * ``init-sweep``: parallel random initialisation against N runs and one run, at equal compute
-  (a small MLP trained with PyTorch on CPU; :mod:`engine.init_sweep`).
+  (a small MLP trained with PyTorch on CPU; :mod:`engine.experiments.init_sweep`).
 
 Exit status: 0 done; 1 an invalid file under ``validate``; 2 an error a user can fix
 (printed as one line ``soapbox: error: ...``, no traceback: a bad argument, an unreadable
@@ -47,37 +47,10 @@ from ..errors import ROOT_CAUSE_PATHS, SUMMARY_PROBLEMS, SoapboxError, Validatio
 from ..graph import PRECISIONS
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES
-from .commands import (
-    cmd_baseline,
-    cmd_export,
-    cmd_import,
-    cmd_profile,
-    cmd_cluster,
-    cmd_clusters,
-    cmd_experts,
-    cmd_model,
-    cmd_models,
-    cmd_schema,
-    cmd_simulate,
-    cmd_sweep,
-    cmd_whatif,
-    cmd_validate,
-)
-from .common import (
-    EPILOG,
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    Terminated,
-    add_batch_options,
-    add_routing_options,
-    add_strategy_options,
-    int_in,
-    name_arg,
-    number_in,
-    positive_int,
-    strategy_options,
-)
+from .commands import (cmd_baseline, cmd_export, cmd_import, cmd_profile, cmd_cluster, cmd_clusters, cmd_experts,
+    cmd_model, cmd_models, cmd_schema, cmd_simulate, cmd_sweep, cmd_whatif, cmd_validate)
+from .common import (EPILOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, add_batch_options,
+    add_routing_options, add_strategy_options, int_in, name_arg, number_in, positive_int, strategy_options)
 from .init_sweep import add_init_sweep_parser, cmd_init_sweep
 from .search import cmd_search, compare_searches, option_names
 

@@ -17,16 +17,10 @@ from ..errors import ValidationError, printable
 from ..formats import load_strategy, resolve_model, save_json, schema, validate_file
 from ..models import SAMPLE_MODELS
 from ..models.transformer import GPTConfig, gpt
-from ..report import json_text
+from ..sim.report import json_text
 from ..search.baselines import BASELINES, make_baseline
-from .common import (
-    EXIT_DOES_NOT_FIT,
-    EXIT_INVALID_FILE,
-    baseline_strategy,
-    model_and_cluster,
-    strategy_options,
-    with_routing,
-)
+from .common import (EXIT_DOES_NOT_FIT, EXIT_INVALID_FILE, baseline_strategy, model_and_cluster, strategy_options,
+    with_routing)
 
 __all__ = ["cmd_models", "cmd_clusters", "cmd_cluster", "cmd_schema", "cmd_validate", "cmd_model", "cmd_baseline",
            "cmd_simulate", "cmd_experts"]
@@ -194,18 +188,18 @@ def _strategy(args: argparse.Namespace, g, c):
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..costs import CostModel
     from ..formats import load_profile
-    from ..trace import write_chrome_trace
-    from ..report import format_summary, simulate_strategy
+    from ..sim.trace import write_chrome_trace
+    from ..sim.report import format_summary, simulate_strategy
 
     g, c = model_and_cluster(args)
     s = _strategy(args, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
     # (a baseline and a loaded file are checked; a long pipeline's steady state is extrapolated
-    # unless the trace needs every task: engine.steady)
+    # unless the trace needs every task: engine.sim.steady)
     result = simulate_strategy(g, s, c, cost, check=False, steady=not args.trace)
     cover = None
     if args.profile:
-        from ..profiling import coverage
+        from ..studies.profiling import coverage
 
         cover = coverage(g, s, c, cost)
     if args.trace:
@@ -260,7 +254,8 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..sweep import layout_points, pareto, parse_clusters, parse_grid, points, run_sweep, write_report, write_rows
+    from ..studies.sweep import (layout_points, pareto, parse_clusters, parse_grid, points, run_sweep, write_report,
+        write_rows)
 
     if args.batch_per_gpu is not None:
         raise ValueError("--batch-per-gpu does not apply to a sweep over cluster sizes; give --batch")
@@ -291,8 +286,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from ..whatif import (checkpoint_bytes, goodput, map_strategy, parse_failure, parse_replan_budget, replan,
-                          simulate_with_slow, survivors)
+    from ..studies.whatif import (checkpoint_bytes, goodput, map_strategy, parse_failure, parse_replan_budget, replan,
+        simulate_with_slow, survivors)
 
     for name, v, lo in (("--mtbf-hours", args.mtbf_hours, 1e-3), ("--storage-gbps", args.storage_gbps, 1e-6),
                         ("--restart-min", args.restart_min, 0.0)):
@@ -326,7 +321,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                              goodput=goodput(mtl.makespan_s, len(mapped.devices_used()), mtbf_s, ckpt, bw, restart_s))
     status = 0
     if budget is not None:
-        # seeded with the mapped layout, priced as it is, and never worse than it (engine.whatif.replan)
+        # seeded with the mapped layout, priced as it is, and never worse than it (engine.studies.whatif.replan)
         mapped_priced = (out["mapped"]["iteration_time_s"], out["mapped"]["feasible"]) if mapped is not None else None
         rp = replan(g, after, mapped, slow_after, budget, expert_loads=s.expert_loads,
                     mapped_priced=mapped_priced)
@@ -409,7 +404,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """Measure each distinct (op kind, partition shape, precision) a strategy or the search
     space needs once, on the local device, and write a soapbox.profile/1 table."""
     from ..costs import ProfileTable
-    from ..profiling import MeasurementCache, all_config_keys, local_device_name, measure, needed_keys
+    from ..studies.profiling import MeasurementCache, all_config_keys, local_device_name, measure, needed_keys
 
     try:
         import torch

@@ -1,5 +1,5 @@
 """``soapbox init-sweep``: parallel random initialisation against N runs and one run, at equal
-compute (:mod:`engine.init_sweep`)."""
+compute (:mod:`engine.experiments.init_sweep`)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _fmt(stat: dict | None, scale: float = 1.0, spec: str = ",.0f") -> str:
 
 
 def cmd_init_sweep(args: argparse.Namespace) -> int:
-    from ..init_sweep import InitSweepConfig, config_dict, run_experiment, summarise
+    from ..experiments.init_sweep import InitSweepConfig, config_dict, run_experiment, summarise
 
     cfg = InitSweepConfig(inits=args.inits, budget_steps=args.budget_steps, target_loss=args.target_loss,
                           eta=args.eta, keep=args.keep, narrow=not args.no_narrow)

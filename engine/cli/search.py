@@ -13,19 +13,12 @@ from typing import Any, Sequence
 
 from ..errors import SoapboxError, printable
 from ..formats import save_json
-from ..report import json_text
+from ..sim.report import json_text
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES, make_baseline
 from ..search.processes import check_backend
-from .common import (
-    EXIT_DOES_NOT_FIT,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    Terminated,
-    baseline_strategy,
-    model_and_cluster,
-    strategy_options,
-)
+from .common import (EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, baseline_strategy,
+    model_and_cluster, strategy_options)
 
 __all__ = ["cmd_search", "compare_searches", "option_names"]
 

@@ -25,41 +25,11 @@ their sources: ``validation/hardware_specs.csv``, cited per constant in :mod:`en
 
 from __future__ import annotations
 
-from .devices import (
-    A100_NVSWITCH_BW,
-    ARCHS,
-    BW_RANGE_BYTES_PER_S,
-    DEVICE_TYPES,
-    FLOPS_RANGE_PER_S,
-    GB,
-    GH200_NVLINK_PAIR_BW,
-    GIB,
-    H100_NVSWITCH_BW,
-    IB_EDR_BW,
-    IB_FDR_BW,
-    IB_HDR_BW,
-    IB_LATENCY_S,
-    IB_NDR_BW,
-    MAX_DEVICES,
-    MAX_LATENCY_S,
-    MAX_LINKS,
-    MEMORY_RANGE_BYTES,
-    NVLINK1_PAIR_BW,
-    NVLINK2_PAIR_BW,
-    NVLINK5_NVSWITCH_BW,
-    NVLINK_C2C_BW,
-    NVLINK_LATENCY_S,
-    PCIE3_BW,
-    PCIE4_BW,
-    PCIE5_BW,
-    PCIE_LATENCY_S,
-    SLINGSHOT11_BW,
-    V100_DGX2_NVSWITCH_BW,
-    Device,
-    DeviceType,
-    Link,
-    NodeSpec,
-)
+from .devices import (A100_NVSWITCH_BW, ARCHS, BW_RANGE_BYTES_PER_S, DEVICE_TYPES, FLOPS_RANGE_PER_S, GB,
+    GH200_NVLINK_PAIR_BW, GIB, H100_NVSWITCH_BW, IB_EDR_BW, IB_FDR_BW, IB_HDR_BW, IB_LATENCY_S, IB_NDR_BW, MAX_DEVICES,
+    MAX_LATENCY_S, MAX_LINKS, MEMORY_RANGE_BYTES, NVLINK1_PAIR_BW, NVLINK2_PAIR_BW, NVLINK5_NVSWITCH_BW, NVLINK_C2C_BW,
+    NVLINK_LATENCY_S, PCIE3_BW, PCIE4_BW, PCIE5_BW, PCIE_LATENCY_S, SLINGSHOT11_BW, V100_DGX2_NVSWITCH_BW, Device,
+    DeviceType, Link, NodeSpec)
 from .presets import PRESETS, cluster_from_dict, preset, preset_names
 from .topology import Cluster, CollectiveGroup
 

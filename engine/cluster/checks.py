@@ -7,18 +7,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ..errors import Problem
-from .devices import (
-    ARCHS,
-    BW_RANGE_BYTES_PER_S,
-    DEVICE_TYPES,
-    FLOPS_RANGE_PER_S,
-    MAX_DEVICES,
-    MAX_LATENCY_S,
-    MAX_LINKS,
-    MEMORY_RANGE_BYTES,
-    DeviceType,
-    NodeSpec,
-)
+from .devices import (ARCHS, BW_RANGE_BYTES_PER_S, DEVICE_TYPES, FLOPS_RANGE_PER_S, MAX_DEVICES, MAX_LATENCY_S,
+    MAX_LINKS, MEMORY_RANGE_BYTES, DeviceType, NodeSpec)
 
 
 def _is_count(v: Any) -> bool:

@@ -18,30 +18,10 @@ import re
 from typing import Any, Mapping
 
 from ..errors import Problem, ValidationError, printable
-from .devices import (
-    A100_NVSWITCH_BW,
-    DEVICE_TYPES,
-    H100_NVSWITCH_BW,
-    IB_EDR_BW,
-    IB_FDR_BW,
-    IB_HDR_BW,
-    IB_LATENCY_S,
-    IB_NDR_BW,
-    MAX_DEVICES,
-    GH200_NVLINK_PAIR_BW,
-    NVLINK1_PAIR_BW,
-    NVLINK2_PAIR_BW,
-    NVLINK5_NVSWITCH_BW,
-    NVLINK_LATENCY_S,
-    PCIE3_BW,
-    PCIE4_BW,
-    PCIE5_BW,
-    PCIE_LATENCY_S,
-    SLINGSHOT11_BW,
-    V100_DGX2_NVSWITCH_BW,
-    DeviceType,
-    NodeSpec,
-)
+from .devices import (A100_NVSWITCH_BW, DEVICE_TYPES, H100_NVSWITCH_BW, IB_EDR_BW, IB_FDR_BW, IB_HDR_BW, IB_LATENCY_S,
+    IB_NDR_BW, MAX_DEVICES, GH200_NVLINK_PAIR_BW, NVLINK1_PAIR_BW, NVLINK2_PAIR_BW, NVLINK5_NVSWITCH_BW,
+    NVLINK_LATENCY_S, PCIE3_BW, PCIE4_BW, PCIE5_BW, PCIE_LATENCY_S, SLINGSHOT11_BW, V100_DGX2_NVSWITCH_BW, DeviceType,
+    NodeSpec)
 
 from .topology import Cluster
 

@@ -15,14 +15,7 @@ if TYPE_CHECKING:
 
 from ..errors import ValidationError
 from .checks import check_fabric, check_nodes
-from .devices import (
-    NVLS_DEVICE_TYPES,
-    PCIE_LATENCY_S,
-    Device,
-    DeviceType,
-    Link,
-    NodeSpec,
-)
+from .devices import NVLS_DEVICE_TYPES, PCIE_LATENCY_S, Device, DeviceType, Link, NodeSpec
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ mistake fails at the line that made it) or loaded from a ``soapbox.model/1`` fil
 
 from __future__ import annotations
 
+from .blocks import layer_blocks
 from .building import GraphBuilder, check_model_size, check_param_groups, graph_from_dict
 from .core import MAX_MODEL_BYTES, MAX_MODEL_FLOPS, MAX_OPS, PRECISIONS, Op, OpGraph, TensorRef
 
 __all__ = ["TensorRef", "Op", "OpGraph", "GraphBuilder", "PRECISIONS", "MAX_OPS", "MAX_MODEL_BYTES",
-           "MAX_MODEL_FLOPS", "graph_from_dict", "check_param_groups", "check_model_size"]
+           "MAX_MODEL_FLOPS", "graph_from_dict", "check_param_groups", "check_model_size", "layer_blocks"]

@@ -8,8 +8,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import Problem, ValidationError
 from ..ops import FLOAT_ATTRS, MAX_RANK, MAX_TENSOR_ELEMENTS, OpError, op_kind, replica_dim
-from .core import (MAX_MODEL_BYTES, MAX_MODEL_FLOPS, MAX_OPS, PRECISIONS, Op, OpGraph, TensorRef, as_integral,
-                   freeze, thaw)
+from .core import (MAX_MODEL_BYTES, MAX_MODEL_FLOPS, MAX_OPS, PRECISIONS, Op, OpGraph, TensorRef, as_integral, freeze,
+    thaw)
 
 __all__ = ["GraphBuilder", "graph_from_dict", "check_param_groups", "check_model_size"]
 

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from engine.graph import GraphBuilder, OpGraph, TensorRef
+from ..graph import GraphBuilder, OpGraph, TensorRef
 
 __all__ = ["alexnet", "inception_v3", "resnet101"]
 

@@ -37,10 +37,10 @@ from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph, TensorRef
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
 from .onnx_ties import (MAX_FOLD_ROUNDS, Unmapped, const_ints, find_ties, fold_shape_inputs, infer_shapes_light,
-                         slice_sizes, vector_operand)
+    slice_sizes, vector_operand)
 from .onnx_wire import onnx_node_count
 
-__all__ = ["import_onnx", "onnx_node_count", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
+__all__ = ["import_onnx", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
 
 #: the largest ONNX file read (protobuf's own limit for one message)
 MAX_ONNX_BYTES = 2 * 1024**3

@@ -12,17 +12,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .api import (
-    AutoOptions,
-    Budget,
-    DifferentiableOptions,
-    MCMCOptions,
-    PaseOptions,
-    PipelineOptions,
-    Progress,
-    SearchResult,
-    parse_options,
-)
+from .api import (AutoOptions, Budget, DifferentiableOptions, MCMCOptions, PaseOptions, PipelineOptions, Progress,
+    SearchResult, parse_options)
 
 __all__ = ["ALGORITHMS", "Algorithm", "Budget", "Progress", "SearchResult", "run_search"]
 

@@ -150,12 +150,12 @@ def price(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel 
     ------
     TooLargeError
         When its simulation would have more than ``max_tasks`` tasks (with the symmetry
-        reduction where exact: :func:`engine.report.simulate_strategy`): refused before building.
+        reduction where exact: :func:`engine.sim.report.simulate_strategy`): refused before building.
     Cancelled
         When ``cancel`` was set first (nothing is remembered then).
     """
-    from ..memory import fits_in_memory  # (the simulator's modules load only when a search prices)
-    from ..report import simulate_strategy
+    from ..sim.memory import fits_in_memory  # (the simulator's modules load only when a search prices)
+    from ..sim.report import simulate_strategy
     from .keys import strategy_key
 
     if timeline is not None:

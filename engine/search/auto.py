@@ -50,15 +50,16 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..errors import TooLargeError
 from ..graph import OpGraph
-from ..layout import Layout, layer_blocks
+from ..layout import Layout
+from ..graph.blocks import layer_blocks
 from ..moe import expert_counts
 from ..strategy import Strategy, strategy_from_dict
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
 from .polish import PolishResult, PolishSlices, coordinate_descent
 from .processes import die_with_parent
-from .seed_layouts import MOE_STATIC_SHARE, moe_seed_layouts
+from .seed_layouts import moe_seed_layouts
 
-__all__ = ["auto", "moe_seed_layouts", "PASE_MAX_OPS", "MOE_STATIC_SHARE"]
+__all__ = ["auto", "PASE_MAX_OPS"]
 
 #: PaSE and the differentiable search (which solves PaSE's problem) run as seeds only on
 #: models with at most this many ops: their set-up and dynamic program grow with the ops and

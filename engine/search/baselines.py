@@ -13,29 +13,12 @@ from typing import Any, Callable, Mapping, Sequence
 from ..cluster import Cluster
 from ..graph import Op, OpGraph
 from ..layout import ON_BY_DEFAULT, SWITCHES, Layout, microbatch_count
-from ..strategy import (
-    GATHER_UNITS,
-    Config,
-    PipelineSettings,
-    Strategy,
-    check_strategy,
-)
-from .layouts import balanced_layers, expert_config, layer_blocks, layer_chunks, mesh_config, tp_plan
+from ..strategy import GATHER_UNITS, Config, PipelineSettings, Strategy, check_strategy
+from ..layout.placement import balanced_layers, expert_config, layer_chunks, mesh_config, tp_plan
+from ..graph.blocks import layer_blocks
 
-__all__ = [
-    "BASELINES",
-    "Baseline",
-    "make_baseline",
-    "data_parallel",
-    "model_parallel",
-    "expert",
-    "megatron",
-    "build_layout",
-    "fsdp",
-    "balanced_layers",
-    "layer_blocks",
-    "tp_plan",
-]
+__all__ = ["BASELINES", "Baseline", "make_baseline", "data_parallel", "model_parallel", "expert", "megatron",
+           "build_layout", "fsdp"]
 
 
 def _largest_divisor(size: int, at_most: int) -> int:

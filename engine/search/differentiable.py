@@ -41,7 +41,7 @@ from ..costs import CostModel
 from ..graph import OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
-from ..memory import optimizer_bytes_per_param
+from ..sim.memory_static import optimizer_bytes_per_param
 from ..errors import TooLargeError
 from .api import Budget, DifferentiableOptions, Price, Progress, ProgressFn, SearchResult, price
 from .baselines import data_parallel

@@ -32,21 +32,20 @@ from itertools import product as iproduct
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..delta import DeltaSimulator
+from ..sim.delta import DeltaSimulator
 from ..graph import Op, OpGraph
 from ..errors import TooLargeError
-from ..strategy import Config, Strategy, degree_choices
+from ..strategy import Config, Strategy
+from ..strategy.config import degree_choices
 from ..taskgraph import tasks_within
-from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price,
-                  price_baselines, stamp, whole_cost)
+from .api import (Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp,
+    whole_cost)
 from .baselines import data_parallel, expert
 from .moves import Space
 from .polish import coordinate_descent
 
-__all__ = ["mcmc", "candidate_configs", "random_config", "local_polish",
-           # a chain's pieces, shared with the chains on a backend (engine.search.parallel)
-           "Chain", "starting_points", "propose_op", "metropolis", "judge", "took", "price_of_sim", "delta_affordable",
-           "whole_cost"]
+__all__ = ["mcmc", "candidate_configs", "random_config", "local_polish", "Chain", "starting_points", "propose_op",
+           "metropolis", "judge", "took", "price_of_sim", "delta_affordable"]
 
 
 #: share of a time budget kept for the final polish (the chains stop at the rest)

@@ -24,9 +24,9 @@ Kinds (:data:`GLOBAL_KINDS`):
 ``block``
     the (data, context, tensor)-parallel degrees of one block of ops (a transformer layer, a
     ResNet bottleneck) as one move: every op of the block re-laid on the block's devices as
-    Megatron lays a layer (:func:`engine.search.layouts.mesh_config`); a block with experts
+    Megatron lays a layer (:func:`engine.layout.placement.mesh_config`); a block with experts
     also takes every expert-parallel shape (ep, etp) that folds onto its mesh
-    (:func:`engine.search.layouts.expert_config`).
+    (:func:`engine.layout.placement.expert_config`).
 ``layout``
     a whole Megatron-shaped layout (tp, pp, cp, micro-batch; of a mixture-of-experts model ep
     and etp too, :func:`engine.layout.valid_layouts`) keeping the strategy's recomputation,
@@ -47,9 +47,10 @@ from typing import Iterator
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..layout import (MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, Layout, expert_shapes, mesh_shapes,
-                      valid_layouts)
+    valid_layouts)
 from ..strategy import MAX_MICROBATCHES, RECOMPUTE, Config, Strategy, splits_into_microbatches
-from .layouts import expert_config, layer_blocks, mesh_config, tp_plan
+from ..layout.placement import expert_config, mesh_config, tp_plan
+from ..graph.blocks import layer_blocks
 
 __all__ = ["GLOBAL_KINDS", "Space"]
 
@@ -249,7 +250,7 @@ class Space:
                 dim, deg = plan[n] if plan is not None else (None, 1)
                 configs[n] = mesh_config(self.graph[n], dim, deg, dp, cp, tp, devices)
             # a block with experts: every (ep, etp) that folds onto the mesh (Megatron-Core's
-            # parallel folding, engine.moe_layouts.expert_shapes), the experts' ops re-laid with it
+            # parallel folding, engine.layout.experts.expert_shapes), the experts' ops re-laid with it
             for ep, etp in expert_shapes(self.graph, tp, cp, dp) if experts else [(1, 1)]:
                 for n in experts:
                     configs[n] = expert_config(self.graph[n], dp, cp, tp, ep, etp, devices)

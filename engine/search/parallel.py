@@ -42,18 +42,18 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..delta import DeltaSimulator
+from ..sim.delta import DeltaSimulator
 from ..errors import TooLargeError
 from ..graph import OpGraph
 from ..strategy import Config, Strategy, strategy_from_dict, validate_strategy
 from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, move_setup, price_of_sim,
-                   propose_op, starting_points, took)
+    propose_op, starting_points, took)
 from .moves import Space
 from .keys import MASK as _MASK, op_key, strategy_key
 from .processes import Backend, check_backend
 
-__all__ = ["parallel_mcmc", "strategy_key", "op_key", "PricedCache"]
+__all__ = ["parallel_mcmc", "PricedCache"]
 
 @dataclass
 class PricedCache:

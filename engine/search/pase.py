@@ -52,7 +52,8 @@ from ..cluster import Cluster
 from ..costs import CostModel, transfer_time_s
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
-from ..strategy import Config, Strategy, degree_choices, partition_grid
+from ..strategy import Config, Strategy, partition_grid
+from ..strategy.config import degree_choices
 from .api import Budget, PaseOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from . import pase_placement as placement
 from .baselines import data_parallel
@@ -116,7 +117,7 @@ def _regions(op: Op, cfg: Config, tensor_axes: Any, n_axes: int, shape: tuple[in
              n_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """[device, axis] lo and hi of the region of one tensor each partition holds or needs,
     partition p on device ``cfg.devices[p]`` (rows of the other devices are empty),
-    partitions row-major over ``op.dims`` (:func:`engine.config.partition_grid`)."""
+    partitions row-major over ``op.dims`` (:func:`engine.strategy.config.partition_grid`)."""
     lo = np.zeros((n_devices, n_axes), np.int64)
     hi = np.zeros((n_devices, n_axes), np.int64)
     rows = list(cfg.devices)

@@ -22,7 +22,7 @@ On one device type the space is exactly PaSE's (one set per count: the first k d
 :func:`sync_groups_time_s` prices a collective over the first ``group size`` devices as before,
 so homogeneous clusters' tables are bit-for-bit unchanged. On a mixed cluster a collective is
 priced over the real groups of the config's devices (the partitions that differ only in the
-synchronised dims, :func:`engine.config.partition_grid`'s order), the slowest group gating.
+synchronised dims, :func:`engine.strategy.config.partition_grid`'s order), the slowest group gating.
 
 Speed: a device type's dense peak FLOP/s at the graph's precision, then its memory bandwidth
 (:class:`engine.cluster.DeviceType`); ties go to the lower device id.
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..cluster import Cluster
-from ..config import Config, divisors, partition_grid
+from ..strategy.config import Config, divisors, partition_grid
 from ..costs import group_collective_time_s
 from ..graph import Op
 

@@ -28,7 +28,7 @@ Beyond Alpa, where its users hit limits:
 * **Memory**: a plan whose stage would hold more than its GPUs' memory (weights, gradients and
   Adam state of its layers over tp, plus 1F1B's in-flight activations) is skipped.
 
-The analytic model ranks plans; the best few are simulated (:mod:`engine.simulate`, memory
+The analytic model ranks plans; the best few are simulated (:mod:`engine.sim.full`, memory
 included) and the fastest feasible one is returned.
 """
 
@@ -44,14 +44,16 @@ import numpy as np
 from ..cluster import Cluster
 from ..costs import CostModel, group_collective_time_s, transfer_time_s
 from ..graph import OpGraph
-from ..memory import optimizer_bytes_per_param
+from ..sim.memory_static import optimizer_bytes_per_param
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy
 from .api import Budget, PipelineOptions, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
 from ..layout import Layout, microbatch_count, valid_layouts
 from ..moe import expert_counts, expert_split
-from ..moe_layouts import megatron_eps
-from .baselines import build_layout, layer_blocks, tp_plan
+from ..layout.experts import megatron_eps
+from .baselines import build_layout
+from ..graph.blocks import layer_blocks
+from ..layout.placement import tp_plan
 
 __all__ = ["Plan", "plan_pipeline", "pipeline"]
 
@@ -131,7 +133,7 @@ class _Model:
     def degrees(self, op, tp: int, dp: int, m: int, ep: int) -> dict[str, int]:
         """``op``'s partition degrees for one microbatch on a (dp, tp) mesh: Megatron's tensor
         parallelism, or for an ``experts`` op the expert-parallel folding of
-        :func:`engine.search.layouts.expert_config` (etp 1)."""
+        :func:`engine.layout.placement.expert_config` (etp 1)."""
         if op.kind == "experts":
             ep_s, ep_l = expert_split(tp, 1, dp, ep, 1)
             want = {"sample": dp // ep_s * m, "expert": ep_s, "length": tp // ep_l, "expert_seq": ep_l}
@@ -272,7 +274,7 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
     # best few, so long gradient accumulation is a plan it may pick (the cap is MCMC's, whose
     # every jump is simulated)
     # A mixture-of-experts model's layouts are planned with etp 1 and the expert-parallel
-    # degrees published runs take (:func:`engine.moe_layouts.megatron_eps`: the largest in a
+    # degrees published runs take (:func:`engine.layout.experts.megatron_eps`: the largest in a
     # node, the largest across up to 8 nodes), not every one the enumerator folds
     pps = range(1, min(L, max_pp or L) + 1)
     moe = bool(expert_counts(graph))

@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..delta import DeltaSimulator
+from ..sim.delta import DeltaSimulator
 from ..graph import OpGraph
 from ..strategy import Strategy
 from .moves import Space

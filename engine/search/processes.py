@@ -1,7 +1,7 @@
 """Where a search's (or a sweep's) tasks run: one process, a local process pool, or Ray.
 
 :class:`Backend` is the one copy of the pool and Ray plumbing that ``soapbox sweep``
-(:func:`engine.sweep.run_sweep`) and the parallel MCMC chains
+(:func:`engine.studies.sweep.run_sweep`) and the parallel MCMC chains
 (:mod:`engine.search.parallel`) share. A backend ships one *context* (e.g. the graph, the
 cluster and the cost model) to each worker once, then runs ``fn(context, item)`` for each
 item; :meth:`Backend.map` returns the results in the items' order whatever order they finish

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 from ..cluster import Cluster
 from ..graph import OpGraph
-from ..layout import Layout, layer_blocks, layout_problem, tp_problem
-from ..memory_static import state_bytes_per_param
+from ..layout import Layout, layout_problem, tp_problem
+from ..graph.blocks import layer_blocks
+from ..sim.memory_static import state_bytes_per_param
 from ..moe import expert_counts
-from ..moe_layouts import megatron_eps
+from ..layout.experts import megatron_eps
 
 __all__ = ["moe_seed_layouts", "MOE_STATIC_SHARE"]
 
@@ -25,7 +26,7 @@ def moe_seed_layouts(graph: OpGraph, cluster: Cluster, fp8: bool = False, dense:
                      ) -> list[list[Layout]]:
     """Megatron layouts of a mixture-of-experts model as the published recipes shape them:
     for tp 2 and 1 (with sequence parallelism; Megatron-Bridge's DeepSeek-V3 and Qwen3 recipes
-    keep tp small) and each expert-parallel degree of :func:`engine.moe_layouts.megatron_eps`
+    keep tp small) and each expert-parallel degree of :func:`engine.layout.experts.megatron_eps`
     (the largest inside a node, the largest across up to 8 nodes), the shallowest pipeline
     whose weights, gradients and ZeRO-1-sharded optimizer state per GPU stay under
     :data:`MOE_STATIC_SHARE` of its memory (the pp the memory needs), interleaved with the

@@ -34,7 +34,8 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 
 from __future__ import annotations
 
-from .builder import TaskGraphBuilder, build_task_graph, estimate_symmetric_tasks, estimate_tasks
+from .builder import TaskGraphBuilder, build_task_graph
+from .estimate import estimate_symmetric_tasks, estimate_tasks
 from .estimate import count_text, quick_task_bound, tasks_within
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry

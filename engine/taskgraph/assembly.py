@@ -348,7 +348,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
                # per segment, in task order: slot, first task id, tasks, serial (identity of
                # its contents): which tasks a delta simulation can reuse
                "segments": (slots, starts[:-1].copy(), np.diff(starts), serials)}
-    if ctx.simulated is not None:  # [microbatch] bytes sent (engine.steady)
+    if ctx.simulated is not None:  # [microbatch] bytes sent (engine.sim.steady)
         tg.info["comm_by_microbatch"] = sum((sg.comm_mb for sg in segs if sg.comm_mb is not None),
                                             np.zeros(ctx.microbatches))
     # the arrays are spliced from on the next assembly: TaskGraph arrays are never modified

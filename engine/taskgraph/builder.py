@@ -21,14 +21,14 @@ from .compute import ComputeBuilder
 from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
 from .emit import Emitter
-from .estimate import count_text, estimate_symmetric_tasks, estimate_tasks, tasks_within
+from .estimate import count_text, tasks_within
 from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
 from .tasks import UPDATE, TaskGraph
 from .twins import Twins
 
-__all__ = ["TaskGraphBuilder", "build_task_graph", "estimate_tasks", "estimate_symmetric_tasks"]
+__all__ = ["TaskGraphBuilder", "build_task_graph"]
 
 
 class TaskGraphBuilder:
@@ -44,7 +44,7 @@ class TaskGraphBuilder:
     (``("updates",)``). A first build copies the segments that twin one it made before
     (:class:`~engine.taskgraph.twins.Twins`; ``twins=False`` builds every one: the same arrays).
     ``microbatches``: give tasks to only the first that many of the strategy's microbatches
-    (each still its share of the batch; :mod:`engine.steady`)."""
+    (each still its share of the batch; :mod:`engine.sim.steady`)."""
 
     def __init__(self, graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel,
                  symmetry: Symmetry | None = None, twins: bool = True, microbatches: int | None = None) -> None:
@@ -230,7 +230,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
         Asked before any work and between segments (:func:`engine.errors.check_cancel`).
     microbatches : int, optional
         Simulate only the first that many microbatches (each still 1/m of the batch): the
-        iteration cut short that :mod:`engine.steady` extrapolates. Default: all of them.
+        iteration cut short that :mod:`engine.sim.steady` extrapolates. Default: all of them.
 
     Returns
     -------

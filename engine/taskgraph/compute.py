@@ -10,7 +10,7 @@ import numpy as np
 from ..graph import Op
 from ..moe import expert_loads, gate_factor
 from ..ops import DTYPE_BYTES, EXPERT, REDUCTION, experts_capacity_share
-from ..recompute import recompute_reruns
+from ..strategy.recompute import recompute_reruns
 from ..strategy import partition_grid
 from .context import BuildContext, OpTables
 from .emit import Emitter

@@ -27,7 +27,7 @@ class BuildContext:
     cluster: Cluster
     cost: CostModel
     sym: Symmetry | None  # None: every partition is simulated
-    #: microbatches given tasks, when fewer than the strategy's (:mod:`engine.steady`: a
+    #: microbatches given tasks, when fewer than the strategy's (:mod:`engine.sim.steady`: a
     #: pipeline's steady state is simulated for a few and extrapolated); each is still
     #: 1/``split`` of the batch. None: all of them.
     simulated: int | None = None

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from ..costs import (HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, group_collective_time_s, host_optimizer_time_s,
-                     transfer_time_s)
+from ..costs.model import HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
+from ..costs import group_collective_time_s, transfer_time_s
 from ..graph import Op
 from ..moe import expert_loads, gate_factor
 from ..ops import DTYPE_BYTES, EXPERT
@@ -185,7 +185,7 @@ class Emitter:
 
     def _per_mb(self, seg: Segment, mbs: np.ndarray, sent: np.ndarray) -> None:
         """Add ``sent`` [task] bytes to ``seg.comm_mb`` by the tasks' microbatches (a build of
-        some microbatches keeps them: :mod:`engine.steady` extrapolates one microbatch's)."""
+        some microbatches keeps them: :mod:`engine.sim.steady` extrapolates one microbatch's)."""
         mbs = np.asarray(mbs)
         own = mbs >= 0
         add = np.bincount(mbs[own], weights=sent[own], minlength=self.ctx.microbatches)

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..cluster import Cluster
-from ..config import Config, partition_grid, zero_shares
+from ..strategy.config import Config, partition_grid, zero_shares
 from ..graph import Op, OpGraph
 from ..ops import EXPERT, FLOAT_DTYPES, REDUCTION, REPLICA, sliding_window
 from ..strategy import Strategy

@@ -26,7 +26,7 @@ from typing import Callable
 import numba as nb
 import numpy as np
 
-from ..recompute import recompute_reruns
+from ..strategy.recompute import recompute_reruns
 from .assembly import SegmentStore
 from .compute import op_signature, spread
 from .context import BuildContext, OpTables

@@ -1,0 +1,1 @@
+"""Experiments: a one-way wing that the core never imports."""

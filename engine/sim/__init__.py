@@ -1,0 +1,1 @@
+"""Simulation: the event loop, delta and steady-state simulation, memory, the report, traces."""

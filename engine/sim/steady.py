@@ -1,0 +1,223 @@
+"""A long pipeline's steady state, simulated once and extrapolated.
+
+A 1F1B iteration of m microbatches is a warm-up, a steady state in which every stage runs one
+forward and one backward per microbatch, and a cool-down (PipeDream-Flush; Narayanan et al.
+SC'21 §2.2.1). In the steady state the simulated schedule repeats: every task of microbatch
+j + q starts and ends a fixed time after the same task of microbatch j (q = 1; q = p for the
+interleaved schedule, whose units come in groups of p microbatches). The simulation is
+deterministic and a stage's future depends only on the microbatches in flight (at most p), so
+once more than p microbatches in a row have each repeated exactly the one a period before,
+every later one does, and the cool-down is the short run's shifted. This is checked on the
+run, not assumed (ZeRO-3, whose parameter gathers wait for nothing and queue on the links
+from the start, does not repeat, and is not tried). GPT-3 175B on
+1,024 A100s (tp 8, pp 16, m = 192) repeats from microbatch 16 on, 158.207 ms a microbatch.
+
+:func:`simulate_steady` gives tasks to the first ``microbatches_to_simulate`` microbatches only
+(each still 1/m of the batch, :attr:`engine.taskgraph.context.BuildContext.split`), simulates
+them, checks that the run repeats (every task's start, end and dependency-only earliest start,
+for more than p microbatches in a row, to 1e-9 of the iteration) and extrapolates what is a sum or a time
+over the iteration: the iteration time, each GPU's busy time, the bytes sent, the critical
+path, the task count. The peak memory is the short run's: after the warm-up a stage holds the
+same microbatches' activations in every period. Where the run does not repeat (or the plan is
+one this does not apply to: GPipe, whose activations grow with m; mixture-of-experts layers,
+whose all-to-all overlap is measured over the timeline; ZeRO-3; few microbatches) it returns None and
+the caller simulates every microbatch.
+
+The result's :class:`SteadyTimeline` holds the short run's per-task arrays (what the memory
+report reads) and the whole iteration's totals; a timeline drawn task by task (the explorer's
+Gantt chart, a trace) needs the full simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..costs import CostModel
+from ..graph import OpGraph
+from ..cluster import Cluster
+from .full import Timeline, mirror, simulate
+from ..strategy import Strategy
+from ..taskgraph import BARRIER, BWD, FWD, UPDATE, TaskGraph, build_task_graph
+
+__all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "simulate_steady", "TOLERANCE"]
+
+#: what a repeat may differ by, as a share of the simulated iteration's time (float rounding)
+TOLERANCE = 1e-9
+#: periods simulated beyond the warm-up, the cool-down and the p + 1 microbatches checked
+EXTRA_PERIODS = 3
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """How an iteration was extrapolated: ``simulated`` of ``microbatches`` given tasks; from
+    microbatch ``first`` on, every ``period`` microbatches add ``period_s`` seconds to the
+    iteration; ``checked`` microbatches were found to repeat, task for task, the one a period
+    before."""
+
+    simulated: int
+    microbatches: int
+    period: int
+    period_s: float
+    first: int
+    checked: int
+
+    def describe(self) -> str:
+        per = "a microbatch" if self.period == 1 else f"every {self.period} microbatches"
+        return (f"simulated {self.simulated} of {self.microbatches} microbatches; from microbatch {self.first} on "
+                f"the schedule repeats ({self.checked} checked task for task), {self.period_s * 1e3:,.3f} ms {per}")
+
+
+@dataclass
+class SteadyTimeline(Timeline):
+    """The short run's tasks (``start_s``, ``end_s``, ``order``: the simulated microbatches) and
+    the whole iteration's totals: :attr:`makespan_s`, :attr:`device_busy_s` (so
+    :attr:`utilization`), :attr:`comm_bytes`, :attr:`critical_path_s` and ``num_tasks``."""
+
+    steady: SteadyState | None = None
+    total_makespan_s: float = 0.0
+    total_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    total_comm_bytes: float = 0.0
+    total_critical_path_s: float = 0.0
+    num_tasks: int = 0
+
+    @property
+    def makespan_s(self) -> float:  # type: ignore[override]
+        return self.total_makespan_s
+
+    @property
+    def device_busy_s(self) -> np.ndarray:  # type: ignore[override]
+        return self.total_busy_s
+
+    @property
+    def comm_bytes(self) -> float:  # type: ignore[override]
+        return self.total_comm_bytes
+
+    @property
+    def critical_path_s(self) -> float:  # type: ignore[override]
+        return self.total_critical_path_s
+
+
+def microbatches_to_simulate(graph: OpGraph, strategy: Strategy) -> tuple[int, int] | None:
+    """(microbatches to simulate, microbatches a period) for ``strategy``, or None where the
+    steady state is not extrapolated: GPipe over several stages (its activations grow with m),
+    a mixture-of-experts model, ZeRO-3 (each microbatch's parameter gathers wait for nothing
+    and queue on the links from the start: the run never repeats, and the short run would
+    be simulated for nothing), or fewer than twice the microbatches it would simulate."""
+    pipe = strategy.pipeline
+    p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
+    if p > 1 and pipe.schedule == "gpipe":
+        return None
+    if any(op.attrs.get("num_experts") for op in graph.ops):
+        return None
+    if strategy.zero_stage >= 3:  # every microbatch's parameter gathers wait for nothing: no repeat
+        return None
+    q = p if (p > 1 and v > 1 and pipe.schedule == "interleaved") else 1
+    # the warm-up (up to p microbatches), p + 1 periods to check, the cool-down (up to p), and
+    # a few to spare
+    n = 2 * p + (p + EXTRA_PERIODS) * q
+    if m < 2 * n or (m - n) % q:
+        return None
+    return n, q
+
+
+def _repeat(times: np.ndarray, rows: np.ndarray, q: int, tol: float) -> tuple[int, int, float] | None:
+    """(first microbatch, how many, shift) of the longest run of microbatches j whose every
+    task's ``times`` is microbatch j + q's less one shift (``rows``: [microbatch, task] ids
+    paired across microbatches), or None."""
+    t = times[rows]
+    d = t[q:] - t[:-q]  # [j, task]
+    lo, hi = d.min(axis=1), d.max(axis=1)
+    ok = (hi - lo) <= tol
+    best: tuple[int, int, float] | None = None
+    j = 0
+    while j < ok.size:
+        if not ok[j]:
+            j += 1
+            continue
+        k = j
+        while k + 1 < ok.size and ok[k + 1] and abs(lo[k + 1] - lo[j]) <= tol:
+            k += 1
+        if best is None or k - j + 1 > best[1]:
+            best = (j, k - j + 1, float(lo[(j + k) // 2]))
+        j = k + 1
+    return best
+
+
+def _paired_rows(tg: TaskGraph, n: int) -> tuple[int, np.ndarray] | None:
+    """(first microbatch, [microbatch, task] ids) of the microbatches around the middle whose
+    tasks are alike: row i the tasks of microbatch first + i in task order, which pairs the
+    same task of every microbatch (each segment emits its microbatches' tasks alike). The
+    first and last microbatches may hold more (a ZeRO parameter gather before the first); None
+    when fewer than half are alike in number, op, kind, partition, place and duration."""
+    ids = np.flatnonzero(tg.mb >= 0)
+    counts = np.bincount(tg.mb[ids], minlength=n)
+    if counts.size != n:
+        return None
+    mid = n // 2
+    same = counts == counts[mid]
+    lo = mid + 1 - int(np.argmin(np.append(same[mid::-1], False)))  # the run of equal counts around mid
+    hi = mid + int(np.argmin(np.append(same[mid:], False)))
+    if counts[mid] == 0 or 2 * (hi - lo) < n:
+        return None
+    keep = ids[(tg.mb[ids] >= lo) & (tg.mb[ids] < hi)]
+    rows = keep[np.argsort(tg.mb[keep], kind="stable")].reshape(hi - lo, -1)
+    for col in (tg.op, tg.kind, tg.part, tg.device, tg.link, tg.coll, tg.dur_s):
+        a = col[rows]
+        if not np.array_equal(a, np.broadcast_to(a[0], a.shape)):
+            return None
+    return lo, rows
+
+
+def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None, *,
+                    symmetry: str = "auto", max_tasks: int | None = None,
+                    cancel: Any = None) -> tuple[TaskGraph, SteadyTimeline] | None:
+    """The short run's task graph and its timeline with the whole iteration's totals (see the
+    module), or None where the steady state is not extrapolated or the run does not repeat.
+    ``symmetry``, ``max_tasks``, ``cancel``: as :func:`engine.taskgraph.build_task_graph`'s."""
+    plan = microbatches_to_simulate(graph, strategy)
+    if plan is None:
+        return None
+    n, q = plan
+    pipe = strategy.pipeline
+    m, p, v = pipe.microbatches, max(1, pipe.stages), max(1, pipe.virtual_stages)
+    tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
+                          microbatches=n)
+    tl = simulate(tg, cancel=cancel)
+    paired = _paired_rows(tg, n)
+    if paired is None:
+        return None
+    lo, rows = paired
+    span = tl.makespan_s
+    tol = TOLERANCE * span
+    est = tl.earliest_starts_s
+    found = []
+    for times in (tl.start_s, tl.end_s, est):
+        r = _repeat(times, rows, q, tol)
+        if r is None or r[1] < p + 1:
+            return None
+        found.append(r)
+    (first, checked, shift), ends, (_, _, cp_shift) = found
+    if ends[0] != first or ends[1] != checked or abs(ends[2] - shift) > tol:
+        return None
+    first += lo
+    sent = tg.info["comm_by_microbatch"]  # [microbatch] bytes; one alike microbatch's, extrapolated
+    more = (m - n) // q  # periods the whole iteration has beyond the short run
+    on_dev = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
+    one = on_dev & (tg.mb == first)  # one microbatch's compute (all alike)
+    busy_mb = mirror(np.bincount(tg.device[one], weights=tg.dur_s[one], minlength=tg.n_devices), tg)
+    bars = int(np.count_nonzero(tg.kind == BARRIER))
+    units = 2 * n * v  # each device's barriers: units - 1
+    bar_devices = bars // (units - 1) if bars else 0
+    steady = SteadyState(n, m, q, shift, first, checked)
+    out = SteadyTimeline(
+        tasks=tg, start_s=tl.start_s, end_s=tl.end_s, order=tl.order, resource_pred=tl.resource_pred,
+        extra={**tl.extra, "steady": steady}, steady=steady,
+        total_makespan_s=span + more * shift,
+        total_busy_s=tl.device_busy_s + (m - n) * busy_mb,
+        total_comm_bytes=tg.comm_bytes + (m - n) * float(sent[first]),
+        total_critical_path_s=(float(np.max(est + tg.dur_s)) + more * cp_shift),
+        num_tasks=tg.num_tasks + (m - n) * rows.shape[1] + bar_devices * 2 * (m - n) * v)
+    return tg, out

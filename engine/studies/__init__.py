@@ -1,0 +1,1 @@
+"""Studies over many simulations: sweeps, failure what-ifs, profiling."""

@@ -1,0 +1,349 @@
+"""Sweeps of layouts x cluster sizes (``soapbox sweep``): every combination simulated, infeasible
+ones kept with the reason, on one process, a local process pool (the default; no service) or a
+Ray cluster (``backend="ray"``: the same call runs on a laptop in Ray's local mode or on a
+cluster given its address).
+
+A point is a Megatron-shaped layout (:func:`engine.search.baselines.megatron`: tp, pp, cp, vpp,
+micro-batch, recomputation, ZeRO stage, sequence parallelism; expert and expert tensor parallelism
+ep and etp for a mixture-of-experts model) of one model on one cluster;
+its row holds the layout, the simulated iteration time, tokens (or samples) per second, the
+peak memory per GPU and whether it fits, or why it cannot be built. Points are sent to
+workers in batches (``batch`` points a task), so that per-task scheduling costs little against
+the simulations (Ray's is milliseconds a task).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "pareto",
+           "COLUMNS", "smallest_fit"]
+
+#: grid keys and the :class:`engine.layout.Layout` field each sets
+GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
+             "recompute": "recompute", "sp": "sequence_parallel", "ep": "ep", "etp": "etp"}
+
+#: the columns of a result row, in order
+COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
+           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp")
+
+#: the most points one sweep runs
+MAX_POINTS = 100_000
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``["tp=1,2,4", "pp=1,2", "recompute=none,full"]`` -> {key: values}.
+
+    >>> parse_grid(["tp=1,2", "sp=0,1"])
+    {'tp': [1, 2], 'sp': [False, True]}
+    """
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = str(item).partition("=")
+        key = key.strip()
+        if not sep or key not in GRID_KEYS:
+            raise ValueError(f"--grid {str(item)[:60]!r}: expected KEY=V1,V2,... with KEY one of {', '.join(GRID_KEYS)}")
+        if key in grid:
+            raise ValueError(f"--grid {key} given twice")
+        vals: list[Any] = []
+        for v in values.split(","):
+            v = v.strip()
+            if key == "recompute":
+                if v not in ("none", "selective", "full"):
+                    raise ValueError(f"--grid recompute={v!r}: none, selective or full")
+                vals.append(v)
+            elif key == "sp":
+                if v not in ("0", "1", "false", "true"):
+                    raise ValueError(f"--grid sp={v!r}: 0 or 1")
+                vals.append(v in ("1", "true"))
+            else:
+                low = 0 if key == "zero" else 1
+                if not (v.isascii() and v.isdigit() and len(v) <= 9) or not low <= int(v) <= 1 << 20:
+                    raise ValueError(f"--grid {key}={v[:40]!r}: a {'non-negative' if low == 0 else 'positive'} "
+                                     f"whole number up to {1 << 20:,}")
+                vals.append(int(v))
+        if not vals:
+            raise ValueError(f"--grid {key}: no values")
+        grid[key] = list(dict.fromkeys(vals))
+    return grid
+
+
+def parse_clusters(text: str) -> list[str]:
+    """``"dgx-a100-80gb:4,8,16"`` -> the three presets; ``"p100-4x4"`` -> itself; several
+    groups separated by spaces or semicolons."""
+    out: list[str] = []
+    for group in str(text).replace(";", " ").split():
+        base, sep, sizes = group.partition(":")
+        if not sep:
+            out.append(base)
+            continue
+        for n in sizes.split(","):
+            if not (n.strip().isascii() and n.strip().isdigit() and len(n.strip()) <= 9):
+                raise ValueError(f"--clusters {group[:60]!r}: sizes must be whole numbers (dgx-a100-80gb:4,8,16)")
+            out.append(f"{base}:{int(n)}")
+    if not out:
+        raise ValueError("--clusters: no cluster given")
+    return list(dict.fromkeys(out))
+
+
+def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str, Any]]:
+    """Every combination, clusters outermost, in a fixed order."""
+    keys = sorted(grid)
+    combos = list(itertools.product(*(grid[k] for k in keys)))
+    n = len(combos) * len(clusters)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points, more than the {MAX_POINTS:,} a sweep runs")
+    return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
+
+
+def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
+                  **limits: Any) -> list[dict[str, Any]]:
+    """Every valid layout of ``model`` on each of ``clusters`` (names, as :func:`points`
+    takes) as sweep points (grid keys tp, pp, cp, mb; ep, etp and sp where a mixture-of-experts
+    layout sets them), clusters outermost: the grid that
+    :func:`engine.layout.valid_layouts` gives (``soapbox sweep --grid auto``; ``limits`` are its
+    keyword limits: ``tps``, ``max_microbatches_per_stage``, ...).
+
+    >>> layout_points("gpt2", ["dgx-a100-80gb:1"], batch=8)[0]
+    {'cluster': 'dgx-a100-80gb:1', 'tp': 1, 'pp': 1, 'cp': 1, 'mb': 1}
+    """
+    from ..formats import resolve_cluster, resolve_model
+    from ..layout import valid_layouts
+
+    g = resolve_model(model, allow_path=True, batch=batch)
+    out: list[dict[str, Any]] = []
+    for name in clusters:
+        for lay in valid_layouts(g, resolve_cluster(name, allow_path=True), **limits):
+            pt = {"cluster": name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "mb": lay.micro_batch}
+            if lay.ep * lay.etp > 1:  # (a mixture-of-experts layout: its experts' degrees and sp)
+                pt.update(ep=lay.ep, etp=lay.etp)
+            if lay.sequence_parallel:
+                pt["sp"] = True
+            out.append(pt)
+            if len(out) > MAX_POINTS:
+                raise ValueError(f"more than the {MAX_POINTS:,} points a sweep runs")
+    return out
+
+
+_MODELS: dict[tuple, Any] = {}
+_CLUSTERS: dict[str, Any] = {}
+
+
+def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
+    """One point's row (never raises for a layout that cannot be built or does not fit)."""
+    from ..formats import resolve_cluster, resolve_model
+    from ..layout import Layout
+    from ..sim.report import simulate_strategy
+    from ..search.baselines import build_layout
+
+    key = (model, batch)
+    if key not in _MODELS:
+        _MODELS[key] = resolve_model(model, allow_path=True, batch=batch)
+    g = _MODELS[key]
+    name = point["cluster"]
+    if name not in _CLUSTERS:
+        _CLUSTERS[name] = resolve_cluster(name, allow_path=True)
+    c = _CLUSTERS[name]
+    opts = {GRID_KEYS[k]: v for k, v in point.items() if k in GRID_KEYS}
+    row: dict[str, Any] = {k: None for k in COLUMNS}
+    row.update(cluster=name, gpus=c.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
+               vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
+               recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False,
+               ep=opts.get("ep", 1), etp=opts.get("etp", 1))
+    try:
+        s = build_layout(g, c, Layout.from_options(opts))
+        r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
+    except ValueError as e:
+        row["why"] = str(e).splitlines()[0][:300]
+        return row
+    row["dp"] = s.found_by["options"]["dp"]
+    row["mb"] = s.found_by["options"]["micro_batch"]
+    row["iteration_time_s"] = r.iteration_time_s
+    # tokens/s for a language model, else samples/s (engine.sim.report.tokens_per_s: one rule)
+    row["throughput_per_s"] = r.tokens_per_s if r.tokens_per_s is not None else r.throughput_samples_per_s
+    row["peak_memory_bytes"] = float(max(r.memory.peak_bytes))
+    row["feasible"] = bool(r.memory.feasible)
+    if not r.memory.feasible:
+        row["why"] = _over_why(r.memory)
+    return row
+
+
+def _over_why(memory: Any) -> str:
+    """Why a row does not fit: its fullest GPU and by how much."""
+    d, over = memory.over_capacity()[0]
+    return f"does not fit in memory: GPU {d} is {over / 1e9:.2f} GB over"
+
+
+def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Sequence[Any],
+                 max_tasks: int | None = None, stop: Callable[[], bool] | None = None,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """The smallest of ``clusters`` (in the order given: smallest first) on which the layout
+    ``kind`` (a baseline of :data:`engine.search.baselines.BASELINES`: megatron, fsdp, ...) with
+    ``options`` fits in memory: a row per cluster tried, up to the first that fits. A
+    Megatron-shaped layout that the rules of :func:`engine.layout.layout_problem` refuse on a
+    cluster (devices it cannot tile, a batch it cannot split) is not built there.
+
+    Each row: ``cluster`` (name), ``gpus``, ``feasible``, ``peak_memory_bytes``,
+    ``capacity_bytes`` (of the fullest GPU), ``iteration_time_s``, ``why`` (a layout that
+    cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
+    GPU and bytes over capacity). Simulated with the engine's symmetry reduction where it is
+    exact, a long pipeline's steady state extrapolated (:mod:`engine.sim.steady`); ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
+    ends the scan early (asked before each cluster and, as the simulation's ``cancel``, during
+    each build and simulation: a cluster stopped mid-way has no row), ``progress`` gets each
+    row as it comes.
+    """
+    from ..errors import Cancelled, SoapboxError
+    from ..layout import Layout, layout_problem
+    from ..sim.report import simulate_strategy
+    from ..search.baselines import make_baseline
+
+    rows: list[dict[str, Any]] = []
+    # a Megatron-shaped layout (megatron, fsdp) is checked against the layout rules first
+    # (engine.layout.layout_problem): a cluster it cannot tile is refused without a build
+    layout = None
+    if kind in ("megatron", "fsdp"):
+        try:
+            layout = Layout.from_options({k: v for k, v in options.items() if v is not False})
+        except ValueError:
+            layout = None  # (make_baseline names the problem, per cluster)
+    for c in clusters:
+        if stop is not None and stop():
+            break
+        row: dict[str, Any] = {"cluster": c.name, "gpus": c.num_devices, "feasible": False,
+                               "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
+        try:
+            why = layout_problem(graph, c, layout) if layout is not None else None
+            if why:
+                raise ValueError(why)
+            s = make_baseline(kind, graph, c, **options)
+            # (max_tasks with symmetry too: a plan of 10^5 microbatches is large however alike;
+            # ``stop`` also ends a running build or simulation)
+            r = simulate_strategy(graph, s, c, check=False, max_tasks=max_tasks, cancel=stop, steady=True)
+            tl, mem = r.timeline, r.memory
+        except Cancelled:
+            break
+        except (ValueError, TypeError, SoapboxError) as e:  # (TypeError: an option this builder lacks)
+            row["why"] = str(e).splitlines()[0][:300]
+        else:
+            worst = int((mem.peak_bytes / mem.capacity_bytes.clip(min=1)).argmax())
+            row.update(feasible=bool(mem.feasible), peak_memory_bytes=float(mem.peak_bytes[worst]),
+                       capacity_bytes=float(mem.capacity_bytes[worst]), iteration_time_s=tl.makespan_s)
+            if not mem.feasible:
+                row["why"] = _over_why(mem)
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+        if row["feasible"]:
+            break
+    return rows
+
+
+def _batch(context: tuple[str, int | None], pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    model, batch = context
+    return [evaluate(model, p, batch) for p in pts]
+
+
+def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
+              batch_points: int | None = None, address: str | None = None, batch: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray":
+    :class:`engine.search.processes.Backend`)."""
+    from ..search.processes import Backend, check_backend
+
+    backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
+    n = len(pts)
+    workers = max(1, workers or os.cpu_count() or 1)
+    size = batch_points or max(1, min(64, math.ceil(n / (4 * workers))))
+    chunks = [pts[i:i + size] for i in range(0, n, size)]
+    done = 0
+
+    def tick(k: int, rows: list[dict[str, Any]]) -> None:
+        nonlocal done
+        done += len(rows)
+        if progress is not None:
+            progress(done, n)
+
+    with Backend(backend, context=(model, batch), workers=workers, address=address) as b:
+        out = b.map(_batch, chunks, done=tick)
+    return [row for rows in out for row in (rows or [])]
+
+
+def pareto(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The feasible rows no other feasible row beats on all of iteration time, GPUs and peak
+    memory (each at least as good and one better)."""
+    ok = [r for r in rows if r["feasible"]]
+    front = []
+    for r in ok:
+        key = (r["iteration_time_s"], r["gpus"], r["peak_memory_bytes"])
+        if not any((o["iteration_time_s"], o["gpus"], o["peak_memory_bytes"]) != key and
+                   o["iteration_time_s"] <= key[0] and o["gpus"] <= key[1] and o["peak_memory_bytes"] <= key[2]
+                   for o in ok):
+            front.append(r)
+    return sorted(front, key=lambda r: (r["gpus"], r["iteration_time_s"]))
+
+
+def write_rows(rows: list[dict[str, Any]], path: str) -> None:
+    """CSV, JSON or Parquet by the file's extension (Parquet needs pyarrow)."""
+    import csv
+    import io
+    import json
+
+    from ..formats.writing import atomic_writer
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".json":
+        text = json.dumps({"format": "soapbox.sweep/1", "columns": list(COLUMNS), "rows": rows}, indent=1)
+    elif ext == ".csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        text = buf.getvalue()
+    elif ext == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError("writing Parquet needs pyarrow (pip install pyarrow); or write .csv / .json") from None
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return
+    else:
+        raise ValueError(f"{path}: write .csv, .json or .parquet")
+    with atomic_writer(path, make_parents=True) as f:
+        f.write(text)
+
+
+def write_report(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """An HTML page: iteration time against GPUs per layout (feasible points; the Pareto front
+    over time, GPUs and memory drawn as a line), and peak memory against time."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..formats.writing import atomic_writer
+
+    ok = [r for r in rows if r["feasible"]]
+    front = pareto(rows)
+
+    def label(r):
+        ep, etp = r.get("ep") or 1, r.get("etp") or 1
+        moe = f" ep {ep} etp {etp}" if ep * etp > 1 else ""
+        return f"tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} {r['recompute']} z{r['zero']}"
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["iteration time (s) by GPUs", "peak memory (GB) by time (s)"])
+    fig.add_trace(go.Scatter(x=[r["gpus"] for r in ok], y=[r["iteration_time_s"] for r in ok], mode="markers",
+                             text=[label(r) for r in ok], name="feasible layouts"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r["gpus"] for r in front], y=[r["iteration_time_s"] for r in front],
+                             mode="lines+markers", text=[label(r) for r in front], name="Pareto front"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r["iteration_time_s"] for r in ok], y=[r["peak_memory_bytes"] / 1e9 for r in ok],
+                             mode="markers", text=[label(r) for r in ok], name="memory", showlegend=False), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="GPUs", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="s", row=1, col=1)
+    fig.update_layout(title=f"{title}: {len(ok)} of {len(rows)} layouts fit; {len(front)} on the Pareto front",
+                      height=520)
+    html = fig.to_html(include_plotlyjs="cdn", full_html=True)
+    with atomic_writer(path, make_parents=True) as f:
+        f.write(html)
+
