@@ -8,7 +8,7 @@ Conventions: soapbox counts a linear layer's FLOPs as 2 x tokens x in x out (its
 none, as torch's counter counts ``addmm``); unfused attention (``batch_matmul`` scores and
 context) over the whole s x s matrix, as transformers' eager attention computes it; fused
 causal attention at half of that (the blocks FlashAttention skips), windowed attention as
-:func:`engine.ops._attention_flops` states. Each comparison says which it compares.
+:func:`engine.ops.attention._attention_flops` states. Each comparison says which it compares.
 """
 
 from __future__ import annotations
