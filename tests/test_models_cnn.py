@@ -3,7 +3,7 @@
 Published figures come from the torchvision documentation pages of each model (ImageNet-1K
 weights), which list ``num_params`` and ``GFLOPS``; the GFLOPS there count multiply-adds of
 one 224x224 (299x299 for Inception-v3) image, while soapbox counts 2 FLOPs per multiply-add
-(engine/ops.py module docstring).
+(engine/ops/__init__.py module docstring).
 
 FLOPs tolerances:
 
@@ -14,7 +14,7 @@ FLOPs tolerances:
   per element, pooling, the loss): a few FLOPs per activation element, measured at 0.1%
   (AlexNet, few activations per multiply-add), 0.9% (Inception-v3) and 1.0% (ResNet-101,
   where batchnorm dominates) on top of the multiply-adds. 3% leaves room for a change of
-  the pointwise constants in engine/ops.py while still catching a missing or doubled
+  the pointwise constants in engine/ops/pointwise.py while still catching a missing or doubled
   layer (ResNet's smallest conv is 0.1% of its FLOPs, but a missing block is >1%; a missing
   layer also shows in the exact parameter count). So the total must lie in
   [2 x GFLOPS, 2 x GFLOPS x 1.03].

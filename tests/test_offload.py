@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.cluster import preset
-from engine.costs.model import CPU_ADAM_PARAMS_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
+from engine.costs.offload import CPU_ADAM_PARAMS_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
 from engine.formats import resolve_model
 from engine.sim.memory_static import HOST_MEMORY_BYTES_PER_GPU, OFFLOAD_STATE_BYTES_PER_PARAM
 from engine.sim.report import simulate_strategy

@@ -7,7 +7,7 @@ Most tests use one small hand-built graph (``tiny``):
 
 on FlexFlow's P100 cluster (``p100-4x4``: 16 devices, 0..15). The last section checks, on
 random small ops, that the FLOPs of an op's partitions add up to the op's FLOPs (the
-multiplicativity the module docstring of engine/ops.py promises).
+multiplicativity the module docstring of engine/ops/__init__.py promises).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Transfers and collectives: how long moving bytes point to point or in an NCCL collective
-takes (FlexFlow's assumption 2 per link; NCCL's own cost model for collectives). Split from
-:mod:`engine.costs`, which re-exports these names."""
+takes (FlexFlow's assumption 2 per link; NCCL's own cost model for collectives)."""
 
 from __future__ import annotations
 

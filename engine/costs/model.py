@@ -1,4 +1,5 @@
-"""Cost models: how long an operator partition, a transfer or a collective takes.
+"""The cost model: how long an operator partition takes, and the one object that prices every
+task (:class:`CostModel`).
 
 Operator time (FlexFlow's assumption 1: task times are predictable) comes from
 
@@ -12,7 +13,7 @@ Operator time (FlexFlow's assumption 1: task times are predictable) comes from
 Transfers follow FlexFlow's assumption 2 per link: latency + bytes / bandwidth, with a link
 efficiency (the fraction of the nominal rate NCCL reaches). Collectives use NCCL's own cost
 model (ring or tree, LL/LL128/Simple, per-step latencies NVIDIA measured), whichever is
-fastest, as NCCL's tuner chooses, see :func:`collective_time_s`.
+fastest, as NCCL's tuner chooses (:mod:`engine.costs.collectives`).
 
 Every constant below was chosen from a published figure or is a calibration (marked) of a
 physically meaningful quantity against ``validation/published_runs_public.csv``; none
@@ -22,15 +23,15 @@ is fitted per row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping
 
-# (the transfer and collective model lives in engine.costs.collectives; its entry points are re-exported)
 from ..ops import DTYPE_BYTES, experts_capacity_share
 from .collectives import LINK_EFFICIENCY
+from .profile import ProfileTable
 
 
-__all__ = ["CostModel", "ProfileTable", "MATMUL_KINDS", "GROUPED_GEMM_SHARE", "GROUPED_GEMM_TILE_M"]
+__all__ = ["CostModel", "MATMUL_KINDS", "GROUPED_GEMM_SHARE", "GROUPED_GEMM_TILE_M"]
 
 #: Op kinds whose time is dominated by matrix-multiply FLOPs (run on tensor cores).
 MATMUL_KINDS = frozenset({"conv2d", "linear", "batch_matmul", "lstm", "attention", "router", "experts"})
@@ -128,54 +129,6 @@ ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 # Transformer Engine's fused cast-transpose (fp8): reads a 2-byte element, writes its fp8 value
 # and its fp8 transpose (1 + 1 bytes), bytes per element.
 FP8_CAST_BYTES_PER_ELEMENT = 4
-
-
-@dataclass
-class ProfileTable:
-    """Measured operator times, ``soapbox.profile/1``.
-
-    Entries are keyed by (kind, partition input/output/param shapes, precision, device type)
-    and hold forward and backward seconds. A profile file is JSON::
-
-        {"format": "soapbox.profile/1",
-         "entries": [{"kind": "linear", "inputs": [[8, 1024]], "outputs": [[8, 4096]],
-                      "params": [[4096, 1024], [4096]], "precision": "fp16",
-                      "device_type": "A100-SXM4-80GB", "fwd_s": 1.2e-5, "bwd_s": 2.5e-5}]}
-    """
-
-    entries: dict[tuple, tuple[float, float]] = field(default_factory=dict)
-
-    @staticmethod
-    def key(kind: str, ins: Sequence[Sequence[int]], outs: Sequence[Sequence[int]],
-            params: Sequence[Sequence[int]], precision: str, device_type: str) -> tuple:
-        return (kind, tuple(map(tuple, ins)), tuple(map(tuple, outs)), tuple(map(tuple, params)),
-                precision, device_type)
-
-    def add(self, kind: str, ins, outs, params, precision: str, device_type: str, fwd_s: float,
-            bwd_s: float) -> None:
-        self.entries[self.key(kind, ins, outs, params, precision, device_type)] = (float(fwd_s), float(bwd_s))
-
-    def get(self, key: tuple) -> tuple[float, float] | None:
-        return self.entries.get(key)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": "soapbox.profile/1", "entries": [
-            {"kind": k[0], "inputs": [list(s) for s in k[1]], "outputs": [list(s) for s in k[2]],
-             "params": [list(s) for s in k[3]], "precision": k[4], "device_type": k[5], "fwd_s": v[0], "bwd_s": v[1]}
-            for k, v in self.entries.items()]}
-
-    @classmethod
-    def from_checked(cls, data: Mapping[str, Any]) -> "ProfileTable":
-        """The table of a schema-checked ``soapbox.profile/1`` mapping (load files with
-        :func:`engine.formats.load_profile`, which checks them first)."""
-        table = cls()
-        for e in data["entries"]:
-            table.add(e["kind"], e["inputs"], e["outputs"], e.get("params", []), e["precision"], e["device_type"],
-                      e["fwd_s"], e["bwd_s"])
-        return table
 
 
 @dataclass(frozen=True)
@@ -434,53 +387,3 @@ def _quantisation(m: float, n: float, sms: int, waves: bool = True) -> float:
         slots = max(tiles, sms * math.ceil(tiles / sms)) if waves and tiles >= sms else tiles
         best = max(best, m * n / (slots * tm * tn))
     return best
-
-
-# --------------------------------------------------------------------------- host-side (offload) times
-
-#: DeepSpeed's CPU-Adam over a whole host: ZeRO-Offload (Ren et al. ATC'21, Table 3) times one
-#: step over 1 billion parameters at 0.22 s on a DGX-2 host (2 x 24-core Xeon Platinum 8168,
-#: AVX512 and OpenMP; PyTorch's CPU Adam: 1.39 s), i.e. ~4.5e9 parameters/s. The GPUs of a node
-#: each run CPU-Adam over their own shard at once, so each gets its share of the cores:
-#: this rate / the node's GPUs.
-CPU_ADAM_PARAMS_PER_S = 1e9 / 0.22
-#: NVMe bandwidth of one node, shared by its GPUs: ZeRO-Infinity (Rajbhandari et al. SC'21,
-#: §3 and Fig. 2b) assumes ~25 GB/s of aggregate NVMe bandwidth on a DGX-2 node; a DGX A100's
-#: eight U.2 NVMe drives (15 TB) are of the same order (~25 GB/s read at their datasheets' 3-7
-#: GB/s each, writes slower). Reads and writes are priced alike.
-NVME_BW_BYTES_PER_S = 25e9
-#: Host<->GPU bandwidth of one GPU when the cluster states none: PCIe 4.0 x16's 32 GB/s
-#: peak at the ~80% that pinned-memory copies reach (cudaMemcpy bandwidth tests).
-HOST_BW_BYTES_PER_S = 25e9
-#: Bytes per parameter ZeRO-Infinity moves to and from NVMe each step: fp32 master weight,
-#: momentum and variance read, then written back (4 + 4 + 4, plus the fp32 gradient's 4
-#: written by the gradient copy and read by the step): 16 each way.
-NVME_STATE_BYTES_PER_PARAM = 16
-
-
-def host_optimizer_time_s(params: float, host_bw_bytes_per_s: float = HOST_BW_BYTES_PER_S, nvme: bool = False,
-                          grad_bytes: float = 2.0, param_bytes: float = 2.0, gpus_sharing_host: int = 1,
-                          cpu_adam_params_per_s: float = CPU_ADAM_PARAMS_PER_S,
-                          nvme_bw_bytes_per_s: float = NVME_BW_BYTES_PER_S) -> float:
-    """Seconds of one GPU's optimizer step with the optimizer offloaded (ZeRO-Offload, Ren et
-    al. ATC'21 §4; ZeRO-Infinity, Rajbhandari et al. SC'21 for ``nvme``), over ``params``
-    parameters of its shard, in the simplest honest model (no overlap with the backward pass):
-
-    * the gradients copied to the host: ``params x grad_bytes / host_bw``;
-    * CPU-Adam over them at the GPU's share of the host's cores:
-      ``params / (cpu_adam_params_per_s / gpus_sharing_host)``;
-    * ``nvme``: the optimizer state read from and written back to NVMe
-      (2 x :data:`NVME_STATE_BYTES_PER_PARAM` bytes per parameter) at the GPU's share of the
-      node's NVMe bandwidth;
-    * the updated parameters copied back: ``params x param_bytes / host_bw``.
-
-    >>> round(host_optimizer_time_s(1e9, 25e9, gpus_sharing_host=1), 4)
-    0.38
-    """
-    if params <= 0:
-        return 0.0
-    t = params * (grad_bytes + param_bytes) / host_bw_bytes_per_s
-    t += params * gpus_sharing_host / cpu_adam_params_per_s
-    if nvme:
-        t += params * 2 * NVME_STATE_BYTES_PER_PARAM * gpus_sharing_host / nvme_bw_bytes_per_s
-    return t

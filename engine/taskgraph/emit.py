@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..costs.model import HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
+from ..costs.offload import HOST_BW_BYTES_PER_S, NVME_BW_BYTES_PER_S, host_optimizer_time_s
 from ..costs import group_collective_time_s, transfer_time_s
 from ..graph import Op
 from ..moe import expert_loads, gate_factor
