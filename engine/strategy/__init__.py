@@ -1,17 +1,20 @@
 """Strategies: how every operator is partitioned and placed, and the settings around it.
 
-* :mod:`engine.strategy.config`: an op's :class:`Config`, the pipeline settings, degrees;
-* :mod:`engine.strategy.core`: the :class:`Strategy` record, its JSON form and its checks;
+* :mod:`engine.strategy.config`: an op's :class:`Config` (FlexFlow's parallelization
+  configuration), the pipeline settings, the degrees a dim can take;
+* :mod:`engine.strategy.core`: the :class:`Strategy` record and its JSON form;
+* :mod:`engine.strategy.checks`: every reason a strategy cannot run a model on a cluster;
 * :mod:`engine.strategy.device_runs`: devices written as runs (``"0-7,64-71"``);
 * :mod:`engine.strategy.recompute`: what each recomputation policy reruns and keeps.
 """
 
+from .checks import check_strategy, validate_strategy
+from .config import (Config, PipelineSettings, check_config, degree_choices, divisors, partition_coords, partition_grid,
+                     splits_into_microbatches, zero_shares)
 from .core import (GATHER_UNITS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES,
-    SCHEDULES, Strategy, check_strategy, selective_recompute_reruns, strategy_from_dict, validate_strategy)
-from .config import (Config, PipelineSettings, check_config, divisors, partition_coords, partition_grid,
-    splits_into_microbatches, zero_shares)
+                   SCHEDULES, Strategy, strategy_from_dict)
 
-__all__ = ["selective_recompute_reruns", "RECOMPUTE_MODULES", "zero_shares", "divisors", "splits_into_microbatches",
-           "check_config", "Config", "PipelineSettings", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES",
-           "validate_strategy", "check_strategy", "partition_coords", "partition_grid", "strategy_from_dict",
-           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS"]
+__all__ = ["Config", "PipelineSettings", "Strategy", "strategy_from_dict", "validate_strategy", "check_strategy",
+           "check_config", "degree_choices", "divisors", "partition_coords", "partition_grid",
+           "splits_into_microbatches", "zero_shares", "SCHEDULES", "RECOMPUTE", "RECOMPUTE_MODULES",
+           "OFFLOAD_DEVICES", "GATHER_UNITS", "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES"]

@@ -10,8 +10,8 @@ A :class:`Strategy` maps every op to a config and adds what spans ops: pipeline 
 (Rajbhandari et al. SC'20: stage 1 shards optimizer state, 2 also gradients, 3 also
 parameters) and Megatron's sequence parallelism (Korthikanti et al. 2022).
 
-:func:`validate_strategy` lists every problem with its path in the strategy file
-(``ops.conv1.degrees.sample: 3 does not divide sample (64)``).
+:func:`engine.strategy.checks.validate_strategy` lists every problem with its path in the
+strategy file (``ops.conv1.degrees.sample: 3 does not divide sample (64)``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ from typing import Any, Mapping
 
 from .device_runs import (check_runs, devices_of_entry)
 
-from ..cluster import Cluster
 from ..errors import Problem, ValidationError
 from .config import Config, PipelineSettings
-from .config import check_config
-from ..graph import Op, OpGraph
 
-__all__ = ["selective_recompute_reruns", "RECOMPUTE_MODULES", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES",
-           "validate_strategy", "check_strategy", "strategy_from_dict", "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES",
-           "GATHER_UNITS"]
+__all__ = ["RECOMPUTE_MODULES", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES", "strategy_from_dict",
+           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: Activation recomputation policies: ``selective`` is Korthikanti et al.'s (the attention
@@ -43,14 +39,6 @@ RECOMPUTE = ("none", "selective", "full", "selective-op")
 #: backward instead of keeping their activations (:func:`engine.strategy.recompute.recomputed_ops`).
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
 
-
-def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
-    """Whether selective recomputation reruns ``op``'s forward before its backward (and so
-    does not keep its activations): the attention core between the QK^T matmul and the
-    context matmul, with the dropout on the attention probabilities (Korthikanti et al. 2022
-    §5). One rule for the task-graph builder and the memory model."""
-    return op.kind in ("batch_matmul", "softmax") or (
-        op.kind == "dropout" and any(graph[r.op].kind == "softmax" for r in op.inputs))
 
 #: Most microbatches an iteration may be cut into (each one multiplies the tasks to
 #: simulate; Megatron's GPT-3 175B runs 96).
@@ -287,177 +275,3 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("fp8_params", False),
                     tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
                     data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())))
-
-
-def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
-    """Every reason ``strategy`` cannot run ``graph`` on ``cluster``; empty when valid."""
-    problems: list[Problem] = []
-    add = problems.append
-    if strategy.model_fingerprint and strategy.model_fingerprint != graph.fingerprint:
-        add(Problem("model.fingerprint",
-                    f"the strategy was made for model {strategy.model_name!r} with fingerprint "
-                    f"{strategy.model_fingerprint}, but {graph.name!r} has {graph.fingerprint}"))
-    if strategy.cluster_devices and strategy.cluster_devices != cluster.num_devices:
-        add(Problem("cluster.devices",
-                    f"the strategy was made for {strategy.cluster_devices} devices "
-                    f"({strategy.cluster_name}), but {cluster.name} has {cluster.num_devices}"))
-    for name in strategy.configs:
-        if name not in graph:
-            add(Problem(f"ops.{name}", f"no op named {name!r} in model {graph.name!r}"))
-    pipe = strategy.pipeline
-    for fld, v in (("stages", pipe.stages), ("microbatches", pipe.microbatches),
-                   ("virtual_stages", pipe.virtual_stages)):
-        if not isinstance(v, int) or v < 1:
-            add(Problem(f"pipeline.{fld}", f"must be a positive integer, got {v!r}"))
-    if pipe.schedule not in SCHEDULES:
-        add(Problem("pipeline.schedule", f"unknown schedule {pipe.schedule!r}; valid: {', '.join(SCHEDULES)}"))
-    elif pipe.schedule == "interleaved":
-        if pipe.virtual_stages < 2:
-            add(Problem("pipeline.virtual_stages", "the interleaved schedule needs virtual_stages >= 2"))
-        if isinstance(pipe.stages, int) and pipe.stages > 1 and pipe.microbatches % pipe.stages:
-            add(Problem("pipeline.microbatches",
-                        f"the interleaved schedule needs microbatches ({pipe.microbatches}) to be a multiple "
-                        f"of stages ({pipe.stages}) (Narayanan et al. SC'21 §2.2.2)"))
-    elif pipe.virtual_stages != 1:
-        add(Problem("pipeline.virtual_stages", f"virtual_stages > 1 needs schedule 'interleaved', got {pipe.schedule!r}"))
-    if strategy.recompute not in RECOMPUTE:
-        add(Problem("recompute", f"unknown recompute {strategy.recompute!r}; valid: {', '.join(RECOMPUTE)}"))
-    mods = strategy.recompute_modules
-    bad = [m for m in mods if m not in RECOMPUTE_MODULES]
-    if bad:
-        add(Problem("recompute_modules", f"unknown module {str(bad[0])[:40]!r}; valid: {', '.join(RECOMPUTE_MODULES)}"))
-    elif mods and strategy.recompute != "selective":
-        add(Problem("recompute_modules", f"recompute modules need recompute 'selective' (Megatron's "
-                                         f"--recompute-granularity selective), got {strategy.recompute!r}"))
-    if strategy.zero_stage not in (0, 1, 2, 3):
-        add(Problem("zero_stage", f"must be 0, 1, 2 or 3, got {strategy.zero_stage!r}"))
-    if strategy.gather_unit not in GATHER_UNITS:
-        add(Problem("gather_unit", f"must be one of {', '.join(GATHER_UNITS)}, got {strategy.gather_unit!r}"))
-    loads = strategy.expert_loads
-    if loads is not None:
-        sizes = {op.attrs["num_experts"] for op in graph.ops if op.kind == "experts"}
-        if not sizes:
-            add(Problem("expert_loads", f"a routing-imbalance what-if needs a mixture-of-experts model; "
-                                        f"{graph.name!r} has no experts op"))
-        elif len(loads) not in sizes:
-            add(Problem("expert_loads", f"{len(loads)} expert shares for a model with "
-                                        f"{' or '.join(str(n) for n in sorted(sizes))} experts per layer"))
-        elif sum(loads) <= 0 or any(not math.isfinite(x) or x < 0 for x in loads):
-            add(Problem("expert_loads", "expert shares must be finite, non-negative and not all zero"))
-    k = strategy.shard_group
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        add(Problem("shard_group", f"must be a non-negative integer, got {k!r}"))
-    elif k and strategy.zero_stage < 2:
-        add(Problem("shard_group", f"hybrid sharding (shard_group {k}) needs ZeRO stage 2 or 3, "
-                                   f"got {strategy.zero_stage}"))
-    elif k:
-        for name, cfg in strategy.configs.items():
-            if name in graph and graph[name].param_count:
-                group = cfg.degree("sample") * cfg.degree("length")
-                if group % k:
-                    add(Problem("shard_group", f"{k} does not divide the {group} data-parallel ranks that hold "
-                                               f"{name!r}'s parameters"))
-                    break
-    if not isinstance(strategy.tp_comm_overlap, bool):
-        add(Problem("tp_comm_overlap", f"must be true or false, got {strategy.tp_comm_overlap!r}"))
-    elif strategy.tp_comm_overlap and not strategy.sequence_parallel:
-        add(Problem("tp_comm_overlap", "overlapping tensor-parallel communication with GEMMs (Transformer "
-                                       "Engine's userbuffers) needs sequence parallelism"))
-    for name in ("overlap_grad_reduce", "overlap_param_gather"):
-        if not isinstance(getattr(strategy, name), bool):
-            add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
-    for name, need in (("offload_optimizer", 1), ("offload_params", 3)):
-        where = getattr(strategy, name)
-        if where not in OFFLOAD_DEVICES:
-            add(Problem(name, f"must be one of {', '.join(OFFLOAD_DEVICES)}, got {where!r}"))
-        elif where != "none" and strategy.zero_stage not in range(need, 4):
-            add(Problem(name, f"offloading {'the optimizer' if need == 1 else 'parameters'} to {where} needs ZeRO "
-                              f"stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
-                              f"{strategy.zero_stage}"))
-    for name in ("grad_reduce_in_fp32", "fp8_params"):
-        if not isinstance(getattr(strategy, name), bool):
-            add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
-    if strategy.fp8_params is True and strategy.fp8 is not True:
-        add(Problem("fp8_params", "fp8 parameters need fp8 GEMMs: set fp8 too, or turn fp8_params off"))
-    if not isinstance(strategy.fp8, bool):
-        add(Problem("fp8", f"must be true or false, got {strategy.fp8!r}"))
-    elif strategy.fp8:
-        used = {cluster.devices[d].type for d in strategy.devices_used() if 0 <= d < cluster.num_devices}
-        lacking = sorted(n for n in used if "fp8" not in cluster.device_types[n].peak_flops_per_s)
-        if lacking:
-            add(Problem("fp8", f"fp8 GEMMs need fp8 tensor cores; the {', '.join(lacking)} of {cluster.name} "
-                               f"{'have' if len(lacking) > 1 else 'has'} none (H100 and H200 do)"))
-    for precision in {graph.precision}:
-        for t in {d.type for d in cluster.devices}:
-            if precision not in cluster.device_types[t].peak_flops_per_s:
-                add(Problem("cluster", f"{t} has no {precision} peak; the model {graph.name!r} runs in {precision}"))
-
-    microbatches = pipe.microbatches if isinstance(pipe.microbatches, int) and pipe.microbatches > 0 else 1
-    if microbatches > min(MAX_MICROBATCHES, graph.batch_size):
-        add(Problem("pipeline.microbatches",
-                    f"{microbatches:,} microbatches: at most {min(MAX_MICROBATCHES, graph.batch_size):,} (each holds at "
-                    f"least one sample of the batch of {graph.batch_size:,}; the limit is {MAX_MICROBATCHES:,})"))
-        microbatches = 1
-    if isinstance(pipe.virtual_stages, int) and pipe.virtual_stages > MAX_VIRTUAL_STAGES:
-        add(Problem("pipeline.virtual_stages", f"at most {MAX_VIRTUAL_STAGES:,}, got {pipe.virtual_stages:,}"))
-    checked: set[int] = set()  # device tuples found valid (ops of repeated layers share them)
-    clean: set[tuple] = set()  # (op signature, dims, degrees) found without a problem
-    for op in graph.ops:
-        at = f"ops.{op.name}"
-        config = strategy.configs.get(op.name)
-        if config is None:
-            add(Problem(at, "no config for this op"))
-            continue
-        try:  # (an op of a repeated layer with the config of one checked before: its devices are all to check)
-            key = (op.signature, op.dims, tuple(config.degrees.items()))
-        except TypeError:  # (an unhashable degree: checked in full, which says what is wrong)
-            key = None
-        if key not in clean or id(config.devices) not in checked or len(config.devices) != config.num_partitions:
-            found = check_config(op, config, cluster, at, microbatches, checked)
-            if not found and key is not None:
-                clean.add(key)
-            problems += found
-        if strategy.stage_of or pipe.stages > 1:
-            stage = strategy.stage_of.get(op.name)
-            if stage is None:
-                add(Problem(f"{at}.stage", f"no pipeline stage given (the strategy has {pipe.stages} stages)"))
-            elif not isinstance(stage, int) or not 0 <= stage < pipe.stages * pipe.virtual_stages:
-                add(Problem(f"{at}.stage", f"stage {stage!r} is out of range "
-                                           f"0..{pipe.stages * pipe.virtual_stages - 1}"))
-    if pipe.stages > 1:
-        problems += _check_stages(strategy, graph)
-    return problems
-
-
-def _check_stages(strategy: Strategy, graph: OpGraph) -> list[Problem]:
-    problems = []
-    stage_devices: dict[int, set[int]] = {}
-    for op in graph.ops:
-        s = strategy.stage_of.get(op.name)
-        c = strategy.configs.get(op.name)
-        if s is None or c is None:
-            continue
-        stage_devices.setdefault(s, set()).update(c.devices)
-        for ref in op.inputs:
-            ps = strategy.stage_of.get(ref.op)
-            if ps is not None and isinstance(s, int) and isinstance(ps, int) and ps > s:
-                problems.append(Problem(f"ops.{op.name}.stage",
-                                        f"stage {s} reads {ref.op!r} from a later stage {ps}"))
-    # Stages own disjoint devices; with the interleaved schedule, chunk c runs on the
-    # devices of stage c mod stages, so only chunks of different stages must be disjoint.
-    n = strategy.pipeline.stages
-    chunks = sorted(stage_devices)
-    for i, a in enumerate(chunks):
-        for b in chunks[i + 1:]:
-            shared = stage_devices[a] & stage_devices[b]
-            if shared and a % n != b % n:
-                problems.append(Problem("ops", f"stages {a} and {b} share device(s) {sorted(shared)[:8]}"))
-    return problems
-
-
-def check_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster, source: str | None = None) -> Strategy:
-    """Return ``strategy`` when valid; raise :class:`ValidationError` listing every problem."""
-    problems = validate_strategy(strategy, graph, cluster)
-    if problems:
-        raise ValidationError(problems, source)
-    return strategy

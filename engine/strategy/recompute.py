@@ -6,7 +6,7 @@ rerun's forward time is added to the op's backward task); the memory model reads
 
 * ``none``: every op keeps the inputs its backward reads.
 * ``selective``: Korthikanti et al. 2022 §5, the attention core (QK^T, softmax, its dropout,
-  the context matmul) rerun from Q, K and V (:func:`engine.strategy.selective_recompute_reruns`).
+  the context matmul) rerun from Q, K and V (:func:`selective_recompute_reruns`).
 * ``full``: each block keeps its inputs only and reruns its whole forward.
 * ``selective-op``: torchtitan's per-op selective activation checkpointing
   (:func:`op_checkpoint_saved`).
@@ -24,15 +24,24 @@ from dataclasses import dataclass
 
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, experts_capacity_share, op_kind
-from .core import Strategy, selective_recompute_reruns
+from .core import Strategy
 
-__all__ = ["op_checkpoint_saved", "recompute_reruns", "recomputed_ops", "kept_inputs", "keeps_output", "saved_outputs",
+__all__ = ["selective_recompute_reruns", "op_checkpoint_saved", "recompute_reruns", "recomputed_ops", "kept_inputs", "keeps_output", "saved_outputs",
            "experts_saved"]
 
 
 #: graph -> {fp8: (names of the layer blocks' ops, names of the ops whose outputs
 #: selective-op saves)}; an entry goes with its graph
 _OP_SAC: "weakref.WeakKeyDictionary[OpGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def selective_recompute_reruns(graph: OpGraph, op: Op) -> bool:
+    """Whether selective recomputation reruns ``op``'s forward before its backward (and so
+    does not keep its activations): the attention core between the QK^T matmul and the
+    context matmul, with the dropout on the attention probabilities (Korthikanti et al. 2022
+    §5). One rule for the task-graph builder and the memory model."""
+    return op.kind in ("batch_matmul", "softmax") or (
+        op.kind == "dropout" and any(graph[r.op].kind == "softmax" for r in op.inputs))
 
 
 def _op_sac(graph: OpGraph, fp8: bool) -> tuple[frozenset, frozenset]:
