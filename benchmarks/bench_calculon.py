@@ -251,7 +251,7 @@ def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
     from engine.cluster import preset
     from engine.layout import Layout
     from engine.sim.report import simulate_strategy
-    from engine.search.baselines import build_layout
+    from engine.layout.build import build_layout
     cluster = preset(run.cluster)
     lay = Layout.from_options(run.layout)
     calls = []

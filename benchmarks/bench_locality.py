@@ -231,7 +231,8 @@ def _graph(case: str):
     from engine.formats import resolve_model
     from engine.layout import Layout
     from engine.models import build_sample
-    from engine.search.baselines import build_layout, data_parallel
+    from engine.layout.build import build_layout
+    from engine.search.baselines import data_parallel
     from engine.taskgraph import build_task_graph
 
     if case == "nmt":

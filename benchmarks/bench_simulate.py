@@ -19,9 +19,10 @@ import time
 
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.search.baselines import data_parallel, expert, megatron
+from engine.search.baselines import data_parallel, expert
 from engine.sim.full import run_reference, simulate
 from engine.taskgraph import build_task_graph
+from engine.layout import Layout, build_layout
 
 REFERENCE_MAX_TASKS = 600_000  # the Python loop takes ~1 s per 250k tasks
 
@@ -40,12 +41,12 @@ def cases(quick: bool):
     gpt3 = resolve_model("gpt3-175b")
     nmt = resolve_model("nmt")
     return out + [
-        ("gpt3 tp8 pp8 dp1 64 GPUs, 96 mb", gpt3, lambda c: megatron(gpt3, c, tp=8, pp=8, dp=1, micro_batch=16),
+        ("gpt3 tp8 pp8 dp1 64 GPUs, 96 mb", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=8, dp=1, micro_batch=16)),
          "dgx-a100-80gb:8", {}),
-        ("gpt3 tp8 pp16 dp2 256 GPUs", gpt3, lambda c: megatron(gpt3, c, tp=8, pp=16, dp=2, micro_batch=4),
+        ("gpt3 tp8 pp16 dp2 256 GPUs", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=16, dp=2, micro_batch=4)),
          "dgx-a100-80gb:32", {}),
         ("nmt expert k80-16x4 (no symmetry)", nmt, lambda c: expert(nmt, c), "k80-16x4", {}),
-        ("gpt3 tp8 pp16 dp8 1024 GPUs", gpt3, lambda c: megatron(gpt3, c, tp=8, pp=16, dp=8, micro_batch=1),
+        ("gpt3 tp8 pp16 dp8 1024 GPUs", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=16, dp=8, micro_batch=1)),
          "dgx-a100-80gb:128", {}),
     ]
 

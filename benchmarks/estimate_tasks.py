@@ -27,10 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.cluster import preset  # noqa: E402
 from engine.graph import OpGraph  # noqa: E402
 from engine.models import build_sample  # noqa: E402
-from engine.search.baselines import data_parallel, expert, fsdp, megatron  # noqa: E402
+from engine.search.baselines import data_parallel, expert
+from engine.layout.build import fsdp  # noqa: E402
 from engine.search.mcmc import random_config  # noqa: E402
 from engine.strategy import Strategy, check_strategy  # noqa: E402
 from engine.taskgraph import build_task_graph, estimate_tasks, quick_task_bound  # noqa: E402
+from engine.layout import Layout, build_layout
 
 
 def flexflow_random(graph: OpGraph, cluster, seed: int) -> Strategy:
@@ -48,45 +50,45 @@ def cases():
     p100 = "p100-4x4"
     return [
         ("gpt2 dp8", "gpt2", 8, None, a1, lambda g, c: data_parallel(g, c)),
-        ("gpt2 tp2 dp4", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, tp=2)),
-        ("gpt2 tp4 dp2", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, tp=4)),
-        ("gpt2 tp2 pp2 dp2 m4", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1)),
+        ("gpt2 tp2 dp4", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(tp=2))),
+        ("gpt2 tp4 dp2", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(tp=4))),
+        ("gpt2 tp2 pp2 dp2 m4", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))),
         ("gpt2 tp2 pp2 vpp2 dp2", "gpt2", 8, None, a1,
-         lambda g, c: megatron(g, c, tp=2, pp=2, vpp=2, micro_batch=1)),
-        ("gpt2 tp4 sp dp2", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, tp=4, sequence_parallel=True)),
-        ("gpt2 tp2 cp2 dp2", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, tp=2, cp=2)),
-        ("gpt2 dp8 zero1", "gpt2", 8, None, a1, lambda g, c: megatron(g, c, zero_stage=1)),
-        ("gpt2 fsdp zero3", "gpt2", 8, None, a1, lambda g, c: fsdp(g, c)),
+         lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=2, micro_batch=1))),
+        ("gpt2 tp4 sp dp2", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(tp=4, sequence_parallel=True))),
+        ("gpt2 tp2 cp2 dp2", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2))),
+        ("gpt2 dp8 zero1", "gpt2", 8, None, a1, lambda g, c: build_layout(g, c, Layout(zero_stage=1))),
+        ("gpt2 fsdp zero3", "gpt2", 8, None, a1, lambda g, c: fsdp(g, c, Layout(zero_stage=3))),
         ("gpt2 dp32", "gpt2", 32, None, a4, lambda g, c: data_parallel(g, c)),
-        ("gpt2 tp4 dp8", "gpt2", 32, None, a4, lambda g, c: megatron(g, c, tp=4)),
+        ("gpt2 tp4 dp8", "gpt2", 32, None, a4, lambda g, c: build_layout(g, c, Layout(tp=4))),
         ("gpt2 tp4 pp2 dp4 sp", "gpt2", 32, None, a4,
-         lambda g, c: megatron(g, c, tp=4, pp=2, micro_batch=2, sequence_parallel=True)),
+         lambda g, c: build_layout(g, c, Layout(tp=4, pp=2, micro_batch=2, sequence_parallel=True))),
         ("gpt2 tp4 sp dp8 zero1", "gpt2", 32, None, a4,
-         lambda g, c: megatron(g, c, tp=4, sequence_parallel=True, zero_stage=1)),
-        ("gpt2 fsdp3 tp4 sp", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, tp=4, sequence_parallel=True)),
-        ("gpt2 zero3 per-op gathers", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, gather_unit="op")),
+         lambda g, c: build_layout(g, c, Layout(tp=4, sequence_parallel=True, zero_stage=1))),
+        ("gpt2 fsdp3 tp4 sp", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, Layout(zero_stage=3, tp=4, sequence_parallel=True))),
+        ("gpt2 zero3 per-op gathers", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, Layout(zero_stage=3, gather_unit="op"))),
         ("gpt2 tp2 pp2 dp8 zero2", "gpt2", 32, None, a4,
-         lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=2, zero_stage=2)),
-        ("gpt2 tp2 dp16 zero1", "gpt2", 32, None, a4, lambda g, c: megatron(g, c, tp=2, zero_stage=1)),
-        ("gpt2 fsdp3 tp2 hsdp4", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, tp=2, shard_group=4)),
-        ("gpt2 tp2 dp64", "gpt2", 128, None, "dgx-a100-80gb:16", lambda g, c: megatron(g, c, tp=2)),
-        ("gpt2 tp2 dp512 (1,024 GPUs)", "gpt2", 512, None, "dgx-a100-80gb:128", lambda g, c: megatron(g, c, tp=2)),
-        ("llama2-7b tp8 pp2", "llama2-7b", 16, 1024, a2, lambda g, c: megatron(g, c, tp=8, pp=2, micro_batch=1)),
+         lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=2, zero_stage=2))),
+        ("gpt2 tp2 dp16 zero1", "gpt2", 32, None, a4, lambda g, c: build_layout(g, c, Layout(tp=2, zero_stage=1))),
+        ("gpt2 fsdp3 tp2 hsdp4", "gpt2", 32, None, a4, lambda g, c: fsdp(g, c, Layout(zero_stage=3, tp=2, shard_group=4))),
+        ("gpt2 tp2 dp64", "gpt2", 128, None, "dgx-a100-80gb:16", lambda g, c: build_layout(g, c, Layout(tp=2))),
+        ("gpt2 tp2 dp512 (1,024 GPUs)", "gpt2", 512, None, "dgx-a100-80gb:128", lambda g, c: build_layout(g, c, Layout(tp=2))),
+        ("llama2-7b tp8 pp2", "llama2-7b", 16, 1024, a2, lambda g, c: build_layout(g, c, Layout(tp=8, pp=2, micro_batch=1))),
         ("llama2-7b tp4 sp dp4", "llama2-7b", 16, 1024, a2,
-         lambda g, c: megatron(g, c, tp=4, sequence_parallel=True)),
-        ("llama2-7b tp2 cp2 dp4", "llama2-7b", 16, 1024, a2, lambda g, c: megatron(g, c, tp=2, cp=2)),
-        ("llama2-7b fsdp3 tp2", "llama2-7b", 16, 1024, a2, lambda g, c: fsdp(g, c, tp=2)),
+         lambda g, c: build_layout(g, c, Layout(tp=4, sequence_parallel=True))),
+        ("llama2-7b tp2 cp2 dp4", "llama2-7b", 16, 1024, a2, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2))),
+        ("llama2-7b fsdp3 tp2", "llama2-7b", 16, 1024, a2, lambda g, c: fsdp(g, c, Layout(zero_stage=3, tp=2))),
         ("llama2-7b tp8 pp2 dp4 z1", "llama2-7b", 32, 1024, a8,
-         lambda g, c: megatron(g, c, tp=8, pp=2, micro_batch=2, zero_stage=1)),
-        ("gpt3-175b tp8 pp8", "gpt3-175b", 8, 2048, a8, lambda g, c: megatron(g, c, tp=8, pp=8, micro_batch=1)),
+         lambda g, c: build_layout(g, c, Layout(tp=8, pp=2, micro_batch=2, zero_stage=1))),
+        ("gpt3-175b tp8 pp8", "gpt3-175b", 8, 2048, a8, lambda g, c: build_layout(g, c, Layout(tp=8, pp=8, micro_batch=1))),
         ("gpt3-175b tp8 pp4 vpp2 dp2", "gpt3-175b", 8, 2048, a8,
-         lambda g, c: megatron(g, c, tp=8, pp=4, vpp=2, micro_batch=1, sequence_parallel=True)),
+         lambda g, c: build_layout(g, c, Layout(tp=8, pp=4, vpp=2, micro_batch=1, sequence_parallel=True))),
         ("gpt3-175b tp8 pp16 dp8 (1,024 GPUs)", "gpt3-175b", 1536, 2048, "dgx-a100-80gb:128",
-         lambda g, c: megatron(g, c, tp=8, pp=16, micro_batch=1)),
+         lambda g, c: build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1))),
         ("mixtral tp2 sp ep4", "mixtral-8x7b", 16, 1024, a2,
-         lambda g, c: megatron(g, c, tp=2, ep=4, micro_batch=1, sequence_parallel=True)),
+         lambda g, c: build_layout(g, c, Layout(tp=2, ep=4, micro_batch=1, sequence_parallel=True))),
         ("mixtral tp2 pp2 ep4 sp", "mixtral-8x7b", 16, 1024, a2,
-         lambda g, c: megatron(g, c, tp=2, pp=2, ep=4, micro_batch=1, sequence_parallel=True)),
+         lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, ep=4, micro_batch=1, sequence_parallel=True))),
         ("alexnet dp16", "alexnet", None, None, p100, lambda g, c: data_parallel(g, c)),
         ("alexnet expert", "alexnet", None, None, p100, lambda g, c: expert(g, c)),
         ("alexnet random 1", "alexnet", None, None, p100, lambda g, c: flexflow_random(g, c, 1)),

@@ -23,7 +23,7 @@ from engine.layout import Layout
 from engine.models import build_sample
 from engine.search.api import Budget, price
 from engine.search.auto import auto
-from engine.search.baselines import build_layout
+from engine.layout.build import build_layout
 
 #: Megatron-Bridge's DeepSeek-V3 pretraining layout on 1,024 H100s (as the issue cites it), with
 #: what its 25.09 performance recipe sets (benchmarks/published_setup.py MOE_RECIPES: recompute

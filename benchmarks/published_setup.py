@@ -23,7 +23,7 @@ from published_rows import (FUSED_ATTENTION, READERS, Setup, Skip, _cluster_name
 from engine.layout import Layout
 from engine.models import build_sample
 from engine.models.transformer import GPTConfig
-from engine.search.baselines import build_layout, fsdp, megatron
+from engine.layout.build import build_layout, fsdp
 
 __all__ = ["setup_for"]
 
@@ -200,7 +200,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
             # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
             return build_layout(g, c, Layout(dp=dp, **kw))
-        return fsdp(g, c, **kw)
+        return fsdp(g, c, Layout(**{"zero_stage": 3, **kw}))
 
     if gpus < _gpus_per_node(L["cluster"].split(":")[0]):
         notes.append(f"the row's {gpus} GPUs are part of a preset node: FSDP over those {gpus} (dp {dp})")
@@ -245,10 +245,7 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
                      + ("; fp8 parameters: the fp8 recipes' fp8_param_gather" if L["fp8"] else ""))
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"], ep=1):
-        return megatron(g, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                        sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap,
-                        overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8,
-                        ep=ep)
+        return build_layout(g, c, Layout(tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute, sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap, overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep))
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "

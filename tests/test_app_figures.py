@@ -27,6 +27,7 @@ from app import actions as ACT
 from app import simulation as SIM
 from app import sources as SRC
 from app import state as ST
+from engine.layout import Layout, build_layout
 
 
 class _Validating:
@@ -438,10 +439,9 @@ class TestMemory:
         np.testing.assert_array_equal(cap.x, dp.memory.capacity_bytes[[0]] / 1e9)
         assert fig.layout.title.text == "fits in memory"
         # a pipeline's stages differ: one bar each, in device order, summing the parts
-        from engine.search.baselines import megatron
 
         g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-        s = megatron(g, c, pp=2, micro_batch=1)
+        s = build_layout(g, c, Layout(pp=2, micro_batch=1))
         rep = memory_report(g, s, c, simulate(build_task_graph(g, s, c)))
         d2 = V.memory_data(rep, list(range(8)))
         assert d2["labels"] == ["GPU 0 (x4)", "GPU 4 (x4)"]
@@ -718,10 +718,9 @@ class TestWhyAdvice:
 
 def test_memory_groups_past_the_cap_stay_in_device_order():
     """Review: the fullest groups kept past max_groups came out in byte order (GPU 4, 3, 2 ...)."""
-    from engine.search.baselines import megatron
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, pp=4, micro_batch=1)
+    s = build_layout(g, c, Layout(pp=4, micro_batch=1))
     rep = memory_report(g, s, c, simulate(build_task_graph(g, s, c)))
     d = V.memory_data(rep, list(range(8)), max_groups=3)
     assert d["devices"] == sorted(d["devices"]) and d["hidden"] == 1 and len(d["devices"]) == 3

@@ -13,6 +13,7 @@ from engine.search import ALGORITHMS, AutoOptions, Budget
 from engine.search.api import price
 from engine.search.baselines import data_parallel, expert
 from engine.strategy import validate_strategy
+from engine.layout import Layout, build_layout
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +103,9 @@ def test_mcmc_starts_from_a_pipelined_strategy_with_random_chains():
     so a pipelined starting point (several microbatches) made them invalid and crashed the
     search ("labels: degree 1024 does not divide sample (64)")."""
     from engine.search.api import MCMCOptions
-    from engine.search.baselines import megatron
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    start = megatron(g, c, pp=2, micro_batch=1)
+    start = build_layout(g, c, Layout(pp=2, micro_batch=1))
     assert start.pipeline.microbatches > 1
     r = ALGORITHMS["mcmc"].run(g, c, Budget(iterations=30), initial=start, options=MCMCOptions(chains=4))
     assert math.isfinite(r.best_cost_s) and validate_strategy(r.best, g, c) == []

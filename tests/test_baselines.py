@@ -20,10 +20,12 @@ from engine.cluster import A100_NVSWITCH_BW, DEVICE_TYPES, Cluster, NodeSpec, pr
 from engine.errors import ValidationError
 from engine.graph import OpGraph
 from engine.models import build_sample, sample_names
-from engine.search.baselines import BASELINES, data_parallel, expert, fsdp, make_baseline, megatron, model_parallel
+from engine.search.baselines import BASELINES, data_parallel, expert, make_baseline, model_parallel
+from engine.layout.build import fsdp
 from engine.layout.placement import balanced_layers
 from engine.graph.blocks import layer_blocks
 from engine.strategy import Config, PipelineSettings, Strategy, validate_strategy
+from engine.layout import Layout, build_layout, options_for
 
 
 @cache
@@ -206,7 +208,7 @@ class TestExpert:
 def gpt3() -> tuple[OpGraph, Cluster, Strategy]:
     """GPT-3 175B as in Narayanan et al. SC'21 Table 1: tp 8, pp 12, dp 16 on 1536 A100s."""
     g, c = graph("gpt3-175b"), cluster("dgx-a100-80gb:192")
-    return g, c, megatron(g, c, tp=8, pp=12, dp=16, micro_batch=1)
+    return g, c, build_layout(g, c, Layout(tp=8, pp=12, dp=16, micro_batch=1))
 
 
 class TestMegatronGPT3:
@@ -296,7 +298,7 @@ class TestMegatronGPT3:
 class TestMegatronSmall:
     def test_gpt2_sequence_parallel_splits_layernorms_on_length(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=4, sequence_parallel=True)
+        s = build_layout(g, c, Layout(tp=4, sequence_parallel=True))
         assert s.sequence_parallel is True
         norms = [op.name for op in g.ops if op.kind == "layernorm"]
         assert len(norms) == 2 * 12 + 1
@@ -309,13 +311,13 @@ class TestMegatronSmall:
 
     def test_gpt2_without_sequence_parallel_replicates_layernorms(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=4)
+        s = build_layout(g, c, Layout(tp=4))
         assert s.sequence_parallel is False
         assert dict(s["layers.0.norm1"].degrees) == {"replica": 4, "sample": 2}
 
     def test_default_dp_fills_the_cluster_one_microbatch(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=2)
+        s = build_layout(g, c, Layout(tp=2))
         assert dict(s.found_by)["options"]["dp"] == 4
         assert dict(s.found_by)["options"]["micro_batch"] == 2
         assert s.pipeline == PipelineSettings(1, 1)
@@ -323,16 +325,16 @@ class TestMegatronSmall:
 
     def test_tp_1_is_data_parallel(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c)
+        s = build_layout(g, c, Layout())
         assert all(s[op.name] == Config({"sample": 8}, tuple(range(8))) for op in g.ops)
 
     def test_recompute_is_passed_on(self):
-        s = megatron(graph("gpt2"), cluster("dgx-a100-80gb:1"), tp=2, recompute="selective")
+        s = build_layout(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(tp=2, recompute="selective"))
         assert s.recompute == "selective"
 
     def test_bert_large_interleaved(self):
         g, c = graph("bert-large"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, pp=4, vpp=2)
+        s = build_layout(g, c, Layout(pp=4, vpp=2))
         # dp = 8 / 4 = 2; micro_batch defaults to 1 with pp > 1: 32 / (1 x 2) = 16 microbatches
         assert s.pipeline == PipelineSettings(4, 16, "interleaved", 2)
         for op in g.ops:
@@ -350,14 +352,14 @@ class TestMegatronSmall:
     def test_encoder_decoder_pipeline(self):
         # PaSE Transformer: 6 encoder + 6 decoder layers; pp 4 gives 3 layers per stage
         g, c = graph("transformer"), cluster("p100-4x4")
-        s = megatron(g, c, pp=4)
+        s = build_layout(g, c, Layout(pp=4))
         assert s.stage_of["decoder.embed"] == s.stage_of["decoder.0.self_attn.q"] == 2
         assert s.stage_of["encoder.embed"] == 0
         assert s.stage_of["loss"] == 3
 
     def test_encoder_decoder_pipeline_of_two(self):
         g, c = graph("transformer"), cluster("p100-4x4")
-        s = megatron(g, c, pp=2)
+        s = build_layout(g, c, Layout(pp=2))
         assert s.stage_of["encoder.5.attn.q"] == 0
         # with two stages the decoder embedding's "last chunk" happens to be the decoder's
         assert s.stage_of["decoder.embed"] == s.stage_of["decoder.0.self_attn.q"] == 1
@@ -367,7 +369,7 @@ class TestMegatronSmall:
 class TestMegatronErrors:
     def run(self, name="gpt2", cluster_name="dgx-a100-80gb:1", **options) -> str:
         with pytest.raises(ValueError) as info:
-            megatron(graph(name), cluster(cluster_name), **options)
+            build_layout(graph(name), cluster(cluster_name), Layout(**options))
         return str(info.value)
 
     def test_more_devices_than_the_cluster_has(self):
@@ -428,7 +430,7 @@ class TestUnevenStagesAndZero:
 
     def test_uneven_pipeline_is_valid_and_says_so(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, pp=8, micro_batch=1)  # 12 layers on 8 stages
+        s = build_layout(g, c, Layout(pp=8, micro_batch=1))  # 12 layers on 8 stages
         assert validate_strategy(s, g, c) == []
         per_stage = [sum(1 for b in layer_blocks(g) if s.stage_of[f"{b}.norm1"] == k) for k in range(8)]
         assert per_stage == balanced_layers(12, 8) and sum(per_stage) == 12
@@ -441,8 +443,8 @@ class TestUnevenStagesAndZero:
         from engine.sim.report import simulate_strategy
 
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        plain = megatron(g, c, tp=2, pp=2, micro_batch=1)
-        s = megatron(g, c, tp=2, pp=2, micro_batch=1, zero_stage=stage)
+        plain = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))
+        s = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, zero_stage=stage))
         assert s.zero_stage == stage and s.found_by["options"]["zero_stage"] == stage
         assert validate_strategy(s, g, c) == []
         a, b = simulate_strategy(g, plain, c).memory, simulate_strategy(g, s, c).memory
@@ -452,11 +454,11 @@ class TestUnevenStagesAndZero:
 
     def test_megatron_refuses_an_unknown_zero_stage(self):
         with pytest.raises(ValueError, match="zero_stage must be 0 .none., 1, 2 or 3, got 4"):
-            megatron(graph("gpt2"), cluster("dgx-a100-80gb:1"), zero_stage=4)
+            build_layout(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=4))
 
     def test_fsdp_with_pipeline_and_tensor_parallelism(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = fsdp(g, c, tp=2, pp=2, micro_batch=1)
+        s = fsdp(g, c, Layout(zero_stage=3, tp=2, pp=2, micro_batch=1))
         assert (s.zero_stage, s.pipeline.stages, s.found_by["options"]["pp"], s.found_by["options"]["dp"]) == \
             (3, 2, 2, 2)
         assert validate_strategy(s, g, c) == []
@@ -468,7 +470,7 @@ class TestUnevenStagesAndZero:
 class TestFsdp:
     def test_defaults_to_zero_3_data_parallel_over_all_devices(self):
         g, c = graph("alexnet"), cluster("p100-4x4")
-        s = fsdp(g, c)
+        s = fsdp(g, c, Layout(zero_stage=3))
         assert s.zero_stage == 3
         assert all(s[op.name] == Config({"sample": 16}, tuple(range(16))) for op in g.ops)
         assert s.pipeline == PipelineSettings(1, 1)
@@ -479,16 +481,16 @@ class TestFsdp:
 
     def test_micro_batch_sets_microbatches(self):
         # 256 / (4 x 16) = 4
-        s = fsdp(graph("alexnet"), cluster("p100-4x4"), micro_batch=4)
+        s = fsdp(graph("alexnet"), cluster("p100-4x4"), Layout(zero_stage=3, micro_batch=4))
         assert s.pipeline == PipelineSettings(1, 4)
 
     @pytest.mark.parametrize("stage", [1, 2, 3])
     def test_zero_stages(self, stage):
-        assert fsdp(graph("alexnet"), cluster("p100-4x4"), zero_stage=stage).zero_stage == stage
+        assert fsdp(graph("alexnet"), cluster("p100-4x4"), Layout(zero_stage=stage)).zero_stage == stage
 
     def test_with_tensor_parallelism(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = fsdp(g, c, tp=2)
+        s = fsdp(g, c, Layout(zero_stage=3, tp=2))
         assert s.zero_stage == 3
         assert dict(s.found_by)["options"]["dp"] == 4
         assert s["layers.0.attn.q"] == Config({"sample": 4, "feature": 2}, tuple(range(8)))
@@ -496,13 +498,20 @@ class TestFsdp:
         assert s.pipeline.stages == 1 and dict(s.stage_of) == {}
 
     def test_recompute_is_passed_on(self):
-        assert fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), recompute="full").recompute == "full"
+        assert fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3, recompute="full")).recompute == "full"
 
-    @pytest.mark.parametrize("stage", [0, 4])
-    def test_invalid_zero_stage(self, stage):
+    def test_invalid_zero_stage(self):
         with pytest.raises(ValueError) as info:
-            fsdp(graph("alexnet"), cluster("p100-4x4"), zero_stage=stage)
-        assert str(info.value) == f"zero_stage must be 1, 2 or 3, got {stage}"
+            fsdp(graph("alexnet"), cluster("p100-4x4"), Layout(zero_stage=0))
+        assert str(info.value) == "zero_stage must be 1, 2 or 3, got 0"
+        with pytest.raises(ValueError) as info:  # (the layout record refuses it before any builder sees it)
+            make_baseline("fsdp", graph("alexnet"), cluster("p100-4x4"), zero_stage=4)
+        assert str(info.value) == "zero_stage must be 0 (none), 1, 2 or 3, got 4"
+
+    def test_a_setting_fsdp_does_not_take_is_refused(self):
+        with pytest.raises(ValueError) as info:
+            fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3, vpp=2))
+        assert str(info.value).startswith("fsdp does not take vpp; it takes tp, pp, cp")
 
 
 # =========================================================================== registry
@@ -514,7 +523,10 @@ class TestMakeBaseline:
         for b in BASELINES.values():
             params = list(inspect.signature(b.build).parameters)
             assert params[:2] == ["graph", "cluster"]
-            assert set(b.options) == set(params[2:]), b.name
+            if b.layout:  # (a layout kind takes the record whole, and the fields its builder takes)
+                assert params[2:] == ["layout"] and b.options == options_for(b.name), b.name
+            else:
+                assert set(b.options) == set(params[2:]), b.name
             assert b.summary
 
     def test_unknown_kind_lists_the_kinds(self):
@@ -541,7 +553,7 @@ class TestMakeBaseline:
     def test_options_are_passed_on(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
         assert make_baseline("megatron", g, c, tp=2, pp=None, sequence_parallel=True) == \
-            megatron(g, c, tp=2, sequence_parallel=True)
+            build_layout(g, c, Layout(tp=2, sequence_parallel=True))
         assert make_baseline("data-parallel", graph("alexnet"), cluster("p100-4x4"), micro_batch=4).pipeline == \
             PipelineSettings(1, 4)
 
@@ -601,17 +613,17 @@ class TestMegatronReviewRegressions:
     def test_heads_not_divisible_by_tp_is_refused(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
         with pytest.raises(ValueError, match=r"^tp 8 does not divide the 12 heads of 'layers.0.attn.q.split_heads'"):
-            megatron(g, c, tp=8)
+            build_layout(g, c, Layout(tp=8))
 
     def test_unsplittable_vocabulary_is_noted(self):
         g, c = graph("gpt2"), cluster("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=4)
+        s = build_layout(g, c, Layout(tp=4))
         assert s["lm_head"].degree("replica") == 4
         assert [n.split(":")[0] for n in s.found_by["notes"]] == ["embed.tokens", "lm_head"]
         assert "50257 is not divisible by tp 4" in s.found_by["notes"][0]
 
     def test_every_token_embedding_is_vocab_parallel(self):
         g, c = graph("transformer"), cluster("p100-4x4")
-        s = megatron(g, c, tp=4)
+        s = build_layout(g, c, Layout(tp=4))
         assert s["encoder.embed"].degree("vocab") == s["decoder.embed"].degree("vocab") == 4
         assert "notes" not in s.found_by

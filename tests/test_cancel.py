@@ -20,9 +20,10 @@ from engine.errors import Cancelled, check_cancel
 from engine.formats import resolve_model
 from engine.sim.memory import memory_report
 from engine.sim.report import simulate_strategy
-from engine.search.baselines import data_parallel, expert, megatron
+from engine.search.baselines import data_parallel, expert
 from engine.sim.full import run_schedule, simulate
 from engine.taskgraph import build_task_graph
+from engine.layout import Layout, build_layout
 
 TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
                "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")
@@ -37,7 +38,7 @@ def alexnet():
 @pytest.fixture(scope="module")
 def gpt2_pipeline():
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    return g, megatron(g, c, tp=2, pp=2, micro_batch=1), c
+    return g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1)), c
 
 
 class MidwayCancel:

@@ -14,12 +14,14 @@ from engine.cluster import preset
 from engine.costs import collective_time_s
 from engine.formats import resolve_model
 from engine.models.transformer import gpt2
-from engine.search.baselines import fsdp, make_baseline
+from engine.layout.build import fsdp
+from engine.search.baselines import make_baseline
 from engine.sim.full import simulate
 from engine.strategy import Strategy, strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
 from engine.taskgraph.sync import sync_unit
 from engine.taskgraph.tasks import COLL
+from engine.layout import Layout, build_layout
 
 US = 1e-6
 
@@ -93,8 +95,8 @@ class TestGatherUnit:
         return int(np.count_nonzero((tg.kind == COLL) & (tg.coll == 2)))  # COLL_INDEX["all_gather"]
 
     def test_deepspeed_gathers_each_op(self):
-        block = fsdp(self.g, self.c, micro_batch=1)
-        op = fsdp(self.g, self.c, micro_batch=1, gather_unit="op")
+        block = fsdp(self.g, self.c, Layout(zero_stage=3, micro_batch=1))
+        op = fsdp(self.g, self.c, Layout(zero_stage=3, micro_batch=1, gather_unit="op"))
         assert op.gather_unit == "op" and validate_strategy(op, self.g, self.c) == []
         units: dict[str, int] = {}  # sync unit (a block; the tied embedding's group) -> ops in it
         for o in self.g.ops:
@@ -110,16 +112,16 @@ class TestGatherUnit:
         assert t_op >= t_block * (1 - 1e-9)
 
     def test_round_trips_and_is_checked(self):
-        op = fsdp(self.g, self.c, micro_batch=1, gather_unit="op")
+        op = fsdp(self.g, self.c, Layout(zero_stage=3, micro_batch=1, gather_unit="op"))
         d = op.to_dict()
         assert d["gather_unit"] == "op"
         assert strategy_from_dict(d).gather_unit == "op"
-        assert "gather_unit" not in fsdp(self.g, self.c, micro_batch=1).to_dict()  # the default is not written
+        assert "gather_unit" not in fsdp(self.g, self.c, Layout(zero_stage=3, micro_batch=1)).to_dict()  # the default is not written
         from dataclasses import replace
         bad = replace(op, gather_unit="param")
         assert any(p.path == "gather_unit" for p in validate_strategy(bad, self.g, self.c))
         with pytest.raises(ValueError, match="gather_unit"):
-            fsdp(self.g, self.c, gather_unit="param")
+            fsdp(self.g, self.c, Layout(zero_stage=3, gather_unit="param"))
 
     def test_the_cli_option_reaches_the_baseline(self):
         s = make_baseline("fsdp", resolve_model("gpt2"), preset("dgx-a100-80gb:1"), gather_unit="op")
@@ -150,12 +152,11 @@ class TestNvls:
 
 class TestTpCommOverlap:
     def test_reductions_hide_under_their_gemms(self):
-        from engine.search.baselines import megatron
         from engine.taskgraph.tasks import FWD
 
         g, c = gpt2(batch=8, seq_len=512), preset("dgx-h100:1")
-        plain = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True)
-        over = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True)
+        plain = build_layout(g, c, Layout(tp=4, micro_batch=1, sequence_parallel=True))
+        over = build_layout(g, c, Layout(tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True))
         assert over.tp_comm_overlap and validate_strategy(over, g, c) == []
         a, b = build_task_graph(g, plain, c), build_task_graph(g, over, c)
         assert a.num_tasks == b.num_tasks and (a.kind == b.kind).all()
@@ -174,10 +175,9 @@ class TestTpCommOverlap:
     def test_needs_sequence_parallelism(self):
         from dataclasses import replace
 
-        from engine.search.baselines import megatron
 
         g, c = gpt2(batch=8, seq_len=512), preset("dgx-h100:1")
-        s = replace(megatron(g, c, tp=4, micro_batch=1), tp_comm_overlap=True)
+        s = replace(build_layout(g, c, Layout(tp=4, micro_batch=1)), tp_comm_overlap=True)
         assert [p.path for p in validate_strategy(s, g, c)] == ["tp_comm_overlap"]
-        d = megatron(g, c, tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True).to_dict()
+        d = build_layout(g, c, Layout(tp=4, micro_batch=1, sequence_parallel=True, tp_comm_overlap=True)).to_dict()
         assert d["tp_comm_overlap"] is True and strategy_from_dict(d).tp_comm_overlap

@@ -12,10 +12,11 @@ import pytest
 from engine.cluster import preset
 from engine.sim.memory import memory_report
 from engine.models.transformer import GPTConfig, gpt
-from engine.search.baselines import fsdp, megatron
+from engine.layout.build import fsdp
 from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from engine.taskgraph.tasks import COLL, COLL_INDEX
+from engine.layout import Layout, build_layout
 
 
 @cache
@@ -30,7 +31,7 @@ CLUSTER = "dgx-h100:2"
 
 def test_ranks_are_laid_out_tp_cp_dp():
     g, c = model(), preset(CLUSTER)
-    s = megatron(g, c, tp=2, cp=2, micro_batch=1)  # dp = 16 / (2 x 2) = 4
+    s = build_layout(g, c, Layout(tp=2, cp=2, micro_batch=1))  # dp = 16 / (2 x 2) = 4
     assert s.found_by["options"]["cp"] == 2 and s.found_by["options"]["dp"] == 4
     core = next(op for op in g.ops if op.kind == "attention")
     cfg = s.configs[core.name]
@@ -50,7 +51,7 @@ def test_symmetric_build_is_exact(flash, sp):
     ranks: every axis is kept (the norms, which split the sequence over cp x tp ranks under
     sequence parallelism, run along both the tp and the cp axis), exactly."""
     g, c = model(flash), preset(CLUSTER)
-    s = megatron(g, c, tp=2, cp=2, zero_stage=1, micro_batch=1, sequence_parallel=sp)
+    s = build_layout(g, c, Layout(tp=2, cp=2, zero_stage=1, micro_batch=1, sequence_parallel=sp))
     tg = build_task_graph(g, s, c)
     full = build_task_graph(g, s, c, symmetry="off")
     assert tg.info["symmetry"] is not None and tg.info["symmetry"].axes == ((2, 1), (2, 2), (4, 4))
@@ -64,7 +65,7 @@ def test_keys_and_values_are_gathered():
     """Each cp rank's attention gets the other ranks' keys and values from one all-gather per
     tensor and microbatch over its cp group (2 ranks here), not from point-to-point transfers."""
     g, c = model(), preset(CLUSTER)
-    s = megatron(g, c, tp=2, cp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, cp=2, micro_batch=1))
     tg = build_task_graph(g, s, c, symmetry="off")
     attn = {g.index[op.name] for op in g.ops if op.kind == "attention"}
     gathers = np.flatnonzero((tg.kind == COLL) & (tg.coll == COLL_INDEX["all_gather"]) & np.isin(tg.op, list(attn)))
@@ -75,8 +76,8 @@ def test_keys_and_values_are_gathered():
 
 def test_activations_split_and_keys_values_move():
     g, c = model(), preset(CLUSTER)
-    one = megatron(g, c, tp=2, cp=1, dp=4, micro_batch=1)  # 8 of the 16 GPUs
-    two = megatron(g, c, tp=2, cp=2, dp=4, micro_batch=1)
+    one = build_layout(g, c, Layout(tp=2, cp=1, dp=4, micro_batch=1))  # 8 of the 16 GPUs
+    two = build_layout(g, c, Layout(tp=2, cp=2, dp=4, micro_batch=1))
     t1, t2 = simulate(build_task_graph(g, one, c)), simulate(build_task_graph(g, two, c))
     m1, m2 = memory_report(g, one, c, t1), memory_report(g, two, c, t2)
     a1, a2 = m1.activations_peak_bytes.max(), m2.activations_peak_bytes.max()
@@ -87,7 +88,7 @@ def test_activations_split_and_keys_values_move():
 
 def test_zero_shards_over_dp_times_cp():
     g, c = model(), preset(CLUSTER)
-    s = megatron(g, c, tp=2, cp=2, zero_stage=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, cp=2, zero_stage=2, micro_batch=1))
     tg = build_task_graph(g, s, c, symmetry="off")
     rs = np.flatnonzero((tg.kind == COLL) & (tg.coll == COLL_INDEX["reduce_scatter"]))
     ptr, idx, tasks = tg.info["coll_devices"]
@@ -99,9 +100,9 @@ def test_zero_shards_over_dp_times_cp():
 
 def test_fsdp_takes_cp_and_errors_name_the_sequence():
     g, c = model(), preset(CLUSTER)
-    s = fsdp(g, c, tp=2, cp=4, micro_batch=1)
+    s = fsdp(g, c, Layout(zero_stage=3, tp=2, cp=4, micro_batch=1))
     assert s.found_by["options"]["cp"] == 4 and s.zero_stage == 3
     with pytest.raises(ValueError, match="does not divide the sequence length 4096"):
-        megatron(g, c, tp=1, cp=3, dp=1)
+        build_layout(g, c, Layout(tp=1, cp=3, dp=1))
     with pytest.raises(ValueError, match=r"tp x cp x pp x dp = 2 x 4 x 1 x 4 = 32 devices"):
-        megatron(g, c, tp=2, cp=4, dp=4)
+        build_layout(g, c, Layout(tp=2, cp=4, dp=4))

@@ -20,6 +20,7 @@ from engine.search.mcmc import random_config
 from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
+from engine.layout import Layout, build_layout
 
 
 ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
@@ -87,12 +88,11 @@ def test_checks_agree_with_the_loader_on_random_moves_of_a_pipeline():
     load. It now gives the loader's verdict on the whole changed strategy."""
     import random
 
-    from engine.search.baselines import megatron
     from engine.search.mcmc import random_config
     from engine.strategy import validate_strategy
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(pp=2, micro_batch=1))
     sim = DeltaSimulator(g, s, c)
     rng = random.Random(1)
     stage_refusals = 0

@@ -13,10 +13,10 @@ from engine.cluster import preset
 from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
-from engine.search.baselines import megatron
 from engine.search.mcmc import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
+from engine.layout import Layout, build_layout
 
 ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
           "npred", "chain_next", "chain_lag_s")
@@ -51,7 +51,7 @@ def test_change_revert_commit_equal_a_full_simulation(sequence_parallel, cp):
     """(with context or sequence parallelism, the gathers are collectives: a change that breaks
     their pattern turns them back into transfers, and back)"""
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    sim = DeltaSimulator(g, megatron(g, c, tp=2, cp=cp, sequence_parallel=sequence_parallel), c)
+    sim = DeltaSimulator(g, build_layout(g, c, Layout(tp=2, cp=cp, sequence_parallel=sequence_parallel)), c)
     assert sim.strategy.sequence_parallel is sequence_parallel
     start = sim.strategy
     (a, ca), (b, cb), (d, cd) = valid_moves(sim, 3, seed=4)

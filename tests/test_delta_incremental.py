@@ -15,10 +15,11 @@ from engine.cluster import preset
 from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator, resume
 from engine.formats import resolve_model
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.search.mcmc import random_config
 from engine.sim.full import run_reference, simulate
 from engine.taskgraph import TaskGraph, TaskGraphBuilder
+from engine.layout import Layout, build_layout
 
 #: every array of a TaskGraph, and of a Timeline
 TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
@@ -102,7 +103,7 @@ class TestChainsOfChanges:
         assert_same_timeline(sim.timeline, first_tl)
 
     @pytest.mark.parametrize("model, cluster_name, strategy", [
-        ("gpt2", "p100-4x4", lambda g, c: megatron(g, c, tp=2)),  # all-reduces over tensor-parallel groups
+        ("gpt2", "p100-4x4", lambda g, c: build_layout(g, c, Layout(tp=2))),  # all-reduces over tensor-parallel groups
         ("alexnet", "k80-16x4", data_parallel),  # multi-hop transfers (cut-through chains) after moves
     ])
     def test_collectives_and_chains(self, model, cluster_name, strategy):

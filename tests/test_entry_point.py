@@ -15,9 +15,10 @@ from engine.sim.memory import fits_in_memory
 from engine.models.transformer import GPTConfig, gpt
 from engine.sim.report import mfu, model_flops, peak_flops_per_s, simulate_strategy, tokens_per_s, tokens_per_sample
 from engine.search.api import price
-from engine.search.baselines import data_parallel, expert, megatron
+from engine.search.baselines import data_parallel, expert
 from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph, estimate_symmetric_tasks, estimate_tasks
+from engine.layout import Layout, build_layout
 
 TINY = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, batch=8)
 
@@ -81,7 +82,7 @@ class TestMfu:
 
     def test_result_counts_only_the_gpus_used(self):
         g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=2, dp=1)  # 2 of 8 GPUs
+        s = build_layout(g, c, Layout(tp=2, dp=1))  # 2 of 8 GPUs
         r = simulate_strategy(g, s, c)
         assert r.devices_used == [0, 1]
         assert r.mfu == pytest.approx(model_flops(g) / (r.iteration_time_s * 2 * 19.5e12))

@@ -14,12 +14,14 @@ from engine.cluster import preset
 from engine.strategy.config import Config
 from engine.graph import GraphBuilder
 from engine.models import build_sample
-from engine.search.baselines import data_parallel, expert, fsdp, megatron
+from engine.search.baselines import data_parallel, expert
+from engine.layout.build import fsdp
 from engine.search.mcmc import random_config
 from engine.strategy import check_strategy
 from engine.taskgraph import build_task_graph, estimate_symmetric_tasks, estimate_tasks
 from engine.taskgraph import estimate as estimate_mod
 from engine.taskgraph.estimate import TooManyPairs, overlap_pairs
+from engine.layout import Layout, build_layout
 
 A100 = "dgx-a100-80gb:1"
 
@@ -33,17 +35,17 @@ def _random(g, c, seed):
 #: (label, model, batch, sequence, cluster, strategy maker): each builds fully in well under a second
 CASES = [
     ("gpt2 dp8", "gpt2", 8, 256, A100, lambda g, c: data_parallel(g, c)),
-    ("gpt2 tp2 dp4", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, tp=2)),
-    ("gpt2 tp2 pp2 m4", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1)),
-    ("gpt2 tp2 pp2 vpp2", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, tp=2, pp=2, vpp=2, micro_batch=1)),
-    ("gpt2 tp4 sp", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, tp=4, sequence_parallel=True)),
-    ("gpt2 tp2 cp2", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, tp=2, cp=2)),
-    ("gpt2 zero1", "gpt2", 8, 256, A100, lambda g, c: megatron(g, c, zero_stage=1)),
-    ("gpt2 fsdp3 tp2", "gpt2", 8, 256, A100, lambda g, c: fsdp(g, c, tp=2)),
+    ("gpt2 tp2 dp4", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2))),
+    ("gpt2 tp2 pp2 m4", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))),
+    ("gpt2 tp2 pp2 vpp2", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=2, micro_batch=1))),
+    ("gpt2 tp4 sp", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=4, sequence_parallel=True))),
+    ("gpt2 tp2 cp2", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2))),
+    ("gpt2 zero1", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(zero_stage=1))),
+    ("gpt2 fsdp3 tp2", "gpt2", 8, 256, A100, lambda g, c: fsdp(g, c, Layout(zero_stage=3, tp=2))),
     ("gpt2 tp2 dp16 two nodes", "gpt2", 16, 256, "dgx-a100-80gb:4",
-     lambda g, c: megatron(g, c, tp=2, dp=16)),
+     lambda g, c: build_layout(g, c, Layout(tp=2, dp=16))),
     ("mixtral tp2 sp ep4", "mixtral-8x7b", 8, 128, A100,
-     lambda g, c: megatron(g, c, tp=2, ep=4, micro_batch=1, sequence_parallel=True)),
+     lambda g, c: build_layout(g, c, Layout(tp=2, ep=4, micro_batch=1, sequence_parallel=True))),
     ("alexnet expert", "alexnet", 32, None, "p100-4x4", lambda g, c: expert(g, c)),
     ("alexnet random", "alexnet", 32, None, "p100-4x4", lambda g, c: _random(g, c, 1)),
 ]
@@ -91,22 +93,22 @@ class TestEstimateTasks:
         """The bug: tp 2 x dp 64 was estimated at 173x its 82 k tasks (pairs of all partitions
         of differently split ops); now the estimate grows with the devices, not their square."""
         g = build_sample("gpt2", 128, seq_len=256)
-        small = estimate_tasks(g, megatron(g, preset("dgx-a100-80gb:2"), tp=2, dp=8), preset("dgx-a100-80gb:2"))
-        big = estimate_tasks(g, megatron(g, preset("dgx-a100-80gb:16"), tp=2, dp=64), preset("dgx-a100-80gb:16"))
+        small = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:2"), Layout(tp=2, dp=8)), preset("dgx-a100-80gb:2"))
+        big = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:16"), Layout(tp=2, dp=64)), preset("dgx-a100-80gb:16"))
         assert big <= 8.5 * small
 
     def test_edges_past_the_pair_bound_are_counted_high_not_enumerated(self, monkeypatch):
         """A consumer reading every shard of a wide split meets holders x receivers pairs: past
         _MAX_PAIRS they are counted as cross-node transfers, never held in memory."""
         g, c = build_sample("gpt2", 8, seq_len=256), preset(A100)
-        s = megatron(g, c, tp=4, sequence_parallel=True)
+        s = build_layout(g, c, Layout(tp=4, sequence_parallel=True))
         exact = estimate_tasks(g, s, c)
         monkeypatch.setattr(estimate_mod, "_MAX_PAIRS", 1)
         assert estimate_tasks(g, s, c) > exact
 
     def test_symmetric_estimate_is_never_above_the_full_one(self):
         g, c = build_sample("gpt2", 8, seq_len=256), preset(A100)
-        s = megatron(g, c, tp=2)
+        s = build_layout(g, c, Layout(tp=2))
         assert estimate_symmetric_tasks(g, s, c) <= estimate_tasks(g, s, c)
 
 
@@ -147,7 +149,7 @@ def test_a_cap_check_takes_the_quick_bound_only_when_it_is_within_the_cap():
     from engine.taskgraph import quick_task_bound, tasks_within
 
     g, c = build_sample("gpt2", batch=1024), preset("dgx-a100-80gb:128")
-    s = megatron(g, c, tp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, micro_batch=1))
     quick, close = quick_task_bound(g, s), estimate_tasks(g, s, c)
     assert quick > 100 * close  # (the old formula: quadratic in dp 512)
     assert tasks_within(g, s, 10 * quick, c) == quick

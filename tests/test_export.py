@@ -12,24 +12,26 @@ import pytest
 from engine.cli import main
 from engine.cluster import preset
 from engine.errors import ValidationError
-from engine.export import (build_layout, export, infer_layout, layout_from_deepspeed, layout_from_megatron,
-                           layout_from_torchtitan, to_deepspeed, to_megatron, to_torchtitan)
+from engine.layout.build import build_layout
+from engine.export import (export, infer_layout, layout_from_deepspeed, layout_from_megatron, layout_from_torchtitan,
+    to_deepspeed, to_megatron, to_torchtitan)
 from engine.export.megatron import megatron_flags
 from engine.formats import resolve_model
-from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.search.baselines import data_parallel
+from engine.layout.build import fsdp
 from engine.strategy import Config
+from engine.layout import Layout, build_layout
 
 G, C = resolve_model("gpt2", batch=32), preset("dgx-a100-80gb:2")
 
 LAYOUTS = {
-    "tp2-pp2-sp-selective-zero1": lambda: megatron(G, C, tp=2, pp=2, micro_batch=1, sequence_parallel=True,
-                                                   recompute="selective", zero_stage=1),
-    "tp4-pp4-uneven": lambda: megatron(G, C, tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2]),
-    "pp2-vpp2": lambda: megatron(G, C, pp=2, vpp=2, micro_batch=1),
-    "fsdp-zero3-full": lambda: fsdp(G, C, micro_batch=1, recompute="full"),
-    "fsdp-zero2": lambda: fsdp(G, C, zero_stage=2),
+    "tp2-pp2-sp-selective-zero1": lambda: build_layout(G, C, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, recompute="selective", zero_stage=1)),
+    "tp4-pp4-uneven": lambda: build_layout(G, C, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2])),
+    "pp2-vpp2": lambda: build_layout(G, C, Layout(pp=2, vpp=2, micro_batch=1)),
+    "fsdp-zero3-full": lambda: fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="full")),
+    "fsdp-zero2": lambda: fsdp(G, C, Layout(zero_stage=2)),
     "dp": lambda: data_parallel(G, C),
-    "tp2-sp-cp2": lambda: megatron(G, C, tp=2, cp=2, sequence_parallel=True, micro_batch=1),
+    "tp2-sp-cp2": lambda: build_layout(G, C, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1)),
 }
 
 
@@ -82,7 +84,7 @@ def test_megatron_flags_read_like_megatron_lm():
 
 
 def test_a_per_op_split_is_refused_with_the_ops_that_break_it():
-    s = megatron(G, C, tp=2, micro_batch=1)
+    s = build_layout(G, C, Layout(tp=2, micro_batch=1))
     odd = s.with_config("layers.3.mlp.fc1", Config({"sample": 8}, tuple(range(8))))
     with pytest.raises(ValidationError) as e:
         export("megatron", G, odd, C)
@@ -91,11 +93,11 @@ def test_a_per_op_split_is_refused_with_the_ops_that_break_it():
 
 
 def test_what_a_framework_cannot_express_is_refused_with_the_alternative():
-    assert "--use-megatron-fsdp" in megatron_flags(export("megatron", G, fsdp(G, C), C))  # (core_v0.19.0 has ZeRO-3)
+    assert "--use-megatron-fsdp" in megatron_flags(export("megatron", G, fsdp(G, C, Layout(zero_stage=3)), C))  # (core_v0.19.0 has ZeRO-3)
     with pytest.raises(ValidationError, match="without an AutoTP preset.*megatron"):
-        export("deepspeed", G, megatron(G, C, tp=2), C)
+        export("deepspeed", G, build_layout(G, C, Layout(tp=2)), C)
     with pytest.raises(ValidationError, match="ZeRO-1.*use-distributed-optimizer"):
-        export("torchtitan", G, megatron(G, C, tp=2, sequence_parallel=True, zero_stage=1), C)
+        export("torchtitan", G, build_layout(G, C, Layout(tp=2, sequence_parallel=True, zero_stage=1)), C)
 
 
 def test_a_model_without_layers_is_refused():
@@ -130,11 +132,11 @@ def test_switches_reach_the_exports():
         export("megatron", G, replace(s, recompute="selective-op"), C)
     with pytest.raises(ValidationError, match="deepspeed"):
         export("megatron", G, replace(s, offload_optimizer="cpu"), C)
-    z = fsdp(G, C, zero_stage=2, offload_optimizer="cpu")
+    z = fsdp(G, C, Layout(zero_stage=2, offload_optimizer="cpu"))
     cfg = json.loads(export("deepspeed", G, z, C))
     assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert cfg["zero_optimization"]["overlap_comm"] is True
     with pytest.raises(ValidationError, match="nvme_path"):
-        export("deepspeed", G, fsdp(G, C, zero_stage=3, offload_params="nvme"), C)
-    t = export("torchtitan", G, fsdp(G, C, recompute="selective-op"), C)
+        export("deepspeed", G, fsdp(G, C, Layout(zero_stage=3, offload_params="nvme")), C)
+    t = export("torchtitan", G, fsdp(G, C, Layout(zero_stage=3, recompute="selective-op")), C)
     assert t.rstrip().endswith("activation-checkpoint:selective")

@@ -11,12 +11,15 @@ import pytest
 
 from engine.cluster import preset
 from engine.errors import ValidationError
-from engine.export import build_layout, export, infer_layout, layout_from_deepspeed
+from engine.layout.build import build_layout
+from engine.export import export, infer_layout, layout_from_deepspeed
 from engine.formats import resolve_model
 from engine.layout import Layout
 from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
-from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.search.baselines import data_parallel
+from engine.layout.build import fsdp
+from engine.layout import build_layout
 
 ds_config = pytest.importorskip("deepspeed.runtime.config")
 
@@ -46,23 +49,21 @@ def op(s):
 
 
 def mixtral(g, c):
-    return op(megatron(g, c, ep=8, zero_stage=3, micro_batch=1))
+    return op(build_layout(g, c, Layout(ep=8, zero_stage=3, micro_batch=1)))
 
 
 MATRIX = {  # name: (graph, cluster, strategy)
-    "gpt2-zero1-acc4": (GPT2, A2, lambda: megatron(GPT2, A2, zero_stage=1, micro_batch=1, dp=8)),
-    "gpt2-zero2-offload": (GPT2, A2, lambda: fsdp(GPT2, A2, zero_stage=2, offload_optimizer="cpu")),
-    "gpt2-zero3-op-full": (GPT2, A2, lambda: fsdp(GPT2, A2, micro_batch=1, recompute="full", gather_unit="op")),
-    "gpt2-zero3-op-offload": (GPT2, A2, lambda: fsdp(GPT2, A2, gather_unit="op", offload_optimizer="cpu",
-                                                    offload_params="cpu")),
+    "gpt2-zero1-acc4": (GPT2, A2, lambda: build_layout(GPT2, A2, Layout(zero_stage=1, micro_batch=1, dp=8))),
+    "gpt2-zero2-offload": (GPT2, A2, lambda: fsdp(GPT2, A2, Layout(zero_stage=2, offload_optimizer="cpu"))),
+    "gpt2-zero3-op-full": (GPT2, A2, lambda: fsdp(GPT2, A2, Layout(zero_stage=3, micro_batch=1, recompute="full", gather_unit="op"))),
+    "gpt2-zero3-op-offload": (GPT2, A2, lambda: fsdp(GPT2, A2, Layout(zero_stage=3, gather_unit="op", offload_optimizer="cpu", offload_params="cpu"))),
     "gpt2-ddp-no-overlap": (GPT2, A2, lambda: replace(data_parallel(GPT2, A2, micro_batch=1),
                                                       overlap_grad_reduce=False)),
-    "llama-zero1-bf16": (LLAMA, H8, lambda: megatron(LLAMA, H8, zero_stage=1, grad_reduce_in_fp32=False)),
-    "llama-zero2-fp32grads": (LLAMA, H8, lambda: megatron(LLAMA, H8, zero_stage=2, micro_batch=2)),
-    "llama-tp2-zero1": (LLAMA, H8, lambda: megatron(LLAMA, H8, tp=2, zero_stage=1, grad_reduce_in_fp32=False,
-                                                    micro_batch=1)),
-    "llama-tp4-zero3-full": (LLAMA, H8, lambda: op(fsdp(LLAMA, H8, tp=4, recompute="full", micro_batch=1))),
-    "llama-zero3-op": (LLAMA, H8, lambda: op(fsdp(LLAMA, H8, micro_batch=4))),
+    "llama-zero1-bf16": (LLAMA, H8, lambda: build_layout(LLAMA, H8, Layout(zero_stage=1, grad_reduce_in_fp32=False))),
+    "llama-zero2-fp32grads": (LLAMA, H8, lambda: build_layout(LLAMA, H8, Layout(zero_stage=2, micro_batch=2))),
+    "llama-tp2-zero1": (LLAMA, H8, lambda: build_layout(LLAMA, H8, Layout(tp=2, zero_stage=1, grad_reduce_in_fp32=False, micro_batch=1))),
+    "llama-tp4-zero3-full": (LLAMA, H8, lambda: op(fsdp(LLAMA, H8, Layout(zero_stage=3, tp=4, recompute="full", micro_batch=1)))),
+    "llama-zero3-op": (LLAMA, H8, lambda: op(fsdp(LLAMA, H8, Layout(zero_stage=3, micro_batch=4)))),
     "mixtral-ep8-zero3": (MIXTRAL, H8, lambda: mixtral(MIXTRAL, H8)),
 }
 
@@ -123,7 +124,7 @@ def test_deepspeed_runs_the_strategy(name):
 def test_autotp_batch_arithmetic_counts_distinct_samples():
     """With AutoTP, DeepSpeed's world size is the mpu's dp (world / tp); without an mpu it counts
     every rank, so train_batch_size is left for DeepSpeed to compute."""
-    s = megatron(LLAMA, H8, tp=2, zero_stage=1, grad_reduce_in_fp32=False, micro_batch=1)
+    s = build_layout(LLAMA, H8, Layout(tp=2, zero_stage=1, grad_reduce_in_fp32=False, micro_batch=1))
     cfg = json.loads(export("deepspeed", LLAMA, s, H8))
     assert "train_batch_size" not in cfg
     assert run(cfg, 32).train_batch_size == LLAMA.batch_size
@@ -143,20 +144,19 @@ def test_what_deepspeed_rejects_is_never_written():
 
 
 REFUSALS = {
-    "fp8 training switch": lambda: (LLAMA, H8, op(fsdp(LLAMA, H8, fp8=True))),
-    "removed MiCS": lambda: (GPT2, A2, fsdp(GPT2, A2, shard_group=8, gather_unit="op")),
-    "gathers module by module": lambda: (GPT2, A2, fsdp(GPT2, A2)),
-    "without an AutoTP preset": lambda: (GPT2, A2, megatron(GPT2, A2, tp=2, zero_stage=2)),
-    "sequence parallelism": lambda: (LLAMA, H8, megatron(LLAMA, H8, tp=2, sequence_parallel=True, zero_stage=2)),
-    "experts over the tp ranks": lambda: (MIXTRAL, H8, op(megatron(MIXTRAL, H8, tp=2, ep=4, zero_stage=3,
-                                                                                sequence_parallel=True))),
-    "pipeline / context": lambda: (GPT2, A2, megatron(GPT2, A2, pp=2, micro_batch=1, zero_stage=1)),
-    "NotImplementedError": lambda: (LLAMA, H8, replace(megatron(LLAMA, H8), overlap_grad_reduce=False)),
+    "fp8 training switch": lambda: (LLAMA, H8, op(fsdp(LLAMA, H8, Layout(zero_stage=3, fp8=True)))),
+    "removed MiCS": lambda: (GPT2, A2, fsdp(GPT2, A2, Layout(zero_stage=3, shard_group=8, gather_unit="op"))),
+    "gathers module by module": lambda: (GPT2, A2, fsdp(GPT2, A2, Layout(zero_stage=3))),
+    "without an AutoTP preset": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(tp=2, zero_stage=2))),
+    "sequence parallelism": lambda: (LLAMA, H8, build_layout(LLAMA, H8, Layout(tp=2, sequence_parallel=True, zero_stage=2))),
+    "experts over the tp ranks": lambda: (MIXTRAL, H8, op(build_layout(MIXTRAL, H8, Layout(tp=2, ep=4, zero_stage=3, sequence_parallel=True)))),
+    "pipeline / context": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(pp=2, micro_batch=1, zero_stage=1))),
+    "NotImplementedError": lambda: (LLAMA, H8, replace(build_layout(LLAMA, H8, Layout()), overlap_grad_reduce=False)),
     "after the backward": lambda: (GPT2, A2, data_parallel(GPT2, A2)),
-    "BF16_Optimizer": lambda: (LLAMA, H8, megatron(LLAMA, H8, zero_stage=1)),
-    "overlap_param_gather": lambda: (GPT2, A2, megatron(GPT2, A2, zero_stage=1, overlap_param_gather=True)),
-    "selective recomputation": lambda: (GPT2, A2, megatron(GPT2, A2, zero_stage=1, recompute="selective")),
-    "nvme_path": lambda: (GPT2, A2, fsdp(GPT2, A2, gather_unit="op", offload_params="nvme")),
+    "BF16_Optimizer": lambda: (LLAMA, H8, build_layout(LLAMA, H8, Layout(zero_stage=1))),
+    "overlap_param_gather": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(zero_stage=1, overlap_param_gather=True))),
+    "selective recomputation": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(zero_stage=1, recompute="selective"))),
+    "nvme_path": lambda: (GPT2, A2, fsdp(GPT2, A2, Layout(zero_stage=3, gather_unit="op", offload_params="nvme"))),
 }
 
 

@@ -12,43 +12,39 @@ import pytest
 
 from engine.cluster import preset
 from engine.errors import ValidationError
-from engine.export import build_layout, export, infer_layout
+from engine.layout.build import build_layout
+from engine.export import export, infer_layout
 from engine.export.megatron import RELEASE, layout_from_megatron, megatron_flags, to_megatron
 from engine.formats import resolve_model
 from engine.layout import Layout
 from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
-from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.search.baselines import data_parallel
+from engine.layout.build import fsdp
 from megatron_args import environment, megatron_parse, megatron_rules, parse_pipeline_layout, what_megatron_runs
+from engine.layout import build_layout
 
 GPT2 = lambda: resolve_model("gpt2", batch=32)  # noqa: E731 (fp32, 12 layers, sequence 1024)
 A100, H100, B200 = "dgx-a100-80gb:2", "dgx-h100:8", "dgx-b200:1"
 
 #: name -> (model, cluster, strategy builder)
 MATRIX = {
-    "tp2-pp2-sp-selective-zero1": (GPT2, A100, lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1,
-                                                                     sequence_parallel=True, recompute="selective",
-                                                                     zero_stage=1)),
-    "tp4-pp4-first-last": (GPT2, A100, lambda g, c: megatron(g, c, tp=4, pp=4, micro_batch=1,
-                                                             layers_per_stage=[2, 4, 4, 2])),
-    "tp4-pp4-any-split": (GPT2, A100, lambda g, c: megatron(g, c, tp=4, pp=4, micro_batch=1,
-                                                            layers_per_stage=[2, 3, 5, 2])),
-    "pp2-vpp2": (GPT2, A100, lambda g, c: megatron(g, c, pp=2, vpp=2, micro_batch=1)),
-    "fsdp-zero3-full": (GPT2, A100, lambda g, c: fsdp(g, c, micro_batch=1, recompute="full")),
-    "fsdp-zero2": (GPT2, A100, lambda g, c: fsdp(g, c, zero_stage=2)),
+    "tp2-pp2-sp-selective-zero1": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, recompute="selective", zero_stage=1))),
+    "tp4-pp4-first-last": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2]))),
+    "tp4-pp4-any-split": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 3, 5, 2]))),
+    "pp2-vpp2": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(pp=2, vpp=2, micro_batch=1))),
+    "fsdp-zero3-full": (GPT2, A100, lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=1, recompute="full"))),
+    "fsdp-zero2": (GPT2, A100, lambda g, c: fsdp(g, c, Layout(zero_stage=2))),
     "dp-accumulate": (GPT2, A100, lambda g, c: data_parallel(g, c, micro_batch=1)),
-    "tp2-sp-cp2": (GPT2, A100, lambda g, c: megatron(g, c, tp=2, cp=2, sequence_parallel=True, micro_batch=1)),
+    "tp2-sp-cp2": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1))),
     "llama-bf16-tp4-pp4-vpp2-fp8": (lambda: build_sample("llama2-7b"), H100,
-                                    lambda g, c: megatron(g, c, tp=4, pp=4, vpp=2, micro_batch=1,
-                                                          sequence_parallel=True, zero_stage=1, fp8=True,
-                                                          overlap_param_gather=True)),
+                                    lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True, overlap_param_gather=True))),
     "llama-bf16-hsdp": (lambda: build_sample("llama2-7b"), H100,
-                        lambda g, c: fsdp(g, c, micro_batch=1, shard_group=8)),
+                        lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=1, shard_group=8))),
     "llama-bf16-grads-bf16-b200": (lambda: build_sample("llama2-7b"), B200,
-                                   lambda g, c: megatron(g, c, tp=2, micro_batch=2, sequence_parallel=True,
-                                                         zero_stage=1, grad_reduce_in_fp32=False)),
+                                   lambda g, c: build_layout(g, c, Layout(tp=2, micro_batch=2, sequence_parallel=True, zero_stage=1, grad_reduce_in_fp32=False))),
     "mixtral-ep8-vpp8": (lambda: build_sample("mixtral-8x7b"), H100,
-                         lambda g, c: megatron(g, c, tp=1, pp=4, vpp=8, ep=8, micro_batch=1, zero_stage=1)),
+                         lambda g, c: build_layout(g, c, Layout(tp=1, pp=4, vpp=8, ep=8, micro_batch=1, zero_stage=1))),
 }
 
 _BUILT: dict = {}
@@ -131,9 +127,8 @@ def test_max_connections_only_where_validate_args_asks_for_it():
     assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in export("megatron", *gsc("llama-bf16-grads-bf16-b200"))
     g, c = build_sample("llama2-7b"), preset(B200)
     hopper = preset("dgx-h100:1")
-    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export("megatron", g, megatron(g, hopper, tp=2, micro_batch=2,
-                                                                                      sequence_parallel=True), hopper)
-    fs = export("megatron", g, fsdp(g, c, tp=2, sequence_parallel=True, micro_batch=2), c)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export("megatron", g, build_layout(g, hopper, Layout(tp=2, micro_batch=2, sequence_parallel=True)), hopper)
+    fs = export("megatron", g, fsdp(g, c, Layout(zero_stage=3, tp=2, sequence_parallel=True, micro_batch=2)), c)
     assert "export CUDA" not in fs and "leave CUDA_DEVICE_MAX_CONNECTIONS unset" in fs
 
 
@@ -178,7 +173,7 @@ def test_zero_2_and_3_are_megatron_fsdp():
 
 def test_refusals_name_the_reason():
     g, c = GPT2(), preset(A100)
-    base = infer_layout(g, megatron(g, c, tp=2, pp=2, micro_batch=1, sequence_parallel=True, zero_stage=1), c)
+    base = infer_layout(g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, zero_stage=1)), c)
     cases = {
         "per-op selective": replace(base, recompute="selective-op"),
         "ZeRO-Offload": replace(base, offload_optimizer="cpu"),
@@ -233,7 +228,7 @@ def test_the_model_flags_build_the_simulated_model(name):
     g = build_sample(name, batch=64)
     c = preset("dgx-h100:4")
     moe = {"ep": 8} if "qwen" in name else {}
-    s = megatron(g, c, tp=2, sequence_parallel=True, micro_batch=1, zero_stage=1, **moe)
+    s = build_layout(g, c, Layout(tp=2, sequence_parallel=True, micro_batch=1, zero_stage=1, **moe))
     text = export("megatron", g, s, c)
     args = megatron_parse(text)
     assert {k: getattr(args, k) for k in MODEL_SHAPES[name]} == MODEL_SHAPES[name]
@@ -248,5 +243,5 @@ def test_models_it_cannot_describe_ask_for_their_flags(name, why):
     g = build_sample(name, batch=128)
     c = preset("dgx-h100:8")
     kw = {"ep": 8, "zero_stage": 1} if name.startswith("gpt-oss") else {}
-    text = export("megatron", g, megatron(g, c, micro_batch=1, **kw), c)
+    text = export("megatron", g, build_layout(g, c, Layout(micro_batch=1, **kw)), c)
     assert f"soapbox does not write them for {why}" in text and "--num-layers" not in megatron_flags(text)

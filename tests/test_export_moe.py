@@ -12,8 +12,9 @@ import pytest
 
 from engine.cluster import preset
 from engine.errors import ValidationError
-from engine.export import (build_layout, export, infer_layout, layout_from_deepspeed, layout_from_megatron,
-                           layout_from_torchtitan, to_megatron)
+from engine.layout.build import build_layout
+from engine.export import (export, infer_layout, layout_from_deepspeed, layout_from_megatron, layout_from_torchtitan,
+    to_megatron)
 from engine.export.moe import megatron_layer_freq, megatron_pipeline_layout, moe_shape
 from engine.export.torchtitan import launch_args
 from engine.graph import GraphBuilder
@@ -22,9 +23,9 @@ from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.export.megatron import megatron_flags
-from engine.search.baselines import megatron
 # Megatron-LM's recorded flags and validate_args checks (core_v0.19.0): tests/megatron_args.py
 from megatron_args import environment, eval_layer_freq, megatron_parse, megatron_rules, parse_pipeline_layout
+from engine.layout import build_layout
 
 # ----------------------------------------------------------------------------- Megatron-LM
 
@@ -36,7 +37,7 @@ DEEPSEEK = ("deepseek-v3", "dgx-h100:128", dict(tp=2, pp=8, vpp=4, ep=64, sequen
 def case(spec):
     name, cluster, kw = spec
     g, c = build_sample(name), preset(cluster)
-    return g, c, megatron(g, c, **kw)
+    return g, c, build_layout(g, c, Layout(**kw))
 
 
 def test_mixtral_8x7b_ep8_reads_as_megatron_cores_reference_mapping():
@@ -133,17 +134,17 @@ C8 = preset("dgx-h100:1")
 
 def test_capacity_factor_is_said_and_inputs_are_not_padded():
     g = tiny(capacity_factor=1.25)
-    args = megatron_parse(export("megatron", g, megatron(g, C8, ep=8), C8))
+    args = megatron_parse(export("megatron", g, build_layout(g, C8, Layout(ep=8)), C8))
     assert args.moe_expert_capacity_factor == 1.25 and not args.moe_pad_expert_input_to_capacity
-    assert megatron_parse(export("megatron", tiny(top_k=1), megatron(tiny(top_k=1), C8, ep=8), C8)).moe_router_pre_softmax
+    assert megatron_parse(export("megatron", tiny(top_k=1), build_layout(tiny(top_k=1), C8, Layout(ep=8)), C8)).moe_router_pre_softmax
 
 
 def test_megatron_refusals_name_the_rule():
     g = tiny(precision="fp32")
     with pytest.raises(ValidationError, match="grouped GEMM.*bf16 only.*build the model in bf16"):
-        export("megatron", g, megatron(g, C8, ep=8), C8)
+        export("megatron", g, build_layout(g, C8, Layout(ep=8)), C8)
     g = tiny(bias=True)
-    s = megatron(g, C8, tp=2, sequence_parallel=True, ep=4, etp=2)
+    s = build_layout(g, C8, Layout(tp=2, sequence_parallel=True, ep=4, etp=2))
     with pytest.raises(ValidationError, match="biases in MoE layers need etp 1"):
         export("megatron", g, s, C8)
     with pytest.raises(ValidationError, match="needs sequence parallelism"):
@@ -167,7 +168,7 @@ def test_layers_that_differ_are_refused():
 
 def test_dense_exports_carry_no_moe_flags():
     g, c = build_sample("gpt2"), preset("dgx-a100-80gb:2")
-    text = export("megatron", g, megatron(g, c, tp=2, pp=2, micro_batch=1), c)
+    text = export("megatron", g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1)), c)
     assert not any(f.startswith(("--moe", "--num-experts", "--expert", "--bf16")) for f in megatron_flags(text))
     assert "'" not in text
 
@@ -177,12 +178,12 @@ def test_dense_exports_carry_no_moe_flags():
 def test_deepspeed_autoep_section():
     from dataclasses import replace
     g = tiny()
-    s = replace(megatron(g, C8, ep=4, zero_stage=3), gather_unit="op")  # (DeepSpeed's ZeRO-3 gathers per op)
+    s = replace(build_layout(g, C8, Layout(ep=4, zero_stage=3)), gather_unit="op")  # (DeepSpeed's ZeRO-3 gathers per op)
     cfg = json.loads(export("deepspeed", g, s, C8))
     assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 4}
     back = layout_from_deepspeed(cfg, infer_layout(g, s, C8))
     assert all(build_layout(g, C8, back).configs[op.name] == s.configs[op.name] for op in g.ops)
-    assert "expert_parallel" not in json.loads(export("deepspeed", g, replace(megatron(g, C8, zero_stage=3),
+    assert "expert_parallel" not in json.loads(export("deepspeed", g, replace(build_layout(g, C8, Layout(zero_stage=3)),
                                                                               gather_unit="op"), C8))
 
 
@@ -191,7 +192,7 @@ def test_deepspeed_reads_the_autoep_section():
     and its folding rules accept the layout."""
     auto_ep = pytest.importorskip("deepspeed.module_inject.auto_ep_config")
     g = tiny()
-    cfg = json.loads(export("deepspeed", g, megatron(g, C8, ep=4, zero_stage=2), C8))
+    cfg = json.loads(export("deepspeed", g, build_layout(g, C8, Layout(ep=4, zero_stage=2)), C8))
     parsed = auto_ep.parse_autoep_config(cfg["expert_parallel"])
     assert (parsed.enabled, parsed.autoep_size, parsed.expert_tensor_parallel_size) == (True, 4, 1)
     auto_ep.validate_autoep_config(parsed, world_size=8, pp_size=1, tp_size=1, sp_size=1, zero_stage=2)
@@ -203,14 +204,14 @@ def test_dropping_and_allgather_are_refused_outside_megatron(fmt):
                     (dict(dispatcher="allgather"), "the allgather token dispatcher.*all-to-all")):
         g = tiny(**kw)
         with pytest.raises(ValidationError, match=f"{fmt}: {why}"):
-            export(fmt, g, megatron(g, C8, ep=8, zero_stage=3), C8)
+            export(fmt, g, build_layout(g, C8, Layout(ep=8, zero_stage=3)), C8)
 
 
 # ----------------------------------------------------------------------------- torchtitan
 
 def test_torchtitan_expert_degrees_round_trip():
     g = tiny()
-    s = megatron(g, C8, tp=2, sequence_parallel=True, ep=4, zero_stage=3)
+    s = build_layout(g, C8, Layout(tp=2, sequence_parallel=True, ep=4, zero_stage=3))
     text = export("torchtitan", g, s, C8)
     args = launch_args(text)
     assert args[args.index("--parallelism.expert_parallel_degree") + 1] == "4"
@@ -222,6 +223,6 @@ def test_torchtitan_expert_degrees_round_trip():
 def test_torchtitan_refusals():
     g = tiny()
     with pytest.raises(ValidationError, match="torchtitan:.*folds ep onto data-parallel replicas"):
-        export("torchtitan", g, megatron(g, C8, ep=8), C8)  # (no ZeRO: dp_shard 1)
+        export("torchtitan", g, build_layout(g, C8, Layout(ep=8)), C8)  # (no ZeRO: dp_shard 1)
     with pytest.raises(ValidationError, match="torchtitan: etp 2: torchtitan 0.3.0 has no expert tensor"):
-        export("torchtitan", g, megatron(g, C8, tp=4, sequence_parallel=True, ep=2, etp=2, zero_stage=3), C8)
+        export("torchtitan", g, build_layout(g, C8, Layout(tp=4, sequence_parallel=True, ep=2, etp=2, zero_stage=3)), C8)

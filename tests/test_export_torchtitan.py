@@ -18,14 +18,17 @@ import pytest
 
 from engine.cluster import preset
 from engine.errors import ValidationError
-from engine.export import build_layout, export, infer_layout
+from engine.layout.build import build_layout
+from engine.export import export, infer_layout
 from engine.export.torchtitan import PLACEHOLDER, SHIPPED, launch_args, layout_from_torchtitan
 from engine.formats import resolve_model
 from engine.layout import Layout
 from engine.graph.blocks import layer_blocks
 from engine.models import build_sample
 from engine.models.hf import from_hf_config
-from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.search.baselines import data_parallel
+from engine.layout.build import fsdp
+from engine.layout import build_layout
 
 G, C = resolve_model("gpt2", batch=32), preset("dgx-a100-80gb:2")  # fp32, tied embeddings; 16 GPUs
 L, C64 = build_sample("llama2-7b", batch=64), preset("dgx-h100:8")  # bf16, untied; 64 GPUs
@@ -46,25 +49,18 @@ MIX = build_sample("mixtral-8x7b", batch=64)
 
 #: name -> (graph, cluster, strategy): at least ten layouts, every knob the export maps
 MATRIX = {
-    "gpt2-fsdp-zero3-full-accumulate2": lambda: (G, C, fsdp(G, C, micro_batch=1, recompute="full")),
-    "gpt2-hsdp-8-selective-op": lambda: (G, C, fsdp(G, C, micro_batch=1, recompute="selective-op", shard_group=8)),
+    "gpt2-fsdp-zero3-full-accumulate2": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="full"))),
+    "gpt2-hsdp-8-selective-op": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="selective-op", shard_group=8))),
     "gpt2-ddp": lambda: (G, C, data_parallel(G, C)),
-    "gpt2-fsdp-zero2": lambda: (G, C, fsdp(G, C, zero_stage=2)),
-    "gpt2-tp2-sp-cp2-zero3": lambda: (G, C, megatron(G, C, tp=2, cp=2, sequence_parallel=True, micro_batch=1,
-                                                     zero_stage=3)),
-    "llama2-tp2-pp4-vpp2-zero2": lambda: (L, C64, megatron(L, C64, tp=2, pp=4, vpp=2, micro_batch=1,
-                                                          sequence_parallel=True, zero_stage=2)),
-    "llama2-tp4-pp2-uneven-ddp-full": lambda: (L, C64, megatron(L, C64, tp=4, pp=2, micro_batch=2,
-                                                               layers_per_stage=[15, 17], sequence_parallel=True,
-                                                               recompute="full")),
+    "gpt2-fsdp-zero2": lambda: (G, C, fsdp(G, C, Layout(zero_stage=2))),
+    "gpt2-tp2-sp-cp2-zero3": lambda: (G, C, build_layout(G, C, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1, zero_stage=3))),
+    "llama2-tp2-pp4-vpp2-zero2": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, pp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=2))),
+    "llama2-tp4-pp2-uneven-ddp-full": lambda: (L, C64, build_layout(L, C64, Layout(tp=4, pp=2, micro_batch=2, layers_per_stage=[15, 17], sequence_parallel=True, recompute="full"))),
     "llama2-pp4-gpipe-zero2-hsdp": lambda: (L, C64, build_layout(L, C64, Layout(pp=4, micro_batch=1, schedule="gpipe",
                                                                                     zero_stage=2, shard_group=8))),
-    "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, megatron(L, C64, tp=2, cp=2, sequence_parallel=True,
-                                                                  micro_batch=1, zero_stage=3,
-                                                                  recompute="selective-op")),
-    "llama3-8b-tp2-no-sp-zero3": lambda: (L8, C16, megatron(L8, C16, tp=2, micro_batch=1, zero_stage=3)),
-    "mixtral-ep8-zero3": lambda: (MIX, C64, megatron(MIX, C64, tp=2, sequence_parallel=True, ep=8, zero_stage=3,
-                                                     micro_batch=1, recompute="full")),
+    "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="selective-op"))),
+    "llama3-8b-tp2-no-sp-zero3": lambda: (L8, C16, build_layout(L8, C16, Layout(tp=2, micro_batch=1, zero_stage=3))),
+    "mixtral-ep8-zero3": lambda: (MIX, C64, build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=8, zero_stage=3, micro_batch=1, recompute="full"))),
 }
 
 
@@ -169,7 +165,7 @@ def test_a_shipped_model_gets_its_config_and_torchtitan_builds_that_shape():
     _framework()
     from torchtitan.models.llama3 import model_registry
 
-    text = export("torchtitan", L8, fsdp(L8, C16, micro_batch=1), C16)
+    text = export("torchtitan", L8, fsdp(L8, C16, Layout(zero_stage=3, micro_batch=1)), C16)
     args = launch_args(text)
     assert args[:4] == ["--module", "llama3", "--config", "llama3_8b"]
     cfg = parse(text)
@@ -184,7 +180,7 @@ def test_a_shipped_model_gets_its_config_and_torchtitan_builds_that_shape():
 def test_fp8_goes_out_only_with_a_config_function_that_converts_to_float8():
     big = llama3(126, 16384, 128, 53248, batch=16, seq=8192)
     c = preset("dgx-h100:16")
-    s = megatron(big, c, tp=8, pp=8, micro_batch=1, sequence_parallel=True, zero_stage=2, fp8=True)
+    s = build_layout(big, c, Layout(tp=8, pp=8, micro_batch=1, sequence_parallel=True, zero_stage=2, fp8=True))
     text = export("torchtitan", big, s, c)
     assert launch_args(text)[:4] == ["--module", "llama3", "--config", "llama3_405b"]
     # without fp8 the 405B config (which converts to float8) is not named
@@ -213,7 +209,7 @@ def test_round_trip(name):
 
 
 def test_the_launch_says_the_release_what_to_add_and_is_complete():
-    text = export("torchtitan", G, fsdp(G, C, micro_batch=1, recompute="full"), C)
+    text = export("torchtitan", G, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="full")), C)
     assert "# soapbox export --format torchtitan: for torchtitan 0.3.0" in text
     assert f"replace {PLACEHOLDER[0]} and {PLACEHOLDER[1]}" in text and "--hf_assets_path" in text
     args = launch_args(text)
@@ -234,54 +230,54 @@ def refused(graph, s, cluster, why):
 
 
 def test_zero1_is_refused():
-    refused(G, megatron(G, C, tp=2, sequence_parallel=True, zero_stage=1), C, "ZeRO-1.*use-distributed-optimizer")
+    refused(G, build_layout(G, C, Layout(tp=2, sequence_parallel=True, zero_stage=1)), C, "ZeRO-1.*use-distributed-optimizer")
 
 
 def test_fp16_is_refused():
     b = resolve_model("bert-large", batch=16)
-    refused(b, fsdp(b, C, micro_batch=1), C, "fp16 training.*bfloat16 or float32")
+    refused(b, fsdp(b, C, Layout(zero_stage=3, micro_batch=1)), C, "fp16 training.*bfloat16 or float32")
 
 
 def test_megatron_selective_recompute_is_refused():
-    refused(L, megatron(L, C64, tp=2, sequence_parallel=True, recompute="selective", micro_batch=1, zero_stage=3),
+    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, recompute="selective", micro_batch=1, zero_stage=3)),
             C64, "Megatron's selective recomputation.*per-op.*selective-op or full")
 
 
 def test_tp_comm_overlap_is_refused():
-    s = megatron(L, C64, tp=2, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1, zero_stage=3)
+    s = build_layout(L, C64, Layout(tp=2, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1, zero_stage=3))
     refused(L, s, C64, "tensor-parallel communication overlap.*async TP needs torch.compile")
 
 
 def test_cp_without_zero_is_refused():
-    refused(L, megatron(L, C64, tp=2, cp=2, sequence_parallel=True, micro_batch=4), C64,
+    refused(L, build_layout(L, C64, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=4)), C64,
             "cp 2 without ZeRO: .*always FSDP-shards")
 
 
 def test_zero3_with_pipelines_is_refused():
-    refused(L, megatron(L, C64, pp=2, micro_batch=1, zero_stage=3), C64,
+    refused(L, build_layout(L, C64, Layout(pp=2, micro_batch=1, zero_stage=3)), C64,
             "ZeRO-3 with pipeline parallelism.*backward_maybe_with_nosync")
 
 
 def test_accumulation_with_zero0_or_2_is_refused():
     refused(G, data_parallel(G, C, micro_batch=1), C, "2 accumulated microbatches with ZeRO-0.*every accumulation")
-    refused(G, fsdp(G, C, zero_stage=2, micro_batch=1), C, "2 accumulated microbatches with ZeRO-2")
+    refused(G, fsdp(G, C, Layout(zero_stage=2, micro_batch=1)), C, "2 accumulated microbatches with ZeRO-2")
 
 
 def test_tied_weights_with_pipelines_are_refused():
-    refused(G, megatron(G, C, pp=2, micro_batch=1), C, "tied embedding.*weight tying under pp")
+    refused(G, build_layout(G, C, Layout(pp=2, micro_batch=1)), C, "tied embedding.*weight tying under pp")
 
 
 def test_fp8_without_a_float8_config_is_refused():
-    refused(L, megatron(L, C64, tp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, fp8=True), C64,
+    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, fp8=True)), C64,
             "fp8 GEMMs.*model converter.*Float8LinearConverter")
 
 
 def test_offload_and_bf16_reduction_are_refused():
-    refused(L, fsdp(L, C64, zero_stage=2, micro_batch=1, offload_optimizer="cpu"), C64, "ZeRO-Offload")
-    refused(L, replace(fsdp(L, C64, micro_batch=1), grad_reduce_in_fp32=False), C64,
+    refused(L, fsdp(L, C64, Layout(zero_stage=2, micro_batch=1, offload_optimizer="cpu")), C64, "ZeRO-Offload")
+    refused(L, replace(fsdp(L, C64, Layout(zero_stage=3, micro_batch=1)), grad_reduce_in_fp32=False), C64,
             "bf16 gradient reduction.*float32 only")
 
 
 def test_expert_tensor_parallelism_is_refused():
-    s = megatron(MIX, C64, tp=2, sequence_parallel=True, ep=4, etp=2, zero_stage=3, micro_batch=1)
+    s = build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=4, etp=2, zero_stage=3, micro_batch=1))
     refused(MIX, s, C64, "etp 2: torchtitan 0.3.0 has no expert tensor parallelism")

@@ -14,10 +14,10 @@ from engine.costs.model import FP8_CAST_BYTES_PER_ELEMENT
 from engine.costs import CostModel
 from engine.sim.memory import memory_report
 from engine.models.transformer import GPTConfig, gpt
-from engine.search.baselines import megatron
 from engine.sim.full import simulate
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
+from engine.layout import Layout, build_layout
 
 
 def model():
@@ -62,8 +62,8 @@ def test_a_linear_gemm_at_the_fp8_rate_plus_its_casts():
 
 def test_faster_and_lighter_activations_heavier_weights():
     g, c = model(), preset("dgx-h100:1")
-    base = megatron(g, c, tp=4, micro_batch=1)
-    f8 = megatron(g, c, tp=4, micro_batch=1, fp8=True)
+    base = build_layout(g, c, Layout(tp=4, micro_batch=1))
+    f8 = build_layout(g, c, Layout(tp=4, micro_batch=1, fp8=True))
     assert f8.fp8 and f8.found_by["options"]["fp8"] is True
     tb, t8 = simulate(build_task_graph(g, base, c)), simulate(build_task_graph(g, f8, c))
     assert 0.5 * tb.makespan_s < t8.makespan_s < tb.makespan_s
@@ -77,12 +77,12 @@ def test_faster_and_lighter_activations_heavier_weights():
 
 def test_round_trip_and_refused_without_fp8_tensor_cores():
     g, c = model(), preset("dgx-h100:1")
-    s = megatron(g, c, tp=4, micro_batch=1, fp8=True)
+    s = build_layout(g, c, Layout(tp=4, micro_batch=1, fp8=True))
     d = s.to_dict()
     assert d["fp8"] is True and strategy_from_dict(d).fp8
-    assert "fp8" not in megatron(g, c, tp=4, micro_batch=1).to_dict()
+    assert "fp8" not in build_layout(g, c, Layout(tp=4, micro_batch=1)).to_dict()
     a100 = preset("dgx-a100-80gb:1")
-    plain = megatron(g, a100, tp=4, micro_batch=1)
+    plain = build_layout(g, a100, Layout(tp=4, micro_batch=1))
     problems = validate_strategy(replace(plain, fp8=True), g, a100)
     assert [p.path for p in problems] == ["fp8"] and "A100-SXM4-80GB" in problems[0].message
 

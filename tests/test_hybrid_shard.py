@@ -11,7 +11,7 @@ import pytest
 from engine.cluster import preset
 from engine.sim.memory import memory_report
 from engine.models.transformer import gpt2
-from engine.search.baselines import fsdp
+from engine.layout import Layout, fsdp
 from engine.sim.full import simulate
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import build_task_graph
@@ -32,7 +32,7 @@ def group_sizes(tg, kind):
 @pytest.mark.parametrize("zero", [2, 3])
 def test_shards_within_nodes_and_all_reduces_across(case, zero):
     g, c = case
-    s = fsdp(g, c, zero_stage=zero, micro_batch=2, shard_group=8)
+    s = fsdp(g, c, Layout(zero_stage=zero, micro_batch=2, shard_group=8))
     tg = build_task_graph(g, s, c, symmetry="off")
     assert group_sizes(tg, "reduce_scatter") == {8}  # inside a node
     assert group_sizes(tg, "all_reduce") == {4}  # one rank of each of the 4 nodes
@@ -45,8 +45,8 @@ def test_shards_within_nodes_and_all_reduces_across(case, zero):
 
 def test_optimizer_state_is_sharded_over_the_group_only(case):
     g, c = case
-    full = fsdp(g, c, micro_batch=2)
-    hybrid = fsdp(g, c, micro_batch=2, shard_group=8)
+    full = fsdp(g, c, Layout(zero_stage=3, micro_batch=2))
+    hybrid = fsdp(g, c, Layout(zero_stage=3, micro_batch=2, shard_group=8))
     mf = memory_report(g, full, c, simulate(build_task_graph(g, full, c)))
     mh = memory_report(g, hybrid, c, simulate(build_task_graph(g, hybrid, c)))
     assert mh.optimizer_bytes[0] == pytest.approx(4 * mf.optimizer_bytes[0], rel=1e-9)  # 32 ranks -> 8
@@ -55,14 +55,14 @@ def test_optimizer_state_is_sharded_over_the_group_only(case):
 
 def test_checked_and_round_tripped(case):
     g, c = case
-    s = fsdp(g, c, micro_batch=2, shard_group=8)
+    s = fsdp(g, c, Layout(zero_stage=3, micro_batch=2, shard_group=8))
     assert s.to_dict()["shard_group"] == 8 and strategy_from_dict(s.to_dict()).shard_group == 8
-    assert "shard_group" not in fsdp(g, c, micro_batch=2).to_dict()
+    assert "shard_group" not in fsdp(g, c, Layout(zero_stage=3, micro_batch=2)).to_dict()
     problems = validate_strategy(replace(s, shard_group=5), g, c)
     assert [p.path for p in problems] == ["shard_group"] and "5 does not divide the 32" in problems[0].message
     assert "needs ZeRO stage 2 or 3" in validate_strategy(replace(s, zero_stage=1), g, c)[0].message
     with pytest.raises(ValueError, match="needs ZeRO stage 2 or 3"):
-        fsdp(g, c, zero_stage=1, shard_group=8)
+        fsdp(g, c, Layout(zero_stage=1, shard_group=8))
 
 
 def test_cli_shard_group(tmp_path, capsys):

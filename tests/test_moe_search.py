@@ -16,7 +16,7 @@ from engine.layout import Layout, expert_shapes, layout_problem, valid_layouts
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.layout.experts import megatron_eps
 from engine.search.api import Budget, MCMCOptions, price
-from engine.search.baselines import build_layout, megatron
+from engine.layout.build import build_layout
 from engine.strategy import validate_strategy
 
 SMALL = MoEConfig(layers=4, hidden=256, heads=8, seq_len=512, vocab=1000, batch=16, experts=8, top_k=2,
@@ -119,7 +119,7 @@ def test_dense_enumeration_is_unchanged(model, cluster_name):
 def test_layout_moves_change_ep(moe, cluster):
     from engine.search.moves import Space
 
-    s = megatron(moe, cluster, micro_batch=1)
+    s = build_layout(moe, cluster, Layout(micro_batch=1))
     moved = list(Space(moe, cluster).neighbours(s, "layout"))
     assert {ep for m in moved for ep, _ in experts_degrees(m, moe)} >= {1, 2, 4, 8}
     for m in moved[:8]:
@@ -139,10 +139,9 @@ def test_block_moves_relay_the_experts_with_every_shape(moe, cluster):
         return {(m[e].degree("expert") * m[e].degree("expert_seq"), m[e].degree("ffn")) for m in moved}
 
     # with sequence parallelism: every mesh, every (ep, etp) that folds onto it
-    assert {(1, 1), (2, 1), (8, 1), (2, 2), (8, 2)} <= shapes(megatron(moe, cluster, tp=2, micro_batch=1,
-                                                                        sequence_parallel=True))
+    assert {(1, 1), (2, 1), (8, 1), (2, 2), (8, 2)} <= shapes(build_layout(moe, cluster, Layout(tp=2, micro_batch=1, sequence_parallel=True)))
     # without it no tensor parallelism in a block with experts (Megatron-LM's rule), so no etp > 1
-    plain = shapes(megatron(moe, cluster, micro_batch=1))
+    plain = shapes(build_layout(moe, cluster, Layout(micro_batch=1)))
     assert {(2, 1), (8, 1)} <= plain and all(etp == 1 for _, etp in plain)
 
 

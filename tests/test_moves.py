@@ -19,10 +19,11 @@ from engine.formats import load_strategy
 from engine.models.transformer import GPTConfig, gpt
 from engine.search import Budget
 from engine.search.api import MCMCOptions, price
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.search.mcmc import candidate_configs, local_polish, mcmc
 from engine.search.moves import GLOBAL_KINDS, Space
 from engine.strategy import validate_strategy
+from engine.layout import Layout, build_layout
 
 
 def tiny_gpt(layers: int = 4, batch: int = 16) -> object:
@@ -47,8 +48,8 @@ def loader_verdict(strategy, graph, cluster) -> bool:
 def test_every_move_kind_is_validated_as_the_loader_validates():
     g, c = tiny_gpt(), small_cluster()
     space = Space(g, c)
-    starts = [data_parallel(g, c), megatron(g, c, tp=2, pp=2, micro_batch=1),
-              megatron(g, c, pp=2, vpp=2, micro_batch=2), megatron(g, c, tp=2, micro_batch=2, zero_stage=1)]
+    starts = [data_parallel(g, c), build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1)),
+              build_layout(g, c, Layout(pp=2, vpp=2, micro_batch=2)), build_layout(g, c, Layout(tp=2, micro_batch=2, zero_stage=1))]
     valid = {k: 0 for k in GLOBAL_KINDS}
     refused = 0
     rng = random.Random(0)
@@ -70,7 +71,7 @@ def test_every_move_kind_is_validated_as_the_loader_validates():
 
 def test_a_layer_moved_across_a_stage_boundary_keeps_its_stage_devices():
     g, c = tiny_gpt(), small_cluster()
-    s = megatron(g, c, tp=2, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))
     moves = list(Space(g, c).neighbours(s, "split"))
     assert len(moves) == 2  # the last layer of stage 0 forward, the first of stage 1 back
     for m in moves:

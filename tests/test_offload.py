@@ -14,9 +14,11 @@ from engine.costs.offload import CPU_ADAM_PARAMS_PER_S, NVME_BW_BYTES_PER_S, hos
 from engine.formats import resolve_model
 from engine.sim.memory_static import HOST_MEMORY_BYTES_PER_GPU, OFFLOAD_STATE_BYTES_PER_PARAM
 from engine.sim.report import simulate_strategy
-from engine.search.baselines import data_parallel, fsdp, megatron
+from engine.search.baselines import data_parallel
+from engine.layout.build import fsdp
 from engine.taskgraph import UPDATE
 from toys import IDEAL, mlp, toy_cluster
+from engine.layout import Layout, build_layout
 
 #: the toy MLP's parameters (2 layers of 1000 x 1000 + 1000 biases) and their ZeRO shard on
 #: each of the toy cluster's 2 GPUs
@@ -117,8 +119,8 @@ class TestValidation:
     def test_offload_needs_zero(self):
         g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
         with pytest.raises(ValueError, match="ZeRO stage 1"):
-            megatron(g, c, tp=2, offload_optimizer="cpu")
-        s = fsdp(g, c, offload_optimizer="cpu")
+            build_layout(g, c, Layout(tp=2, offload_optimizer="cpu"))
+        s = fsdp(g, c, Layout(zero_stage=3, offload_optimizer="cpu"))
         assert s.offload_optimizer == "cpu"
 
     def test_cli(self, capsys):

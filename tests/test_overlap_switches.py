@@ -10,9 +10,10 @@ from engine.cli.common import strategy_options
 from engine.cluster import preset
 from engine.models.transformer import gpt2
 from engine.sim.report import simulate_strategy
-from engine.search.baselines import fsdp, megatron
+from engine.layout.build import fsdp
 from engine.sim.full import simulate
 from engine.taskgraph import BWD, COLL, COLL_INDEX, FWD, build_task_graph
+from engine.layout import Layout, build_layout
 
 
 @pytest.fixture(scope="module")
@@ -28,36 +29,36 @@ def _run(g, c, s):
 def test_without_grad_reduce_overlap_no_gradient_collective_starts_before_the_backward_ends(setup):
     g, c = setup
     for overlap in (True, False):
-        tg, tl = _run(g, c, megatron(g, c, overlap_grad_reduce=overlap))
+        tg, tl = _run(g, c, build_layout(g, c, Layout(overlap_grad_reduce=overlap)))
         last_bwd = tl.end_s[tg.kind == BWD].max()
         first_coll = tl.start_s[tg.kind == COLL].min()
         if overlap:
             assert first_coll < last_bwd  # reduced bucket by bucket during the backward
         else:
             assert first_coll >= last_bwd - 1e-12
-    on = simulate_strategy(g, megatron(g, c), c).iteration_time_s
-    off = simulate_strategy(g, megatron(g, c, overlap_grad_reduce=False), c).iteration_time_s
+    on = simulate_strategy(g, build_layout(g, c, Layout()), c).iteration_time_s
+    off = simulate_strategy(g, build_layout(g, c, Layout(overlap_grad_reduce=False)), c).iteration_time_s
     assert off > on
 
 
 def test_overlapped_param_gather_runs_ahead_of_the_forward(setup):
     g, c = setup
-    tg, tl = _run(g, c, megatron(g, c, zero_stage=1))
+    tg, tl = _run(g, c, build_layout(g, c, Layout(zero_stage=1)))
     gathers = (tg.kind == COLL) & (tg.coll == COLL_INDEX["all_gather"])
     assert tl.start_s[gathers].min() >= tl.end_s[tg.kind == BWD].max() - 1e-12  # after the step
-    tg2, tl2 = _run(g, c, megatron(g, c, zero_stage=1, overlap_param_gather=True))
+    tg2, tl2 = _run(g, c, build_layout(g, c, Layout(zero_stage=1, overlap_param_gather=True)))
     first_fwd_end = tl2.end_s[tg2.kind == FWD].max()
     gathers2 = (tg2.kind == COLL) & (tg2.coll == COLL_INDEX["all_gather"])
     assert gathers2.sum() == gathers.sum()  # the same gathers, moved
     assert (tl2.start_s[gathers2] < first_fwd_end).all()  # every one during the forward now
-    assert simulate_strategy(g, megatron(g, c, zero_stage=1, overlap_param_gather=True), c).iteration_time_s < \
-        simulate_strategy(g, megatron(g, c, zero_stage=1), c).iteration_time_s
+    assert simulate_strategy(g, build_layout(g, c, Layout(zero_stage=1, overlap_param_gather=True)), c).iteration_time_s < \
+        simulate_strategy(g, build_layout(g, c, Layout(zero_stage=1)), c).iteration_time_s
 
 
 def test_param_gather_overlap_needs_no_change_without_zero(setup):
     g, c = setup
-    a = simulate_strategy(g, megatron(g, c), c).iteration_time_s
-    b = simulate_strategy(g, megatron(g, c, overlap_param_gather=True), c).iteration_time_s
+    a = simulate_strategy(g, build_layout(g, c, Layout()), c).iteration_time_s
+    b = simulate_strategy(g, build_layout(g, c, Layout(overlap_param_gather=True)), c).iteration_time_s
     assert a == b
 
 
@@ -76,8 +77,8 @@ def test_deepspeed_prefetch_buckets():
 
 def test_deepspeed_gathers_cost_more_than_fsdps_blocks(setup):
     g, c = setup
-    block = simulate_strategy(g, fsdp(g, c), c).iteration_time_s
-    per_op = simulate_strategy(g, fsdp(g, c, gather_unit="op"), c).iteration_time_s
+    block = simulate_strategy(g, fsdp(g, c, Layout(zero_stage=3)), c).iteration_time_s
+    per_op = simulate_strategy(g, fsdp(g, c, Layout(zero_stage=3, gather_unit="op")), c).iteration_time_s
     assert per_op > block  # one collective per module, each paying its ring's latency
 
 
@@ -85,7 +86,7 @@ def test_switches_round_trip_through_a_strategy_file(setup):
     from engine.strategy import strategy_from_dict
 
     g, c = setup
-    s = megatron(g, c, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=True)
+    s = build_layout(g, c, Layout(zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=True))
     d = s.to_dict()
     assert d["overlap_grad_reduce"] is False and d["overlap_param_gather"] is True
     back = strategy_from_dict(d)
@@ -111,9 +112,9 @@ def test_fsdp_with_sequence_parallel_tensor_parallelism(setup):
     """torchtitan's 2-D layout: FSDP over dp, tensor parallel with sequence-sharded norms, and
     async TP overlapping its collectives with the GEMMs."""
     g, c = setup
-    plain = fsdp(g, c, tp=2)
-    sp = fsdp(g, c, tp=2, sequence_parallel=True)
-    async_tp = fsdp(g, c, tp=2, sequence_parallel=True, tp_comm_overlap=True)
+    plain = fsdp(g, c, Layout(zero_stage=3, tp=2))
+    sp = fsdp(g, c, Layout(zero_stage=3, tp=2, sequence_parallel=True))
+    async_tp = fsdp(g, c, Layout(zero_stage=3, tp=2, sequence_parallel=True, tp_comm_overlap=True))
     assert (sp.sequence_parallel, sp.zero_stage, async_tp.tp_comm_overlap) == (True, 3, True)
     t_sp = simulate_strategy(g, sp, c).iteration_time_s
     t_async = simulate_strategy(g, async_tp, c).iteration_time_s
@@ -122,4 +123,4 @@ def test_fsdp_with_sequence_parallel_tensor_parallelism(setup):
     m_sp = simulate_strategy(g, sp, c).memory.peak_bytes.max()
     assert m_sp < m_plain  # the norms' activations are sharded over tp
     with pytest.raises(ValueError, match="sequence parallel"):
-        fsdp(g, c, tp=2, tp_comm_overlap=True)
+        fsdp(g, c, Layout(zero_stage=3, tp=2, tp_comm_overlap=True))

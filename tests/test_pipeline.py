@@ -11,9 +11,9 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS
 from engine.search.api import PipelineOptions
-from engine.search.baselines import megatron
 from engine.search.pipeline import _split, build_plan, plan_pipeline
 from engine.strategy import validate_strategy
+from engine.layout import Layout, build_layout
 
 
 def brute_split(times, boundary, B, ok):
@@ -79,13 +79,13 @@ class TestPlanner:
 
     def test_uneven_split_and_placement_in_the_megatron_builder(self):
         g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[8, 4], stage_mesh=[1, 0])
+        s = build_layout(g, c, Layout(tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[8, 4], stage_mesh=[1, 0]))
         assert validate_strategy(s, g, c) == []
         assert s["layers.0.attn.q"].devices[0] >= 4  # stage 0 on the second mesh
         stages = {s.stage_of[op.name] for op in g.ops if op.block == "layers.7"}
         assert stages == {0}
         with pytest.raises(ValueError, match="layers per stage"):
-            megatron(g, c, tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[6, 5])
+            build_layout(g, c, Layout(tp=2, pp=2, dp=2, micro_batch=1, layers_per_stage=[6, 5]))
 
 
 class TestRefusals:

@@ -14,12 +14,13 @@ from engine.costs import ProfileTable
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
 from engine.studies.profiling import MeasurementCache, measure, needed_keys
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
+from engine.layout import Layout, build_layout
 
 
 def test_repeated_layers_share_their_keys():
     g, c = resolve_model("gpt2"), preset("p100-4x4")
-    keys = needed_keys(g, [megatron(g, c, tp=2)], c)
+    keys = needed_keys(g, [build_layout(g, c, Layout(tp=2))], c)
     assert len(keys) < 40 < len(g.ops)  # 12 identical layers: each distinct partition once
     assert len(set(keys)) == len(keys)
     assert all(k[5] == "P100-SXM2-16GB" and k[4] == g.precision for k in keys)

@@ -14,11 +14,12 @@ from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.sim.memory import fits_in_memory, memory_report, saved_activation_bytes
 from engine.sim.memory_static import graph_cache, static_memory
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.search.mcmc import random_config
 from engine.strategy import Config
 from engine.taskgraph.assembly import Live
 from engine.taskgraph.segments import Segment, _fill
+from engine.layout import Layout, build_layout
 
 STATIC_PARTS = ("weights", "grads", "optim", "comm", "gathered", "logits", "context", "host", "nvme")
 
@@ -130,10 +131,10 @@ CASES = {
     "inception-v3 on 16 GPUs": lambda: (resolve_model("inception_v3"), preset("p100-4x4"), data_parallel),
     "gpt2, sequence parallel, selective-op": lambda: (
         resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-a100-80gb:1"),
-        lambda g, c: megatron(g, c, tp=2, sequence_parallel=True, recompute="selective-op")),
+        lambda g, c: build_layout(g, c, Layout(tp=2, sequence_parallel=True, recompute="selective-op"))),
     "gpt2, ZeRO-3, fp8": lambda: (
         resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-h100:1"),
-        lambda g, c: megatron(g, c, tp=2, zero_stage=3, fp8=True)),
+        lambda g, c: build_layout(g, c, Layout(tp=2, zero_stage=3, fp8=True))),
 }
 
 

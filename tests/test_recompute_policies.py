@@ -16,9 +16,10 @@ from engine.sim.memory_static import state_bytes_per_param
 from engine.models.transformer import GPTConfig, gpt
 from engine.sim.report import simulate_strategy
 from engine.strategy.recompute import op_checkpoint_saved, recompute_reruns
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.strategy import RECOMPUTE, strategy_from_dict, validate_strategy
 from engine.taskgraph import BWD
+from engine.layout import Layout, build_layout
 
 
 def _llama(batch=4, precision="bf16"):
@@ -83,14 +84,14 @@ class TestSelectiveOpMemory:
     def test_between_full_and_selective(self):
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
-        act = {rc: simulate_strategy(g, megatron(g, c, tp=1, dp=8, recompute=rc), c).memory.activations_peak_bytes[0]
+        act = {rc: simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, recompute=rc)), c).memory.activations_peak_bytes[0]
                for rc in ("none", "full", "selective-op")}
         assert act["full"] < act["selective-op"] < act["none"]
 
     def test_sequence_parallel_keeps_the_reduce_scattered_outputs(self):
         g = _llama()
         c = preset("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=2, dp=4, recompute="selective-op", sequence_parallel=True)
+        s = build_layout(g, c, Layout(tp=2, dp=4, recompute="selective-op", sequence_parallel=True))
         got = saved_activation_bytes(g, s)
         idx = {op.name: i for i, op in enumerate(g.ops)}
         # attn.out is recomputed (the 4th mm) but its reduce-scattered output is saved: 1 x 32 x 64 / 2 x 2 bytes
@@ -104,7 +105,7 @@ class TestSelectiveOpTime:
         c = preset("dgx-a100-80gb:1")
         t = {}
         for rc in ("none", "selective-op", "full"):
-            tl = simulate_strategy(g, megatron(g, c, tp=1, dp=8, recompute=rc), c).timeline
+            tl = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, recompute=rc)), c).timeline
             bwd = tl.tasks.kind == BWD
             t[rc] = float((tl.end_s[bwd] - tl.start_s[bwd]).sum())  # backward compute, every device
         assert t["none"] < t["selective-op"] < t["full"]
@@ -118,16 +119,16 @@ class TestMegatronPrecisionSwitches:
         assert state_bytes_per_param("bf16", 3, grad_reduce_in_fp32=False) == (4, 4, 0, 8)  # FSDP2: unaffected
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
-        on = simulate_strategy(g, megatron(g, c, tp=1, dp=8, zero_stage=1), c).memory
-        off = simulate_strategy(g, megatron(g, c, tp=1, dp=8, zero_stage=1, grad_reduce_in_fp32=False), c).memory
+        on = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, zero_stage=1)), c).memory
+        off = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, zero_stage=1, grad_reduce_in_fp32=False)), c).memory
         assert off.grads_bytes[0] == pytest.approx(on.grads_bytes[0] * (2 + 4 / 8) / 4)
 
     def test_fp8_parameters_replace_the_bf16_copy(self):
         g = _llama(batch=16)
         c = preset("dgx-h100:1")
-        plain = simulate_strategy(g, megatron(g, c, tp=1, dp=8), c).memory.weights_bytes[0]
-        cached = simulate_strategy(g, megatron(g, c, tp=1, dp=8, fp8=True), c).memory.weights_bytes[0]
-        params8 = simulate_strategy(g, megatron(g, c, tp=1, dp=8, fp8=True, fp8_params=True), c).memory.weights_bytes[0]
+        plain = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8)), c).memory.weights_bytes[0]
+        cached = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, fp8=True)), c).memory.weights_bytes[0]
+        params8 = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True)), c).memory.weights_bytes[0]
         linear = sum(op.param_count for op in g.ops if op.kind == "linear")
         assert cached == plain + 2 * linear  # the fp8 copy and its transpose beside the bf16 weight
         assert params8 == plain  # fp8 weight + transpose in place of the bf16 weight
@@ -135,13 +136,12 @@ class TestMegatronPrecisionSwitches:
     def test_round_trip_and_validation(self):
         g = _llama(batch=16)
         c = preset("dgx-h100:1")
-        s = megatron(g, c, tp=1, dp=8, fp8=True, fp8_params=True, grad_reduce_in_fp32=False,
-                     recompute="selective-op")
+        s = build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True, grad_reduce_in_fp32=False, recompute="selective-op"))
         d = s.to_dict()
         assert (d["fp8_params"], d["grad_reduce_in_fp32"], d["recompute"]) == (True, False, "selective-op")
         back = strategy_from_dict(d)
         assert (back.fp8_params, back.grad_reduce_in_fp32, back.recompute) == (True, False, "selective-op")
-        assert "fp8_params" not in megatron(g, c, tp=1, dp=8).to_dict()
+        assert "fp8_params" not in build_layout(g, c, Layout(tp=1, dp=8)).to_dict()
         problems = validate_strategy(replace(s, fp8=False), g, c)
         assert [p.path for p in problems] == ["fp8_params"]
 
@@ -150,7 +150,7 @@ class TestOutOfMemoryRule:
     def test_required_is_allocated_plus_context(self):
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, megatron(g, c, tp=2), c).memory
+        mem = simulate_strategy(g, build_layout(g, c, Layout(tp=2)), c).memory
         assert (mem.required_bytes == mem.allocated_peak_bytes + mem.context_bytes).all()
         assert (mem.required_bytes < mem.peak_bytes).all()
 
@@ -160,7 +160,7 @@ class TestOutOfMemoryRule:
         blocks and retries before raising OutOfMemoryError."""
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
-        mem = simulate_strategy(g, megatron(g, c, tp=2), c).memory
+        mem = simulate_strategy(g, build_layout(g, c, Layout(tp=2)), c).memory
         mem.capacity_bytes[:] = (mem.required_bytes + mem.peak_bytes) / 2  # between the two
         assert mem.feasible and mem.over_capacity() == []
         mem.capacity_bytes[:] = mem.required_bytes * 0.99

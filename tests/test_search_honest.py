@@ -17,6 +17,7 @@ from engine.formats import resolve_model
 from engine.search import ALGORITHMS, Budget
 from engine.search.api import price
 from engine.search.baselines import data_parallel, expert
+from engine.layout import Layout, build_layout
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +133,9 @@ def test_a_pricing_past_its_deadline_is_abandoned_and_not_remembered():
     from engine.costs import CostModel
     from engine.errors import Cancelled
     from engine.search.api import whole_cost
-    from engine.search.baselines import megatron
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    s, cost = megatron(g, c, tp=2, micro_batch=1), CostModel()  # (a cost model of its own: nothing remembered yet)
+    s, cost = build_layout(g, c, Layout(tp=2, micro_batch=1)), CostModel()  # (a cost model of its own: nothing remembered yet)
     calls = []
 
     def stop() -> bool:

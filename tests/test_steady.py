@@ -15,11 +15,12 @@ from engine.cluster import preset
 from engine.costs import CostModel
 from engine.models import build_sample
 from engine.sim.report import format_summary, simulate_strategy
-from engine.search.baselines import fsdp, megatron
+from engine.layout.build import fsdp
 from engine.sim.full import simulate
 from engine.taskgraph import BWD, FWD, build_task_graph
 
 from test_twins import drawn_megatron
+from engine.layout import Layout, build_layout
 
 #: what the extrapolation may differ by from a full simulation (float rounding of sums)
 REL = 1e-9
@@ -67,7 +68,7 @@ def test_a_repeat_is_found_where_every_task_shifts_alike():
 def test_the_microbatches_paired_are_the_alike_ones_around_the_middle():
     """A first microbatch with an extra task (a ZeRO gather) is left out of the pairing."""
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=1, pp=1, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True)
+    s = build_layout(g, c, Layout(tp=1, pp=1, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True))
     n, q = steady.microbatches_to_simulate(g, s)
     tg = build_task_graph(g, s, c, CostModel(), microbatches=n)
     counts = np.bincount(tg.mb[tg.mb >= 0])
@@ -81,7 +82,7 @@ def test_the_microbatches_paired_are_the_alike_ones_around_the_middle():
 
 def test_a_build_of_the_first_microbatches_holds_their_tasks_alike():
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=2, pp=4, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
     m = s.pipeline.microbatches
     full = build_task_graph(g, s, c, CostModel())
     short = build_task_graph(g, s, c, CostModel(), microbatches=12)
@@ -102,14 +103,12 @@ def test_a_build_of_the_first_microbatches_holds_their_tasks_alike():
 
 #: (id, strategy) of GPT-2 with a global batch of 256 on 16 A100s: layouts it applies to
 APPLIES = [
-    ("1f1b", lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1)),
-    ("1f1b-sp-full-recompute", lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1, sequence_parallel=True,
-                                                     recompute="full")),
-    ("interleaved", lambda g, c: megatron(g, c, tp=2, pp=2, vpp=3, micro_batch=1, recompute="full")),
-    ("gradient-accumulation", lambda g, c: megatron(g, c, tp=2, pp=1, micro_batch=1)),
-    ("zero1-param-gather", lambda g, c: megatron(g, c, tp=1, pp=2, micro_batch=1, zero_stage=1,
-                                                 overlap_grad_reduce=True, overlap_param_gather=True)),
-    ("cp2-pp4", lambda g, c: megatron(g, c, tp=2, cp=2, pp=4, micro_batch=1, sequence_parallel=True)),
+    ("1f1b", lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))),
+    ("1f1b-sp-full-recompute", lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1, sequence_parallel=True, recompute="full"))),
+    ("interleaved", lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=3, micro_batch=1, recompute="full"))),
+    ("gradient-accumulation", lambda g, c: build_layout(g, c, Layout(tp=2, pp=1, micro_batch=1))),
+    ("zero1-param-gather", lambda g, c: build_layout(g, c, Layout(tp=1, pp=2, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True))),
+    ("cp2-pp4", lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, pp=4, micro_batch=1, sequence_parallel=True))),
 ]
 
 
@@ -148,7 +147,7 @@ def test_gpt3_on_1024_gpus_repeats_from_the_microbatch_after_the_warm_up():
     """Narayanan et al.'s GPT-3 175B layout (tp 8, pp 16, 192 microbatches): from microbatch
     16 on every task of a microbatch runs 158.207 ms after the one before."""
     g, c = build_sample("gpt3-175b"), preset("dgx-a100-80gb:128")
-    s = megatron(g, c, tp=8, pp=16, micro_batch=1, recompute="full")
+    s = build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1, recompute="full"))
     short = simulate_strategy(g, s, c, check=False, steady=True)
     full = simulate_strategy(g, s, c, check=False)
     st_ = short.steady
@@ -161,8 +160,8 @@ def test_gpt3_on_1024_gpus_repeats_from_the_microbatch_after_the_warm_up():
 # -- where it does not apply --------------------------------------------------------------------
 
 @pytest.mark.parametrize("why, model, make", [
-    ("gpipe", 256, lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1, schedule="gpipe")),
-    ("few microbatches", 16, lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1)),
+    ("gpipe", 256, lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1, schedule="gpipe"))),
+    ("few microbatches", 16, lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))),
 ])
 def test_not_extrapolated_where_it_does_not_apply(why, model, make):
     g, c = gpt2(model), preset("dgx-a100-80gb:2")
@@ -175,7 +174,7 @@ def test_not_extrapolated_where_it_does_not_apply(why, model, make):
 
 def test_a_mixture_of_experts_model_is_simulated_in_full():
     g = build_sample("mixtral-8x7b", batch=256, seq_len=256)
-    s = megatron(g, preset("dgx-h100:2"), tp=2, pp=2, micro_batch=1, sequence_parallel=True)
+    s = build_layout(g, preset("dgx-h100:2"), Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True))
     assert s.pipeline.microbatches >= 32 and steady.microbatches_to_simulate(g, s) is None
 
 
@@ -185,7 +184,7 @@ def test_fsdp_gathers_running_ahead_do_not_repeat_and_are_not_tried(pp):
     from the start and a short run does not repeat (the check says so on a build of a few
     microbatches); the plan leaves ZeRO-3 out, and every microbatch is simulated."""
     g, c = gpt2(512), preset("dgx-a100-80gb:2")
-    s = fsdp(g, c, zero_stage=3, micro_batch=1, pp=pp)
+    s = fsdp(g, c, Layout(zero_stage=3, micro_batch=1, pp=pp))
     n = 3 * pp + 4
     tg = build_task_graph(g, s, c, CostModel(), microbatches=n)
     lo, rows = steady._paired_rows(tg, n)
@@ -199,7 +198,7 @@ def test_fsdp_gathers_running_ahead_do_not_repeat_and_are_not_tried(pp):
 def test_a_run_that_does_not_repeat_is_simulated_in_full(monkeypatch):
     """No repeat found (a tolerance nothing meets): every microbatch is simulated."""
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=2, pp=4, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
     monkeypatch.setattr(steady, "TOLERANCE", -1.0)
     assert steady.simulate_steady(g, s, c) is None
     r = simulate_strategy(g, s, c, check=False, steady=True)
@@ -210,7 +209,7 @@ def test_a_run_that_does_not_repeat_is_simulated_in_full(monkeypatch):
 
 def test_the_report_says_what_was_simulated():
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=2, pp=4, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
     r = simulate_strategy(g, s, c, check=False, steady=True)
     text = format_summary(r)
     assert f"steady state       simulated {r.steady.simulated} of 128 microbatches" in text
@@ -238,7 +237,7 @@ def test_soapbox_simulate_extrapolates_unless_a_trace_is_written(tmp_path, capsy
 def test_simulating_the_short_run_matches_its_own_timeline():
     """The steady timeline's arrays are the short run's simulation, as simulated."""
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=2, pp=4, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
     tg, tl = steady.simulate_steady(g, s, c)
     again = simulate(tg)
     np.testing.assert_array_equal(tl.start_s, again.start_s)

@@ -34,6 +34,7 @@ from engine.strategy import (
     strategy_from_dict,
     validate_strategy,
 )
+from engine.layout import Layout, build_layout
 
 OP_NAMES = ("data", "conv1", "relu1", "flat", "fc", "labels", "loss")
 
@@ -723,7 +724,7 @@ class TestDeviceRuns:
     @settings(deadline=None)
     @given(st.lists(st.integers(0, 16383), min_size=1, max_size=300))
     def test_round_trip(self, devs):
-        from engine.strategy import device_runs
+        from engine.strategy.device_runs import device_runs
         from engine.strategy.device_runs import parse_device_runs
 
         text = device_runs(devs)
@@ -731,7 +732,7 @@ class TestDeviceRuns:
         assert len(text.split(",")) == 1 + sum(b != a + 1 for a, b in zip(devs, devs[1:]))
 
     def test_exact(self):
-        from engine.strategy import device_runs
+        from engine.strategy.device_runs import device_runs
         from engine.strategy.device_runs import parse_device_runs
 
         assert device_runs([0, 1, 2, 3, 8, 9, 5]) == "0-3,8-9,5"
@@ -765,11 +766,10 @@ def test_repeated_layers_checked_once_still_report_every_problem():
     degrees of one checked before, on a device tuple found valid), yet every op's own problems
     -- a device tuple of its own, a missing stage -- are still reported, with the op named."""
     from engine.models import build_sample
-    from engine.search.baselines import megatron
     from engine.strategy import Config, validate_strategy
 
     g, c = build_sample("gpt2", batch=16), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=2, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))
     assert validate_strategy(s, g, c) == []
     fc = s["layers.9.mlp.fc1"]
     bad = Config(dict(fc.degrees), tuple(fc.devices[:-1]) + (99,))  # same degrees, a device that does not exist
@@ -784,11 +784,10 @@ def test_parsing_shares_equal_device_tuples():
     """strategy_from_dict makes equal device lists one tuple (the ops of repeated layers share
     it, as in a strategy built in code): the same strategy, far fewer distinct objects."""
     from engine.models import build_sample
-    from engine.search.baselines import megatron
     from engine.strategy import strategy_from_dict
 
     g, c = build_sample("gpt2", batch=16), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=4, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=4, pp=2, micro_batch=1))
     p = strategy_from_dict(json.loads(json.dumps(s.to_dict())))
     assert p.configs == s.configs
     assert len({id(cf.devices) for cf in p.configs.values()}) == len({cf.devices for cf in s.configs.values()})

@@ -15,10 +15,12 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.sim.trace import COMPUTE_TID, write_chrome_trace
 from engine.sim.memory import memory_report
-from engine.search.baselines import data_parallel, expert, fsdp, megatron
+from engine.search.baselines import data_parallel, expert
+from engine.layout.build import fsdp
 from engine.sim.full import simulate
 from engine.strategy import Config, Strategy
 from engine.taskgraph import BWD, FWD, UPDATE, Symmetry, build_task_graph, find_symmetry
+from engine.layout import Layout, build_layout
 
 MODELS: dict[str, object] = {}
 
@@ -31,13 +33,13 @@ def model(name: str):
 
 #: (id, model, cluster, strategy builder, minimum task reduction factor)
 SYMMETRIC = [
-    ("gpt2-megatron-tp4", "gpt2", "dgx-a100-80gb:1", lambda g, c: megatron(g, c, tp=4, micro_batch=1), 3),
-    ("gpt2-megatron-tp4-dp2", "gpt2", "dgx-a100-80gb:1", lambda g, c: megatron(g, c, tp=4, dp=2), 1.5),
+    ("gpt2-megatron-tp4", "gpt2", "dgx-a100-80gb:1", lambda g, c: build_layout(g, c, Layout(tp=4, micro_batch=1)), 3),
+    ("gpt2-megatron-tp4-dp2", "gpt2", "dgx-a100-80gb:1", lambda g, c: build_layout(g, c, Layout(tp=4, dp=2)), 1.5),
     ("gpt2-megatron-tp2-pp4", "gpt2", "dgx-a100-80gb:2",
-     lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1), 3),
+     lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1)), 3),
     ("inception-dp-microbatch", "inception_v3", "dgx-a100-80gb:2",
      lambda g, c: data_parallel(g, c, micro_batch=2), 3),
-    ("gpt2-fsdp-zero3", "gpt2", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, zero_stage=3), 3),
+    ("gpt2-fsdp-zero3", "gpt2", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, Layout(zero_stage=3)), 3),
 ]
 IDS = [case[0] for case in SYMMETRIC]
 
@@ -250,7 +252,7 @@ def test_sequence_parallel_keeps_every_axis():
     one another like the data-parallel ones: both axes kept (3,037 tasks against the full
     build's 11,131), with the full build's makespan and bytes."""
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=2, pp=2, vpp=2, recompute="selective", sequence_parallel=True)
+    s = build_layout(g, c, Layout(tp=2, pp=2, vpp=2, recompute="selective", sequence_parallel=True))
     sym = build_task_graph(g, s, c)
     full = build_task_graph(g, s, c, symmetry="off")
     assert sym.info["symmetry"] is not None and sym.info["symmetry"].axes == ((2, 1), (2, 2))
@@ -268,7 +270,7 @@ def test_tables_hold_one_column_per_representative():
     from engine.taskgraph import TaskGraphBuilder
 
     g, c = model("gpt2"), preset("dgx-a100-80gb:2")
-    s = megatron(g, c, tp=4, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=4, pp=2, micro_batch=1))
     sym = find_symmetry(g, s, c)
     assert sym is not None
     b = TaskGraphBuilder(g, s, c, CostModel(), sym)

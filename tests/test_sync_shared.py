@@ -23,6 +23,7 @@ from engine.search.baselines import data_parallel
 from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import COLL, build_task_graph
+from engine.layout import Layout, build_layout
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +136,11 @@ class TestTiedEmbedding:
     @pytest.fixture(scope="class")
     def case(self):
         from engine.models.transformer import GPTConfig, gpt
-        from engine.search.baselines import megatron
 
         g = gpt(GPTConfig(layers=2, hidden=4096, heads=32, seq_len=2048, vocab=32000, batch=8,
                           precision="bf16", flash_attention=True, dropout=0.0))
         c = preset("dgx-h100:1")
-        s = megatron(g, c, tp=4, micro_batch=1)
+        s = build_layout(g, c, Layout(tp=4, micro_batch=1))
         assert dict(s["embed.tokens"].degrees) == {"sample": 2, "vocab": 4}
         assert dict(s["lm_head"].degrees) == {"feature": 4, "sample": 2}
         return g, c, s

@@ -14,7 +14,7 @@ from engine.cluster import preset
 from engine.costs import CostModel
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.strategy import Config, partition_grid
 from engine.taskgraph import COLL, COLL_INDEX, TaskGraphBuilder, build_task_graph
 from engine.taskgraph.context import BuildContext, OpTables
@@ -22,6 +22,7 @@ from engine.taskgraph.emit import Emitter
 from engine.taskgraph.regions import classes, in_regions, out_regions, ranges, tile, transfer_plan
 from engine.taskgraph.schedule import SchedulePlan
 from engine.taskgraph.segments import SHIFT, Segment, csr_from_handles
+from engine.layout import Layout, build_layout
 
 
 def conv_graph():
@@ -196,7 +197,7 @@ class TestSchedulePlan:
     def test_ranks_follow_the_1f1b_order(self):
         g = resolve_model("gpt2")
         c = preset("dgx-a100-80gb:1")
-        s = megatron(g, c, tp=2, pp=2, dp=2, micro_batch=2)
+        s = build_layout(g, c, Layout(tp=2, pp=2, dp=2, micro_batch=2))
         plan = SchedulePlan(BuildContext(g, s, c, CostModel(), None))
         m = s.pipeline.microbatches
         assert plan.units == 2 * m

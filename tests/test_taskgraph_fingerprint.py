@@ -30,8 +30,10 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.models.transformer import gpt2
 from engine.search import ALGORITHMS, Budget
-from engine.search.baselines import data_parallel, expert, fsdp, megatron, model_parallel
+from engine.search.baselines import data_parallel, expert, model_parallel
+from engine.layout.build import fsdp
 from engine.taskgraph import TaskGraph, build_task_graph
+from engine.layout import Layout, build_layout
 
 #: name -> (sample model or a function making one, cluster preset, strategy maker)
 CASES: dict[str, tuple[str | Callable, str, Callable]] = {
@@ -40,9 +42,9 @@ CASES: dict[str, tuple[str | Callable, str, Callable]] = {
     "nmt-model-parallel-p100": ("nmt", "p100-4x4", lambda g, c: model_parallel(g, c)),
     "gpt2-megatron-tp2-pp2-vpp2-sp-selective": (
         "gpt2", "dgx-a100-80gb:1",
-        lambda g, c: megatron(g, c, tp=2, pp=2, vpp=2, recompute="selective", sequence_parallel=True)),
+        lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=2, recompute="selective", sequence_parallel=True))),
     "gpt2-fsdp-zero3-2-nodes": (lambda: gpt2(batch=32, seq_len=512), "dgx-a100-80gb:2",
-                                lambda g, c: fsdp(g, c, zero_stage=3, micro_batch=1)),
+                                lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=1))),
     "alexnet-dp-dgx-symmetric": ("alexnet", "dgx-a100-80gb:2", lambda g, c: data_parallel(g, c)),
     "resnet101-dp-hetero": ("resnet101", "hetero-demo", lambda g, c: data_parallel(g, c)),
     "rnntc-expert-k80": ("rnntc", "k80-16x4", lambda g, c: expert(g, c)),

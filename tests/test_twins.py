@@ -20,12 +20,14 @@ from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.models import build_sample
-from engine.search.baselines import data_parallel, expert, fsdp, megatron
+from engine.search.baselines import data_parallel, expert
+from engine.layout.build import fsdp
 from engine.search.mcmc import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder, find_symmetry
 
 from test_delta_incremental import assert_same_graph, assert_same_timeline
+from engine.layout import Layout, build_layout
 
 MODELS: dict[str, object] = {}
 
@@ -48,24 +50,23 @@ def both(g, s, c, symmetric: bool):
 
 #: (id, model, cluster, strategy) -- layered models, where twins are many
 LAYOUTS = [
-    ("tp2-pp2", "gpt2", "dgx-a100-80gb:1", lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1)),
+    ("tp2-pp2", "gpt2", "dgx-a100-80gb:1", lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))),
     ("tp2-pp2-sp", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1, sequence_parallel=True)),
+     lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True))),
     ("tp2-cp2-sp", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=2, cp=2, micro_batch=2, sequence_parallel=True)),
+     lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, micro_batch=2, sequence_parallel=True))),
     ("interleaved", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=2, pp=2, vpp=3, micro_batch=1, recompute="full")),
+     lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=3, micro_batch=1, recompute="full"))),
     ("gpipe-selective", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=2, pp=4, micro_batch=1, schedule="gpipe", recompute="selective")),
+     lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1, schedule="gpipe", recompute="selective"))),
     ("zero1-no-overlap", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=2, pp=2, micro_batch=1, zero_stage=1, overlap_grad_reduce=False,
-                           overlap_param_gather=True)),
+     lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=True))),
     ("tp-comm-overlap", "gpt2", "dgx-a100-80gb:1",
-     lambda g, c: megatron(g, c, tp=4, micro_batch=2, sequence_parallel=True, tp_comm_overlap=True)),
-    ("fsdp", "gpt2@32", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, zero_stage=3, micro_batch=2)),
+     lambda g, c: build_layout(g, c, Layout(tp=4, micro_batch=2, sequence_parallel=True, tp_comm_overlap=True))),
+    ("fsdp", "gpt2@32", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=2))),
     ("fsdp-per-op-hybrid", "gpt2@32", "dgx-a100-80gb:2",
-     lambda g, c: fsdp(g, c, zero_stage=3, gather_unit="op", shard_group=8, recompute="selective-op")),
-    ("fsdp-tp2-pp2", "gpt2@32", "dgx-a100-80gb:2", lambda g, c: fsdp(g, c, zero_stage=2, tp=2, pp=2, micro_batch=1)),
+     lambda g, c: fsdp(g, c, Layout(zero_stage=3, gather_unit="op", shard_group=8, recompute="selective-op"))),
+    ("fsdp-tp2-pp2", "gpt2@32", "dgx-a100-80gb:2", lambda g, c: fsdp(g, c, Layout(zero_stage=2, tp=2, pp=2, micro_batch=1))),
     ("bert-dp", "bert-large@64", "dgx-a100-80gb:1", lambda g, c: data_parallel(g, c, micro_batch=2)),
     ("inception-expert", "inception_v3", "p100-4x4", lambda g, c: expert(g, c)),
 ]
@@ -91,7 +92,7 @@ def test_a_deep_model_copies_most_of_its_segments():
     """GPT-2's twelve layers on two pipeline stages: all but the first two layers of a stage are
     copies (their inputs and neighbours are alike), and the result is the same."""
     g, c = model("gpt2"), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=2, pp=2, micro_batch=1, sequence_parallel=True)
+    s = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True))
     plain, twinned, b = both(g, s, c, True)
     segments = len(b.store.segments)
     assert b.copied > segments / 2
@@ -101,7 +102,7 @@ def test_a_deep_model_copies_most_of_its_segments():
 def test_mixture_of_experts_layers():
     g = build_sample("mixtral-8x7b", batch=16, seq_len=256)
     c = preset("dgx-h100:2")
-    s = megatron(g, c, tp=2, pp=2, ep=4, micro_batch=1, sequence_parallel=True)
+    s = build_layout(g, c, Layout(tp=2, pp=2, ep=4, micro_batch=1, sequence_parallel=True))
     plain, twinned, _ = both(g, s, c, find_symmetry(g, s, c) is not None)
     assert_same_graph(plain, twinned)
 
@@ -125,7 +126,7 @@ def test_delta_simulation_from_a_copied_build():
     """A delta simulator whose first build copied twins: changes to ops of copied segments (and
     of their sources) and reverts equal full builds without twins."""
     g, c = model("gpt2"), preset("dgx-a100-80gb:1")
-    s = megatron(g, c, tp=2, micro_batch=2)
+    s = build_layout(g, c, Layout(tp=2, micro_batch=2))
     sim = DeltaSimulator(g, s, c)
     assert sim._builder.copied > 0
     rng = random.Random(3)
@@ -151,9 +152,7 @@ def drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap):
     from hypothesis import assume
 
     try:
-        return megatron(g, c, tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb, sequence_parallel=sp and tp > 1,
-                        zero_stage=zero, recompute=recompute, overlap_grad_reduce=overlap,
-                        overlap_param_gather=overlap and zero > 0)
+        return build_layout(g, c, Layout(tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb, sequence_parallel=sp and tp > 1, zero_stage=zero, recompute=recompute, overlap_grad_reduce=overlap, overlap_param_gather=overlap and zero > 0))
     except ValueError:
         assume(False)
 

@@ -13,11 +13,12 @@ import pytest
 from engine.cli import main
 from engine.cluster import preset
 from engine.formats import resolve_model
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from engine.studies.whatif import (checkpoint_bytes, daly_interval_s, goodput, map_strategy, parse_failure,
     simulate_with_slow, survivors, young_interval_s)
+from engine.layout import Layout, build_layout
 
 
 def test_failing_a_gpu_in_data_parallel_on_16_gives_the_rules_layout():
@@ -35,7 +36,7 @@ def test_failing_a_gpu_in_data_parallel_on_16_gives_the_rules_layout():
 
 def test_a_node_failure_shrinks_data_parallelism_of_a_megatron_layout():
     g, c = resolve_model("gpt2", batch=32), preset("dgx-a100-80gb:4")
-    s = megatron(g, c, tp=2, pp=2, micro_batch=1)
+    s = build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))
     after, _ = survivors(c, [parse_failure("node:2")])
     assert after.num_devices == 24 and len(after.node_specs) == 1  # one spec again: symmetry holds
     m, rule = map_strategy(g, s, c, after)
@@ -176,7 +177,7 @@ class TestReplanHonest:
         from engine.search.api import SearchResult
 
         slow_plan = data_parallel(g, c)
-        fast = megatron(g, c, tp=1, pp=1, dp=8, micro_batch=2)
+        fast = build_layout(g, c, Layout(tp=1, pp=1, dp=8, micro_batch=2))
 
         def fake(graph, cluster, budget, *, seed=0, initial=None):
             return SearchResult(dataclasses.replace(fast, found_by={"source": "mcmc"}), 0.1, {}, 1, 0.0)
@@ -200,9 +201,9 @@ def test_fsdp_maps_with_its_sharding_and_recomputation():
     """Issue 28: FSDP shares data parallel's configs, so it was mapped as plain data parallel
     (ZeRO-3 and recomputation dropped: 87.6 GB on 11.8 GB GPUs where FSDP needs 5.8 GB)."""
     g, c = resolve_model("gpt2", batch=256), preset("rtx2080ti:2")
-    from engine.search.baselines import fsdp
+    from engine.layout.build import fsdp
 
-    s = fsdp(g, c, recompute="full")
+    s = fsdp(g, c, Layout(zero_stage=3, recompute="full"))
     after, _ = survivors(c, [parse_failure("node:1")])
     m, rule = map_strategy(g, s, c, after)
     assert rule.startswith("the same layout (tp 1, pp 1, cp 1, micro-batch 16) with dp 16 -> 8")

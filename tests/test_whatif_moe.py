@@ -13,8 +13,9 @@ from engine.cli import main
 from engine.cluster import preset
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import expert_degrees, expert_loads
-from engine.search.baselines import data_parallel, megatron
+from engine.search.baselines import data_parallel
 from engine.studies.whatif import map_strategy, parse_failure, survivors
+from engine.layout import Layout, build_layout
 
 #: two MoE layers of 8 experts (top-2), batch 16: on 16 GPUs dp 16 with tp 1
 GRAPH = moe_gpt(MoEConfig(2, 64, 4, 64, 100, 16, 8, 2, 64, name="tiny-moe"))
@@ -30,7 +31,7 @@ def mapped(strategy, fail: str = "gpu:3"):
 @pytest.mark.parametrize("kw", [dict(ep=8), dict(ep=2), dict(tp=2, sequence_parallel=True, ep=8),
                                 dict(tp=2, sequence_parallel=True, ep=4, etp=2)])
 def test_ep_and_etp_are_kept(kw):
-    s = replace(megatron(GRAPH, CLUSTER, micro_batch=1, **kw), expert_loads=SKEW)
+    s = replace(build_layout(GRAPH, CLUSTER, Layout(micro_batch=1, **kw)), expert_loads=SKEW)
     m, rule = mapped(s)
     assert m is not None, rule
     assert expert_degrees(GRAPH, m) == (kw["ep"], kw.get("etp", 1))
@@ -41,7 +42,7 @@ def test_ep_and_etp_are_kept(kw):
 def test_ep_that_no_longer_folds_becomes_the_largest_that_does():
     # pp 2 x dp 8 on 16 GPUs; 15 survivors hold pp 2 x dp 4: ep 8 neither divides the one
     # sequence shard nor dp 4, ep 4 does
-    s = megatron(GRAPH, CLUSTER, pp=2, ep=8, micro_batch=1)
+    s = build_layout(GRAPH, CLUSTER, Layout(pp=2, ep=8, micro_batch=1))
     m, rule = mapped(s)
     assert m is not None, rule
     assert expert_degrees(GRAPH, m) == (4, 1)
@@ -49,7 +50,7 @@ def test_ep_that_no_longer_folds_becomes_the_largest_that_does():
 
 
 def test_balanced_strategy_stays_balanced():
-    m, _ = mapped(megatron(GRAPH, CLUSTER, ep=8, micro_batch=1))
+    m, _ = mapped(build_layout(GRAPH, CLUSTER, Layout(ep=8, micro_batch=1)))
     assert m.expert_loads is None
 
 

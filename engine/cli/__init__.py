@@ -44,6 +44,7 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ROOT_CAUSE_PATHS, SUMMARY_PROBLEMS, SoapboxError, ValidationError, printable, problems_summary
+from ..export.infer import EXPORT_FORMATS
 from ..graph import PRECISIONS
 from ..search import ALGORITHMS
 from ..search.baselines import BASELINES
@@ -165,7 +166,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
                                    "parallel, as the frameworks lay them out) for a framework; a strategy they "
                                    "cannot express (per-op splits) is refused with the ops that break it.")
     p.add_argument("strategy", help="strategy file")
-    p.add_argument("--format", required=True, choices=["megatron", "deepspeed", "torchtitan"])
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     p.add_argument("--model", help="model (default: the one the strategy names)")
     p.add_argument("--cluster", help="cluster (default: the one the strategy names)")
     p.add_argument("--batch", type=positive_int, help="the sample model's global batch, when not its default")

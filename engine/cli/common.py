@@ -10,8 +10,6 @@ from typing import Any, Callable
 from ..cluster import MAX_DEVICES
 from ..errors import ValidationError, printable
 from ..ops import MAX_DIM
-from ..layout import Layout
-from ..strategy import GATHER_UNITS, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 
 __all__ = ["EXIT_INVALID_FILE", "EXIT_ERROR", "EXIT_DOES_NOT_FIT", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "Terminated", "EPILOG", "int_in", "number_in", "positive_int", "device_count", "name_arg",
@@ -84,77 +82,42 @@ def name_arg(text: str) -> str:
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
     """Options that shape a baseline strategy; the same on ``baseline``, ``simulate`` and
-    ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere."""
+    ``search`` so ``--strategy megatron --tp 8 ...`` names a strategy anywhere. One flag per
+    :class:`engine.layout.record.Layout` field that has one, made from the field's
+    :class:`engine.layout.record.Option` (its help, the builders that take it, its range);
+    ``fp8`` is ``--precision fp8``, and ``--no-overlap`` turns every overlap off at once."""
+    from ..layout.record import OPTION_NAMES, option_of, value_kind
+
     g = p.add_argument_group("baseline options (see `soapbox baseline --help`)")
-    g.add_argument("--tp", type=device_count, help="tensor-parallel degree (megatron, fsdp)")
-    g.add_argument("--pp", type=device_count, help="pipeline stages (megatron, fsdp)")
-    g.add_argument("--cp", type=device_count, help="context-parallel degree: the sequence split over ranks "
-                                                   "(megatron, fsdp)")
-    g.add_argument("--dp", type=device_count, help="data-parallel replicas (megatron; default: the rest)")
-    g.add_argument("--micro-batch", type=positive_int, help="micro-batch size in samples")
-    g.add_argument("--vpp", type=int_in(1, 1024), help="model chunks per stage: interleaved 1F1B (megatron)")
-    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (megatron; default 1f1b)")
-    g.add_argument("--recompute", choices=RECOMPUTE,
-                   help="activation recomputation (megatron, fsdp): selective (Megatron's: the attention core), "
-                        "full (each layer from its input), selective-op (torchtitan's per-op policy: every second "
-                        "matmul's and the fused attention's outputs saved, the rest recomputed)")
-    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=None,
-                   help="a bf16 model's gradients accumulated and reduced in fp32 (megatron; default on, Megatron-LM's "
-                        "bf16 rule; --no-grad-reduce-in-fp32: the bf16 gradient buffer of NeMo's and "
-                        "Megatron-Bridge's performance scripts)")
-    g.add_argument("--fp8-params", action="store_true", default=None,
-                   help="with --precision fp8: the linear weights kept in fp8 (Megatron's --fp8-param-gather, "
-                        "NeMo's fp8_params) (megatron)")
-    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="Megatron-Core's tensor-parallel communication overlapped with the GEMMs (Transformer "
-                        "Engine userbuffers; needs --sequence-parallel) (megatron)")
-    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
-                   help="data-parallel gradient collectives issued during the backward pass (default on: PyTorch "
-                        "DDP/FSDP, NeMo; Megatron-LM's bare default and DeepSpeed ZeRO-1/2's overlap_comm are off)")
-    g.add_argument("--recompute-modules", type=_recompute_modules,
-                   help="with --recompute selective: Megatron-Core's --recompute-modules, comma-separated: "
-                        f"{', '.join(RECOMPUTE_MODULES)} (default core_attn: the attention core)")
-    g.add_argument("--moe-comm-overlap", action="store_true", default=None,
-                   help="mixture-of-experts all-to-alls under another microbatch's compute (Megatron-Core's "
-                        "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute)")
-    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=None,
-                   help="ZeRO-1/2: the updated parameters' all-gather overlapped with the next forward "
-                        "(Megatron-Core's --overlap-param-gather; default off)")
+    for name in OPTION_NAMES:
+        o = option_of(name)
+        if not o.flag:
+            continue
+        text = f"{o.help} ({', '.join(o.kinds)})"
+        if name == "fp8":
+            g.add_argument("--precision", choices=("fp8",), dest="fp8_precision", help=text)
+            continue
+        flag, kind, default = "--" + name.replace("_", "-"), value_kind(name), _default(name)
+        if kind == "bool":
+            action = argparse.BooleanOptionalAction if o.negatable or default is True else "store_true"
+            g.add_argument(flag, action=action, default=None, help=text)
+        elif kind == "text":
+            g.add_argument(flag, choices=o.choices, help=text)
+        elif kind == "names":
+            g.add_argument(flag, type=_names(name), metavar=o.metavar, help=text)
+        elif kind == "ints":
+            g.add_argument(flag, type=_counts, metavar=o.metavar, help=text)
+        else:
+            g.add_argument(flag, type=int_in(o.fewest, o.most), metavar=o.metavar, help=text)
     g.add_argument("--no-overlap", action="store_true",
-                   help="turn the communication overlaps off (tp, gradient reduce, parameter gather; pipeline "
-                        "sends always run beside compute)")
-    g.add_argument("--offload-optimizer", choices=("cpu", "nvme"),
-                   help="ZeRO-Offload: optimizer state and step on the host CPU (cpu) or NVMe (nvme); needs "
-                        "--zero-stage >= 1")
-    g.add_argument("--offload-params", choices=("cpu", "nvme"),
-                   help="ZeRO-Infinity: parameters in host memory (cpu) or on NVMe, fetched for each use; needs "
-                        "ZeRO-3 (fsdp)")
-    g.add_argument("--zero-stage", type=int_in(1, 3), metavar="{1,2,3}",
-                   help="ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed optimizer), "
-                        "2 + gradients, 3 + parameters (fsdp: default 3; megatron: default none)")
-    g.add_argument("--precision", choices=("fp8",), dest="fp8_precision",
-                   help="fp8: the linear layers' GEMMs in fp8 (Transformer Engine; H100/H200), attention, norms, "
-                        "communication and the optimizer in the model's precision (megatron, fsdp)")
-    g.add_argument("--shard-group", type=positive_int, metavar="K",
-                   help="hybrid sharding (fsdp, ZeRO 2/3): shard within groups of K data-parallel ranks, replicate "
-                        "across them (PyTorch HYBRID_SHARD with K = GPUs per node, MiCS)")
-    g.add_argument("--gather-unit", choices=GATHER_UNITS,
-                   help="what ZeRO-3 gathers at once (fsdp): block (PyTorch FSDP, default) or op "
-                        "(DeepSpeed ZeRO-3: each module's parameters on their own)")
-    g.add_argument("--ep", type=device_count, metavar="N",
-                   help="expert-parallel degree, a mixture-of-experts model's experts split over N ranks (megatron; "
-                        "Megatron-LM's --expert-model-parallel-size; default 1). MoE parallel folding: the ep ranks "
-                        "are taken from the attention's tp x cp x dp ranks of a stage, so N must divide the experts "
-                        "and either divide the cp x tp / etp sequence shards or be a multiple of them that "
-                        "divides dp")
-    g.add_argument("--etp", type=device_count, metavar="N",
-                   help="expert tensor-parallel degree, each expert's FFN width split over N ranks (megatron; "
-                        "Megatron-LM's --expert-tensor-parallel-size; default 1); must divide tp. The expert "
-                        "data-parallel degree is tp x cp x dp / (ep x etp)")
-    g.add_argument("--layers-per-stage", type=_counts, metavar="N,N,...",
-                   help="layers on each pipeline stage, e.g. 7,8,8,7 (megatron; default: even, or balanced "
-                        "counting the embedding and output layer when the layers do not divide)")
+                   help="turn the communication overlaps off (tp, gradient reduce, parameter gather, MoE "
+                        "all-to-all; pipeline sends always run beside compute)")
+
+
+def _default(name: str) -> Any:
+    from ..layout.record import Layout
+
+    return getattr(Layout(), name)
 
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:
@@ -186,25 +149,20 @@ def model_and_cluster(args: argparse.Namespace):
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
     """The baseline options the flags give: the :class:`engine.layout.Layout` fields that have
-    a flag (``--tp`` ... ``--layers-per-stage``, named as the fields; ``--precision fp8`` sets
-    ``fp8``), None where a flag is not given."""
-    from ..layout import OPTION_NAMES
+    a flag (named as the fields; ``--precision fp8`` sets ``fp8``), None where a flag is not
+    given."""
+    from ..layout.record import ON_BY_DEFAULT, OPTION_NAMES, option_of
 
-    out = {k: getattr(args, k, None) for k in OPTION_NAMES if k not in ("fp8",) + _NO_FLAG}
+    out = {k: getattr(args, k, None) for k in OPTION_NAMES if k != "fp8" and option_of(k).flag}
     out["fp8"] = getattr(args, "fp8_precision", None) == "fp8" or None
     if getattr(args, "no_overlap", False):
-        turned_on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
-                     if out.get(k)]
+        overlaps = [k for k in OPTION_NAMES if option_of(k).panel == "overlap"]
+        turned_on = [k for k in overlaps if out.get(k)]
         if turned_on:
             raise ValueError(f"--no-overlap turns every overlap off, but --{turned_on[0].replace('_', '-')} turns one "
                              "on: give one or the other")
-        out.update(overlap_grad_reduce=False, tp_comm_overlap=None, overlap_param_gather=None)
+        out.update({k: (False if k in ON_BY_DEFAULT else None) for k in overlaps})
     return out
-
-
-#: Layout fields without a flag: the global batch (--batch sets the model's), the
-#: stage-to-mesh map (the pipeline planner's choice)
-_NO_FLAG = ("global_batch", "stage_mesh")
 
 
 def _counts(text: str) -> list[int]:
@@ -308,9 +266,14 @@ def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: 
     return make(kind, graph, cluster, **opts, **moe)
 
 
-def _recompute_modules(text: str) -> tuple[str, ...]:
-    """``--recompute-modules mla_up_proj,mlp`` -> the modules (argparse's one-line error else)."""
-    try:
-        return Layout.from_options({"recompute": "selective", "recompute_modules": text}).recompute_modules
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _names(name: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a comma-separated list of the names option ``name`` takes (argparse's
+    one-line error else)."""
+    from ..layout.record import parse_option
+
+    def parse(text: str) -> tuple[str, ...]:
+        try:
+            return parse_option(name, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse

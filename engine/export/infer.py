@@ -32,12 +32,12 @@ from . import deepspeed as export_deepspeed, megatron as export_megatron, torcht
 from ..graph import OpGraph
 from ..layout import SWITCHES, Layout
 from ..graph.blocks import layer_blocks
-from ..search.baselines import build_layout
+from ..layout.build import build_layout
 from ..strategy import Strategy, splits_into_microbatches
 
-__all__ = ["infer_layout", "FORMATS", "export"]
+__all__ = ["infer_layout", "EXPORT_FORMATS", "export", "layout_dict"]
 
-FORMATS = ("megatron", "deepspeed", "torchtitan")
+EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 
 
 def _fail(problems: list[Problem]) -> ValidationError:
@@ -125,8 +125,8 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
 def export(fmt: str, graph: OpGraph, strategy: Strategy, cluster: Cluster) -> str:
     """The strategy in format ``fmt`` as the text a user hands the framework (each format's
     ``render``: it names the framework release it targets)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(EXPORT_FORMATS)}")
     lay = infer_layout(graph, strategy, cluster)
     return {"megatron": export_megatron.render, "deepspeed": export_deepspeed.render,
             "torchtitan": export_torchtitan.render}[fmt](lay, graph, cluster)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..graph import Op, OpGraph
-from ..graph.blocks import layer_blocks  # (re-exported: the layers pipeline stages split)
+from ..graph.blocks import layer_blocks
 from ..moe import expert_split
 from ..ops import REDUCTION, REPLICA_DIM
 from ..strategy import Config, partition_coords

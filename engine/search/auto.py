@@ -116,7 +116,8 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     """Seeds (PaSE, differentiable, pipeline planner, where they apply), then MCMC from the
     best feasible seed or baseline; the best strategy seen, with what each algorithm found."""
     from . import ALGORITHMS
-    from .baselines import build_layout, data_parallel, expert, fsdp
+    from ..layout.build import build_layout, fsdp
+    from .baselines import data_parallel, expert
 
     t0 = time.perf_counter()
     opts = options or AutoOptions()
@@ -207,7 +208,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
         # a layered model (an LLM) too large for data parallel usually fits fully sharded with
         # recomputation: a starting point MCMC and the user can compare with
         try:
-            s = fsdp(graph, cluster, micro_batch=1, recompute="full")
+            s = fsdp(graph, cluster, Layout(zero_stage=3, micro_batch=1, recompute="full"))
             p = timed_price(s)
         except ValueError as e:
             notes.append(f"baseline fsdp cannot run here: {e}")

@@ -258,7 +258,7 @@ class Space:
                     yield replace(s, configs=dict(configs))
 
     def _layout_moves(self, s: Strategy, rng: random.Random | None) -> Iterator[Strategy]:
-        from .baselines import build_layout  # (baselines imports layouts; this module is imported by mcmc)
+        from ..layout.build import build_layout  # (baselines imports layouts; this module is imported by mcmc)
 
         sp = s.sequence_parallel
         if sp not in self._layouts:

@@ -51,7 +51,7 @@ from .api import Budget, PipelineOptions, Progress, ProgressFn, SearchResult, pr
 from ..layout import Layout, microbatch_count, valid_layouts
 from ..moe import expert_counts, expert_split
 from ..layout.experts import megatron_eps
-from .baselines import build_layout
+from ..layout.build import build_layout
 from ..graph.blocks import layer_blocks
 from ..layout.placement import tp_plan
 

@@ -137,7 +137,7 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
     from ..formats import resolve_cluster, resolve_model
     from ..layout import Layout
     from ..sim.report import simulate_strategy
-    from ..search.baselines import build_layout
+    from ..layout.build import build_layout
 
     key = (model, batch)
     if key not in _MODELS:

@@ -153,7 +153,8 @@ def map_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, after: Cl
     and why there is none)."""
     from ..errors import ValidationError
     from ..layout import micro_batch_sizes
-    from ..search.baselines import build_layout, data_parallel, expert
+    from ..layout.build import build_layout
+    from ..search.baselines import data_parallel, expert
 
     def carried(s: Strategy) -> Strategy:  # (the routing what-if travels with the strategy)
         return replace(s, expert_loads=strategy.expert_loads) if strategy.expert_loads is not None else s
@@ -216,7 +217,7 @@ def _layout_of(graph: OpGraph, strategy: Strategy, cluster: Cluster):
         When no layout explains the strategy."""
     from ..export import infer_layout
     from ..moe import expert_degrees
-    from ..search.baselines import build_layout
+    from ..layout.build import build_layout
 
     ep, etp = expert_degrees(graph, strategy)
     if ep * etp == 1:
