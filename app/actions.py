@@ -14,21 +14,21 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
-from engine.layout import OPTION_NAMES, Layout
+from engine.layout import OPTION_NAMES
 from engine.moe import expert_counts
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import RECOMPUTE_MODULES, Config, Strategy, validate_strategy
 
+from .panel import DEGREES, layout_options
 from .sessions import current
 from .simulation import check_size, size_checked_key, workspace
 from .sources import cluster_of, graph_of
-from .state import (MAX_COMPARED, MAX_HISTORY, SWITCHES, bump, config_dict, content_key, page_strategy,
+from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, page_strategy,
                     same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
-           "layout_options", "build_baseline", "set_expert_loads", "module_reasons", "moe_overlap_reason",
-           "adopt_strategy", "add_to_compare", "problems_summary", "describe_config", "LAYOUT_INTS", "LAYOUT_KINDS",
-           "LAYOUT_OVERLAPS", "LAYOUT_OFFLOADS", "SHOWN_PROBLEMS"]
+           "build_baseline", "set_expert_loads", "module_reasons", "moe_overlap_reason", "adopt_strategy",
+           "add_to_compare", "problems_summary", "describe_config", "SHOWN_PROBLEMS"]
 
 #: the problems a message shows (the rest are counted)
 SHOWN_PROBLEMS = 5
@@ -209,20 +209,6 @@ def select_baseline(state: dict, kind: str) -> tuple[dict, str]:
     return new, msg
 
 
-#: the layout panel's integer fields (form name -> baseline option) and its choices
-LAYOUT_INTS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "shard": "shard_group",
-               "ep": "ep", "etp": "etp"}
-LAYOUT_KINDS = ("megatron", "fsdp")
-#: the layout panel's overlap checkboxes (value -> Layout field: ticked is on), those the
-#: engine's layout has (a switch it drops leaves the panel with it; pipeline sends always run
-#: beside compute in the engine, so there is no p2p switch)
-LAYOUT_OVERLAPS = {value: name for value, name in (("tp", "tp_comm_overlap"), ("grad", "overlap_grad_reduce"),
-                                                   ("param", "overlap_param_gather"), ("moe", "moe_comm_overlap"))
-                   if name in OPTION_NAMES}
-#: the layout panel's offload dropdowns (form name -> Layout field; each none, cpu or nvme)
-LAYOUT_OFFLOADS = {"opt-offload": "offload_optimizer", "param-offload": "offload_params"}
-
-
 def module_reasons(graph) -> dict[str, str | None]:
     """Why each of Megatron-Core's recompute modules (:data:`engine.strategy.RECOMPUTE_MODULES`)
     does not apply to ``graph`` (None where it does), by the names the model builders give
@@ -260,98 +246,6 @@ def _model_problem(graph, opts: dict[str, Any]) -> str | None:
     return None
 
 
-def _whole(v: Any) -> int | None:
-    try:
-        f = float(v)
-        return int(f) if f == int(f) and 1 <= f <= 1 << 20 else None
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
-    """The builder options a layout panel's form describes (names of
-    :class:`engine.layout.Layout`'s fields, checked by it).
-
-    Raises
-    ------
-    ValueError
-        Naming the field that is not valid (a fraction, 0, text) and what would be.
-    """
-    if kind not in LAYOUT_KINDS:
-        raise ValueError(f"kind must be {' or '.join(LAYOUT_KINDS)}, got {str(kind)[:30]!r}")
-    opts: dict[str, Any] = {}
-    for name, opt in LAYOUT_INTS.items():
-        v = form.get(name)
-        if v in (None, ""):
-            continue
-        n = _whole(v)
-        if n is None:
-            raise ValueError(f"{name} {str(v)[:20]!r} is not a whole number from 1")
-        opts[opt] = n
-    if form.get("recompute") not in (None, ""):
-        opts["recompute"] = str(form["recompute"])[:40]
-    mods = form.get("recompute-modules")
-    if isinstance(mods, (list, tuple)) and mods:  # (with recompute selective: Layout says so otherwise)
-        opts["recompute_modules"] = [str(m)[:40] for m in mods[:2 * len(RECOMPUTE_MODULES)]]
-    if form.get("zero") not in (None, ""):
-        z = str(form["zero"])[:4]
-        if z not in ("0", "1", "2", "3"):
-            raise ValueError(f"ZeRO stage {z!r} must be 0, 1, 2 or 3")
-        opts["zero_stage"] = int(z)
-    flags = form.get("flags") or []
-    flags = {str(f) for f in flags} if isinstance(flags, (list, tuple)) else set()
-    if "sp" in flags:
-        opts["sequence_parallel"] = True
-    if "fp8" in flags:
-        opts["fp8"] = True
-    if form.get("schedule") not in (None, "") and kind == "megatron":
-        opts["schedule"] = str(form["schedule"])[:40]
-    opts.update(_switches(form))
-    if kind == "fsdp":
-        opts.setdefault("zero_stage", 3)
-        for k in ("vpp", "schedule"):  # (fsdp takes tp with sequence parallelism and its overlap)
-            v = opts.pop(k, None)
-            if v is True or v not in (None, 1, False):
-                raise ValueError(f"fsdp does not take {k.replace('_', ' ')} (pick megatron for it)")
-        for k in ("ep", "etp"):  # (fsdp folds them as megatron does: torchtitan's FSDP + EP)
-            if opts.get(k) == 1:
-                opts.pop(k)
-        for k, what in (("recompute_modules", "recompute modules (Megatron-Core's --recompute-modules)"),
-                        ("moe_comm_overlap", "the MoE all-to-all overlap (Megatron-Core's)")):
-            if opts.get(k):
-                raise ValueError(f"fsdp does not take {what}: pick megatron for it")
-    elif "shard_group" in opts:
-        raise ValueError("a shard group (hybrid sharding) applies to fsdp")
-    Layout.from_options(opts)  # (the one layout record checks every field: its name and valid values)
-    if opts.get("tp_comm_overlap") and not opts.get("sequence_parallel"):
-        raise ValueError("tensor-parallel comm overlap (Transformer Engine's userbuffers) needs sequence parallel: "
-                         "tick it too, or untick the overlap")
-    if opts.get("overlap_param_gather") and (kind != "megatron" or opts.get("zero_stage") not in (1, 2)):
-        raise ValueError("parameter gather overlap applies to the ZeRO 1 or 2 distributed optimizer (megatron, "
-                         f"ZeRO stage 1 or 2; this layout: {kind}, ZeRO {opts.get('zero_stage', 0)})")
-    if opts.get("offload_params", "none") != "none" and kind != "fsdp":
-        raise ValueError("offloading parameters (ZeRO-Infinity) applies to fsdp, with ZeRO stage 3")
-    return opts
-
-
-def _switches(form: dict[str, Any]) -> dict[str, Any]:
-    """The overlap and offload options a panel's form sets away from their defaults: the
-    overlap checkboxes' ticked values (absent or not a list: every default) and the offload
-    dropdowns (absent or empty: none)."""
-    out: dict[str, Any] = {}
-    ticked = form.get("overlap")
-    if isinstance(ticked, (list, tuple)):
-        on = {str(x) for x in ticked}
-        for value, name in LAYOUT_OVERLAPS.items():
-            if (value in on) != SWITCHES[name]:
-                out[name] = value in on
-    for key, name in LAYOUT_OFFLOADS.items():
-        where = form.get(key)
-        if where not in (None, "", SWITCHES[name]):
-            out[name] = str(where)[:20]
-    return out
-
-
 def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, str]:
     """The strategy a layout panel describes (Megatron or FSDP with tp / pp / cp / vpp /
     micro-batch / recomputation / ZeRO / sequence parallelism / fp8 / schedule / the overlap
@@ -367,8 +261,9 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     except (ValueError, SoapboxError) as e:
         return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
     o = s.found_by.get("options", {})
-    parts = [f"{k} {o.get(k, 1)}" for k in ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "micro_batch")
-             if o.get(k) not in (None, 1) or k in ("tp", "pp", "dp")]
+    # the layout's degrees (those of the panel's number boxes, and dp), tp, pp and dp always
+    parts = [f"{k.replace('_', '-')} {o.get(k, 1)}" for k in OPTION_NAMES if k in DEGREES + ("dp",)
+             and (o.get(k) not in (None, 0, 1) or k in ("tp", "pp", "dp"))]
     loads = state["strategy"].get("expert_loads")
     if loads is not None and not validate_strategy(replace(s, expert_loads=tuple(loads)), graph_of(state),
                                                    cluster_of(state)):
@@ -382,7 +277,7 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     # micro-batch the builder chose for 64 GPUs does not fit 512)
     s = replace(s, found_by={**s.found_by, "options": {**s.found_by.get("options", {}), "given": dict(opts)}})
     new, msg = set_strategy(state, s, f"Layout ({kind}): {', '.join(parts + extra)}; "
-                                      f"{s.pipeline.microbatches} microbatches.".replace("micro_batch", "micro-batch"))
+                                      f"{s.pipeline.microbatches} microbatches.")
     if new is state:  # (refused: the state stays as it was)
         return state, msg
     new["baseline"] = kind

@@ -11,14 +11,12 @@ from dash import ALL, Dash, Input, Output, State, ctx, no_update
 
 from .events import on_event
 from .layout import cluster_options, model_options
+from .panel import LAYOUT_FORM, component_id
 from .tabs import compare, explore, export, learn, search
 from .uploads import MAX_UPLOAD_BYTES
 
 __all__ = ["register"]
 
-#: the layout panel's components, in the order the reducer reads them (form name -> component)
-_LAYOUT_FORM = ("kind", "tp", "pp", "cp", "vpp", "mb", "shard", "ep", "etp", "recompute", "recompute-modules", "zero",
-                "schedule", "flags", "overlap", "opt-offload", "param-offload")
 
 
 def _shown(value, showing):
@@ -55,7 +53,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
-        *[State(f"layout-{name}", "value") for name in _LAYOUT_FORM])
+        *[State(component_id(name), "value") for name in LAYOUT_FORM])
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
                 _sc, seq, precision, _xa, _xb, _pd, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
                 collapse, state, *form):
@@ -76,7 +74,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
                             upload=uploaded.get("contents"), filename=uploaded.get("filename"), ops=ops,
                             degrees=degrees, devices=devices, click=click, compare_name=compare_name, batch=batch,
                             step=step, size=seq if trigger == "pick-seq" else precision,
-                            layout=dict(zip(_LAYOUT_FORM, form)),
+                            layout=dict(zip(LAYOUT_FORM, form)),
                             whatif={"source": x_source, "skew": x_skew, "histogram": x_hist})
         # a refused or empty action leaves the state as it was: not sent again, so the editor
         # and the views keep what the user typed (sending it reset the op editor's fields)

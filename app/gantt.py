@@ -16,7 +16,7 @@ from engine.cluster import Cluster
 from engine.graph import OpGraph
 from engine.sim.full import Timeline
 from engine.strategy import Strategy
-from engine.strategy.device_runs import device_runs
+from engine.strategy.runs import device_runs
 from engine.sim.idle import device_gaps
 from engine.taskgraph import BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, UPDATE, XFER
 

@@ -12,7 +12,7 @@ from engine.errors import ValidationError
 from engine.formats import load_strategy, parse_json_text
 from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config
-from engine.strategy.device_runs import devices_of_entry
+from engine.strategy.runs import devices_of_entry
 
 from .sources import DEFAULT_CLUSTER, DEFAULT_MODEL, MODEL_SIZES, cluster_of, graph_of
 from .state import config_dict, new_state, page_strategy, same_settings, strategy_dict

@@ -21,19 +21,21 @@ from typing import Any, Mapping
 
 from engine.errors import Problem, ValidationError
 from engine.formats import load_strategy
-from engine.layout import Layout
+from engine.layout import option_of
 from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
 from engine.search.baselines import BASELINES, make_baseline
-from engine.strategy import Config, Strategy, device_runs
+from engine.strategy import Config, Strategy
+from engine.strategy.runs import device_runs
 
 from . import store
+from .panel import SWITCHES
 from .sessions import current
 from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_APP_DEVICES, MAX_APP_OPS, cluster_of,
                       graph_of, preset_cluster)
 
 __all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "check_state", "check_page_strategy",
            "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
-           "SWITCHES", "switch_notes"]
+           "switch_notes"]
 
 #: undo (and redo) steps kept in a session's state
 MAX_HISTORY = 100
@@ -157,7 +159,7 @@ def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:
     Compare), checked before it is parsed: at most :data:`MAX_APP_OPS` ops, and device runs
     standing for at most :data:`MAX_APP_DEVICES` devices an op and :data:`MAX_APP_DEVICE_IDS`
     in all (counted, never listed)."""
-    from engine.strategy.device_runs import check_runs
+    from engine.strategy.runs import check_runs
 
     ops = data.get("ops") if isinstance(data, dict) else None
     if isinstance(ops, dict):
@@ -195,7 +197,7 @@ def content_key(state: dict) -> str:
 
 
 def config_dict(config: Config) -> dict:
-    """A config as the state keeps it: its devices as runs (:func:`engine.strategy.device_runs`)."""
+    """A config as the state keeps it: its devices as runs (:func:`engine.strategy.runs`)."""
     return {"degrees": dict(config.degrees), "devices": device_runs(config.devices)}
 
 
@@ -232,22 +234,13 @@ def same_settings(a: Strategy, b: Strategy) -> bool:
     return all(getattr(a, k, None) == getattr(b, k, None) for k in _SETTINGS) and set(a.configs) == set(b.configs)
 
 
-#: the overlap and offload switches (fields of both :class:`engine.layout.Layout` and
-#: :class:`engine.strategy.Strategy`; those the layout has) and their defaults, the layout's
-#: (the panel's: the engine's SWITCHES less the buffer switches)
-SWITCHES = {f.name: f.default for f in fields(Layout)
-            if f.name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_comm_overlap",
-                          "offload_optimizer", "offload_params")}
-
-_SWITCH_WORDS = {"tp_comm_overlap": "tp comm overlap", "overlap_grad_reduce": "grad-reduce overlap",
-                 "overlap_param_gather": "param-gather overlap", "moe_comm_overlap": "MoE all-to-all overlap",
-                 "offload_optimizer": "optimizer offloaded to", "offload_params": "parameters offloaded to"}
 _DEVICE_WORDS = {"cpu": "CPU", "nvme": "NVMe"}
 
 
 def switch_notes(settings: Strategy | Mapping[str, Any]) -> list[str]:
     """The overlap and offload switches of a strategy (or of layout options; a missing one
-    takes its default) that differ from the defaults, in words, in :data:`SWITCHES` order.
+    takes its default) that differ from the defaults, in words (each switch's
+    :attr:`engine.layout.record.Option.short`), in :data:`app.panel.SWITCHES` order.
 
     >>> switch_notes({"overlap_grad_reduce": False, "offload_optimizer": "cpu", "zero_stage": 1})
     ['grad-reduce overlap off', 'optimizer offloaded to CPU']
@@ -258,7 +251,7 @@ def switch_notes(settings: Strategy | Mapping[str, Any]) -> list[str]:
         v = get(name, default)
         if v == default or v is None:
             continue
-        words = _SWITCH_WORDS[name]
+        words = option_of(name).short
         if isinstance(default, bool):
             out.append(words if v else f"{words} off")
         else:

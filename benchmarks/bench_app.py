@@ -26,7 +26,7 @@ import time
 
 import plotly.io as pio
 
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from app import events as EV
 from app.tabs import explore as EXP
 from app import simulation as SIM

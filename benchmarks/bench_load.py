@@ -99,7 +99,7 @@ class DashClient:
 
 def _edits(seed: int, n: int):
     """``n`` random valid single-op edits of Inception-v3 on p100-4x4 (degrees, devices)."""
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
 
     state = ST.new_state("inception_v3", "p100-4x4")
     g, c = SRC.graph_of(state), SRC.cluster_of(state)

@@ -6,7 +6,7 @@ figures are the chains' own):
 
 * ``classic``: :func:`engine.search.mcmc.mcmc` without a backend (chains one after another,
   successive halving);
-* ``serial``: the round-based chains (:mod:`engine.search.parallel`) in this process;
+* ``serial``: the round-based chains (:mod:`engine.search.parallel_chains`) in this process;
 * ``pool xN``: the same on a process pool of N workers (and ``ray x2`` with ``--ray``).
 
 Printed per run: seconds, proposals per second, best simulated time (ms), proposals priced

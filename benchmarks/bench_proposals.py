@@ -64,7 +64,7 @@ steady = (b.iteration - a.iteration) / (b.elapsed_s - a.elapsed_s) if b.elapsed_
 import random
 from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 sim = DeltaSimulator(g, r.best, c)
@@ -103,7 +103,7 @@ import engine.taskgraph.builder as B
 from engine.formats import resolve_model
 from engine.cluster import preset
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 acc = {}
 def timed(owner, name, label):
     f = getattr(owner, name)

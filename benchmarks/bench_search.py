@@ -25,7 +25,8 @@ from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
 from engine.search.api import Budget
-from engine.search.mcmc import mcmc, random_config
+from engine.search.mcmc import mcmc
+from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 

@@ -29,7 +29,7 @@ from engine.graph import OpGraph  # noqa: E402
 from engine.models import build_sample  # noqa: E402
 from engine.search.baselines import data_parallel, expert
 from engine.layout.build import fsdp  # noqa: E402
-from engine.search.mcmc import random_config  # noqa: E402
+from engine.search.chains import random_config  # noqa: E402
 from engine.strategy import Strategy, check_strategy  # noqa: E402
 from engine.taskgraph import build_task_graph, estimate_tasks, quick_task_bound  # noqa: E402
 from engine.layout import Layout, build_layout
@@ -37,7 +37,7 @@ from engine.layout import Layout, build_layout
 
 def flexflow_random(graph: OpGraph, cluster, seed: int) -> Strategy:
     """Per-op random splits and placements (the moves of FlexFlow's MCMC search,
-    :func:`engine.search.mcmc.random_config`)."""
+    :func:`engine.search.chains.random_config`)."""
     rng = random.Random(seed)
     base = data_parallel(graph, cluster)
     configs = {op.name: random_config(op, cluster.num_devices, rng) for op in graph.ops}

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from engine.strategy.device_runs import compact_strategy_dict, devices_of_entry
+from engine.strategy.runs import compact_strategy_dict, devices_of_entry
 from dash import no_update
 
 from app import jobs
@@ -528,7 +528,7 @@ class TestExport:
     def test_a_trace_too_large_for_a_download_is_refused_with_the_cli_command(self):
         """Issue 16: an LLM plan's trace (668 MB) failed with only a console error."""
         s = ST.new_state("llama2-7b", "dgx-a100-80gb:8", "fsdp")
-        s, _ = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 2, "mb": 1})
+        s, _ = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 2, "micro_batch": 1})
         out, msg = EXPT.export_trace(s)
         assert out is None and "soapbox simulate" in msg and "--trace" in msg and "events" in msg
 
@@ -666,15 +666,15 @@ class TestLayoutPanel:
         return ST.new_state("gpt2", "dgx-a100-80gb:2", "data-parallel", batch=32)
 
     def test_megatron_layout_applies(self, gpt):
-        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1,
-                                                           "recompute": "selective", "flags": ["sp"]})
+        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "megatron", "tp": 2, "pp": 2, "micro_batch": 1,
+                                                           "recompute": "selective", "flags": ["sequence_parallel"]})
         assert msg.startswith("Layout (megatron): tp 2, pp 2, dp 4"), msg
         assert "sequence parallel" in msg and "recompute selective" in msg and "8 microbatches" in msg
         assert new["strategy"]["pipeline"]["stages"] == 2 and new["baseline"] == "megatron"
         assert SIM.workspace(new).timeline.makespan_s > 0
 
     def test_fsdp_layout(self, gpt):
-        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "shard": 4})
+        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "shard_group": 4})
         assert "ZeRO 3" in msg and new["strategy"].get("shard_group") == 4, msg
 
     @pytest.mark.parametrize("form, match", [
@@ -683,7 +683,7 @@ class TestLayoutPanel:
         ({"kind": "megatron", "pp": 2.5}, "pp '2.5' is not a whole number"),
         ({"kind": "megatron", "tp": 8, "cp": 4}, "does not divide"),
         ({"kind": "fsdp", "vpp": 2}, "fsdp does not take vpp"),
-        ({"kind": "megatron", "shard": 2}, "shard group"),
+        ({"kind": "megatron", "shard_group": 2}, "shard group"),
         ({"kind": "other"}, "kind must be"),
     ])
     def test_refused_with_the_reason_and_nothing_changes(self, gpt, form, match):
@@ -780,7 +780,7 @@ def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
     reduction, the timeline one row pair per representative with its count, a figure of
     kilobytes (the critical chain merged like the bars), tokens/s and MFU."""
     s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128", "data-parallel")
-    s, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 16, "mb": 1,
+    s, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 8, "pp": 16, "micro_batch": 1,
                                                    "recompute": "full"})
     assert msg.startswith("Layout (megatron): tp 8, pp 16, dp 8"), msg
     out = EXP.render_explore(s)

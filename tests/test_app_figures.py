@@ -576,7 +576,7 @@ class TestTimelineRowsAndBubble:
         from app.events import on_event
 
         s = ST.new_state("gpt2", "dgx-a100-80gb:2")
-        s, msg = on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "mb": 1})
+        s, msg = on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "micro_batch": 1})
         assert msg.startswith("Layout (megatron): tp 2, pp 4, dp 2"), msg
         return SIM.workspace(s)
 
@@ -634,7 +634,7 @@ class TestBlockStack:
     def llama_pp(self):
 
         s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "micro_batch": 1})
         assert msg.startswith("Layout (megatron): tp 8, pp 2"), msg
         return SRC.graph_of(s), ST.page_strategy(s)
 

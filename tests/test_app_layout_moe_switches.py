@@ -16,6 +16,7 @@ import json
 import pytest
 
 from app import actions as ACT
+from app import panel as PNL
 from app import events as EV
 from app import links as LNK
 from app import simulation as SIM
@@ -28,7 +29,7 @@ from engine.strategy import RECOMPUTE_MODULES
 #: a small MoE (16 experts, top-2, no shared experts, no MLA) on 16 H100s: ep 16, 4 microbatches
 SMALL_MOE = MoEConfig(layers=4, hidden=256, heads=8, seq_len=512, vocab=1000, batch=64, experts=16, top_k=2,
                       expert_ffn=512)
-EP16 = {"kind": "megatron", "ep": 16, "mb": 1}
+EP16 = {"kind": "megatron", "ep": 16, "micro_batch": 1}
 #: the modules that need what a dense model lacks (experts, shared experts, MLA)
 NOT_DENSE = {"moe", "moe_act", "shared_experts", "mla_up_proj"}
 
@@ -82,9 +83,10 @@ class TestTheControls:
         assert value == ["core_attn", "mlp", "layernorm"]
         assert "Not for this model: moe, moe_act, shared_experts, mla_up_proj" in hint
         assert [o["label"].strip() for o in options] == list(RECOMPUTE_MODULES)  # Megatron's names
-        options, ticked = ED.overlap_choices("megatron", [], 0, 1, ["grad", "moe"], moe_why=moe_why)
-        assert "gpt2 has no mixture-of-experts layers" in _off(options)["moe"]
-        assert "--overlap-moe-expert-parallel-comm" in _off(options)["moe"] and ticked == ["grad"]
+        options, ticked = ED.overlap_choices("megatron", [], 0, 1, ["overlap_grad_reduce", "moe_comm_overlap"], moe_why=moe_why)
+        assert "gpt2 has no mixture-of-experts layers" in _off(options)["moe_comm_overlap"]
+        assert "--overlap-moe-expert-parallel-comm" in _off(options)["moe_comm_overlap"]
+        assert ticked == ["overlap_grad_reduce"]
 
     def test_moe_model(self, moe):
         reasons, moe_why = ED.model_reasons(moe)
@@ -92,10 +94,11 @@ class TestTheControls:
         options, value, _ = ED.module_choices("selective", "megatron", reasons, ["moe", "moe_act", "mla_up_proj"])
         assert set(_off(options)) == {"mlp", "shared_experts", "mla_up_proj"}  # (every layer is MoE; no MLA)
         assert value == ["moe", "moe_act"]
-        options, ticked = ED.overlap_choices("megatron", [], 0, 1, ["grad", "moe"], moe_why=moe_why)
-        moe_box = next(o for o in options if o["value"] == "moe")
+        options, ticked = ED.overlap_choices("megatron", [], 0, 1, ["overlap_grad_reduce", "moe_comm_overlap"],
+                                             moe_why=moe_why)
+        moe_box = next(o for o in options if o["value"] == "moe_comm_overlap")
         assert not moe_box["disabled"] and "MoE all-to-all overlap" in moe_box["label"]
-        assert "another microbatch" in moe_box["title"] and ticked == ["grad", "moe"]
+        assert "another microbatch" in moe_box["title"] and ticked == ["overlap_grad_reduce", "moe_comm_overlap"]
 
     def test_mla_and_shared_experts_apply_where_the_model_has_them(self):
         g = moe_gpt(MoEConfig(layers=2, hidden=256, heads=8, seq_len=128, vocab=1000, batch=8, experts=8, top_k=2,
@@ -113,9 +116,9 @@ class TestTheControls:
         assert all(o["disabled"] for o in options) and value == [] and said in hint
 
     def test_fsdp_and_all_overlap_off(self):
-        options, _ = ED.overlap_choices("fsdp", [], None, 1, ["moe"], moe_why=None)
-        assert "pick megatron" in _off(options)["moe"]
-        _, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ["tp", "grad", "param", "moe"], all_off=True,
+        options, _ = ED.overlap_choices("fsdp", [], None, 1, ["moe_comm_overlap"], moe_why=None)
+        assert "pick megatron" in _off(options)["moe_comm_overlap"]
+        _, ticked = ED.overlap_choices("megatron", ["sequence_parallel"], 1, 4, ["tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_comm_overlap"], all_off=True,
                                        moe_why=None)
         assert ticked == []
 
@@ -138,7 +141,7 @@ class TestTheControls:
         walk(ED.layout_panel())
         mods = found["layout-recompute-modules"]
         assert mods.value == [] and all(o["disabled"] for o in mods.options)
-        assert "moe" not in found["layout-overlap"].value
+        assert "moe_comm_overlap" not in found["layout-overlap"].value
 
 
 # --------------------------------------------------------------------------- applying
@@ -146,7 +149,7 @@ class TestTheControls:
 
 class TestApplying:
     def test_recompute_moe_trades_time_for_memory(self, ep16):
-        new, msg = _apply(ep16, recompute="selective", **{"recompute-modules": ["moe"]})
+        new, msg = _apply(ep16, recompute="selective", **{"recompute_modules": ["moe"]})
         assert "recompute selective (moe)" in msg, msg
         s = ST.page_strategy(new)
         assert (s.recompute, s.recompute_modules) == ("selective", ("moe",))
@@ -156,44 +159,44 @@ class TestApplying:
         assert t1 > t0 and m1 < m0  # the MoE layers run their forward again and keep nothing
 
     def test_recompute_moe_act_saves_memory_at_no_time(self, ep16):
-        new, msg = _apply(ep16, recompute="selective", **{"recompute-modules": ["moe_act"]})
+        new, msg = _apply(ep16, recompute="selective", **{"recompute_modules": ["moe_act"]})
         assert ST.page_strategy(new).recompute_modules == ("moe_act",), msg
         plain, _ = _apply(ep16, recompute="selective")
         (t0, m0), (t1, m1) = _cost(plain), _cost(new)
         assert t1 == t0 and m1 < m0  # (the activation's recomputation, a pointwise kernel, is not timed)
 
     def test_moe_overlap_hides_the_all_to_alls(self, ep16):
-        new, msg = _apply(ep16, overlap=["grad", "moe"])
+        new, msg = _apply(ep16, overlap=["overlap_grad_reduce", "moe_comm_overlap"])
         assert "MoE all-to-all overlap" in msg, msg
         s = ST.page_strategy(new)
         assert s.moe_comm_overlap is True and new["strategy"]["moe_comm_overlap"] is True
         assert s.pipeline.microbatches == 4
         (t0, m0), (t1, m1) = _cost(ep16), _cost(new)
         assert t1 < t0 and m1 == m0
-        assert "moe" in ED.panel_values(new)["overlap"]
+        assert "moe_comm_overlap" in ED.panel_values(new)["overlap"]
 
     def test_all_overlap_off_turns_it_off(self, ep16):
-        on, _ = _apply(ep16, overlap=["grad", "moe"])
+        on, _ = _apply(ep16, overlap=["overlap_grad_reduce", "moe_comm_overlap"])
         off, msg = _apply(on, overlap=[])
         s = ST.page_strategy(off)
         assert not s.moe_comm_overlap and not s.overlap_grad_reduce, msg
         assert ED.panel_values(off)["overlap"] == []
 
     def test_the_defaults_record_nothing(self):
-        assert ACT.layout_options("megatron", {"recompute-modules": [], "overlap": ["grad"]}) == {}
+        assert PNL.layout_options("megatron", {"recompute_modules": [], "overlap": ["overlap_grad_reduce"]}) == {}
 
 
 class TestInvalidCombinationsAreRefused:
     @pytest.mark.parametrize("form, match", [
-        ({"recompute-modules": ["moe"]}, "recompute_modules moe: needs recompute selective"),
-        ({"recompute": "full", "recompute-modules": ["moe"]}, "needs recompute selective (Megatron's "
+        ({"recompute_modules": ["moe"]}, "recompute_modules moe: needs recompute selective"),
+        ({"recompute": "full", "recompute_modules": ["moe"]}, "needs recompute selective (Megatron's "
                                                              "--recompute-granularity selective), got 'full'"),
-        ({"recompute": "selective", "recompute-modules": ["attn"]}, "is not a list of core_attn, mlp, moe"),
-        ({"recompute": "selective", "recompute-modules": ["mla_up_proj"]},
+        ({"recompute": "selective", "recompute_modules": ["attn"]}, "is not a list of core_attn, mlp, moe"),
+        ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]},
          "recompute module mla_up_proj: moe has no multi-head latent attention (MLA)"),
-        ({"kind": "fsdp", "ep": None, "recompute": "selective", "recompute-modules": ["moe"]},
+        ({"kind": "fsdp", "ep": None, "recompute": "selective", "recompute_modules": ["moe"]},
          "fsdp does not take recompute modules"),
-        ({"kind": "fsdp", "ep": None, "overlap": ["grad", "moe"]}, "fsdp does not take the MoE all-to-all overlap"),
+        ({"kind": "fsdp", "ep": None, "overlap": ["overlap_grad_reduce", "moe_comm_overlap"]}, "fsdp does not take moe comm overlap (pick megatron for it)"),
     ])
     def test_moe_model(self, ep16, form, match):
         kept = copy.deepcopy(ep16)
@@ -202,9 +205,9 @@ class TestInvalidCombinationsAreRefused:
         assert msg.startswith("Layout refused: ") and match in msg and "Traceback" not in msg, msg
 
     @pytest.mark.parametrize("form, match", [
-        ({"recompute": "selective", "recompute-modules": ["moe"]},
+        ({"recompute": "selective", "recompute_modules": ["moe"]},
          "recompute module moe: gpt2 has no mixture-of-experts layers"),
-        ({"overlap": ["grad", "moe"]}, "MoE all-to-all overlap (--overlap-moe-expert-parallel-comm): gpt2 has no "
+        ({"overlap": ["overlap_grad_reduce", "moe_comm_overlap"]}, "MoE all-to-all overlap (--overlap-moe-expert-parallel-comm): gpt2 has no "
                                        "mixture-of-experts layers"),
     ])
     def test_dense_model(self, dense, form, match):
@@ -218,7 +221,8 @@ class TestInvalidCombinationsAreRefused:
 
 
 class TestRoundTrips:
-    FORM = {"recompute": "selective", "recompute-modules": ["moe", "moe_act"], "overlap": ["grad", "moe"]}
+    FORM = {"recompute": "selective", "recompute_modules": ["moe", "moe_act"],
+            "overlap": ["overlap_grad_reduce", "moe_comm_overlap"]}
 
     def test_the_stored_state_and_the_panel(self, ep16):
         new, msg = _apply(ep16, **self.FORM)
@@ -227,22 +231,22 @@ class TestRoundTrips:
         s = ST.page_strategy(stored)
         assert (s.recompute_modules, s.moe_comm_overlap) == (("moe", "moe_act"), True), msg
         v = ED.panel_values(stored)
-        assert (v["recompute"], v["recompute-modules"], v["overlap"]) == ("selective", ["moe", "moe_act"],
-                                                                          ["grad", "moe"])
+        assert (v["recompute"], v["recompute_modules"], v["overlap"]) == ("selective", ["moe", "moe_act"],
+                                                                          self.FORM["overlap"])
         assert "recompute modules moe,moe_act" in v["hint"] and "MoE all-to-all overlap" in v["hint"]
-        again, _ = _apply(ep16, **{k: v[k] for k in ("recompute", "recompute-modules", "overlap")})
+        again, _ = _apply(ep16, **{k: v[k] for k in ("recompute", "recompute_modules", "overlap")})
         assert again["strategy"] == new["strategy"]  # the panel's values apply to the same strategy
 
     def test_a_share_link_and_another_cluster_size_keep_them(self):
         """A share link names a sample model (an upload is not shared): Mixtral, tp 2 x ep 8."""
         start = ST.new_state("mixtral-8x7b", "dgx-h100:8", "data-parallel", batch=64, seq_len=1024)
-        new, msg = EV.on_event("layout-apply", start, layout={"kind": "megatron", "tp": 2, "ep": 8, "zero": 1,
-                                                              "flags": ["sp"], **self.FORM})
+        new, msg = EV.on_event("layout-apply", start, layout={"kind": "megatron", "tp": 2, "ep": 8, "zero_stage": 1,
+                                                              "flags": ["sequence_parallel"], **self.FORM})
         assert new is not start, msg
         linked, said = LNK.state_from_query(LNK.share_query(new))
         s = ST.page_strategy(linked)
         assert (s.recompute_modules, s.moe_comm_overlap) == (("moe", "moe_act"), True), said
-        assert ED.panel_values(linked)["recompute-modules"] == ["moe", "moe_act"]
+        assert ED.panel_values(linked)["recompute_modules"] == ["moe", "moe_act"]
         bigger, msg = EV.on_event("pick-cluster", new, cluster="dgx-h100:16")
         s = ST.page_strategy(bigger)
         assert s.cluster_devices == 128 and "(kept)" in msg, msg

@@ -13,6 +13,7 @@ import copy
 import pytest
 
 from app import actions as ACT
+from app import panel as PNL
 from app import events as EV
 from app import links as LNK
 from app import simulation as SIM
@@ -21,8 +22,9 @@ from app.tabs import editor as ED
 
 
 #: the overlaps on by default, as the panel ticks them
-DEFAULT_TICKED = ["grad"]
-ALL = ["tp", "grad", "param", "moe"]  # (moe: mixture-of-experts models only)
+DEFAULT_TICKED = ["overlap_grad_reduce"]
+#: every overlap, in the record's order (moe_comm_overlap: mixture-of-experts models only)
+ALL = ["tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_comm_overlap"]
 
 
 @pytest.fixture()
@@ -37,10 +39,10 @@ def _apply(state, **form):
 class TestEachSwitchReachesTheStrategy:
     @pytest.mark.parametrize("form, field, value, said", [
         ({"overlap": []}, "overlap_grad_reduce", False, "grad-reduce overlap off"),
-        ({"zero": 1, "overlap": ["grad", "param"]}, "overlap_param_gather", True, "param-gather overlap"),
-        ({"tp": 2, "flags": ["sp"], "overlap": ["tp", "grad"]}, "tp_comm_overlap", True, "tp comm overlap"),
-        ({"zero": 1, "opt-offload": "cpu"}, "offload_optimizer", "cpu", "optimizer offloaded to CPU"),
-        ({"zero": 2, "opt-offload": "nvme"}, "offload_optimizer", "nvme", "optimizer offloaded to NVMe"),
+        ({"zero_stage": 1, "overlap": ["overlap_grad_reduce", "overlap_param_gather"]}, "overlap_param_gather", True, "param-gather overlap"),
+        ({"tp": 2, "flags": ["sequence_parallel"], "overlap": ["tp_comm_overlap", "overlap_grad_reduce"]}, "tp_comm_overlap", True, "tp comm overlap"),
+        ({"zero_stage": 1, "offload_optimizer": "cpu"}, "offload_optimizer", "cpu", "optimizer offloaded to CPU"),
+        ({"zero_stage": 2, "offload_optimizer": "nvme"}, "offload_optimizer", "nvme", "optimizer offloaded to NVMe"),
     ])
     def test_megatron(self, gpt, form, field, value, said):
         new, msg = _apply(gpt, **form)
@@ -51,29 +53,29 @@ class TestEachSwitchReachesTheStrategy:
         assert ED.panel_values(new)["hint"].count(said) == 1  # the panel's summary says it too
 
     def test_fsdp_offloads_parameters(self, gpt):
-        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "opt-offload": "cpu",
-                                                           "param-offload": "nvme"})
+        new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "offload_optimizer": "cpu",
+                                                           "offload_params": "nvme"})
         s = ST.page_strategy(new)
         assert (s.zero_stage, s.offload_optimizer, s.offload_params) == (3, "cpu", "nvme"), msg
         assert "optimizer offloaded to CPU, parameters offloaded to NVMe" in msg
         v = ED.panel_values(new)
-        assert (v["opt-offload"], v["param-offload"]) == ("cpu", "nvme")
+        assert (v["offload_optimizer"], v["offload_params"]) == ("cpu", "nvme")
 
     def test_all_overlap_off(self, gpt):
-        new, msg = _apply(gpt, pp=2, mb=1, overlap=[])
+        new, msg = _apply(gpt, pp=2, micro_batch=1, overlap=[])
         s = ST.page_strategy(new)
-        assert not any(getattr(s, name) for name in ACT.LAYOUT_OVERLAPS.values()), msg
+        assert not any(getattr(s, name) for name in PNL.OVERLAPS), msg
         assert ED.panel_values(new)["overlap"] == []
 
     def test_defaults_when_the_form_does_not_say(self, gpt):
         """A form without the switches (the guided tour's, an older page's) and one with the
         defaults ticked both give the layout's defaults, and no option is recorded for them."""
-        for form in ({}, {"overlap": ["grad"], "opt-offload": "none", "param-offload": None},
+        for form in ({}, {"overlap": ["overlap_grad_reduce"], "offload_optimizer": "none", "offload_params": None},
                      {"overlap": "junk"}):
-            assert ACT.layout_options("megatron", form) == {}
+            assert PNL.layout_options("megatron", form) == {}
         new, msg = _apply(gpt, tp=2)
         s = ST.page_strategy(new)
-        assert all(getattr(s, name) == ST.SWITCHES[name] for name in ST.SWITCHES)
+        assert all(getattr(s, name) == PNL.SWITCHES[name] for name in PNL.SWITCHES)
         assert (s.overlap_grad_reduce, s.overlap_param_gather, s.offload_optimizer) == (True, False, "none")
         assert "overlap" not in msg and "offload" not in msg
         assert ED.panel_values(new)["overlap"] == DEFAULT_TICKED
@@ -91,15 +93,16 @@ class TestEachSwitchReachesTheStrategy:
 
 class TestInvalidCombinationsAreRefused:
     @pytest.mark.parametrize("kind, form, match", [
-        ("megatron", {"opt-offload": "cpu"}, "offload_optimizer cpu: offloading the optimizer needs ZeRO stage 1 "
+        ("megatron", {"offload_optimizer": "cpu"}, "offload_optimizer cpu: offloading the optimizer needs ZeRO stage 1 "
                                              "or above (DeepSpeed's rule), got 0"),
-        ("fsdp", {"zero": 2, "param-offload": "cpu"}, "offload_params cpu: offloading parameters needs ZeRO stage 3"),
-        ("megatron", {"zero": 3, "param-offload": "cpu"}, "offloading parameters (ZeRO-Infinity) applies to fsdp"),
-        ("megatron", {"opt-offload": "disk", "zero": 1}, "offload_optimizer: 'disk' is not one of none, cpu, nvme"),
-        ("megatron", {"tp": 2, "overlap": ["tp"]}, "needs sequence parallel"),
-        ("megatron", {"zero": 3, "overlap": ["param"]}, "parameter gather overlap applies to the ZeRO 1 or 2"),
-        ("fsdp", {"zero": 1, "overlap": ["param"]}, "parameter gather overlap applies to the ZeRO 1 or 2"),
-        ("fsdp", {"tp": 2, "overlap": ["tp"]}, "needs sequence parallel"),
+        ("fsdp", {"zero_stage": 2, "offload_params": "cpu"}, "offload_params cpu: offloading parameters needs ZeRO stage 3"),
+        ("megatron", {"zero_stage": 3, "offload_params": "cpu"}, "megatron does not take offload params (pick fsdp for it)"),
+        ("megatron", {"offload_optimizer": "disk", "zero_stage": 1}, "offload_optimizer: 'disk' is not one of none, cpu, nvme"),
+        ("megatron", {"tp": 2, "overlap": ["tp_comm_overlap"]}, "needs sequence parallel"),
+        ("megatron", {"zero_stage": 3, "overlap": ["overlap_param_gather"]}, "parameter gather overlap applies to the ZeRO 1 or 2"),
+        ("fsdp", {"zero_stage": 1, "overlap": ["overlap_param_gather"]},
+         "fsdp does not take overlap param gather (pick megatron for it)"),
+        ("fsdp", {"tp": 2, "overlap": ["tp_comm_overlap"]}, "needs sequence parallel"),
         ("fsdp", {"vpp": 2, "pp": 2}, "fsdp does not take vpp"),
     ])
     def test_the_reason_and_nothing_changes(self, gpt, kind, form, match):
@@ -114,20 +117,21 @@ class TestThePanel:
     def test_overlaps_disabled_with_the_reason_where_they_do_not_apply(self):
         options, ticked = ED.overlap_choices("megatron", [], None, None, ALL)
         off = {o["value"]: o["title"] for o in options if o["disabled"]}
-        assert set(off) == {"tp", "param", "moe"}
-        assert "needs sequence parallel" in off["tp"] and "ZeRO 1 or 2" in off["param"]
+        assert set(off) == {"tp_comm_overlap", "overlap_param_gather", "moe_comm_overlap"}
+        assert "needs sequence parallel" in off["tp_comm_overlap"] and "ZeRO 1 or 2" in off["overlap_param_gather"]
         assert ticked == DEFAULT_TICKED
-        options, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL, moe_why=None)
+        options, ticked = ED.overlap_choices("megatron", ["sequence_parallel"], 1, 4, ALL, moe_why=None)
         assert not any(o["disabled"] for o in options) and ticked == ALL
         options, _ = ED.overlap_choices("fsdp", [], None, 2, [])  # fsdp: ZeRO 3 by default
-        assert [o["value"] for o in options if o["disabled"]] == ["tp", "param", "moe"]
+        assert [o["value"] for o in options if o["disabled"]] == ["tp_comm_overlap", "overlap_param_gather",
+                                                                 "moe_comm_overlap"]
 
     def test_all_overlap_off_unticks_all(self):
-        _, ticked = ED.overlap_choices("megatron", ["sp"], 1, 4, ALL, all_off=True)
+        _, ticked = ED.overlap_choices("megatron", ["sequence_parallel"], 1, 4, ALL, all_off=True)
         assert ticked == []
 
     def test_the_four_overlaps(self):
-        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ["tp", "grad", "param", "moe"]
+        assert [o["value"] for o in ED.overlap_choices("megatron", [], 0, 1, [])[0]] == ALL
 
     @pytest.mark.parametrize("junk", [None, "x", 3.5, {"a": 1}, [None, 1, ["p2p"]], float("nan"), True])
     def test_any_value_from_the_page(self, junk):
@@ -139,45 +143,45 @@ class TestThePanel:
         found = {}
 
         def walk(c):
-            if getattr(c, "id", None) in ("layout-overlap", "layout-opt-offload", "layout-param-offload"):
+            if getattr(c, "id", None) in ("layout-overlap", "layout-offload-optimizer", "layout-offload-params"):
                 found[c.id] = c.value
             for ch in (getattr(c, "children", None) or []) if isinstance(getattr(c, "children", None), list) else []:
                 walk(ch)
 
         walk(panel)
-        assert found == {"layout-overlap": DEFAULT_TICKED, "layout-opt-offload": "none",
-                         "layout-param-offload": "none"}
+        assert found == {"layout-overlap": DEFAULT_TICKED, "layout-offload-optimizer": "none",
+                         "layout-offload-params": "none"}
 
 
 class TestSavedStates:
     def test_an_old_state_without_the_switches_loads_with_the_defaults(self, gpt):
-        new, _ = _apply(gpt, tp=2, zero=1)
+        new, _ = _apply(gpt, tp=2, zero_stage=1)
         old = copy.deepcopy(new)
-        for k in ST.SWITCHES:
+        for k in PNL.SWITCHES:
             old["strategy"].pop(k, None)
             old["strategy"]["found_by"]["options"].pop(k, None)
             old["strategy"]["found_by"]["options"]["given"].pop(k, None)
         ST.check_state(old)
         s = ST.page_strategy(old)
-        assert all(getattr(s, k) == v for k, v in ST.SWITCHES.items())
+        assert all(getattr(s, k) == v for k, v in PNL.SWITCHES.items())
         v = ED.panel_values(old)
-        assert (v["overlap"], v["opt-offload"], v["param-offload"], v["tp"]) == (DEFAULT_TICKED, "none", "none", 2)
+        assert (v["overlap"], v["offload_optimizer"], v["offload_params"], v["tp"]) == (DEFAULT_TICKED, "none", "none", 2)
         assert SIM.workspace(old).timeline.makespan_s > 0
 
     def test_a_state_with_the_switches_passes_the_schema(self, gpt):
-        new, _ = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "overlap": [], "opt-offload": "cpu",
-                                                         "param-offload": "cpu"})
+        new, _ = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "overlap": [], "offload_optimizer": "cpu",
+                                                         "offload_params": "cpu"})
         ST.check_state(new)
         assert {"overlap_grad_reduce", "offload_optimizer", "offload_params"} <= set(new["strategy"])
 
     def test_a_share_link_keeps_the_switches(self, gpt):
-        new, _ = _apply(gpt, tp=2, zero=1, overlap=[], **{"opt-offload": "nvme"})
+        new, _ = _apply(gpt, tp=2, zero_stage=1, overlap=[], **{"offload_optimizer": "nvme"})
         t, _ = LNK.state_from_query(LNK.share_query(new))
         s = ST.page_strategy(t)
         assert (s.overlap_grad_reduce, s.offload_optimizer, s.zero_stage) == (False, "nvme", 1)
 
     def test_another_cluster_keeps_the_switches(self, gpt):
-        new, _ = _apply(gpt, tp=2, zero=1, overlap=[], **{"opt-offload": "cpu"})
+        new, _ = _apply(gpt, tp=2, zero_stage=1, overlap=[], **{"offload_optimizer": "cpu"})
         moved, msg = EV.on_event("pick-cluster", new, cluster="dgx-a100-80gb:4")
         s = ST.page_strategy(moved)
         assert (s.overlap_grad_reduce, s.offload_optimizer) == (False, "cpu"), msg
@@ -186,8 +190,8 @@ class TestSavedStates:
 
 def test_fsdp_takes_tensor_parallelism_with_sequence_parallel_and_its_overlap(gpt):
     """torchtitan's 2-D layout: FSDP with tp, sequence-parallel norms and async TP."""
-    new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "flags": ["sp"],
-                                                           "overlap": ["tp", "grad"]})
+    new, msg = EV.on_event("layout-apply", gpt, layout={"kind": "fsdp", "tp": 2, "flags": ["sequence_parallel"],
+                                                           "overlap": ["tp_comm_overlap", "overlap_grad_reduce"]})
     assert "refused" not in msg, msg
     s = ST.page_strategy(new)
     assert (s.zero_stage, s.sequence_parallel, s.tp_comm_overlap) == (3, True, True)

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import actions as ACT
+from app import panel as PNL
 from app import events as EV
 from app import state as ST
 from app.figures import KIND_COLOURS, build_expert_figure, build_gantt_figure, build_memory_figure
@@ -32,7 +33,7 @@ from engine.moe import expert_loads
 #: Mixtral 8x7B small enough to simulate in a second: 64 samples of 1,024 tokens on 64 H100s
 MODEL, CLUSTER, BATCH, SEQ = "mixtral-8x7b", "dgx-h100:8", 64, 1024
 #: the layout panel's form for tp 2 (sequence parallel) x ep 8 with the distributed optimizer
-EP8 = {"kind": "megatron", "tp": 2, "ep": 8, "zero": 1, "flags": ["sp"]}
+EP8 = {"kind": "megatron", "tp": 2, "ep": 8, "zero_stage": 1, "flags": ["sequence_parallel"]}
 
 
 def data_url(text: str) -> str:
@@ -108,7 +109,7 @@ class TestLayoutPanel:
     @pytest.mark.parametrize("bad", [0, 2.5, "x"])
     def test_a_degree_that_is_not_a_whole_number_is_named(self, bad):
         with pytest.raises(ValueError, match="ep"):
-            ACT.layout_options("megatron", {"ep": bad})
+            PNL.layout_options("megatron", {"ep": bad})
 
     def test_a_new_batch_keeps_the_expert_layout(self, ep8):
         new, msg = EV.on_event("pick-batch", ep8, batch=128)

@@ -49,7 +49,7 @@ class TestLayoutPanel:
     def test_shows_the_layout_after_the_tour(self):
         s, _ = LRN.tour(None, "pipeline")
         v = ED.panel_values(s)
-        assert v["kind"] == "megatron" and v["pp"] == 4 and v["mb"] == 1 and v["schedule"] == "1f1b"
+        assert v["kind"] == "megatron" and v["pp"] == 4 and v["micro_batch"] == 1 and v["schedule"] == "1f1b"
         assert "32 microbatches" in v["hint"]
 
     def test_shows_the_layout_of_a_shared_link(self):
@@ -63,7 +63,7 @@ class TestLayoutPanel:
     def test_a_strategy_without_a_layout_empties_it_and_says_why(self, alex):
         edited, _ = ACT.apply_edit(alex, ["fc6"], {"feature": 4}, [0, 1, 2, 3])
         v = ED.panel_values(edited)
-        assert all(v[k] is None for k in ("tp", "pp", "cp", "vpp", "mb"))
+        assert all(v[k] is None for k in ("tp", "pp", "cp", "vpp", "micro_batch"))
         assert v["hint"].startswith("The strategy shown (hand-edited) is not a layout")
 
 

@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from engine.errors import ValidationError
-from engine.strategy.device_runs import compact_strategy_dict, devices_of_entry
+from engine.strategy.runs import compact_strategy_dict, devices_of_entry
 
 from app import store
 from engine.cluster import preset
@@ -500,7 +500,7 @@ class TestLayoutChangeChecksSizeOnce:
         monkeypatch.setattr(SIM, "check_size", counted)
         monkeypatch.setattr(ACT, "check_size", counted)
         s = ST.new_state("gpt2", "dgx-a100-80gb:2", sid=ST.new_sid())
-        new, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 2, "mb": 1})
+        new, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 2, "micro_batch": 1})
         assert msg.startswith("Layout"), msg
         assert len(calls) == 1
         assert new["undo"] == []  # (the settings changed: no op-by-op history to keep)
@@ -643,7 +643,7 @@ class TestBackgroundSimulation:
 
     def test_a_hand_edit_of_a_huge_symmetric_plan_is_refused(self):
         s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128")
-        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 16, "mb": 1})
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 16, "micro_batch": 1})
         assert msg.startswith("Layout (megatron)"), msg
         op = next(iter(s["strategy"]["ops"]))
         new, msg = ACT.apply_edit(s, [op], {}, [0])
@@ -656,7 +656,7 @@ class TestSmallestCluster:
         import time as _time
 
         s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "micro_batch": 1})
         assert FIT.fit_status(s) is None
         assert FIT.fit_start(s).startswith("Looking for the smallest cluster for megatron (tp 8, pp 2")
         t = _time.monotonic()
@@ -696,20 +696,20 @@ class TestReviewRegressions:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
         assert peak < 20e6, peak
-        from engine.strategy.device_runs import check_runs
+        from engine.strategy.runs import check_runs
 
         assert check_runs({"a": {"devices": "0-9"}, "b": {"devices": "0-9"}}, limit=15) == [
             ("ops.b.devices", "the strategy's device runs stand for more than 15 device ids")]
 
     def test_a_symmetric_plan_with_too_many_microbatches_is_refused(self):
         s = ST.new_state("gpt2", "dgx-a100-80gb:1", batch=131072)
-        new, msg = ACT.apply_layout(s, "megatron", {"pp": 4, "mb": 1})
+        new, msg = ACT.apply_layout(s, "megatron", {"pp": 4, "micro_batch": 1})
         assert new is s and msg.startswith("Not set: its simulation, one GPU per set of identical ones, would take")
         assert s["baseline"] == "data-parallel"  # (a refused layout changes nothing, the baseline neither)
 
     def test_the_same_strategy_under_a_new_version_is_not_rebuilt(self):
         s = ST.new_state("llama2-7b", "dgx-a100-80gb:8")
-        s, _ = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "mb": 1})
+        s, _ = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 2, "micro_batch": 1})
         ws = SIM.workspace(s)
         assert ws.sim is None  # symmetric
         again = dict(s, version=s["version"] + 5)

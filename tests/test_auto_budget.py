@@ -124,7 +124,7 @@ def test_mcmc_is_stopped_past_its_share_of_a_time_budget(monkeypatch, alexnet):
     monkeypatch.setitem(ALGORITHMS, "mcmc", types.SimpleNamespace(run=endless))
     # no polish before it (where it ends depends on the machine's speed, and on a loaded one it
     # could leave MCMC less than its set-up): MCMC gets the budget whatever the speed
-    import engine.search.mcmc as M
+    import engine.search.chains as M
 
     monkeypatch.setattr(M, "delta_affordable", lambda *a, **k: False)
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=3.0), options=AutoOptions(seeds=False))

@@ -11,7 +11,7 @@ from engine.search import ALGORITHMS, Budget
 from engine.search.api import price
 from engine.search.polish import PolishSlices
 from engine.search.baselines import data_parallel, expert
-from engine.search.mcmc import candidate_configs
+from engine.search.chains import candidate_configs
 from engine.search.moves import Space
 from engine.search.polish import POLISH_KINDS, coordinate_descent, visit_order
 from engine.strategy import validate_strategy
@@ -139,7 +139,7 @@ class TestCoordinateDescent:
     def test_a_rounds_changed_ops_visit_first_in_the_next(self, monkeypatch):
         """Round 2 begins with the ops round 1 changed, in the order it changed them, then the
         rest in :func:`visit_order` (each op once a round)."""
-        import engine.search.mcmc as M
+        import engine.search.polish as M
         from engine.sim.delta import DeltaSimulator
 
         visits, committed, last = [], [], [None]
@@ -178,7 +178,7 @@ class TestCoordinateDescent:
 
 
 class TestOptions:
-    """The options MCMC's final polish uses (:func:`engine.search.mcmc.local_polish`)."""
+    """The options MCMC's final polish uses (:func:`engine.search.polish.local_polish`)."""
 
     @staticmethod
     def no_memory():
@@ -218,7 +218,7 @@ class TestOptions:
         assert r.evals == 1 and r.cost_s == min(priced(g, s, c), priced(g, cand, c))
 
     def test_a_start_too_large_for_delta_simulation_gets_the_global_pass_only(self, monkeypatch):
-        import engine.search.mcmc as M
+        import engine.search.polish as M
 
         monkeypatch.setattr(M, "delta_affordable", lambda *a: False)
         g, c = tiny()

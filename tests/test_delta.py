@@ -16,7 +16,7 @@ from engine.sim.delta import DeltaSimulator
 from engine.errors import ValidationError
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
@@ -88,7 +88,7 @@ def test_checks_agree_with_the_loader_on_random_moves_of_a_pipeline():
     load. It now gives the loader's verdict on the whole changed strategy."""
     import random
 
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
     from engine.strategy import validate_strategy
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")

@@ -13,7 +13,7 @@ from engine.cluster import preset
 from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator
 from engine.formats import resolve_model
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 from engine.layout import Layout, build_layout

@@ -16,7 +16,7 @@ from engine.costs import CostModel
 from engine.sim.delta import DeltaSimulator, resume
 from engine.formats import resolve_model
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.sim.full import run_reference, simulate
 from engine.taskgraph import TaskGraph, TaskGraphBuilder
 from engine.layout import Layout, build_layout

@@ -16,7 +16,7 @@ from engine.graph import GraphBuilder
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, expert
 from engine.layout.build import fsdp
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.strategy import check_strategy
 from engine.taskgraph import build_task_graph, estimate_symmetric_tasks, estimate_tasks
 from engine.taskgraph import estimate as estimate_mod
@@ -165,7 +165,7 @@ def test_counting_stops_past_a_cap_and_says_so():
     from engine.cluster import preset as _preset
     from engine.formats import resolve_model as _resolve
     from engine.search.baselines import data_parallel as _dp
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
     from engine.taskgraph import count_text, estimate_tasks, tasks_within
     from engine.taskgraph.estimate import STOP_FACTOR
 

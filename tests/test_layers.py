@@ -54,11 +54,21 @@ def modules():
         yield path, ".".join(parts), is_pkg
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (imports for annotations
+    only, never run)."""
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and
+            ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+            for child in node.body for n in ast.walk(child)}
+    return (n for n in ast.walk(tree) if id(n) not in skip)
+
+
 def imports(path: Path, name: str, is_pkg: bool):
-    """(target module, imported names, line) of every engine import in the file; ``from
-    package import module`` yields the module."""
+    """(target module, imported names, line) of every engine import in the file (lazy ones
+    inside functions too; not those for annotations only); ``from package import module``
+    yields the module."""
     package = name.split(".") if is_pkg else name.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[:len(package) - (node.level - 1)]
@@ -212,7 +222,7 @@ APP = ENGINE.parent / "app"
 #: (``state``), its simulation (``simulation``), what a user does (``actions``, ``profiles``, ``uploads``,
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
-APP_LAYERS = ["cache", "fmt", "learn", "datadir", "store", "sessions", "sources", "state", "simulation", "gantt",
+APP_LAYERS = ["cache", "fmt", "panel", "learn", "datadir", "store", "sessions", "sources", "state", "simulation", "gantt",
               "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
               "jobs", "worker", "tabs", "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:

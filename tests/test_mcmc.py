@@ -13,7 +13,9 @@ from engine.sim.delta import DeltaSimulator
 from engine.formats import load_strategy, resolve_model
 from engine.search.api import Budget, MCMCOptions
 from engine.search.baselines import data_parallel, expert
-from engine.search.mcmc import candidate_configs, local_polish, mcmc
+from engine.search.chains import candidate_configs
+from engine.search.polish import local_polish
+from engine.search.mcmc import mcmc
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder
 from toys import tiny  # tests/toys.py

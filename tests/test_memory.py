@@ -318,7 +318,7 @@ def test_static_memory_kept_per_op_follows_each_change(zero):
     from dataclasses import replace
 
     from engine.sim.memory_static import static_memory
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
     from engine.strategy import validate_strategy
 
     g, c = resolve_model("gpt2", batch=8, seq_len=128), preset("dgx-a100-80gb:1")

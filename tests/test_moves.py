@@ -20,7 +20,9 @@ from engine.models.transformer import GPTConfig, gpt
 from engine.search import Budget
 from engine.search.api import MCMCOptions, price
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import candidate_configs, local_polish, mcmc
+from engine.search.chains import candidate_configs
+from engine.search.polish import local_polish
+from engine.search.mcmc import mcmc
 from engine.search.moves import GLOBAL_KINDS, Space
 from engine.strategy import validate_strategy
 from engine.layout import Layout, build_layout
@@ -148,7 +150,7 @@ def test_the_memory_bound_answers_as_the_full_report(model):
     from engine.cluster import preset
     from engine.formats import resolve_model
     from engine.sim.memory import fits_in_memory, memory_report
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
     from engine.sim.full import simulate
     from engine.taskgraph import build_task_graph
 

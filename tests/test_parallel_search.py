@@ -16,7 +16,7 @@ from engine.search.api import AutoOptions, Budget, MCMCOptions
 from engine.search.auto import auto
 from engine.search.baselines import data_parallel, expert
 from engine.search.mcmc import mcmc
-from engine.search.parallel import _run_round, _state
+from engine.search.parallel_chains import _run_round, _state
 from engine.search.keys import op_key, strategy_key
 from engine.search.processes import Backend, check_backend
 from engine.strategy import Config, strategy_from_dict

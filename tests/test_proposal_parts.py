@@ -15,7 +15,7 @@ from engine.formats import resolve_model
 from engine.sim.memory import fits_in_memory, memory_report, saved_activation_bytes
 from engine.sim.memory_static import graph_cache, static_memory
 from engine.search.baselines import data_parallel
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.strategy import Config
 from engine.taskgraph.assembly import Live
 from engine.taskgraph.segments import Segment, _fill
@@ -180,7 +180,7 @@ def test_judge_takes_the_moves_the_old_rule_took_where_everything_fits():
     """Time first, memory only for a move the time would take (:func:`judge`): where every
     strategy fits, the same decisions and the same random draws as pricing every proposal
     (``_cost``) then :func:`metropolis`."""
-    from engine.search.mcmc import Chain, _cost, judge, metropolis
+    from engine.search.chains import Chain, _cost, judge, metropolis
 
     g, c = resolve_model("inception_v3"), preset("p100-4x4")
     sim = DeltaSimulator(g, data_parallel(g, c), c)
@@ -211,7 +211,7 @@ def test_judge_takes_the_moves_the_old_rule_took_where_everything_fits():
 
 
 def test_judge_rejects_a_faster_move_over_memory():
-    from engine.search.mcmc import Chain, judge
+    from engine.search.chains import Chain, judge
 
     g, c = resolve_model("gpt2", batch=64, seq_len=1024), preset("rtx2080ti:1")  # data parallel does not fit
     sim = DeltaSimulator(g, data_parallel(g, c), c)

@@ -724,16 +724,16 @@ class TestDeviceRuns:
     @settings(deadline=None)
     @given(st.lists(st.integers(0, 16383), min_size=1, max_size=300))
     def test_round_trip(self, devs):
-        from engine.strategy.device_runs import device_runs
-        from engine.strategy.device_runs import parse_device_runs
+        from engine.strategy.runs import device_runs
+        from engine.strategy.runs import parse_device_runs
 
         text = device_runs(devs)
         assert parse_device_runs(text) == tuple(devs)
         assert len(text.split(",")) == 1 + sum(b != a + 1 for a, b in zip(devs, devs[1:]))
 
     def test_exact(self):
-        from engine.strategy.device_runs import device_runs
-        from engine.strategy.device_runs import parse_device_runs
+        from engine.strategy.runs import device_runs
+        from engine.strategy.runs import parse_device_runs
 
         assert device_runs([0, 1, 2, 3, 8, 9, 5]) == "0-3,8-9,5"
         assert parse_device_runs("4,0-2") == (4, 0, 1, 2)
@@ -744,7 +744,7 @@ class TestDeviceRuns:
 
     def test_a_strategy_file_may_use_runs_and_bad_runs_are_named(self):
         from engine.formats import load_strategy
-        from engine.strategy.device_runs import compact_strategy_dict
+        from engine.strategy.runs import compact_strategy_dict
 
         from engine.formats import resolve_model
         from engine.search.baselines import make_baseline

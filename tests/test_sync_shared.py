@@ -109,7 +109,7 @@ def test_a_gpu_holds_the_union_of_its_regions(shared, a, b, held):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mixed_cuts_under_delta_simulation_equal_a_full_build(seed):
     from engine.formats import resolve_model
-    from engine.search.mcmc import random_config
+    from engine.search.chains import random_config
 
     g, c = resolve_model("rnntc"), preset("p100-4x4")
     sim = DeltaSimulator(g, data_parallel(g, c), c)

@@ -22,7 +22,7 @@ from engine.formats import resolve_model
 from engine.models import build_sample
 from engine.search.baselines import data_parallel, expert
 from engine.layout.build import fsdp
-from engine.search.mcmc import random_config
+from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder, find_symmetry
 

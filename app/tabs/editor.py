@@ -12,37 +12,25 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from engine.strategy.device_runs import device_runs
+from engine.strategy.runs import device_runs
 from engine.errors import SoapboxError
 
-from ..actions import LAYOUT_OVERLAPS, module_reasons, moe_overlap_reason
+from engine.layout.record import option_of
+
+from ..actions import module_reasons, moe_overlap_reason
 from ..fitscan import layout_of
 from ..store import digest_of
 from ..fmt import format_seconds
+from ..panel import (CHOICES, DEGREES, EXPERT_DEGREES, FLAGS, LAYOUT_FORM, OFFLOADS, OVERLAPS, SWITCHES, component_id,
+                     placeholder)
 from ..sources import graph_of
-from ..state import SWITCHES, check_state, page_strategy
+from ..state import check_state, page_strategy
 from ..components import first_line
 from ..views import op_details
 
 __all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "overlap_choices", "register",
-           "moe_fields", "module_choices", "model_reasons", "PANEL_FIELDS", "MOE_FIELDS", "OVERLAP_CHOICES",
-           "OFFLOAD_CHOICES", "MODULE_CHOICES", "NO_MOE"]
+           "moe_fields", "module_choices", "model_reasons", "OFFLOAD_CHOICES", "MODULE_CHOICES", "NO_MOE"]
 
-#: the layout panel's fields: (form name, label, placeholder, builder option)
-PANEL_FIELDS = (("tp", "tp", "1", "tp"), ("pp", "pp", "1", "pp"), ("cp", "cp", "1", "cp"), ("vpp", "vpp", "1", "vpp"),
-                ("mb", "micro-batch", "auto", "micro_batch"), ("shard", "shard group", "-", "shard_group"),
-                ("ep", "ep (experts)", "1", "ep"), ("etp", "etp (experts)", "1", "etp"))
-#: the expert-parallel fields (mixture-of-experts models, megatron only)
-MOE_FIELDS = ("ep", "etp")
-
-#: the overlap group's checkboxes: (value, label, what it is: Megatron-LM's flag), for the
-#: layout fields of :data:`app.actions.LAYOUT_OVERLAPS`
-OVERLAP_CHOICES = tuple(c for c in (("tp", " tensor-parallel comm with the GEMMs", "--tp-comm-overlap"),
-                                    ("grad", " gradient reduce during backward", "--overlap-grad-reduce"),
-                                    ("param", " parameter gather with the next forward", "--overlap-param-gather"),
-                                    ("moe", " MoE all-to-all overlap (under another microbatch)",
-                                     "--overlap-moe-expert-parallel-comm"))
-                        if c[0] in LAYOUT_OVERLAPS)
 #: why the MoE overlap is off when the model is not known to have experts
 NO_MOE = "needs a mixture-of-experts model"
 #: Megatron-Core's recompute modules (engine.strategy.RECOMPUTE_MODULES): (name, what it reruns)
@@ -50,9 +38,13 @@ MODULE_CHOICES = (("core_attn", "the attention core (Megatron's default when non
                   ("mlp", "the dense MLP layers"), ("moe", "the MoE layers, with the token dispatch"),
                   ("moe_act", "the experts' activation"), ("shared_experts", "the shared experts"),
                   ("layernorm", "the layer norms"), ("mla_up_proj", "MLA's up-projections"))
-#: where ZeRO-Offload / ZeRO-Infinity keep what they offload (engine.strategy.OFFLOAD_DEVICES)
+#: where ZeRO-Offload / ZeRO-Infinity keep what they offload (engine.strategy.OFFLOAD_DEVICES), in words
 OFFLOAD_CHOICES = ({"label": "none", "value": "none"}, {"label": "CPU", "value": "cpu"},
                    {"label": "NVMe", "value": "nvme"})
+#: the drop-downs' choices in words (a field's values else: its Option's choices)
+_CHOICE_WORDS = {"zero_stage": [{"label": str(z), "value": z} for z in (0, 1, 2, 3)]}
+#: what an empty drop-down takes
+_CHOICE_EMPTY = {"zero_stage": "0 (megatron) / 3 (fsdp)", "schedule": "1f1b"}
 
 
 def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any, all_off: bool = False,
@@ -67,27 +59,26 @@ def overlap_choices(kind: Any, flags: Any, zero: Any, pp: Any, ticked: Any, all_
     engine has no switch for them). ``all_off``: nothing ticked. Values from the page may be
     anything: a ``ticked`` that is not a list is the layout's defaults.
     """
-    sp = isinstance(flags, (list, tuple)) and "sp" in flags
+    sp = isinstance(flags, (list, tuple)) and "sequence_parallel" in flags
     default_zero = 3 if kind == "fsdp" else 0
     z = zero if zero in (0, 1, 2, 3) and not isinstance(zero, bool) else default_zero
-    why = {"tp": None if sp else "needs sequence parallel (tick it above)",
-           "grad": None,
-           "param": (None if kind == "megatron" and z in (1, 2) else
-                     "only with ZeRO 1 or 2 under megatron (the distributed optimizer's all-gather; ZeRO-3 "
-                     "gathers before each use)"),
-           "moe": (moe_why if moe_why is not None else None if kind == "megatron" else
-                   "Megatron-Core's, with megatron layouts (pick megatron)")}
-    hide = "hides the all-to-alls under another microbatch's compute (2+ microbatches)"
-    options = [{"label": label, "value": value, "disabled": why[value] is not None,
-                "title": f"{flag}: {why[value]}" if why[value] else flag + (f": {hide}" if value == "moe" else "")}
-               for value, label, flag in OVERLAP_CHOICES]
+    other = "megatron" if kind == "fsdp" else "fsdp"
+    why = {name: None if kind in option_of(name).kinds else f"only with {other} layouts (pick {other})"
+           for name in OVERLAPS}
+    why.update({"tp_comm_overlap": None if sp else "needs sequence parallel (tick it above)"})
+    if why.get("overlap_param_gather") is None and z not in (1, 2):
+        why["overlap_param_gather"] = ("only with ZeRO 1 or 2 under megatron (the distributed optimizer's all-gather; "
+                                       "ZeRO-3 gathers before each use)")
+    if why.get("moe_comm_overlap") is None and moe_why is not None:
+        why["moe_comm_overlap"] = moe_why
+    options = [{"label": " " + option_of(name).label, "value": name, "disabled": why[name] is not None,
+                "title": f"{option_of(name).megatron}: {why[name] or option_of(name).help}"} for name in OVERLAPS]
     if all_off:
         return options, []
     if not isinstance(ticked, (list, tuple)):
-        ticked = [value for value, name in LAYOUT_OVERLAPS.items() if SWITCHES[name]]
+        ticked = [name for name in OVERLAPS if SWITCHES[name]]
     on = {str(x) for x in ticked if isinstance(x, str)}
-    return options, [value for value, *_ in OVERLAP_CHOICES
-                     if value in on and why[value] is None]
+    return options, [name for name in OVERLAPS if name in on and why[name] is None]
 
 
 def module_choices(recompute: Any, kind: Any, reasons: Any, ticked: Any) -> tuple[list[dict], list[str], str]:
@@ -128,46 +119,58 @@ def model_reasons(state: Any) -> tuple[dict[str, str | None], str | None]:
     return module_reasons(g), moe_overlap_reason(g)
 
 
+def _number(name: str) -> html.Div:
+    return html.Div([html.Label(option_of(name).label, htmlFor=component_id(name)),
+                     dcc.Input(id=component_id(name), type="number", min=1, step=1, debounce=True,
+                               placeholder=placeholder(name), className="layout-num")],
+                    className="layout-field", title=option_of(name).help)
+
+
+def _choice(name: str) -> list:
+    o = option_of(name)
+    options = _CHOICE_WORDS.get(name) or list(o.choices)
+    fixed = name == "recompute"  # (always one of its values; the others may be left to the builder)
+    return [html.Label(o.label, htmlFor=component_id(name)),
+            dcc.Dropdown(id=component_id(name), options=options, value=o.choices[0] if fixed else None,
+                         clearable=not fixed, placeholder=_CHOICE_EMPTY.get(name))]
+
+
+def _offload(name: str) -> html.Div:
+    return html.Div([html.Label(option_of(name).label, htmlFor=component_id(name)),
+                     dcc.Dropdown(id=component_id(name), options=list(OFFLOAD_CHOICES), value="none",
+                                  clearable=False)], className="layout-field", title=option_of(name).help)
+
+
 def layout_panel() -> html.Div:
+    """The layout panel, made from the layout record's fields (:mod:`app.panel`): a number box
+    per degree, a drop-down per choice, the recompute modules, the flags' and the overlaps'
+    check boxes and the offload drop-downs."""
     options, ticked = overlap_choices("megatron", [], None, None, None)
     modules, _, why = module_choices("none", "megatron", {}, [])
+    others = [part for name in CHOICES if name != "recompute" for part in _choice(name)]
     return html.Div([
         html.H3("Layout"),
         html.P("A Megatron (tensor x pipeline x data) or FSDP layout; data parallel fills the rest. "
                "Empty fields take the default.", className="hint", id="layout-hint"),
         dcc.RadioItems(id="layout-kind", options=["megatron", "fsdp"], value="megatron", inline=True),
-        html.Div([html.Div([html.Label(label, htmlFor=f"layout-{name}"),
-                            dcc.Input(id=f"layout-{name}", type="number", min=1, step=1, debounce=True,
-                                      placeholder=ph, className="layout-num")], className="layout-field")
-                  for name, label, ph, _ in PANEL_FIELDS], className="layout-grid"),
+        html.Div([_number(name) for name in DEGREES], className="layout-grid"),
         html.P(id="layout-moe-hint", className="hint"),
-        html.Label("recomputation", htmlFor="layout-recompute"),
-        dcc.Dropdown(id="layout-recompute", options=["none", "selective", "full"], value="none", clearable=False),
+        *_choice("recompute"),
         dcc.Checklist(id="layout-recompute-modules", options=modules, value=[], inline=True,
                       className="layout-modules"),
         html.P(why, id="layout-modules-hint", className="hint"),
-        html.Label("ZeRO stage", htmlFor="layout-zero"),
-        dcc.Dropdown(id="layout-zero", options=[{"label": str(z), "value": z} for z in (0, 1, 2, 3)],
-                     placeholder="0 (megatron) / 3 (fsdp)"),
-        html.Label("schedule (pipeline)", htmlFor="layout-schedule"),
-        dcc.Dropdown(id="layout-schedule", options=["1f1b", "gpipe", "interleaved"], placeholder="1f1b"),
-        dcc.Checklist(id="layout-flags", options=[{"label": " sequence parallel", "value": "sp"},
-                                                  {"label": " fp8 GEMMs", "value": "fp8"}], value=[], inline=True),
+        *others,
+        dcc.Checklist(id="layout-flags", options=[{"label": " " + option_of(n).label, "value": n,
+                                                   "title": option_of(n).help} for n in FLAGS],
+                      value=[], inline=True),
         html.Fieldset([html.Legend("Overlap"),
                        dcc.Checklist(id="layout-overlap", options=options, value=ticked),
                        html.Button("All overlap off", id="layout-overlap-off", n_clicks=0, className="small",
                                    title="untick every overlap (the command line's --no-overlap)")],
                       className="layout-group"),
-        html.Fieldset([html.Legend("Offload (ZeRO-Offload / ZeRO-Infinity)"), html.Div([
-            html.Div([html.Label("optimizer (ZeRO >= 1)", htmlFor="layout-opt-offload"),
-                      dcc.Dropdown(id="layout-opt-offload", options=list(OFFLOAD_CHOICES), value="none",
-                                   clearable=False)], className="layout-field",
-                     title="optimizer state and step on the host CPU or NVMe (needs ZeRO stage 1 or above)"),
-            html.Div([html.Label("parameters (ZeRO-3)", htmlFor="layout-param-offload"),
-                      dcc.Dropdown(id="layout-param-offload", options=list(OFFLOAD_CHOICES), value="none",
-                                   clearable=False)], className="layout-field",
-                     title="parameters in host memory or on NVMe, fetched for each use (fsdp, ZeRO stage 3)"),
-        ], className="layout-grid layout-two")], className="layout-group"),
+        html.Fieldset([html.Legend("Offload (ZeRO-Offload / ZeRO-Infinity)"),
+                       html.Div([_offload(name) for name in OFFLOADS], className="layout-grid layout-two")],
+                      className="layout-group"),
         html.Div([html.Button("Apply layout", id="layout-apply", n_clicks=0, className="primary")],
                  className="buttons"),
         dcc.Store(id="layout-seen", storage_type="memory"),  # the strategy the fields were last set from
@@ -190,34 +193,33 @@ def editor_panel() -> html.Div:
 
 
 def panel_values(state: dict) -> dict[str, Any]:
-    """What the layout panel shows for the state's strategy: its kind and the options that
-    made it (``None`` fields take the builder's default), and a hint; for a strategy with no
-    layout, empty fields and a hint that says why."""
+    """What the layout panel shows for the state's strategy, one value per entry of
+    :data:`app.panel.LAYOUT_FORM`: its kind and the options that made it (``None`` fields take
+    the builder's default), and a hint; for a strategy with no layout, empty fields and a hint
+    that says why."""
     s = page_strategy(state)
     found = layout_of(s)
-    empty = {name: None for name, *_ in PANEL_FIELDS}
-    switches = {"overlap": [value for value, name in LAYOUT_OVERLAPS.items() if getattr(s, name)],
-                "opt-offload": s.offload_optimizer, "param-offload": s.offload_params,
-                "recompute-modules": list(s.recompute_modules)}
+    empty = {name: None for name in DEGREES}
+    switches = {"overlap": [name for name in OVERLAPS if getattr(s, name)],
+                **{name: getattr(s, name) for name in OFFLOADS}, "recompute_modules": list(s.recompute_modules)}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
-        return {"kind": "megatron", **empty, "recompute": "none", "zero": None, "schedule": None, "flags": [],
+        return {"kind": "megatron", **empty, "recompute": "none", "zero_stage": None, "schedule": None, "flags": [],
                 **switches, "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
     kind, opts, text = found
     values = dict(empty)
-    for name, _, _, opt in PANEL_FIELDS:  # (what made the layout: a micro-batch the builder chose stays "auto")
-        v = opts.get(opt)
-        if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or opt in ("tp", "pp", "micro_batch")):
+    for name in DEGREES:  # (what made the layout: a micro-batch the builder chose stays "auto")
+        v = opts.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or name in ("tp", "pp", "micro_batch")):
             values[name] = v
-    flags = [f for f, on in (("sp", s.sequence_parallel), ("fp8", s.fp8)) if on]
     schedule = None
     if s.pipeline.stages > 1:
         schedule = "interleaved" if s.pipeline.virtual_stages > 1 else s.pipeline.schedule
         values["pp"] = s.pipeline.stages
         if s.pipeline.virtual_stages > 1:
             values["vpp"] = s.pipeline.virtual_stages
-    return {"kind": kind, **values, "recompute": s.recompute, "zero": s.zero_stage, "schedule": schedule,
-            "flags": flags, **switches,
+    return {"kind": kind, **values, "recompute": s.recompute, "zero_stage": s.zero_stage, "schedule": schedule,
+            "flags": [name for name in FLAGS if getattr(s, name)], **switches,
             "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
 
 
@@ -269,7 +271,7 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
     experts per rank and the expert data-parallel degree."""
     from engine.layout import Layout, layout_problem
 
-    from ..actions import layout_options
+    from ..panel import layout_options
     from ..sources import cluster_of
 
     try:
@@ -281,7 +283,7 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
     if not counts:
         return True, f"ep / etp: expert parallelism needs a mixture-of-experts model; {g.name} has no experts."
     try:
-        opts = layout_options("megatron", {k: form.get(k) for k in ("tp", "pp", "cp", "ep", "etp", "flags")})
+        opts = layout_options(kind if kind in ("megatron", "fsdp") else "megatron", form)
         lay = Layout.from_options(opts)
         why = layout_problem(g, c, lay)
     except ValueError as e:
@@ -296,8 +298,6 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
                    f"{edp}; tokens reach their experts by an all-to-all within each group of {lay.ep} ranks.")
 
 
-_PANEL_IDS = ["kind"] + [name for name, *_ in PANEL_FIELDS] + ["recompute", "recompute-modules", "zero", "schedule",
-                                                                "flags", "overlap", "opt-offload", "param-offload"]
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
@@ -310,13 +310,13 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         except (ValueError, SoapboxError):
             return no_update, no_update, no_update
 
-    @app.callback([Output(f"layout-{i}", "value") for i in _PANEL_IDS] +
+    @app.callback([Output(component_id(i), "value") for i in LAYOUT_FORM] +
                   [Output("layout-hint", "children"), Output("layout-seen", "data")],
                   Input("state", "data"), State("layout-seen", "data"))
     def _panel(state, seen):
         # set from the page's strategy when it changes (not on a selection or a zoom: the
         # fields keep what the user is typing until then)
-        nothing = [no_update] * (len(_PANEL_IDS) + 2)
+        nothing = [no_update] * (len(LAYOUT_FORM) + 2)
         try:
             check_state(state)
             key = digest_of(state["strategy"])
@@ -325,19 +325,18 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
             v = panel_values(state)
         except (ValueError, SoapboxError):
             return nothing
-        return [v[i] for i in _PANEL_IDS] + [v["hint"], key]
+        return [v[i] for i in LAYOUT_FORM] + [v["hint"], key]
 
-    @app.callback(Output("layout-ep", "disabled"), Output("layout-etp", "disabled"),
+    @app.callback(*[Output(component_id(n), "disabled") for n in EXPERT_DEGREES],
                   Output("layout-moe-hint", "children"),
-                  Input("state", "data"), Input("layout-kind", "value"), Input("layout-tp", "value"),
-                  Input("layout-pp", "value"), Input("layout-cp", "value"), Input("layout-ep", "value"),
-                  Input("layout-etp", "value"), Input("layout-flags", "value"))
-    def _moe(state, kind, tp, pp, cp, ep, etp, flags):
-        off, hint = moe_fields(state, kind, {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "flags": flags})
-        return off, off, hint
+                  Input("state", "data"), Input("layout-kind", "value"),
+                  *[Input(component_id(n), "value") for n in DEGREES], Input("layout-flags", "value"))
+    def _moe(state, kind, *values):
+        off, hint = moe_fields(state, kind, dict(zip(DEGREES + ("flags",), values)))
+        return *([off] * len(EXPERT_DEGREES)), hint
 
     @app.callback(Output("layout-overlap", "options"), Output("layout-overlap", "value", allow_duplicate=True),
-                  Input("layout-kind", "value"), Input("layout-flags", "value"), Input("layout-zero", "value"),
+                  Input("layout-kind", "value"), Input("layout-flags", "value"), Input("layout-zero-stage", "value"),
                   Input("layout-pp", "value"), Input("layout-overlap-off", "n_clicks"), Input("state", "data"),
                   State("layout-overlap", "value"), prevent_initial_call=True)
     def _overlap(kind, flags, zero, pp, _off, state, ticked):

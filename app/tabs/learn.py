@@ -34,8 +34,9 @@ TOUR: dict[str, tuple[str, str, str]] = {
 }
 #: the guided MoE step's layouts (name, layout panel form) and its routing skew
 MOE_STEP = ("mixtral-8x7b", "dgx-h100:8", 64, 1024)
-MOE_LAYOUTS = (("ep 8 (balanced)", {"tp": 2, "ep": 8, "zero": 1, "flags": ["sp"]}),
-               ("ep 4 x etp 2 (balanced)", {"tp": 2, "ep": 4, "etp": 2, "zero": 1, "flags": ["sp"]}))
+MOE_LAYOUTS = (("ep 8 (balanced)", {"tp": 2, "ep": 8, "zero_stage": 1, "flags": ["sequence_parallel"]}),
+               ("ep 4 x etp 2 (balanced)", {"tp": 2, "ep": 4, "etp": 2, "zero_stage": 1,
+                                            "flags": ["sequence_parallel"]}))
 MOE_SKEW = 1.0
 
 
@@ -65,7 +66,7 @@ def tour(state: dict | None, step: str) -> tuple[dict, str]:
     else:
         s = new_state("gpt2", "dgx-a100-80gb:1", "data-parallel", sid=sid, batch=64)
         for mb, name in ((8, "pp 4 · 4 microbatches"), (1, "pp 4 · 32 microbatches")):
-            s, msg = apply_layout(s, "megatron", {"pp": 4, "mb": mb})
+            s, msg = apply_layout(s, "megatron", {"pp": 4, "micro_batch": mb})
             if not msg.startswith("Layout"):
                 raise ValueError(f"the guided step {step!r} could not be set up: {msg}")
             s, _ = add_to_compare(s, name)

@@ -178,7 +178,7 @@ def fsdp(graph: OpGraph, cluster: Cluster, layout: Layout | None = None) -> Stra
         opts.update(gather_unit=lay.gather_unit)
     if lay.shard_group:
         opts.update(shard_group=lay.shard_group)
-    dropped = ("vpp",) + (("sequence_parallel",) if not lay.sequence_parallel else ()) + (("pp",) if lay.pp == 1 else ())
+    dropped = ("vpp",) + (() if lay.sequence_parallel else ("sequence_parallel",)) + (("pp",) if lay.pp == 1 else ())
     for k in dropped:
         opts.pop(k, None)
     found_by = {"algorithm": "baseline:fsdp", "options": opts}

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph import OpGraph
 
-__all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT",
-           "PANEL_GROUPS"]
+__all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES",
+           "SWITCHES", "ON_BY_DEFAULT", "PANEL_GROUPS"]
 
 #: the builders a layout goes to (:mod:`engine.layout.build`): Megatron-LM's 3-D/4-D parallelism,
 #: and FSDP / ZeRO sharded data parallelism with tp, cp and pp around it
@@ -74,6 +74,11 @@ class Option:
         The Megatron-LM flag it is (shown beside a switch on the panel).
     choices : tuple of str
         The values a text field (or each name of a list of names) may take.
+    short : str
+        A few words for a switch in a summary line ("grad-reduce overlap"; an offload's says
+        where: "optimizer offloaded to").
+    experts : bool
+        A mixture-of-experts degree (the panel turns it off for a dense model).
     """
 
     help: str
@@ -87,6 +92,8 @@ class Option:
     negatable: bool = False
     megatron: str = ""
     choices: tuple[str, ...] = ()
+    short: str = ""
+    experts: bool = False
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -121,12 +128,13 @@ class Layout:
                       "(Megatron-LM's --expert-model-parallel-size; default 1). MoE parallel folding: the ep "
                       "ranks are taken from the attention's tp x cp x dp ranks of a stage, so N must divide the "
                       "experts and either divide the cp x tp / etp sequence shards or be a multiple of them that "
-                      "divides dp", label="ep (experts)", panel="degree", metavar="N")
+                      "divides dp", label="ep (experts)", panel="degree", metavar="N", experts=True)
     #: expert tensor-parallel degree (--expert-tensor-parallel-size): ranks splitting each
     #: expert's FFN width; the expert data-parallel degree is tp x cp x dp / (ep x etp)
     etp: int = _opt(1, "expert tensor-parallel degree, each expert's FFN width split over N ranks (Megatron-LM's "
                        "--expert-tensor-parallel-size; default 1); must divide tp. The expert data-parallel "
-                       "degree is tp x cp x dp / (ep x etp)", label="etp (experts)", panel="degree", metavar="N")
+                       "degree is tp x cp x dp / (ep x etp)", label="etp (experts)", panel="degree", metavar="N",
+                    experts=True)
     #: model chunks per pipeline stage (--num-virtual-stages-per-pipeline-rank; interleaved 1F1B)
     vpp: int = _opt(1, "model chunks per stage: interleaved 1F1B", kinds=_MEGATRON, label="vpp", panel="degree",
                     most=1024)
@@ -159,7 +167,7 @@ class Layout:
     tp_comm_overlap: bool = _opt(False, "tensor-parallel communication overlapped with the GEMMs (Transformer "
                                         "Engine userbuffers; needs --sequence-parallel)",
                                  label="tensor-parallel comm with the GEMMs", panel="overlap",
-                                 megatron="--tp-comm-overlap")
+                                 megatron="--tp-comm-overlap", short="tp comm overlap")
     #: ZeRO stage over each data-parallel group: 0 none, 1 optimizer state
     #: (--use-distributed-optimizer), 2 + gradients, 3 + parameters (FSDP)
     zero_stage: int = _opt(0, "ZeRO sharding over data parallelism: 1 optimizer state (Megatron's distributed "
@@ -176,7 +184,7 @@ class Layout:
                            choices=GATHER_UNITS)
     #: the linear layers' GEMMs in fp8 (Transformer Engine; --fp8-format hybrid)
     fp8: bool = _opt(False, "fp8: the linear layers' GEMMs in fp8 (Transformer Engine; H100/H200), attention, "
-                            "norms, communication and the optimizer in the model's precision", label="fp8",
+                            "norms, communication and the optimizer in the model's precision", label="fp8 GEMMs",
                      panel="flag", megatron="--fp8-format hybrid")
     #: the linear weights kept in fp8 (--fp8-param-gather; NeMo's fp8_params): needs fp8
     fp8_params: bool = _opt(False, "with --precision fp8: the linear weights kept in fp8 (Megatron's "
@@ -193,26 +201,27 @@ class Layout:
                                            "(default on: PyTorch DDP/FSDP, NeMo; Megatron-LM's bare default and "
                                            "DeepSpeed ZeRO-1/2's overlap_comm are off)",
                                      label="gradient reduce during backward", panel="overlap", negatable=True,
-                                     megatron="--overlap-grad-reduce")
+                                     megatron="--overlap-grad-reduce", short="grad-reduce overlap")
     #: ZeRO-1/2's parameter all-gather overlapped with the next forward (--overlap-param-gather)
     overlap_param_gather: bool = _opt(False, "ZeRO-1/2: the updated parameters' all-gather overlapped with the "
                                              "next forward (Megatron-Core's --overlap-param-gather; default off)",
                                       kinds=_MEGATRON, label="parameter gather with the next forward",
-                                      panel="overlap", negatable=True, megatron="--overlap-param-gather")
+                                      panel="overlap", negatable=True, megatron="--overlap-param-gather",
+                                      short="param-gather overlap")
     #: MoE all-to-alls under another microbatch's compute (--overlap-moe-expert-parallel-comm)
     moe_comm_overlap: bool = _opt(False, "mixture-of-experts all-to-alls under another microbatch's compute "
                                          "(Megatron-Core's --overlap-moe-expert-parallel-comm with "
                                          "--delay-wgrad-compute)", kinds=_MEGATRON,
                                   label="MoE all-to-all overlap (under another microbatch)", panel="overlap",
-                                  megatron="--overlap-moe-expert-parallel-comm")
+                                  megatron="--overlap-moe-expert-parallel-comm", short="MoE all-to-all overlap")
     #: ZeRO-Offload: optimizer state and step on the host (``cpu``) or NVMe (``nvme``)
     offload_optimizer: str = _opt("none", "ZeRO-Offload: optimizer state and step on the host CPU (cpu) or NVMe "
                                           "(nvme); needs --zero-stage >= 1", label="optimizer (ZeRO >= 1)",
-                                  panel="offload", choices=OFFLOAD_DEVICES)
+                                  panel="offload", choices=OFFLOAD_DEVICES, short="optimizer offloaded to")
     #: ZeRO-Infinity: half-precision parameters in host memory (``cpu``) or on NVMe (ZeRO-3)
     offload_params: str = _opt("none", "ZeRO-Infinity: parameters in host memory (cpu) or on NVMe, fetched for "
                                        "each use; needs ZeRO-3", kinds=_FSDP, label="parameters (ZeRO-3)",
-                               panel="offload", choices=OFFLOAD_DEVICES)
+                               panel="offload", choices=OFFLOAD_DEVICES, short="parameters offloaded to")
     #: layers on each pipeline stage (no interleaving); None: even, or balanced counting the
     #: embedding and the output layer (:func:`engine.layout.placement.balanced_layers`)
     layers_per_stage: tuple[int, ...] | None = _opt(None, "layers on each pipeline stage, e.g. 7,8,8,7 (default: "

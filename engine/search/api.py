@@ -290,7 +290,7 @@ class MCMCOptions:
     # engine.search.moves): of the proposals with a proposal budget, of the time with a time
     # budget; None: 0.5 on models with numbered layers (LLMs), 0.1 otherwise; 0 turns them off
     global_share: float | None = None
-    # Where the chains run (engine.search.parallel): None, this process one chain after another
+    # Where the chains run (engine.search.parallel_chains): None, this process one chain after another
     # with successive halving (the classic search); serial (or local), pool or ray: every chain
     # as a task per round of ``round_proposals`` proposals, sharing a cache of priced strategies
     # and the best so far between rounds; the same answer on each for an iteration budget

@@ -12,7 +12,7 @@ single-op configs (:mod:`engine.search.polish`, heaviest ops first): on AlexNet 
 about a second what MCMC alone reaches in 150 s (issue 28).
 
 With ``AutoOptions.backend`` (serial, pool or ray), MCMC's chains run as that backend's tasks
-(:mod:`engine.search.parallel`) and, with a number budget, the seeds run at once as its tasks.
+(:mod:`engine.search.parallel_chains`) and, with a number budget, the seeds run at once as its tasks.
 
 Budget: with a time budget, the seeds share at most ``seed_share`` of it, and MCMC gets what
 is left. PaSE's set-up and dynamic program cannot be stopped midway (ResNet-101 on 64 K80s:
@@ -318,7 +318,7 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
     # so far, where it fits and a delta simulator of it is affordable; with a time budget it takes
     # POLISH_SHARE of what is left and more slices while they pay (PolishSlices), with a number
     # budget that many candidates
-    from .mcmc import delta_affordable
+    from .chains import delta_affordable
 
     start_name, start = _best(found)
     left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - t0)

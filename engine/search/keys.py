@@ -1,5 +1,5 @@
 """Canonical keys of strategies, the same in every process: what the searches' caches of priced
-strategies (:class:`engine.search.parallel.PricedCache`, :func:`engine.search.api.price`'s memo)
+strategies (:class:`engine.search.parallel_chains.PricedCache`, :func:`engine.search.api.price`'s memo)
 are keyed by."""
 
 from __future__ import annotations

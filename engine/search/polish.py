@@ -1,7 +1,7 @@
 """Greedy coordinate descent over single-op configs: the polish ``auto`` runs on its best seed,
-and MCMC's final polish (:func:`engine.search.mcmc.local_polish`, with every global kind).
+and MCMC's final polish (:func:`local_polish`, with every global kind).
 
-For each op in turn, every candidate config of that op (:func:`engine.search.mcmc.candidate_configs`)
+For each op in turn, every candidate config of that op (:func:`engine.search.chains.candidate_configs`)
 is priced by delta simulation with the other ops held fixed, and the best of them is kept when it
 beats the current strategy; rounds over all ops repeat until a whole round improves nothing (a
 local optimum under single-op changes: FlexFlow's local-optimality check, Jia et al. SysML'19
@@ -43,9 +43,11 @@ from ..costs import CostModel
 from ..sim.delta import DeltaSimulator
 from ..graph import OpGraph
 from ..strategy import Strategy
+from .api import whole_cost
+from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
 
-__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "visit_order", "POLISH_KINDS"]
+__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS"]
 
 #: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
 #: configs: those with a handful of neighbours (a layer across a stage boundary, GPipe or 1F1B,
@@ -183,14 +185,11 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     Notes
     -----
     Single-op candidates are priced by delta simulation where a simulator of the current
-    strategy is affordable (:func:`engine.search.mcmc.delta_affordable`); elsewhere only the
+    strategy is affordable (:func:`engine.search.chains.delta_affordable`); elsewhere only the
     global pass runs, each candidate priced whole, and ``finished`` is never claimed. A
     candidate's time is compared first and its memory checked only when the time would keep
     it (the same choices as pricing every candidate with its memory check, fewer checks).
     """
-    from .api import whole_cost
-    from .mcmc import candidate_configs, delta_affordable, price_of_sim
-
     t0 = time.perf_counter()
     cost = cost or CostModel()
     if sim is None or sim.strategy is not strategy:
@@ -288,3 +287,16 @@ def _finish(out: PolishResult, sim: DeltaSimulator, name: str, pick, pick_cost: 
     out.finished = False
     return out
 
+
+def local_polish(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None,
+                 check_memory: bool = True, max_evals: int | None = None, deadline: float | None = None,
+                 sim: DeltaSimulator | None = None, global_moves: bool = True) -> tuple[Strategy, float, bool]:
+    """MCMC's final polish: :func:`coordinate_descent` over every op's
+    candidate configs and (with ``global_moves``) every global kind that can move the strategy,
+    until a round improves nothing (FlexFlow's local-optimality check, extended to the whole
+    space) or the budget ends. ``sim``: a delta simulator already holding ``strategy`` (a
+    chain's), reused. Returns (strategy, cost, whether it finished: False when ``max_evals`` or
+    the ``deadline`` (a perf_counter time) came first, or single-op moves were skipped)."""
+    r = coordinate_descent(graph, cluster, strategy, cost, max_evals=max_evals, deadline=deadline, sim=sim,
+                           global_moves=global_moves, kinds=None, check_memory=check_memory)
+    return r.strategy, r.cost_s, r.finished

@@ -2,7 +2,7 @@
 
 :class:`Backend` is the one copy of the pool and Ray plumbing that ``soapbox sweep``
 (:func:`engine.studies.sweep.run_sweep`) and the parallel MCMC chains
-(:mod:`engine.search.parallel`) share. A backend ships one *context* (e.g. the graph, the
+(:mod:`engine.search.parallel_chains`) share. A backend ships one *context* (e.g. the graph, the
 cluster and the cost model) to each worker once, then runs ``fn(context, item)`` for each
 item; :meth:`Backend.map` returns the results in the items' order whatever order they finish
 in, so a caller that merges them in that order gets the same answer on every backend.

@@ -4,7 +4,7 @@
   configuration), the pipeline settings, the degrees a dim can take;
 * :mod:`engine.strategy.core`: the :class:`Strategy` record and its JSON form;
 * :mod:`engine.strategy.checks`: every reason a strategy cannot run a model on a cluster;
-* :mod:`engine.strategy.device_runs`: devices written as runs (``"0-7,64-71"``);
+* :mod:`engine.strategy.runs`: devices written as runs (``"0-7,64-71"``);
 * :mod:`engine.strategy.recompute`: what each recomputation policy reruns and keeps.
 """
 

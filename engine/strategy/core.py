@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 
-from .device_runs import (check_runs, devices_of_entry)
+from .runs import check_runs, devices_of_entry
 
 from ..errors import Problem, ValidationError
 from .config import Config, PipelineSettings

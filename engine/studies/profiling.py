@@ -66,8 +66,8 @@ def needed_keys(graph: OpGraph, strategies: Iterable[Strategy], cluster: Cluster
 
 def all_config_keys(graph: OpGraph, cluster: Cluster, max_degrees: int = 64) -> list[Key]:
     """Every key the SOAP search space may need: each op under each candidate config's degrees
-    (:func:`engine.search.mcmc.candidate_configs`) on each device type."""
-    from ..search.mcmc import candidate_configs
+    (:func:`engine.search.chains.candidate_configs`) on each device type."""
+    from ..search.chains import candidate_configs
 
     types = sorted({d.type for d in cluster.devices})
     seen: dict[Key, None] = {}

@@ -23,7 +23,7 @@ workers finish in).
 
 Every chain stays live (no successive halving): the broadcast moves the weak chains onto the
 best region instead, so that every worker keeps working. The search ends with the greedy polish
-of :func:`engine.search.mcmc.local_polish`, in the driver.
+of :func:`engine.search.polish.local_polish`, in the driver.
 
 Preconditions not checked: the delta simulator's times equal a full simulation's bit for bit
 (``tests/test_delta.py`` pins this): a cached price and a re-simulated one are then the same
@@ -47,13 +47,14 @@ from ..errors import TooLargeError
 from ..graph import OpGraph
 from ..strategy import Config, Strategy, strategy_from_dict, validate_strategy
 from .api import Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, price_baselines, stamp
-from .mcmc import (POLISH_SHARE, Chain, delta_affordable, local_polish, metropolis, move_setup, price_of_sim,
-    propose_op, starting_points, took)
+from .chains import (FINAL_POLISH_SHARE, Chain, delta_affordable, metropolis, move_setup, price_of_sim, propose_op,
+                     starting_points, took)
+from .polish import local_polish
 from .moves import Space
 from .keys import MASK as _MASK, op_key, strategy_key
 from .processes import Backend, check_backend
 
-__all__ = ["parallel_mcmc", "PricedCache"]
+__all__ = ["parallel_chains", "PricedCache"]
 
 @dataclass
 class PricedCache:
@@ -233,7 +234,7 @@ _SHIPPED = ("name", "index", "strategy", "key", "rng", "beta", "cost", "best_cos
             "delta_ok", "seconds", "counts")
 
 
-def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
+def parallel_chains(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, seed: int = 0,
                   progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
                   options: MCMCOptions | None = None) -> SearchResult:
     """MCMC with every chain a task on ``options.backend`` (``serial``/``local``, ``pool`` or
@@ -315,7 +316,7 @@ def parallel_mcmc(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, se
     it, rounds, adopted, hits_own, hits_other, priced = 0, 0, 0, 0, 0, 0
     trace: list[Progress] = []
     cancelled = False
-    search_s = None if budget.seconds is None else budget.seconds * (1.0 - POLISH_SHARE if opts.polish else 1.0)
+    search_s = None if budget.seconds is None else budget.seconds * (1.0 - FINAL_POLISH_SHARE if opts.polish else 1.0)
     improved_at = (0, time.perf_counter() - t0)
     round_s = 0.0  # the longest round took (s)
     most = 0  # the most proposals a chain made in a round
