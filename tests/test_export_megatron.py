@@ -14,7 +14,7 @@ from engine.cluster import preset
 from engine.errors import ValidationError
 from engine.layout.build import build_layout
 from engine.export import export, infer_layout
-from engine.export.megatron import RELEASE, layout_from_megatron, megatron_flags, to_megatron
+from engine.export.megatron import MEGATRON_RELEASE, layout_from_megatron, megatron_flags, to_megatron
 from engine.formats import resolve_model
 from engine.layout import Layout
 from engine.graph.blocks import layer_blocks
@@ -115,7 +115,7 @@ def test_the_text_names_the_release_then_the_environment_then_one_line_of_flags(
     text = export("megatron", g, s, c)
     lines = text.splitlines()
     assert lines[0].startswith("# Megatron-LM core_v0.19.0 (commit 5be9626709af), megatron/training/arguments.py")
-    assert RELEASE in lines[0]
+    assert MEGATRON_RELEASE in lines[0]
     assert lines[-2] == "export CUDA_DEVICE_MAX_CONNECTIONS=1" and lines[-1].startswith("--tensor-model")
     assert all(x.startswith("#") for x in lines[:-2])
     assert megatron_flags(text)[:2] == ["--tensor-model-parallel-size", "2"]

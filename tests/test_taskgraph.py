@@ -21,7 +21,7 @@ from engine.taskgraph.context import BuildContext, OpTables
 from engine.taskgraph.emit import Emitter
 from engine.taskgraph.regions import classes, in_regions, out_regions, ranges, tile, transfer_plan
 from engine.taskgraph.schedule import SchedulePlan
-from engine.taskgraph.segments import SHIFT, Segment, csr_from_handles
+from engine.taskgraph.segments import SEGMENT_SHIFT, Segment, csr_from_handles
 from engine.layout import Layout, build_layout
 
 
@@ -111,15 +111,15 @@ class TestSegments:
         seg = Segment(3)
         ids = seg.add(2, 0, dur=1.0)
         more = seg.add(1, 0, dur=np.array([2.0]))
-        assert (ids >> SHIFT).tolist() == [3, 3] and (ids & ((1 << SHIFT) - 1)).tolist() == [0, 1]
-        assert (more & ((1 << SHIFT) - 1)).tolist() == [2]
+        assert (ids >> SEGMENT_SHIFT).tolist() == [3, 3] and (ids & ((1 << SEGMENT_SHIFT) - 1)).tolist() == [0, 1]
+        assert (more & ((1 << SEGMENT_SHIFT) - 1)).tolist() == [2]
         assert seg.freeze()["cols"]["dur"].tolist() == [1.0, 1.0, 2.0]
 
     def test_freeze_all_shares_one_array_per_column(self):
         a, b = Segment(0), Segment(1)
         a.add(2, 1, op=5)
         b.add(1, 2, op=np.array([7]))
-        b.edges([b.slot << SHIFT], [a.slot << SHIFT])
+        b.edges([b.slot << SEGMENT_SHIFT], [a.slot << SEGMENT_SHIFT])
         whole = Segment.freeze_all([a, b])
         assert whole["arrays"]["kind"].tolist() == [1, 1, 2] and whole["arrays"]["op"].tolist() == [5, 5, 7]
         assert whole["bounds"]["kind"].tolist() == [0, 2, 3]
@@ -129,7 +129,7 @@ class TestSegments:
     def test_csr_keeps_each_sources_edges_in_order(self):
         # slot 0 holds tasks 0-1, slot 1 tasks 2-3; edges given as handles
         offset = np.array([0, 2], np.int64)
-        h = lambda slot, i: (slot << SHIFT) + i  # noqa: E731
+        h = lambda slot, i: (slot << SEGMENT_SHIFT) + i  # noqa: E731
         src = np.array([h(1, 0), h(0, 0), h(1, 0), h(0, 1)], np.int64)
         dst = np.array([h(0, 1), h(1, 1), h(1, 1), h(1, 0)], np.int64)
         ptr, idx, npred = csr_from_handles(src, dst, offset, 4)

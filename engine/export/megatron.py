@@ -73,7 +73,7 @@ from ..graph.blocks import layer_blocks
 from ..layout.placement import balanced_layers
 
 #: the release the flags are written for
-RELEASE = "Megatron-LM core_v0.19.0 (commit 5be9626709af)"
+MEGATRON_RELEASE = "Megatron-LM core_v0.19.0 (commit 5be9626709af)"
 
 #: compute capability major version of each :data:`engine.cluster.devices.ARCHS` entry
 #: (``get_device_arch_version`` in ``megatron/core/utils.py`` returns it)
@@ -336,7 +336,7 @@ def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:
     line (shell-quoted: a layout string or --moe-layer-freq list has | ( ) *)."""
     flags = to_megatron(lay, graph, cluster)
     model, model_notes, why = megatron_model_flags(graph, lay.tp)
-    notes = [f"# {RELEASE}, megatron/training/arguments.py: pretrain_gpt.py flags for {graph.name} on "
+    notes = [f"# {MEGATRON_RELEASE}, megatron/training/arguments.py: pretrain_gpt.py flags for {graph.name} on "
              f"{cluster.name} ({lay.tp * lay.cp * lay.pp * (lay.dp or 1)} GPUs, dp {lay.dp}, "
              f"{lay.microbatches} microbatch{'es' if lay.microbatches != 1 else ''})"]
     if why is None:

@@ -59,11 +59,11 @@ from ..layout import Layout
 from ..graph.blocks import layer_blocks
 from ..layout.placement import balanced_layers
 
-__all__ = ["RELEASE", "SHIPPED", "PLACEHOLDER", "to_torchtitan", "overrides", "launch_args", "layout_from_torchtitan",
+__all__ = ["TORCHTITAN_RELEASE", "SHIPPED", "PLACEHOLDER", "to_torchtitan", "overrides", "launch_args", "layout_from_torchtitan",
            "render", "placeholder_module"]
 
 #: the torchtitan release the export targets
-RELEASE = "0.3.0"
+TORCHTITAN_RELEASE = "0.3.0"
 
 #: the module and config function a model needs when torchtitan ships none for it
 PLACEHOLDER = ("MODULE_OF_YOUR_MODEL", "YOUR_CONFIG_FUNCTION")
@@ -264,10 +264,10 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int, graph: OpGraph | No
     module = placeholder_module(graph, fp8)
     _refusals(lay, precision, seq_len, graph, module)
     name = graph.name if graph is not None else "the model"
-    head = [f"# soapbox export --format torchtitan: for torchtitan {RELEASE} (python -m torchtitan.train; its "
+    head = [f"# soapbox export --format torchtitan: for torchtitan {TORCHTITAN_RELEASE} (python -m torchtitan.train; its "
             "ConfigManager loads --module/--config, then these overrides)"]
     if module == PLACEHOLDER:
-        head += [f"# {name}: torchtitan {RELEASE} ships no config function for this model; replace "
+        head += [f"# {name}: torchtitan {TORCHTITAN_RELEASE} ships no config function for this model; replace "
                  f"{PLACEHOLDER[0]} and {PLACEHOLDER[1]}",
                  "#   with a config_registry module and function that build it (modules tok_embeddings, layers.N, "
                  "norm, lm_head)" + ("" if not lay.pp > 1 else ", as the pipeline split below names them")]

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from ..strategy import Config, Strategy
 
-__all__ = ["strategy_key", "op_key", "MASK"]
+__all__ = ["strategy_key", "op_key", "KEY_MASK"]
 
 #: keys are 64-bit
-MASK = (1 << 64) - 1
+KEY_MASK = (1 << 64) - 1
 
 
 def _h64(text: str) -> int:
@@ -64,4 +64,4 @@ def strategy_key(strategy: Strategy) -> int:
         if text is None:
             text = texts[id(config.devices)] = f"{config.devices}"
         total += op_key(name, config, text)
-    return total & MASK
+    return total & KEY_MASK

@@ -51,7 +51,7 @@ from .chains import (FINAL_POLISH_SHARE, Chain, delta_affordable, metropolis, mo
                      starting_points, took)
 from .polish import local_polish
 from .moves import Space
-from .keys import MASK as _MASK, op_key, strategy_key
+from .keys import KEY_MASK, op_key, strategy_key
 from .processes import Backend, check_backend
 
 __all__ = ["parallel_chains", "PricedCache"]
@@ -193,7 +193,7 @@ def _run_round(ctx: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
             name, config = propose_op(chain, sim, graph, cluster, names, neighbours)
             old = sim.strategy[name]
             if config != old and not sim.check(name, config):
-                k = (key - st.op_key(name, old) + st.op_key(name, config)) & _MASK
+                k = (key - st.op_key(name, old) + st.op_key(name, config)) & KEY_MASK
                 hit, v = lookup(k)
                 if hit:
                     c = cost_of(v)

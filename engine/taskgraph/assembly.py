@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import check_cancel
 from .context import BuildContext, OpTables
 from .emit import Emitter
-from .segments import ALL_ARRAYS, MASK, SHIFT, Segment, csr_from_handles
+from .segments import ALL_ARRAYS, LOCAL_MASK, SEGMENT_SHIFT, Segment, csr_from_handles
 from .tasks import BARRIER, TaskGraph
 
 __all__ = ["SegmentStore", "Live", "assemble"]
@@ -224,7 +224,7 @@ def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.nda
     """:func:`_link` in NumPy steps and blocks of :data:`_CANCEL_BLOCK` tasks, ``cancel``
     (:func:`engine.errors.check_cancel`) asked between them; the same arrays."""
     def gid(h: np.ndarray) -> np.ndarray:
-        return offset[h >> SHIFT] + (h & MASK)
+        return offset[h >> SEGMENT_SHIFT] + (h & LOCAL_MASK)
 
     # resources: one per task (its device or link), several for a collective
     counts = (single >= 0).astype(np.int64)
@@ -292,8 +292,8 @@ def _link(offset, n, single, coll, coll_nres, coll_res, src_h, dst_h, chain_from
     chain_next = np.full(n, -1, np.int64)
     chain_lag = np.zeros(n)
     for i in range(chain_from.shape[0]):
-        a = offset[chain_from[i] >> SHIFT] + (chain_from[i] & MASK)
-        chain_next[a] = offset[chain_to[i] >> SHIFT] + (chain_to[i] & MASK)
+        a = offset[chain_from[i] >> SEGMENT_SHIFT] + (chain_from[i] & LOCAL_MASK)
+        chain_next[a] = offset[chain_to[i] >> SEGMENT_SHIFT] + (chain_to[i] & LOCAL_MASK)
         chain_lag[a] = chain_lag_in[i]
     return res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
 
@@ -316,7 +316,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     offset[slots] = starts[:-1]
 
     def gid(h: np.ndarray) -> np.ndarray:
-        return offset[h >> SHIFT] + (h & MASK)
+        return offset[h >> SEGMENT_SHIFT] + (h & LOCAL_MASK)
 
     cols = {k: A[k] for k in Segment._DTYPES}
     # optimizer steps: one per device that runs a representative partition (the segments'

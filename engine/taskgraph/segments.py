@@ -11,10 +11,12 @@ import numpy as np
 
 from ..errors import check_cancel
 
-__all__ = ["Segment", "SHIFT", "MASK", "ALL_ARRAYS", "csr_from_handles"]
+__all__ = ["Segment", "SEGMENT_SHIFT", "LOCAL_MASK", "ALL_ARRAYS", "csr_from_handles"]
 
-SHIFT = 32
-MASK = (1 << SHIFT) - 1
+#: a task handle is (segment slot << SEGMENT_SHIFT) | the task's index inside its segment
+SEGMENT_SHIFT = 32
+#: the bits of a handle that hold the task's index inside its segment
+LOCAL_MASK = (1 << SEGMENT_SHIFT) - 1
 
 
 class Segment:
@@ -59,7 +61,7 @@ class Segment:
             coll=-1, link=-1, res=-1) -> np.ndarray:
         """Append ``n`` tasks and return their handles; each column is a scalar (kept as is
         until :meth:`freeze`) or an array of length ``n``."""
-        ids = (self.slot << SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
+        ids = (self.slot << SEGMENT_SHIFT) + np.arange(self.n, self.n + n, dtype=np.int64)
         self.n += n
         self.rows.append((n, kind, op, part, mb, device, dur, size, flops, coll, link, res))
         return ids

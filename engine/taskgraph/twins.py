@@ -31,7 +31,7 @@ from .assembly import SegmentStore
 from .compute import op_signature, spread
 from .context import BuildContext, OpTables
 from .schedule import SchedulePlan
-from .segments import MASK, SHIFT, Segment
+from .segments import LOCAL_MASK, SEGMENT_SHIFT, Segment
 from .sync import FsdpPlan
 from .tasks import BWD, FWD
 
@@ -295,8 +295,8 @@ def _renamed(h: np.ndarray, lut: np.ndarray) -> tuple[np.ndarray, bool]:  # prag
     (one pass: a copy renames many small arrays, where NumPy's per-call cost dominated)."""
     out = np.empty_like(h)
     for i in range(h.size):
-        s = lut[h[i] >> SHIFT]
+        s = lut[h[i] >> SEGMENT_SHIFT]
         if s < 0:
             return out, False
-        out[i] = (s << SHIFT) | (h[i] & MASK)
+        out[i] = (s << SEGMENT_SHIFT) | (h[i] & LOCAL_MASK)
     return out, True
