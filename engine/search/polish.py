@@ -190,90 +190,121 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     candidate's time is compared first and its memory checked only when the time would keep
     it (the same choices as pricing every candidate with its memory check, fewer checks).
     """
-    t0 = time.perf_counter()
-    cost = cost or CostModel()
-    if sim is None or sim.strategy is not strategy:
-        sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
-
-    def fits(sim_: DeltaSimulator) -> bool:
-        return not check_memory or price_of_sim(sim_, graph, cluster).feasible
-
-    if sim is not None:
-        best = sim.timeline.makespan_s if fits(sim) else math.inf
-    else:
-        best = whole_cost(graph, strategy, cluster, cost, check_memory, deadline)
-        best = math.inf if best is None else best
-    out = PolishResult(strategy if sim is None else sim.strategy, best)
-    order = visit_order(graph)
-
-    def stop() -> bool:
-        if (max_evals is not None and out.evals >= max_evals) or \
-                (deadline is not None and time.perf_counter() >= deadline):
-            return True
-        if until is not None and until(out) is False:
-            return True
-        return tick is not None and out.evals % 10 == 0 and tick(out) is False
-
-    n = cluster.num_devices
-    base, changed = order, []  # the ops a round changed visit first in the next one
+    d = _Descent(graph, cluster, strategy, cost or CostModel(), sim, max_evals, deadline, tick, until, check_memory)
     space = Space(graph, cluster) if global_moves else None
     wide = True  # the first rounds: only the candidates that span every device
-    partial = sim is None  # single-op moves skipped somewhere: no claim of a local optimum
     while True:
-        out.rounds += 1
-        improved = False
-        out.round_share = 0.0
-        if changed:
-            first = set(changed)
-            order = changed + [name for name in base if name not in first]
-            changed = []
-        # the global pass: per kind, the first neighbour that improves is taken, until none does
+        d.out.rounds += 1
+        d.improved = False
+        d.out.round_share = 0.0
+        d.next_round()
+        if not d.global_pass(space, kinds) or not d.op_pass(wide):
+            return d.out
+        if not d.improved and wide and d.sim is not None:
+            wide = False
+        elif not d.improved:
+            d.out.finished = not d.partial  # (partial whenever a strategy was left without a delta simulator)
+            return d.out
+
+
+class _Descent:
+    """The state of one :func:`coordinate_descent`: the current strategy's simulator and cost,
+    the result so far, the ops' visiting order and the budget."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel,
+                 sim: DeltaSimulator | None, max_evals: int | None, deadline: float | None,
+                 tick: Callable[[PolishResult], bool] | None, until: Callable[[PolishResult], bool] | None,
+                 check_memory: bool) -> None:
+        self.t0 = time.perf_counter()
+        self.graph, self.cluster, self.cost, self.check_memory = graph, cluster, cost, check_memory
+        self.max_evals, self.deadline, self.tick, self.until = max_evals, deadline, tick, until
+        if sim is None or sim.strategy is not strategy:
+            sim = DeltaSimulator(graph, strategy, cluster, cost) if delta_affordable(graph, strategy, cluster) else None
+        self.sim = sim
+        if sim is not None:
+            self.best = sim.timeline.makespan_s if self.fits(sim) else math.inf
+        else:
+            best = whole_cost(graph, strategy, cluster, cost, check_memory, deadline)
+            self.best = math.inf if best is None else best
+        self.out = PolishResult(strategy if sim is None else sim.strategy, self.best)
+        self.base = self.order = visit_order(graph)
+        self.changed: list[str] = []  # the ops a round changed visit first in the next one
+        self.partial = sim is None  # single-op moves skipped somewhere: no claim of a local optimum
+        self.improved = False
+
+    def fits(self, sim: DeltaSimulator) -> bool:
+        return not self.check_memory or price_of_sim(sim, self.graph, self.cluster).feasible
+
+    def stop(self) -> bool:
+        out = self.out
+        if (self.max_evals is not None and out.evals >= self.max_evals) or \
+                (self.deadline is not None and time.perf_counter() >= self.deadline):
+            return True
+        if self.until is not None and self.until(out) is False:
+            return True
+        return self.tick is not None and out.evals % 10 == 0 and self.tick(out) is False
+
+    def next_round(self) -> None:
+        if self.changed:
+            first = set(self.changed)
+            self.order = self.changed + [name for name in self.base if name not in first]
+            self.changed = []
+
+    def global_pass(self, space: Space | None, kinds: tuple[str, ...] | None) -> bool:
+        """Per kind, the first neighbour that improves is taken, until none does; False when
+        the budget stopped it."""
+        out, graph, cluster, cost = self.out, self.graph, self.cluster, self.cost
         here = space.kinds(out.strategy) if space is not None else []
         for kind in [k for k in (here if kinds is None else kinds) if k in here]:
             moved = True
             while moved:
                 moved = False
                 for cand in space.neighbours(out.strategy, kind):
-                    if stop():
-                        return out
+                    if self.stop():
+                        return False
                     out.evals += 1
-                    new = whole_cost(graph, cand, cluster, cost, check_memory, deadline)
-                    if new is not None and new < best * (1 - 1e-12):
-                        best, improved, moved = new, True, True
+                    new = whole_cost(graph, cand, cluster, cost, self.check_memory, self.deadline)
+                    if new is not None and new < self.best * (1 - 1e-12):
+                        self.best, self.improved, moved = new, True, True
                         sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
                             else None
-                        partial = partial or sim is None
-                        out.strategy, out.cost_s = (cand if sim is None else sim.strategy), best
-                        out.improvements.append((out.evals, time.perf_counter() - t0, best))
+                        self.sim = sim
+                        self.partial = self.partial or sim is None
+                        out.strategy, out.cost_s = (cand if sim is None else sim.strategy), self.best
+                        out.improvements.append((out.evals, time.perf_counter() - self.t0, self.best))
                         break
-        for at, name in enumerate(order if sim is not None else ()):  # (single-op moves where delta
-            out.round_share = at / len(order)  # simulation is affordable)
+        return True
+
+    def op_pass(self, wide: bool) -> bool:
+        """Each op in turn (where delta simulation is affordable): every candidate config priced
+        with the others held, the best kept when it beats the current strategy; False when the
+        budget stopped it."""
+        out, sim, order, n = self.out, self.sim, self.order, self.cluster.num_devices
+        for at, name in enumerate(order if sim is not None else ()):
+            out.round_share = at / len(order)
             m = max(1, sim.strategy.pipeline.microbatches)
             current = sim.strategy[name]
-            pick, pick_cost = None, best
-            for config in candidate_configs(graph[name], n, m):
+            pick, pick_cost = None, self.best
+            for config in candidate_configs(self.graph[name], n, m):
                 if (wide and len(config.devices) < n) or config == current or sim.check(name, config):
                     continue
-                if stop():
-                    return _finish(out, sim, name, pick, pick_cost, best, t0)
+                if self.stop():
+                    _finish(out, sim, name, pick, pick_cost, self.best, self.t0)
+                    return False
                 out.evals += 1
                 sim.change(name, config)
                 new = sim.timeline.makespan_s  # (memory checked only for a time that would be kept)
-                if new < pick_cost * (1 - 1e-12) and fits(sim):
+                if new < pick_cost * (1 - 1e-12) and self.fits(sim):
                     pick, pick_cost = config, new
                 sim.revert()
             if pick is not None:
                 sim.change(name, pick)
                 sim.commit()
-                best, improved = pick_cost, True
-                changed.append(name)
-                out.strategy, out.cost_s = sim.strategy, best
-                out.improvements.append((out.evals, time.perf_counter() - t0, best))
-        if not improved and wide and sim is not None:
-            wide = False
-        elif not improved:
-            out.finished = not partial  # (partial whenever a strategy was left without a delta simulator)
-            return out
+                self.best, self.improved = pick_cost, True
+                self.changed.append(name)
+                out.strategy, out.cost_s = sim.strategy, self.best
+                out.improvements.append((out.evals, time.perf_counter() - self.t0, self.best))
+        return True
 
 
 def _finish(out: PolishResult, sim: DeltaSimulator, name: str, pick, pick_cost: float, best: float,

@@ -84,8 +84,6 @@ def state_bytes_per_param(precision: str, zero_stage: int = 0, offload_optimizer
     return (2, 4, 0, 12) if precision == "bf16" and grad_reduce_in_fp32 else (2, 2, 4, 12)
 
 
-
-
 @dataclass
 class StaticMemory:
     """Per device [device] bytes of the parts that do not follow the timeline."""
@@ -109,11 +107,28 @@ class StaticMemory:
 def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> StaticMemory:
     """Every part of a device's memory but the activations, in bytes per device."""
     D = cluster.num_devices
+    params, sharded, gemm_params, unit_max = _held_params(graph, strategy, D)
+    weights, grads, optim, gathered, host, nvme = _state(graph, strategy, D, params, sharded, gemm_params, unit_max)
+    comm, communicators = _communication(graph, strategy, D, tg)
+    configs = strategy.configs
+    image = tg.info.get("device_image")
+    logits = logits_bytes(graph, strategy, D)
+    if image is not None:
+        has = image >= 0
+        logits[has] = logits[image[has]]
+    used = np.zeros(D, bool)
+    in_use = set().union(*[c.devices for c in configs.values()])
+    used[np.fromiter(in_use, np.int64, len(in_use))] = True
+    context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
+                       0.0)
+    return StaticMemory(weights, grads, optim, comm, gathered, logits, context, host, nvme)
+
+
+def _held_params(graph: OpGraph, strategy: Strategy, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[device] parameters held (shared groups counted once per (group, region, device)), the
+    ZeRO-sharded ones, the linear layers' (fp8 weight copies) and the largest ZeRO-3 unit;
+    each op's arrays and the sums are kept in the graph's cache for the next call."""
     zero = strategy.zero_stage
-    off_opt = getattr(strategy, "offload_optimizer", "none")
-    off_par = getattr(strategy, "offload_params", "none")
-    pbytes = DTYPE_BYTES[graph.precision]
-    # -- parameters per device, shared groups counted once per (group, region, device)
     cache = graph_cache(graph)
     meta = cache.get(("param_meta", zero))
     if meta is None:  # (op, name, group id, ZeRO-3 unit id) of every op with parameters, in a fixed order
@@ -169,6 +184,17 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
             if strategy.fp8:
                 gemm_params += _union_held(cache, [(op, cfg) for op, cfg in members if op.kind == "linear"], D)
         cache["static_last"] = (key, hits, sums)
+    return params, sharded, gemm_params, unit_max
+
+
+def _state(graph: OpGraph, strategy: Strategy, D: int, params: np.ndarray, sharded: np.ndarray,
+           gemm_params: np.ndarray, unit_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """[device] bytes of weights, gradients, optimizer state and ZeRO-3's gathered units, and
+    what ZeRO-Offload / ZeRO-Infinity keep on the host and on NVMe."""
+    zero = strategy.zero_stage
+    off_opt = getattr(strategy, "offload_optimizer", "none")
+    off_par = getattr(strategy, "offload_params", "none")
+    pbytes = DTYPE_BYTES[graph.precision]
     w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
                                                   getattr(strategy, "grad_reduce_in_fp32", True))
     weights = (sharded if zero >= 3 else params) * w_b
@@ -197,8 +223,13 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
     # ZeRO-3: the unit in use and the one prefetched, gathered in the model's dtype (FSDP's
     # default forward and backward prefetch of one unit; the gathered copy is freed after use)
     gathered = 2.0 * unit_max * pbytes if zero >= 3 else np.zeros(D)
-    # -- communication buffers: the largest collective each device joins; communicators: the
-    # distinct groups it joins
+    return weights, grads, optim, gathered, host, nvme
+
+
+def _communication(graph: OpGraph, strategy: Strategy, D: int, tg) -> tuple[np.ndarray, np.ndarray]:
+    """[device] bytes of the largest collective each device joins (its communication buffer)
+    and the number of distinct communicators (groups) it joins."""
+    cache = graph_cache(graph)
     comm = np.zeros(D)
     communicators = np.zeros(D)
     coll_devs = tg.info.get("coll_devices")
@@ -223,16 +254,7 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
         has = image >= 0
         comm[has] = comm[image[has]]
         communicators[has] = communicators[image[has]]
-    logits = logits_bytes(graph, strategy, D)
-    if image is not None:
-        has = image >= 0
-        logits[has] = logits[image[has]]
-    used = np.zeros(D, bool)
-    in_use = set().union(*[c.devices for c in configs.values()])
-    used[np.fromiter(in_use, np.int64, len(in_use))] = True
-    context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
-                       0.0)
-    return StaticMemory(weights, grads, optim, comm, gathered, logits, context, host, nvme)
+    return comm, communicators
 
 
 def _param_sums(hits: list[tuple], D: int, zero: int, n_units: int, strategy: Strategy
