@@ -255,155 +255,204 @@ def parallel_chains(graph: OpGraph, cluster: Cluster, budget: Budget | None, *, 
     ValueError
         An unknown backend, a bad option (one line each).
     """
-    t0 = time.perf_counter()
-    opts = options or MCMCOptions(backend="serial")
-    backend = check_backend(opts.backend)
-    budget = budget or Budget()
-    if opts.workers is not None and not 1 <= opts.workers <= 4096:
-        raise ValueError(f"workers must be between 1 and 4,096, got {opts.workers!r}")
-    if opts.round_proposals is not None and not 1 <= opts.round_proposals <= 10**9:
-        raise ValueError(f"round_proposals must be a positive whole number, got {opts.round_proposals!r}")
-    if not 0 <= opts.adopt_gap <= 1e9 or math.isnan(opts.adopt_gap):
-        raise ValueError(f"adopt_gap must be a non-negative fraction, got {opts.adopt_gap!r}")
-    rng = random.Random(seed)
-    cost_model = cost or CostModel()
-    space, share, kinds, names, neighbours = move_setup(graph, cluster, opts)
-    ctx = {"token": uuid.uuid4().hex, "graph": graph, "cluster": cluster, "cost": cost_model,
-           "check_memory": opts.check_memory, "share": share, "kinds": kinds, "timed": budget.seconds is not None,
-           "names": names, "neighbours": neighbours, "share_cache": opts.share_cache,
-           "keep": max(4, opts.chains)}  # (delta simulators a worker keeps: one a chain)
+    search = _ParallelChains(graph, cluster, budget or Budget(), seed, progress, cost,
+                             options or MCMCOptions(backend="serial"))
+    search.start(initial)
+    with Backend(search.backend, context=search.ctx, workers=search.opts.workers, address=search.opts.address) as pool:
+        search.run(pool)
+    search.polish()
+    return search.result(pool.workers)
 
-    # the starting points, priced here as the classic search prices them (a full build where a
-    # delta simulator is affordable): the same draws of ``rng`` in the same order
-    chains: list[dict[str, Any]] = []
-    notes_start: list[str] = []
-    start_prices: dict[str, Price] = {}
-    here = _state(ctx)  # (this process's worker state: the serial backend reuses these simulators)
-    for name, strategy in starting_points(graph, cluster, rng, opts.chains, initial):
-        try:
-            ok = delta_affordable(graph, strategy, cluster)
+
+class _ParallelChains:
+    """The state of one :func:`parallel_chains` search: the chains (as the dictionaries shipped
+    to the workers), the shared cache, the best so far, the counts its notes report and the
+    trace. :meth:`start`, :meth:`run`, :meth:`polish`, :meth:`result`, in order."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, budget: Budget, seed: int, progress: ProgressFn | None,
+                 cost: CostModel | None, opts: MCMCOptions) -> None:
+        self.t0 = time.perf_counter()
+        self.backend = check_backend(opts.backend)
+        if opts.workers is not None and not 1 <= opts.workers <= 4096:
+            raise ValueError(f"workers must be between 1 and 4,096, got {opts.workers!r}")
+        if opts.round_proposals is not None and not 1 <= opts.round_proposals <= 10**9:
+            raise ValueError(f"round_proposals must be a positive whole number, got {opts.round_proposals!r}")
+        if not 0 <= opts.adopt_gap <= 1e9 or math.isnan(opts.adopt_gap):
+            raise ValueError(f"adopt_gap must be a non-negative fraction, got {opts.adopt_gap!r}")
+        self.graph, self.cluster, self.budget, self.seed, self.progress, self.opts = \
+            graph, cluster, budget, seed, progress, opts
+        self.rng = random.Random(seed)
+        self.cost_model = cost or CostModel()
+        space, share, self.kinds, names, neighbours = move_setup(graph, cluster, opts)
+        self.ctx = {"token": uuid.uuid4().hex, "graph": graph, "cluster": cluster, "cost": self.cost_model,
+                    "check_memory": opts.check_memory, "share": share, "kinds": self.kinds,
+                    "timed": budget.seconds is not None, "names": names, "neighbours": neighbours,
+                    "share_cache": opts.share_cache,
+                    "keep": max(4, opts.chains)}  # (delta simulators a worker keeps: one a chain)
+        self.chains: list[dict[str, Any]] = []
+        self.notes_start: list[str] = []
+        self.start_prices: dict[str, Price] = {}
+        self.cache = PricedCache()
+        self.it = self.rounds = self.adopted = self.hits_own = self.hits_other = self.priced = 0
+        self.trace: list[Progress] = []
+        self.cancelled = False
+        self.polished = False
+        self.search_s = None if budget.seconds is None else \
+            budget.seconds * (1.0 - FINAL_POLISH_SHARE if opts.polish else 1.0)
+        self.round_s = 0.0  # the longest round took (s)
+        self.most = 0  # the most proposals a chain made in a round
+
+    def start(self, initial: Strategy | None) -> None:
+        """The starting points, priced here as the serial search prices them (a full build
+        where a delta simulator is affordable): the same draws of the seed's generator in the
+        same order; then a first progress row with the best start (an interrupted search has
+        a best so far to write)."""
+        graph, cluster, opts = self.graph, self.cluster, self.opts
+        here = _state(self.ctx)  # (this process's worker state: the serial backend reuses these simulators)
+        for name, strategy in starting_points(graph, cluster, self.rng, opts.chains, initial):
+            try:
+                ok = delta_affordable(graph, strategy, cluster)
+                if ok:
+                    sim = DeltaSimulator(graph, strategy, cluster, self.cost_model)
+                    p, strategy = price_of_sim(sim, graph, cluster), sim.strategy
+                else:
+                    p = price(graph, strategy, cluster, self.cost_model)
+            except TooLargeError as e:
+                self.notes_start.append(f"start {name} {e}")
+                continue
+            if name in ("data-parallel", "expert"):
+                self.start_prices[name] = p
+            c = p.cost_s if opts.check_memory else p.time_s
+            key = strategy_key(strategy)
             if ok:
-                sim = DeltaSimulator(graph, strategy, cluster, cost_model)
-                p, strategy = price_of_sim(sim, graph, cluster), sim.strategy
-            else:
-                p = price(graph, strategy, cluster, cost_model)
-        except TooLargeError as e:
-            notes_start.append(f"start {name} {e}")
-            continue
-        if name in ("data-parallel", "expert"):
-            start_prices[name] = p
-        c = p.cost_s if opts.check_memory else p.time_s
-        key = strategy_key(strategy)
-        if ok:
-            here.keep((len(chains), key), sim, ctx["keep"])
-        beta = opts.beta if opts.beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
-        chains.append({"name": name, "index": len(chains), "strategy": strategy.to_dict(), "key": key,
-                       "rng": random.Random(rng.random()).getstate(), "beta": beta, "cost": c, "best_cost": c,
-                       "best": strategy.to_dict(), "best_key": key, "proposals": 0, "accepted": 0, "delta_ok": ok,
-                       "seconds": {"op": 0.0, "global": 0.0}, "counts": {"op": 0, "global": 0}})
-    if not chains:
-        raise TooLargeError("no starting strategy can be simulated: " + "; ".join(notes_start))
+                here.keep((len(self.chains), key), sim, self.ctx["keep"])
+            beta = opts.beta if opts.beta is not None else 100.0 / (c if math.isfinite(c) else p.time_s)
+            self.chains.append({"name": name, "index": len(self.chains), "strategy": strategy.to_dict(), "key": key,
+                                "rng": random.Random(self.rng.random()).getstate(), "beta": beta, "cost": c,
+                                "best_cost": c, "best": strategy.to_dict(), "best_key": key, "proposals": 0,
+                                "accepted": 0, "delta_ok": ok, "seconds": {"op": 0.0, "global": 0.0},
+                                "counts": {"op": 0, "global": 0}})
+        if not self.chains:
+            raise TooLargeError("no starting strategy can be simulated: " + "; ".join(self.notes_start))
+        self.n = len(self.chains)
+        top = min(self.chains, key=lambda ch: (ch["best_cost"], ch["index"]))
+        self.best_cost, self.best_dict = top["best_cost"], top["best"]
+        self.improved_at = (0, time.perf_counter() - self.t0)
+        self._report(Progress(0, time.perf_counter() - self.t0, self.best_cost, self.best_cost, 0.0, self.n,
+                              best=strategy_from_dict(self.best_dict)))
 
-    n = len(chains)
-    total = budget.iterations
-    # a proposal budget: rounds of about an eighth of a chain's share; a time budget alone: a
-    # first round of 8 proposals a chain, then rounds sized to take about a twentieth of the time
-    per_round = opts.round_proposals or (max(1, min(64, math.ceil(total / (8 * n)))) if total else 8)
-    adapt = opts.round_proposals is None and total is None and budget.seconds is not None
-    cache = PricedCache()
-    top = min(chains, key=lambda ch: (ch["best_cost"], ch["index"]))
-    best_cost, best_dict = top["best_cost"], top["best"]
-    it, rounds, adopted, hits_own, hits_other, priced = 0, 0, 0, 0, 0, 0
-    trace: list[Progress] = []
-    cancelled = False
-    search_s = None if budget.seconds is None else budget.seconds * (1.0 - FINAL_POLISH_SHARE if opts.polish else 1.0)
-    improved_at = (0, time.perf_counter() - t0)
-    round_s = 0.0  # the longest round took (s)
-    most = 0  # the most proposals a chain made in a round
-    # a first row with the best start: an interrupted search has a best so far to write
-    row = Progress(0, time.perf_counter() - t0, best_cost, best_cost, 0.0, n, best=strategy_from_dict(best_dict))
-    trace.append(row)
-    if progress is not None and progress(row) is False:
-        cancelled = True
-    with Backend(backend, context=ctx, workers=opts.workers, address=opts.address) as pool:
-        while not cancelled:
-            elapsed = time.perf_counter() - t0
-            if total is not None and (it >= total or (it > 0 and it - improved_at[0] >= total / 2)):
+    def run(self, pool: Backend) -> None:
+        """Rounds until the budget: a proposal budget gives rounds of about an eighth of a
+        chain's share; a time budget alone a first round of 8 proposals a chain, then rounds
+        sized to take about a twentieth of the time; no budget, eight rounds."""
+        total, budget = self.budget.iterations, self.budget
+        per_round = self.opts.round_proposals or (max(1, min(64, math.ceil(total / (8 * self.n)))) if total else 8)
+        adapt = self.opts.round_proposals is None and total is None and budget.seconds is not None
+        while not self.cancelled:
+            elapsed = time.perf_counter() - self.t0
+            if total is not None and (self.it >= total or (self.it > 0 and self.it - self.improved_at[0] >= total / 2)):
                 break
-            if budget.seconds is not None and (elapsed + round_s >= search_s or
-                                               elapsed - improved_at[1] >= budget.seconds / 2):
+            if budget.seconds is not None and (elapsed + self.round_s >= self.search_s or
+                                               elapsed - self.improved_at[1] >= budget.seconds / 2):
                 break
-            most = max(most, per_round)
-            counts = [per_round] * n
-            if total is not None and total - it < per_round * n:  # (the last round: what is left, in order)
-                left = total - it
-                counts = [left // n + (1 if k < left % n else 0) for k in range(n)]
-            snapshot = dict(cache.entries)
-            items = [{**{f: ch[f] for f in _SHIPPED}, "n": counts[k], "cache": snapshot}
-                     for k, ch in enumerate(chains) if counts[k]]
-            t_round = time.perf_counter()
-            results = pool.map(_run_round, items, pin=[item["index"] for item in items])
-            took_s = time.perf_counter() - t_round
-            round_s = max(round_s, took_s) if not adapt else took_s
+            took_s = self._round(pool, per_round)
+            self.round_s = max(self.round_s, took_s) if not adapt else took_s
             if adapt:  # (a time budget is allowed to differ run to run)
                 per_round = max(1, min(1024, int(per_round * (budget.seconds / 20) / max(took_s, 1e-3))))
-            rounds += 1
-            for item, res in zip(items, results):  # merged in the chains' order
-                ch = chains[item["index"]]
-                it += res["proposals"] - ch["proposals"]
-                ch.update(strategy=res["strategy"], key=res["key"], rng=res["rng"], cost=res["cost"],
-                          best_cost=res["best_cost"], proposals=res["proposals"], accepted=res["accepted"],
-                          delta_ok=res["delta_ok"], seconds=res["seconds"], counts=res["counts"])
-                if res["best"] is not None:
-                    ch["best"], ch["best_key"] = res["best"], res["best_key"]
-                cache.merge(res["new"])
-                hits_own, hits_other, priced = hits_own + res["hits_own"], hits_other + res["hits_other"], \
-                    priced + res["priced"]
-            top = min(chains, key=lambda ch: (ch["best_cost"], ch["index"]))
-            if top["best_cost"] < best_cost:
-                best_cost, best_dict = top["best_cost"], top["best"]
-                improved_at = (it, time.perf_counter() - t0)
-            if math.isfinite(best_cost):  # the broadcast: weak chains continue from the best so far
-                for ch in chains:
-                    if ch["cost"] > best_cost * (1.0 + opts.adopt_gap) and ch is not top:
-                        ch.update(strategy=top["best"], key=top["best_key"], cost=best_cost,
-                                  delta_ok=delta_affordable(graph, strategy_from_dict(top["best"]), cluster))
-                        if opts.beta is None:
-                            ch["beta"] = 100.0 / best_cost
-                        adopted += 1
-            accepted = sum(ch["accepted"] for ch in chains) / max(1, sum(ch["proposals"] for ch in chains))
-            row = Progress(it, time.perf_counter() - t0, min(ch["cost"] for ch in chains), best_cost, accepted, n,
-                           best=strategy_from_dict(best_dict))
-            trace.append(row)
-            if progress is not None and progress(row) is False:
-                cancelled = True
+            if self.cancelled:
                 break
-            if total is None and budget.seconds is None and rounds >= 8:
+            if total is None and budget.seconds is None and self.rounds >= 8:
                 break  # (no budget: eight rounds)
-    best = strategy_from_dict(best_dict)
-    polished = False
-    deadline = None if budget.seconds is None else t0 + budget.seconds
-    if opts.polish and not cancelled and (deadline is None or deadline - time.perf_counter() > 2 * round_s):
-        best, best_cost, polished = local_polish(graph, cluster, best, cost_model, opts.check_memory,
-                                                 max_evals=budget.iterations, deadline=deadline, global_moves=kinds)
-    elapsed = time.perf_counter() - t0
-    accepted = sum(ch["accepted"] for ch in chains) / max(1, sum(ch["proposals"] for ch in chains))
-    trace.append(Progress(it, elapsed, best_cost, best_cost, accepted, n))
-    if progress is not None:
-        progress(trace[-1])
-    found_by = {"algorithm": "mcmc", "seed": seed, "budget": str(budget),
-                "options": {"chains": opts.chains, "beta": opts.beta, "backend": backend,
-                            "round_proposals": most},
-                "rounds": rounds, "cache": {"hits_other": hits_other, "hits_own": hits_own, "simulated": priced,
-                                            "entries": len(cache), "adopted": adopted}}
-    final = Price(best_cost, True) if opts.check_memory and math.isfinite(best_cost) else \
-        price(graph, best, cluster, cost_model)
-    baselines, notes = price_baselines(graph, cluster, cost_model, known=start_prices)
-    notes = [x for x in notes_start if not x.startswith(("start data-parallel", "start expert"))] + notes
-    where = backend if backend != "pool" else f"pool of {pool.workers} processes"
-    notes.append(f"parallel chains on {where}: {n} chains, {rounds} rounds of up to {most} proposals a chain; "
-                 f"shared cache: {hits_other + hits_own} of {it} proposals priced from it ({hits_other} priced "
-                 f"by another chain, {hits_own} by the same chain), {priced} simulated, {len(cache)} strategies "
-                 f"cached; best so far adopted {adopted} times")
-    return SearchResult(stamp(best, graph, cluster, found_by, final), final.cost_s, baselines, it, elapsed, trace,
-                        cancelled, locally_optimal=polished, algorithm="mcmc", best_time_s=final.time_s, notes=notes)
+
+    def _round(self, pool: Backend, per_round: int) -> float:
+        """One round: every chain a task of ``per_round`` proposals (the last round what is
+        left, in order), merged in the chains' order, then the broadcast. Returns its seconds."""
+        n, total, chains = self.n, self.budget.iterations, self.chains
+        self.most = max(self.most, per_round)
+        counts = [per_round] * n
+        if total is not None and total - self.it < per_round * n:  # (the last round: what is left, in order)
+            left = total - self.it
+            counts = [left // n + (1 if k < left % n else 0) for k in range(n)]
+        snapshot = dict(self.cache.entries)
+        items = [{**{f: ch[f] for f in _SHIPPED}, "n": counts[k], "cache": snapshot}
+                 for k, ch in enumerate(chains) if counts[k]]
+        t_round = time.perf_counter()
+        results = pool.map(_run_round, items, pin=[item["index"] for item in items])
+        took_s = time.perf_counter() - t_round
+        self.rounds += 1
+        for item, res in zip(items, results):  # merged in the chains' order
+            ch = chains[item["index"]]
+            self.it += res["proposals"] - ch["proposals"]
+            ch.update(strategy=res["strategy"], key=res["key"], rng=res["rng"], cost=res["cost"],
+                      best_cost=res["best_cost"], proposals=res["proposals"], accepted=res["accepted"],
+                      delta_ok=res["delta_ok"], seconds=res["seconds"], counts=res["counts"])
+            if res["best"] is not None:
+                ch["best"], ch["best_key"] = res["best"], res["best_key"]
+            self.cache.merge(res["new"])
+            self.hits_own += res["hits_own"]
+            self.hits_other += res["hits_other"]
+            self.priced += res["priced"]
+        self._broadcast()
+        self._report(Progress(self.it, time.perf_counter() - self.t0, min(ch["cost"] for ch in chains),
+                              self.best_cost, self._acceptance(), n, best=strategy_from_dict(self.best_dict)))
+        return took_s
+
+    def _broadcast(self) -> None:
+        """The best so far, and weak chains continuing from it."""
+        top = min(self.chains, key=lambda ch: (ch["best_cost"], ch["index"]))
+        if top["best_cost"] < self.best_cost:
+            self.best_cost, self.best_dict = top["best_cost"], top["best"]
+            self.improved_at = (self.it, time.perf_counter() - self.t0)
+        if math.isfinite(self.best_cost):  # the broadcast: weak chains continue from the best so far
+            for ch in self.chains:
+                if ch["cost"] > self.best_cost * (1.0 + self.opts.adopt_gap) and ch is not top:
+                    ch.update(strategy=top["best"], key=top["best_key"], cost=self.best_cost,
+                              delta_ok=delta_affordable(self.graph, strategy_from_dict(top["best"]), self.cluster))
+                    if self.opts.beta is None:
+                        ch["beta"] = 100.0 / self.best_cost
+                    self.adopted += 1
+
+    def polish(self) -> None:
+        """The driver's final polish (:func:`engine.search.polish.local_polish`)."""
+        self.best = strategy_from_dict(self.best_dict)
+        deadline = None if self.budget.seconds is None else self.t0 + self.budget.seconds
+        if self.opts.polish and not self.cancelled and (deadline is None or
+                                                         deadline - time.perf_counter() > 2 * self.round_s):
+            self.best, self.best_cost, self.polished = local_polish(
+                self.graph, self.cluster, self.best, self.cost_model, self.opts.check_memory,
+                max_evals=self.budget.iterations, deadline=deadline, global_moves=self.kinds)
+
+    def result(self, workers: int) -> SearchResult:
+        """The best strategy priced like every search's answer; notes on the rounds and the cache."""
+        graph, cluster, opts, it = self.graph, self.cluster, self.opts, self.it
+        elapsed = time.perf_counter() - self.t0
+        self.trace.append(Progress(it, elapsed, self.best_cost, self.best_cost, self._acceptance(), self.n))
+        if self.progress is not None:
+            self.progress(self.trace[-1])
+        found_by = {"algorithm": "mcmc", "seed": self.seed, "budget": str(self.budget),
+                    "options": {"chains": opts.chains, "beta": opts.beta, "backend": self.backend,
+                                "round_proposals": self.most},
+                    "rounds": self.rounds, "cache": {"hits_other": self.hits_other, "hits_own": self.hits_own,
+                                                     "simulated": self.priced, "entries": len(self.cache),
+                                                     "adopted": self.adopted}}
+        final = Price(self.best_cost, True) if opts.check_memory and math.isfinite(self.best_cost) else \
+            price(graph, self.best, cluster, self.cost_model)
+        baselines, notes = price_baselines(graph, cluster, self.cost_model, known=self.start_prices)
+        notes = [x for x in self.notes_start if not x.startswith(("start data-parallel", "start expert"))] + notes
+        where = self.backend if self.backend != "pool" else f"pool of {workers} processes"
+        hits = self.hits_other + self.hits_own
+        notes.append(f"parallel chains on {where}: {self.n} chains, {self.rounds} rounds of up to {self.most} "
+                     f"proposals a chain; shared cache: {hits} of {it} proposals priced from it ({self.hits_other} "
+                     f"priced by another chain, {self.hits_own} by the same chain), {self.priced} simulated, "
+                     f"{len(self.cache)} strategies cached; best so far adopted {self.adopted} times")
+        return SearchResult(stamp(self.best, graph, cluster, found_by, final), final.cost_s, baselines, it, elapsed,
+                            self.trace, self.cancelled, locally_optimal=self.polished, algorithm="mcmc",
+                            best_time_s=final.time_s, notes=notes)
+
+    def _report(self, row: Progress) -> None:
+        self.trace.append(row)
+        if self.progress is not None and self.progress(row) is False:
+            self.cancelled = True
+
+    def _acceptance(self) -> float:
+        return sum(ch["accepted"] for ch in self.chains) / max(1, sum(ch["proposals"] for ch in self.chains))
