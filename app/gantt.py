@@ -227,7 +227,6 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     and the schedule's formula (:func:`_bubble`).
     """
     tg = timeline.tasks
-    start, end = timeline.start_s, timeline.end_s
     makespan = timeline.makespan_s
     t0, t1 = window if window else (0.0, makespan)
     names = [op.name for op in graph.ops]
@@ -255,6 +254,28 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
     link_row[links_used] = 2 * shown.size + np.arange(links_used.size)
     labels += link_names
+    row, comp, drawn, ct, cr = _task_rows(timeline, dev_row, link_row, t0, t1)
+    in_view = int(np.count_nonzero(drawn)) + ct.size
+    per_kind = _pairs_by_kind(timeline, row, drawn, ct, cr)
+    eps = _merge_width(per_kind, in_view, max_bars, t0, t1)
+    bars = _merged_bars(timeline, names, per_kind, eps)
+    over = _overlays(graph, timeline, names, row, comp, ct, cr, selected, eps, max_bars, t0, t1)
+    bubble = _bubble(timeline, dev_row, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
+    return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
+            "bubble": bubble,
+            "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,
+            "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
+            "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
+
+
+def _task_rows(timeline: Timeline, dev_row: np.ndarray, link_row: np.ndarray, t0: float,
+               t1: float) -> tuple[np.ndarray, ...]:
+    """[task] the row of each task that is not a collective (-1: none), [task] whether it is a
+    compute task or an optimizer step that takes time, [task] whether it is drawn (on a row, in
+    the window ``t0``..``t1``, not empty), and the collectives' (task, row) pairs in the window."""
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
+    kind = tg.kind
     # a row per task (collectives: see below)
     row = np.full(tg.num_tasks, -1, np.int64)
     comp = (kind == FWD) | (kind == BWD) | ((kind == UPDATE) & (tg.dur_s > 0))
@@ -274,10 +295,16 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             cr = dev_row[idx]
             ok = (cr >= 0) & visible[ct]
             ct, cr = ct[ok], cr[ok] + 1
-    in_view = int(np.count_nonzero(drawn)) + ct.size
-    eps = -1.0
-    if in_view > max_bars:
-        eps = (t1 - t0) / 1500
+    return row, comp, drawn, ct, cr
+
+
+def _pairs_by_kind(timeline: Timeline, row: np.ndarray, drawn: np.ndarray, ct: np.ndarray,
+                   cr: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per kind (:data:`PHASE_NAMES`, the all-to-alls apart as :data:`A2A_LABEL`) its drawn
+    (task, row) pairs ordered by row, then start, with each pair's :func:`gap_before`."""
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
+    kind = tg.kind
     per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
     order = timeline.order if timeline.order.size == tg.num_tasks else np.arange(tg.num_tasks)
     in_order = order[drawn[order]]  # (the drawn tasks in dispatch order)
@@ -293,11 +320,30 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             t, r = by_row_then_start(in_order[kind_in_order == k], row, start)
         if t.size:
             per_kind[label] = (t, r, gap_before(r, start[t], end[t]))
+    return per_kind
+
+
+def _merge_width(per_kind: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], in_view: int, max_bars: int,
+                 t0: float, t1: float) -> float:
+    """The merge's gap ``eps`` (negative: none merged, when the ``in_view`` (task, row) pairs are
+    at most ``max_bars``): from 1/1500 of the window ``t0``..``t1``, doubled until the bars
+    number at most ``max_bars`` (or it passes the window's width)."""
+    eps = -1.0
+    if in_view > max_bars:
+        eps = (t1 - t0) / 1500
     while eps >= 0:  # (the merge's bar count at each width, without merging)
         total = sum(int(np.count_nonzero(g > eps)) for _, _, g in per_kind.values())
         if total <= max_bars or eps > (t1 - t0):
             break  # (past the window's width every row and kind is one bar already)
         eps *= 2
+    return eps
+
+
+def _merged_bars(timeline: Timeline, names: list[str], per_kind: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 eps: float) -> dict[str, dict[str, Any]]:
+    """Per kind its bars (:func:`merge_bars` at gap ``eps``) with their hover texts."""
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
     bars: dict[str, dict[str, Any]] = {}
     for label, (t, r, g) in per_kind.items():
         first, b_start, b_end, count = merge_bars(r, start[t], end[t], eps, g)
@@ -308,6 +354,17 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             roles = a2a_roles(tg, start, b["task"])
             b["text"] = [t if c > 1 else t.replace(" all_to_all ", f" all_to_all {r} ", 1)
                          for t, r, c in zip(b["text"], roles, np.asarray(b["count"]).tolist())]
+    return bars
+
+
+def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], row: np.ndarray, comp: np.ndarray,
+              ct: np.ndarray, cr: np.ndarray, selected: list[str] | None, eps: float, max_bars: int,
+              t0: float, t1: float) -> dict[str, dict[str, Any]]:
+    """The overlays: the critical chain's tasks (a collective's on its first device's row) and
+    the selected ops' compute tasks, those in the window, merged as the bars are (gap ``eps``)
+    when they are many."""
+    tg = timeline.tasks
+    start, end = timeline.start_s, timeline.end_s
     overlays = {}
     crit = timeline.critical_tasks
     first_row = np.full(tg.num_tasks, -1, np.int64)
@@ -333,12 +390,7 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
         else:
             over[name] = {"start": start[t], "end": end[t], "row": row[t],
                           "text": _task_texts(tg, names, t, np.ones(t.size, np.int64), start[t], end[t])}
-    bubble = _bubble(timeline, dev_row, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
-    return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
-            "bubble": bubble,
-            "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,
-            "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
-            "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
+    return over
 
 
 def _bubble(timeline: Timeline, dev_row: np.ndarray, pipeline: tuple[int, int, int], t0: float,

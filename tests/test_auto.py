@@ -116,15 +116,15 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
     dynamic program cannot be stopped midway), so auto ends near its budget: each seed is
     given at most the seeds' share of the budget, and MCMC what is left (how near it ends:
     ``benchmarks/bench_refusals.py``)."""
-    import engine.search.auto as A
+    import engine.search.seed_runs as A
 
-    shares, real = [], A._bounded
+    shares, real = [], A.bounded
 
     def bounded(algorithm, graph, cluster, budget, seed, cost, seconds, tick):
         shares.append((seconds, budget.seconds))
         return real(algorithm, graph, cluster, budget, seed, cost, seconds, tick)
 
-    monkeypatch.setattr(A, "_bounded", bounded)
+    monkeypatch.setattr(A, "bounded", bounded)
     g, c = resolve_model("resnet101"), preset("p100-4x4")
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
     # which stages run depends on the machine's speed (on a loaded machine the baselines' pricing
@@ -147,11 +147,11 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
 def test_the_seeds_get_their_shares_of_a_time_budget_on_a_fake_clock(monkeypatch):
     """auto's wiring of the seeds into their child processes, on a clock that moves only as
     the test says (every reading 5 ms later, and a seed takes its whole share), so at any speed
-    of the machine: each seed goes through ``_bounded`` with half of what is left of the seeds'
+    of the machine: each seed goes through ``seed_runs.bounded`` with half of what is left of the seeds'
     share and the last with all of it, no seed starts past that share, and MCMC runs after."""
     import time
 
-    import engine.search.auto as A
+    import engine.search.seed_runs as A
 
     clock = [1000.0]
 
@@ -167,7 +167,7 @@ def test_the_seeds_get_their_shares_of_a_time_budget_on_a_fake_clock(monkeypatch
         return f"stopped at its share of the budget ({seconds:.1f} s)"
 
     monkeypatch.setattr(time, "perf_counter", now)
-    monkeypatch.setattr(A, "_bounded", bounded)
+    monkeypatch.setattr(A, "bounded", bounded)
     g, c = resolve_model("alexnet"), preset("p100-4x4")
     start = clock[0]
     r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
@@ -192,7 +192,7 @@ def test_a_seed_that_outlives_its_share_is_stopped():
     import time
     import types
 
-    from engine.search.auto import _bounded
+    from engine.search.seed_runs import bounded as _bounded
 
     g, c = resolve_model("alexnet"), preset("p100-4x4")
     endless = types.SimpleNamespace(run=lambda *a, **k: time.sleep(3600))
@@ -215,7 +215,7 @@ def test_a_seed_process_that_dies_is_reported_not_waited_for():
     import os
     import types
 
-    from engine.search.auto import _bounded
+    from engine.search.seed_runs import bounded as _bounded
 
     g, c = resolve_model("alexnet"), preset("p100-4x4")
     dying = types.SimpleNamespace(run=lambda *a, **k: os._exit(3))

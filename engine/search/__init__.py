@@ -6,57 +6,9 @@ hard-coded menu; an algorithm's module is imported when it first runs, so listin
 simulating a strategy) loads none.
 """
 
-from __future__ import annotations
-
-import importlib
-from dataclasses import dataclass
-from typing import Any
-
 from .api import (AutoOptions, Budget, DifferentiableOptions, MCMCOptions, PaseOptions, PipelineOptions, Progress,
-    SearchResult, parse_options)
+                  SearchResult)
+from .registry import ALGORITHMS, Algorithm, run_search
 
-__all__ = ["ALGORITHMS", "Algorithm", "Budget", "Progress", "SearchResult", "run_search"]
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """A registered search: ``engine.search.<name>.<name>`` with its options type."""
-
-    name: str
-    options: type
-    description: str
-
-    def run(self, graph, cluster, budget: Budget | None = None, *, seed: int = 0, progress=None, initial=None,
-            cost=None, options: Any = None) -> SearchResult:
-        """Run the search (see :mod:`engine.search.api` for the arguments)."""
-        if options is not None and not isinstance(options, self.options):
-            raise TypeError(f"{self.name} takes {self.options.__name__}, not {type(options).__name__}")
-        fn = getattr(importlib.import_module(f"{__name__}.{self.name}"), self.name)
-        return fn(graph, cluster, budget, seed=seed, progress=progress, initial=initial, cost=cost, options=options)
-
-    def parse_options(self, pairs: list[str] | None) -> Any:
-        """The options from ``["name=value", ...]`` (the CLI's ``--option``)."""
-        return parse_options(self.options, pairs)
-
-
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("auto", AutoOptions,
-              "the fast searches that apply (PaSE, differentiable, pipeline planner) as seeds, then MCMC from the "
-              "best of them and the baselines; never slower than a feasible baseline or seed"),
-    Algorithm("mcmc", MCMCOptions,
-              "FlexFlow's MCMC over the SOAP space with delta simulation and successive halving"),
-    Algorithm("pase", PaseOptions,
-              "PaSE's dynamic programming: the exact optimum of a per-op + per-edge cost (Elango IPDPS'21)"),
-    Algorithm("pipeline", PipelineOptions,
-              "Alpa-style pipeline stages by dynamic programming, intra-op layouts inside, stage communication, "
-              "microbatches and hardware-aware placement"),
-    Algorithm("differentiable", DifferentiableOptions,
-              "softmax-relaxed configs (DARTS-style), gradient descent with annealing, then discretised and polished"),
-)}
-
-
-def run_search(algorithm: str, graph, cluster, budget: Budget | None = None, **kwargs: Any) -> SearchResult:
-    """``ALGORITHMS[algorithm].run(...)``, with a clear error for an unknown name."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown search algorithm {algorithm!r}; available: {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[algorithm].run(graph, cluster, budget, **kwargs)
+__all__ = ["ALGORITHMS", "Algorithm", "run_search", "Budget", "Progress", "SearchResult", "AutoOptions",
+           "MCMCOptions", "PaseOptions", "PipelineOptions", "DifferentiableOptions"]

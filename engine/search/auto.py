@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import time
 from dataclasses import replace
 
@@ -54,9 +53,14 @@ from ..layout import Layout
 from ..graph.blocks import layer_blocks
 from ..moe import expert_counts
 from ..strategy import Strategy, strategy_from_dict
+from ..layout.build import build_layout, fsdp
+from . import seed_runs
 from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
+from .baselines import data_parallel, expert
+from .chains import delta_affordable
 from .polish import PolishResult, PolishSlices, coordinate_descent
-from .processes import die_with_parent
+from .processes import check_backend
+from .registry import ALGORITHMS
 from .seed_layouts import moe_seed_layouts
 
 __all__ = ["auto", "PASE_MAX_OPS"]
@@ -114,183 +118,217 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
          progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
          options: AutoOptions | None = None) -> SearchResult:
     """Seeds (PaSE, differentiable, pipeline planner, where they apply), then MCMC from the
-    best feasible seed or baseline; the best strategy seen, with what each algorithm found."""
-    from . import ALGORITHMS
-    from ..layout.build import build_layout, fsdp
-    from .baselines import data_parallel, expert
+    best feasible seed or baseline; the best strategy seen, with what each algorithm found.
+    The stages run in order over one :class:`_Auto` state (see the module's docstring)."""
+    a = _Auto(graph, cluster, budget, seed, progress, cost, options)
+    a.baselines(initial)
+    a.layout_seeds()
+    a.searches()
+    a.polish()
+    a.mcmc(initial)
+    return a.result()
 
-    t0 = time.perf_counter()
-    opts = options or AutoOptions()
-    if opts.backend is not None:
-        from .processes import check_backend
 
-        opts = replace(opts, backend=check_backend(opts.backend))  # (an unknown name: one line, before any work)
-    budget = budget or Budget(seconds=30.0)
-    cost_model = cost or CostModel()
-    cancelled = False
-    notes: list[str] = []
-    found: dict[str, tuple[Strategy, Price]] = {}  # source -> (strategy, price)
-    trace: list[Progress] = []
-    best_cost = math.inf
-    best_so_far: list[Strategy | None] = [None]
-    proposals = [0]  # made by the stages that finished
-    stage = ["baselines"]
-    # past this MCMC is stopped at its next progress row, as a consumer stops it
-    deadline = None if budget.seconds is None else t0 + HARD_SHARE * budget.seconds
-    overran = [False]
-    last_row: list[float | None] = [None]  # when MCMC's last progress row came
+class _Auto:
+    """One ``auto`` search: what it priced (``found``: source -> (strategy, price)), the best so
+    far, how long pricing took, the notes and the progress trace; the stages below fill them."""
 
-    def report(row: Progress) -> bool:
+    def __init__(self, graph: OpGraph, cluster: Cluster, budget: Budget | None, seed: int,
+                 progress: ProgressFn | None, cost: CostModel | None, options: AutoOptions | None) -> None:
+        self.t0 = time.perf_counter()
+        opts = options or AutoOptions()
+        if opts.backend is not None:
+            opts = replace(opts, backend=check_backend(opts.backend))  # (an unknown name: one line, before any work)
+        self.graph, self.cluster, self.seed, self.progress, self.opts = graph, cluster, seed, progress, opts
+        self.budget = budget = budget or Budget(seconds=30.0)
+        self.cost_model = cost or CostModel()
+        self.cancelled = False
+        self.notes: list[str] = []
+        self.found: dict[str, tuple[Strategy, Price]] = {}
+        self.trace: list[Progress] = []
+        self.best_cost = math.inf
+        self.best_so_far: Strategy | None = None
+        self.proposals = 0  # made by the stages that finished
+        self.stage = "baselines"
+        # past this MCMC is stopped at its next progress row, as a consumer stops it
+        self.deadline = None if budget.seconds is None else self.t0 + HARD_SHARE * budget.seconds
+        self.overran = False
+        self.last_row: float | None = None  # when MCMC's last progress row came
+        # the longest one pricing took so far (s): the first pricing of the call is left out once
+        # another was timed (it carries a fresh process's imports and compiled-code loads: 1.2 of the
+        # 1.6 s data parallel's first pricing took on AlexNet / p100-4x4, 0.05 s warm; 4.9 s under load)
+        self.slowest_price = 0.0
+        self.took_s: list[float] = []
+        self.price_s: dict[int, float] = {}  # id(strategy) -> the seconds pricing it took
+        self.layered = len(layer_blocks(graph)) >= 2
+        self.seed_end = self.t0 + opts.seed_share * budget.seconds if budget.seconds is not None else None
+        self.found_before_searches: dict[str, tuple[bool, float]] = {}  # the bar the searches are measured by
+
+    # ------------------------------------------------------------------ shared
+
+    def report(self, row: Progress) -> bool:
         """Forward a stage's progress with auto's elapsed time and best so far (the
         strategy too: a consumer that keeps the best row's strategy keeps the best one). A
         seed's own rows carry its model's cost (PaSE's and the differentiable search's
         analytic cost, not a simulation), so while a seed runs the rows carry the best priced
         so far; MCMC's rows are simulated and memory-checked, and pass when better."""
-        nonlocal cancelled
         now = time.perf_counter()
-        if stage[0] == "mcmc" and deadline is not None:
+        if self.stage == "mcmc" and self.deadline is not None:
             # stopped when the next move, taking as long as the last one, would end past the
             # deadline (MCMC keeps and returns its best when stopped)
-            move_s = 0.0 if last_row[0] is None else now - last_row[0]
-            last_row[0] = now
-            if now + move_s > deadline:
-                overran[0] = True
+            move_s = 0.0 if self.last_row is None else now - self.last_row
+            self.last_row = now
+            if now + move_s > self.deadline:
+                self.overran = True
                 return False
-        if stage[0] == "mcmc" and row.best_cost_s <= best_cost:
-            out = replace(row, elapsed_s=time.perf_counter() - t0, iteration=proposals[0] + row.iteration)
+        if self.stage == "mcmc" and row.best_cost_s <= self.best_cost:
+            out = replace(row, elapsed_s=time.perf_counter() - self.t0, iteration=self.proposals + row.iteration)
         else:
             # (a seed's current cost is its own model's, not a simulated time: not plotted)
-            current = row.current_cost_s if stage[0] == "mcmc" else best_cost
-            out = replace(row, elapsed_s=time.perf_counter() - t0, iteration=proposals[0] + row.iteration,
-                          current_cost_s=current, best_cost_s=best_cost, best=best_so_far[0])
-        trace.append(out)
-        if progress is not None and progress(out) is False:
-            cancelled = True
+            current = row.current_cost_s if self.stage == "mcmc" else self.best_cost
+            out = replace(row, elapsed_s=time.perf_counter() - self.t0, iteration=self.proposals + row.iteration,
+                          current_cost_s=current, best_cost_s=self.best_cost, best=self.best_so_far)
+        self.trace.append(out)
+        if self.progress is not None and self.progress(out) is False:
+            self.cancelled = True
             return False
         return True
 
-    # the longest one pricing took so far (s): the first pricing of the call is left out once
-    # another was timed (it carries a fresh process's imports and compiled-code loads: 1.2 of the
-    # 1.6 s data parallel's first pricing took on AlexNet / p100-4x4, 0.05 s warm; 4.9 s under load)
-    slowest_price = [0.0]
-    took_s: list[float] = []
-    price_s: dict[int, float] = {}  # id(strategy) -> the seconds pricing it took
-
-    def timed_price(strategy: Strategy) -> Price:
+    def timed_price(self, strategy: Strategy) -> Price:
         t = time.perf_counter()
         try:
-            return price(graph, strategy, cluster, cost_model)
+            return price(self.graph, strategy, self.cluster, self.cost_model)
         finally:
-            price_s[id(strategy)] = time.perf_counter() - t
-            took_s.append(price_s[id(strategy)])
-            slowest_price[0] = max(took_s[1:] or took_s)
+            self.price_s[id(strategy)] = time.perf_counter() - t
+            self.took_s.append(self.price_s[id(strategy)])
+            self.slowest_price = max(self.took_s[1:] or self.took_s)
 
-    def consider(name: str, strategy: Strategy, p: Price) -> None:
-        nonlocal best_cost
-        found[name] = (strategy, p)
-        if p.cost_s < best_cost:
-            best_cost, best_so_far[0] = p.cost_s, strategy
+    def consider(self, name: str, strategy: Strategy, p: Price) -> None:
+        self.found[name] = (strategy, p)
+        if p.cost_s < self.best_cost:
+            self.best_cost, self.best_so_far = p.cost_s, strategy
 
-    # baselines and the user's starting point, priced alike
-    for name, make in (("data-parallel", data_parallel), ("expert", expert)):
-        try:
-            s = make(graph, cluster)
-            p = timed_price(s)
-        except TooLargeError as e:
-            notes.append(f"baseline {name} {e}: no speedup over it is reported")
-            continue
-        except ValueError as e:
-            notes.append(f"baseline {name} cannot run here: {e}")
-            continue
-        consider(name, s, p)
-    layered = len(layer_blocks(graph)) >= 2
-    if layered:
-        # a layered model (an LLM) too large for data parallel usually fits fully sharded with
-        # recomputation: a starting point MCMC and the user can compare with
-        try:
-            s = fsdp(graph, cluster, Layout(zero_stage=3, micro_batch=1, recompute="full"))
-            p = timed_price(s)
-        except ValueError as e:
-            notes.append(f"baseline fsdp cannot run here: {e}")
-        else:
-            consider("fsdp", s, p)
-            notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
-    if initial is not None:
-        try:
-            consider("initial", initial, timed_price(initial))
-        except TooLargeError as e:
-            notes.append(f"the starting strategy was {e}")
+    def _tick(self) -> bool:
+        return self.report(Progress(0, 0.0, self.best_cost, self.best_cost, 0.0))
 
-    # Megatron layouts of a mixture-of-experts model (the published recipes' shapes), priced
-    # like the baselines before the searches; within the seeds' share of a time budget
-    seed_end = t0 + opts.seed_share * budget.seconds if budget.seconds is not None else None
-    moe = bool(expert_counts(graph))
-    if opts.seeds and layered:
+    # ------------------------------------------------------------------ the stages
+
+    def baselines(self, initial: Strategy | None) -> None:
+        """The baselines and the user's starting point, priced alike (a layered model also
+        fully sharded with recomputation: it usually fits where data parallel does not)."""
+        graph, cluster, notes = self.graph, self.cluster, self.notes
+        for name, make in (("data-parallel", data_parallel), ("expert", expert)):
+            try:
+                s = make(graph, cluster)
+                p = self.timed_price(s)
+            except TooLargeError as e:
+                notes.append(f"baseline {name} {e}: no speedup over it is reported")
+                continue
+            except ValueError as e:
+                notes.append(f"baseline {name} cannot run here: {e}")
+                continue
+            self.consider(name, s, p)
+        if self.layered:
+            try:
+                s = fsdp(graph, cluster, Layout(zero_stage=3, micro_batch=1, recompute="full"))
+                p = self.timed_price(s)
+            except ValueError as e:
+                notes.append(f"baseline fsdp cannot run here: {e}")
+            else:
+                self.consider("fsdp", s, p)
+                notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
+        if initial is not None:
+            try:
+                self.consider("initial", initial, self.timed_price(initial))
+            except TooLargeError as e:
+                notes.append(f"the starting strategy was {e}")
+
+    def layout_seeds(self) -> None:
+        """Megatron layouts of a layered model (the published recipes' shapes: a
+        mixture-of-experts model's with fp8 where its GPUs have it), priced like the baselines
+        before the searches, within the seeds' share of a time budget."""
+        graph, cluster, opts = self.graph, self.cluster, self.opts
+        moe = bool(expert_counts(graph))
+        if not (opts.seeds and self.layered):
+            return
         fp8 = opts.fp8 if opts.fp8 is not None else moe and all(
             "fp8" in cluster.device_type(d).peak_flops_per_s for d in range(cluster.num_devices))
-        stage[0] = "megatron"
+        self.stage = "megatron"
         for first, *fallbacks in moe_seed_layouts(graph, cluster, fp8=fp8, dense=not moe):
             for lay in (first, *fallbacks):  # (a deeper pipeline when the first does not fit)
                 # (a seed is not started without the time the slowest pricing took)
-                if cancelled or (seed_end is not None and seed_end - time.perf_counter() < slowest_price[0]):
+                if self.cancelled or (self.seed_end is not None and
+                                      self.seed_end - time.perf_counter() < self.slowest_price):
                     break
                 try:
                     s = build_layout(graph, cluster, lay)
-                    p = timed_price(s)
+                    p = self.timed_price(s)
                 except (ValueError, TooLargeError) as e:
-                    notes.append(f"{_seed_name(lay)}: cannot run here: {str(e)[:200]}")
+                    self.notes.append(f"{_seed_name(lay)}: cannot run here: {str(e)[:200]}")
                     continue
-                consider(_seed_name(lay), s, p)
-                report(Progress(0, 0.0, best_cost, best_cost, 0.0))
+                self.consider(_seed_name(lay), s, p)
+                self._tick()
                 if p.feasible:
                     break
-        picked = [n for n in found if n.startswith("megatron ")]
-        notes.append(f"{'mixture-of-experts' if moe else 'dense'} seeds: {len(picked)} Megatron layouts priced "
-                     "(ZeRO-1, micro-batch 1"
-                     + (", fp8 GEMMs as the published MoE recipes; AutoOptions(fp8=False) keeps bf16)" if fp8 else ")"))
+        picked = [n for n in self.found if n.startswith("megatron ")]
+        self.notes.append(f"{'mixture-of-experts' if moe else 'dense'} seeds: {len(picked)} Megatron layouts priced "
+                          "(ZeRO-1, micro-batch 1" + (", fp8 GEMMs as the published MoE recipes; "
+                                                      "AutoOptions(fp8=False) keeps bf16)" if fp8 else ")"))
 
-    # seeds (the searches); what was priced before them, the bar they are measured against
-    found_before_searches = {n: (not p.feasible, p.time_s) for n, (_, p) in found.items()}
-    seeds: list[str] = []
-    if opts.seeds:
-        small = len(graph.ops) <= PASE_MAX_OPS
-        for name in ("pipeline", "differentiable", "pase"):  # the quickest first
-            if name in ("pase", "differentiable") and not small:
-                notes.append(f"{name}: not run as a seed ({len(graph.ops)} ops, more than {PASE_MAX_OPS})")
-            elif name == "pipeline" and not layered:
-                notes.append("pipeline: not run as a seed (the model has no repeated layers to stage)")
-            else:
-                seeds.append(name)
-    # with a proposal budget and a backend, the seeds run at once as its tasks (each with its own
-    # defaults, as in process: the same answers, considered in the same order)
-    ran = _seeds_on_backend(seeds, graph, cluster, seed, cost_model, opts) \
-        if opts.backend is not None and budget.seconds is None and seeds and not cancelled else {}
-    unpaid: set[str] = set()  # the seed families whose last seed beat nothing priced before it
-    for i, name in enumerate(seeds):
-        if cancelled:
-            break
-        if SEED_FAMILY[name] in unpaid:
-            notes.append(f"{name}: not run as a seed (the {SEED_FAMILY[name]} seed before it beat nothing "
-                         "priced before it; MCMC gets its time)")
-            continue
-        share = None
-        if seed_end is not None:
-            share = seed_slice(name, seed_end - time.perf_counter(), seeds[i + 1:])
-            # (a seed prices what it finds as auto does: not started with less than one pricing took)
-            if share < max(1.0, slowest_price[0]):
-                notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of the "
-                             f"budget; pricing one strategy took up to {slowest_price[0]:.1f} s)")
+    def searches(self) -> None:
+        """The seed searches that apply, quickest first, each in its slice of the seeds' share
+        (:func:`seed_slice`); a seed that beats nothing priced before it stops its family."""
+        graph, opts, notes = self.graph, self.opts, self.notes
+        # what was priced before them, the bar they are measured against
+        self.found_before_searches = {n: (not p.feasible, p.time_s) for n, (_, p) in self.found.items()}
+        seeds: list[str] = []
+        if opts.seeds:
+            small = len(graph.ops) <= PASE_MAX_OPS
+            for name in ("pipeline", "differentiable", "pase"):  # the quickest first
+                if name in ("pase", "differentiable") and not small:
+                    notes.append(f"{name}: not run as a seed ({len(graph.ops)} ops, more than {PASE_MAX_OPS})")
+                elif name == "pipeline" and not self.layered:
+                    notes.append("pipeline: not run as a seed (the model has no repeated layers to stage)")
+                else:
+                    seeds.append(name)
+        # with a proposal budget and a backend, the seeds run at once as its tasks (each with its own
+        # defaults, as in process: the same answers, considered in the same order)
+        ran = seed_runs.seeds_on_backend(seeds, graph, self.cluster, self.seed, self.cost_model, opts) \
+            if opts.backend is not None and self.budget.seconds is None and seeds and not self.cancelled else {}
+        unpaid: set[str] = set()  # the seed families whose last seed beat nothing priced before it
+        for i, name in enumerate(seeds):
+            if self.cancelled:
+                break
+            if SEED_FAMILY[name] in unpaid:
+                notes.append(f"{name}: not run as a seed (the {SEED_FAMILY[name]} seed before it beat nothing "
+                             "priced before it; MCMC gets its time)")
                 continue
+            share = None
+            if self.seed_end is not None:
+                share = seed_slice(name, self.seed_end - time.perf_counter(), seeds[i + 1:])
+                # (a seed prices what it finds as auto does: not started with less than one pricing took)
+                if share < max(1.0, self.slowest_price):
+                    notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of "
+                                 f"the budget; pricing one strategy took up to {self.slowest_price:.1f} s)")
+                    continue
+            before = self.best_cost
+            if self._seed(name, share, ran) and not self.best_cost < before:
+                unpaid.add(SEED_FAMILY[name])
+
+    def _seed(self, name: str, share: float | None, ran: dict[str, tuple]) -> bool:
+        """Run seed ``name`` (in a child process stopped at ``share`` seconds, from the backend's
+        answers in ``ran``, or in process) and consider its answer; False when it gave none."""
+        graph, cluster, notes = self.graph, self.cluster, self.notes
         sb = Budget(seconds=share) if share is not None else None
         t = time.perf_counter()
-        stage[0] = name
+        self.stage = name
         try:
             if share is not None and "fork" in multiprocessing.get_all_start_methods():
-                out = _bounded(ALGORITHMS[name], graph, cluster, sb, seed, cost_model, share,
-                               lambda: report(Progress(0, 0.0, best_cost, best_cost, 0.0)))
+                out = seed_runs.bounded(ALGORITHMS[name], graph, cluster, sb, self.seed, self.cost_model, share,
+                                        self._tick)
                 if isinstance(out, str):  # (``report`` set ``cancelled`` when the consumer stopped it)
-                    notes.append(f"{name}: " + ("cancelled" if cancelled else out))
-                    continue
+                    notes.append(f"{name}: " + ("cancelled" if self.cancelled else out))
+                    return False
                 best_s, time_s, feasible, iterations = out
             elif name in ran:
                 status, value, ran_s = ran[name]
@@ -300,190 +338,120 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
                 data, time_s, feasible, iterations = value
                 best_s = strategy_from_dict(data)
             else:
-                r = ALGORITHMS[name].run(graph, cluster, sb, seed=seed, progress=report, cost=cost_model)
+                r = ALGORITHMS[name].run(graph, cluster, sb, seed=self.seed, progress=self.report,
+                                         cost=self.cost_model)
                 best_s, time_s, feasible, iterations = r.best, r.best_time_s, math.isfinite(r.best_cost_s), r.iterations
-                cancelled = cancelled or r.cancelled
+                self.cancelled = self.cancelled or r.cancelled
         except (ValueError, MemoryError) as e:
             notes.append(f"{name}: refused as a seed: {e}")
-            continue
+            return False
         p = Price(time_s, feasible)
-        before = best_cost
-        consider(name, best_s, p)
-        if not p.cost_s < before:
-            unpaid.add(SEED_FAMILY[name])
-        proposals[0] += iterations
+        self.consider(name, best_s, p)
+        self.proposals += iterations
         notes.append(f"{name}: {_ms(p)} in {time.perf_counter() - t:.1f} s")
+        return True
 
-    # greedy coordinate descent over single-op configs (engine.search.polish) from the best priced
-    # so far, where it fits and a delta simulator of it is affordable; with a time budget it takes
-    # POLISH_SHARE of what is left and more slices while they pay (PolishSlices), with a number
-    # budget that many candidates
-    from .chains import delta_affordable
-
-    start_name, start = _best(found)
-    left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - t0)
-    if not cancelled and opts.refine and found[start_name][1].feasible and \
-            (left is None or POLISH_SHARE * left > 2 * price_s.get(id(start), slowest_price[0])) and \
-            delta_affordable(graph, start, cluster):
-        stage[0] = "polish"
+    def polish(self) -> None:
+        """Greedy coordinate descent over single-op configs (:mod:`engine.search.polish`) from
+        the best priced so far, where it fits and a delta simulator of it is affordable; with a
+        time budget it takes POLISH_SHARE of what is left and more slices while they pay
+        (:class:`PolishSlices`), with a number budget that many candidates."""
+        graph, cluster, budget = self.graph, self.cluster, self.budget
+        start_name, start = _best(self.found)
+        left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - self.t0)
+        if self.cancelled or not self.opts.refine or not self.found[start_name][1].feasible or \
+                (left is not None and not POLISH_SHARE * left > 2 * self.price_s.get(id(start), self.slowest_price)) \
+                or not delta_affordable(graph, start, cluster):
+            return
+        self.stage = "polish"
         t = time.perf_counter()
-        slices = None if left is None else PolishSlices(t, left, found[start_name][1].cost_s, POLISH_SHARE,
+        slices = None if left is None else PolishSlices(t, left, self.found[start_name][1].cost_s, POLISH_SHARE,
                                                         POLISH_MAX_SHARE)
         # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
         until = None if slices is None else lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round)
 
         def tick(r: PolishResult) -> bool:
-            if r.cost_s < best_cost:
-                consider("polish", r.strategy, Price(r.cost_s, True))
-            return report(Progress(r.evals, 0.0, best_cost, best_cost, 0.0))
+            if r.cost_s < self.best_cost:
+                self.consider("polish", r.strategy, Price(r.cost_s, True))
+            return self.report(Progress(r.evals, 0.0, self.best_cost, self.best_cost, 0.0))
 
         try:
-            pr = coordinate_descent(graph, cluster, start, cost_model, max_evals=budget.iterations,
+            pr = coordinate_descent(graph, cluster, start, self.cost_model, max_evals=budget.iterations,
                                     deadline=None if slices is None else slices.cap, tick=tick, until=until)
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
-            notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
-        else:
-            consider("polish", pr.strategy, Price(pr.cost_s, True))
-            proposals[0] += pr.evals
-            notes.append(f"polish (coordinate descent) from {start_name}: {_ms(found['polish'][1])}, {pr.evals} "
-                         f"candidates in {pr.rounds} rounds in {time.perf_counter() - t:.1f} s"
-                         + (" (a local optimum)" if pr.finished else ""))
+            self.notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
+            return
+        self.consider("polish", pr.strategy, Price(pr.cost_s, True))
+        self.proposals += pr.evals
+        self.notes.append(f"polish (coordinate descent) from {start_name}: {_ms(self.found['polish'][1])}, "
+                          f"{pr.evals} candidates in {pr.rounds} rounds in {time.perf_counter() - t:.1f} s"
+                          + (" (a local optimum)" if pr.finished else ""))
 
-    # MCMC from the best feasible seed or baseline (it also starts from data parallel and expert)
-    start_name, start = _best(found)
-    mcmc_budget = budget
-    if budget.seconds is not None:
-        mcmc_budget = Budget(iterations=budget.iterations,
-                             seconds=max(0.5, budget.seconds - (time.perf_counter() - t0)))
-    # MCMC builds and prices its starting points (data parallel, expert, the seed) before its
-    # first move, and a move prices about as long as its start: it is not started when what is
-    # left of a time budget would not cover that set-up and one move (the pricing times measured
-    # above, the slowest for one not priced here; none for one priced here that MCMC prices whole,
-    # which price()'s memo answers)
-    seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
-    starts = [found[n][0] for n in ("data-parallel", "expert") if n in found] + [seeded] * (seeded is not None)
-    spent = [0.0 if id(x) in price_s and not delta_affordable(graph, x, cluster)
-             else price_s.get(id(x), slowest_price[0]) for x in starts]
-    setup_s = sum(spent) + max((price_s.get(id(x), slowest_price[0]) for x in starts), default=0.0)
-    left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - t0)
-    if not cancelled and opts.refine and left is not None and left < setup_s:
-        notes.append(f"mcmc: not run ({left:.1f} s left of the budget; its set-up and a move take about "
-                     f"{setup_s:.1f} s)")
-    r = None
-    if not cancelled and opts.refine and (left is None or left >= setup_s):
+    def mcmc(self, initial: Strategy | None) -> None:
+        """MCMC from the best feasible seed or baseline (it also starts from data parallel and
+        expert), when what is left of a time budget covers its set-up and one move: it builds
+        and prices its starting points before its first move, and a move prices about as long
+        as its start (the pricing times measured above, the slowest for one not priced here;
+        none for one priced here that MCMC prices whole, which price()'s memo answers)."""
+        graph, cluster, budget, opts = self.graph, self.cluster, self.budget, self.opts
+        start_name, start = _best(self.found)
+        mcmc_budget = budget
+        if budget.seconds is not None:
+            mcmc_budget = Budget(iterations=budget.iterations,
+                                 seconds=max(0.5, budget.seconds - (time.perf_counter() - self.t0)))
+        seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
+        starts = [self.found[n][0] for n in ("data-parallel", "expert") if n in self.found] + \
+            [seeded] * (seeded is not None)
+        spent = [0.0 if id(x) in self.price_s and not delta_affordable(graph, x, cluster)
+                 else self.price_s.get(id(x), self.slowest_price) for x in starts]
+        setup_s = sum(spent) + max((self.price_s.get(id(x), self.slowest_price) for x in starts), default=0.0)
+        left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - self.t0)
+        if not self.cancelled and opts.refine and left is not None and left < setup_s:
+            self.notes.append(f"mcmc: not run ({left:.1f} s left of the budget; its set-up and a move take about "
+                              f"{setup_s:.1f} s)")
+        if self.cancelled or not opts.refine or (left is not None and left < setup_s):
+            return
         t = time.perf_counter()
-        stage[0] = "mcmc"
+        self.stage = "mcmc"
         try:
-            r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=seed, progress=report, initial=seeded,
-                                       cost=cost_model, options=MCMCOptions(chains=opts.chains, backend=opts.backend,
-                                                                            workers=opts.workers,
-                                                                            address=opts.address))
+            r = ALGORITHMS["mcmc"].run(graph, cluster, mcmc_budget, seed=self.seed, progress=self.report,
+                                       initial=seeded, cost=self.cost_model,
+                                       options=MCMCOptions(chains=opts.chains, backend=opts.backend,
+                                                           workers=opts.workers, address=opts.address))
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
-            notes.append(f"mcmc: stopped without an answer: {str(e)[:200]}")
-            r = None
-    if r is not None:
+            self.notes.append(f"mcmc: stopped without an answer: {str(e)[:200]}")
+            return
         p = Price(r.best_time_s if r.best_time_s is not None else r.best_cost_s, math.isfinite(r.best_cost_s))
-        consider("mcmc", r.best, p)
-        proposals[0] += r.iterations
-        cancelled = cancelled or (r.cancelled and not overran[0])
-        notes.append(f"mcmc from {start_name if seeded is start else 'the baselines'}: {_ms(p)}, "
-                     f"{r.iterations} proposals in {time.perf_counter() - t:.1f} s")
+        self.consider("mcmc", r.best, p)
+        self.proposals += r.iterations
+        self.cancelled = self.cancelled or (r.cancelled and not self.overran)
+        self.notes.append(f"mcmc from {start_name if seeded is start else 'the baselines'}: {_ms(p)}, "
+                          f"{r.iterations} proposals in {time.perf_counter() - t:.1f} s")
 
-    best_name, best = _best(found)
-    bp = found[best_name][1]
-    contributions = {name: (p.time_s if p.feasible else None) for name, (_, p) in found.items()}
-    if overran[0]:
-        notes.append(f"mcmc: stopped before {HARD_SHARE:g} times the budget")
-    first = min(found_before_searches, key=found_before_searches.__getitem__, default=best_name)
-    notes.append(f"best: {best_name}, {_ms(bp)}" + ("" if bp.feasible else " (nothing found fits in memory)")
-                 + (f"; the best priced before the searches: {first}, {_ms(found[first][1])}"
-                    if first != best_name else ""))
-    found_by = {"algorithm": "auto", "source": best_name, "seed": seed, "budget": str(budget),
-                "contributions": contributions}
-    baselines = {n: found[n][1].cost_s for n in ("data-parallel", "expert") if n in found}
-    for n, c in baselines.items():
-        if not math.isfinite(c):
-            notes.append(f"baseline {n} does not fit in memory: no speedup over it is reported")
-    return SearchResult(best=stamp(best, graph, cluster, found_by, bp), best_cost_s=bp.cost_s, baselines=baselines,
-                        iterations=proposals[0], elapsed_s=time.perf_counter() - t0, trace=trace, cancelled=cancelled,
-                        algorithm="auto", best_time_s=bp.time_s, notes=notes)
-
-
-def _seed_task(ctx: tuple, name: str) -> tuple[str, object]:
-    """One seed as a backend's task (:class:`engine.search.processes.Backend`): ("ok", (best as
-    a dict, its simulated time in s, fits, proposals), seconds it ran) or ("refused", why,
-    seconds it ran)."""
-    from . import ALGORITHMS
-
-    graph, cluster, seed, cost = ctx
-    t = time.perf_counter()
-    try:
-        r = ALGORITHMS[name].run(graph, cluster, None, seed=seed, cost=cost)
-    except (ValueError, MemoryError) as e:
-        return "refused", str(e), time.perf_counter() - t
-    return "ok", (r.best.to_dict(), r.best_time_s, math.isfinite(r.best_cost_s), r.iterations), \
-        time.perf_counter() - t
-
-
-def _seeds_on_backend(seeds: list[str], graph, cluster, seed: int, cost, opts: AutoOptions) -> dict[str, tuple]:
-    """Every seed at once on ``opts.backend``: name -> :func:`_seed_task`'s answer."""
-    from .processes import Backend
-
-    with Backend(opts.backend, context=(graph, cluster, seed, cost), workers=opts.workers,
-                 address=opts.address) as b:
-        return dict(zip(seeds, b.map(_seed_task, seeds)))
-
-
-def _child(conn, parent: int, algorithm, graph, cluster, budget, seed, cost) -> None:
-    """In a forked child: run one seed and send back (best, time, fits, proposals) or the
-    refusal's message. It dies with its parent (Linux: PR_SET_PDEATHSIG, which a fork does
-    not inherit): a search process killed outright leaves no seed running."""
-    die_with_parent()
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os._exit(0)
-    try:
-        r = algorithm.run(graph, cluster, budget, seed=seed, cost=cost)
-        conn.send(("ok", (r.best.to_dict(), r.best_time_s, math.isfinite(r.best_cost_s), r.iterations)))
-    except (ValueError, MemoryError) as e:
-        conn.send(("refused", str(e)))
-    except Exception as e:  # an engine bug in a seed must not take the search down
-        conn.send(("refused", f"{type(e).__name__}: {e}"))
-    finally:
-        conn.close()
-
-
-def _bounded(algorithm, graph, cluster, budget, seed, cost, seconds: float, tick):
-    """Run a seed in a forked child (it inherits the graph and cluster; only its answer comes
-    back) and stop it after ``seconds``; ``tick`` is called every quarter second and stops it
-    when it returns False. The answer, or a line saying why there is none."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, os.getpid(), algorithm, graph, cluster, budget, seed, cost),
-                       daemon=True)
-    proc.start()
-    send.close()
-    deadline = time.perf_counter() + seconds + 0.5  # (the seed's own budget is ``seconds``)
-    try:
-        while not recv.poll(0.25):
-            if time.perf_counter() > deadline:
-                return f"stopped at its share of the budget ({seconds:.1f} s)"
-            if tick() is False:
-                return "cancelled"
-            if not proc.is_alive() and not recv.poll(0):
-                return f"its process ended without an answer (exit code {proc.exitcode})"
-        status, value = recv.recv()
-    except EOFError:  # the child closed the pipe by dying
-        proc.join(5)
-        return f"its process ended without an answer (exit code {proc.exitcode})"
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        recv.close()
-    if status != "ok":
-        raise ValueError(value)
-    data, time_s, feasible, iterations = value
-    return strategy_from_dict(data), time_s, feasible, iterations
+    def result(self) -> SearchResult:
+        """The best strategy priced, never slower than a feasible baseline or seed; notes on
+        what each algorithm found."""
+        found, notes = self.found, self.notes
+        best_name, best = _best(found)
+        bp = found[best_name][1]
+        contributions = {name: (p.time_s if p.feasible else None) for name, (_, p) in found.items()}
+        if self.overran:
+            notes.append(f"mcmc: stopped before {HARD_SHARE:g} times the budget")
+        before = self.found_before_searches
+        first = min(before, key=before.__getitem__, default=best_name)
+        notes.append(f"best: {best_name}, {_ms(bp)}" + ("" if bp.feasible else " (nothing found fits in memory)")
+                     + (f"; the best priced before the searches: {first}, {_ms(found[first][1])}"
+                        if first != best_name else ""))
+        found_by = {"algorithm": "auto", "source": best_name, "seed": self.seed, "budget": str(self.budget),
+                    "contributions": contributions}
+        baselines = {n: found[n][1].cost_s for n in ("data-parallel", "expert") if n in found}
+        for n, c in baselines.items():
+            if not math.isfinite(c):
+                notes.append(f"baseline {n} does not fit in memory: no speedup over it is reported")
+        return SearchResult(best=stamp(best, self.graph, self.cluster, found_by, bp), best_cost_s=bp.cost_s,
+                            baselines=baselines, iterations=self.proposals, elapsed_s=time.perf_counter() - self.t0,
+                            trace=self.trace, cancelled=self.cancelled, algorithm="auto", best_time_s=bp.time_s,
+                            notes=notes)
 
 
 def _best(found: dict[str, tuple[Strategy, Price]]) -> tuple[str, Strategy]:
