@@ -27,7 +27,7 @@ from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, p
                     same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
-           "build_baseline", "set_expert_loads", "module_reasons", "moe_overlap_reason", "adopt_strategy",
+           "set_expert_loads", "module_reasons", "moe_overlap_reason", "adopt_strategy",
            "add_to_compare", "problems_summary", "describe_config", "SHOWN_PROBLEMS"]
 
 #: the problems a message shows (the rest are counted)
@@ -257,7 +257,7 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
         why = _model_problem(graph_of(state), opts)
         if why:
             raise ValueError(why)
-        s = build_baseline(kind, graph_of(state), cluster_of(state), **opts)
+        s = make_baseline(kind, graph_of(state), cluster_of(state), layout=BASELINES[kind].layout_of(opts))
     except (ValueError, SoapboxError) as e:
         return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
     o = s.found_by.get("options", {})
@@ -282,13 +282,6 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
         return state, msg
     new["baseline"] = kind
     return new, msg
-
-
-def build_baseline(kind: str, graph, cluster, **options: Any) -> Strategy:
-    """:func:`engine.search.baselines.make_baseline` with the layout panel's options (an ep or
-    etp of 1, the default, is left out for the kinds that do not take them)."""
-    return make_baseline(kind, graph, cluster, **{k: v for k, v in options.items()
-                                                  if k not in ("ep", "etp") or v not in (None, 1)})
 
 
 def set_expert_loads(state: dict, loads: Any, what: str) -> tuple[dict, str]:

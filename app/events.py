@@ -15,10 +15,10 @@ from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_strategy
 from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ
 from engine.sim.report import tokens_per_sample
-from engine.search.baselines import make_baseline
+from engine.search.baselines import BASELINES, make_baseline
 
 from . import jobs
-from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, build_baseline, parse_devices,
+from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, parse_devices,
                       problems_summary, redo, select_baseline, set_expert_loads, undo)
 from .components import first_line
 from .fitscan import layout_of
@@ -237,7 +237,10 @@ def _fresh(state: dict, model: str | None = None, cluster: str | None = None,
     new = new_state(m, c, "data-parallel", sid=state["sid"], **kept)
     g, cl = graph_of(new), cluster_of(new)
     try:
-        s = build_baseline(kind, g, cl, **opts)
+        b = BASELINES.get(kind)
+        # (a layout travels as one record: the options it was made from, on the new cluster)
+        s = make_baseline(kind, g, cl, layout=b.layout_of(opts)) if b is not None and b.layout else \
+            make_baseline(kind, g, cl)
         under = f", under the layout {text} (kept)" if text else f", under {kind}"
     except (ValueError, SoapboxError) as e:
         s = make_baseline("data-parallel", g, cl)

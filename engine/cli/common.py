@@ -251,9 +251,11 @@ def with_routing(strategy, args: argparse.Namespace, graph):
 
 def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: Callable[..., Any] | None = None):
     """Baseline ``kind`` with the flags' ``options`` (:func:`strategy_options`), through
-    ``make`` (default :func:`engine.search.baselines.make_baseline`). ``ep``/``etp`` go to the
-    baselines that lay out experts (megatron, fsdp: its ZeRO shards the experts over the
-    expert data-parallel ranks, torchtitan's FSDP + EP) and are refused for any other kind."""
+    ``make`` (default :func:`engine.search.baselines.make_baseline`): a layout kind (megatron,
+    fsdp) gets the flags as one :class:`engine.layout.Layout`
+    (:meth:`engine.search.baselines.Baseline.layout_of`). ``ep``/``etp`` go to the baselines
+    that lay out experts (megatron, fsdp: its ZeRO shards the experts over the expert
+    data-parallel ranks, torchtitan's FSDP + EP) and are refused for any other kind."""
     from ..search.baselines import BASELINES, make_baseline
 
     make = make or make_baseline
@@ -263,6 +265,8 @@ def baseline_strategy(kind: str, graph, cluster, options: dict[str, Any], make: 
         flags = " and ".join("--" + k for k in moe)
         raise ValueError(f"{kind} does not take {flags}: expert parallelism is a megatron or fsdp layout "
                          "(--strategy megatron or fsdp)")
+    if kind in BASELINES and BASELINES[kind].layout:
+        return make(kind, graph, cluster, layout=BASELINES[kind].layout_of({**opts, **moe}))
     return make(kind, graph, cluster, **opts, **moe)
 
 

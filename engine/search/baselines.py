@@ -10,7 +10,7 @@ baseline does not take are refused with the list of those it does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..cluster import Cluster
 from ..graph import Op, OpGraph
@@ -112,6 +112,36 @@ class Baseline:
     layout: bool = False
     defaults: tuple[tuple[str, Any], ...] = ()
 
+    def given(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options that say something (None is "not given"; so is a False switch, unless it
+        turns off one that is on by default).
+
+        Raises
+        ------
+        ValueError
+            For an option this baseline does not take, listing those it does (as flags).
+        """
+        given = {k: v for k, v in options.items() if v is not None and (v is not False or k in ON_BY_DEFAULT)}
+        extra = sorted(set(given) - set(self.options))
+        if extra:
+            flags = ", ".join("--" + e.replace("_", "-") for e in extra)
+            takes = ", ".join("--" + o.replace("_", "-") for o in self.options) or "no options"
+            raise ValueError(f"{self.name} does not take {flags}; it takes {takes}")
+        return given
+
+    def layout_of(self, options: Mapping[str, Any]) -> Layout:
+        """The layout a layout kind builds from ``options`` (field names; text or typed values)
+        with its defaults for what they do not give: the one typed record that goes to the
+        builder (:func:`make_baseline`'s ``layout``).
+
+        >>> BASELINES["fsdp"].layout_of({"tp": 2, "micro_batch": None}).zero_stage
+        3
+        """
+        if not self.layout:
+            raise ValueError(f"{self.name} is not a layout; layout kinds: "
+                             f"{', '.join(b.name for b in BASELINES.values() if b.layout)}")
+        return Layout.from_options({**dict(self.defaults), **self.given(options)})
+
 
 BASELINES: dict[str, Baseline] = {
     b.name: b
@@ -127,24 +157,27 @@ BASELINES: dict[str, Baseline] = {
 }
 
 
-def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, **options: Any) -> Strategy:
-    """Build baseline ``kind``; options left as ``None`` are ignored (a False switch too, unless
-    it turns off one that is on by default).
+def make_baseline(kind: str, graph: OpGraph, cluster: Cluster, layout: Layout | None = None,
+                  **options: Any) -> Strategy:
+    """Build baseline ``kind``: a layout kind from ``layout`` (the record whole: the command
+    line's and the page's way, :meth:`Baseline.layout_of`) or from ``options`` (field names);
+    another kind from ``options``. Options left as ``None`` are ignored (a False switch too,
+    unless it turns off one that is on by default).
 
     Raises
     ------
     ValueError
-        For an unknown kind, an option the kind does not take, or options it cannot honour.
+        For an unknown kind, an option (or a layout field set away from its default) the kind
+        does not take, or options it cannot honour.
     """
     if kind not in BASELINES:
         raise ValueError(f"unknown strategy kind {kind!r}; kinds: {', '.join(BASELINES)}")
     b = BASELINES[kind]
-    given = {k: v for k, v in options.items() if v is not None and (v is not False or k in ON_BY_DEFAULT)}
-    extra = sorted(set(given) - set(b.options))
-    if extra:
-        flags = ", ".join("--" + e.replace("_", "-") for e in extra)
-        takes = ", ".join("--" + o.replace("_", "-") for o in b.options) or "no options"
-        raise ValueError(f"{kind} does not take {flags}; it takes {takes}")
+    if layout is not None:
+        if not b.layout or options:
+            raise ValueError(f"{kind}: a layout is given to a layout kind (megatron, fsdp), and alone")
+        b.given(layout.to_options())  # (a field the kind does not take, set: refused with what it takes)
+        return b.build(graph, cluster, layout)
     if b.layout:
-        return b.build(graph, cluster, Layout.from_options({**dict(b.defaults), **given}))
-    return b.build(graph, cluster, **given)
+        return b.build(graph, cluster, b.layout_of(options))
+    return b.build(graph, cluster, **b.given(options))
