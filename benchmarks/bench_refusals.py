@@ -131,7 +131,7 @@ def engine_cases() -> list[Case]:
 
 
 def search_cases() -> list[Case]:
-    from engine.search.auto import _bounded
+    from engine.search.seed_runs import bounded as _bounded
 
     nmt, k80 = resolve_model("nmt"), preset("k80-16x4")
     alexnet, p100 = resolve_model("alexnet"), preset("p100-4x4")

@@ -47,7 +47,8 @@ from typing import Any
 import json
 
 from ..cluster import Cluster
-from .moe import deepspeed_expert_parallel, refuse
+from .moe import deepspeed_expert_parallel
+from .refusals import refuse
 from ..graph import OpGraph
 from ..layout import Layout
 from ..graph.blocks import layer_blocks

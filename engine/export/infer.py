@@ -27,21 +27,18 @@ from dataclasses import asdict
 from typing import Any
 
 from ..cluster import Cluster
-from ..errors import Problem, ValidationError
+from ..errors import Problem
 from . import deepspeed as export_deepspeed, megatron as export_megatron, torchtitan as export_torchtitan
 from ..graph import OpGraph
 from ..layout import SWITCHES, Layout
 from ..graph.blocks import layer_blocks
 from ..layout.build import build_layout
 from ..strategy import Strategy, splits_into_microbatches
+from .refusals import not_a_layout
 
 __all__ = ["infer_layout", "EXPORT_FORMATS", "export", "layout_dict"]
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
-
-
-def _fail(problems: list[Problem]) -> ValidationError:
-    return ValidationError(problems, "export")
 
 
 def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout:
@@ -50,7 +47,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     layers = layer_blocks(graph)
     lin = next((op for op in graph.ops if op.kind == "linear" and op.block in layers), None)
     if lin is None:
-        raise _fail([Problem("model", f"{graph.name!r} has no numbered transformer layers: the frameworks' "
+        raise not_a_layout([Problem("model", f"{graph.name!r} has no numbered transformer layers: the frameworks' "
                                       "layouts (tensor / pipeline / data parallel) are defined over them")])
     cfg = strategy.configs[lin.name]
     tp = cfg.degree("feature") * cfg.degree("in_feature") * cfg.degree("replica")
@@ -75,7 +72,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     if not splits_into_microbatches(batch, dp, m):
         problems.append(Problem("pipeline.microbatches", f"batch {batch} does not split into {m} microbatches on "
                                                          f"{dp} data-parallel ranks"))
-        raise _fail(problems)
+        raise not_a_layout(problems)
     counts = None
     if pp > 1 and vpp == 1:
         per = [0] * pp
@@ -92,7 +89,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
     try:
         rebuilt = build_layout(graph, cluster, lay)
     except ValueError as e:
-        raise _fail([Problem("layout", f"{lay.describe()} is no valid Megatron layout here: {e}")]) from None
+        raise not_a_layout([Problem("layout", f"{lay.describe()} is no valid Megatron layout here: {e}")]) from None
     # the same configs up to which block of devices each stage sits on (Megatron places stage
     # s on devices s*dp*cp*tp...; a strategy may have permuted the stages)
     mapping: dict[int, int] = {}
@@ -115,7 +112,7 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
         shown = problems[:20]
         if len(problems) > 20:
             shown.append(Problem("ops", f"... and {len(problems) - 20:,} more"))
-        raise _fail([Problem("layout", f"not a Megatron-shaped layout (nearest: tp {tp}, pp {pp}, cp {cp}, dp {dp}); "
+        raise not_a_layout([Problem("layout", f"not a Megatron-shaped layout (nearest: tp {tp}, pp {pp}, cp {cp}, dp {dp}); "
                                        f"{len(problems):,} op(s) differ")] + shown)
     return lay
 

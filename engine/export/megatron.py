@@ -66,7 +66,8 @@ from typing import Any
 
 from ..cluster import Cluster
 from .megatron_model import megatron_model_flags
-from .moe import megatron_moe_flags, megatron_pipeline_layout, moe_shape, refuse
+from .moe import megatron_moe_flags, megatron_pipeline_layout, moe_shape
+from .refusals import refuse
 from ..graph import OpGraph
 from ..layout import Layout
 from ..graph.blocks import layer_blocks

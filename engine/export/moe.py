@@ -34,14 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Problem, ValidationError
 from ..graph import OpGraph
 from ..layout import Layout
 from ..graph.blocks import layer_blocks
 from ..moe import moe_layout_problem
+from .refusals import refuse
 
 __all__ = ["MoEShape", "MLAShape", "moe_shape", "mla_shape", "megatron_moe_flags", "megatron_layer_freq",
-           "megatron_pipeline_layout", "deepspeed_expert_parallel", "torchtitan_expert_lines", "refuse"]
+           "megatron_pipeline_layout", "deepspeed_expert_parallel", "torchtitan_expert_lines"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,6 @@ class MLAShape:
     qk_nope: int
     qk_rope: int
     v_head: int
-
-
-def refuse(fmt: str, what: str, instead: str) -> ValidationError:
-    """The error of an export that ``fmt`` cannot express: what, and what to do instead."""
-    return ValidationError([Problem(fmt, f"{what}; {instead}")], "export")
 
 
 def moe_shape(graph: OpGraph) -> MoEShape | None:

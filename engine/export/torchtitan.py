@@ -53,7 +53,8 @@ from __future__ import annotations
 import shlex
 
 from ..cluster import Cluster
-from .moe import refuse, torchtitan_expert_lines
+from .refusals import refuse
+from .moe import torchtitan_expert_lines
 from ..graph import OpGraph
 from ..layout import Layout
 from ..graph.blocks import layer_blocks
