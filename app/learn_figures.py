@@ -2,7 +2,7 @@
 
 ``init-sweep``: :func:`build_init_sweep_figure` draws ``app/data/init_sweep.json`` (package data,
 shipped with the app; written by ``benchmarks/init_sweep.py``, which saves the same figure as the
-SVG that BENCHMARKS.md shows): per problem, the lowest loss reached against the compute spent, one line
+SVG that BENCHMARKS.md links, benchmarks/measured/init_sweep.svg): per problem, the lowest loss reached against the compute spent, one line
 per arm (the median over the seeds) and a band from the best to the worst seed.
 """
 

@@ -28,7 +28,7 @@ CSV = HERE / "data" / "published_runs_public.csv"
 #: (today's figure) -> bound. Issue 25 moved them: the sustained share of the H100 is fitted on
 #: today's stacks (Megatron-Bridge / NeMo, 2024-25: 0.89), which MosaicML's 2023 H100 runs on
 #: early Hopper kernels do not reach (alone they want 0.57): those rows are now predicted
-#: too fast (BENCHMARKS.md, "Predictions for today's training stacks"). Before issue 25:
+#: too fast (docs/benchmarks/2026-11-26-issue-25-training-stacks.md). Before issue 25:
 #: 2.5 / 5.2 / 49.5 / 71.
 IN_SAMPLE_MEDIAN_PCT = 16.0  # 13.9 (34 rows; SC'21 and MosaicML's 1-2 node runs, not all fitted now)
 HELD_OUT_MEDIAN_PCT = 23.0  # 20.5

@@ -130,7 +130,7 @@ def optimise(problem: PaseProblem, steps: int = 400, lr: float = 0.1, tau0: floa
     ``start`` (a config index per op) warm-starts the logits: its configs get ``warm`` more.
     Measured on Inception-v3 / p100-4x4: from uniform logits the descent settles in a
     mean-field point whose argmax is 60% above the DP optimum of F, from data parallel's
-    configs within 0.1% (BENCHMARKS.md, issue 6).
+    configs within 0.1% (docs/benchmarks/2026-11-21-issue-6-pase-differentiable-pipeline.md).
     Costs are scaled by a typical op cost so that ``lr`` is unit-free (Adam makes the step
     size per logit anyway)."""
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ Beyond Alpa, where its users hit limits:
   device type of its mesh (its slowest GPU) and the links of that mesh, every assignment of
   stages to meshes is tried (up to 6 stages; beyond, by speed order), and the DP then gives the
   faster meshes more layers. ``hardware_aware=False`` plans as if every mesh were like the
-  first one (the comparison in BENCHMARKS.md).
+  first one (the comparison in docs/benchmarks/2026-11-21-issue-6-pase-differentiable-pipeline.md).
 * **Memory**: a plan whose stage would hold more than its GPUs' memory (weights, gradients and
   Adam state of its layers over tp, plus 1F1B's in-flight activations) is skipped.
 
