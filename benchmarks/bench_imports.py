@@ -20,7 +20,7 @@ The transformers models use eager attention (two matmuls that ``FlopCounterMode`
    that TorchScript keeps BatchNorm apart from the convolutions); the export is not timed. Then
    ``import_onnx(bytes)`` is timed ``--runs`` times, interleaved run by run with the baseline
    ("before": ONNX's shape inference on the whole model, weights included, as soapbox ran it
-   before ``engine.models.onnx_ties.infer_shapes_light`` set the large initializers' values
+   before ``engine.models.onnx_shapes.infer_shapes_light`` set the large initializers' values
    aside), and the ratio of the medians.
 2. ``--torch``: ``import_torch(factory)`` (what ``soapbox import --torch module:factory`` calls:
    the factory run on the meta device, ``torch.export``, the mapping and its own FlopCounterMode
@@ -170,7 +170,7 @@ def timed(fn, runs: int):
 
 def plain_inference(model, **options):
     """The baseline: ONNX's shape inference on the whole model, weights included (soapbox before
-    ``engine.models.onnx_ties.infer_shapes_light``)."""
+    ``engine.models.onnx_shapes.infer_shapes_light``)."""
     from onnx import shape_inference
 
     return shape_inference.infer_shapes(model, **options)

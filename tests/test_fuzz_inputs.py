@@ -780,10 +780,10 @@ class TestFiniteOutputs:
         result = SearchResult(s, math.inf, {"data-parallel": math.inf, "expert": 0.02}, 3, 0.1, notes=[
             "baseline data-parallel does not fit in memory: no speedup over it is reported"])
 
-        import engine.cli as cli
+        from engine.search import ALGORITHMS
         stub = types.SimpleNamespace(run=lambda *a, **k: result, options=MCMCOptions, description="stub",
                                      parse_options=lambda pairs: parse_options(MCMCOptions, pairs))
-        monkeypatch.setitem(cli.ALGORITHMS, "mcmc", stub)
+        monkeypatch.setitem(ALGORITHMS, "mcmc", stub)  # (the one registry: the command line reads it)
         rc, out, err = run(capsys, "search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "mcmc",
                            "--budget", "3", "--json")
         assert rc == 3 and err == ""

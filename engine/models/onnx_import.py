@@ -24,20 +24,26 @@ several nodes (tied embeddings; :mod:`engine.models.onnx_ties`) is one ``param_g
 once. Anything else is listed with its count and node names (the ops it feeds skipped, never a
 traceback); ``unknown="elementwise"`` imports a shape-preserving unknown op as ``elementwise``
 and says so. Each op's output shape is checked against ONNX's; a malformed node is a one-line
-error naming it."""
+error naming it.
+
+The import runs in stages: parse (after the size limits), bind the inputs' symbolic dims, infer
+shapes (:mod:`engine.models.onnx_shapes`), read the shape tables, add the inputs, walk the nodes
+(each converted by :mod:`engine.models.onnx_convert`'s converter for its op type), note what was
+approximated."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import Problem, ValidationError
-from ..graph import GraphBuilder, OpGraph, TensorRef
+from ..graph import GraphBuilder, OpGraph
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
-from .onnx_ties import (MAX_FOLD_ROUNDS, Unmapped, const_ints, find_ties, fold_shape_inputs, infer_shapes_light,
-    slice_sizes, vector_operand)
+from .onnx_convert import KNOWN_OPS, convert, lookup_by_constant_ids
+from .onnx_state import ImportState, OnnxNode, Unmapped, clean_name, emit
+from .onnx_shapes import infer_shapes_light
+from .onnx_ties import MAX_FOLD_ROUNDS, find_ties, fold_shape_inputs
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -49,29 +55,8 @@ MAX_ONNX_NODES = 200_000
 
 #: ONNX element types -> soapbox dtype (https://onnx.ai/onnx/api/mapping.html)
 _ELEM = {1: "fp32", 10: "fp16", 16: "bf16", 6: "int32", 7: "int64"}
-_FLOAT = {1, 10, 16, 11}
 
-_UNARY = {"Relu": "relu", "Gelu": "gelu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
-_BINARY = {"Add": "add", "Sub": "add", "Mul": "mul", "Div": "mul"}
-#: FLOPs per element of the ops imported as ``elementwise`` (counted as a simple kernel does)
-_GENERIC = {"Erf": 8.0, "Pow": 2.0, "Sqrt": 1.0, "Exp": 4.0, "Neg": 1.0, "Reciprocal": 1.0, "Log": 4.0,
-            "Abs": 1.0, "IsNaN": 1.0, "Add": 1.0, "Sub": 1.0, "Mul": 1.0, "Div": 1.0, "Where": 1.0, "Clip": 2.0}
-_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
-_PASS = {"Identity", "Cast", "Contiguous"}
-#: ops with a mapping (for some of their forms): not listed when skipped after an unmapped op
-_KNOWN = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean",
-          "BatchNormalization", "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "Softmax",
-          "Dropout", "Transpose", "Concat", "Split", "Gather", *_UNARY, *_BINARY, *_GENERIC, *_VIEWS, *_PASS}
-
-
-def _clean(name: str, k: int, op_type: str, used: set[str]) -> str:
-    base = re.sub(r"[^A-Za-z0-9_.\-]+", ".", name).strip(".")[:200] or f"{op_type.lower()}_{k}"
-    out, j = base, 1
-    while out in used:
-        j += 1
-        out = f"{base}.{j}"
-    used.add(out)
-    return out
+_Fail = Callable[[str, str], ValidationError]
 
 
 def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = None,
@@ -114,6 +99,39 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         raise ValueError(f"fixed_batch must be 'refuse' or 'keep', got {fixed_batch!r}")
     if unknown not in ("error", "elementwise"):
         raise ValueError(f"unknown must be 'error' or 'elementwise', got {unknown!r}")
+    model = _parse(onnx, data, max_bytes, max_nodes, fail)
+
+    # -- bind symbolic input dims, then infer every shape
+    dims = dict(dims or {})
+    inits = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    bound, fixed_notes = _bind_inputs(model.graph, inits, dims, batch, seq_len, fixed_batch, fail)
+    model = _infer(model, fail)
+    g = model.graph
+    inits.update((t.name, tuple(int(d) for d in t.dims)) for t in g.initializer if t.name not in inits)
+    shapes, elem, partial = _shape_tables(g, inits, fail)
+    groups, tie_notes, table_groups = find_ties(g, shapes)
+
+    # -- inputs, then nodes
+    s = _start(g, inits, shapes, elem, partial, groups, table_groups, precision=precision, name=name,
+               source=source, max_ops=max_ops, fail=fail)
+    _walk(s, unknown)
+    if s.problems:
+        listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(x[:60] for x in v[:3])})"
+                           for op, v in sorted(s.unmapped.items(), key=lambda kv: -len(kv[1])))
+        raise fail("graph", f"{len(s.problems)} node(s) soapbox cannot map: {listed}. Import them as memory-bound "
+                            "elementwise ops with --unknown elementwise (when they keep their input's shape), or "
+                            "export without them")
+    notes = _notes(s, fixed_notes + tie_notes, bound)
+    try:
+        return s.b.build(), notes
+    except (OpError, ValueError) as e:
+        raise fail("graph", str(e)) from None
+
+
+def _parse(onnx: Any, data: bytes, max_bytes: int, max_nodes: int, fail: _Fail) -> Any:
+    """The ``ModelProto`` of ``data``, after the size and node-count limits (read from the
+    bytes' length and wire format, before parsing), refusing an empty graph, external data and
+    model-local functions."""
     if len(data) > max_bytes:
         raise fail("", f"{len(data):,} bytes, more than the {max_bytes:,} an ONNX file may have here")
     try:
@@ -138,10 +156,14 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                                                        "one given (export with the weights inside the file)")
     for fn in model.functions:
         raise fail(f"function {fn.name[:80]!r}", "model-local functions are not imported (inline them on export)")
+    return model
 
-    # -- bind symbolic input dims, then infer every shape
-    dims = dict(dims or {})
-    inits = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
+
+def _bind_inputs(g: Any, inits: dict[str, tuple[int, ...]], dims: dict[str, int], batch: int | None,
+                 seq_len: int | None, fixed_batch: str, fail: _Fail) -> tuple[dict[str, int], list[str]]:
+    """Bind the data inputs' symbolic dims in ``g`` (the first symbolic axis of an input to
+    ``batch``, the others to ``seq_len``, any by name from ``dims``); a fixed batch that
+    ``batch`` would change refused or kept. Returns the dims bound by label, and notes."""
     bound: dict[str, int] = {}
     fixed: dict[str, int] = {}  # data input -> its fixed first axis
     for vi in g.input:
@@ -178,6 +200,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                        "change it (the graph's reshapes hold it as constants); re-export with a dynamic batch axis "
                        "(torch.onnx.export's dynamic_axes or dynamic_shapes) or leave --batch out")
         fixed_notes.append(f"exported with a fixed batch of {b0}, kept (batch {batch} applies to symbolic axes)")
+    return bound, fixed_notes
+
+
+def _infer(model: Any, fail: _Fail) -> Any:
+    """``model`` with every shape ONNX's inference finds (:func:`infer_shapes_light`), the
+    shapes computed from constants folded (:func:`fold_shape_inputs`) and inferred again."""
     try:
         model = infer_shapes_light(model, check_type=False, strict_mode=False, data_prop=True)
         for _ in range(MAX_FOLD_ROUNDS):  # shapes computed from constants (TorchScript's), folded, then inferred
@@ -186,8 +214,12 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             model = infer_shapes_light(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:
         raise fail("graph", f"ONNX shape inference failed: {str(e).splitlines()[0][:300]}") from None
-    g = model.graph
-    inits.update((t.name, tuple(int(d) for d in t.dims)) for t in g.initializer if t.name not in inits)
+    return model
+
+
+def _shape_tables(g: Any, inits: dict[str, tuple[int, ...]], fail: _Fail) -> tuple[dict, dict, dict]:
+    """Each tensor's static shape (``None`` when not fully known), element type, and partial
+    shape (-1 for an unknown axis); a shape over soapbox's limits refused."""
     shapes: dict[str, tuple[int, ...] | None] = {}
     elem: dict[str, int] = {}
     partial: dict[str, tuple[int, ...]] = {}
@@ -207,19 +239,22 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
                                 math.prod(shp) > MAX_TENSOR_ELEMENTS):
             raise fail(f"tensor {nm[:80]!r}", f"shape {list(shp)[:8]} is over the limits (rank <= {MAX_RANK}, "
                                               f"at most 2**44 elements)")
+    return shapes, elem, partial
 
-    groups, tie_notes, table_groups = find_ties(g, shapes)
+
+def _start(g: Any, inits: dict[str, tuple[int, ...]], shapes: dict, elem: dict, partial: dict, groups: dict[str, str],
+           table_groups: set[str], *, precision: str | None, name: str | None, source: str, max_ops: int | None,
+           fail: _Fail) -> ImportState:
+    """The walk's state: the builder (its precision the first float data input's unless given)
+    with every data input added."""
     data_shape = next((s for v in g.input if v.name not in inits and (s := shapes.get(v.name))), ())
-    data_batch = data_shape[0] if data_shape else None
-
-    # -- inputs
     precision = precision or next((_ELEM[elem[v.name]] for v in g.input if v.name not in inits
                                    and elem.get(v.name) in (1, 10, 16)), "fp32")
     b = GraphBuilder(name or (g.name or "onnx-model")[:200], precision,
                      f"imported from ONNX ({len(g.node)} nodes)", f"soapbox import {source}")
-    used: set[str] = set()
-    ref: dict[str, TensorRef] = {}  # ONNX tensor -> soapbox output
-    const: set[str] = set(inits)  # tensors known without running the model (weights, shapes)
+    s = ImportState(g, b, fail, shapes, partial, elem, inits, groups, table_groups, data_shape, max_ops,
+                    const=set(inits), nodes=list(g.node), consumers=Counter(i for n in g.node for i in n.input if i),
+                    groups_or_tables=set(groups) | {t.name for t in g.initializer if len(t.dims) == 2})
     for vi in g.input:
         if vi.name in inits:
             continue
@@ -231,270 +266,81 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
             raise fail(f"input {vi.name[:80]!r}", f"element type {elem.get(vi.name)} is not imported")
         axes = ("sample", "length") if dt.startswith("int") and len(shp) == 2 else None
         kw = {"axes": list(axes)} if axes else {}
-        ref[vi.name] = b.input(_clean(vi.name, 0, "input", used), list(shp),
-                               dtype=dt if dt.startswith("int") else precision, **kw)
+        s.ref[vi.name] = b.input(clean_name(vi.name, 0, "input", s.used), list(shp),
+                                 dtype=dt if dt.startswith("int") else precision, **kw)
+    return s
 
-    # -- nodes
-    produced = set(ref) | const
-    consumers = Counter(i for n in g.node for i in n.input if i)
-    problems: list[Problem] = []
-    unmapped: dict[str, list[str]] = {}
-    notes: list[str] = []
-    weights: set[str] = set()  # float initializers read as constant operands of elementwise ops
-    dead: set[str] = set()  # outputs of unmapped ops (error mode: listed, then skipped)
-    const_ids: list[str] = []  # embeddings looked up by constant ids
-    groups_or_tables = set(groups) | {t.name for t in g.initializer if len(t.dims) == 2}
-    folded_add: dict[int, str] = {}  # node index of an Add folded into the linear before it
-    nodes = list(g.node)
-    added = [0]  # operators added to the builder (for max_ops)
 
-    def attr(node, key: str, default: Any = None) -> Any:
-        for a in node.attribute:
-            if a.name == key:
-                return onnx.helper.get_attribute_value(a)
-        return default
-
-    for k, node in enumerate(nodes):
+def _walk(s: ImportState, unknown: str) -> None:
+    """Convert every node in file order (:func:`convert`): a node read before it is made is
+    refused; shape arithmetic and constants are folded; the ops an unmapped op feeds are skipped
+    (listed when they have no mapping themselves)."""
+    produced = set(s.ref) | s.const
+    for k, node in enumerate(s.nodes):
         where = f"node {node.name[:80] or k} ({node.op_type})"
         missing = [i for i in node.input if i and i not in produced]
         if missing:
-            raise fail(where, f"reads {missing[0][:80]!r} before any node produces it (the graph is not in "
-                              "topological order, or has a cycle)")
+            raise s.fail(where, f"reads {missing[0][:80]!r} before any node produces it (the graph is not in "
+                                "topological order, or has a cycle)")
         produced.update(o for o in node.output if o)
-        if k in folded_add:
-            ref[node.output[0]] = ref[folded_add[k]]
+        if k in s.folded_add:
+            s.ref[node.output[0]] = s.ref[s.folded_add[k]]
             continue
         ins = [i for i in node.input if i]
-        acts = [i for i in ins if i not in const]
+        acts = [i for i in ins if i not in s.const]
         op = node.op_type
         if op in ("Shape", "Size"):  # (known from ONNX's inference, even after an unmapped op)
-            const.update(o for o in node.output if o)
+            s.const.update(o for o in node.output if o)
             continue
-        where_dead = [i for i in acts if i in dead]
+        where_dead = [i for i in acts if i in s.dead]
         if where_dead:  # fed by an op that could not be mapped: skipped, listed if unmapped itself
-            dead.update(o for o in node.output if o)
-            if op not in _KNOWN:
-                unmapped.setdefault(op, []).append(node.name or node.output[0])
-                problems.append(Problem(where, "not mapped"))
+            s.dead.update(o for o in node.output if o)
+            if op not in KNOWN_OPS:
+                s.unmapped.setdefault(op, []).append(node.name or node.output[0])
+                s.problems.append(Problem(where, "not mapped"))
             continue
-        if op == "Gather" and not acts and ins[0] in groups_or_tables and len(ins) == 2 and node.output \
-                and elem.get(ins[0]) in _FLOAT and attr(node, "axis", 0) == 0 and data_batch and \
-                2 <= len(shapes.get(node.output[0]) or partial.get(node.output[0]) or ()) <= 3:
-            # a table looked up by constant ids (positions, token types): kept, its ids an input; ids
-            # broadcast over the batch by the exporter get the batch, a length ONNX leaves unknown the input's
-            out, (v, d) = node.output[0], shapes[ins[0]]
-            ids = list((shapes.get(out) or partial[out])[:-1])
-            if len(ids) == 1 or (len(ids) == 2 and ids[0] in (1, -1)):
-                ids = [data_batch, ids[-1]]
-            if ids[-1] == -1 and len(ids) == 2 and len(data_shape) == 2:
-                ids[-1] = data_shape[1]
-            nm = _clean(node.name or out, k, op, used)
-            if min(ids) < 1:  # (folded as before, and said)
-                const.update(o for o in node.output if o)
-                notes.append(f"{nm}: a table looked up by constant ids of unknown shape is not counted")
-                continue
-            kw = {"axes": ["sample", "length"]} if len(ids) == 2 else {}
-            try:
-                r = b.add("embedding", nm, [b.input(_clean(f"{nm}.ids", k, op, used), ids, dtype="int64", **kw)],
-                          num_embeddings=int(v), embedding_dim=int(d), param_group=groups.get(ins[0]))
-            except (OpError, ValueError) as e:
-                raise fail(where, f"as soapbox embedding: {e}") from None
-            ref[out], shapes[out] = r, tuple(ids) + (int(d),)
-            const_ids.append(nm)
+        if lookup_by_constant_ids(s, k, node, where, ins, acts):
             continue
         if not acts or op in ("Shape", "Constant", "ConstantOfShape", "Size"):
-            const.update(o for o in node.output if o)  # shape arithmetic and constants: folded
+            s.const.update(o for o in node.output if o)  # shape arithmetic and constants: folded
             continue
         out = node.output[0]
-        oshape = shapes.get(out)
-        nm = _clean(node.name or out, k, op, used)
-
-        def add(kind: str, inputs: list[str], name: str | None = None, **attrs: Any) -> None:
-            added[0] += 1
-            if max_ops is not None and added[0] > max_ops:
-                raise fail("graph", f"more than {max_ops:,} operators, the most a model may have here")
-            try:
-                r = b.add(kind, name or nm, [ref[i] for i in inputs], **attrs)
-            except (OpError, ValueError) as e:
-                raise fail(where, f"as soapbox {kind}: {e}") from None
-            rs = r if isinstance(r, list) else [r]
-            for o, rr in zip([o for o in node.output if o], rs):
-                ref[o] = rr
-                want = shapes.get(o)
-                got = b.shape_of(rr)
-                if want is not None and tuple(got) != tuple(want):
-                    raise fail(where, f"soapbox's {kind} gives shape {list(got)}, ONNX infers {list(want)}")
-
+        n = OnnxNode(k, node, where, op, ins, acts, out, s.shapes.get(out), clean_name(node.name or out, k, op, s.used))
         try:
-            if op in ("Gemm", "MatMul") and len(acts) == 1 and acts[0] == ins[0] and ins[1] in const:
-                w = shapes[ins[1]]
-                if op == "Gemm" and (attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0):
-                    raise Unmapped()
-                n_out = w[0] if op == "Gemm" and attr(node, "transB", 0) else w[-1]
-                bias = op == "Gemm" and len(ins) > 2
-                if op == "MatMul" and consumers[out] == 1:  # fold a following bias Add
-                    nxt = next((j for j in range(k + 1, len(nodes)) if out in nodes[j].input), None)
-                    if nxt is not None and nodes[nxt].op_type == "Add":
-                        other = [i for i in nodes[nxt].input if i != out]
-                        if len(other) == 1 and other[0] in const and shapes.get(other[0]) in ((n_out,), (1, n_out)):
-                            bias, folded_add[nxt] = True, out
-                if len(w) != 2:
-                    raise Unmapped()
-                group = groups.get(ins[1])
-                if group in table_groups and bias:  # its own bias beside the tied weight: a bias op of its own
-                    ref[out + "#tied"] = b.add("linear", _clean(nm + ".tied", k, op, used), [ref[ins[0]]],
-                                               out_features=int(n_out), bias=False, param_group=group)
-                    add("bias", [out + "#tied"])
-                else:
-                    add("linear", [ins[0]], out_features=int(n_out), bias=bias, param_group=group)
-            elif op == "MatMul" and len(acts) == 2:
-                add("batch_matmul", acts)
-            elif op == "Conv" and len(acts) == 1 and ins[1] in const:
-                w = shapes[ins[1]]
-                pads = list(attr(node, "pads", [0] * 4))
-                if len(w) != 4 or pads[:2] != pads[2:] or any(d != 1 for d in attr(node, "dilations", [1, 1])):
-                    raise Unmapped()
-                add("conv2d", [ins[0]], out_channels=int(w[0]), kernel=[int(w[2]), int(w[3])],
-                    stride=list(attr(node, "strides", [1, 1])), padding=pads[:2], groups=int(attr(node, "group", 1)),
-                    bias=len(ins) > 2)
-            elif op in ("MaxPool", "AveragePool"):
-                pads = list(attr(node, "pads", [0] * 4))
-                if pads[:2] != pads[2:] or attr(node, "ceil_mode", 0):
-                    raise Unmapped()
-                kern = list(attr(node, "kernel_shape"))
-                add("pool2d", acts, mode="max" if op == "MaxPool" else "avg", kernel=kern,
-                    stride=list(attr(node, "strides", kern)), padding=pads[:2])
-            elif op == "ReduceMean" and len(shapes[acts[0]]) == 4 and sorted(
-                    a % 4 for a in (attr(node, "axes") or const_ints(g, ins[1]) if len(ins) > 1 else attr(node, "axes"))
-                    or ()) == [2, 3]:  # global average pool (the dynamo exporter's, torch.mean over H, W)
-                if attr(node, "keepdims", 1):
-                    add("pool2d", acts, mode="avg", **{"global": True})
-                else:
-                    ref[out + "#pool"] = b.add("pool2d", nm, [ref[acts[0]]], mode="avg", **{"global": True})
-                    add("reshape", [out + "#pool"], name=_clean(nm + ".squeeze", k, op, used), shape=list(oshape))
-            elif op in ("ReduceMean", "ReduceSum", "ReduceMax") and len(acts) == 1 and oshape is not None and \
-                    oshape == shapes[acts[0]][:-1] + (1,):  # over the last axis (a norm's statistics)
-                red = b.add("elementwise", nm, [ref[acts[0]]], flops_per_element=1.0, label=op)
-                h = shapes[acts[0]][-1]
-                first = b.add("split", _clean(nm + ".first", k, op, used), [red], axis=len(oshape) - 1,
-                              sizes=[1, h - 1] if h > 1 else [1])
-                ref[out + "#red"] = first[0] if isinstance(first, list) else first
-                add("reshape", [out + "#red"], name=_clean(nm + ".keep", k, op, used), shape=list(oshape))
-            elif (op == "Slice" and len(acts) == 1 and acts[0] == ins[0] and oshape is not None and len(ins) >= 3) \
-                    or (op == "Gather" and acts == ins[:1] and oshape is not None):  # (Gather: one index)
-                if op == "Gather":
-                    idx = const_ints(g, ins[1])
-                    sizes = slice_sizes(shapes[acts[0]], idx, [idx[0] + 1 if idx and idx[0] != -1 else 2**62]
-                                         if idx else None, [int(attr(node, "axis", 0))], None) \
-                        if idx and len(idx) == 1 else None
-                else:
-                    axes = const_ints(g, ins[3]) if len(ins) > 3 else list(range(len(oshape)))
-                    sizes = slice_sizes(shapes[acts[0]], const_ints(g, ins[1]), const_ints(g, ins[2]), axes,
-                                         const_ints(g, ins[4]) if len(ins) > 4 else None)
-                diff = [a for a, (i, o) in enumerate(zip(shapes[acts[0]], oshape)) if i != o]
-                if sizes is None and op == "Slice" and len(diff) == 1 and len(oshape) == len(shapes[acts[0]]):
-                    # bounds computed in the graph: the piece's size from ONNX's inference, at offset 0
-                    a = diff[0]
-                    sizes = (a, [oshape[a], shapes[acts[0]][a] - oshape[a]], 0)
-                if sizes is None:
-                    raise Unmapped()
-                axis, pieces, keep = sizes
-                parts = b.add("split", nm, [ref[acts[0]]], axis=axis, sizes=pieces)
-                ref[out + "#part"] = parts[keep] if isinstance(parts, list) else parts
-                add("reshape", [out + "#part"], name=_clean(nm + ".part", k, op, used), shape=list(oshape))
-            elif op == "Expand" and acts == ins[:1] and oshape is not None and shapes.get(acts[0]) is not None:
-                # (grouped-query attention's key/value heads repeated: a broadcast per size-1 axis that grows)
-                want = tuple(oshape)
-                have = (1,) * (len(want) - len(shapes[acts[0]])) + tuple(shapes[acts[0]])
-                if len(have) != len(want) or any(h not in (1, w) for h, w in zip(have, want)):
-                    raise Unmapped()
-                r = ref[out + "#in"] = b.add("reshape", _clean(nm + ".in", k, op, used), [ref[acts[0]]],
-                                             shape=list(have))
-                for a in [a for a, (h, w) in enumerate(zip(have, want)) if h != w]:
-                    r = ref[out + "#in"] = b.add("broadcast", _clean(f"{nm}.axis{a}", k, op, used), [r], axis=a,
-                                                 size=want[a])
-                add("reshape", [out + "#in"], shape=list(want))
-            elif op in ("GlobalAveragePool", "GlobalMaxPool"):
-                add("pool2d", acts, mode="avg" if op == "GlobalAveragePool" else "max", **{"global": True})
-            elif op == "BatchNormalization":
-                add("batchnorm", acts[:1])
-            elif op == "LayerNormalization":
-                if attr(node, "axis", -1) not in (-1, len(shapes[ins[0]] or ()) - 1):
-                    raise Unmapped()
-                add("layernorm", acts[:1])
-            elif op in ("SimplifiedLayerNormalization", "RMSNormalization"):
-                add("rmsnorm", acts[:1])
-            elif op in _UNARY:
-                add(_UNARY[op], acts)
-            elif op == "Softmax":
-                add("softmax", acts, axis=int(attr(node, "axis", -1)))
-            elif op in _BINARY and len(acts) == 2 and shapes.get(acts[0]) == shapes.get(acts[1]) == oshape:
-                add(_BINARY[op], acts)
-            elif op in ("Mul", "Add") and shapes.get(acts[0]) == oshape and \
-                    (vec := vector_operand(ins, acts, inits, elem, oshape, _FLOAT)) is not None:
-                add("scale" if op == "Mul" else "bias", acts, param_group=groups.get(vec))
-            elif op in _GENERIC and oshape is not None and oshape in [shapes.get(a) for a in acts]:
-                # (with a broadcast operand, a norm's statistics or a mask: memory-bound on the full-size one)
-                add("elementwise", [a for a in acts if shapes.get(a) == oshape][:1], flops_per_element=_GENERIC[op],
-                    label=op)
-                weights.update(i for i in ins if i in inits and math.prod(inits[i]) > 1 and elem.get(i) in _FLOAT)
-            elif op == "Dropout":
-                add("dropout", acts[:1], rate=float(attr(node, "ratio", 0.5)) if len(ins) < 2 else 0.1)
-            elif op in _VIEWS and oshape is not None:
-                add("reshape", acts[:1], shape=list(oshape))
-            elif op == "Transpose":
-                perm = attr(node, "perm")
-                add("transpose", acts, perm=list(perm) if perm is not None
-                    else list(range(len(shapes[acts[0]]) - 1, -1, -1)))
-            elif op == "Concat" and len(acts) == len(ins) and len(acts) >= 2:
-                add("concat", acts, axis=int(attr(node, "axis")))
-            elif op == "Split" and len(acts) == 1:
-                axis = int(attr(node, "axis", 0))
-                sizes = [shapes[o][axis] for o in node.output]
-                add("split", acts, axis=axis, sizes=sizes)
-            elif op == "Gather" and ins[0] in const and len(shapes[ins[0]]) == 2 and attr(node, "axis", 0) == 0:
-                v, d = shapes[ins[0]]
-                add("embedding", acts, num_embeddings=int(v), embedding_dim=int(d), param_group=groups.get(ins[0]))
-            elif op in _PASS and len(acts) == 1 and (op != "Cast" or attr(node, "to") in _FLOAT and
-                                                     elem.get(acts[0]) in _FLOAT):
-                ref[out] = ref[acts[0]]
-                used.discard(nm)
-            else:
-                raise Unmapped()
-        except ValidationError:
-            raise
-        except (KeyError, TypeError, IndexError, ValueError, AttributeError, OpError) as e:
-            raise fail(where, f"malformed node ({type(e).__name__}: {str(e)[:120]}): check its inputs, attributes "
-                              "and shapes") from None
+            convert(s, n)
         except Unmapped:
-            if unknown == "elementwise" and len(acts) >= 1 and oshape is not None and \
-                    shapes.get(acts[0]) == oshape and len([o for o in node.output if o]) == 1:
-                add("elementwise", acts[:1], flops_per_element=1.0, label=op)
-                unmapped.setdefault(op, []).append(node.name or out)
-            else:
-                unmapped.setdefault(op, []).append(node.name or out)
-                problems.append(Problem(where, "not mapped"))
-                used.discard(nm)
-                dead.update(o for o in node.output if o)
-    if problems:
-        listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(x[:60] for x in v[:3])})"
-                           for op, v in sorted(unmapped.items(), key=lambda kv: -len(kv[1])))
-        raise fail("graph", f"{len(problems)} node(s) soapbox cannot map: {listed}. Import them as memory-bound "
-                            "elementwise ops with --unknown elementwise (when they keep their input's shape), or "
-                            "export without them")
-    notes[:0] = fixed_notes + tie_notes
-    if const_ids:
+            _unmapped(s, n, unknown)
+
+
+def _unmapped(s: ImportState, n: OnnxNode, unknown: str) -> None:
+    """A node no converter takes: an ``elementwise`` op (``unknown="elementwise"``, when it keeps
+    its input's shape), or listed as a problem, its outputs dead."""
+    if unknown == "elementwise" and len(n.acts) >= 1 and n.oshape is not None and \
+            s.shapes.get(n.acts[0]) == n.oshape and len([o for o in n.node.output if o]) == 1:
+        emit(s, n, "elementwise", n.acts[:1], flops_per_element=1.0, label=n.op)
+        s.unmapped.setdefault(n.op, []).append(n.node.name or n.out)
+    else:
+        s.unmapped.setdefault(n.op, []).append(n.node.name or n.out)
+        s.problems.append(Problem(n.where, "not mapped"))
+        s.used.discard(n.nm)
+        s.dead.update(o for o in n.node.output if o)
+
+
+def _notes(s: ImportState, first: list[str], bound: dict[str, int]) -> list[str]:
+    """The import's notes: ``first`` (a fixed batch kept, ties found), the walk's own, then
+    tables kept by constant ids, constant operands not counted, ops imported as elementwise
+    and the dims bound."""
+    notes = s.notes
+    notes[:0] = first
+    if s.const_ids:
         notes.append("tables looked up by constant ids kept as embeddings, their ids an input each: " +
-                     ", ".join(x[:60] for x in const_ids[:8]))
-    if weights:
+                     ", ".join(x[:60] for x in s.const_ids[:8]))
+    if s.weights:
         notes.append(f"constant operands of elementwise ops not counted as parameters (rotary tables, folded rows): "
-                     f"{sum(math.prod(inits[w]) for w in weights):,} elements in {len(weights)} tensor(s)")
-    if unmapped:
+                     f"{sum(math.prod(s.inits[w]) for w in s.weights):,} elements in {len(s.weights)} tensor(s)")
+    if s.unmapped:
         notes.append("imported as elementwise (memory-bound, 1 FLOP an element): " + "; ".join(
-            f"{op} x {len(v)}" for op, v in sorted(unmapped.items())))
+            f"{op} x {len(v)}" for op, v in sorted(s.unmapped.items())))
     if bound:
         notes.append("symbolic dimensions bound: " + ", ".join(f"{k}={v}" for k, v in bound.items()))
-    try:
-        return b.build(), notes
-    except (OpError, ValueError) as e:
-        raise fail("graph", str(e)) from None
+    return notes

@@ -1,4 +1,5 @@
-"""Shared (tied) weights in an ONNX graph, for the importer (:mod:`engine.models.onnx_import`).
+"""Shared (tied) weights in an ONNX graph, and constant folding, for the importer
+(:mod:`engine.models.onnx_import`).
 
 A language model's output layer often reuses its token embedding (GPT-2, BERT's masked-LM
 decoder). The exporters write that tie in one of three ways:
@@ -20,10 +21,10 @@ exporter itself merges initializers of equal values, so an untrained model whose
 copies of one another (``nn.TransformerEncoder`` deep-copies its layer) is imported with those
 layers tied; export a trained (or re-initialised) model.
 
-Also here, the importer's constant folding: shapes that an exporter computes from constants
-(TorchScript's ``view`` / ``expand`` targets) evaluated by ONNX's reference evaluator on the
-few nodes that make them (:func:`folded_ints`, :func:`fold_shape_inputs`), and a ``Slice``
-read as a split (:func:`slice_sizes`).
+Also here, the importer's constant folding: small integer constants read (:func:`const_ints`),
+and shapes that an exporter computes from constants (TorchScript's ``view`` / ``expand``
+targets) evaluated by ONNX's reference evaluator on the few nodes that make them
+(:func:`folded_ints`, :func:`fold_shape_inputs`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["find_ties", "const_ints"]
+__all__ = ["find_ties", "const_ints", "folded_ints", "fold_shape_inputs", "MAX_FOLDED_NODES", "FOLDABLE_OPS",
+           "MAX_FOLD_ROUNDS"]
 
 #: ops through which a constant stays the same parameter (folded by the importer)
 _SAME = {"Transpose", "Identity", "Cast"}
@@ -232,69 +234,3 @@ def fold_shape_inputs(model: Any) -> int:
         n.input[1] = name
         folded += 1
     return folded
-
-
-def slice_sizes(shape, starts, ends, axes, steps) -> tuple[int, list[int], int] | None:
-    """A Slice of one axis with step 1 as a split: (axis, the pieces' sizes, the one kept)."""
-    if not starts or not ends or axes is None or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 \
-            or (steps and steps != [1]):
-        return None
-    axis = axes[0] % len(shape)
-    dim = shape[axis]
-    start, end = (max(0, min(dim, v + dim if v < 0 else v)) for v in (starts[0], ends[0]))
-    if end <= start:
-        return None
-    pieces = [p for p in (start, end - start, dim - end) if p > 0]
-    return axis, pieces, 1 if start > 0 else 0
-
-
-def vector_operand(ins: list[str], acts: list[str], inits: dict[str, tuple[int, ...]], elem: dict[str, int],
-                   out_shape: tuple[int, ...] | None, floats: Any) -> str | None:
-    """The learned vector of a ``Mul`` / ``Add`` of one activation by a float initializer of
-    the output's last width (leading axes of 1: a decomposed norm's gain or a bias), or None.
-
-    >>> vector_operand(["x", "g"], ["x"], {"g": (1, 1, 8)}, {"g": 1}, (2, 4, 8), {1})
-    'g'
-    >>> vector_operand(["x", "s"], ["x"], {"s": (1,)}, {"s": 1}, (2, 4, 8), {1}) is None
-    True
-    """
-    other = [i for i in ins if i not in acts]
-    if len(acts) != 1 or len(other) != 1 or out_shape is None or out_shape[-1] < 2:
-        return None
-    shape = inits.get(other[0])
-    if shape is None or elem.get(other[0]) not in floats or not shape or shape[-1] != out_shape[-1] \
-            or any(d != 1 for d in shape[:-1]):
-        return None
-    return other[0]
-
-
-class Unmapped(Exception):
-    """An ONNX node with no soapbox op (listed, or imported as elementwise)."""
-
-
-#: initializers above this many bytes go to ONNX's shape inference without their values (it
-#: reads their dims; only small integer tensors, shapes, feed its data propagation)
-LIGHT_BYTES = 4096
-
-
-def infer_shapes_light(model: Any, **options: Any) -> Any:
-    """``onnx.shape_inference.infer_shapes(model, **options)`` with the large initializers'
-    values set aside while it runs (it serialises the whole model, weights included, to run:
-    most of an import's time on a large file), then put back in the model it returns."""
-    from onnx import shape_inference
-
-    stash = {}
-    for t in model.graph.initializer:
-        if len(t.raw_data) > LIGHT_BYTES:
-            stash[t.name] = t.raw_data
-            t.ClearField("raw_data")
-    try:
-        out = shape_inference.infer_shapes(model, **options)
-    finally:
-        for t in model.graph.initializer:
-            if t.name in stash:
-                t.raw_data = stash[t.name]
-    for t in out.graph.initializer:
-        if t.name in stash:
-            t.raw_data = stash[t.name]
-    return out

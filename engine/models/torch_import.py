@@ -27,6 +27,10 @@ key/value cache, and ``torch.export`` cannot return one.
 
 Running the factory runs the user's code: only the command line does it (a name the user
 typed), never the app or a name read from a file.
+
+The import runs in stages: the factory run and captured, torch's FLOPs counted, the builder
+started, the graph walked (each call converted by :mod:`engine.models.torch_convert`'s
+converter for its ATen name), the notes.
 """
 
 from __future__ import annotations
@@ -37,26 +41,22 @@ import operator
 import os
 import re
 import sys
-from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import Problem, ValidationError
-from ..graph import GraphBuilder, OpGraph, TensorRef
+from ..graph import GraphBuilder, OpGraph
 from ..ops import OpError
-from .torch_patterns import PASS_THROUGH, aten_name, rms_norms, shared_parameters
+from .torch_convert import AtenCall, TorchState, Unmapped, convert, emit, lookup_by_constant_ids, node_shape
+from .torch_patterns import aten_name, rms_norms, shared_parameters
 
 __all__ = ["import_torch", "load_factory"]
 
 _FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
-_UNARY = {"relu": "relu", "gelu": "gelu", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
-_BINARY = {"add": "add", "sub": "add", "mul": "mul", "div": "mul"}
-_VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as"}
-_GENERIC = {"rsqrt": 2.0, "sqrt": 1.0, "exp": 4.0, "pow": 2.0, "neg": 1.0, "reciprocal": 1.0, "erf": 8.0,
-            "log": 4.0, "abs": 1.0, "clamp": 2.0, "mean": 1.0, "hardtanh": 2.0, "leaky_relu": 2.0,
-            "hardswish": 4.0, "hardsigmoid": 3.0, "elu": 4.0, "sin": 4.0, "cos": 4.0}
 #: calls with no tensor result that soapbox skips (checks torch.export leaves in the graph)
 _SKIP = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range_for_size"}
+
+_Fail = Callable[[str, str], ValidationError]
 
 
 def load_factory(spec: str):
@@ -96,6 +96,25 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
 
     if unknown not in ("error", "elementwise"):
         raise ValueError(f"unknown must be 'error' or 'elementwise', got {unknown!r}")
+    module, example, ep, notes = _capture(torch, factory, fail)
+    torch_flops = _count_flops(FlopCounterMode, module, ep, example)
+    s = _start(torch, ep, module, precision=precision, name=name, source=source, fail=fail)
+    _walk(s, ep.graph, unknown)
+    if s.problems:
+        listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(v[:3])})"
+                           for op, v in sorted(s.unmapped.items(), key=lambda kv: -len(kv[1])))
+        raise fail("graph", f"{s.problems} ATen call(s) soapbox cannot map: {listed}. Import shape-preserving ones "
+                            "as memory-bound elementwise ops with --unknown elementwise")
+    try:
+        graph = s.b.build()
+    except (OpError, ValueError) as e:
+        raise fail("graph", str(e)) from None
+    return graph, notes + _notes(graph, s.unmapped, torch_flops, module)
+
+
+def _capture(torch: Any, factory, fail: _Fail) -> tuple[Any, tuple, Any, list[str]]:
+    """The module and example inputs ``factory()`` makes on the meta device (a transformers
+    model's key/value cache turned off, with a note), and their ``torch.export`` capture."""
     with torch.device("meta"):
         made = factory()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
@@ -113,9 +132,15 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
         ep = torch.export.export(module.eval(), example)
     except Exception as e:
         raise fail("torch.export", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from None
+    return module, example, ep, notes
+
+
+def _count_flops(counter_mode: Any, module, ep, example: tuple) -> float | None:
+    """torch's own count of one forward pass's FLOPs (``FlopCounterMode``), or None when
+    neither the module nor its capture runs on meta tensors."""
     torch_flops = None
     for run in (module, ep.module()):  # (the capture runs where eager code reads values: masks' .item())
-        counter = FlopCounterMode(display=False)
+        counter = counter_mode(display=False)
         try:
             with counter:
                 run(*example)
@@ -123,7 +148,13 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
             break
         except Exception:  # (neither runs on meta tensors: no cross-check)
             continue
+    return torch_flops
 
+
+def _start(torch: Any, ep, module, *, precision: str | None, name: str | None, source: str,
+           fail: _Fail) -> TorchState:
+    """The walk's state: the builder (its precision the first float input's, else the
+    parameters'), shared parameters, RMSNorms spelled out, the integer inputs' shapes."""
     dtypes = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
@@ -134,232 +165,96 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
     precision = precision or dtypes.get(first_float or param_dtype, "fp32")
     b = GraphBuilder(name or type(module).__name__[:200], precision,
                      f"imported from PyTorch ({type(module).__name__}) with torch.export", f"soapbox import --torch {source}")
-    ref: dict[str, Any] = {}  # fx node name -> TensorRef, or a list of them (a split)
-    const: dict[str, tuple] = {}  # parameters, buffers and constants: name -> shape
-    split_cache: dict[tuple, list[TensorRef]] = {}
-    unmapped: dict[str, list[str]] = {}
-    problems = 0
-    used = Counter()
     params = set(sig.inputs_to_parameters)
     tied = shared_parameters(ep, module)
     absorbed, norms, gains = rms_norms(g, params)
-
-    def shape(n) -> tuple[int, ...] | None:
-        v = n.meta.get("val") if hasattr(n, "meta") else None
-        return tuple(int(d) for d in v.shape) if isinstance(v, torch.Tensor) else None
-
-    int_inputs = [shape(n) for n in g.nodes if n.op == "placeholder" and n.name in user_inputs
+    int_inputs = [node_shape(n) for n in g.nodes if n.op == "placeholder" and n.name in user_inputs
                   and n.meta["val"].dtype in (torch.int64, torch.int32)]
+    return TorchState(b, fail, precision, dtypes, user_inputs, params, tied, absorbed, norms, gains, int_inputs)
 
-    def nm(n) -> str:
-        used[n.name] += 1
-        return n.name if used[n.name] == 1 else f"{n.name}.{used[n.name]}"
 
+def _walk(s: TorchState, g, unknown: str) -> None:
+    """Map every node of the captured graph in order: placeholders (inputs, or parameters and
+    constants), ``getitem`` of a split, then each ATen call (:func:`convert`); calls on
+    constants alone are folded, an unmapped call handled by :func:`_unmapped`."""
     for n in g.nodes:
         if n.op == "placeholder":
-            shp = shape(n)
-            if n.name in user_inputs and shp is not None:
-                v = n.meta["val"]
-                if v.dtype in dtypes:
-                    ref[n.name] = b.input(nm(n), list(shp), dtype=precision)
-                else:
-                    axes = ["sample", "length"] if len(shp) == 2 else None
-                    ref[n.name] = b.input(nm(n), list(shp), dtype="int64" if v.dtype == torch.int64 else "int32",
-                                          **({"axes": axes} if axes else {}))
-            else:
-                const[n.name] = shp
+            _placeholder(s, n)
             continue
         if n.op != "call_function":
             continue
         target = n.target
-        if n.name in absorbed:
+        if n.name in s.absorbed:
             continue
         if target is operator.getitem:
             src, k = n.args
-            if src.name in ref and isinstance(ref[src.name], list):
-                ref[n.name] = ref[src.name][k]
-            elif src.name in const:
-                const[n.name] = shape(n)
+            if src.name in s.ref and isinstance(s.ref[src.name], list):
+                s.ref[n.name] = s.ref[src.name][k]
+            elif src.name in s.const:
+                s.const[n.name] = node_shape(n)
             continue
         op = aten_name(target)
         if op in _SKIP:
             continue
         args = list(n.args)
-        acts = [a for a in args if hasattr(a, "name") and a.name in ref]
-        out = shape(n)
-        if op == "embedding" and not acts and args[0].name in params and shape(args[1]) is not None:
-            # a table looked up by constant ids (positions from arange): ids become an input,
-            # one row per sample as the token ids have, so that the table stays a parameter
-            ids = shape(args[1])
-            tokens = next((s for s in int_inputs if len(ids) == 2 and ids[0] == 1 and s and len(s) == 2
-                           and s[1] == ids[1]), None)  # [batch, seq] of the token ids
-            name_ = nm(n)
-            pos = b.input(f"{name_}.ids", list(tokens or ids), dtype="int64",
-                          **({"axes": ["sample", "length"]} if tokens else {}))
-            v, d = const[args[0].name]
-            ref[n.name] = b.add("embedding", name_, [pos], num_embeddings=v, embedding_dim=d,
-                                param_group=tied.get(args[0].name))
+        acts = [a for a in args if hasattr(a, "name") and a.name in s.ref]
+        c = AtenCall(n, op, args, acts, node_shape(n), args[0] if args else None)
+        if lookup_by_constant_ids(s, c):
             continue
         if not acts:
-            const[n.name] = shape(n)  # (shape arithmetic on constants, the causal mask: it costs nothing)
+            s.const[n.name] = node_shape(n)  # (shape arithmetic on constants, the causal mask: it costs nothing)
             continue
-
-        def add(kind: str, inputs, **attrs: Any):
-            try:
-                r = b.add(kind, nm(n), [ref[a.name] if hasattr(a, "name") else a for a in inputs], **attrs)
-            except (OpError, ValueError) as e:
-                raise fail(f"node {n.name} ({op})", f"as soapbox {kind}: {e}") from None
-            if not isinstance(r, list) and out is not None and tuple(b.shape_of(r)) != out:
-                raise fail(f"node {n.name} ({op})", f"soapbox's {kind} gives {list(b.shape_of(r))}, torch {list(out)}")
-            ref[n.name] = r
-            return r
-
-        x = args[0] if args else None
         try:
-            if n.name in norms:
-                add("rmsnorm", [ref[norms[n.name]]])
-            elif n.name in gains:  # (the rmsnorm's gain)
-                ref[n.name] = ref[gains[n.name]]
-            elif op == "linear" and x.name in ref and args[1].name in const:
-                bias, group = len(args) > 2 and args[2] is not None, tied.get(args[1].name)
-                if bias and group:  # (BERT's MLM decoder: its own bias beside the tied weight, a bias op)
-                    name_ = nm(n)
-                    try:
-                        lin = b.add("linear", name_, [ref[x.name]], out_features=const[args[1].name][0], bias=False,
-                                    param_group=group)
-                        ref[n.name] = b.add("bias", f"{name_}.bias", [lin])
-                    except (OpError, ValueError) as e:
-                        raise fail(f"node {n.name} ({op})", f"as soapbox linear and bias: {e}") from None
-                else:
-                    add("linear", [x], out_features=const[args[1].name][0], bias=bias, param_group=group)
-            elif op in ("mm", "matmul") and len(acts) == 1 and x.name in ref and args[1].name in const:
-                add("linear", [x], out_features=const[args[1].name][-1], bias=False)
-            elif op == "addmm" and args[1].name in ref and args[2].name in const:
-                add("linear", [args[1]], out_features=const[args[2].name][-1], bias=True)
-            elif op in ("matmul", "bmm") and len(acts) == 2:
-                add("batch_matmul", acts)
-            elif op in ("conv2d", "convolution") and args[1].name in const:
-                w = const[args[1].name]
-                stride = list(args[3]) if len(args) > 3 else [1, 1]
-                pad = list(args[4]) if len(args) > 4 else [0, 0]
-                dil = list(args[5]) if len(args) > 5 else [1, 1]
-                if op == "convolution" and (args[6] if len(args) > 6 else False):
-                    raise _Unmapped()
-                groups = int(args[8] if op == "convolution" and len(args) > 8 else (args[6] if op == "conv2d"
-                                                                                   and len(args) > 6 else 1))
-                if any(d != 1 for d in dil) or len(w) != 4:
-                    raise _Unmapped()
-                add("conv2d", [x], out_channels=w[0], kernel=[w[2], w[3]], stride=stride, padding=pad,
-                    groups=groups, bias=len(args) > 2 and args[2] is not None)
-            elif op in ("max_pool2d", "avg_pool2d", "max_pool2d_with_indices"):
-                kern = list(args[1])
-                stride = list(args[2]) if len(args) > 2 and args[2] else kern
-                pad = list(args[3]) if len(args) > 3 else [0, 0]
-                r = add("pool2d", [x], mode="avg" if op == "avg_pool2d" else "max", kernel=kern, stride=stride,
-                        padding=pad)
-                if op == "max_pool2d_with_indices":
-                    ref[n.name] = [r, r]
-            elif op == "adaptive_avg_pool2d" and list(args[1]) == [1, 1]:
-                add("pool2d", [x], mode="avg", **{"global": True})
-            elif op in ("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm",
-                        "_native_batch_norm_legit"):
-                r = add("batchnorm", [x])
-                if op != "batch_norm":
-                    ref[n.name] = [r, r, r]
-            elif op in ("layer_norm", "native_layer_norm"):
-                r = add("layernorm", [x])
-                if op == "native_layer_norm":
-                    ref[n.name] = [r, r, r]
-            elif op == "rms_norm":
-                add("rmsnorm", [x])
-            elif op in _UNARY:
-                add(_UNARY[op], [x])
-            elif op == "dropout":
-                add("dropout", [x], rate=float(args[1]) if len(args) > 1 else 0.5)
-            elif op in ("softmax", "_softmax"):
-                add("softmax", [x], axis=int(args[1]))
-            elif op in _BINARY and len(acts) == 2 and shape(acts[0]) == shape(acts[1]) == out:
-                add(_BINARY[op], acts)
-            elif (op in _BINARY or op in _GENERIC) and x is not None and hasattr(x, "name") and x.name in ref \
-                    and shape(x) == out:
-                add("elementwise", [x], flops_per_element=_GENERIC.get(op, 1.0), label=op)
-            elif op == "scaled_dot_product_attention":
-                causal = bool(n.kwargs.get("is_causal", args[5] if len(args) > 5 else False))
-                add("attention", acts[:3], causal=causal)
-            elif op == "embedding" and args[0].name in const:
-                v, d = const[args[0].name]
-                add("embedding", [args[1]], num_embeddings=v, embedding_dim=d, param_group=tied.get(args[0].name))
-            elif op in _VIEWS and out is not None:
-                add("reshape", [x], shape=list(out))
-            elif op in ("transpose", "t", "permute"):
-                rank = len(shape(x))
-                if op == "permute":
-                    perm = [int(p) % rank for p in args[1]]
-                else:
-                    d0, d1 = (int(args[1]) % rank, int(args[2]) % rank) if op == "transpose" else (0, 1)
-                    perm = list(range(rank))
-                    perm[d0], perm[d1] = perm[d1], perm[d0]
-                add("transpose", [x], perm=perm)
-            elif op == "cat" and all(hasattr(a, "name") and a.name in ref for a in args[0]):
-                add("concat", list(args[0]), axis=int(args[1]) if len(args) > 1 else 0)
-            elif op == "select":
-                rank = len(shape(x))
-                axis = int(args[1]) % rank
-                key = (x.name, axis)
-                if key not in split_cache:
-                    size = shape(x)[axis]
-                    try:
-                        rs = b.add("split", f"{x.name}.select{axis}", [ref[x.name]], axis=axis, sizes=[1] * size,
-                                   squeeze=True)
-                    except (OpError, ValueError) as e:
-                        raise fail(f"node {n.name} (select)", f"as soapbox split: {e}") from None
-                    split_cache[key] = rs if isinstance(rs, list) else [rs]
-                ref[n.name] = split_cache[key][int(args[2]) % shape(x)[axis]]
-            elif op in ("split", "split_with_sizes", "chunk"):
-                rank = len(shape(x))
-                axis = int(args[2]) % rank if len(args) > 2 else 0
-                outs = [tuple(int(d) for d in v.shape) for v in n.meta["val"]]
-                r = add("split", [x], axis=axis, sizes=[o[axis] for o in outs])
-                ref[n.name] = r if isinstance(r, list) else [r]
-            elif op == "expand" and out is not None:
-                ref[n.name] = _expand(b, ref[x.name], shape(x), out, n.name)
-            elif op == "slice" and out is not None and (args[4] if len(args) > 4 else 1) == 1:
-                axis = int(args[1]) % len(out)
-                size = shape(x)[axis]
-                start = min(max(int(args[2]) + (size if int(args[2]) < 0 else 0), 0), size) if len(args) > 2 else 0
-                pieces = [p for p in (start, out[axis], size - start - out[axis]) if p]
-                r = add("split", [x], axis=axis, sizes=pieces) if len(pieces) > 1 else ref[x.name]
-                ref[n.name] = r[0 if start == 0 else 1] if isinstance(r, list) else r
-            elif op in PASS_THROUGH:
-                ref[n.name] = ref[x.name]
-                used[n.name] -= 1
-            else:
-                raise _Unmapped()
+            convert(s, c)
         except ValidationError:
             raise
-        except (_Unmapped, TypeError, IndexError, KeyError, AttributeError, ValueError):  # (never a traceback)
-            if unknown == "elementwise" and x is not None and hasattr(x, "name") and x.name in ref and \
-                    shape(x) == out:
-                add("elementwise", [x], flops_per_element=1.0, label=op)
-            else:
-                problems += 1
-                # a stand-in input in its place, so the calls after it are mapped and listed too
-                vals = n.meta.get("val")
-                vals = vals if isinstance(vals, (tuple, list)) else [vals]
-                stand_ins = [b.input(f"{n.name}.unmapped{i}", list(v.shape)) for i, v in enumerate(vals)
-                             if isinstance(v, torch.Tensor)]
-                if stand_ins:
-                    ref[n.name] = stand_ins if isinstance(n.meta.get("val"), (tuple, list)) else stand_ins[0]
-            unmapped.setdefault(op, []).append(n.name)
-    if problems:
-        listed = "; ".join(f"{op} x {len(v)} (e.g. {', '.join(v[:3])})"
-                           for op, v in sorted(unmapped.items(), key=lambda kv: -len(kv[1])))
-        raise fail("graph", f"{problems} ATen call(s) soapbox cannot map: {listed}. Import shape-preserving ones "
-                            "as memory-bound elementwise ops with --unknown elementwise")
-    try:
-        graph = b.build()
-    except (OpError, ValueError) as e:
-        raise fail("graph", str(e)) from None
+        except (Unmapped, TypeError, IndexError, KeyError, AttributeError, ValueError):  # (never a traceback)
+            _unmapped(s, c, unknown)
+
+
+def _placeholder(s: TorchState, n) -> None:
+    """A placeholder: a user input (float ones at the model's precision), else a parameter,
+    buffer or constant (its shape kept)."""
+    import torch
+
+    shp = node_shape(n)
+    if n.name in s.user_inputs and shp is not None:
+        v = n.meta["val"]
+        if v.dtype in s.dtypes:
+            s.ref[n.name] = s.b.input(s.nm(n), list(shp), dtype=s.precision)
+        else:
+            axes = ["sample", "length"] if len(shp) == 2 else None
+            s.ref[n.name] = s.b.input(s.nm(n), list(shp), dtype="int64" if v.dtype == torch.int64 else "int32",
+                                      **({"axes": axes} if axes else {}))
+    else:
+        s.const[n.name] = shp
+
+
+def _unmapped(s: TorchState, c: AtenCall, unknown: str) -> None:
+    """A call no converter takes: an ``elementwise`` op (``unknown="elementwise"``, when it
+    keeps its first argument's shape), or a problem, a stand-in input in its place."""
+    import torch
+
+    n, x = c.n, c.x
+    if unknown == "elementwise" and x is not None and hasattr(x, "name") and x.name in s.ref and \
+            node_shape(x) == c.out:
+        emit(s, c, "elementwise", [x], flops_per_element=1.0, label=c.op)
+    else:
+        s.problems += 1
+        # a stand-in input in its place, so the calls after it are mapped and listed too
+        vals = n.meta.get("val")
+        vals = vals if isinstance(vals, (tuple, list)) else [vals]
+        stand_ins = [s.b.input(f"{n.name}.unmapped{i}", list(v.shape)) for i, v in enumerate(vals)
+                     if isinstance(v, torch.Tensor)]
+        if stand_ins:
+            s.ref[n.name] = stand_ins if isinstance(n.meta.get("val"), (tuple, list)) else stand_ins[0]
+    s.unmapped.setdefault(c.op, []).append(n.name)
+
+
+def _notes(graph: OpGraph, unmapped: dict[str, list[str]], torch_flops: float | None, module) -> list[str]:
+    """Notes on the built model: the calls imported as elementwise, soapbox's GEMM FLOPs beside
+    torch's count, and the parameters beside torch's."""
+    notes = []
     if unmapped:
         notes.append("imported as elementwise (memory-bound): " + "; ".join(
             f"{op} x {len(v)}" for op, v in sorted(unmapped.items())))
@@ -374,20 +269,4 @@ def import_torch(factory, *, unknown: str = "error", precision: str | None = Non
     unique = sum(p.numel() for p in module.parameters())  # (a shared tensor once)
     notes.append(f"parameters: torch {unique:,}, soapbox {graph.param_count:,}"
                  + ("" if unique == graph.param_count else " (they differ: a parameter soapbox cannot place)"))
-    return graph, notes
-
-
-def _expand(b: GraphBuilder, r: TensorRef, have: tuple[int, ...], want: tuple[int, ...], name: str) -> TensorRef:
-    """``expand`` as soapbox ops: a reshape adding the leading axes, then a ``broadcast`` per
-    size-1 axis that grows (grouped-query attention's repeated key/value heads)."""
-    if len(want) > len(have):
-        have = (1,) * (len(want) - len(have)) + tuple(have)
-        r = b.add("reshape", f"{name}.lead", [r], shape=list(have))
-    for axis, (h, w) in enumerate(zip(have, want)):
-        if h != w:
-            r = b.add("broadcast", f"{name}.axis{axis}", [r], axis=axis, size=w)
-    return r
-
-
-class _Unmapped(Exception):
-    """This ATen call has no soapbox op."""
+    return notes
