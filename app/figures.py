@@ -4,7 +4,7 @@ A figure is Plotly's JSON form, a ``{"data": [...], "layout": {...}}`` dict, whi
 takes as it is: building ``plotly.graph_objects`` figures validates every property on every
 redraw, which cost more than the rest of an edit's views together (benchmarks/bench_load.py).
 The tests check each figure by loading it into ``go.Figure``, which validates it in full
-(tests/test_app_figures.py); none reads session state.
+(tests/app/test_app_figures.py); none reads session state.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ What is timed, per prediction:
 
 * Calculon: ``Llm.Execution.from_json`` + ``Llm(app)`` + ``compile`` + ``run`` +
   ``get_stats_json`` (the application and system objects made once, as its validation does);
-* soapbox: ``Layout.resolved`` + ``build_layout`` + ``simulate_strategy`` (task-graph build,
+* soapbox: ``resolved`` (the layout filled in) + ``build_layout`` + ``simulate_strategy`` (task-graph build,
   simulation, memory report). The model graph and the cluster are made once per run; the
   graph's build time is shown on its own (``model build s``).
 
@@ -249,7 +249,7 @@ def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
     state simulated for a few microbatches and extrapolated; the tasks are the whole
     iteration's count)."""
     from engine.cluster import preset
-    from engine.layout import Layout
+    from engine.layout import Layout, resolved
     from engine.sim.report import simulate_strategy
     from engine.layout.build import build_layout
     cluster = preset(run.cluster)
@@ -257,7 +257,7 @@ def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
     calls = []
 
     def predict() -> tuple[float, float, int]:
-        s = build_layout(graph, cluster, lay.resolved(graph, cluster))
+        s = build_layout(graph, cluster, resolved(lay, graph, cluster))
         r = simulate_strategy(graph, s, cluster, check=False, max_tasks=None if calls else max_tasks,
                               **({"steady": True} if steady else {}))
         calls.append(1)

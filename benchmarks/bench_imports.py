@@ -4,8 +4,8 @@ Models (seeded, every parameter drawn at random as the tests do: the exporters' 
 zero bias or a unit gain, and the parameter with it):
 
 * ResNet-50: torchvision's architecture written in plain torch (the classes of
-  ``tests/test_import_onnx_exact.py`` at torchvision's widths, 64 and 1,000 classes, for ONNX;
-  those of ``tests/test_import_torch_exact.py``, in-place ReLUs and ``out += identity``, for
+  ``tests/models/test_import_onnx_exact.py`` at torchvision's widths, 64 and 1,000 classes, for ONNX;
+  those of ``tests/models/test_import_torch_exact.py``, in-place ReLUs and ``out += identity``, for
   ``--torch``), input 2 x 3 x 224 x 224;
 * LLaMA with grouped-query attention (transformers' ``LlamaForCausalLM``: 4 layers, hidden 512,
   8 query heads and 2 key/value heads, MLP 1,376, vocabulary 32,000), input ids 2 x 128;
@@ -15,7 +15,7 @@ zero bias or a unit gain, and the parameter with it):
 The transformers models use eager attention (two matmuls that ``FlopCounterMode`` counts).
 
 1. ONNX: each model exported once with each of torch's exporters (TorchScript, ``dynamo=False``;
-   dynamo, ``dynamo=True``, weights inside the file) by ``tests/test_import_onnx_exact.py``'s own
+   dynamo, ``dynamo=True``, weights inside the file) by ``tests/models/test_import_onnx_exact.py``'s own
    ``export`` (its ``find_packed_sequence_indices`` patch included; ResNet in training mode, so
    that TorchScript keeps BatchNorm apart from the convolutions); the export is not timed. Then
    ``import_onnx(bytes)`` is timed ``--runs`` times, interleaved run by run with the baseline

@@ -229,7 +229,7 @@ def aos_loop(fl, it, res_idx, succ_idx, chain_lag, n_res):  # pragma: no cover
 def _graph(case: str):
     from engine.cluster import preset
     from engine.formats import resolve_model
-    from engine.layout import Layout
+    from engine.layout import Layout, resolved
     from engine.models import build_sample
     from engine.layout.build import build_layout
     from engine.search.baselines import data_parallel
@@ -240,7 +240,7 @@ def _graph(case: str):
         return build_task_graph(g, data_parallel(g, c), c)
     opts = {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full", "sequence_parallel": case == "gpt3-sp"}
     g, c = build_sample("gpt3-175b"), preset("dgx-a100-80gb:128")
-    return build_task_graph(g, build_layout(g, c, Layout.from_options(opts).resolved(g, c)), c)
+    return build_task_graph(g, build_layout(g, c, resolved(Layout.from_options(opts), g, c)), c)
 
 
 def main() -> None:

@@ -45,12 +45,12 @@ CODE = """
 import json, sys, time
 from engine.models import build_sample
 from engine.cluster import preset
-from engine.layout import Layout
+from engine.layout import Layout, resolved
 from engine.search.baselines import build_layout
 from engine.sim.report import simulate_strategy
 g, c = build_sample("gpt3-175b"), preset("dgx-a100-80gb:128")
 lay = Layout.from_options(json.loads(sys.argv[1]))
-s = build_layout(g, c, lay.resolved(g, c))
+s = build_layout(g, c, resolved(lay, g, c))
 out, secs = {}, []
 for _ in range(1 + int(sys.argv[3])):  # the first compiles numba's loops (or loads them from its cache)
     t = time.perf_counter()

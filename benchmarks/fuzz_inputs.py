@@ -21,7 +21,7 @@ the worker replaced) and a memory limit (reading without bound shows as MemoryEr
 Usage: python benchmarks/fuzz_inputs.py [--cases 10000] [--seed 0] [--workers 2]
                                         [--timeout-s 20] [--memory-gb 6] [--show 5]
 
-``tests/test_fuzz_inputs.py`` drives the same mutations from hypothesis.
+``tests/formats/test_fuzz_inputs.py`` drives the same mutations from hypothesis.
 """
 
 from __future__ import annotations

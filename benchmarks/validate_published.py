@@ -46,7 +46,7 @@ for p in (str(HERE.parent), str(HERE)):
 from published import (SOURCES, CsvError, Predictor, RowResult, Setup, Skip, cell_int, default_csv,  # noqa: E402,F401
                        group_key, in_sample, load_rows, megatron_flops, setup_for)
 
-# (the row-reading names are re-exported: tests/test_validate_rows.py and test_accuracy.py read them here)
+# (the row-reading names are re-exported: tests/benchmarks/test_validate_rows.py and test_accuracy.py read them here)
 __all__ = ["main", "format_row", "summarize", "calibration_rows", "spearman", "sweeps", "family_summary", "HEADER",
            "Predictor", "RowResult", "Setup", "Skip", "setup_for", "megatron_flops"]
 

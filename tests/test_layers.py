@@ -98,6 +98,17 @@ def layer(module: str) -> int | None:
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
 
 
+def test_tests_mirror_the_packages():
+    """A module's tests sit in the folder named as its package (``tests/sim/`` for
+    ``engine/sim/``; ``tests/moe/`` for the root's ``moe.py``), the app's in ``tests/app/`` and
+    the benchmark scripts' in ``tests/benchmarks/``; only shared helpers and this file of the
+    whole house's rules sit at the top."""
+    tests = Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
+    assert folders == {n for n in LAYERS if n != "errors"} | {"app", "benchmarks"}
+    assert {p.name for p in tests.glob("test_*.py")} == {"test_layers.py"}
+
+
 def test_every_engine_module_has_a_layer():
     missing = {name.split(".")[1] for _, name, _ in modules() if name != "engine"} - set(LAYERS)
     assert not missing, f"add {sorted(missing)} to LAYERS"
@@ -294,7 +305,7 @@ def test_tests_use_public_names_of_the_app():
     """A test reaches the app through its public names only (a private one may change under it)."""
     pattern = __import__("re").compile(
         r"\b(?:SRC|ST|SIM|ACT|UP|LNK|FIT|EV|SES|EXP|TL|ED|CMP|SRCH|EXPT|LRN|WU|V|G|F|jobs|store|worker)\._[a-z]")
-    tests = sorted(Path(__file__).parent.glob("test_app_*.py")) + [Path(__file__).parent / "test_server_restart.py"]
+    tests = sorted((Path(__file__).parent / "app").glob("test_*.py"))
     found = [f"{p.name}:{i}" for p in tests
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []

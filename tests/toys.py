@@ -1,12 +1,18 @@
 """Small hand-sized models, clusters and an ideal cost model, shared by the simulator's and the
-memory model's tests (every figure in them can be computed by hand)."""
+memory model's tests (every figure in them can be computed by hand), and the checks and
+drawings several packages' tests share (two task graphs or timelines equal bit for bit; a
+Megatron layout a hypothesis test drew)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from engine.cluster import Cluster, DeviceType, NodeSpec
 from engine.costs import CostModel
 from engine.graph import GraphBuilder
+from engine.layout import Layout, build_layout
 from engine.strategy import Strategy
+from engine.taskgraph import TaskGraph
 
 TOY = DeviceType("toy", {"fp32": 1e12}, 1e18, 10**12)  # 1 TFLOP/s, memory never the bottleneck
 #: Ideal costs: peak FLOP/s and link rates reached exactly, no launch overhead, free optimizer.
@@ -57,3 +63,37 @@ def tiny():
     c = Cluster("toy", [NodeSpec("n", 4, "toy", "switch", 1e9, 1e-6, nics=1, nic_bw_bytes_per_s=1e9, repeat=1)],
                 {"toy": t})
     return b.build(), c
+
+
+#: every array of a TaskGraph, and of a Timeline
+TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
+               "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")
+
+
+def assert_same_graph(a: TaskGraph, b: TaskGraph) -> None:
+    for key in TASK_ARRAYS:
+        x, y = getattr(a, key), getattr(b, key)
+        assert x.dtype == y.dtype and np.array_equal(x, y), key
+    assert a.comm_bytes == b.comm_bytes
+    ptr_a, dev_a, coll_a = a.info["coll_devices"]
+    ptr_b, dev_b, coll_b = b.info["coll_devices"]
+    assert np.array_equal(ptr_a, ptr_b) and np.array_equal(dev_a, dev_b) and np.array_equal(coll_a, coll_b)
+
+
+def assert_same_timeline(a, b) -> None:
+    """Task for task, bit for bit (NaN nowhere: every task runs)."""
+    for key in ("start_s", "end_s", "order", "resource_pred"):
+        assert np.array_equal(getattr(a, key), getattr(b, key)), key
+    assert np.array_equal(a.extra["ready_s"], b.extra["ready_s"])
+
+
+def drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap):
+    """The Megatron layout a hypothesis test drew (one the builder refuses is not drawn)."""
+    from hypothesis import assume
+
+    try:
+        return build_layout(g, c, Layout(tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb,
+                                         sequence_parallel=sp and tp > 1, zero_stage=zero, recompute=recompute,
+                                         overlap_grad_reduce=overlap, overlap_param_gather=overlap and zero > 0))
+    except ValueError:
+        assume(False)

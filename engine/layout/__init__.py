@@ -16,9 +16,10 @@ from .enumeration import (MAX_CP, MAX_MICROBATCHES_PER_STAGE, MIN_CP_TOKENS, mes
                           valid_layouts)
 from .experts import expert_shapes
 from .record import BUILDERS, ON_BY_DEFAULT, OPTION_NAMES, SWITCHES, Layout, Option, option_of, options_for
-from .rules import layout_problem, microbatch_count, tp_problem
+from ..strategy.config import microbatch_count
+from .rules import layout_problem, resolved, tp_problem
 
-__all__ = ["Layout", "Option", "option_of", "options_for", "build_layout", "fsdp", "layout_problem",
+__all__ = ["Layout", "Option", "option_of", "options_for", "build_layout", "fsdp", "layout_problem", "resolved",
            "microbatch_count", "tp_problem", "valid_layouts", "mesh_shapes", "micro_batch_sizes", "expert_shapes",
            "BUILDERS", "OPTION_NAMES", "SWITCHES", "ON_BY_DEFAULT", "MAX_CP", "MIN_CP_TOKENS",
            "MAX_MICROBATCHES_PER_STAGE"]

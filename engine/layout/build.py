@@ -18,7 +18,8 @@ from ..graph.blocks import layer_blocks
 from ..strategy import Config, PipelineSettings, Strategy, check_strategy
 from .placement import balanced_layers, expert_config, layer_chunks, mesh_config, tp_plan
 from .record import SWITCHES, Layout, options_for
-from .rules import microbatch_count
+from ..strategy.config import microbatch_count
+from .rules import resolved
 
 __all__ = ["build_layout", "fsdp", "baseline_strategy"]
 
@@ -78,7 +79,7 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         exceeds the devices, the batch does not split into micro-batches, the layers do not
         split into pp*vpp chunks, ...).
     """
-    lay = layout.resolved(graph, cluster)
+    lay = resolved(layout, graph, cluster)
     tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
     micro_batch, recompute, sequence_parallel = lay.micro_batch, lay.recompute, lay.sequence_parallel
     m = microbatch_count(graph.batch_size, dp, micro_batch)

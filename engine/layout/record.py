@@ -14,23 +14,20 @@ The builder takes the record whole (:func:`engine.layout.build.build_layout`); e
 (:func:`engine.export.infer.infer_layout`), the what-if mapping
 (:func:`engine.studies.whatif.map_strategy`) and the sweep read and write it.
 
-The rules every layout must satisfy are :func:`engine.layout.rules.layout_problem`'s; the
+The rules every layout must satisfy are :func:`engine.layout.rules.layout_problem`'s (and
+:func:`engine.layout.rules.resolved` fills in what depends on the model and cluster); the
 enumerator of valid layouts is :mod:`engine.layout.enumeration`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
 
 from ..cluster.devices import MAX_DEVICES
 from ..ops import MAX_DIM
 from ..strategy import GATHER_UNITS, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
-from .rules import layout_problem, microbatch_count
-
-if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..graph import OpGraph
+from ..strategy.config import microbatch_count
 
 __all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES",
            "SWITCHES", "ON_BY_DEFAULT", "PANEL_GROUPS"]
@@ -313,19 +310,6 @@ class Layout:
             if v != f.default:
                 out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
-
-    def resolved(self, graph: OpGraph, cluster: Cluster) -> "Layout":
-        """This layout with the defaults that depend on the model and cluster filled in (dp,
-        micro-batch, global batch, schedule), or ValueError when it cannot be built there
-        (:func:`engine.layout.rules.layout_problem`)."""
-        why = layout_problem(graph, cluster, self)
-        if why:
-            raise ValueError(why)
-        n, batch = cluster.num_devices, graph.batch_size
-        dp = self.dp if self.dp is not None else n // (self.tp * self.cp * self.pp)
-        mb = self.micro_batch if self.micro_batch is not None else (batch // dp if self.pp == 1 else 1)
-        return replace(self, dp=dp, micro_batch=mb, global_batch=batch,
-                       schedule=self.schedule or ("interleaved" if self.vpp > 1 else "1f1b"))
 
 
 def option_of(name: str) -> Option:

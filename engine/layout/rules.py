@@ -1,45 +1,25 @@
-"""The rules every layout must satisfy on a model and a cluster: the micro-batch rule, tensor
-parallelism within a node and the heads, and :func:`layout_problem`, the first reason a layout
-cannot be built (the hard rules of :func:`engine.layout.enumeration.valid_layouts`)."""
+"""The rules every layout must satisfy on a model and a cluster: tensor parallelism within a
+node and the heads, :func:`layout_problem` (the first reason a layout cannot be built: the hard
+rules of :func:`engine.layout.enumeration.valid_layouts`), and :func:`resolved` (a layout with
+what depends on the model and cluster filled in)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..moe import moe_layout_problem
 
-if TYPE_CHECKING:
-    from .record import Layout
+from .record import Layout
 
-__all__ = ["microbatch_count", "tp_problem", "layout_problem"]
+__all__ = ["tp_problem", "layout_problem", "resolved"]
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def microbatch_count(batch: int, dp: int, micro_batch: int) -> int:
-    """Microbatches an iteration of ``batch`` samples is cut into on ``dp`` data-parallel
-    ranks with ``micro_batch`` samples each: batch / (micro_batch x dp). The one micro-batch
-    rule (Megatron-LM ``arguments.py``: the global batch must be a multiple of micro-batch
-    size x data-parallel size).
-
-    >>> microbatch_count(32, 4, 2)
-    4
-
-    Raises
-    ------
-    ValueError
-        When the batch does not split so.
-    """
-    if not _is_int(micro_batch) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
-    if batch % (micro_batch * dp):
-        raise ValueError(f"global batch {batch} is not a multiple of micro_batch ({micro_batch}) x dp ({dp})")
-    return batch // (micro_batch * dp)
 
 
 def tp_problem(graph: OpGraph, cluster: Cluster | None, tp: int) -> str | None:
@@ -105,3 +85,17 @@ def layout_problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     if lay.micro_batch is not None and batch % (lay.micro_batch * dp):
         return f"global batch {batch} is not a multiple of micro_batch ({lay.micro_batch}) x dp ({dp})"
     return None
+
+
+def resolved(lay: Layout, graph: OpGraph, cluster: Cluster) -> Layout:
+    """``lay`` with the defaults that depend on the model and cluster filled in (dp,
+    micro-batch, global batch, schedule), or ValueError when it cannot be built there
+    (:func:`layout_problem`)."""
+    why = layout_problem(graph, cluster, lay)
+    if why:
+        raise ValueError(why)
+    n, batch = cluster.num_devices, graph.batch_size
+    dp = lay.dp if lay.dp is not None else n // (lay.tp * lay.cp * lay.pp)
+    mb = lay.micro_batch if lay.micro_batch is not None else (batch // dp if lay.pp == 1 else 1)
+    return replace(lay, dp=dp, micro_batch=mb, global_batch=batch,
+                   schedule=lay.schedule or ("interleaved" if lay.vpp > 1 else "1f1b"))

@@ -130,7 +130,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     Notes
     -----
     Mixture-of-experts configs (Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS; parameter counts
-    equal those of transformers' own models of the config, tests/test_import_hf_moe.py) are
+    equal those of transformers' own models of the config, tests/models/test_import_hf_moe.py) are
     read as transformers 5's modelling code uses them, absent fields taking its config classes'
     defaults: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
     ``vocab_size``, ``max_position_embeddings``, ``hidden_act`` (silu only),

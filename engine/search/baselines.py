@@ -16,7 +16,7 @@ from ..cluster import Cluster
 from ..graph import Op, OpGraph
 from ..layout.build import baseline_strategy, build_layout, fsdp
 from ..layout.record import ON_BY_DEFAULT, Layout, options_for
-from ..layout.rules import microbatch_count
+from ..strategy.config import microbatch_count
 from ..strategy import Config, PipelineSettings, Strategy
 
 __all__ = ["BASELINES", "Baseline", "make_baseline", "data_parallel", "model_parallel", "expert"]

@@ -26,7 +26,7 @@ best region instead, so that every worker keeps working. The search ends with th
 of :func:`engine.search.polish.local_polish`, in the driver.
 
 Preconditions not checked: the delta simulator's times equal a full simulation's bit for bit
-(``tests/test_delta.py`` pins this): a cached price and a re-simulated one are then the same
+(``tests/sim/test_delta.py`` pins this): a cached price and a re-simulated one are then the same
 number, so which process simulated a strategy first does not change the walk.
 """
 

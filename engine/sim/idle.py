@@ -96,7 +96,7 @@ def _gaps(order, kind, device, start, end, n_devices, min_gap, room):  # pragma:
 
 def device_gaps(timeline: Timeline, min_gap_share: float = 0.005) -> DeviceGaps:
     """Idle time of every simulated GPU up to the end of the iteration's last forward/backward
-    task, and its gaps longer than ``min_gap_share`` of that span (tests/test_idle.py pins a
+    task, and its gaps longer than ``min_gap_share`` of that span (tests/sim/test_idle.py pins a
     hand-computed case and checks random graphs against a sort by device and start).
     """
     tg = timeline.tasks

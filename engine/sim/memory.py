@@ -334,7 +334,7 @@ def saved_activation_bytes(graph: OpGraph, strategy: Strategy) -> np.ndarray:
 def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.ndarray:
     """[op] bytes one partition saves for its backward pass, per microbatch (Korthikanti et
     al. 2022 §4, activations per layer with and without sequence parallelism and
-    selective or full recomputation; ``tests/test_memory.py`` checks their Table 2).
+    selective or full recomputation; ``tests/sim/test_memory.py`` checks their Table 2).
 
     A tensor read by several ops under the same partitioning on the same devices (the
     LayerNorm output that the Q, K and V projections read) is kept once, by its first reader:

@@ -18,7 +18,7 @@ from ..errors import Problem
 from ..graph import Op, OpGraph
 from ..ops import EXPERT, REPLICA
 
-__all__ = ["Config", "PipelineSettings", "partition_grid", "partition_coords", "divisors", "splits_into_microbatches",
+__all__ = ["microbatch_count", "Config", "PipelineSettings", "partition_grid", "partition_coords", "divisors", "splits_into_microbatches",
            "degree_choices", "zero_shares", "check_config"]
 
 
@@ -26,6 +26,27 @@ def divisors(n: int, at_most: int) -> list[int]:
     """The divisors of ``n`` up to ``at_most``, ascending: the degrees a dim of size ``n`` can
     be split into on at most ``at_most`` devices."""
     return [k for k in range(1, min(n, at_most) + 1) if n % k == 0]
+
+
+def microbatch_count(batch: int, dp: int, micro_batch: int) -> int:
+    """Microbatches an iteration of ``batch`` samples is cut into on ``dp`` data-parallel
+    ranks with ``micro_batch`` samples each: batch / (micro_batch x dp). The one micro-batch
+    rule (Megatron-LM ``arguments.py``: the global batch must be a multiple of micro-batch
+    size x data-parallel size).
+
+    >>> microbatch_count(32, 4, 2)
+    4
+
+    Raises
+    ------
+    ValueError
+        When the batch does not split so.
+    """
+    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    if batch % (micro_batch * dp):
+        raise ValueError(f"global batch {batch} is not a multiple of micro_batch ({micro_batch}) x dp ({dp})")
+    return batch // (micro_batch * dp)
 
 
 def splits_into_microbatches(samples: int, degree: int, microbatches: int) -> bool:

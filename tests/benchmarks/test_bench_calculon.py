@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 import bench_calculon as bc  # noqa: E402

@@ -19,7 +19,7 @@ from engine.layout.build import fsdp
 from engine.sim.full import simulate
 from engine.taskgraph import BWD, FWD, build_task_graph
 
-from test_twins import drawn_megatron
+from toys import drawn_megatron  # tests/toys.py
 from engine.layout import Layout, build_layout
 
 #: what the extrapolation may differ by from a full simulation (float rounding of sums)

@@ -61,7 +61,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir),
              "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-            cwd=Path(__file__).resolve().parents[1])
+            cwd=Path(__file__).resolve().parents[2])
         deadline = time.monotonic() + 120
         lines = []
         while time.monotonic() < deadline:

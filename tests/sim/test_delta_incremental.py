@@ -19,11 +19,9 @@ from engine.search.baselines import data_parallel
 from engine.search.chains import random_config
 from engine.sim.full import run_reference, simulate
 from engine.taskgraph import TaskGraph, TaskGraphBuilder
+from toys import assert_same_graph, assert_same_timeline  # tests/toys.py
 from engine.layout import Layout, build_layout
 
-#: every array of a TaskGraph, and of a Timeline
-TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
-               "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")
 
 MODELS = {name: resolve_model(name) for name in ("alexnet", "inception_v3", "rnntc")}
 
@@ -33,21 +31,6 @@ def full(graph, strategy, cluster):
     return tg, simulate(tg)
 
 
-def assert_same_graph(a: TaskGraph, b: TaskGraph) -> None:
-    for key in TASK_ARRAYS:
-        x, y = getattr(a, key), getattr(b, key)
-        assert x.dtype == y.dtype and np.array_equal(x, y), key
-    assert a.comm_bytes == b.comm_bytes
-    ptr_a, dev_a, coll_a = a.info["coll_devices"]
-    ptr_b, dev_b, coll_b = b.info["coll_devices"]
-    assert np.array_equal(ptr_a, ptr_b) and np.array_equal(dev_a, dev_b) and np.array_equal(coll_a, coll_b)
-
-
-def assert_same_timeline(a, b) -> None:
-    """Task for task, bit for bit (NaN nowhere: every task runs)."""
-    for key in ("start_s", "end_s", "order", "resource_pred"):
-        assert np.array_equal(getattr(a, key), getattr(b, key)), key
-    assert np.array_equal(a.extra["ready_s"], b.extra["ready_s"])
 
 
 def random_move(sim: DeltaSimulator, rng: random.Random) -> tuple[str, object]:

@@ -26,7 +26,7 @@ from engine.search.chains import random_config
 from engine.sim.full import simulate
 from engine.taskgraph import TaskGraphBuilder, find_symmetry
 
-from test_delta_incremental import assert_same_graph, assert_same_timeline
+from toys import assert_same_graph, assert_same_timeline, drawn_megatron  # tests/toys.py
 from engine.layout import Layout, build_layout
 
 MODELS: dict[str, object] = {}
@@ -145,16 +145,6 @@ def test_delta_simulation_from_a_copied_build():
             assert_same_graph(sim.tasks, TaskGraphBuilder(g, sim.strategy, c, CostModel(), twins=False).build())
         else:
             sim.commit()
-
-
-def drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap):
-    """The Megatron layout a hypothesis test drew (one the builder refuses is not drawn)."""
-    from hypothesis import assume
-
-    try:
-        return build_layout(g, c, Layout(tp=tp, pp=pp, vpp=vpp if pp > 1 else 1, micro_batch=mb, sequence_parallel=sp and tp > 1, zero_stage=zero, recompute=recompute, overlap_grad_reduce=overlap, overlap_param_gather=overlap and zero > 0))
-    except ValueError:
-        assume(False)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -632,7 +632,7 @@ class TestOnnxUpload:
         return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
 
     def test_an_onnx_model_is_imported_and_simulated(self, alex):
-        from tests.test_import_onnx import transformer_block
+        from tests.models.test_import_onnx import transformer_block
 
         new, msg = EV.on_event("upload", alex, upload=self._upload(transformer_block()), filename="block.onnx")
         assert msg.startswith("Loaded model") and "B=32" in msg and "S=512" in msg, msg

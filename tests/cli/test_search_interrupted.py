@@ -98,7 +98,7 @@ def test_a_real_ctrl_c_after_the_first_progress_row(tmp_path):
     import sys
 
     out = tmp_path / "best.json"
-    env = dict(os.environ, SOAPBOX_PROGRESS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, SOAPBOX_PROGRESS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     # Ctrl-C as a terminal's foreground job gets it: a test run started in the background by a
     # shell without job control has SIGINT ignored, a child inherits that, and Python then
     # installs no KeyboardInterrupt handler (as a shell intends for its background jobs)

@@ -35,7 +35,7 @@ def gpt2() -> dict:
 
 def linear_table(state: dict) -> dict:
     """A profile table measuring only the linear ops' partitions of the state's strategy
-    (made without a GPU, as tests/test_profile.py makes them)."""
+    (made without a GPU, as tests/studies/test_profile.py makes them)."""
     g, c = graph_of(state), cluster_of(state)
     table = ProfileTable()
     for key in needed_keys(g, [page_strategy(state)], c):

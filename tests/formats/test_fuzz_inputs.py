@@ -53,7 +53,7 @@ from engine.search.api import Budget, MCMCOptions, SearchResult, parse_options
 from engine.strategy import Config, Strategy
 
 _spec = importlib.util.spec_from_file_location(
-    "fuzz_inputs", Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_inputs.py")
+    "fuzz_inputs", Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz_inputs.py")
 fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from validate_published import Predictor, calibration_rows  # noqa: E402

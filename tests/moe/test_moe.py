@@ -16,7 +16,7 @@ from engine.cluster import preset
 from engine.costs.collectives import all_to_all_time_s, group_collective_time_s
 from engine.costs import CostModel
 from engine.graph import GraphBuilder
-from engine.layout import Layout, layout_problem
+from engine.layout import Layout, layout_problem, resolved
 from engine.models import build_sample
 from engine.models.moe import MoEConfig, moe_gpt
 from engine.moe import active_parameters, expert_loads, expert_split, gate_factor, rank_loads
@@ -278,7 +278,7 @@ class TestRecomputeModules:
         s = build_layout(g, c, lay)
         text = export("megatron", g, s, c)
         assert "--recompute-modules moe_act layernorm" in text and "--overlap-moe-expert-parallel-comm" in text
-        back = layout_from_megatron(megatron_flags(text), lay.resolved(g, c))
+        back = layout_from_megatron(megatron_flags(text), resolved(lay, g, c))
         assert back.recompute_modules == ("moe_act", "layernorm") and back.moe_comm_overlap
 
 

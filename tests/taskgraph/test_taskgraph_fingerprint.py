@@ -11,7 +11,7 @@ simulated), the heterogeneous demo cluster and the K80 cluster.
 
 A refactor of the builder must leave every hash as it is. A deliberate change of behaviour
 updates them, says why in its commit, and is the only kind of change that may: run
-``python tests/test_taskgraph_fingerprint.py`` to print the current hashes. (Floating-point
+``python tests/taskgraph/test_taskgraph_fingerprint.py`` to print the current hashes. (Floating-point
 results are hashed by their bits: a NumPy or numba upgrade that reorders a sum would show here
 too, and is then checked against the simulator's other tests before the hashes are renewed.)
 """

@@ -2,7 +2,7 @@
 naming the file and what was wrong, an emptied one is reported, one server per folder, files
 readable by their owner only, and the server-wide bounds on queued searches and stored uploads.
 
-These run on :mod:`app.store` directly (no Dash); ``tests/test_server_limits.py`` drives a real
+These run on :mod:`app.store` directly (no Dash); ``tests/app/test_server_limits.py`` drives a real
 ``soapbox serve``.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from app import datadir, store
 from app.store import DataDirInUse, Store, StoreFull, open_checked
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mode(path: Path) -> int:

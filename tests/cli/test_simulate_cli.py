@@ -19,7 +19,7 @@ from engine.sim.report import simulate_strategy
 from engine.search.baselines import data_parallel
 from engine.taskgraph import FWD
 
-# A small GPT (see tests/test_cli.py): 2 layers, hidden 64, 4 heads, seq 16, vocab 100, batch 8.
+# A small GPT (see tests/cli/test_cli.py): 2 layers, hidden 64, 4 heads, seq 16, vocab 100, batch 8.
 GPT_ARGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq-len", "16", "--vocab", "100", "--batch", "8"]
 # A GPT whose fp16 mixed-precision Adam state alone (16 bytes per parameter, ~1.6e9
 # parameters) is far beyond a 16 GB P100 under pure data parallelism.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from published import ROOT, default_csv, in_sample, load_rows  # noqa: E402

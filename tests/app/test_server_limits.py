@@ -25,7 +25,7 @@ import pytest
 from app import store
 from app.cli import CHANNEL_TIMEOUT_S, waitress_options
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: seconds any one wait may take on a loaded 2-core machine (a bound, not a measure)
 WAIT_S = 120.0
 IDLE_CONNECTIONS = 120

@@ -1,7 +1,7 @@
 """The task-graph builder's parts, tested directly: partition geometry (regions and the conv/pool
 halo, classes, who sends what to whom), segments and their CSR assembly, the emitter's
 durations, the schedule's barriers, and the builder's snapshot/restore. Whole graphs are pinned
-by tests/test_taskgraph_fingerprint.py and simulated in tests/test_simulate.py."""
+by tests/taskgraph/test_taskgraph_fingerprint.py and simulated in tests/sim/test_simulate.py."""
 
 from __future__ import annotations
 

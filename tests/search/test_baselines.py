@@ -571,7 +571,7 @@ _RAISES = {
                                      ("baseline data-parallel: 1 problem found:\n  - cluster: "
                                       "P100-SXM2-16GB has no bf16 peak; the model 'llama2-7b' runs in bf16")),
 }
-# the mixture-of-experts samples train in bf16 too (tests/test_moe.py runs their layouts on H100s)
+# the mixture-of-experts samples train in bf16 too (tests/moe/test_moe.py runs their layouts on H100s)
 _RAISES.update({(m, "data-parallel"): (ValidationError, (f"baseline data-parallel: 1 problem found:\n  - cluster: "
                                                         f"P100-SXM2-16GB has no bf16 peak; the model '{m}' runs in bf16"))
                 for m in _MOE})
