@@ -29,7 +29,8 @@ def gpt3() -> None:
     t = time.perf_counter()
     r = pipeline(g, c, None)
     planned = time.perf_counter() - t
-    meg = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=12, dp=16, micro_batch=1, recompute="full")), c, check=False)
+    meg = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=12, dp=16, micro_batch=1, recompute="full")), c,
+                            check=False)
     print(f"GPT-3 175B on 1,536 A100s: planner {r.best_cost_s:.2f} s per iteration ({r.best.found_by['plan']}); "
           f"planning + {r.iterations} simulations {planned:.1f} s")
     print(f"  Megatron's layout tp8 pp12 dp16 mb1 full recompute: {meg.iteration_time_s:.2f} s "

@@ -41,7 +41,8 @@ def cases(quick: bool):
     gpt3 = resolve_model("gpt3-175b")
     nmt = resolve_model("nmt")
     return out + [
-        ("gpt3 tp8 pp8 dp1 64 GPUs, 96 mb", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=8, dp=1, micro_batch=16)),
+        ("gpt3 tp8 pp8 dp1 64 GPUs, 96 mb", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=8, dp=1,
+                                                                                         micro_batch=16)),
          "dgx-a100-80gb:8", {}),
         ("gpt3 tp8 pp16 dp2 256 GPUs", gpt3, lambda c: build_layout(gpt3, c, Layout(tp=8, pp=16, dp=2, micro_batch=4)),
          "dgx-a100-80gb:32", {}),

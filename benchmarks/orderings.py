@@ -77,8 +77,10 @@ def main() -> int:
           "recompute):")
     g = gpt(GPTConfig(96, 12288, 96, 2048, 51200, 1536, precision="fp16", name="gpt3-175b"))
     c = preset("dgx-a100-80gb:128")
-    t1 = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1, recompute="full")), c).iteration_time_s
-    t2 = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1, vpp=2, recompute="full")), c).iteration_time_s
+    t1 = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1, recompute="full")),
+                           c).iteration_time_s
+    t2 = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=16, micro_batch=1, vpp=2, recompute="full")),
+                           c).iteration_time_s
     print(f"  1F1B {t1:.2f} s, interleaved (vpp 2) {t2:.2f} s: "
           f"{'interleaved faster (the published order)' if t2 < t1 else 'ORDER DIFFERS'}")
     if args.skip_zero3:
@@ -89,7 +91,8 @@ def main() -> int:
         c = preset(f"dgx-a100-80gb:{n // 8}")
         t0 = time.perf_counter()
         ptdp = simulate_strategy(g, build_layout(g, c, Layout(tp=8, pp=8, micro_batch=1, recompute="full")), c)
-        z3 = simulate_strategy(g, fsdp(g, c, Layout(zero_stage=3, gather_unit="op", recompute="full", micro_batch=1)), c)
+        z3 = simulate_strategy(g, fsdp(g, c, Layout(zero_stage=3, gather_unit="op", recompute="full", micro_batch=1)),
+                               c)
         print(f"  {n:>5} GPUs: PTD-P (tp 8, pp 8) {ptdp.iteration_time_s:.2f} s, ZeRO-3 {z3.iteration_time_s:.2f} s "
               f"-> {'PTD-P faster (the published order)' if ptdp.iteration_time_s < z3.iteration_time_s else 'ORDER DIFFERS'}"
               f" ({z3.iteration_time_s / ptdp.iteration_time_s:.2f}x; {time.perf_counter() - t0:.0f} s wall)")

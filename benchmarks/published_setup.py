@@ -245,7 +245,8 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
                      + ("; fp8 parameters: the fp8 recipes' fp8_param_gather" if L["fp8"] else ""))
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"], ep=1):
-        return build_layout(g, c, Layout(tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute, sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap, overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep))
+        return build_layout(g, c, Layout(tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
+                                         sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap, overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep))
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "

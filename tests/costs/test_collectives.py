@@ -116,7 +116,8 @@ class TestGatherUnit:
         d = op.to_dict()
         assert d["gather_unit"] == "op"
         assert strategy_from_dict(d).gather_unit == "op"
-        assert "gather_unit" not in fsdp(self.g, self.c, Layout(zero_stage=3, micro_batch=1)).to_dict()  # the default is not written
+        assert "gather_unit" not in fsdp(self.g, self.c, Layout(zero_stage=3,
+                                                                micro_batch=1)).to_dict()  # the default is not written
         from dataclasses import replace
         bad = replace(op, gather_unit="param")
         assert any(p.path == "gather_unit" for p in validate_strategy(bad, self.g, self.c))

@@ -25,7 +25,8 @@ from engine.layout import Layout, build_layout
 G, C = resolve_model("gpt2", batch=32), preset("dgx-a100-80gb:2")
 
 LAYOUTS = {
-    "tp2-pp2-sp-selective-zero1": lambda: build_layout(G, C, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, recompute="selective", zero_stage=1)),
+    "tp2-pp2-sp-selective-zero1": lambda: build_layout(G, C, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True,
+                                                                    recompute="selective", zero_stage=1)),
     "tp4-pp4-uneven": lambda: build_layout(G, C, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2])),
     "pp2-vpp2": lambda: build_layout(G, C, Layout(pp=2, vpp=2, micro_batch=1)),
     "fsdp-zero3-full": lambda: fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="full")),
@@ -93,7 +94,8 @@ def test_a_per_op_split_is_refused_with_the_ops_that_break_it():
 
 
 def test_what_a_framework_cannot_express_is_refused_with_the_alternative():
-    assert "--use-megatron-fsdp" in megatron_flags(export("megatron", G, fsdp(G, C, Layout(zero_stage=3)), C))  # (core_v0.19.0 has ZeRO-3)
+    assert "--use-megatron-fsdp" in megatron_flags(export("megatron", G, fsdp(G, C, Layout(zero_stage=3)),
+                                                          C))  # (core_v0.19.0 has ZeRO-3)
     with pytest.raises(ValidationError, match="without an AutoTP preset.*megatron"):
         export("deepspeed", G, build_layout(G, C, Layout(tp=2)), C)
     with pytest.raises(ValidationError, match="ZeRO-1.*use-distributed-optimizer"):

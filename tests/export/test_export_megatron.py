@@ -29,20 +29,26 @@ A100, H100, B200 = "dgx-a100-80gb:2", "dgx-h100:8", "dgx-b200:1"
 
 #: name -> (model, cluster, strategy builder)
 MATRIX = {
-    "tp2-pp2-sp-selective-zero1": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, recompute="selective", zero_stage=1))),
-    "tp4-pp4-first-last": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 4, 4, 2]))),
-    "tp4-pp4-any-split": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1, layers_per_stage=[2, 3, 5, 2]))),
+    "tp2-pp2-sp-selective-zero1": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1,
+                                                                                      sequence_parallel=True, recompute="selective", zero_stage=1))),
+    "tp4-pp4-first-last": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1,
+                                                                              layers_per_stage=[2, 4, 4, 2]))),
+    "tp4-pp4-any-split": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, micro_batch=1,
+                                                                             layers_per_stage=[2, 3, 5, 2]))),
     "pp2-vpp2": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(pp=2, vpp=2, micro_batch=1))),
     "fsdp-zero3-full": (GPT2, A100, lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=1, recompute="full"))),
     "fsdp-zero2": (GPT2, A100, lambda g, c: fsdp(g, c, Layout(zero_stage=2))),
     "dp-accumulate": (GPT2, A100, lambda g, c: data_parallel(g, c, micro_batch=1)),
-    "tp2-sp-cp2": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1))),
+    "tp2-sp-cp2": (GPT2, A100, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, sequence_parallel=True,
+                                                                      micro_batch=1))),
     "llama-bf16-tp4-pp4-vpp2-fp8": (lambda: build_sample("llama2-7b"), H100,
-                                    lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=1, fp8=True, overlap_param_gather=True))),
+                                    lambda g, c: build_layout(g, c, Layout(tp=4, pp=4, vpp=2, micro_batch=1,
+                                                                           sequence_parallel=True, zero_stage=1, fp8=True, overlap_param_gather=True))),
     "llama-bf16-hsdp": (lambda: build_sample("llama2-7b"), H100,
                         lambda g, c: fsdp(g, c, Layout(zero_stage=3, micro_batch=1, shard_group=8))),
     "llama-bf16-grads-bf16-b200": (lambda: build_sample("llama2-7b"), B200,
-                                   lambda g, c: build_layout(g, c, Layout(tp=2, micro_batch=2, sequence_parallel=True, zero_stage=1, grad_reduce_in_fp32=False))),
+                                   lambda g, c: build_layout(g, c, Layout(tp=2, micro_batch=2, sequence_parallel=True,
+                                                                          zero_stage=1, grad_reduce_in_fp32=False))),
     "mixtral-ep8-vpp8": (lambda: build_sample("mixtral-8x7b"), H100,
                          lambda g, c: build_layout(g, c, Layout(tp=1, pp=4, vpp=8, ep=8, micro_batch=1, zero_stage=1))),
 }
@@ -127,7 +133,8 @@ def test_max_connections_only_where_validate_args_asks_for_it():
     assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in export("megatron", *gsc("llama-bf16-grads-bf16-b200"))
     g, c = build_sample("llama2-7b"), preset(B200)
     hopper = preset("dgx-h100:1")
-    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export("megatron", g, build_layout(g, hopper, Layout(tp=2, micro_batch=2, sequence_parallel=True)), hopper)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export("megatron", g, build_layout(g, hopper, Layout(tp=2,
+                                                                                                          micro_batch=2, sequence_parallel=True)), hopper)
     fs = export("megatron", g, fsdp(g, c, Layout(zero_stage=3, tp=2, sequence_parallel=True, micro_batch=2)), c)
     assert "export CUDA" not in fs and "leave CUDA_DEVICE_MAX_CONNECTIONS unset" in fs
 
@@ -173,7 +180,8 @@ def test_zero_2_and_3_are_megatron_fsdp():
 
 def test_refusals_name_the_reason():
     g, c = GPT2(), preset(A100)
-    base = infer_layout(g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, zero_stage=1)), c)
+    base = infer_layout(g, build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True, zero_stage=1)),
+                        c)
     cases = {
         "per-op selective": replace(base, recompute="selective-op"),
         "ZeRO-Offload": replace(base, offload_optimizer="cpu"),

@@ -136,7 +136,8 @@ def test_capacity_factor_is_said_and_inputs_are_not_padded():
     g = tiny(capacity_factor=1.25)
     args = megatron_parse(export("megatron", g, build_layout(g, C8, Layout(ep=8)), C8))
     assert args.moe_expert_capacity_factor == 1.25 and not args.moe_pad_expert_input_to_capacity
-    assert megatron_parse(export("megatron", tiny(top_k=1), build_layout(tiny(top_k=1), C8, Layout(ep=8)), C8)).moe_router_pre_softmax
+    assert megatron_parse(export("megatron", tiny(top_k=1), build_layout(tiny(top_k=1), C8, Layout(ep=8)),
+                                 C8)).moe_router_pre_softmax
 
 
 def test_megatron_refusals_name_the_rule():
@@ -178,7 +179,8 @@ def test_dense_exports_carry_no_moe_flags():
 def test_deepspeed_autoep_section():
     from dataclasses import replace
     g = tiny()
-    s = replace(build_layout(g, C8, Layout(ep=4, zero_stage=3)), gather_unit="op")  # (DeepSpeed's ZeRO-3 gathers per op)
+    s = replace(build_layout(g, C8, Layout(ep=4, zero_stage=3)),
+                gather_unit="op")  # (DeepSpeed's ZeRO-3 gathers per op)
     cfg = json.loads(export("deepspeed", g, s, C8))
     assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 4}
     back = layout_from_deepspeed(cfg, infer_layout(g, s, C8))
@@ -225,4 +227,5 @@ def test_torchtitan_refusals():
     with pytest.raises(ValidationError, match="torchtitan:.*folds ep onto data-parallel replicas"):
         export("torchtitan", g, build_layout(g, C8, Layout(ep=8)), C8)  # (no ZeRO: dp_shard 1)
     with pytest.raises(ValidationError, match="torchtitan: etp 2: torchtitan 0.3.0 has no expert tensor"):
-        export("torchtitan", g, build_layout(g, C8, Layout(tp=4, sequence_parallel=True, ep=2, etp=2, zero_stage=3)), C8)
+        export("torchtitan", g, build_layout(g, C8, Layout(tp=4, sequence_parallel=True, ep=2, etp=2, zero_stage=3)),
+               C8)

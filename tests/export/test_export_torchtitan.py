@@ -49,18 +49,26 @@ MIX = build_sample("mixtral-8x7b", batch=64)
 
 #: name -> (graph, cluster, strategy): at least ten layouts, every knob the export maps
 MATRIX = {
-    "gpt2-fsdp-zero3-full-accumulate2": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="full"))),
-    "gpt2-hsdp-8-selective-op": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="selective-op", shard_group=8))),
+    "gpt2-fsdp-zero3-full-accumulate2": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1,
+                                                                         recompute="full"))),
+    "gpt2-hsdp-8-selective-op": lambda: (G, C, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, recompute="selective-op",
+                                                                 shard_group=8))),
     "gpt2-ddp": lambda: (G, C, data_parallel(G, C)),
     "gpt2-fsdp-zero2": lambda: (G, C, fsdp(G, C, Layout(zero_stage=2))),
-    "gpt2-tp2-sp-cp2-zero3": lambda: (G, C, build_layout(G, C, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1, zero_stage=3))),
-    "llama2-tp2-pp4-vpp2-zero2": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, pp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=2))),
-    "llama2-tp4-pp2-uneven-ddp-full": lambda: (L, C64, build_layout(L, C64, Layout(tp=4, pp=2, micro_batch=2, layers_per_stage=[15, 17], sequence_parallel=True, recompute="full"))),
+    "gpt2-tp2-sp-cp2-zero3": lambda: (G, C, build_layout(G, C, Layout(tp=2, cp=2, sequence_parallel=True,
+                                                                      micro_batch=1, zero_stage=3))),
+    "llama2-tp2-pp4-vpp2-zero2": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, pp=4, vpp=2, micro_batch=1,
+                                                                              sequence_parallel=True, zero_stage=2))),
+    "llama2-tp4-pp2-uneven-ddp-full": lambda: (L, C64, build_layout(L, C64, Layout(tp=4, pp=2, micro_batch=2,
+                                                                                   layers_per_stage=[15,
+                                                                                                     17], sequence_parallel=True, recompute="full"))),
     "llama2-pp4-gpipe-zero2-hsdp": lambda: (L, C64, build_layout(L, C64, Layout(pp=4, micro_batch=1, schedule="gpipe",
                                                                                     zero_stage=2, shard_group=8))),
-    "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, cp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="selective-op"))),
+    "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, cp=2,
+                                                                                      sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="selective-op"))),
     "llama3-8b-tp2-no-sp-zero3": lambda: (L8, C16, build_layout(L8, C16, Layout(tp=2, micro_batch=1, zero_stage=3))),
-    "mixtral-ep8-zero3": lambda: (MIX, C64, build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=8, zero_stage=3, micro_batch=1, recompute="full"))),
+    "mixtral-ep8-zero3": lambda: (MIX, C64, build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=8,
+                                                                          zero_stage=3, micro_batch=1, recompute="full"))),
 }
 
 
@@ -230,7 +238,8 @@ def refused(graph, s, cluster, why):
 
 
 def test_zero1_is_refused():
-    refused(G, build_layout(G, C, Layout(tp=2, sequence_parallel=True, zero_stage=1)), C, "ZeRO-1.*use-distributed-optimizer")
+    refused(G, build_layout(G, C, Layout(tp=2, sequence_parallel=True, zero_stage=1)), C,
+            "ZeRO-1.*use-distributed-optimizer")
 
 
 def test_fp16_is_refused():
@@ -239,7 +248,8 @@ def test_fp16_is_refused():
 
 
 def test_megatron_selective_recompute_is_refused():
-    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, recompute="selective", micro_batch=1, zero_stage=3)),
+    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, recompute="selective", micro_batch=1,
+                                           zero_stage=3)),
             C64, "Megatron's selective recomputation.*per-op.*selective-op or full")
 
 

@@ -498,7 +498,8 @@ class TestFsdp:
         assert s.pipeline.stages == 1 and dict(s.stage_of) == {}
 
     def test_recompute_is_passed_on(self):
-        assert fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3, recompute="full")).recompute == "full"
+        assert fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3,
+                                                                      recompute="full")).recompute == "full"
 
     def test_invalid_zero_stage(self):
         with pytest.raises(ValueError) as info:

@@ -139,7 +139,8 @@ def test_block_moves_relay_the_experts_with_every_shape(moe, cluster):
         return {(m[e].degree("expert") * m[e].degree("expert_seq"), m[e].degree("ffn")) for m in moved}
 
     # with sequence parallelism: every mesh, every (ep, etp) that folds onto it
-    assert {(1, 1), (2, 1), (8, 1), (2, 2), (8, 2)} <= shapes(build_layout(moe, cluster, Layout(tp=2, micro_batch=1, sequence_parallel=True)))
+    assert {(1, 1), (2, 1), (8, 1), (2, 2), (8, 2)} <= shapes(build_layout(moe, cluster, Layout(tp=2, micro_batch=1,
+                                                                                                sequence_parallel=True)))
     # without it no tensor parallelism in a block with experts (Megatron-LM's rule), so no etp > 1
     plain = shapes(build_layout(moe, cluster, Layout(micro_batch=1)))
     assert {(2, 1), (8, 1)} <= plain and all(etp == 1 for _, etp in plain)

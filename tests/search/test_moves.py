@@ -51,7 +51,8 @@ def test_every_move_kind_is_validated_as_the_loader_validates():
     g, c = tiny_gpt(), small_cluster()
     space = Space(g, c)
     starts = [data_parallel(g, c), build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1)),
-              build_layout(g, c, Layout(pp=2, vpp=2, micro_batch=2)), build_layout(g, c, Layout(tp=2, micro_batch=2, zero_stage=1))]
+              build_layout(g, c, Layout(pp=2, vpp=2, micro_batch=2)), build_layout(g, c, Layout(tp=2, micro_batch=2,
+                                                                                                zero_stage=1))]
     valid = {k: 0 for k in GLOBAL_KINDS}
     refused = 0
     rng = random.Random(0)

@@ -135,7 +135,8 @@ def test_a_pricing_past_its_deadline_is_abandoned_and_not_remembered():
     from engine.search.api import whole_cost
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:1")
-    s, cost = build_layout(g, c, Layout(tp=2, micro_batch=1)), CostModel()  # (a cost model of its own: nothing remembered yet)
+    s, cost = build_layout(g, c, Layout(tp=2,
+                                        micro_batch=1)), CostModel()  # (a cost model of its own: nothing remembered yet)
     calls = []
 
     def stop() -> bool:

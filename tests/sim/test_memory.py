@@ -258,7 +258,8 @@ class TestBreakdown:
         if zero == 3:
             s = fsdp(g, c, Layout(zero_stage=3, tp=tp, recompute=recompute))
         else:
-            s = build_layout(g, c, Layout(tp=tp, pp=pp, micro_batch=1 if pp > 1 else None, zero_stage=zero, sequence_parallel=sp and tp > 1, recompute=recompute))
+            s = build_layout(g, c, Layout(tp=tp, pp=pp, micro_batch=1 if pp > 1 else None, zero_stage=zero,
+                                          sequence_parallel=sp and tp > 1, recompute=recompute))
         mem = simulate_strategy(g, s, c).memory
         for d in range(c.num_devices):
             parts = mem.breakdown(d)

@@ -68,7 +68,8 @@ def test_a_repeat_is_found_where_every_task_shifts_alike():
 def test_the_microbatches_paired_are_the_alike_ones_around_the_middle():
     """A first microbatch with an extra task (a ZeRO gather) is left out of the pairing."""
     g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = build_layout(g, c, Layout(tp=1, pp=1, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True))
+    s = build_layout(g, c, Layout(tp=1, pp=1, micro_batch=1, zero_stage=1, overlap_grad_reduce=True,
+                                  overlap_param_gather=True))
     n, q = steady.microbatches_to_simulate(g, s)
     tg = build_task_graph(g, s, c, CostModel(), microbatches=n)
     counts = np.bincount(tg.mb[tg.mb >= 0])
@@ -104,10 +105,12 @@ def test_a_build_of_the_first_microbatches_holds_their_tasks_alike():
 #: (id, strategy) of GPT-2 with a global batch of 256 on 16 A100s: layouts it applies to
 APPLIES = [
     ("1f1b", lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))),
-    ("1f1b-sp-full-recompute", lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1, sequence_parallel=True, recompute="full"))),
+    ("1f1b-sp-full-recompute", lambda g, c: build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1,
+                                                                      sequence_parallel=True, recompute="full"))),
     ("interleaved", lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=3, micro_batch=1, recompute="full"))),
     ("gradient-accumulation", lambda g, c: build_layout(g, c, Layout(tp=2, pp=1, micro_batch=1))),
-    ("zero1-param-gather", lambda g, c: build_layout(g, c, Layout(tp=1, pp=2, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True))),
+    ("zero1-param-gather", lambda g, c: build_layout(g, c, Layout(tp=1, pp=2, micro_batch=1, zero_stage=1,
+                                                                  overlap_grad_reduce=True, overlap_param_gather=True))),
     ("cp2-pp4", lambda g, c: build_layout(g, c, Layout(tp=2, cp=2, pp=4, micro_batch=1, sequence_parallel=True))),
 ]
 

@@ -84,7 +84,8 @@ class TestSelectiveOpMemory:
     def test_between_full_and_selective(self):
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
-        act = {rc: simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, recompute=rc)), c).memory.activations_peak_bytes[0]
+        act = {rc: simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, recompute=rc)),
+                                     c).memory.activations_peak_bytes[0]
                for rc in ("none", "full", "selective-op")}
         assert act["full"] < act["selective-op"] < act["none"]
 
@@ -120,7 +121,8 @@ class TestMegatronPrecisionSwitches:
         g = _llama(batch=16)
         c = preset("dgx-a100-80gb:1")
         on = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, zero_stage=1)), c).memory
-        off = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, zero_stage=1, grad_reduce_in_fp32=False)), c).memory
+        off = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, zero_stage=1, grad_reduce_in_fp32=False)),
+                                c).memory
         assert off.grads_bytes[0] == pytest.approx(on.grads_bytes[0] * (2 + 4 / 8) / 4)
 
     def test_fp8_parameters_replace_the_bf16_copy(self):
@@ -128,7 +130,8 @@ class TestMegatronPrecisionSwitches:
         c = preset("dgx-h100:1")
         plain = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8)), c).memory.weights_bytes[0]
         cached = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, fp8=True)), c).memory.weights_bytes[0]
-        params8 = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True)), c).memory.weights_bytes[0]
+        params8 = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True)),
+                                    c).memory.weights_bytes[0]
         linear = sum(op.param_count for op in g.ops if op.kind == "linear")
         assert cached == plain + 2 * linear  # the fp8 copy and its transpose beside the bf16 weight
         assert params8 == plain  # fp8 weight + transpose in place of the bf16 weight
@@ -136,7 +139,8 @@ class TestMegatronPrecisionSwitches:
     def test_round_trip_and_validation(self):
         g = _llama(batch=16)
         c = preset("dgx-h100:1")
-        s = build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True, grad_reduce_in_fp32=False, recompute="selective-op"))
+        s = build_layout(g, c, Layout(tp=1, dp=8, fp8=True, fp8_params=True, grad_reduce_in_fp32=False,
+                                      recompute="selective-op"))
         d = s.to_dict()
         assert (d["fp8_params"], d["grad_reduce_in_fp32"], d["recompute"]) == (True, False, "selective-op")
         back = strategy_from_dict(d)

@@ -37,7 +37,8 @@ CASES = [
     ("gpt2 dp8", "gpt2", 8, 256, A100, lambda g, c: data_parallel(g, c)),
     ("gpt2 tp2 dp4", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2))),
     ("gpt2 tp2 pp2 m4", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1))),
-    ("gpt2 tp2 pp2 vpp2", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=2, micro_batch=1))),
+    ("gpt2 tp2 pp2 vpp2", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, vpp=2,
+                                                                                       micro_batch=1))),
     ("gpt2 tp4 sp", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=4, sequence_parallel=True))),
     ("gpt2 tp2 cp2", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(tp=2, cp=2))),
     ("gpt2 zero1", "gpt2", 8, 256, A100, lambda g, c: build_layout(g, c, Layout(zero_stage=1))),
@@ -93,8 +94,10 @@ class TestEstimateTasks:
         """The bug: tp 2 x dp 64 was estimated at 173x its 82 k tasks (pairs of all partitions
         of differently split ops); now the estimate grows with the devices, not their square."""
         g = build_sample("gpt2", 128, seq_len=256)
-        small = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:2"), Layout(tp=2, dp=8)), preset("dgx-a100-80gb:2"))
-        big = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:16"), Layout(tp=2, dp=64)), preset("dgx-a100-80gb:16"))
+        small = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:2"), Layout(tp=2, dp=8)),
+                               preset("dgx-a100-80gb:2"))
+        big = estimate_tasks(g, build_layout(g, preset("dgx-a100-80gb:16"), Layout(tp=2, dp=64)),
+                             preset("dgx-a100-80gb:16"))
         assert big <= 8.5 * small
 
     def test_edges_past_the_pair_bound_are_counted_high_not_enumerated(self, monkeypatch):

@@ -51,7 +51,8 @@ def test_overlapped_param_gather_runs_ahead_of_the_forward(setup):
     gathers2 = (tg2.kind == COLL) & (tg2.coll == COLL_INDEX["all_gather"])
     assert gathers2.sum() == gathers.sum()  # the same gathers, moved
     assert (tl2.start_s[gathers2] < first_fwd_end).all()  # every one during the forward now
-    assert simulate_strategy(g, build_layout(g, c, Layout(zero_stage=1, overlap_param_gather=True)), c).iteration_time_s < \
+    assert simulate_strategy(g, build_layout(g, c, Layout(zero_stage=1, overlap_param_gather=True)),
+                             c).iteration_time_s < \
         simulate_strategy(g, build_layout(g, c, Layout(zero_stage=1)), c).iteration_time_s
 
 
