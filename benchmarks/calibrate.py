@@ -22,6 +22,7 @@ Usage: python benchmarks/calibrate.py [--quick]   (--quick: to 0.02, and no GEMM
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -108,11 +109,104 @@ def fit_share(evaluate, lo: float = 0.2, hi: float = 1.5, tol: float = 0.005) ->
     return round(f, 4), score(evaluate(f))
 
 
+def device_sets(rows, ids: list[int], exclude: str | None = None) -> dict[str, list[int]]:
+    """Device type -> the in-sample rows its share is fitted on: ``ids`` (less those of family
+    ``exclude``), by the GPU their cluster preset has; today's stacks only (2024-26 software)
+    where a device type has at least :data:`CURRENT_MIN` of them (its older rows, e.g.
+    MosaicML's 2023 H100 runs on early Hopper kernels, are held out: the share is what a GPU
+    sustains under today's kernels, which is what the MAMF figures were measured with)."""
+    by_device: dict[str, list[int]] = {}
+    by_id = {int(r["row_id"]): r for r in rows}
+    for rid in ids:
+        if exclude is not None and source_of(by_id[rid]) == exclude:
+            continue
+        try:
+            setup = setup_for(by_id[rid])
+            name = preset(setup.cluster_name).device_type(0).name
+        except (Skip, ValueError):
+            continue
+        by_device.setdefault(name, []).append(rid)
+    for name, rids in list(by_device.items()):
+        current = [rid for rid in rids if source_of(by_id[rid]) in CURRENT_STACKS]
+        if len(current) >= CURRENT_MIN and len(current) < len(rids):
+            by_device[name] = current
+    return by_device
+
+
+def fit_shares(rows, by_device: dict[str, list[int]], base: CostModel, tol: float, groups: dict | None = None,
+               say=print) -> dict[str, float]:
+    """``SUSTAINED_FRACTION``: each device type's share fitted on its rows (:func:`fit_share`); a
+    type whose rows want a share at the search's bound gets none (what dominates them is not the
+    GPU's sustained rate). ``groups`` caches each set of rows' graphs."""
+    fitted: dict[str, float] = {}
+    groups = {} if groups is None else groups
+    for name, rids in sorted(by_device.items()):
+        key = tuple(rids)
+        if key not in groups:
+            groups[key] = Rows(rows, rids)
+        group = groups[key]
+
+        def errs(f, name=name, group=group):
+            return group.errors(replace(base, sustained_fractions=tuple({**fitted, name: f}.items())))
+
+        f, sc = fit_share(errs, tol=tol)
+        if f in (0.2, 1.5):  # fit_share's bounds
+            say(f"  {name}: the rows want a share at the search's bound ({f}): what dominates them is not the "
+                "GPU's sustained rate (e.g. per-kernel host overhead of tiny runs); no share is set for it")
+            continue
+        fitted[name] = f
+        say(f"  {name}: {f:.3f} -> in-sample median |err| {sc[0]:.1f}%, mean {sc[1]:.1f}% over {len(group.items)} rows")
+    return fitted
+
+
+def leave_one_source_out(rows, ids: list[int], base: CostModel, tol: float, full: dict[str, float],
+                         groups: dict) -> dict[str, dict[str, float]]:
+    """Source family -> the shares fitted without that family's rows (a device type left with no
+    rows gets none: 1.0). A family's rows predicted with its own entry are out of sample."""
+    by_id = {int(r["row_id"]): r for r in rows}
+    families = sorted({source_of(by_id[rid]) for rid in ids})
+    out: dict[str, dict[str, float]] = {}
+    every = device_sets(rows, ids)
+    for fam in families:
+        sets = device_sets(rows, ids, exclude=fam)
+        changed = {d: r for d, r in sets.items() if every.get(d) != r}
+        print(f"without {fam}: refit " + ("; ".join(f"{d} on {len(r)} rows" for d, r in sorted(changed.items()))
+                                          or "nothing (none of its rows is fitted on)"))
+        refit = fit_shares(rows, changed, base, tol, groups, say=lambda line: print("  " + line.strip()))
+        out[fam] = {d: f for d, f in full.items() if d in sets and d not in changed} | refit
+        moved = {d: (full.get(d), out[fam].get(d)) for d in set(full) | set(out[fam]) if full.get(d) != out[fam].get(d)}
+        print(f"  moved: {moved or 'nothing'}")
+    return out
+
+
+def loso_table(rows, by_device: dict[str, list[int]], full: dict[str, float], without: dict[str, dict[str, float]],
+               base: CostModel, groups: dict) -> list[str]:
+    """Per fitted constant (a device type's share): its rows' median |error| in sample and out of
+    sample (each row predicted with the share fitted without its own family's rows)."""
+    by_id = {int(r["row_id"]): r for r in rows}
+    lines = ["| constant | rows (families) | fitted | in-sample median abs err % | leave-one-source-out median abs err % |",
+             "|---|---|---:|---:|---:|"]
+    for name, rids in sorted(by_device.items()):
+        fams = sorted({source_of(by_id[rid]) for rid in rids})
+        inside = Rows(rows, rids).errors(replace(base, sustained_fractions=tuple(full.items())))
+        outside = []
+        for fam in fams:
+            mine = [rid for rid in rids if source_of(by_id[rid]) == fam]
+            outside += Rows(rows, mine).errors(replace(base, sustained_fractions=tuple(without[fam].items())))
+        lines.append(f"| SUSTAINED_FRACTION[{name}] | {len(rids)} ({', '.join(fams)}) | {full.get(name, 1.0):.3f} | "
+                     f"{score(inside)[0]:.1f} | {score(outside)[0]:.1f} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fractions to 0.02, no GEMM_K_HALF check")
     ap.add_argument("--devices", help="fit only these device types (comma-separated names; each type's rows "
                                       "are its own, so the fits are independent)")
+    ap.add_argument("--loso", metavar="JSON",
+                    help="also fit every constant once without each source family, print the in-sample against "
+                         "leave-one-source-out table and write the fits to JSON (benchmarks/measured/loso_shares.json "
+                         "is the committed one; validate_published.py --loso reads it)")
     args = ap.parse_args()
     try:
         rows = load_rows()
@@ -122,55 +216,33 @@ def main() -> int:
     sets = in_sample(rows)
     t0 = time.perf_counter()
     base = CostModel()
+    tol = 0.02 if args.quick else 0.005
 
     ids = sorted({rid for family in sets.values() for rid in family})
     print(f"in-sample rows: {', '.join(map(str, ids))}")
     print("  (the large-GEMM fractions are measured, not fitted: engine/costs/model.py GEMM_FRACTION)")
-    by_device: dict[str, list[int]] = {}
-    by_id = {int(r["row_id"]): r for r in rows}
-    for rid in ids:
-        try:
-            setup = setup_for(by_id[rid])
-            name = preset(setup.cluster_name).device_type(0).name
-        except (Skip, ValueError) as e:
-            print(f"  row {rid} left out: {e}")
-            continue
-        by_device.setdefault(name, []).append(rid)
-    # Today's stacks first: a device type with at least CURRENT_MIN in-sample rows from 2024-26
-    # software is fitted on those only (its older rows, e.g. MosaicML's 2023 H100 runs on early
-    # Hopper kernels, are reported with the held-out ones, not fitted): the share is what a GPU
-    # sustains under today's kernels, which is what the MAMF figures were measured with.
-    for name, rids in list(by_device.items()):
-        current = [rid for rid in rids if source_of(by_id[rid]) in CURRENT_STACKS]
-        if len(current) >= CURRENT_MIN and len(current) < len(rids):
-            print(f"  {name}: today's-stack rows {', '.join(map(str, current))} only (older: "
-                  f"{', '.join(str(r) for r in rids if r not in current)})")
-            by_device[name] = current
-    k_half = base.gemm_k_half
-    fitted: dict[str, float] = {}
+    by_device = device_sets(rows, ids)
     only = set(args.devices.split(",")) if args.devices else None
+    if only is not None:
+        by_device = {d: r for d, r in by_device.items() if d in only}
     for name, rids in sorted(by_device.items()):
-        if only is not None and name not in only:
-            continue
         print(f"{name}: SUSTAINED_FRACTION on rows {', '.join(map(str, rids))}")
-        group = Rows(rows, rids)
-
-        def errs(f, name=name, group=group):
-            return group.errors(replace(base, gemm_k_half=k_half,
-                                        sustained_fractions=tuple({**fitted, name: f}.items())))
-
-        f, sc = fit_share(errs, tol=0.02 if args.quick else 0.005)
-        if f in (0.2, 1.5):  # fit_share's bounds
-            print(f"  {name}: the rows want a share at the search's bound ({f}): what dominates them is not the "
-                  "GPU's sustained rate (e.g. per-kernel host overhead of tiny runs); no share is set for it")
-            continue
-        fitted[name] = f
-        print(f"  {name}: {f:.3f} -> in-sample median |err| {sc[0]:.1f}%, mean {sc[1]:.1f}% over {len(group.items)} rows")
+    groups: dict = {}
+    fitted = fit_shares(rows, by_device, base, tol, groups)
     print(f"SUSTAINED_FRACTION = {fitted!r}")
     every = Rows(rows, [rid for rids in by_device.values() for rid in rids])
-    for h in ([k_half] if args.quick else [64.0, 128.0, 256.0]):
+    for h in ([base.gemm_k_half] if args.quick else [64.0, 128.0, 256.0]):
         sc = score(every.errors(replace(base, gemm_k_half=h, sustained_fractions=tuple(fitted.items()))))
         print(f"  check: GEMM_K_HALF = {h:g} with these: in-sample median |err| {sc[0]:.1f}%, mean {sc[1]:.1f}%")
+    if args.loso:
+        without = leave_one_source_out(rows, ids, base, tol, fitted, groups)
+        print("\n".join([""] + loso_table(rows, by_device, fitted, without, base, groups)))
+        out = Path(args.loso)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"rule": "benchmarks/calibrate.py --loso: SUSTAINED_FRACTION fitted on the in-sample "
+                                           "rows, and once without each source family's rows",
+                                   "full": fitted, "without": without}, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {out}")
     print(f"calibrated in {time.perf_counter() - t0:.0f} s; the held-out rows: benchmarks/validate_published.py")
     return 0
 

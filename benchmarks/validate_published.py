@@ -43,6 +43,7 @@ for p in (str(HERE.parent), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from published_rows import source_of  # noqa: E402
 from published import (SOURCES, CsvError, Predictor, RowResult, Setup, Skip, cell_int, default_csv,  # noqa: E402,F401
                        group_key, in_sample, load_rows, megatron_flops, setup_for)
 
@@ -217,8 +218,39 @@ def table(headers: list[str], body: list[list[str]], markdown: bool) -> str:
     return "\n".join("  " + fmt.format(*r) for r in [headers] + body)
 
 
-def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool) -> tuple[str, dict]:
-    """The summary tables (text) and the same figures as a dict for ``--json``."""
+#: the fits benchmarks/calibrate.py --loso wrote: every fitted constant, and the same once
+#: without each source family's rows
+LOSO_FITS = HERE / "measured" / "loso_shares.json"
+
+
+def loso_fits(path: Path = LOSO_FITS) -> dict:
+    """``{"full": {device: share}, "without": {family: {device: share}}}``, as calibrate.py wrote it."""
+    return json.loads(Path(path).read_text())
+
+
+def leave_one_source_out(selected: list[dict[str, str]], rows: list[dict[str, str]], fits: dict) -> list[RowResult]:
+    """Every selected row predicted with the constants fitted without its own source family's
+    rows (a family none of the fits saw: the full fit, which is out of its sample already)."""
+    from dataclasses import replace as _replace
+
+    from engine.costs import CostModel
+
+    by_family: dict[str, list[dict[str, str]]] = {}
+    for row in selected:
+        by_family.setdefault(source_of(row), []).append(row)
+    out: dict[int, RowResult] = {}
+    for fam, members in by_family.items():
+        shares = fits["without"].get(fam, fits["full"])
+        pred = Predictor(rows, _replace(CostModel(), sustained_fractions=tuple(shares.items())))
+        for row in members:
+            out[int(row["row_id"])] = pred.run(row)
+    return [out[int(r["row_id"])] for r in selected]
+
+
+def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool,
+           loso: list[RowResult] | None = None) -> tuple[str, dict]:
+    """The summary tables (text) and the same figures as a dict for ``--json``; with ``loso``
+    (:func:`leave_one_source_out`), a column of each family's median |error| out of sample."""
     fitted = {rid for ids in calibration_rows(rows).values() for rid in ids}
     groups = sweeps(results, {int(r["row_id"]): r for r in rows})
     names = list(SOURCES) + sorted({r.source for r in results} - set(SOURCES))  # (with "<family> MoE")
@@ -226,9 +258,19 @@ def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool)
     sets.update({"in-sample": [r for r in results if r.row_id in fitted],
                  "held out": [r for r in results if r.row_id not in fitted], "all": results})
     summaries = {name: family_summary(sub, groups, fitted) for name, sub in sets.items() if sub}
-    body = [[name] + [_cell(s[k]) for k, _ in FAMILY_COLUMNS] for name, s in summaries.items()]
-    out = ["Per source family (error of each row's primary metric; memory: published peak vs soapbox's):",
-           table(["family"] + [h for _, h in FAMILY_COLUMNS], body, markdown)]
+    columns = list(FAMILY_COLUMNS)
+    if loso is not None:
+        by_id = {r.row_id: r for r in loso}
+        for name, sub in sets.items():
+            if sub:
+                errs = [abs(by_id[r.row_id].error_pct) for r in sub
+                        if r.row_id in by_id and by_id[r.row_id].error_pct is not None]
+                summaries[name]["loso_median_abs_err_pct"] = _median(errs)
+        columns.insert(5, ("loso_median_abs_err_pct", "LOSO med |err| %"))
+    body = [[name] + [_cell(s[k]) for k, _ in columns] for name, s in summaries.items()]
+    out = ["Per source family (error of each row's primary metric; memory: published peak vs soapbox's"
+           + ("; LOSO: each family predicted with the constants fitted without its rows" if loso else "") + "):",
+           table(["family"] + [h for _, h in columns], body, markdown)]
     gbody = [[g["family"], g["model"][:24], g["gpu_type"][:28], g["metric"][:30], str(len(g["rows"])),
               _cell(g["rho"])] for g in groups]
     out += ["", "Layout sweeps (Spearman rho, published vs predicted ranking):",
@@ -276,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gpus", type=int, help="only rows with at most this many GPUs")
     ap.add_argument("--json", type=Path, help="write the rows and summaries to this JSON file")
     ap.add_argument("--markdown", action="store_true", help="print the summary tables as Markdown (BENCHMARKS.md)")
+    ap.add_argument("--loso", nargs="?", const=LOSO_FITS, type=Path, metavar="JSON",
+                    help="also predict each family with the constants fitted without it (the fits "
+                         "benchmarks/calibrate.py --loso wrote; default %(const)s)")
     args = ap.parse_args(argv)
     try:
         rows = load_rows(args.csv)
@@ -296,7 +341,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"       note: {a}", flush=True)
     total = time.perf_counter() - t_all
     _print_skips(results)
-    text, summary = report(results, rows, args.markdown)
+    loso = None
+    if args.loso:
+        try:
+            loso = leave_one_source_out(selected, rows, loso_fits(args.loso))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"validate_published.py: error: --loso {args.loso}: {e}", file=sys.stderr)
+            return 2
+    text, summary = report(results, rows, args.markdown, loso)
     print("\n" + text)
     print(f"\n  total wall time {total:.1f} s")
     if args.json:

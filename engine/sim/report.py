@@ -30,7 +30,7 @@ from .report_moe import moe_fields, moe_lines
 from ..strategy import Strategy, check_strategy
 from ..taskgraph import TaskGraph, build_task_graph, count_text, estimate_symmetric_tasks, tasks_within
 
-__all__ = ["SimulationResult", "simulate_strategy", "SYMMETRY_MODES", "tokens_per_sample", "model_flops",
+__all__ = ["SimulationResult", "simulate_strategy", "memory_breakdown", "SYMMETRY_MODES", "tokens_per_sample", "model_flops",
            "tokens_per_s", "peak_flops_per_s", "mfu", "devices_used", "finite_json", "json_text", "fit_words",
            "format_summary"]
 
@@ -292,6 +292,9 @@ class SimulationResult:
             "feasible": self.memory.feasible,
             "over_capacity": [{"device": d, "bytes": b} for d, b in over],
             "peak_memory_bytes": self.memory.peak_bytes.tolist(),
+            "max_memory_allocated_bytes": self.memory.allocated_peak_bytes.tolist(),
+            "max_memory_reserved_bytes": self.memory.reserved_peak_bytes.tolist(),
+            "memory_breakdown": memory_breakdown(self.memory),
             "memory_capacity_bytes": self.memory.capacity_bytes.tolist(),
             "utilization": self.timeline.utilization.tolist(),
             "comm_bytes": self.timeline.comm_bytes,
@@ -312,6 +315,24 @@ class SimulationResult:
         out = finite_json(out, "", notes)
         out["notes"] = notes
         return out
+
+
+def memory_breakdown(memory: MemoryReport) -> dict[str, Any]:
+    """The busiest GPU's peak memory in its parts (bytes; they add up to its ``peak_memory_bytes``),
+    with what PyTorch would report for it: ``max_memory_allocated`` and ``max_memory_reserved``
+    (the allocator's), and the offloaded state it keeps on the host and on NVMe.
+
+    >>> import numpy as np
+    >>> m = MemoryReport(*(np.array([x, 2 * x]) for x in (1.0, 2.0, 3.0, 0.0, 4.0, 10.0)), 80.0, [])
+    >>> b = memory_breakdown(m)
+    >>> b["device"], b["parts"]["activations"], b["max_memory_allocated"]
+    (1, 8.0, 20.0)
+    """
+    d = int(np.argmax(memory.peak_bytes))
+    return {"device": d, "parts": memory.breakdown(d),
+            "max_memory_allocated": float(memory.allocated_peak_bytes[d]),
+            "max_memory_reserved": float(memory.reserved_peak_bytes[d]),
+            "host": float(memory.host_bytes[d]), "nvme": float(memory.nvme_bytes[d])}
 
 
 def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None,

@@ -299,7 +299,15 @@ class SyncBuilder:
         optimizer) instead ahead of the next iteration's forward, bucket by bucket: issued when
         the unit before starts its first forward, the unit's first forward waiting for it
         (the steady state of one iteration: the gather of iteration i's update overlaps
-        iteration i+1's forward)."""
+        iteration i+1's forward). With a pipeline, Megatron-LM's default
+        ``--align-param-gather`` (on unless ``--no-align-param-gather``) has the pipeline schedule
+        dispatch every bucket of a model chunk at once, at the same moment on every stage
+        (``schedules.py`` ``param_sync_func`` = the chunk's ``start_param_sync``, which starts
+        all its bucket groups; the forward pre-hook then only waits): every gather is issued at
+        the iteration's start, and the gathers of one stage queue on its data-parallel links.
+        (Chaining them behind the forward instead would pace each stage's first microbatch by
+        its gathers and lengthen the pipeline fill by that on every stage: slower than not
+        overlapping, which Megatron avoids by aligning.)"""
         t = self.tables
         if not self.ctx.strategy.overlap_param_gather:
             after = [t.updates[d] for d in devs if d in t.rep_devices]
@@ -310,7 +318,8 @@ class SyncBuilder:
         if not used:
             return
         before = self.plan.prefetch.get((unit, FWD))
-        preds = [] if before is None or before not in t.fwd else t.fwd[before][0, :1]
+        aligned = self.ctx.strategy.pipeline.stages > 1
+        preds = [] if aligned or before is None or before not in t.fwd else t.fwd[before][0, :1]
         gid = self.emit.collective(seg, "all_gather", size_bytes, devs, preds, min(used), 0)
         if gid < 0:
             return

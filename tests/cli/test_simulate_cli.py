@@ -148,6 +148,22 @@ class TestJson:
         assert obj["num_tasks"] == r.tasks.num_tasks
         assert obj["throughput_samples_per_s"] == pytest.approx(g.batch_size / obj["iteration_time_s"])
 
+    def test_carries_the_memory_breakdown_and_the_allocator_peaks(self, summary):
+        """What PyTorch reports (``max_memory_allocated``, ``max_memory_reserved``) per GPU, and the
+        busiest GPU's peak in its parts, which add up to its ``peak_memory_bytes``."""
+        obj = json.loads(summary)
+        peak = obj["peak_memory_bytes"]
+        alloc, reserved = obj["max_memory_allocated_bytes"], obj["max_memory_reserved_bytes"]
+        assert len(alloc) == len(reserved) == len(peak) == 16
+        assert all(0 < a <= r <= p for a, r, p in zip(alloc, reserved, peak))
+        b = obj["memory_breakdown"]
+        d = b["device"]
+        assert peak[d] == max(peak)
+        assert sum(b["parts"].values()) == pytest.approx(peak[d], rel=1e-12)
+        assert b["parts"]["weights"] > 0 and b["parts"]["activations"] > 0
+        assert b["max_memory_allocated"] == alloc[d] and b["max_memory_reserved"] == reserved[d]
+        assert b["host"] == 0 and b["nvme"] == 0  # nothing offloaded
+
     def test_trace_with_json_keeps_stdout_pure(self, capsys, tmp_path):
         path = tmp_path / "t.json"
         rc, out, _ = run(capsys, *ALEXNET_DP, "--json", "--trace", str(path))
