@@ -310,7 +310,36 @@ def _read_sailor(row: dict[str, str], notes: list[str]) -> dict[str, str]:
     return {"precision": "tf32"}
 
 
+def _read_megatron_2019(row: dict[str, str], notes: list[str]) -> dict[str, str]:
+    if (row.get("recompute") or "").strip():
+        return {}
+    # Megatron-LM's README at 93ab4be (Sep 2019, the paper's release): the GPT-2 pretraining
+    # script has "activation checkpointing ... turned on with --checkpoint-activations and
+    # --checkpoint-num-layers set to checkpoint every 1 layers".
+    notes.append("recompute not stated: full, every layer (Megatron-LM's 2019 GPT-2 recipe: "
+                 "--checkpoint-activations --checkpoint-num-layers 1, README at 93ab4be)")
+    return {"recompute": "full"}
+
+
+def _read_kempnerforge(row: dict[str, str], notes: list[str]) -> dict[str, str]:
+    # KempnerForge at the report's commit (01b461a): scripts/train.py builds the model with
+    # build_parallel_model(..., param_dtype=tc.param_dtype), which casts it to that dtype
+    # (kempnerforge/distributed/parallel.py: Transformer(...).to(device, dtype=param_dtype), or
+    # model.to(dtype=param_dtype) after FSDP2) before build_optimizer sees it; the training
+    # config's mixed_precision defaults to "bf16" (kempnerforge/config/schema.py). AdamW then
+    # keeps its moments in the parameters' dtype: no fp32 master copy.
+    # Its training loop wraps every micro-step but the last in maybe_no_sync
+    # (kempnerforge/training/grad.py at 01b461a: model.set_requires_gradient_sync(False)), so FSDP2
+    # accumulates unsharded gradients and reduce-scatters once an iteration.
+    notes.append("optimizer state bf16 (no fp32 master copy): KempnerForge casts the model to bf16 before FSDP2 "
+                 "and AdamW (build_parallel_model at 01b461a); gradient accumulation without a reduce-scatter per "
+                 "micro-step (maybe_no_sync: set_requires_gradient_sync(False))")
+    return {"optimizer_state": "bf16", "accumulate_unsharded": "yes"}
+
+
 READERS: dict[str, Callable[[dict[str, str], list[str]], dict[str, str]]] = {
+    "Megatron 2019": _read_megatron_2019,
+    "KempnerForge": _read_kempnerforge,
     "torchtitan": _read_torchtitan,
     "torchtitan-community": _read_torchtitan,
     "NeMo long-seq": _read_nemo,

@@ -195,7 +195,8 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], zero=zero, tp=tp, pp=pp, unit=L["unit"], cp=cp, fp8=L["fp8"]):
         kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
-                  shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap)
+                  shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap,
+                  optimizer_state=L["optimizer_state"], accumulate_unsharded=L["accumulate_unsharded"] and zero == 3)
         if gpus < c.num_devices:
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
             # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
@@ -208,6 +209,8 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
               f"pp{pp}/dp{dp} mbs{mbs} rc={L['recompute']}{' sp' if sp else ''}{' overlap' if overlap else ''}")
     layout += " per-op" if L["unit"] == "op" else ""
     layout += f" hybrid{k}" if k else ""
+    layout += f" opt-{L['optimizer_state']}" if L["optimizer_state"] != "fp32" else ""
+    layout += " no-sync" if L["accumulate_unsharded"] and zero == 3 else ""
     L["zero"] = zero
     return build, layout, dp
 
@@ -246,11 +249,15 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], fp8=L["fp8"], ep=1):
         return build_layout(g, c, Layout(tp=tp, pp=pp, dp=dp, micro_batch=mbs, vpp=vpp, recompute=recompute,
-                                         sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8, tp_comm_overlap=overlap, overlap_param_gather=gather, grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep))
+                                         sequence_parallel=sp and tp > 1, zero_stage=zero, cp=cp, fp8=fp8,
+                                         tp_comm_overlap=overlap, overlap_param_gather=gather,
+                                         grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep,
+                                         optimizer_state=L["optimizer_state"]))
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
-              f"mbs{mbs if mbs is not None else '-'} rc={L['recompute']}")
+              f"mbs{mbs if mbs is not None else '-'} rc={L['recompute']}"
+              + (f" opt-{L['optimizer_state']}" if L["optimizer_state"] != "fp32" else ""))
     return build, layout, dp
 
 
@@ -367,7 +374,9 @@ def setup_for(row: dict[str, str]) -> Setup:
     tp = cell_int(row, "tp") or 1
     L: dict[str, Any] = dict(tp=tp, pp=cell_int(row, "pp") or 1, dp=cell_int(row, "dp"), cp=cell_int(row, "cp") or 1,
                              vpp=cell_int(row, "vpp") or 1, gpus=gpus, mbs=cell_int(row, "micro_batch"),
-                             B=shape["batch"], recompute=recompute, fp8=fp8, shard_group=0)
+                             B=shape["batch"], recompute=recompute, fp8=fp8, shard_group=0,
+                             optimizer_state=(row.get("optimizer_state") or "fp32"),
+                             accumulate_unsharded=bool(row.get("accumulate_unsharded")))
     cluster_name = L["cluster"] = _cluster_name(row, gpus, notes)
     cfg = _model_config(row, src, shape, precision, notes)
     L["zero"], L["unit"], L["framework"], hybrid = _zero_of(row)

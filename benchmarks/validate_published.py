@@ -281,6 +281,14 @@ def report(results: list[RowResult], rows: list[dict[str, str]], markdown: bool,
                             "in_sample": calibration_rows(rows)}
 
 
+def _with_loso(row: dict, loso: list[RowResult] | None) -> dict:
+    """A row of ``--json``, with its error out of sample (``loso_error_pct``) when ``--loso``."""
+    if loso is not None:
+        mine = next((r for r in loso if r.row_id == row["row_id"]), None)
+        row["loso_error_pct"] = None if mine is None else mine.error_pct
+    return row
+
+
 def _select(rows: list[dict[str, str]], args, ap) -> list[dict[str, str]]:
     selected = rows
     if args.rows:
@@ -354,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"csv": str(args.csv), "total_wall_s": total, **summary,
-                                         "rows": [asdict(r) for r in results]}, indent=1))
+                                         "rows": [_with_loso(asdict(r), loso) for r in results]}, indent=1))
         print(f"  wrote {args.json}")
     return 0
 

@@ -32,6 +32,10 @@ MEGATRON_ARGS = {
     "--bf16": True, "--fp16": True, "--grad-reduce-in-bf16": True,
     "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
     "--fp8-param-gather": True,
+    # the precision-aware optimizer (l. 3500-3517)
+    "--use-precision-aware-optimizer": True, "--main-grads-dtype": ("fp32", "bf16"),
+    "--main-params-dtype": ("fp32", "fp16"), "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
     # sharding: Megatron-FSDP (_add_distributed_args; _add_experimental_args l. 3520; CheckpointConfig)
     "--use-megatron-fsdp": True,
     "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
@@ -68,7 +72,8 @@ DESTS = {"--fp8-format": "fp8"}
 DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
             "expert_model_parallel_size": 1, "fp8_recipe": "delayed", "ckpt_format": "torch_dist",
             "data_parallel_sharding_strategy": "optim_grads_params", "num_distributed_optimizer_instances": 1,
-            "megatron_fsdp_main_grads_dtype": "auto", "optimizer": "adam"}
+            "megatron_fsdp_main_grads_dtype": "auto", "optimizer": "adam", "main_grads_dtype": "fp32",
+            "main_params_dtype": "fp32", "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"}
 
 RELEASE = "core_v0.19.0"
 
@@ -170,6 +175,8 @@ def megatron_rules(args: argparse.Namespace, gpus: int, layers: int, *, seq: int
         assert args.overlap_grad_reduce
     if args.fp8_param_gather:  # l. 1060
         assert args.use_distributed_optimizer or args.use_megatron_fsdp
+    if args.use_precision_aware_optimizer:  # core/optimizer/optimizer_config.py l. 430-436
+        assert args.optimizer == "adam" and args.use_distributed_optimizer
     assert not (args.fp16 and args.bf16)  # l. 1172-1180
     args.accumulate_allreduce_grads_in_fp32 = bool(args.bf16 and not args.grad_reduce_in_bf16)  # l. 1184-1190
     if seq is not None and cp > 1:

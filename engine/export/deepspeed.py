@@ -101,6 +101,13 @@ def _check(lay: Layout, precision: str, graph: OpGraph | None) -> None:
     if lay.recompute == "selective-op":
         raise refuse("deepspeed", "torchtitan's per-op selective checkpointing has no DeepSpeed setting",
                       "export --format torchtitan")
+    if lay.accumulate_unsharded:
+        raise refuse("deepspeed", "unsharded gradient accumulation (FSDP's no_sync): DeepSpeed's ZeRO-3 reduces each "
+                                   "micro-batch's gradients", "turn accumulate_unsharded off")
+    if lay.optimizer_state != "fp32":
+        raise refuse("deepspeed", f"optimizer state {lay.optimizer_state}: DeepSpeed's mixed-precision optimizers keep "
+                                   "fp32 master weights and fp32 Adam moments", "set optimizer_state to fp32, or export "
+                                   "--format megatron (bf16-moments: --use-precision-aware-optimizer)")
     for key, where in (("offload_optimizer", lay.offload_optimizer), ("offload_param", lay.offload_params)):
         if where == "nvme":
             raise refuse("deepspeed", f"{key} to NVMe needs the nodes' NVMe mount (nvme_path), which soapbox does not "

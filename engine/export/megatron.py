@@ -131,6 +131,9 @@ def _sharding(lay: Layout, graph: OpGraph | None) -> list[str]:
         raise refuse("megatron", f"ZeRO-{lay.zero_stage} without overlapped gradient reduction: Megatron-FSDP always "
                                   "overlaps the gradient reduce-scatter when it shards gradients",
                       "turn overlap_grad_reduce on")
+    if lay.accumulate_unsharded:
+        raise refuse("megatron", "unsharded gradient accumulation (FSDP's no_sync): Megatron-FSDP reduce-scatters "
+                                  "into its sharded gradient buffer", "turn accumulate_unsharded off")
     if lay.zero_stage == 3 and lay.gather_unit != "block":
         raise refuse("megatron", f"ZeRO-3 gathering parameters per {lay.gather_unit}: Megatron-FSDP gathers a "
                                   "transformer layer at once (its FSDP units)", "set gather_unit to block")
@@ -187,7 +190,28 @@ def _precision(lay: Layout, graph: OpGraph | None, archs: list[int]) -> list[str
                 raise refuse("megatron", "fp8 weights (--fp8-param-gather) need the distributed optimizer or FSDP "
                                           "(validate_args)", "set zero_stage to 1 or more")
             f.append("--fp8-param-gather")
+    f += _optimizer_state(lay, p)
     return f
+
+
+def _optimizer_state(lay: Layout, precision: str) -> list[str]:
+    """The precision-aware optimizer's flags for ``bf16-moments`` (Adam's moments in bf16;
+    core_v0.19.0 ``arguments.py`` l. 3500-3517, and ``OptimizerConfig`` asserts the distributed
+    optimizer for it); ``bf16`` (no master copy) is refused: ``--main-params-dtype`` takes fp32
+    or fp16 only."""
+    if lay.optimizer_state == "fp32":
+        return []
+    if lay.optimizer_state == "bf16":
+        raise refuse("megatron", "optimizer state bf16 (no fp32 master copy): Megatron-LM keeps a master copy "
+                                  "of the parameters (--main-params-dtype takes fp32 or fp16)",
+                      "set optimizer_state to bf16-moments or fp32")
+    if lay.zero_stage < 1:
+        raise refuse("megatron", "Adam's moments in bf16 (--use-precision-aware-optimizer) need the distributed "
+                                  "optimizer (OptimizerConfig)", "set zero_stage to 1 or more")
+    if precision not in ("bf16", "fp16"):
+        raise refuse("megatron", f"Adam's moments in bf16 on a {precision} model: the precision-aware optimizer is "
+                                  "for mixed precision", "build the model in bf16")
+    return ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
 
 
 def to_megatron(lay: Layout, graph: OpGraph | None = None, cluster: Cluster | None = None) -> list[str]:
@@ -328,7 +352,9 @@ def layout_from_megatron(flags: list[str] | str, base: Layout) -> Layout:
                   overlap_param_gather="--overlap-param-gather" in v or (zero == 3 and base.overlap_param_gather),
                   fp8_params="--fp8-param-gather" in v, grad_reduce_in_fp32=grads_fp32,
                   recompute_modules=tuple(v.get("--recompute-modules", ())),
-                  moe_comm_overlap="--overlap-moe-expert-parallel-comm" in v)
+                  moe_comm_overlap="--overlap-moe-expert-parallel-comm" in v,
+                  optimizer_state="bf16-moments" if v.get("--use-precision-aware-optimizer")
+                  and v.get("--exp-avg-dtype") == v.get("--exp-avg-sq-dtype") == "bf16" else "fp32")
 
 
 def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:

@@ -157,6 +157,13 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
         raise r("torchtitan", "Megatron's selective recomputation (the attention core or --recompute-modules): "
                                "torchtitan 0.3.0's selective checkpointing is per-op (activation-checkpoint:selective)",
                 "recompute selective-op or full, or export --format megatron")
+    if lay.accumulate_unsharded:
+        raise r("torchtitan", "unsharded gradient accumulation (FSDP's no_sync): torchtitan 0.3.0 reduce-scatters "
+                               "every micro-batch's gradients", "turn accumulate_unsharded off")
+    if lay.optimizer_state != "fp32":
+        raise r("torchtitan", f"optimizer state {lay.optimizer_state}: torchtitan 0.3.0's FSDP2 keeps the sharded "
+                               "parameters in float32, AdamW's moments in their dtype", "set optimizer_state to fp32, "
+                               "or export --format megatron (bf16-moments)")
     if lay.moe_comm_overlap:
         raise r("torchtitan", "MoE all-to-all overlap (Megatron-Core's) has no torchtitan setting",
                 "export --format megatron")

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from ..cluster.devices import MAX_DEVICES
 from ..ops import MAX_DIM
-from ..strategy import GATHER_UNITS, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
+from ..strategy import GATHER_UNITS, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 from ..strategy.config import microbatch_count
 
 __all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES",
@@ -192,6 +192,21 @@ class Layout:
                                            "on, Megatron-LM's bf16 rule; --no-grad-reduce-in-fp32: the bf16 "
                                            "gradient buffer of NeMo's and Megatron-Bridge's performance scripts)",
                                      kinds=_MEGATRON, negatable=True)
+    #: ZeRO-3 gradient accumulation without a reduce-scatter per microbatch (FSDP's no_sync):
+    #: :attr:`engine.strategy.Strategy.accumulate_unsharded`
+    accumulate_unsharded: bool = _opt(False, "ZeRO-3 with gradient accumulation: the microbatches before the last "
+                                             "keep unsharded gradients instead of reduce-scattering them (FSDP2's "
+                                             "set_requires_gradient_sync(False), FSDP's no_sync()): one "
+                                             "reduce-scatter an iteration, a whole gradient buffer meanwhile",
+                                      kinds=_FSDP)
+    #: what the optimizer keeps per parameter: :attr:`engine.strategy.Strategy.optimizer_state`
+    optimizer_state: str = _opt("fp32", "what the optimizer keeps per parameter: fp32 (an fp32 master copy and fp32 "
+                                        "Adam moments, mixed precision's default), bf16-moments (Adam's moments in "
+                                        "bf16: Megatron-Core's --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                                        "--exp-avg-sq-dtype bf16) or bf16 (no master copy: parameters, gradients and "
+                                        "moments in bf16, a model cast to bf16 before its optimizer)",
+                                label="optimizer state", panel="choice", choices=OPTIMIZER_STATES,
+                                short="optimizer state")
     #: data-parallel gradient collectives overlapped with the backward (--overlap-grad-reduce;
     #: PyTorch DDP/FSDP always): :attr:`engine.strategy.Strategy.overlap_grad_reduce`
     overlap_grad_reduce: bool = _opt(True, "data-parallel gradient collectives issued during the backward pass "
@@ -256,6 +271,12 @@ class Layout:
                 raise ValueError(f"{name} {where}: offloading {'the optimizer' if need == 1 else 'parameters'} needs "
                                  f"ZeRO stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
                                  f"{self.zero_stage}")
+        if self.accumulate_unsharded and self.zero_stage != 3:
+            raise ValueError(f"accumulate_unsharded: accumulating unsharded gradients (FSDP's no_sync) applies to "
+                             f"ZeRO-3, got zero_stage {self.zero_stage}")
+        if self.optimizer_state != "fp32" and self.offload_optimizer != "none":
+            raise ValueError(f"optimizer_state {self.optimizer_state}: the offloaded optimizer keeps fp32 state on the "
+                             f"host (DeepSpeed's CPU Adam); turn offload_optimizer or optimizer_state off")
         for f in fields(self):
             v = getattr(self, f.name)
             if value_kind(f.name) == "ints" and v is not None:
@@ -349,7 +370,7 @@ _OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(Layo
 #: same name on :class:`engine.strategy.Strategy`; ``tp_comm_overlap`` travels with sequence
 #: parallelism and is not among them)
 SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
-            "grad_reduce_in_fp32", "moe_comm_overlap")
+            "grad_reduce_in_fp32", "moe_comm_overlap", "optimizer_state", "accumulate_unsharded")
 #: the switches that are on unless turned off (False is a choice for them, not "not given")
 ON_BY_DEFAULT = tuple(f.name for f in fields(Layout) if f.name in SWITCHES and f.default is True)
 

@@ -56,7 +56,7 @@ def optimizer_bytes_per_param(precision: str) -> int:
 
 
 def state_bytes_per_param(precision: str, zero_stage: int = 0, offload_optimizer: str = "none",
-                          grad_reduce_in_fp32: bool = True) -> tuple[int, int, int, int]:
+                          grad_reduce_in_fp32: bool = True, optimizer_state: str = "fp32") -> tuple[int, int, int, int]:
     """(weights, gradients, sharded fp32 main gradients, optimizer) bytes per parameter
     before ZeRO's sharding.
 
@@ -69,19 +69,32 @@ def state_bytes_per_param(precision: str, zero_stage: int = 0, offload_optimizer
     without ``grad_reduce_in_fp32`` (Megatron-Core's bf16 gradient buffer) counts as fp16
     does, 4 + 16/d: the distributed optimizer casts its gradient shard to fp32.
 
+    ``optimizer_state`` (:data:`engine.strategy.OPTIMIZER_STATES`): ``bf16-moments`` keeps
+    Adam's two moments in bf16 (2 + 2 bytes instead of 4 + 4; Megatron-Core's precision-aware
+    optimizer); ``bf16`` keeps no fp32 master copy: the bf16 parameter is the optimizer's, its
+    gradient bf16, the moments bf16, 2 + 2 + 4 bytes at any ZeRO stage (KempnerForge casts the
+    model to bf16 before FSDP2 and AdamW see it: ``build_parallel_model``).
+
     >>> state_bytes_per_param("bf16"), state_bytes_per_param("fp16", 1), state_bytes_per_param("bf16", 3)
     ((2, 4, 0, 12), (2, 2, 4, 12), (4, 4, 0, 8))
     >>> state_bytes_per_param("bf16", 1, grad_reduce_in_fp32=False)
     (2, 2, 4, 12)
+    >>> state_bytes_per_param("bf16", 1, optimizer_state="bf16-moments"), state_bytes_per_param("bf16", 3, optimizer_state="bf16")
+    ((2, 4, 0, 8), (2, 2, 0, 4))
     """
     p = DTYPE_BYTES[precision]
     if offload_optimizer != "none":
         return p, p, 0, 0
     if precision in ("fp32", "tf32"):  # (tf32: fp32 tensors, TF32 tensor-core math)
         return 4, 4, 0, 8
+    if optimizer_state == "bf16":
+        return p, p, 0, 2 * p
+    moments = 4 if optimizer_state == "bf16-moments" else 0  # bytes saved on the two moments
     if zero_stage >= 3:
-        return (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)
-    return (2, 4, 0, 12) if precision == "bf16" and grad_reduce_in_fp32 else (2, 2, 4, 12)
+        w, g, m, o = (4, 4, 0, 8) if precision == "bf16" else (2, 2, 0, 12)
+    else:
+        w, g, m, o = (2, 4, 0, 12) if precision == "bf16" and grad_reduce_in_fp32 else (2, 2, 4, 12)
+    return w, g, m, o - moments
 
 
 @dataclass
@@ -196,9 +209,14 @@ def _state(graph: OpGraph, strategy: Strategy, D: int, params: np.ndarray, shard
     off_par = getattr(strategy, "offload_params", "none")
     pbytes = DTYPE_BYTES[graph.precision]
     w_b, g_b, main_b, o_b = state_bytes_per_param(graph.precision, zero, off_opt,
-                                                  getattr(strategy, "grad_reduce_in_fp32", True))
+                                                  getattr(strategy, "grad_reduce_in_fp32", True),
+                                                  getattr(strategy, "optimizer_state", "fp32"))
     weights = (sharded if zero >= 3 else params) * w_b
     grads = (sharded if zero >= 2 else params) * g_b + (sharded if zero >= 1 else params) * main_b
+    if zero >= 3 and getattr(strategy, "accumulate_unsharded", False) and strategy.pipeline.microbatches > 1:
+        # FSDP's no_sync: the microbatches before the last keep their unsharded gradients, in
+        # the model's dtype, until the last one's reduce-scatter
+        grads = grads + params * pbytes
     optim = (sharded if zero >= 1 else params) * o_b
     host, nvme = np.zeros(D), np.zeros(D)
     if off_opt != "none":

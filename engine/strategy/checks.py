@@ -15,8 +15,8 @@ from ..cluster import Cluster
 from ..errors import Problem, ValidationError
 from ..graph import OpGraph
 from .config import check_config
-from .core import GATHER_UNITS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, \
-    SCHEDULES, Strategy
+from .core import GATHER_UNITS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
+    RECOMPUTE_MODULES, SCHEDULES, Strategy
 
 __all__ = ["validate_strategy", "check_strategy"]
 
@@ -164,6 +164,12 @@ def _switches(strategy: Strategy) -> list[Problem]:
     for name in ("grad_reduce_in_fp32", "fp8_params"):
         if not isinstance(getattr(strategy, name), bool):
             add(Problem(name, f"must be true or false, got {getattr(strategy, name)!r}"))
+    acc = getattr(strategy, "accumulate_unsharded", False)
+    if not isinstance(acc, bool):
+        add(Problem("accumulate_unsharded", f"must be true or false, got {acc!r}"))
+    elif acc and strategy.zero_stage != 3:
+        add(Problem("accumulate_unsharded", "accumulating unsharded gradients (FSDP's no_sync) applies to ZeRO-3, "
+                                            f"got ZeRO stage {strategy.zero_stage}"))
     if strategy.fp8_params is True and strategy.fp8 is not True:
         add(Problem("fp8_params", "fp8 parameters need fp8 GEMMs: set fp8 too, or turn fp8_params off"))
     return problems
@@ -181,6 +187,18 @@ def _precision(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Pro
         if lacking:
             add(Problem("fp8", f"fp8 GEMMs need fp8 tensor cores; the {', '.join(lacking)} of {cluster.name} "
                                f"{'have' if len(lacking) > 1 else 'has'} none (H100 and H200 do)"))
+    state = getattr(strategy, "optimizer_state", "fp32")
+    if state not in OPTIMIZER_STATES:
+        add(Problem("optimizer_state", f"must be one of {', '.join(OPTIMIZER_STATES)}, got {state!r}"))
+    elif state != "fp32" and graph.precision not in ("bf16", "fp16"):
+        add(Problem("optimizer_state", f"{state} optimizer state is for a half-precision model; the model "
+                                       f"{graph.name!r} trains in {graph.precision} (its optimizer state is fp32)"))
+    elif state == "bf16" and graph.precision != "bf16":
+        add(Problem("optimizer_state", f"bf16 optimizer state (no fp32 master copy) needs a bf16 model; the model "
+                                       f"{graph.name!r} is {graph.precision} (use bf16-moments)"))
+    elif state != "fp32" and strategy.offload_optimizer != "none":
+        add(Problem("optimizer_state", f"the offloaded optimizer keeps fp32 state on the host (DeepSpeed's CPU "
+                                       f"Adam): {state} optimizer state does not apply; turn one of them off"))
     for precision in {graph.precision}:
         for t in {d.type for d in cluster.devices}:
             if precision not in cluster.device_types[t].peak_flops_per_s:

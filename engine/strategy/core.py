@@ -27,7 +27,7 @@ from ..errors import Problem, ValidationError
 from .config import Config, PipelineSettings
 
 __all__ = ["RECOMPUTE_MODULES", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES", "strategy_from_dict",
-           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS"]
+           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS", "OPTIMIZER_STATES"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: Activation recomputation policies: ``selective`` is Korthikanti et al.'s (the attention
@@ -51,6 +51,13 @@ GATHER_UNITS = ("block", "op")
 #: :attr:`Strategy.offload_params`): DeepSpeed's ``offload_optimizer.device`` and
 #: ``offload_param.device`` values (Ren et al. ATC'21; Rajbhandari et al. SC'21).
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+#: What the optimizer keeps per parameter (:attr:`Strategy.optimizer_state`): ``fp32`` an fp32
+#: master copy and fp32 Adam moments (mixed precision, Micikevicius et al. ICLR'18; every
+#: framework's default); ``bf16-moments`` the fp32 master copy with Adam's moments in bf16
+#: (Megatron-Core's ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
+#: bf16``); ``bf16`` no master copy: parameters, gradients and moments in bf16 (a model cast to
+#: bf16 before its optimizer is made, as KempnerForge's ``build_parallel_model`` does).
+OPTIMIZER_STATES = ("fp32", "bf16-moments", "bf16")
 
 
 def _json_safe(value: Any) -> Any:
@@ -148,6 +155,17 @@ class Strategy:
         the other's compute. Modelled on the all-to-alls: a forward one is hidden behind up to half
         of the experts' backward time, a backward one behind up to half of their forward time
         (the partner microbatch's compute of the same layer), only what is left shows.
+    accumulate_unsharded : bool
+        ZeRO-3 with gradient accumulation: the microbatches before the last skip the gradient
+        reduce-scatter and accumulate unsharded gradients, in the model's dtype (PyTorch FSDP2's
+        ``set_requires_gradient_sync(False)``, FSDP's ``no_sync()``; KempnerForge's
+        ``maybe_no_sync``): one reduce-scatter an iteration instead of one a microbatch, and a
+        whole gradient buffer per device while the iteration lasts. Default off (torchtitan
+        reduce-scatters every microbatch).
+    optimizer_state : str
+        One of :data:`OPTIMIZER_STATES`: what the optimizer keeps per parameter, and so the
+        bytes of weights, gradients and optimizer state (:func:`engine.sim.memory_static.state_bytes_per_param`)
+        and of the optimizer step. Default ``fp32``.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -181,6 +199,8 @@ class Strategy:
     expert_loads: tuple[float, ...] | None = None
     moe_comm_overlap: bool = False
     recompute_modules: tuple[str, ...] = ()
+    optimizer_state: str = "fp32"
+    accumulate_unsharded: bool = False
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -229,6 +249,8 @@ class Strategy:
             **({"expert_loads": list(self.expert_loads)} if self.expert_loads is not None else {}),
             **({"moe_comm_overlap": True} if self.moe_comm_overlap else {}),
             **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
+            **({"optimizer_state": self.optimizer_state} if self.optimizer_state != "fp32" else {}),
+            **({"accumulate_unsharded": True} if self.accumulate_unsharded else {}),
             "ops": ops,
         }
 
@@ -274,4 +296,5 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("offload_params", "none"), data.get("grad_reduce_in_fp32", True),
                     data.get("fp8_params", False),
                     tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
-                    data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())))
+                    data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())),
+                    data.get("optimizer_state", "fp32"), data.get("accumulate_unsharded", False))

@@ -84,8 +84,9 @@ class Emitter:
         c, s = ctx.cluster, ctx.strategy
         off_opt = getattr(s, "offload_optimizer", "none")
         off_par = getattr(s, "offload_params", "none") if s.zero_stage >= 3 else "none"
+        state = getattr(s, "optimizer_state", "fp32")
         if off_opt == "none" and off_par == "none":
-            return [ctx.cost.optimizer_time_s(params[d], c.device_type(d)) if d in active else 0.0
+            return [ctx.cost.optimizer_time_s(params[d], c.device_type(d), state) if d in active else 0.0
                     for d in range(c.num_devices)]
         pbytes = DTYPE_BYTES[ctx.graph.precision]
         node = np.array([dv.node for dv in c.devices], np.int64)
@@ -101,7 +102,7 @@ class Emitter:
                 t = host_optimizer_time_s(params[d], bw, nvme=off_opt == "nvme", grad_bytes=pbytes,
                                           param_bytes=pbytes, gpus_sharing_host=int(node_gpus[d]))
             else:
-                t = ctx.cost.optimizer_time_s(params[d], c.device_type(d))
+                t = ctx.cost.optimizer_time_s(params[d], c.device_type(d), state)
             if off_par != "none":
                 fetch_bytes = 2 * ctx.split * params[d] * pbytes
                 t += fetch_bytes / bw

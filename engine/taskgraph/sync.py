@@ -196,10 +196,12 @@ class SyncBuilder:
                 oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
                 for oi, _ in parts}
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"
-            # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made;
+            # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made
+            # (unless they accumulate unsharded: FSDP's no_sync, once on the last microbatch);
             # otherwise gradients accumulate locally and are synchronised once.
-            rows = np.arange(m) if zero >= 3 else np.array([m - 1])
-            mbs = rows if zero >= 3 else np.array([-1])
+            each = zero >= 3 and not ctx.strategy.accumulate_unsharded
+            rows = np.arange(m) if each else np.array([m - 1])
+            mbs = rows if each else np.array([-1])
             preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
             pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
             for tail in self.plan.stage_tail(unit):

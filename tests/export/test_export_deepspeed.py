@@ -163,6 +163,8 @@ REFUSALS = {
     "overlap_param_gather": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(zero_stage=1, overlap_param_gather=True))),
     "selective recomputation": lambda: (GPT2, A2, build_layout(GPT2, A2, Layout(zero_stage=1, recompute="selective"))),
     "nvme_path": lambda: (GPT2, A2, fsdp(GPT2, A2, Layout(zero_stage=3, gather_unit="op", offload_params="nvme"))),
+    "fp32 master weights and fp32 Adam moments": lambda: (LLAMA, H8, fsdp(LLAMA, H8, Layout(
+        zero_stage=3, gather_unit="op", optimizer_state="bf16"))),
 }
 
 

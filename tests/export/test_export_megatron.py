@@ -49,6 +49,9 @@ MATRIX = {
     "llama-bf16-grads-bf16-b200": (lambda: build_sample("llama2-7b"), B200,
                                    lambda g, c: build_layout(g, c, Layout(tp=2, micro_batch=2, sequence_parallel=True,
                                                                           zero_stage=1, grad_reduce_in_fp32=False))),
+    "llama-bf16-zero1-bf16-moments": (lambda: build_sample("llama2-7b"), H100,
+                                      lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, zero_stage=1,
+                                                                             optimizer_state="bf16-moments"))),
     "mixtral-ep8-vpp8": (lambda: build_sample("mixtral-8x7b"), H100,
                          lambda g, c: build_layout(g, c, Layout(tp=1, pp=4, vpp=8, ep=8, micro_batch=1, zero_stage=1))),
 }
@@ -112,8 +115,12 @@ def test_megatron_would_run_the_strategy(name):
     # and the flags give the layout back
     back = layout_from_megatron(text, lay)
     assert build_layout(g, c, back).configs == s.configs
-    assert (back.zero_stage, back.shard_group, back.vpp, back.recompute) == \
-        (lay.zero_stage, lay.shard_group if lay.shard_group < lay.dp * lay.cp else 0, lay.vpp, lay.recompute)
+    assert (back.zero_stage, back.shard_group, back.vpp, back.recompute, back.optimizer_state) == \
+        (lay.zero_stage, lay.shard_group if lay.shard_group < lay.dp * lay.cp else 0, lay.vpp, lay.recompute,
+         lay.optimizer_state)
+    moments = "bf16" if s.optimizer_state == "bf16-moments" else "fp32"
+    assert args.use_precision_aware_optimizer == (moments == "bf16")
+    assert (args.exp_avg_dtype, args.exp_avg_sq_dtype, args.main_params_dtype) == (moments, moments, "fp32")
 
 
 def test_the_text_names_the_release_then_the_environment_then_one_line_of_flags():
@@ -205,6 +212,10 @@ def test_refusals_name_the_reason():
         to_megatron(replace(lay, fp8_params=True), llama, preset("dgx-h100:1"))
     with pytest.raises(ValidationError, match="delayed scaling"):
         to_megatron(replace(lay, recompute="selective", recompute_modules=("layernorm",)), llama, preset("dgx-h100:1"))
+    with pytest.raises(ValidationError, match="keeps a master copy"):
+        to_megatron(replace(lay, fp8=False, zero_stage=1, optimizer_state="bf16"), llama, preset("dgx-h100:1"))
+    with pytest.raises(ValidationError, match=r"need the distributed optimizer \(OptimizerConfig\)"):
+        to_megatron(replace(lay, fp8=False, optimizer_state="bf16-moments"), llama, preset("dgx-h100:1"))
     with pytest.raises(ValidationError, match="no switch for TF32"):
         to_megatron(Layout(dp=8, micro_batch=1, global_batch=32), resolve_model("gpt2", batch=32, precision="tf32"),
                     preset("dgx-h100:1"))

@@ -242,6 +242,12 @@ def test_zero1_is_refused():
             "ZeRO-1.*use-distributed-optimizer")
 
 
+def test_optimizer_state_other_than_fp32_is_refused():
+    for state in ("bf16", "bf16-moments"):
+        refused(L, fsdp(L, C64, Layout(zero_stage=3, micro_batch=1, optimizer_state=state)), C64,
+                f"optimizer state {state}: .*sharded parameters in float32")
+
+
 def test_fp16_is_refused():
     b = resolve_model("bert-large", batch=16)
     refused(b, fsdp(b, C, Layout(zero_stage=3, micro_batch=1)), C, "fp16 training.*bfloat16 or float32")

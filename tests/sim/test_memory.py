@@ -17,6 +17,8 @@ from engine.sim.full import simulate
 from engine.taskgraph import build_task_graph
 from toys import IDEAL, mlp, toy_cluster
 from engine.layout import Layout, build_layout
+from engine.layout.build import fsdp
+from dataclasses import replace
 
 
 class TestMemory:
@@ -234,6 +236,57 @@ class TestBytesPerParameter:
         c = preset("dgx-a100-80gb:1")
         mem = simulate_strategy(g, build_layout(g, c, Layout(tp=1, dp=8)), c).memory
         np.testing.assert_array_equal(mem.grads_bytes, 2 * mem.weights_bytes)
+
+
+class TestOptimizerStateDtypes:
+    """What the optimizer keeps per parameter (issue 42): fp32 master and moments (18 bytes with
+    Megatron-Core's fp32 gradient buffer), the moments in bf16 (14), or no master copy at all
+    (8: parameter, gradient and two moments in bf16, KempnerForge's model cast to bf16)."""
+
+    @pytest.mark.parametrize("state, zero, want", [
+        ("fp32", 0, (2, 4, 0, 12)), ("bf16-moments", 0, (2, 4, 0, 8)), ("bf16", 0, (2, 2, 0, 4)),
+        ("fp32", 3, (4, 4, 0, 8)), ("bf16-moments", 3, (4, 4, 0, 4)), ("bf16", 3, (2, 2, 0, 4))])
+    def test_bytes_per_parameter(self, state, zero, want):
+        from engine.sim.memory_static import state_bytes_per_param
+
+        assert state_bytes_per_param("bf16", zero, optimizer_state=state) == want
+
+    @pytest.mark.parametrize("zero", [0, 1, 3])
+    def test_each_device_holds_what_its_parameters_need(self, zero):
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        lay = Layout(zero_stage=zero) if zero == 3 else Layout(dp=8, zero_stage=zero)
+        base = simulate_strategy(g, fsdp(g, c, lay) if zero == 3 else build_layout(g, c, lay), c).memory
+        for state, (w, gr, o) in {"bf16-moments": (None, None, 8 if zero < 3 else 4), "bf16": (2, 2, 4)}.items():
+            lay2 = replace(lay, optimizer_state=state)
+            mem = simulate_strategy(g, fsdp(g, c, lay2) if zero == 3 else build_layout(g, c, lay2), c).memory
+            held = base.optimizer_bytes / (12 if zero < 3 else 8)  # the parameters whose state a device keeps
+            np.testing.assert_allclose(mem.optimizer_bytes, held * o, rtol=1e-12)
+            if state == "bf16":
+                shard = base.weights_bytes / (2 if zero < 3 else 4)  # the parameters a device holds
+                np.testing.assert_allclose(mem.weights_bytes, shard * w, rtol=1e-12)
+                grads = base.grads_bytes / 4  # fp32 gradients (sharded from ZeRO-2 on)
+                np.testing.assert_allclose(mem.grads_bytes, grads * gr, rtol=1e-12)
+
+    def test_the_step_reads_and_writes_fewer_bytes(self):
+        from engine.cluster import DEVICE_TYPES
+        from engine.costs import CostModel
+
+        cost, a100 = CostModel(kernel_overhead_s=0.0), DEVICE_TYPES["A100-SXM4-80GB"]
+        t = {s: cost.optimizer_time_s(1e9, a100, s) for s in ("fp32", "bf16-moments", "bf16")}
+        assert t["fp32"] / t["bf16-moments"] == pytest.approx(30 / 22) and t["fp32"] / t["bf16"] == pytest.approx(30 / 14)
+
+    def test_refused_where_it_does_not_apply(self):
+        from engine.strategy import validate_strategy
+
+        g32, c = _small_gpt("fp32"), preset("dgx-a100-80gb:1")
+        problems = validate_strategy(replace(build_layout(g32, c, Layout(dp=8)), optimizer_state="bf16"), g32, c)
+        assert any(p.path == "optimizer_state" and "half-precision model" in p.message for p in problems)
+        g16 = _small_gpt("fp16")
+        problems = validate_strategy(replace(build_layout(g16, c, Layout(dp=8)), optimizer_state="bf16"), g16, c)
+        assert any(p.path == "optimizer_state" and "needs a bf16 model" in p.message for p in problems)
+        with pytest.raises(ValueError, match="offloaded optimizer keeps fp32 state"):
+            Layout(zero_stage=1, offload_optimizer="cpu", optimizer_state="bf16")
 
 
 def _small_gpt(precision="bf16"):
