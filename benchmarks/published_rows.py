@@ -192,7 +192,9 @@ def group_key(row: dict[str, str]) -> tuple:
 GPU_PRESETS: tuple[tuple[Callable[[str], bool], str], ...] = (
     (lambda g: "GH200" in g, "gh200"),
     (lambda g: "GB200" in g, "gb200-nvl72"),
+    (lambda g: "GB300" in g, "gb300-nvl72"),
     (lambda g: "B200" in g, "dgx-b200"),
+    (lambda g: "B300" in g, "dgx-b300"),
     (lambda g: "H100" in g and ("GRAND TETON" in g or "HBM2E" in g), "grand-teton"),
     (lambda g: g.startswith("H100") and "PCIE" in g, "h100-pcie"),
     (lambda g: g.startswith("H100"), "dgx-h100"),

@@ -38,7 +38,7 @@ IB_LATENCY_S = 2e-6
 #: HGX H100 as in Grand Teton) and the fifth-generation NVLink switches of DGX B200 and
 #: GB200 NVL72 (NVIDIA Blackwell architecture technical brief: "NVLink SHARP" in the switch).
 NVLS_DEVICE_TYPES = frozenset({"H100-SXM5-80GB", "H200-SXM-141GB", "H100-SXM5-96GB-HBM2e-500W",
-                               "B200-SXM-180GB", "B200-GB200-186GB"})
+                               "B200-SXM-180GB", "B200-GB200-186GB", "B300-SXM-270GB", "B300-GB300-288GB"})
 #: GPU architectures a :class:`DeviceType` may name (``""``: not stated).
 ARCHS = ("kepler", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 # Per-direction bandwidths, bytes/s (hardware_specs.csv).
@@ -65,6 +65,8 @@ IB_FDR_BW = 56e9 / 8  # 56 Gb/s FDR InfiniBand (FlexFlow's K80 cluster)
 IB_EDR_BW = 100e9 / 8  # 100 Gb/s per port per direction (IBTA; also 100 GbE)
 IB_HDR_BW = 200e9 / 8
 IB_NDR_BW = 400e9 / 8  # 400 Gb/s (NDR InfiniBand, or 400 GbE RoCE as on Grand Teton)
+#: 800 Gb/s (XDR InfiniBand, ConnectX-8 SuperNIC: DGX B300 and GB300 NVL72 give each GPU one)
+IB_XDR_BW = 800e9 / 8
 #: HPE Slingshot-11 (Cassini NIC): 200 Gb/s per NIC per direction (CSCS GH200 schematic:
 #: "200Gb/s (25GB/s)", four per node).
 SLINGSHOT11_BW = 200e9 / 8
@@ -242,6 +244,28 @@ DEVICE_TYPES: dict[str, DeviceType] = {
                                         "fp8": 5e15},
                    8000 * GB, int(186 * GB), "NVIDIA GB200 NVL72 spec table (sparse halved)", arch="blackwell",
                    sms=148, tdp_w=1200, host_bw_bytes_per_s=NVLINK_C2C_BW),
+        # Blackwell Ultra (B300) as in DGX/HGX B300. Per GPU, dense (sparse halved): FP8 4.5 PF,
+        # FP16/BF16 2.25 PF, TF32 1.1 PF, FP32 75 TF, 270 GB HBM3e, 1.1 kW (Verda, "NVIDIA GB300
+        # NVL72: GPU Architecture & Performance", per-GPU table after NVIDIA's; the DGX B300
+        # datasheet's 72 PF FP8 for 8 GPUs is the sparse figure, as DGX B200's is); 8 TB/s
+        # (G. Lockwood's B300 notes after NVIDIA's announcement; Verda lists 7.7). FP4 (13-15 PF
+        # dense) is not a training precision soapbox models. SMs: NVIDIA's "Inside NVIDIA Blackwell
+        # Ultra" technical blog (2025): 160 SMs in the full GPU (the GB300's, whose 15 PF dense
+        # NVFP4 it quotes; HGX B300's own count is not published: taken as 160). No clock.
+        DeviceType("B300-SXM-270GB", {"fp32": 75e12, "tf32": 1.1e15, "fp16": 2.25e15, "bf16": 2.25e15,
+                                      "fp8": 4.5e15},
+                   8000 * GB, int(270 * GB), "Verda GB300 NVL72 per-GPU table; G. Lockwood's B300 notes; NVIDIA "
+                   "'Inside NVIDIA Blackwell Ultra' (SMs)", arch="blackwell", sms=160, tdp_w=1100,
+                   host_bw_bytes_per_s=PCIE5_BW),
+        # The B300 of GB300 NVL72: FP8 5 PF, FP16/BF16 2.5 PF, TF32 1.25 PF dense, FP32 80 TF,
+        # 1.4 kW (Verda's per-GPU table); 288 GB HBM3e (NVIDIA's GB300 NVL72 page: "up to 21 TB"
+        # of HBM3e in 72 GPUs; the Megatron-Bridge performance summary's rows say 288 GB) at
+        # 8 TB/s ("576 TB/s" over 72 GPUs). Host link: NVLink-C2C to its Grace, as GB200's.
+        DeviceType("B300-GB300-288GB", {"fp32": 80e12, "tf32": 1.25e15, "fp16": 2.5e15, "bf16": 2.5e15,
+                                        "fp8": 5e15},
+                   8000 * GB, int(288 * GB), "Verda GB300 NVL72 per-GPU table; NVIDIA GB300 NVL72 page; NVIDIA "
+                   "'Inside NVIDIA Blackwell Ultra' (160 SMs)", arch="blackwell", sms=160, tdp_w=1400,
+                   host_bw_bytes_per_s=NVLINK_C2C_BW),
         # Turing whitepaper, GeForce RTX 2080 Ti reference board (the Founders Edition's 1635
         # MHz gives 14.2 / 56.9): 68 SMs at 1545 MHz, fp32 13.4 TF, fp16 tensor with FP32
         # accumulate 53.8 TF (GeForce: half the fp16-accumulate 107.6; training accumulates in

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ..errors import Problem, ValidationError, printable
 from .devices import (A100_NVSWITCH_BW, DEVICE_TYPES, H100_NVSWITCH_BW, IB_EDR_BW, IB_FDR_BW, IB_HDR_BW, IB_LATENCY_S,
-    IB_NDR_BW, MAX_DEVICES, GH200_NVLINK_PAIR_BW, NVLINK1_PAIR_BW, NVLINK2_PAIR_BW, NVLINK5_NVSWITCH_BW,
+    IB_NDR_BW, IB_XDR_BW, MAX_DEVICES, GH200_NVLINK_PAIR_BW, NVLINK1_PAIR_BW, NVLINK2_PAIR_BW, NVLINK5_NVSWITCH_BW,
     NVLINK_LATENCY_S, PCIE3_BW, PCIE4_BW, PCIE5_BW, PCIE_LATENCY_S, SLINGSHOT11_BW, V100_DGX2_NVSWITCH_BW, DeviceType,
     NodeSpec)
 
@@ -111,6 +111,19 @@ _GB200_NVL72 = _dgx(
            "GB300 NVL72 Enterprise RA, read, has 4 ConnectX-8 per tray). Host memory: 36 Grace x 480 GB "
            "LPDDR5X = 17.3 TB per rack (NVIDIA quotes 'up to 17 TB'; fibermall GB200 analysis: 480 GB per "
            "superchip). Largest: gb200-nvl72:227 (16,344 GPUs).")
+_DGX_B300 = _dgx(
+    "B300-SXM-270GB", NVLINK5_NVSWITCH_BW, IB_XDR_BW, PCIE5_BW, 8, "dgx-b300",
+    "DGX B300: 8 x B300, NVSwitch 1.8 TB/s, 8 x 800 Gb/s ConnectX-8", host_memory_bytes=2 * TB,
+    source="NVIDIA DGX B300: 8 x Blackwell Ultra on fifth-generation NVLink (1.8 TB/s per GPU), 8 x ConnectX-8 "
+           "SuperNICs at 800 Gb/s (one per GPU); 2 TB of host memory (DGX B200's; the DGX B300 datasheet was "
+           "not read). GPU figures: engine.cluster.devices (B300-SXM-270GB).")
+_GB300_NVL72 = _dgx(
+    "B300-GB300-288GB", NVLINK5_NVSWITCH_BW, IB_XDR_BW, PCIE5_BW, 72, "gb300-nvl72",
+    "GB300 NVL72 rack: 72 x B300 in one NVLink5 domain (1.8 TB/s per GPU), 72 x 800 Gb/s NICs",
+    nics=72, host_memory_bytes=36 * 480 * GB_INT, node="rack",
+    source="As gb200-nvl72 (one rack a node, 72 GPUs on one NVLink domain, 130 TB/s) with Blackwell Ultra GPUs "
+           "and ConnectX-8 800 Gb/s NICs, four per compute tray (the GB300 NVL72 Enterprise RA). Host memory as "
+           "GB200's Grace (480 GB each, 36 per rack).")
 _GH200 = _dgx(
     "GH200-96GB", GH200_NVLINK_PAIR_BW, SLINGSHOT11_BW, PCIE4_BW, 4, "gh200",
     "GH200 node (HPE Cray EX, CSCS Alps Clariden): 4 x GH200-96GB, NVLink all-to-all 150 GB/s per pair, "
@@ -177,6 +190,8 @@ PRESETS: dict[str, tuple[Any, bool, str]] = {
                   "N x DGX-2H (16 V100, NVSwitch, 8 x 100 Gb/s IB)"),
     "dgx-b200": (_DGX_B200, True, "N x DGX B200 (8 GPUs, 180 GB each, NVSwitch 1.8 TB/s, 8 x 400 Gb/s IB)"),
     "gb200-nvl72": (_GB200_NVL72, True, "N x GB200 NVL72 rack (72 GPUs in one NVLink domain, 72 x 400 Gb/s NICs)"),
+    "dgx-b300": (_DGX_B300, True, "N x DGX B300 (8 GPUs, 270 GB each, NVSwitch 1.8 TB/s, 8 x 800 Gb/s)"),
+    "gb300-nvl72": (_GB300_NVL72, True, "N x GB300 NVL72 rack (72 B300 in one NVLink domain, 72 x 800 Gb/s NICs)"),
     "gh200": (_GH200, True, "N x GH200 node as on CSCS Alps (4 GH200-96GB, NVLink mesh, 4 x 200 Gb/s Slingshot)"),
     "h100-pcie": (_H100_PCIE, True, "N x H100 PCIe server (8 GPUs on PCIe Gen5, no NVLink, 4 x 400 Gb/s)"),
     "grand-teton": (_GRAND_TETON, True, "N x Meta Grand Teton (8 H100 96GB @500 W, NVSwitch, 8 x 400 Gb/s RoCE, "

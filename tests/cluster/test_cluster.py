@@ -31,11 +31,11 @@ from engine.errors import ValidationError
 
 GIB = 2**30
 PRESET_LIST = ("p100-4x4, k80-16x4, dgx-a100-80gb:N, dgx-a100-40gb:N, dgx-h100:N, dgx-h200:N, v100-dgx2:N, "
-               "dgx-b200:N, gb200-nvl72:N, gh200:N, h100-pcie:N, grand-teton:N, rtx4090:N, rtx3090:N, rtx2080ti:N, "
+               "dgx-b200:N, gb200-nvl72:N, dgx-b300:N, gb300-nvl72:N, gh200:N, h100-pcie:N, grand-teton:N, rtx4090:N, rtx3090:N, rtx2080ti:N, "
                "titan-rtx:N, hetero-demo")
 #: One buildable name per preset (sized ones at two nodes, so they have a network).
 EXAMPLES = ["p100-4x4", "k80-16x4", "dgx-a100-80gb:2", "dgx-a100-40gb:2", "dgx-h100:2", "dgx-h200:2", "v100-dgx2:2",
-            "dgx-b200:2", "gb200-nvl72:2", "gh200:2", "h100-pcie:2", "grand-teton:2", "rtx4090:2", "rtx3090:2",
+            "dgx-b200:2", "gb200-nvl72:2", "dgx-b300:2", "gb300-nvl72:2", "gh200:2", "h100-pcie:2", "grand-teton:2", "rtx4090:2", "rtx3090:2",
             "rtx2080ti:2", "titan-rtx:2", "hetero-demo"]
 
 
@@ -405,7 +405,7 @@ class TestClusterErrors:
             Cluster("t", [node_spec(device_type="B200")], DEVICE_TYPES)
         assert problem_text(exc) == [
             ("nodes[0] (n).device_type: unknown device type 'B200'; known: A100-SXM4-40GB, A100-SXM4-80GB, "
-             "B200-GB200-186GB, B200-SXM-180GB, GH200-144GB, GH200-96GB, H100-PCIe-80GB, H100-SXM5-80GB, "
+             "B200-GB200-186GB, B200-SXM-180GB, B300-GB300-288GB, B300-SXM-270GB, GH200-144GB, GH200-96GB, H100-PCIe-80GB, H100-SXM5-80GB, "
              "H100-SXM5-96GB-HBM2e-500W, H200-SXM-141GB, K80-GK210, P100-SXM2-16GB, RTX-2080-Ti-11GB, RTX-3090-24GB, "
              "RTX-4090-24GB, TITAN-RTX-24GB, V100-SXM2-32GB, V100-SXM3-32GB")]
 

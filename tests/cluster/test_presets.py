@@ -47,6 +47,11 @@ class TestDeviceTypes:
         ("B200-GB200-186GB", "bf16", 2.5e15),  # GB200 NVL72 table: 5 PF sparse
         ("B200-GB200-186GB", "fp8", 5e15),
         ("B200-GB200-186GB", "tf32", 1.25e15),
+        ("B300-SXM-270GB", "bf16", 2.25e15),  # Verda's per-GPU table (dense)
+        ("B300-SXM-270GB", "fp8", 4.5e15),
+        ("B300-GB300-288GB", "bf16", 2.5e15),
+        ("B300-GB300-288GB", "fp8", 5e15),
+        ("B300-GB300-288GB", "tf32", 1.25e15),
         ("GH200-96GB", "bf16", 989.4e12),  # H100 SXM compute
         ("GH200-144GB", "fp8", 1978.9e12),
         ("H100-PCIe-80GB", "bf16", 756e12),
@@ -65,6 +70,8 @@ class TestDeviceTypes:
     @pytest.mark.parametrize("name, memory_bytes, bw", [
         ("B200-SXM-180GB", 180 * GB, 8000 * GB),  # DGX B200: 1,440 GB / 8, 64 TB/s / 8
         ("B200-GB200-186GB", 186 * GB, 8000 * GB),
+        ("B300-SXM-270GB", 270 * GB, 8000 * GB),
+        ("B300-GB300-288GB", 288 * GB, 8000 * GB),
         ("GH200-96GB", 96 * GIB, 4000 * GB),
         ("GH200-144GB", 144 * GIB, 4900 * GB),
         ("H100-PCIe-80GB", 80 * GIB, 2000 * GB),
@@ -120,6 +127,8 @@ class TestDeviceTypes:
 NEW = [
     ("dgx-b200", 8, "B200-SXM-180GB"),
     ("gb200-nvl72", 72, "B200-GB200-186GB"),
+    ("dgx-b300", 8, "B300-SXM-270GB"),
+    ("gb300-nvl72", 72, "B300-GB300-288GB"),
     ("gh200", 4, "GH200-96GB"),
     ("h100-pcie", 8, "H100-PCIe-80GB"),
     ("grand-teton", 8, "H100-SXM5-96GB-HBM2e-500W"),
