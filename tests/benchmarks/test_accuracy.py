@@ -124,9 +124,59 @@ TODAY_OOM_BUT_RAN = 7  # 3 Megatron-Bridge, 3 NeMo long-seq, 1 Megatron-Bridge M
 @pytest.fixture(scope="module")
 def today():
     rows = [r for r in csv.DictReader((HERE.parent / "validation" / CSV.name).open(newline=""))
-            if int(r["row_id"]) >= 3000]
+            if 3000 <= int(r["row_id"]) < 5000]
     pred = Predictor(rows)
     return [pred.run(r) for r in rows]
+
+
+#: Peak memory of today's stacks where the rows publish it: family -> bound on the median
+#: |error| (today's figure). Issue 42: KempnerForge casts its model to bf16 (no fp32 master
+#: copy) and accumulates unsharded gradients between reduce-scatters (FSDP no_sync): 34.8 ->
+#: 20.8; torchtitan's and Sailor's are the allocator's reserved peak, not modelled closer yet.
+TODAY_MEMORY_MEDIAN_PCT = {"KempnerForge": 23.0,  # 20.8
+                           "torchtitan": 48.0,  # 45.6
+                           "torchtitan-community": 43.0,  # 40.4
+                           "Sailor": 42.0}  # 39.5
+
+
+def test_today_peak_memory_per_family(today):
+    by: dict[str, list[float]] = {}
+    for r in today:
+        if r.memory_error_pct is not None:
+            by.setdefault(r.source, []).append(abs(r.memory_error_pct))
+    medians = {f: statistics.median(v) for f, v in by.items()}
+    assert set(medians) == set(TODAY_MEMORY_MEDIAN_PCT)
+    assert {f: m for f, m in medians.items() if m > TODAY_MEMORY_MEDIAN_PCT[f]} == {}
+
+
+#: Megatron-Bridge on Blackwell (rows from 5000 on: B200, B300, GB200, GB300 NVL72; issue 42),
+#: nothing fitted on them: family -> bound on the median |error| of its predicted rows (today's
+#: figure), the nvfp4 rows and Kimi-K2 skipped; and the runs that ran but are called out of
+#: memory (the 70B Megatron-FSDP recipes offload 20-40 layers' activations to the host, which
+#: soapbox does not model; DeepSeek-V3 and GPT-OSS at their pages' micro-batches)
+BLACKWELL_MEDIAN_PCT = {"Megatron-Bridge": 26.0,  # 23.9 over 8 dense rows
+                        "Megatron-Bridge MoE": 51.0}  # 48.2 over 25 (DeepSeek-V3, Qwen3-235B too slow; GPT-OSS too fast)
+BLACKWELL_OOM_BUT_RAN = 9
+
+
+@pytest.fixture(scope="module")
+def blackwell():
+    rows = [r for r in csv.DictReader((HERE.parent / "validation" / CSV.name).open(newline=""))
+            if int(r["row_id"]) >= 5000]
+    pred = Predictor(rows)
+    return [pred.run(r) for r in rows]
+
+
+def test_blackwell_per_family(blackwell):
+    by: dict[str, list[float]] = {}
+    for r in blackwell:
+        if r.error_pct is not None:
+            by.setdefault(r.source, []).append(abs(r.error_pct))
+    medians = {f: statistics.median(v) for f, v in by.items()}
+    assert set(medians) == set(BLACKWELL_MEDIAN_PCT)
+    assert {f: m for f, m in medians.items() if m > BLACKWELL_MEDIAN_PCT[f]} == {}
+    assert sum(1 for r in blackwell if r.error_pct is not None and r.feasible is False) <= BLACKWELL_OOM_BUT_RAN
+    assert sorted(r.row_id for r in blackwell if r.skipped) == [5003, 5007, 5024]
 
 
 def test_today_stacks_per_family(today):
