@@ -201,7 +201,10 @@ def panel_values(state: dict) -> dict[str, Any]:
     found = layout_of(s)
     empty = {name: None for name in DEGREES}
     switches = {"overlap": [name for name in OVERLAPS if getattr(s, name)],
-                **{name: getattr(s, name) for name in OFFLOADS}, "recompute_modules": list(s.recompute_modules)}
+                **{name: getattr(s, name) for name in OFFLOADS}, "recompute_modules": list(s.recompute_modules),
+                # the other drop-downs that carry a strategy field of their name (optimizer state)
+                **{name: getattr(s, name) for name in CHOICES
+                   if name not in ("recompute", "zero_stage", "schedule") and hasattr(s, name)}}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
         return {"kind": "megatron", **empty, "recompute": "none", "zero_stage": None, "schedule": None, "flags": [],

@@ -61,6 +61,17 @@ class TestEachSwitchReachesTheStrategy:
         v = ED.panel_values(new)
         assert (v["offload_optimizer"], v["offload_params"]) == ("cpu", "nvme")
 
+    def test_the_optimizer_state_reaches_the_strategy_and_back(self):
+        """The panel's optimizer-state drop-down (issue 42) on a bf16 model: the strategy keeps
+        it, the stored strategy too, and the panel shows it again."""
+        llama = ST.new_state("llama2-7b", "dgx-h100:1", "data-parallel", batch=8)
+        new, msg = _apply(llama, zero_stage=1, optimizer_state="bf16-moments")
+        assert new is not llama, msg
+        assert ST.page_strategy(new).optimizer_state == "bf16-moments"
+        assert new["strategy"]["optimizer_state"] == "bf16-moments"
+        assert ED.panel_values(new)["optimizer_state"] == "bf16-moments"
+        assert ED.panel_values(llama)["optimizer_state"] == "fp32"
+
     def test_all_overlap_off(self, gpt):
         new, msg = _apply(gpt, pp=2, micro_batch=1, overlap=[])
         s = ST.page_strategy(new)

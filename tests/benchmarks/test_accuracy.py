@@ -140,11 +140,7 @@ TODAY_MEMORY_MEDIAN_PCT = {"KempnerForge": 23.0,  # 20.8
 
 
 def test_today_peak_memory_per_family(today):
-    by: dict[str, list[float]] = {}
-    for r in today:
-        if r.memory_error_pct is not None:
-            by.setdefault(r.source, []).append(abs(r.memory_error_pct))
-    medians = {f: statistics.median(v) for f, v in by.items()}
+    medians = family_medians(today, "memory_error_pct")
     assert set(medians) == set(TODAY_MEMORY_MEDIAN_PCT)
     assert {f: m for f, m in medians.items() if m > TODAY_MEMORY_MEDIAN_PCT[f]} == {}
 
@@ -168,23 +164,24 @@ def blackwell():
 
 
 def test_blackwell_per_family(blackwell):
-    by: dict[str, list[float]] = {}
-    for r in blackwell:
-        if r.error_pct is not None:
-            by.setdefault(r.source, []).append(abs(r.error_pct))
-    medians = {f: statistics.median(v) for f, v in by.items()}
+    medians = family_medians(blackwell)
     assert set(medians) == set(BLACKWELL_MEDIAN_PCT)
     assert {f: m for f, m in medians.items() if m > BLACKWELL_MEDIAN_PCT[f]} == {}
     assert sum(1 for r in blackwell if r.error_pct is not None and r.feasible is False) <= BLACKWELL_OOM_BUT_RAN
     assert sorted(r.row_id for r in blackwell if r.skipped) == [5003, 5007, 5024]
 
 
+def family_medians(results, attr: str = "error_pct") -> dict[str, float]:
+    """Source family (a result's source) -> the median |``attr``| of its rows that have one."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        if getattr(r, attr) is not None:
+            by.setdefault(r.source, []).append(abs(getattr(r, attr)))
+    return {f: statistics.median(v) for f, v in by.items()}
+
+
 def test_today_stacks_per_family(today):
-    by: dict[str, list[float]] = {}  # (a result's source is its family)
-    for r in today:
-        if r.error_pct is not None:
-            by.setdefault(r.source, []).append(abs(r.error_pct))
-    medians = {f: statistics.median(v) for f, v in by.items() if f in TODAY_MEDIAN_PCT}
+    medians = {f: m for f, m in family_medians(today).items() if f in TODAY_MEDIAN_PCT}
     assert set(medians) == set(TODAY_MEDIAN_PCT)
     assert {f: m for f, m in medians.items() if m > TODAY_MEDIAN_PCT[f]} == {}
 
