@@ -346,7 +346,7 @@ def simulate_strategy(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost
     graph, strategy, cluster
         What to simulate.
     cost : CostModel, optional
-        Defaults to the calibrated roofline.
+        Defaults to the roofline of measured kernel rates (nothing fitted on training runs).
     check : bool
         Validate ``strategy`` first (a caller that made it with a baseline or loaded it from
         a checked file may skip this).

@@ -216,7 +216,7 @@ def build_task_graph(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost:
     graph, strategy, cluster
         ``strategy`` must be valid for them (:func:`engine.strategy.validate_strategy`).
     cost : CostModel, optional
-        Defaults to the calibrated roofline.
+        Defaults to the roofline of measured kernel rates (nothing fitted on training runs).
     symmetry : {"auto", "off", "only"}
         ``auto`` simulates one representative per set of identical replicas when
         :func:`find_symmetry` finds an exact symmetry (and no transfer crosses replicas);
