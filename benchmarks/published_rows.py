@@ -222,6 +222,11 @@ def _cluster_name(row: dict[str, str], gpus: int, notes: list[str]) -> str:
     if base is None or base not in PRESETS:
         have = f" (no '{base}' preset yet)" if base else ""
         raise Skip(f"no cluster preset for GPU type {raw!r}{have}")
+    if base in ("gb200-nvl72", "gb300-nvl72") and gpus > 72 and (gpus // 4) % 16 == 0:
+        # Megatron-Bridge's launcher asks Slurm for --segment 16 (trays) when the job's trays are a
+        # multiple of 16 above 18 (scripts/performance/utils/executors.py at 0fbfe7d3): 64-GPU NVLink domains
+        base += "-seg16"
+        notes.append("NVLink domains of 64 GPUs: the launcher's Slurm --segment 16 (16 trays of each rack)")
     if base == "dgx-a100-80gb" and ("80GB" not in g or "NOT STATED" in g):
         notes.append(f"gpu_type {raw!r}: modelled as DGX A100 80 GB (SXM4) nodes")
     if base == "v100-dgx2" and "SXM3" not in g and "DGX-2" not in g:

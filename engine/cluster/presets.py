@@ -124,6 +124,21 @@ _GB300_NVL72 = _dgx(
     source="As gb200-nvl72 (one rack a node, 72 GPUs on one NVLink domain, 130 TB/s) with Blackwell Ultra GPUs "
            "and ConnectX-8 800 Gb/s NICs, four per compute tray (the GB300 NVL72 Enterprise RA). Host memory as "
            "GB200's Grace (480 GB each, 36 per rack).")
+#: What a job gets of NVL72 racks under Slurm's ``--segment``: NVIDIA's Megatron-Bridge
+#: performance launcher (scripts/performance/utils/executors.py at v0.4.0 = 0fbfe7d3) asks for a
+#: segment of the largest divisor of the job's trays up to 18: 16 trays (64 GPUs) for 16, 32 or 64
+#: trays. Each segment is one NVLink domain of 64 GPUs; segments talk over the NICs.
+_NVL72_SEGMENT_NOTE = ("A segment of 16 compute trays (64 of a rack's 72 GPUs) is one NVLink domain, as Slurm's "
+                       "--segment 16 gives a job (Megatron-Bridge's performance launcher, executors.py at 0fbfe7d3); "
+                       "segments talk over the NICs.")
+_GB200_SEG16 = _dgx(
+    "B200-GB200-186GB", NVLINK5_NVSWITCH_BW, IB_NDR_BW, PCIE5_BW, 64, "gb200-nvl72-seg16",
+    "GB200 NVL72, 64-GPU segments: 16 trays of a rack in one NVLink5 domain, 64 x 400 Gb/s NICs",
+    nics=64, host_memory_bytes=32 * 480 * GB_INT, node="segment", source=_NVL72_SEGMENT_NOTE)
+_GB300_SEG16 = _dgx(
+    "B300-GB300-288GB", NVLINK5_NVSWITCH_BW, IB_XDR_BW, PCIE5_BW, 64, "gb300-nvl72-seg16",
+    "GB300 NVL72, 64-GPU segments: 16 trays of a rack in one NVLink5 domain, 64 x 800 Gb/s NICs",
+    nics=64, host_memory_bytes=32 * 480 * GB_INT, node="segment", source=_NVL72_SEGMENT_NOTE)
 _GH200 = _dgx(
     "GH200-96GB", GH200_NVLINK_PAIR_BW, SLINGSHOT11_BW, PCIE4_BW, 4, "gh200",
     "GH200 node (HPE Cray EX, CSCS Alps Clariden): 4 x GH200-96GB, NVLink all-to-all 150 GB/s per pair, "
@@ -192,6 +207,8 @@ PRESETS: dict[str, tuple[Any, bool, str]] = {
     "gb200-nvl72": (_GB200_NVL72, True, "N x GB200 NVL72 rack (72 GPUs in one NVLink domain, 72 x 400 Gb/s NICs)"),
     "dgx-b300": (_DGX_B300, True, "N x DGX B300 (8 GPUs, 270 GB each, NVSwitch 1.8 TB/s, 8 x 800 Gb/s)"),
     "gb300-nvl72": (_GB300_NVL72, True, "N x GB300 NVL72 rack (72 B300 in one NVLink domain, 72 x 800 Gb/s NICs)"),
+    "gb200-nvl72-seg16": (_GB200_SEG16, True, "N x 64-GPU segment of GB200 NVL72 racks (16 trays, one NVLink domain)"),
+    "gb300-nvl72-seg16": (_GB300_SEG16, True, "N x 64-GPU segment of GB300 NVL72 racks (16 trays, one NVLink domain)"),
     "gh200": (_GH200, True, "N x GH200 node as on CSCS Alps (4 GH200-96GB, NVLink mesh, 4 x 200 Gb/s Slingshot)"),
     "h100-pcie": (_H100_PCIE, True, "N x H100 PCIe server (8 GPUs on PCIe Gen5, no NVLink, 4 x 400 Gb/s)"),
     "grand-teton": (_GRAND_TETON, True, "N x Meta Grand Teton (8 H100 96GB @500 W, NVSwitch, 8 x 400 Gb/s RoCE, "

@@ -31,11 +31,13 @@ from engine.errors import ValidationError
 
 GIB = 2**30
 PRESET_LIST = ("p100-4x4, k80-16x4, dgx-a100-80gb:N, dgx-a100-40gb:N, dgx-h100:N, dgx-h200:N, v100-dgx2:N, "
-               "dgx-b200:N, gb200-nvl72:N, dgx-b300:N, gb300-nvl72:N, gh200:N, h100-pcie:N, grand-teton:N, rtx4090:N, rtx3090:N, rtx2080ti:N, "
+               "dgx-b200:N, gb200-nvl72:N, dgx-b300:N, gb300-nvl72:N, gb200-nvl72-seg16:N, "
+               "gb300-nvl72-seg16:N, gh200:N, h100-pcie:N, grand-teton:N, rtx4090:N, rtx3090:N, rtx2080ti:N, "
                "titan-rtx:N, hetero-demo")
 #: One buildable name per preset (sized ones at two nodes, so they have a network).
 EXAMPLES = ["p100-4x4", "k80-16x4", "dgx-a100-80gb:2", "dgx-a100-40gb:2", "dgx-h100:2", "dgx-h200:2", "v100-dgx2:2",
-            "dgx-b200:2", "gb200-nvl72:2", "dgx-b300:2", "gb300-nvl72:2", "gh200:2", "h100-pcie:2", "grand-teton:2", "rtx4090:2", "rtx3090:2",
+            "dgx-b200:2", "gb200-nvl72:2", "dgx-b300:2", "gb300-nvl72:2", "gb200-nvl72-seg16:2",
+            "gb300-nvl72-seg16:2", "gh200:2", "h100-pcie:2", "grand-teton:2", "rtx4090:2", "rtx3090:2",
             "rtx2080ti:2", "titan-rtx:2", "hetero-demo"]
 
 

@@ -129,6 +129,8 @@ NEW = [
     ("gb200-nvl72", 72, "B200-GB200-186GB"),
     ("dgx-b300", 8, "B300-SXM-270GB"),
     ("gb300-nvl72", 72, "B300-GB300-288GB"),
+    ("gb200-nvl72-seg16", 64, "B200-GB200-186GB"),  # Slurm --segment 16: 16 trays of 4 GPUs
+    ("gb300-nvl72-seg16", 64, "B300-GB300-288GB"),
     ("gh200", 4, "GH200-96GB"),
     ("h100-pcie", 8, "H100-PCIe-80GB"),
     ("grand-teton", 8, "H100-SXM5-96GB-HBM2e-500W"),
