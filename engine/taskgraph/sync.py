@@ -76,9 +76,13 @@ class FsdpPlan:
         s = ctx.strategy
         #: op name -> its sequence-parallel share of the length split (ZeRO does not shard over it)
         self.zero_shares = zero_shares(ctx.graph, s) if zero >= 1 else {}
-        #: gathers issued ahead of the forward: ZeRO-3's every microbatch, ZeRO-1/2's once with
-        #: --overlap-param-gather
-        self.gather_ahead = zero >= 3 or (zero in (1, 2) and s.overlap_param_gather)
+        #: ZeRO-1/2's overlapped parameter gathers chained unit by unit behind the forward (each
+        #: issued when the unit before starts); with a pipeline they are issued together at the
+        #: iteration's start instead (Megatron-LM's --align-param-gather: :meth:`SyncBuilder._param_gather`)
+        self.chained_param_gather = zero in (1, 2) and s.overlap_param_gather and s.pipeline.stages == 1
+        #: gathers issued after the unit before starts (so their segment reads its tables):
+        #: ZeRO-3's every microbatch, ZeRO-1/2's chained ones
+        self.gather_ahead = zero >= 3 or self.chained_param_gather
         #: without --overlap-grad-reduce, the ops whose backwards end each pipeline stage's pass
         #: (its sources: no producer on the stage but inputs; the backward runs in reverse):
         #: every gradient collective of the stage waits for them
@@ -320,8 +324,8 @@ class SyncBuilder:
         if not used:
             return
         before = self.plan.prefetch.get((unit, FWD))
-        aligned = self.ctx.strategy.pipeline.stages > 1
-        preds = [] if aligned or before is None or before not in t.fwd else t.fwd[before][0, :1]
+        chained = self.plan.chained_param_gather and before is not None and before in t.fwd
+        preds = t.fwd[before][0, :1] if chained else []
         gid = self.emit.collective(seg, "all_gather", size_bytes, devs, preds, min(used), 0)
         if gid < 0:
             return
