@@ -19,6 +19,7 @@ __all__ = ["fit_start", "fit_status", "layout_of"]
 
 #: the options a layout carries to another cluster size: the fields of the one layout record
 #: but those that depend on the cluster (dp, the stages' mesh) or the model (the global batch)
+_DEFAULT = Layout()
 _GIVEN = tuple(n for n in OPTION_NAMES if n not in ("dp", "stage_mesh", "global_batch"))
 
 
@@ -28,6 +29,14 @@ def _plain(k: str, v: Any) -> bool:
     if k == "recompute_modules":
         return isinstance(v, (list, tuple)) and all(isinstance(m, str) for m in v)
     return isinstance(v, (bool, int, str))
+
+
+def _said(k: str, v: Any) -> bool:
+    """Whether a layout's description names option ``k``: the degrees and the micro-batch
+    always; any other only away from its default (the optimizer state's fp32 goes unsaid)."""
+    if k in ("tp", "pp", "micro_batch"):
+        return True
+    return v is True or (v not in (None, False, "none", 0, 1, []) and v != getattr(_DEFAULT, k, None))
 
 
 def _shown(k: str, v: Any) -> str:
@@ -63,9 +72,7 @@ def layout_of(strategy: Strategy) -> tuple[str, dict[str, Any], str] | None:
         Layout.from_options({k: v for k, v in o.items() if k != "shard_group" or kind == "fsdp"})
     except (ValueError, TypeError):
         return None  # (a file's options no layout can hold: nothing to carry over)
-    shown = ", ".join([_shown(k, v) for k, v in o.items() if k not in SWITCHES
-                       and (v is True or v not in (None, False, "none", 0, 1, []) or k in ("tp", "pp", "micro_batch"))]
-                      + switch_notes(o))
+    shown = ", ".join([_shown(k, v) for k, v in o.items() if k not in SWITCHES and _said(k, v)] + switch_notes(o))
     return kind, o, f"{kind}" + (f" ({shown})" if shown else "")
 
 

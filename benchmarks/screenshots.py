@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                 expect(page.locator("#message")).to_contain_text("llama2-7b")
                 page.fill("#layout-tp", "8")
                 page.fill("#layout-pp", "2")
-                page.fill("#layout-mb", "1")
+                page.fill("#layout-micro-batch", "1")
                 page.click("#layout-apply")
                 expect(page.locator("#message")).to_contain_text("Layout (megatron): tp 8, pp 2")
                 expect(page.locator("#sum-throughput")).to_contain_text("tokens/s")
