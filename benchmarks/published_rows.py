@@ -301,7 +301,22 @@ def _read_nemo(row: dict[str, str], notes: list[str]) -> dict[str, str]:
     return over
 
 
+#: Megatron-Bridge's dense performance presets that offload activations, as (model, GPU, precision
+#: words, global batch) -> (preset, cpu_offloading_num_layers): read from
+#: scripts/performance/configs/llama/llama3_workload_base_configs.py at 0fbfe7d3 (the 0.4.0
+#: release the 26.04 page's rows were measured with; the V2 presets are the page's GBS 256).
+BRIDGE_OFFLOAD = {("LLAMA3_70B", "GB300", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V2", 20),
+                  ("LLAMA3_70B", "GB200", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2", 40)}
+
+
 def _read_megatron_bridge(row: dict[str, str], notes: list[str]) -> dict[str, str]:
+    gpu, prec_words = row.get("gpu_type") or "", row.get("precision") or ""
+    for (model, chip, words, batch), (preset, layers) in BRIDGE_OFFLOAD.items():
+        if (row.get("model") == model and chip in gpu and words in prec_words
+                and cell_int(row, "global_batch") == batch):
+            notes.append(f"activations of the first {layers} layers offloaded to the host: {preset}'s "
+                         f"cpu_offloading_num_layers (Megatron-Bridge 0.4.0, 0fbfe7d3)")
+            return {"offload_activations": str(layers)}
     prec = (row.get("precision") or "").lower()
     if "not stated" in prec and ("fp8" in prec or "presumed" in prec):
         notes.append(f"precision {row.get('precision')!r}: fp8, as the row presumes")

@@ -28,6 +28,10 @@ MEGATRON_ARGS = {
     # recomputation (TransformerConfig fields)
     "--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
     "--recompute-num-layers": int, "--recompute-modules": "+",
+    # activation offloading (ModelParallelConfig.cpu_offloading_num_layers; l. 1869 sets cpu_offloading)
+    "--cpu-offloading-num-layers": int,
+    # fused kernels (_add_training_args l. 2755-2758: store_false, dests bias_gelu_fusion / bias_swiglu_fusion)
+    "--no-bias-gelu-fusion": False, "--no-bias-swiglu-fusion": False,
     # precision (ModelParallelConfig / TransformerConfig fields; _add_mixed_precision_args l. 2902)
     "--bf16": True, "--fp16": True, "--grad-reduce-in-bf16": True,
     "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
@@ -65,8 +69,10 @@ MEGATRON_ARGS = {
     "--qk-pos-emb-head-dim": int, "--v-head-dim": int,
 }
 
-#: flags whose dest is not their name (``--fp8-format`` stores ``fp8``: TransformerConfig's field)
-DESTS = {"--fp8-format": "fp8"}
+#: flags whose dest is not their name (``--fp8-format`` stores ``fp8``: TransformerConfig's field;
+#: the store_false switches (False above) store their fusion's name)
+DESTS = {"--fp8-format": "fp8", "--no-bias-gelu-fusion": "bias_gelu_fusion",
+         "--no-bias-swiglu-fusion": "bias_swiglu_fusion"}
 
 #: parse_args' defaults the rules read (the parser's own, core_v0.19.0)
 DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
@@ -87,6 +93,8 @@ def megatron_parse(text: str) -> argparse.Namespace:
         dest = {"dest": DESTS[name]} if name in DESTS else {}
         if kind is True:
             p.add_argument(name, action="store_true", **dest)
+        elif kind is False:
+            p.add_argument(name, action="store_false", **dest)
         elif kind == "+":
             p.add_argument(name, nargs="+", **dest)
         elif isinstance(kind, tuple):
@@ -193,6 +201,11 @@ def megatron_rules(args: argparse.Namespace, gpus: int, layers: int, *, seq: int
         assert "mla_up_proj" not in args.recompute_modules or args.multi_latent_attention
         if args.fp8 and args.fp8_recipe == "delayed":  # transformer_config.py l. 1821-1826
             assert not {"moe_act", "layernorm"} & set(args.recompute_modules)
+    args.cpu_offloading = (args.cpu_offloading_num_layers or 0) > 0  # l. 1869
+    if args.cpu_offloading:  # transformer_config.py l. 1707-1722
+        assert 0 <= args.cpu_offloading_num_layers < layers
+        assert pp == 1
+        assert args.recompute_granularity is None
     if tp == 1:
         args.sequence_parallel = False  # l. 1391
     if args.tp_comm_overlap:
@@ -234,4 +247,6 @@ def what_megatron_runs(args: argparse.Namespace) -> dict:
             "recompute_modules": tuple(args.recompute_modules or ()), "zero_stage": zero, "shard_group": shard,
             "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
             "fp8": args.fp8 is not None, "sequence_parallel": args.sequence_parallel,
-            "grad_reduce_in_fp32": args.accumulate_allreduce_grads_in_fp32}
+            "grad_reduce_in_fp32": args.accumulate_allreduce_grads_in_fp32,
+            "offload_activations": args.cpu_offloading_num_layers or 0,
+            "kernels": "fused" if args.bias_swiglu_fusion else "eager"}

@@ -17,7 +17,7 @@ from engine.taskgraph import TaskGraph
 TOY = DeviceType("toy", {"fp32": 1e12}, 1e18, 10**12)  # 1 TFLOP/s, memory never the bottleneck
 #: Ideal costs: peak FLOP/s and link rates reached exactly, no launch overhead, free optimizer.
 IDEAL = CostModel(matmul_efficiency=1.0, gemm_k_half=0.0, sustained_fractions=(), bmm_efficiency=1.0, pointwise_efficiency=1.0, memory_efficiency=1.0,
-                  kernel_overhead_s=0.0, link_efficiency=1.0, optimizer_bytes_per_param=0.0)
+                  kernel_overhead_s=0.0, link_efficiency=1.0, link_shares=(), optimizer_bytes_per_param=0.0)
 
 
 def toy_cluster(gpus=2, nodes=1, bw=1e9, latency=1e-6, topology="mesh", nics=1, nic_bw=1e9):

@@ -40,6 +40,14 @@ class CollectiveGroup:
     #: point-to-point sends see
     intra_bw_bytes_per_s: float = math.inf
     inter_bw_bytes_per_s: float = math.inf
+    #: the same rates as their bottleneck candidates, (link kind, nominal bytes/s) each, so a
+    #: cost model can take each kind of link at its own data-rate share
+    #: (:func:`engine.costs.collectives.group_rates`): the ring's, inside a node, out of a node
+    bw_parts: tuple[tuple[str, float], ...] = ()
+    intra_parts: tuple[tuple[str, float], ...] = ()
+    inter_parts: tuple[tuple[str, float], ...] = ()
+    #: the ranks' GPU architecture (NVLS's share depends on it); "" when not stated
+    arch: str = ""
 
 
 class Cluster:
@@ -294,10 +302,14 @@ class Cluster:
             graph.add_edge(lk.src, lk.dst, id=lk.id, kind=lk.kind, weight=lk.latency_s + 1e6 / lk.bw_bytes_per_s)
         return graph
 
-    def path_bandwidth(self, src: int, dst: int) -> float:
-        """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal."""
+    def path_bandwidth(self, src: int, dst: int, share=None) -> float:
+        """Bottleneck bandwidth (bytes/s) of the path from ``src`` to ``dst``; inf if equal.
+        ``share``: a callable giving each link kind's data-rate share
+        (:class:`engine.costs.collectives.LinkShares`), the bottleneck of the rates at their
+        shares; None: nominal rates."""
         p = self.path(src, dst)
-        return min((self.links[i].bw_bytes_per_s for i in p), default=math.inf)
+        return min((self.links[i].bw_bytes_per_s * (share(self.links[i].kind) if share else 1.0) for i in p),
+                   default=math.inf)
 
     def collective_group(self, devices: Sequence[int]) -> CollectiveGroup:
         """The :class:`CollectiveGroup` of a collective over ``devices`` (cached).
@@ -326,7 +338,7 @@ class Cluster:
         by_node: dict[int, list[int]] = {}
         for d in devs:
             by_node.setdefault(self.devices[d].node, []).append(d)
-        bw = math.inf
+        intra: dict[str, float] = {}  # link kind -> least nominal rate on a same-node ring hop
         latency = inter_latency = 0.0
         nvlink = True
         links: set[int] = set()
@@ -337,29 +349,33 @@ class Cluster:
             lat = sum(self.links[i].latency_s for i in p)
             if self.devices[a].node == self.devices[b].node:
                 latency = max(latency, lat)
-                bw = min(bw, min(self.links[i].bw_bytes_per_s for i in p))
+                for i in p:
+                    lk = self.links[i]
+                    intra[lk.kind] = min(intra.get(lk.kind, math.inf), lk.bw_bytes_per_s)
                 nvlink = nvlink and all(self.links[i].kind == "nvlink" for i in p)
             else:
                 inter_latency = max(inter_latency, lat)
-        cross_pod = self.pod_gpus > 0 and len({d // self.pod_gpus for d in devs}) > 1
-        intra_bw, inter_bw = bw, math.inf
+        ring_parts, inter_parts = dict(intra), {}
         if len(by_node) > 1:
+            cross_pod = self.pod_gpus > 0 and len({d // self.pod_gpus for d in devs}) > 1
+            over = self.oversubscription if cross_pod else 1.0
             for members in by_node.values():
-                nics = {self._nic_of[d] for d in members}
-                rate = min(min(self.links[self._uplink[d]].bw_bytes_per_s for d in members),
-                           min(self.links[self._nic_tx[d]].bw_bytes_per_s for d in members))
-                bw = min(bw, len(nics) * rate)
-                if cross_pod:
-                    bw = min(bw, len(nics) * rate / self.oversubscription)
-                inter_bw = min(inter_bw, len(nics) * rate / (self.oversubscription if cross_pod else 1.0)
-                               / len(members))
+                nics = len({self._nic_of[d] for d in members})
+                for hop in (self._uplink, self._nic_tx):  # the NIC's port, and its PCIe attach
+                    kind = self.links[hop[members[0]]].kind
+                    rate = nics * min(self.links[hop[d]].bw_bytes_per_s for d in members) / over
+                    ring_parts[kind] = min(ring_parts.get(kind, math.inf), rate)
+                    inter_parts[kind] = min(inter_parts.get(kind, math.inf), rate / len(members))
                 for d in members:  # every member's NIC carries a channel
                     links.update((self._nic_tx[d], self._uplink[d], self._downlink[d], self._nic_rx[d]))
         spec = self._node_spec[self.devices[devs[0]].node]
         nvls = (len(by_node) == 1 and nvlink and spec.intra_topology == "switch"
                 and spec.device_type in NVLS_DEVICE_TYPES)
-        return CollectiveGroup(len(devs), len(by_node), bw, latency, inter_latency, nvlink, tuple(sorted(links)), nvls,
-                               intra_bw, inter_bw)
+        return CollectiveGroup(len(devs), len(by_node), min(ring_parts.values(), default=math.inf), latency,
+                               inter_latency, nvlink, tuple(sorted(links)), nvls,
+                               min(intra.values(), default=math.inf), min(inter_parts.values(), default=math.inf),
+                               tuple(sorted(ring_parts.items())), tuple(sorted(intra.items())),
+                               tuple(sorted(inter_parts.items())), self.device_types[spec.device_type].arch)
 
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:

@@ -6,13 +6,54 @@ from __future__ import annotations
 import math
 
 __all__ = ["transfer_time_s", "collective_time_s", "group_collective_time_s", "all_to_all_time_s", "COLLECTIVES",
-           "LINK_EFFICIENCY",
+           "LINK_EFFICIENCY", "LINK_SHARE", "LinkShares", "NVLS_EFFICIENCY",
            "NCCL_PROTOCOLS", "NCCL_BASE_LATENCY_US", "NCCL_STEP_LATENCY_US", "NCCL_NET_OVERHEAD_US",
-           "NCCL_NVLS_LATENCY_US", "NCCL_NVLS_BW_SHARE", "NCCL_PROTOCOL_BW_SHARE"]
+           "NCCL_NVLS_LATENCY_US", "NCCL_PROTOCOL_BW_SHARE"]
 
-# Fraction of a link's nominal bandwidth that NCCL transfers reach (nccl-tests bus bandwidth
-# on NVSwitch and HDR InfiniBand is ~80-90% of the nominal rate).
+# Fraction of a link's nominal bandwidth that NCCL's transfers reach, by link kind: a property
+# of the link's protocol, checked on published nccl-tests bus bandwidths
+# (validation/collectives/nccl_tests.csv; tests/costs/test_nccl_tests.py):
+# * NVLink: NCCL's kernels move data with 128-byte payloads, so a 25 GB/s NVLink lane carries
+#   ~20 GB/s of data (S. Jeaugey, NCCL, github.com/NVIDIA/nccl-tests/issues/149, 2023-07-05:
+#   "240GB/s on A100, but some other bottlenecks on the GPUs limits it to ~230GB/s"; and
+#   nccl-tests/issues/212, 2024-05-06: H100's 450 GB/s line rate gives "an effective NVLink
+#   bandwidth of 370GB/s"): 0.80.
+# * InfiniBand / RoCE NICs: 24 of HDR's 25 GB/s (Jeaugey, github.com/NVIDIA/nccl/issues/412),
+#   48-49 of NDR's 50 GB/s (D. Addison, NCCL, nccl-tests/issues/267), 192 GB/s all-reduce bus
+#   bandwidth from a DGX A100's 8 x 200 Gb/s (Addison, nccl/issues/812): 0.96.
+# * Other kinds (PCIe, a user's own): LINK_EFFICIENCY, the middle of the 80-90% that
+#   device-to-device copies reach over PCIe.
 LINK_EFFICIENCY = 0.85
+LINK_SHARE: dict[str, float] = {"nvlink": 0.80, "network": 0.96}
+#: NVLS all-reduce's share of the NVLink data rate by architecture: NCCL's own tuner constant
+#: (``nvlsEfficiency`` in NCCL's src/tuning/nvls.cc, 2.2x: Hopper 0.85, Blackwell 0.74; the
+#: NVSwitch's reduction does not keep up with Blackwell's doubled links). Checked on H100's
+#: published 480 GB/s NVLS bus bandwidth (nccl-tests/issues/212): 535 GB/s predicted, +11%.
+NVLS_EFFICIENCY: dict[str, float] = {"hopper": 0.85, "blackwell": 0.74}
+
+
+class LinkShares:
+    """The share of its nominal rate each kind of link reaches (:data:`LINK_SHARE`), ``default``
+    for kinds it does not name. Called with a link kind.
+
+    >>> LinkShares({"nvlink": 0.8}, 0.85)("pcie")
+    0.85
+    """
+
+    __slots__ = ("shares", "default")
+
+    def __init__(self, shares=None, default: float = LINK_EFFICIENCY) -> None:
+        self.shares = dict(LINK_SHARE if shares is None else shares)
+        self.default = float(default)
+
+    def __call__(self, kind: str) -> float:
+        return self.shares.get(kind, self.default)
+
+    @classmethod
+    def of(cls, link_efficiency) -> "LinkShares":
+        """``link_efficiency`` as shares: a :class:`LinkShares` as it is; a number, the same
+        share for every kind of link (FlexFlow's toys, what-ifs)."""
+        return link_efficiency if isinstance(link_efficiency, cls) else cls({}, float(link_efficiency))
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 
@@ -37,10 +78,9 @@ NCCL_STEP_LATENCY_US: dict[tuple[str, str, str], float] = {
 # tripled for the Simple protocol), us.
 NCCL_NET_OVERHEAD_US = 1.0
 # NVLS (NVLink SHARP in the third-generation NVSwitch): NCCL's tuner gives the all-reduce the
-# latency of one NVLink NVLS step (hwLat, Simple protocol) and 5/6 of the bus bandwidth as
-# algorithm bandwidth (same source).
+# latency of one NVLink NVLS step (hwLat, Simple protocol; same source); its bandwidth share is
+# NVLS_EFFICIENCY above.
 NCCL_NVLS_LATENCY_US = 25.0
-NCCL_NVLS_BW_SHARE = 5.0 / 6.0
 # Share of the bus bandwidth each protocol reaches (same source): LL sends 8-byte lines of 4
 # data bytes + 4 flag bytes (0.5), LL128 128-byte lines with 8 flag bytes (120/128 ~ 0.92);
 # Simple moves data at full rate but has the highest per-step latency.
@@ -61,7 +101,7 @@ def transfer_time_s(size_bytes, bw_bytes_per_s, latency_s, link_efficiency: floa
 
 def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: float, latency_s: float,
                       link_efficiency: float = LINK_EFFICIENCY, *, nodes: int = 1, inter_latency_s: float = 0.0,
-                      nvlink: bool = True, nvls: bool = False) -> float:
+                      nvlink: bool = True, nvls: bool = False, nvls_share: float = NVLS_EFFICIENCY["hopper"]) -> float:
     """Time of a collective over ``n`` ranks on ``nodes`` nodes whose ring has per-rank
     bandwidth ``bw_bytes_per_s``; ``size_bytes`` is the full buffer; ``latency_s`` and
     ``inter_latency_s`` are the slowest same-node and cross-node neighbour paths (a floor on
@@ -79,7 +119,9 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
     link: at 2,048 ranks a ring all-gather pays ~7 ms however small the buffer. ``nvls``: the
     ranks share an NVSwitch that reduces in the switch (H100, H200): an all-reduce inside the
     node may use NCCL's NVLS algorithm, each rank sending its buffer once and reading the sum
-    once, at NCCL's algorithm-bandwidth share of 5/6 and its per-call latency.
+    once, at ``nvls_share`` of the link rate (NCCL's ``nvlsEfficiency``, :data:`NVLS_EFFICIENCY`)
+    and its per-call latency. ``link_efficiency`` is one share for every link here
+    (:func:`group_collective_time_s` takes a share per kind of link).
 
     >>> round(collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0), 4)
     0.0176
@@ -122,7 +164,7 @@ def collective_time_s(kind: str, size_bytes: float, n: int, bw_bytes_per_s: floa
             hops = (n // k - 1) * t_intra + (k - 1).bit_length() * t_inter
             best = min(best, base + 2 * hops + 2 * size_bytes / pbw)
     if nvls and kind == "all_reduce" and k == 1:
-        best = min(best, max(NCCL_NVLS_LATENCY_US * 1e-6, latency_s) + size_bytes / (bw * NCCL_NVLS_BW_SHARE))
+        best = min(best, max(NCCL_NVLS_LATENCY_US * 1e-6, latency_s) + size_bytes / (bw * nvls_share))
     return best
 
 
@@ -156,13 +198,32 @@ def all_to_all_time_s(size_bytes: float, n: int, intra_bw_bytes_per_s: float, in
     return NCCL_BASE_LATENCY_US[("ring", "Simple")] * 1e-6 + lat + max(intra, inter)
 
 
-def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency: float = LINK_EFFICIENCY) -> float:
+def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency=LINK_EFFICIENCY) -> float:
     """:func:`collective_time_s` over a :class:`~engine.cluster.CollectiveGroup` (the ranks,
-    their nodes, bandwidth and path latencies, as :meth:`Cluster.collective_group` gives them)."""
+    their nodes, bandwidth and path latencies, as :meth:`Cluster.collective_group` gives them).
+    ``link_efficiency``: a :class:`LinkShares` (each bottleneck at its own kind's share: the
+    ring's NVLink hops, its NICs, their PCIe attach) or one number for every link."""
+    shares = LinkShares.of(link_efficiency)
+    bw, intra_bw, inter_bw = group_rates(group, shares)
     if kind == "all_to_all":
-        return all_to_all_time_s(size_bytes, group.ranks, group.intra_bw_bytes_per_s, group.inter_bw_bytes_per_s,
-                                 group.latency_s, link_efficiency, nodes=group.nodes,
-                                 inter_latency_s=group.inter_latency_s)
-    return collective_time_s(kind, size_bytes, group.ranks, group.bw_bytes_per_s, group.latency_s, link_efficiency,
+        return all_to_all_time_s(size_bytes, group.ranks, intra_bw, inter_bw, group.latency_s, 1.0,
+                                 nodes=group.nodes, inter_latency_s=group.inter_latency_s)
+    return collective_time_s(kind, size_bytes, group.ranks, bw, group.latency_s, 1.0,
                              nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink,
-                             nvls=group.nvls)
+                             nvls=group.nvls, nvls_share=NVLS_EFFICIENCY.get(getattr(group, "arch", ""), NVLS_EFFICIENCY["hopper"]))
+
+
+def group_rates(group, shares: LinkShares) -> tuple[float, float, float]:
+    """(ring rate, per-rank rate inside a node, per-rank rate out of a node), bytes/s, of
+    ``group`` at the data rates ``shares`` gives each kind of link: each of the group's
+    bottleneck candidates (``bw_parts``, ``intra_parts``, ``inter_parts``: (link kind, nominal
+    bytes/s)) at its own share, the least of them; a group without parts takes its nominal
+    rates at the share of its intra-node kind."""
+    parts = getattr(group, "bw_parts", ())
+    if not parts:
+        s = shares("nvlink" if group.nvlink else "pcie")
+        return group.bw_bytes_per_s * s, group.intra_bw_bytes_per_s * s, group.inter_bw_bytes_per_s * s
+
+    def least(ps, default):
+        return min((b * shares(k) for k, b in ps), default=default)
+    return least(parts, math.inf), least(group.intra_parts, math.inf), least(group.inter_parts, math.inf)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..ops import DTYPE_BYTES, experts_capacity_share
-from .collectives import LINK_EFFICIENCY
+from .collectives import LINK_EFFICIENCY, LINK_SHARE, LinkShares
 from .profile import ProfileTable
 
 
@@ -137,6 +137,7 @@ class CostModel:
     pointwise_efficiency: float = POINTWISE_FLOPS_EFFICIENCY
     memory_efficiency: float = MEMORY_EFFICIENCY
     kernel_overhead_s: float = KERNEL_OVERHEAD_S
+    #: data-rate share of links whose kind :attr:`link_shares` does not name (PCIe, a user's own)
     link_efficiency: float = LINK_EFFICIENCY
     optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
     profile: ProfileTable | None = None
@@ -154,6 +155,14 @@ class CostModel:
     #: step time on their cluster, or benchmarks/calibrate.py's diagnostic of what a source
     #: family's rows would want. None by default: soapbox fits no factor per device (issue 42).
     sustained_fractions: tuple[tuple[str, float], ...] = ()
+    #: (link kind, share of its nominal rate NCCL's transfers reach): :data:`LINK_SHARE`
+    #: (NVLink 0.80, InfiniBand/RoCE 0.96); () takes ``link_efficiency`` for every link
+    link_shares: tuple[tuple[str, float], ...] = tuple(LINK_SHARE.items())
+
+    @property
+    def links(self) -> LinkShares:
+        """Each kind of link's data-rate share (:attr:`link_shares`, else ``link_efficiency``)."""
+        return LinkShares(self.link_shares, self.link_efficiency)
 
     def sustained(self, device_type) -> float:
         """The share of its kernel rates ``device_type`` is told to sustain

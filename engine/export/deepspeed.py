@@ -104,6 +104,10 @@ def _check(lay: Layout, precision: str, graph: OpGraph | None) -> None:
     if lay.accumulate_unsharded:
         raise refuse("deepspeed", "unsharded gradient accumulation (FSDP's no_sync): DeepSpeed's ZeRO-3 reduces each "
                                    "micro-batch's gradients", "turn accumulate_unsharded off")
+    if lay.offload_activations:
+        raise refuse("deepspeed", "activation offloading without recomputation (Megatron-Core's "
+                                   "--cpu-offloading-num-layers): DeepSpeed offloads activation checkpoints "
+                                   "(cpu_checkpointing) only under recomputation", "export --format megatron")
     if lay.optimizer_state != "fp32":
         raise refuse("deepspeed", f"optimizer state {lay.optimizer_state}: DeepSpeed's mixed-precision optimizers keep "
                                    "fp32 master weights and fp32 Adam moments", "set optimizer_state to fp32, or export "

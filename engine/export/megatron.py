@@ -18,7 +18,9 @@ checked by running that release's own ``parse_args`` and ``validate_args`` on CP
 * ``_add_distributed_args`` (l. 2936-3065): ``--decoder-first-pipeline-num-layers``,
   ``--decoder-last-pipeline-num-layers``, ``--pipeline-model-parallel-layout``,
   ``--num-virtual-stages-per-pipeline-rank``, ``--overlap-grad-reduce``, ``--overlap-param-gather``,
-  ``--use-distributed-optimizer``, ``--data-parallel-sharding-strategy {no_shard,optim,optim_grads,
+  ``--use-distributed-optimizer``, ``--cpu-offloading-num-layers`` (``ModelParallelConfig``),
+  ``--no-bias-swiglu-fusion`` and ``--no-bias-gelu-fusion`` (l. 2755-2758),
+  ``--data-parallel-sharding-strategy {no_shard,optim,optim_grads,
   optim_grads_params}``, ``--num-distributed-optimizer-instances``; ``_add_mixed_precision_args``
   (l. 2902): ``--grad-reduce-in-bf16``; ``_add_experimental_args`` (l. 3520):
   ``--megatron-fsdp-main-grads-dtype {fp32,bf16,fp16,auto}``; ``--use-megatron-fsdp``
@@ -259,6 +261,12 @@ def to_megatron(lay: Layout, graph: OpGraph | None = None, cluster: Cluster | No
     elif lay.recompute == "full":
         # every layer's input kept, the whole layer recomputed: uniform over chunks of one layer
         f += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if lay.offload_activations:
+        # (ModelParallelConfig.cpu_offloading_num_layers; arguments.py l. 1869 turns cpu_offloading on)
+        f += ["--cpu-offloading-num-layers", str(lay.offload_activations)]
+    if lay.kernels == "eager":
+        # (TransformerConfig.bias_activation_fusion's switches: the gated MLP's activation unfused)
+        f += ["--no-bias-swiglu-fusion", "--no-bias-gelu-fusion"]
     f += _sharding(lay, graph)
     if lay.moe_comm_overlap:  # (Megatron-Core 0.14's merged 1F1B; it needs the delayed weight gradient)
         f += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
@@ -354,7 +362,9 @@ def layout_from_megatron(flags: list[str] | str, base: Layout) -> Layout:
                   recompute_modules=tuple(v.get("--recompute-modules", ())),
                   moe_comm_overlap="--overlap-moe-expert-parallel-comm" in v,
                   optimizer_state="bf16-moments" if v.get("--use-precision-aware-optimizer")
-                  and v.get("--exp-avg-dtype") == v.get("--exp-avg-sq-dtype") == "bf16" else "fp32")
+                  and v.get("--exp-avg-dtype") == v.get("--exp-avg-sq-dtype") == "bf16" else "fp32",
+                  kernels="eager" if "--no-bias-swiglu-fusion" in v else base.kernels,
+                  offload_activations=int(v.get("--cpu-offloading-num-layers", 0)))
 
 
 def render(lay: Layout, graph: OpGraph, cluster: Cluster) -> str:

@@ -164,6 +164,9 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
         raise r("torchtitan", f"optimizer state {lay.optimizer_state}: torchtitan 0.3.0's FSDP2 keeps the sharded "
                                "parameters in float32, AdamW's moments in their dtype", "set optimizer_state to fp32, "
                                "or export --format megatron (bf16-moments)")
+    if lay.offload_activations:
+        raise r("torchtitan", "activation offloading (Megatron-Core's --cpu-offloading-num-layers): torchtitan 0.3.0 "
+                               "has no setting for it", "export --format megatron")
     if lay.moe_comm_overlap:
         raise r("torchtitan", "MoE all-to-all overlap (Megatron-Core's) has no torchtitan setting",
                 "export --format megatron")
@@ -251,7 +254,9 @@ def overrides(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None =
           "--training.mixed_precision_reduce", "float32"]
     if lay.pp > 1 or lay.ep > 1:
         o.append("--training.disable_cuda_graphs")  # (Trainer.Config refuses CUDA graphs with pp / sync EP)
-    o += ["--compile.no_enable_async_tensor_parallel", _AC[lay.recompute]]
+    # fused kernels are what torch.compile makes of the model's pointwise work (CompileConfig.enable)
+    o += ["--compile.enable" if lay.kernels == "fused" else "--compile.no_enable",
+          "--compile.no_enable_async_tensor_parallel", _AC[lay.recompute]]
     return o
 
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from ..cluster.devices import MAX_DEVICES
 from ..ops import MAX_DIM
-from ..strategy import GATHER_UNITS, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
+from ..strategy import GATHER_UNITS, KERNELS, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 from ..strategy.config import microbatch_count
 
 __all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES",
@@ -207,6 +207,19 @@ class Layout:
                                         "moments in bf16, a model cast to bf16 before its optimizer)",
                                 label="optimizer state", panel="choice", choices=OPTIMIZER_STATES,
                                 short="optimizer state")
+    #: how the pointwise work runs: :attr:`engine.strategy.Strategy.kernels`
+    kernels: str = _opt("fused", "how the framework runs the pointwise work between the GEMMs: fused (Megatron-Core's "
+                                 "and Transformer Engine's fused kernels, torch.compile; default) or eager (PyTorch op "
+                                 "by op). A fused gated MLP (SwiGLU, GeGLU) keeps only its activation's input for the "
+                                 "backward; eager keeps the activation's output too", label="kernels",
+                        panel="choice", choices=KERNELS, short="kernels")
+    #: activation offloading: :attr:`engine.strategy.Strategy.offload_activations`
+    offload_activations: int = _opt(0, "the saved activations of the first N transformer layers kept in host memory "
+                                       "between their forward and backward passes (Megatron-Core's "
+                                       "--cpu-offloading-num-layers N): no pipeline parallelism, no recomputation, "
+                                       "fewer layers than the model has", label="layers' activations offloaded",
+                                    panel="degree", fewest=0, most=MAX_DIM, metavar="N",
+                                    short="layers' activations offloaded")
     #: data-parallel gradient collectives overlapped with the backward (--overlap-grad-reduce;
     #: PyTorch DDP/FSDP always): :attr:`engine.strategy.Strategy.overlap_grad_reduce`
     overlap_grad_reduce: bool = _opt(True, "data-parallel gradient collectives issued during the backward pass "
@@ -274,6 +287,15 @@ class Layout:
         if self.accumulate_unsharded and self.zero_stage != 3:
             raise ValueError(f"accumulate_unsharded: accumulating unsharded gradients (FSDP's no_sync) applies to "
                              f"ZeRO-3, got zero_stage {self.zero_stage}")
+        if not _is_int(self.offload_activations) or self.offload_activations < 0:
+            raise ValueError(f"offload_activations must be a whole number of layers (0: none), got "
+                             f"{self.offload_activations!r}")
+        if self.offload_activations and self.pp > 1:
+            raise ValueError(f"offload_activations {self.offload_activations}: Megatron-Core offloads activations "
+                             f"without pipeline parallelism only, got pp {self.pp}")
+        if self.offload_activations and self.recompute != "none":
+            raise ValueError(f"offload_activations {self.offload_activations}: Megatron-Core offloads activations "
+                             f"only without recomputation, got recompute {self.recompute}")
         if self.optimizer_state != "fp32" and self.offload_optimizer != "none":
             raise ValueError(f"optimizer_state {self.optimizer_state}: the offloaded optimizer keeps fp32 state on the "
                              f"host (DeepSpeed's CPU Adam); turn offload_optimizer or optimizer_state off")
@@ -370,7 +392,8 @@ _OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(Layo
 #: same name on :class:`engine.strategy.Strategy`; ``tp_comm_overlap`` travels with sequence
 #: parallelism and is not among them)
 SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
-            "grad_reduce_in_fp32", "moe_comm_overlap", "optimizer_state", "accumulate_unsharded")
+            "grad_reduce_in_fp32", "moe_comm_overlap", "optimizer_state", "accumulate_unsharded", "kernels",
+            "offload_activations")
 #: the switches that are on unless turned off (False is a choice for them, not "not given")
 ON_BY_DEFAULT = tuple(f.name for f in fields(Layout) if f.name in SWITCHES and f.default is True)
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..costs import CostModel, transfer_time_s
+from ..costs.collectives import group_rates
 from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Config, Strategy, partition_grid
@@ -182,7 +183,7 @@ def build_problem(graph: OpGraph, cluster: Cluster, cost: CostModel | None = Non
         _check_tables(graph, _config_counts(graph, cluster, min_part, sets), edges, max_table_bytes)
     configs = [pase_configs(op, D, min_part, sets) for op in graph.ops]
     pbytes = DTYPE_BYTES[graph.precision]
-    eff = cost.link_efficiency
+    eff = cost.links
     vertex = []
     for op, cs in zip(graph.ops, configs):
         costs = np.zeros(len(cs))
@@ -230,7 +231,7 @@ def _device_set_index(cs: list[Config]) -> tuple[list[tuple[int, ...]], np.ndarr
 
 
 def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int, shape: tuple[int, ...],
-                nbytes: float, cluster: Cluster, eff: float) -> np.ndarray:
+                nbytes: float, cluster: Cluster, eff) -> np.ndarray:
     D, A = cluster.num_devices, len(shape)
     P_lo = np.zeros((len(pcs), D, A), np.int64)
     P_hi = np.zeros((len(pcs), D, A), np.int64)
@@ -258,10 +259,10 @@ def _edge_costs(prod: Op, pcs: list[Config], cons: Op, ccs: list[Config], i: int
     for a, ps in enumerate(p_sets):
         for b, cset in enumerate(c_sets):
             grp = cluster.collective_group(tuple(sorted(set(ps) | set(cset))))
-            bw[a, b], lat[a, b] = grp.bw_bytes_per_s, max(grp.latency_s, grp.inter_latency_s)
+            bw[a, b], lat[a, b] = group_rates(grp, eff)[0], max(grp.latency_s, grp.inter_latency_s)
     bw, lat = bw[p_of[:, None], c_of[None, :]], lat[p_of[:, None], c_of[None, :]]
     # activations forward and their gradients back
-    return np.where(remote > 0, transfer_time_s(2 * remote * nbytes, bw, lat, eff), 0.0)
+    return np.where(remote > 0, transfer_time_s(2 * remote * nbytes, bw, lat, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------- ordering, DP

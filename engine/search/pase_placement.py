@@ -126,7 +126,7 @@ def sync_groups(op: Op, cfg: Config, dims: Iterable[str]) -> list[tuple[int, ...
 
 
 def sync_groups_time_s(op: Op, cfg: Config, dims: Iterable[str], size_bytes: float, cluster: Cluster,
-                       link_efficiency: float) -> float:
+                       link_efficiency) -> float:
     """Seconds of an all-reduce of ``size_bytes`` per partition over the groups of
     :func:`sync_groups` (all run at once; the slowest gates), priced by
     :func:`engine.costs.group_collective_time_s`. On one device type: over the first

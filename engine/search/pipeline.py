@@ -171,13 +171,13 @@ class _Model:
                     if ep > 1:  # each token copy goes out to its expert and comes back
                         copies = float(math.prod(op.in_tensors[0].shape)) / (dp * m * tp) * op.attrs["top_k"]
                         t += (6 if recompute == "full" else 4) * group_collective_time_s(
-                            "all_to_all", copies * self.pbytes, self.group(ep_group), self.cost.link_efficiency)
+                            "all_to_all", copies * self.pbytes, self.group(ep_group), self.cost.links)
                     continue
                 if dim is not None and deg > 1 and op.dim(dim).kind == "R":  # row-parallel: all-reduce out
                     _, outs, _ = op.partition_shapes(degrees)
                     size = float(sum(math.prod(s) for s in outs)) * self.pbytes
                     t += (3 if recompute == "full" else 2) * group_collective_time_s(
-                        "all_reduce", size, group, self.cost.link_efficiency)
+                        "all_reduce", size, group, self.cost.links)
             out[k] = t
         self._times[key] = out
         return out
@@ -338,10 +338,11 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
         boundary = []
         for s in range(pp - 1):
             a, b = meshes[order[s]][0], meshes[order[s + 1]][0]
-            bw = cluster.path_bandwidth(a, b) if hardware_aware else cluster.path_bandwidth(0, min(n - 1, mesh_size))
+            bw = (cluster.path_bandwidth(a, b, cost.links) if hardware_aware
+                  else cluster.path_bandwidth(0, min(n - 1, mesh_size), cost.links))
             # activations forward and their gradients back; latency left out (one per
             # microbatch, microseconds against milliseconds of compute)
-            boundary.append(transfer_time_s(2 * outb, bw, 0.0, cost.link_efficiency))
+            boundary.append(transfer_time_s(2 * outb, bw, 0.0, 1.0))
         ok = np.zeros((pp, L + 1, L + 1), bool)
         for s in range(pp):
             inflight = pp - s  # 1F1B: stage s holds up to pp - s microbatches
@@ -360,7 +361,7 @@ def _plans_for(model, cluster, graph, tp, pp, dp, mb, B, m, meshes, types, speed
                 mesh = meshes[order[s]]
                 size = (pre_p[at + cnt] - pre_p[at]) * model.pbytes
                 sync = max(sync, group_collective_time_s("all_reduce", size, model.group(tuple(mesh[::tp])),
-                                                         cost.link_efficiency))
+                                                         cost.links))
                 at += cnt
         plans.append(Plan(tp, pp, dp, mb, B, counts, list(order), total + sync, recompute))
     return plans

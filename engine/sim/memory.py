@@ -79,14 +79,13 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import check_cancel
 from ..graph import OpGraph
-from ..ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .full import Timeline
-from ..strategy.recompute import experts_saved, keeps_output, kept_inputs, saved_outputs
+from ..strategy.activations import offloaded_layers, saved_bytes as _saved_bytes
 from .memory_static import (FRAGMENTATION_FRACTION,
     StaticMemory, graph_cache,
     host_capacity, static_memory)
 from ..strategy import Strategy
-from ..taskgraph import BWD, FWD
+from ..taskgraph import BWD, FWD, OFFLOAD
 
 __all__ = ["MemoryReport", "memory_report", "fits_in_memory", "saved_activation_bytes"]
 
@@ -125,7 +124,8 @@ class MemoryReport:
     allocated_peak_bytes: np.ndarray | None = None
     #: what torch.cuda.max_memory_reserved would report
     reserved_peak_bytes: np.ndarray | None = None
-    #: offloaded state in host memory (ZeRO-Offload ``cpu``), and the host memory per GPU
+    #: offloaded state in host memory (ZeRO-Offload ``cpu``; the offloaded activations of one
+    #: microbatch: Strategy.offload_activations), and the host memory per GPU
     host_bytes: np.ndarray | None = None
     host_capacity_bytes: np.ndarray | None = None
     #: offloaded state on NVMe (ZeRO-Infinity ``nvme``; not checked against a capacity)
@@ -270,9 +270,17 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         free_t = np.full(key_f.size, np.inf)
     alloc_t = timeline.end_s[f_idx]
     dev = tg.device[f_idx]
-    times = np.concatenate([alloc_t, free_t])
-    delta = np.concatenate([amount, -amount])
-    devs = np.concatenate([dev, dev])
+    away = _offloaded_window(graph, strategy, tg, timeline, f_idx)
+    if away is not None:  # on the host from its copy's end to its copy back's start
+        sent, back = away
+        on = np.isfinite(sent)
+        times = np.concatenate([alloc_t, np.where(on, sent, free_t), back[on], free_t[on]])
+        delta = np.concatenate([amount, -amount, amount[on], -amount[on]])
+        devs = np.concatenate([dev, dev, dev[on], dev[on]])
+    else:
+        times = np.concatenate([alloc_t, free_t])
+        delta = np.concatenate([amount, -amount])
+        devs = np.concatenate([dev, dev])
     keep = np.isfinite(times) & (delta != 0)
     times, delta, devs = times[keep], delta[keep], devs[keep]
     check_cancel(cancel)
@@ -295,10 +303,11 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
         act_peak[mirrored] = act_peak[image[mirrored]]
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
     allocated, frag, reserved, peak = _peak_parts(st, act_peak)
+    host = st.host + _offloaded_host_bytes(tg, image, D)
     return MemoryReport(st.weights, st.grads, st.optim, st.comm, act_peak, peak, capacity,
                         _Curves(curves, image, base), gathered_bytes=st.gathered, logits_bytes=st.logits,
                         fragmentation_bytes=frag, context_bytes=st.context, allocated_peak_bytes=allocated,
-                        reserved_peak_bytes=reserved, host_bytes=st.host, host_capacity_bytes=host_capacity(cluster),
+                        reserved_peak_bytes=reserved, host_bytes=host, host_capacity_bytes=host_capacity(cluster),
                         nvme_bytes=st.nvme)
 
 
@@ -331,76 +340,54 @@ def saved_activation_bytes(graph: OpGraph, strategy: Strategy) -> np.ndarray:
     return _saved_bytes(graph, strategy, max(1, strategy.pipeline.microbatches), graph_cache(graph))
 
 
-def _saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.ndarray:
-    """[op] bytes one partition saves for its backward pass, per microbatch (Korthikanti et
-    al. 2022 §4, activations per layer with and without sequence parallelism and
-    selective or full recomputation; ``tests/sim/test_memory.py`` checks their Table 2).
+def _offloaded_window(graph: OpGraph, strategy: Strategy, tg, timeline: Timeline,
+                      f_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """For the forward tasks ``f_idx``: when their saved activations reach the host (the end
+    of their layer's copy to the host) and when they start coming back (the start of the copy
+    back), NaN for tasks of layers that stay on the device; None without offloading
+    (:mod:`engine.taskgraph.offload`)."""
+    layers = offloaded_layers(graph, strategy)
+    if not layers:
+        return None
+    layer_of = np.full(len(graph.ops), -1, np.int64)
+    for k, ops in enumerate(layers):
+        layer_of[ops] = k
+    o_idx = np.nonzero(tg.kind == OFFLOAD)[0]
+    if o_idx.size == 0:
+        return None
+    D = tg.n_devices
+    m = int(max(tg.mb[o_idx].max(), tg.mb[f_idx].max() if f_idx.size else 0)) + 1
 
-    A tensor read by several ops under the same partitioning on the same devices (the
-    LayerNorm output that the Q, K and V projections read) is kept once, by its first reader:
-    that reader's backward runs last, so the tensor's lifetime is the first reader's forward
-    to its backward (§4.1 counts the QKV input once). Dropout keeps a one-byte mask per
-    element (``bwd_saved_bytes_per_element``). Under sequence parallelism a tensor-parallel
-    op that reads a sequence-split tensor keeps the shard, not the gathered tensor, and
-    gathers it again in its backward (§4.2.2). With fp8 GEMMs a linear layer keeps its
-    input in fp8 (1 byte per element), as Transformer Engine does."""
-    out = np.zeros(len(graph.ops))
-    recompute = strategy.recompute
-    mods = strategy.recompute_modules if recompute == "selective" else ()
-    saving = cache.get(("saving", recompute, strategy.fp8, mods))
-    if saving is None:
-        saving = cache[("saving", recompute, strategy.fp8, mods)] = [
-            (i, op, kept) for i, op in enumerate(graph.ops)
-            if (kept := kept_inputs(graph, op, recompute, strategy.fp8, mods))
-            or keeps_output(graph, op, recompute, strategy.fp8)]
-    configs = strategy.configs
-    sp = strategy.sequence_parallel
-    flags = (m, strategy.fp8, recompute, sp, mods)
-    # each op's entries (the once-only key, the tensor, bytes), kept for its config object: a
-    # search changes one op a proposal, the others are looked up
-    per_op = cache.setdefault(("saved_per_op", flags), {})
-    kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
-    for i, op, inputs in saving:
-        cfg = configs[op.name]
-        entries = per_op.get(op.name)
-        if entries is None or entries[0] is not cfg:
-            made = _op_saved(graph, op, cfg, inputs, strategy, m, cache)
-            entries = per_op[op.name] = (cfg, [(((ref.op, ref.index), shape, cfg.devices), ref, nbytes)
-                                               for ref, shape, nbytes in made])
-        total = 0.0  # (the same additions, in the same order, as out[i] += each)
-        for key, ref, nbytes in entries[1]:
-            if key in kept_tensors:
-                continue
-            kept_tensors.add(key)
-            if sp and cfg.degree("length") == 1:
-                pcfg = configs[ref.op]
-                if pcfg.degree("length") > 1 and set(pcfg.devices) == set(cfg.devices):
-                    nbytes /= pcfg.degree("length")
-            total += nbytes
-        out[i] = total
+    def key(layer, mb, dev):
+        return (layer.astype(np.int64) * m + mb) * D + dev
+
+    o_key = key(layer_of[tg.op[o_idx]], tg.mb[o_idx], tg.device[o_idx])
+    lay = layer_of[tg.op[f_idx]]
+    f_key = key(np.maximum(lay, 0), tg.mb[f_idx], tg.device[f_idx])
+    sent = np.full(f_idx.size, np.nan)
+    back = np.full(f_idx.size, np.nan)
+    for direction, out, when in ((0, sent, timeline.end_s), (1, back, timeline.start_s)):
+        sel = o_idx[tg.part[o_idx] == direction]
+        keys = o_key[tg.part[o_idx] == direction]
+        order = np.argsort(keys)
+        keys, sel = keys[order], sel[order]
+        pos = np.minimum(np.searchsorted(keys, f_key), max(keys.size - 1, 0))
+        hit = (lay >= 0) & (keys.size > 0) & (keys[pos] == f_key) if keys.size else np.zeros(f_idx.size, bool)
+        out[hit] = when[sel[pos[hit]]]
+    both = np.isfinite(sent) & np.isfinite(back)
+    sent[~both] = np.nan
+    back[~both] = np.nan
+    return sent, back
+
+
+def _offloaded_host_bytes(tg, image, D: int) -> np.ndarray:
+    """[device] host bytes the offloaded activations of one microbatch hold (each layer's copy
+    to the host of microbatch 0; with no pipeline parallelism one microbatch is in flight)."""
+    out = np.zeros(D)
+    sel = np.nonzero((tg.kind == OFFLOAD) & (tg.part == 0) & (tg.mb == 0))[0]
+    if sel.size:
+        np.add.at(out, tg.device[sel], tg.size_bytes[sel])
+        if image is not None:
+            mirrored = (image >= 0) & (image != np.arange(D))
+            out[mirrored] = out[image[mirrored]]
     return out
-
-
-def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache: dict) -> list[tuple]:
-    """(tensor, partition shape, bytes) one partition of ``op`` saves per microbatch under
-    ``cfg``, before the once-only rule of :func:`_saved_bytes` (cached by degrees)."""
-    recompute = strategy.recompute
-    mods = strategy.recompute_modules if recompute == "selective" else ()
-    ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel, mods)
-    hit = cache.get(ck)
-    if hit is None:
-        degrees = dict(cfg.degrees)
-        if m > 1 and "sample" in op.dim_names:
-            degrees["sample"] = degrees.get("sample", 1) * m
-        ins, outs, _ = op.partition_shapes(degrees)
-        per = op_kind(op.kind).bwd_saved_bytes_per_element
-        if strategy.fp8 and op.kind == "linear":
-            per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
-        hit = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
-            DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per)) for k in inputs
-            if op.in_tensors[k].dtype in FLOAT_DTYPES]
-        if recompute == "selective-op":
-            hit += saved_outputs(graph, op, cfg, outs, strategy)
-        hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8, mods)
-        cache[ck] = hit
-    return hit

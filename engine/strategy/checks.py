@@ -13,9 +13,9 @@ import math
 
 from ..cluster import Cluster
 from ..errors import Problem, ValidationError
-from ..graph import OpGraph
+from ..graph import OpGraph, layer_blocks
 from .config import check_config
-from .core import GATHER_UNITS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
+from .core import GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
     RECOMPUTE_MODULES, SCHEDULES, Strategy
 
 __all__ = ["validate_strategy", "check_strategy"]
@@ -199,11 +199,37 @@ def _precision(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Pro
     elif state != "fp32" and strategy.offload_optimizer != "none":
         add(Problem("optimizer_state", f"the offloaded optimizer keeps fp32 state on the host (DeepSpeed's CPU "
                                        f"Adam): {state} optimizer state does not apply; turn one of them off"))
+    kernels = getattr(strategy, "kernels", "fused")
+    if kernels not in KERNELS:
+        add(Problem("kernels", f"must be one of {', '.join(KERNELS)}, got {kernels!r}"))
+    problems += _offload_problems(strategy, graph)
     for precision in {graph.precision}:
         for t in {d.type for d in cluster.devices}:
             if precision not in cluster.device_types[t].peak_flops_per_s:
                 add(Problem("cluster", f"{t} has no {precision} peak; the model {graph.name!r} runs in {precision}"))
     return problems
+
+
+def _offload_problems(strategy: Strategy, graph: OpGraph) -> list[Problem]:
+    """Megatron-Core's rules for activation offloading (``TransformerConfig.__post_init__``,
+    core_v0.19.0 l. 1707-1722): fewer layers than the model has, no pipeline parallelism, no
+    recomputation."""
+    n = getattr(strategy, "offload_activations", 0)
+    if n == 0:
+        return []
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return [Problem("offload_activations", f"must be a whole number of layers (0: none), got {n!r}")]
+    layers = len(layer_blocks(graph))
+    if n >= max(layers, 1):
+        return [Problem("offload_activations", f"{n} layers: offloading is for fewer layers than the model's "
+                                               f"{layers} (Megatron-Core's rule)")]
+    if strategy.pipeline.stages > 1:
+        return [Problem("offload_activations", f"activation offloading with {strategy.pipeline.stages} pipeline "
+                                               "stages: Megatron-Core offloads without pipeline parallelism only")]
+    if strategy.recompute != "none":
+        return [Problem("offload_activations", f"activation offloading with {strategy.recompute} recomputation: "
+                                               "Megatron-Core offloads only without recomputation")]
+    return []
 
 
 def _limits(strategy: Strategy, graph: OpGraph) -> tuple[list[Problem], int]:

@@ -27,7 +27,7 @@ from ..errors import Problem, ValidationError
 from .config import Config, PipelineSettings
 
 __all__ = ["RECOMPUTE_MODULES", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES", "strategy_from_dict",
-           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS", "OPTIMIZER_STATES"]
+           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS", "OPTIMIZER_STATES", "KERNELS"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: Activation recomputation policies: ``selective`` is Korthikanti et al.'s (the attention
@@ -58,6 +58,12 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 #: bf16``); ``bf16`` no master copy: parameters, gradients and moments in bf16 (a model cast to
 #: bf16 before its optimizer is made, as KempnerForge's ``build_parallel_model`` does).
 OPTIMIZER_STATES = ("fp32", "bf16-moments", "bf16")
+#: How the framework runs the pointwise work between the GEMMs (:attr:`Strategy.kernels`):
+#: ``fused`` in fused kernels that recompute what is cheap in their backward (Megatron-Core's
+#: ``bias_swiglu_impl`` / ``bias_gelu_impl``, on unless ``--no-bias-swiglu-fusion``;
+#: Transformer Engine; torch.compile, whose partitioner recomputes pointwise ops rather than
+#: save them); ``eager`` PyTorch op by op, each op's autograd saving what its own backward reads.
+KERNELS = ("fused", "eager")
 
 
 def _json_safe(value: Any) -> Any:
@@ -166,6 +172,19 @@ class Strategy:
         One of :data:`OPTIMIZER_STATES`: what the optimizer keeps per parameter, and so the
         bytes of weights, gradients and optimizer state (:func:`engine.sim.memory_static.state_bytes_per_param`)
         and of the optimizer step. Default ``fp32``.
+    kernels : str
+        One of :data:`KERNELS`. ``fused`` (default): a gated MLP's activation (SwiGLU, GeGLU)
+        runs fused with its product and keeps only its input for the backward, recomputing
+        the activation there (Megatron-Core's ``SwiGLUFunction`` saves its input alone);
+        ``eager``: the activation's output is kept too, for the product's backward.
+    offload_activations : int
+        The first N transformer layers' saved activations go to host memory after their
+        forward pass and come back for their backward (Megatron-Core's ``--cpu-offloading-num-layers
+        N``, Transformer Engine's ``get_cpu_offload_context``): no pipeline parallelism, no
+        recomputation, fewer than the model's layers (Megatron-Core's own rules). Device
+        memory keeps one offloaded layer's activations in flight; the copies run over the
+        GPU's host link beside the compute, and what they take beyond the layer they hide
+        behind shows in the iteration (:mod:`engine.taskgraph.offload`). Default 0.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -201,6 +220,8 @@ class Strategy:
     recompute_modules: tuple[str, ...] = ()
     optimizer_state: str = "fp32"
     accumulate_unsharded: bool = False
+    kernels: str = "fused"
+    offload_activations: int = 0
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -251,6 +272,8 @@ class Strategy:
             **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
             **({"optimizer_state": self.optimizer_state} if self.optimizer_state != "fp32" else {}),
             **({"accumulate_unsharded": True} if self.accumulate_unsharded else {}),
+            **({"kernels": self.kernels} if self.kernels != "fused" else {}),
+            **({"offload_activations": self.offload_activations} if self.offload_activations else {}),
             "ops": ops,
         }
 
@@ -297,4 +320,5 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     data.get("fp8_params", False),
                     tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
                     data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())),
-                    data.get("optimizer_state", "fp32"), data.get("accumulate_unsharded", False))
+                    data.get("optimizer_state", "fp32"), data.get("accumulate_unsharded", False),
+                    data.get("kernels", "fused"), data.get("offload_activations", 0))

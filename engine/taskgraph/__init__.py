@@ -39,7 +39,7 @@ from .estimate import estimate_symmetric_tasks, estimate_tasks
 from .estimate import count_text, quick_task_bound, tasks_within
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry
-from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, UPDATE, XFER, TaskGraph
+from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, OFFLOAD, UPDATE, XFER, TaskGraph
 
 __all__ = [
     "TaskGraph",
@@ -59,6 +59,7 @@ __all__ = [
     "COLL",
     "UPDATE",
     "BARRIER",
+    "OFFLOAD",
     "KIND_NAMES",
     "COLL_NAMES",
     "COLL_INDEX",

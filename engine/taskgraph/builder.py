@@ -22,6 +22,7 @@ from .context import BuildContext, OpTables
 from .dataflow import DataflowBuilder
 from .emit import Emitter
 from .estimate import count_text, tasks_within
+from .offload import OffloadPlan
 from .schedule import SchedulePlan
 from .symmetry import Symmetry, find_symmetry
 from .sync import FsdpPlan, SyncBuilder
@@ -40,6 +41,7 @@ class TaskGraphBuilder:
     :class:`Emitter` (the only place durations are set), the :class:`SegmentStore`, and one
     builder per segment kind: :class:`ComputeBuilder` (``("op", oi)``),
     :class:`DataflowBuilder` (``("tensor", p, o)``), :class:`SyncBuilder` (``("sync", unit)``),
+    :class:`~engine.taskgraph.offload.OffloadPlan` (``("offload",)``: activation copies to the host),
     with the :class:`SchedulePlan`'s barriers (``("barriers", device)``) and the optimizer steps
     (``("updates",)``). A first build copies the segments that twin one it made before
     (:class:`~engine.taskgraph.twins.Twins`; ``twins=False`` builds every one: the same arrays).
@@ -57,6 +59,7 @@ class TaskGraphBuilder:
         self.compute = ComputeBuilder(self.ctx, self.tables, self.emit)
         self.dataflow = DataflowBuilder(self.ctx, self.tables, self.emit)
         self.sync = SyncBuilder(self.ctx, self.tables, self.emit, self.fsdp)
+        self.offload = OffloadPlan(self.ctx, self.tables)
         #: a first build copies segments that twin earlier ones (:mod:`.twins`); False: builds all
         self.twins = twins
         self.copied = 0  # segments the last first build copied from twins
@@ -105,6 +108,9 @@ class TaskGraphBuilder:
             seg = self.store.begin(("sync", unit), self.fsdp.refs(unit))
             if twins is None or not twins.sync(seg, unit):
                 self.sync.build(seg, unit)
+        if self.offload.layers:
+            check_cancel(cancel)
+            self.offload.build(self.store.begin(("offload",), self.offload.refs))
         self.copied = twins.copied if twins is not None else 0
         return self._assemble(cancel)
 
@@ -135,6 +141,8 @@ class TaskGraphBuilder:
         for key in affected:
             if key[0] == "sync":
                 self.sync.build(self.store.begin(key, self.fsdp.refs(key[1])), key[1])
+            elif key[0] == "offload":
+                self.offload.build(self.store.begin(key, self.offload.refs))
         return self._assemble()
 
     def _made_key(self, key: tuple) -> tuple:

@@ -26,7 +26,7 @@ class Emitter:
 
     Transfers over several links are one task per link, pipelined (cut-through): hop k+1 may
     start ``latency_k`` after hop k starts (the segment's chain arrays), and every hop streams
-    for ``bytes / (min bandwidth x link efficiency)``; the last hop adds its own latency, so an
+    for ``bytes / min(bandwidth x its kind's data-rate share)``; the last hop adds its own latency, so an
     uncontended transfer takes ``sum(latency) + bytes / bottleneck``."""
 
     def __init__(self, ctx: BuildContext) -> None:
@@ -36,6 +36,9 @@ class Emitter:
         self.device_types = [cluster.device_types[n] for n in names]
         self.type_of = np.array([names.index(d.type) for d in cluster.devices], np.int64)  # [device]
         self.link_bw = cluster.arrays["link_bw_bytes_per_s"]  # [link]
+        share = ctx.cost.links
+        #: [link] the rate data moves at: nominal x its kind's share (engine.costs.LinkShares)
+        self.link_rate = self.link_bw * np.array([share(lk.kind) for lk in cluster.links])
         self.link_lat = cluster.arrays["link_latency_s"]  # [link]
         self._paths = _PathTable(cluster)
         # Under symmetry a representative's transfers and collectives stand for their mirror
@@ -164,7 +167,7 @@ class Emitter:
             _, first = np.unique(preds[0], return_index=True)
             if first.size < preds.shape[1]:
                 preds = preds[:, np.sort(first)]
-        dur = group_collective_time_s(kind, size_bytes, group, self.ctx.cost.link_efficiency)
+        dur = group_collective_time_s(kind, size_bytes, group, self.ctx.cost.links)
         if overlap_s > 0:
             dur = dur / n + (n - 1) / n * max(0.0, dur - overlap_s)
         if hide_s > 0:
@@ -217,7 +220,7 @@ class Emitter:
             sel = idx[mine]
             links = table[inverse[mine], :nh]  # [transfer, hop]
             size = size_bytes[sel]
-            stream = transfer_time_s(size, self.link_bw[links].min(axis=1), 0.0, self.ctx.cost.link_efficiency)
+            stream = transfer_time_s(size, self.link_rate[links].min(axis=1), 0.0, 1.0)
             prev = None
             for h in range(nh):
                 lk = links[:, h]

@@ -9,10 +9,11 @@ from typing import Any
 import numba as nb
 import numpy as np
 
-__all__ = ["TaskGraph", "FWD", "BWD", "XFER", "COLL", "UPDATE", "BARRIER", "KIND_NAMES", "COLL_NAMES", "COLL_INDEX"]
+__all__ = ["TaskGraph", "FWD", "BWD", "XFER", "COLL", "UPDATE", "BARRIER", "OFFLOAD", "KIND_NAMES", "COLL_NAMES",
+           "COLL_INDEX"]
 
-FWD, BWD, XFER, COLL, UPDATE, BARRIER = 0, 1, 2, 3, 4, 5
-KIND_NAMES = ("forward", "backward", "transfer", "collective", "update", "barrier")
+FWD, BWD, XFER, COLL, UPDATE, BARRIER, OFFLOAD = 0, 1, 2, 3, 4, 5, 6
+KIND_NAMES = ("forward", "backward", "transfer", "collective", "update", "barrier", "offload")
 COLL_NAMES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 COLL_INDEX = {n: i for i, n in enumerate(COLL_NAMES)}
 
@@ -25,11 +26,13 @@ class TaskGraph:
     Attributes (all ``[task]`` unless noted)
     ----------
     kind : int8
-        FWD, BWD, XFER, COLL, UPDATE or BARRIER.
+        FWD, BWD, XFER, COLL, UPDATE, BARRIER or OFFLOAD (a layer's saved activations copied to
+        the host after its forward, 0 in ``part``, or back before its backward, 1: no resource,
+        beside the compute; :mod:`engine.taskgraph.offload`).
     op : int32
-        Op index (FWD/BWD/XFER/COLL of an op), -1 for per-device tasks.
+        Op index (FWD/BWD/XFER/COLL of an op; OFFLOAD: the layer's last op), -1 for per-device tasks.
     part : int32
-        Partition of the op (FWD/BWD), -1 otherwise.
+        Partition of the op (FWD/BWD), the direction of an OFFLOAD, -1 otherwise.
     mb : int32
         Microbatch, -1 for per-iteration tasks (gradient sync, update).
     device : int32

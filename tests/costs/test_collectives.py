@@ -133,10 +133,13 @@ class TestGatherUnit:
 
 class TestNvls:
     def test_all_reduce_inside_an_h100_node_uses_the_switch(self):
-        # 1 GB over 8 ranks at 100 GB/s: NVLS 25 us + 1 GB / (5/6 x 100 GB/s) = 12.025 ms,
-        # against the ring's 8.4 + 14 x 3.4 us + 1.75 x 10 ms = 17.556 ms
+        # 1 GB over 8 ranks at 100 GB/s: NVLS 25 us + 1 GB / (0.85 x 100 GB/s) = 11.790 ms (Hopper,
+        # NCCL's nvlsEfficiency), against the ring's 8.4 + 14 x 3.4 us + 1.75 x 10 ms = 17.556 ms
         t = collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0, nvls=True)
-        assert t == pytest.approx(25 * US + 12e-3, rel=1e-12)
+        assert t == pytest.approx(25 * US + 1e9 / 85e9, rel=1e-12)
+        # Blackwell's switch reduces at 0.74 of the link rate
+        assert collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0, nvls=True, nvls_share=0.74) == \
+            pytest.approx(25 * US + 1e9 / 74e9, rel=1e-12)
         assert collective_time_s("all_reduce", 1e9, 8, 100e9, 0.0, 1.0) == pytest.approx(17.556e-3, rel=1e-12)
         # not across nodes, not for all-gather
         assert collective_time_s("all_reduce", 1e9, 16, 100e9, 0.0, 1.0, nodes=2, nvls=True) == \

@@ -165,6 +165,8 @@ REFUSALS = {
     "nvme_path": lambda: (GPT2, A2, fsdp(GPT2, A2, Layout(zero_stage=3, gather_unit="op", offload_params="nvme"))),
     "fp32 master weights and fp32 Adam moments": lambda: (LLAMA, H8, fsdp(LLAMA, H8, Layout(
         zero_stage=3, gather_unit="op", optimizer_state="bf16"))),
+    "cpu_checkpointing": lambda: (LLAMA, H8, fsdp(LLAMA, H8, Layout(zero_stage=3, gather_unit="op",
+                                                                   offload_activations=2))),
 }
 
 

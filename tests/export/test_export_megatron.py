@@ -52,6 +52,10 @@ MATRIX = {
     "llama-bf16-zero1-bf16-moments": (lambda: build_sample("llama2-7b"), H100,
                                       lambda g, c: build_layout(g, c, Layout(tp=2, pp=2, micro_batch=1, zero_stage=1,
                                                                              optimizer_state="bf16-moments"))),
+    "llama-offload4-eager": (lambda: build_sample("llama2-7b"), H100,
+                             lambda g, c: build_layout(g, c, Layout(tp=2, micro_batch=1, sequence_parallel=True,
+                                                                    zero_stage=1, offload_activations=4,
+                                                                    kernels="eager"))),
     "mixtral-ep8-vpp8": (lambda: build_sample("mixtral-8x7b"), H100,
                          lambda g, c: build_layout(g, c, Layout(tp=1, pp=4, vpp=8, ep=8, micro_batch=1, zero_stage=1))),
 }
@@ -102,6 +106,7 @@ def test_megatron_would_run_the_strategy(name):
     assert run["sequence_parallel"] == (s.sequence_parallel and lay.tp > 1)
     if g.precision == "bf16" and s.zero_stage < 2:
         assert run["grad_reduce_in_fp32"] == s.grad_reduce_in_fp32
+    assert run["offload_activations"] == s.offload_activations and run["kernels"] == s.kernels
     if args.pipeline_model_parallel_layout is not None:
         chunks = parse_pipeline_layout(args.pipeline_model_parallel_layout)
         assert [x.count("t") for x in chunks] == stage_counts(g, s)
@@ -115,9 +120,10 @@ def test_megatron_would_run_the_strategy(name):
     # and the flags give the layout back
     back = layout_from_megatron(text, lay)
     assert build_layout(g, c, back).configs == s.configs
-    assert (back.zero_stage, back.shard_group, back.vpp, back.recompute, back.optimizer_state) == \
+    assert (back.zero_stage, back.shard_group, back.vpp, back.recompute, back.optimizer_state,
+            back.offload_activations, back.kernels) == \
         (lay.zero_stage, lay.shard_group if lay.shard_group < lay.dp * lay.cp else 0, lay.vpp, lay.recompute,
-         lay.optimizer_state)
+         lay.optimizer_state, lay.offload_activations, lay.kernels)
     moments = "bf16" if s.optimizer_state == "bf16-moments" else "fp32"
     assert args.use_precision_aware_optimizer == (moments == "bf16")
     assert (args.exp_avg_dtype, args.exp_avg_sq_dtype, args.main_params_dtype) == (moments, moments, "fp32")

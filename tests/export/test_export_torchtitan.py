@@ -67,6 +67,7 @@ MATRIX = {
     "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, cp=2,
                                                                                       sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="selective-op"))),
     "llama3-8b-tp2-no-sp-zero3": lambda: (L8, C16, build_layout(L8, C16, Layout(tp=2, micro_batch=1, zero_stage=3))),
+    "llama3-8b-zero3-eager": lambda: (L8, C16, fsdp(L8, C16, Layout(zero_stage=3, micro_batch=1, kernels="eager"))),
     "mixtral-ep8-zero3": lambda: (MIX, C64, build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=8,
                                                                           zero_stage=3, micro_batch=1, recompute="full"))),
 }
@@ -132,7 +133,8 @@ def what_torchtitan_runs(cfg, world: int) -> dict:
                 shard_group=pd.dp_shard * pd.cp if zero and pd.dp_replicate > 1 else 0,
                 precision={"bfloat16": "bf16", "float32": "fp32"}[t.mixed_precision_param], seq=t.seq_len,
                 sequence_parallel=pd.tp > 1 and p.enable_sequence_parallel,
-                fp8=cfg.model_spec is not None and has_quantization(cfg.model_spec.model))
+                fp8=cfg.model_spec is not None and has_quantization(cfg.model_spec.model),
+                kernels="fused" if cfg.compile.enable and "model" in cfg.compile.components else "eager")
 
 
 def simulated(graph, s) -> dict:
@@ -151,7 +153,7 @@ def simulated(graph, s) -> dict:
     moe = next((s.configs[op.name] for op in graph.ops if op.kind == "experts"), None)
     return dict(dp=cfg.degree("sample"), pp=pp, vpp=vpp, microbatches=max(1, s.pipeline.microbatches), split=split,
                 recompute=s.recompute, zero=s.zero_stage, shard_group=s.shard_group, precision=graph.precision,
-                fp8=s.fp8, sequence_parallel=s.sequence_parallel,
+                fp8=s.fp8, sequence_parallel=s.sequence_parallel, kernels=s.kernels,
                 ep=moe.degree("expert") * moe.degree("expert_seq") if moe is not None else 1,
                 seq=next(op.dim("length").size for op in graph.ops if "length" in op.dim_names))
 
@@ -262,6 +264,8 @@ def test_megatron_selective_recompute_is_refused():
 def test_tp_comm_overlap_is_refused():
     s = build_layout(L, C64, Layout(tp=2, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1, zero_stage=3))
     refused(L, s, C64, "tensor-parallel communication overlap.*async TP needs torch.compile")
+    s = build_layout(L, C64, Layout(tp=2, micro_batch=1, sequence_parallel=True, offload_activations=2))
+    refused(L, s, C64, "activation offloading.*torchtitan 0.3.0 has no setting")
 
 
 def test_cp_without_zero_is_refused():

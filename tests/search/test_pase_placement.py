@@ -12,6 +12,7 @@ import pytest
 
 from engine.cluster import DEVICE_TYPES, Cluster, DeviceType, NodeSpec, preset
 from engine.strategy.config import Config
+from engine.costs.collectives import group_rates
 from engine.costs import CostModel, group_collective_time_s, transfer_time_s
 from engine.formats import resolve_model
 from engine.graph import GraphBuilder
@@ -132,7 +133,7 @@ class TestSyncGroups:
         b.add("linear", "fc", [x], out_features=1024)
         op = b.build()["fc"]
         cfg = Config({"sample": 2, "feature": 4}, tuple(range(8)))  # replicas: partitions f and 4 + f
-        eff = CostModel().link_efficiency
+        eff = CostModel().links
         t = sync_groups_time_s(op, cfg, ["sample"], 1e6, c, eff)
         across = max(group_collective_time_s("all_reduce", 1e6, c.collective_group((f, f + 4)), eff) for f in range(4))
         inside = group_collective_time_s("all_reduce", 1e6, c.collective_group((0, 1)), eff)
@@ -164,8 +165,8 @@ class TestCosts:
         grp = c.collective_group((0, 1))
         nbytes = 2 * 64 * 4096 * 4  # activations and their gradients, fp32
         assert g.precision == "fp32"
-        want = transfer_time_s(nbytes, grp.bw_bytes_per_s, max(grp.latency_s, grp.inter_latency_s),
-                               CostModel().link_efficiency)
+        want = transfer_time_s(nbytes, group_rates(grp, CostModel().links)[0],
+                               max(grp.latency_s, grp.inter_latency_s), 1.0)
         assert m[cu, cv] == pytest.approx(want, rel=1e-12)
         same = problem.configs[v].index(Config.single(0))
         assert m[cu, same] == 0.0
@@ -180,7 +181,7 @@ class TestCosts:
         all-reduce is priced over the first ``replicas`` devices, as before this change."""
         g, c = resolve_model(model), preset(cluster)
         problem = build_problem(g, c, max_table_bytes=None)
-        cm, eff = CostModel(), CostModel().link_efficiency
+        cm, eff = CostModel(), CostModel().links
         for op, cs, costs in zip(g.ops, problem.configs, problem.vertex_cost):
             assert cs == pase_configs(op, c.num_devices)
             if op.kind == "input" or not op.param_count or any(d.kind == "R" for d in op.dims):

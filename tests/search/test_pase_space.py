@@ -27,7 +27,7 @@ def test_linear_input_splits_are_priced_with_their_all_reduce():
     f, b = CostModel().partition_times_s(fc, cfg.degrees, g.precision, c.device_type(0))
     _, outs, _ = fc.partition_shapes(cfg.degrees)
     reduce = group_collective_time_s("all_reduce", math.prod(outs[0]) * DTYPE_BYTES[fc.out_tensors[0].dtype],
-                                     c.collective_group(range(4)))
+                                     c.collective_group(range(4)), CostModel().links)
     # the weight is split along its input dim: no gradient all-reduce, only the outputs' sum
     assert problem.vertex_cost[v][k] == pytest.approx(f + b + reduce, rel=1e-12)
 

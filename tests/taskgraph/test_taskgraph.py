@@ -145,7 +145,7 @@ class TestEmitter:
     def make(self, cluster="dgx-a100-80gb:2", eff=0.5):
         g = linear_graph()
         c = preset(cluster)
-        return Emitter(BuildContext(g, data_parallel(g, c), c, CostModel(link_efficiency=eff), None)), c
+        return Emitter(BuildContext(g, data_parallel(g, c), c, CostModel(link_efficiency=eff, link_shares=()), None)), c
 
     def test_a_transfer_is_one_task_per_hop_cut_through(self):
         """Across nodes: four hops, each streaming for bytes / (bottleneck x efficiency);
