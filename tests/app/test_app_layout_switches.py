@@ -72,6 +72,24 @@ class TestEachSwitchReachesTheStrategy:
         assert ED.panel_values(new)["optimizer_state"] == "bf16-moments"
         assert ED.panel_values(llama)["optimizer_state"] == "fp32"
 
+    def test_kernels_and_offloaded_layers_reach_the_strategy_and_back(self):
+        """The panel's kernels drop-down and offloaded-layers box (issue 42): the strategy keeps
+        them, the stored strategy too, and the panel shows them again."""
+        llama = ST.new_state("llama2-7b", "dgx-h100:1", "data-parallel", batch=8)
+        new, msg = _apply(llama, kernels="eager", offload_activations=4, micro_batch=1)
+        assert new is not llama, msg
+        s = ST.page_strategy(new)
+        assert (s.kernels, s.offload_activations) == ("eager", 4)
+        assert (new["strategy"]["kernels"], new["strategy"]["offload_activations"]) == ("eager", 4)
+        v = ED.panel_values(new)
+        assert (v["kernels"], v["offload_activations"]) == ("eager", 4)
+        assert ED.panel_values(llama)["kernels"] == "fused"
+
+    def test_offloading_with_a_pipeline_is_refused_with_megatrons_reason(self):
+        llama = ST.new_state("llama2-7b", "dgx-h100:1", "data-parallel", batch=8)
+        new, msg = _apply(llama, pp=2, micro_batch=1, offload_activations=2)
+        assert new is llama and "without pipeline parallelism" in msg
+
     def test_all_overlap_off(self, gpt):
         new, msg = _apply(gpt, pp=2, micro_batch=1, overlap=[])
         s = ST.page_strategy(new)
