@@ -317,6 +317,37 @@ MOE_RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("gpt-oss-120b", "26.02"): dict(a2a_overlap=False, tp_overlap=True, dispatcher="alltoall",
                                     recompute=("layernorm", "moe_act")),
 }
+#: The same on Blackwell, by (sample, release, chip), where the config differs by GPU (DeepSeek-V3's
+#: recompute modules): read from deepseek_workload_base_configs.py at v0.4.0 = 0fbfe7d3 (26.04:
+#: GB300_V2 micro-batch 2, pp 2 x vp 8, ep 32, mla_up_proj; GB200_V2 pp 4 x vp 4, ep 64, mlp) and
+#: workload_base_configs.py at r0.2.0 = 04651896 (25.11: GB200 pp 4 x vp 4, ep 64, mla_up_proj;
+#: B200 pp 16, ep 8, mla_up_proj); HybridEP dispatchers, no all-to-all overlap; GPT-OSS 120B's
+#: gpt_oss_workload_base_configs.py at 0fbfe7d3 (26.04, micro-batch 4: GB200_V2 ep 64 and B200_V2
+#: ep 8 recompute layernorm and moe_act, GB200 with the all-to-all overlap; GB300 ep 64 and B300
+#: ep 8 recompute nothing). Only rows whose layout is the config's (DeepSeek-V3's 26.04 B200 / B300
+#: and 25.11 GB300 rows are not: left out).
+MOE_RECIPES_BY_CHIP: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("deepseek-v3", "26.04.01", "GB300"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                               recompute=("mla_up_proj",)),
+    ("deepseek-v3", "26.04.01", "GB200"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                               recompute=("mlp",)),
+    ("deepseek-v3", "25.11", "GB200"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                            recompute=("mla_up_proj",)),
+    ("deepseek-v3", "25.11", "B200"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                           recompute=("mla_up_proj",)),
+    ("gpt-oss-120b", "26.04.01", "GB300"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="alltoall"),
+    ("gpt-oss-120b", "26.04.01", "GB200"): dict(a2a_overlap=True, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                                recompute=("layernorm", "moe_act")),
+    ("gpt-oss-120b", "26.04.01", "B300"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)"),
+    ("gpt-oss-120b", "26.04.01", "B200"): dict(a2a_overlap=False, tp_overlap=False, dispatcher="flex (HybridEP)",
+                                               recompute=("layernorm", "moe_act")),
+}
+
+
+def _chip(row: dict[str, str]) -> str:
+    """GB300, GB200, B300 or B200 from the row's GPU type ("" for others)."""
+    gpu = row.get("gpu_type") or ""
+    return next((c for c in ("GB300", "GB200", "B300", "B200") if c in gpu), "")
 
 
 def _release(row: dict[str, str]) -> str:
@@ -330,7 +361,8 @@ def _moe_layout(row, src: str, L: dict[str, Any], notes: list[str], ep: int,
     """(build, layout text, dp) of a Megatron-Core MoE row: the Megatron layout with ``ep``
     folded onto the attention's ranks, expert tensor parallelism 1, and what the release's
     performance config set (:data:`MOE_RECIPES`)."""
-    recipe = MOE_RECIPES.get((sample, _release(row)), {}) if src == "Megatron-Bridge" else {}
+    recipe = (MOE_RECIPES_BY_CHIP.get((sample, _release(row), _chip(row)))
+              or MOE_RECIPES.get((sample, _release(row)), {})) if src == "Megatron-Bridge" else {}
     if recipe:
         L["overlap"] = L["overlap"] and recipe["tp_overlap"]
     build_dense, layout, dp = _megatron_layout(row, src, L, notes)
