@@ -356,7 +356,15 @@ def _read_kempnerforge(row: dict[str, str], notes: list[str]) -> dict[str, str]:
     notes.append("optimizer state bf16 (no fp32 master copy): KempnerForge casts the model to bf16 before FSDP2 "
                  "and AdamW (build_parallel_model at 01b461a); gradient accumulation without a reduce-scatter per "
                  "micro-step (maybe_no_sync: set_requires_gradient_sync(False))")
-    return {"optimizer_state": "bf16", "accumulate_unsharded": "yes"}
+    out = {"optimizer_state": "bf16", "accumulate_unsharded": "yes"}
+    # kempnerforge/distributed/tensor_parallel.py at 01b461a: "Output head: ColwiseParallel
+    # (split vocab, gather to Replicate for loss)"; scripts/train.py then calls F.cross_entropy
+    # on the whole logits on every tensor-parallel rank
+    if (cell_int(row, "tp") or 1) > 1:
+        notes.append("loss on gathered logits: KempnerForge's output head is gathered to Replicate for the loss "
+                     "(tensor_parallel.py at 01b461a)")
+        out["loss_parallel"] = "no"
+    return out
 
 
 READERS: dict[str, Callable[[dict[str, str], list[str]], dict[str, str]]] = {

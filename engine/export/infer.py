@@ -80,7 +80,15 @@ def infer_layout(graph: OpGraph, strategy: Strategy, cluster: Cluster) -> Layout
             first = next(op for op in graph.ops if op.block == b)
             per[strategy.stage_of.get(first.name, 0)] += 1
         counts = tuple(per)
+    # the loss on gathered logits: replicated over tp while its logits' producer splits the vocabulary
+    # (an unsplittable vocabulary replicates both, as Megatron-LM would not run it either)
+    loss_op = next((op for op in graph.ops if op.kind == "softmax_cross_entropy"), None)
+    loss_parallel = True
+    if tp > 1 and loss_op is not None and strategy.configs[loss_op.name].degree("replica") > 1:
+        head = strategy.configs[graph[loss_op.inputs[0].op].name]
+        loss_parallel = head.degree("feature") * head.degree("vocab") <= 1
     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=batch // (dp * m), global_batch=batch,
+                 loss_parallel=loss_parallel,
                  schedule=strategy.pipeline.schedule, recompute=strategy.recompute, zero_stage=strategy.zero_stage,
                  recompute_modules=strategy.recompute_modules,
                  sequence_parallel=sp, fp8=strategy.fp8, tp_comm_overlap=strategy.tp_comm_overlap,

@@ -226,6 +226,10 @@ def to_megatron(lay: Layout, graph: OpGraph | None = None, cluster: Cluster | No
     ValidationError
         What Megatron-LM cannot run as laid out (:func:`engine.export.moe.refuse`).
     """
+    if not lay.loss_parallel and lay.tp > 1:
+        raise refuse("megatron", "the loss on gathered logits: Megatron-Core's cross-entropy is vocabulary-parallel "
+                                  "over the tensor-parallel group (tensor_parallel.vocab_parallel_cross_entropy)",
+                      "keep loss_parallel on")
     if lay.recompute == "selective-op":
         raise refuse("megatron", "torchtitan's per-op selective checkpointing has no Megatron-LM flag (its "
                                   "'selective' recomputes the attention core only)", "export --format torchtitan")

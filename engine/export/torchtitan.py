@@ -164,6 +164,10 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
         raise r("torchtitan", f"optimizer state {lay.optimizer_state}: torchtitan 0.3.0's FSDP2 keeps the sharded "
                                "parameters in float32, AdamW's moments in their dtype", "set optimizer_state to fp32, "
                                "or export --format megatron (bf16-moments)")
+    if not lay.loss_parallel and lay.tp > 1:
+        raise r("torchtitan", "the loss on gathered logits: torchtitan 0.3.0 computes it on the vocabulary shards "
+                               "whenever tp > 1 (components/loss.py _LossParallelCrossEntropy)",
+                "keep loss_parallel on")
     if lay.offload_activations:
         raise r("torchtitan", "activation offloading (Megatron-Core's --cpu-offloading-num-layers): torchtitan 0.3.0 "
                                "has no setting for it", "export --format megatron")

@@ -88,7 +88,7 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     mesh = list(lay.stage_mesh) if lay.stage_mesh is not None else list(range(pp))
     if sorted(mesh) != list(range(pp)):
         raise ValueError(f"stage_mesh must be a permutation of 0..{pp - 1}, got {mesh}")
-    plan, notes = tp_plan(graph, tp, sequence_parallel)
+    plan, notes = tp_plan(graph, tp, sequence_parallel, lay.loss_parallel)
     configs = {}
     made: dict[tuple, Config] = {}  # the layers' ops repeat a few configs (GPT-3: 2,410 ops, 64 configs)
     for op in graph.ops:

@@ -77,7 +77,7 @@ def layer_chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = N
     return chunk
 
 
-def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
+def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool, loss_parallel: bool = True
              ) -> tuple[dict[str, tuple[str | None, int]], list[str]]:
     """Tensor-parallel dim of every op (Shoeybi et al. 2019 §3), by propagating which axis of
     each tensor is split across the tensor-parallel group:
@@ -90,7 +90,10 @@ def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
       heads through reshape, transpose, batch_matmul, softmax, dropout; the MLP
       activation); otherwise they gather and replicate;
     * embeddings with the largest table (token embeddings; not positions or token types)
-      are vocabulary-parallel; cross-entropy over split logits is vocabulary-parallel;
+      are vocabulary-parallel; cross-entropy over split logits is vocabulary-parallel, or
+      without ``loss_parallel`` replicated over the tensor-parallel group, the logits gathered
+      to every rank (torchtitan's ``disable_loss_parallel``; KempnerForge's output head
+      gathered to ``Replicate`` for the loss);
     * with sequence parallelism (Korthikanti et al. 2022 §4.2.2) replicated ops with a
       ``length`` dim split it instead, and row-parallel outputs are reduce-scattered.
 
@@ -127,7 +130,9 @@ def tp_plan(graph: OpGraph, tp: int, sequence_parallel: bool
                    for i, ax in enumerate(ins)]
         split = [(i, ax) for i, ax in enumerate(ins) if ax is not None]
         choice: tuple[str, int | None] | None = None
-        if tp > 1 and split:
+        if tp > 1 and op.kind == "softmax_cross_entropy" and not loss_parallel:
+            choice = (REPLICA_DIM, None)
+        elif tp > 1 and split:
             for d in op.dims:
                 if d.is_replica or not d.size or d.size % tp:
                     continue

@@ -179,6 +179,13 @@ class Layout:
     gather_unit: str = _opt("block", "what ZeRO-3 gathers at once: block (PyTorch FSDP, default) or op (DeepSpeed "
                                      "ZeRO-3: each module's parameters on their own)", kinds=_FSDP,
                            choices=GATHER_UNITS)
+    #: the loss on vocabulary shards (Megatron's vocab-parallel cross-entropy; torchtitan's
+    #: loss_parallel); off: the logits gathered to every tensor-parallel rank, the loss whole on each
+    loss_parallel: bool = _opt(True, "with tp > 1, the loss computed on each rank's vocabulary shard (Megatron-LM's "
+                                     "vocab-parallel cross-entropy, torchtitan's loss parallel; default on); off: "
+                                     "the logits gathered to every tensor-parallel rank and the loss computed whole "
+                                     "on each (torchtitan's --parallelism.disable_loss_parallel, KempnerForge)",
+                               negatable=True)
     #: the linear layers' GEMMs in fp8 (Transformer Engine; --fp8-format hybrid)
     fp8: bool = _opt(False, "fp8: the linear layers' GEMMs in fp8 (Transformer Engine; H100/H200), attention, "
                             "norms, communication and the optimizer in the model's precision", label="fp8 GEMMs",

@@ -334,9 +334,14 @@ def _union_held(cache: dict, members: list[tuple], D: int) -> np.ndarray:
 
 
 def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
-    """[device] the loss's fp32 logits per microbatch on the devices computing the loss
-    (PyTorch autocast runs cross-entropy in fp32; in fp32 the logits' gradient is as large)."""
+    """[device] the loss's buffer beyond the logits the loss op keeps, per microbatch, on the
+    devices computing the loss: 4 bytes an element of the logits it reads (its partition: the
+    vocabulary shard under loss parallelism, the whole logits when they are gathered). That is
+    Megatron-Core's vocab-parallel cross-entropy's fp32 softmax, whose gradient is made in
+    place; and PyTorch's eager cross-entropy on a bf16 model (no autocast) holds its log-softmax
+    output's gradient and its input's, 2 + 2 bytes, at the backward's peak."""
     out = np.zeros(D)
+    per = 4.0
     m = max(1, strategy.pipeline.microbatches)
     cache = graph_cache(graph)
     losses = cache.get("loss_ops")
@@ -348,7 +353,7 @@ def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
         if m > 1 and "sample" in op.dim_names:
             degrees["sample"] = degrees.get("sample", 1) * m
         ins, _, _ = op.partition_shapes(degrees)
-        np.maximum.at(out, np.asarray(cfg.devices, np.int64), 4.0 * math.prod(ins[0]))
+        np.maximum.at(out, np.asarray(cfg.devices, np.int64), per * math.prod(ins[0]))
     return out
 
 

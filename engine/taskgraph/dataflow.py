@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REPLICA
+from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REPLICA, REPLICA_DIM
 from .compute import op_signature
 from .context import BuildContext, OpTables
 from .emit import Emitter
@@ -42,6 +42,13 @@ def context_parallel(cons, ccfg, i: int) -> bool:
         return False
     axes = cons.dim("length").in_axes
     return i >= len(axes) or axes[i] is None
+
+
+def gathered_loss(cons, ccfg) -> bool:
+    """Whether ``cons`` is a loss replicated over the tensor-parallel group, which gathers the
+    vocabulary-split logits to every rank (``loss_parallel`` off: DTensor's redistribution to
+    ``Replicate`` is an all-gather)."""
+    return cons.kind == "softmax_cross_entropy" and ccfg.degree(REPLICA_DIM) > 1
 
 
 def split_gathers(plan, h_lo, h_hi, h_dev, h_cls, r_lo, r_hi, r_dev):
@@ -187,7 +194,7 @@ class DataflowBuilder:
                 hcls = classes(pgrid, pnames, hkeep)
                 fwd_plan = _plan(h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c], t.rep[c])
                 gathers: tuple = ()
-                if s.sequence_parallel or context_parallel(cons, ccfg, i):
+                if s.sequence_parallel or context_parallel(cons, ccfg, i) or gathered_loss(cons, ccfg):
                     fwd_plan, gathers = split_gathers(fwd_plan, h_lo, h_hi, t.devs[p], hcls, r_lo, r_hi, t.devs[c])
                 hit = self._plans[pkey] = (h_lo, h_hi, r_lo, r_hi, fwd_plan, gathers, {})
             h_lo, h_hi, r_lo, r_hi, (holder, recv, elems), gathers, bwd_plans = hit
