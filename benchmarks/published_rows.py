@@ -268,7 +268,13 @@ def memory_counter(row: dict[str, str]) -> str | None:
 
 
 def _read_torchtitan(row: dict[str, str], notes: list[str]) -> dict[str, str]:
-    over: dict[str, str] = {}
+    # torchtitan's train.py (2024-25, the commits of its performance tables) compiles each
+    # transformer block (apply_compile) and computes the loss eagerly, upcast:
+    # loss_fn(pred, labels) = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+    notes.append("loss computed eagerly in fp32 (torchtitan's loss_fn: cross_entropy(pred.float()); torch.compile "
+                 "wraps the transformer blocks only): kernels eager, which with its activation checkpointing "
+                 "changes only the loss's memory")
+    over: dict[str, str] = {"kernels": "eager"}
     vpp = (row.get("vpp") or "").strip()
     if vpp and not vpp.isdigit():
         raise Skip(f"interleaved 1F1B with an unstated number of stages per rank (vpp {vpp!r})")

@@ -197,7 +197,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
         kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
                   shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap,
                   optimizer_state=L["optimizer_state"], accumulate_unsharded=L["accumulate_unsharded"] and zero == 3,
-                  offload_activations=L["offload"], loss_parallel=L["loss_parallel"])
+                  offload_activations=L["offload"], loss_parallel=L["loss_parallel"], kernels=L["kernels"])
         if gpus < c.num_devices:
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
             # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
@@ -214,6 +214,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     layout += " no-sync" if L["accumulate_unsharded"] and zero == 3 else ""
     layout += f" offload{L['offload']}" if L["offload"] else ""
     layout += " gathered-loss" if not L["loss_parallel"] and tp > 1 else ""
+    layout += f" {L['kernels']}" if L["kernels"] != "fused" else ""
     L["zero"] = zero
     return build, layout, dp
 
@@ -256,14 +257,15 @@ def _megatron_layout(row, src: str, L: dict[str, Any], notes: list[str]) -> tupl
                                          tp_comm_overlap=overlap, overlap_param_gather=gather,
                                          grad_reduce_in_fp32=not bridge, fp8_params=bridge and fp8, ep=ep,
                                          optimizer_state=L["optimizer_state"], offload_activations=L["offload"],
-                                         loss_parallel=L["loss_parallel"]))
+                                         loss_parallel=L["loss_parallel"], kernels=L["kernels"]))
 
     layout = (f"{'fp8 ' if L['fp8'] else ''}tp{tp}/{f'cp{cp}/' if cp > 1 else ''}pp{pp}/dp{dp}/vpp{vpp} "
               f"{'zero' + str(zero) if zero else 'ddp'}{' sp' if sp else ''}{' overlap' if overlap else ''} "
               f"mbs{mbs if mbs is not None else '-'} rc={L['recompute']}"
               + (f" opt-{L['optimizer_state']}" if L["optimizer_state"] != "fp32" else "")
               + (f" offload{L['offload']}" if L["offload"] else "")
-              + (" gathered-loss" if not L["loss_parallel"] and tp > 1 else ""))
+              + (" gathered-loss" if not L["loss_parallel"] and tp > 1 else "")
+              + (f" {L['kernels']}" if L["kernels"] != "fused" else ""))
     return build, layout, dp
 
 
@@ -416,7 +418,8 @@ def setup_for(row: dict[str, str]) -> Setup:
                              optimizer_state=(row.get("optimizer_state") or "fp32"),
                              accumulate_unsharded=bool(row.get("accumulate_unsharded")),
                              offload=cell_int(row, "offload_activations") or 0,
-                             loss_parallel=(row.get("loss_parallel") or "yes") != "no")
+                             loss_parallel=(row.get("loss_parallel") or "yes") != "no",
+                             kernels=row.get("kernels") or "fused")
     cluster_name = L["cluster"] = _cluster_name(row, gpus, notes)
     cfg = _model_config(row, src, shape, precision, notes)
     L["zero"], L["unit"], L["framework"], hybrid = _zero_of(row)

@@ -338,10 +338,17 @@ def logits_bytes(graph: OpGraph, strategy: Strategy, D: int) -> np.ndarray:
     devices computing the loss: 4 bytes an element of the logits it reads (its partition: the
     vocabulary shard under loss parallelism, the whole logits when they are gathered). That is
     Megatron-Core's vocab-parallel cross-entropy's fp32 softmax, whose gradient is made in
-    place; and PyTorch's eager cross-entropy on a bf16 model (no autocast) holds its log-softmax
-    output's gradient and its input's, 2 + 2 bytes, at the backward's peak."""
+    place (fused kernels); and PyTorch's eager cross-entropy on a bf16 model (no autocast) holds
+    its log-softmax output's gradient and its input's, 2 + 2 bytes, at the backward's peak. With
+    eager kernels a mixed-precision model's loss upcasts its logits (torchtitan's
+    ``F.cross_entropy(pred.flatten(0, 1).float(), ...)``): the fp32 log-softmax output it keeps
+    and, at the backward's peak, that output's gradient and its input's, 3 x 4 bytes, less the
+    logits' own bytes the loss op keeps (:attr:`engine.strategy.Strategy.kernels`)."""
     out = np.zeros(D)
     per = 4.0
+    half = DTYPE_BYTES.get(graph.precision, 4) < 4
+    if getattr(strategy, "kernels", "fused") == "eager" and not (half and strategy.optimizer_state == "bf16"):
+        per = 3 * 4.0 - DTYPE_BYTES.get(graph.precision, 4)
     m = max(1, strategy.pipeline.microbatches)
     cache = graph_cache(graph)
     losses = cache.get("loss_ops")
