@@ -136,11 +136,13 @@ def today():
 #: |error| (today's figure). Issue 42: KempnerForge casts its model to bf16 (no fp32 master
 #: copy) and accumulates unsharded gradients between reduce-scatters (FSDP no_sync): 34.8 ->
 #: 20.8; its output head gathers the logits to every tensor-parallel rank for the loss
-#: (loss_parallel off): 20.8 -> 3.0; torchtitan's and Sailor's are the allocator's reserved
-#: peak, not modelled closer yet.
+#: (loss_parallel off): 20.8 -> 3.0; torchtitan's loss ran eagerly in fp32 (its fp32 log-softmax
+#: and gradients): 45.6 -> 24.5 and 40.4 -> 13.2 (its fp8 rows keep torchao's bf16 inputs and its
+#: 405B pipeline rows unsharded gradients, not modelled); Sailor's is a peak on GH200 that small
+#: models are far under, not modelled closer yet.
 TODAY_MEMORY_MEDIAN_PCT = {"KempnerForge": 6.0,  # 3.0
-                           "torchtitan": 48.0,  # 45.6
-                           "torchtitan-community": 43.0,  # 40.4
+                           "torchtitan": 27.0,  # 24.5
+                           "torchtitan-community": 16.0,  # 13.2
                            "Sailor": 42.0}  # 39.5
 
 
