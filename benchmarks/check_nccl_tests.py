@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| row | cluster | collective | GPUs | size | published busbw GB/s | soapbox GB/s | error |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in res:
-        print(f"| {r['row_id']} | {r['cluster']} | {r['collective']} | {r['gpus']} | {float(r['size_bytes']) / 2**30:g} GiB "
+        size = float(r["size_bytes"]) / 2**30
+        print(f"| {r['row_id']} | {r['cluster']} | {r['collective']} | {r['gpus']} | {size:g} GiB "
               f"| {r['busbw_GBps']} | {r['predicted_GBps']} | {r['error_pct']:+.1f}% |")
 
 

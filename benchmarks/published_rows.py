@@ -311,8 +311,10 @@ def _read_nemo(row: dict[str, str], notes: list[str]) -> dict[str, str]:
 #: words, global batch) -> (preset, cpu_offloading_num_layers): read from
 #: scripts/performance/configs/llama/llama3_workload_base_configs.py at 0fbfe7d3 (the 0.4.0
 #: release the 26.04 page's rows were measured with; the V2 presets are the page's GBS 256).
-BRIDGE_OFFLOAD = {("LLAMA3_70B", "GB300", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V2", 20),
-                  ("LLAMA3_70B", "GB200", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2", 40)}
+BRIDGE_OFFLOAD = {
+    ("LLAMA3_70B", "GB300", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V2", 20),
+    ("LLAMA3_70B", "GB200", "per-tensor current", 256): ("LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2", 40),
+}
 
 
 def _read_megatron_bridge(row: dict[str, str], notes: list[str]) -> dict[str, str]:

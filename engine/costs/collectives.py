@@ -208,9 +208,10 @@ def group_collective_time_s(kind: str, size_bytes: float, group, link_efficiency
     if kind == "all_to_all":
         return all_to_all_time_s(size_bytes, group.ranks, intra_bw, inter_bw, group.latency_s, 1.0,
                                  nodes=group.nodes, inter_latency_s=group.inter_latency_s)
+    nvls_share = NVLS_EFFICIENCY.get(getattr(group, "arch", ""), NVLS_EFFICIENCY["hopper"])
     return collective_time_s(kind, size_bytes, group.ranks, bw, group.latency_s, 1.0,
                              nodes=group.nodes, inter_latency_s=group.inter_latency_s, nvlink=group.nvlink,
-                             nvls=group.nvls, nvls_share=NVLS_EFFICIENCY.get(getattr(group, "arch", ""), NVLS_EFFICIENCY["hopper"]))
+                             nvls=group.nvls, nvls_share=nvls_share)
 
 
 def group_rates(group, shares: LinkShares) -> tuple[float, float, float]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 from ..ops import DTYPE_BYTES, experts_capacity_share
@@ -159,9 +160,10 @@ class CostModel:
     #: (NVLink 0.80, InfiniBand/RoCE 0.96); () takes ``link_efficiency`` for every link
     link_shares: tuple[tuple[str, float], ...] = tuple(LINK_SHARE.items())
 
-    @property
+    @cached_property
     def links(self) -> LinkShares:
-        """Each kind of link's data-rate share (:attr:`link_shares`, else ``link_efficiency``)."""
+        """Each kind of link's data-rate share (:attr:`link_shares`, else ``link_efficiency``);
+        made once per cost model (every collective of a build asks for it)."""
         return LinkShares(self.link_shares, self.link_efficiency)
 
     def sustained(self, device_type) -> float:

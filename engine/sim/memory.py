@@ -372,7 +372,7 @@ def _offloaded_window(graph: OpGraph, strategy: Strategy, tg, timeline: Timeline
         order = np.argsort(keys)
         keys, sel = keys[order], sel[order]
         pos = np.minimum(np.searchsorted(keys, f_key), max(keys.size - 1, 0))
-        hit = (lay >= 0) & (keys.size > 0) & (keys[pos] == f_key) if keys.size else np.zeros(f_idx.size, bool)
+        hit = (lay >= 0) & (keys[pos] == f_key) if keys.size else np.zeros(f_idx.size, bool)
         out[hit] = when[sel[pos[hit]]]
     both = np.isfinite(sent) & np.isfinite(back)
     sent[~both] = np.nan
