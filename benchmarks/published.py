@@ -147,13 +147,23 @@ def megatron_moe_flops(graph, recompute: bool) -> float:
     return (16.0 if recompute else 12.0) * B * s_len * L * h * h * per
 
 
+#: Families whose "GB" of memory is GiB: KempnerForge's step log prints ``mem=peak/total GB``
+#: with ``peak_gb = torch.cuda.max_memory_allocated() / 1024**3`` (kempnerforge/metrics/memory.py
+#: and tracker.py at 5666d0d1, the report's commit). Its report gives an H200's total as 140
+#: "GB": the H200's 143,771 MiB (nvidia-smi) are 140.4 GiB but 150.8 * 10^9 bytes.
+GIB_AS_GB = ("KempnerForge",)
+
+
 def published_memory_gib(row: dict[str, str]) -> tuple[str, float] | None:
     """(metric name, GiB) of the row's published peak memory: its ``metric2`` when that is a
-    memory metric, else a "peak mem X GB/GPU" in its notes (GB read as 10^9 bytes)."""
+    memory metric, else a "peak mem X GB/GPU" in its notes (GB read as 10^9 bytes, except where
+    the source's own logger prints GiB as "GB": :data:`GIB_AS_GB`)."""
     if row.get("metric2_name") in MEMORY_METRICS and cell_number(row, "metric2_value") is not None:
         return row["metric2_name"], float(cell_number(row, "metric2_value"))
     m = re.search(r"peak mem(?:ory)? ([\d.]+) GB/GPU", row.get("notes") or "")
-    return ("peak_memory_gb (notes)", float(m.group(1)) * 1e9 / 2**30) if m else None
+    if not m:
+        return None
+    return "peak_memory_gb (notes)", float(m.group(1)) * (1.0 if source_of(row) in GIB_AS_GB else 1e9 / 2**30)
 
 
 # --------------------------------------------------------------------------- one row

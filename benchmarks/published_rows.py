@@ -68,6 +68,14 @@ FUSED_ATTENTION = {"torchtitan": "torch SDPA's flash kernel (torchtitan's attent
                    "NeMo long-seq": "Transformer Engine's fused attention (NeMo's default)",
                    "Megatron-Bridge": "Transformer Engine's fused attention (Megatron-Core's default)"}
 
+#: Families whose runs materialise the attention scores (no fused attention), with the reason:
+#: the Hopper default of :func:`published_setup` does not hold for them.
+UNFUSED_ATTENTION = {"Sailor": "Sailor's Megatron-DeepSpeed fork fuses attention only with --use-flash-attn* "
+                               "(megatron/arguments.py at cf2c8e3), which its launch script "
+                               "(ae_scripts/clariden_scripts/run_opt.slurm) does not pass; nor --fp16/--bf16, which "
+                               "flash attention needs"}
+
+
 class Skip(Exception):
     """A row that cannot be predicted; the message is the reason shown to the user."""
 
@@ -260,6 +268,8 @@ def memory_counter(row: dict[str, str]) -> str | None:
         return "allocated"
     if "reserved" in text or source_of(row) in ("torchtitan", "torchtitan-community"):
         return "reserved"
+    if source_of(row) == "KempnerForge":  # its step log's peak_gb: max_memory_allocated (metrics/memory.py)
+        return "allocated"
     return None
 
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from published_rows import (FUSED_ATTENTION, READERS, Setup, Skip, _cluster_name, _gpus_per_node, cell_int,
+from published_rows import (FUSED_ATTENTION, READERS, UNFUSED_ATTENTION, Setup, Skip, _cluster_name, _gpus_per_node, cell_int,
                             expert_parallel_of, is_moe, memory_counter, software_of, source_of)
 
 from engine.layout import Layout
@@ -81,15 +81,24 @@ def _model_config(row: dict[str, str], src: str, shape: dict[str, Any], precisio
     # default on Hopper; elsewhere where the row or its framework's default says so
     flash = "flash" in text or "fused attention" in text or src in FUSED_ATTENTION or gpu.startswith(
         ("H100", "H200", "GH200"))
+    if flash and src in UNFUSED_ATTENTION:
+        flash = False
+        notes.append(f"attention unfused (scores materialised): {UNFUSED_ATTENTION[src]}")
     if flash and "flash" not in text:
         notes.append(f"fused (flash) attention: {FUSED_ATTENTION.get(src, 'the default of every framework on Hopper')}")
     if any(k in text for k in _LLAMA_WORDS):
         notes.append("LLaMA-family model: SwiGLU MLP, RMSNorm, rotary positions, no biases, untied embeddings")
         return GPTConfig(**shape, swiglu=True, norm="rmsnorm", positions="rotary", bias=False, tie_embeddings=False,
                          dropout=0.0, precision=precision, flash_attention=flash, name=name)
+    dropout = 0.1
+    if src == "Sailor" and (row.get("model") or "").upper().startswith("OPT"):
+        # the fork's OPT layer (megatron/model/opt_model.py at cf2c8e3) has its residual dropouts
+        # commented out and none on the attention probabilities
+        dropout = 0.0
+        notes.append("no dropout: Sailor's OPT layer applies none (megatron/model/opt_model.py at cf2c8e3)")
     notes.append("GPT-style model (Megatron-LM's GPT conventions: learned positions, biases, tied embeddings, "
-                 "dropout 0.1)")
-    return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=0.1,
+                 f"dropout {dropout:g})")
+    return GPTConfig(**shape, positions="learned", bias=True, tie_embeddings=True, dropout=dropout,
                      precision=precision, flash_attention=flash, name=name)
 
 
@@ -188,6 +197,15 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
                      "whole per-device batch)" if pp == 1 else "micro_batch missing: 1 (pipelined)")
     zero = zero or 3
     k = L["shard_group"]
+    acc = L["accumulate_unsharded"] and zero == 3
+    if pp > 1 and source_of(row) in ("torchtitan", "torchtitan-community") and zero >= 2:
+        # torchtitan's FSDP2 under torch's pipelining: reshard_after_forward "default" is "not
+        # pp_enabled" (distributed/fsdp.py), and backward_maybe_with_nosync neither reshards nor
+        # reduces between microbatches (torch/distributed/pipelining/stage.py): ZeRO-2 with
+        # unsharded gradients accumulated to the step's one reduce-scatter
+        zero, acc = 2, True
+        notes.append("ZeRO-2 with unsharded gradient accumulation: torchtitan's FSDP2 under pipelining "
+                     "(reshard_after_forward off with pp; no reduce-scatter between microbatches)")
 
     dp = gpus // (tp * cp * pp)
 
@@ -196,7 +214,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     def build(g, c, mbs=mbs, recompute=L["recompute"], zero=zero, tp=tp, pp=pp, unit=L["unit"], cp=cp, fp8=L["fp8"]):
         kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
                   shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap,
-                  optimizer_state=L["optimizer_state"], accumulate_unsharded=L["accumulate_unsharded"] and zero == 3,
+                  optimizer_state=L["optimizer_state"], accumulate_unsharded=acc,
                   offload_activations=L["offload"], loss_parallel=L["loss_parallel"], kernels=L["kernels"])
         if gpus < c.num_devices:
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
@@ -211,7 +229,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     layout += " per-op" if L["unit"] == "op" else ""
     layout += f" hybrid{k}" if k else ""
     layout += f" opt-{L['optimizer_state']}" if L["optimizer_state"] != "fp32" else ""
-    layout += " no-sync" if L["accumulate_unsharded"] and zero == 3 else ""
+    layout += " no-sync" if acc else ""
     layout += f" offload{L['offload']}" if L["offload"] else ""
     layout += " gathered-loss" if not L["loss_parallel"] and tp > 1 else ""
     layout += f" {L['kernels']}" if L["kernels"] != "fused" else ""

@@ -35,7 +35,9 @@ from the installed torchtitan 0.3.0 wheel (and torch 2.13.0, the pinned test ext
   "not pp_enabled" (so ZeRO-2 under pipelines).
 * torch 2.13.0 ``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``: under
   pipelining FSDP neither syncs nor reshards between microbatches (one reduce-scatter at the end
-  of the step): ZeRO-2's schedule, whatever the reshard policy.
+  of the step): ZeRO-2's schedule, whatever the reshard policy, with the gradients accumulated
+  unsharded in float32 (``accumulate_unsharded``; ``_fsdp_param.py``
+  ``to_accumulated_grad_if_needed``).
 * ``distributed/pipeline_parallel.py``: ``module_fqns_per_model_part`` (one list per model
   chunk; ``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) sets the split and the stages
   per rank (chunks / pp); looped schedules place chunk c on rank c % pp.
@@ -157,9 +159,14 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
         raise r("torchtitan", "Megatron's selective recomputation (the attention core or --recompute-modules): "
                                "torchtitan 0.3.0's selective checkpointing is per-op (activation-checkpoint:selective)",
                 "recompute selective-op or full, or export --format megatron")
-    if lay.accumulate_unsharded:
-        raise r("torchtitan", "unsharded gradient accumulation (FSDP's no_sync): torchtitan 0.3.0 reduce-scatters "
-                               "every micro-batch's gradients", "turn accumulate_unsharded off")
+    if lay.accumulate_unsharded and lay.pp == 1:
+        raise r("torchtitan", "unsharded gradient accumulation (FSDP's no_sync) without pp: torchtitan 0.3.0 "
+                               "reduce-scatters every micro-batch's gradients", "turn accumulate_unsharded off")
+    if lay.pp > 1 and lay.zero_stage == 2 and not lay.accumulate_unsharded:
+        raise r("torchtitan", "ZeRO-2 with pp and gradients reduce-scattered into shards: under torch's pipelining "
+                               "FSDP2 keeps every microbatch's gradients unsharded until the step's one "
+                               "reduce-scatter (stage.py backward_maybe_with_nosync), in float32",
+                "turn accumulate_unsharded on (what torchtitan runs), or export --format deepspeed")
     if lay.optimizer_state != "fp32":
         raise r("torchtitan", f"optimizer state {lay.optimizer_state}: torchtitan 0.3.0's FSDP2 keeps the sharded "
                                "parameters in float32, AdamW's moments in their dtype", "set optimizer_state to fp32, "
@@ -358,7 +365,7 @@ def layout_from_torchtitan(text: str, base: Layout) -> Layout:
                   vpp=vpp, micro_batch=mb, global_batch=glob, schedule=sched, recompute=ac, zero_stage=zero,
                   sequence_parallel=tp > 1 and p + "enable_sequence_parallel" in v, fp8=base.fp8,
                   layers_per_stage=counts, gather_unit=base.gather_unit,
-                  shard_group=shard * cp if zero >= 2 and rep > 1 else 0,
+                  shard_group=shard * cp if zero >= 2 and rep > 1 else 0, accumulate_unsharded=pp > 1 and zero == 2,
                   grad_reduce_in_fp32=base.grad_reduce_in_fp32, overlap_grad_reduce=base.overlap_grad_reduce,
                   overlap_param_gather=base.overlap_param_gather)
 

@@ -199,9 +199,9 @@ class Layout:
                                            "on, Megatron-LM's bf16 rule; --no-grad-reduce-in-fp32: the bf16 "
                                            "gradient buffer of NeMo's and Megatron-Bridge's performance scripts)",
                                      kinds=_MEGATRON, negatable=True)
-    #: ZeRO-3 gradient accumulation without a reduce-scatter per microbatch (FSDP's no_sync):
+    #: ZeRO-2/3 gradient accumulation without a reduce-scatter per microbatch (FSDP's no_sync):
     #: :attr:`engine.strategy.Strategy.accumulate_unsharded`
-    accumulate_unsharded: bool = _opt(False, "ZeRO-3 with gradient accumulation: the microbatches before the last "
+    accumulate_unsharded: bool = _opt(False, "ZeRO-2/3 with gradient accumulation: the microbatches before the last "
                                              "keep unsharded gradients instead of reduce-scattering them (FSDP2's "
                                              "set_requires_gradient_sync(False), FSDP's no_sync()): one "
                                              "reduce-scatter an iteration, a whole gradient buffer meanwhile",
@@ -291,9 +291,9 @@ class Layout:
                 raise ValueError(f"{name} {where}: offloading {'the optimizer' if need == 1 else 'parameters'} needs "
                                  f"ZeRO stage {need}{' or above' if need < 3 else ''} (DeepSpeed's rule), got "
                                  f"{self.zero_stage}")
-        if self.accumulate_unsharded and self.zero_stage != 3:
+        if self.accumulate_unsharded and self.zero_stage not in (2, 3):
             raise ValueError(f"accumulate_unsharded: accumulating unsharded gradients (FSDP's no_sync) applies to "
-                             f"ZeRO-3, got zero_stage {self.zero_stage}")
+                             f"ZeRO-2 and ZeRO-3, got zero_stage {self.zero_stage}")
         if not _is_int(self.offload_activations) or self.offload_activations < 0:
             raise ValueError(f"offload_activations must be a whole number of layers (0: none), got "
                              f"{self.offload_activations!r}")

@@ -312,6 +312,11 @@ class OpKind:
     #: (None: the float inputs at their dtype). Dropout keeps its mask, one byte per element
     #: (Korthikanti et al. 2022 §4.1).
     bwd_saved_bytes_per_element: float | None = None
+    #: True for ops whose backward reads their output instead of their inputs (softmax:
+    #: dx = y * (dy - sum(dy * y)); PyTorch's ``softmax`` saves its result): the tensor kept is
+    #: the output, kept once with any later reader that keeps it too (attention's probabilities
+    #: and the matmul with the values, where no dropout stands between them).
+    bwd_keeps_output: bool = False
     #: True for table lookups (embedding): forward reads only the gathered rows, not the
     #: whole table, and backward scatters into the gathered rows only.
     gathers_params: bool = False

@@ -171,7 +171,7 @@ def kinds() -> list[OpKind]:
                _batchnorm_infer, _batchnorm_params, _batchnorm_dims, _per_element(BATCHNORM_FLOPS_PER_ELEMENT), 2.0),
         OpKind("softmax", "Softmax along one axis; attrs: axis.",
                _softmax_infer, no_params, _softmax_dims, _per_element(SOFTMAX_FLOPS_PER_ELEMENT), 1.0,
-               attrs=("axis",)),
+               attrs=("axis",), bwd_keeps_output=True),
         OpKind("bias", "A learned bias added along the last axis, apart from its GEMM (the bias of a layer whose "
                        "weight is tied to another op's, e.g. BERT's masked-LM decoder).",
                _norm_infer, _bias_params, _bias_dims, _per_element(BINARY_FLOPS_PER_ELEMENT), 1.0,

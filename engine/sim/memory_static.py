@@ -213,10 +213,12 @@ def _state(graph: OpGraph, strategy: Strategy, D: int, params: np.ndarray, shard
                                                   getattr(strategy, "optimizer_state", "fp32"))
     weights = (sharded if zero >= 3 else params) * w_b
     grads = (sharded if zero >= 2 else params) * g_b + (sharded if zero >= 1 else params) * main_b
-    if zero >= 3 and getattr(strategy, "accumulate_unsharded", False) and strategy.pipeline.microbatches > 1:
-        # FSDP's no_sync: the microbatches before the last keep their unsharded gradients, in
-        # the model's dtype, until the last one's reduce-scatter
-        grads = grads + params * pbytes
+    if zero >= 2 and getattr(strategy, "accumulate_unsharded", False) and strategy.pipeline.microbatches > 1:
+        # FSDP's no_sync: the microbatches before the last keep their unsharded gradients until
+        # the last one's reduce-scatter, upcast to FSDP2's reduce dtype (torch 2.13
+        # _fsdp_param.py to_accumulated_grad_if_needed: fp32 with grad_reduce_in_fp32)
+        acc = DTYPE_BYTES["fp32"] if getattr(strategy, "grad_reduce_in_fp32", True) else pbytes
+        grads = grads + params * acc
     optim = (sharded if zero >= 1 else params) * o_b
     host, nvme = np.zeros(D), np.zeros(D)
     if off_opt != "none":

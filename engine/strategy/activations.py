@@ -9,10 +9,11 @@ activation copies to and from the host carry these bytes (:mod:`engine.taskgraph
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import OpGraph, layer_blocks
+from ..graph import OpGraph, TensorRef, layer_blocks
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .core import Strategy
 from .recompute import experts_saved, keeps_output, kept_inputs, saved_outputs
@@ -117,12 +118,22 @@ def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache
         if m > 1 and "sample" in op.dim_names:
             degrees["sample"] = degrees.get("sample", 1) * m
         ins, outs, _ = op.partition_shapes(degrees)
-        per = op_kind(op.kind).bwd_saved_bytes_per_element
+        kind = op_kind(op.kind)
+        per = kind.bwd_saved_bytes_per_element
         if strategy.fp8 and op.kind == "linear":
             per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
-        hit = [(op.inputs[k], ins[k], math.prod(ins[k]) * (
-            DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per) / _cp_share(op, cfg, k)) for k in inputs
-            if op.in_tensors[k].dtype in FLOAT_DTYPES]
+        if kind.bwd_keeps_output and per is None and inputs:
+            # the output, under its own name: a later reader keeping it shares it (softmax's
+            # probabilities, read by the matmul with the values)
+            hit = [(TensorRef(op.name, k), outs[k], math.prod(outs[k]) * DTYPE_BYTES[op.out_tensors[k].dtype])
+                   for k in range(len(outs)) if op.out_tensors[k].dtype in FLOAT_DTYPES]
+        else:
+            # a derived tensor (dropout's mask) under the op's own name, never shared with a
+            # reader keeping the input itself; an fp8 copy is shared by the readers of its input
+            masked = kind.bwd_saved_bytes_per_element is not None
+            hit = [(_Mask(op.name, f"mask{k}") if masked else op.inputs[k], ins[k], math.prod(ins[k]) * (
+                DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per) / _cp_share(op, cfg, k))
+                for k in inputs if op.in_tensors[k].dtype in FLOAT_DTYPES]
         if recompute == "selective-op":
             hit += saved_outputs(graph, op, cfg, outs, strategy)
         hit += experts_saved(op, outs, op.partition_shapes(degrees)[2], recompute, strategy.fp8, mods)
@@ -146,3 +157,12 @@ def offloaded_layers(graph: OpGraph, strategy: Strategy) -> list[list[int]]:
         if k is not None:
             out[k].append(i)
     return out
+
+
+@dataclass(frozen=True)
+class _Mask:
+    """The mask an op keeps instead of one of its inputs (dropout's one byte per element): the
+    key of :func:`saved_bytes`'s once-only set, apart from any tensor's (op, output index)."""
+
+    op: str
+    index: str

@@ -162,12 +162,16 @@ class Strategy:
         of the experts' backward time, a backward one behind up to half of their forward time
         (the partner microbatch's compute of the same layer), only what is left shows.
     accumulate_unsharded : bool
-        ZeRO-3 with gradient accumulation: the microbatches before the last skip the gradient
-        reduce-scatter and accumulate unsharded gradients, in the model's dtype (PyTorch FSDP2's
+        ZeRO-2 or 3 with gradient accumulation: the microbatches before the last skip the
+        gradient reduce-scatter and accumulate unsharded gradients (PyTorch FSDP2's
         ``set_requires_gradient_sync(False)``, FSDP's ``no_sync()``; KempnerForge's
-        ``maybe_no_sync``): one reduce-scatter an iteration instead of one a microbatch, and a
-        whole gradient buffer per device while the iteration lasts. Default off (torchtitan
-        reduce-scatters every microbatch).
+        ``maybe_no_sync``; torch's pipelining under FSDP2, whose ``backward_maybe_with_nosync``
+        neither reshards nor reduces between microbatches: torchtitan with pp is ZeRO-2 with
+        this): one reduce-scatter an iteration instead of one a microbatch, and a whole
+        gradient buffer per device while the iteration lasts, in FSDP2's reduce dtype (fp32 with
+        ``grad_reduce_in_fp32``: ``FSDPParam.to_accumulated_grad_if_needed`` upcasts the
+        accumulated gradient; torch 2.13), else the model's. Default off (torchtitan without
+        pp reduce-scatters every microbatch).
     optimizer_state : str
         One of :data:`OPTIMIZER_STATES`: what the optimizer keeps per parameter, and so the
         bytes of weights, gradients and optimizer state (:func:`engine.sim.memory_static.state_bytes_per_param`)

@@ -58,12 +58,14 @@ MATRIX = {
     "gpt2-tp2-sp-cp2-zero3": lambda: (G, C, build_layout(G, C, Layout(tp=2, cp=2, sequence_parallel=True,
                                                                       micro_batch=1, zero_stage=3))),
     "llama2-tp2-pp4-vpp2-zero2": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, pp=4, vpp=2, micro_batch=1,
-                                                                              sequence_parallel=True, zero_stage=2))),
+                                                                              sequence_parallel=True, zero_stage=2,
+                                                                              accumulate_unsharded=True))),
     "llama2-tp4-pp2-uneven-ddp-full": lambda: (L, C64, build_layout(L, C64, Layout(tp=4, pp=2, micro_batch=2,
                                                                                    layers_per_stage=[15,
                                                                                                      17], sequence_parallel=True, recompute="full"))),
     "llama2-pp4-gpipe-zero2-hsdp": lambda: (L, C64, build_layout(L, C64, Layout(pp=4, micro_batch=1, schedule="gpipe",
-                                                                                    zero_stage=2, shard_group=8))),
+                                                                                    zero_stage=2, shard_group=8,
+                                                                                    accumulate_unsharded=True))),
     "llama2-tp2-cp2-zero3-selective-op": lambda: (L, C64, build_layout(L, C64, Layout(tp=2, cp=2,
                                                                                       sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="selective-op"))),
     "llama3-8b-tp2-no-sp-zero3": lambda: (L8, C16, build_layout(L8, C16, Layout(tp=2, micro_batch=1, zero_stage=3))),
@@ -190,7 +192,8 @@ def test_a_shipped_model_gets_its_config_and_torchtitan_builds_that_shape():
 def test_fp8_goes_out_only_with_a_config_function_that_converts_to_float8():
     big = llama3(126, 16384, 128, 53248, batch=16, seq=8192)
     c = preset("dgx-h100:16")
-    s = build_layout(big, c, Layout(tp=8, pp=8, micro_batch=1, sequence_parallel=True, zero_stage=2, fp8=True))
+    s = build_layout(big, c, Layout(tp=8, pp=8, micro_batch=1, sequence_parallel=True, zero_stage=2, fp8=True,
+                                    accumulate_unsharded=True))
     text = export("torchtitan", big, s, c)
     assert launch_args(text)[:4] == ["--module", "llama3", "--config", "llama3_405b"]
     # without fp8 the 405B config (which converts to float8) is not named
@@ -276,6 +279,16 @@ def test_cp_without_zero_is_refused():
 def test_zero3_with_pipelines_is_refused():
     refused(L, build_layout(L, C64, Layout(pp=2, micro_batch=1, zero_stage=3)), C64,
             "ZeRO-3 with pipeline parallelism.*backward_maybe_with_nosync")
+
+
+def test_zero2_with_pipelines_needs_unsharded_accumulation():
+    """torch's pipelining under FSDP2 keeps every microbatch's gradients unsharded to the step's
+    one reduce-scatter: a ZeRO-2 pipeline whose gradients are sharded per microbatch is not
+    what torchtitan runs; without pp, unsharded accumulation is not either."""
+    refused(L, build_layout(L, C64, Layout(pp=2, micro_batch=1, zero_stage=2)), C64,
+            "ZeRO-2 with pp and gradients reduce-scattered.*turn accumulate_unsharded on")
+    refused(G, fsdp(G, C, Layout(zero_stage=3, micro_batch=1, accumulate_unsharded=True)), C,
+            "unsharded gradient accumulation.*without pp")
 
 
 def test_accumulation_with_zero0_or_2_is_refused():

@@ -133,11 +133,11 @@ class TestKorthikantiActivations:
 
     S, H, A = 2048, 12288, 96  # GPT-3 175B's layer
 
-    def layer_bytes(self, tp, sp, recompute):
+    def layer_bytes(self, tp, sp, recompute, dropout=0.1):
         from engine.sim.memory import saved_activation_bytes
         from engine.models.transformer import GPTConfig, gpt
 
-        g = gpt(GPTConfig(2, self.H, self.A, self.S, 51200, 1, precision="fp16", dropout=0.1, name="k"))
+        g = gpt(GPTConfig(2, self.H, self.A, self.S, 51200, 1, precision="fp16", dropout=dropout, name="k"))
         c = preset("dgx-a100-80gb:1")
         s = build_layout(g, c, Layout(tp=tp, pp=1, dp=1, micro_batch=1, recompute=recompute, sequence_parallel=sp))
         saved = saved_activation_bytes(g, s)
@@ -146,6 +146,13 @@ class TestKorthikantiActivations:
     @pytest.mark.parametrize("tp", [1, 2, 8])
     def test_no_recomputation(self, tp):
         assert self.layer_bytes(tp, False, "none") == pytest.approx(10 + 24 / tp + 5 * self.A * self.S / (self.H * tp))
+
+    @pytest.mark.parametrize("tp", [1, 2, 8])
+    def test_no_dropout_keeps_the_probabilities_once(self, tp):
+        """Without dropout the softmax's output is what the matmul with the values reads: one
+        tensor (2as/(ht)), kept for both backwards; no masks (the two residual ones, 2)."""
+        assert self.layer_bytes(tp, False, "none", dropout=0.0) == pytest.approx(
+            8 + 24 / tp + 2 * self.A * self.S / (self.H * tp))
 
     @pytest.mark.parametrize("tp", [2, 8])
     def test_sequence_parallel(self, tp):
@@ -394,3 +401,33 @@ def test_static_memory_kept_per_op_follows_each_change(zero):
         for part in ("weights", "grads", "optim", "gathered"):
             assert np.array_equal(getattr(kept, part), getattr(fresh, part)), part
     assert changed >= 3
+
+
+class TestUnshardedAccumulation:
+    """FSDP's no_sync (issue 42): the microbatches before the last keep whole gradients, upcast
+    to FSDP2's reduce dtype (torch's ``FSDPParam.to_accumulated_grad_if_needed``): 4 bytes a
+    parameter with ``grad_reduce_in_fp32``, the model's 2 without; ZeRO-2 (torchtitan's
+    pipelines) as well as ZeRO-3."""
+
+    @pytest.mark.parametrize("zero, fp32, per", [(3, True, 4), (3, False, 2), (2, True, 4), (2, False, 2)])
+    def test_a_whole_gradient_buffer_in_the_reduce_dtype(self, zero, fp32, per):
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        lay = Layout(zero_stage=zero, micro_batch=1)
+        s = replace(fsdp(g, c, lay), grad_reduce_in_fp32=fp32)
+        base = simulate_strategy(g, s, c).memory
+        mem = simulate_strategy(g, replace(s, accumulate_unsharded=True), c).memory
+        params = g.param_count  # one GPU-sized model on every device: dp 8, nothing split
+        np.testing.assert_allclose(mem.grads_bytes - base.grads_bytes, params * per, rtol=1e-12)
+
+    def test_one_microbatch_accumulates_nothing(self):
+        g = _small_gpt()
+        c = preset("dgx-a100-80gb:1")
+        lay = Layout(zero_stage=2, micro_batch=2)
+        base = simulate_strategy(g, fsdp(g, c, lay), c).memory
+        mem = simulate_strategy(g, fsdp(g, c, replace(lay, accumulate_unsharded=True)), c).memory
+        np.testing.assert_array_equal(mem.grads_bytes, base.grads_bytes)
+
+    def test_refused_below_zero_2(self):
+        with pytest.raises(ValueError, match="applies to ZeRO-2 and ZeRO-3, got zero_stage 1"):
+            Layout(zero_stage=1, accumulate_unsharded=True)
