@@ -111,9 +111,11 @@ class ComputeBuilder:
             t.bwd[oi] = spread(b, slot)
             seg.edges(f, b)  # a partition's backward follows its own forward
             seg.edges(b[-1], t.updates[devs[keep]])  # its last backward precedes the optimizer step
-        self._reduce(seg, oi)
+        redo = self._reduce(seg, oi, bool(reruns) and op.kind != "experts")
         for table in (t.fwd_in, t.bwd_in, t.bwd_out):
             table.pop(oi, None)
+        if redo is not None:
+            t.bwd_in[oi] = redo
         if op.kind == "experts":
             self._dispatch(seg, oi, bool(reruns), bwd_t)
 
@@ -131,21 +133,29 @@ class ComputeBuilder:
         image = np.ravel_multi_index(zeroed.T, shape) if shape else np.zeros(P, np.int64)
         return rep, image.astype(np.int64)
 
-    def _reduce(self, seg: Segment, oi: int) -> None:
+    def _reduce(self, seg: Segment, oi: int, rerun: bool = False) -> np.ndarray | None:
         """All-reduce (or reduce-scatter) partial sums of an op split along a reduction dim;
-        consumers then read after the collective (``fwd_ready``)."""
+        consumers then read after the collective (``fwd_ready``).
+
+        ``rerun``: the op's forward runs again before its backward (full recomputation), and
+        so does this collective: Megatron-LM's checkpointed layer re-executes its forward,
+        tensor-parallel all-reduces included (Korthikanti et al. 2022, Table 4: full
+        recomputation adds 7.6 ms to the 22B layer's backward, its whole 7.7 ms forward). The
+        second collective waits for the op's output gradient and gates its backward; returns
+        those [mb, part] tasks (the op's ``bwd_in``), or None."""
         t, m = self.tables, self.ctx.microbatches
         op = self.ctx.graph.ops[oi]
         names, grid = t.grid[oi]
         red = [n for n in names if op.dim(n).kind == REDUCTION]
         if not red:
-            return
+            return None
         keep = {n for n in names if n not in red}
         cls = classes(grid, names, keep)
         lo, hi = out_regions(op, self.ctx.strategy.configs[op.name], names, grid, 0)
         elems = np.prod(hi - lo, axis=1)
         kind = "reduce_scatter" if self.scatter_after(op) else "all_reduce"
         ready = t.fwd[oi].copy()
+        redo = t.bwd[oi].copy() if rerun and oi in t.bwd else None
         for c in np.unique(cls[t.rep[oi]]).tolist():  # groups with a representative (the rest mirror them)
             members = np.nonzero(cls == c)[0]
             per_mb = self.ctx.split if "sample" in op.out_tensors[0].axes else 1
@@ -156,7 +166,14 @@ class ComputeBuilder:
                                         np.arange(m), overlap_s=hide)
             if ids is not None:
                 ready[:, members] = ids[:, None]
+                if redo is not None:  # after the forward's, and the output gradient (from the dataflow)
+                    again = self.emit.collectives(seg, kind, nbytes, t.devs[oi][members], ids[:, None], oi,
+                                                  np.arange(m), overlap_s=hide)
+                    cols = members[np.unique(t.bwd[oi][0, members], return_index=True)[1]]  # distinct tasks
+                    seg.edges(np.repeat(again[:, None], cols.size, axis=1), t.bwd[oi][:, cols])
+                    redo[:, members] = again[:, None]
         t.fwd_ready[oi] = ready
+        return redo
 
     def _dispatch(self, seg: Segment, oi: int, recomputed: bool, bwd_s: np.ndarray) -> None:
         """A mixture-of-experts layer's token exchange over each expert-parallel group (the

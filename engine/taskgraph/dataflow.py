@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REPLICA, REPLICA_DIM
+from ..strategy.recompute import recompute_reruns
 from .compute import op_signature
 from .context import BuildContext, OpTables
 from .emit import Emitter
@@ -129,6 +130,9 @@ class _Sent:
         self.hops: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.reduced: dict[tuple, np.ndarray] = {}
         self.gathered: dict[tuple, np.ndarray] = {}
+        #: the backward's all-gathers of a sequence-split input before its reduce-scatter, by
+        #: the reduce-scatter's key: the consumers' gradients wait for it
+        self.regathered: dict[tuple, np.ndarray] = {}
 
 
 class DataflowBuilder:
@@ -256,15 +260,29 @@ class DataflowBuilder:
             key = (tensor, tuple(sorted(int(d) for d in devs)), int(elems[members[0]]))
             ids = sent.reduced.get(key)
             if ids is not None:
-                seg.edges(out[:, members], np.repeat(ids, members.size))
+                seg.edges(out[:, members], np.repeat(sent.regathered.get(key, ids), members.size))
             else:
                 # with --tp-comm-overlap, pipelined with the input-gradient GEMM (the consumer's
                 # backward half that has its forward's FLOPs)
                 hide = float(t.fwd_s[c][members[0]]) if self.ctx.strategy.tp_comm_overlap else 0.0
                 scatter = pshards > 1 and pshards == np.unique(devs).size and \
                     bool(np.isin(devs, t.devs[tensor[0]]).all())
-                ids = self.emit.collectives(seg, "reduce_scatter" if scatter else "all_reduce",
-                                            float(elems[members[0]]) * nbytes, devs, out[:, members], c,
+                size = float(elems[members[0]]) * nbytes
+                preds = out[:, members]
+                if scatter:
+                    # the column-parallel layer kept only its input's sequence shard: its
+                    # weight gradient gathers the input again (Korthikanti et al. 2022 §4.2.2;
+                    # their Table 4: sequence parallelism saves 0.1 ms of the 22B layer's
+                    # backward where its sharded norms and dropouts alone save ~0.9), and a
+                    # recomputed forward gathered it once more before
+                    again = 2 if recompute_reruns(self.ctx.graph, cons, s.recompute, s.fp8,
+                                                  s.recompute_modules) else 1
+                    gather = self.emit.collectives(seg, "all_gather", size * again, devs, preds, c, np.arange(m),
+                                                   overlap_s=hide)
+                    if gather is not None:
+                        sent.regathered[key] = gather
+                        preds = gather[:, None]
+                ids = self.emit.collectives(seg, "reduce_scatter" if scatter else "all_reduce", size, devs, preds, c,
                                             np.arange(m), overlap_s=hide)
                 if ids is not None:
                     sent.reduced[key] = ids
