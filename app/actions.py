@@ -259,7 +259,10 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
             raise ValueError(why)
         s = make_baseline(kind, graph_of(state), cluster_of(state), layout=BASELINES[kind].layout_of(opts))
     except (ValueError, SoapboxError) as e:
-        return state, f"Layout refused: {str(e).splitlines()[0][:300]}."
+        # a strategy's problems are listed under a "N problems found:" head: name them
+        text = "; ".join(str(p) for p in e.problems[:3]) if isinstance(e, ValidationError) else \
+            str(e).splitlines()[0]
+        return state, f"Layout refused: {text[:300]}."
     o = s.found_by.get("options", {})
     # the layout's degrees (those of the panel's number boxes, and dp), tp, pp and dp always
     parts = [f"{k.replace('_', '-')} {o.get(k, 1)}" for k in OPTION_NAMES if k in DEGREES + ("dp",)

@@ -210,12 +210,20 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
     dp = gpus // (tp * cp * pp)
 
     sp, overlap = L["sp"] and tp > 1, L["overlap"] and L["sp"] and tp > 1
+    # torchtitan's float8 is torchao's Float8Linear: at the tables' era (torchao 0.7, Dec 2024)
+    # manual_float8_matmul_with_args_in_float8 saved the fp8 input and weight, as Transformer
+    # Engine keeps its fp8 input (fp8_library te); torchao 0.18 keeps the bf16 ones (torchao)
+    lib = "te"
+    if L["fp8"] and source_of(row) in ("torchtitan", "torchtitan-community"):
+        notes.append("fp8 by torchao 0.7 (the tables' era): each linear keeps its fp8 input for the backward, as "
+                     "Transformer Engine does (fp8_library te; torchao 0.18 keeps the bf16 input: torchao)")
 
     def build(g, c, mbs=mbs, recompute=L["recompute"], zero=zero, tp=tp, pp=pp, unit=L["unit"], cp=cp, fp8=L["fp8"]):
         kw = dict(zero_stage=zero, micro_batch=mbs, recompute=recompute, tp=tp, pp=pp, gather_unit=unit, cp=cp, fp8=fp8,
                   shard_group=k if k and k < dp else 0, sequence_parallel=sp, tp_comm_overlap=overlap,
                   optimizer_state=L["optimizer_state"], accumulate_unsharded=acc,
-                  offload_activations=L["offload"], loss_parallel=L["loss_parallel"], kernels=L["kernels"])
+                  offload_activations=L["offload"], loss_parallel=L["loss_parallel"], kernels=L["kernels"],
+                  fp8_library=lib)
         if gpus < c.num_devices:
             # the fsdp baseline spreads over every device of the cluster; a row on part of a
             # preset node (2 or 4 of its 8 GPUs) states its data-parallel degree
@@ -224,7 +232,7 @@ def _fsdp_layout(row, L: dict[str, Any], notes: list[str]) -> tuple[Any, str, in
 
     if gpus < _gpus_per_node(L["cluster"].split(":")[0]):
         notes.append(f"the row's {gpus} GPUs are part of a preset node: FSDP over those {gpus} (dp {dp})")
-    layout = (f"{'fp8 ' if L['fp8'] else ''}{L['framework']}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}"
+    layout = (f"{'fp8 ' if L['fp8'] else ''}{'torchao ' if lib == 'torchao' else ''}{L['framework']}-zero{zero} tp{tp}/{f'cp{cp}/' if cp > 1 else ''}"
               f"pp{pp}/dp{dp} mbs{mbs} rc={L['recompute']}{' sp' if sp else ''}{' overlap' if overlap else ''}")
     layout += " per-op" if L["unit"] == "op" else ""
     layout += f" hybrid{k}" if k else ""

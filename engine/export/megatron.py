@@ -180,6 +180,9 @@ def _precision(lay: Layout, graph: OpGraph | None, archs: list[int]) -> list[str
         if archs and min(archs) < 9:
             raise refuse("megatron", "fp8 GEMMs need fp8 tensor cores (Hopper or later) on every GPU",
                           "turn fp8 off or use H100/H200/B200 GPUs")
+        if lay.fp8_library != "te":
+            raise refuse("megatron", f"fp8 GEMMs by {lay.fp8_library}: Megatron-LM runs them through Transformer "
+                                      "Engine, which keeps the fp8 input for the backward", "fp8_library te")
         if {"moe_act", "layernorm"} & set(lay.recompute_modules):
             raise refuse("megatron", "recomputing moe_act or layernorm under fp8's delayed scaling: Megatron-Core "
                                       "refuses it (transformer_config.py)", "drop those recompute modules")

@@ -224,6 +224,11 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
     if seq_len and seq_len % div:
         raise r("torchtitan", f"sequence length {seq_len} is not divisible by {div} (tp with sequence parallelism x "
                                "2 cp; trainer.py)", "a sequence length divisible by it")
+    if lay.fp8 and lay.fp8_library != "torchao":
+        raise r("torchtitan", f"fp8 GEMMs by {lay.fp8_library}: torchtitan's float8 is torchao's Float8Linear, "
+                               "which keeps the bf16 input and weight for the backward (float8_linear.py "
+                               "save_for_backward(input_hp, weight_hp_t)) and caches no fp8 weight",
+                "fp8_library torchao")
     if lay.fp8 and module == PLACEHOLDER:
         raise r("torchtitan", "fp8 GEMMs: torchtitan 0.3.0 sets float8 as a model converter inside the config "
                                "function (Trainer.Config.model_spec takes no command-line override), and ships "
@@ -364,6 +369,7 @@ def layout_from_torchtitan(text: str, base: Layout) -> Layout:
     return Layout(tp=tp, pp=pp, dp=shard * rep, cp=cp, ep=int(v.get(p + "expert_parallel_degree", 1)), etp=1,
                   vpp=vpp, micro_batch=mb, global_batch=glob, schedule=sched, recompute=ac, zero_stage=zero,
                   sequence_parallel=tp > 1 and p + "enable_sequence_parallel" in v, fp8=base.fp8,
+                  fp8_library="torchao" if base.fp8 else "te",
                   layers_per_stage=counts, gather_unit=base.gather_unit,
                   shard_group=shard * cp if zero >= 2 and rep > 1 else 0, accumulate_unsharded=pp > 1 and zero == 2,
                   grad_reduce_in_fp32=base.grad_reduce_in_fp32, overlap_grad_reduce=base.overlap_grad_reduce,

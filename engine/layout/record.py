@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from ..cluster.devices import MAX_DEVICES
 from ..ops import MAX_DIM
-from ..strategy import GATHER_UNITS, KERNELS, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
+from ..strategy import FP8_LIBRARIES, GATHER_UNITS, KERNELS, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 from ..strategy.config import microbatch_count
 
 __all__ = ["Layout", "Option", "option_of", "options_for", "value_kind", "parse_option", "BUILDERS", "OPTION_NAMES",
@@ -220,6 +220,12 @@ class Layout:
                                  "by op). A fused gated MLP (SwiGLU, GeGLU) keeps only its activation's input for the "
                                  "backward; eager keeps the activation's output too", label="kernels",
                         panel="choice", choices=KERNELS, short="kernels")
+    #: what runs the fp8 GEMMs: :attr:`engine.strategy.Strategy.fp8_library`
+    fp8_library: str = _opt("te", "with fp8: the library that runs the fp8 GEMMs, te (Transformer Engine: Megatron-LM, "
+                                  "NeMo; keeps a linear layer's input in fp8 for the backward and its weights' fp8 "
+                                  "copies between microbatches; default) or torchao (torchtitan's float8: keeps the "
+                                  "bf16 input and weight, casts again in the backward)", label="fp8 library",
+                            panel="choice", choices=FP8_LIBRARIES, short="fp8 library")
     #: activation offloading: :attr:`engine.strategy.Strategy.offload_activations`
     offload_activations: int = _opt(0, "the saved activations of the first N transformer layers kept in host memory "
                                        "between their forward and backward passes (Megatron-Core's "
@@ -400,7 +406,7 @@ _OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(Layo
 #: parallelism and is not among them)
 SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "offload_optimizer", "offload_params", "fp8_params",
             "grad_reduce_in_fp32", "moe_comm_overlap", "optimizer_state", "accumulate_unsharded", "kernels",
-            "offload_activations")
+            "offload_activations", "fp8_library")
 #: the switches that are on unless turned off (False is a choice for them, not "not given")
 ON_BY_DEFAULT = tuple(f.name for f in fields(Layout) if f.name in SWITCHES and f.default is True)
 

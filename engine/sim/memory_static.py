@@ -234,9 +234,10 @@ def _state(graph: OpGraph, strategy: Strategy, D: int, params: np.ndarray, shard
         else:
             host += weights
         weights = np.zeros(D)
-    if zero < 3 and strategy.fp8:
+    if zero < 3 and strategy.fp8 and getattr(strategy, "fp8_library", "te") == "te":
         # Transformer Engine keeps each linear weight's fp8 copy and its transpose between
-        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use.
+        # microbatches (1 + 1 bytes per element); under ZeRO-3 weights are gathered per use;
+        # torchao casts the weight anew in every forward and backward and caches none.
         # With fp8 parameters the fp8 weight and its transpose replace the model-dtype copy.
         fp8_params = getattr(strategy, "fp8_params", False)
         weights = weights + (2.0 - (pbytes if fp8_params else 0.0)) * gemm_params

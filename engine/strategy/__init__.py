@@ -11,10 +11,10 @@
 from .checks import check_strategy, validate_strategy
 from .config import (Config, PipelineSettings, check_config, degree_choices, divisors, partition_coords, partition_grid,
                      splits_into_microbatches, zero_shares)
-from .core import (GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE,
+from .core import (FP8_LIBRARIES, GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE,
                    RECOMPUTE_MODULES, SCHEDULES, Strategy, strategy_from_dict)
 
 __all__ = ["Config", "PipelineSettings", "Strategy", "strategy_from_dict", "validate_strategy", "check_strategy",
            "check_config", "degree_choices", "divisors", "partition_coords", "partition_grid",
            "splits_into_microbatches", "zero_shares", "SCHEDULES", "RECOMPUTE", "RECOMPUTE_MODULES",
-           "OFFLOAD_DEVICES", "OPTIMIZER_STATES", "KERNELS", "GATHER_UNITS", "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES"]
+           "OFFLOAD_DEVICES", "OPTIMIZER_STATES", "KERNELS", "FP8_LIBRARIES", "GATHER_UNITS", "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES"]

@@ -120,8 +120,9 @@ def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache
         ins, outs, _ = op.partition_shapes(degrees)
         kind = op_kind(op.kind)
         per = kind.bwd_saved_bytes_per_element
-        if strategy.fp8 and op.kind == "linear":
+        if strategy.fp8 and op.kind == "linear" and getattr(strategy, "fp8_library", "te") == "te":
             per = 1  # the fp8 (transposed) input Transformer Engine keeps for the weight gradient
+            # (torchao's Float8Linear keeps the high-precision input: the input's own dtype)
         if kind.bwd_keeps_output and per is None and inputs:
             # the output, under its own name: a later reader keeping it shares it (softmax's
             # probabilities, read by the matmul with the values)

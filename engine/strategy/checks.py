@@ -15,7 +15,7 @@ from ..cluster import Cluster
 from ..errors import Problem, ValidationError
 from ..graph import OpGraph, layer_blocks
 from .config import check_config
-from .core import GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
+from .core import FP8_LIBRARIES, GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
     RECOMPUTE_MODULES, SCHEDULES, Strategy
 
 __all__ = ["validate_strategy", "check_strategy"]
@@ -203,6 +203,11 @@ def _precision(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Pro
     kernels = getattr(strategy, "kernels", "fused")
     if kernels not in KERNELS:
         add(Problem("kernels", f"must be one of {', '.join(KERNELS)}, got {kernels!r}"))
+    lib = getattr(strategy, "fp8_library", "te")
+    if lib not in FP8_LIBRARIES:
+        add(Problem("fp8_library", f"must be one of {', '.join(FP8_LIBRARIES)}, got {lib!r}"))
+    elif lib != "te" and strategy.fp8 is not True:
+        add(Problem("fp8_library", f"{lib} runs fp8 GEMMs: set fp8 too, or leave fp8_library at te"))
     problems += _offload_problems(strategy, graph)
     for precision in {graph.precision}:
         for t in {d.type for d in cluster.devices}:

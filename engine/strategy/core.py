@@ -27,7 +27,8 @@ from ..errors import Problem, ValidationError
 from .config import Config, PipelineSettings
 
 __all__ = ["RECOMPUTE_MODULES", "Strategy", "SCHEDULES", "RECOMPUTE", "OFFLOAD_DEVICES", "strategy_from_dict",
-           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS", "OPTIMIZER_STATES", "KERNELS"]
+           "MAX_MICROBATCHES", "MAX_VIRTUAL_STAGES", "GATHER_UNITS", "OPTIMIZER_STATES", "KERNELS",
+           "FP8_LIBRARIES"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: Activation recomputation policies: ``selective`` is Korthikanti et al.'s (the attention
@@ -64,6 +65,10 @@ OPTIMIZER_STATES = ("fp32", "bf16-moments", "bf16")
 #: Transformer Engine; torch.compile, whose partitioner recomputes pointwise ops rather than
 #: save them); ``eager`` PyTorch op by op, each op's autograd saving what its own backward reads.
 KERNELS = ("fused", "eager")
+#: Which library runs the fp8 GEMMs (:attr:`Strategy.fp8_library`): ``te`` NVIDIA Transformer
+#: Engine (Megatron-LM, NeMo, Megatron-Bridge), ``torchao`` PyTorch's torchao Float8Linear
+#: (torchtitan's float8 converter).
+FP8_LIBRARIES = ("te", "torchao")
 
 
 def _json_safe(value: Any) -> Any:
@@ -189,6 +194,16 @@ class Strategy:
         memory keeps one offloaded layer's activations in flight; the copies run over the
         GPU's host link beside the compute, and what they take beyond the layer they hide
         behind shows in the iteration (:mod:`engine.taskgraph.offload`). Default 0.
+    fp8_library : str
+        One of :data:`FP8_LIBRARIES`, what runs the fp8 GEMMs (with ``fp8``). ``te`` (default):
+        Transformer Engine keeps a linear layer's input in fp8 for its backward (1 byte an
+        element) and its weights' fp8 copies and transposes between microbatches; ``torchao``
+        (0.18, what torchtitan 0.3.0 runs): ``matmul_with_hp_or_float8_args`` saves the
+        high-precision input and weight (``ctx.save_for_backward(input_hp, weight_hp_t)``,
+        torchao/float8/float8_linear.py) and casts again in the backward, caching no fp8
+        weight. torchao 0.7 (December 2024) saved the fp8 input instead
+        (``manual_float8_matmul_with_args_in_float8``): ``te``'s activations. Memory only: the
+        casts' time is priced as Transformer Engine's either way.
     model_name, model_fingerprint, cluster_name : str
         What the strategy was made for.
     found_by : mapping
@@ -226,6 +241,7 @@ class Strategy:
     accumulate_unsharded: bool = False
     kernels: str = "fused"
     offload_activations: int = 0
+    fp8_library: str = "te"
 
     def __getitem__(self, op: str) -> Config:
         return self.configs[op]
@@ -278,6 +294,7 @@ class Strategy:
             **({"accumulate_unsharded": True} if self.accumulate_unsharded else {}),
             **({"kernels": self.kernels} if self.kernels != "fused" else {}),
             **({"offload_activations": self.offload_activations} if self.offload_activations else {}),
+            **({"fp8_library": self.fp8_library} if self.fp8_library != "te" else {}),
             "ops": ops,
         }
 
@@ -325,4 +342,4 @@ def strategy_from_dict(data: Mapping[str, Any]) -> Strategy:
                     tuple(data["expert_loads"]) if data.get("expert_loads") is not None else None,
                     data.get("moe_comm_overlap", False), tuple(data.get("recompute_modules", ())),
                     data.get("optimizer_state", "fp32"), data.get("accumulate_unsharded", False),
-                    data.get("kernels", "fused"), data.get("offload_activations", 0))
+                    data.get("kernels", "fused"), data.get("offload_activations", 0), data.get("fp8_library", "te"))

@@ -85,6 +85,19 @@ class TestEachSwitchReachesTheStrategy:
         assert (v["kernels"], v["offload_activations"]) == ("eager", 4)
         assert ED.panel_values(llama)["kernels"] == "fused"
 
+    def test_the_fp8_library_reaches_the_strategy_and_back(self):
+        """The panel's fp8-library drop-down (issue 42): torchao's fp8 keeps the bf16 inputs,
+        and without fp8 the choice is refused with the reason."""
+        llama = ST.new_state("llama2-7b", "dgx-h100:1", "data-parallel", batch=8)
+        new, msg = _apply(llama, flags=["fp8"], fp8_library="torchao")
+        assert new is not llama, msg
+        assert ST.page_strategy(new).fp8_library == "torchao"
+        assert new["strategy"]["fp8_library"] == "torchao"
+        assert ED.panel_values(new)["fp8_library"] == "torchao"
+        assert ED.panel_values(llama)["fp8_library"] == "te"
+        same, msg = _apply(llama, fp8_library="torchao")
+        assert same is llama and "set fp8 too" in msg
+
     def test_offloading_with_a_pipeline_is_refused_with_megatrons_reason(self):
         llama = ST.new_state("llama2-7b", "dgx-h100:1", "data-parallel", batch=8)
         new, msg = _apply(llama, pp=2, micro_batch=1, offload_activations=2)

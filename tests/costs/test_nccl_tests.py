@@ -51,3 +51,16 @@ def test_a_slower_nic_share_slows_only_collectives_that_cross_nodes():
         group_collective_time_s("all_reduce", 1e9, one, CostModel().links)
     assert group_collective_time_s("all_reduce", 1e9, two, slow.links) > \
         1.5 * group_collective_time_s("all_reduce", 1e9, two, CostModel().links)
+
+
+def test_medium_sizes_of_a_one_process_per_gpu_sweep_within_15_percent():
+    """nccl-tests from 32 MB to 1 GB on 8 A100s, one process per GPU (NCCL 2.16;
+    validation/collectives/nccl_tests_sizes.csv): a regression bound on today's +2.2..+14.7%, every
+    size predicted faster than measured (the medium-size rates of NCCL's pipeline are not
+    modelled). The single-process sweep beside it (launches serialised on one thread: +69% at
+    8 MB) is reported by ``check_nccl_tests.py --sizes``, not bounded."""
+    from check_nccl_tests import SIZES_CSV
+
+    res = [r for r in rows(SIZES_CSV) if r["sweep"] == "gcm-a100-80gb"]
+    assert len(res) == 6
+    assert {r["row_id"]: r["error_pct"] for r in res if abs(r["error_pct"]) > 15.0} == {}

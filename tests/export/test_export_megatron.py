@@ -218,6 +218,8 @@ def test_refusals_name_the_reason():
         to_megatron(replace(lay, fp8_params=True), llama, preset("dgx-h100:1"))
     with pytest.raises(ValidationError, match="delayed scaling"):
         to_megatron(replace(lay, recompute="selective", recompute_modules=("layernorm",)), llama, preset("dgx-h100:1"))
+    with pytest.raises(ValidationError, match="fp8 GEMMs by torchao: Megatron-LM runs them through Transformer Engine"):
+        to_megatron(replace(lay, fp8_library="torchao"), llama, preset("dgx-h100:1"))
     with pytest.raises(ValidationError, match="keeps a master copy"):
         to_megatron(replace(lay, fp8=False, zero_stage=1, optimizer_state="bf16"), llama, preset("dgx-h100:1"))
     with pytest.raises(ValidationError, match=r"need the distributed optimizer \(OptimizerConfig\)"):

@@ -193,11 +193,11 @@ def test_fp8_goes_out_only_with_a_config_function_that_converts_to_float8():
     big = llama3(126, 16384, 128, 53248, batch=16, seq=8192)
     c = preset("dgx-h100:16")
     s = build_layout(big, c, Layout(tp=8, pp=8, micro_batch=1, sequence_parallel=True, zero_stage=2, fp8=True,
-                                    accumulate_unsharded=True))
+                                    accumulate_unsharded=True, fp8_library="torchao"))
     text = export("torchtitan", big, s, c)
     assert launch_args(text)[:4] == ["--module", "llama3", "--config", "llama3_405b"]
     # without fp8 the 405B config (which converts to float8) is not named
-    plain = export("torchtitan", big, replace(s, fp8=False), c)
+    plain = export("torchtitan", big, replace(s, fp8=False, fp8_library="te"), c)
     assert launch_args(plain)[:4] == ["--module", PLACEHOLDER[0], "--config", PLACEHOLDER[1]]
     _framework()
     try:  # (llama3_405b builds its Float8LinearConverter when loaded: torchao and an SM89+ GPU)
@@ -301,8 +301,16 @@ def test_tied_weights_with_pipelines_are_refused():
 
 
 def test_fp8_without_a_float8_config_is_refused():
-    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, fp8=True)), C64,
+    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, fp8=True,
+                                           fp8_library="torchao")), C64,
             "fp8 GEMMs.*model converter.*Float8LinearConverter")
+
+
+def test_fp8_by_transformer_engine_is_refused():
+    """torchtitan's float8 is torchao's, which keeps the bf16 input where Transformer Engine keeps
+    the fp8 one: a strategy simulated with Transformer Engine's memory is not what it runs."""
+    refused(L, build_layout(L, C64, Layout(tp=2, sequence_parallel=True, micro_batch=1, zero_stage=3, fp8=True)), C64,
+            "fp8 GEMMs by te: torchtitan's float8 is torchao's.*fp8_library torchao")
 
 
 def test_offload_and_bf16_reduction_are_refused():

@@ -431,3 +431,38 @@ class TestUnshardedAccumulation:
     def test_refused_below_zero_2(self):
         with pytest.raises(ValueError, match="applies to ZeRO-2 and ZeRO-3, got zero_stage 1"):
             Layout(zero_stage=1, accumulate_unsharded=True)
+
+
+class TestFp8Libraries:
+    """What an fp8 linear layer keeps (issue 42): Transformer Engine its input in fp8 (1 byte an
+    element) and its weights' fp8 copies and transposes between microbatches; torchao's
+    Float8Linear the high-precision input (``save_for_backward(input_hp, weight_hp_t)``) and no
+    fp8 weight: a bf16 run's activations and weights."""
+
+    def _mem(self, **kw):
+        from engine.models.transformer import GPTConfig, gpt
+
+        g = gpt(GPTConfig(2, 1024, 16, 512, 8192, 8, precision="bf16", dropout=0.0, swiglu=True, norm="rmsnorm",
+                          positions="rotary", bias=False, tie_embeddings=False, flash_attention=True))
+        c = preset("dgx-h100:1")
+        from engine.sim.memory import saved_activation_bytes
+        s = build_layout(g, c, Layout(tp=1, dp=8, micro_batch=1, **kw))
+        return g, saved_activation_bytes(g, s), simulate_strategy(g, s, c).memory
+
+    def test_torchao_keeps_what_a_bf16_run_keeps(self):
+        g, bf16, mem16 = self._mem()
+        _, te, mem_te = self._mem(fp8=True)
+        _, tao, mem_tao = self._mem(fp8=True, fp8_library="torchao")
+        lin = [i for i, op in enumerate(g.ops) if op.kind == "linear" and op.block == "layers.1"]
+        assert all(te[i] == bf16[i] / 2 for i in lin if bf16[i])  # fp8 inputs: half the bf16 bytes
+        np.testing.assert_array_equal(tao, bf16)
+        np.testing.assert_array_equal(mem_tao.weights_bytes, mem16.weights_bytes)
+        assert (mem_te.weights_bytes > mem16.weights_bytes).all()  # Transformer Engine's fp8 weight cache
+
+    def test_refused_without_fp8(self):
+        from engine.strategy import validate_strategy
+
+        g, _, _ = self._mem()
+        c = preset("dgx-h100:1")
+        s = replace(build_layout(g, c, Layout(tp=1, dp=8, micro_batch=1)), fp8_library="torchao")
+        assert any(p.path == "fp8_library" and "set fp8 too" in p.message for p in validate_strategy(s, g, c))
