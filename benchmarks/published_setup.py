@@ -17,8 +17,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from published_rows import (FUSED_ATTENTION, READERS, UNFUSED_ATTENTION, Setup, Skip, _cluster_name, _gpus_per_node, cell_int,
-                            expert_parallel_of, is_moe, memory_counter, software_of, source_of)
+from published_rows import (FUSED_ATTENTION, READERS, UNFUSED_ATTENTION, Setup, Skip, _cluster_name, _gpus_per_node,
+                            cell_int, expert_parallel_of, is_moe, memory_counter, software_of, source_of)
 
 from engine.layout import Layout
 from engine.models import build_sample

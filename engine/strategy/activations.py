@@ -9,14 +9,13 @@ activation copies to and from the host carry these bytes (:mod:`engine.taskgraph
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..graph import OpGraph, TensorRef, layer_blocks
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, op_kind
 from .core import Strategy
-from .recompute import experts_saved, keeps_output, kept_inputs, saved_outputs
+from .recompute import SavedKey, experts_saved, keeps_output, kept_inputs, saved_outputs
 
 __all__ = ["saved_bytes", "offloaded_layers", "GATED_ACTIVATIONS"]
 
@@ -132,7 +131,7 @@ def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache
             # a derived tensor (dropout's mask) under the op's own name, never shared with a
             # reader keeping the input itself; an fp8 copy is shared by the readers of its input
             masked = kind.bwd_saved_bytes_per_element is not None
-            hit = [(_Mask(op.name, f"mask{k}") if masked else op.inputs[k], ins[k], math.prod(ins[k]) * (
+            hit = [(SavedKey(op.name, f"mask{k}") if masked else op.inputs[k], ins[k], math.prod(ins[k]) * (
                 DTYPE_BYTES[op.in_tensors[k].dtype] if per is None else per) / _cp_share(op, cfg, k))
                 for k in inputs if op.in_tensors[k].dtype in FLOAT_DTYPES]
         if recompute == "selective-op":
@@ -159,11 +158,3 @@ def offloaded_layers(graph: OpGraph, strategy: Strategy) -> list[list[int]]:
             out[k].append(i)
     return out
 
-
-@dataclass(frozen=True)
-class _Mask:
-    """The mask an op keeps instead of one of its inputs (dropout's one byte per element): the
-    key of :func:`saved_bytes`'s once-only set, apart from any tensor's (op, output index)."""
-
-    op: str
-    index: str

@@ -169,8 +169,7 @@ def _switches(strategy: Strategy) -> list[Problem]:
         add(Problem("accumulate_unsharded", f"must be true or false, got {acc!r}"))
     elif acc and strategy.zero_stage not in (2, 3):
         add(Problem("accumulate_unsharded", "accumulating unsharded gradients (FSDP's no_sync) applies to ZeRO-2 and "
-                                            "ZeRO-3, "
-                                            f"got ZeRO stage {strategy.zero_stage}"))
+                                            f"ZeRO-3, got ZeRO stage {strategy.zero_stage}"))
     if strategy.fp8_params is True and strategy.fp8 is not True:
         add(Problem("fp8_params", "fp8 parameters need fp8 GEMMs: set fp8 too, or turn fp8_params off"))
     return problems

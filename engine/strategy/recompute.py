@@ -26,7 +26,8 @@ from ..graph import Op, OpGraph
 from ..ops import DTYPE_BYTES, FLOAT_DTYPES, REDUCTION, experts_capacity_share, op_kind
 from .core import Strategy
 
-__all__ = ["selective_recompute_reruns", "op_checkpoint_saved", "recompute_reruns", "recomputed_ops", "kept_inputs", "keeps_output", "saved_outputs",
+__all__ = ["SavedKey",
+           "selective_recompute_reruns", "op_checkpoint_saved", "recompute_reruns", "recomputed_ops", "kept_inputs", "keeps_output", "saved_outputs",
            "experts_saved"]
 
 
@@ -199,20 +200,22 @@ def saved_outputs(graph: OpGraph, op, cfg, outs, strategy: Strategy) -> list[tup
     if op_checkpoint_saved(graph, op, strategy.fp8):
         for k, shape in enumerate(outs):
             if op.out_tensors[k].dtype in FLOAT_DTYPES:
-                kept.append((_Saved(op.name, f"out{k}"), shape, math.prod(shape) * DTYPE_BYTES[op.out_tensors[k].dtype]))
+                kept.append((SavedKey(op.name, f"out{k}"), shape,
+                             math.prod(shape) * DTYPE_BYTES[op.out_tensors[k].dtype]))
         if op.kind == "attention":  # (batch, heads, length, head_dim) -> one fp32 per (batch, head, row)
-            kept.append((_Saved(op.name, "lse"), outs[0][:-1], 4.0 * math.prod(outs[0][:-1])))
+            kept.append((SavedKey(op.name, "lse"), outs[0][:-1], 4.0 * math.prod(outs[0][:-1])))
     red = math.prod(cfg.degree(d.name) for d in op.dims if d.kind == REDUCTION)
     if op.kind == "linear" and red > 1 and strategy.sequence_parallel:
         nbytes = math.prod(outs[0]) * DTYPE_BYTES[op.out_tensors[0].dtype] / red
-        kept.append((_Saved(op.name, "reduce_scatter"), outs[0], nbytes))
+        kept.append((SavedKey(op.name, "reduce_scatter"), outs[0], nbytes))
     return kept
 
 
 @dataclass(frozen=True)
-class _Saved:
-    """A tensor selective-op saves that no graph edge names (an op's output, its attention
-    log-sum-exp, its reduce-scattered output): the key of :func:`engine.sim.memory._saved_bytes`'s once-only set."""
+class SavedKey:
+    """A tensor an op keeps for its backward that no graph edge names (under selective-op an
+    op's output, its attention log-sum-exp, its reduce-scattered output; a dropout's mask): its
+    key in :func:`engine.strategy.activations.saved_bytes`'s once-only set."""
 
     op: str
     index: str
@@ -238,4 +241,4 @@ def experts_saved(op, outs, params, recompute: str, fp8: bool, modules: tuple[st
     low = 1 if fp8 else item
     if recompute == "selective" and "moe_act" in modules:
         f = 0
-    return [(_Saved(op.name, "routed"), (int(rows), h + f_in + f), rows * (h * low + f_in * item + f * low))]
+    return [(SavedKey(op.name, "routed"), (int(rows), h + f_in + f), rows * (h * low + f_in * item + f * low))]
