@@ -27,8 +27,9 @@ def test_every_backward_within_5_percent(table4):
             if abs(r["bwd_error_pct"]) > 5.0} == {}
 
 
-def test_every_forward_within_10_percent_and_short(table4):
-    assert all(-10.0 <= r["fwd_error_pct"] < 0 for r in table4)
+def test_every_forward_within_10_percent(table4):
+    assert {(r["recompute"], r["sequence_parallel"]): r["fwd_error_pct"] for r in table4
+            if abs(r["fwd_error_pct"]) > 10.0} == {}
 
 
 def test_what_each_technique_adds_has_the_published_sign(table4):
