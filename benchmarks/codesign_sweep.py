@@ -1,0 +1,96 @@
+"""A co-design sweep (issue 43): two models' layouts x four cluster sizes x three GPU types, run
+with ``engine.studies.sweep.run_sweep`` on the local process pool, timed, saved and drawn.
+
+The points are every valid layout (``engine.layout.valid_layouts``, ``soapbox sweep --grid
+auto``) of GPT-3 175B (sample ``gpt3-175b``) and Llama-3 70B (80 layers, hidden 8,192, 64
+heads, 8 key/value heads, MLP 28,672, SwiGLU, 8,192 tokens, vocabulary 128,256, batch 512
+sequences, fused attention, bf16: the shape of Meta's model card, built with ``soapbox model
+gpt``) on 16, 32, 64 and 128 nodes of DGX A100 80GB, DGX H100 and DGX B200; ``--points N``
+takes a fixed random sample of them (seed 0), split between the models in proportion.
+
+Usage::
+
+    python benchmarks/codesign_sweep.py [--points 10000] [--workers 2] [--out DIR]
+    python benchmarks/codesign_sweep.py --report-only --out DIR   # redraw from DIR/rows-*.json
+
+Writes ``DIR/rows-<model>.json`` (``soapbox.sweep/1``), ``DIR/codesign.html`` (the Pareto figure:
+``engine.studies.sweep.write_codesign_report``) and prints the time and the rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+from engine.studies.sweep import layout_points, parse_clusters, run_sweep, write_rows
+
+SIZES = "16,32,64,128"
+GPUS = ("dgx-a100-80gb", "dgx-h100", "dgx-b200")
+LLAMA3_70B = dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, swiglu=True, norm="rmsnorm",
+                  positions="rotary", bias=False, tie_embeddings=False, dropout=0.0, flash_attention=True,
+                  seq_len=8192, vocab=128256, batch=512, precision="bf16", name="llama3-70b")
+
+
+def llama3_70b_file(out: Path) -> str:
+    """Llama-3 70B's model file (written once under ``out``)."""
+    from engine.formats import save_json
+    from engine.models.transformer import GPTConfig, gpt
+    path = out / "llama3-70b.json"
+    if not path.exists():
+        save_json(gpt(GPTConfig(**LLAMA3_70B), source="Meta Llama 3 70B model card shape").to_dict(), path)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", type=int, default=10_000)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default="benchmarks/measured/codesign")
+    ap.add_argument("--tokens", type=float, default=1e12, help="tokens to train, for the report (default 1e12)")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = {"gpt3-175b": "gpt3-175b", "llama3-70b": llama3_70b_file(out)}
+    if not args.report_only:
+        clusters = [c for g in GPUS for c in parse_clusters(f"{g}:{SIZES}")]
+        pts = {k: layout_points(m, clusters) for k, m in models.items()}
+        total = sum(len(v) for v in pts.values())
+        rng = random.Random(0)
+        for k in pts:
+            want = round(args.points * len(pts[k]) / total) if args.points < total else len(pts[k])
+            pts[k] = [pts[k][i] for i in sorted(rng.sample(range(len(pts[k])), want))]
+        n = sum(len(v) for v in pts.values())
+        print(f"# {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+              f"{time.strftime('%Y-%m-%d %H:%M %Z')}, load {os.getloadavg()[0]:.2f}; {n:,} of {total:,} points, "
+              f"{args.workers} workers (process pool)", flush=True)
+        t0 = time.perf_counter()
+        for k, m in models.items():
+            t = time.perf_counter()
+            rows = run_sweep(m, pts[k], backend="pool", workers=args.workers)
+            dt = time.perf_counter() - t
+            write_rows(rows, str(out / f"rows-{k}.json"))
+            print(f"{k}: {len(rows):,} predictions in {dt:.1f} s ({len(rows) / dt:.2f}/s, "
+                  f"{len(rows) / dt / args.workers:.2f}/s per core); {sum(r['feasible'] for r in rows):,} fit",
+                  flush=True)
+        dt = time.perf_counter() - t0
+        print(f"all: {n:,} predictions in {dt:.1f} s ({n / dt:.2f}/s, {n / dt / args.workers:.2f}/s per core); "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        from engine.studies.sweep import write_codesign_report
+    except ImportError:
+        return 0
+    rows = {k: json.loads((out / f"rows-{k}.json").read_text())["rows"] for k in models}
+    write_codesign_report(rows, str(out / "codesign.html"), tokens=args.tokens)
+    print(f"report: {out / 'codesign.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

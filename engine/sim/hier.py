@@ -1,0 +1,251 @@
+"""Hierarchical prediction of a layout (issue 43): the full simulation's answer from a short
+reference run, composed.
+
+A Megatron-shaped layout's pipeline repeats: its middle stages run the same ops on other
+devices, its microbatches the same units in the same order. :func:`predict_layout` simulates,
+task by task as :func:`engine.sim.report.simulate_strategy` would, a *reference*: the same
+layout on the first, one to two middle and the last stage only (the model's layers cut to
+theirs, :func:`reference_graph`; the cluster to their nodes) and on the first few
+microbatches, each still 1/m of the batch. Each unit of the reference becomes a max-plus block
+(:mod:`engine.sim.units`) and the whole iteration is laid out from them and simulated
+(:mod:`engine.sim.unroll`): the same iteration time as the full simulation (to float
+rounding; tests/sim/test_hier.py compares the two on generated layouts). Memory: each stage's
+static parts are its reference stage's, and its activation peak follows its schedule order,
+one microbatch's saved activations per forward unit, freed by its backward
+(:func:`engine.sim.memory.memory_report`'s rule, checked on the reference).
+
+Where the reading would not be exact it says why (:class:`HierProblem`) and the caller runs
+the full simulation: a layout with its own layer split or stage placement, layers that are
+not alike, stages that share a node while the reference has fewer stages, several pods,
+activation offload, a unit whose inputs a transfer or a per-iteration task holds in a way its
+position class does not share, and so on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..graph import OpGraph
+from ..graph.blocks import layer_blocks
+from ..layout import Layout, resolved
+from ..layout.build import build_layout
+from ..taskgraph import FWD, build_task_graph
+from .full import simulate
+from .memory import MemoryReport, memory_report, saved_activation_bytes
+from .memory_static import FRAGMENTATION_FRACTION, host_capacity
+from .units import UnitProblem, classify, read_units
+from .unroll import Geometry, Reference, UnrollProblem, _ranks, _stage_type, unroll
+
+__all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "REFERENCE_STAGES"]
+
+#: most stages a reference keeps (the first, two middle ones, the last)
+REFERENCE_STAGES = 4
+
+
+class HierProblem(Exception):
+    """The layout is not one the hierarchical prediction reads exactly (the message says why)."""
+
+
+@dataclass
+class HierResult:
+    """A hierarchical prediction: ``iteration_time_s``, the per-device ``memory`` report (no
+    curves), and how it was made (``reference_stages``, ``reference_microbatches``,
+    ``reference_tasks`` simulated task by task, ``composed_tasks`` in the composed run)."""
+
+    iteration_time_s: float
+    memory: MemoryReport
+    reference_stages: int
+    reference_microbatches: int
+    reference_tasks: int
+    composed_tasks: int
+
+    def describe(self) -> str:
+        return (f"composed from a reference of {self.reference_stages} stages x {self.reference_microbatches} "
+                f"microbatches ({self.reference_tasks:,} tasks simulated; {self.composed_tasks:,} in the composed run)")
+
+
+def reference_graph(graph: OpGraph, keep: int) -> OpGraph:
+    """``graph`` with only its first ``keep`` layer blocks: the ops after the layers read the
+    last kept layer where they read the last layer (the layers are alike: checked by the
+    caller)."""
+    blocks = layer_blocks(graph)
+    n = len(blocks)
+    if keep >= n:
+        return graph
+    index = {b: i for i, b in enumerate(blocks)}
+    drop = set(blocks[keep:])
+    rename: dict[str, str] = {}
+    for op in graph.ops:
+        if op.block in drop:
+            i = index[op.block]
+            if i >= n - 1:  # the last layer's ops stand for the last kept layer's
+                rename[op.name] = blocks[keep - 1] + op.name[len(op.block):]
+    ops, kept = [], set()
+    for op in graph.ops:
+        if op.block in drop:
+            continue
+        if any(r.op in rename for r in op.inputs):
+            op = replace(op, inputs=tuple(replace(r, op=rename.get(r.op, r.op)) for r in op.inputs))
+        if any(r.op not in kept for r in op.inputs):
+            raise HierProblem(f"op {op.name} reads a layer the reference drops")
+        ops.append(op)
+        kept.add(op.name)
+    return OpGraph(graph.name, graph.precision, ops, graph.description, graph.source)
+
+
+def _layers_alike(graph: OpGraph, blocks: list[str]) -> str | None:
+    """Why the layer blocks are not alike op for op (kind, shapes, attributes), or None."""
+    sig: dict[str, list] = {b: [] for b in blocks}
+    for op in graph.ops:
+        if op.block in sig:
+            sig[op.block].append((op.name[len(op.block):], op.signature, op.param_group is None))
+    first = sig[blocks[0]]
+    for b in blocks[1:]:
+        if sig[b] != first:
+            return f"layer {b} differs from {blocks[0]}"
+    return None
+
+
+def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
+    """The first ``nodes`` nodes of a cluster of identical nodes."""
+    spec = cluster.node_specs[0]
+    return Cluster(f"{cluster.name} (reference: {nodes} nodes)", [replace(spec, repeat=nodes)], cluster.device_types,
+                   cluster.description, pod_gpus=cluster.pod_gpus, oversubscription=cluster.oversubscription)
+
+
+def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
+    """Why ``lay`` (resolved) is not read hierarchically here, or None."""
+    if lay.layers_per_stage is not None or lay.stage_mesh is not None:
+        return "the layout sets its own layer split or stage placement"
+    if len(cluster.node_specs) != 1:
+        return "the cluster's nodes are not all alike"
+    if cluster.pod_gpus and cluster.num_devices > cluster.pod_gpus:
+        return "the cluster spans several pods"
+    blocks = layer_blocks(graph)
+    chunks = lay.pp * lay.vpp
+    if not blocks or len(blocks) % chunks:
+        return f"{len(blocks)} layers do not split evenly into {chunks} model chunks"
+    return _layers_alike(graph, blocks)
+
+
+def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostModel | None = None) -> HierResult:
+    """The iteration time and memory of ``layout`` as the full simulation gives them, from a
+    reference run (module docstring).
+
+    Raises
+    ------
+    ValueError
+        When the layout cannot be built on the cluster (as :func:`engine.layout.build.build_layout`).
+    HierProblem
+        When the prediction would not be exact; the message says why.
+    """
+    lay = resolved(layout, graph, cluster)
+    why = _problem(graph, cluster, lay)
+    if why:
+        raise HierProblem(why)
+    p, v = lay.pp, lay.vpp
+    blocks = layer_blocks(graph)
+    k = len(blocks) // (p * v)
+    pr = p if p <= REFERENCE_STAGES else REFERENCE_STAGES
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    G = cluster.gpus_per_node
+    if pr < p and stage_gpus % G:
+        raise HierProblem(f"a stage of {stage_gpus} GPUs does not hold whole nodes of {G}")
+    g_ref = reference_graph(graph, pr * v * k)
+    c_ref = cluster if pr == p else _reference_cluster(cluster, pr * stage_gpus // G)
+    s_ref = build_layout(g_ref, c_ref, replace(lay, pp=pr))
+    m = s_ref.pipeline.microbatches
+    mr = min(m, 3 * pr if v > 1 else pr + 3)
+    tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
+    tl = simulate(tg)
+    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
+    try:
+        unit = classify(tg, chunk_of, mr)
+        units = read_units(tg, tl.order, unit, tl.end_s)
+        links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
+        ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
+                        Geometry(G, links_per_node, max(1, stage_gpus // G)))
+        whole = unroll(ref, p, m, cluster.num_devices, len(cluster.links))
+    except (UnitProblem, UnrollProblem) as e:
+        raise HierProblem(str(e)) from None
+    iteration = simulate(whole).makespan_s
+    mem = _memory(g_ref, s_ref, c_ref, tl, unit, ref, cluster, p, m, stage_gpus)
+    return HierResult(iteration, mem, pr, mr, tg.num_tasks, whole.num_tasks)
+
+
+def _walk(order: list[tuple[int, int, int]], amount: dict[tuple[int, int], float]) -> float:
+    """Activation peak (bytes) of a stage running units in ``order`` ((chunk, mb, phase)): a
+    forward unit adds its chunk's saved bytes as it runs, its backward frees them."""
+    level = peak = 0.0
+    for lc, _, ph in order:
+        level += amount[lc] if ph == FWD else -amount[lc]
+        peak = max(peak, level)
+    return peak
+
+
+def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarray, ref: Reference,
+            cluster: Cluster, p: int, m: int, stage_gpus: int) -> MemoryReport:
+    """The whole run's memory report from the reference's (see the module docstring)."""
+    from ..taskgraph import schedule_order
+    rep = memory_report(g_ref, s_ref, c_ref, tl)
+    tg = ref.tg
+    pr, v, mr = ref.stages, ref.chunks, ref.microbatches
+    saved = saved_activation_bytes(g_ref, s_ref)
+    f = np.nonzero((tg.kind == FWD) & (unit >= 0) & (tg.mb == 0))[0]
+    # saved bytes of a forward unit per (reference chunk, device): alike for every microbatch
+    amt: dict[tuple[int, int], float] = {}
+    for c, d, b in zip(((unit[f] // 2) // mr).tolist(), tg.device[f].tolist(), saved[tg.op[f]].tolist()):
+        amt[(c, d)] = amt.get((c, d), 0.0) + b
+    devs = sorted({d for _, d in amt})
+    image = tg.info.get("device_image")
+    image = np.arange(c_ref.num_devices) if image is None else image
+
+    def order(st: int, pp: int, mm: int) -> list[tuple[int, int, int]]:
+        return schedule_order(s_ref.pipeline.schedule, pp, v, mm, st) if pp > 1 else \
+            [(0, k, ph) for k in range(mm) for ph in (FWD, 1)]
+
+    def amounts(st_ref: int, d: int) -> dict[int, float]:
+        return {lc: amt.get((lc * pr + st_ref, d), 0.0) for lc in range(v)}
+
+    for d in devs:  # the rule must give the reference's own activation peaks
+        st = d // stage_gpus
+        want = float(rep.activations_peak_bytes[d])
+        got = _walk(order(st, pr, mr), amounts(st, d))
+        if abs(got - want) > 1e-9 * max(1.0, want):
+            raise HierProblem(f"the reference's activation peak on GPU {d} does not follow its schedule "
+                              f"({got:,.0f} against {want:,.0f} bytes)")
+    D = cluster.num_devices
+    real = np.arange(D)
+    s_real = np.minimum(real // stage_gpus, p - 1)
+    d_ref = _stage_type(s_real, p, pr) * stage_gpus + real % stage_gpus
+    rep_local = image[d_ref] % stage_gpus
+    peaks: dict[tuple[int, int], float] = {}
+    act = np.zeros(D)
+    for i in range(D):
+        key = (int(s_real[i]), int(rep_local[i]))
+        if key not in peaks:
+            st_ref = int(_stage_type(key[0], p, pr))
+            peaks[key] = _walk(order(key[0], p, m), amounts(st_ref, st_ref * stage_gpus + key[1]))
+        act[i] = peaks[key]
+    used = real < p * stage_gpus
+
+    def take(a: np.ndarray) -> np.ndarray:
+        return np.where(used, np.asarray(a, float)[d_ref], 0.0)
+
+    weights, grads, optim, comm = (take(a) for a in (rep.weights_bytes, rep.grads_bytes, rep.optimizer_bytes,
+                                                     rep.comm_buffer_bytes))
+    gathered, logits, context = take(rep.gathered_bytes), take(rep.logits_bytes), take(rep.context_bytes)
+    act = np.where(used, act, 0.0)
+    allocated = weights + grads + optim + comm + act + gathered + logits
+    frag = FRAGMENTATION_FRACTION * allocated
+    capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
+    return MemoryReport(weights, grads, optim, comm, act, allocated + frag + context, capacity, [],
+                        gathered_bytes=gathered, logits_bytes=logits, fragmentation_bytes=frag,
+                        context_bytes=context, allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + frag,
+                        host_bytes=take(rep.host_bytes), host_capacity_bytes=host_capacity(cluster),
+                        nvme_bytes=take(rep.nvme_bytes))

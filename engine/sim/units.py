@@ -1,0 +1,369 @@
+"""A pipeline's schedule units read off a simulated reference run, as max-plus blocks.
+
+A unit is what one stage runs for one (model chunk, microbatch, phase): the forward or the
+backward compute tasks of the chunk's ops on the stage's (representative) device and the
+collectives and redistributions between them. Everything else is *explicit*: the barrier
+tasks that hold a device to its schedule (:class:`engine.taskgraph.schedule.SchedulePlan`),
+the point-to-point transfers between stages, and the per-iteration tasks (gradient
+synchronisation, the optimizer step).
+
+Inside a unit, every task starts at the latest of its data predecessors' ends, its chained
+hop's release and its resources' previous holder's end (FlexFlow's list scheduling,
+:mod:`engine.sim.full`). When the order in which the unit's tasks take each resource is the
+same whatever time its inputs arrive, each task's start is the longest path to it from the
+unit's inputs in the graph of data edges, chain edges and resource-order edges: a max-plus
+linear function of the input times (Baccelli et al., "Synchronization and Linearity", 1992,
+ch. 2). :func:`read_units` finds, for one unit, the coefficient from every input (*entry*:
+an explicit task it waits for) to every output (*exit*: an explicit task waiting for it):
+the unit's outputs are then ``max_e(end_e + c[e, x])`` for any input times, which is what
+:mod:`engine.sim.compose` composes.
+
+What makes the reading exact, checked on the reference run (:class:`UnitProblem` otherwise):
+
+* the unit's tasks hold resources that no explicit task and no other stage's unit holds
+  (its device, its tensor-parallel links), and every one of them ends by the time the unit's
+  barrier exit is ready, so the next unit on the device cannot meet it;
+* the order of its tasks on each resource is forced by its data edges or by a single input
+  (checked: every task that waited for a resource waited for one of the same unit whose
+  longest-path inputs are the same);
+* per-iteration tasks wait only for the last backward unit of each chunk (earlier units'
+  edges to them are implied through the schedule);
+* no other kind of edge (ZeRO-3's gathers, activation offload) crosses a unit's border.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+
+from ..taskgraph import BARRIER, BWD, COLL, FWD, OFFLOAD, XFER, TaskGraph
+
+__all__ = ["UnitProblem", "Unit", "UnitTable", "read_units", "classify"]
+
+NEG = -np.inf
+
+
+class UnitProblem(Exception):
+    """The reference run breaks an assumption of the unit reading (the message says which)."""
+
+
+@dataclass
+class Unit:
+    """One unit's max-plus block: ``coef[e, x]`` seconds from entry ``e``'s end to exit ``x``'s
+    readiness (``-inf``: no path). Entries and exits are explicit task ids of the reference
+    run; ``zero`` is an extra entry: the iteration's start (tasks with no predecessor)."""
+
+    chunk: int
+    mb: int
+    phase: int
+    entries: np.ndarray  # [e] explicit task ids (-1: the iteration's start)
+    exits: np.ndarray  # [x] explicit task ids
+    coef: np.ndarray  # [e, x] seconds
+    tasks: np.ndarray  # internal task ids
+    end_s: float = 0.0  # reference end of the unit's last internal task
+
+
+@dataclass
+class UnitTable:
+    """Every unit of a reference run and the task classification."""
+
+    units: dict[tuple[int, int, int], Unit]
+    unit_of: np.ndarray  # [task] unit index or -1 (explicit)
+    keys: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def classify(tg: TaskGraph, chunk_of_op: np.ndarray, microbatches: int) -> np.ndarray:
+    """[task] unit number ``(chunk * m + mb) * 2 + phase`` of every unit-internal task, -1 for an
+    explicit one (barrier, point-to-point transfer, per-iteration task)."""
+    n = tg.num_tasks
+    kind, mb, op = tg.kind, tg.mb, tg.op
+    chunk = np.where(op >= 0, chunk_of_op[np.maximum(op, 0)], -1)
+    unit = np.full(n, -1, np.int64)
+    comp = ((kind == FWD) | (kind == BWD)) & (mb >= 0)
+    unit[comp] = (chunk[comp] * microbatches + mb[comp]) * 2 + kind[comp]
+    if np.any(kind == OFFLOAD):
+        raise UnitProblem("activation offload copies cross the units")
+    src, dst = tg.edge_src, tg.succ_idx
+    mid = ((kind == COLL) | (kind == XFER)) & (mb >= 0)
+    # a transfer's first hop waits for its producer: another chunk's task makes it a
+    # point-to-point transfer (explicit), and its later hops (chained) with it
+    internal = np.zeros(n, bool)
+    e = mid[dst] & (kind[dst] == XFER) & (unit[src] >= 0)
+    same = e & (chunk[src] == chunk[dst])
+    internal[dst[same]] = True
+    cross = np.zeros(n, bool)
+    cross[dst[e & (chunk[src] != chunk[dst])]] = True
+    if (internal & cross).any():
+        raise UnitProblem("a transfer waits for tasks of two chunks")
+    for flag in (internal, cross):
+        hop = flag.copy()
+        for _ in range(64):
+            nxt = tg.chain_next[hop & (tg.chain_next >= 0)]
+            nxt = nxt[~flag[nxt]]
+            if not nxt.size:
+                break
+            flag[nxt] = True
+            hop = np.zeros(n, bool)
+            hop[nxt] = True
+    take = (kind == COLL) & mid | internal
+    for _ in range(256):  # a collective or an internal hop takes the unit of its producer
+        todo = take & (unit < 0)
+        if not todo.any():
+            break
+        e = todo[dst] & (unit[src] >= 0) & (chunk[src] == chunk[dst])
+        if not e.any():
+            break
+        unit[dst[e]] = unit[src[e]]
+    # a chained hop takes its first hop's unit
+    hop = internal & (unit >= 0)
+    for _ in range(64):
+        t = np.nonzero(hop & (tg.chain_next >= 0))[0]
+        nxt = tg.chain_next[t]
+        keep = unit[nxt] < 0
+        if not keep.any():
+            break
+        unit[nxt[keep]] = unit[t[keep]]
+        hop = np.zeros(n, bool)
+        hop[nxt[keep]] = True
+    left = take & (unit < 0)
+    if left.any():
+        raise UnitProblem(f"{int(left.sum())} collectives or transfers of a microbatch wait for no task of their chunk")
+    return unit
+
+
+#: entry table sizes tried in turn (a unit's inputs: its barrier, the iteration's start,
+#: point-to-point transfers, gradient collectives that held its links first; one slot is the start)
+ENTRY_TABLES = (8, 24, 96)
+
+
+@nb.njit(cache=True)
+def _reach(order, unit, is_barrier, succ_ptr, succ_idx, chain_next, res_next_ptr, res_next):  # pragma: no cover
+    """[task] whether an internal task has a path, inside its unit, to a barrier task (its
+    unit's barrier exit): by data, chain or resource-order edges, in reverse dispatch order."""
+    n = unit.shape[0]
+    reach = np.zeros(n, np.bool_)
+    for i in range(order.shape[0] - 1, -1, -1):
+        t = order[i]
+        u = unit[t]
+        if u < 0:
+            continue
+        r = False
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            v = succ_idx[k]
+            if (unit[v] < 0 and is_barrier[v]) or (unit[v] == u and reach[v]):
+                r = True
+        c = chain_next[t]
+        if c >= 0 and unit[c] == u and reach[c]:
+            r = True
+        for k in range(res_next_ptr[t], res_next_ptr[t + 1]):
+            v = res_next[k]
+            if v >= 0 and unit[v] == u and reach[v]:
+                r = True
+        reach[t] = r
+    return reach
+
+
+@nb.njit(cache=True)
+def _slot(ent, u, node):  # pragma: no cover
+    """Entry slot of ``node`` in unit ``u``'s table (allocated; -1 when the table is full)."""
+    K = ent.shape[1]
+    for j in range(K - 1):
+        if ent[u, j] == node:
+            return j
+        if ent[u, j] == -2:
+            ent[u, j] = node
+            return j
+    return -1
+
+
+@nb.njit(cache=True)
+def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res_prev, reach, n_units,
+             K):  # pragma: no cover
+    """Longest paths (s) from each unit's entries to the start of each of its tasks, over data,
+    chain and resource-order edges, tasks in dispatch ``order``. Returns (L [task, K], ent
+    [unit, K]: the entry node of each slot, -2 unused; slot K - 1 is the iteration's start,
+    overflow: whether a table filled up).
+
+    An entry is an explicit task, or an entry of an earlier unit whose task ``a`` this unit
+    waits for (data or resource) when ``a`` does not lead to its unit's barrier exit: the
+    wait then passes through (``L[a] + dur[a]``); when it does, the barrier that orders the
+    two units on the device implies it (``read_units`` checks the units are ordered so)."""
+    n = dur.shape[0]
+    L = np.full((n, K), -np.inf)
+    ent = np.full((n_units, K), -2, np.int64)
+    overflow = False
+    for i in range(order.shape[0]):
+        t = order[i]
+        u = unit[t]
+        if u < 0:
+            continue
+        any_pred = False
+        for k in range(pred_ptr[t], pred_ptr[t + 1]):
+            p = pred_idx[k]
+            any_pred = True
+            if unit[p] == u:
+                for j in range(K):
+                    v = L[p, j] + dur[p]
+                    if v > L[t, j]:
+                        L[t, j] = v
+            elif unit[p] < 0:
+                j = _slot(ent, u, p)
+                if j < 0:
+                    overflow = True
+                elif L[t, j] < 0.0:
+                    L[t, j] = 0.0
+            elif not reach[p]:
+                overflow |= _through(L, ent, t, u, p, unit[p], dur[p])
+        c = chain_prev[t]
+        if c >= 0:
+            any_pred = True
+            if unit[c] == u:
+                for j in range(K):
+                    v = L[c, j] + lag[c]
+                    if v > L[t, j]:
+                        L[t, j] = v
+        for k in range(res_ptr[t], res_ptr[t + 1]):
+            r = res_prev[k]
+            if r < 0:
+                continue
+            if unit[r] == u:
+                for j in range(K):
+                    v = L[r, j] + dur[r]
+                    if v > L[t, j]:
+                        L[t, j] = v
+            elif unit[r] < 0:  # (a transfer or a gradient collective held it first)
+                j = _slot(ent, u, r)
+                if j < 0:
+                    overflow = True
+                elif L[t, j] < 0.0:
+                    L[t, j] = 0.0
+            elif not reach[r]:
+                overflow |= _through(L, ent, t, u, r, unit[r], dur[r])
+        if not any_pred:
+            if L[t, K - 1] < 0.0:  # (the iteration's start: the last entry)
+                L[t, K - 1] = 0.0
+    return L, ent, overflow
+
+
+@nb.njit(cache=True)
+def _through(L, ent, t, u, a, ua, w):  # pragma: no cover
+    """Task ``t`` of unit ``u`` waits for task ``a`` of unit ``ua``: ``a``'s entries pass through."""
+    K = L.shape[1]
+    for j in range(K):
+        if L[a, j] == -np.inf:
+            continue
+        node = ent[ua, j] if j < K - 1 else -1
+        jj = K - 1 if node == -1 else _slot(ent, u, node)
+        if jj < 0:
+            return True
+        v = L[a, j] + w
+        if v > L[t, jj]:
+            L[t, jj] = v
+    return False
+
+
+def _res_prev(tg: TaskGraph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over tasks (``res_ptr``'s layout): each resource's previous holder in dispatch
+    ``order`` (-1: none)."""
+    return _res_prev_kernel(order, tg.res_ptr, tg.res_idx, tg.n_devices + tg.n_links)
+
+
+@nb.njit(cache=True)
+def _res_prev_kernel(order, res_ptr, res_idx, n_res):  # pragma: no cover
+    out = np.full(res_idx.shape[0], -1, np.int64)
+    last = np.full(n_res, -1, np.int64)
+    for i in range(order.shape[0]):
+        t = order[i]
+        for k in range(res_ptr[t], res_ptr[t + 1]):
+            q = res_idx[k]
+            out[k] = last[q]
+            last[q] = t
+    return out
+
+
+def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.ndarray) -> dict[int, Unit]:
+    """Every unit's max-plus block from a reference run (its dispatch ``order`` and task ends
+    ``end_s``) and the classification :func:`classify` gave (``unit``)."""
+    n = tg.num_tasks
+    pred_ptr, pred_idx = tg.pred_lists()
+    res_prev = _res_prev(tg, order)
+    holder = np.repeat(np.arange(n), np.diff(tg.res_ptr))  # [holding] its task
+    res_next_ptr, res_next = _res_next(tg, res_prev, holder)
+    chain_prev = np.full(n, -1, np.int64)
+    has = tg.chain_next >= 0
+    chain_prev[tg.chain_next[has]] = np.nonzero(has)[0]
+    is_barrier = (tg.kind == BARRIER) & (unit < 0)
+    reach = _reach(order, unit, is_barrier, tg.succ_ptr, tg.succ_idx, tg.chain_next, res_next_ptr, res_next)
+    _check_implied(tg, unit, reach, pred_ptr, pred_idx, res_prev, holder, end_s)
+    n_units = int(unit.max()) + 1 if unit.size else 0
+    for K in ENTRY_TABLES:
+        L, ent, overflow = _longest(order, unit, tg.dur_s, tg.chain_lag_s, pred_ptr, pred_idx, chain_prev, tg.res_ptr,
+                                    res_prev, reach, n_units, K)
+        if not overflow:
+            break
+    else:
+        raise UnitProblem(f"a unit waits for more than {K - 1} outside tasks")
+    # exits: (internal task, explicit task, weight) for every constraint from a unit onto an explicit task
+    src, dst = tg.edge_src, tg.succ_idx
+    e = (unit[src] >= 0) & (unit[dst] < 0)
+    ex_t, ex_y, ex_w = [src[e]], [dst[e]], [tg.dur_s[src[e]]]
+    c = np.nonzero(has & (unit >= 0))[0]
+    c = c[unit[tg.chain_next[c]] != unit[c]]
+    if (unit[tg.chain_next[c]] >= 0).any():
+        raise UnitProblem("a transfer chain runs from one unit into another")
+    ex_t.append(c); ex_y.append(tg.chain_next[c]); ex_w.append(tg.chain_lag_s[c])
+    r = (res_prev >= 0)
+    r[r] = (unit[res_prev[r]] >= 0) & (unit[holder[r]] < 0)
+    ex_t.append(res_prev[r]); ex_y.append(holder[r]); ex_w.append(tg.dur_s[res_prev[r]])
+    t_all, y_all, w_all = (np.concatenate(a) for a in (ex_t, ex_y, ex_w))
+    units: dict[int, Unit] = {}
+    tasks_of = np.argsort(unit, kind="stable")
+    bounds = np.searchsorted(unit[tasks_of], np.arange(n_units + 1))
+    ex_u = unit[t_all]
+    ex_order = np.lexsort((y_all, ex_u))
+    ex_b = np.searchsorted(ex_u[ex_order], np.arange(n_units + 1))
+    for u in np.unique(unit[unit >= 0]):
+        sel = ex_order[ex_b[u]:ex_b[u + 1]]
+        ys = np.unique(y_all[sel])
+        coef = np.full((K, ys.size), NEG)
+        np.maximum.at(coef.T, np.searchsorted(ys, y_all[sel]), L[t_all[sel]] + w_all[sel][:, None])
+        slots = np.r_[np.nonzero(ent[u, :K - 1] != -2)[0], K - 1]
+        entries = np.r_[ent[u, slots[:-1]], -1]
+        units[int(u)] = Unit(0, 0, 0, entries, ys, coef[slots], tasks_of[bounds[u]:bounds[u + 1]])
+    return units
+
+
+def _res_next(tg: TaskGraph, res_prev: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over tasks: the next holder of each resource a task holds (the inverse of ``res_prev``)."""
+    n = tg.num_tasks
+    k = np.nonzero(res_prev >= 0)[0]
+    prev, nxt = res_prev[k], holder[k]
+    order = np.argsort(prev, kind="stable")
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(prev, minlength=n), out=ptr[1:])
+    return ptr, nxt[order]
+
+
+def _check_implied(tg: TaskGraph, unit: np.ndarray, reach: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray,
+                   res_prev: np.ndarray, holder: np.ndarray, end_s: np.ndarray) -> None:
+    """A wait between units that :func:`_longest` drops (its source leads to its unit's barrier
+    exit) must be implied: the waiting unit's task comes after a barrier that ends no earlier."""
+    n = tg.num_tasks
+    tgt = np.repeat(np.arange(n), np.diff(pred_ptr))
+    a = np.concatenate([pred_idx, res_prev])
+    b = np.concatenate([tgt, holder])
+    ok = (a >= 0)
+    ok[ok] = (unit[a[ok]] >= 0) & (unit[b[ok]] >= 0) & (unit[a[ok]] != unit[b[ok]])
+    ok[ok] = reach[a[ok]]
+    a, b = a[ok], b[ok]
+    if not a.size:
+        return
+    # the waiting unit's latest barrier entry (its units' explicit barrier predecessors)
+    bar = np.zeros(int(unit.max()) + 1)
+    e = (tg.kind[pred_idx] == BARRIER) & (unit[pred_idx] < 0) & (unit[tgt] >= 0)
+    np.maximum.at(bar, unit[tgt[e]], end_s[pred_idx[e]])
+    late = end_s[a] > bar[unit[b]] + 1e-12 * max(1.0, float(end_s.max()))
+    if late.any():
+        raise UnitProblem(f"{int(late.sum())} waits between units are not implied by the schedule's barriers")

@@ -1,0 +1,487 @@
+"""A whole pipeline's iteration composed from a short reference run (issue 43).
+
+The reference simulates the same layout with fewer stages (the first, one or two middle ones,
+the last) and the first few microbatches, each still 1/m of the batch
+(:attr:`engine.taskgraph.context.BuildContext.split`). Its units are read as max-plus blocks
+(:mod:`engine.sim.units`); this module lays out the full iteration's explicit tasks (each
+stage's barrier chain in its schedule order, every point-to-point transfer, each stage's
+gradient collectives and optimizer steps) by copying the reference's, moved to the stage's
+devices and links, and puts in each unit's block, taken from the reference unit in the same
+position (first, middle or last microbatch; first, middle or last stage; the same model chunk
+and phase). The event loop of :mod:`engine.sim.full` then simulates it: links are still FIFO
+queues, so the transfers and collectives meet as they do in the full simulation.
+
+Every entry and exit of a block is named relative to its unit (the barrier before or after a
+unit, the transfer into a unit, a per-iteration task of the unit's stage, the iteration's
+start), so one block serves every unit in its position. :class:`UnrollProblem` when the
+reference cannot stand for the whole (stages that share a node; a per-iteration task over
+several middle stages; a name with no counterpart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..taskgraph import BARRIER, BWD, FWD, TaskGraph, schedule_order
+from .units import Unit
+
+__all__ = ["UnrollProblem", "Geometry", "Reference", "unroll"]
+
+
+class UnrollProblem(Exception):
+    """The reference run cannot be unrolled to the whole pipeline (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where a stage's devices and links lie: every stage holds ``nodes_per_stage`` whole
+    nodes of ``gpus_per_node`` GPUs, each with ``links_per_node`` links numbered together."""
+
+    gpus_per_node: int
+    links_per_node: int
+    nodes_per_stage: int
+
+
+@dataclass
+class Reference:
+    """A simulated reference run and its units: ``stages`` (p'), ``chunks`` (v per stage),
+    ``microbatches`` (m' simulated), ``schedule``; ``unit`` the classification of its tasks,
+    ``units`` their blocks (:func:`engine.sim.units.read_units`)."""
+
+    tg: TaskGraph
+    unit: np.ndarray
+    units: dict[int, Unit]
+    stages: int
+    chunks: int
+    microbatches: int
+    schedule: str
+    geometry: Geometry
+
+
+def _ranks(schedule: str, p: int, v: int, m: int) -> np.ndarray:
+    """[stage, local chunk, mb, phase] position of each unit in its stage's schedule."""
+    rank = np.full((p, v, m, 2), -1, np.int64)
+    for s in range(p):
+        order = schedule_order(schedule, p, v, m, s) if p > 1 else [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
+        for r, (lc, k, ph) in enumerate(order):
+            rank[s, lc, k, ph] = r
+    return rank
+
+
+def _stage_type(s: np.ndarray | int, p: int, p_ref: int) -> np.ndarray:
+    """The reference stage standing for real stage ``s``: the first and the last are
+    themselves, a middle one the reference's first middle stage."""
+    s = np.asarray(s)
+    if p == p_ref:
+        return s
+    return np.where(s == 0, 0, np.where(s == p - 1, p_ref - 1, 1))
+
+
+def _mb_type(j: np.ndarray | int, m: int, m_ref: int) -> np.ndarray:
+    """The reference microbatch standing for real microbatch ``j``: first, last or a middle one."""
+    j = np.asarray(j)
+    if m == m_ref:
+        return j
+    return np.where(j == 0, 0, np.where(j == m - 1, m_ref - 1, 1))
+
+
+class _Builder:
+    """Arrays of the composed graph as they are made: tasks (duration, resources, chain) and edges."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.dur: list[np.ndarray] = []
+        self.kind: list[np.ndarray] = []
+        self.res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, resource) pairs
+        self.chain: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (task, next, lag)
+        self.src: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+
+    def add(self, dur: np.ndarray, kind: int | np.ndarray) -> np.ndarray:
+        dur = np.asarray(dur, float)
+        ids = np.arange(self.n, self.n + dur.size)
+        self.n += dur.size
+        self.dur.append(dur)
+        self.kind.append(np.broadcast_to(np.asarray(kind, np.int8), dur.shape).copy())
+        return ids
+
+    def edges(self, a: np.ndarray, b: np.ndarray) -> None:
+        a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+        ok = (a >= 0) & (b >= 0)
+        self.src.append(a[ok].ravel())
+        self.dst.append(b[ok].ravel())
+
+    def graph(self, n_devices: int, n_links: int) -> TaskGraph:
+        n = self.n
+        dur = np.concatenate(self.dur) if self.dur else np.zeros(0)
+        kind = np.concatenate(self.kind) if self.kind else np.zeros(0, np.int8)
+        rt = np.concatenate([r[0] for r in self.res]) if self.res else np.zeros(0, np.int64)
+        rr = np.concatenate([r[1] for r in self.res]) if self.res else np.zeros(0, np.int64)
+        o = np.argsort(rt, kind="stable")
+        res_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rt, minlength=n), out=res_ptr[1:])
+        src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
+        dst = np.concatenate(self.dst) if self.dst else np.zeros(0, np.int64)
+        order = np.lexsort((dst, src))
+        src, dst = src[order], dst[order]
+        succ_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+        chain_next = np.full(n, -1, np.int64)
+        lag = np.zeros(n)
+        for t, nx, lg in self.chain:
+            chain_next[t], lag[t] = nx, lg
+        z = np.zeros(n)
+        neg = np.full(n, -1, np.int32)
+        return TaskGraph(kind=kind, op=neg, part=neg.copy(), mb=neg.copy(), device=neg.copy(), dur_s=dur,
+                         size_bytes=z, flops=z.copy(), coll=np.full(n, -1, np.int8), link=neg.copy(),
+                         res_ptr=res_ptr, res_idx=rr[o].astype(np.int64), succ_ptr=succ_ptr, succ_idx=dst,
+                         npred=np.bincount(dst, minlength=n).astype(np.int64), chain_next=chain_next,
+                         chain_lag_s=lag, n_devices=n_devices, n_links=n_links)
+
+
+def unroll(ref: Reference, stages: int, microbatches: int, n_devices: int, n_links: int) -> TaskGraph:
+    """The composed graph of the whole iteration (``stages`` x ``microbatches``) on a cluster
+    of ``n_devices`` and ``n_links``, from ``ref`` (see the module's docstring)."""
+    return _Unroll(ref, stages, microbatches, n_devices, n_links).run()
+
+
+class _Unroll:
+    """One unrolling: the reference's explicit tasks named, then laid out for the whole."""
+
+    def __init__(self, ref: Reference, p: int, m: int, n_devices: int, n_links: int) -> None:
+        self.ref, self.p, self.m, self.D, self.NL = ref, p, m, n_devices, n_links
+        self.pr, self.v, self.mr = ref.stages, ref.chunks, ref.microbatches
+        if p < self.pr or m < self.mr:
+            raise UnrollProblem("the reference is larger than the run")
+        if p != self.pr and self.pr < 3:
+            raise UnrollProblem("a reference of fewer than 3 stages cannot stand for more")
+        if m != self.mr and self.mr < 3:
+            raise UnrollProblem("a reference of fewer than 3 microbatches cannot stand for more")
+        self.rank_r = _ranks(ref.schedule, self.pr, self.v, self.mr)
+        self.rank = _ranks(ref.schedule, p, self.v, m)
+        self.b = _Builder()
+        g = ref.geometry
+        self.stage_gpus = g.gpus_per_node * g.nodes_per_stage
+        self.stage_links = g.links_per_node * g.nodes_per_stage
+        rt = ref.tg
+        if rt.n_links % g.links_per_node or rt.n_devices != self.pr * self.stage_gpus:
+            raise UnrollProblem("the reference's stages do not hold whole nodes")
+
+    # -- the reference's explicit tasks, named -----------------------------------------------
+    def _name(self) -> None:
+        rt, unit = self.ref.tg, self.ref.unit
+        n = rt.num_tasks
+        src, dst = rt.edge_src, rt.succ_idx
+        ex = unit < 0
+        # a barrier of a stage's chain: the unit right after it
+        self.bar_unit = np.full(n, -1, np.int64)
+        e = ex[src] & (rt.kind[src] == BARRIER) & ~ex[dst]
+        self.bar_unit[src[e]] = unit[dst[e]]
+        is_bar = self.bar_unit >= 0
+        # point-to-point transfers: chains of hops into a unit
+        x = ex & (rt.mb >= 0) & ~is_bar
+        prev = np.full(n, -1, np.int64)
+        has = rt.chain_next >= 0
+        prev[rt.chain_next[has]] = np.nonzero(has)[0]
+        first = np.nonzero(x & (prev < 0))[0]
+        self.hop_of = np.full(n, -1, np.int64)  # hop index in its chain
+        self.chain_first = np.full(n, -1, np.int64)
+        chains = []
+        for f in first:
+            hops = [f]
+            while rt.chain_next[hops[-1]] >= 0:
+                hops.append(int(rt.chain_next[hops[-1]]))
+            self.hop_of[hops] = np.arange(len(hops))
+            self.chain_first[hops] = f
+            chains.append(hops)
+        self.cons = {}  # first hop -> consumer unit
+        e = x[src] & ~ex[dst]
+        for a, b in zip(src[e], dst[e]):
+            self.cons[int(self.chain_first[a])] = int(unit[b])
+        by_unit: dict[int, list[list[int]]] = {}
+        for hops in chains:
+            if hops[0] not in self.cons:
+                raise UnrollProblem("a point-to-point transfer feeds no unit")
+            by_unit.setdefault(self.cons[hops[0]], []).append(hops)
+        self.inputs = by_unit  # consumer unit -> its chains (slot order)
+        self.slot_of = np.full(n, -1, np.int64)
+        for hops_list in by_unit.values():
+            for k, hops in enumerate(hops_list):
+                self.slot_of[hops] = k
+        self.is_p2p = self.hop_of >= 0
+        self.is_it = ex & ~is_bar & ~self.is_p2p
+        if (x & ~self.is_p2p).any():
+            raise UnrollProblem("a task of a microbatch is neither in a unit nor a transfer between units")
+
+    def _decode(self, u: np.ndarray | int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        u = np.asarray(u)
+        return (u // 2) // m, (u // 2) % m, u % 2
+
+    # -- moving a task to other stages ---------------------------------------------------------
+    def _res_stage(self, q: np.ndarray) -> np.ndarray:
+        """Reference stage of each resource (device or link)."""
+        Dr = self.ref.tg.n_devices
+        return np.where(q < Dr, q // self.stage_gpus, (q - Dr) // self.stage_links)
+
+    def _move_res(self, q: np.ndarray, shift: dict[int, int]) -> np.ndarray:
+        """Resources ``q`` of the reference moved by ``shift`` (reference stage -> real stage)."""
+        Dr = self.ref.tg.n_devices
+        st = self._res_stage(q)
+        out = np.empty_like(q)
+        for a, b in shift.items():
+            sel = st == a
+            dev = q[sel] < Dr
+            out[sel] = np.where(dev, q[sel] + (b - a) * self.stage_gpus,
+                                self.D + (q[sel] - Dr) + (b - a) * self.stage_links)
+        bad = ~np.isin(st, list(shift))
+        if bad.any():
+            raise UnrollProblem("a task holds resources of a stage the unrolling does not move it with")
+        return out
+
+    def _add_like(self, t: int, shift: dict[int, int]) -> int:
+        """A copy of reference task ``t`` with its resources moved; its new id."""
+        rt = self.ref.tg
+        i = int(self.b.add(rt.dur_s[t:t + 1], int(rt.kind[t]))[0])
+        q = rt.res_idx[rt.res_ptr[t]:rt.res_ptr[t + 1]]
+        if q.size:
+            self.b.res.append((np.full(q.size, i, np.int64), self._move_res(q, shift)))
+        return i
+
+    # -- per-iteration tasks: one copy per stage they stand for ----------------------------------
+    def _iteration_tasks(self) -> None:
+        rt = self.ref.tg
+        p, pr = self.p, self.pr
+        self.it_one: dict[int, int] = {}  # reference id -> its one copy
+        self.it_mid: dict[int, np.ndarray] = {}  # reference id -> [real stage - 1] copies
+        self.family: dict[int, str] = {}
+        for t in np.nonzero(self.is_it)[0]:
+            t = int(t)
+            q = rt.res_idx[rt.res_ptr[t]:rt.res_ptr[t + 1]]
+            st = set(self._res_stage(q).tolist())
+            if rt.device[t] >= 0:
+                st.add(int(rt.device[t]) // self.stage_gpus)
+            if p == pr:
+                self.family[t] = "one"
+                self.it_one[t] = self._add_like(t, {s: s for s in range(pr)})
+            elif st <= {0, pr - 1}:
+                self.family[t] = "one"
+                self.it_one[t] = self._add_like(t, {0: 0, pr - 1: p - 1})
+            elif st == {1}:
+                self.family[t] = "mid"
+                self.it_mid[t] = np.array([self._add_like(t, {1: s}) for s in range(1, p - 1)], np.int64)
+            elif st and min(st) >= 2 and max(st) <= pr - 2:
+                self.family[t] = "skip"
+            else:
+                raise UnrollProblem(f"a per-iteration task spans stages {sorted(st)} of the reference")
+        src, dst = rt.edge_src, rt.succ_idx
+        ex = self.ref.unit < 0
+        e = ex[src] & ex[dst]
+        for a, b in zip(src[e].tolist(), dst[e].tolist()):
+            if self.bar_unit[a] >= 0 and self.bar_unit[b] >= 0:
+                continue  # (a stage's barrier chain: laid out anew)
+            if not (self.is_it[a] and self.is_it[b]):
+                raise UnrollProblem("an edge between a transfer or barrier and another outside task")
+            fa, fb = self.family[a], self.family[b]
+            if "skip" in (fa, fb):
+                if fa != fb:
+                    raise UnrollProblem("a per-iteration task of a skipped stage feeds another stage's")
+                continue
+            if fa != fb:
+                raise UnrollProblem("per-iteration tasks of the end stages and of a middle stage wait for each other")
+            if fa == "one":
+                self.b.edges(self.it_one[a], self.it_one[b])
+            else:
+                self.b.edges(self.it_mid[a], self.it_mid[b])
+
+    def _it(self, t: int, s: np.ndarray) -> np.ndarray:
+        """Real copies of per-iteration task ``t`` for units on real stages ``s``."""
+        fam = self.family.get(t)
+        if fam == "one":
+            return np.full(s.shape, self.it_one[t], np.int64)
+        if fam == "mid":
+            if ((s < 1) | (s > self.p - 2)).any():
+                raise UnrollProblem("an end stage's unit waits for a middle stage's per-iteration task")
+            return self.it_mid[t][s - 1]
+        raise UnrollProblem("a unit waits for a per-iteration task of a skipped stage")
+
+    # -- the whole iteration -----------------------------------------------------------------
+    def run(self) -> TaskGraph:
+        ref, p, v, m, pr, mr = self.ref, self.p, self.v, self.m, self.pr, self.mr
+        self._name()
+        self._check_classes()
+        self._iteration_tasks()
+        C = p * v
+        c = np.repeat(np.arange(C), m * 2)
+        j = np.tile(np.repeat(np.arange(m), 2), C)
+        ph = np.tile(np.array([FWD, BWD]), C * m)
+        s, lc = c % p, c // p
+        tmpl = ((lc * pr + _stage_type(s, p, pr)) * mr + _mb_type(j, m, mr)) * 2 + ph
+        self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
+        # each stage's barrier chain
+        U = 2 * v * m
+        self.bar_base = np.array([self.b.add(np.zeros(U - 1), BARRIER)[0] if U > 1 else -1 for _ in range(p)])
+        if U > 2:
+            for st in range(p):
+                ids = self.bar_base[st] + np.arange(U - 1)
+                self.b.edges(ids[:-1], ids[1:])
+        groups = np.unique(tmpl)
+        missing = [int(t) for t in groups if int(t) not in ref.units]
+        if missing:
+            raise UnrollProblem(f"{len(missing)} units have no counterpart in the reference")
+        self.p2p: dict[tuple[int, int], np.ndarray] = {}
+        for t in groups:
+            self._transfers(int(t), np.nonzero(tmpl == t)[0])
+        for t in groups:
+            self._blocks(int(t), np.nonzero(tmpl == t)[0])
+        return self.b.graph(self.D, self.NL)
+
+    def _index(self, c: np.ndarray, j: np.ndarray, ph: np.ndarray) -> np.ndarray:
+        """Position of real units (chunk, mb, phase) in the unit arrays."""
+        return (c * self.m + j) * 2 + ph
+
+    def _transfers(self, t: int, rows: np.ndarray) -> None:
+        """The transfers into the real units ``rows`` (all of template ``t``)."""
+        rt = self.ref.tg
+        chains = self.inputs.get(t, [])
+        if not chains:
+            return
+        c, ph = self.c[rows], self.ph[rows]
+        pc = np.where(ph == FWD, c - 1, c + 1)
+        if ((pc < 0) | (pc >= self.p * self.v)).any():
+            raise UnrollProblem("a first or last chunk's unit receives a transfer")
+        cs, ps = self.s[rows], pc % self.p
+        ct, _, pht = self._decode(t, self.mr)
+        ref_cs, ref_ps = int(ct % self.pr), int((ct - 1 if pht == FWD else ct + 1) % self.pr)
+        for k, hops in enumerate(chains):
+            ids_prev = None
+            for h, hop in enumerate(hops):
+                ids = self.b.add(np.full(rows.size, rt.dur_s[hop]), int(rt.kind[hop]))
+                q = rt.res_idx[rt.res_ptr[hop]:rt.res_ptr[hop + 1]]
+                if q.size:
+                    st = self._res_stage(q)
+                    Dr = rt.n_devices
+                    shift = np.where(st[None, :] == ref_cs, (cs - ref_cs)[:, None],
+                                     np.where(st[None, :] == ref_ps, (ps - ref_ps)[:, None], 0))
+                    if not np.isin(st, [ref_cs, ref_ps]).all():
+                        raise UnrollProblem("a transfer crosses a stage other than its two ends")
+                    dev = (q < Dr)[None, :]
+                    moved = np.where(dev, q[None, :] + shift * self.stage_gpus,
+                                     self.D + (q[None, :] - Dr) + shift * self.stage_links)
+                    self.b.res.append((np.repeat(ids, q.size), moved.ravel()))
+                if ids_prev is not None:
+                    self.b.chain.append((ids_prev, ids, np.full(rows.size, rt.chain_lag_s[hops[h - 1]])))
+                arr = self.p2p.setdefault((k, h), np.full(self.c.size, -1, np.int64))
+                arr[rows] = ids
+                ids_prev = ids
+
+    def _resolve(self, y: int, t: int, rows: np.ndarray) -> np.ndarray:
+        """Real task ids (one per unit of ``rows``) that reference task ``y`` names for template
+        unit ``t``: -1 for the iteration's start."""
+        if y < 0:
+            return np.full(rows.size, -1, np.int64)
+        ct, jt, pht = self._decode(t, self.mr)
+        c, j, ph, s, lc = self.c[rows], self.j[rows], self.ph[rows], self.s[rows], self.lc[rows]
+        if self.bar_unit[y] >= 0:
+            cx, jx, phx = self._decode(int(self.bar_unit[y]), self.mr)
+            if cx % self.pr != ct % self.pr:
+                raise UnrollProblem("a unit waits for another stage's barrier")
+            rx = self.rank_r[cx % self.pr, cx // self.pr, jx, phx] - 1  # the barrier's index
+            st, lt = ct % self.pr, ct // self.pr
+            own = self.rank_r[st, lt, jt, pht]
+            fwd = self.rank_r[st, lt, jt, FWD]
+            if rx == own - 1:
+                r = self.rank[s, lc, j, ph] - 1
+            elif rx == own:
+                r = self.rank[s, lc, j, ph]
+            elif rx == fwd - 1:
+                r = self.rank[s, lc, j, FWD] - 1
+            else:
+                raise UnrollProblem("a unit waits for a barrier other than its own or its forward unit's")
+            if ((r < 0) | (r >= 2 * self.v * self.m - 1)).any():
+                raise UnrollProblem("a barrier a unit names does not exist in the whole schedule")
+            return self.bar_base[s] + r
+        if self.is_p2p[y]:
+            cx, jx, phx = self._decode(self.cons[int(self.chain_first[y])], self.mr)
+            if jx != jt:
+                raise UnrollProblem("a unit meets another microbatch's transfer")
+            dc = int(cx - ct)
+            arr = self.p2p.get((int(self.slot_of[y]), int(self.hop_of[y])))
+            if arr is None or dc not in (-1, 0, 1):
+                raise UnrollProblem("a transfer with no counterpart in the whole schedule")
+            cr = c + dc
+            if ((cr < 0) | (cr >= self.p * self.v)).any():
+                raise UnrollProblem("a transfer to a chunk outside the pipeline")
+            out = arr[self._index(cr, j, np.full(rows.size, phx))]
+            if (out < 0).any():
+                raise UnrollProblem("a transfer with no counterpart in the whole schedule")
+            return out
+        if self.is_it[y]:
+            return self._it(int(y), s)
+        raise UnrollProblem("a unit names a task the unrolling does not know")
+
+    def _blocks(self, t: int, rows: np.ndarray) -> None:
+        """Each unit of ``rows`` (template ``t``) as its block: one delay task per (finite
+        entry, exit), a join per exit when several entries lead to it."""
+        u = self.ref.units[t]
+        ents = [self._resolve(int(e), t, rows) for e in u.entries]
+        for xi, y in enumerate(u.exits):
+            out = self._resolve(int(y), t, rows)
+            col = u.coef[:, xi]
+            fin = np.nonzero(np.isfinite(col))[0]
+            if not fin.size:
+                continue
+            if fin.size == 1:
+                d = self.b.add(np.full(rows.size, col[fin[0]]), BARRIER)
+                self.b.edges(ents[fin[0]], d)
+                self.b.edges(d, out)
+                continue
+            join = self.b.add(np.zeros(rows.size), BARRIER)
+            for ei in fin:
+                d = self.b.add(np.full(rows.size, col[ei]), BARRIER)
+                self.b.edges(ents[ei], d)
+                self.b.edges(d, join)
+            self.b.edges(join, out)
+
+    # -- the reference's units agree within each position class ------------------------------
+    def _role(self, y: int, t: int) -> tuple:
+        """What reference task ``y`` is to template unit ``t``, in relative terms."""
+        if y < 0:
+            return ("start",)
+        ct, jt, pht = self._decode(t, self.mr)
+        if self.bar_unit[y] >= 0:
+            cx, jx, phx = self._decode(int(self.bar_unit[y]), self.mr)
+            st, lt = ct % self.pr, ct // self.pr
+            rx = self.rank_r[cx % self.pr, cx // self.pr, jx, phx] - 1
+            own, fwd = self.rank_r[st, lt, jt, pht], self.rank_r[st, lt, jt, FWD]
+            which = "in" if rx == own - 1 else "out" if rx == own else "fwd-in" if rx == fwd - 1 else f"other{rx - own}"
+            return ("barrier", which, int(cx % self.pr == st))
+        if self.is_p2p[y]:
+            cx, jx, phx = self._decode(self.cons[int(self.chain_first[y])], self.mr)
+            return ("transfer", int(cx - ct), int(jx - jt), int(phx), int(self.slot_of[y]), int(self.hop_of[y]))
+        rt = self.ref.tg
+        return ("iteration", int(rt.kind[y]), round(float(rt.dur_s[y]), 15), int(rt.res_ptr[y + 1] - rt.res_ptr[y]))
+
+    def _check_classes(self) -> None:
+        """Every reference unit in one position class (first, middle or last microbatch; first,
+        middle or last stage; chunk; phase) has the same block, entry for entry: else a middle
+        unit of the whole run would meet what its template never met (e.g. gradient
+        collectives of an interleaved schedule's earlier chunk under a later unit)."""
+        seen: dict[tuple, tuple] = {}
+        pr, mr = self.pr, self.mr
+        for t, u in self.ref.units.items():
+            c, j, ph = (int(a) for a in self._decode(t, mr))
+            st = c % pr
+            key = (0 if st == 0 else 2 if st == pr - 1 else 1, c // pr, ph,
+                   0 if j == 0 else 2 if j == mr - 1 else 1)
+            sig = (tuple(self._role(int(e), t) for e in u.entries), tuple(self._role(int(x), t) for x in u.exits))
+            got = seen.get(key)
+            if got is None:
+                seen[key] = (sig, u.coef)
+                continue
+            if got[0] != sig or got[1].shape != u.coef.shape or not np.allclose(
+                    got[1], u.coef, rtol=1e-12, atol=1e-15, equal_nan=False):
+                raise UnrollProblem("units of one position class differ in the reference (stage "
+                                    f"{'first middle last'.split()[key[0]]}, chunk {key[1]}, "
+                                    f"{'forward backward'.split()[ph]}, microbatch {j})")
