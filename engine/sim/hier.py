@@ -45,6 +45,9 @@ __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "RE
 
 #: most stages a reference keeps (the first, two middle ones, the last)
 REFERENCE_STAGES = 4
+#: how far (a share of its iteration) the reference composed from its own blocks may be from
+#: its simulation: float rounding only
+SELF_CHECK = 1e-12
 
 
 class HierProblem(Exception):
@@ -126,6 +129,10 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
         return "the cluster's nodes are not all alike"
     if cluster.pod_gpus and cluster.num_devices > cluster.pod_gpus:
         return "the cluster spans several pods"
+    if lay.zero_stage >= 3:
+        return "ZeRO-3: each microbatch's parameter gathers wait for nothing and queue on the links from the start"
+    if lay.vpp > 1 and lay.pp == 1:
+        return "model chunks without pipeline stages"
     blocks = layer_blocks(graph)
     chunks = lay.pp * lay.vpp
     if not blocks or len(blocks) % chunks:
@@ -152,6 +159,9 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     blocks = layer_blocks(graph)
     k = len(blocks) // (p * v)
     pr = p if p <= REFERENCE_STAGES else REFERENCE_STAGES
+    if v > 1 and p > REFERENCE_STAGES:  # (the interleaved schedule needs the microbatches a multiple of the stages)
+        m_whole = graph.batch_size // (lay.dp * lay.micro_batch)
+        pr = next((q for q in (REFERENCE_STAGES, REFERENCE_STAGES - 1) if m_whole % q == 0), p)
     stage_gpus = lay.tp * lay.cp * lay.dp
     G = cluster.gpus_per_node
     if pr < p and stage_gpus % G:
@@ -169,7 +179,14 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         units = read_units(tg, tl.order, unit, tl.end_s)
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
-                        Geometry(G, links_per_node, max(1, stage_gpus // G)))
+                        Geometry(G, links_per_node, max(1, stage_gpus // G)), **_numbering(g_ref, chunk_of, k,
+                                                                                             len(blocks)))
+        # the reference composed from its own blocks must give the reference's own time: what the
+        # reading cannot see (a task whose place in a queue its block moves) shows here
+        own = simulate(unroll(ref, pr, mr, c_ref.num_devices, len(c_ref.links))).makespan_s
+        if abs(own - tl.makespan_s) > SELF_CHECK * tl.makespan_s:
+            raise HierProblem(f"the reference composed from its blocks takes {own * 1e3:.6f} ms, not its "
+                              f"{tl.makespan_s * 1e3:.6f} ms (a queue its blocks do not keep in order)")
         whole = unroll(ref, p, m, cluster.num_devices, len(cluster.links))
     except (UnitProblem, UnrollProblem) as e:
         raise HierProblem(str(e)) from None
@@ -249,3 +266,14 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
                         context_bytes=context, allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + frag,
                         host_bytes=take(rep.host_bytes), host_capacity_bytes=host_capacity(cluster),
                         nvme_bytes=take(rep.nvme_bytes))
+
+
+def _numbering(g_ref: OpGraph, chunk_of: np.ndarray, k: int, layers: int) -> dict[str, Any]:
+    """How the reference's ops sit in the whole model (:class:`engine.sim.unroll.Reference`)."""
+    blocks = layer_blocks(g_ref)
+    inside = np.array([op.block in set(blocks) for op in g_ref.ops])
+    first = int(np.argmax(inside)) if inside.any() else len(g_ref.ops)
+    place = np.where(inside, 1, np.where(np.arange(len(g_ref.ops)) < first, 0, 2))
+    per = int(inside.sum()) // max(1, len(blocks))
+    return dict(op_chunk=chunk_of, op_place=place, ops_per_layer=per, layers_per_chunk=k, ref_layers=len(blocks),
+                layers=layers)

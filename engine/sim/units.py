@@ -316,6 +316,7 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
     ex_t.append(c); ex_y.append(tg.chain_next[c]); ex_w.append(tg.chain_lag_s[c])
     r = (res_prev >= 0)
     r[r] = (unit[res_prev[r]] >= 0) & (unit[holder[r]] < 0)
+    r &= ~_implied_frees(tg, unit, reach, res_prev, holder, r, end_s, pred_ptr, pred_idx)
     ex_t.append(res_prev[r]); ex_y.append(holder[r]); ex_w.append(tg.dur_s[res_prev[r]])
     t_all, y_all, w_all = (np.concatenate(a) for a in (ex_t, ex_y, ex_w))
     units: dict[int, Unit] = {}
@@ -333,6 +334,39 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
         entries = np.r_[ent[u, slots[:-1]], -1]
         units[int(u)] = Unit(0, 0, 0, entries, ys, coef[slots], tasks_of[bounds[u]:bounds[u + 1]])
     return units
+
+
+def _bar_in(tg: TaskGraph, unit: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray,
+            end_s: np.ndarray) -> np.ndarray:
+    """[unit] the end of the barrier each unit waits for (0 for a stage's first)."""
+    n = tg.num_tasks
+    tgt = np.repeat(np.arange(n), np.diff(pred_ptr))
+    bar = np.zeros(int(unit.max()) + 1 if unit.size else 0)
+    e = (tg.kind[pred_idx] == BARRIER) & (unit[pred_idx] < 0) & (unit[tgt] >= 0)
+    np.maximum.at(bar, unit[tgt[e]], end_s[pred_idx[e]])
+    return bar
+
+
+def _implied_frees(tg: TaskGraph, unit: np.ndarray, reach: np.ndarray, res_prev: np.ndarray, holder: np.ndarray,
+                   r: np.ndarray, end_s: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray) -> np.ndarray:
+    """[holding] (of ``r``'s) an explicit task taking a resource from a unit's task that leads
+    to its unit's barrier exit, while the explicit task waits (by data) for a task of a unit
+    that starts after that barrier: implied by the schedule (the gradient collectives the last
+    backward unit starts, on links an earlier unit used last), so it is no exit of the
+    earlier unit."""
+    out = np.zeros(r.size, bool)
+    k = np.nonzero(r)[0]
+    if not k.size:
+        return out
+    y, x = res_prev[k], holder[k]
+    bar = _bar_in(tg, unit, pred_ptr, pred_idx, end_s)
+    # the latest barrier among the units x waits for by data
+    latest = np.full(tg.num_tasks, -np.inf)
+    tgt = np.repeat(np.arange(tg.num_tasks), np.diff(pred_ptr))
+    e = (unit[pred_idx] >= 0) & (unit[tgt] < 0)
+    np.maximum.at(latest, tgt[e], bar[unit[pred_idx[e]]])
+    out[k] = reach[y] & (latest[x] >= end_s[y]) & (latest[x] > 0)
+    return out
 
 
 def _res_next(tg: TaskGraph, res_prev: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,9 @@ from .units import Unit
 
 __all__ = ["UnrollProblem", "Geometry", "Reference", "unroll"]
 
+#: the tie-break group of tasks that hold nothing (after every task that holds something)
+LAST = 1 << 40
+
 
 class UnrollProblem(Exception):
     """The reference run cannot be unrolled to the whole pipeline (the message says why)."""
@@ -58,6 +61,15 @@ class Reference:
     microbatches: int
     schedule: str
     geometry: Geometry
+    #: numbering of the reference's ops in the whole model: [op] the reference chunk, [op]
+    #: 0 before the layers, 1 in a layer, 2 after; ops a layer, layers a chunk, and the layer
+    #: counts of the reference and of the whole model
+    op_chunk: np.ndarray | None = None
+    op_place: np.ndarray | None = None
+    ops_per_layer: int = 0
+    layers_per_chunk: int = 0
+    ref_layers: int = 0
+    layers: int = 0
 
 
 def _ranks(schedule: str, p: int, v: int, m: int) -> np.ndarray:
@@ -92,6 +104,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.n = 0
+        self.keys: list[np.ndarray] = []  # [task, 5] the order ties are broken in (see _Unroll._key)
         self.dur: list[np.ndarray] = []
         self.kind: list[np.ndarray] = []
         self.res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, resource) pairs
@@ -99,9 +112,14 @@ class _Builder:
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
 
-    def add(self, dur: np.ndarray, kind: int | np.ndarray) -> np.ndarray:
+    def add(self, dur: np.ndarray, kind: int | np.ndarray, key: np.ndarray | None = None) -> np.ndarray:
         dur = np.asarray(dur, float)
         ids = np.arange(self.n, self.n + dur.size)
+        if key is None:  # (a delay or a join: it holds nothing, so its place in ties does not matter)
+            key = np.zeros((dur.size, 5), np.int64)
+            key[:, 0] = LAST
+            key[:, 4] = ids
+        self.keys.append(np.broadcast_to(np.asarray(key, np.int64), (dur.size, 5)))
         self.n += dur.size
         self.dur.append(dur)
         self.kind.append(np.broadcast_to(np.asarray(kind, np.int8), dur.shape).copy())
@@ -114,16 +132,22 @@ class _Builder:
         self.dst.append(b[ok].ravel())
 
     def graph(self, n_devices: int, n_links: int) -> TaskGraph:
+        """The task graph, tasks numbered in key order: the event loop breaks ties in ready
+        time by task number, so tasks are numbered as the full build numbers theirs."""
         n = self.n
-        dur = np.concatenate(self.dur) if self.dur else np.zeros(0)
-        kind = np.concatenate(self.kind) if self.kind else np.zeros(0, np.int8)
-        rt = np.concatenate([r[0] for r in self.res]) if self.res else np.zeros(0, np.int64)
+        keys = np.concatenate(self.keys) if self.keys else np.zeros((0, 5), np.int64)
+        perm = np.lexsort(keys.T[::-1])  # old ids in the new order
+        new = np.empty(n, np.int64)
+        new[perm] = np.arange(n)
+        dur = (np.concatenate(self.dur) if self.dur else np.zeros(0))[perm]
+        kind = (np.concatenate(self.kind) if self.kind else np.zeros(0, np.int8))[perm]
+        rt = new[np.concatenate([r[0] for r in self.res])] if self.res else np.zeros(0, np.int64)
         rr = np.concatenate([r[1] for r in self.res]) if self.res else np.zeros(0, np.int64)
         o = np.argsort(rt, kind="stable")
         res_ptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(rt, minlength=n), out=res_ptr[1:])
-        src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
-        dst = np.concatenate(self.dst) if self.dst else np.zeros(0, np.int64)
+        src = new[np.concatenate(self.src)] if self.src else np.zeros(0, np.int64)
+        dst = new[np.concatenate(self.dst)] if self.dst else np.zeros(0, np.int64)
         order = np.lexsort((dst, src))
         src, dst = src[order], dst[order]
         succ_ptr = np.zeros(n + 1, np.int64)
@@ -131,7 +155,7 @@ class _Builder:
         chain_next = np.full(n, -1, np.int64)
         lag = np.zeros(n)
         for t, nx, lg in self.chain:
-            chain_next[t], lag[t] = nx, lg
+            chain_next[new[t]], lag[new[t]] = new[nx], lg
         z = np.zeros(n)
         neg = np.full(n, -1, np.int32)
         return TaskGraph(kind=kind, op=neg, part=neg.copy(), mb=neg.copy(), device=neg.copy(), dur_s=dur,
@@ -166,7 +190,7 @@ class _Unroll:
         self.stage_gpus = g.gpus_per_node * g.nodes_per_stage
         self.stage_links = g.links_per_node * g.nodes_per_stage
         rt = ref.tg
-        if rt.n_links % g.links_per_node or rt.n_devices != self.pr * self.stage_gpus:
+        if p != self.pr and (rt.n_links % g.links_per_node or rt.n_devices != self.pr * self.stage_gpus):
             raise UnrollProblem("the reference's stages do not hold whole nodes")
 
     # -- the reference's explicit tasks, named -----------------------------------------------
@@ -212,6 +236,18 @@ class _Unroll:
                 self.slot_of[hops] = k
         self.is_p2p = self.hop_of >= 0
         self.is_it = ex & ~is_bar & ~self.is_p2p
+        # the full build numbers its tasks in groups (barriers, optimizer steps, transfers,
+        # collectives...), each in op order one way or the other: the tie-break key of a copy
+        ids = np.nonzero(ex)[0]
+        cat = np.where(is_bar[ids], 0, np.where(self.is_p2p[ids], 1, 2 + rt.kind[ids].astype(np.int64)))
+        brk = np.r_[0, np.cumsum(cat[1:] != cat[:-1])]
+        self.group = np.full(n, -1, np.int64)
+        self.group[ids] = brk
+        self.direction = {}
+        for gi in np.unique(brk):
+            o = rt.op[ids[brk == gi]]
+            o = o[o >= 0]
+            self.direction[int(gi)] = -1 if o.size > 1 and np.all(np.diff(o) <= 0) and o[0] != o[-1] else 1
         if (x & ~self.is_p2p).any():
             raise UnrollProblem("a task of a microbatch is neither in a unit nor a transfer between units")
 
@@ -225,82 +261,123 @@ class _Unroll:
         Dr = self.ref.tg.n_devices
         return np.where(q < Dr, q // self.stage_gpus, (q - Dr) // self.stage_links)
 
-    def _move_res(self, q: np.ndarray, shift: dict[int, int]) -> np.ndarray:
-        """Resources ``q`` of the reference moved by ``shift`` (reference stage -> real stage)."""
-        Dr = self.ref.tg.n_devices
-        st = self._res_stage(q)
-        out = np.empty_like(q)
-        for a, b in shift.items():
-            sel = st == a
-            dev = q[sel] < Dr
-            out[sel] = np.where(dev, q[sel] + (b - a) * self.stage_gpus,
-                                self.D + (q[sel] - Dr) + (b - a) * self.stage_links)
-        bad = ~np.isin(st, list(shift))
-        if bad.any():
-            raise UnrollProblem("a task holds resources of a stage the unrolling does not move it with")
-        return out
-
-    def _add_like(self, t: int, shift: dict[int, int]) -> int:
-        """A copy of reference task ``t`` with its resources moved; its new id."""
-        rt = self.ref.tg
-        i = int(self.b.add(rt.dur_s[t:t + 1], int(rt.kind[t]))[0])
-        q = rt.res_idx[rt.res_ptr[t]:rt.res_ptr[t + 1]]
-        if q.size:
-            self.b.res.append((np.full(q.size, i, np.int64), self._move_res(q, shift)))
-        return i
-
     # -- per-iteration tasks: one copy per stage they stand for ----------------------------------
+    def _copies(self, ts: np.ndarray, stage_from: np.ndarray, stage_to: np.ndarray) -> np.ndarray:
+        """Copies of reference tasks ``ts`` (one per element), every resource of stage
+        ``stage_from`` moved to ``stage_to`` (the end stages' tasks: several pairs, see
+        :meth:`_shift_of`); their new ids."""
+        rt = self.ref.tg
+        o = rt.op[ts].astype(np.int64)
+        c_ref = np.where(o >= 0, self.ref.op_chunk[np.maximum(o, 0)] if self.ref.op_chunk is not None else 0, 0)
+        st_ref = c_ref % self.pr
+        c_real = np.where(o >= 0, (c_ref // self.pr) * self.p + self._shift_of(st_ref, stage_from, stage_to), 0)
+        dev = rt.device[ts].astype(np.int64)
+        ds = np.maximum(dev, 0) // self.stage_gpus
+        dev = np.where(dev >= 0, dev + (self._shift_of(ds, stage_from, stage_to) - ds) * self.stage_gpus, dev)
+        ids = self.b.add(rt.dur_s[ts], rt.kind[ts], self._keys(ts, c_real, rt.mb[ts], dev))
+        cnt = rt.res_ptr[ts + 1] - rt.res_ptr[ts]
+        if cnt.sum():
+            owner = np.repeat(np.arange(ts.size), cnt)
+            starts = np.repeat(rt.res_ptr[ts], cnt)
+            q = rt.res_idx[starts + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
+            qs = self._res_stage(q)
+            to = qs if self.p == self.pr else self._shift_of(qs, stage_from[owner], stage_to[owner])
+            if (to < 0).any():
+                raise UnrollProblem("a per-iteration task holds resources of a stage its copy does not move")
+            Dr = rt.n_devices
+            moved = np.where(q < Dr, q + (to - qs) * self.stage_gpus, self.D + (q - Dr) + (to - qs) * self.stage_links)
+            self.b.res.append((ids[owner], moved))
+        return ids
+
+    def _shift_of(self, st: np.ndarray, stage_from: np.ndarray, stage_to: np.ndarray) -> np.ndarray:
+        """Real stage of reference stage ``st`` for a copy moving ``stage_from`` to ``stage_to``
+        (-1: an end-stage copy, whose first stage stays and last goes to the last)."""
+        st = np.asarray(st)
+        end = np.where(st == self.pr - 1, self.p - 1, st) if self.p != self.pr else st
+        mid = np.where(st == stage_from, stage_to, -1)
+        return np.where(np.asarray(stage_from) < 0, end, mid)
+
+    def _keys(self, ts: np.ndarray, c_real: np.ndarray, mb: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """[n, 5] tie-break keys of copies of reference tasks ``ts`` (see :meth:`_key`)."""
+        rt, ref = self.ref.tg, self.ref
+        key = np.empty((ts.size, 5), np.int64)
+        key[:, 0] = self.group[ts]
+        o = rt.op[ts].astype(np.int64)
+        real = o.copy()
+        if ref.op_place is not None:
+            place = np.where(o >= 0, ref.op_place[np.maximum(o, 0)], 0)
+            lay = o + (c_real - ref.op_chunk[np.maximum(o, 0)]) * ref.layers_per_chunk * ref.ops_per_layer
+            real = np.where(place == 1, lay, np.where(place == 2, o + (ref.layers - ref.ref_layers) * ref.ops_per_layer, o))
+            real = np.where(o >= 0, real, o)
+        key[:, 1] = np.array([self.direction.get(int(g), 1) for g in key[:, 0]]) * real
+        key[:, 2] = ts
+        key[:, 3] = mb
+        key[:, 4] = last
+        return key
+
     def _iteration_tasks(self) -> None:
         rt = self.ref.tg
         p, pr = self.p, self.pr
-        self.it_one: dict[int, int] = {}  # reference id -> its one copy
-        self.it_mid: dict[int, np.ndarray] = {}  # reference id -> [real stage - 1] copies
-        self.family: dict[int, str] = {}
-        for t in np.nonzero(self.is_it)[0]:
-            t = int(t)
-            q = rt.res_idx[rt.res_ptr[t]:rt.res_ptr[t + 1]]
-            st = set(self._res_stage(q).tolist())
-            if rt.device[t] >= 0:
-                st.add(int(rt.device[t]) // self.stage_gpus)
-            if p == pr:
-                self.family[t] = "one"
-                self.it_one[t] = self._add_like(t, {s: s for s in range(pr)})
-            elif st <= {0, pr - 1}:
-                self.family[t] = "one"
-                self.it_one[t] = self._add_like(t, {0: 0, pr - 1: p - 1})
-            elif st == {1}:
-                self.family[t] = "mid"
-                self.it_mid[t] = np.array([self._add_like(t, {1: s}) for s in range(1, p - 1)], np.int64)
-            elif st and min(st) >= 2 and max(st) <= pr - 2:
-                self.family[t] = "skip"
-            else:
-                raise UnrollProblem(f"a per-iteration task spans stages {sorted(st)} of the reference")
+        ts = np.nonzero(self.is_it)[0]
+        # the reference stages each task touches: its device's and its resources'
+        cnt = rt.res_ptr[ts + 1] - rt.res_ptr[ts]
+        owner = np.repeat(np.arange(ts.size), cnt)
+        q = rt.res_idx[np.repeat(rt.res_ptr[ts], cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
+        qs = self._res_stage(q)
+        lo = np.full(ts.size, 1 << 30)
+        hi = np.full(ts.size, -1)
+        np.minimum.at(lo, owner, qs)
+        np.maximum.at(hi, owner, qs)
+        dev = rt.device[ts].astype(np.int64)
+        ds = np.where(dev >= 0, dev // self.stage_gpus, -1)
+        lo = np.where(ds >= 0, np.minimum(lo, ds), lo)
+        hi = np.maximum(hi, ds)
+        other = np.zeros(ts.size, bool)  # touches a stage other than the first and the last
+        np.logical_or.at(other, owner, (qs != 0) & (qs != pr - 1))
+        other |= (ds >= 0) & (ds != 0) & (ds != pr - 1)
+        fam = np.full(ts.size, -1)  # 0 one copy, 1 a copy per middle stage, 2 skipped
+        if p == pr:
+            fam[:] = 0
+        else:
+            fam[~other & (hi >= 0)] = 0
+            fam[other & (lo == 1) & (hi == 1)] = 1
+            fam[other & (lo >= 2) & (hi <= pr - 2)] = 2
+        if (fam < 0).any():
+            raise UnrollProblem("a per-iteration task spans stages of the reference that the whole run does not repeat")
+        self.family = dict(zip(ts.tolist(), fam.tolist()))
+        one = ts[fam == 0]
+        frm = np.full(one.size, -1)
+        self.it_one = dict(zip(one.tolist(), self._copies(one, frm, frm).tolist()))
+        mid = ts[fam == 1]
+        self.it_mid: dict[int, np.ndarray] = {}
+        if mid.size and p > 2:
+            stages = np.arange(1, p - 1)
+            rep_t = np.repeat(mid, stages.size)
+            rep_s = np.tile(stages, mid.size)
+            ids = self._copies(rep_t, np.ones(rep_t.size, np.int64), rep_s).reshape(mid.size, stages.size)
+            self.it_mid = dict(zip(mid.tolist(), ids))
         src, dst = rt.edge_src, rt.succ_idx
         ex = self.ref.unit < 0
-        e = ex[src] & ex[dst]
-        for a, b in zip(src[e].tolist(), dst[e].tolist()):
-            if self.bar_unit[a] >= 0 and self.bar_unit[b] >= 0:
-                continue  # (a stage's barrier chain: laid out anew)
-            if not (self.is_it[a] and self.is_it[b]):
-                raise UnrollProblem("an edge between a transfer or barrier and another outside task")
-            fa, fb = self.family[a], self.family[b]
-            if "skip" in (fa, fb):
-                if fa != fb:
-                    raise UnrollProblem("a per-iteration task of a skipped stage feeds another stage's")
-                continue
-            if fa != fb:
-                raise UnrollProblem("per-iteration tasks of the end stages and of a middle stage wait for each other")
-            if fa == "one":
-                self.b.edges(self.it_one[a], self.it_one[b])
-            else:
-                self.b.edges(self.it_mid[a], self.it_mid[b])
+        e = ex[src] & ex[dst] & ~((self.bar_unit[src] >= 0) & (self.bar_unit[dst] >= 0))
+        a, b = src[e], dst[e]
+        if not (self.is_it[a] & self.is_it[b]).all():
+            raise UnrollProblem("an edge between a transfer or barrier and another outside task")
+        fa = np.array([self.family[int(x)] for x in a], np.int64)
+        fb = np.array([self.family[int(x)] for x in b], np.int64)
+        if (fa != fb).any():
+            raise UnrollProblem("per-iteration tasks of different stages wait for each other")
+        for x, y, f in zip(a.tolist(), b.tolist(), fa.tolist()):
+            if f == 0:
+                self.b.edges(self.it_one[x], self.it_one[y])
+            elif f == 1:
+                self.b.edges(self.it_mid[x], self.it_mid[y])
 
     def _it(self, t: int, s: np.ndarray) -> np.ndarray:
         """Real copies of per-iteration task ``t`` for units on real stages ``s``."""
         fam = self.family.get(t)
-        if fam == "one":
+        if fam == 0:
             return np.full(s.shape, self.it_one[t], np.int64)
-        if fam == "mid":
+        if fam == 1:
             if ((s < 1) | (s > self.p - 2)).any():
                 raise UnrollProblem("an end stage's unit waits for a middle stage's per-iteration task")
             return self.it_mid[t][s - 1]
@@ -321,7 +398,11 @@ class _Unroll:
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain
         U = 2 * v * m
-        self.bar_base = np.array([self.b.add(np.zeros(U - 1), BARRIER)[0] if U > 1 else -1 for _ in range(p)])
+        gb = int(self.group[np.nonzero(self.bar_unit >= 0)[0][0]]) if (self.bar_unit >= 0).any() else 0
+        self.bar_base = np.array([self.b.add(np.zeros(U - 1), BARRIER, np.c_[np.full((U - 1, 2), [gb, -1]),
+                                                                          np.full(U - 1, st), np.zeros(U - 1),
+                                                                          np.arange(U - 1)])[0]
+                                  if U > 1 else -1 for st in range(p)])
         if U > 2:
             for st in range(p):
                 ids = self.bar_base[st] + np.arange(U - 1)
@@ -357,9 +438,13 @@ class _Unroll:
         for k, hops in enumerate(chains):
             ids_prev = None
             for h, hop in enumerate(hops):
-                ids = self.b.add(np.full(rows.size, rt.dur_s[hop]), int(rt.kind[hop]))
+                ids = self.b.add(np.full(rows.size, rt.dur_s[hop]), int(rt.kind[hop]),
+                                 self._keys(np.full(rows.size, hop), c, self.j[rows], np.zeros(rows.size, np.int64)))
                 q = rt.res_idx[rt.res_ptr[hop]:rt.res_ptr[hop + 1]]
-                if q.size:
+                if q.size and self.p == self.pr:  # (the reference is the whole pipeline: nothing moves)
+                    self.b.res.append((np.repeat(ids, q.size), np.where(q < rt.n_devices, q, q - rt.n_devices + self.D)
+                                       [None, :].repeat(rows.size, 0).ravel()))
+                elif q.size:
                     st = self._res_stage(q)
                     Dr = rt.n_devices
                     shift = np.where(st[None, :] == ref_cs, (cs - ref_cs)[:, None],

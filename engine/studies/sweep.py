@@ -28,7 +28,7 @@ GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batc
 
 #: the columns of a result row, in order
 COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
-           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp")
+           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp", "predicted_by")
 
 #: the most points one sweep runs
 MAX_POINTS = 100_000
@@ -135,9 +135,10 @@ _CLUSTERS: dict[str, Any] = {}
 def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
     """One point's row (never raises for a layout that cannot be built or does not fit)."""
     from ..formats import resolve_cluster, resolve_model
-    from ..layout import Layout
-    from ..sim.report import simulate_strategy
+    from ..layout import Layout, resolved
     from ..layout.build import build_layout
+    from ..sim.hier import HierProblem, predict_layout
+    from ..sim.report import simulate_strategy, tokens_per_s
 
     key = (model, batch)
     if key not in _MODELS:
@@ -154,16 +155,23 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
                recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False,
                ep=opts.get("ep", 1), etp=opts.get("etp", 1))
     try:
-        s = build_layout(g, c, Layout.from_options(opts))
-        r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
+        lay = resolved(Layout.from_options(opts), g, c)
+        try:  # the full simulation's figures, composed from a reference run (engine.sim.hier)
+            r = predict_layout(g, c, lay)
+            row["predicted_by"] = "composed"
+        except HierProblem as e:  # (not a layout it reads exactly: the full simulation says it)
+            s = build_layout(g, c, lay)
+            r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
+            row["predicted_by"] = f"simulated ({str(e)[:120]})"
     except ValueError as e:
         row["why"] = str(e).splitlines()[0][:300]
         return row
-    row["dp"] = s.found_by["options"]["dp"]
-    row["mb"] = s.found_by["options"]["micro_batch"]
+    row["dp"], row["mb"] = lay.dp, lay.micro_batch
     row["iteration_time_s"] = r.iteration_time_s
     # tokens/s for a language model, else samples/s (engine.sim.report.tokens_per_s: one rule)
-    row["throughput_per_s"] = r.tokens_per_s if r.tokens_per_s is not None else r.throughput_samples_per_s
+    tok = tokens_per_s(g, r.iteration_time_s)
+    row["throughput_per_s"] = tok if tok is not None else (g.batch_size / r.iteration_time_s
+                                                           if r.iteration_time_s > 0 else None)
     row["peak_memory_bytes"] = float(max(r.memory.peak_bytes))
     row["feasible"] = bool(r.memory.feasible)
     if not r.memory.feasible:

@@ -1,0 +1,132 @@
+"""The hierarchical prediction (engine.sim.hier) against the full simulation (issue 43).
+
+Over generated Megatron-shaped layouts (dense and mixture-of-experts models; tp, cp, pp, vpp,
+dp, ep/etp, micro-batches, recomputation, sequence parallelism, ZeRO 0-3, gradient-reduction
+overlap, optimizer offload; three GPU types): where :func:`predict_layout` answers, its
+iteration time and every GPU's peak memory equal :func:`simulate_strategy`'s to 1e-9; where it
+refuses, it names why. How many it answers is asserted too: a prediction that refused
+everything would pass the equality for nothing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.cluster import preset
+from engine.layout import Layout, resolved
+from engine.layout.build import build_layout
+from engine.models.moe import MoEConfig, moe_gpt
+from engine.models.transformer import GPTConfig, gpt
+from engine.sim.hier import HierProblem, predict_layout, reference_graph
+from engine.sim.report import simulate_strategy
+
+#: layouts generated (each is simulated twice: the full simulation and the composed one)
+LAYOUTS = 220
+GPUS = ("dgx-a100-80gb", "dgx-h100", "dgx-b200")
+
+
+def _case(i: int):
+    """The i-th generated (graph, cluster, layout options) or None when it cannot be built."""
+    rng = random.Random(1000 + i)
+    moe = rng.random() < 0.2
+    tp = rng.choice([1, 2, 4, 8, 8])
+    cp = rng.choice([1, 1, 1, 2])
+    pp = rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16])
+    vpp = rng.choice([1, 1, 2]) if pp > 2 else 1
+    k = rng.choice([1, 2, 3])
+    per_stage = tp * cp * rng.choice([1, 2, 4])  # a stage's GPUs: tp x cp x dp
+    nodes = max(1, -(-per_stage * pp // 8))
+    gpus = nodes * 8
+    if gpus % (per_stage * pp) or nodes > 32:
+        return None
+    dp = per_stage // (tp * cp)
+    mb = rng.choice([1, 2])
+    m = rng.choice([1, 2, 4, 8, 12, 16]) * (pp if vpp > 1 else 1)
+    batch = dp * mb * m
+    precision = rng.choice(["fp16", "bf16"])
+    seq = 256 * cp
+    layers = pp * vpp * k
+    zero = rng.choice([0, 0, 1, 2, 3])
+    opts = dict(tp=tp, cp=cp, pp=pp, vpp=vpp, dp=dp, micro_batch=mb, zero_stage=zero,
+                recompute=rng.choice(["none", "selective", "full"]), sequence_parallel=tp > 1 and rng.random() < 0.5,
+                overlap_grad_reduce=rng.random() < 0.6)
+    if zero >= 1 and rng.random() < 0.1:
+        opts["offload_optimizer"] = "cpu"
+    if moe:
+        ep = rng.choice([1, 2, 4])
+        if dp * cp % ep:
+            return None
+        opts.update(ep=ep)
+        g = moe_gpt(MoEConfig(layers, 512, 8, seq, 4096, batch, experts=8, top_k=2, expert_ffn=512))
+    else:
+        g = gpt(GPTConfig(layers, 512, 8, seq, 4096, batch, precision=precision, name="t"), source="test")
+    return g, preset(f"{rng.choice(GPUS)}:{nodes}"), opts
+
+
+def _compare(i: int):
+    """(status, detail) of case i: 'invalid', 'refused' (why), or 'exact' (with the errors)."""
+    case = _case(i)
+    if case is None:
+        return "invalid", None
+    g, cl, opts = case
+    try:
+        lay = resolved(Layout.from_options(opts), g, cl)
+        s = build_layout(g, cl, lay)
+    except ValueError:
+        return "invalid", None
+    full = simulate_strategy(g, s, cl, check=False)
+    try:
+        h = predict_layout(g, cl, lay)
+    except HierProblem as e:
+        assert str(e), "a refusal names its reason"
+        return "refused", str(e)
+    t_err = abs(h.iteration_time_s - full.iteration_time_s) / full.iteration_time_s
+    m_err = float(np.abs(h.memory.peak_bytes - full.memory.peak_bytes).max() / full.memory.peak_bytes.max())
+    return "exact", (t_err, m_err, opts)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    out, i = [], 0
+    while len(out) < LAYOUTS and i < 4 * LAYOUTS:
+        got = _compare(i)
+        if got[0] != "invalid":
+            out.append(got)
+        i += 1
+    return out
+
+
+def test_composed_equals_full_simulation(outcomes):
+    bad = [d for s, d in outcomes if s == "exact" and (d[0] > 1e-9 or d[1] > 1e-9)]
+    assert not bad, f"{len(bad)} composed predictions differ from the full simulation, e.g. {bad[:3]}"
+
+
+def test_most_layouts_are_composed(outcomes):
+    """The prediction answers for most buildable layouts (what it refuses is listed)."""
+    built = outcomes
+    answered = [o for o in built if o[0] == "exact"]
+    assert len(built) >= LAYOUTS, len(built)
+    reasons = sorted({d for s, d in built if s == "refused"})
+    assert len(answered) >= 0.45 * len(built), (len(answered), len(built), reasons)
+
+
+def test_reference_graph_keeps_the_ends():
+    g = gpt(GPTConfig(12, 256, 4, 128, 1024, 8, name="t"), source="test")
+    per_layer = sum(1 for op in g.ops if op.block == "layers.0")
+    r = reference_graph(g, 4)
+    assert len(r.ops) == len(g.ops) - 8 * per_layer
+    assert r["final_norm"].inputs[0].op == "layers.3.mlp_residual"
+    assert r.batch_size == g.batch_size and r.param_count < g.param_count
+    assert reference_graph(g, 12) is g
+
+
+def test_refusals_name_their_reason():
+    g = gpt(GPTConfig(8, 256, 8, 128, 1024, 16, name="t"), source="test")
+    cl = preset("dgx-a100-80gb:2")
+    with pytest.raises(HierProblem, match="ZeRO-3"):
+        predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, zero_stage=3)))
+    with pytest.raises(HierProblem, match="layer split"):
+        predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, layers_per_stage=(3, 5))))
