@@ -25,7 +25,8 @@ __all__ = ["build_layout", "fsdp", "baseline_strategy"]
 
 
 def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Config], algorithm: str,
-                      options: Mapping[str, Any], notes: list[str] | None = None, **settings: Any) -> Strategy:
+                      options: Mapping[str, Any], notes: list[str] | None = None, *, check: bool = True,
+                      **settings: Any) -> Strategy:
     """The checked strategy of a baseline: ``configs`` with ``settings``, stamped with the model,
     the cluster and how it was made (``found_by``: ``baseline:<algorithm>``, its options and notes).
 
@@ -39,10 +40,10 @@ def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Confi
         found_by["notes"] = list(notes)
     s = Strategy(configs, model_name=graph.name, model_fingerprint=graph.fingerprint,
                  cluster_name=cluster.name, cluster_devices=cluster.num_devices, found_by=found_by, **settings)
-    return check_strategy(s, graph, cluster, f"baseline {algorithm}")
+    return check_strategy(s, graph, cluster, f"baseline {algorithm}") if check else s
 
 
-def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
+def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout, *, check: bool = True) -> Strategy:
     """The strategy a :class:`engine.layout.Layout` makes: Megatron-LM's 3-D parallelism
     (Narayanan et al. SC'21), tensor parallel of degree ``tp`` inside each layer, ``pp``
     pipeline stages of equal layer counts (``vpp`` model chunks per stage for the interleaved
@@ -66,6 +67,9 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     :func:`balanced_layers`; ``layers_per_stage`` (one count per stage, no interleaving) sets
     the split, and ``stage_mesh`` puts stage s on the s'-th block of dp*tp devices,
     s' = stage_mesh[s] (the pipeline planner's choices, :mod:`engine.search.pipeline`).
+
+    ``check=False`` skips :func:`engine.strategy.check_strategy` (a caller that builds the same
+    layout again on a part of the model, :mod:`engine.sim.hier`).
 
     ``zero_stage`` shards over each data-parallel group: 1 the optimizer state (Megatron-LM's
     distributed optimizer), 2 also the gradients, 3 also the parameters (FSDP with tensor and
@@ -125,7 +129,7 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
         if len(set(counts)) > 1:
             notes = [*notes, f"layers per chunk {counts} (uneven: the first and last chunks also hold the "
                              "embedding and the output layer)"]
-    s = baseline_strategy(graph, cluster, configs, "megatron", options, notes,
+    s = baseline_strategy(graph, cluster, configs, "megatron", options, notes, check=check,
                 pipeline=PipelineSettings(pp, m, lay.schedule, vpp),
                 stage_of=chunk if pp > 1 else {}, recompute=recompute, sequence_parallel=sequence_parallel,
                 recompute_modules=lay.recompute_modules,

@@ -36,6 +36,7 @@ from ..layout import Layout, resolved
 from ..layout.build import build_layout
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
+from .steady import EXTRA_PERIODS, repeating
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
@@ -114,11 +115,22 @@ def _layers_alike(graph: OpGraph, blocks: list[str]) -> str | None:
     return None
 
 
+#: reference clusters made, by (cluster, nodes): a sweep asks for the same few again and again
+_CLUSTERS: dict[tuple, Cluster] = {}
+
+
 def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
-    """The first ``nodes`` nodes of a cluster of identical nodes."""
+    """The first ``nodes`` nodes of a cluster of identical nodes (made once per cluster shape)."""
     spec = cluster.node_specs[0]
-    return Cluster(f"{cluster.name} (reference: {nodes} nodes)", [replace(spec, repeat=nodes)], cluster.device_types,
-                   cluster.description, pod_gpus=cluster.pod_gpus, oversubscription=cluster.oversubscription)
+    key = (spec, nodes, cluster.pod_gpus, cluster.oversubscription, id(cluster.device_types))
+    hit = _CLUSTERS.get(key)
+    if hit is None:
+        if len(_CLUSTERS) > 64:
+            _CLUSTERS.clear()
+        hit = _CLUSTERS[key] = Cluster(f"{cluster.name} (reference: {nodes} nodes)", [replace(spec, repeat=nodes)],
+                                       cluster.device_types, cluster.description, pod_gpus=cluster.pod_gpus,
+                                       oversubscription=cluster.oversubscription)
+    return hit
 
 
 def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
@@ -168,7 +180,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         raise HierProblem(f"a stage of {stage_gpus} GPUs does not hold whole nodes of {G}")
     g_ref = reference_graph(graph, pr * v * k)
     c_ref = cluster if pr == p else _reference_cluster(cluster, pr * stage_gpus // G)
-    s_ref = build_layout(g_ref, c_ref, replace(lay, pp=pr))
+    s_ref = build_layout(g_ref, c_ref, replace(lay, pp=pr), check=pr != p)  # (the whole layout resolved above)
     m = s_ref.pipeline.microbatches
     mr = min(m, 3 * pr if v > 1 else pr + 3)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
@@ -187,12 +199,29 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         if abs(own - tl.makespan_s) > SELF_CHECK * tl.makespan_s:
             raise HierProblem(f"the reference composed from its blocks takes {own * 1e3:.6f} ms, not its "
                               f"{tl.makespan_s * 1e3:.6f} ms (a queue its blocks do not keep in order)")
-        whole = unroll(ref, p, m, cluster.num_devices, len(cluster.links))
+        iteration, composed = _compose(ref, p, v, m, cluster)
     except (UnitProblem, UnrollProblem) as e:
         raise HierProblem(str(e)) from None
-    iteration = simulate(whole).makespan_s
     mem = _memory(g_ref, s_ref, c_ref, tl, unit, ref, cluster, p, m, stage_gpus)
-    return HierResult(iteration, mem, pr, mr, tg.num_tasks, whole.num_tasks)
+    return HierResult(iteration, mem, pr, mr, tg.num_tasks, composed)
+
+
+def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[float, int]:
+    """(iteration s, tasks simulated) of the whole run composed from ``ref``: a long pipeline's
+    first few microbatches and its steady state extrapolated where the composed run is checked
+    to repeat (:func:`engine.sim.steady.repeating`, the rule :mod:`engine.sim.steady` applies to
+    the full simulation), else every microbatch."""
+    D, L = cluster.num_devices, len(cluster.links)
+    q = p if (p > 1 and v > 1 and ref.schedule == "interleaved") else 1
+    n = 2 * p + (p + EXTRA_PERIODS) * q
+    if ref.schedule != "gpipe" and m >= 2 * n and (m - n) % q == 0 and n >= ref.microbatches:
+        short = unroll(ref, p, n, D, L)
+        tl = simulate(short)
+        found = repeating(short, tl, n, p, q)
+        if found is not None:
+            return tl.makespan_s + (m - n) // q * found[2], short.num_tasks
+    whole = unroll(ref, p, m, D, L)
+    return simulate(whole).makespan_s, whole.num_tasks
 
 
 def _walk(order: list[tuple[int, int, int]], amount: dict[tuple[int, int], float]) -> float:

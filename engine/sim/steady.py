@@ -42,7 +42,8 @@ from .full import Timeline, mirror, simulate
 from ..strategy import Strategy
 from ..taskgraph import BARRIER, BWD, FWD, UPDATE, TaskGraph, build_task_graph
 
-__all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "simulate_steady", "TOLERANCE"]
+__all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "simulate_steady", "repeating", "TOLERANCE",
+           "EXTRA_PERIODS"]
 
 #: what a repeat may differ by, as a share of the simulated iteration's time (float rounding)
 TOLERANCE = 1e-9
@@ -171,6 +172,28 @@ def _paired_rows(tg: TaskGraph, n: int) -> tuple[int, np.ndarray] | None:
     return lo, rows
 
 
+def repeating(tg: TaskGraph, tl: Timeline, n: int, p: int, q: int) -> tuple[int, int, float, float, np.ndarray] | None:
+    """Whether a run of ``n`` microbatches repeats (see the module): (first microbatch from which
+    it does, microbatches checked, seconds a period, the critical path's seconds a period,
+    [microbatch, task] paired rows), or None. More than ``p`` microbatches in a row must repeat
+    the one ``q`` before, in every task's start, end and dependency-only earliest start."""
+    paired = _paired_rows(tg, n)
+    if paired is None:
+        return None
+    lo, rows = paired
+    tol = TOLERANCE * tl.makespan_s
+    found = []
+    for times in (tl.start_s, tl.end_s, tl.earliest_starts_s):
+        r = _repeat(times, rows, q, tol)
+        if r is None or r[1] < p + 1:
+            return None
+        found.append(r)
+    (first, checked, shift), ends, (_, _, cp_shift) = found
+    if ends[0] != first or ends[1] != checked or abs(ends[2] - shift) > tol:
+        return None
+    return first + lo, checked, shift, cp_shift, rows
+
+
 def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None, *,
                     symmetry: str = "auto", max_tasks: int | None = None,
                     cancel: Any = None) -> tuple[TaskGraph, SteadyTimeline] | None:
@@ -186,23 +209,11 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
     tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
                           microbatches=n)
     tl = simulate(tg, cancel=cancel)
-    paired = _paired_rows(tg, n)
-    if paired is None:
+    found = repeating(tg, tl, n, p, q)
+    if found is None:
         return None
-    lo, rows = paired
+    first, checked, shift, cp_shift, rows = found
     span = tl.makespan_s
-    tol = TOLERANCE * span
-    est = tl.earliest_starts_s
-    found = []
-    for times in (tl.start_s, tl.end_s, est):
-        r = _repeat(times, rows, q, tol)
-        if r is None or r[1] < p + 1:
-            return None
-        found.append(r)
-    (first, checked, shift), ends, (_, _, cp_shift) = found
-    if ends[0] != first or ends[1] != checked or abs(ends[2] - shift) > tol:
-        return None
-    first += lo
     sent = tg.info["comm_by_microbatch"]  # [microbatch] bytes; one alike microbatch's, extrapolated
     more = (m - n) // q  # periods the whole iteration has beyond the short run
     on_dev = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)

@@ -92,9 +92,10 @@ def _stage_type(s: np.ndarray | int, p: int, p_ref: int) -> np.ndarray:
 
 
 def _mb_type(j: np.ndarray | int, m: int, m_ref: int) -> np.ndarray:
-    """The reference microbatch standing for real microbatch ``j``: first, last or a middle one."""
+    """The reference microbatch standing for real microbatch ``j``: first, last or a middle one
+    (the reference's own middle ones too: :meth:`_Unroll._check_classes` found them alike)."""
     j = np.asarray(j)
-    if m == m_ref:
+    if m_ref < 3:
         return j
     return np.where(j == 0, 0, np.where(j == m - 1, m_ref - 1, 1))
 
@@ -104,7 +105,8 @@ class _Builder:
 
     def __init__(self) -> None:
         self.n = 0
-        self.keys: list[np.ndarray] = []  # [task, 5] the order ties are broken in (see _Unroll._key)
+        self.keys: list[np.ndarray] = []  # [task, 5] the order ties are broken in (see _Unroll._keys)
+        self.mbs: list[np.ndarray] = []  # [task] microbatch (-1: per iteration)
         self.dur: list[np.ndarray] = []
         self.kind: list[np.ndarray] = []
         self.res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, resource) pairs
@@ -112,9 +114,11 @@ class _Builder:
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
 
-    def add(self, dur: np.ndarray, kind: int | np.ndarray, key: np.ndarray | None = None) -> np.ndarray:
+    def add(self, dur: np.ndarray, kind: int | np.ndarray, key: np.ndarray | None = None,
+            mb: int | np.ndarray = -1) -> np.ndarray:
         dur = np.asarray(dur, float)
         ids = np.arange(self.n, self.n + dur.size)
+        self.mbs.append(np.broadcast_to(np.asarray(mb, np.int32), dur.shape))
         if key is None:  # (a delay or a join: it holds nothing, so its place in ties does not matter)
             key = np.zeros((dur.size, 5), np.int64)
             key[:, 0] = LAST
@@ -136,7 +140,8 @@ class _Builder:
         time by task number, so tasks are numbered as the full build numbers theirs."""
         n = self.n
         keys = np.concatenate(self.keys) if self.keys else np.zeros((0, 5), np.int64)
-        perm = np.lexsort(keys.T[::-1])  # old ids in the new order
+        held = np.nonzero(keys[:, 0] != LAST)[0]  # (only what holds something is ordered: the rest keeps its order)
+        perm = np.concatenate([held[np.lexsort(keys[held].T[::-1])], np.nonzero(keys[:, 0] == LAST)[0]])
         new = np.empty(n, np.int64)
         new[perm] = np.arange(n)
         dur = (np.concatenate(self.dur) if self.dur else np.zeros(0))[perm]
@@ -158,7 +163,8 @@ class _Builder:
             chain_next[new[t]], lag[new[t]] = new[nx], lg
         z = np.zeros(n)
         neg = np.full(n, -1, np.int32)
-        return TaskGraph(kind=kind, op=neg, part=neg.copy(), mb=neg.copy(), device=neg.copy(), dur_s=dur,
+        mb = (np.concatenate(self.mbs) if self.mbs else np.zeros(0, np.int32))[perm]
+        return TaskGraph(kind=kind, op=neg, part=neg.copy(), mb=mb, device=neg.copy(), dur_s=dur,
                          size_bytes=z, flops=z.copy(), coll=np.full(n, -1, np.int8), link=neg.copy(),
                          res_ptr=res_ptr, res_idx=rr[o].astype(np.int64), succ_ptr=succ_ptr, succ_idx=dst,
                          npred=np.bincount(dst, minlength=n).astype(np.int64), chain_next=chain_next,
@@ -439,7 +445,8 @@ class _Unroll:
             ids_prev = None
             for h, hop in enumerate(hops):
                 ids = self.b.add(np.full(rows.size, rt.dur_s[hop]), int(rt.kind[hop]),
-                                 self._keys(np.full(rows.size, hop), c, self.j[rows], np.zeros(rows.size, np.int64)))
+                                 self._keys(np.full(rows.size, hop), c, self.j[rows], np.zeros(rows.size, np.int64)),
+                                 self.j[rows])
                 q = rt.res_idx[rt.res_ptr[hop]:rt.res_ptr[hop + 1]]
                 if q.size and self.p == self.pr:  # (the reference is the whole pipeline: nothing moves)
                     self.b.res.append((np.repeat(ids, q.size), np.where(q < rt.n_devices, q, q - rt.n_devices + self.D)
@@ -517,14 +524,15 @@ class _Unroll:
             fin = np.nonzero(np.isfinite(col))[0]
             if not fin.size:
                 continue
+            mb = self.j[rows]
             if fin.size == 1:
-                d = self.b.add(np.full(rows.size, col[fin[0]]), BARRIER)
+                d = self.b.add(np.full(rows.size, col[fin[0]]), BARRIER, mb=mb)
                 self.b.edges(ents[fin[0]], d)
                 self.b.edges(d, out)
                 continue
-            join = self.b.add(np.zeros(rows.size), BARRIER)
+            join = self.b.add(np.zeros(rows.size), BARRIER, mb=mb)
             for ei in fin:
-                d = self.b.add(np.full(rows.size, col[ei]), BARRIER)
+                d = self.b.add(np.full(rows.size, col[ei]), BARRIER, mb=mb)
                 self.b.edges(ents[ei], d)
                 self.b.edges(d, join)
             self.b.edges(join, out)
