@@ -167,6 +167,14 @@ class Result:
     calculon_cpu_rounds_s: list[float] = field(default_factory=list)
     soapbox_cpu_rounds_s: list[float] = field(default_factory=list)
     problem: str = ""
+    #: with --hier: the full simulation (steady state extrapolated) timed in the same rounds, and
+    #: its iteration time and peak memory, for the equality table
+    full_pred_s: float | None = None
+    full_cpu_s: float | None = None
+    full_iter_s: float | None = None
+    full_peak_gib: float | None = None
+    full_rounds_s: list[float] = field(default_factory=list)
+    how: str = ""
 
 
 class BenchError(Exception):
@@ -239,6 +247,23 @@ def soapbox_model(run: Run):
                          name=Path(run.calculon_model).stem), source="benchmarks/bench_calculon.py")
 
 
+def hier_predictor(graph: Any, run: Run, res: Result) -> Callable[[], tuple[float, float, int]]:
+    """A call returning soapbox's (iteration s, peak memory of the worst GPU in bytes, tasks
+    simulated) by the hierarchical prediction (``engine.sim.hier.predict_layout``: a reference
+    run of a few stages and microbatches, its units composed); ``res.how`` says how."""
+    from engine.cluster import preset
+    from engine.layout import Layout
+    from engine.sim.hier import predict_layout
+    cluster = preset(run.cluster)
+    lay = Layout.from_options(run.layout)
+
+    def predict() -> tuple[float, float, int]:
+        h = predict_layout(graph, cluster, lay)
+        res.how = h.describe()
+        return h.iteration_time_s, float(h.memory.peak_bytes.max()), h.reference_tasks + h.composed_tasks
+    return predict
+
+
 def soapbox_predictor(graph: Any, run: Run, max_tasks: int | None = None,
                       steady: bool = False) -> Callable[[], tuple[float, float, int]]:
     """A call returning soapbox's (iteration s, peak memory of the worst GPU in bytes, tasks)
@@ -285,39 +310,37 @@ def published_from_csv(run: Run) -> tuple[float | None, str]:
 
 
 def measure(run: Run, calc: Callable[[], tuple[float, float]], soap: Callable[[], tuple[float, float, int]],
-            rounds: int, res: Result) -> Result:
-    """Warm each tool up once, then ``rounds`` rounds of (Calculon call, soapbox call), each
-    timed in wall seconds and in this process's CPU seconds."""
-    calc_out = soap_out = None
-    try:
-        calc_out = calc()
-    except Exception as e:  # Calculon refuses a layout with its own Error
-        res.problem += f"Calculon: {type(e).__name__}: {e}. "
-    try:
-        soap_out = soap()
-    except Exception as e:
-        res.problem += f"soapbox: {type(e).__name__}: {e}. "
+            rounds: int, res: Result, full: Callable[[], tuple[float, float, int]] | None = None) -> Result:
+    """Warm each tool up once, then ``rounds`` rounds of (Calculon call, soapbox call[, the full
+    simulation's call: --hier]), each timed in wall seconds and in this process's CPU seconds."""
+    outs: dict[str, Any] = {}
+    calls = {"calculon": calc, "soapbox": soap, **({"full": full} if full is not None else {})}
+    for name, call in calls.items():
+        try:
+            outs[name] = call()
+        except Exception as e:  # Calculon refuses a layout with its own Error
+            res.problem += f"{name}: {type(e).__name__}: {e}. "
+    cpu_rounds: dict[str, list[float]] = {"calculon": res.calculon_cpu_rounds_s, "soapbox": res.soapbox_cpu_rounds_s,
+                                          "full": []}
     for _ in range(rounds):
-        if calc_out is not None:
+        for name, call in calls.items():
+            if name not in outs:
+                continue
             t, cpu = time.perf_counter(), time.process_time()
-            calc_out = calc()
-            res.calculon_rounds_s.append(time.perf_counter() - t)
-            res.calculon_cpu_rounds_s.append(time.process_time() - cpu)
-        if soap_out is not None:
-            t, cpu = time.perf_counter(), time.process_time()
-            soap_out = soap()
-            res.soapbox_rounds_s.append(time.perf_counter() - t)
-            res.soapbox_cpu_rounds_s.append(time.process_time() - cpu)
-    if calc_out is not None:
-        res.calculon_iter_s, res.calculon_mem_gib = calc_out[0], calc_out[1] / 2**30
-        if res.calculon_rounds_s:
-            res.calculon_pred_s = statistics.median(res.calculon_rounds_s)
-            res.calculon_cpu_s = statistics.median(res.calculon_cpu_rounds_s)
-    if soap_out is not None:
-        res.soapbox_iter_s, res.soapbox_peak_gib, res.soapbox_tasks = soap_out[0], soap_out[1] / 2**30, soap_out[2]
-        if res.soapbox_rounds_s:
-            res.soapbox_pred_s = statistics.median(res.soapbox_rounds_s)
-            res.soapbox_cpu_s = statistics.median(res.soapbox_cpu_rounds_s)
+            outs[name] = call()
+            getattr(res, f"{name}_rounds_s").append(time.perf_counter() - t)
+            cpu_rounds[name].append(time.process_time() - cpu)
+    if "calculon" in outs:
+        res.calculon_iter_s, res.calculon_mem_gib = outs["calculon"][0], outs["calculon"][1] / 2**30
+    if "soapbox" in outs:
+        o = outs["soapbox"]
+        res.soapbox_iter_s, res.soapbox_peak_gib, res.soapbox_tasks = o[0], o[1] / 2**30, o[2]
+    if "full" in outs:
+        res.full_iter_s, res.full_peak_gib = outs["full"][0], outs["full"][1] / 2**30
+    for name in outs:
+        if getattr(res, f"{name}_rounds_s"):
+            setattr(res, f"{name}_pred_s", statistics.median(getattr(res, f"{name}_rounds_s")))
+            setattr(res, f"{name}_cpu_s", statistics.median(cpu_rounds[name]))
     return res
 
 
@@ -353,6 +376,21 @@ def markdown_table(results: list[Result]) -> str:
                      f"{_f(r.calculon_mem_gib, '.1f')} | {_f(r.soapbox_peak_gib, '.1f')} | "
                      f"{'-' if r.soapbox_tasks is None else f'{r.soapbox_tasks:,}'} |")
     lines += summary_lines(results)
+    if any(r.full_iter_s is not None for r in results):
+        lines += ["", "Composed (engine.sim.hier) against the full simulation (steady state extrapolated), "
+                      "timed in the same rounds:", "",
+                  "| run | composed ms/prediction (CPU) | full s/prediction (CPU) | speed-up | composed s/iter | "
+                  "full s/iter | rel. diff | composed peak GiB | full peak GiB | rel. diff | how |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in results:
+            if r.full_iter_s is None or r.soapbox_iter_s is None:
+                continue
+            up = f"{r.full_pred_s / r.soapbox_pred_s:.1f}x" if r.full_pred_s and r.soapbox_pred_s else "-"
+            lines.append(f"| {r.run} | {_pair(r.soapbox_pred_s, r.soapbox_cpu_s, 1e3, '.1f')} | "
+                         f"{_pair(r.full_pred_s, r.full_cpu_s, 1.0, '.3f')} | {up} | {r.soapbox_iter_s:.6f} | "
+                         f"{r.full_iter_s:.6f} | {abs(r.soapbox_iter_s / r.full_iter_s - 1):.1e} | "
+                         f"{r.soapbox_peak_gib:.3f} | {r.full_peak_gib:.3f} | "
+                         f"{abs(r.soapbox_peak_gib / r.full_peak_gib - 1):.1e} | {r.how} |")
     for r in results:
         if r.problem:
             lines.append(f"\n{r.run}: {r.problem.strip()}")
@@ -395,7 +433,8 @@ def _title(head: dict[str, Any]) -> str:
     return (f"soapbox engine {head['engine']}; Calculon {head['calculon']}; {head['host']}, {head['cpus']} CPUs, "
             f"Python {head['python']}, {head['date_utc']} UTC, load average {load}; "
             f"median of {head['rounds']} interleaved rounds after one warm-up each"
-            f"{'; soapbox with steady=True (engine.sim.steady)' if head.get('steady') else ''}\n")
+            f"{'; soapbox composed (engine.sim.hier)' if head.get('hier') else ''}"
+            f"{'; soapbox with steady=True (engine.sim.steady)' if head.get('steady') and not head.get('hier') else ''}\n")
 
 
 def print_saved(path: str) -> int:
@@ -424,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
     ap.add_argument("--steady", action="store_true",
                     help="soapbox extrapolates a long pipeline's steady state (simulate_strategy(steady=True))")
+    ap.add_argument("--hier", action="store_true",
+                    help="soapbox predicts by composition (engine.sim.hier.predict_layout); the full simulation "
+                         "(steady state extrapolated) runs in the same rounds for the equality table")
     ap.add_argument("--max-tasks", type=int, default=MAX_TASKS,
                     help=f"refuse a soapbox build of more estimated tasks (default {MAX_TASKS:,}; 0: no cap)")
     args = ap.parse_args(argv)
@@ -450,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"bench_calculon: {e}", file=sys.stderr)
         return 2
-    head = _header(args.rounds, root, args.steady)
+    head = _header(args.rounds, root, args.steady or args.hier)
+    head["hier"] = args.hier
     results = []
     graphs: dict[tuple[int, int, int, int], Any] = {}
     for run, calc in zip(runs, preds):
@@ -462,8 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         graphs[key] = graph
         if res.published_s is None:
             res.published_s, res.published_from = published_from_csv(run)
-        results.append(measure(run, calc, soapbox_predictor(graph, run, args.max_tasks or None, args.steady),
-                               args.rounds, res))
+        if args.hier:  # the composed prediction, and the full simulation in the same rounds
+            results.append(measure(run, calc, hier_predictor(graph, run, res), args.rounds, res,
+                                   soapbox_predictor(graph, run, args.max_tasks or None, True)))
+        else:
+            results.append(measure(run, calc, soapbox_predictor(graph, run, args.max_tasks or None, args.steady),
+                                   args.rounds, res))
         if not args.json:
             print(f"  done: {run.name}", file=sys.stderr, flush=True)
     doc = json.dumps({"setup": head, "results": [asdict(r) for r in results]}, indent=1)

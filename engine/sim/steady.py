@@ -213,7 +213,7 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
     if found is None:
         return None
     first, checked, shift, cp_shift, rows = found
-    span = tl.makespan_s
+    span, est = tl.makespan_s, tl.earliest_starts_s
     sent = tg.info["comm_by_microbatch"]  # [microbatch] bytes; one alike microbatch's, extrapolated
     more = (m - n) // q  # periods the whole iteration has beyond the short run
     on_dev = (tg.kind == FWD) | (tg.kind == BWD) | (tg.kind == UPDATE)
