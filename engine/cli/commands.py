@@ -277,10 +277,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     write_rows(rows, args.output)
     if args.report:
-        write_report(rows, args.report, f"{args.model} sweep")
+        write_report(rows, args.report, f"{args.model} sweep", tokens=args.tokens)
     ok = sum(1 for r in rows if r["feasible"])
-    print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit) in {seconds:.1f} s "
-          f"({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); Pareto front: {len(pareto(rows))}"
+    composed = sum(1 for r in rows if r.get("predicted_by") == "composed")
+    print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit; {composed:,} composed from reference runs, "
+          f"engine.sim.hier) in {seconds:.1f} s ({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); "
+          f"Pareto front: {len(pareto(rows))}"
           + (f"; report {args.report}" if args.report else ""))
     return 0
 

@@ -166,6 +166,8 @@ def add_sweep(sub) -> None:
     p.add_argument("--batch-points", type=positive_int, help="points a task (default: about 4 tasks a worker)")
     p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet")
     p.add_argument("--report", help="HTML report to write (Plotly)")
+    p.add_argument("--tokens", type=number_in(1.0, 1e18), default=1e12,
+                   help="tokens of the training run the report prices in days and GPU-hours (default 1e12)")
 
 
 def add_whatif(sub) -> None:

@@ -40,7 +40,7 @@ from .steady import EXTRA_PERIODS, repeating
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
-from .unroll import Geometry, Reference, UnrollProblem, _ranks, _stage_type, unroll
+from .unroll import Geometry, Reference, UnrollProblem, _stage_type, stage_order, unroll
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "REFERENCE_STAGES"]
 
@@ -224,20 +224,17 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
     return simulate(whole).makespan_s, whole.num_tasks
 
 
-def _walk(order: list[tuple[int, int, int]], amount: dict[tuple[int, int], float]) -> float:
-    """Activation peak (bytes) of a stage running units in ``order`` ((chunk, mb, phase)): a
-    forward unit adds its chunk's saved bytes as it runs, its backward frees them."""
-    level = peak = 0.0
-    for lc, _, ph in order:
-        level += amount[lc] if ph == FWD else -amount[lc]
-        peak = max(peak, level)
-    return peak
+def _walk(order: np.ndarray, amount: np.ndarray) -> float:
+    """Activation peak (bytes) of a stage running its units in ``order`` ([unit, 3]: local
+    chunk, microbatch, phase): a forward unit adds its chunk's saved bytes (``amount[chunk]``)
+    as it runs, its backward frees them."""
+    step = np.where(order[:, 2] == FWD, amount[order[:, 0]], -amount[order[:, 0]])
+    return float(max(0.0, np.cumsum(step).max())) if step.size else 0.0
 
 
 def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarray, ref: Reference,
             cluster: Cluster, p: int, m: int, stage_gpus: int) -> MemoryReport:
     """The whole run's memory report from the reference's (see the module docstring)."""
-    from ..taskgraph import schedule_order
     rep = memory_report(g_ref, s_ref, c_ref, tl)
     tg = ref.tg
     pr, v, mr = ref.stages, ref.chunks, ref.microbatches
@@ -251,12 +248,11 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
     image = tg.info.get("device_image")
     image = np.arange(c_ref.num_devices) if image is None else image
 
-    def order(st: int, pp: int, mm: int) -> list[tuple[int, int, int]]:
-        return schedule_order(s_ref.pipeline.schedule, pp, v, mm, st) if pp > 1 else \
-            [(0, k, ph) for k in range(mm) for ph in (FWD, 1)]
+    def order(st: int, pp: int, mm: int) -> np.ndarray:
+        return stage_order(s_ref.pipeline.schedule, pp, v, mm, st)
 
-    def amounts(st_ref: int, d: int) -> dict[int, float]:
-        return {lc: amt.get((lc * pr + st_ref, d), 0.0) for lc in range(v)}
+    def amounts(st_ref: int, d: int) -> np.ndarray:
+        return np.array([amt.get((lc * pr + st_ref, d), 0.0) for lc in range(v)])
 
     for d in devs:  # the rule must give the reference's own activation peaks
         st = d // stage_gpus

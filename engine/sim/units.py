@@ -16,31 +16,35 @@ linear function of the input times (Baccelli et al., "Synchronization and Linear
 ch. 2). :func:`read_units` finds, for one unit, the coefficient from every input (*entry*:
 an explicit task it waits for) to every output (*exit*: an explicit task waiting for it):
 the unit's outputs are then ``max_e(end_e + c[e, x])`` for any input times, which is what
-:mod:`engine.sim.compose` composes.
+:mod:`engine.sim.unroll` composes.
 
-What makes the reading exact, checked on the reference run (:class:`UnitProblem` otherwise):
+Entries are the explicit tasks a unit's tasks wait for (by data, or for a resource they held
+first: a gradient collective overlapping the backward pass on the tensor-parallel links), the
+iteration's start, and the entries of an earlier unit on the same stage whose task it waits
+for when that task does not lead to its own unit's barrier exit (the loss's all-reduce, which
+the backward unit reads): the wait passes through. A wait on an earlier unit's task that does
+lead to its barrier exit is implied by the schedule and dropped (checked on the reference's
+times: :func:`_check_implied`), as is an explicit task's wait for a resource such a task freed
+when it also waits, by data, for a later unit (:func:`_implied_frees`). Exits are the explicit
+tasks that wait for a unit's task (by data, chain or resource).
 
-* the unit's tasks hold resources that no explicit task and no other stage's unit holds
-  (its device, its tensor-parallel links), and every one of them ends by the time the unit's
-  barrier exit is ready, so the next unit on the device cannot meet it;
-* the order of its tasks on each resource is forced by its data edges or by a single input
-  (checked: every task that waited for a resource waited for one of the same unit whose
-  longest-path inputs are the same);
-* per-iteration tasks wait only for the last backward unit of each chunk (earlier units'
-  edges to them are implied through the schedule);
-* no other kind of edge (ZeRO-3's gathers, activation offload) crosses a unit's border.
+What the reading assumes (that the order in which a unit's tasks take each resource does not
+depend on when its inputs arrive) is checked where it matters, by composing the reference
+from its own blocks and comparing with its simulation (:mod:`engine.sim.hier`); what it does
+not read at all (activation offload's copies, a collective of a microbatch that waits for no
+task of its chunk: ZeRO-3's gathers) raises :class:`UnitProblem`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
 
 from ..taskgraph import BARRIER, BWD, COLL, FWD, OFFLOAD, XFER, TaskGraph
 
-__all__ = ["UnitProblem", "Unit", "UnitTable", "read_units", "classify"]
+__all__ = ["UnitProblem", "Unit", "read_units", "classify", "ENTRY_TABLES"]
 
 NEG = -np.inf
 
@@ -53,25 +57,12 @@ class UnitProblem(Exception):
 class Unit:
     """One unit's max-plus block: ``coef[e, x]`` seconds from entry ``e``'s end to exit ``x``'s
     readiness (``-inf``: no path). Entries and exits are explicit task ids of the reference
-    run; ``zero`` is an extra entry: the iteration's start (tasks with no predecessor)."""
+    run; entry -1 is the iteration's start (what waits for nothing)."""
 
-    chunk: int
-    mb: int
-    phase: int
     entries: np.ndarray  # [e] explicit task ids (-1: the iteration's start)
     exits: np.ndarray  # [x] explicit task ids
     coef: np.ndarray  # [e, x] seconds
-    tasks: np.ndarray  # internal task ids
-    end_s: float = 0.0  # reference end of the unit's last internal task
-
-
-@dataclass
-class UnitTable:
-    """Every unit of a reference run and the task classification."""
-
-    units: dict[tuple[int, int, int], Unit]
-    unit_of: np.ndarray  # [task] unit index or -1 (explicit)
-    keys: list[tuple[int, int, int]] = field(default_factory=list)
+    tasks: np.ndarray  # the unit's own (internal) task ids
 
 
 def classify(tg: TaskGraph, chunk_of_op: np.ndarray, microbatches: int) -> np.ndarray:
@@ -332,7 +323,7 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
         np.maximum.at(coef.T, np.searchsorted(ys, y_all[sel]), L[t_all[sel]] + w_all[sel][:, None])
         slots = np.r_[np.nonzero(ent[u, :K - 1] != -2)[0], K - 1]
         entries = np.r_[ent[u, slots[:-1]], -1]
-        units[int(u)] = Unit(0, 0, 0, entries, ys, coef[slots], tasks_of[bounds[u]:bounds[u + 1]])
+        units[int(u)] = Unit(entries, ys, coef[slots], tasks_of[bounds[u]:bounds[u + 1]])
     return units
 
 

@@ -21,13 +21,14 @@ several middle stages; a name with no counterpart).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from ..taskgraph import BARRIER, BWD, FWD, TaskGraph, schedule_order
 from .units import Unit
 
-__all__ = ["UnrollProblem", "Geometry", "Reference", "unroll"]
+__all__ = ["UnrollProblem", "Geometry", "Reference", "unroll", "stage_order"]
 
 #: the tie-break group of tasks that hold nothing (after every task that holds something)
 LAST = 1 << 40
@@ -72,14 +73,26 @@ class Reference:
     layers: int = 0
 
 
-def _ranks(schedule: str, p: int, v: int, m: int) -> np.ndarray:
-    """[stage, local chunk, mb, phase] position of each unit in its stage's schedule."""
+def stage_order(schedule: str, p: int, v: int, m: int, s: int) -> np.ndarray:
+    """[unit, 3] (local chunk, microbatch, phase) of stage ``s``'s units in schedule order
+    (:func:`engine.taskgraph.schedule_order`; one stage: forward and backward alternating)."""
+    return _ranks(schedule, p, v, m)[1][s]
+
+
+@lru_cache(maxsize=64)
+def _ranks(schedule: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """([stage, local chunk, mb, phase] position of each unit in its stage's schedule,
+    [stage, unit, 3] the units in that order); made once per schedule (read-only)."""
     rank = np.full((p, v, m, 2), -1, np.int64)
+    orders = np.zeros((p, 2 * v * m, 3), np.int64)
     for s in range(p):
         order = schedule_order(schedule, p, v, m, s) if p > 1 else [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
-        for r, (lc, k, ph) in enumerate(order):
-            rank[s, lc, k, ph] = r
-    return rank
+        arr = np.asarray(order, np.int64).reshape(-1, 3)
+        orders[s] = arr
+        rank[s, arr[:, 0], arr[:, 1], arr[:, 2]] = np.arange(arr.shape[0])
+    rank.setflags(write=False)
+    orders.setflags(write=False)
+    return rank, orders
 
 
 def _stage_type(s: np.ndarray | int, p: int, p_ref: int) -> np.ndarray:
@@ -189,8 +202,8 @@ class _Unroll:
             raise UnrollProblem("a reference of fewer than 3 stages cannot stand for more")
         if m != self.mr and self.mr < 3:
             raise UnrollProblem("a reference of fewer than 3 microbatches cannot stand for more")
-        self.rank_r = _ranks(ref.schedule, self.pr, self.v, self.mr)
-        self.rank = _ranks(ref.schedule, p, self.v, m)
+        self.rank_r = _ranks(ref.schedule, self.pr, self.v, self.mr)[0]
+        self.rank = _ranks(ref.schedule, p, self.v, m)[0]
         self.b = _Builder()
         g = ref.geometry
         self.stage_gpus = g.gpus_per_node * g.nodes_per_stage
@@ -249,11 +262,11 @@ class _Unroll:
         brk = np.r_[0, np.cumsum(cat[1:] != cat[:-1])]
         self.group = np.full(n, -1, np.int64)
         self.group[ids] = brk
-        self.direction = {}
+        self.direction_of = np.ones(int(brk.max()) + 2 if brk.size else 1, np.int64)  # [group] +1 / -1
         for gi in np.unique(brk):
             o = rt.op[ids[brk == gi]]
             o = o[o >= 0]
-            self.direction[int(gi)] = -1 if o.size > 1 and np.all(np.diff(o) <= 0) and o[0] != o[-1] else 1
+            self.direction_of[gi] = -1 if o.size > 1 and np.all(np.diff(o) <= 0) and o[0] != o[-1] else 1
         if (x & ~self.is_p2p).any():
             raise UnrollProblem("a task of a microbatch is neither in a unit nor a transfer between units")
 
@@ -315,7 +328,7 @@ class _Unroll:
             lay = o + (c_real - ref.op_chunk[np.maximum(o, 0)]) * ref.layers_per_chunk * ref.ops_per_layer
             real = np.where(place == 1, lay, np.where(place == 2, o + (ref.layers - ref.ref_layers) * ref.ops_per_layer, o))
             real = np.where(o >= 0, real, o)
-        key[:, 1] = np.array([self.direction.get(int(g), 1) for g in key[:, 0]]) * real
+        key[:, 1] = self.direction_of[key[:, 0]] * real
         key[:, 2] = ts
         key[:, 3] = mb
         key[:, 4] = last

@@ -20,7 +20,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "pareto",
-           "COLUMNS", "smallest_fit"]
+           "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
@@ -324,9 +324,31 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
         f.write(text)
 
 
-def write_report(rows: list[dict[str, Any]], path: str, title: str) -> None:
+def gpu_type(cluster: str) -> str:
+    """The GPU type a sweep row's cluster name stands for (its preset, before the node count)."""
+    return str(cluster).partition(":")[0]
+
+
+def training_front(rows: Iterable[dict[str, Any]], tokens: float) -> list[dict[str, Any]]:
+    """The feasible language-model rows no other beats on both the days to train ``tokens``
+    tokens and the GPU-hours it takes (each at least as good and one better), fastest first;
+    each with ``days`` and ``gpu_hours`` added."""
+    ok = []
+    for r in rows:
+        tps = r.get("throughput_per_s")
+        if r.get("feasible") and tps:
+            seconds = tokens / tps
+            ok.append({**r, "days": seconds / 86400.0, "gpu_hours": seconds / 3600.0 * r["gpus"]})
+    front = [r for r in ok if not any((o["days"], o["gpu_hours"]) != (r["days"], r["gpu_hours"]) and
+                                      o["days"] <= r["days"] and o["gpu_hours"] <= r["gpu_hours"] for o in ok)]
+    return sorted(front, key=lambda r: r["days"])
+
+
+def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: float | None = None) -> None:
     """An HTML page: iteration time against GPUs per layout (feasible points; the Pareto front
-    over time, GPUs and memory drawn as a line), and peak memory against time."""
+    over time, GPUs and memory drawn as a line), peak memory against time, tokens per second
+    per GPU against GPUs by GPU type, and (``tokens``: a training run of that many tokens) the
+    days it takes against the GPU-hours it costs, with that trade-off's Pareto front."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -338,20 +360,39 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str) -> None:
     def label(r):
         ep, etp = r.get("ep") or 1, r.get("etp") or 1
         moe = f" ep {ep} etp {etp}" if ep * etp > 1 else ""
-        return f"tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} {r['recompute']} z{r['zero']}"
+        return (f"{r['cluster']}: tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} "
+                f"{r['recompute']} z{r['zero']}")
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["iteration time (s) by GPUs", "peak memory (GB) by time (s)"])
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[
+        "iteration time (s) by GPUs", "peak memory (GB) by time (s)", "tokens/s per GPU by GPUs",
+        f"days against GPU-hours for {tokens:.3g} tokens" if tokens else "days against GPU-hours (give tokens)"])
     fig.add_trace(go.Scatter(x=[r["gpus"] for r in ok], y=[r["iteration_time_s"] for r in ok], mode="markers",
                              text=[label(r) for r in ok], name="feasible layouts"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[r["gpus"] for r in front], y=[r["iteration_time_s"] for r in front],
                              mode="lines+markers", text=[label(r) for r in front], name="Pareto front"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[r["iteration_time_s"] for r in ok], y=[r["peak_memory_bytes"] / 1e9 for r in ok],
                              mode="markers", text=[label(r) for r in ok], name="memory", showlegend=False), row=1, col=2)
+    for kind in sorted({gpu_type(r["cluster"]) for r in ok}):
+        mine = [r for r in ok if gpu_type(r["cluster"]) == kind and r.get("throughput_per_s")]
+        fig.add_trace(go.Scatter(x=[r["gpus"] for r in mine], y=[r["throughput_per_s"] / r["gpus"] for r in mine],
+                                 mode="markers", text=[label(r) for r in mine], name=kind), row=2, col=1)
+    if tokens:
+        tf = training_front(rows, tokens)
+        allr = [{**r, "days": tokens / r["throughput_per_s"] / 86400.0,
+                 "gpu_hours": tokens / r["throughput_per_s"] / 3600.0 * r["gpus"]} for r in ok if r.get("throughput_per_s")]
+        fig.add_trace(go.Scatter(x=[r["gpu_hours"] for r in allr], y=[r["days"] for r in allr], mode="markers",
+                                 text=[label(r) for r in allr], name="runs", showlegend=False,
+                                 marker=dict(color="lightgray")), row=2, col=2)
+        fig.add_trace(go.Scatter(x=[r["gpu_hours"] for r in tf], y=[r["days"] for r in tf], mode="lines+markers",
+                                 text=[label(r) for r in tf], name="days / GPU-hours front"), row=2, col=2)
+        fig.update_xaxes(type="log", title_text="GPU-hours", row=2, col=2)
+        fig.update_yaxes(type="log", title_text="days", row=2, col=2)
     fig.update_xaxes(type="log", title_text="GPUs", row=1, col=1)
     fig.update_yaxes(type="log", title_text="s", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="GPUs", row=2, col=1)
+    fig.update_yaxes(title_text="tokens/s per GPU", row=2, col=1)
     fig.update_layout(title=f"{title}: {len(ok)} of {len(rows)} layouts fit; {len(front)} on the Pareto front",
-                      height=520)
+                      height=900)
     html = fig.to_html(include_plotlyjs="cdn", full_html=True)
     with atomic_writer(path, make_parents=True) as f:
         f.write(html)
-

@@ -102,3 +102,50 @@ class TestSmallestFit:
         assert all(r["why"].startswith("does not fit in memory: GPU ") for r in rows)
         # stop() ends the scan before the next size
         assert smallest_fit(g, "fsdp", {}, [preset("dgx-a100-80gb:1")], stop=lambda: True) == []
+
+
+def test_rows_composed_where_exact_equal_the_full_simulation(serial_rows):
+    """Issue 43: a row the hierarchical prediction answers says so and holds the full
+    simulation's figures; one it refuses is simulated and says why."""
+    from engine.cluster import preset
+    from engine.formats import resolve_model
+    from engine.layout import Layout
+    from engine.layout.build import build_layout
+    from engine.sim.report import simulate_strategy
+
+    composed = [r for r in serial_rows if r["predicted_by"] == "composed"]
+    assert composed and all(r["predicted_by"] == "composed" or r["predicted_by"].startswith("simulated (")
+                            for r in serial_rows if r["iteration_time_s"] is not None)
+    g = resolve_model("gpt2", batch=32)
+    for r in composed[:3]:
+        c = preset(r["cluster"])
+        s = build_layout(g, c, Layout.from_options(dict(tp=r["tp"], pp=r["pp"], micro_batch=r["mb"])))
+        full = simulate_strategy(g, s, c, check=False)
+        assert r["iteration_time_s"] == pytest.approx(full.iteration_time_s, rel=1e-9)
+        assert r["peak_memory_bytes"] == pytest.approx(float(full.memory.peak_bytes.max()), rel=1e-9)
+
+
+def test_training_front_by_hand():
+    """Days and GPU-hours for 1e9 tokens: 8 GPUs at 1e4 tokens/s take 1e5 s (1.157 days, 222.2
+    GPU-hours); 16 GPUs at 1.5e4 take 66,667 s (0.772 days, 296.3 GPU-hours): both on the front;
+    16 GPUs at 1e4 is beaten by the first on both, and an infeasible row is never on it."""
+    from engine.studies.sweep import training_front
+
+    rows = [dict(cluster="a:1", gpus=8, feasible=True, throughput_per_s=1e4),
+            dict(cluster="a:2", gpus=16, feasible=True, throughput_per_s=1.5e4),
+            dict(cluster="a:2", gpus=16, feasible=True, throughput_per_s=1e4),
+            dict(cluster="a:4", gpus=32, feasible=False, throughput_per_s=1e6)]
+    front = training_front(rows, 1e9)
+    assert [(r["gpus"], r["throughput_per_s"]) for r in front] == [(16, 1.5e4), (8, 1e4)]
+    assert front[1]["days"] == pytest.approx(1e5 / 86400) and front[1]["gpu_hours"] == pytest.approx(8e5 / 3600)
+    assert front[0]["days"] == pytest.approx(1e9 / 1.5e4 / 86400)
+    assert front[0]["gpu_hours"] == pytest.approx(1e9 / 1.5e4 / 3600 * 16)
+
+
+def test_report_prices_a_training_run(tmp_path, serial_rows):
+    from engine.studies.sweep import write_report
+
+    out = tmp_path / "r.html"
+    write_report(serial_rows, str(out), "gpt2", tokens=1e9)
+    html = out.read_text()
+    assert "days against GPU-hours for 1e+09 tokens" in html and "per GPU by GPUs" in html  # (JSON escapes the slash)
