@@ -69,6 +69,8 @@ class HierResult:
     composed_tasks: int
 
     def describe(self) -> str:
+        if not self.composed_tasks:
+            return f"simulated whole ({self.reference_tasks:,} tasks): the reference is the whole run"
         return (f"composed from a reference of {self.reference_stages} stages x {self.reference_microbatches} "
                 f"microbatches ({self.reference_tasks:,} tasks simulated; {self.composed_tasks:,} in the composed run)")
 
@@ -133,6 +135,63 @@ def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
     return hit
 
 
+def _reference_stages(p: int, v: int, m: int, stage_gpus: int, gpus_per_node: int) -> int:
+    """Stages the reference keeps: the whole pipeline when it is short; else the first, a
+    middle stage for each place a stage can take in a node, at least one more, and the last,
+    in the same place in its node as the whole run's last (and, interleaved, dividing the
+    microbatches)."""
+    if stage_gpus % gpus_per_node and gpus_per_node % stage_gpus:
+        return p  # (stages that straddle nodes unevenly: no stage stands for another)
+    period = max(1, gpus_per_node // stage_gpus)
+    tries = list(range(max(REFERENCE_STAGES, period + 2), p)) + ([3] if period == 1 and p > 3 else [])
+    for pr in tries:
+        if (p - pr) % period == 0 and (v == 1 or m % pr == 0):
+            return pr
+    return p
+
+
+#: which stage uses each link, by reference cluster and stage size
+_LINK_STAGES: dict[tuple, np.ndarray] = {}
+
+
+def _link_stages(cluster: Cluster, stage_gpus: int) -> np.ndarray:
+    """[link] the stage (``stage_gpus`` GPUs a stage, in device order) whose GPUs alone use a
+    link, -1 where several stages' do (a NIC shared across stages, a mesh link between them)."""
+    key = (id(cluster), cluster.num_devices, stage_gpus)
+    hit = _LINK_STAGES.get(key)
+    if hit is not None:
+        return hit
+    out = np.full(len(cluster.links), -2, np.int64)  # -2: not seen yet
+
+    def mark(link: int, stage: int) -> None:
+        out[link] = stage if out[link] in (-2, stage) else -1
+
+    G = cluster.gpus_per_node
+    D = cluster.num_devices
+    for d in range(D):
+        st = d // stage_gpus
+        node = d // G
+        for e in range(node * G, min(D, node * G + G)):
+            if e == d:
+                continue
+            for path, mine in ((cluster.path(d, e), 0), (cluster.path(e, d), -1)):
+                mark(path[mine], st)
+                if len(path) == 1:  # (a mesh link between two GPUs: both use it)
+                    mark(path[0], e // stage_gpus)
+        if cluster.num_nodes > 1:
+            far = (d + G) % D
+            out_path, in_path = cluster.path(d, far), cluster.path(far, d)
+            for link in out_path[:len(out_path) // 2]:
+                mark(link, st)
+            for link in in_path[len(in_path) // 2:]:
+                mark(link, st)
+    out[out == -2] = -1
+    if len(_LINK_STAGES) > 64:
+        _LINK_STAGES.clear()
+    _LINK_STAGES[key] = out
+    return out
+
+
 def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     """Why ``lay`` (resolved) is not read hierarchically here, or None."""
     if lay.layers_per_stage is not None or lay.stage_mesh is not None:
@@ -170,29 +229,26 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     p, v = lay.pp, lay.vpp
     blocks = layer_blocks(graph)
     k = len(blocks) // (p * v)
-    pr = p if p <= REFERENCE_STAGES else REFERENCE_STAGES
-    if v > 1 and p > REFERENCE_STAGES:  # (the interleaved schedule needs the microbatches a multiple of the stages)
-        m_whole = graph.batch_size // (lay.dp * lay.micro_batch)
-        pr = next((q for q in (REFERENCE_STAGES, REFERENCE_STAGES - 1) if m_whole % q == 0), p)
     stage_gpus = lay.tp * lay.cp * lay.dp
     G = cluster.gpus_per_node
-    if pr < p and stage_gpus % G:
-        raise HierProblem(f"a stage of {stage_gpus} GPUs does not hold whole nodes of {G}")
+    pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
     g_ref = reference_graph(graph, pr * v * k)
-    c_ref = cluster if pr == p else _reference_cluster(cluster, pr * stage_gpus // G)
+    c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
     s_ref = build_layout(g_ref, c_ref, replace(lay, pp=pr), check=pr != p)  # (the whole layout resolved above)
     m = s_ref.pipeline.microbatches
     mr = min(m, 3 * pr if v > 1 else pr + 3)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     tl = simulate(tg)
+    if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)
+        return HierResult(tl.makespan_s, memory_report(g_ref, s_ref, c_ref, tl), pr, mr, tg.num_tasks, 0)
     chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
     try:
         unit = classify(tg, chunk_of, mr)
         units = read_units(tg, tl.order, unit, tl.end_s)
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
-                        Geometry(G, links_per_node, max(1, stage_gpus // G)), **_numbering(g_ref, chunk_of, k,
-                                                                                             len(blocks)))
+                        Geometry(G, links_per_node, stage_gpus, _link_stages(c_ref, stage_gpus)),
+                        **_numbering(g_ref, chunk_of, k, len(blocks)))
         # the reference composed from its own blocks must give the reference's own time: what the
         # reading cannot see (a task whose place in a queue its block moves) shows here
         own = simulate(unroll(ref, pr, mr, c_ref.num_devices, len(c_ref.links))).makespan_s
@@ -264,14 +320,15 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
     D = cluster.num_devices
     real = np.arange(D)
     s_real = np.minimum(real // stage_gpus, p - 1)
-    d_ref = _stage_type(s_real, p, pr) * stage_gpus + real % stage_gpus
+    q = ref.geometry.period
+    d_ref = _stage_type(s_real, p, pr, q) * stage_gpus + real % stage_gpus
     rep_local = image[d_ref] % stage_gpus
     peaks: dict[tuple[int, int], float] = {}
     act = np.zeros(D)
     for i in range(D):
         key = (int(s_real[i]), int(rep_local[i]))
         if key not in peaks:
-            st_ref = int(_stage_type(key[0], p, pr))
+            st_ref = int(_stage_type(key[0], p, pr, q))
             peaks[key] = _walk(order(key[0], p, m), amounts(st_ref, st_ref * stage_gpus + key[1]))
         act[i] = peaks[key]
     used = real < p * stage_gpus

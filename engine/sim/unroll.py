@@ -40,12 +40,26 @@ class UnrollProblem(Exception):
 
 @dataclass(frozen=True)
 class Geometry:
-    """Where a stage's devices and links lie: every stage holds ``nodes_per_stage`` whole
-    nodes of ``gpus_per_node`` GPUs, each with ``links_per_node`` links numbered together."""
+    """Where a stage's devices and links lie: stage s holds GPUs ``[s * stage_gpus, (s + 1) *
+    stage_gpus)`` of nodes of ``gpus_per_node`` GPUs, each node's ``links_per_node`` links
+    numbered together; ``link_stage`` [reference link]: the stage whose GPUs alone use it (-1:
+    several stages' or none). A stage holds whole nodes, or a node holds ``period`` whole
+    stages (a middle stage then stands for those in the same place in their node)."""
 
     gpus_per_node: int
     links_per_node: int
-    nodes_per_stage: int
+    stage_gpus: int
+    link_stage: np.ndarray
+
+    @property
+    def period(self) -> int:
+        """Stages per node (1 when a stage holds whole nodes)."""
+        return max(1, self.gpus_per_node // self.stage_gpus)
+
+    def moves(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(devices, links) to add to move resources of stage ``a`` to stage ``b``."""
+        d = (np.asarray(b) - np.asarray(a)) * self.stage_gpus
+        return d, d // self.gpus_per_node * self.links_per_node
 
 
 @dataclass
@@ -95,13 +109,14 @@ def _ranks(schedule: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarra
     return rank, orders
 
 
-def _stage_type(s: np.ndarray | int, p: int, p_ref: int) -> np.ndarray:
+def _stage_type(s: np.ndarray | int, p: int, p_ref: int, period: int = 1) -> np.ndarray:
     """The reference stage standing for real stage ``s``: the first and the last are
-    themselves, a middle one the reference's first middle stage."""
+    themselves, a middle one the reference's middle stage in the same place in its node
+    (stages 1 to ``period``: ``period`` stages a node)."""
     s = np.asarray(s)
     if p == p_ref:
         return s
-    return np.where(s == 0, 0, np.where(s == p - 1, p_ref - 1, 1))
+    return np.where(s == 0, 0, np.where(s == p - 1, p_ref - 1, 1 + (s - 1) % period))
 
 
 def _mb_type(j: np.ndarray | int, m: int, m_ref: int) -> np.ndarray:
@@ -205,12 +220,12 @@ class _Unroll:
         self.rank_r = _ranks(ref.schedule, self.pr, self.v, self.mr)[0]
         self.rank = _ranks(ref.schedule, p, self.v, m)[0]
         self.b = _Builder()
-        g = ref.geometry
-        self.stage_gpus = g.gpus_per_node * g.nodes_per_stage
-        self.stage_links = g.links_per_node * g.nodes_per_stage
+        g = self.geo = ref.geometry
+        self.stage_gpus, self.q = g.stage_gpus, g.period
         rt = ref.tg
-        if p != self.pr and (rt.n_links % g.links_per_node or rt.n_devices != self.pr * self.stage_gpus):
-            raise UnrollProblem("the reference's stages do not hold whole nodes")
+        if p != self.pr and (rt.n_links % g.links_per_node or (self.p - self.pr) * g.stage_gpus % g.gpus_per_node
+                             or self.pr < self.q + 2 or (g.stage_gpus % g.gpus_per_node and g.gpus_per_node % g.stage_gpus)):
+            raise UnrollProblem("the reference's stages do not sit in their nodes as the whole run's do")
 
     # -- the reference's explicit tasks, named -----------------------------------------------
     def _name(self) -> None:
@@ -276,9 +291,15 @@ class _Unroll:
 
     # -- moving a task to other stages ---------------------------------------------------------
     def _res_stage(self, q: np.ndarray) -> np.ndarray:
-        """Reference stage of each resource (device or link)."""
+        """Reference stage of each resource (device or link; -1: a link of several stages)."""
         Dr = self.ref.tg.n_devices
-        return np.where(q < Dr, q // self.stage_gpus, (q - Dr) // self.stage_links)
+        return np.where(q < Dr, q // self.stage_gpus, self.geo.link_stage[np.maximum(q - Dr, 0)])
+
+    def _move(self, q: np.ndarray, qs: np.ndarray, to: np.ndarray) -> np.ndarray:
+        """Reference resources ``q`` (of stages ``qs``) moved to stages ``to``, as real resources."""
+        dd, dl = self.geo.moves(qs, to)
+        Dr = self.ref.tg.n_devices
+        return np.where(q < Dr, q + dd, self.D + (q - Dr) + dl)
 
     # -- per-iteration tasks: one copy per stage they stand for ----------------------------------
     def _copies(self, ts: np.ndarray, stage_from: np.ndarray, stage_to: np.ndarray) -> np.ndarray:
@@ -292,19 +313,21 @@ class _Unroll:
         c_real = np.where(o >= 0, (c_ref // self.pr) * self.p + self._shift_of(st_ref, stage_from, stage_to), 0)
         dev = rt.device[ts].astype(np.int64)
         ds = np.maximum(dev, 0) // self.stage_gpus
-        dev = np.where(dev >= 0, dev + (self._shift_of(ds, stage_from, stage_to) - ds) * self.stage_gpus, dev)
+        dev = np.where(dev >= 0, dev + self.geo.moves(ds, self._shift_of(ds, stage_from, stage_to))[0], dev)
         ids = self.b.add(rt.dur_s[ts], rt.kind[ts], self._keys(ts, c_real, rt.mb[ts], dev))
         cnt = rt.res_ptr[ts + 1] - rt.res_ptr[ts]
         if cnt.sum():
             owner = np.repeat(np.arange(ts.size), cnt)
             starts = np.repeat(rt.res_ptr[ts], cnt)
             q = rt.res_idx[starts + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
-            qs = self._res_stage(q)
-            to = qs if self.p == self.pr else self._shift_of(qs, stage_from[owner], stage_to[owner])
-            if (to < 0).any():
-                raise UnrollProblem("a per-iteration task holds resources of a stage its copy does not move")
-            Dr = rt.n_devices
-            moved = np.where(q < Dr, q + (to - qs) * self.stage_gpus, self.D + (q - Dr) + (to - qs) * self.stage_links)
+            if self.p == self.pr:
+                moved = np.where(q < rt.n_devices, q, self.D + q - rt.n_devices)
+            else:
+                qs = self._res_stage(q)
+                to = self._shift_of(qs, stage_from[owner], stage_to[owner])
+                if ((to < 0) | (qs < 0)).any():
+                    raise UnrollProblem("a per-iteration task holds resources of a stage its copy does not move")
+                moved = self._move(q, qs, to)
             self.b.res.append((ids[owner], moved))
         return ids
 
@@ -354,27 +377,40 @@ class _Unroll:
         other = np.zeros(ts.size, bool)  # touches a stage other than the first and the last
         np.logical_or.at(other, owner, (qs != 0) & (qs != pr - 1))
         other |= (ds >= 0) & (ds != 0) & (ds != pr - 1)
-        fam = np.full(ts.size, -1)  # 0 one copy, 1 a copy per middle stage, 2 skipped
+        # family: 0 one copy (the end stages'); t in 1..period a copy per middle stage that
+        # reference stage t stands for; -2 skipped (another middle stage of the reference)
+        fam = np.full(ts.size, -1)
+        shared = np.zeros(ts.size, bool)
+        np.logical_or.at(shared, owner, qs < 0)
         if p == pr:
             fam[:] = 0
         else:
             fam[~other & (hi >= 0)] = 0
-            fam[other & (lo == 1) & (hi == 1)] = 1
-            fam[other & (lo >= 2) & (hi <= pr - 2)] = 2
-        if (fam < 0).any():
+            single = other & (lo == hi)
+            fam[single & (lo >= 1) & (lo <= self.q)] = lo[single & (lo >= 1) & (lo <= self.q)]
+            fam[other & (lo > self.q) & (hi <= pr - 2)] = -2
+            fam[shared] = -1
+        if (fam == -1).any():
             raise UnrollProblem("a per-iteration task spans stages of the reference that the whole run does not repeat")
         self.family = dict(zip(ts.tolist(), fam.tolist()))
         one = ts[fam == 0]
         frm = np.full(one.size, -1)
         self.it_one = dict(zip(one.tolist(), self._copies(one, frm, frm).tolist()))
-        mid = ts[fam == 1]
-        self.it_mid: dict[int, np.ndarray] = {}
-        if mid.size and p > 2:
-            stages = np.arange(1, p - 1)
+        self.it_mid: dict[int, np.ndarray] = {}  # reference id -> [real stage] its copy there (-1: none)
+        middles = np.arange(1, p - 1)
+        kinds = _stage_type(middles, p, pr, self.q)
+        for t_ref in range(1, self.q + 1):
+            mid = ts[fam == t_ref]
+            stages = middles[kinds == t_ref]
+            if not (mid.size and stages.size):
+                continue
             rep_t = np.repeat(mid, stages.size)
             rep_s = np.tile(stages, mid.size)
-            ids = self._copies(rep_t, np.ones(rep_t.size, np.int64), rep_s).reshape(mid.size, stages.size)
-            self.it_mid = dict(zip(mid.tolist(), ids))
+            ids = self._copies(rep_t, np.full(rep_t.size, t_ref), rep_s).reshape(mid.size, stages.size)
+            for row, t in enumerate(mid.tolist()):
+                table = np.full(p, -1, np.int64)
+                table[stages] = ids[row]
+                self.it_mid[t] = table
         src, dst = rt.edge_src, rt.succ_idx
         ex = self.ref.unit < 0
         e = ex[src] & ex[dst] & ~((self.bar_unit[src] >= 0) & (self.bar_unit[dst] >= 0))
@@ -388,7 +424,7 @@ class _Unroll:
         for x, y, f in zip(a.tolist(), b.tolist(), fa.tolist()):
             if f == 0:
                 self.b.edges(self.it_one[x], self.it_one[y])
-            elif f == 1:
+            elif f > 0 and x in self.it_mid:
                 self.b.edges(self.it_mid[x], self.it_mid[y])
 
     def _it(self, t: int, s: np.ndarray) -> np.ndarray:
@@ -396,10 +432,11 @@ class _Unroll:
         fam = self.family.get(t)
         if fam == 0:
             return np.full(s.shape, self.it_one[t], np.int64)
-        if fam == 1:
-            if ((s < 1) | (s > self.p - 2)).any():
-                raise UnrollProblem("an end stage's unit waits for a middle stage's per-iteration task")
-            return self.it_mid[t][s - 1]
+        if fam is not None and fam > 0:
+            out = self.it_mid[t][s] if t in self.it_mid else np.full(s.shape, -1)
+            if (out < 0).any():
+                raise UnrollProblem("a unit waits for a per-iteration task of a stage it does not stand with")
+            return out
         raise UnrollProblem("a unit waits for a per-iteration task of a skipped stage")
 
     # -- the whole iteration -----------------------------------------------------------------
@@ -413,7 +450,7 @@ class _Unroll:
         j = np.tile(np.repeat(np.arange(m), 2), C)
         ph = np.tile(np.array([FWD, BWD]), C * m)
         s, lc = c % p, c // p
-        tmpl = ((lc * pr + _stage_type(s, p, pr)) * mr + _mb_type(j, m, mr)) * 2 + ph
+        tmpl = ((lc * pr + _stage_type(s, p, pr, self.q)) * mr + _mb_type(j, m, mr)) * 2 + ph
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain
         U = 2 * v * m
@@ -466,14 +503,10 @@ class _Unroll:
                                        [None, :].repeat(rows.size, 0).ravel()))
                 elif q.size:
                     st = self._res_stage(q)
-                    Dr = rt.n_devices
-                    shift = np.where(st[None, :] == ref_cs, (cs - ref_cs)[:, None],
-                                     np.where(st[None, :] == ref_ps, (ps - ref_ps)[:, None], 0))
                     if not np.isin(st, [ref_cs, ref_ps]).all():
                         raise UnrollProblem("a transfer crosses a stage other than its two ends")
-                    dev = (q < Dr)[None, :]
-                    moved = np.where(dev, q[None, :] + shift * self.stage_gpus,
-                                     self.D + (q[None, :] - Dr) + shift * self.stage_links)
+                    to = np.where(st[None, :] == ref_cs, cs[:, None], ps[:, None])  # [unit, resource]
+                    moved = self._move(np.broadcast_to(q, to.shape), np.broadcast_to(st, to.shape), to)
                     self.b.res.append((np.repeat(ids, q.size), moved.ravel()))
                 if ids_prev is not None:
                     self.b.chain.append((ids_prev, ids, np.full(rows.size, rt.chain_lag_s[hops[h - 1]])))
@@ -579,7 +612,7 @@ class _Unroll:
         for t, u in self.ref.units.items():
             c, j, ph = (int(a) for a in self._decode(t, mr))
             st = c % pr
-            key = (0 if st == 0 else 2 if st == pr - 1 else 1, c // pr, ph,
+            key = (0 if st == 0 else -1 if st == pr - 1 else 1 + (st - 1) % self.q, c // pr, ph,
                    0 if j == 0 else 2 if j == mr - 1 else 1)
             sig = (tuple(self._role(int(e), t) for e in u.entries), tuple(self._role(int(x), t) for x in u.exits))
             got = seen.get(key)
@@ -589,5 +622,5 @@ class _Unroll:
             if got[0] != sig or got[1].shape != u.coef.shape or not np.allclose(
                     got[1], u.coef, rtol=1e-12, atol=1e-15, equal_nan=False):
                 raise UnrollProblem("units of one position class differ in the reference (stage "
-                                    f"{'first middle last'.split()[key[0]]}, chunk {key[1]}, "
+                                    f"{'first' if key[0] == 0 else 'last' if key[0] < 0 else 'middle'}, chunk {key[1]}, "
                                     f"{'forward backward'.split()[ph]}, microbatch {j})")
