@@ -21,7 +21,7 @@ from .record import SWITCHES, Layout, options_for
 from ..strategy.config import microbatch_count
 from .rules import resolved
 
-__all__ = ["build_layout", "fsdp", "baseline_strategy"]
+__all__ = ["build_layout", "build_unchecked", "fsdp", "baseline_strategy"]
 
 
 def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Config], algorithm: str,
@@ -43,7 +43,7 @@ def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Confi
     return check_strategy(s, graph, cluster, f"baseline {algorithm}") if check else s
 
 
-def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout, *, check: bool = True) -> Strategy:
+def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     """The strategy a :class:`engine.layout.Layout` makes: Megatron-LM's 3-D parallelism
     (Narayanan et al. SC'21), tensor parallel of degree ``tp`` inside each layer, ``pp``
     pipeline stages of equal layer counts (``vpp`` model chunks per stage for the interleaved
@@ -68,9 +68,6 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout, *, check: boo
     the split, and ``stage_mesh`` puts stage s on the s'-th block of dp*tp devices,
     s' = stage_mesh[s] (the pipeline planner's choices, :mod:`engine.search.pipeline`).
 
-    ``check=False`` skips :func:`engine.strategy.check_strategy` (a caller that builds the same
-    layout again on a part of the model, :mod:`engine.sim.hier`).
-
     ``zero_stage`` shards over each data-parallel group: 1 the optimizer state (Megatron-LM's
     distributed optimizer), 2 also the gradients, 3 also the parameters (FSDP with tensor and
     pipeline parallelism, Llama 3's layout without context parallelism). ``gather_unit`` and
@@ -83,6 +80,17 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout, *, check: boo
         exceeds the devices, the batch does not split into micro-batches, the layers do not
         split into pp*vpp chunks, ...).
     """
+    return _build(graph, cluster, layout, True)
+
+
+def build_unchecked(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
+    """:func:`build_layout` without :func:`engine.strategy.check_strategy`: for a caller that
+    builds a layout it has already resolved and built on the whole model again on a part of
+    it (:mod:`engine.sim.hier`'s reference run), where the check would only cost time."""
+    return _build(graph, cluster, layout, False)
+
+
+def _build(graph: OpGraph, cluster: Cluster, layout: Layout, check: bool) -> Strategy:
     lay = resolved(layout, graph, cluster)
     tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
     micro_batch, recompute, sequence_parallel = lay.micro_batch, lay.recompute, lay.sequence_parallel

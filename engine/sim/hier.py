@@ -33,14 +33,15 @@ from ..costs import CostModel
 from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..layout import Layout, resolved
-from ..layout.build import build_layout
+from ..layout.build import build_layout, build_unchecked
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
 from .steady import EXTRA_PERIODS, repeating
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
-from .unroll import Geometry, Reference, UnrollProblem, _stage_type, stage_order, unroll
+from .composed import Geometry, stage_order, stage_type
+from .unroll import Reference, UnrollProblem, unroll
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "REFERENCE_STAGES"]
 
@@ -234,7 +235,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
     g_ref = reference_graph(graph, pr * v * k)
     c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
-    s_ref = build_layout(g_ref, c_ref, replace(lay, pp=pr), check=pr != p)  # (the whole layout resolved above)
+    s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
     m = s_ref.pipeline.microbatches
     mr = min(m, 3 * pr if v > 1 else pr + 3)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
@@ -321,14 +322,14 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
     real = np.arange(D)
     s_real = np.minimum(real // stage_gpus, p - 1)
     q = ref.geometry.period
-    d_ref = _stage_type(s_real, p, pr, q) * stage_gpus + real % stage_gpus
+    d_ref = stage_type(s_real, p, pr, q) * stage_gpus + real % stage_gpus
     rep_local = image[d_ref] % stage_gpus
     peaks: dict[tuple[int, int], float] = {}
     act = np.zeros(D)
     for i in range(D):
         key = (int(s_real[i]), int(rep_local[i]))
         if key not in peaks:
-            st_ref = int(_stage_type(key[0], p, pr, q))
+            st_ref = int(stage_type(key[0], p, pr, q))
             peaks[key] = _walk(order(key[0], p, m), amounts(st_ref, st_ref * stage_gpus + key[1]))
         act[i] = peaks[key]
     used = real < p * stage_gpus

@@ -14,52 +14,25 @@ queues, so the transfers and collectives meet as they do in the full simulation.
 Every entry and exit of a block is named relative to its unit (the barrier before or after a
 unit, the transfer into a unit, a per-iteration task of the unit's stage, the iteration's
 start), so one block serves every unit in its position. :class:`UnrollProblem` when the
-reference cannot stand for the whole (stages that share a node; a per-iteration task over
-several middle stages; a name with no counterpart).
+reference cannot stand for the whole (a link that several stages share; a per-iteration task
+over several middle stages; a name with no counterpart).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from ..taskgraph import BARRIER, BWD, FWD, TaskGraph, schedule_order
+from ..taskgraph import BARRIER, BWD, FWD, TaskGraph
+from .composed import Geometry, GraphBuilder, mb_type, ranks, stage_type
 from .units import Unit
 
-__all__ = ["UnrollProblem", "Geometry", "Reference", "unroll", "stage_order"]
-
-#: the tie-break group of tasks that hold nothing (after every task that holds something)
-LAST = 1 << 40
+__all__ = ["UnrollProblem", "Reference", "unroll"]
 
 
 class UnrollProblem(Exception):
     """The reference run cannot be unrolled to the whole pipeline (the message says why)."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Where a stage's devices and links lie: stage s holds GPUs ``[s * stage_gpus, (s + 1) *
-    stage_gpus)`` of nodes of ``gpus_per_node`` GPUs, each node's ``links_per_node`` links
-    numbered together; ``link_stage`` [reference link]: the stage whose GPUs alone use it (-1:
-    several stages' or none). A stage holds whole nodes, or a node holds ``period`` whole
-    stages (a middle stage then stands for those in the same place in their node)."""
-
-    gpus_per_node: int
-    links_per_node: int
-    stage_gpus: int
-    link_stage: np.ndarray
-
-    @property
-    def period(self) -> int:
-        """Stages per node (1 when a stage holds whole nodes)."""
-        return max(1, self.gpus_per_node // self.stage_gpus)
-
-    def moves(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(devices, links) to add to move resources of stage ``a`` to stage ``b``."""
-        d = (np.asarray(b) - np.asarray(a)) * self.stage_gpus
-        return d, d // self.gpus_per_node * self.links_per_node
 
 
 @dataclass
@@ -87,118 +60,6 @@ class Reference:
     layers: int = 0
 
 
-def stage_order(schedule: str, p: int, v: int, m: int, s: int) -> np.ndarray:
-    """[unit, 3] (local chunk, microbatch, phase) of stage ``s``'s units in schedule order
-    (:func:`engine.taskgraph.schedule_order`; one stage: forward and backward alternating)."""
-    return _ranks(schedule, p, v, m)[1][s]
-
-
-@lru_cache(maxsize=64)
-def _ranks(schedule: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """([stage, local chunk, mb, phase] position of each unit in its stage's schedule,
-    [stage, unit, 3] the units in that order); made once per schedule (read-only)."""
-    rank = np.full((p, v, m, 2), -1, np.int64)
-    orders = np.zeros((p, 2 * v * m, 3), np.int64)
-    for s in range(p):
-        order = schedule_order(schedule, p, v, m, s) if p > 1 else [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
-        arr = np.asarray(order, np.int64).reshape(-1, 3)
-        orders[s] = arr
-        rank[s, arr[:, 0], arr[:, 1], arr[:, 2]] = np.arange(arr.shape[0])
-    rank.setflags(write=False)
-    orders.setflags(write=False)
-    return rank, orders
-
-
-def _stage_type(s: np.ndarray | int, p: int, p_ref: int, period: int = 1) -> np.ndarray:
-    """The reference stage standing for real stage ``s``: the first and the last are
-    themselves, a middle one the reference's middle stage in the same place in its node
-    (stages 1 to ``period``: ``period`` stages a node)."""
-    s = np.asarray(s)
-    if p == p_ref:
-        return s
-    return np.where(s == 0, 0, np.where(s == p - 1, p_ref - 1, 1 + (s - 1) % period))
-
-
-def _mb_type(j: np.ndarray | int, m: int, m_ref: int) -> np.ndarray:
-    """The reference microbatch standing for real microbatch ``j``: first, last or a middle one
-    (the reference's own middle ones too: :meth:`_Unroll._check_classes` found them alike)."""
-    j = np.asarray(j)
-    if m_ref < 3:
-        return j
-    return np.where(j == 0, 0, np.where(j == m - 1, m_ref - 1, 1))
-
-
-class _Builder:
-    """Arrays of the composed graph as they are made: tasks (duration, resources, chain) and edges."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.keys: list[np.ndarray] = []  # [task, 5] the order ties are broken in (see _Unroll._keys)
-        self.mbs: list[np.ndarray] = []  # [task] microbatch (-1: per iteration)
-        self.dur: list[np.ndarray] = []
-        self.kind: list[np.ndarray] = []
-        self.res: list[tuple[np.ndarray, np.ndarray]] = []  # (task ids, resource) pairs
-        self.chain: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (task, next, lag)
-        self.src: list[np.ndarray] = []
-        self.dst: list[np.ndarray] = []
-
-    def add(self, dur: np.ndarray, kind: int | np.ndarray, key: np.ndarray | None = None,
-            mb: int | np.ndarray = -1) -> np.ndarray:
-        dur = np.asarray(dur, float)
-        ids = np.arange(self.n, self.n + dur.size)
-        self.mbs.append(np.broadcast_to(np.asarray(mb, np.int32), dur.shape))
-        if key is None:  # (a delay or a join: it holds nothing, so its place in ties does not matter)
-            key = np.zeros((dur.size, 5), np.int64)
-            key[:, 0] = LAST
-            key[:, 4] = ids
-        self.keys.append(np.broadcast_to(np.asarray(key, np.int64), (dur.size, 5)))
-        self.n += dur.size
-        self.dur.append(dur)
-        self.kind.append(np.broadcast_to(np.asarray(kind, np.int8), dur.shape).copy())
-        return ids
-
-    def edges(self, a: np.ndarray, b: np.ndarray) -> None:
-        a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
-        ok = (a >= 0) & (b >= 0)
-        self.src.append(a[ok].ravel())
-        self.dst.append(b[ok].ravel())
-
-    def graph(self, n_devices: int, n_links: int) -> TaskGraph:
-        """The task graph, tasks numbered in key order: the event loop breaks ties in ready
-        time by task number, so tasks are numbered as the full build numbers theirs."""
-        n = self.n
-        keys = np.concatenate(self.keys) if self.keys else np.zeros((0, 5), np.int64)
-        held = np.nonzero(keys[:, 0] != LAST)[0]  # (only what holds something is ordered: the rest keeps its order)
-        perm = np.concatenate([held[np.lexsort(keys[held].T[::-1])], np.nonzero(keys[:, 0] == LAST)[0]])
-        new = np.empty(n, np.int64)
-        new[perm] = np.arange(n)
-        dur = (np.concatenate(self.dur) if self.dur else np.zeros(0))[perm]
-        kind = (np.concatenate(self.kind) if self.kind else np.zeros(0, np.int8))[perm]
-        rt = new[np.concatenate([r[0] for r in self.res])] if self.res else np.zeros(0, np.int64)
-        rr = np.concatenate([r[1] for r in self.res]) if self.res else np.zeros(0, np.int64)
-        o = np.argsort(rt, kind="stable")
-        res_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(rt, minlength=n), out=res_ptr[1:])
-        src = new[np.concatenate(self.src)] if self.src else np.zeros(0, np.int64)
-        dst = new[np.concatenate(self.dst)] if self.dst else np.zeros(0, np.int64)
-        order = np.lexsort((dst, src))
-        src, dst = src[order], dst[order]
-        succ_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-        chain_next = np.full(n, -1, np.int64)
-        lag = np.zeros(n)
-        for t, nx, lg in self.chain:
-            chain_next[new[t]], lag[new[t]] = new[nx], lg
-        z = np.zeros(n)
-        neg = np.full(n, -1, np.int32)
-        mb = (np.concatenate(self.mbs) if self.mbs else np.zeros(0, np.int32))[perm]
-        return TaskGraph(kind=kind, op=neg, part=neg.copy(), mb=mb, device=neg.copy(), dur_s=dur,
-                         size_bytes=z, flops=z.copy(), coll=np.full(n, -1, np.int8), link=neg.copy(),
-                         res_ptr=res_ptr, res_idx=rr[o].astype(np.int64), succ_ptr=succ_ptr, succ_idx=dst,
-                         npred=np.bincount(dst, minlength=n).astype(np.int64), chain_next=chain_next,
-                         chain_lag_s=lag, n_devices=n_devices, n_links=n_links)
-
-
 def unroll(ref: Reference, stages: int, microbatches: int, n_devices: int, n_links: int) -> TaskGraph:
     """The composed graph of the whole iteration (``stages`` x ``microbatches``) on a cluster
     of ``n_devices`` and ``n_links``, from ``ref`` (see the module's docstring)."""
@@ -217,9 +78,9 @@ class _Unroll:
             raise UnrollProblem("a reference of fewer than 3 stages cannot stand for more")
         if m != self.mr and self.mr < 3:
             raise UnrollProblem("a reference of fewer than 3 microbatches cannot stand for more")
-        self.rank_r = _ranks(ref.schedule, self.pr, self.v, self.mr)[0]
-        self.rank = _ranks(ref.schedule, p, self.v, m)[0]
-        self.b = _Builder()
+        self.rank_r = ranks(ref.schedule, self.pr, self.v, self.mr)[0]
+        self.rank = ranks(ref.schedule, p, self.v, m)[0]
+        self.b = GraphBuilder()
         g = self.geo = ref.geometry
         self.stage_gpus, self.q = g.stage_gpus, g.period
         rt = ref.tg
@@ -398,7 +259,7 @@ class _Unroll:
         self.it_one = dict(zip(one.tolist(), self._copies(one, frm, frm).tolist()))
         self.it_mid: dict[int, np.ndarray] = {}  # reference id -> [real stage] its copy there (-1: none)
         middles = np.arange(1, p - 1)
-        kinds = _stage_type(middles, p, pr, self.q)
+        kinds = stage_type(middles, p, pr, self.q)
         for t_ref in range(1, self.q + 1):
             mid = ts[fam == t_ref]
             stages = middles[kinds == t_ref]
@@ -450,7 +311,7 @@ class _Unroll:
         j = np.tile(np.repeat(np.arange(m), 2), C)
         ph = np.tile(np.array([FWD, BWD]), C * m)
         s, lc = c % p, c // p
-        tmpl = ((lc * pr + _stage_type(s, p, pr, self.q)) * mr + _mb_type(j, m, mr)) * 2 + ph
+        tmpl = ((lc * pr + stage_type(s, p, pr, self.q)) * mr + mb_type(j, m, mr)) * 2 + ph
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain
         U = 2 * v * m
