@@ -47,6 +47,9 @@ __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "RE
 
 #: most stages a reference keeps (the first, two middle ones, the last)
 REFERENCE_STAGES = 4
+#: most schedule units composed one by one (each a handful of tasks): past it, a pipeline whose
+#: composed run does not repeat is left to the full simulation
+MAX_UNITS = 1_000_000
 #: how far (a share of its iteration) the reference composed from its own blocks may be from
 #: its simulation: float rounding only
 SELF_CHECK = 1e-12
@@ -237,7 +240,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
     s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
     m = s_ref.pipeline.microbatches
-    mr = min(m, 3 * pr if v > 1 else pr + 3)
+    mr = min(m, 2 * pr if v > 1 else max(pr + 2, 4))
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     tl = simulate(tg)
     if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)
@@ -277,6 +280,9 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
         found = repeating(short, tl, n, p, q)
         if found is not None:
             return tl.makespan_s + (m - n) // q * found[2], short.num_tasks
+    if 2 * p * v * m > MAX_UNITS:
+        raise HierProblem(f"{2 * p * v * m:,} schedule units that do not reach a steady state (at most {MAX_UNITS:,} "
+                          "are composed one by one)")
     whole = unroll(ref, p, m, D, L)
     return simulate(whole).makespan_s, whole.num_tasks
 
