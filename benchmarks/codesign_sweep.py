@@ -13,8 +13,9 @@ Usage::
     python benchmarks/codesign_sweep.py [--points 10000] [--workers 2] [--out DIR]
     python benchmarks/codesign_sweep.py --report-only --out DIR   # redraw from DIR/rows-*.json
 
-Writes ``DIR/rows-<model>.json`` (``soapbox.sweep/1``), ``DIR/codesign.html`` (the Pareto figure:
-``engine.studies.sweep.write_codesign_report``) and prints the time and the rate.
+Writes ``DIR/rows-<model>.json`` (``soapbox.sweep/1``) and ``DIR/codesign-<model>.html`` (the
+Pareto figures: ``engine.studies.sweep.write_report``), and prints the time, the rate, and the
+days / GPU-hours front for ``--tokens``.
 """
 
 from __future__ import annotations
@@ -82,13 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         print(f"all: {n:,} predictions in {dt:.1f} s ({n / dt:.2f}/s, {n / dt / args.workers:.2f}/s per core); "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-    try:
-        from engine.studies.sweep import write_codesign_report
-    except ImportError:
-        return 0
-    rows = {k: json.loads((out / f"rows-{k}.json").read_text())["rows"] for k in models}
-    write_codesign_report(rows, str(out / "codesign.html"), tokens=args.tokens)
-    print(f"report: {out / 'codesign.html'}")
+    from engine.studies.sweep import training_front, write_report
+    for k in models:
+        rows = json.loads((out / f"rows-{k}.json").read_text())["rows"]
+        write_report(rows, str(out / f"codesign-{k}.html"), f"{k}: {len(rows):,} layouts x clusters", tokens=args.tokens)
+        composed = sum(1 for r in rows if r.get("predicted_by") == "composed")
+        front = training_front(rows, args.tokens)
+        print(f"report: {out / f'codesign-{k}.html'}; {composed:,} of {len(rows):,} composed; "
+              f"days / GPU-hours front for {args.tokens:.3g} tokens ({len(front)} runs):")
+        for r in front[:12]:
+            print(f"  {r['cluster']:>20} tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']} mb {r['mb']} "
+                  f"{r['recompute']}: {r['days']:.1f} days, {r['gpu_hours']:,.0f} GPU-hours, "
+                  f"{r['throughput_per_s'] / r['gpus']:,.0f} tokens/s per GPU")
     return 0
 
 
