@@ -137,7 +137,7 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
     from ..formats import resolve_cluster, resolve_model
     from ..layout import Layout, resolved
     from ..layout.build import build_layout
-    from ..sim.hier import HierProblem, predict_layout
+    from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout
     from ..sim.report import simulate_strategy, tokens_per_s
 
     key = (model, batch)
@@ -156,7 +156,10 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
                ep=opts.get("ep", 1), etp=opts.get("etp", 1))
     try:
         lay = resolved(Layout.from_options(opts), g, c)
-        try:  # the full simulation's figures, composed from a reference run (engine.sim.hier)
+        try:  # the full simulation's figures, composed from a reference run (engine.sim.hier),
+            # where the reference is smaller than the whole: more stages than it keeps
+            if lay.pp <= REFERENCE_STAGES:
+                raise HierProblem(f"{lay.pp} stages: the reference would hold them all")
             r = predict_layout(g, c, lay)
             row["predicted_by"] = "composed"
         except HierProblem as e:  # (not a layout it reads exactly: the full simulation says it)

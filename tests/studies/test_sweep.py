@@ -104,20 +104,24 @@ class TestSmallestFit:
         assert smallest_fit(g, "fsdp", {}, [preset("dgx-a100-80gb:1")], stop=lambda: True) == []
 
 
-def test_rows_composed_where_exact_equal_the_full_simulation(serial_rows):
-    """Issue 43: a row the hierarchical prediction answers says so and holds the full
-    simulation's figures; one it refuses is simulated and says why."""
+def test_rows_composed_where_exact_equal_the_full_simulation():
+    """Issue 43: a row of a pipeline longer than the reference keeps (engine.sim.hier) says it
+    was composed and holds the full simulation's figures; one it refuses is simulated and says
+    why; a short pipeline is simulated whole."""
     from engine.cluster import preset
     from engine.formats import resolve_model
     from engine.layout import Layout
     from engine.layout.build import build_layout
     from engine.sim.report import simulate_strategy
 
-    composed = [r for r in serial_rows if r["predicted_by"] == "composed"]
-    assert composed and all(r["predicted_by"] == "composed" or r["predicted_by"].startswith("simulated (")
-                            for r in serial_rows if r["iteration_time_s"] is not None)
-    g = resolve_model("gpt2", batch=32)
-    for r in composed[:3]:
+    rows = run_sweep("gpt2", points(parse_grid(["tp=1,2", "pp=2,6", "mb=1"]), parse_clusters("dgx-a100-80gb:3,6")),
+                     backend="serial", batch=48)
+    composed = [r for r in rows if r["predicted_by"] == "composed"]
+    assert len(composed) >= 3 and all(r["pp"] == 6 for r in composed)
+    assert all(r["predicted_by"] == "composed" or r["predicted_by"].startswith("simulated (")
+               for r in rows if r["iteration_time_s"] is not None)
+    g = resolve_model("gpt2", batch=48)
+    for r in composed:
         c = preset(r["cluster"])
         s = build_layout(g, c, Layout.from_options(dict(tp=r["tp"], pp=r["pp"], micro_batch=r["mb"])))
         full = simulate_strategy(g, s, c, check=False)
