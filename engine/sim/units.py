@@ -156,6 +156,15 @@ def _reach(order, unit, is_barrier, succ_ptr, succ_idx, chain_next, res_next_ptr
     return reach
 
 
+@nb.njit(cache=True, inline="always")
+def _relax(L, t, x, w):  # pragma: no cover
+    """Task ``t`` starts no earlier than ``w`` after task ``x`` starts, from every entry."""
+    for j in range(L.shape[1]):
+        v = L[x, j] + w
+        if v > L[t, j]:
+            L[t, j] = v
+
+
 @nb.njit(cache=True)
 def _slot(ent, u, node):  # pragma: no cover
     """Entry slot of ``node`` in unit ``u``'s table (allocated; -1 when the table is full)."""
@@ -195,10 +204,7 @@ def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res
             p = pred_idx[k]
             any_pred = True
             if unit[p] == u:
-                for j in range(K):
-                    v = L[p, j] + dur[p]
-                    if v > L[t, j]:
-                        L[t, j] = v
+                _relax(L, t, p, dur[p])
             elif unit[p] < 0:
                 j = _slot(ent, u, p)
                 if j < 0:
@@ -211,19 +217,13 @@ def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res
         if c >= 0:
             any_pred = True
             if unit[c] == u:
-                for j in range(K):
-                    v = L[c, j] + lag[c]
-                    if v > L[t, j]:
-                        L[t, j] = v
+                _relax(L, t, c, lag[c])
         for k in range(res_ptr[t], res_ptr[t + 1]):
             r = res_prev[k]
             if r < 0:
                 continue
             if unit[r] == u:
-                for j in range(K):
-                    v = L[r, j] + dur[r]
-                    if v > L[t, j]:
-                        L[t, j] = v
+                _relax(L, t, r, dur[r])
             elif unit[r] < 0:  # (a transfer or a gradient collective held it first)
                 j = _slot(ent, u, r)
                 if j < 0:
