@@ -5,8 +5,10 @@ The points are every valid layout (``engine.layout.valid_layouts``, ``soapbox sw
 auto``) of GPT-3 175B (sample ``gpt3-175b``) and Llama-3 70B (80 layers, hidden 8,192, 64
 heads, 8 key/value heads, MLP 28,672, SwiGLU, 8,192 tokens, vocabulary 128,256, batch 512
 sequences, fused attention, bf16: the shape of Meta's model card, built with ``soapbox model
-gpt``) on 16, 32, 64 and 128 nodes of DGX A100 80GB, DGX H100 and DGX B200; ``--points N``
-takes a fixed random sample of them (seed 0), split between the models in proportion.
+gpt``) on 16, 32, 64 and 128 nodes of DGX A100 80GB, DGX H100 and DGX B200, each with selective
+recomputation, the distributed optimizer (ZeRO-1) and sequence parallelism where tp > 1, as
+Megatron-LM trains these models (Korthikanti et al. 2022); ``--points N`` takes a fixed random
+sample of them (seed 0), split between the models in proportion.
 
 Usage::
 
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         clusters = [c for g in GPUS for c in parse_clusters(f"{g}:{SIZES}")]
         pts = {k: layout_points(m, clusters) for k, m in models.items()}
+        for v in pts.values():  # as Megatron-LM trains these models (Korthikanti et al. 2022's defaults)
+            for pt in v:
+                pt.update(recompute="selective", zero=1, sp=pt["tp"] > 1)
         total = sum(len(v) for v in pts.values())
         rng = random.Random(0)
         for k in pts:
