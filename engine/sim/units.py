@@ -62,7 +62,6 @@ class Unit:
     entries: np.ndarray  # [e] explicit task ids (-1: the iteration's start)
     exits: np.ndarray  # [x] explicit task ids
     coef: np.ndarray  # [e, x] seconds
-    tasks: np.ndarray  # the unit's own (internal) task ids
 
 
 def classify(tg: TaskGraph, chunk_of_op: np.ndarray, microbatches: int) -> np.ndarray:
@@ -311,8 +310,6 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
     ex_t.append(res_prev[r]); ex_y.append(holder[r]); ex_w.append(tg.dur_s[res_prev[r]])
     t_all, y_all, w_all = (np.concatenate(a) for a in (ex_t, ex_y, ex_w))
     units: dict[int, Unit] = {}
-    tasks_of = np.argsort(unit, kind="stable")
-    bounds = np.searchsorted(unit[tasks_of], np.arange(n_units + 1))
     ex_u = unit[t_all]
     ex_order = np.lexsort((y_all, ex_u))
     ex_b = np.searchsorted(ex_u[ex_order], np.arange(n_units + 1))
@@ -323,7 +320,7 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
         np.maximum.at(coef.T, np.searchsorted(ys, y_all[sel]), L[t_all[sel]] + w_all[sel][:, None])
         slots = np.r_[np.nonzero(ent[u, :K - 1] != -2)[0], K - 1]
         entries = np.r_[ent[u, slots[:-1]], -1]
-        units[int(u)] = Unit(entries, ys, coef[slots], tasks_of[bounds[u]:bounds[u + 1]])
+        units[int(u)] = Unit(entries, ys, coef[slots])
     return units
 
 
