@@ -3,8 +3,9 @@
 
 What is read: the graph's nodes, inputs and the *shapes* of its initializers (weights); no
 weight values (but the few small integer ones of a shape computed from constants), never
-external data (an initializer stored in another file is refused by default, or imported from
-the dims its descriptor states: the importer opens no file but the one it was given).
+external data (an initializer stored in another file, as torch's exporter writes a model's
+weights, is imported from the dims and type its descriptor states; the importer opens no file but
+the one it was given, so the data file is never needed and its ``location`` never followed).
 Symbolic input dimensions are bound before shape inference: the first symbolic axis of an
 input to ``--batch``, the others to ``--seq-len``, any by name with ``--dim NAME=N``.
 
@@ -43,7 +44,7 @@ from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
 from .onnx_convert import KNOWN_OPS, convert, lookup_by_constant_ids
 from .onnx_state import ImportState, OnnxNode, Unmapped, clean_name, emit
 from .onnx_shapes import infer_shapes_light
-from .onnx_ties import MAX_FOLD_ROUNDS, find_ties, fold_shape_inputs
+from .onnx_ties import MAX_FOLD_ROUNDS, find_ties, fold_shape_inputs, is_external
 from .onnx_wire import onnx_node_count
 
 __all__ = ["import_onnx", "MAX_ONNX_BYTES", "MAX_ONNX_NODES"]
@@ -83,8 +84,8 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
     ------
     ValidationError
         Naming the node or input: not ONNX, a symbolic dimension left unbound, a tensor over
-        the size limits, a graph out of topological order (or with a cycle), external data,
-        operators that cannot be mapped (all of them listed, with counts), shapes that
+        the size limits, a graph out of topological order (or with a cycle), a small integer
+        constant a shape is computed from stored as external data, operators that cannot be mapped (all of them listed, with counts), shapes that
         disagree with ONNX's inference.
     """
     try:
@@ -121,6 +122,10 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
         raise fail("graph", f"{len(s.problems)} node(s) soapbox cannot map: {listed}. Import them as memory-bound "
                             "elementwise ops with --unknown elementwise (when they keep their input's shape), or "
                             "export without them")
+    outside = sum(1 for t in g.initializer if is_external(t))
+    if outside:
+        tie_notes = tie_notes + [f"{outside} initializer(s) stored as external data: their shapes imported, their "
+                                 "data file not read (nor needed)"]
     notes = _notes(s, fixed_notes + tie_notes, bound)
     try:
         return s.b.build(), notes
@@ -130,8 +135,9 @@ def import_onnx(data: bytes, *, batch: int | None = None, seq_len: int | None = 
 
 def _parse(onnx: Any, data: bytes, max_bytes: int, max_nodes: int, fail: _Fail) -> Any:
     """The ``ModelProto`` of ``data``, after the size and node-count limits (read from the
-    bytes' length and wire format, before parsing), refusing an empty graph, external data and
-    model-local functions."""
+    bytes' length and wire format, before parsing), refusing an empty graph and model-local
+    functions. Initializers stored as external data keep their dims and type; their values are
+    never read (:func:`engine.models.onnx_ties.is_external`)."""
     if len(data) > max_bytes:
         raise fail("", f"{len(data):,} bytes, more than the {max_bytes:,} an ONNX file may have here")
     try:
@@ -150,10 +156,6 @@ def _parse(onnx: Any, data: bytes, max_bytes: int, max_nodes: int, fail: _Fail) 
         raise fail("graph", "an ONNX graph with no nodes")
     if len(g.node) > max_nodes:  # (counted above; kept should the two readers ever disagree)
         raise fail("graph", f"{len(g.node):,} nodes, more than the {max_nodes:,} a model may have here")
-    for t in g.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            raise fail(f"initializer {t.name[:80]!r}", "stored as external data; soapbox reads no file but the "
-                                                       "one given (export with the weights inside the file)")
     for fn in model.functions:
         raise fail(f"function {fn.name[:80]!r}", "model-local functions are not imported (inline them on export)")
     return model

@@ -11,8 +11,9 @@ decoder). The exporters write that tie in one of three ways:
 - a second initializer holding the table's transpose, already folded by the exporter
   (torch's TorchScript exporter: ``onnx::MatMul_538`` of shape (H, V) beside ``wte`` (V, H)).
 
-The first two are found from the graph; the third by comparing the two tensors' values
-(only the pairs of a lookup table (V, H) and a GEMM weight (H, V) or (V, H) of the same
+The first two are found from the graph; the third by comparing the two tensors' values, or,
+when they are external data (not read), by the dynamo exporter's record of the parameter each
+node read (its ``pkg.torch.onnx.fx_node`` metadata) (only the pairs of a lookup table (V, H) and a GEMM weight (H, V) or (V, H) of the same
 element type; a table of all zeros equal to a zero weight would be taken for a tie).
 Every tie becomes one soapbox ``param_group``, so the parameters are counted once.
 
@@ -30,10 +31,11 @@ targets) evaluated by ONNX's reference evaluator on the few nodes that make them
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["find_ties", "const_ints", "folded_ints", "fold_shape_inputs", "MAX_FOLDED_NODES", "FOLDABLE_OPS",
+__all__ = ["find_ties", "is_external", "const_ints", "folded_ints", "fold_shape_inputs", "MAX_FOLDED_NODES", "FOLDABLE_OPS",
            "MAX_FOLD_ROUNDS"]
 
 #: ops through which a constant stays the same parameter (folded by the importer)
@@ -87,6 +89,11 @@ def find_ties(g: Any, shapes: dict[str, Any]) -> tuple[dict[str, str], list[str]
             tt = by_name[t]
             if tt.data_type != tw.data_type or len(tw.dims) != 2 or sorted(tw.dims) != sorted(tt.dims):
                 continue
+            if is_external(tt) or is_external(tw):  # values not read: the exporter's own record, or no tie
+                if _recorded_as(g, w, t):
+                    alias[w] = t
+                    break
+                continue
             try:
                 a, b = numpy_helper.to_array(tt), numpy_helper.to_array(tw)
             except Exception:  # (unreadable data: no tie claimed)
@@ -110,6 +117,29 @@ def find_ties(g: Any, shapes: dict[str, Any]) -> tuple[dict[str, str], list[str]
     return groups, notes, {alias.get(t, t)[:200] for t in tables} & set(tied)
 
 
+def _recorded_as(g: Any, weight: str, table: str) -> bool:
+    """Whether every node reading ``weight`` is recorded by torch's dynamo exporter as reading
+    the parameter ``table``: its ``pkg.torch.onnx.fx_node`` metadata names the FX node it came
+    from, e.g. ``aten.linear.default](args = (%alias, %p_model_lm_head_weight)`` for a GEMM whose
+    weight the exporter folded into a transposed copy (``val_252``) of ``model.lm_head.weight``.
+    Used when the two tensors' values are external data and cannot be compared."""
+    token = re.compile(r"%p_(\w+)")
+    readers = [n for n in g.node if weight in n.input]
+    want = table.replace(".", "_")
+    for n in readers:
+        fx = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        if want not in token.findall(fx):
+            return False
+    return bool(readers)
+
+
+def is_external(t: Any) -> bool:
+    """Whether the ``TensorProto`` ``t`` keeps its values in another file (``data_location``
+    EXTERNAL, or an ``external_data`` descriptor): its dims and type are read, its values never
+    (reading them would open the path the file names)."""
+    return t.data_location == 1 or len(t.external_data) > 0  # (1: onnx.TensorProto.EXTERNAL)
+
+
 def const_ints(g: Any, name: str) -> list[int] | None:
     """The values of a small integer constant (an initializer or a ``Constant`` node's
     output, at most 64 elements; ``None`` when ``name`` is neither)."""
@@ -117,13 +147,15 @@ def const_ints(g: Any, name: str) -> list[int] | None:
 
     for t in g.initializer:
         if t.name == name:
-            if len(t.dims) > 1 or (t.dims and t.dims[0] > 64) or t.data_type not in (6, 7):
+            if len(t.dims) > 1 or (t.dims and t.dims[0] > 64) or t.data_type not in (6, 7) or is_external(t):
                 return None
             return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
     for node in g.node:
         if node.op_type == "Constant" and node.output and node.output[0] == name:
             for a in node.attribute:
                 if a.name == "value":
+                    if is_external(a.t):
+                        return None
                     arr = numpy_helper.to_array(a.t)
                     return [int(v) for v in arr.reshape(-1)] if arr.size <= 64 and arr.dtype.kind == "i" else None
                 if a.name in ("value_ints", "value_int"):
@@ -165,12 +197,14 @@ def folded_ints(g: Any, name: str, opsets: Any = None,
             continue
         seen.add(t)
         if t in inits:
-            if math.prod(inits[t].dims) > 64:
+            if math.prod(inits[t].dims) > 64 or is_external(inits[t]):
                 return None
             continue
         n = producer.get(t)
         if n is None or len(need) >= MAX_FOLDED_NODES or n.op_type not in FOLDABLE_OPS:
             return None  # (a graph input, a value read from one, or an op that may grow a tensor)
+        if any(x.type == 4 and is_external(x.t) for x in n.attribute):  # (4: a tensor attribute)
+            return None
         if n.op_type == "ConstantOfShape":  # (a 64-element shape of 10^9: never evaluated)
             dims = folded_ints(g, n.input[0], opsets, shapes) if n.input else []
             if dims is None or math.prod(dims) > 64 or min(dims, default=0) < 0:

@@ -216,15 +216,21 @@ def test_huge_declared_tensors_are_refused():
         import_onnx(data)
 
 
-def test_external_data_is_refused_without_opening_anything():
-    t = onnx.TensorProto()
-    t.name, t.data_type = "w1", TensorProto.FLOAT
-    t.dims.extend([32, 16])
-    t.data_location = TensorProto.EXTERNAL
-    e = t.external_data.add()
-    e.key, e.value = "location", "/etc/passwd"
+def test_external_data_is_imported_from_its_dims_without_opening_anything():
+    """A weight stored as external data (here naming /etc/passwd as its file) imports from its
+    dims and type; no file is opened. A small integer constant stored outside is not read either:
+    the reshape it feeds cannot be folded, so the import names that node instead."""
+    def external(name, dims, dtype=TensorProto.FLOAT):
+        t = onnx.TensorProto()
+        t.name, t.data_type = name, dtype
+        t.dims.extend(dims)
+        t.data_location = TensorProto.EXTERNAL
+        e = t.external_data.add()
+        e.key, e.value = "location", "/etc/passwd"
+        return t
+
     nodes = [helper.make_node("Gemm", ["x", "w1"], ["y"], name="fc1", transB=1)]
-    data = model(nodes, [vi("x", [8, 16])], [vi("y", [8, 32])], [t])
+    data = model(nodes, [vi("x", [8, 16])], [vi("y", [8, 32])], [external("w1", [32, 16])])
     opened = []
 
     def audit(event, args):
@@ -232,8 +238,13 @@ def test_external_data_is_refused_without_opening_anything():
             opened.append(str(args[0]))
 
     sys.addaudithook(audit)
-    with pytest.raises(ValidationError, match="external data"):
-        import_onnx(data)
+    g, notes = import_onnx(data)
+    assert g.param_count == 32 * 16
+    assert any(n.startswith("1 initializer(s) stored as external data") for n in notes)
+    shaped = model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="view")], [vi("x", [8, 16])],
+                   [vi("y", None)], [external("shape", [2], TensorProto.INT64)])
+    with pytest.raises(ValidationError, match="view|shape"):
+        import_onnx(shaped)
     assert not any("passwd" in p for p in opened)
 
 

@@ -310,3 +310,32 @@ def test_computed_shapes_fold_only_when_small_and_constant():
 
     assert folded_ints(ones(8).graph, "t") == [1, 1, 1]
     assert folded_ints(ones(10**9).graph, "t") is None  # (never evaluated)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_external_data_imports_shapes_without_the_data_file(family, tmp_path, monkeypatch):
+    """torch's default export writes the weights to ``model.onnx.data`` beside the graph (issue
+    44: even a 4-layer GPT-2). The graph file alone imports to the same model as the export with
+    its weights inside, and the data file is never opened (an audit hook watches every open)."""
+    import sys
+
+    torch.manual_seed(0)
+    model, x = hf_model(family), torch.randint(0, VOCAB, (BATCH, SEQ))
+    inline, _ = import_onnx(export(model, x, True, tmp_path, monkeypatch))
+    path = tmp_path / "ext" / "model.onnx"
+    path.parent.mkdir()
+    model.eval()  # (export() leaves the wrapper's training flag as it found it: True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["x"], output_names=["y"],
+                          external_data=True)
+    beside = [p.name for p in path.parent.iterdir() if p != path]
+    assert beside, "the exporter wrote no external data file"
+    data = path.read_bytes()
+    opened: list[str] = []
+    sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" and opened is not None else None)
+    g, notes = import_onnx(data)
+    assert not any(str(path.parent) in p for p in opened)
+    assert any("external data" in n and "not read" in n for n in notes)
+    assert g.param_count == inline.param_count and gemm_flops(g) == gemm_flops(inline)
+    assert [o.kind for o in g.ops] == [o.kind for o in inline.ops]
