@@ -89,18 +89,25 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
     app.clientside_callback(
         f"""
         function(contents, filename) {{
-            if (!contents) {{ return [window.dash_clientside.no_update, window.dash_clientside.no_update]; }}
+            const nu = window.dash_clientside.no_update;
+            if (!contents) {{ return [nu, nu, nu]; }}
+            // the browser fires no change for the file its input already holds, nor Dash for the
+            // contents it already has: forget both, so the same file can be uploaded again (after
+            // an edit, or a refusal fixed elsewhere)
+            const input = document.querySelector('#upload input[type=file]');
+            if (input) {{ input.value = ''; }}
             const bytes = Math.floor((contents.length - contents.indexOf(',') - 1) * 3 / 4);
             if (bytes > {MAX_UPLOAD_BYTES}) {{
                 const mb = (bytes / 1e6).toFixed(1);
-                return [window.dash_clientside.no_update,
+                return [nu,
                         'Import refused: ' + filename + ' is ' + mb + ' MB; the explorer takes files up to '
-                        + '{MAX_UPLOAD_BYTES / 1e6:g} MB (use the soapbox command line for larger ones).'];
+                        + '{MAX_UPLOAD_BYTES / 1e6:g} MB (use the soapbox command line for larger ones).', null];
             }}
-            return [{{contents: contents, filename: filename}}, window.dash_clientside.no_update];
+            return [{{contents: contents, filename: filename, at: Date.now()}}, nu, null];
         }}
         """,
         Output("upload-ok", "data"), Output("message", "children", allow_duplicate=True),
+        Output("upload", "contents"),
         Input("upload", "contents"), State("upload", "filename"), prevent_initial_call=True)
 
     app.clientside_callback(

@@ -17,14 +17,14 @@ from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ
 from engine.sim.report import tokens_per_sample
 from engine.search.baselines import BASELINES, make_baseline
 
-from . import jobs
+from . import jobs, store
 from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, parse_devices,
                       problems_summary, redo, select_baseline, set_expert_loads, undo)
 from .components import first_line
 from .fitscan import layout_of
 from .fmt import format_seconds
-from .sources import DEFAULT_CLUSTER, DEFAULT_MODEL, MODEL_SIZES, cluster_of, graph_of
-from .state import check_state, new_state, page_strategy, strategy_dict
+from .sources import MODEL_SIZES, cluster_of, graph_of, hf_upload
+from .state import blank_state, check_state, new_state, page_strategy, strategy_dict
 from .profiles import detach_profile
 from .tabs.experts import apply_whatif
 from .tabs.explore import cancel_simulation, graph_view
@@ -218,13 +218,13 @@ def _degree(dim: Any, value: Any) -> int:
 def _fresh(state: dict, model: str | None = None, cluster: str | None = None,
            sizes: dict | None = None) -> tuple[dict, str]:
     """A new state for another sample model, preset cluster or model size, keeping the session
-    id, the model's sizes (batch, sequence length, precision) while the model stays the same
-    (``sizes``: the ones to change, None for the model's default), and the strategy's layout:
-    a Megatron or FSDP layout (tp 8 x pp 8 ...) is built again on the new model or cluster, or,
-    where it cannot run, the page says why and shows data parallel. Returns the state and how
-    its strategy was made (", under megatron (tp 8) (kept)", ...)."""
-    m = model or (state["model"]["name"] if "upload" not in state["model"] else DEFAULT_MODEL)
-    c = cluster or (state["cluster"]["name"] if "upload" not in state["cluster"] else DEFAULT_CLUSTER)
+    id, the model (an uploaded one included: picking another cluster never swaps it for a
+    sample) and its sizes (batch, sequence length, precision) while the model stays the same
+    (``sizes``: the ones to change, None for the model's default), the cluster (uploaded or
+    preset) unless another is picked, and the strategy's layout: a Megatron or FSDP layout
+    (tp 8 x pp 8 ...) is built again on the new model or cluster, or, where it cannot run, the
+    page says why and shows data parallel. Returns the state and how its strategy was made
+    (", under megatron (tp 8) (kept)", ...)."""
     kept = {k: state["model"].get(k) for k in MODEL_SIZES} if model is None else {}
     kept.update(sizes or {})
     kind, opts, text = state.get("baseline", "data-parallel"), {}, ""
@@ -234,7 +234,9 @@ def _fresh(state: dict, model: str | None = None, cluster: str | None = None,
         layout = None
     if layout is not None and layout[0] in ("megatron", "fsdp"):
         kind, opts, text = layout
-    new = new_state(m, c, "data-parallel", sid=state["sid"], **kept)
+    mref = {k: v for k, v in state["model"].items() if k not in MODEL_SIZES} if model is None else {"name": model}
+    mref.update((k, v) for k, v in kept.items() if v is not None)
+    new = blank_state(state["sid"], mref, {"name": cluster} if cluster else state["cluster"])
     g, cl = graph_of(new), cluster_of(new)
     try:
         b = BASELINES.get(kind)
@@ -264,10 +266,9 @@ def _set_size(state: dict, key: str, value: Any) -> tuple[dict, str]:
     what, unit = _SIZES[key]
     if key == "precision" and value == "default":
         value = None
-    if "upload" in state["model"]:
-        return state, f"{what} refused: an imported model states its own (export it with another one)."
-    if "upload" in state["cluster"]:
-        return state, f"{what} refused: it applies on preset clusters (pick one; the imported cluster stays as it is)."
+    if "upload" in state["model"] and not _uploaded_config(state):
+        return state, (f"{what} refused: an imported model file states its own (import it again with another one; "
+                       "a Hugging Face config.json takes the header's sizes).")
     if value is None or (isinstance(value, str) and not value.strip()):
         if key not in state["model"]:
             return state, ""
@@ -298,6 +299,12 @@ def _set_size(state: dict, key: str, value: Any) -> tuple[dict, str]:
     if key == "batch":
         head += f" ({v / cluster_of(new).num_devices:g} per GPU)"
     return new, f"{head}{under}."
+
+
+def _uploaded_config(state: dict) -> bool:
+    """Whether the state's model is a Hugging Face config this session uploaded (sizes apply)."""
+    m = state["model"]
+    return "upload" in m and hf_upload(store.current().get_upload(state["sid"], m["upload"], "model"))
 
 
 def _size_text(graph, key: str) -> str:

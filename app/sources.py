@@ -22,6 +22,7 @@ from . import store
 from .sessions import current
 
 __all__ = ["graph_of", "cluster_of", "profile_of", "cost_of", "refs", "sample", "preset_cluster", "family_sizes", "cheap_size_problem",
+           "hf_upload", "hf_model", "HF_UPLOAD", "HF_BATCH",
            "MODEL_SIZES", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "MAX_APP_OPS", "MAX_APP_DEVICES", "MAX_APP_DEVICE_IDS",
            "APP_MAX_TASKS", "FAMILY_NODES"]
 
@@ -40,6 +41,12 @@ DEFAULT_MODEL = "inception_v3"
 DEFAULT_CLUSTER = "p100-4x4"
 #: the sizes a session may give a sample model (its state's model reference keeps those set)
 MODEL_SIZES = ("batch", "seq_len", "precision")
+#: how an uploaded Hugging Face config.json is kept in the store: ``{"format": HF_UPLOAD,
+#: "config": {...}}`` (the config, so that the page's batch, sequence and precision apply to it)
+HF_UPLOAD = "soapbox.hf-config-upload"
+#: the global batch (sequences) an uploaded Hugging Face config is imported at until the page
+#: sets another: 1,024 sequences of 4,096 tokens is 4 M tokens, Llama 3's first global batch
+HF_BATCH = 1024
 #: node counts of a preset family the explorer offers (up to :data:`MAX_APP_DEVICES` GPUs)
 FAMILY_NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -94,10 +101,28 @@ def preset_cluster(name: str) -> Cluster:
     return cache.get(str(name))
 
 
-def _from_upload(kind: str, sid: str, digest: str) -> Any:
+def hf_upload(data: Any) -> bool:
+    """Whether an upload's stored content is a Hugging Face config (:func:`hf_model`)."""
+    return isinstance(data, dict) and data.get("format") == HF_UPLOAD and isinstance(data.get("config"), dict)
+
+
+def hf_model(config: dict, sizes: tuple = (None, None, None), notes: list[str] | None = None) -> OpGraph:
+    """The model a Hugging Face ``config.json`` describes, imported as ``soapbox import --hf``
+    does (:func:`engine.models.hf.from_hf_config`), at ``sizes`` (global batch in sequences,
+    sequence length in tokens, precision; None: :data:`HF_BATCH` sequences, the config's
+    context up to 4,096 tokens, its dtype)."""
+    from engine.models.hf import from_hf_config
+
+    batch, seq_len, precision = sizes
+    return from_hf_config(config, batch=batch or HF_BATCH, seq_len=seq_len, precision=precision,
+                          name=str(config.get("model_type", "hf"))[:80], source="config.json", notes=notes)
+
+
+def _from_upload(kind: str, sid: str, digest: str, sizes: tuple = (None, None, None)) -> Any:
     """The model or cluster session ``sid`` uploaded under ``digest`` (parsed objects are
-    cached by content, but handed only to a session the store says uploaded it)."""
-    key = f"{kind}:{digest}"
+    cached by content, but handed only to a session the store says uploaded it). A model kept
+    as a Hugging Face config is built at ``sizes`` (batch, sequence length, precision)."""
+    key = f"{kind}:{digest}:{sizes}"
     cache = current().uploads
     st = store.current()
     if not st.has_upload(sid, digest, kind):
@@ -109,16 +134,20 @@ def _from_upload(kind: str, sid: str, digest: str) -> Any:
     data = st.get_upload(sid, digest, kind)
     if data is None:
         raise ValueError(f"the {kind} this page names ({digest[:12]}...) has expired; upload it again")
-    cache.put(key, load_model(data) if kind == "model" else load_cluster(data) if kind == "cluster"
-              else load_profile(data))
+    if kind == "model" and hf_upload(data):
+        cache.put(key, hf_model(data["config"], sizes))
+    else:
+        cache.put(key, load_model(data) if kind == "model" else load_cluster(data) if kind == "cluster"
+                  else load_profile(data))
     return cache.get(key)
 
 
 def graph_of(state: dict) -> OpGraph:
-    """The state's model: a sample, or a model this session uploaded; never a path."""
+    """The state's model: a sample, or a model this session uploaded (a Hugging Face config at
+    the state's sizes); never a path."""
     m = state["model"]
     if "upload" in m:
-        return _from_upload("model", state["sid"], m["upload"])
+        return _from_upload("model", state["sid"], m["upload"], tuple(m.get(k) for k in MODEL_SIZES))
     return sample(m["name"], m.get("batch"), m.get("seq_len"), m.get("precision"))
 
 

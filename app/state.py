@@ -33,7 +33,7 @@ from .sessions import current
 from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_APP_DEVICES, MAX_APP_OPS, cluster_of,
                       graph_of, preset_cluster)
 
-__all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "check_state", "check_page_strategy",
+__all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "blank_state", "check_state", "check_page_strategy",
            "page_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
            "switch_notes"]
 
@@ -142,16 +142,30 @@ def new_state(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, baseli
     ValueError
         For an unknown sample, preset or baseline, or a baseline the pair cannot run.
     """
-    if model not in sample_names():
-        raise ValueError(f"unknown sample model {str(model)[:80]!r}; samples: {', '.join(sample_names())}")
-    preset_cluster(cluster)  # raises ValueError naming the presets
     ref = {"name": model, **{k: v for k, v in (("batch", batch), ("seq_len", seq_len), ("precision", precision))
                              if v is not None}}
-    state = {"sid": sid or new_sid(), "model": ref, "cluster": {"name": cluster},
-             "strategy": None, "undo": [], "redo": [], "version": 0, "compare": [], "selected": None}
+    state = blank_state(sid or new_sid(), ref, {"name": cluster})
     state["strategy"] = strategy_dict(make_baseline(baseline, graph_of(state), cluster_of(state)))
     state["baseline"] = baseline
     return state
+
+
+def blank_state(sid: str, model: dict, cluster: dict) -> dict:
+    """A session state on the model and cluster references ``model`` and ``cluster`` (a sample
+    or preset by name, or this session's upload by digest), with no history and no strategy yet
+    (``None``: the caller sets one).
+
+    Raises
+    ------
+    ValueError
+        For a name that is neither a sample model nor a preset cluster.
+    """
+    if "upload" not in model and model.get("name") not in sample_names():
+        raise ValueError(f"unknown sample model {str(model.get('name'))[:80]!r}; samples: {', '.join(sample_names())}")
+    if "upload" not in cluster:
+        preset_cluster(cluster.get("name"))  # raises ValueError naming the presets
+    return {"sid": sid, "model": dict(model), "cluster": dict(cluster), "strategy": None, "undo": [], "redo": [],
+            "version": 0, "compare": [], "selected": None}
 
 
 def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:

@@ -14,14 +14,16 @@ from engine.errors import SoapboxError, ValidationError
 from engine.formats import load_cluster, load_model, load_strategy, parse_json_text
 from engine.graph import OpGraph
 from engine.search.baselines import make_baseline
+from engine.sim.report import tokens_per_sample
 
 from . import store
 from .actions import problems_summary, set_strategy
 from .fmt import format_bytes
-from .sources import MAX_APP_OPS, cheap_size_problem, cluster_of, graph_of
+from .components import first_line
+from .sources import HF_UPLOAD, MAX_APP_OPS, cheap_size_problem, cluster_of, graph_of, hf_model
 from .state import bump, strategy_dict
 
-__all__ = ["decode_upload", "import_file", "import_onnx_file", "MAX_UPLOAD_BYTES", "ONNX_BATCH", "ONNX_SEQ_LEN"]
+__all__ = ["decode_upload", "import_file", "import_hf_config", "import_onnx_file", "MAX_UPLOAD_BYTES", "ONNX_BATCH", "ONNX_SEQ_LEN"]
 
 #: largest file accepted by the upload box (a GPT-3 model file is ~1 MB, a 20,000-op model ~6 MB)
 MAX_UPLOAD_BYTES = 16_000_000
@@ -85,8 +87,40 @@ def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str,
         return state, f"{filename}: {e}", False
 
 
+def import_hf_config(state: dict, config: dict, filename: str) -> tuple[dict, str, bool]:
+    """Import a Hugging Face ``config.json`` as ``soapbox import --hf`` does
+    (:func:`app.sources.hf_model`): the config is kept, so the page's batch, sequence length and
+    precision apply to it; it starts at :data:`~app.sources.HF_BATCH` sequences."""
+    notes: list[str] = []
+    try:
+        g = hf_model(config, notes=notes)
+        if len(g.ops) > MAX_APP_OPS:
+            return state, (f"{filename}: {len(g.ops):,} ops, more than the explorer takes ({MAX_APP_OPS:,}); "
+                           "use soapbox import --hf and the command line"), False
+        digest = store.current().put_upload(state["sid"], "model", g.name, {"format": HF_UPLOAD, "config": config})
+    except (ValidationError, SoapboxError, ValueError) as e:
+        return state, (f"{filename}: a Hugging Face config soapbox cannot import ({first_line(e)[:300]}); "
+                       "the model types it reads are listed under soapbox import --hf in the README"), False
+    new = copy.deepcopy(state)
+    new["model"] = {"name": g.name[:200] or "model", "upload": digest}
+    try:
+        new["strategy"] = strategy_dict(make_baseline("data-parallel", g, cluster_of(new)))
+    except ValidationError as e:
+        hint = (" Pick a cluster whose GPUs have it first (the A100, H100, H200 and B200 presets), or upload a "
+                "config whose torch_dtype this cluster has." if any("peak" in p.message for p in e.problems) else "")
+        return state, (f"{filename}: {g.name} cannot run on {state['cluster'].get('name', 'this cluster')}: "
+                       f"{'; '.join(p.message for p in e.problems[:3])}.{hint}"), False
+    new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
+    extra = "".join(f" Note: {n}." for n in notes)
+    return bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops, {g.param_count / 1e9:.2f} B parameters) from "
+                       f"{filename}, a Hugging Face config imported as soapbox import --hf does: "
+                       f"{g.batch_size:,} sequences of {tokens_per_sample(g) or 0:,} tokens in {g.precision} (set "
+                       f"them in the header); strategy: data parallel.{extra}"), True
+
+
 def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]:
-    """Import a model, cluster or strategy file (told apart by its ``format`` field).
+    """Import a model, cluster or strategy file (told apart by its ``format`` field), or a
+    Hugging Face ``config.json`` (it has a ``model_type`` and no ``format``).
 
     Returns (state, message, ok). A model or cluster replaces the current one (the strategy
     becomes data parallel on it) and is kept in the store for this session, the state naming it
@@ -97,6 +131,8 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
         data = parse_json_text(text, filename)
     except (ValidationError, ValueError) as e:
         return state, str(e), False  # (the parser's message starts with the file name)
+    if isinstance(data, dict) and "format" not in data and "model_type" in data:
+        return import_hf_config(state, data, filename)
     fmt = data.get("format", "") if isinstance(data, dict) else ""
     fmt = fmt if isinstance(fmt, str) else ""
     kind = fmt.split("/")[0].removeprefix("soapbox.") if fmt.startswith("soapbox.") else ""
@@ -128,4 +164,5 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
     except (SoapboxError, ValueError) as e:
         return state, f"{filename}: {e}", False
     return state, (f"{filename}: not a soapbox file (its 'format' is {fmt[:40]!r}; expected soapbox.model/1, "
-                   "soapbox.cluster/1, soapbox.strategy/1 or soapbox.profile/1)"), False
+                   "soapbox.cluster/1, soapbox.strategy/1 or soapbox.profile/1, or a Hugging Face config.json "
+                   "with its model_type)"), False
