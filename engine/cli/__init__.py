@@ -49,6 +49,7 @@ from .commands import (cmd_baseline, cmd_export, cmd_import, cmd_profile, cmd_cl
 from .common import (EPILOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, add_strategy_options, int_in,
                      strategy_options)
 from .init_sweep import add_init_sweep_parser, cmd_init_sweep
+from .plan import add_plan_parser, cmd_plan
 from .parsers import (add_baseline, add_cluster, add_clusters, add_experts, add_export, add_import, add_model,
                       add_models, add_profile, add_schema, add_search, add_simulate, add_sweep, add_validate,
                       add_whatif)
@@ -84,6 +85,7 @@ def build_parser(extra: Mapping[str, ExtraCommand] | None = None) -> argparse.Ar
     add_profile(sub)
     add_export(sub)
     add_sweep(sub)
+    add_plan_parser(sub)
     add_init_sweep_parser(sub)
     add_whatif(sub)
     add_simulate(sub)
@@ -107,6 +109,7 @@ COMMANDS = {
     "profile": cmd_profile,
     "export": cmd_export,
     "sweep": cmd_sweep,
+    "plan": cmd_plan,
     "whatif": cmd_whatif,
     "experts": cmd_experts,
     "init-sweep": cmd_init_sweep,
