@@ -90,6 +90,7 @@ def tenfold(cases: list[tuple[str, str]], budget: Budget, plans: Path | None = N
     from engine.search import ALGORITHMS
 
     long = Budget(seconds=10 * budget.seconds)
+    _warm_up(ALGORITHMS)
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; auto {budget}, "
           f"each algorithm {long}" + (f", MCMC seeds 1-{seeds} {long}" if seeds else ""))
     print("| model | cluster | auto ms | auto: to within 1% of its own s | best single at 10x (ms, which) "
@@ -118,6 +119,18 @@ def tenfold(cases: list[tuple[str, str]], budget: Budget, plans: Path | None = N
         print(f"| {model} | {cl} | {final * 1e3:.2f} | {within:.1f} | {singles[which] * 1e3:.2f} ({which}) | "
               f"{final / singles[which]:.3f} | {known * 1e3:.2f} ({known_by}) | {final / known:.3f} | "
               f"{'never' if reach is None else f'{reach:.1f}'} |", flush=True)
+
+
+def _warm_up(algorithms) -> None:
+    """Every search once on a small case with a number budget, untimed: numba compiles the
+    simulator's kernels on their first call (several seconds in a fresh checkout, whose cache is
+    empty), and that must not come out of the first case's budget."""
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    for name in ("auto", "mcmc", "pase", "differentiable"):
+        try:
+            algorithms[name].run(g, c, Budget(iterations=20), seed=0)
+        except ValueError:
+            pass
 
 
 def _first_within(result, target_s: float) -> float | None:
