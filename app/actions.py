@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError
+from engine.errors import ROOT_CAUSE_PATHS, SoapboxError, TooLargeError, ValidationError, first_line
 from engine.layout import OPTION_NAMES
 from engine.moe import expert_counts
 from engine.search.baselines import BASELINES, make_baseline
@@ -260,8 +260,7 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
         s = make_baseline(kind, graph_of(state), cluster_of(state), layout=BASELINES[kind].layout_of(opts))
     except (ValueError, SoapboxError) as e:
         # a strategy's problems are listed under a "N problems found:" head: name them
-        text = "; ".join(str(p) for p in e.problems[:3]) if isinstance(e, ValidationError) else \
-            str(e).splitlines()[0]
+        text = "; ".join(str(p) for p in e.problems[:3]) if isinstance(e, ValidationError) else first_line(e)
         return state, f"Layout refused: {text[:300]}."
     o = s.found_by.get("options", {})
     # the layout's degrees (those of the panel's number boxes, and dp), tp, pp and dp always

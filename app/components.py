@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dash import dcc, html
 
+from engine.errors import first_line as engine_first_line
+
 from .learn import TOPICS
 
 __all__ = ["GRAPH_CONFIG", "image_buttons", "learn", "card", "first_line"]
@@ -34,8 +36,6 @@ def card(label: str, value_id: str) -> html.Div:
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of an error's message (a list of problems: its first problem)."""
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    if len(lines) > 1 and lines[0].endswith("found:"):
-        return lines[0].rsplit(":", 2)[0] + ": " + lines[1].lstrip("- ")
-    return lines[0][:500] if lines else type(e).__name__
+    """The first line of an error's message (a list of problems: its first problem;
+    :func:`engine.errors.first_line`)."""
+    return engine_first_line(e)

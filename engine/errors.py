@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Problem", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "check_cancel", "printable",
+__all__ = ["Problem", "first_line", "SoapboxError", "ValidationError", "OutputError", "Cancelled", "check_cancel", "printable",
            "problems_summary", "MAX_MESSAGE_CHARS", "MAX_PROBLEMS_SHOWN", "ROOT_CAUSE_PATHS", "SUMMARY_PROBLEMS"]
 
 #: A problem's path or message longer than this is cut (a hostile file can hold a name of
@@ -184,3 +184,23 @@ class OutputError(SoapboxError, OSError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+def first_line(e: BaseException) -> str:
+    """An error in one line: its message's first line, or, for a list of problems (a
+    :class:`ValidationError`, or a message that is one), where it came from and its first
+    problem, never the bare "N problems found:" head.
+
+    >>> print(first_line(ValidationError([Problem("tp", "8 does not divide 12 heads"), Problem("pp", "x")], "megatron")))
+    megatron: tp: 8 does not divide 12 heads (and 1 more problem)
+    >>> first_line(ValueError("one\\ntwo"))
+    'one'
+    """
+    if isinstance(e, ValidationError):
+        head = f"{printable(e.source)}: " if e.source else ""
+        more = len(e.problems) - 1
+        return f"{head}{e.problems[0]}" + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    if len(lines) > 1 and lines[0].endswith("found:"):
+        return lines[0].rsplit(":", 2)[0] + ": " + lines[1].lstrip("- ")
+    return lines[0][:500] if lines else type(e).__name__

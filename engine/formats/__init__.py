@@ -39,7 +39,7 @@ from typing import Any
 
 from ..cluster import Cluster, cluster_from_dict, preset
 from ..costs import ProfileTable
-from ..errors import Problem, ValidationError, printable
+from ..errors import Problem, ValidationError, first_line, printable
 from ..graph import PRECISIONS, OpGraph, graph_from_dict
 from ..strategy import Strategy, strategy_from_dict, validate_strategy
 from .checking import FORMATS, built, check_format, load_checked, schema, schema_problems
@@ -230,7 +230,7 @@ def validate_file(path: str | os.PathLike, model: str | None = None, cluster: st
             resolve_cluster(s.cluster_name) if s.cluster_name else None
     except (ValueError, ValidationError) as exc:
         return (f"{source}: valid {fmt} structure ({len(s.configs)} ops); not checked against a model and "
-                f"cluster: {str(exc).splitlines()[0]}")
+                f"cluster: {first_line(exc)}")
     if g is None or c is None:
         return f"{source}: valid {fmt} structure ({len(s.configs)} ops); no model/cluster named to check against"
     problems = validate_strategy(s, g, c)

@@ -19,6 +19,8 @@ import math
 import os
 from typing import Any, Callable, Iterable, Sequence
 
+from ..errors import first_line
+
 __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "pareto",
            "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
 
@@ -167,7 +169,7 @@ def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dic
             r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
             row["predicted_by"] = f"simulated ({str(e)[:120]})"
     except ValueError as e:
-        row["why"] = str(e).splitlines()[0][:300]
+        row["why"] = first_line(e)[:300]
         return row
     row["dp"], row["mb"] = lay.dp, lay.micro_batch
     row["iteration_time_s"] = r.iteration_time_s
@@ -237,7 +239,7 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
         except Cancelled:
             break
         except (ValueError, TypeError, SoapboxError) as e:  # (TypeError: an option this builder lacks)
-            row["why"] = str(e).splitlines()[0][:300]
+            row["why"] = first_line(e)[:300]
         else:
             worst = int((mem.peak_bytes / mem.capacity_bytes.clip(min=1)).argmax())
             row.update(feasible=bool(mem.feasible), peak_memory_bytes=float(mem.peak_bytes[worst]),
