@@ -462,6 +462,15 @@ class TestMemory:
         assert fig.layout.title.text == "OVER CAPACITY on 1 GPU; worst GPU 1 (+2 GB)"
         assert list(fig.data[-1].x) == [16.0, 8.0]
 
+    def test_a_fitting_plan_whose_cache_passes_the_mark_says_so(self):
+        """Issue 44: "fits in memory" beside a 202 GB bar past GB200's 186 GB mark. What is
+        allocated fits; the allocator's cache (fragmentation) takes the bar past it."""
+        d = {"devices": [0, 1], "parts": {k: np.array([1e9, 2e9]) for k in F.MEMORY_COLOURS},
+             "capacity": np.array([16e9, 8e9]), "feasible": True, "over": []}
+        fig = F.build_memory_figure(d)
+        assert fig.layout.title.text == ("fits in memory: allocated within capacity; on 1 bar the allocator's cache "
+                                         "goes past it (freed before an out-of-memory)")
+
 
 class TestTraceAndCompare:
     def test_trace_figure(self):
