@@ -127,7 +127,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             raise ValueError("--hf needs --batch (the global batch in sequences)")
         cfg = read_json(args.hf)  # (a path the user typed: limits on size and depth, no NaN)
         g = from_hf_config(cfg, batch=args.batch, seq_len=args.seq_len, precision=args.precision, name=args.name,
-                           source=printable(str(args.hf))[:200], notes=notes)
+                           source=printable(str(args.hf))[:200], notes=notes, attention=args.attention)
     else:
         from ..models.onnx_import import MAX_ONNX_BYTES, import_onnx
 

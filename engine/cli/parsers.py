@@ -102,6 +102,9 @@ def add_import(sub) -> None:
                    help="default: the config's torch_dtype (else bf16), the ONNX inputs' or the module's type")
     p.add_argument("--name", type=name_arg, help="model name (default: the config's _name_or_path or model_type, "
                                                  "the ONNX graph's or the module's class name)")
+    p.add_argument("--attention", choices=["fused", "eager"],
+                   help="--hf: attention as one fused (FlashAttention) op a layer, what training stacks run "
+                        "(default, unless the config's attn_implementation is eager), or eager matmuls and softmax")
     p.add_argument("-o", "--output", required=True, help="model file to write")
 
 

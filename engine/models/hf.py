@@ -25,6 +25,7 @@ anything is built (at most :data:`MAX_LAYERS` layers, :data:`MAX_SIZE` for a wid
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..graph import OpGraph
@@ -104,10 +105,16 @@ def _layer_types(types: Any, layers: int, where: str) -> list[str]:
 
 
 def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = None, precision: str | None = None,
-                   name: str | None = None, source: str = "config.json", notes: list[str] | None = None) -> OpGraph:
+                   name: str | None = None, source: str = "config.json", notes: list[str] | None = None,
+                   attention: str | None = None) -> OpGraph:
     """The model a Hugging Face config describes, for a global batch of ``batch`` sequences of
     ``seq_len`` tokens (default: the config's context, at most 4,096), in ``precision``
     (default: the config's ``dtype`` or ``torch_dtype``, else bf16).
+
+    ``attention``: "fused" (one FlashAttention-style op a layer, what training stacks run:
+    transformers' default ``sdpa``, Megatron-LM, torchtitan) or "eager" (the matmuls, softmax
+    and dropout, the score matrix kept for the backward). Default: fused, unless the config's
+    ``attn_implementation`` says "eager". A mixture-of-experts import is fused always.
 
     What an import prices differently from the config (GPT-OSS's attention sinks, DeepSeek-V3's
     multi-token-prediction layer; a dense import's sliding window, priced on fused attention
@@ -198,6 +205,18 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     else:
         shape = _dense(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, where=where,
                        notes=notes)
+    impl = cfg.get("attn_implementation", cfg.get("_attn_implementation"))
+    if attention is None:
+        attention = "eager" if impl == "eager" else "fused"
+    if attention not in ("fused", "eager"):
+        raise ValueError(f"attention must be 'fused' or 'eager', got {attention!r}")
+    if shape.sliding_window is not None and attention == "eager":
+        raise ValueError(f"{where}: a sliding window is priced on fused attention ops only; import it with fused "
+                         "attention")
+    shape = replace(shape, flash_attention=attention == "fused")
+    if attention == "eager" and notes is not None:
+        notes.append("attention imported eager (its matmuls, softmax and dropout, the scores kept for the backward)"
+                     + (" as the config's attn_implementation says" if impl == "eager" else ""))
     try:
         return gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}")
     except ValueError as e:

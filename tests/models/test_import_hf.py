@@ -31,15 +31,31 @@ QWEN2_05B = {"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidde
              "tie_word_embeddings": True, "torch_dtype": "bfloat16", "vocab_size": 151936}
 
 
+def test_attention_is_fused_unless_asked_or_the_config_says_eager():
+    """Issue 44: Llama-3 8B imported eager was 364 GB in one layout against 61.9 GB fused, while
+    its torchtitan export names fused attention. Fused by default; eager on request or when the
+    config's attn_implementation says so (with a note); the parameters are the same."""
+    fused = from_hf_config(LLAMA2_7B, batch=8)
+    assert any(o.kind == "attention" for o in fused.ops) and not any(o.kind == "softmax" for o in fused.ops)
+    notes: list[str] = []
+    eager = from_hf_config({**LLAMA2_7B, "_attn_implementation": "eager"}, batch=8, notes=notes)
+    assert not any(o.kind == "attention" for o in eager.ops) and eager.param_count == fused.param_count
+    assert notes == ["attention imported eager (its matmuls, softmax and dropout, the scores kept for the backward) "
+                     "as the config's attn_implementation says"]
+    assert from_hf_config(LLAMA2_7B, batch=8, attention="eager").fingerprint == eager.fingerprint
+    with pytest.raises(ValueError, match="sliding window is priced on fused attention ops only"):
+        from_hf_config(MISTRAL_7B, batch=2, seq_len=8192, attention="eager")
+
+
 def test_gpt2_equals_the_sample_model():
-    g = from_hf_config(GPT2, batch=8, seq_len=1024, precision="fp32", name="gpt2")
+    g = from_hf_config(GPT2, batch=8, seq_len=1024, precision="fp32", name="gpt2", attention="eager")
     sample = resolve_model("gpt2")
     assert g.param_count == sample.param_count == 124_439_808
     assert g.fingerprint == sample.fingerprint  # the same ops, shapes and FLOPs
 
 
 def test_llama2_7b_equals_the_sample_model():
-    g = from_hf_config(LLAMA2_7B, batch=1024, precision="bf16", name="llama2-7b")
+    g = from_hf_config(LLAMA2_7B, batch=1024, precision="bf16", name="llama2-7b", attention="eager")
     sample = resolve_model("llama2-7b")
     assert g.param_count == sample.param_count == 6_738_415_616
     assert g.fingerprint == sample.fingerprint
@@ -50,7 +66,7 @@ def test_grouped_query_attention_counts_exactly():
     """Mistral 7B (8 key/value heads): 7,241,732,096 parameters (its published size, 7.24 B:
     embeddings 2 x 32000 x 4096, per layer q/o 4096^2, k/v 4096 x 1024, SwiGLU 3 x 4096 x 14336,
     two RMSNorms, and a final norm)."""
-    g = from_hf_config(MISTRAL_7B, batch=64)
+    g = from_hf_config(MISTRAL_7B, batch=64, attention="eager")
     assert g.param_count == 7_241_732_096
     assert g.precision == "bf16" and g["layers.0.attn.k"].out_tensors[0].shape[-1] == 1024
     assert g["layers.0.attn.scores"].out_tensors[0].shape[-1] == 4096  # context capped at 4,096 by default

@@ -135,10 +135,10 @@ def torch_forward_flops(cfg: dict) -> tuple[int, int]:
     return counts.get("mm", 0) + counts.get("addmm", 0), counts.get("bmm", 0)
 
 
-def soapbox_forward_flops(cfg: dict) -> tuple[float, float]:
+def soapbox_forward_flops(cfg: dict, windowed: bool = False) -> tuple[float, float]:
     """(linear, attention) forward FLOPs of the import: ``linear`` ops and ``batch_matmul`` (unfused)
     or ``attention`` (fused) ops."""
-    g = from_hf_config(cfg, batch=BATCH, seq_len=SEQ)
+    g = from_hf_config(cfg, batch=BATCH, seq_len=SEQ, attention="fused" if windowed else "eager")
     return (sum(o.fwd_flops for o in g.ops if o.kind == "linear"),
             sum(o.fwd_flops for o in g.ops if o.kind in ("batch_matmul", "attention")))
 
@@ -148,7 +148,7 @@ def test_parameters_and_forward_flops_of_small_versions_equal_transformers(name)
     cfg = SMALL[name]
     assert from_hf_config(cfg, batch=BATCH, seq_len=SEQ).param_count == transformers_count(cfg)
     linear, attention = torch_forward_flops(cfg)
-    mine_linear, mine_attention = soapbox_forward_flops(cfg)
+    mine_linear, mine_attention = soapbox_forward_flops(cfg, "window" in name)
     assert mine_linear == linear
     if "window" not in name:  # unfused: the whole score matrix, as eager attention computes it
         assert mine_attention == attention
@@ -160,10 +160,10 @@ def test_a_windowed_layer_against_a_full_one_by_hand():
     (batch, head) pair, the windowed one s w - w^2 / 2 = 128 - 32 = 96."""
     cfg = {**SMALL["mistral-window"], "num_hidden_layers": 1}
     windowed = from_hf_config(cfg, batch=BATCH, seq_len=SEQ)["layers.0.attn.core"]
-    full = from_hf_config({**cfg, "sliding_window": None}, batch=BATCH, seq_len=SEQ)
+    full = from_hf_config({**cfg, "sliding_window": None}, batch=BATCH, seq_len=SEQ, attention="eager")
     assert windowed.attrs == {"causal": True, "window": 8}
     assert windowed.fwd_flops == 2 * 2 * 4 * (16 + 16) * (16 * 8 - 8 * 8 / 2) == 49_152
-    # without a window the import stays unfused: scores and context over the whole matrix (as eager
+    # without a window, imported eager: scores and context over the whole matrix (as eager
     # attention computes them), 131,072; fused causal attention would count half, 65,536, and the
     # window keeps 96 of its 128 keys a (batch, head) pair: 3/4 of it
     assert sum(o.fwd_flops for o in full.ops if o.kind == "batch_matmul") == 2 * (2 * 2 * 4 * 16 * 16 * 16) == 131_072
@@ -172,7 +172,7 @@ def test_a_windowed_layer_against_a_full_one_by_hand():
 
 def test_window_at_least_the_sequence_changes_nothing():
     g = from_hf_config(MISTRAL_7B, batch=2, seq_len=4096)  # window 4096: every key a query sees
-    assert not any(o.kind == "attention" for o in g.ops)
+    assert {o.attrs.get("window") for o in g.ops if o.kind == "attention"} == {None}
     notes: list[str] = []
     g = from_hf_config(MISTRAL_7B, batch=2, seq_len=8192, notes=notes)
     assert {o.attrs.get("window") for o in g.ops if o.kind == "attention"} == {4096}
@@ -194,7 +194,7 @@ def test_qwen2_windows_the_layers_from_max_window_layers_on():
     g = from_hf_config({**cfg, "layer_types": ["sliding_attention", "full_attention"] * 2}, batch=BATCH, seq_len=SEQ)
     assert [g[f"layers.{i}.attn.core"].attrs.get("window") for i in range(4)] == [8, None, 8, None]
     g = from_hf_config({**cfg, "use_sliding_window": False}, batch=BATCH, seq_len=SEQ)
-    assert not any(o.kind == "attention" for o in g.ops)
+    assert {o.attrs.get("window") for o in g.ops if o.kind == "attention"} == {None}
 
 
 def test_windowed_flops_of_length_partitions_add_up():
