@@ -20,9 +20,9 @@ one memory-checked price).
 * :mod:`engine.search.processes`: the backends (one process, a process pool, Ray).
 """
 
-from .api import (AutoOptions, Budget, DifferentiableOptions, MCMCOptions, PaseOptions, PipelineOptions, Progress,
+from .api import (AutoOptions, Budget, DifferentiableOptions, LayoutOptions, MCMCOptions, PaseOptions, PipelineOptions, Progress,
                   SearchResult)
 from .registry import ALGORITHMS, Algorithm, run_search
 
 __all__ = ["ALGORITHMS", "Algorithm", "run_search", "Budget", "Progress", "SearchResult", "AutoOptions",
-           "MCMCOptions", "PaseOptions", "PipelineOptions", "DifferentiableOptions"]
+           "MCMCOptions", "PaseOptions", "PipelineOptions", "DifferentiableOptions", "LayoutOptions"]

@@ -37,7 +37,7 @@ from ..strategy import Strategy, validate_strategy
 
 __all__ = ["Budget", "Progress", "SearchResult", "Price", "price", "whole_cost", "price_baselines", "SEARCH_MAX_TASKS",
            "stamp", "MCMCOptions", "AutoOptions", "PaseOptions", "DifferentiableOptions", "PipelineOptions",
-           "parse_options", "ProgressFn"]
+           "LayoutOptions", "CONSTRAINTS", "parse_options", "ProgressFn"]
 
 
 @dataclass(frozen=True)
@@ -314,6 +314,33 @@ class AutoOptions:
     backend: str | None = None  # MCMC's chains (and, with a proposal budget, the seeds) on serial, pool or ray
     workers: int | None = None  # pool processes or Ray's local CPUs; default every core
     address: str | None = None  # a Ray cluster; default Ray's local mode
+    # constraints (engine.search.layouts): any of them set, auto searches framework layouts only
+    exportable: str = ""  # megatron, deepspeed or torchtitan
+    headroom: float = 0.0  # fraction of each GPU's memory left free
+    tp: int = 0
+    pp: int = 0
+    ep: int = 0
+    max_tp: int = 0
+    max_pp: int = 0
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """Constraints of the layout search (:mod:`engine.search.layouts`); 0 or "": none."""
+
+    exportable: str = ""  # megatron, deepspeed or torchtitan: only layouts that exporter takes
+    fp8: bool = False  # also fp8 GEMMs where every GPU has them (default: the model's own precision)
+    headroom: float = 0.0  # fraction of each GPU's memory the plan must leave free
+    tp: int = 0  # a fixed tensor-parallel degree
+    pp: int = 0  # a fixed number of pipeline stages
+    ep: int = 0  # a fixed expert-parallel degree
+    max_tp: int = 0
+    max_pp: int = 0
+
+
+#: the AutoOptions fields that constrain a search to framework layouts (auto then runs the
+#: layout search: per-op moves would leave the framework's shape)
+CONSTRAINTS = ("exportable", "headroom", "tp", "pp", "ep", "max_tp", "max_pp")
 
 
 @dataclass(frozen=True)

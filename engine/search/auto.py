@@ -55,7 +55,8 @@ from ..moe import expert_counts
 from ..strategy import Strategy, strategy_from_dict
 from ..layout.build import build_layout, fsdp
 from . import seed_runs
-from .api import AutoOptions, Budget, MCMCOptions, Price, Progress, ProgressFn, SearchResult, price, stamp
+from .api import (CONSTRAINTS, AutoOptions, Budget, LayoutOptions, MCMCOptions, Price, Progress, ProgressFn,
+                  SearchResult, price, stamp)
 from .baselines import data_parallel, expert
 from .chains import delta_affordable
 from .polish import PolishResult, PolishSlices, coordinate_descent
@@ -119,7 +120,20 @@ def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed
          options: AutoOptions | None = None) -> SearchResult:
     """Seeds (PaSE, differentiable, pipeline planner, where they apply), then MCMC from the
     best feasible seed or baseline; the best strategy seen, with what each algorithm found.
-    The stages run in order over one :class:`_Auto` state (see the module's docstring)."""
+    The stages run in order over one :class:`_Auto` state (see the module's docstring).
+
+    With a constraint (:data:`~engine.search.api.CONSTRAINTS`: exportable, headroom, fixed or
+    bounded degrees) the answer must be a framework layout, so auto runs the layout search
+    (:mod:`engine.search.layouts`) with them, in the model's precision unless ``fp8`` is true."""
+    opts = options or AutoOptions()
+    if any(getattr(opts, k) for k in CONSTRAINTS):
+        from .layouts import layouts
+
+        lay_opts = LayoutOptions(fp8=bool(opts.fp8), **{k: getattr(opts, k) for k in CONSTRAINTS})
+        r = layouts(graph, cluster, budget or Budget(seconds=30.0), seed=seed, progress=progress, cost=cost,
+                    options=lay_opts)
+        return replace(r, algorithm="auto", notes=["constraints given: the layout search ran (per-op moves would "
+                                                   "leave the framework's layout)"] + r.notes)
     a = _Auto(graph, cluster, budget, seed, progress, cost, options)
     a.baselines(initial)
     a.layout_seeds()

@@ -10,7 +10,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .api import (AutoOptions, Budget, DifferentiableOptions, MCMCOptions, PaseOptions, PipelineOptions, SearchResult,
+from .api import (AutoOptions, Budget, DifferentiableOptions, LayoutOptions, MCMCOptions, PaseOptions, PipelineOptions,
+                  SearchResult,
                   parse_options)
 
 __all__ = ["ALGORITHMS", "Algorithm", "run_search"]
@@ -50,6 +51,10 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "microbatches and hardware-aware placement"),
     Algorithm("differentiable", DifferentiableOptions,
               "softmax-relaxed configs (DARTS-style), gradient descent with annealing, then discretised and polished"),
+    Algorithm("layouts", LayoutOptions,
+              "every framework layout (tp, pp, cp, ep, micro-batch; ZeRO-1, sp, the least recomputation that fits) "
+              "under constraints: fixed or bounded degrees, the model's precision, a memory headroom, exportable "
+              "to Megatron-LM, DeepSpeed or torchtitan"),
 )}
 
 
