@@ -83,7 +83,10 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
                     os._exit(0)  # the server is gone: nobody will read this search
             return not stop[0]
 
-        result = algorithm.run(graph, cluster, budget, seed=int(row["seed"]), progress=on_progress, initial=initial)
+        given = refs.get("options") or {}
+        options = algorithm.options(**given) if given else None  # (checked when the search was started)
+        result = algorithm.run(graph, cluster, budget, seed=int(row["seed"]), progress=on_progress, initial=initial,
+                               options=options)
         flush(final=True)
         summary = {"best_cost_s": _finite(result.best_cost_s), "iterations": result.iterations,
                    "elapsed_s": result.elapsed_s, "cancelled": result.cancelled,
