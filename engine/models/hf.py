@@ -38,9 +38,12 @@ __all__ = ["FAMILIES", "MOE_FAMILIES", "MAX_LAYERS", "MAX_SIZE", "MAX_EXPERTS", 
 #: ``model_type`` -> family
 FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "phi3": "phi3",
             "gemma": "gemma", "falcon": "falcon", "mixtral": "mixtral", "qwen3_moe": "qwen3_moe",
-            "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss"}
+            "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss", "qwen3": "qwen3", "gemma2": "gemma2",
+            "gemma3_text": "gemma3", "gemma3": "gemma3", "llama4_text": "llama4", "llama4": "llama4"}
 #: the mixture-of-experts families
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4")
+#: multimodal configs whose language model is their ``text_config`` (imported alone, with a note)
+MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
 #: the most decoder layers an import builds (published decoders have up to ~128; the bound
 #: keeps a malformed config from building for ever)
@@ -178,6 +181,16 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         raise ValueError(f"{where}: model_type {shown} is not one soapbox imports; it imports "
                          f"{', '.join(sorted(FAMILIES))} (decoder-only families)")
     dtype = cfg.get("dtype") or cfg.get("torch_dtype")  # transformers 5 writes "dtype", 4 "torch_dtype"
+    if mt in MULTIMODAL:  # the language model of an image-text model: its text_config
+        text = cfg.get("text_config")
+        if not isinstance(text, Mapping):
+            raise ValueError(f"{where}: a {mt} config holds its language model in text_config, an object")
+        if notes is not None:
+            notes.append(f"{mt}: the language model (text_config) is imported; the vision encoder and its projector "
+                         "are not modelled")
+        dtype = dtype or text.get("dtype") or text.get("torch_dtype")
+        cfg = {**text, "model_type": MULTIMODAL[mt], **({"_name_or_path": cfg["_name_or_path"]}
+                                                        if cfg.get("_name_or_path") else {})}
     if precision is None:
         precision = _DTYPES.get(dtype, "bf16") if isinstance(dtype, str) else "bf16"
     if family == "gpt2":
@@ -235,13 +248,17 @@ _MOE_DEFAULTS: dict[str, dict[str, Any]] = {
                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "max_position_embeddings": 131072,
                 "sliding_window": 128},
+    "llama4": {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "max_position_embeddings": 131072,
+               "num_local_experts": 16, "num_experts_per_tok": 1, "intermediate_size": 8192,
+               "attention_chunk_size": 8192},
 }
 #: family -> the fields naming the routed experts' count (aliases: transformers 5 maps
 #: num_experts to num_local_experts) and one expert's intermediate width
 _EXPERT_FIELDS = {"mixtral": (("num_local_experts",), "intermediate_size"),
                   "qwen3_moe": (("num_experts", "num_local_experts"), "moe_intermediate_size"),
                   "deepseek_v3": (("n_routed_experts",), "moe_intermediate_size"),
-                  "gpt_oss": (("num_local_experts", "num_experts"), "intermediate_size")}
+                  "gpt_oss": (("num_local_experts", "num_experts"), "intermediate_size"),
+                  "llama4": (("num_local_experts",), "intermediate_size")}
 
 
 def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None, precision: str,
@@ -308,6 +325,17 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
             kw.update(qk_norm=True, dense_layers=len(dense), dense_ffn=num("intermediate_size") if dense else None)
             if _bool(cfg, "use_sliding_window", False, where=where):
                 window(num("sliding_window", hi=_MAX_CONTEXT), None)
+        elif family == "llama4":
+            only("attention_bias", False, False, "Llama 4's attention without biases")
+            only("interleave_moe_layer_step", 1, 1, "experts on every layer (Llama 4 Scout); dense layers "
+                 "interleaved between experts layers (Maverick) are not")
+            chunk = num("attention_chunk_size", hi=_MAX_CONTEXT)
+            if seq > chunk:
+                raise ValueError(f"{where}: sequence {seq:,} is longer than attention_chunk_size ({chunk:,}): chunked "
+                                 "attention (each query sees its own chunk) is not modelled; use --seq-len up to it")
+            kw.update(shared_experts=1, shared_ffn=num(width), score="sigmoid")
+            if _bool(cfg, "use_qk_norm", True, where=where):
+                found.append("use_qk_norm: Llama 4's L2 norm of queries and keys has no parameters and is not priced")
         elif family == "mixtral":
             if cfg.get("sliding_window") is not None:
                 window(num("sliding_window", hi=_MAX_CONTEXT), None)
@@ -348,6 +376,12 @@ _DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
               "sliding_window": 4096, "max_window_layers": 28},
     "phi3": {"vocab_size": 32064, "max_position_embeddings": 4096, "tie_word_embeddings": False},
     "gemma": {"vocab_size": 256000, "max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256},
+    "qwen3": {"vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+              "sliding_window": 4096, "max_window_layers": 28, "head_dim": 128},
+    "gemma2": {"vocab_size": 256000, "max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256,
+               "sliding_window": 4096},
+    "gemma3": {"vocab_size": 262208, "max_position_embeddings": 131072, "tie_word_embeddings": True, "head_dim": 256,
+               "sliding_window": 4096, "sliding_window_pattern": 6},
     "falcon": {"vocab_size": 65024, "max_position_embeddings": 2048, "tie_word_embeddings": True,
                "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71},
 }
@@ -402,7 +436,7 @@ def _dense(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | No
     else:
         kv = _int(cfg, "num_key_value_heads", heads, where=where)
         ffn = num("intermediate_size")
-        gemma = family == "gemma"
+        gemma = family in ("gemma", "gemma2", "gemma3")
         act = (cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")) if gemma \
             else cfg.get("hidden_act", "silu")
         if gemma and act not in _GELUS:
@@ -416,11 +450,22 @@ def _dense(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | No
             raise ValueError(f"{where}: mlp_bias true is not modelled (biases on the MLP's projections)")
         attn_bias = _bool(cfg, "attention_bias", False, where=where)
         qwen = family == "qwen2"
-        kw.update(bias=attn_bias and not qwen, qkv_bias=True if qwen else None, gated_act="gelu" if gemma else "silu")
+        kw.update(bias=attn_bias and not qwen, qkv_bias=True if qwen else None, gated_act="gelu" if gemma else "silu",
+                  qk_norm=family in ("qwen3", "gemma3"), sandwich=family in ("gemma2", "gemma3"))
     window, windowed, field = None, None, ""
     if family in ("mistral", "phi3") and cfg.get("sliding_window", d.get("sliding_window")) is not None:
         window, field = num("sliding_window", hi=_MAX_CONTEXT), "sliding_window"
-    elif family == "qwen2" and _bool(cfg, "use_sliding_window", False, where=where) and \
+    elif family in ("gemma2", "gemma3") and cfg.get("sliding_window", d["sliding_window"]) is not None:
+        window, field = num("sliding_window", hi=_MAX_CONTEXT), "sliding_window"
+        types = cfg.get("layer_types")
+        if types is None:  # transformers' rule: Gemma-2 alternates from a windowed layer; Gemma-3 has one global
+            # layer in each sliding_window_pattern (6: five local layers, then a global one)
+            every = 2 if family == "gemma2" else _int(cfg, "sliding_window_pattern", d["sliding_window_pattern"],
+                                                      where=where, lo=1, hi=MAX_LAYERS)
+            windowed = tuple(i for i in range(layers) if (i + 1) % every)
+        else:
+            windowed = tuple(i for i, t in enumerate(_layer_types(types, layers, where)) if t == "sliding_attention")
+    elif family in ("qwen2", "qwen3") and _bool(cfg, "use_sliding_window", False, where=where) and \
             cfg.get("sliding_window", d["sliding_window"]) is not None:
         window, field = num("sliding_window", hi=_MAX_CONTEXT), "use_sliding_window"
         types = cfg.get("layer_types")

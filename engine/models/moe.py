@@ -105,14 +105,7 @@ class _MoEBlocks(Blocks):
         super().__init__(b, cfg.batch, cfg.hidden, cfg.heads, cfg.kv_heads or cfg.heads, cfg.bias, "rmsnorm", 0.0,
                          flash=True, causal=True, head_dim=cfg.head_dim)
         self.cfg = cfg
-
-    def _heads(self, name: str, x: TensorRef, seq: int, n_heads: int) -> TensorRef:
-        """[b, s, n*d] -> [b, n, s, d], with QK-norm on the queries and keys when configured
-        (Qwen3 normalises each head over its width before the rotary embedding)."""
-        y = super()._heads(name, x, seq, n_heads)
-        if self.cfg.qk_norm and name.rsplit(".", 1)[-1] in ("q", "k"):
-            y = self.norm(f"{name}.norm", y)  # [b, n, s, d], gain [d]
-        return y
+        self.qk_norm = cfg.qk_norm  # (Blocks._heads normalises each query and key head)
 
     def moe(self, name: str, x: TensorRef) -> TensorRef:
         c = self.cfg

@@ -72,6 +72,8 @@ class GPTConfig:
     parallel: int = 0  # parallel attention and MLP: 1 norm shared (Falcon-7B), 2 one each; 0 sequential
     sliding_window: int | None = None  # keys a query sees in windowed layers (fused attention only)
     window_layers: tuple[int, ...] | None = None  # the windowed layers; None: every layer
+    qk_norm: bool = False  # RMSNorm over each query and key head, a gain of head_dim each (Qwen3, Gemma-3)
+    sandwich: bool = False  # a norm on the attention's and the MLP's outputs too (Gemma-2, Gemma-3)
     precision: str = "fp16"
     name: str = "gpt"
 
@@ -128,6 +130,7 @@ class Blocks:
         self.bias, self.norm_kind, self.rate = bias, norm, dropout
         self.qkv_bias: bool | None = None  # None: as ``bias``
         self.gated_act = "silu"  # the gated MLP's activation op (silu or gelu)
+        self.qk_norm = False  # each query and key head normalised over its width (Qwen3, Gemma-3)
 
     def norm(self, name: str, x: TensorRef) -> TensorRef:
         return self.b.add(self.norm_kind, name, [x])
@@ -139,10 +142,14 @@ class Blocks:
         return self.b.add("linear", name, [x], out_features=out, bias=self.bias if bias is None else bias, **kw)
 
     def _heads(self, name: str, x: TensorRef, seq: int, n_heads: int) -> TensorRef:
-        """[b, s, n*d] -> [b, n, s, d]"""
+        """[b, s, n*d] -> [b, n, s, d], with QK-norm on the queries and keys when set (Qwen3 and
+        Gemma-3 normalise each head over its width before the rotary embedding)."""
         r = self.b.add("reshape", f"{name}.split_heads", [x], shape=[self.batch, seq, n_heads, self.head_dim],
                        axes=["sample", "length", "head", "head_dim"])
-        return self.b.add("transpose", f"{name}.to_bhsd", [r], perm=[0, 2, 1, 3])
+        y = self.b.add("transpose", f"{name}.to_bhsd", [r], perm=[0, 2, 1, 3])
+        if self.qk_norm and name.rsplit(".", 1)[-1] in ("q", "k"):
+            y = self.norm(f"{name}.norm", y)  # [b, n, s, d], gain [d]
+        return y
 
     def attention(self, name: str, x: TensorRef, seq: int, memory: TensorRef | None = None,
                   mem_seq: int | None = None, window: int | None = None) -> TensorRef:
@@ -217,7 +224,7 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
     b = GraphBuilder(cfg.name, cfg.precision, description or _describe(cfg, kv, ffn), source)
     blk = Blocks(b, cfg.batch, cfg.hidden, cfg.heads, kv, cfg.bias, cfg.norm, cfg.dropout, cfg.flash_attention,
                   causal=True, head_dim=cfg.head_dim)
-    blk.qkv_bias, blk.gated_act = cfg.qkv_bias, cfg.gated_act
+    blk.qkv_bias, blk.gated_act, blk.qk_norm = cfg.qkv_bias, cfg.gated_act, cfg.qk_norm
     bs = [cfg.batch, cfg.seq_len]
     b.block = "embedding"
     tokens = b.input("tokens", bs, dtype="int64", axes=["sample", "length"])
@@ -240,8 +247,13 @@ def gpt(cfg: GPTConfig, description: str = "", source: str = "") -> OpGraph:
             x = blk.residual(f"{n}.residual", x, b.add("add", f"{n}.attn_mlp_sum", [a, m]))
             continue
         a = blk.attention(f"{n}.attn", blk.norm(f"{n}.norm1", x), cfg.seq_len, window=w)
+        if cfg.sandwich:
+            a = blk.norm(f"{n}.attn_out_norm", a)
         x = blk.residual(f"{n}.attn_residual", x, a)
-        x = blk.residual(f"{n}.mlp_residual", x, blk.mlp(f"{n}.mlp", blk.norm(f"{n}.norm2", x), ffn, cfg.swiglu))
+        m = blk.mlp(f"{n}.mlp", blk.norm(f"{n}.norm2", x), ffn, cfg.swiglu)
+        if cfg.sandwich:
+            m = blk.norm(f"{n}.mlp_out_norm", m)
+        x = blk.residual(f"{n}.mlp_residual", x, m)
     b.block = "head"
     x = blk.norm("final_norm", x)
     logits = blk.linear("lm_head", x, cfg.vocab, bias=False,
