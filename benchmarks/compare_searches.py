@@ -45,6 +45,9 @@ def main() -> None:
                     "k80-16x4,dgx-a100-40gb:8 (64 GPUs each), instead of --cases")
     ap.add_argument("--plans", type=Path, help="--tenfold: keep each case's best-known plan in this folder")
     ap.add_argument("--seeds", type=int, default=0, help="--tenfold: this many more MCMC seeds at 10x")
+    ap.add_argument("--seeds-only", type=int, default=0, metavar="N",
+                    help="--tenfold with --plans: only MCMC seeds 1..N at 10x the budget, each case's best-known plan "
+                         "kept where one beats it")
     args = ap.parse_args()
     if args.tenfold:
         cases = [(m, "p100-4x4") for m in ("alexnet", "inception_v3", "resnet101")]
@@ -52,6 +55,10 @@ def main() -> None:
             cases += [(m, "p100-4x4") for m in ("rnntc", "rnnlm", "nmt")] + [("alexnet", "k80-16x4")]
         if args.clusters:
             cases = [(m, cl) for cl in args.clusters.split(",") for m in SIX]
+        if args.seeds_only:
+            more_seeds([c for c in cases if args.only in (None, c[0])], Budget.parse(args.budget), args.plans,
+                       args.seeds_only)
+            return
         tenfold([c for c in cases if args.only in (None, c[0])], Budget.parse(args.budget), args.plans, args.seeds)
         return
     if args.from_table:
@@ -121,6 +128,26 @@ def tenfold(cases: list[tuple[str, str]], budget: Budget, plans: Path | None = N
               f"{'never' if reach is None else f'{reach:.1f}'} |", flush=True)
 
 
+def more_seeds(cases: list[tuple[str, str]], budget: Budget, plans: Path | None, seeds: int) -> None:
+    """MCMC with seeds 1..``seeds`` at ten times ``budget`` on each case, for the best-known
+    plans (``plans``): each result is kept where it beats the plan there (priced again here)."""
+    from engine.search import ALGORITHMS
+
+    if plans is None:
+        raise SystemExit("--seeds-only needs --plans FOLDER")
+    long = Budget(seconds=10 * budget.seconds)
+    _warm_up(ALGORITHMS)
+    print(f"# {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}; MCMC seeds 1-{seeds}, {long} each")
+    print("| model | cluster | seed | MCMC ms | best known ms (by) |")
+    print("|---|---|---:|---:|---:|")
+    for model, cl in cases:
+        g, c = resolve_model(model), preset(cl)
+        for seed in range(1, seeds + 1):
+            r = ALGORITHMS["mcmc"].run(g, c, long, seed=seed)
+            known, by = _keep_best(plans, model, cl, g, c, r, r.best_cost_s, f"mcmc seed {seed} {long}")
+            print(f"| {model} | {cl} | {seed} | {r.best_cost_s * 1e3:.2f} | {known * 1e3:.2f} ({by}) |", flush=True)
+
+
 def _warm_up(algorithms) -> None:
     """Every search once on a small case with a number budget, untimed: numba compiles the
     simulator's kernels on their first call (several seconds in a fresh checkout, whose cache is
@@ -152,7 +179,7 @@ def _keep_best(folder: Path, model: str, cl: str, g, c, result, cost_s: float, b
     folder.mkdir(parents=True, exist_ok=True)
     index_path = folder / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
-    key = f"{model}--{cl}"
+    key = f"{model}--{cl.replace(':', '_')}"  # (no ':' in a file name: Windows checkouts refuse it)
     kept = index.get(key)
     if kept is not None and (folder / f"{key}.json").exists():
         again = price(g, load_strategy(str(folder / f"{key}.json"), g, c), c, max_tasks=None).cost_s
