@@ -227,6 +227,11 @@ def megatron_rules(args: argparse.Namespace, gpus: int, layers: int, *, seq: int
         assert not args.moe_pad_expert_input_to_capacity or args.moe_expert_capacity_factor is not None
         if args.moe_layer_freq is not None:
             assert len(eval_layer_freq(args.moe_layer_freq)) == layers
+    if args.overlap_moe_expert_parallel_comm:  # TransformerConfig.__post_init__, core_v0.19.0
+        assert pp == 1 or args.virtual_pipeline_model_parallel_size is not None  # vpp with pp > 1
+        assert ep > 1 and args.moe_token_dispatcher_type in ("alltoall", "flex")
+        assert args.recompute_granularity != "full" and args.recompute_method is None
+        assert args.bf16 or args.fp16
     # (--delay-wgrad-compute, l. 1790, needs the transformer_engine implementation: the default)
 
 

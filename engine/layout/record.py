@@ -309,6 +309,14 @@ class Layout:
         if self.offload_activations and self.recompute != "none":
             raise ValueError(f"offload_activations {self.offload_activations}: Megatron-Core offloads activations "
                              f"only without recomputation, got recompute {self.recompute}")
+        if self.moe_comm_overlap:  # Megatron-Core's TransformerConfig.__post_init__ (core_v0.19.0)
+            if self.pp > 1 and self.vpp == 1:
+                raise ValueError(f"moe_comm_overlap: Megatron-Core overlaps the MoE all-to-alls with pipeline "
+                                 f"parallelism only under the interleaved schedule (it requires "
+                                 f"virtual_pipeline_model_parallel_size when pp > 1); got pp {self.pp} with vpp 1")
+            if self.recompute == "full":
+                raise ValueError("moe_comm_overlap: Megatron-Core requires full recomputation off with the MoE "
+                                 "all-to-all overlap, got recompute full")
         if self.optimizer_state != "fp32" and self.offload_optimizer != "none":
             raise ValueError(f"optimizer_state {self.optimizer_state}: the offloaded optimizer keeps fp32 state on the "
                              f"host (DeepSpeed's CPU Adam); turn offload_optimizer or optimizer_state off")

@@ -229,3 +229,21 @@ def test_torchtitan_refusals():
     with pytest.raises(ValidationError, match="torchtitan: etp 2: torchtitan 0.3.0 has no expert tensor"):
         export("torchtitan", g, build_layout(g, C8, Layout(tp=4, sequence_parallel=True, ep=2, etp=2, zero_stage=3)),
                C8)
+
+
+def test_moe_all_to_all_overlap_with_pp_needs_virtual_stages():
+    """Issue 44: DeepSeek-V3 with the MoE all-to-all overlap at pp 8 without virtual stages was
+    simulated and exported, and Megatron-Core refuses it (TransformerConfig: vpp with pp > 1).
+    Now the layout is refused with the rule named; with vpp 4 it exports and passes the
+    recorded rules."""
+    name, cluster, kw = DEEPSEEK
+    with pytest.raises(ValueError, match="moe_comm_overlap: .* requires virtual_pipeline_model_parallel_size"):
+        Layout(**{**kw, "vpp": 1}, moe_comm_overlap=True)
+    with pytest.raises(ValueError, match="moe_comm_overlap: .* full recomputation off"):
+        Layout(**kw, moe_comm_overlap=True, recompute="full")
+    g, c, s = case((name, cluster, {**kw, "moe_comm_overlap": True}))
+    text = export("megatron", g, s, c)
+    assert "--overlap-moe-expert-parallel-comm" in megatron_flags(text)
+    args = megatron_parse(text)
+    megatron_rules(args, c.num_devices, 61, env=environment(text))
+    assert args.overlap_moe_expert_parallel_comm and args.virtual_pipeline_model_parallel_size == 4
