@@ -13,9 +13,9 @@ import sys
 import time
 
 from ..cluster import PRESETS, preset
-from ..errors import ValidationError, printable
+from ..errors import ValidationError, printable, problems_summary
 from ..formats import load_strategy, resolve_model, save_json, schema, validate_file
-from ..models import SAMPLE_MODELS
+from ..models import SAMPLE_MODELS, sample_names
 from ..models.transformer import GPTConfig, gpt
 from ..sim.report import json_text
 from ..search.baselines import BASELINES, make_baseline
@@ -389,9 +389,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     s = load(args.strategy)
     sizes = dict(batch=args.batch, seq_len=getattr(args, "seq_len", None),
                  precision=getattr(args, "model_precision", None))
+    if not args.model and s.model_name not in sample_names():
+        raise ValueError(f"{printable(str(args.strategy))[:200]}: the strategy names model {s.model_name[:80]!r}, "
+                         "which is not a sample: give the model file it was made for with --model FILE")
     g = resolve_model(args.model, allow_path=True, **sizes) if args.model else resolve_model(s.model_name, **sizes)
     c = resolve_cluster(args.cluster, allow_path=True) if args.cluster else resolve_cluster(s.cluster_name)
-    s = load(args.strategy, g, c)
+    try:
+        s = load(args.strategy, g, c)
+    except ValidationError as e:
+        if any(p.path == "model.fingerprint" for p in e.problems) and not args.model:
+            raise ValueError(f"{problems_summary(e)}\n  (made for another size of {g.name!r}: give the --batch, "
+                             "--seq-len and --model-precision it was made with, or its model file with --model)") \
+                from None
+        raise
     text = export(args.format, g, s, c)
     if args.output:
         with atomic_writer(args.output, make_parents=True) as f:

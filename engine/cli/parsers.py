@@ -145,6 +145,10 @@ def add_export(sub) -> None:
     p.add_argument("--model", help="model (default: the one the strategy names)")
     p.add_argument("--cluster", help="cluster (default: the one the strategy names)")
     p.add_argument("--batch", type=positive_int, help="the sample model's global batch, when not its default")
+    p.add_argument("--seq-len", type=positive_int, metavar="TOKENS",
+                   help="the sample model's sequence length, when the strategy was made with one")
+    p.add_argument("--model-precision", choices=["fp32", "tf32", "fp16", "bf16"],
+                   help="the sample model's precision, when the strategy was made with one")
     p.add_argument("-o", "--output", help="file to write (default: print)")
 
 

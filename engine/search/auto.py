@@ -287,7 +287,9 @@ class _Auto:
         picked = [n for n in self.found if n.startswith("megatron ")]
         self.notes.append(f"{'mixture-of-experts' if moe else 'dense'} seeds: {len(picked)} Megatron layouts priced "
                           "(ZeRO-1, micro-batch 1" + (", fp8 GEMMs as the published MoE recipes; "
-                                                      "AutoOptions(fp8=False) keeps bf16)" if fp8 else ")"))
+                                                      "to keep the model's precision, search with fp8 off: "
+                                                      "--option fp8=false, or leave the page's \"allow fp8\" "
+                                                      "unticked)" if fp8 else ")"))
 
     def searches(self) -> None:
         """The seed searches that apply, quickest first, each in its slice of the seeds' share
