@@ -22,7 +22,7 @@ from engine.sim.report import mfu
 
 from ..views import config_diff, summary_data
 
-__all__ = ["layout", "register", "render_compare", "compare_shown", "compared"]
+__all__ = ["plan_fields", "LAYOUT_FIELDS", "layout", "register", "render_compare", "compare_shown", "compared"]
 
 
 def layout() -> html.Div:
@@ -76,6 +76,38 @@ def _idle_text(bubble: dict | None) -> str:
     return f"{bubble['measured']:.0%} (bubble {bubble['formula']:.0%})"
 
 
+#: the layout fields Compare shows and diffs, with their labels
+LAYOUT_FIELDS = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("cp", "cp"), ("dp", "dp"), ("ep", "ep"), ("etp", "etp"),
+                 ("micro_batch", "mb"), ("zero_stage", "ZeRO"), ("recompute", "recompute"),
+                 ("sequence_parallel", "sp"), ("fp8", "fp8"))
+
+
+def plan_fields(graph: Any, cluster: Any, strategy: Any) -> dict[str, Any] | None:
+    """A strategy's framework layout as Compare shows it (:data:`LAYOUT_FIELDS`), read from its
+    ops (:func:`engine.export.infer.infer_layout`: a searched plan included); None for a per-op plan."""
+    from engine.export.infer import infer_layout
+
+    try:
+        lay = infer_layout(graph, strategy, cluster)
+    except (ValueError, SoapboxError):
+        return None
+    return {k: getattr(lay, k) for k, _ in LAYOUT_FIELDS}
+
+
+def _plan_text(fields: dict[str, Any] | None) -> str:
+    if fields is None:
+        return "per-op plan (no framework layout)"
+    parts = [f"{label} {fields[k]}" for k, label in LAYOUT_FIELDS[:8] if k in ("tp", "pp", "dp") or fields[k] not in (1, None)]
+    parts += [f"ZeRO-{fields['zero_stage']}"] if fields["zero_stage"] else []
+    parts += [f"recompute {fields['recompute']}"] if fields["recompute"] != "none" else []
+    parts += ["sp"] if fields["sequence_parallel"] else []
+    return " · ".join(parts)
+
+
+def _field_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return [f"{label} {a[k]} → {b[k]}" for k, label in LAYOUT_FIELDS if a[k] != b[k]]
+
+
 def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, Any, Any]:
     """The Compare tab's table, diff and aligned timelines. ``shown``: the names whose
     timelines are drawn (None: all); the others are collapsed to their summary row."""
@@ -84,11 +116,12 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
         return html.P("Keep strategies here to compare them side by side."), "", empty_figure(
             "Keep two or more strategies to compare them.")
     g, c = graph_of(state), cluster_of(state)
-    rows, gantts, strategies = [], [], []
+    rows, gantts, strategies, plans = [], [], [], []
     first_t = None
     for it in items:
         s, tl, mem = compared(state, it)
         strategies.append((it["name"], s))
+        plans.append(plan_fields(g, c, s))
         t = tl.makespan_s
         first_t = first_t or t
         summ = summary_data(g, tl, mem, None)
@@ -101,7 +134,9 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
         if shown is None or it["name"] in shown or p.stages > 1:
             gd = gantt_data(g, c, tl, max_bars=1500, rows="auto", stage_of_device=stage_of_devices(s, c.num_devices),
                             pipeline=(p.stages, p.microbatches, p.virtual_stages))
-        rows.append(html.Tr([html.Td(it["name"]), html.Td(format_seconds(t)), html.Td(rate),
+        rows.append(html.Tr([html.Td(it["name"]), html.Td(_plan_text(plans[-1])),
+                             html.Td(g.precision + (" · fp8 GEMMs" if s.fp8 else "")),
+                             html.Td(format_seconds(t)), html.Td(rate),
                              html.Td(f"{first_t / t:.2f}x" if t > 0 else "–"),
                              html.Td(f"{u:.0%}" if u is not None else "–"),
                              html.Td(_idle_text(gd["bubble"] if gd is not None else None)),
@@ -109,15 +144,19 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
                              html.Td(f"{len(used):,} of {c.num_devices:,}"), html.Td("yes" if mem.feasible else "NO")]))
         if gd is not None and (shown is None or it["name"] in shown):
             gantts.append((it["name"], gd))
-    head = ("strategy", "iteration time", "throughput", f"speedup over {items[0]['name']}", "MFU",
+    head = ("strategy", "layout", "precision", "iteration time", "throughput", f"speedup over {items[0]['name']}", "MFU",
             "idle (of it, the schedule's bubble)", "peak memory", "communication", "GPUs used", "fits")
     table = html.Table([html.Tr([html.Th(h) for h in head])] + rows, className="compare")
     diff: Any = ""
     if len(strategies) >= 2:
         (na, a), (nb, b) = strategies[0], strategies[-1]
         d = config_diff(a, b)
+        fields = _field_diff(plans[0], plans[-1]) if plans[0] is not None and plans[-1] is not None else None
+        lead = [html.P(f"Layout: {', '.join(fields) if fields else 'the same fields'} ({na} → {nb}); precision "
+                       f"{'the same' if a.fp8 == b.fp8 else ('fp8 → model precision' if a.fp8 else 'model precision → fp8')}.")] \
+            if fields is not None else []
         top = html.P(f"{len(d)} op(s) differ between {na} and {nb}" + (" (first 50 shown)" if len(d) > 50 else ""))
-        diff = html.Div([top, html.Table([html.Tr([html.Th("op"), html.Th(na), html.Th(nb)])] +
+        diff = html.Div(lead + [top, html.Table([html.Tr([html.Th("op"), html.Th(na), html.Th(nb)])] +
                                          [html.Tr([html.Td(x["op"]), html.Td(x["a"]), html.Td(x["b"])])
                                           for x in d[:50]], className="diff")])
     if not gantts:

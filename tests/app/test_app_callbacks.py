@@ -563,6 +563,22 @@ class TestRenderCompare:
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert fig.layout.xaxis.matches == "x2"
 
+    def test_layouts_and_precision_are_compared_as_fields(self):
+        """Issue 44: Compare listed 614 differing ops; two framework layouts now read as the
+        layout fields that differ, with each plan's layout and precision in the table."""
+        s = ST.new_state("gpt2", "dgx-a100-80gb:1", batch=16)
+        a, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2})
+        assert msg.startswith("Layout"), msg
+        a, _ = ACT.add_to_compare(a, "tp2")
+        b, msg = EV.on_event("layout-apply", a, layout={"kind": "megatron", "tp": 4, "zero_stage": 1})
+        assert msg.startswith("Layout"), msg
+        b, _ = ACT.add_to_compare(b, "tp4")
+        table, diff, _ = CMP.render_compare(b)
+        text = str(table)
+        assert "tp 2 · pp 1 · dp 4" in text and "tp 4 · pp 1 · dp 2" in text and "ZeRO-1" in text
+        assert text.count("fp32") >= 2  # the model's precision, no fp8
+        assert "Layout: tp 2 → 4, dp 4 → 2, mb 4 → 8, ZeRO 0 → 1 (tp2 → tp4); precision the same." in str(diff)
+
     def test_symmetric_strategy_shows_a_representative_with_its_count(self):
         """Issue 16: the explorer simulates with the engine's symmetry reduction where it is
         exact, and shows identical replicas once with a count (data parallel on one DGX: GPU 0
