@@ -32,8 +32,8 @@ LAYERS = [
     "formats",  # versioned JSON files
     "taskgraph",  # (graph, strategy, cluster) -> task arrays
     "sim",  # full, delta and steady simulation, memory, the report, traces
+    "export",  # Megatron-LM, DeepSpeed, torchtitan (a constrained search asks it what a framework takes)
     "search",  # the searches and the baselines
-    "export",  # Megatron-LM, DeepSpeed, torchtitan
     "studies",  # sweeps, what-ifs, profiling
     "experiments",  # the init-sweep: a one-way wing
     "cli",  # the soapbox command

@@ -22,7 +22,7 @@ from engine.sim.report import mfu
 
 from ..views import config_diff, summary_data
 
-__all__ = ["plan_fields", "LAYOUT_FIELDS", "layout", "register", "render_compare", "compare_shown", "compared"]
+__all__ = ["plan_fields", "plan_text", "LAYOUT_FIELDS", "layout", "register", "render_compare", "compare_shown", "compared"]
 
 
 def layout() -> html.Div:
@@ -94,7 +94,7 @@ def plan_fields(graph: Any, cluster: Any, strategy: Any) -> dict[str, Any] | Non
     return {k: getattr(lay, k) for k, _ in LAYOUT_FIELDS}
 
 
-def _plan_text(fields: dict[str, Any] | None) -> str:
+def plan_text(fields: dict[str, Any] | None) -> str:
     if fields is None:
         return "per-op plan (no framework layout)"
     parts = [f"{label} {fields[k]}" for k, label in LAYOUT_FIELDS[:8] if k in ("tp", "pp", "dp") or fields[k] not in (1, None)]
@@ -134,7 +134,7 @@ def render_compare(state: dict, shown: list[str] | None = None) -> tuple[Any, An
         if shown is None or it["name"] in shown or p.stages > 1:
             gd = gantt_data(g, c, tl, max_bars=1500, rows="auto", stage_of_device=stage_of_devices(s, c.num_devices),
                             pipeline=(p.stages, p.microbatches, p.virtual_stages))
-        rows.append(html.Tr([html.Td(it["name"]), html.Td(_plan_text(plans[-1])),
+        rows.append(html.Tr([html.Td(it["name"]), html.Td(plan_text(plans[-1])),
                              html.Td(g.precision + (" · fp8 GEMMs" if s.fp8 else "")),
                              html.Td(format_seconds(t)), html.Td(rate),
                              html.Td(f"{first_t / t:.2f}x" if t > 0 else "–"),

@@ -23,7 +23,7 @@ from ..store import digest_of
 from ..fmt import format_seconds
 from ..panel import (CHOICES, DEGREES, EXPERT_DEGREES, FLAGS, LAYOUT_FORM, OFFLOADS, OVERLAPS, SWITCHES, component_id,
                      placeholder)
-from ..sources import graph_of
+from ..sources import cluster_of, graph_of
 from ..state import check_state, page_strategy
 from ..components import first_line
 from ..views import op_details
@@ -207,6 +207,18 @@ def panel_values(state: dict) -> dict[str, Any]:
                    if name not in ("recompute", "zero_stage", "schedule") and hasattr(s, name)}}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
+        read = _read_layout(state, s)
+        if read is not None:  # a searched or imported plan that is a framework layout: shown as one
+            lay, text = read
+            values = {name: getattr(lay, name) for name in DEGREES if hasattr(lay, name)}
+            values = {k: (v if isinstance(v, int) and not isinstance(v, bool) and (v != 1 or k in ("tp", "pp"))
+                          else None) for k, v in values.items()}
+            schedule = ("interleaved" if s.pipeline.virtual_stages > 1 else s.pipeline.schedule) \
+                if s.pipeline.stages > 1 else None
+            return {"kind": "megatron", **{**empty, **values}, "recompute": s.recompute, "zero_stage": s.zero_stage,
+                    "schedule": schedule, "flags": [name for name in FLAGS if getattr(s, name)], **switches,
+                    "hint": f"The plan shown ({how[:60]}) is the layout {text}{' with fp8 GEMMs' if s.fp8 else ''}; "
+                            "the Export tab writes its framework flags."}
         return {"kind": "megatron", **empty, "recompute": "none", "zero_stage": None, "schedule": None, "flags": [],
                 **switches, "hint": f"The strategy shown ({how[:60]}) is not a layout: set one here to replace it."}
     kind, opts, text = found
@@ -224,6 +236,20 @@ def panel_values(state: dict) -> dict[str, Any]:
     return {"kind": kind, **values, "recompute": s.recompute, "zero_stage": s.zero_stage, "schedule": schedule,
             "flags": [name for name in FLAGS if getattr(s, name)], **switches,
             "hint": f"Showing the page's layout: {text}; {s.pipeline.microbatches} microbatches."}
+
+
+def _read_layout(state: dict, strategy) -> tuple[Any, str] | None:
+    """The framework layout a strategy's ops make (:func:`engine.export.infer.infer_layout`)
+    and its description, or None (a per-op plan)."""
+    from engine.export.infer import infer_layout
+
+    from .compare import plan_text, plan_fields
+
+    try:
+        lay = infer_layout(graph_of(state), strategy, cluster_of(state))
+    except (ValueError, SoapboxError):
+        return None
+    return lay, plan_text(plan_fields(graph_of(state), cluster_of(state), strategy))
 
 
 def op_panel(graph, strategy, timeline, selected: list[str], cost_mark: str | None = None) -> Any:
@@ -275,7 +301,6 @@ def moe_fields(state: Any, kind: Any, form: dict[str, Any]) -> tuple[bool, str]:
     from engine.layout import Layout, layout_problem
 
     from ..panel import layout_options
-    from ..sources import cluster_of
 
     try:
         check_state(state)

@@ -182,15 +182,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
                          f"{', '.join(sorted(FAMILIES))} (decoder-only families)")
     dtype = cfg.get("dtype") or cfg.get("torch_dtype")  # transformers 5 writes "dtype", 4 "torch_dtype"
     if mt in MULTIMODAL:  # the language model of an image-text model: its text_config
-        text = cfg.get("text_config")
-        if not isinstance(text, Mapping):
-            raise ValueError(f"{where}: a {mt} config holds its language model in text_config, an object")
-        if notes is not None:
-            notes.append(f"{mt}: the language model (text_config) is imported; the vision encoder and its projector "
-                         "are not modelled")
-        dtype = dtype or text.get("dtype") or text.get("torch_dtype")
-        cfg = {**text, "model_type": MULTIMODAL[mt], **({"_name_or_path": cfg["_name_or_path"]}
-                                                        if cfg.get("_name_or_path") else {})}
+        cfg, dtype = _language_model(cfg, mt, where, notes)
     if precision is None:
         precision = _DTYPES.get(dtype, "bf16") if isinstance(dtype, str) else "bf16"
     if family == "gpt2":
@@ -218,6 +210,31 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     else:
         shape = _dense(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, where=where,
                        notes=notes)
+    shape = _attention(cfg, shape, attention, where, notes)
+    try:
+        return gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}")
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _language_model(cfg: Mapping[str, Any], mt: str, where: str,
+                    notes: list[str] | None) -> tuple[dict[str, Any], Any]:
+    """An image-text config's language model (its ``text_config``, named as the text family)
+    and the dtype to train it in; a note says the vision encoder is left out."""
+    text = cfg.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ValueError(f"{where}: a {mt} config holds its language model in text_config, an object")
+    if notes is not None:
+        notes.append(f"{mt}: the language model (text_config) is imported; the vision encoder and its projector "
+                     "are not modelled")
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    named = {"_name_or_path": cfg["_name_or_path"]} if cfg.get("_name_or_path") else {}
+    return {**text, "model_type": MULTIMODAL[mt], **named}, dtype
+
+
+def _attention(cfg: Mapping[str, Any], shape: GPTConfig, attention: str | None, where: str,
+               notes: list[str] | None) -> GPTConfig:
+    """``shape`` with fused or eager attention (:func:`from_hf_config`'s ``attention``)."""
     impl = cfg.get("attn_implementation", cfg.get("_attn_implementation"))
     if attention is None:
         attention = "eager" if impl == "eager" else "fused"
@@ -226,14 +243,10 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     if shape.sliding_window is not None and attention == "eager":
         raise ValueError(f"{where}: a sliding window is priced on fused attention ops only; import it with fused "
                          "attention")
-    shape = replace(shape, flash_attention=attention == "fused")
     if attention == "eager" and notes is not None:
         notes.append("attention imported eager (its matmuls, softmax and dropout, the scores kept for the backward)"
                      + (" as the config's attn_implementation says" if impl == "eager" else ""))
-    try:
-        return gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}")
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+    return replace(shape, flash_attention=attention == "fused")
 
 
 #: transformers 5's config-class defaults (MixtralConfig, Qwen3MoeConfig, DeepseekV3Config,

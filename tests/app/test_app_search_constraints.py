@@ -58,3 +58,21 @@ def test_a_search_exportable_to_megatron_is_adopted_and_exported():
     assert data is not None, msg
     assert "--tensor-model-parallel-size 2" in data["content"]
     assert jobs.get(state["sid"]).status == "finished"
+
+
+def test_the_adopted_plan_fills_the_layout_panel():
+    """Issue 44: after adopting a searched plan the Layout panel was empty; a plan that is a
+    framework layout is shown as one, with where its flags come from."""
+    from app.tabs import editor as ED
+    from engine.search import ALGORITHMS, Budget
+    from app.actions import set_strategy
+    from app.sources import cluster_of, graph_of
+
+    state = new_state("gpt2", "dgx-a100-80gb:1", batch=16)
+    g, c = graph_of(state), cluster_of(state)
+    r = ALGORITHMS["layouts"].run(g, c, Budget(iterations=100), options=__import__(
+        "engine.search", fromlist=["LayoutOptions"]).LayoutOptions(tp=2, pp=2))
+    adopted, _ = set_strategy(state, r.best, "adopted")
+    v = ED.panel_values(adopted)
+    assert v["kind"] == "megatron" and v["tp"] == 2 and v["pp"] == 2
+    assert v["hint"].startswith("The plan shown (layouts) is the layout tp 2 · pp 2") and "Export tab" in v["hint"]
