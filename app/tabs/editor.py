@@ -265,7 +265,9 @@ def op_panel(graph, strategy, timeline, selected: list[str], cost_mark: str | No
             ("FLOPs", f"{d['fwd_flops'] / 1e9:.3g} G fwd, {d['bwd_flops'] / 1e9:.3g} G bwd"),
             ("parameters", f"{d['params']:,}"), ("config", f"{d['label']} on {len(d['config']['devices'])} GPU(s)"),
             *([("mixture of experts", d["moe"])] if d.get("moe") else []),
-            ("device time", ", ".join(f"{k} {format_seconds(v)}" for k, v in d["time_s"].items() if v > 0) or "–"),
+            ("time", "; ".join(f"{k} {format_seconds(v)}" + (" on its busiest GPU" if k in ("forward", "backward")
+                                                              else " in flight")
+                               for k, v in d["time_s"].items() if v > 0) or "–"),
             *([("cost", cost_mark)] if cost_mark else [])]
     body = [html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]
     extra = [html.P(f"+ {len(selected) - 1} more selected op(s): an edit applies to all of them.")] \
