@@ -25,8 +25,8 @@ from engine.taskgraph import BWD, COLL, FWD, XFER
 from .fmt import format_bytes
 from .gantt import PHASE_NAMES
 
-__all__ = ["time_in_flight_s", "block_stack", "graph_layout", "config_label", "moe_text", "op_details", "topology_data", "memory_data",
-           "summary_data", "why_text", "config_diff", "expert_param_share"]
+__all__ = ["time_in_flight_s", "block_stack", "graph_layout", "config_label", "moe_text", "op_details",
+           "topology_data", "memory_data", "summary_data", "why_text", "config_diff", "expert_param_share"]
 
 # --------------------------------------------------------------------------- op graph
 
