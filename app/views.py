@@ -20,7 +20,7 @@ from engine.sim.memory import MemoryReport
 from engine.sim.report import tokens_per_s
 from engine.sim.full import Timeline
 from engine.strategy import Config, Strategy
-from engine.taskgraph import BWD, COLL, FWD, XFER
+from engine.taskgraph import BWD, COLL, COLL_INDEX, FWD, XFER
 
 from .fmt import format_bytes
 from .gantt import PHASE_NAMES
@@ -418,8 +418,10 @@ def why_text(summary: dict, dp: dict | None, timeline: Timeline, memory: MemoryR
     kind, mb = tg.kind[crit], tg.mb[crit]
     total = float(dur.sum()) or 1.0
     comp = float(dur[(kind == FWD) | (kind == BWD)].sum()) / total
+    a2a = tg.coll[crit] == COLL_INDEX["all_to_all"]
     share = {"gradient synchronisation": float(dur[(kind == COLL) & (mb < 0)].sum()) / total,
-             "collectives inside the layers": float(dur[(kind == COLL) & (mb >= 0)].sum()) / total,
+             "collectives inside the layers": float(dur[(kind == COLL) & (mb >= 0) & ~a2a].sum()) / total,
+             "the experts' all-to-alls": float(dur[(kind == COLL) & (mb >= 0) & a2a].sum()) / total,
              "transfers between ops": float(dur[kind == XFER].sum()) / total}
     comm = sum(share.values())
     lines = [f"The critical chain (the tasks that set the iteration time) is {comp:.0%} compute and "
@@ -442,12 +444,15 @@ def why_text(summary: dict, dp: dict | None, timeline: Timeline, memory: MemoryR
     if comm > 0.3:
         top = max(share, key=lambda k: share[k])
         advice = {
-            "gradient synchronisation": "split the large-parameter ops along their parameter dims (tensor "
-                                        "parallelism: fewer replicas to synchronise), shard with ZeRO, or give "
-                                        "each GPU more of the batch so the sync hides behind the backward pass.",
-            "collectives inside the layers": "a lower tensor-parallel degree, tensor parallelism kept inside a "
-                                             "node (NVLink), or ZeRO 1/2 instead of 3 (no weight gathers) cut "
-                                             "them.",
+            "gradient synchronisation": "fewer data-parallel replicas to synchronise (more tensor or pipeline "
+                                        "parallelism), the reduce overlapped with the backward pass, or more of the "
+                                        "batch on each GPU so the sync hides behind more compute.",
+            "collectives inside the layers": "they are the tensor-, sequence- or context-parallel collectives (and "
+                                             "ZeRO-3's weight gathers): a lower degree, those groups kept inside a "
+                                             "node (NVLink), or ZeRO 1/2 instead of 3 cut them.",
+            "the experts' all-to-alls": "expert parallelism kept inside a node (NVLink) or of a lower degree, the "
+                                        "all-to-alls overlapped with another microbatch's compute (the layout "
+                                        "panel's MoE all-to-all overlap), or more tokens per expert cut them.",
             "transfers between ops": "keep neighbouring ops on the same devices with the same split (each change "
                                      "of split or devices moves the tensor between them).",
         }[top]

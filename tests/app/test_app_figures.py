@@ -717,12 +717,31 @@ class TestWhyAdvice:
         tg, crit = ex.timeline.tasks, ex.timeline.critical_tasks
         d, k, mb = tg.dur_s[crit], tg.kind[crit], tg.mb[crit]
         shares = {"gradient synchronisation": d[(k == COLL) & (mb < 0)].sum(),
-                  "collectives inside the layers": d[(k == COLL) & (mb >= 0)].sum(),
+                  "collectives inside the layers": d[(k == COLL) & (mb >= 0)].sum(),  # (AlexNet: no experts)
                   "transfers between ops": d[k == XFER].sum()}
         if sum(shares.values()) / d.sum() > 0.3:
             assert f"mostly {max(shares, key=shares.get)}" in text, text
         else:
             assert "Communication dominates" not in text
+
+    def test_expert_all_to_alls_are_told_apart(self):
+        """Issue 44: the advice for "collectives inside the layers" said to lower tp and ZeRO to a
+        plan at tp 1 / ZeRO-1 whose inner collectives were the experts' all-to-alls."""
+        from engine.sim.report import simulate_strategy
+        from engine.taskgraph import COLL_INDEX
+
+        g, c = resolve_model("mixtral-8x7b", batch=16, seq_len=1024), preset("dgx-h100:2")
+        r = simulate_strategy(g, build_layout(g, c, Layout(ep=8, micro_batch=1, zero_stage=1)), c)
+        text = V.why_text(V.summary_data(g, r.timeline, r.memory, None), None, r.timeline)
+        tg, crit = r.timeline.tasks, r.timeline.critical_tasks
+        d, k, mb = tg.dur_s[crit], tg.kind[crit], tg.mb[crit]
+        a2a = tg.coll[crit] == COLL_INDEX["all_to_all"]
+        assert a2a.any()  # the experts' all-to-alls are on the chain
+        shares = {"gradient synchronisation": d[(k == COLL) & (mb < 0)].sum(),
+                  "collectives inside the layers": d[(k == COLL) & (mb >= 0) & ~a2a].sum(),
+                  "the experts' all-to-alls": d[(k == COLL) & (mb >= 0) & a2a].sum(),
+                  "transfers between ops": d[k == XFER].sum()}
+        assert sum(shares.values()) / d.sum() > 0.3 and f"mostly {max(shares, key=shares.get)}" in text, text
 
     def test_over_memory_says_what_lowers_the_peak(self):
 
