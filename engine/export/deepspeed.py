@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 import json
+import re
 
 from ..cluster import Cluster
 from .moe import deepspeed_expert_parallel
@@ -65,8 +66,21 @@ PREFETCH_BUCKET = 50_000_000
 AUTOTP_PRESETS = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "phi-3": "phi3"}
 
 
+#: the Hugging Face families whose modules those presets name (the model_type an import records
+#: in its source, :func:`engine.models.hf.from_hf_config`)
+AUTOTP_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3"}
+
+
 def _preset(graph: OpGraph | None) -> str | None:
-    name = (graph.name if graph is not None else "").lower()
+    """The AutoTP preset of ``graph``: by the Hugging Face family it was imported from (a Hub
+    name such as ``meta-llama/Llama-3.1-8B`` included), else by its name's prefix (the samples:
+    ``llama2-7b``)."""
+    if graph is None:
+        return None
+    m = re.match(r"imported from a Hugging Face config \(([a-z0-9_]+)\)", graph.source or "")
+    if m:
+        return AUTOTP_FAMILIES.get(m.group(1))
+    name = graph.name.lower().rsplit("/", 1)[-1]
     return next((p for prefix, p in AUTOTP_PRESETS.items() if name.startswith(prefix)), None)
 
 

@@ -182,3 +182,20 @@ def test_hand_made_layout_without_the_graph_keeps_the_old_call():
     from engine.export import to_deepspeed
     cfg = to_deepspeed(lay, "fp32")
     assert run(cfg, 16).gradient_accumulation_steps == 1 and "bf16" not in cfg
+
+
+def test_autotp_preset_follows_the_imported_family_not_the_name():
+    """Issue 44: the Hub-named Llama-3.1-8B was refused (no preset by its name) while
+    ``llama3-8b`` was accepted; the preset follows the family the config was imported as."""
+    from engine.models.hf import from_hf_config
+
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 2048,
+           "torch_dtype": "bfloat16", "_name_or_path": "meta-llama/Llama-3.1-8B"}
+    g = from_hf_config(cfg, batch=32)
+    s = build_layout(g, A2, Layout(tp=2, zero_stage=2))
+    ds_cfg = json.loads(export("deepspeed", g, s, A2))
+    assert ds_cfg["tensor_parallel"]["autotp_size"] == 2 and ds_cfg["tensor_parallel"]["preset_model"] == "llama"
+    lookalike = from_hf_config({**cfg, "model_type": "mistral", "_name_or_path": "llama-lookalike"}, batch=32)
+    with pytest.raises(ValidationError, match="without an AutoTP preset"):
+        export("deepspeed", lookalike, build_layout(lookalike, A2, Layout(tp=2, zero_stage=2)), A2)
