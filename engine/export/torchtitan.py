@@ -63,7 +63,7 @@ from ..graph.blocks import layer_blocks
 from ..layout.placement import balanced_layers
 
 __all__ = ["TORCHTITAN_RELEASE", "SHIPPED", "PLACEHOLDER", "to_torchtitan", "overrides", "launch_args", "layout_from_torchtitan",
-           "render", "placeholder_module"]
+           "render", "placeholder_module", "shipped_note", "SHIPPED_MOE"]
 
 #: the torchtitan release the export targets
 TORCHTITAN_RELEASE = "0.3.0"
@@ -80,6 +80,19 @@ SHIPPED = {
     (32, 4096, 32, 8, 14336, 128256): ("llama3", "llama3_8b", False),
     (80, 8192, 64, 8, 28672, 128256): ("llama3", "llama3_70b", False),
     (126, 16384, 128, 8, 53248, 128256): ("llama3", "llama3_405b", True),
+}
+
+#: torchtitan 0.3.0's shipped mixture-of-experts configs, told by (parameters, layers,
+#: vocabulary) of the model soapbox builds -> (module, config function, float8 on, what differs).
+#: ``torchtitan/models/{qwen3,deepseek_v3,gpt_oss}/config_registry.py``; each config's model,
+#: built on the meta device, has these parameters (tests/export/test_export_torchtitan.py checks
+#: it): the same as soapbox's samples, but GPT-OSS's attention sinks, which soapbox leaves out.
+SHIPPED_MOE = {
+    (30_532_122_624, 48, 151936): ("qwen3", "qwen3_30b_a3b", False, ""),
+    (671_026_404_352, 61, 129280): ("deepseek_v3", "deepseek_v3_671b", False, ""),
+    (116_829_154_368, 36, 201088): ("gpt_oss", "gpt_oss_120b", False,
+                                    "torchtitan's gpt_oss_120b also trains the attention sinks (2,304 parameters) "
+                                    "the simulation leaves out"),
 }
 
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
@@ -114,10 +127,24 @@ def _shape(graph: OpGraph | None) -> tuple[int, ...] | None:
 def placeholder_module(graph: OpGraph | None, fp8: bool) -> tuple[str, str]:
     """(--module, --config) of the shipped torchtitan config that builds ``graph`` with the same
     float8 setting, or :data:`PLACEHOLDER`."""
-    hit = SHIPPED.get(_shape(graph) or ())
+    hit = SHIPPED.get(_shape(graph) or ()) or SHIPPED_MOE.get(_size(graph) or ())
     if hit is None or hit[2] != fp8:
         return PLACEHOLDER
     return hit[0], hit[1]
+
+
+def _size(graph: OpGraph | None) -> tuple[int, int, int] | None:
+    """(parameters, layers, vocabulary) of ``graph`` (:data:`SHIPPED_MOE`'s key)."""
+    emb = next((op for op in graph.ops if op.kind == "embedding"), None) if graph is not None else None
+    if emb is None:
+        return None
+    return graph.param_count, len(layer_blocks(graph)), int(emb.attrs.get("num_embeddings", 0))
+
+
+def shipped_note(graph: OpGraph | None) -> str:
+    """What a shipped mixture-of-experts config trains beyond the simulated model ("" if nothing)."""
+    hit = SHIPPED_MOE.get(_size(graph) or ())
+    return hit[3] if hit else ""
 
 
 def _tied(graph: OpGraph | None) -> bool:
@@ -302,6 +329,8 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int, graph: OpGraph | No
                  "norm, lm_head)" + ("" if not lay.pp > 1 else ", as the pipeline split below names them")]
     else:
         head.append(f"# {name}: torchtitan's {module[0]} {module[1]} (same layers, width, heads and vocabulary)")
+        if shipped_note(graph):
+            head.append(f"#   {shipped_note(graph)}")
     head.append("# add: --hf_assets_path (tokenizer), --dataloader.dataset, --training.steps and the optimizer "
                 "your run needs")
     if fp8:

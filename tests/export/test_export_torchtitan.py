@@ -322,3 +322,31 @@ def test_offload_and_bf16_reduction_are_refused():
 def test_expert_tensor_parallelism_is_refused():
     s = build_layout(MIX, C64, Layout(tp=2, sequence_parallel=True, ep=4, etp=2, zero_stage=3, micro_batch=1))
     refused(MIX, s, C64, "etp 2: torchtitan 0.3.0 has no expert tensor parallelism")
+
+
+@pytest.mark.parametrize("sample, cluster, sinks", [("qwen3-30b-a3b", "dgx-h100:8", 0),
+                                                    ("deepseek-v3", "dgx-h100:16", 0),
+                                                    ("gpt-oss-120b", "dgx-h100:8", 2304)])
+def test_shipped_mixture_of_experts_configs_are_named(sample, cluster, sinks):
+    """Issue 44: the exports wrote a placeholder for Qwen3, DeepSeek-V3 and gpt-oss although
+    torchtitan 0.3.0 ships them; now the shipped config function is named where it builds the
+    simulated model (the parameters, counted on the meta device, equal: GPT-OSS's attention
+    sinks apart, which the export says)."""
+    import torch
+
+    from engine.export.torchtitan import SHIPPED_MOE
+    from engine.models import build_sample
+
+    g, c = build_sample(sample), preset(cluster)
+    s = fsdp(g, c, Layout(zero_stage=3, ep=8, micro_batch=1))
+    text = export("torchtitan", g, s, c)
+    module = next(v for k, v in SHIPPED_MOE.items() if k[0] == g.param_count)
+    assert launch_args(text)[:4] == ["--module", module[0], "--config", module[1]]
+    assert ("attention sinks" in text) == bool(sinks)
+    _framework()
+    cfg = parse(text)
+    with torch.device("meta"):
+        model = cfg.model_spec.model.build()
+    assert sum(p.numel() for p in model.parameters()) == g.param_count + sinks
+    ran = what_torchtitan_runs(cfg, c.num_devices)
+    assert ran == dict(ran, zero=3, microbatches=s.pipeline.microbatches)
