@@ -20,7 +20,8 @@ from engine.sim.memory import MemoryReport
 from engine.sim.report import tokens_per_s
 from engine.sim.full import Timeline
 from engine.strategy import Config, Strategy
-from engine.taskgraph import BWD, COLL, COLL_INDEX, FWD, XFER
+from engine.sim.breakdown import chain_seconds
+from engine.taskgraph import BWD, COLL, FWD, XFER
 
 from .fmt import format_bytes
 from .gantt import PHASE_NAMES
@@ -412,20 +413,17 @@ def why_text(summary: dict, dp: dict | None, timeline: Timeline, memory: MemoryR
     dominates: gradient synchronisation (per-iteration collectives), collectives inside the
     layers (tensor / sequence parallelism, ZeRO-3 gathers: per microbatch), transfers between
     ops, idle GPUs; and, when it does not fit, what lowers the peak (``memory``)."""
-    tg = timeline.tasks
-    crit = timeline.critical_tasks
-    dur = tg.dur_s[crit]
-    kind, mb = tg.kind[crit], tg.mb[crit]
-    total = float(dur.sum()) or 1.0
-    comp = float(dur[(kind == FWD) | (kind == BWD)].sum()) / total
-    a2a = tg.coll[crit] == COLL_INDEX["all_to_all"]
-    share = {"gradient synchronisation": float(dur[(kind == COLL) & (mb < 0)].sum()) / total,
-             "collectives inside the layers": float(dur[(kind == COLL) & (mb >= 0) & ~a2a].sum()) / total,
-             "the experts' all-to-alls": float(dur[(kind == COLL) & (mb >= 0) & a2a].sum()) / total,
-             "transfers between ops": float(dur[kind == XFER].sum()) / total}
+    sec = chain_seconds(timeline)  # (engine.sim.breakdown: the one classification of the chain's tasks)
+    total = float(timeline.tasks.dur_s[timeline.critical_tasks].sum()) or 1.0
+    comp = sec["compute"] / total
+    share = {"gradient synchronisation": sec["gradient synchronisation"] / total,
+             "collectives inside the layers": sec["tensor / sequence / context-parallel collectives"] / total,
+             "the experts' all-to-alls": sec["expert all-to-alls"] / total,
+             "transfers between ops": sec["transfers"] / total}
     comm = sum(share.values())
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in share.items() if v >= 0.005)
     lines = [f"The critical chain (the tasks that set the iteration time) is {comp:.0%} compute and "
-             f"{comm:.0%} communication; the rest is waiting."]
+             f"{comm:.0%} communication{f' ({parts})' if parts else ''}; the rest is waiting."]
     if dp and dp.get("comm_bytes"):
         ratio = summary["comm_bytes"] / dp["comm_bytes"]
         lines.append(f"It moves {format_bytes(summary['comm_bytes'])} per iteration, {ratio:.2f}x data "

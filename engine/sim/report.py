@@ -23,6 +23,7 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..errors import TooLargeError, check_cancel, printable
 from ..graph import OpGraph
+from .breakdown import critical_breakdown
 from .memory import MemoryReport, fits_in_memory, memory_report
 from .full import Timeline, simulate
 from .steady import SteadyState, simulate_steady
@@ -299,6 +300,8 @@ class SimulationResult:
             "utilization": self.timeline.utilization.tolist(),
             "comm_bytes": self.timeline.comm_bytes,
             "critical_path_s": self.timeline.critical_path_s,
+            # the iteration's time on the critical chain by kind (engine.sim.breakdown)
+            "critical_chain_shares": critical_breakdown(self.timeline),
             "num_tasks": self.num_tasks,
             "devices_used": len(used),
             "microbatches": self.strategy.pipeline.microbatches,
@@ -455,6 +458,8 @@ def format_summary(r: SimulationResult) -> str:
         f"  utilisation        mean {util[used].mean() * 100:.1f}%, min {util[used].min() * 100:.1f}%, "
         f"max {util[used].max() * 100:.1f}%",
         f"  communication      {_fmt_bytes(s['comm_bytes'])} per iteration",
+        "  critical chain     " + ", ".join(f"{k} {v:.0%}" for k, v in s["critical_chain_shares"].items()
+                                         if v >= 0.005),
         *moe_lines(s),
         *_memory_lines(r.memory),
     ]
