@@ -94,6 +94,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
+    if args.experts is not None or args.top_k is not None:
+        return _moe_model(args)
     swiglu = args.swiglu
     cfg = GPTConfig(args.layers, args.hidden, args.heads, args.seq_len, args.vocab, args.batch,
                     kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, swiglu=swiglu,
@@ -101,6 +103,28 @@ def cmd_model(args: argparse.Namespace) -> int:
                     bias=not swiglu, tie_embeddings=not swiglu, dropout=0.0 if swiglu else 0.1,
                     flash_attention=args.flash_attention, precision=args.precision, name=args.name)
     g = gpt(cfg, source=shlex.join(["soapbox", *args.argv]))
+    save_json(g.to_dict(), args.output)
+    print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "
+          f"{g.fwd_flops + g.bwd_flops:.3e} FLOPs per iteration")
+    return 0
+
+
+def _moe_model(args: argparse.Namespace) -> int:
+    """``soapbox model gpt --experts N --top-k K``: a mixture-of-experts decoder (moe_gpt)."""
+    from ..models.moe import MoEConfig, moe_gpt
+
+    if args.experts is None or args.top_k is None:
+        raise ValueError("a mixture-of-experts model needs both --experts and --top-k")
+    width = args.expert_ffn or args.ffn_hidden
+    if width is None:
+        raise ValueError("--experts needs --expert-ffn (one expert's width) or --ffn-hidden")
+    if args.dense_layers and args.ffn_hidden is None:
+        raise ValueError("--dense-layers needs --ffn-hidden (the dense layers' MLP width)")
+    cfg = MoEConfig(args.layers, args.hidden, args.heads, args.seq_len, args.vocab, args.batch, args.experts,
+                    args.top_k, width, kv_heads=args.kv_heads, shared_experts=args.shared_experts,
+                    dense_layers=args.dense_layers, dense_ffn=args.ffn_hidden if args.dense_layers else None,
+                    precision=args.precision, name=args.name)
+    g = moe_gpt(cfg, source=shlex.join(["soapbox", *args.argv]))
     save_json(g.to_dict(), args.output)
     print(f"wrote {args.output}: {g.name}, {len(g)} ops, {g.param_count:,} parameters, "
           f"{g.fwd_flops + g.bwd_flops:.3e} FLOPs per iteration")

@@ -70,6 +70,14 @@ def add_model(sub) -> None:
     g.add_argument("--vocab", type=positive_int, required=True)
     g.add_argument("--batch", type=positive_int, required=True, help="global batch in sequences")
     g.add_argument("--flash-attention", action="store_true", help="fused causal attention (FlashAttention)")
+    m = g.add_argument_group("mixture of experts (Mixtral / Qwen3-MoE / DeepSeek shapes: SwiGLU experts, RMSNorm, "
+                             "rotary, fused attention, untied)")
+    m.add_argument("--experts", type=int_in(2, 1 << 16), help="routed experts a layer (makes the MLPs experts)")
+    m.add_argument("--top-k", type=int_in(1, 1 << 16), help="experts each token is routed to (needs --experts)")
+    m.add_argument("--expert-ffn", type=positive_int, help="one routed expert's width (default: --ffn-hidden)")
+    m.add_argument("--shared-experts", type=int_in(0, 1 << 16), default=0, help="experts every token passes")
+    m.add_argument("--dense-layers", type=int_in(0, 4096), default=0,
+                   help="leading layers with a dense MLP of --ffn-hidden (DeepSeek's first_k_dense_replace)")
     g.add_argument("--precision", choices=PRECISIONS, default="fp16")
     g.add_argument("--name", type=name_arg, default="gpt")
     g.add_argument("-o", "--output", required=True, help="model file to write")

@@ -38,3 +38,21 @@ def test_a_sample_at_another_sequence_length_exports_with_it(tmp_path, capsys):
     assert "give the --batch, --seq-len and --model-precision it was made with" in capsys.readouterr().err
     assert main(["export", "--format", "megatron", "--seq-len", "512", str(strategy)]) == 0
     assert "--seq-length 512" in capsys.readouterr().out
+
+
+def test_model_gpt_builds_a_mixture_of_experts(tmp_path, capsys):
+    """Issue 44: ``soapbox model gpt`` had no MoE flags. Mixtral 8x7B's shape gives the sample's
+    46,702,792,704 parameters; a half-given MoE shape is refused naming what is missing."""
+    from engine.formats import load_model, resolve_model
+
+    out = tmp_path / "mx.json"
+    assert main(["model", "gpt", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--seq-len",
+                 "4096", "--vocab", "32000", "--batch", "256", "--experts", "8", "--top-k", "2", "--expert-ffn",
+                 "14336", "--precision", "bf16", "-o", str(out)]) == 0
+    g = load_model(str(out))
+    assert g.param_count == resolve_model("mixtral-8x7b").param_count == 46_702_792_704
+    assert sum(op.kind == "experts" for op in g.ops) == 32
+    capsys.readouterr()
+    assert main(["model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq-len", "16", "--vocab",
+                 "100", "--batch", "2", "--experts", "4", "-o", str(out)]) != 0
+    assert "needs both --experts and --top-k" in capsys.readouterr().err
