@@ -42,7 +42,7 @@ from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph
 from ..ops import MAX_RANK, MAX_TENSOR_ELEMENTS, OpError
 from .onnx_convert import KNOWN_OPS, convert, lookup_by_constant_ids
-from .onnx_state import ImportState, OnnxNode, Unmapped, clean_name, emit
+from .onnx_state import ImportState, OnnxNode, Unmapped, clean_name, emit, module_block
 from .onnx_shapes import infer_shapes_light
 from .onnx_ties import MAX_FOLD_ROUNDS, find_ties, fold_shape_inputs, is_external
 from .onnx_wire import onnx_node_count
@@ -308,6 +308,7 @@ def _walk(s: ImportState, unknown: str) -> None:
             continue
         out = node.output[0]
         n = OnnxNode(k, node, where, op, ins, acts, out, s.shapes.get(out), clean_name(node.name or out, k, op, s.used))
+        s.b.block = module_block(node)  # (a numbered module's ops form a layer block: pipelines split them)
         try:
             convert(s, n)
         except Unmapped:

@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, TensorRef
+from ..graph.blocks import block_of_scopes
 from ..ops import OpError
 
-__all__ = ["ImportState", "OnnxNode", "Unmapped", "clean_name", "emit"]
+__all__ = ["ImportState", "OnnxNode", "Unmapped", "clean_name", "emit", "module_block"]
 
 
 class Unmapped(Exception):
@@ -109,3 +110,21 @@ def emit(s: ImportState, n: OnnxNode, kind: str, inputs: list[str], name: str | 
         got = s.b.shape_of(rr)
         if want is not None and tuple(got) != tuple(want):
             raise s.fail(n.where, f"soapbox's {kind} gives shape {list(got)}, ONNX infers {list(want)}")
+
+
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def module_block(node: Any) -> str | None:
+    """The layer block of an ONNX node, from the module path its exporter recorded
+    (:func:`engine.graph.blocks.block_of_scopes`): torch's dynamo exporter's
+    ``pkg.torch.onnx.name_scopes`` metadata (a printed list of module paths, read as text,
+    never evaluated), or the TorchScript exporter's node name ``/transformer/h.0/attn/Gemm``."""
+    scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+    if scopes is not None:
+        return block_of_scopes(_QUOTED.findall(scopes[:4096]))
+    name = node.name or ""
+    if name.startswith("/"):
+        parts = [p for p in name.split("/")[1:-1] if p]
+        return block_of_scopes([".".join(parts[:k + 1]) for k in range(len(parts))])
+    return None

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from ..errors import Problem, ValidationError
 from ..graph import GraphBuilder, OpGraph
+from ..graph.blocks import block_of_scopes
 from ..ops import OpError
 from .torch_convert import AtenCall, TorchState, Unmapped, convert, emit, lookup_by_constant_ids, node_shape
 from .torch_patterns import aten_name, rms_norms, shared_parameters
@@ -204,12 +205,21 @@ def _walk(s: TorchState, g, unknown: str) -> None:
         if not acts:
             s.const[n.name] = node_shape(n)  # (shape arithmetic on constants, the causal mask: it costs nothing)
             continue
+        s.b.block = _module_block(n)  # (a numbered module's ops form a layer block: pipelines split them)
         try:
             convert(s, c)
         except ValidationError:
             raise
         except (Unmapped, TypeError, IndexError, KeyError, AttributeError, ValueError):  # (never a traceback)
             _unmapped(s, c, unknown)
+
+
+def _module_block(n) -> str | None:
+    """The layer block of a captured call: the outermost numbered module on its
+    ``nn_module_stack`` (torch.export's record of the modules it ran in, outermost first)."""
+    stack = n.meta.get("nn_module_stack") or {}
+    paths = [str(v[0]) for v in stack.values() if isinstance(v, tuple) and v]
+    return block_of_scopes(paths)
 
 
 def _placeholder(s: TorchState, n) -> None:

@@ -339,3 +339,24 @@ def test_external_data_imports_shapes_without_the_data_file(family, tmp_path, mo
     assert any("external data" in n and "not read" in n for n in notes)
     assert g.param_count == inline.param_count and gemm_flops(g) == gemm_flops(inline)
     assert [o.kind for o in g.ops] == [o.kind for o in inline.ops]
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_numbered_modules_become_layer_blocks_that_pipelines_split(dynamo, tmp_path, monkeypatch):
+    """Issue 44: imported ONNX models had no layer blocks, so no pipeline layouts. Both
+    exporters record each node's module path (the dynamo exporter's name_scopes, TorchScript's
+    node names); GPT-2's ``transformer.h.N`` become its blocks and a two-stage pipeline simulates."""
+    from engine.cluster import preset
+    from engine.graph.blocks import layer_blocks
+    from engine.layout import Layout
+    from engine.layout.build import build_layout
+    from engine.sim.report import simulate_strategy
+
+    torch.manual_seed(0)
+    model, x = hf_model("gpt2"), torch.randint(0, VOCAB, (BATCH, SEQ))
+    g, _ = import_onnx(export(model, x, dynamo, tmp_path, monkeypatch))
+    blocks = layer_blocks(g)
+    assert [b.rsplit(".", 2)[-2:] for b in blocks] == [["h", "0"], ["h", "1"]], blocks
+    c = preset("dgx-a100-80gb:1")
+    s = build_layout(g, c, Layout(pp=2, dp=1, micro_batch=1))
+    assert s.pipeline.stages == 2 and simulate_strategy(g, s, c).iteration_time_s > 0

@@ -260,3 +260,22 @@ def test_in_place_variants_map_as_their_out_of_place_ops():
     g, _ = import_torch(lambda: (InPlace(), torch.randn(4, 8)))
     assert [o.kind for o in g.ops] == ["input", "linear", "elementwise", "mul", "add"]
     assert g.ops[2].attrs["label"] == "hardtanh"
+
+
+def test_numbered_modules_become_layer_blocks_that_pipelines_split():
+    """Issue 44: imported models had no layer blocks, so no pipeline layouts. The outermost
+    numbered module on each call's nn_module_stack is its block (LLaMA's ``model.layers.N``);
+    the embedding and the head stay outside, and a two-stage pipeline builds and simulates."""
+    from engine.cluster import preset
+    from engine.graph.blocks import layer_blocks
+    from engine.layout import Layout
+    from engine.layout.build import build_layout
+    from engine.sim.report import simulate_strategy
+
+    g, _ = import_torch(llama)
+    blocks = layer_blocks(g)
+    assert len(blocks) >= 2 and all(b.rsplit(".", 1)[-1].isdigit() and ".layers." in b for b in blocks)
+    assert next(op for op in g.ops if op.kind == "embedding").block is None
+    c = preset("dgx-a100-80gb:1")
+    s = build_layout(g, c, Layout(pp=2, dp=1, micro_batch=1))
+    assert s.pipeline.stages == 2 and simulate_strategy(g, s, c).iteration_time_s > 0
