@@ -63,7 +63,8 @@ from ..graph.blocks import layer_blocks
 from ..layout.placement import balanced_layers
 
 __all__ = ["TORCHTITAN_RELEASE", "SHIPPED", "PLACEHOLDER", "to_torchtitan", "overrides", "launch_args", "layout_from_torchtitan",
-           "render", "placeholder_module", "shipped_note", "SHIPPED_MOE"]
+           "render", "placeholder_module", "shipped_note", "SHIPPED_MOE",
+           "FLOAT8_CONFIGS"]
 
 #: the torchtitan release the export targets
 TORCHTITAN_RELEASE = "0.3.0"
@@ -88,12 +89,18 @@ SHIPPED = {
 #: built on the meta device, has these parameters (tests/export/test_export_torchtitan.py checks
 #: it): the same as soapbox's samples, but GPT-OSS's attention sinks, which soapbox leaves out.
 SHIPPED_MOE = {
-    (30_532_122_624, 48, 151936): ("qwen3", "qwen3_30b_a3b", False, ""),
-    (671_026_404_352, 61, 129280): ("deepseek_v3", "deepseek_v3_671b", False, ""),
-    (116_829_154_368, 36, 201088): ("gpt_oss", "gpt_oss_120b", False,
-                                    "torchtitan's gpt_oss_120b also trains the attention sinks (2,304 parameters) "
-                                    "the simulation leaves out"),
+    (30_532_122_624, 48, 151936): [("qwen3", "qwen3_30b_a3b", False, "")],
+    (671_026_404_352, 61, 129280): [
+        ("deepseek_v3", "deepseek_v3_671b", False, ""),
+        # Float8LinearConverter (filter lm_head, router.gate) and Float8GroupedExpertsConverter
+        ("deepseek_v3", "deepseek_v3_671b_float8", True,
+         "deepseek_v3_671b_float8 keeps lm_head and the routers' gates in bf16 (its filter_fqns)")],
+    (116_829_154_368, 36, 201088): [("gpt_oss", "gpt_oss_120b", False,
+                                     "torchtitan's gpt_oss_120b also trains the attention sinks (2,304 parameters) "
+                                     "the simulation leaves out")],
 }
+#: the shipped config functions that turn float8 on (llama3's and deepseek_v3's config_registry.py)
+FLOAT8_CONFIGS = ("llama3_405b", "deepseek_v3_671b_float8")
 
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _AC = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
@@ -127,7 +134,9 @@ def _shape(graph: OpGraph | None) -> tuple[int, ...] | None:
 def placeholder_module(graph: OpGraph | None, fp8: bool) -> tuple[str, str]:
     """(--module, --config) of the shipped torchtitan config that builds ``graph`` with the same
     float8 setting, or :data:`PLACEHOLDER`."""
-    hit = SHIPPED.get(_shape(graph) or ()) or SHIPPED_MOE.get(_size(graph) or ())
+    hit = SHIPPED.get(_shape(graph) or ())
+    if hit is None:
+        hit = next((e for e in SHIPPED_MOE.get(_size(graph) or (), []) if e[2] == fp8), None)
     if hit is None or hit[2] != fp8:
         return PLACEHOLDER
     return hit[0], hit[1]
@@ -141,10 +150,9 @@ def _size(graph: OpGraph | None) -> tuple[int, int, int] | None:
     return graph.param_count, len(layer_blocks(graph)), int(emb.attrs.get("num_embeddings", 0))
 
 
-def shipped_note(graph: OpGraph | None) -> str:
-    """What a shipped mixture-of-experts config trains beyond the simulated model ("" if nothing)."""
-    hit = SHIPPED_MOE.get(_size(graph) or ())
-    return hit[3] if hit else ""
+def shipped_note(graph: OpGraph | None, config: str) -> str:
+    """What the shipped mixture-of-experts ``config`` does beyond the simulated model ("" if nothing)."""
+    return next((e[3] for e in SHIPPED_MOE.get(_size(graph) or (), []) if e[1] == config), "")
 
 
 def _tied(graph: OpGraph | None) -> bool:
@@ -259,7 +267,8 @@ def _refusals(lay: Layout, precision: str, seq_len: int, graph: OpGraph | None, 
     if lay.fp8 and module == PLACEHOLDER:
         raise r("torchtitan", "fp8 GEMMs: torchtitan 0.3.0 sets float8 as a model converter inside the config "
                                "function (Trainer.Config.model_spec takes no command-line override), and ships "
-                               "it for llama3_405b only", "write a config function with Float8LinearConverter "
+                               f"it for {' and '.join(FLOAT8_CONFIGS)} (and debug models) only",
+                "write a config function with Float8LinearConverter "
                                                            "(as llama3_debugmodel_float8), or export --format megatron")
 
 
@@ -329,8 +338,8 @@ def to_torchtitan(lay: Layout, precision: str, seq_len: int, graph: OpGraph | No
                  "norm, lm_head)" + ("" if not lay.pp > 1 else ", as the pipeline split below names them")]
     else:
         head.append(f"# {name}: torchtitan's {module[0]} {module[1]} (same layers, width, heads and vocabulary)")
-        if shipped_note(graph):
-            head.append(f"#   {shipped_note(graph)}")
+        if shipped_note(graph, module[1]):
+            head.append(f"#   {shipped_note(graph, module[1])}")
     head.append("# add: --hf_assets_path (tokenizer), --dataloader.dataset, --training.steps and the optimizer "
                 "your run needs")
     if fp8:

@@ -340,7 +340,7 @@ def test_shipped_mixture_of_experts_configs_are_named(sample, cluster, sinks):
     g, c = build_sample(sample), preset(cluster)
     s = fsdp(g, c, Layout(zero_stage=3, ep=8, micro_batch=1))
     text = export("torchtitan", g, s, c)
-    module = next(v for k, v in SHIPPED_MOE.items() if k[0] == g.param_count)
+    module = next(e for k, v in SHIPPED_MOE.items() if k[0] == g.param_count for e in v if not e[2])
     assert launch_args(text)[:4] == ["--module", module[0], "--config", module[1]]
     assert ("attention sinks" in text) == bool(sinks)
     _framework()
@@ -350,3 +350,20 @@ def test_shipped_mixture_of_experts_configs_are_named(sample, cluster, sinks):
     assert sum(p.numel() for p in model.parameters()) == g.param_count + sinks
     ran = what_torchtitan_runs(cfg, c.num_devices)
     assert ran == dict(ran, zero=3, microbatches=s.pipeline.microbatches)
+
+
+def test_fp8_deepseek_v3_names_the_shipped_float8_config():
+    """torchtitan 0.3.0 ships deepseek_v3_671b_float8 (its experts and linears in float8 by
+    torchao); a DeepSeek-V3 layout with fp8 GEMMs by torchao names it, and the refusal of fp8
+    elsewhere lists both shipped float8 configs (it said llama3_405b only)."""
+    from engine.models import build_sample
+
+    g, c = build_sample("deepseek-v3"), preset("dgx-h100:16")
+    s = fsdp(g, c, Layout(zero_stage=3, ep=8, micro_batch=1, fp8=True, fp8_library="torchao"))
+    text = export("torchtitan", g, s, c)
+    assert launch_args(text)[:4] == ["--module", "deepseek_v3", "--config", "deepseek_v3_671b_float8"]
+    assert "keeps lm_head and the routers' gates in bf16" in text
+    with pytest.raises(ValidationError, match="ships it for llama3_405b and deepseek_v3_671b_float8"):
+        small, h = resolve_model("gpt2", batch=16, precision="bf16"), preset("dgx-h100:1")
+        export("torchtitan", small, fsdp(small, h, Layout(zero_stage=3, micro_batch=1, fp8=True,
+                                                         fp8_library="torchao")), h)
