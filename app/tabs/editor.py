@@ -207,7 +207,7 @@ def panel_values(state: dict) -> dict[str, Any]:
                    if name not in ("recompute", "zero_stage", "schedule") and hasattr(s, name)}}
     if found is None or found[0] not in ("megatron", "fsdp"):
         how = str((s.found_by or {}).get("algorithm", "a file"))
-        read = _read_layout(state, s)
+        read = None if how.startswith("baseline:") else _read_layout(state, s)
         if read is not None:  # a searched or imported plan that is a framework layout: shown as one
             lay, text = read
             values = {name: getattr(lay, name) for name in DEGREES if hasattr(lay, name)}
