@@ -40,7 +40,8 @@ def main() -> None:
     ap.add_argument("--plot", help="write the comparison as a Plotly HTML page here")
     ap.add_argument("--from-table", help="plot a table printed by an earlier run instead of searching")
     ap.add_argument("--tenfold", action="store_true", help="auto with the budget against each algorithm with 10x it")
-    ap.add_argument("--only", help="--tenfold: only this model's cases (e.g. alexnet)")
+    ap.add_argument("--only", help="--tenfold: only these models' cases (alexnet, or inception_v3,nmt; "
+                    "MODEL@CLUSTER for one case)")
     ap.add_argument("--clusters", help="--tenfold: the six models on these clusters (comma-separated), e.g. "
                     "k80-16x4,dgx-a100-40gb:8 (64 GPUs each), instead of --cases")
     ap.add_argument("--plans", type=Path, help="--tenfold: keep each case's best-known plan in this folder")
@@ -49,6 +50,12 @@ def main() -> None:
                     help="--tenfold with --plans: only MCMC seeds 1..N at 10x the budget, each case's best-known plan "
                          "kept where one beats it")
     args = ap.parse_args()
+    def only(case: tuple[str, str]) -> bool:  # --only MODEL[,MODEL][@CLUSTER]
+        if args.only is None:
+            return True
+        return any(m == case[0] and (not cl or cl == case[1])
+                   for m, _, cl in (x.partition("@") for x in args.only.split(",")))
+
     if args.tenfold:
         cases = [(m, "p100-4x4") for m in ("alexnet", "inception_v3", "resnet101")]
         if args.cases == "all":
@@ -56,10 +63,10 @@ def main() -> None:
         if args.clusters:
             cases = [(m, cl) for cl in args.clusters.split(",") for m in SIX]
         if args.seeds_only:
-            more_seeds([c for c in cases if args.only in (None, c[0])], Budget.parse(args.budget), args.plans,
+            more_seeds([c for c in cases if only(c)], Budget.parse(args.budget), args.plans,
                        args.seeds_only)
             return
-        tenfold([c for c in cases if args.only in (None, c[0])], Budget.parse(args.budget), args.plans, args.seeds)
+        tenfold([c for c in cases if only(c)], Budget.parse(args.budget), args.plans, args.seeds)
         return
     if args.from_table:
         plot(parse_table(open(args.from_table).read()), args.plot or "search-comparison.html")
