@@ -122,7 +122,7 @@ class TestCli:
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--budget", "soon"]) == 2
         assert "budget 'soon' is not a number of proposals" in capsys.readouterr().err
         assert main(["search", "--model", "alexnet", "--cluster", "p100-4x4", "--algo", "annealing"]) == 2
-        assert "unknown search algorithm 'annealing'; available: auto, mcmc, pase, pipeline, differentiable, all" \
+        assert "unknown search algorithm 'annealing'; available: auto, mcmc, pase, pipeline, differentiable, layouts, all" \
             in capsys.readouterr().err
 
     def test_all_algorithms_side_by_side(self, capsys):
@@ -130,7 +130,7 @@ class TestCli:
                      "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         rows = {r["algorithm"]: r for r in out["algorithms"]}
-        assert list(rows) == ["auto", "mcmc", "pase", "pipeline", "differentiable"]
+        assert list(rows) == ["auto", "mcmc", "pase", "pipeline", "differentiable", "layouts"]
         assert "no numbered layer blocks" in rows["pipeline"]["error"]  # AlexNet has no layers to pipeline
         best = min(r["best_cost_s"] for r in rows.values() if "error" not in r)
         for r in rows.values():
