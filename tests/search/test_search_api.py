@@ -14,6 +14,7 @@ from engine.search.api import (
     AutoOptions,
     Budget,
     DifferentiableOptions,
+    LayoutOptions,
     MCMCOptions,
     PaseOptions,
     PipelineOptions,
@@ -123,7 +124,7 @@ class TestOptions:
     def test_registry_names_each_algorithms_options(self):
         assert {n: a.options for n, a in ALGORITHMS.items()} == {
             "auto": AutoOptions, "mcmc": MCMCOptions, "pase": PaseOptions, "pipeline": PipelineOptions,
-            "differentiable": DifferentiableOptions}
+            "differentiable": DifferentiableOptions, "layouts": LayoutOptions}
 
     def test_another_algorithms_options_are_refused(self, alexnet):
         g, c = alexnet
