@@ -22,7 +22,7 @@ from engine.sim.report import mfu
 
 from ..views import config_diff, summary_data
 
-__all__ = ["plan_fields", "plan_text", "LAYOUT_FIELDS", "layout", "register", "render_compare", "compare_shown", "compared"]
+__all__ = ["plan_fields", "plan_text", "layout_fields", "LAYOUT_FIELDS", "layout", "register", "render_compare", "compare_shown", "compared"]
 
 
 def layout() -> html.Div:
@@ -91,6 +91,11 @@ def plan_fields(graph: Any, cluster: Any, strategy: Any) -> dict[str, Any] | Non
         lay = infer_layout(graph, strategy, cluster)
     except (ValueError, SoapboxError):
         return None
+    return layout_fields(lay)
+
+
+def layout_fields(lay: Any) -> dict[str, Any]:
+    """A :class:`engine.layout.Layout`'s :data:`LAYOUT_FIELDS`."""
     return {k: getattr(lay, k) for k, _ in LAYOUT_FIELDS}
 
 

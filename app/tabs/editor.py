@@ -243,13 +243,13 @@ def _read_layout(state: dict, strategy) -> tuple[Any, str] | None:
     and its description, or None (a per-op plan)."""
     from engine.export.infer import infer_layout
 
-    from .compare import plan_text, plan_fields
+    from .compare import layout_fields, plan_text
 
     try:
         lay = infer_layout(graph_of(state), strategy, cluster_of(state))
     except (ValueError, SoapboxError):
         return None
-    return lay, plan_text(plan_fields(graph_of(state), cluster_of(state), strategy))
+    return lay, plan_text(layout_fields(lay))
 
 
 def op_panel(graph, strategy, timeline, selected: list[str], cost_mark: str | None = None) -> Any:
