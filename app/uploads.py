@@ -53,14 +53,25 @@ def decode_upload(contents: str, filename: str, binary: bool = False) -> str | b
                          "soapbox reads JSON files") from None
 
 
-def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str) -> tuple[dict, str, bool]:
+def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str,
+                 head: str | None = None) -> tuple[dict, str, bool]:
+    """The state with model ``g`` (kept in the store as ``data``) under data parallel; refused,
+    keeping nothing, when data parallel cannot run it on the state's cluster (a precision its GPUs
+    lack: the message says what to pick). ``head``: what the message says was loaded."""
+    try:
+        s = make_baseline("data-parallel", g, cluster_of(state))
+    except ValidationError as e:
+        hint = (" Pick a cluster whose GPUs have it first (the A100, H100, H200 and B200 presets)."
+                if any("peak" in p.message for p in e.problems) else "")
+        return state, (f"{filename}: {g.name} cannot run on {state['cluster'].get('name', 'this cluster')}: "
+                       f"{'; '.join(p.message for p in e.problems[:3])}.{hint}"), False
     digest = store.current().put_upload(state["sid"], "model", g.name, data)
     new = copy.deepcopy(state)
     new["model"] = {"name": g.name[:200] or "model", "upload": digest}
-    new["strategy"] = strategy_dict(make_baseline("data-parallel", g, cluster_of(new)))
+    new["strategy"] = strategy_dict(s)
     new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
-    return bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}; strategy: data parallel."
-                       + extra), True
+    head = head or f"Loaded model {g.name} ({len(g.ops)} ops) from {filename}"
+    return bump(new), f"{head}; strategy: data parallel.{extra}", True
 
 
 def import_onnx_file(state: dict, raw: bytes, filename: str) -> tuple[dict, str, bool]:
@@ -94,28 +105,20 @@ def import_hf_config(state: dict, config: dict, filename: str) -> tuple[dict, st
     notes: list[str] = []
     try:
         g = hf_model(config, notes=notes)
-        if len(g.ops) > MAX_APP_OPS:
-            return state, (f"{filename}: {len(g.ops):,} ops, more than the explorer takes ({MAX_APP_OPS:,}); "
-                           "use soapbox import --hf and the command line"), False
-        digest = store.current().put_upload(state["sid"], "model", g.name, {"format": HF_UPLOAD, "config": config})
     except (ValidationError, SoapboxError, ValueError) as e:
         return state, (f"{filename}: a Hugging Face config soapbox cannot import ({first_line(e)[:300]}); "
                        "the model types it reads are listed under soapbox import --hf in the README"), False
-    new = copy.deepcopy(state)
-    new["model"] = {"name": g.name[:200] or "model", "upload": digest}
+    if len(g.ops) > MAX_APP_OPS:
+        return state, (f"{filename}: {len(g.ops):,} ops, more than the explorer takes ({MAX_APP_OPS:,}); "
+                       "use soapbox import --hf and the command line"), False
+    head = (f"Loaded model {g.name} ({len(g.ops)} ops, {g.param_count / 1e9:.2f} B parameters) from {filename}, a "
+            f"Hugging Face config imported as soapbox import --hf does: {g.batch_size:,} sequences of "
+            f"{tokens_per_sample(g) or 0:,} tokens in {g.precision} (set them in the header)")
     try:
-        new["strategy"] = strategy_dict(make_baseline("data-parallel", g, cluster_of(new)))
-    except ValidationError as e:
-        hint = (" Pick a cluster whose GPUs have it first (the A100, H100, H200 and B200 presets), or upload a "
-                "config whose torch_dtype this cluster has." if any("peak" in p.message for p in e.problems) else "")
-        return state, (f"{filename}: {g.name} cannot run on {state['cluster'].get('name', 'this cluster')}: "
-                       f"{'; '.join(p.message for p in e.problems[:3])}.{hint}"), False
-    new.update(undo=[], redo=[], selected=None, baseline="data-parallel", compare=[])
-    extra = "".join(f" Note: {n}." for n in notes)
-    return bump(new), (f"Loaded model {g.name} ({len(g.ops)} ops, {g.param_count / 1e9:.2f} B parameters) from "
-                       f"{filename}, a Hugging Face config imported as soapbox import --hf does: "
-                       f"{g.batch_size:,} sequences of {tokens_per_sample(g) or 0:,} tokens in {g.precision} (set "
-                       f"them in the header); strategy: data parallel.{extra}"), True
+        return _adopt_model(state, g, {"format": HF_UPLOAD, "config": config}, filename,
+                            "".join(f" Note: {n}." for n in notes), head)
+    except (SoapboxError, ValueError) as e:  # (the store full: said, nothing kept)
+        return state, f"{filename}: {first_line(e)}", False
 
 
 def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]:
