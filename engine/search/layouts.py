@@ -12,7 +12,8 @@ Constraints (:class:`~engine.search.api.LayoutOptions`): fixed or bounded tp / p
 model's own precision (fp8 only when asked and every GPU has it); a memory headroom (the fit is
 checked against ``1 - headroom`` of each GPU's memory); and ``exportable``: a candidate the
 chosen exporter (``megatron``, ``deepspeed``, ``torchtitan``: :func:`engine.export.infer.export`)
-refuses is skipped, so the answer is one the framework's launcher takes. ``auto`` delegates here
+refuses is skipped (the next memory setting of the layout is tried: DeepSpeed takes full
+recomputation but not selective), so the answer is one the framework's launcher takes. ``auto`` delegates here
 when any constraint is given (per-op moves would leave the framework's shape).
 
 A time budget may end the enumeration early: the candidates are priced smallest pipeline first
@@ -28,6 +29,7 @@ from typing import Any, Iterator
 
 from ..cluster import Cluster
 from ..costs import CostModel
+from ..errors import first_line
 from ..graph import OpGraph
 from ..layout import Layout, valid_layouts
 from ..layout.build import build_layout
@@ -119,10 +121,10 @@ def layouts(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, s
             if opts.exportable:
                 try:
                     export(opts.exportable, graph, s, cluster)
-                except ValueError as e:
-                    why = str(e).splitlines()[0][:120]
+                except ValueError as e:  # (this memory setting; the next may be one the framework takes)
+                    why = first_line(e)[:160]
                     refused[why] = refused.get(why, 0) + 1
-                    break
+                    continue
             try:
                 p = price(graph, s, fit, cost_model)
             except ValueError:

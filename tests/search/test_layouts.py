@@ -72,3 +72,15 @@ def test_auto_runs_the_layout_search_when_constrained_and_keeps_the_precision():
     assert r.algorithm == "auto" and r.notes[0].startswith("constraints given: the layout search ran")
     assert r.best.found_by["algorithm"] == "layouts" and not r.best.fp8
     assert export("torchtitan", g, r.best, c)
+
+
+def test_a_setting_the_exporter_refuses_moves_on_to_the_next(case):
+    """DeepSpeed refuses the ZeRO-0 rung (its gradient reduce does not overlap the backward
+    without ZeRO); the layout is then tried at ZeRO-1, which it takes, rather than dropped: on one
+    DGX the plain data-parallel layout is exportable that way and is the answer."""
+    g, c = case
+    r = ALGORITHMS["layouts"].run(g, c, Budget(iterations=10_000), options=LayoutOptions(exportable="deepspeed"))
+    lay = infer_layout(g, r.best, c)
+    assert r.best.found_by["memory"] == "ZeRO-1, recompute none" and (lay.tp, lay.pp, lay.cp) == (1, 1, 1)
+    assert export("deepspeed", g, r.best, c)
+    assert any("refused by the deepspeed export" in n and "without ZeRO" in n for n in r.notes)
