@@ -53,7 +53,7 @@ def _pickers() -> html.Div:
         html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),
                                                           value=None, clearable=False)], className="pick"),
         dcc.Upload(id="upload", children=html.Div(["Drop or ", html.A("choose"),
-                                                  " a model (soapbox JSON or ONNX), cluster, strategy or profile file"]),
+                                                  " a model (soapbox JSON, ONNX or a Hugging Face config.json), cluster, strategy or profile file"]),
                    className="upload", multiple=False),
     ], className="pickers")
 

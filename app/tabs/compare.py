@@ -101,7 +101,7 @@ def layout_fields(lay: Any) -> dict[str, Any]:
 
 def plan_text(fields: dict[str, Any] | None) -> str:
     if fields is None:
-        return "per-op plan (no framework layout)"
+        return "no framework layout (ops split one by one)"
     parts = [f"{label} {fields[k]}" for k, label in LAYOUT_FIELDS[:8] if k in ("tp", "pp", "dp") or fields[k] not in (1, None)]
     parts += [f"ZeRO-{fields['zero_stage']}"] if fields["zero_stage"] else []
     parts += [f"recompute {fields['recompute']}"] if fields["recompute"] != "none" else []

@@ -42,7 +42,7 @@ def layout() -> html.Div:
                              options=[{"label": "any plan", "value": ""}] +
                                      [{"label": f, "value": f} for f in ("megatron", "deepspeed", "torchtitan")]),
                 dcc.Checklist(id="search-fp8", options=[{"label": " allow fp8 (else the model's precision)",
-                                                         "value": "fp8"}], value=[]),
+                                                         "value": "fp8"}], value=[], inline=True),
                 html.Div([html.Label("tp", htmlFor="search-tp"),
                           dcc.Input(id="search-tp", type="number", min=1, step=1, placeholder="any"),
                           html.Label("pp", htmlFor="search-pp"),
