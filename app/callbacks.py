@@ -40,7 +40,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Output("state", "data"), Output("message", "children"), Output("pick-model", "value"),
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
         Output("pick-batch", "value"), Output("pick-seq", "value"), Output("pick-precision", "value"),
-        Output("pick-model", "options"), Output("pick-cluster", "options"),
+        Output("pick-model", "options"), Output("pick-cluster", "options"), Output("gantt-rows", "value"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
@@ -84,7 +84,9 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
                 no_update if trigger == "pick-batch" else new["model"].get("batch"),
                 no_update if trigger == "pick-seq" else new["model"].get("seq_len"),
                 no_update if trigger == "pick-precision" else new["model"].get("precision", "default"),
-                _options(state, new, "model", model_options), _options(state, new, "cluster", cluster_options))
+                _options(state, new, "model", model_options), _options(state, new, "cluster", cluster_options),
+                # a guided step's timeline rows, with its state (the views read both together)
+                ("stage" if step == "pipeline" else "auto") if trigger == "tour" and new is not state else no_update)
 
     app.clientside_callback(
         f"""

@@ -31,7 +31,7 @@ from .sessions import Build, Busy, current
 from .sources import APP_MAX_TASKS, cluster_of, graph_of, profile_of
 from .state import content_key, page_strategy, same_settings
 
-__all__ = ["Workspace", "workspace", "workspace_within", "build_status", "cancel_build", "check_size",
+__all__ = ["Workspace", "workspace", "workspace_within", "workspace_shown", "build_status", "cancel_build", "check_size",
            "baseline_cost_s", "baseline_fits", "baseline_comm_bytes", "size_checked_key", "INLINE_WAIT_S", "MAX_WAIT_S", "DELTA_LIMIT",
            "Busy"]
 
@@ -153,6 +153,24 @@ def workspace(state: dict, wait_s: float = MAX_WAIT_S) -> Workspace:
         except CancelledError:
             pass  # (cancelled while we waited: build it here)
     return _workspace_now(state, None)
+
+
+def workspace_shown(state: dict, wait_s: float = MAX_WAIT_S) -> Workspace | None:
+    """The session's workspace for ``state`` when the page's views were last drawn for it,
+    else None: while a simulation runs for the session, or when the views were last drawn for
+    another version (a late request for an older state, or a newer one the Explore views are
+    about to draw, with the options the page has then). A redraw of one view (the timeline's
+    zoom or rows) goes through here: building an older state replaced the session's newer
+    workspace, and its answer, arriving last, showed the older strategy's timeline; building
+    the newer one here repeated the Explore views' build."""
+    sessions = current()
+    sid = state["sid"]
+    if sessions.build(sid) is not None:
+        return None
+    last = sessions.last_drawn.get(sid)
+    if isinstance(last, dict) and last.get("version") != state.get("version"):
+        return None
+    return workspace(state, wait_s)  # (drawn for this state, or drawn so long ago it was forgotten)
 
 
 def workspace_within(state: dict, wait_s: float = INLINE_WAIT_S) -> Workspace | None:

@@ -103,13 +103,14 @@ def layout() -> html.Div:
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
-    @app.callback(Output("tabs", "value"), Output("gantt-rows", "value"), Output("expert-skew", "value"),
+    # (the timeline's rows for the step come with its state, from the header's reducer: set
+    # here, they redrew the timeline for the state the page still had)
+    @app.callback(Output("tabs", "value"), Output("expert-skew", "value"),
                   Output("expert-source", "value", allow_duplicate=True),
                   Input({"type": "tour", "step": ALL}, "n_clicks"), prevent_initial_call=True)
     def _tour_tab(clicks):
         step = ctx.triggered_id.get("step") if isinstance(ctx.triggered_id, dict) else None
         if not isinstance(step, str) or step not in TOUR or not isinstance(clicks, list) or not any(clicks):
-            return no_update, no_update, no_update, no_update
+            return no_update, no_update, no_update
         moe = step == "experts"  # (the Experts panel's controls show the what-if the step applied)
-        return (TOUR[step][2], ("stage" if step == "pipeline" else "auto"), MOE_SKEW if moe else no_update,
-                "skew" if moe else no_update)
+        return TOUR[step][2], MOE_SKEW if moe else no_update, "skew" if moe else no_update

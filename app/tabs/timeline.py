@@ -13,7 +13,7 @@ from engine.errors import SoapboxError
 from ..components import GRAPH_CONFIG, first_line, image_buttons, learn
 from ..figures import build_gantt_figure, gantt_notes
 from ..gantt import gantt_data, stage_of_devices
-from ..simulation import workspace
+from ..simulation import workspace_shown
 from ..state import check_state
 
 __all__ = ["layout", "register", "gantt_view", "gantt_parts", "zoom_gantt", "GANTT_OPTIONS"]
@@ -37,7 +37,7 @@ def layout() -> html.Div:
                          dcc.Input(id="gantt-filter", type="text", debounce=True, className="gantt-filter",
                                    placeholder="filter rows: 0-7, stage 1, node 1, nic"),
                      ], className="gantt-controls"),
-                     html.P(id="gantt-notes", className="hint"),
+                     html.P(id="gantt-notes", className="hint"), dcc.Store(id="gantt-zoom"),
                      html.Div(dcc.Graph(id="gantt", config=GRAPH_CONFIG), className="gantt-scroll"),
                      image_buttons("gantt"),
                      learn("gantt"), learn("pipeline")], className="panel")
@@ -95,7 +95,8 @@ def _window(relayout: dict) -> tuple[float, float] | None | bool:
 def zoom_gantt(state: dict, relayout: dict | None, opts: dict | None = None, trigger: str = "gantt") -> Any:
     """Redraw the Gantt (figure, notes) for the x range the user zoomed to (full detail when few
     tasks are in it), or for new row options (``trigger`` another than "gantt": the whole
-    iteration); ``no_update`` for other relayouts."""
+    iteration); ``no_update`` for other relayouts, and while ``state`` is not what the page
+    shows (:func:`app.simulation.workspace_shown`)."""
     if not state:
         return no_update, no_update
     window = None
@@ -105,20 +106,41 @@ def zoom_gantt(state: dict, relayout: dict | None, opts: dict | None = None, tri
         window = _window(relayout)
         if window is False:
             return no_update, no_update
-    ws = workspace(state)
+    ws = workspace_shown(state)
+    if ws is None:  # (a newer state is being drawn: its views come with the row options)
+        return no_update, no_update
     selected = [n for n in (state.get("selected") or []) if n in ws.graph.index]
     return gantt_view(ws, selected, window, opts)
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
-    @app.callback(Output("gantt", "figure", allow_duplicate=True),
-                  Output("gantt-notes", "children", allow_duplicate=True),
+    # the redraw goes through a store: the page applies it only if the state it was drawn for
+    # is still the page's (an answer that comes after an edit's views would show the older
+    # strategy's timeline under the newer one's cards)
+    @app.callback(Output("gantt-zoom", "data"),
                   Input("gantt", "relayoutData"), Input("gantt-rows", "value"), Input("gantt-links", "value"),
                   Input("gantt-filter", "value"), State("state", "data"), prevent_initial_call=True)
     def _zoom(relayout, rows, links, filt, state):
         try:
             check_state(state)
-            return zoom_gantt(state, relayout, {"rows": rows, "links": links, "filter": filt},
-                              trigger=str(ctx.triggered_id or "gantt"))
+            fig, notes = zoom_gantt(state, relayout, {"rows": rows, "links": links, "filter": filt},
+                                    trigger=str(ctx.triggered_id or "gantt"))
         except (ValueError, SoapboxError, TimeoutError) as e:
-            return no_update, f"Cannot redraw the timeline: {first_line(e)}"
+            fig, notes = no_update, f"Cannot redraw the timeline: {first_line(e)}"
+        if fig is no_update and notes is no_update:
+            return no_update
+        return {"version": state.get("version"), "sid": state.get("sid"),
+                "figure": None if fig is no_update else fig, "notes": None if notes is no_update else notes}
+
+    app.clientside_callback(
+        """
+        function(drawn, state) {
+            const nu = window.dash_clientside.no_update;
+            if (!drawn || !state || drawn.version !== state.version || drawn.sid !== state.sid) {
+                return [nu, nu];
+            }
+            return [drawn.figure === null ? nu : drawn.figure, drawn.notes === null ? nu : drawn.notes];
+        }
+        """,
+        Output("gantt", "figure", allow_duplicate=True), Output("gantt-notes", "children", allow_duplicate=True),
+        Input("gantt-zoom", "data"), State("state", "data"), prevent_initial_call=True)

@@ -750,3 +750,20 @@ class TestReviewRegressions:
         fig, notes = TL.zoom_gantt(s, None, {"rows": "gpu", "filter": "stage 9"}, trigger="gantt-filter")
         assert notes.startswith("No row matches the filter.") and "0 GPU rows" not in notes
         assert TL.zoom_gantt(s, {"xaxis.range": [0, float("inf")]}) == (no_update, no_update)
+
+    def test_a_late_timeline_redraw_for_another_state_draws_nothing(self):
+        """CI, 2026-11-28: the guided step's row option redrew the timeline for the state the
+        page still had, and that answer, arriving after the new state's views, left the dense
+        model's timeline under Mixtral's cards. A redraw is for the state last drawn only."""
+        old = ST.new_state("alexnet", batch=24)
+        EXP.render_explore(old)  # the page shows it
+        new, _ = EV.on_event("pick-batch", old, batch=48)
+        assert new["version"] > old["version"]
+        EXP.render_explore(new)  # the edit's views
+        opts = {"rows": "gpu"}
+        assert TL.zoom_gantt(old, None, opts, trigger="gantt-rows") == (no_update, no_update)
+        fig, notes = TL.zoom_gantt(new, None, opts, trigger="gantt-rows")
+        assert isinstance(fig, dict) and fig["data"] and isinstance(notes, str)
+        newer, _ = EV.on_event("pick-batch", new, batch=96)  # not drawn yet: the views draw it
+        assert TL.zoom_gantt(newer, None, opts, trigger="gantt-rows") == (no_update, no_update)
+        SES.current().forget(old["sid"])
