@@ -12,7 +12,7 @@ from dash import ALL, Dash, Input, Output, State, ctx, no_update
 from .events import on_event
 from .layout import cluster_options, model_options
 from .panel import LAYOUT_FORM, component_id
-from .tabs import compare, explore, export, learn, search
+from .tabs import compare, explore, export, learn, plan, search
 from .uploads import MAX_UPLOAD_BYTES
 
 __all__ = ["register"]
@@ -49,19 +49,30 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
         Input("pick-seq", "value"), Input("pick-precision", "value"),
         Input("expert-apply", "n_clicks"), Input("expert-balanced", "n_clicks"), Input("profile-detach", "n_clicks"),
+        Input({"type": "plan-open", "row": ALL}, "n_clicks"), State("plan-rows", "data"),
         State("expert-source", "value"), State("expert-skew", "value"), State("expert-hist", "data"),
         State({"type": "deg", "dim": ALL}, "value"),
         State({"type": "deg", "dim": ALL}, "id"), State("edit-devices", "value"), State("compare-name", "value"),
         State("collapse", "value"), State("state", "data"),
         *[State(component_id(name), "value") for name in LAYOUT_FORM])
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
-                _sc, seq, precision, _xa, _xb, _pd, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
+                _sc, seq, precision, _xa, _xb, _pd, _po, plan_rows, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
                 collapse, state, *form):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         step = None
         if isinstance(ctx.triggered_id, dict) and ctx.triggered_id.get("type") == "tour" and \
                 isinstance(_tour, list) and any(_tour):
             trigger, step = "tour", str(ctx.triggered_id.get("step"))[:30]
+        plan = None
+        if isinstance(ctx.triggered_id, dict) and ctx.triggered_id.get("type") == "plan-open":
+            row = ctx.triggered_id.get("row")
+            rows = plan_rows if isinstance(plan_rows, list) else []
+            # (the pattern's entries are the last input: a new table's buttons come unclicked)
+            entries = ctx.inputs_list[-1] if ctx.inputs_list and isinstance(ctx.inputs_list[-1], list) else []
+            clicked = any(isinstance(e, dict) and isinstance(e.get("id"), dict) and e["id"].get("row") == row
+                          and e.get("value") for e in entries)
+            if isinstance(row, int) and 0 <= row < len(rows) and clicked:
+                trigger, plan = "plan-open", rows[row]
         if trigger == "upload-ok":
             trigger = "upload"
         uploaded = uploaded if isinstance(uploaded, dict) else {}
@@ -75,7 +86,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
                             degrees=degrees, devices=devices, click=click, compare_name=compare_name, batch=batch,
                             step=step, size=seq if trigger == "pick-seq" else precision,
                             layout=dict(zip(LAYOUT_FORM, form)),
-                            whatif={"source": x_source, "skew": x_skew, "histogram": x_hist})
+                            whatif={"source": x_source, "skew": x_skew, "histogram": x_hist}, plan=plan)
         # a refused or empty action leaves the state as it was: not sent again, so the editor
         # and the views keep what the user typed (sending it reset the op editor's fields)
         return (no_update if new is state else new, msg, _shown(new["model"].get("name"), model),
@@ -130,5 +141,5 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
     """Every callback of the page."""
     _register_reducer(app)
-    for tab in (explore, search, compare, export, learn):
+    for tab in (explore, search, plan, compare, export, learn):
         tab.register(app)

@@ -37,9 +37,11 @@ __all__ = ["on_event", "TRIGGERS"]
 TRIGGERS = ("url", "pick-model", "pick-cluster", "pick-baseline", "pick-batch", "pick-seq", "pick-precision",
             "upload", "edit-apply", "undo", "redo", "op-graph", "edit-ops", "search-adopt", "compare-add",
             "compare-clear", "layout-apply", "tour", "sim-cancel", "expert-apply", "expert-balanced",
-            "profile-detach")
+            "profile-detach", "plan-open")
 #: triggers that replace the model or cluster (a running search is then stopped)
-_REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour")
+_REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour", "plan-open")
+#: the layout options a GPU comparison's row opens with (:func:`engine.studies.plan.best_per_cluster`)
+_PLAN_FORM = ("tp", "pp", "cp", "ep", "etp", "micro_batch", "recompute", "zero_stage")
 
 
 def _detach_search(old: dict, new: dict, msg: str) -> tuple[dict, str]:
@@ -93,7 +95,7 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
            baseline: Any = None, upload: Any = None, filename: Any = None, ops: Any = None,
            degrees: Any = None, devices: Any = None, click: Any = None, compare_name: Any = None,
            batch: Any = None, layout: Any = None, step: Any = None, size: Any = None,
-           whatif: Any = None) -> tuple[dict, str]:
+           whatif: Any = None, plan: Any = None) -> tuple[dict, str]:
     model, cluster, baseline = _text(model), _text(cluster), _text(baseline)
     ops = [o for o in ops if isinstance(o, str)] if isinstance(ops, list) else []
     if trigger == "pick-model" and model and model != state["model"].get("name"):
@@ -176,7 +178,38 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
         return add_to_compare(state, _text(compare_name, 100))
     if trigger == "compare-clear":
         return dict(state, compare=[]), "Cleared the comparison."
+    if trigger == "plan-open":
+        return _open_plan(state, plan)
     return state, ""
+
+
+def _open_plan(state: dict, plan: Any) -> tuple[dict, str]:
+    """The page on a GPU comparison's cluster under that cluster's best layout (``plan``: the
+    row's cluster, layout options and the model the comparison priced, as the Which GPUs tab
+    keeps them); refused, with the reason, for another model than the page's or a layout the
+    builder refuses."""
+    from .planjob import GPU_TYPES
+
+    if not isinstance(plan, dict) or not isinstance(plan.get("cluster"), str) or \
+            not isinstance(plan.get("options"), dict):
+        return state, ""
+    cluster = plan["cluster"][:60]
+    family, _, nodes = cluster.partition(":")
+    if family not in GPU_TYPES or not (nodes.isascii() and nodes.isdigit() and len(nodes) <= 4):
+        return state, f"Cannot open {cluster!r}: not a cluster a comparison prices."
+    if plan.get("model") != state["model"]:
+        return state, ("That comparison priced another model (or other sizes) than the page shows now: compare "
+                       "again to open its layouts.")
+    opts = plan["options"]
+    form: dict[str, Any] = {k: opts[k] for k in _PLAN_FORM if isinstance(opts.get(k), (int, str))}
+    form["flags"] = ["sequence_parallel"] if opts.get("sequence_parallel") is True else []
+    new = state
+    if cluster != state["cluster"].get("name") or "upload" in state["cluster"]:
+        new, _ = _fresh(state, cluster=cluster)
+    new, msg = apply_layout(new, "megatron", form)
+    if msg.startswith("Layout refused"):
+        return state, msg
+    return new, f"Opened the comparison's best layout on {cluster}. {msg}"
 
 
 def _select_clicked(state: dict, click: dict) -> tuple[dict, str]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
-__all__ = ["format_seconds", "format_bytes", "format_rate", "format_count"]
+__all__ = ["format_seconds", "format_bytes", "format_rate", "format_count", "parse_count"]
 
 
 def format_seconds(s: float | None) -> str:
@@ -61,3 +63,23 @@ def format_rate(per_s: float | None, unit: str = "samples") -> str:
 def format_count(n: int) -> str:
     """``40701`` -> ``"40,701"``."""
     return f"{n:,}"
+
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def parse_count(text: Any) -> float:
+    """A count typed as ``1T``, ``300B``, ``2e12`` or ``1,000,000``; ValueError saying how to
+    write one, or that it is not above 0 and below 1e18.
+
+    >>> parse_count("1T"), parse_count("300b"), parse_count("2e12")
+    (1000000000000.0, 300000000000.0, 2000000000000.0)
+    """
+    raw = str(text or "")[:40].strip().lower().replace(",", "").replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbgtp]?)", raw)
+    if not m:
+        raise ValueError(f"'{str(text)[:20]}': give a count like 1T, 300B or 2e12")
+    n = float(m.group(1)) * _SUFFIX[m.group(2)]
+    if not 0 < n < 1e18:
+        raise ValueError("give a count above 0 and below 1e18")
+    return n

@@ -10,7 +10,7 @@ from engine.models import MAX_SAMPLE_BATCH, MAX_SAMPLE_SEQ, sample_names
 from engine.search.baselines import BASELINES
 
 from .sources import family_sizes
-from .tabs import compare, explore, export, learn, search
+from .tabs import compare, explore, export, learn, plan, search
 
 __all__ = ["make_layout", "cluster_options", "model_options"]
 
@@ -80,6 +80,7 @@ def make_layout() -> html.Div:
         dcc.Tabs(id="tabs", value="explore", children=[
             dcc.Tab(label="Explore", value="explore", children=explore.layout()),
             dcc.Tab(label="Search", value="search", children=search.layout()),
+            dcc.Tab(label="Which GPUs", value="plan", children=plan.layout()),
             dcc.Tab(label="Compare", value="compare", children=compare.layout()),
             dcc.Tab(label="Export", value="export", children=export.layout()),
             dcc.Tab(label="Learn", value="learn", children=learn.layout()),

@@ -54,7 +54,7 @@ from typing import Any, Iterator
 from .datadir import DataDirInUse, inspect_store, lock_folder, private_dir, private_file, set_aside
 
 __all__ = ["Store", "StoreFull", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
-           "digest_of", "KEEP_DAYS", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
+           "digest_of", "PLAN_JOB", "KEEP_DAYS", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
            "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "DB_NAME", "FINAL", "STATUSES"]
 
 #: searches kept per session (oldest finished ones dropped first)
@@ -79,6 +79,9 @@ DB_NAME = "soapbox.sqlite3"
 #: progress rows stored per search (a long MCMC run emits one per 10 proposals); beyond this,
 #: every other stored row is dropped, so the trace keeps its shape at half the resolution
 MAX_PROGRESS_ROWS = 4000
+
+#: the algorithm name under which a GPU comparison (:mod:`app.planjob`) is queued
+PLAN_JOB = "plan"
 
 STATUSES = ("queued", "running", "finished", "stopped", "failed", "interrupted")
 #: statuses after which a search no longer changes
@@ -359,10 +362,12 @@ class Store:
         row = self._conn().execute("SELECT * FROM searches WHERE id = ?", (search_id,)).fetchone()
         return None if row is None else self._row(row)
 
-    def latest_search(self, sid: str) -> dict | None:
-        """The session's most recent search."""
-        row = self._conn().execute("SELECT * FROM searches WHERE sid = ? ORDER BY id DESC LIMIT 1",
-                                   (sid,)).fetchone()
+    def latest_search(self, sid: str, plans: bool = False) -> dict | None:
+        """The session's most recent search (``plans``: its most recent GPU comparison,
+        :mod:`app.planjob`, a job of the same queue and workers)."""
+        row = self._conn().execute(
+            f"SELECT * FROM searches WHERE sid = ? AND algorithm {'=' if plans else '!='} ? ORDER BY id DESC LIMIT 1",
+            (sid, PLAN_JOB)).fetchone()
         return None if row is None else self._row(row)
 
     def running_searches(self) -> list[dict]:

@@ -40,7 +40,14 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
     """Run the claimed search ``row`` to its end; returns the status recorded.
 
     Time budgets count from the moment the search was claimed: resolving the model and
-    building the starting strategies spend the same budget as the search itself."""
+    building the starting strategies spend the same budget as the search itself. A GPU
+    comparison (:data:`app.store.PLAN_JOB`) is priced by :func:`app.planjob.run_plan`."""
+    from .store import PLAN_JOB
+
+    if row["algorithm"] == PLAN_JOB:
+        from .planjob import run_plan
+
+        return run_plan(store, row, parent_pid, clock)
     from engine.search import ALGORITHMS, Budget
     from engine.strategy import strategy_from_dict
 

@@ -8,7 +8,6 @@ the page shows what it is doing and can go back (:func:`cancel_simulation`).
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from ..components import GRAPH_CONFIG, card, first_line, image_buttons, learn
 from ..figures import (CONFIG_PALETTE, build_block_stack_figure, build_memory_figure, build_op_graph_figure,
                        build_topology_figure)
 from ..fitscan import fit_start, fit_status
-from ..fmt import format_bytes, format_count, format_rate, format_seconds
+from ..fmt import format_bytes, format_count, format_rate, format_seconds, parse_count
 from ..gantt import stage_of_devices
 from ..profiles import coverage_note, op_cost_mark, profile_status
 from ..sessions import Busy, current
@@ -203,7 +202,6 @@ def cancel_simulation(state: dict) -> tuple[dict, str]:
                                                               if running else "")
 
 
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
 def train_estimate(rate: dict | None, text: Any) -> str:
@@ -213,13 +211,10 @@ def train_estimate(rate: dict | None, text: Any) -> str:
     paid for too (the line says how many)."""
     if not isinstance(rate, dict) or not isinstance(rate.get("per_s"), (int, float)) or not rate["per_s"] > 0:
         return ""
-    raw = str(text or "")[:40].strip().lower().replace(",", "").replace("_", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbgtp]?)", raw)
-    if not m:
-        return f"'{str(text)[:20]}': give a count like 1T, 300B or 2e12"
-    n = float(m.group(1)) * _SUFFIX[m.group(2)]
-    if not 0 < n < 1e18:
-        return "give a count above 0 and below 1e18"
+    try:
+        n = parse_count(text)
+    except ValueError as e:
+        return str(e)
     seconds = n / float(rate["per_s"])
     try:
         gpus = max(1, int(rate.get("gpus") or 1))

@@ -15,15 +15,22 @@ error applies (BENCHMARKS.md, accuracy against published runs).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from .sweep import gpu_type, layout_points, run_sweep
+from .sweep import gpu_type, layout_points, model_graph, run_sweep
 
-__all__ = ["parse_prices", "plan_rows", "best_per_cluster", "plan_table", "write_plan_figure", "PLAN_COLUMNS"]
+__all__ = ["parse_prices", "plan_rows", "iter_plan_rows", "plan_points", "best_per_cluster", "plan_table", "plan_figure",
+           "write_plan_figure", "PLAN_COLUMNS", "THIN_MICRO_BATCHES"]
+
+#: the micro-batch sizes a thinned plan prices per shape (tp, pp, cp, ep, etp): these where
+#: valid, else the shape's smallest valid one (large models train at 1-2 sequences per micro-batch:
+#: Narayanan et al. SC'21, Table 1; Megatron-Bridge's recipes)
+THIN_MICRO_BATCHES = (1, 2, 4)
 
 #: the columns of a plan row, in order (units in the names: s, bytes, per GPU-hour)
 PLAN_COLUMNS = ("cluster", "gpu_type", "gpus", "layout", "iteration_time_s", "tokens_per_s_per_gpu", "mfu", "days",
-                "gpu_hours", "price_per_gpu_hour", "cost", "peak_memory_bytes", "feasible_layouts", "layouts", "why")
+                "gpu_hours", "price_per_gpu_hour", "cost", "peak_memory_bytes", "feasible_layouts", "layouts", "why",
+                "layout_options")
 
 
 def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
@@ -46,22 +53,67 @@ def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
     return out
 
 
+def plan_points(model: Any, clusters: Sequence[str], *, batch: int | None = None,
+                thin: bool = False) -> list[dict[str, Any]]:
+    """The layouts a plan prices (:func:`engine.studies.sweep.layout_points`), clusters taken
+    in turn (a plan stopped early has priced each about as far). ``thin``: per shape (cluster,
+    tp, pp, cp, ep, etp) only the micro-batches of :data:`THIN_MICRO_BATCHES` (else its
+    smallest): Mixtral 8x7B on 64 H100s, 1,667 layouts of 3,287."""
+    pts = layout_points(model, clusters, batch=batch)
+    if thin:
+        shapes: dict[tuple, list[dict[str, Any]]] = {}
+        for p in pts:
+            shapes.setdefault((p["cluster"], p["tp"], p["pp"], p["cp"], p.get("ep", 1), p.get("etp", 1)), []).append(p)
+        pts = []
+        for same in shapes.values():
+            pts += [p for p in same if p["mb"] in THIN_MICRO_BATCHES] or [min(same, key=lambda p: p["mb"])]
+    per: dict[str, list[dict[str, Any]]] = {}
+    for p in pts:
+        per.setdefault(p["cluster"], []).append(p)
+    queues = list(per.values())
+    return [q[i] for i in range(max((len(q) for q in queues), default=0)) for q in queues if i < len(q)]
+
+
+def iter_plan_rows(model: Any, clusters: Sequence[str], *, batch: int | None = None, thin: bool = False,
+                   points: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+    """The rows :func:`plan_rows` computes, one by one in this process (for a caller that
+    stops early and keeps what it has): every point of :func:`plan_points` (or ``points``)
+    with selective recomputation, then full recomputation for those that did not fit."""
+    from .sweep import evaluate
+
+    pts = points if points is not None else plan_points(model, clusters, batch=batch, thin=thin)
+    again = []
+    for p in _variants(pts, "selective"):
+        r = evaluate(model, p, batch)
+        if not r["feasible"] and r.get("iteration_time_s"):
+            again.append(dict(p, recompute="full"))
+        yield r
+    for p in again:
+        yield evaluate(model, p, batch)
+
+
 def _variants(pts: list[dict[str, Any]], recompute: str) -> list[dict[str, Any]]:
     return [dict(p, recompute=recompute, zero=1, sp=p["tp"] > 1) for p in pts]
 
 
-def plan_rows(model: str, clusters: Sequence[str], *, batch: int | None = None, backend: str = "pool",
-              workers: int | None = None, progress: Any = None) -> list[dict[str, Any]]:
+def plan_rows(model: Any, clusters: Sequence[str], *, batch: int | None = None, backend: str = "pool",
+              workers: int | None = None, progress: Any = None, stop: Any = None,
+              batch_points: int | None = None) -> list[dict[str, Any]]:
     """Every valid layout's sweep row on each of ``clusters``: selective recomputation, ZeRO-1
-    and sequence parallelism with tp > 1, and full recomputation where that did not fit."""
+    and sequence parallelism with tp > 1, and full recomputation where that did not fit.
+    ``model``: a name or a graph (:func:`engine.studies.sweep.model_graph`); ``progress``,
+    ``stop`` and ``batch_points`` as :func:`engine.studies.sweep.run_sweep` takes them (the
+    second pass's points counted after the first's)."""
     pts = layout_points(model, clusters, batch=batch)
     if not pts:
         return []
-    rows = run_sweep(model, _variants(pts, "selective"), backend=backend, workers=workers, batch=batch,
-                     progress=progress)
+    kw = dict(backend=backend, workers=workers, batch=batch, stop=stop, batch_points=batch_points)
+    rows = run_sweep(model, _variants(pts, "selective"), progress=progress, **kw)
     again = [p for p, r in zip(_variants(pts, "full"), rows) if not r["feasible"] and r.get("iteration_time_s")]
     if again:
-        rows += run_sweep(model, again, backend=backend, workers=workers, batch=batch, progress=progress)
+        first = len(rows)
+        rows += run_sweep(model, again, progress=None if progress is None else (
+            lambda done, n: progress(first + done, first + n)), **kw)
     return rows
 
 
@@ -72,18 +124,26 @@ def _layout_text(r: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def best_per_cluster(model: str, rows: list[dict[str, Any]], clusters: Sequence[str], tokens: float,
+def _layout_options(r: dict[str, Any]) -> dict[str, Any]:
+    """A row's layout as :class:`engine.layout.Layout` options (what rebuilds it: the page's
+    layout panel, ``soapbox simulate --layout``)."""
+    return {"tp": r["tp"], "pp": r["pp"], "cp": r.get("cp") or 1, "ep": r.get("ep") or 1, "etp": r.get("etp") or 1,
+            "micro_batch": r["mb"], "recompute": r["recompute"], "zero_stage": r["zero"],
+            "sequence_parallel": bool(r.get("sp"))}
+
+
+def best_per_cluster(model: Any, rows: list[dict[str, Any]], clusters: Sequence[str], tokens: float,
                      prices: dict[str, float] | None = None, batch: int | None = None) -> list[dict[str, Any]]:
     """Each cluster's plan (:data:`PLAN_COLUMNS`): its fastest feasible row, with tokens/s per
     GPU, MFU, the days and GPU-hours ``tokens`` take and their cost at ``prices`` (per GPU-hour,
     by GPU type); a cluster where nothing fits has its reason in ``why``. Sorted by cost where
     priced, else by GPU-hours."""
-    from ..formats import resolve_cluster, resolve_model
+    from ..formats import resolve_cluster
     from ..sim.report import model_flops, peak_flops_per_s, tokens_per_sample
 
     if not tokens > 0:
         raise ValueError(f"--tokens must be a positive number of tokens, got {tokens!r}")
-    g = resolve_model(model, allow_path=True, batch=batch)
+    g = model_graph(model, batch)
     if not tokens_per_sample(g):
         raise ValueError(f"{g.name} is not a language model (no tokens per sample): plan prices runs in tokens")
     prices = prices or {}
@@ -106,7 +166,7 @@ def best_per_cluster(model: str, rows: list[dict[str, Any]], clusters: Sequence[
         gpus, t = best["gpus"], best["iteration_time_s"]
         seconds = tokens / best["throughput_per_s"]
         peak = peak_flops_per_s(c, range(gpus), g.precision)
-        row.update(gpus=gpus, layout=_layout_text(best), iteration_time_s=t,
+        row.update(gpus=gpus, layout=_layout_text(best), layout_options=_layout_options(best), iteration_time_s=t,
                    tokens_per_s_per_gpu=best["throughput_per_s"] / gpus,
                    mfu=model_flops(g) / (t * peak) if peak and t > 0 else None,
                    days=seconds / 86400.0, gpu_hours=seconds / 3600.0 * gpus,
@@ -137,8 +197,9 @@ def plan_table(plans: list[dict[str, Any]], tokens: float) -> str:
     return "\n".join(lines)
 
 
-def write_plan_figure(plans: list[dict[str, Any]], path: str, title: str) -> None:
-    """A Plotly page: tokens/s per GPU, days and GPU-hours (and cost where priced) per cluster."""
+def plan_figure(plans: list[dict[str, Any]], title: str) -> Any:
+    """A Plotly figure: tokens/s per GPU, days and GPU-hours (and cost where priced) per
+    cluster, one panel each, the best layout in each bar's hover."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -152,4 +213,9 @@ def write_plan_figure(plans: list[dict[str, Any]], path: str, title: str) -> Non
         fig.add_trace(go.Bar(x=x, y=[p[key] for p in ok], name=panels[k - 1], showlegend=False,
                              hovertext=[p["layout"] for p in ok]), row=1, col=k)
     fig.update_layout(title=title, height=480)
-    fig.write_html(path, include_plotlyjs="cdn")
+    return fig
+
+
+def write_plan_figure(plans: list[dict[str, Any]], path: str, title: str) -> None:
+    """:func:`plan_figure` as a Plotly page."""
+    plan_figure(plans, title).write_html(path, include_plotlyjs="cdn")

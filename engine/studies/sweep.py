@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import first_line
 
-__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "pareto",
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "model_graph", "pareto",
            "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
@@ -101,7 +101,7 @@ def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str
     return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
 
 
-def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
+def layout_points(model: Any, clusters: Sequence[str], batch: int | None = None,
                   **limits: Any) -> list[dict[str, Any]]:
     """Every valid layout of ``model`` on each of ``clusters`` (names, as :func:`points`
     takes) as sweep points (grid keys tp, pp, cp, mb; ep, etp and sp where a mixture-of-experts
@@ -112,10 +112,10 @@ def layout_points(model: str, clusters: Sequence[str], batch: int | None = None,
     >>> layout_points("gpt2", ["dgx-a100-80gb:1"], batch=8)[0]
     {'cluster': 'dgx-a100-80gb:1', 'tp': 1, 'pp': 1, 'cp': 1, 'mb': 1}
     """
-    from ..formats import resolve_cluster, resolve_model
+    from ..formats import resolve_cluster
     from ..layout import valid_layouts
 
-    g = resolve_model(model, allow_path=True, batch=batch)
+    g = model_graph(model, batch)
     out: list[dict[str, Any]] = []
     for name in clusters:
         for lay in valid_layouts(g, resolve_cluster(name, allow_path=True), **limits):
@@ -134,18 +134,33 @@ _MODELS: dict[tuple, Any] = {}
 _CLUSTERS: dict[str, Any] = {}
 
 
-def evaluate(model: str, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
-    """One point's row (never raises for a layout that cannot be built or does not fit)."""
-    from ..formats import resolve_cluster, resolve_model
+def model_graph(model: Any, batch: int | None = None) -> Any:
+    """The model a sweep prices: ``model`` itself when it is a graph (an imported or edited
+    model, at its own batch: ``batch`` must then be None), else the sample model or model file
+    it names, at ``batch`` (kept per process: each point of a sweep reads it)."""
+    from ..formats import resolve_model
+    from ..graph import OpGraph
+
+    if isinstance(model, OpGraph):
+        if batch is not None:
+            raise ValueError(f"a batch is set on {model.name}'s graph itself, not beside it")
+        return model
+    key = (model, batch)
+    if key not in _MODELS:
+        _MODELS[key] = resolve_model(model, allow_path=True, batch=batch)
+    return _MODELS[key]
+
+
+def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
+    """One point's row (never raises for a layout that cannot be built or does not fit);
+    ``model`` as :func:`model_graph` takes it."""
+    from ..formats import resolve_cluster
     from ..layout import Layout, resolved
     from ..layout.build import build_layout
     from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout
     from ..sim.report import simulate_strategy, tokens_per_s
 
-    key = (model, batch)
-    if key not in _MODELS:
-        _MODELS[key] = resolve_model(model, allow_path=True, batch=batch)
-    g = _MODELS[key]
+    g = model_graph(model, batch)
     name = point["cluster"]
     if name not in _CLUSTERS:
         _CLUSTERS[name] = resolve_cluster(name, allow_path=True)
@@ -259,11 +274,15 @@ def _batch(context: tuple[str, int | None], pts: list[dict[str, Any]]) -> list[d
     return [evaluate(model, p, batch) for p in pts]
 
 
-def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
+def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
               batch_points: int | None = None, address: str | None = None, batch: int | None = None,
-              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+              progress: Callable[[int, int], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray":
-    :class:`engine.search.processes.Backend`)."""
+    :class:`engine.search.processes.Backend`); ``model`` as :func:`model_graph` takes it.
+    ``stop`` is asked after each batch of points: True raises :class:`engine.errors.Cancelled`
+    (with ``backend="serial"`` and ``batch_points=1``, within one point's prediction)."""
+    from ..errors import Cancelled
     from ..search.processes import Backend, check_backend
 
     backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
@@ -278,6 +297,8 @@ def run_sweep(model: str, pts: list[dict[str, Any]], *, backend: str = "pool", w
         done += len(rows)
         if progress is not None:
             progress(done, n)
+        if stop is not None and stop():
+            raise Cancelled(f"stopped after {done:,} of {n:,} points")
 
     with Backend(backend, context=(model, batch), workers=workers, address=address) as b:
         out = b.map(_batch, chunks, done=tick)

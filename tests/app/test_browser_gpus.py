@@ -1,0 +1,56 @@
+"""Issue 44, item 4, the planner's question in a real headless Chromium: "which GPUs" for the
+page's model: a request it cannot price is refused with the reason, then GPT-2 compared on
+eight H100s and eight B200s for 10 B tokens with a price for the H100s: each cluster's best
+layout in a table (tokens/s per GPU, MFU, days, GPU-hours, cost) and a figure, and one row's
+layout opened in Explore on its cluster."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from test_browser import open_app, pick, settled
+
+pytestmark = pytest.mark.browser
+
+
+def test_which_gpus_for_the_pages_model(page: Page, app_url: str):
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    open_app(page, app_url)
+    pick(page, "pick-model", "gpt2")
+    expect(page.locator("#message")).to_contain_text("Model: gpt2")
+    settled(page)
+    page.locator("#tabs").get_by_text("Which GPUs", exact=True).click()
+    expect(page.locator("#plan-model")).to_contain_text("The page's model: gpt2")
+    # what it cannot price: named, nothing queued
+    page.fill("#plan-gpus", "8, x")
+    page.click("#plan-start")
+    expect(page.locator("#plan-status")).to_contain_text("Not started: GPUs 'x': give whole numbers")
+    # H100 and B200 (H200 unticked), eight GPUs each, 10 B tokens, the H100s priced
+    page.locator("#plan-types").get_by_text("dgx-h200", exact=False).click()
+    page.fill("#plan-gpus", "8")
+    page.fill("#plan-tokens", "10B")
+    page.fill("#plan-prices", "dgx-h100=2.5")
+    page.click("#plan-start")
+    expect(page.locator("#plan-status")).to_contain_text("layouts priced in", timeout=600_000)
+    rows = page.locator("table.plan-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("dgx-h100:1")  # the priced cluster first
+    expect(rows.nth(1)).to_contain_text("dgx-b200:1")
+    expect(rows.nth(0)).to_contain_text("tp 1")
+    cells = rows.nth(0).locator("td")
+    assert cells.nth(7).inner_text() == "2.50" and cells.nth(8).inner_text() != "–"
+    assert rows.nth(1).locator("td").nth(8).inner_text() == "–"  # no price given: no cost
+    expect(page.locator("#plan-figure .barlayer .point").first).to_be_visible()
+    expect(page.locator("#plan-figure")).to_contain_text("tokens/s per GPU")
+    expect(page.locator("#plan-figure")).to_contain_text("cost")
+    page.screenshot(path="/tmp/soapbox-which-gpus.png", full_page=True)
+    # the B200's best layout, opened in Explore: the page on its cluster, under its layout
+    layout = rows.nth(1).locator("td").nth(2).inner_text()
+    rows.nth(1).get_by_role("button", name="Open").click()
+    expect(page.locator("#message")).to_contain_text("Opened the comparison's best layout on dgx-b200:1")
+    expect(page.locator("#pick-cluster")).to_contain_text("dgx-b200:1")
+    expect(page.locator("#sum-time")).to_contain_text("ms")
+    assert f"tp {layout.split('tp ')[1].split(',')[0]}" in page.inner_text("#message")
+    assert not errors, errors
