@@ -263,7 +263,7 @@ _MOE_DEFAULTS: dict[str, dict[str, Any]] = {
                 "sliding_window": 128},
     "llama4": {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "max_position_embeddings": 131072,
                "num_local_experts": 16, "num_experts_per_tok": 1, "intermediate_size": 8192,
-               "attention_chunk_size": 8192},
+               "attention_chunk_size": 8192, "intermediate_size_mlp": 16384},
 }
 #: family -> the fields naming the routed experts' count (aliases: transformers 5 maps
 #: num_experts to num_local_experts) and one expert's intermediate width
@@ -272,6 +272,21 @@ _EXPERT_FIELDS = {"mixtral": (("num_local_experts",), "intermediate_size"),
                   "deepseek_v3": (("n_routed_experts",), "moe_intermediate_size"),
                   "gpt_oss": (("num_local_experts", "num_experts"), "intermediate_size"),
                   "llama4": (("num_local_experts",), "intermediate_size")}
+
+
+def _llama4_moe_layers(cfg: Mapping[str, Any], layers: int, where: str) -> tuple[int, ...]:
+    """Llama 4's layers with experts: ``moe_layers`` as given, else every
+    ``interleave_moe_layer_step``-th layer counting from step - 1 (transformers'
+    ``Llama4TextConfig``: Scout 1, every layer; Maverick 2, layers 1, 3, 5, ...)."""
+    given = cfg.get("moe_layers")
+    if given is None:
+        step = _int(cfg, "interleave_moe_layer_step", 1, where=where, hi=layers)
+        return tuple(range(step - 1, layers, step))
+    if not isinstance(given, list) or len(given) > layers or \
+            not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in given) or \
+            given != sorted(set(given)):
+        raise ValueError(f"{where}: moe_layers {_shown(given)}: distinct layer numbers 0..{layers - 1} in order")
+    return tuple(given)
 
 
 def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None, precision: str,
@@ -340,8 +355,9 @@ def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None
                 window(num("sliding_window", hi=_MAX_CONTEXT), None)
         elif family == "llama4":
             only("attention_bias", False, False, "Llama 4's attention without biases")
-            only("interleave_moe_layer_step", 1, 1, "experts on every layer (Llama 4 Scout); dense layers "
-                 "interleaved between experts layers (Maverick) are not")
+            ids = _llama4_moe_layers(cfg, layers, where)
+            if len(ids) < layers:  # (Maverick: experts on every second layer, dense MLPs between)
+                kw.update(moe_layer_ids=ids, dense_ffn=num("intermediate_size_mlp"))
             chunk = num("attention_chunk_size", hi=_MAX_CONTEXT)
             if seq > chunk:
                 raise ValueError(f"{where}: sequence {seq:,} is longer than attention_chunk_size ({chunk:,}): chunked "

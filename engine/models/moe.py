@@ -54,6 +54,10 @@ class MoEConfig:
     shared_ffn: int | None = None  # one shared expert's width; None: expert_ffn
     dense_layers: int = 0  # leading layers with a dense MLP instead of experts
     dense_ffn: int | None = None  # their width; None: expert_ffn
+    #: the layers with experts, ascending (None: every layer from ``dense_layers`` on); the
+    #: others have a dense MLP of ``dense_ffn`` (Llama 4 Maverick: experts on every second layer,
+    #: HF ``interleave_moe_layer_step`` 2)
+    moe_layer_ids: tuple[int, ...] | None = None
     score: str = "softmax"  # router score: softmax, or sigmoid with a balancing bias (DeepSeek-V3)
     capacity_factor: float = 0.0  # 0: dropless
     dispatcher: str = "alltoall"
@@ -81,6 +85,14 @@ class MoEConfig:
             raise ValueError(f"top_k ({self.top_k}) exceeds the {self.experts} experts")
         if not 0 <= self.dense_layers <= self.layers:
             raise ValueError(f"dense_layers must be 0..{self.layers}, got {self.dense_layers}")
+        ids = self.moe_layer_ids
+        if ids is not None:
+            if self.dense_layers:
+                raise ValueError("give the experts' layers (moe_layer_ids) or the leading dense layers "
+                                 "(dense_layers), not both")
+            if list(ids) != sorted(set(ids)) or not all(isinstance(i, int) and 0 <= i < self.layers for i in ids):
+                raise ValueError(f"moe_layer_ids must be distinct layers 0..{self.layers - 1} in order, got "
+                                 f"{str(ids)[:60]}")
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
         kv = self.kv_heads or self.heads
@@ -95,7 +107,11 @@ class MoEConfig:
 
     @property
     def moe_layers(self) -> int:
-        return self.layers - self.dense_layers
+        return self.layers - self.dense_layers if self.moe_layer_ids is None else len(self.moe_layer_ids)
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether numbered layer ``layer`` has the experts (else a dense MLP)."""
+        return layer >= self.dense_layers if self.moe_layer_ids is None else layer in self.moe_layer_ids
 
 
 class _MoEBlocks(Blocks):
@@ -187,8 +203,7 @@ def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "", notes: Sequ
             blk.attention(f"{n}.attn", h, cfg.seq_len, window=w)
         x = blk.residual(f"{n}.attn_residual", x, a)
         h = blk.norm(f"{n}.norm2", x)
-        m = blk.mlp(f"{n}.mlp", h, cfg.dense_ffn or cfg.expert_ffn, True) if i < cfg.dense_layers \
-            else blk.moe(f"{n}.mlp", h)
+        m = blk.moe(f"{n}.mlp", h) if cfg.has_experts(i) else blk.mlp(f"{n}.mlp", h, cfg.dense_ffn or cfg.expert_ffn, True)
         x = blk.residual(f"{n}.mlp_residual", x, m)
     b.block = "head"
     x = blk.norm("final_norm", x)
@@ -201,6 +216,8 @@ def moe_gpt(cfg: MoEConfig, description: str = "", source: str = "", notes: Sequ
 def _describe(cfg: MoEConfig) -> str:
     shared = f" + {cfg.shared_experts} shared" if cfg.shared_experts else ""
     dense = f", first {cfg.dense_layers} dense (FFN {cfg.dense_ffn})" if cfg.dense_layers else ""
+    if cfg.moe_layer_ids is not None and cfg.moe_layers < cfg.layers:
+        dense = f", experts on {cfg.moe_layers} of the layers, the others dense (FFN {cfg.dense_ffn})"
     attn = "MLA" if cfg.attention == "mla" else f"{cfg.heads} heads" + (
         f" ({cfg.kv_heads} kv)" if cfg.kv_heads and cfg.kv_heads != cfg.heads else "")
     if cfg.sliding_window is not None:

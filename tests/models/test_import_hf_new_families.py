@@ -1,7 +1,8 @@
 """Issue 44: ``import --hf`` of Qwen3 (dense, QK-norm), Gemma-2 (norms on the attention's and
 the MLP's outputs too, every other layer windowed), Gemma-3 (both, five windowed layers in six;
-its image-text config's language model) and Llama 4 Scout (experts on every layer with a shared
-expert, its image-text config's language model): parameters equal to transformers' own models of
+its image-text config's language model), Llama 4 Scout (experts on every layer with a shared
+expert, its image-text config's language model) and Maverick (experts on every second layer,
+dense MLPs between): parameters equal to transformers' own models of
 the published configs (built on the meta device; the counts are pinned as transformers 5.24
 gives them), windows on the layers transformers windows, and small versions' forward GEMM FLOPs
 equal to transformers' eager models'."""
@@ -38,12 +39,18 @@ LLAMA4_SCOUT_TEXT = {"model_type": "llama4_text", "hidden_size": 5120, "intermed
 LLAMA4_SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
                 "text_config": LLAMA4_SCOUT_TEXT, "vision_config": {}, "torch_dtype": "bfloat16"}
 
+#: Llama 4 Maverick's language model (HF meta-llama/Llama-4-Maverick-17B-128E text_config):
+#: Scout's shapes with 128 experts on every second layer and dense MLPs of 16,384 between
+LLAMA4_MAVERICK_TEXT = {**LLAMA4_SCOUT_TEXT, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                        "use_qk_norm": False, "max_position_embeddings": 1048576}
+
 #: name -> (config imported, the language model's config as transformers builds it, its parameters)
 PUBLISHED = {
     "qwen3-8b": (QWEN3_8B, QWEN3_8B, 8_190_735_360),
     "gemma-2-9b": (GEMMA2_9B, GEMMA2_9B, 9_241_705_984),
     "gemma-3-27b": (GEMMA3_27B, GEMMA3_27B_TEXT, 27_009_346_304),
     "llama-4-scout": (LLAMA4_SCOUT, LLAMA4_SCOUT_TEXT, 107_769_861_120),
+    "llama-4-maverick": (LLAMA4_MAVERICK_TEXT, LLAMA4_MAVERICK_TEXT, 400_711_848_960),
 }
 
 
@@ -75,8 +82,27 @@ def test_the_windowed_layers_are_transformers(cfg, layers):
 def test_llama4_refuses_what_it_does_not_model():
     with pytest.raises(ValueError, match="chunked attention .* is not modelled"):
         from_hf_config(LLAMA4_SCOUT, batch=1, seq_len=16384)
-    with pytest.raises(ValueError, match="interleave_moe_layer_step 2 is not modelled"):
-        from_hf_config({**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 2}, batch=1)
+    for bad in ([3, 1], [1, 1], [48], "1,3", [True]):
+        with pytest.raises(ValueError, match="moe_layers .*: distinct layer numbers 0..47 in order"):
+            from_hf_config({**LLAMA4_SCOUT_TEXT, "moe_layers": bad}, batch=1)
+
+
+@pytest.mark.parametrize("given", [{"interleave_moe_layer_step": 2}, {"interleave_moe_layer_step": 3},
+                                   {"moe_layers": [0, 5, 6, 47]}])
+def test_llama4s_experts_layers_are_transformers(given):
+    """Maverick interleaves dense and experts layers (transformers' ``moe_layers``: every
+    ``interleave_moe_layer_step``-th from step - 1, or as listed); the dense ones have the
+    ``intermediate_size_mlp`` MLP."""
+    cfg = {**LLAMA4_SCOUT_TEXT, **given}
+    g = from_hf_config(cfg, batch=1, seq_len=4096)
+    got = [i for i in range(48) if f"layers.{i}.mlp.experts" in g.index]
+    step = given.get("interleave_moe_layer_step")
+    assert got == (list(range(step - 1, 48, step)) if step else given["moe_layers"])
+    dense = next(i for i in range(48) if i not in got)
+    assert max(p.shape[-1] for op in g.ops if op.name.startswith(f"layers.{dense}.mlp") for p in op.params
+               if len(p.shape) == 2) == 16384
+    transformers = pytest.importorskip("transformers")
+    assert transformers.AutoConfig.for_model(**cfg).moe_layers == got
 
 
 SMALL = {
