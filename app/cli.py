@@ -34,6 +34,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                                                   "(default: cores - 1, at least 1); more wait in a queue")
     p.add_argument("--threads", type=int_in(1, 256), default=8, help="request threads (default 8); idle "
                    f"connections take none and are closed after {CHANNEL_TIMEOUT_S} s")
+    p.add_argument("--client-connections", type=int_in(0, 100_000), default=None, metavar="N",
+                   help="connections one address may hold before its waiting ones make room (default "
+                        "256; 0 behind a reverse proxy, which bounds each client itself)")
     p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
                    help="drop a session's cached simulation after this long without a request (default 600)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
@@ -138,9 +141,15 @@ def _serve(args: argparse.Namespace) -> int:
     if args.debug:
         app.run(host=args.host, port=args.port, debug=True)
         return 0
-    import waitress  # a production WSGI server: a fixed pool of request threads, bounded bodies
+    import logging
 
-    waitress.serve(app.server, host=args.host, port=args.port, **waitress_options(args.threads))
+    from .edge import CLIENT_CONNECTIONS, make_server  # waitress, each client bounded (app.edge)
+
+    logging.basicConfig()  # (waitress's own warnings, as waitress.serve sets them up)
+    share = CLIENT_CONNECTIONS if args.client_connections is None else args.client_connections
+    server = make_server(app.server, args.host, args.port, client_connections=share,
+                         **waitress_options(args.threads))
+    server.run()
     return 0
 
 
