@@ -24,13 +24,13 @@ anything is built (at most :data:`MAX_LAYERS` layers, :data:`MAX_SIZE` for a wid
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any, Mapping
 
 from ..graph import OpGraph
-from ..moe import MAX_HISTOGRAM_EXPERTS
-from .moe import MoEConfig, moe_gpt
+from .hf_fields import (DEFAULT_MAX_SEQ, DTYPES, MAX_CONTEXT, MAX_EXPERTS, MAX_LAYERS, MAX_SIZE, bool_field, int_field,
+                        layer_types, rate_field, shown)
+from .hf_moe import moe_from_hf
 from .transformer import GPTConfig, gpt
 
 __all__ = ["FAMILIES", "MOE_FAMILIES", "MAX_LAYERS", "MAX_SIZE", "MAX_EXPERTS", "from_hf_config"]
@@ -44,68 +44,6 @@ FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "mistral", "qwen2": "qw
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4")
 #: multimodal configs whose language model is their ``text_config`` (imported alone, with a note)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
-
-#: the most decoder layers an import builds (published decoders have up to ~128; the bound
-#: keeps a malformed config from building for ever)
-MAX_LAYERS = 1024
-#: the largest width, head count or vocabulary an import takes (2^24)
-MAX_SIZE = 1 << 24
-#: the most routed experts an import takes (as the routing what-if's histograms)
-MAX_EXPERTS = MAX_HISTOGRAM_EXPERTS
-#: the largest context (max_position_embeddings, n_positions): only compared, never allocated
-_MAX_CONTEXT = 1 << 40
-
-#: torch_dtype -> soapbox precision
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-#: the longest sequence an import defaults to when --seq-len is not given (a config's
-#: max_position_embeddings can be 128 K or more; training runs set their own)
-DEFAULT_MAX_SEQ = 4096
-
-
-def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, where: str, hi: int = MAX_SIZE,
-         lo: int = 1) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        raise ValueError(f"{where}: {key!r} is missing" + (" (null)" if key in cfg else ""))
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        kind = "a positive integer" if lo == 1 else f"an integer of at least {lo}"
-        raise ValueError(f"{where}: {key!r} must be {kind}, got {str(v)[:40]!r}")
-    if v > hi:
-        raise ValueError(f"{where}: {key!r} is {v}, above the {hi:,} soapbox imports")
-    return v
-
-
-def _shown(v: Any) -> str:
-    """A config value as its JSON (true, null, "x"), cut to 40 characters."""
-    try:
-        return json.dumps(v)[:40]
-    except (TypeError, ValueError):
-        return repr(v)[:40]
-
-
-def _bool(cfg: Mapping[str, Any], key: str, default: bool, *, where: str) -> bool:
-    v = cfg.get(key, default)
-    if not isinstance(v, bool):
-        raise ValueError(f"{where}: {key!r} must be true or false, got {str(v)[:40]!r}")
-    return v
-
-
-def _rate(cfg: Mapping[str, Any], key: str, default: float, *, where: str) -> float:
-    v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-        raise ValueError(f"{where}: {key!r} must be a probability below 1, got {str(v)[:40]!r}")
-    return float(v)
-
-
-def _layer_types(types: Any, layers: int, where: str) -> list[str]:
-    """A config's ``layer_types``, checked: 'sliding_attention' or 'full_attention' for each layer."""
-    if not isinstance(types, list) or len(types) != layers or \
-            not set(types) <= {"sliding_attention", "full_attention"}:
-        raise ValueError(f"{where}: layer_types must list 'sliding_attention' or 'full_attention' for each "
-                         f"of the {layers} layers")
-    return types
-
 
 def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = None, precision: str | None = None,
                    name: str | None = None, source: str = "config.json", notes: list[str] | None = None,
@@ -184,14 +122,14 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     if mt in MULTIMODAL:  # the language model of an image-text model: its text_config
         cfg, dtype = _language_model(cfg, mt, where, notes)
     if precision is None:
-        precision = _DTYPES.get(dtype, "bf16") if isinstance(dtype, str) else "bf16"
+        precision = DTYPES.get(dtype, "bf16") if isinstance(dtype, str) else "bf16"
     if family == "gpt2":
-        layers = _int(cfg, "n_layer", where=where, hi=MAX_LAYERS)
-        hidden = _int(cfg, "n_embd", where=where)
-        heads = _int(cfg, "n_head", where=where)
-        positions = _int(cfg, "n_positions", 1024, where=where, hi=_MAX_CONTEXT)
+        layers = int_field(cfg, "n_layer", where=where, hi=MAX_LAYERS)
+        hidden = int_field(cfg, "n_embd", where=where)
+        heads = int_field(cfg, "n_head", where=where)
+        positions = int_field(cfg, "n_positions", 1024, where=where, hi=MAX_CONTEXT)
         ffn = cfg.get("n_inner")
-        ffn = 4 * hidden if ffn is None else _int(cfg, "n_inner", where=where)
+        ffn = 4 * hidden if ffn is None else int_field(cfg, "n_inner", where=where)
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
             raise ValueError(f"{where}: activation_function {str(act)[:40]!r}: soapbox models GPT-2's GELU only")
@@ -199,13 +137,13 @@ def from_hf_config(cfg: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         if seq > positions:
             raise ValueError(f"{where}: sequence length {seq} exceeds n_positions ({positions}), the learned "
                              "position table's rows")
-        shape = GPTConfig(layers, hidden, heads, seq, _int(cfg, "vocab_size", 50257, where=where), batch,
+        shape = GPTConfig(layers, hidden, heads, seq, int_field(cfg, "vocab_size", 50257, where=where), batch,
                           ffn_hidden=ffn, max_positions=positions,
-                          tie_embeddings=_bool(cfg, "tie_word_embeddings", True, where=where),
-                          dropout=_rate(cfg, "resid_pdrop", 0.1, where=where),
+                          tie_embeddings=bool_field(cfg, "tie_word_embeddings", True, where=where),
+                          dropout=rate_field(cfg, "resid_pdrop", 0.1, where=where),
                           precision=precision, name=name or str(cfg.get("_name_or_path") or "gpt2")[:80] or "gpt2")
     elif family in MOE_FAMILIES:
-        return _moe(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, source=source,
+        return moe_from_hf(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, source=source,
                     notes=notes)
     else:
         shape = _dense(cfg, family, batch=batch, seq_len=seq_len, precision=precision, name=name, where=where,
@@ -252,149 +190,6 @@ def _attention(cfg: Mapping[str, Any], shape: GPTConfig, attention: str | None, 
 #: transformers 5's config-class defaults (MixtralConfig, Qwen3MoeConfig, DeepseekV3Config,
 #: GptOssConfig) for the fields an import reads when a config leaves them out; the sizes that
 #: make the model (layers, hidden, heads, experts, top-k, expert width) must be given
-_MOE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mixtral": {"num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 131072},
-    "qwen3_moe": {"num_key_value_heads": 4, "vocab_size": 151936, "max_position_embeddings": 32768,
-                  "intermediate_size": 6144, "sliding_window": 4096},
-    "deepseek_v3": {"vocab_size": 129280, "max_position_embeddings": 4096, "intermediate_size": 18432,
-                    "first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
-                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "max_position_embeddings": 131072,
-                "sliding_window": 128},
-    "llama4": {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "max_position_embeddings": 131072,
-               "num_local_experts": 16, "num_experts_per_tok": 1, "intermediate_size": 8192,
-               "attention_chunk_size": 8192, "intermediate_size_mlp": 16384},
-}
-#: family -> the fields naming the routed experts' count (aliases: transformers 5 maps
-#: num_experts to num_local_experts) and one expert's intermediate width
-_EXPERT_FIELDS = {"mixtral": (("num_local_experts",), "intermediate_size"),
-                  "qwen3_moe": (("num_experts", "num_local_experts"), "moe_intermediate_size"),
-                  "deepseek_v3": (("n_routed_experts",), "moe_intermediate_size"),
-                  "gpt_oss": (("num_local_experts", "num_experts"), "intermediate_size"),
-                  "llama4": (("num_local_experts",), "intermediate_size")}
-
-
-def _llama4_moe_layers(cfg: Mapping[str, Any], layers: int, where: str) -> tuple[int, ...]:
-    """Llama 4's layers with experts: ``moe_layers`` as given, else every
-    ``interleave_moe_layer_step``-th layer counting from step - 1 (transformers'
-    ``Llama4TextConfig``: Scout 1, every layer; Maverick 2, layers 1, 3, 5, ...)."""
-    given = cfg.get("moe_layers")
-    if given is None:
-        step = _int(cfg, "interleave_moe_layer_step", 1, where=where, hi=layers)
-        return tuple(range(step - 1, layers, step))
-    if not isinstance(given, list) or len(given) > layers or \
-            not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in given) or \
-            given != sorted(set(given)):
-        raise ValueError(f"{where}: moe_layers {_shown(given)}: distinct layer numbers 0..{layers - 1} in order")
-    return tuple(given)
-
-
-def _moe(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | None, precision: str,
-         name: str | None, source: str, notes: list[str] | None) -> OpGraph:
-    """A mixture-of-experts decoder through :func:`engine.models.moe.moe_gpt` (the fields read
-    are listed in :func:`from_hf_config`'s notes)."""
-    where, d = source, _MOE_DEFAULTS[family]
-
-    def num(key: str, **kw) -> int:
-        return _int(cfg, key, d.get(key), where=where, **kw)
-
-    def only(key: str, allowed: Any, default: Any, what: str) -> None:
-        v = cfg.get(key, default)
-        if v != allowed or isinstance(v, bool) != isinstance(allowed, bool):
-            raise ValueError(f"{where}: {key} {_shown(v)} is not modelled; soapbox models {what}")
-
-    layers, hidden, heads = num("num_hidden_layers", hi=MAX_LAYERS), num("hidden_size"), num("num_attention_heads")
-    vocab, context = num("vocab_size"), num("max_position_embeddings", hi=_MAX_CONTEXT)
-    seq = seq_len or min(context, DEFAULT_MAX_SEQ)
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"{where}: hidden_act {str(act)[:40]!r}: soapbox models SwiGLU (silu) experts only")
-    keys, width = _EXPERT_FIELDS[family]
-    given = [k for k in keys if cfg.get(k) is not None]
-    if len(given) > 1 and cfg[given[0]] != cfg[given[1]]:
-        raise ValueError(f"{where}: {given[0]!r} and {given[1]!r} disagree ({str(cfg[given[0]])[:20]} vs "
-                         f"{str(cfg[given[1]])[:20]})")
-    experts = num(given[0] if given else keys[0], hi=MAX_EXPERTS)
-    top_k = num("num_experts_per_tok", hi=MAX_EXPERTS)
-    if top_k > experts:
-        raise ValueError(f"{where}: 'num_experts_per_tok' ({top_k}) exceeds the {experts} routed experts")
-    kw: dict[str, Any] = {}
-    found: list[str] = []  # what is priced differently from the config
-
-    def window(w: int, windowed: tuple[int, ...] | None) -> None:
-        if w < seq and windowed != ():
-            kw.update(sliding_window=w, window_layers=windowed)
-
-    if family == "deepseek_v3":
-        only("attention_bias", False, False, "DeepSeek-V3's attention without biases")
-        only("moe_layer_freq", 1, 1, "an experts layer after every dense one (moe_layer_freq 1)")
-        only("scoring_func", "sigmoid", "sigmoid", "DeepSeek-V3's sigmoid router")
-        only("topk_method", "noaux_tc", "noaux_tc", "DeepSeek-V3's bias-balanced top-k (noaux_tc)")
-        q_lora = 0 if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None else num("q_lora_rank")
-        dense = num("first_k_dense_replace", lo=0, hi=layers)
-        kw = dict(attention="mla", q_lora=q_lora, kv_lora=num("kv_lora_rank"), qk_nope=num("qk_nope_head_dim"),
-                  qk_rope=num("qk_rope_head_dim"), v_head=num("v_head_dim"), score="sigmoid",
-                  shared_experts=num("n_shared_experts", lo=0, hi=MAX_EXPERTS), dense_layers=dense,
-                  dense_ffn=num("intermediate_size") if dense else None)
-        mtp = _int(cfg, "num_nextn_predict_layers", 0, where=where, lo=0, hi=MAX_LAYERS)
-        if mtp:
-            found.append(f"num_nextn_predict_layers {mtp}: the multi-token-prediction module is not built (nor "
-                         "by transformers' DeepseekV3ForCausalLM)")
-    else:
-        head_dim = None if cfg.get("head_dim", d.get("head_dim")) is None else num("head_dim")
-        kw = dict(kv_heads=num("num_key_value_heads"), head_dim=head_dim)
-        if family == "qwen3_moe":
-            only("attention_bias", False, False, "Qwen3-MoE's attention without biases")
-            only("decoder_sparse_step", 1, 1, "experts on every layer but the leading mlp_only_layers")
-            dense = cfg.get("mlp_only_layers") or []
-            if not isinstance(dense, list) or len(dense) > layers or dense != list(range(len(dense))):
-                raise ValueError(f"{where}: mlp_only_layers {str(dense)[:40]}: soapbox models dense layers before "
-                                 "the experts layers only (0, 1, .., k-1)")
-            kw.update(qk_norm=True, dense_layers=len(dense), dense_ffn=num("intermediate_size") if dense else None)
-            if _bool(cfg, "use_sliding_window", False, where=where):
-                window(num("sliding_window", hi=_MAX_CONTEXT), None)
-        elif family == "llama4":
-            only("attention_bias", False, False, "Llama 4's attention without biases")
-            ids = _llama4_moe_layers(cfg, layers, where)
-            if len(ids) < layers:  # (Maverick: experts on every second layer, dense MLPs between)
-                kw.update(moe_layer_ids=ids, dense_ffn=num("intermediate_size_mlp"))
-            chunk = num("attention_chunk_size", hi=_MAX_CONTEXT)
-            if seq > chunk:
-                raise ValueError(f"{where}: sequence {seq:,} is longer than attention_chunk_size ({chunk:,}): chunked "
-                                 "attention (each query sees its own chunk) is not modelled; use --seq-len up to it")
-            kw.update(shared_experts=1, shared_ffn=num(width), score="sigmoid")
-            if _bool(cfg, "use_qk_norm", True, where=where):
-                found.append("use_qk_norm: Llama 4's L2 norm of queries and keys has no parameters and is not priced")
-        elif family == "mixtral":
-            if cfg.get("sliding_window") is not None:
-                window(num("sliding_window", hi=_MAX_CONTEXT), None)
-        else:  # gpt_oss
-            only("attention_bias", True, True, "GPT-OSS's attention with biases")
-            alias = cfg.get("experts_per_token")
-            if alias is not None and alias != top_k:
-                raise ValueError(f"{where}: 'experts_per_token' ({str(alias)[:20]}) and 'num_experts_per_tok' "
-                                 f"({top_k}) disagree")
-            types = cfg.get("layer_types")
-            types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2) \
-                if types is None else _layer_types(types, layers, where)
-            if "sliding_attention" in types:
-                window(num("sliding_window", hi=_MAX_CONTEXT),
-                       tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
-            found.append(f"the attention sinks (one logit a head a layer, {heads * layers:,} parameters) are not "
-                         "modelled")
-            kw["bias"] = True
-    shape = MoEConfig(layers, hidden, heads, seq, vocab, batch, experts, top_k, num(width), **kw,
-                      tie_embeddings=_bool(cfg, "tie_word_embeddings", False, where=where), precision=precision,
-                      name=name or str(cfg.get("_name_or_path") or family)[:80] or family)
-    try:
-        g = moe_gpt(shape, source=f"imported from a Hugging Face config ({family}): {source}", notes=found)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    if notes is not None:
-        notes.extend(found)
-    return g
-
-
 #: transformers 5's config-class defaults (LlamaConfig, MistralConfig, Qwen2Config, Phi3Config,
 #: GemmaConfig, FalconConfig) for the fields a dense import reads when a config leaves them out
 _DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -438,71 +233,71 @@ def _dense(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | No
     d = _DENSE_DEFAULTS[family]
 
     def num(key: str, **kw) -> int:
-        return _int(cfg, key, d.get(key), where=where, **kw)
+        return int_field(cfg, key, d.get(key), where=where, **kw)
 
     layers, hidden, heads = num("num_hidden_layers", hi=MAX_LAYERS), num("hidden_size"), num("num_attention_heads")
-    context = num("max_position_embeddings", hi=_MAX_CONTEXT)
+    context = num("max_position_embeddings", hi=MAX_CONTEXT)
     seq = seq_len or min(context, DEFAULT_MAX_SEQ)
     kw: dict[str, Any] = dict(swiglu=True, norm="rmsnorm", positions="rotary", bias=False, dropout=0.0)
     if family == "falcon":
-        parallel, new_arch = _bool(cfg, "parallel_attn", True, where=where), \
-            _bool(cfg, "new_decoder_architecture", False, where=where)
+        parallel, new_arch = bool_field(cfg, "parallel_attn", True, where=where), \
+            bool_field(cfg, "new_decoder_architecture", False, where=where)
         if new_arch and not parallel:
             raise ValueError(f"{where}: new_decoder_architecture with parallel_attn false is not modelled")
         n_ln = cfg.get("num_ln_in_parallel_attn") or (2 if new_arch else 1)
         if n_ln not in (1, 2):
-            raise ValueError(f"{where}: num_ln_in_parallel_attn {_shown(n_ln)}: soapbox models 1 or 2 LayerNorms")
+            raise ValueError(f"{where}: num_ln_in_parallel_attn {shown(n_ln)}: soapbox models 1 or 2 LayerNorms")
         kv = num("num_kv_heads", hi=MAX_SIZE) if cfg.get("num_kv_heads") is not None else heads
-        if not new_arch and _bool(cfg, "multi_query", True, where=where):
+        if not new_arch and bool_field(cfg, "multi_query", True, where=where):
             kv = 1
         act = cfg.get("activation", "gelu")
         if act not in _GELUS:
-            raise ValueError(f"{where}: activation {_shown(act)}: soapbox models Falcon's GeLU MLP only")
-        ffn = _int(cfg, "ffn_hidden_size", 4 * hidden, where=where)
-        kw = dict(swiglu=False, norm="layernorm", positions="rotary", bias=_bool(cfg, "bias", False, where=where),
-                  dropout=_rate(cfg, "hidden_dropout", 0.0, where=where), parallel=n_ln if parallel else 0)
+            raise ValueError(f"{where}: activation {shown(act)}: soapbox models Falcon's GeLU MLP only")
+        ffn = int_field(cfg, "ffn_hidden_size", 4 * hidden, where=where)
+        kw = dict(swiglu=False, norm="layernorm", positions="rotary", bias=bool_field(cfg, "bias", False, where=where),
+                  dropout=rate_field(cfg, "hidden_dropout", 0.0, where=where), parallel=n_ln if parallel else 0)
         head_dim = None
     else:
-        kv = _int(cfg, "num_key_value_heads", heads, where=where)
+        kv = int_field(cfg, "num_key_value_heads", heads, where=where)
         ffn = num("intermediate_size")
         gemma = family in ("gemma", "gemma2", "gemma3")
         act = (cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")) if gemma \
             else cfg.get("hidden_act", "silu")
         if gemma and act not in _GELUS:
-            raise ValueError(f"{where}: hidden_activation {_shown(act)}: soapbox models Gemma's GeGLU (a GeLU) only")
+            raise ValueError(f"{where}: hidden_activation {shown(act)}: soapbox models Gemma's GeGLU (a GeLU) only")
         if not gemma and act not in ("silu", "swish"):
             raise ValueError(f"{where}: hidden_act {str(act)[:40]!r}: soapbox models the SwiGLU (silu) MLP only")
         head_dim = None if cfg.get("head_dim", d.get("head_dim")) is None else num("head_dim")
         if head_dim == hidden // heads and hidden % heads == 0:
             head_dim = None
-        if _bool(cfg, "mlp_bias", False, where=where):
+        if bool_field(cfg, "mlp_bias", False, where=where):
             raise ValueError(f"{where}: mlp_bias true is not modelled (biases on the MLP's projections)")
-        attn_bias = _bool(cfg, "attention_bias", False, where=where)
+        attn_bias = bool_field(cfg, "attention_bias", False, where=where)
         qwen = family == "qwen2"
         kw.update(bias=attn_bias and not qwen, qkv_bias=True if qwen else None, gated_act="gelu" if gemma else "silu",
                   qk_norm=family in ("qwen3", "gemma3"), sandwich=family in ("gemma2", "gemma3"))
     window, windowed, field = None, None, ""
     if family in ("mistral", "phi3") and cfg.get("sliding_window", d.get("sliding_window")) is not None:
-        window, field = num("sliding_window", hi=_MAX_CONTEXT), "sliding_window"
+        window, field = num("sliding_window", hi=MAX_CONTEXT), "sliding_window"
     elif family in ("gemma2", "gemma3") and cfg.get("sliding_window", d["sliding_window"]) is not None:
-        window, field = num("sliding_window", hi=_MAX_CONTEXT), "sliding_window"
+        window, field = num("sliding_window", hi=MAX_CONTEXT), "sliding_window"
         types = cfg.get("layer_types")
         if types is None:  # transformers' rule: Gemma-2 alternates from a windowed layer; Gemma-3 has one global
             # layer in each sliding_window_pattern (6: five local layers, then a global one)
-            every = 2 if family == "gemma2" else _int(cfg, "sliding_window_pattern", d["sliding_window_pattern"],
+            every = 2 if family == "gemma2" else int_field(cfg, "sliding_window_pattern", d["sliding_window_pattern"],
                                                       where=where, lo=1, hi=MAX_LAYERS)
             windowed = tuple(i for i in range(layers) if (i + 1) % every)
         else:
-            windowed = tuple(i for i, t in enumerate(_layer_types(types, layers, where)) if t == "sliding_attention")
-    elif family in ("qwen2", "qwen3") and _bool(cfg, "use_sliding_window", False, where=where) and \
+            windowed = tuple(i for i, t in enumerate(layer_types(types, layers, where)) if t == "sliding_attention")
+    elif family in ("qwen2", "qwen3") and bool_field(cfg, "use_sliding_window", False, where=where) and \
             cfg.get("sliding_window", d["sliding_window"]) is not None:
-        window, field = num("sliding_window", hi=_MAX_CONTEXT), "use_sliding_window"
+        window, field = num("sliding_window", hi=MAX_CONTEXT), "use_sliding_window"
         types = cfg.get("layer_types")
         if types is None:
-            first = _int(cfg, "max_window_layers", d["max_window_layers"], where=where, lo=0, hi=MAX_LAYERS)
+            first = int_field(cfg, "max_window_layers", d["max_window_layers"], where=where, lo=0, hi=MAX_LAYERS)
             windowed = tuple(range(min(first, layers), layers))
         else:
-            windowed = tuple(i for i, t in enumerate(_layer_types(types, layers, where)) if t == "sliding_attention")
+            windowed = tuple(i for i, t in enumerate(layer_types(types, layers, where)) if t == "sliding_attention")
     if window is not None and window < seq and windowed != ():
         n = layers if windowed is None else len(windowed)
         kw.update(sliding_window=window, window_layers=windowed, flash_attention=True)
@@ -511,6 +306,6 @@ def _dense(cfg: Mapping[str, Any], family: str, *, batch: int, seq_len: int | No
         if notes is not None:
             notes.append(found)
     return GPTConfig(layers, hidden, heads, seq, num("vocab_size"), batch, kv_heads=kv, ffn_hidden=ffn,
-                     head_dim=head_dim, tie_embeddings=_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"],
+                     head_dim=head_dim, tie_embeddings=bool_field(cfg, "tie_word_embeddings", d["tie_word_embeddings"],
                                                              where=where),
                      precision=precision, name=name or str(cfg.get("_name_or_path") or family)[:80] or family, **kw)

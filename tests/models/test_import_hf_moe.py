@@ -280,6 +280,7 @@ def test_huge_layer_counts_are_refused_before_building(cfg, monkeypatch):
     """A 200-byte config must not build for ever: the bound is checked before any op exists
     (the model builders fail the test if they are reached)."""
     import engine.models.hf as hf
+    import engine.models.hf_moe as hf_moe
 
     assert len(json.dumps(cfg)) < 200
 
@@ -287,7 +288,7 @@ def test_huge_layer_counts_are_refused_before_building(cfg, monkeypatch):
         pytest.fail("a model builder ran before the layer count was checked")
 
     monkeypatch.setattr(hf, "gpt", reached)
-    monkeypatch.setattr(hf, "moe_gpt", reached)
+    monkeypatch.setattr(hf_moe, "moe_gpt", reached)
     with pytest.raises(ValueError, match=f"above the {MAX_LAYERS:,} soapbox imports"):
         from_hf_config(cfg, batch=1)
 
