@@ -127,8 +127,8 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
                                     trigger=str(ctx.triggered_id or "gantt"))
         except (ValueError, SoapboxError, TimeoutError) as e:
             fig, notes = no_update, f"Cannot redraw the timeline: {first_line(e)}"
-        if fig is no_update and notes is no_update:
-            return no_update
+        if (fig is no_update and notes is no_update) or not isinstance(state, dict):
+            return no_update  # (a crafted request without a state: nothing to draw it for)
         return {"version": state.get("version"), "sid": state.get("sid"),
                 "figure": None if fig is no_update else fig, "notes": None if notes is no_update else notes}
 
