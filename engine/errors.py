@@ -99,6 +99,11 @@ class ValidationError(SoapboxError, ValueError):
         """Return a copy that names ``source`` (e.g. the file path) in its message."""
         return ValidationError(self.problems, source)
 
+    def __reduce__(self) -> tuple:
+        # rebuilt from its problems when it crosses processes (a sweep's or search's worker):
+        # Exception's default passes the rendered text as ``problems``, one "problem" a character
+        return type(self), (self.problems, self.source)
+
 
 def problems_summary(error: ValidationError, shown: int = SUMMARY_PROBLEMS) -> str:
     """``error`` in a few lines, for a command's one error: the root cause first where there

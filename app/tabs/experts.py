@@ -189,7 +189,7 @@ def expert_view(state: dict, layer: Any, whatif: Any) -> tuple[Any, list[dict], 
     options = [{"label": n.rsplit(".mlp", 1)[0] + " experts", "value": n} for n in layers]
     if not layers:
         return empty_figure("No mixture-of-experts layers in this model."), options, None, []
-    shown = layer if layer in g.index and layer in layers else layers[0]
+    shown = layer if isinstance(layer, str) and layer in layers else layers[0]  # (a crafted list or dict: the first)
     try:
         loads, what = whatif_loads(g, whatif)
         problem = ""

@@ -237,9 +237,18 @@ class MeasurementCache:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.db = sqlite3.connect(path)
-        self.db.execute("CREATE TABLE IF NOT EXISTS measurements (key TEXT PRIMARY KEY, fwd_s REAL, bwd_s REAL, "
-                        "fwd_spread_s REAL, bwd_spread_s REAL, repeats INTEGER, measured_at REAL)")
+        try:
+            self.db = sqlite3.connect(path)
+            self.db.execute("CREATE TABLE IF NOT EXISTS measurements (key TEXT PRIMARY KEY, fwd_s REAL, "
+                            "bwd_s REAL, fwd_spread_s REAL, bwd_spread_s REAL, repeats INTEGER, measured_at REAL)")
+            cols = {r[1] for r in self.db.execute("PRAGMA table_info(measurements)")}
+        except sqlite3.Error as e:  # (not an SQLite file, a folder, one that cannot be written)
+            raise ValueError(f"--cache {path}: not a measurement cache soapbox can use ({e}); give a new file "
+                             "name or the default") from None
+        if not {"key", "fwd_s", "bwd_s", "fwd_spread_s", "bwd_spread_s", "repeats"} <= cols:
+            self.db.close()
+            raise ValueError(f"--cache {path}: an SQLite file with another 'measurements' table (columns "
+                             f"{', '.join(sorted(cols))[:120]}); give a new file name or the default")
 
     @staticmethod
     def _text(key: Key, device_name: str, torch_version: str) -> str:

@@ -230,6 +230,12 @@ class TestWhatIf:
         assert "balanced" in msg and "expert_loads" not in back["strategy"]
         assert workspace(back).timeline.makespan_s == pytest.approx(balanced_s)
 
+    @pytest.mark.parametrize("layer", [["layers.1.mlp.experts"], {"a": 1}, 5, "layers.0.attn.qkv"])
+    def test_a_crafted_layer_shows_the_first(self, ep8, layer):
+        """Issue 45: a list or dict as the picked layer was a 500 (a dict lookup of a list)."""
+        _, _, shown, _ = XP.expert_view(ep8, layer, {"source": "skew", "skew": 0.0})
+        assert shown == "layers.0.mlp.experts"
+
     def test_a_what_if_survives_a_new_layout(self, ep8):
         new, _ = EV.on_event("expert-apply", ep8, whatif={"source": "skew", "skew": 2.0})
         again, msg = EV.on_event("layout-apply", new, layout={**EP8, "ep": 4, "etp": 2})

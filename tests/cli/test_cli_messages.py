@@ -247,3 +247,35 @@ def test_fuzzed_flag_text_gets_a_message_not_a_traceback(flag, capsys, monkeypat
             assert last.startswith(("soapbox: error: ", "soapbox ")) and words in err, err
 
     check()
+
+
+def test_a_validation_error_crosses_processes_with_its_problems():
+    """Issue 45: pickled (a worker's error), it printed one "problem" per character."""
+    import pickle
+
+    from engine.errors import Problem, ValidationError
+
+    e = ValidationError([Problem("nodes", "too many"), Problem("gpus", "none")], "dgx-h100:99999999")
+    back = pickle.loads(pickle.dumps(e))
+    assert str(back) == str(e) and back.problems == e.problems and back.source == e.source
+    assert str(back).startswith("dgx-h100:99999999: 2 problems found:")
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"not sqlite at all", "not a measurement cache soapbox can use (file is not a database)"),
+    (None, "not a measurement cache soapbox can use"),  # a folder
+])
+def test_profile_cache_that_is_not_a_cache_is_one_line(tmp_path, capsys, content, said):
+    from engine.cli import main
+
+    path = tmp_path / "cache.sqlite"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    status = main(["profile", "--model", "gpt2", "--cluster", "dgx-h100:1", "--cache", str(path),
+                   "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert said in err
+
