@@ -124,6 +124,12 @@ def _janitor(idle_evict_s: float) -> None:
         # drawn views, parsed strategies and search traces are cheap to make again and large
         # to keep (BENCHMARKS.md: what a burst of sessions left otherwise stays resident)
         pending += current().trim(caches_s)
+        try:  # (what deleted searches and uploads freed, back to the file system)
+            from .store import current as store
+
+            store().compact()
+        except ValueError:
+            pass  # (a store that cannot be written now: the pages stay free inside it)
         if pending and time.monotonic() - current().last_request_s >= QUIET_S:
             release_memory()  # (it holds the allocator's lock while it walks the heap: not under load)
             pending = 0

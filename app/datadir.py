@@ -5,8 +5,8 @@ directory (``soapbox serve --data-dir``). This module looks after the directory 
 
 * :func:`private_dir` / :func:`private_file`: the folder is made (or tightened to) mode 0700,
   its files 0600; uploads and session ids are nobody else's business on a shared machine.
-* :func:`lock_folder`: an exclusive ``flock`` on ``soapbox.lock`` in the folder, held by the
-  server for its life. A second server on the folder is refused (:class:`DataDirInUse`)
+* :func:`lock_folder`: an exclusive ``flock`` on the folder and on ``soapbox.lock`` in it, held
+  by the server for its life (a deleted lock file does not release it). A second server on the folder is refused (:class:`DataDirInUse`)
   instead of marking the first one's searches interrupted. The lock dies with its process,
   so a crash or ``kill -9`` leaves nothing stale.
 * :func:`inspect_store` / :func:`set_aside`: what is wrong with a database file before it is
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Iterable, Mapping
 
-__all__ = ["DataDirInUse", "private_dir", "private_file", "lock_folder", "inspect_store", "set_aside",
+__all__ = ["DataDirInUse", "FolderLock", "private_dir", "private_file", "lock_folder", "inspect_store", "set_aside",
            "LOCK_NAME", "EVIDENCE"]
 
 #: the lock's file name in the data directory
@@ -44,10 +45,26 @@ class DataDirInUse(ValueError):
 
 def private_dir(folder: Path) -> None:
     """Make ``folder`` (mode 0700) or tighten it to its owner only (a folder someone else owns
-    is left as it is)."""
+    is left as it is).
+
+    Raises
+    ------
+    ValueError
+        For a shared folder (anyone may write in it, or it has the sticky bit: ``/tmp``, mode
+        1777): tightening it locked every other user out, and leaving it let them replace the
+        store; the message says to give a folder of soapbox's own.
+    """
+    existed = folder.is_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         st = folder.stat()
+    except OSError:
+        return
+    if existed and st.st_mode & (stat.S_ISVTX | stat.S_IWOTH):
+        raise ValueError(f"the data directory {folder} is a shared folder (mode {stat.S_IMODE(st.st_mode):o}: "
+                         f"others can write in it); give a folder of soapbox's own, e.g. "
+                         f"--data-dir {folder / 'soapbox-data'} (made readable by you only)")
+    try:
         if st.st_mode & 0o077 and st.st_uid == os.getuid():
             os.chmod(folder, 0o700)
     except (OSError, AttributeError):  # (os.getuid: not on Windows)
@@ -64,18 +81,35 @@ def private_file(path: Path, create: bool = False) -> None:
         except FileExistsError:
             pass
     try:
-        st = path.stat()
-        if st.st_mode & 0o077 and path.is_file():
+        st = path.lstat()  # (a link is left as it is: tightening its target changed a file elsewhere)
+        if st.st_mode & 0o077 and stat.S_ISREG(st.st_mode):
             os.chmod(path, st.st_mode & 0o600)
     except OSError:
         pass
 
 
-def lock_folder(folder: Path) -> IO[str] | None:
-    """Take ``folder`` for this process alone: an exclusive ``flock`` on ``folder/soapbox.lock``
-    (mode 0600), which then holds this process's id. The open lock file is returned; the lock
-    lasts until it is closed or the process ends. None where ``fcntl`` is missing (Windows:
-    nothing is locked).
+class FolderLock:
+    """A data directory held by this process: ``flock`` on the folder itself (deleting the lock
+    file does not let another server in) and on ``soapbox.lock`` (which names the holder's
+    process); :meth:`close` lets go of both."""
+
+    def __init__(self, folder_fd: int, file: IO[str]) -> None:
+        self.folder_fd, self.file = folder_fd, file
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None  # type: ignore[assignment]
+        if self.folder_fd >= 0:
+            os.close(self.folder_fd)
+            self.folder_fd = -1
+
+
+def lock_folder(folder: Path) -> FolderLock | None:
+    """Take ``folder`` for this process alone: an exclusive ``flock`` on the folder and on
+    ``folder/soapbox.lock`` (mode 0600), which then holds this process's id. The lock lasts
+    until the returned :class:`FolderLock` is closed or the process ends. None where ``fcntl``
+    is missing (Windows: nothing is locked).
 
     Raises
     ------
@@ -87,12 +121,15 @@ def lock_folder(folder: Path) -> IO[str] | None:
     except ImportError:  # pragma: no cover - not on Linux / macOS
         return None
     path = folder / LOCK_NAME
+    dfd = os.open(folder, os.O_RDONLY)
     f = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+", encoding="ascii", errors="replace")
     try:
+        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = f.read(40).strip()
         f.close()
+        os.close(dfd)
         # Dash's debug mode runs the app again in a child of the process that took the folder
         # (werkzeug's reloader): the parent holds it for both
         if os.environ.get("WERKZEUG_RUN_MAIN") == "true" and holder == str(os.getppid()):
@@ -106,7 +143,7 @@ def lock_folder(folder: Path) -> IO[str] | None:
     f.write(str(os.getpid()))
     f.flush()
     private_file(path)
-    return f
+    return FolderLock(dfd, f)
 
 
 def _what_it_is(head: bytes) -> str:
@@ -120,14 +157,16 @@ def _what_it_is(head: bytes) -> str:
     return f"is not an SQLite database (it starts with the bytes {head[:8].hex(' ')})"
 
 
-def inspect_store(path: Path, tables: Iterable[str]) -> tuple[str | None, str | None]:
+def inspect_store(path: Path, tables: Iterable[str],
+                  columns: Mapping[str, Iterable[str]] | None = None) -> tuple[str | None, str | None]:
     """What is wrong with the database file at ``path``, which should hold ``tables``.
 
     Returns (why it must be set aside, or None; a notice that it lost its content, or None):
     (None, None) for a sound store or no file. Set aside: a folder or other non-file, a file
     that is not SQLite (text or garbage), one shorter than its header says (truncated), one
     SQLite cannot read or whose ``PRAGMA quick_check`` fails, an SQLite database of someone
-    else's tables. Emptied: 0 bytes, or some of ``tables`` missing where others are there or
+    else's tables, or one where a table of ``tables`` lacks the ``columns`` it needs (another
+    program's ``uploads``: opened, it stopped the server at its first query). Emptied: 0 bytes, or some of ``tables`` missing where others are there or
     where the folder shows earlier use (:data:`EVIDENCE`).
     """
     tables = tuple(tables)
@@ -160,12 +199,19 @@ def inspect_store(path: Path, tables: Iterable[str]) -> tuple[str | None, str | 
         try:
             rows = [r[0] for r in conn.execute("PRAGMA quick_check")]
             found = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            lacking = {t: sorted(set(need) - {r[1] for r in conn.execute(f'PRAGMA table_info("{t}")')})
+                       for t, need in (columns or {}).items() if t in found}
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
         return f"cannot be read as a database ({e})", None
     if rows != ["ok"]:
         return "fails SQLite's integrity check (" + "; ".join(str(r)[:200] for r in rows[:3]) + ")", None
+    foreign = {t: cols for t, cols in lacking.items() if cols}
+    if foreign:
+        t, cols = next(iter(foreign.items()))
+        return (f"is an SQLite database whose table {t!r} is not soapbox's (it lacks the column"
+                f"{'s' if len(cols) > 1 else ''} {', '.join(cols[:5])})"), None
     ours, others = found & set(tables), found - set(tables) - {"sqlite_sequence"}
     if not ours and others:
         return f"is an SQLite database but not soapbox's (its tables: {', '.join(sorted(others)[:5])})", None

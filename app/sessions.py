@@ -17,6 +17,7 @@ that a new one is refused with a message (:class:`Busy`).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -286,9 +287,16 @@ def _read_or_make_key(path: Path) -> bytes:
         if len(data) == 32:
             return data
         path.unlink()
+        # (announced, not silent: every page open on this server has to start a new session)
+        logging.getLogger("soapbox.sessions").warning(
+            f"the key that signs session ids, {path}, was damaged ({len(data):,} bytes, not 32): a new one was "
+            "made, so pages opened before start new sessions (their uploads are no longer theirs)")
     except FileNotFoundError:
         pass
-    except OSError:
+    except OSError as e:
+        logging.getLogger("soapbox.sessions").warning(
+            f"cannot read the key that signs session ids, {path} ({e.strerror or e}): this server signs with a key "
+            "of its own, so pages start new sessions after a restart")
         return os.urandom(32)
     key = os.urandom(32)
     try:

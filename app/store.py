@@ -16,19 +16,24 @@ directory, e.g. ``~/.local/share/soapbox`` on Linux):
 SQLite is used in WAL mode (readers never block the one writer) with a busy timeout, one
 connection per thread and process. Sizes are bounded: a few searches per session and
 :data:`MAX_QUEUED_SEARCHES` queued on the server, a few uploads per session and
-:data:`MAX_STORED_UPLOADS` / :data:`MAX_STORED_UPLOAD_BYTES` on the server, finished searches
-dropped after :data:`KEEP_DAYS` days. A bound that is reached raises :class:`StoreFull` (a
-``ValueError`` whose message a page can show).
+:data:`MAX_STORED_UPLOADS` / :data:`MAX_STORED_UPLOAD_BYTES` on the server, at most
+:data:`MAX_KEPT_SEARCHES` finished searches on the server (each with at most
+:data:`MAX_PROGRESS_ROWS` progress rows; its starting strategy dropped when it ends), finished
+searches dropped after :data:`KEEP_DAYS` days; the pages they free go back to the file system
+(incremental auto-vacuum). A bound that is reached raises :class:`StoreFull`, a store SQLite
+cannot write (the disk full, read-only) :class:`StoreUnavailable` (both ``ValueError``\ s whose
+message a page can show: :mod:`app.storefaults`).
 
 The data directory is the server's alone:
 
 * **one server**: a store opened as a server opens it (:func:`open_checked`, ``configure(...,
-  checked=True)``) holds an exclusive lock (``flock``) on ``soapbox.lock`` in the folder until
-  the process exits; a second server on the same folder is refused (:class:`DataDirInUse`)
+  checked=True)``) holds an exclusive lock (``flock``) on the folder and on ``soapbox.lock`` in it
+  until the process exits (deleting the file does not free the folder); a second server on the same folder is refused (:class:`DataDirInUse`)
   rather than marking the first one's searches interrupted. The lock dies with its process,
   so a crash leaves nothing stale.
 * **its owner's only**: the folder is made (or tightened to) mode 0700, the database and its
-  ``-wal`` / ``-shm`` files 0600 (SQLite gives those the database file's mode).
+  ``-wal`` / ``-shm`` files 0600 (SQLite gives those the database file's mode); a shared folder
+  (``/tmp``, mode 1777) is refused, not tightened, and a link is never followed to tighten.
 * **checked on open**: :func:`open_checked` runs SQLite's ``quick_check``; a damaged file (not
   a database, truncated, a folder where the file should be, failing the check) is set aside as
   ``soapbox.sqlite3.damaged-<time>`` and a fresh store made, and an emptied one (0 bytes, or its
@@ -52,63 +57,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .datadir import DataDirInUse, inspect_store, lock_folder, private_dir, private_file, set_aside
+from .storefaults import StoreFull, StoreUnavailable, guarded, storage_problem
+from .storeschema import (DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES, MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
+                          MAX_STORED_UPLOADS, PLAN_JOB, SCHEMA, SEARCHES_PER_SESSION, STATUSES, TABLES,
+                          UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
 
-__all__ = ["Store", "StoreFull", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
-           "digest_of", "PLAN_JOB", "KEEP_DAYS", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
+__all__ = ["Store", "StoreFull", "StoreUnavailable", "storage_problem", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
+           "digest_of", "PLAN_JOB", "KEEP_DAYS", "MAX_KEPT_SEARCHES", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
            "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "DB_NAME", "FINAL", "STATUSES"]
 
-#: searches kept per session (oldest finished ones dropped first)
-SEARCHES_PER_SESSION = 5
-#: uploads kept per session (least recently used dropped first); the state names one model
-#: and one cluster, a few more let undo across an import still resolve
-UPLOADS_PER_SESSION = 8
-#: searches queued at once on one server, all sessions together (running ones not counted: at
-#: most one per worker). With ten-minute searches and one worker, the last waits 2.7 hours
-MAX_QUEUED_SEARCHES = 16
-#: uploads kept on one server, all sessions together: how many, and their total size (bytes of
-#: their JSON). Past either, uploads unused for :data:`UPLOAD_IN_USE_S` are dropped, least
-#: recently used first; when that is not enough, the upload is refused
-MAX_STORED_UPLOADS = 512
-MAX_STORED_UPLOAD_BYTES = 256 * 2**20
-#: an upload read or stored within this long is never dropped to make room for another
-UPLOAD_IN_USE_S = 3600.0
-#: finished searches and uploads untouched for this long are deleted at start-up
-KEEP_DAYS = 14
-#: the database's file name in the data directory
-DB_NAME = "soapbox.sqlite3"
-#: progress rows stored per search (a long MCMC run emits one per 10 proposals); beyond this,
-#: every other stored row is dropped, so the trace keeps its shape at half the resolution
-MAX_PROGRESS_ROWS = 4000
-
-#: the algorithm name under which a GPU comparison (:mod:`app.planjob`) is queued
-PLAN_JOB = "plan"
-
-STATUSES = ("queued", "running", "finished", "stopped", "failed", "interrupted")
-#: statuses after which a search no longer changes
-FINAL = ("finished", "stopped", "failed", "interrupted")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS uploads (
-    sid TEXT NOT NULL, digest TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
-    data TEXT NOT NULL, used_at REAL NOT NULL, size_bytes INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (sid, digest));
-CREATE TABLE IF NOT EXISTS searches (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, sid TEXT NOT NULL, algorithm TEXT NOT NULL,
-    budget TEXT NOT NULL, budget_s REAL, seed INTEGER NOT NULL, refs TEXT NOT NULL,
-    initial TEXT, status TEXT NOT NULL, stop_requested INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL, started_at REAL, finished_at REAL, worker_pid INTEGER,
-    best_cost_s REAL, best TEXT, result TEXT, error TEXT);
-CREATE INDEX IF NOT EXISTS searches_sid ON searches (sid, id);
-CREATE INDEX IF NOT EXISTS searches_status ON searches (status, id);
-CREATE TABLE IF NOT EXISTS progress (
-    search_id INTEGER NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (search_id, seq));
-"""
-_TABLES = ("uploads", "searches", "progress")
-
-
-class StoreFull(ValueError):
-    """A server-wide bound is reached (queued searches, stored uploads); the message says which
-    and what to do."""
 
 
 
@@ -141,7 +98,9 @@ class Store:
         private_file(self.path, create=True)
         self._local = threading.local()
         db = self._conn()
-        db.executescript(_SCHEMA)
+        if not db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # (set before the first table: deleted rows free pages)
+        db.executescript(SCHEMA)
         if "size_bytes" not in {r[1] for r in db.execute("PRAGMA table_info(uploads)")}:  # a store made before
             with self._tx() as tx:
                 tx.execute("ALTER TABLE uploads ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0")
@@ -172,15 +131,26 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (taken at once: ``BEGIN IMMEDIATE``)."""
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
+        """One write transaction (taken at once: ``BEGIN IMMEDIATE``); SQLite's errors come out
+        as :class:`app.storefaults.StoreUnavailable`. SQLite may have rolled a failed
+        transaction back itself (a full disk): it is rolled back here only when still open."""
+        try:
+            db = self._conn()
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise storage_problem(e, self.path) from None
         try:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("COMMIT")
+        except BaseException as e:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            if isinstance(e, sqlite3.Error):
+                raise storage_problem(e, self.path) from None
             raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -287,6 +257,9 @@ class Store:
             old = [r[0] for r in db.execute(
                 "SELECT id FROM searches WHERE sid = ? AND status IN ('finished', 'stopped', 'failed', 'interrupted') "
                 "ORDER BY id DESC LIMIT -1 OFFSET ?", (sid, SEARCHES_PER_SESSION - 1))]
+            old += [r[0] for r in db.execute(  # (and the server's oldest, past its bound: any session's)
+                "SELECT id FROM searches WHERE status IN ('finished', 'stopped', 'failed', 'interrupted') "
+                "ORDER BY id DESC LIMIT -1 OFFSET ?", (MAX_KEPT_SEARCHES,)) if r[0] not in old]
             self._delete(db, old)
         return new_id
 
@@ -333,7 +306,9 @@ class Store:
         """Record how a search ended (status one of :data:`FINAL`)."""
         assert status in FINAL, status
         with self._tx() as db:
-            db.execute("UPDATE searches SET status = ?, finished_at = ?, result = ?, error = ?, "
+            # (the starting strategy only starts a search: dropped when it ends, it is the largest
+            # field, a 1,024-GPU strategy's megabytes per start)
+            db.execute("UPDATE searches SET status = ?, finished_at = ?, result = ?, error = ?, initial = NULL, "
                        "best = COALESCE(?, best), best_cost_s = COALESCE(?, best_cost_s) WHERE id = ? "
                        "AND status NOT IN ('finished', 'stopped', 'failed', 'interrupted')",
                        (status, time.time(), json.dumps(result) if result is not None else None, error,
@@ -347,8 +322,8 @@ class Store:
             if row is None:
                 return None
             if row["status"] == "queued":
-                db.execute("UPDATE searches SET status = 'stopped', finished_at = ?, error = NULL WHERE id = ?",
-                           (time.time(), search_id))
+                db.execute("UPDATE searches SET status = 'stopped', finished_at = ?, error = NULL, initial = NULL "
+                           "WHERE id = ?", (time.time(), search_id))
             elif row["status"] == "running":
                 db.execute("UPDATE searches SET stop_requested = 1 WHERE id = ?", (search_id,))
             return row["status"]
@@ -389,6 +364,14 @@ class Store:
             "(SELECT status FROM searches WHERE id = ?) = 'queued'", (search_id, search_id)).fetchone()
         return int(row[0])
 
+    def compact(self, pages: int = 2048) -> int:
+        """Give up to ``pages`` freed pages back to the file system (a store made with
+        incremental auto-vacuum; an older one keeps its size until :meth:`recover` vacuums it);
+        the pages still free after."""
+        db = self._conn()
+        db.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+        return int(db.execute("PRAGMA freelist_count").fetchone()[0])
+
     def recover(self) -> int:
         """At server start: every search left queued or running by a server that is gone is
         marked ``interrupted`` (keeping its best so far); old rows are pruned. Returns how many
@@ -396,12 +379,17 @@ class Store:
         now = time.time()
         cutoff = now - KEEP_DAYS * 86400
         with self._tx() as db:
-            n = db.execute("UPDATE searches SET status = 'interrupted', finished_at = ?, error = "
+            n = db.execute("UPDATE searches SET status = 'interrupted', finished_at = ?, initial = NULL, error = "
                            "'the server stopped while this search was ' || status WHERE status IN ('queued', 'running')",
                            (now,)).rowcount
             old = [r[0] for r in db.execute("SELECT id FROM searches WHERE finished_at < ?", (cutoff,))]
             self._delete(db, old)
             db.execute("DELETE FROM uploads WHERE used_at < ?", (cutoff,))
+        conn = self._conn()
+        if not conn.execute("PRAGMA auto_vacuum").fetchone()[0]:  # (a store made before: made compactable)
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("VACUUM")
+        self.compact(1 << 30)
         return int(n)
 
     @staticmethod
@@ -412,6 +400,12 @@ class Store:
             if out.get(key) is not None:
                 out[key] = json.loads(out[key])
         return out
+
+
+for _name in ("has_upload", "get_upload", "upload_usage", "claim_next", "add_progress", "set_best", "finish", "compact",
+              "request_stop", "stop_requested", "search", "latest_search", "running_searches", "progress_since",
+              "queued_count", "queue_position", "recover", "put_upload", "create_search"):
+    setattr(Store, _name, guarded(getattr(Store, _name)))  # (SQLite's errors said in words)
 
 
 # --------------------------------------------------------------------------- opening as a server does
@@ -435,7 +429,7 @@ def open_checked(path: str | os.PathLike, exclusive: bool = True) -> Store:
     private_dir(path.parent)
     lock = lock_folder(path.parent) if exclusive else None
     try:
-        why, emptied = inspect_store(path, _TABLES)
+        why, emptied = inspect_store(path, TABLES, columns())
         notices = []
         if why is not None:
             aside = set_aside(path, why)

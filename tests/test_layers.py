@@ -233,7 +233,7 @@ APP = ENGINE.parent / "app"
 #: (``state``), its simulation (``simulation``), what a user does (``actions``, ``profiles``, ``uploads``,
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
-APP_LAYERS = ["cache", "edge", "fmt", "panel", "learn", "datadir", "store", "sessions", "sources", "state", "simulation", "gantt",
+APP_LAYERS = ["cache", "edge", "fmt", "panel", "learn", "datadir", "storefaults", "storeschema", "store", "sessions", "sources", "state", "simulation", "gantt",
               "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
               "jobs", "planjob", "worker", "tabs", "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
