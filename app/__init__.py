@@ -11,6 +11,7 @@ database under the data directory (:mod:`app.store`). ``app/README.md`` maps the
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -70,7 +71,12 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     # the folder for this process alone (a second server is refused: DataDirInUse); a damaged
     # database in it is set aside (db.notices say so)
     db = store.configure(folder / store.DB_NAME, checked=True)
-    interrupted = db.recover()
+    try:
+        interrupted = db.recover()
+    except store.StoreUnavailable as e:  # (a full disk or a read-only store: the explorer still serves)
+        interrupted = 0
+        db.notices.append(f"{e}: the explorer runs, but searches and uploads are refused with this reason")
+        logging.getLogger("soapbox.store").warning(db.notices[-1])
     jobs.configure(db, workers)
     app = Dash(__name__, title="soapbox", assets_folder=str(ASSETS), suppress_callback_exceptions=False,
                update_title=None)
