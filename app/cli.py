@@ -37,6 +37,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-connections", type=int_in(0, 100_000), default=None, metavar="N",
                    help="connections one address may hold before its waiting ones make room (default "
                         "256; 0 behind a reverse proxy, which bounds each client itself)")
+    p.add_argument("--trusted-proxy", nargs="+", metavar="ADDR", default=None,
+                   help="reverse proxies whose X-Forwarded-For names the visitor (for each visitor's fair share of "
+                        "searches and uploads; default: the connection's own address)")
     p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
                    help="drop a session's cached simulation after this long without a request (default 600)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
@@ -122,6 +125,9 @@ def _serve(args: argparse.Namespace) -> int:
     from .warmup import warm_up
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
+    from .clients import trust_proxy
+
+    trust_proxy(args.trusted_proxy)
     _log_to_stderr()
     _raise_file_limit()
     os.umask(0o077)  # what the server and its workers write is their owner's only (see app.datadir)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-__all__ = ["DataDirInUse", "FolderLock", "private_dir", "private_file", "lock_folder", "inspect_store", "set_aside",
+__all__ = ["DataDirInUse", "FolderLock", "default_data_dir", "private_dir", "private_file", "lock_folder", "inspect_store", "set_aside",
            "LOCK_NAME", "EVIDENCE"]
 
 #: the lock's file name in the data directory
@@ -37,6 +37,13 @@ EVIDENCE = ("session.key",)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 #: files SQLite keeps beside a database (moved along with it when it is set aside)
 _COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def default_data_dir() -> Path:
+    """The platform's per-user data directory for soapbox (``platformdirs``)."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("soapbox", appauthor=False))
 
 
 class DataDirInUse(ValueError):

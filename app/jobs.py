@@ -30,6 +30,7 @@ from engine.search import ALGORITHMS, Budget
 from engine.strategy import Strategy, strategy_from_dict
 
 from . import store as S
+from .clients import client_address
 from .fmt import format_seconds
 
 __all__ = ["SearchPool", "JobView", "MAX_SEARCH_S", "start", "get", "stop", "best", "pool", "configure", "worker_env"]
@@ -70,7 +71,8 @@ class JobView:
         if self.status == "queued":
             ahead = self.queue_position - 1
             return (f"{self.algorithm}: queued, {'next' if ahead == 0 else f'{ahead} search(es) ahead'} "
-                    f"(this server runs {self.workers} search{'es' if self.workers != 1 else ''} at a time).")
+                    f"(this server runs {self.workers} search{'es' if self.workers != 1 else ''} at a time; visitors "
+                    f"take turns, and its {self.budget} budget starts when it does).")
         if self.status == "running":
             last = self.rows[-1] if self.rows else None
             if last is None:
@@ -242,7 +244,7 @@ def start(sid: str, refs: dict, algorithm: str, budget_text: str, seed: int,
     if old is not None and old["status"] in ("queued", "running"):
         raise ValueError("a search is already running in this session; stop it first")
     p.store.create_search(sid, algorithm, str(budget_text).strip(), budget.seconds, int(seed), refs,
-                          initial.to_dict() if initial is not None else None)
+                          initial.to_dict() if initial is not None else None, client=client_address())
     p.ensure_running()
     view = get(sid)
     assert view is not None

@@ -25,6 +25,7 @@ from engine.cluster import preset
 from engine.cluster.presets import PRESETS
 
 from . import store as S
+from .clients import client_address
 from .sources import MAX_APP_DEVICES, graph_of, refs
 
 __all__ = ["GPU_TYPES", "PLAN_BUDGET_S", "MAX_PLAN_CLUSTERS", "plan_clusters", "parse_price_text", "start_plan",
@@ -114,7 +115,7 @@ def start_plan(state: dict, families: Any, gpus_text: Any, tokens: float, price_
         raise ValueError("a GPU comparison is already running in this page; stop it first")
     options = {"clusters": clusters, "tokens": float(tokens), "prices": prices}
     p.store.create_search(state["sid"], S.PLAN_JOB, f"{PLAN_BUDGET_S:g}s", PLAN_BUDGET_S, 0,
-                          {**refs(state), "options": options}, None)
+                          {**refs(state), "options": options}, None, client=client_address())
     p.ensure_running()
     return (f"Comparing {g.name} on {', '.join(clusters)}" + (f" ({'; '.join(notes)})" if notes else "") + "…")
 

@@ -18,6 +18,7 @@ from typing import Any
 from engine.costs import ProfileTable
 from engine.formats import load_profile
 
+from .clients import client_address
 from . import store
 from .simulation import Workspace
 from .state import bump
@@ -37,7 +38,7 @@ def attach_profile(state: dict, data: dict, filename: str) -> tuple[dict, str, b
     if not len(table):
         return state, f"{filename}: the profile table has no entries (nothing measured to price ops with)", False
     types = sorted({k[5] for k in table.entries})
-    digest = store.current().put_upload(state["sid"], "profile", filename[:200], data)
+    digest = store.current().put_upload(state["sid"], "profile", filename[:200], data, client=client_address())
     new = copy.deepcopy(state)
     new["profile"] = {"name": filename[:200] or "profile", "upload": digest}
     shown = ", ".join(types[:3]) + (f" and {len(types) - 3} more" if len(types) > 3 else "")

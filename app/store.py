@@ -21,7 +21,7 @@ connection per thread and process. Sizes are bounded: a few searches per session
 :data:`MAX_PROGRESS_ROWS` progress rows; its starting strategy dropped when it ends), finished
 searches dropped after :data:`KEEP_DAYS` days; the pages they free go back to the file system
 (incremental auto-vacuum). A bound that is reached raises :class:`StoreFull`, a store SQLite
-cannot write (the disk full, read-only) :class:`StoreUnavailable` (both ``ValueError``\ s whose
+cannot write (the disk full, read-only) :class:`StoreUnavailable` (both ``ValueError`` subclasses whose
 message a page can show: :mod:`app.storefaults`).
 
 The data directory is the server's alone:
@@ -56,10 +56,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .datadir import DataDirInUse, inspect_store, lock_folder, private_dir, private_file, set_aside
+from .datadir import DataDirInUse, default_data_dir, inspect_store, lock_folder, private_dir, private_file, set_aside
+from .fairqueue import fair_order
 from .storefaults import StoreFull, StoreUnavailable, guarded, storage_problem
-from .storeschema import (DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES, MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
-                          MAX_STORED_UPLOADS, PLAN_JOB, SCHEMA, SEARCHES_PER_SESSION, STATUSES, TABLES,
+from .storeschema import (CLIENT_SEARCHES, CLIENT_UPLOADS, DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES, MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
+                          MAX_STORED_UPLOADS, MIGRATED, PLAN_JOB, SCHEMA, SEARCHES_PER_SESSION, STATUSES, TABLES,
                           UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
 
 __all__ = ["Store", "StoreFull", "StoreUnavailable", "storage_problem", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
@@ -68,13 +69,6 @@ __all__ = ["Store", "StoreFull", "StoreUnavailable", "storage_problem", "DataDir
 
 
 
-
-
-def default_data_dir() -> Path:
-    """The platform's per-user data directory for soapbox (``platformdirs``)."""
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("soapbox", appauthor=False))
 
 
 def digest_of(data: Any) -> str:
@@ -101,10 +95,14 @@ class Store:
         if not db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
             db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # (set before the first table: deleted rows free pages)
         db.executescript(SCHEMA)
-        if "size_bytes" not in {r[1] for r in db.execute("PRAGMA table_info(uploads)")}:  # a store made before
-            with self._tx() as tx:
-                tx.execute("ALTER TABLE uploads ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0")
-                tx.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
+        for table, added in MIGRATED.items():  # (a store made before: its new columns)
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for name, definition in added.items():
+                if name not in have:
+                    with self._tx() as tx:
+                        tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+                        if name == "size_bytes":
+                            tx.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
         for suffix in ("-wal", "-shm"):  # (SQLite makes them with the database's mode; older ones: tightened)
             private_file(self.path.with_name(self.path.name + suffix))
 
@@ -168,13 +166,16 @@ class Store:
 
     # ------------------------------------------------------------------ uploads
 
-    def put_upload(self, sid: str, kind: str, name: str, data: dict) -> str:
-        """Keep an uploaded model or cluster for session ``sid``; its content digest.
+    def put_upload(self, sid: str, kind: str, name: str, data: dict, client: str = "") -> str:
+        """Keep an uploaded model or cluster for session ``sid`` of ``client`` (:mod:`app.clients`);
+        its content digest.
 
-        The session keeps its :data:`UPLOADS_PER_SESSION` most recent uploads. Past the
-        server's bounds (:data:`MAX_STORED_UPLOADS`, :data:`MAX_STORED_UPLOAD_BYTES`), uploads
-        of any session unused for :data:`UPLOAD_IN_USE_S` are dropped, least recently used
-        first.
+        The session keeps its :data:`UPLOADS_PER_SESSION` most recent uploads, the client (all
+        its sessions) its :data:`CLIENT_UPLOADS` most recent. Past the server's bounds
+        (:data:`MAX_STORED_UPLOADS`, :data:`MAX_STORED_UPLOAD_BYTES`), uploads unused for
+        :data:`UPLOAD_IN_USE_S` are dropped, least recently used first; when that is not enough,
+        the least recently used of the client holding most (so that one client's uploads cannot
+        lock everyone else's out: it makes room from its own).
 
         Raises
         ------
@@ -186,11 +187,14 @@ class Store:
         size = len(text.encode("utf-8"))
         now = time.time()
         with self._tx() as db:
-            db.execute("INSERT INTO uploads (sid, digest, kind, name, data, used_at, size_bytes) VALUES "
-                       "(?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sid, digest) DO UPDATE SET used_at = excluded.used_at",
-                       (sid, digest, kind, name, text, now, size))
+            db.execute("INSERT INTO uploads (sid, digest, kind, name, data, used_at, size_bytes, client) VALUES "
+                       "(?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sid, digest) DO UPDATE SET used_at = excluded.used_at",
+                       (sid, digest, kind, name, text, now, size, client))
             db.execute("DELETE FROM uploads WHERE sid = ? AND digest NOT IN (SELECT digest FROM uploads WHERE sid = ? "
                        "ORDER BY used_at DESC LIMIT ?)", (sid, sid, UPLOADS_PER_SESSION))
+            if client:
+                db.execute("DELETE FROM uploads WHERE client = ? AND rowid NOT IN (SELECT rowid FROM uploads WHERE "
+                           "client = ? ORDER BY used_at DESC LIMIT ?)", (client, client, CLIENT_UPLOADS))
             count, total = db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM uploads").fetchone()
             if count > MAX_STORED_UPLOADS or total > MAX_STORED_UPLOAD_BYTES:
                 idle = db.execute("SELECT sid, digest, size_bytes FROM uploads WHERE used_at < ? AND NOT "
@@ -200,11 +204,18 @@ class Store:
                         break
                     db.execute("DELETE FROM uploads WHERE sid = ? AND digest = ?", (old_sid, old_digest))
                     count, total = count - 1, total - int(old_size)
-                if count > MAX_STORED_UPLOADS or total > MAX_STORED_UPLOAD_BYTES:
-                    raise StoreFull(  # (the transaction is rolled back: nothing was kept or dropped)
-                        f"the server's upload storage is full (it keeps at most {MAX_STORED_UPLOADS:,} files and "
-                        f"{MAX_STORED_UPLOAD_BYTES / 2**20:.0f} MB, and those it holds were used within the last "
-                        f"{UPLOAD_IN_USE_S / 60:.0f} minutes); try again later")
+                while count > MAX_STORED_UPLOADS or total > MAX_STORED_UPLOAD_BYTES:
+                    row = db.execute(  # (the least recently used of the client holding most, not this one)
+                        "SELECT sid, digest, size_bytes FROM uploads WHERE client = (SELECT client FROM uploads "
+                        "GROUP BY client ORDER BY COUNT(*) DESC, SUM(size_bytes) DESC LIMIT 1) AND client != '' "
+                        "AND NOT (sid = ? AND digest = ?) ORDER BY used_at LIMIT 1", (sid, digest)).fetchone()
+                    if row is None:
+                        raise StoreFull(  # (the transaction is rolled back: nothing was kept or dropped)
+                            f"the server's upload storage is full (it keeps at most {MAX_STORED_UPLOADS:,} files "
+                            f"and {MAX_STORED_UPLOAD_BYTES / 2**20:.0f} MB, and those it holds were used within "
+                            f"the last {UPLOAD_IN_USE_S / 60:.0f} minutes); try again later")
+                    db.execute("DELETE FROM uploads WHERE sid = ? AND digest = ?", (row[0], row[1]))
+                    count, total = count - 1, total - int(row[2])
         return digest
 
     def has_upload(self, sid: str, digest: str, kind: str) -> bool:
@@ -235,24 +246,30 @@ class Store:
     # ------------------------------------------------------------------ searches
 
     def create_search(self, sid: str, algorithm: str, budget: str, budget_s: float | None, seed: int,
-                      refs: dict, initial: dict | None) -> int:
-        """Queue a search; its id. Older finished searches of the session beyond
-        :data:`SEARCHES_PER_SESSION` are dropped with their progress.
+                      refs: dict, initial: dict | None, client: str = "") -> int:
+        """Queue a search of ``client`` (:mod:`app.clients`); its id. Older finished searches
+        of the session beyond :data:`SEARCHES_PER_SESSION` are dropped with their progress.
 
         Raises
         ------
         StoreFull
-            When :data:`MAX_QUEUED_SEARCHES` searches are queued on the server already.
+            When the client has :data:`CLIENT_SEARCHES` queued or running already (all its
+            sessions together), or :data:`MAX_QUEUED_SEARCHES` are queued on the server.
         """
         with self._tx() as db:
+            mine = db.execute("SELECT COUNT(*) FROM searches WHERE client = ? AND status IN ('queued', 'running')",
+                              (client,)).fetchone()[0]
+            if client and mine >= CLIENT_SEARCHES:
+                raise StoreFull(f"you have {mine} searches queued or running on this server (from this page or "
+                                f"others), as many as one visitor may: stop one, or wait for one to end")
             queued = db.execute("SELECT COUNT(*) FROM searches WHERE status = 'queued'").fetchone()[0]
             if queued >= MAX_QUEUED_SEARCHES:
                 raise StoreFull(f"the server has {queued} searches queued (its limit); try again later")
             cur = db.execute(
-                "INSERT INTO searches (sid, algorithm, budget, budget_s, seed, refs, initial, status, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+                "INSERT INTO searches (sid, algorithm, budget, budget_s, seed, refs, initial, status, created_at, "
+                "client) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
                 (sid, algorithm, budget, budget_s, seed, json.dumps(refs), json.dumps(initial) if initial else None,
-                 time.time()))
+                 time.time(), client))
             new_id = int(cur.lastrowid)
             old = [r[0] for r in db.execute(
                 "SELECT id FROM searches WHERE sid = ? AND status IN ('finished', 'stopped', 'failed', 'interrupted') "
@@ -270,11 +287,13 @@ class Store:
             db.execute("DELETE FROM searches WHERE id = ?", (i,))
 
     def claim_next(self, worker_pid: int) -> dict | None:
-        """Mark the oldest queued search running for ``worker_pid`` and return it."""
+        """Mark the next queued search (:func:`app.fairqueue.fair_order`) running for ``worker_pid`` and
+        return it."""
         with self._tx() as db:
-            row = db.execute("SELECT * FROM searches WHERE status = 'queued' ORDER BY id LIMIT 1").fetchone()
-            if row is None:
+            order = fair_order(db)
+            if not order:
                 return None
+            row = db.execute("SELECT * FROM searches WHERE id = ?", (order[0],)).fetchone()
             db.execute("UPDATE searches SET status = 'running', started_at = ?, worker_pid = ? WHERE id = ?",
                        (time.time(), worker_pid, row["id"]))
         out = self._row(row)
@@ -358,11 +377,10 @@ class Store:
         return int(self._conn().execute("SELECT COUNT(*) FROM searches WHERE status = 'queued'").fetchone()[0])
 
     def queue_position(self, search_id: int) -> int:
-        """1 for the next search to start, 2 for the one after, ...; 0 when not queued."""
-        row = self._conn().execute(
-            "SELECT COUNT(*) FROM searches WHERE status = 'queued' AND id <= ? AND "
-            "(SELECT status FROM searches WHERE id = ?) = 'queued'", (search_id, search_id)).fetchone()
-        return int(row[0])
+        """1 for the next search to start, 2 for the one after, ... (:func:`app.fairqueue.fair_order`); 0
+        when not queued."""
+        order = fair_order(self._conn())
+        return order.index(search_id) + 1 if search_id in order else 0
 
     def compact(self, pages: int = 2048) -> int:
         """Give up to ``pages`` freed pages back to the file system (a store made with

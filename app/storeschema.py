@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "TABLES", "MIGRATED", "columns"]
+__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "TABLES", "MIGRATED", "columns"]
 
 #: searches kept per session (oldest finished ones dropped first)
 SEARCHES_PER_SESSION = 5
@@ -16,6 +16,12 @@ UPLOADS_PER_SESSION = 8
 #: their progress rows): with each search's trace at most MAX_PROGRESS_ROWS rows and its
 #: starting strategy dropped when it ends, the store stays within a few hundred MB
 MAX_KEPT_SEARCHES = 200
+#: searches one client (an address: :mod:`app.clients`) may have queued or running at once,
+#: all its sessions together: opening more pages does not take more of the queue
+CLIENT_SEARCHES = 2
+#: uploads one client may keep on the server, all its sessions together (past it, its own
+#: least recently used make room: it cannot fill the server's store)
+CLIENT_UPLOADS = 64
 #: searches queued at once on one server, all sessions together (running ones not counted: at
 #: most one per worker). With ten-minute searches and one worker, the last waits 2.7 hours
 MAX_QUEUED_SEARCHES = 16
@@ -45,13 +51,14 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
     sid TEXT NOT NULL, digest TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
     data TEXT NOT NULL, used_at REAL NOT NULL, size_bytes INTEGER NOT NULL DEFAULT 0,
+    client TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (sid, digest));
 CREATE TABLE IF NOT EXISTS searches (
     id INTEGER PRIMARY KEY AUTOINCREMENT, sid TEXT NOT NULL, algorithm TEXT NOT NULL,
     budget TEXT NOT NULL, budget_s REAL, seed INTEGER NOT NULL, refs TEXT NOT NULL,
     initial TEXT, status TEXT NOT NULL, stop_requested INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL, started_at REAL, finished_at REAL, worker_pid INTEGER,
-    best_cost_s REAL, best TEXT, result TEXT, error TEXT);
+    best_cost_s REAL, best TEXT, result TEXT, error TEXT, client TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS searches_sid ON searches (sid, id);
 CREATE INDEX IF NOT EXISTS searches_status ON searches (status, id);
 CREATE TABLE IF NOT EXISTS progress (
@@ -59,7 +66,8 @@ CREATE TABLE IF NOT EXISTS progress (
 """
 TABLES = ("uploads", "searches", "progress")
 #: columns a store made before may lack (added when it is opened: :class:`app.store.Store`)
-MIGRATED = {"uploads": {"size_bytes"}}
+MIGRATED = {"uploads": {"size_bytes": "INTEGER NOT NULL DEFAULT 0", "client": "TEXT NOT NULL DEFAULT ''"},
+            "searches": {"client": "TEXT NOT NULL DEFAULT ''"}}
 
 
 def columns() -> dict[str, set[str]]:
@@ -67,6 +75,6 @@ def columns() -> dict[str, set[str]]:
     mem = sqlite3.connect(":memory:")
     try:
         mem.executescript(SCHEMA)
-        return {t: {r[1] for r in mem.execute(f"PRAGMA table_info({t})")} - MIGRATED.get(t, set()) for t in TABLES}
+        return {t: {r[1] for r in mem.execute(f"PRAGMA table_info({t})")} - set(MIGRATED.get(t, {})) for t in TABLES}
     finally:
         mem.close()

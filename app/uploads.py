@@ -16,6 +16,7 @@ from engine.graph import OpGraph
 from engine.search.baselines import make_baseline
 from engine.sim.report import tokens_per_sample
 
+from .clients import client_address
 from . import store
 from .actions import problems_summary, set_strategy
 from .fmt import format_bytes
@@ -65,7 +66,7 @@ def _adopt_model(state: dict, g: OpGraph, data: dict, filename: str, extra: str,
                 if any("peak" in p.message for p in e.problems) else "")
         return state, (f"{filename}: {g.name} cannot run on {state['cluster'].get('name', 'this cluster')}: "
                        f"{'; '.join(p.message for p in e.problems[:3])}.{hint}"), False
-    digest = store.current().put_upload(state["sid"], "model", g.name, data)
+    digest = store.current().put_upload(state["sid"], "model", g.name, data, client=client_address())
     new = copy.deepcopy(state)
     new["model"] = {"name": g.name[:200] or "model", "upload": digest}
     new["strategy"] = strategy_dict(s)
@@ -148,7 +149,7 @@ def import_file(state: dict, text: str, filename: str) -> tuple[dict, str, bool]
             return _adopt_model(state, load_model(data), data, filename, "")
         if kind == "cluster":
             c = load_cluster(data)  # (its size was checked above, from the file)
-            digest = store.current().put_upload(state["sid"], "cluster", c.name, data)
+            digest = store.current().put_upload(state["sid"], "cluster", c.name, data, client=client_address())
             new = copy.deepcopy(state)
             new["cluster"] = {"name": c.name[:200] or "cluster", "upload": digest}
             new["strategy"] = strategy_dict(make_baseline("data-parallel", graph_of(new), c))
