@@ -23,4 +23,7 @@ RUN mkdir -p /data && chown nobody /data
 VOLUME /data
 EXPOSE 8050
 USER nobody
+# soapbox serve bounds every client itself (header and body deadlines, connections per address:
+# app/edge.py); for a team, put deploy/nginx.conf in front (TLS, per-address limits) and add
+# --trusted-proxy <nginx's address> --client-connections 0 (README, "A team's server")
 CMD ["soapbox", "serve", "--host", "0.0.0.0", "--port", "8050", "--data-dir", "/data"]

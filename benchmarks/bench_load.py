@@ -177,7 +177,7 @@ class Session(threading.Thread):
                                         '{"dim":["ALL"],"type":"deg"}.id': [{"id": x["id"], "property": "id",
                                                                               "value": x["id"]} for x in deg]},
                                 ["edit-apply.n_clicks"])
-                new = r["state"]["data"]
+                new = r["state"]["data"] if "state" in r else state  # (a refused or empty edit: the state is not sent)
                 if new.get("version") == state.get("version"):
                     if not r["message"]["children"].startswith("No change"):
                         self.errors.append(f"edit refused: {r['message']['children']}")
