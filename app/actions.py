@@ -24,7 +24,7 @@ from .sessions import current
 from .simulation import check_size, size_checked_key, workspace
 from .sources import cluster_of, graph_of
 from .state import (MAX_COMPARED, MAX_HISTORY, bump, config_dict, content_key, page_strategy,
-                    same_settings, strategy_dict, switch_notes)
+                    remember_strategy, same_settings, strategy_dict, switch_notes)
 
 __all__ = ["parse_devices", "apply_edit", "undo", "redo", "set_strategy", "select_baseline", "apply_layout",
            "set_expert_loads", "module_reasons", "moe_overlap_reason", "adopt_strategy",
@@ -131,6 +131,7 @@ def apply_edit(state: dict, ops: list[str], degrees: dict[str, int], devices: li
     new["undo"] = (state["undo"] + [entries])[-MAX_HISTORY:]
     new["redo"] = []
     current().checked.put(content_key(new), True)
+    remember_strategy(new, replace(edited, found_by=new["strategy"]["found_by"], cost={}))
     what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
     return bump(new), f"Changed {what} to {describe_config(config)}."
 

@@ -60,7 +60,7 @@ from .datadir import DataDirInUse, default_data_dir, inspect_store, lock_folder,
 from .fairqueue import fair_order
 from .storefaults import StoreFull, StoreUnavailable, guarded, storage_problem
 from .storeschema import (CLIENT_SEARCHES, CLIENT_UPLOADS, DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES,
-                          MAX_PROGRESS_ROWS, MAX_QUEUED_ALL, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
+                          MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
                           MAX_STORED_UPLOADS, MIGRATED, PLAN_JOB, SCHEMA, SEARCHES_PER_SESSION, STATUSES, TABLES,
                           UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
 
@@ -255,9 +255,8 @@ class Store:
         ------
         StoreFull
             When the client has :data:`CLIENT_SEARCHES` queued already (all its pages
-            together); when :data:`MAX_QUEUED_SEARCHES` are queued on the server and the client
-            has one of them (one with none is let in: it is next in turn), or
-            :data:`MAX_QUEUED_ALL` are.
+            together), or :data:`MAX_QUEUED_SEARCHES` are queued on the server (twice that for a
+            client with none queued).
         """
         with self._tx() as db:
             mine = db.execute("SELECT COUNT(*) FROM searches WHERE client = ? AND status = 'queued'",
@@ -266,7 +265,8 @@ class Store:
                 raise StoreFull(f"you have {mine} searches queued on this server (from this page or others), as many "
                                 "as one visitor may: stop one, or wait for one to start")
             queued = db.execute("SELECT COUNT(*) FROM searches WHERE status = 'queued'").fetchone()[0]
-            if queued >= MAX_QUEUED_ALL or (queued >= MAX_QUEUED_SEARCHES and (mine or not client)):
+            # (a visitor with none queued is let in past the bound, up to twice it: it runs in turn)
+            if queued >= 2 * MAX_QUEUED_SEARCHES or (queued >= MAX_QUEUED_SEARCHES and (mine or not client)):
                 raise StoreFull(f"the server has {queued} searches queued (its limit); try again later")
             cur = db.execute(
                 "INSERT INTO searches (sid, algorithm, budget, budget_s, seed, refs, initial, status, created_at, "

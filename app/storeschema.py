@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_QUEUED_ALL", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "TABLES", "MIGRATED", "columns"]
+__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "TABLES", "MIGRATED", "columns"]
 
 #: searches kept per session (oldest finished ones dropped first)
 SEARCHES_PER_SESSION = 5
@@ -17,17 +17,16 @@ UPLOADS_PER_SESSION = 8
 #: starting strategy dropped when it ends, the store stays within a few hundred MB
 MAX_KEPT_SEARCHES = 200
 #: searches one client (an address: :mod:`app.clients`) may have queued at once, all its
-#: pages together (a page has one search at a time): opening more pages does not take more
-CLIENT_SEARCHES = 16
+#: pages together (a page has one search at a time): a classroom behind one address queues a
+#: search per student; one visitor's hundred pages take no more, and the queue takes clients
+#: in turn (:mod:`app.fairqueue`), so another visitor's search waits for one of theirs at most
+CLIENT_SEARCHES = 32
 #: uploads one client may keep on the server, all its sessions together (past it, its own
 #: least recently used make room: it cannot fill the server's store)
 CLIENT_UPLOADS = 64
-#: searches queued at once on one server, all sessions together (running ones not counted: at
-#: most one per worker), past which a client that has one queued already is refused; a client
-#: with none queued is still let in (the queue takes clients in turn: it runs soon), up to
-#: :data:`MAX_QUEUED_ALL`
-MAX_QUEUED_SEARCHES = 16
-MAX_QUEUED_ALL = 64
+#: searches queued at once on one server, all clients together (running ones not counted: at
+#: most one per worker): two clients' full shares
+MAX_QUEUED_SEARCHES = 64
 #: uploads kept on one server, all sessions together: how many, and their total size (bytes of
 #: their JSON). Past either, uploads unused for :data:`UPLOAD_IN_USE_S` are dropped, least
 #: recently used first; when that is not enough, the upload is refused

@@ -124,6 +124,7 @@ class Session(threading.Thread):
         self.errors: list[str] = []
         self.sid: str | None = None
         self.rng = random.Random(k)
+        self.search_status: str | None = None
 
     def views(self, client: DashClient, pool: ThreadPoolExecutor, state: dict) -> None:
         """The callbacks the page fires for a new state (Explore, editor, Compare), in parallel."""
@@ -150,9 +151,10 @@ class Session(threading.Thread):
         self.sid = state["sid"]
         self.views(client, pool, state)
         self.render_s = time.perf_counter() - t
-        client.call("search-start", {"search-start.n_clicks": 1, "state.data": state, "search-algo.value": "mcmc",
-                                     "search-budget.value": self.args.budget, "search-seed.value": self.k},
-                    ["search-start.n_clicks"])
+        r = client.call("search-start", {"search-start.n_clicks": 1, "state.data": state, "search-algo.value": "mcmc",
+                                         "search-budget.value": self.args.budget, "search-seed.value": self.k},
+                        ["search-start.n_clicks"])
+        self.search_status = str((r.get("search-status") or {}).get("children"))
         edits = _edits(self.k, 1000)
         end = self.start_at + self.args.duration
         polling = True
@@ -302,6 +304,7 @@ def main() -> int:
             server.kill()
 
     db = sqlite3.connect(Path(data) / "soapbox.sqlite3")
+    proposals = [json.loads(r[0] or "{}").get("iterations") for r in db.execute("SELECT result FROM searches")]
     rows = db.execute("SELECT status, budget_s, created_at, started_at, finished_at FROM searches").fetchall()
     run = [f - s for st, b, c, s, f in rows if s and f]
     wait = [s - c for st, b, c, s, f in rows if s]
@@ -322,7 +325,11 @@ def main() -> int:
                               "n": len(edits)},
         "searches": {"n": len(rows), "statuses": {st: sum(1 for r in rows if r[0] == st) for st in {r[0] for r in rows}},
                      "run_s_median": statistics.median(run) if run else None, "run_s_max": max(run, default=None),
-                     "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None)},
+                     "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None),
+                     "proposals_min": min((p for p in proposals if p is not None), default=None),
+                     "without_proposals": sum(1 for p in proposals if not p),
+                     "refused_at_start": [s.search_status for s in sessions
+                                          if s.search_status and s.search_status.startswith("Search not started")]},
         "server_before": before, "server_peak": peak, "server_at_end": ended, "server_settled": settled,
         "rss_growth_after_settle_mb": settled["rss_mb"] - before["rss_mb"],
         "rounds": args.rounds, "settled_rss_mb_per_round": [x["settled"]["rss_mb"] for x in rounds],

@@ -767,3 +767,28 @@ class TestReviewRegressions:
         newer, _ = EV.on_event("pick-batch", new, batch=96)  # not drawn yet: the views draw it
         assert TL.zoom_gantt(newer, None, opts, trigger="gantt-rows") == (no_update, no_update)
         SES.current().forget(old["sid"])
+
+
+def test_an_edits_remembered_strategy_is_what_its_page_form_parses_to():
+    """Issue 45 (edit -> figures under load): an edit keeps the Strategy it made as the parse of
+    its page form (:func:`app.state.remember_strategy`); it must be exactly what parsing gives."""
+    import random
+
+    from engine.formats import load_strategy
+
+    s = ST.new_state("inception_v3", "p100-4x4")
+    g = SRC.graph_of(s)
+    rng = random.Random(7)
+    for _ in range(12):
+        op = rng.choice(g.ops)
+        dims = [d for d in op.dim_names if d in ("sample", "channel")][:1]
+        degrees = {d: rng.choice([1, 2, 4]) for d in dims}
+        n = 1
+        for v in degrees.values():
+            n *= v
+        new, msg = EV.on_event("edit-apply", s, ops=[op.name], degrees=degrees,
+                               devices=rng.sample(range(16), n))
+        if new is s:
+            continue
+        assert ST.page_strategy(new) == load_strategy(new["strategy"]), msg
+        s = new

@@ -58,8 +58,8 @@ class TestTheQueue:
         with _as("10.9.9.9"):
             for s in them:
                 status, _ = SRCH.search_start(s, "mcmc", "100000000", 0)
-                refused += status.startswith("Search not started: you have 16 searches queued on this server")
-        assert refused >= 100 - 16 - jobs.pool().workers  # (its share: 16 queued, and what the workers took)
+                refused += status.startswith("Search not started: you have 32 searches queued on this server")
+        assert refused >= 100 - 32 - jobs.pool().workers  # (its share: 32 queued, and what the workers took)
         with _as("10.8.8.8"):  # the queue is full of the first client's: the second is let in, in turn
             status, disabled = SRCH.search_start(me, "mcmc", "30", 0)
         assert not disabled, status
