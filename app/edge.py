@@ -53,6 +53,7 @@ class EdgeChannel(HTTPChannel):
     """A waitress channel that knows when its current request began (see the module)."""
 
     def __init__(self, server: Any, sock: Any, addr: Any, adj: Any, map: Any = None) -> None:
+        self.addr = addr  # (known before waitress registers the channel: add_channel files it by address)
         super().__init__(server, sock, addr, adj, map=map)
         self.request_started = self.creation_time  #: when the request being read began (s)
         self.began = 0  #: requests begun on the connection
@@ -65,8 +66,24 @@ class EdgeChannel(HTTPChannel):
 
     def client(self) -> str:
         """The address the connection came from (host only)."""
-        addr = self.addr
+        addr = getattr(self, "addr", None)
         return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
+
+    def add_channel(self, map: Any = None) -> None:
+        super().add_channel(map)
+        by = getattr(self.server, "by_client", None)
+        if by is not None:
+            by.setdefault(self.client(), set()).add(self)
+
+    def del_channel(self, map: Any = None) -> None:
+        by = getattr(self.server, "by_client", None)
+        if by is not None:
+            mine = by.get(self.client())
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del by[self.client()]
+        super().del_channel(map)
 
     def overdue(self, now: float) -> str | None:
         """Why the connection is past its deadline (None when it is not, or is being answered)."""
@@ -101,6 +118,9 @@ class EdgeServer(TcpWSGIServer):
     def __init__(self, *a: Any, client_connections: int = CLIENT_CONNECTIONS, **kw: Any) -> None:
         self.client_connections = client_connections
         self.closed = Counter()
+        #: address -> its open connections (kept as they open and close: an accept looks at its
+        #: own address's, not at every connection's: 1,100 of them, thousands of accepts a second)
+        self.by_client: dict[str, set] = {}
         super().__init__(*a, **kw)
 
     def readable(self) -> bool:  # (waitress's stops accepting at the limit: here, room is made)
@@ -119,21 +139,22 @@ class EdgeServer(TcpWSGIServer):
                 self.closed[why] += 1
 
     def handle_accept(self) -> None:
-        before = set(self.active_channels)
+        n = len(self.active_channels)
         super().handle_accept()
-        new = [self.active_channels[k] for k in set(self.active_channels) - before]
-        if not new or not isinstance(new[0], EdgeChannel):
+        if len(self.active_channels) == n:
+            return  # (nothing accepted)
+        mine = self.active_channels[next(reversed(self.active_channels))]  # (the newest: added last)
+        if not isinstance(mine, EdgeChannel):
             return
-        mine = new[0]
-        live = [ch for ch in self.active_channels.values() if isinstance(ch, EdgeChannel) and not ch.will_close]
-        per = Counter(ch.client() for ch in live)
-        if self.client_connections and per[mine.client()] > self.client_connections:
-            self._make_room([ch for ch in live if ch.client() == mine.client() and ch is not mine], "client share")
-        elif len(live) > self.adj.connection_limit:
-            top = max(per.values())
-            crowd = {c for c, n in per.items() if n == top}  # (the address holding most)
-            if not self._make_room([ch for ch in live if ch.client() in crowd and ch is not mine], "limit"):
-                self._make_room([ch for ch in live if ch is not mine], "limit")
+        own = [ch for ch in self.by_client.get(mine.client(), ()) if ch is not mine and not ch.will_close]
+        if self.client_connections and len(own) >= self.client_connections:
+            self._make_room(own, "client share")
+        elif len(self.active_channels) > self.adj.connection_limit:
+            top = max(self.by_client, key=lambda c: len(self.by_client[c]))  # (the address holding most)
+            crowd = [ch for ch in self.by_client[top] if ch is not mine and not ch.will_close]
+            if not self._make_room(crowd, "limit"):
+                self._make_room([ch for ch in self.active_channels.values()
+                                 if isinstance(ch, EdgeChannel) and ch is not mine and not ch.will_close], "limit")
 
     def _make_room(self, candidates: list[EdgeChannel], why: str) -> bool:
         ranked = [(r, ch) for ch in candidates if (r := ch.room_rank()) is not None]
