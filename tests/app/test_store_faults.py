@@ -112,8 +112,8 @@ class TestFaultsSaidInWords:
         from app.jobs import pool
 
         alex = ST.new_state("alexnet")
-        st = pool().store
-        _faulty(monkeypatch, st, pragma, faults)
+        for st in {id(x): x for x in (pool().store, store.current())}.values():  # (searches', uploads')
+            _faulty(monkeypatch, st, pragma, faults)
         status, disabled = SRCH.search_start(alex, "mcmc", "5s", 0)
         assert disabled and status.startswith("Search not started: the ") and cause in status, status
         import base64
