@@ -239,7 +239,17 @@ def snapshot(pid: int) -> dict:
             kid_rss += _proc_status(k)["VmRSS"]
         except (FileNotFoundError, KeyError):
             pass
-    return {"rss_mb": s["VmRSS"] / 1024, "threads": s["Threads"], "workers": len(kids), "workers_rss_mb": kid_rss / 1024}
+    return {"rss_mb": s["VmRSS"] / 1024, "threads": s["Threads"], "workers": len(kids), "workers_rss_mb": kid_rss / 1024,
+            "cpu_s": _cpu_s(pid), "load_cpu_s": _cpu_s(os.getpid())}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def main() -> int:
@@ -289,7 +299,7 @@ def main() -> int:
                 s.start()
             while any(s.is_alive() for s in batch):
                 snap = snapshot(server.pid)
-                peak = {k: max(peak[k], snap[k]) for k in peak}
+                peak = {k: max(peak[k], snap[k]) for k in peak if k in snap}
                 time.sleep(1.0)
             ended = snapshot(server.pid)
             time.sleep(args.settle)
@@ -332,6 +342,9 @@ def main() -> int:
                                           if s.search_status and s.search_status.startswith("Search not started")]},
         "server_before": before, "server_peak": peak, "server_at_end": ended, "server_settled": settled,
         "rss_growth_after_settle_mb": settled["rss_mb"] - before["rss_mb"],
+        # CPU the server (and this load generator) used while the sessions ran, in cores
+        "server_cores_busy": (ended["cpu_s"] - before["cpu_s"]) / max(1e-9, args.duration + args.ramp),
+        "load_generator_cores_busy": (ended["load_cpu_s"] - before["load_cpu_s"]) / max(1e-9, args.duration + args.ramp),
         "rounds": args.rounds, "settled_rss_mb_per_round": [x["settled"]["rss_mb"] for x in rounds],
         "errors": errors[:10],
         "error_count": len(errors),
