@@ -85,7 +85,7 @@ def iter_plan_rows(model: Any, clusters: Sequence[str], *, batch: int | None = N
     again = []
     for p in _variants(pts, "selective"):
         r = evaluate(model, p, batch)
-        if not r["feasible"] and r.get("iteration_time_s"):
+        if _retry_full(r):
             again.append(dict(p, recompute="full"))
         yield r
     for p in again:
@@ -96,20 +96,25 @@ def _variants(pts: list[dict[str, Any]], recompute: str) -> list[dict[str, Any]]
     return [dict(p, recompute=recompute, zero=1, sp=p["tp"] > 1) for p in pts]
 
 
+def _retry_full(row: dict[str, Any]) -> bool:
+    """Whether a selective-recomputation row is priced again with full recomputation: it was
+    built and simulated, and did not fit."""
+    return not row["feasible"] and bool(row.get("iteration_time_s"))
+
+
 def plan_rows(model: Any, clusters: Sequence[str], *, batch: int | None = None, backend: str = "pool",
-              workers: int | None = None, progress: Any = None, stop: Any = None,
-              batch_points: int | None = None) -> list[dict[str, Any]]:
+              workers: int | None = None, progress: Any = None) -> list[dict[str, Any]]:
     """Every valid layout's sweep row on each of ``clusters``: selective recomputation, ZeRO-1
     and sequence parallelism with tp > 1, and full recomputation where that did not fit.
-    ``model``: a name or a graph (:func:`engine.studies.sweep.model_graph`); ``progress``,
-    ``stop`` and ``batch_points`` as :func:`engine.studies.sweep.run_sweep` takes them (the
-    second pass's points counted after the first's)."""
+    ``model``: a name or a graph (:func:`engine.studies.sweep.model_graph`); ``progress`` as
+    :func:`engine.studies.sweep.run_sweep` takes it (the second pass's points counted after
+    the first's). :func:`iter_plan_rows` gives the same rows one by one."""
     pts = layout_points(model, clusters, batch=batch)
     if not pts:
         return []
-    kw = dict(backend=backend, workers=workers, batch=batch, stop=stop, batch_points=batch_points)
+    kw = dict(backend=backend, workers=workers, batch=batch)
     rows = run_sweep(model, _variants(pts, "selective"), progress=progress, **kw)
-    again = [p for p, r in zip(_variants(pts, "full"), rows) if not r["feasible"] and r.get("iteration_time_s")]
+    again = [p for p, r in zip(_variants(pts, "full"), rows) if _retry_full(r)]
     if again:
         first = len(rows)
         rows += run_sweep(model, again, progress=None if progress is None else (

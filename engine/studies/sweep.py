@@ -276,13 +276,9 @@ def _batch(context: tuple[str, int | None], pts: list[dict[str, Any]]) -> list[d
 
 def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
               batch_points: int | None = None, address: str | None = None, batch: int | None = None,
-              progress: Callable[[int, int], None] | None = None,
-              stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray":
-    :class:`engine.search.processes.Backend`); ``model`` as :func:`model_graph` takes it.
-    ``stop`` is asked after each batch of points: True raises :class:`engine.errors.Cancelled`
-    (with ``backend="serial"`` and ``batch_points=1``, within one point's prediction)."""
-    from ..errors import Cancelled
+    :class:`engine.search.processes.Backend`); ``model`` as :func:`model_graph` takes it."""
     from ..search.processes import Backend, check_backend
 
     backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
@@ -297,8 +293,6 @@ def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", w
         done += len(rows)
         if progress is not None:
             progress(done, n)
-        if stop is not None and stop():
-            raise Cancelled(f"stopped after {done:,} of {n:,} points")
 
     with Backend(backend, context=(model, batch), workers=workers, address=address) as b:
         out = b.map(_batch, chunks, done=tick)
