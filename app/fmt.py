@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["format_seconds", "format_bytes", "format_rate", "format_count", "parse_count"]
+__all__ = ["format_seconds", "format_bytes", "format_rate", "format_count", "format_amount", "parse_count"]
 
 
 def format_seconds(s: float | None) -> str:
@@ -63,6 +63,18 @@ def format_rate(per_s: float | None, unit: str = "samples") -> str:
 def format_count(n: int) -> str:
     """``40701`` -> ``"40,701"``."""
     return f"{n:,}"
+
+
+def format_amount(n: float) -> str:
+    """A large count as it is typed (:func:`parse_count` reads it back).
+
+    >>> format_amount(1e12), format_amount(3e11), format_amount(2.5e10), format_amount(4096)
+    ('1T', '300B', '25B', '4,096')
+    """
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:,.4g}{unit}"
+    return f"{n:,.0f}"
 
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}

@@ -14,7 +14,7 @@ from engine.errors import SoapboxError
 from .. import planjob
 from ..components import GRAPH_CONFIG, first_line, image_buttons
 from ..figures import empty_figure
-from ..fmt import format_bytes, format_seconds, parse_count
+from ..fmt import format_amount, format_bytes, format_seconds, parse_count
 from ..sources import graph_of
 from ..state import check_state
 
@@ -98,14 +98,6 @@ def plan_stop(state: Any) -> str:
     return "No comparison is running."
 
 
-def _tokens(n: float) -> str:
-    """``1e12`` -> ``1T``, ``3e11`` -> ``300B``, ``2.5e10`` -> ``25B``."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
-        if n >= size:
-            return f"{n / size:,.4g}{unit}"
-    return f"{n:,.0f}"
-
-
 def _status(v: dict) -> str:
     st, priced, grid = v["status"], v["priced"], v["grid"]
     if st == "queued":
@@ -120,7 +112,7 @@ def _status(v: dict) -> str:
         return "The comparison was interrupted (the server restarted): start it again."
     res = v["result"] or {}
     took = format_seconds(float(res.get("run_s") or 0.0))
-    tokens = _tokens(float(v["options"].get("tokens") or 0))
+    tokens = format_amount(float(v["options"].get("tokens") or 0))
     if st == "stopped":
         return (f"Stopped after {res.get('priced', priced):,} layouts of {res.get('grid', grid):,} ({took}): each "
                 f"cluster's best of those priced, for {tokens} tokens.")
@@ -176,7 +168,7 @@ def plan_poll(state: Any) -> tuple[Any, Any, Any, bool, Any]:
         return _status(v), (no_update if not done else html.Div()), no_update, done, no_update
     from engine.studies.plan import plan_figure
 
-    title = f"{(v['result'] or {}).get('model', '')}: {_tokens(float(v['options'].get('tokens') or 0))} tokens"
+    title = f"{(v['result'] or {}).get('model', '')}: {format_amount(float(v['options'].get('tokens') or 0))} tokens"
     fig = plan_figure(plans, title)
     fig.update_layout(height=420, margin=dict(t=70, l=50, r=20, b=110))
     return _status(v), plan_table(plans), fig, True, plan_rows_data(v)
