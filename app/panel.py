@@ -107,7 +107,10 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
         else:
             opts[name] = str(v)[:40]
     flags = form.get("flags") or []
-    ticked = {str(f) for f in flags} if isinstance(flags, (list, tuple)) else set()
+    ticked = {str(f)[:40] for f in flags} if isinstance(flags, (list, tuple)) else set()
+    unknown = sorted(ticked - set(FLAGS))
+    if unknown:  # (a crafted form or an old script: a flag silently dropped would simulate another layout)
+        raise ValueError(f"flags: {unknown[0]!r} is not one of {', '.join(FLAGS)}")
     opts.update({n: True for n in FLAGS if n in ticked})
     opts.update(_switches(form))
     default = Layout()

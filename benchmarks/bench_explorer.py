@@ -45,7 +45,7 @@ CASES = {
         "gpt3-175b", "dgx-a100-80gb:128", {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full"}),
     "GPT-3 175B, 1,024 A100s, tp 8 pp 16, full recompute, sequence parallel": (
         "gpt3-175b", "dgx-a100-80gb:128",
-        {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full", "flags": ["sp"]}),
+        {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full", "flags": ["sequence_parallel"]}),
 }
 
 

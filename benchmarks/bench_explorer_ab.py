@@ -1,6 +1,6 @@
 """The explorer's layout-change timings before and after a change, side by side in one run:
-``benchmarks/bench_explorer.py --only layout --repeat 1`` run alternately in a checkout of the
-base commit (a git worktree) and in this tree, ``--rounds`` times each, on the same machine at
+``benchmarks/bench_explorer.py --only layout --repeat 1`` (this tree's script, so both trees
+run the same cases) run alternately on the code of the base commit (a git worktree) and of this tree, ``--rounds`` times each, on the same machine at
 the same load; medians per case and the ratio after / before.
 
 Usage: python benchmarks/bench_explorer_ab.py [--base fd0d60c] [--rounds 5] [--repeat 1]
@@ -24,7 +24,8 @@ LINE = re.compile(r"layout panel -> figures, (?P<case>[^:]+): median (?P<s>[\d.]
 
 def _run(tree: Path, repeat: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, str(tree / "benchmarks" / "bench_explorer.py"), "--only", "layout",
+    # (this tree's script in both: the cases as they are now, on each tree's code)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_explorer.py"), "--only", "layout",
                           "--repeat", str(repeat)], cwd=tree, env=env, capture_output=True, text=True,
                          check=True).stdout
     return {m["case"]: float(m["s"]) for m in LINE.finditer(out)}

@@ -25,7 +25,7 @@ from ..gantt import stage_of_devices
 from ..profiles import coverage_note, op_cost_mark, profile_status
 from ..sessions import Busy, current
 from ..simulation import (INLINE_WAIT_S, baseline_comm_bytes, baseline_cost_s, baseline_fits, build_status,
-                          cancel_build, workspace, workspace_within)
+                          cancel_build, paths_in_background, workspace, workspace_within)
 from ..state import check_state, content_key
 from engine.sim.report import mfu
 
@@ -253,10 +253,10 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
     ws = workspace(state)
     g, c, tl = ws.graph, ws.cluster, ws.timeline
     s = ws.strategy
+    paths = paths_in_background(tl)  # (the views that do not read the critical chain are made meanwhile)
     mem = ws.memory
     dp_cost = baseline_cost_s(state)
     dp_fits = baseline_fits(state)
-    summ = summary_data(g, tl, mem, dp_cost if mem.feasible else None)
     selected = [n for n in (state.get("selected") or []) if n in g.index]
     view = graph_view(g, s, collapse, selected)
     colour_of, legend, hover = _colours(g, s, view)
@@ -264,7 +264,6 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
     if view.get("expanded"):  # the whole row selected: its square ringed; else the ops picked in it
         row = view["expanded"]
         sel_nodes = {row} if set(view["members"][row]) <= set(selected) else sel_nodes - {row}
-    gantt_fig, notes, gd = timeline.gantt_parts(ws, selected, None, gantt)
     used = sorted(s.devices_used())
     if metric == "memory":
         per_dev = np.where(mem.capacity_bytes > 0, mem.peak_bytes / mem.capacity_bytes, 0.0)
@@ -277,6 +276,9 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
     topo = topology_data(c, per_dev, metric)
     sel_devs = sorted({d for n in selected for d in s[n].devices})
     topo_fig = build_topology_figure(topo)
+    paths.join()
+    summ = summary_data(g, tl, mem, dp_cost if mem.feasible else None)
+    gantt_fig, notes, gd = timeline.gantt_parts(ws, selected, None, gantt)
     if sel_devs:
         gp = {x["id"]: x for x in topo["gpus"]}
         topo_fig["data"].append(dict(

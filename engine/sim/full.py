@@ -180,7 +180,7 @@ def dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, r
     return done, h
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)  # (the explorer walks it beside the memory report)
 def _critical_walk(t, start, end, pred_ptr, pred_idx, resource_pred, chain_prev):  # pragma: no cover
     """From task ``t`` back to a task with nothing before it: each step goes to the data
     predecessor that ended last if it ended when ``t`` started, else to the task that held the
@@ -214,7 +214,7 @@ def _critical_walk(t, start, end, pred_ptr, pred_idx, resource_pred, chain_prev)
     return path[:n]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)  # (the explorer walks it beside the memory report)
 def _longest_path(order, dur, succ_ptr, succ_idx, chain_next, chain_lag):  # pragma: no cover
     """Earliest start of every task with unlimited resources (dependency critical path)."""
     n = dur.shape[0]

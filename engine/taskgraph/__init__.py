@@ -35,7 +35,7 @@ Preconditions not checked here: the strategy passed :func:`engine.strategy.valid
 from __future__ import annotations
 
 from .builder import TaskGraphBuilder, build_task_graph
-from .estimate import estimate_symmetric_tasks, estimate_tasks
+from .estimate import estimate_symmetric_tasks, estimate_tasks, symmetric_task_bound
 from .estimate import count_text, quick_task_bound, tasks_within
 from .schedule import schedule_order
 from .symmetry import Symmetry, find_symmetry
@@ -49,6 +49,7 @@ __all__ = [
     "build_task_graph",
     "estimate_tasks",
     "estimate_symmetric_tasks",
+    "symmetric_task_bound",
     "quick_task_bound",
     "tasks_within",
     "count_text",

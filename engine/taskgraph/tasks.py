@@ -106,7 +106,7 @@ class TaskGraph:
 
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _transpose(succ_ptr, succ_idx, pred_ptr):  # pragma: no cover
     """[edge] the source of every edge grouped by target (``pred_ptr``'s CSR): sources visited
     in increasing id, so each target's list is sorted (a stable sort of the edges by target,

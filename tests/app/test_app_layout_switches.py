@@ -122,6 +122,14 @@ class TestEachSwitchReachesTheStrategy:
         assert "overlap" not in msg and "offload" not in msg
         assert ED.panel_values(new)["overlap"] == DEFAULT_TICKED
 
+    def test_an_unknown_flag_is_refused_by_name(self, gpt):
+        """A flag the panel does not have (a crafted form, a script's shorthand) is refused with
+        its name: dropped silently, the page would simulate another layout than the one asked."""
+        with pytest.raises(ValueError, match="'sp' is not one of sequence_parallel, fp8"):
+            PNL.layout_options("megatron", {"tp": 2, "flags": ["sp"]})
+        new, msg = _apply(gpt, tp=2, flags=["sp"])
+        assert new is gpt and msg.startswith("Layout refused") and "'sp'" in msg
+
     def test_a_switch_alone_is_a_new_simulation(self, gpt):
         """Same configs, one switch changed: the page's strategy differs in its settings, so the
         session's simulation is not reused for it, nor an undo step recorded as op edits."""
