@@ -88,6 +88,9 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
     """
     if kind not in BUILDERS:
         raise ValueError(f"kind must be {' or '.join(BUILDERS)}, got {str(kind)[:30]!r}")
+    unknown = sorted(str(k)[:40] for k in form if k not in LAYOUT_FORM)
+    if unknown:  # (a crafted form or a script's own name: a field dropped silently gives another layout)
+        raise ValueError(f"the layout panel has no field {unknown[0]!r} (its fields: {', '.join(LAYOUT_FORM[1:])})")
     opts: dict[str, Any] = {}
     for name in PANEL_FIELDS:
         if name in FLAGS + OVERLAPS + OFFLOADS:  # (check boxes and switches: below)

@@ -40,12 +40,12 @@ from app import warmup as WU
 
 FIGURES = ("op-graph", "gantt", "topology", "memory")
 CASES = {
-    "LLaMA-2 7B, 64 A100s, tp 8 pp 2": ("llama2-7b", "dgx-a100-80gb:8", {"kind": "megatron", "tp": 8, "pp": 2, "mb": 1}),
+    "LLaMA-2 7B, 64 A100s, tp 8 pp 2": ("llama2-7b", "dgx-a100-80gb:8", {"kind": "megatron", "tp": 8, "pp": 2, "micro_batch": 1}),
     "GPT-3 175B, 1,024 A100s, tp 8 pp 16, full recompute": (
-        "gpt3-175b", "dgx-a100-80gb:128", {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full"}),
+        "gpt3-175b", "dgx-a100-80gb:128", {"kind": "megatron", "tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}),
     "GPT-3 175B, 1,024 A100s, tp 8 pp 16, full recompute, sequence parallel": (
         "gpt3-175b", "dgx-a100-80gb:128",
-        {"kind": "megatron", "tp": 8, "pp": 16, "mb": 1, "recompute": "full", "flags": ["sequence_parallel"]}),
+        {"kind": "megatron", "tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full", "flags": ["sequence_parallel"]}),
 }
 
 

@@ -68,7 +68,7 @@ def test_a_layout_on_1024_gpus_is_sized_by_its_symmetry_alone(monkeypatch):
     import engine.taskgraph.estimate as EST
 
     s = ST.new_state("gpt3-175b", "dgx-a100-80gb:128", sid=ST.new_sid())
-    new, msg = _layout(s, tp=8, pp=16, micro_batch_size=1, recompute="full")
+    new, msg = _layout(s, tp=8, pp=16, micro_batch=1, recompute="full")
     assert msg.startswith("Layout"), msg
 
     def no_full(*a, **k):

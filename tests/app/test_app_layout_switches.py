@@ -130,6 +130,14 @@ class TestEachSwitchReachesTheStrategy:
         new, msg = _apply(gpt, tp=2, flags=["sp"])
         assert new is gpt and msg.startswith("Layout refused") and "'sp'" in msg
 
+    def test_a_field_the_panel_does_not_have_is_refused_by_name(self, gpt):
+        """``mb`` for ``micro_batch`` (the explorer benchmark's own slip: its micro-batch was the
+        builder's default, silently) is refused with the panel's field names."""
+        with pytest.raises(ValueError, match="no field 'mb'.*micro_batch"):
+            PNL.layout_options("megatron", {"tp": 2, "mb": 2})
+        new, msg = _apply(gpt, tp=2, mb=2)
+        assert new is gpt and msg.startswith("Layout refused") and "'mb'" in msg
+
     def test_a_switch_alone_is_a_new_simulation(self, gpt):
         """Same configs, one switch changed: the page's strategy differs in its settings, so the
         session's simulation is not reused for it, nor an undo step recorded as op edits."""
