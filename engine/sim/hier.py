@@ -36,7 +36,7 @@ from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
-from .steady import EXTRA_PERIODS, repeating
+from .steady import repeating, short_run, steady_periods
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
@@ -272,9 +272,10 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
     to repeat (:func:`engine.sim.steady.repeating`, the rule :mod:`engine.sim.steady` applies to
     the full simulation), else every microbatch."""
     D, L = cluster.num_devices, len(cluster.links)
-    q = p if (p > 1 and v > 1 and ref.schedule == "interleaved") else 1
-    n = 2 * p + (p + EXTRA_PERIODS) * q
-    if ref.schedule != "gpipe" and m >= 2 * n and (m - n) % q == 0 and n >= ref.microbatches:
+    for q in steady_periods(p, v, ref.schedule) if ref.schedule != "gpipe" else ():
+        n = short_run(p, q, m)
+        if n is None or n < ref.microbatches:
+            continue
         short = unroll(ref, p, n, D, L)
         tl = simulate(short)
         found = repeating(short, tl, n, p, q)

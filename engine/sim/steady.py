@@ -3,8 +3,9 @@
 A 1F1B iteration of m microbatches is a warm-up, a steady state in which every stage runs one
 forward and one backward per microbatch, and a cool-down (PipeDream-Flush; Narayanan et al.
 SC'21 §2.2.1). In the steady state the simulated schedule repeats: every task of microbatch
-j + q starts and ends a fixed time after the same task of microbatch j (q = 1; q = p for the
-interleaved schedule, whose units come in groups of p microbatches). The simulation is
+j + q starts and ends a fixed time after the same task of microbatch j (q = 1, else q = p where
+a task of no duration cycles through the p microbatches in flight; q = p for the interleaved
+schedule, whose units come in groups of p microbatches: :func:`steady_periods`). The simulation is
 deterministic and a stage's future depends only on the microbatches in flight (at most p), so
 once more than p microbatches in a row have each repeated exactly the one a period before,
 every later one does, and the cool-down is the short run's shifted. This is checked on the
@@ -42,7 +43,8 @@ from .full import Timeline, mirror, simulate
 from ..strategy import Strategy
 from ..taskgraph import BARRIER, BWD, FWD, UPDATE, TaskGraph, build_task_graph
 
-__all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "simulate_steady", "repeating", "TOLERANCE",
+__all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "short_runs", "steady_periods", "short_run",
+           "simulate_steady", "repeating", "TOLERANCE",
            "EXTRA_PERIODS"]
 
 #: what a repeat may differ by, as a share of the simulated iteration's time (float rounding)
@@ -102,26 +104,55 @@ class SteadyTimeline(Timeline):
 
 
 def microbatches_to_simulate(graph: OpGraph, strategy: Strategy) -> tuple[int, int] | None:
-    """(microbatches to simulate, microbatches a period) for ``strategy``, or None where the
-    steady state is not extrapolated: GPipe over several stages (its activations grow with m),
-    a mixture-of-experts model, ZeRO-3 (each microbatch's parameter gathers wait for nothing
-    and queue on the links from the start: the run never repeats, and the short run would
-    be simulated for nothing), or fewer than twice the microbatches it would simulate."""
+    """(microbatches to simulate, microbatches a period) for ``strategy``'s first try (see
+    :func:`short_runs`), or None where the steady state is not extrapolated."""
+    runs = short_runs(graph, strategy)
+    return runs[0] if runs else None
+
+
+def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
+    """The short runs to try, in order, as (microbatches to simulate, microbatches a period):
+    none where the steady state is not extrapolated: GPipe over several stages (its
+    activations grow with m), a mixture-of-experts model, ZeRO-3 (each microbatch's parameter
+    gathers wait for nothing and queue on the links from the start: the run never repeats, and
+    the short run would be simulated for nothing), or fewer than twice the microbatches it
+    would simulate. The periods are :func:`steady_periods`'."""
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
     if p > 1 and pipe.schedule == "gpipe":
-        return None
+        return []
     if any(op.attrs.get("num_experts") for op in graph.ops):
-        return None
+        return []
     if strategy.zero_stage >= 3:  # every microbatch's parameter gathers wait for nothing: no repeat
-        return None
-    q = p if (p > 1 and v > 1 and pipe.schedule == "interleaved") else 1
-    # the warm-up (up to p microbatches), p + 1 periods to check, the cool-down (up to p), and
-    # a few to spare
+        return []
+    runs = []
+    for q in steady_periods(p, v, pipe.schedule):
+        n = short_run(p, q, m)
+        if n is not None:
+            runs.append((n, q))
+    return runs
+
+
+def steady_periods(p: int, v: int, schedule: str) -> tuple[int, ...]:
+    """The periods, in microbatches, a pipeline of ``p`` stages (``v`` chunks each) is checked
+    to repeat with, in order: p for the interleaved schedule (its units come in groups of p
+    microbatches); else 1, then p. A task of no duration (a model's input: tokens, labels)
+    starts where its GPU's queue lets it, and its place in that queue can cycle through the p
+    microbatches in flight while every other task repeats each microbatch (LLaMA-2 7B, tp 8:
+    pp 2 repeats every 2 microbatches, pp 4 every 4, its labels alone not every one); every
+    task is checked either way."""
+    if p > 1 and v > 1 and schedule == "interleaved":
+        return (p,)
+    return (1, p) if p > 1 else (1,)
+
+
+def short_run(p: int, q: int, m: int) -> int | None:
+    """Microbatches a short run of a ``p``-stage pipeline simulates to check a period of ``q``
+    (the warm-up, up to p; p + 1 periods to check; the cool-down, up to p; a few periods to
+    spare), or None when the iteration's ``m`` microbatches are fewer than twice that or do not
+    end on a whole period."""
     n = 2 * p + (p + EXTRA_PERIODS) * q
-    if m < 2 * n or (m - n) % q:
-        return None
-    return n, q
+    return n if m >= 2 * n and (m - n) % q == 0 else None
 
 
 def _repeat(times: np.ndarray, rows: np.ndarray, q: int, tol: float) -> tuple[int, int, float] | None:
@@ -200,18 +231,22 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
     """The short run's task graph and its timeline with the whole iteration's totals (see the
     module), or None where the steady state is not extrapolated or the run does not repeat.
     ``symmetry``, ``max_tasks``, ``cancel``: as :func:`engine.taskgraph.build_task_graph`'s."""
-    plan = microbatches_to_simulate(graph, strategy)
-    if plan is None:
-        return None
-    n, q = plan
     pipe = strategy.pipeline
     m, p, v = pipe.microbatches, max(1, pipe.stages), max(1, pipe.virtual_stages)
-    tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
-                          microbatches=n)
-    tl = simulate(tg, cancel=cancel)
-    found = repeating(tg, tl, n, p, q)
-    if found is None:
-        return None
+    for n, q in short_runs(graph, strategy):
+        tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
+                              microbatches=n)
+        tl = simulate(tg, cancel=cancel)
+        found = repeating(tg, tl, n, p, q)
+        if found is not None:
+            return _extrapolated(tg, tl, found, n, q, m, v)
+    return None
+
+
+def _extrapolated(tg: TaskGraph, tl: Timeline, found: tuple, n: int, q: int, m: int,
+                  v: int) -> tuple[TaskGraph, SteadyTimeline]:
+    """The short run ``tg`` / ``tl`` of ``n`` microbatches, found to repeat every ``q``
+    (:func:`repeating`'s ``found``), with the totals of all ``m``."""
     first, checked, shift, cp_shift, rows = found
     span, est = tl.makespan_s, tl.earliest_starts_s
     sent = tg.info["comm_by_microbatch"]  # [microbatch] bytes; one alike microbatch's, extrapolated

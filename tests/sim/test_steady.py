@@ -146,6 +146,25 @@ def test_random_megatron_layouts_extrapolate_to_the_full_totals(tp, pp, vpp, mb,
         assert_same_totals(short, full)
 
 
+@pytest.mark.parametrize("pp", [2, 4])
+def test_a_pipeline_whose_inputs_cycle_repeats_every_p_microbatches(pp):
+    """LLaMA-2 7B, tp 8 on 64 A100s: every task repeats each microbatch but the labels input
+    (no duration: it starts where its GPU's queue lets it, a place that cycles through the p
+    microbatches in flight). The period p is tried after 1 fails, and its extrapolation
+    equals the full simulation in every total."""
+    g, c = build_sample("llama2-7b"), preset("dgx-a100-80gb:8")
+    s = build_layout(g, c, Layout(tp=8, pp=pp, micro_batch=1))
+    assert steady.short_runs(g, s) == [(2 * pp + pp + steady.EXTRA_PERIODS, 1),
+                                       (2 * pp + (pp + steady.EXTRA_PERIODS) * pp, pp)]
+    n1 = steady.short_runs(g, s)[0][0]
+    tg = build_task_graph(g, s, c, CostModel(), microbatches=n1)
+    assert steady.repeating(tg, simulate(tg), n1, pp, 1) is None  # (the labels' starts: every p)
+    short = simulate_strategy(g, s, c, check=False, steady=True)
+    full = simulate_strategy(g, s, c, check=False)
+    assert short.steady is not None and short.steady.period == pp
+    assert_same_totals(short, full)
+
+
 def test_gpt3_on_1024_gpus_repeats_from_the_microbatch_after_the_warm_up():
     """Narayanan et al.'s GPT-3 175B layout (tp 8, pp 16, 192 microbatches): from microbatch
     16 on every task of a microbatch runs 127.394 ms after the one before (158.207 ms while the
