@@ -422,27 +422,38 @@ class _Unroll:
 
     def _blocks(self, t: int, rows: np.ndarray) -> None:
         """Each unit of ``rows`` (template ``t``) as its block: one delay task per (finite
-        entry, exit), a join per exit when several entries lead to it."""
+        entry, exit), a join per exit when several entries lead to it. Made for every
+        (entry, exit) pair of the template at once: delays and joins hold nothing, so their
+        numbers do not matter to the event loop (a task that holds nothing starts when it is
+        ready, whatever else is ready with it)."""
         u = self.ref.units[t]
-        ents = [self._resolve(int(e), t, rows) for e in u.entries]
-        for xi, y in enumerate(u.exits):
-            out = self._resolve(int(y), t, rows)
-            col = u.coef[:, xi]
-            fin = np.nonzero(np.isfinite(col))[0]
-            if not fin.size:
-                continue
-            mb = self.j[rows]
-            if fin.size == 1:
-                d = self.b.add(np.full(rows.size, col[fin[0]]), BARRIER, mb=mb)
-                self.b.edges(ents[fin[0]], d)
-                self.b.edges(d, out)
-                continue
-            join = self.b.add(np.zeros(rows.size), BARRIER, mb=mb)
-            for ei in fin:
-                d = self.b.add(np.full(rows.size, col[ei]), BARRIER, mb=mb)
-                self.b.edges(ents[ei], d)
-                self.b.edges(d, join)
-            self.b.edges(join, out)
+        fin_e, fin_x = np.nonzero(np.isfinite(u.coef))  # (entry, exit) pairs, by entry
+        if not fin_e.size:
+            return
+        o = np.lexsort((fin_e, fin_x))  # by exit, then entry (as the blocks are read)
+        fin_e, fin_x = fin_e[o], fin_x[o]
+        R = rows.size
+        mb = self.j[rows]
+        used_e, used_x = np.unique(fin_e), np.unique(fin_x)
+        ents = np.full((u.coef.shape[0], R), -1, np.int64)
+        for e in used_e.tolist():
+            ents[e] = self._resolve(int(u.entries[e]), t, rows)
+        outs = np.full((u.coef.shape[1], R), -1, np.int64)
+        for x in used_x.tolist():
+            outs[x] = self._resolve(int(u.exits[x]), t, rows)
+        per_exit = np.bincount(fin_x, minlength=u.coef.shape[1])
+        delays = self.b.add(np.repeat(u.coef[fin_e, fin_x], R), BARRIER, mb=np.tile(mb, fin_e.size)).reshape(-1, R)
+        self.b.edges(ents[fin_e], delays)
+        multi = np.nonzero(per_exit > 1)[0]
+        target = outs[fin_x]
+        if multi.size:
+            joins = self.b.add(np.zeros(multi.size * R), BARRIER, mb=np.tile(mb, multi.size)).reshape(-1, R)
+            join_of = np.full(u.coef.shape[1], -1, np.int64)
+            join_of[multi] = np.arange(multi.size)
+            joined = per_exit[fin_x] > 1
+            target[joined] = joins[join_of[fin_x[joined]]]
+            self.b.edges(joins, outs[multi])
+        self.b.edges(delays, target)
 
     # -- the reference's units agree within each position class ------------------------------
     def _role(self, y: int, t: int) -> tuple:
