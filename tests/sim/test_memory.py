@@ -466,3 +466,36 @@ class TestFp8Libraries:
         c = preset("dgx-h100:1")
         s = replace(build_layout(g, c, Layout(tp=1, dp=8, micro_batch=1)), fp8_library="torchao")
         assert any(p.path == "fp8_library" and "set fp8 too" in p.message for p in validate_strategy(s, g, c))
+
+
+@pytest.mark.parametrize("model, cluster, options, symmetry", [
+    ("gpt2", "dgx-a100-80gb:2", dict(tp=2, pp=2), "auto"),
+    ("gpt2", "dgx-a100-80gb:2", dict(tp=2, pp=2), "off"),
+    ("gpt2", "dgx-a100-80gb:2", dict(tp=4, sequence_parallel=True), "off"),
+    ("mixtral-8x7b", "dgx-h100:4", dict(tp=2, ep=8, zero_stage=1, sequence_parallel=True), "auto"),
+])
+def test_each_gpu_holds_one_nccl_communicator_per_distinct_group_it_joins(model, cluster, options, symmetry):
+    """The context memory's communicators, against a count made by hand from the task graph:
+    every collective's members as a set, each distinct set once, one more for the pipeline's
+    send and receive; a mirrored GPU counts as the one it mirrors (a symmetric build)."""
+    from engine.sim.memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR,
+                                          static_memory)
+
+    g, c = resolve_model(model), preset(cluster)
+    s = build_layout(g, c, Layout(**options))
+    tg = build_task_graph(g, s, c, symmetry=symmetry)
+    ptr, idx, _ = tg.info["coll_devices"]
+    groups = {frozenset(idx[ptr[k]:ptr[k + 1]].tolist()) for k in range(ptr.size - 1) if ptr[k + 1] > ptr[k]}
+    D = c.num_devices
+    want = np.array([sum(d in grp for grp in groups) for d in range(D)], np.float64)
+    want += 1.0 if s.pipeline.stages > 1 else 0.0
+    image = tg.info.get("device_image")
+    if image is not None:
+        has = image >= 0
+        want[has] = want[image[has]]
+    st = static_memory(g, s, c, tg)
+    used = np.zeros(D, bool)
+    used[sorted(s.devices_used())] = True
+    expect = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + want * NCCL_BYTES_PER_COMMUNICATOR, 0.0)
+    assert len(groups) > 1 and want.max() >= 2
+    np.testing.assert_array_equal(st.context[used], expect[used])
