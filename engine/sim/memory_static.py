@@ -15,7 +15,7 @@ from ..cluster import Cluster
 from ..graph import OpGraph
 from ..ops import DTYPE_BYTES
 from ..strategy import Strategy, partition_grid, zero_shares
-from ..taskgraph.regions import param_keys, param_regions, param_split, pieces
+from ..taskgraph.regions import param_keys, param_regions, param_split, pieces, within
 from ..taskgraph.sync import sync_unit
 
 __all__ = ["StaticMemory", "static_memory", "logits_bytes", "host_capacity", "graph_cache", "param_partitions",
@@ -269,7 +269,7 @@ def _communication(graph: OpGraph, strategy: Strategy, D: int, tg) -> tuple[np.n
             # handful of groups), then its members: each (group, device) pair once
             _, first = np.unique(key[nz], return_index=True)
             one = np.flatnonzero(nz)[first]
-            members = idx[np.repeat(ptr[one], counts[one]) + _within(counts[one])]
+            members = idx[np.repeat(ptr[one], counts[one]) + within(counts[one])]
             pairs = np.unique(np.repeat(np.arange(one.size, dtype=np.int64), counts[one]) * D + members)
             communicators = np.bincount(pairs % D, minlength=D).astype(np.float64)
     if strategy.pipeline.stages > 1:
@@ -280,12 +280,6 @@ def _communication(graph: OpGraph, strategy: Strategy, D: int, tg) -> tuple[np.n
         comm[has] = comm[image[has]]
         communicators[has] = communicators[image[has]]
     return comm, communicators
-
-
-def _within(counts: np.ndarray) -> np.ndarray:
-    """0..c-1 for each count c, concatenated (each list's positions from its start)."""
-    total = int(counts.sum())
-    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _param_sums(hits: list[tuple], D: int, zero: int, n_units: int, strategy: Strategy

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..taskgraph import BARRIER, BWD, FWD, TaskGraph
+from ..taskgraph.regions import within
 from .composed import Geometry, GraphBuilder, mb_type, ranks, stage_type
 from .units import Unit
 
@@ -180,7 +181,7 @@ class _Unroll:
         if cnt.sum():
             owner = np.repeat(np.arange(ts.size), cnt)
             starts = np.repeat(rt.res_ptr[ts], cnt)
-            q = rt.res_idx[starts + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
+            q = rt.res_idx[starts + within(cnt)]
             if self.p == self.pr:
                 moved = np.where(q < rt.n_devices, q, self.D + q - rt.n_devices)
             else:
@@ -225,7 +226,7 @@ class _Unroll:
         # the reference stages each task touches: its device's and its resources'
         cnt = rt.res_ptr[ts + 1] - rt.res_ptr[ts]
         owner = np.repeat(np.arange(ts.size), cnt)
-        q = rt.res_idx[np.repeat(rt.res_ptr[ts], cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
+        q = rt.res_idx[np.repeat(rt.res_ptr[ts], cnt) + within(cnt)]
         qs = self._res_stage(q)
         lo = np.full(ts.size, 1 << 30)
         hi = np.full(ts.size, -1)

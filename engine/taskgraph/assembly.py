@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import check_cancel
 from .context import BuildContext, OpTables
 from .emit import Emitter
+from .regions import within
 from .segments import ALL_ARRAYS, LOCAL_MASK, SEGMENT_SHIFT, Segment, csr_from_handles
 from .tasks import BARRIER, TaskGraph
 
@@ -242,9 +243,7 @@ def _link_in_blocks(offset: np.ndarray, n: int, single: np.ndarray, coll: np.nda
     check_cancel(cancel)
     if coll.size:
         m_len = A["coll_nres"]
-        starts_m = np.repeat(res_ptr[coll], m_len)
-        within = np.arange(m_len.sum()) - np.repeat(np.cumsum(m_len) - m_len, m_len)
-        res_idx[starts_m + within] = A["coll_res"]
+        res_idx[np.repeat(res_ptr[coll], m_len) + within(m_len)] = A["coll_res"]
     check_cancel(cancel)
     # successors, CSR by source (a duplicate edge is harmless: npred counts it as often)
     succ_ptr, succ_idx, npred = csr_from_handles(A["src"], A["dst"], offset, n)

@@ -22,7 +22,7 @@ from ..ops import EXPERT, FLOAT_DTYPES, REDUCTION, REPLICA, sliding_window
 from ..strategy import Strategy
 from .compute import op_signature
 from .dataflow import context_parallel, split_gathers
-from .regions import classes, in_regions, out_regions, transfer_plan
+from .regions import classes, in_regions, out_regions, transfer_plan, within
 from .symmetry import find_symmetry
 from .sync import sync_unit
 
@@ -111,7 +111,7 @@ def overlap_pairs(h_lo: np.ndarray, h_hi: np.ndarray, h_dev: np.ndarray, h_cls: 
     if max_pairs is not None and total > max_pairs:
         raise TooManyPairs(total)
     r = np.repeat(r_ids, per_recv)  # [pair]
-    q = np.arange(total) - np.repeat(np.cumsum(per_recv) - per_recv, per_recv)
+    q = within(per_recv)
     flat = np.zeros(total, np.int64)
     for ax in range(A):  # mixed radix: the pair's interval along each axis
         c = cnt[ax][r]

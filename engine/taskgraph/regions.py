@@ -9,7 +9,7 @@ from ..graph import Op
 from ..ops import sliding_window
 from ..strategy import Config
 
-__all__ = ["tile", "ranges", "out_regions", "in_regions", "param_regions", "param_split", "param_keys", "pieces",
+__all__ = ["tile", "within", "ranges", "out_regions", "in_regions", "param_regions", "param_split", "param_keys", "pieces",
            "unique_rows", "classes", "transfer_plan"]
 
 def tile(x: np.ndarray, m: int) -> np.ndarray:
@@ -17,6 +17,17 @@ def tile(x: np.ndarray, m: int) -> np.ndarray:
     ``np.broadcast_to``'s: the builder calls it ~13k times for GPT-3 on 1,024 GPUs)."""
     x = np.asarray(x)
     return np.repeat(x[None, :], m, axis=0).reshape(-1)
+
+
+def within(counts: np.ndarray) -> np.ndarray:
+    """0..c-1 for each count c of ``counts``, concatenated: each element's place in its own
+    list, as CSR slices are read (``np.repeat(ptr[rows], counts) + within(counts)``).
+
+    >>> within(np.array([2, 0, 3])).tolist()
+    [0, 1, 0, 1, 2]
+    """
+    counts = np.asarray(counts, np.int64)
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 # --------------------------------------------------------------------------- regions
