@@ -272,7 +272,7 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
     to repeat (:func:`engine.sim.steady.repeating`, the rule :mod:`engine.sim.steady` applies to
     the full simulation), else every microbatch."""
     D, L = cluster.num_devices, len(cluster.links)
-    for q in steady_periods(p, v, ref.schedule) if ref.schedule != "gpipe" else ():
+    for q in steady_periods(p, v, ref.schedule):
         n = short_run(p, q, m)
         if n is None or n < ref.microbatches:
             continue

@@ -112,15 +112,13 @@ def microbatches_to_simulate(graph: OpGraph, strategy: Strategy) -> tuple[int, i
 
 def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
     """The short runs to try, in order, as (microbatches to simulate, microbatches a period):
-    none where the steady state is not extrapolated: GPipe over several stages (its
-    activations grow with m), a mixture-of-experts model, ZeRO-3 (each microbatch's parameter
+    none where the steady state is not extrapolated: GPipe over several stages (no period:
+    :func:`steady_periods`), a mixture-of-experts model, ZeRO-3 (each microbatch's parameter
     gathers wait for nothing and queue on the links from the start: the run never repeats, and
     the short run would be simulated for nothing), or fewer than twice the microbatches it
     would simulate. The periods are :func:`steady_periods`'."""
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
-    if p > 1 and pipe.schedule == "gpipe":
-        return []
     if any(op.attrs.get("num_experts") for op in graph.ops):
         return []
     if strategy.zero_stage >= 3:  # every microbatch's parameter gathers wait for nothing: no repeat
@@ -140,7 +138,10 @@ def steady_periods(p: int, v: int, schedule: str) -> tuple[int, ...]:
     starts where its GPU's queue lets it, and its place in that queue can cycle through the p
     microbatches in flight while every other task repeats each microbatch (LLaMA-2 7B, tp 8:
     pp 2 repeats every 2 microbatches, pp 4 every 4, its labels alone not every one); every
-    task is checked either way."""
+    task is checked either way. None for GPipe over several stages: its activations grow with
+    the microbatches, and its forwards all run before its backwards."""
+    if p > 1 and schedule == "gpipe":
+        return ()
     if p > 1 and v > 1 and schedule == "interleaved":
         return (p,)
     return (1, p) if p > 1 else (1,)
