@@ -68,7 +68,8 @@ def analyse(name: str, graph, strategy, cluster) -> None:
           f"{tg.num_tasks - x.size + starts.size:,} tasks ({(tg.num_tasks - x.size + starts.size) / tg.num_tasks:.0%})")
     # the consumer of every hop: the successors of its chain's last hop (the first, by id)
     last = _last_hop(tg, x)
-    cons = np.array([tg.succ_idx[tg.succ_ptr[h]] if tg.succ_ptr[h + 1] > tg.succ_ptr[h] else -1 for h in last.tolist()])
+    has = tg.succ_ptr[last + 1] > tg.succ_ptr[last]
+    cons = np.where(has, tg.succ_idx[np.minimum(tg.succ_ptr[last], max(tg.num_edges - 1, 0))], -1)
     end_last = tl.end_s[last]
     multi, same, delay = 0, 0, []
     multi_tasks = 0
