@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from engine.cluster.presets import PRESETS
+
 from .cache import IdleCache
 
 __all__ = ["Sessions", "Build", "FitScan", "Busy", "current", "reset", "MAX_SESSIONS", "MAX_QUEUED_BUILDS",
@@ -95,7 +97,10 @@ class Sessions:
         # resolved sources: the same object for the same name, so that a workspace can tell by
         # identity that its model and cluster are still the state's
         self.samples = IdleCache(16)  #: (name, batch, seq_len, precision) -> OpGraph
-        self.presets = IdleCache(16)  #: preset name -> Cluster
+        #: preset name -> Cluster: room for every family's one-node size (the page's cluster
+        #: menu reads them all on each load: a smaller cache made them all again each time) and
+        #: 32 sized ones
+        self.presets = IdleCache(len(PRESETS) + 32)
         self.uploads = IdleCache(16)  #: "kind:digest" -> parsed OpGraph or Cluster
         self.parsed = IdleCache(64)  #: strategy content digest -> Strategy
         #: content keys whose strategy an action has already checked (the render that follows

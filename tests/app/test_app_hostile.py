@@ -305,6 +305,24 @@ class TestWhatTheServerKeeps:
         assert not [sid for sid in SES.current().workspaces if sid.endswith("-warm-up")]
         assert set(SES.current().drawn) <= SES.current().drawn.pinned
 
+    def test_warm_up_compiles_what_a_visitors_edit_runs_and_reads_every_preset(self):
+        from engine.sim import delta, full
+
+        from app.layout import make_layout
+
+        WU.warm_up()
+        # a visitor's edit: built on the background pool (the cancellable loop), then a delta
+        # change (before, both were compiled in the middle of the first visitors' requests)
+        for kernel in (full.loop_state, full.ready_heap, full.dispatch, delta.event_loop):
+            assert kernel.signatures, kernel
+        # the page's cluster menu reads every family's one-node preset: all are kept, so a
+        # page load makes none again (with 16 kept of 21, each load made them all)
+        presets = SES.current().presets
+        before = {name: presets.get(name) for name in presets}
+        make_layout()
+        assert all(presets.get(name) is c for name, c in before.items())
+        assert len(presets) == len(before)
+
     def test_workers_import_the_app_the_server_runs(self, monkeypatch):
         from app import jobs
 
