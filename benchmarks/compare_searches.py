@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--seeds-only", type=int, default=0, metavar="N",
                     help="--tenfold with --plans: only MCMC seeds 1..N at 10x the budget, each case's best-known plan "
                          "kept where one beats it")
+    ap.add_argument("--auto-only", action="store_true",
+                    help="--tenfold with --plans: auto alone against each case's best-known plan (repriced here), "
+                         "not the single algorithms at 10x")
     args = ap.parse_args()
     def only(case: tuple[str, str]) -> bool:  # --only MODEL[,MODEL][@CLUSTER]
         if args.only is None:
@@ -65,6 +68,9 @@ def main() -> None:
         if args.seeds_only:
             more_seeds([c for c in cases if only(c)], Budget.parse(args.budget), args.plans,
                        args.seeds_only)
+            return
+        if args.auto_only:
+            auto_only([c for c in cases if only(c)], Budget.parse(args.budget), args.plans)
             return
         tenfold([c for c in cases if only(c)], Budget.parse(args.budget), args.plans, args.seeds)
         return
@@ -132,6 +138,29 @@ def tenfold(cases: list[tuple[str, str]], budget: Budget, plans: Path | None = N
         reach = _first_within(auto, known)
         print(f"| {model} | {cl} | {final * 1e3:.2f} | {within:.1f} | {singles[which] * 1e3:.2f} ({which}) | "
               f"{final / singles[which]:.3f} | {known * 1e3:.2f} ({known_by}) | {final / known:.3f} | "
+              f"{'never' if reach is None else f'{reach:.1f}'} |", flush=True)
+
+
+def auto_only(cases: list[tuple[str, str]], budget: Budget, plans: Path | None) -> None:
+    """Auto with ``budget`` (seed 0) against each case's best-known plan in ``plans``, priced
+    again in this tree (kept there if auto beats it): a quick re-check of the tenfold table's
+    last column after a change to auto, without the single algorithms' ten-times runs."""
+    from engine.search import ALGORITHMS
+
+    if plans is None:
+        raise SystemExit("--auto-only needs --plans FOLDER")
+    _warm_up(ALGORITHMS)
+    print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; auto {budget} "
+          "against the best-known plans")
+    print("| model | cluster | auto ms | best known ms (by) | auto / best known | auto: to within 1% of best known s |")
+    print("|---|---|---:|---:|---:|---:|")
+    for model, cl in cases:
+        g, c = resolve_model(model), preset(cl)
+        auto = ALGORITHMS["auto"].run(g, c, budget, seed=0)
+        final = auto.best_cost_s
+        known, known_by = _keep_best(plans, model, cl, g, c, auto, final, f"auto {budget}")
+        reach = _first_within(auto, known)
+        print(f"| {model} | {cl} | {final * 1e3:.2f} | {known * 1e3:.2f} ({known_by}) | {final / known:.3f} | "
               f"{'never' if reach is None else f'{reach:.1f}'} |", flush=True)
 
 
