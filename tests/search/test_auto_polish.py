@@ -285,3 +285,35 @@ class TestInAuto:
         assert r.best_cost_s <= contributions["polish"]
         again = ALGORITHMS["auto"].run(g, c, Budget(iterations=100), seed=1)
         assert again.best_cost_s == r.best_cost_s and again.best.to_dict()["ops"] == r.best.to_dict()["ops"]
+
+
+class TestRoundsAtScale:
+    """What the descent's rounds try (issue 43, fourth round)."""
+
+    def test_the_global_pass_is_not_repeated_when_nothing_moved(self, monkeypatch):
+        import engine.search.polish as M
+
+        g, c = tiny()
+        start = coordinate_descent(g, c, data_parallel(g, c)).strategy  # a local optimum of every pass
+        calls = []
+        real = M.whole_cost
+        monkeypatch.setattr(M, "whole_cost", lambda *a, **k: calls.append(1) or real(*a, **k))
+        r = coordinate_descent(g, c, start)
+        space = Space(g, c)
+        once = sum(len(list(space.neighbours(start, k))) for k in POLISH_KINDS if k in space.kinds(start))
+        # round 1 (only candidates spanning every GPU) and round 2 (every candidate) both
+        # moved nothing: the global neighbours were priced once, not once a round
+        assert r.finished and r.rounds == 2 and not r.improvements and once > 0 and len(calls) == once
+
+    def test_the_first_rounds_span_a_pipeline_stage_not_the_cluster(self):
+        from engine.layout import Layout, build_layout
+        from engine.search.polish import stage_spans
+
+        g, c = resolve_model("resnet101"), preset("p100-4x4")
+        s = build_layout(g, c, Layout(pp=4, micro_batch=1))
+        spans = stage_spans(g, s)
+        assert set(spans) == {op.name for op in g.ops} and set(spans.values()) == {4}  # 4 stages of 4 GPUs
+        assert stage_spans(g, data_parallel(g, c)) == {}
+        # a wide round now tries each op's candidates over its stage's 4 GPUs (before: none)
+        r = coordinate_descent(g, c, s, max_evals=40, global_moves=False)
+        assert r.evals == 40 and r.rounds == 1  # (before: the first round tried nothing, the 40 came in the second)
