@@ -235,7 +235,7 @@ APP = ENGINE.parent / "app"
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
 APP_LAYERS = ["cache", "clients", "edge", "fmt", "panel", "learn", "datadir", "fairqueue", "storefaults", "storeschema", "store", "sessions", "sources", "state", "simulation", "gantt",
               "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
-              "jobs", "planjob", "worker", "tabs", "events", "warmup", "layout", "callbacks", "guard", "", "cli"]
+              "jobs", "planjob", "worker", "tabs", "events", "layout", "warmup", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search
 #: workers (services the process opens once; every cache and build lives in Sessions), and the
