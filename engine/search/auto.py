@@ -28,7 +28,8 @@ quickest first, each in the slice :func:`seed_slice` gives it, and none is start
 time than one pricing took. A seed that ends without beating the best priced before it stops
 its family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
-takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it), and
+takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it; where
+no delta simulator is affordable, its global pass alone, when two pricings fit in what is left), and
 further slices while each makes the best faster, up to :data:`POLISH_MAX_SHARE`, its first round
 uncut where at its pace it ends by then (:class:`~engine.search.polish.PolishSlices`). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
