@@ -94,7 +94,8 @@ class Plan:
         return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}{f', ep {self.ep}' if self.ep > 1 else ''}, "
                 f"micro-batch {self.micro_batch} "
                 f"({self.microbatches} microbatches), recompute {self.recompute}, layers per stage "
-                f"{self.layers_per_stage}, meshes {self.stage_mesh}" + (f", ZeRO-{self.zero_stage}" if self.zero_stage else ""))
+                f"{self.layers_per_stage}, meshes {self.stage_mesh}"
+                + (f", ZeRO-{self.zero_stage}" if self.zero_stage else ""))
 
     def variants(self) -> list["Plan"]:
         """The plan and, with data parallelism, the plan with each of :data:`ZERO_VARIANTS`."""
@@ -390,9 +391,9 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, 
              progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
              options: PipelineOptions | None = None) -> SearchResult:
     """The search interface: plan, price the ``simulate_top`` best plans (memory included;
-    with data parallelism each also with ZeRO-2) and return the fastest that fits. The baseline is data parallel (the expert strategy
-    of an LLM is a model-parallel layout many times slower to simulate, and never a
-    pipeline's rival)."""
+    with data parallelism each also with ZeRO-2) and return the fastest that fits. The
+    baseline is data parallel (the expert strategy of an LLM is a model-parallel layout many
+    times slower to simulate, and never a pipeline's rival)."""
     opts = options or PipelineOptions()
     t0 = time.perf_counter()
     cost_model = cost or CostModel()
@@ -408,15 +409,14 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, 
     for top in plans:
         if tried >= opts.simulate_top or stop:
             break
-        counted = False
+        priced = 0  # (a plan counts towards simulate_top once any of its variants is priced)
         for plan in top.variants():
             try:
                 s = build_plan(graph, cluster, plan)
                 p = price(graph, s, cluster, cost_model)
             except ValueError:  # (a plan the layout cannot build, or too large to simulate)
                 continue
-            tried += not counted
-            counted = True
+            priced += 1
             if best is None or p.cost_s < best[0].cost_s:
                 best = (p, s, plan)
             rows.append(Progress(len(rows) + 1, time.perf_counter() - t0, p.cost_s, best[0].cost_s, 1.0, 1,
@@ -424,6 +424,7 @@ def pipeline(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, 
             if progress is not None and progress(rows[-1]) is False:
                 stop = True
                 break
+        tried += priced > 0
     if best is None or not best[0].feasible:
         raise ValueError(f"none of the best {opts.simulate_top} pipeline plans fits in memory on {cluster.name}")
     p, s, plan = best

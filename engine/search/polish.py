@@ -51,7 +51,8 @@ from .api import whole_cost
 from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
 
-__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS", "stage_spans", "ZERO_ORDER"]
+__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
+           "stage_spans", "ZERO_ORDER"]
 
 #: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
 #: configs: those with a handful of neighbours (a layer across a stage boundary, GPipe or 1F1B,
