@@ -259,8 +259,9 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     per_kind = _pairs_by_kind(timeline, row, drawn, ct, cr)
     eps = _merge_width(per_kind, in_view, max_bars, t0, t1)
     bars = _merged_bars(timeline, names, per_kind, eps)
-    over = _overlays(graph, timeline, names, row, comp, ct, cr, selected, eps, max_bars, t0, t1)
     bubble = _bubble(timeline, dev_row, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
+    # (last: the critical chain may still be computed in the background, app.simulation.paths_in_background)
+    over = _overlays(graph, timeline, names, row, comp, ct, cr, selected, eps, max_bars, t0, t1)
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
             "bubble": bubble,
             "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,

@@ -106,9 +106,9 @@ def paths_in_background(timeline: Timeline) -> threading.Thread:
     memory report (LLaMA-2 7B on 64 GPUs: a 212,000-task chain walked in ~30 ms, ~45 ms on
     GPT-3 175B's 1 M tasks). Join it before reading them; a property read meanwhile waits for it
     or computes the same value."""
-    def run() -> None:
-        timeline.earliest_starts_s  # noqa: B018 (cached on the timeline)
-        timeline.critical_tasks  # noqa: B018
+    def run() -> None:  # (the chain first: the Gantt's overlay reads it before the summary reads the starts)
+        timeline.critical_tasks  # noqa: B018 (cached on the timeline)
+        timeline.earliest_starts_s  # noqa: B018
 
     t = threading.Thread(target=run, name="soapbox-paths", daemon=True)
     t.start()

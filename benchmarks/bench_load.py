@@ -258,6 +258,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds each session edits")
     ap.add_argument("--budget", default="3s", help="each session's MCMC search budget")
     ap.add_argument("--think", type=float, nargs=2, default=(2.0, 4.0), help="seconds between edits (uniform)")
+    ap.add_argument("--threads", type=int, default=8, help="the server's request threads (its --threads)")
     ap.add_argument("--settle", type=float, default=15.0, help="seconds to wait after the sessions end")
     ap.add_argument("--ramp", type=float, default=5.0, help="sessions start spread over this many seconds")
     ap.add_argument("--rounds", type=int, default=1,
@@ -271,7 +272,8 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = tempfile.mkdtemp(prefix="soapbox-load-")
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--data-dir", data],
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--data-dir", data,
+                               "--threads", str(args.threads)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
@@ -315,6 +317,12 @@ def main() -> int:
 
     db = sqlite3.connect(Path(data) / "soapbox.sqlite3")
     proposals = [json.loads(r[0] or "{}").get("iterations") for r in db.execute("SELECT result FROM searches")]
+    # the searches that made no proposal, each with why (its queue wait, run time and the search's notes)
+    empty = [{"status": st, "queued_s": round(s - c, 2) if s else None, "ran_s": round(f - s, 2) if s and f else None,
+              "error": err, "notes": json.loads(res or "{}").get("notes")}
+             for st, c, s, f, err, res in db.execute("SELECT status, created_at, started_at, finished_at, error, result "
+                                                     "FROM searches")
+             if not json.loads(res or "{}").get("iterations")]
     rows = db.execute("SELECT status, budget_s, created_at, started_at, finished_at FROM searches").fetchall()
     run = [f - s for st, b, c, s, f in rows if s and f]
     wait = [s - c for st, b, c, s, f in rows if s]
@@ -337,7 +345,7 @@ def main() -> int:
                      "run_s_median": statistics.median(run) if run else None, "run_s_max": max(run, default=None),
                      "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None),
                      "proposals_min": min((p for p in proposals if p is not None), default=None),
-                     "without_proposals": sum(1 for p in proposals if not p),
+                     "without_proposals": sum(1 for p in proposals if not p), "without_proposals_why": empty,
                      "refused_at_start": [s.search_status for s in sessions
                                           if s.search_status and s.search_status.startswith("Search not started")]},
         "server_before": before, "server_peak": peak, "server_at_end": ended, "server_settled": settled,

@@ -276,9 +276,10 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
     topo = topology_data(c, per_dev, metric)
     sel_devs = sorted({d for n in selected for d in s[n].devices})
     topo_fig = build_topology_figure(topo)
+    # the Gantt's bars meanwhile too: only its critical-chain overlay, made last, waits for the paths
+    gantt_fig, notes, gd = timeline.gantt_parts(ws, selected, None, gantt)
     paths.join()
     summ = summary_data(g, tl, mem, dp_cost if mem.feasible else None)
-    gantt_fig, notes, gd = timeline.gantt_parts(ws, selected, None, gantt)
     if sel_devs:
         gp = {x["id"]: x for x in topo["gpus"]}
         topo_fig["data"].append(dict(

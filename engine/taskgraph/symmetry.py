@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +62,32 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     checked when the task graph is built (they make the reduction inexact, and the builder
     then simulates everything, or a subset of the axes: ``axes`` keeps only those).
     """
+    configs = strategy.configs  # (all the search reads of the strategy)
+    key = (id(graph), id(configs), id(cluster), axes)
+    with _FOUND_LOCK:
+        hit = _FOUND.get(key)
+    if hit is not None and hit[0]() is graph and hit[1] is configs and hit[2]() is cluster:
+        return hit[3]
+    sym = _find(graph, strategy, cluster, axes)
+    with _FOUND_LOCK:
+        _FOUND[key] = (weakref.ref(graph), configs, weakref.ref(cluster), sym)
+        _FOUND.move_to_end(key)
+        while len(_FOUND) > FOUND_MEMO_SIZE:
+            _FOUND.popitem(last=False)
+    return sym
+
+
+#: the symmetries :func:`find_symmetry` found last, by the identity of the graph, the
+#: strategy's configs (never changed in place: a changed strategy is a new mapping, and the
+#: mapping held here keeps its ``id`` from being reused) and the cluster: a page's size check
+#: and its build ask for the same one, the second on a copy of the strategy with its own
+#: provenance (GPT-3 175B on 1,024 GPUs: ~25 ms each)
+_FOUND: "OrderedDict[tuple, tuple]" = OrderedDict()
+FOUND_MEMO_SIZE = 8
+_FOUND_LOCK = threading.Lock()
+
+
+def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetry | None:
     if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
         return None
     spec = cluster.node_specs[0]

@@ -292,3 +292,40 @@ def test_tables_hold_one_column_per_representative():
                 with pytest.raises(ValueError):
                     tab[0, 0] = 0
     assert viewed > len(g.ops)
+
+
+class TestFoundOnce:
+    """find_symmetry remembers what it found by the identity of the graph, the strategy's
+    configs and the cluster (a page's size check and its build ask for the same one); a
+    different strategy, or the same configs with other axes, is looked at afresh."""
+
+    def test_same_configs_same_answer_computed_once(self, monkeypatch):
+        import dataclasses
+
+        import engine.taskgraph.symmetry as S
+
+        g, c = model("gpt2"), preset("dgx-a100-80gb:1")
+        s = build_layout(g, c, Layout(tp=4, micro_batch=1))
+        calls = []
+        real = S._find
+        monkeypatch.setattr(S, "_find", lambda *a: calls.append(a[3]) or real(*a))
+        S._FOUND.clear()
+        first = find_symmetry(g, s, c)
+        copy = dataclasses.replace(s, found_by={"source": "a copy with its own provenance"})
+        assert find_symmetry(g, copy, c) is first  # (the same configs mapping)
+        assert len(calls) == 1
+        assert first is not None and first.axes
+        # other axes: computed, and what the uncached search gives
+        sub = find_symmetry(g, s, c, axes=first.axes[:1])
+        assert len(calls) == 2 and sub == real(g, s, c, first.axes[:1])
+
+    def test_other_configs_not_confused(self):
+        import engine.taskgraph.symmetry as S
+
+        g, c = model("gpt2"), preset("dgx-a100-80gb:1")
+        tp4 = build_layout(g, c, Layout(tp=4, micro_batch=1))
+        dp = data_parallel(g, c)
+        S._FOUND.clear()
+        a, b = find_symmetry(g, tp4, c), find_symmetry(g, dp, c)
+        assert a == S._find(g, tp4, c, None) and b == S._find(g, dp, c, None)
+        assert a != b
