@@ -320,8 +320,8 @@ def main() -> int:
     # the searches that made no proposal, each with why (its queue wait, run time and the search's notes)
     empty = [{"status": st, "queued_s": round(s - c, 2) if s else None, "ran_s": round(f - s, 2) if s and f else None,
               "error": err, "notes": json.loads(res or "{}").get("notes")}
-             for st, c, s, f, err, res in db.execute("SELECT status, created_at, started_at, finished_at, error, result "
-                                                     "FROM searches")
+             for st, c, s, f, err, res in db.execute(
+                 "SELECT status, created_at, started_at, finished_at, error, result FROM searches")
              if not json.loads(res or "{}").get("iterations")]
     rows = db.execute("SELECT status, budget_s, created_at, started_at, finished_at FROM searches").fetchall()
     run = [f - s for st, b, c, s, f in rows if s and f]
