@@ -29,6 +29,8 @@ def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Confi
                       **settings: Any) -> Strategy:
     """The checked strategy of a baseline: ``configs`` with ``settings``, stamped with the model,
     the cluster and how it was made (``found_by``: ``baseline:<algorithm>``, its options and notes).
+    ``check`` False: neither checked nor stamped with the model's fingerprint (an internal
+    strategy, :func:`build_unchecked`).
 
     Raises
     ------
@@ -38,7 +40,9 @@ def baseline_strategy(graph: OpGraph, cluster: Cluster, configs: dict[str, Confi
     found_by: dict[str, Any] = {"algorithm": f"baseline:{algorithm}", "options": dict(options)}
     if notes:
         found_by["notes"] = list(notes)
-    s = Strategy(configs, model_name=graph.name, model_fingerprint=graph.fingerprint,
+    # (unchecked, unstamped: hashing the model's ops took ~11 ms of a 150 ms composed prediction,
+    # whose reference graph is new each time and whose strategy is never saved or shown)
+    s = Strategy(configs, model_name=graph.name, model_fingerprint=graph.fingerprint if check else "",
                  cluster_name=cluster.name, cluster_devices=cluster.num_devices, found_by=found_by, **settings)
     return check_strategy(s, graph, cluster, f"baseline {algorithm}") if check else s
 
@@ -86,7 +90,8 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
 def build_unchecked(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     """:func:`build_layout` without :func:`engine.strategy.check_strategy`: for a caller that
     builds a layout it has already resolved and built on the whole model again on a part of
-    it (:mod:`engine.sim.hier`'s reference run), where the check would only cost time."""
+    it (:mod:`engine.sim.hier`'s reference run), where the check would only cost time; not
+    stamped with the model's fingerprint either (``model_fingerprint`` empty), so not one to save."""
     return _build(graph, cluster, layout, False)
 
 

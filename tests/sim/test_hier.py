@@ -123,6 +123,19 @@ def test_reference_graph_keeps_the_ends():
     assert reference_graph(g, 12) is g
 
 
+def test_reference_strategy_is_not_stamped():
+    """The reference run's strategy is built unchecked and without the model's fingerprint (a
+    hash of every op, ~11 ms of a composed prediction on GPT-3 175B): the reference graph is
+    new each time and its strategy is never saved; the layout's own build still stamps it."""
+    from engine.layout.build import build_unchecked
+
+    g, c = gpt(GPTConfig(12, 256, 4, 128, 1024, 8, name="t"), source="test"), preset("dgx-a100-80gb:2")
+    r = reference_graph(g, 4)
+    s = build_unchecked(r, c, Layout(tp=2, pp=4, micro_batch=1))
+    assert s.model_fingerprint == "" and "fingerprint" not in vars(r)
+    assert build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1)).model_fingerprint == g.fingerprint
+
+
 def test_refusals_name_their_reason():
     g = gpt(GPTConfig(8, 256, 8, 128, 1024, 16, name="t"), source="test")
     cl = preset("dgx-a100-80gb:2")
