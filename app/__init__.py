@@ -168,6 +168,9 @@ def release_memory() -> None:
     import gc
     import sys
 
+    from engine.taskgraph import forget_found
+
+    forget_found()  # (the last strategies' configs the symmetry search remembers)
     gc.collect()
     if sys.platform.startswith("linux"):
         try:

@@ -38,7 +38,7 @@ from .builder import TaskGraphBuilder, build_task_graph
 from .estimate import estimate_symmetric_tasks, estimate_tasks, symmetric_task_bound
 from .estimate import count_text, quick_task_bound, tasks_within
 from .schedule import schedule_order
-from .symmetry import Symmetry, find_symmetry
+from .symmetry import Symmetry, find_symmetry, forget_found
 from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, OFFLOAD, UPDATE, XFER, TaskGraph
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "TaskGraphBuilder",
     "Symmetry",
     "find_symmetry",
+    "forget_found",
     "build_task_graph",
     "estimate_tasks",
     "estimate_symmetric_tasks",

@@ -14,7 +14,7 @@ from ..cluster import Cluster
 from ..graph import Op, OpGraph
 from ..strategy import Config, Strategy
 
-__all__ = ["Symmetry", "find_symmetry", "dim_strides"]
+__all__ = ["Symmetry", "find_symmetry", "forget_found", "dim_strides"]
 
 @dataclass(frozen=True)
 class Symmetry:
@@ -83,8 +83,15 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
 #: and its build ask for the same one, the second on a copy of the strategy with its own
 #: provenance (GPT-3 175B on 1,024 GPUs: ~25 ms each)
 _FOUND: "OrderedDict[tuple, tuple]" = OrderedDict()
-FOUND_MEMO_SIZE = 8
+FOUND_MEMO_SIZE = 4
 _FOUND_LOCK = threading.Lock()
+
+
+def forget_found() -> None:
+    """Drop what :func:`find_symmetry` remembers (a server that has gone quiet: the strategies'
+    configs it holds would otherwise stay resident)."""
+    with _FOUND_LOCK:
+        _FOUND.clear()
 
 
 def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetry | None:

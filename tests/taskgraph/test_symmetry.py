@@ -318,6 +318,9 @@ class TestFoundOnce:
         # other axes: computed, and what the uncached search gives
         sub = find_symmetry(g, s, c, axes=first.axes[:1])
         assert len(calls) == 2 and sub == real(g, s, c, first.axes[:1])
+        S.forget_found()  # (what a quiet server calls: the configs held are let go)
+        assert not S._FOUND
+        assert find_symmetry(g, s, c) == first and len(calls) == 3
 
     def test_other_configs_not_confused(self):
         import engine.taskgraph.symmetry as S
