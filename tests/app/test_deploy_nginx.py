@@ -21,10 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy" / "nginx.conf"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: held open together while they are picked (one at a time the
+    kernel may hand the same port out twice, and nginx then listens for TLS and plain HTTP on
+    one port: a plain request got "400 Bad Request" instead of the redirect)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +77,7 @@ http {{
 
 def test_nginx_accepts_the_shipped_configuration_and_serves_the_explorer(nginx_bin, app_url, tmp_path):
     upstream = urlparse(app_url).port
-    https, http = _free_port(), _free_port()
+    https, http = _free_ports(2)
     main = _site(tmp_path, upstream, https, http)
     check = subprocess.run([nginx_bin, "-t", "-c", str(main), "-p", str(tmp_path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
