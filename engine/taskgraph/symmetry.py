@@ -66,8 +66,9 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     key = (id(graph), id(configs), id(cluster), axes)
     with _FOUND_LOCK:
         hit = _FOUND.get(key)
-    if hit is not None and hit[0]() is graph and hit[1] is configs and hit[2]() is cluster:
-        return hit[3]
+        if hit is not None and hit[0]() is graph and hit[1] is configs and hit[2]() is cluster:
+            _FOUND.move_to_end(key)  # (least recently used first out, as search.api's price memo)
+            return hit[3]
     sym = _find(graph, strategy, cluster, axes)
     with _FOUND_LOCK:
         _FOUND[key] = (weakref.ref(graph), configs, weakref.ref(cluster), sym)

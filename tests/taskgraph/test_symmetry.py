@@ -309,7 +309,7 @@ class TestFoundOnce:
         calls = []
         real = S._find
         monkeypatch.setattr(S, "_find", lambda *a: calls.append(a[3]) or real(*a))
-        S._FOUND.clear()
+        S.forget_found()
         first = find_symmetry(g, s, c)
         copy = dataclasses.replace(s, found_by={"source": "a copy with its own provenance"})
         assert find_symmetry(g, copy, c) is first  # (the same configs mapping)
@@ -328,7 +328,7 @@ class TestFoundOnce:
         g, c = model("gpt2"), preset("dgx-a100-80gb:1")
         tp4 = build_layout(g, c, Layout(tp=4, micro_batch=1))
         dp = data_parallel(g, c)
-        S._FOUND.clear()
+        S.forget_found()
         a, b = find_symmetry(g, tp4, c), find_symmetry(g, dp, c)
         assert a == S._find(g, tp4, c, None) and b == S._find(g, dp, c, None)
         assert a != b
