@@ -65,6 +65,16 @@ def tiny():
     return b.build(), c
 
 
+def unrolled(steps: int = 4):
+    """``steps`` alike linear layers sharing one weight (an unrolled RNN's time steps, without
+    the recurrence), each with its own input and loss, on :func:`tiny`'s 4 toy devices: from data
+    parallelism no single step's config beats it by much, the same config on every step does."""
+    b = GraphBuilder("unrolled")
+    for k in range(steps):
+        y = b.add("linear", f"step.t{k}", [b.input(f"x{k}", [16, 64])], out_features=64, param_group="w")
+        b.add("softmax_cross_entropy", f"loss.t{k}", [y, b.input(f"labels{k}", [16], dtype="int64")])
+    return b.build(), tiny()[1]
+
 #: every array of a TaskGraph, and of a Timeline
 TASK_ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "flops", "coll", "link", "res_ptr",
                "res_idx", "succ_ptr", "succ_idx", "npred", "chain_next", "chain_lag_s")

@@ -32,6 +32,19 @@ fully connected layers first lets a short budget reach that decision, and the op
 then follow. On AlexNet / ``p100-4x4`` the descent from PaSE's answer (14.68 ms) reaches 12.85 ms,
 what MCMC reaches in 150 s (issue 28); in graph order, without the wide rounds, it took 2,788.
 
+**Class moves.** Where an op has alike twins (:func:`alike_classes`: the same kind, shapes,
+attributes and parameter group, as the time steps of an unrolled RNN), the configs that made it
+alone fastest are also tried for its whole class (the members on its pipeline stage), each priced
+whole (:data:`CLASS_TRIES` of them, once a round per class), and the best is taken when it beats
+the op's own pick. One config for forty time steps is not reachable by single-op moves: each
+step alone gains little or loses (a step split apart from its neighbours redistributes its
+tensors), all of them together gain much. On RNNLM / ``dgx-a100-40gb:8`` a 15 s ``auto`` went
+from 9.06 to 7.24 ms with them (the best known, MCMC at 150 s, was 8.28). The class's best
+config need not be among its op's best alone, nor among :func:`~engine.search.chains.candidate_configs`
+(the 64 smallest degree products keep 9 of the 25 ways to split a logits op over all 64 GPUs):
+from 7.24 ms, ``in_feature 8 x sample 8`` (not a candidate) makes one logits op 5% slower and
+all forty 5.32 ms. Priced by hand, not reached by a search (issue 43).
+
 Deterministic: no random draws, so a number budget gives the same answer every time.
 """
 
@@ -52,6 +65,7 @@ from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
 
 __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
+           "CLASS_TRIES", "alike_classes",
            "stage_spans", "ZERO_ORDER"]
 
 #: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
@@ -64,6 +78,13 @@ __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish",
 #: 34.59 ms), and when the microbatches came first a 15 s auto ran out of polish time before it.
 #: The kinds with up to 64 neighbours each (``block``, ``layout``) are left to MCMC.
 POLISH_KINDS = ("split", "schedule", "zero", "microbatches", "recompute")
+
+#: a class move (:meth:`_Descent.class_move`) prices for the whole class the configs that made its
+#: op alone fastest, this many of them. RNNLM / dgx-a100-40gb:8 from auto's 9.06 ms plan, the 40
+#: ``output.tN.logits`` ops: the best of the 40 tried for the class (7.34 ms, feature 4 x
+#: in_feature 8 x sample 2) was 5th for ``output.t20.logits`` alone (8.87 ms), the second best
+#: (7.62 ms) 4th; the first three, each the best alone, are worse for the class (issue 43)
+CLASS_TRIES = 6
 
 
 @dataclass
@@ -238,6 +259,7 @@ class _Descent:
         self.improved = False
         self.moves = 0  # changes taken so far
         self.global_clean = -1  # self.moves when a global pass last ended (nothing moved since: not repeated)
+        self.classes = alike_classes(graph)
 
     def fits(self, sim: DeltaSimulator) -> bool:
         return not self.check_memory or price_of_sim(sim, self.graph, self.cluster).feasible
@@ -274,14 +296,8 @@ class _Descent:
                     out.evals += 1
                     new = whole_cost(graph, cand, cluster, cost, self.check_memory, self.deadline)
                     if new is not None and new < self.best * (1 - 1e-12):
-                        self.best, self.improved, moved = new, True, True
-                        sim = DeltaSimulator(graph, cand, cluster, cost) if delta_affordable(graph, cand, cluster) \
-                            else None
-                        self.sim = sim
-                        self.partial = self.partial or sim is None
-                        out.strategy, out.cost_s = (cand if sim is None else sim.strategy), self.best
-                        out.improvements.append((out.evals, time.perf_counter() - self.t0, self.best))
-                        self.moves += 1
+                        self.take(cand, new)
+                        moved = True
                         break
         self.global_clean = self.moves
         return True
@@ -292,11 +308,15 @@ class _Descent:
         budget stopped it."""
         out, sim, order, n = self.out, self.sim, self.order, self.cluster.num_devices
         spans = stage_spans(self.graph, sim.strategy) if sim is not None and wide else {}
+        settled: set[str] = set()  # the ops a class move of this round gave their config
+        tried: set[tuple[str, ...]] = set()  # the classes a class move was tried for in this round
         for at, name in enumerate(order if sim is not None else ()):
             out.round_share = at / len(order)
+            if name in settled:
+                continue
             m = max(1, sim.strategy.pipeline.microbatches)
             current = sim.strategy[name]
-            pick, pick_cost = None, self.best
+            pick, pick_cost, alone = None, self.best, []
             for config in candidate_configs(self.graph[name], n, m):
                 if (wide and len(config.devices) < spans.get(name, n)) or config == current or sim.check(name, config):
                     continue
@@ -306,9 +326,21 @@ class _Descent:
                 out.evals += 1
                 sim.change(name, config)
                 new = sim.timeline.makespan_s  # (memory checked only for a time that would be kept)
+                if new < self.best * (1 - 1e-12):
+                    alone.append((new, len(alone), config))
                 if new < pick_cost * (1 - 1e-12) and self.fits(sim):
                     pick, pick_cost = config, new
                 sim.revert()
+            moved, stopped = self.class_move(name, alone, pick_cost, tried)
+            if stopped:  # (a class moved: its best is kept; else the op's own pick so far)
+                _finish(out, sim, name, None if moved else pick, pick_cost, self.best, self.t0)
+                return False
+            if moved:
+                settled.update(moved)
+                sim = self.sim
+                if sim is None:
+                    return True
+                continue
             if pick is not None:
                 sim.change(name, pick)
                 sim.commit()
@@ -318,6 +350,68 @@ class _Descent:
                 out.strategy, out.cost_s = sim.strategy, self.best
                 out.improvements.append((out.evals, time.perf_counter() - self.t0, self.best))
         return True
+
+    def class_of(self, name: str) -> tuple[str, ...]:
+        """``name``'s alike ops on its pipeline stage (:func:`alike_classes`), itself included."""
+        s = self.out.strategy
+        stage = s.stage_of.get(name)
+        return tuple(x for x in self.classes.get(name, (name,)) if s.stage_of.get(x) == stage)
+
+    def class_move(self, name: str, alone: list, pick_cost: float, tried: set) -> tuple[list[str], bool]:
+        """Give ``name``'s alike ops (:func:`alike_classes`, on its pipeline stage) one config
+        together: the :data:`CLASS_TRIES` configs that made ``name`` alone fastest (``alone``:
+        (time, order, config) of those faster than the current strategy), each priced whole for
+        the class; the best is taken when it beats ``pick_cost`` (the op's own best pick). Once
+        a round per class (``tried``: the classes tried so far). The ops moved (empty when none
+        was) and whether the budget stopped it (the best class priced before then is taken)."""
+        s = self.out.strategy
+        members = self.class_of(name)
+        if len(members) < 2 or not alone or members in tried:
+            return [], False
+        tried.add(members)
+        best, pick, stopped = pick_cost, None, False
+        for _, _, config in sorted(alone, key=lambda a: a[:2])[:CLASS_TRIES]:
+            if self.stop():
+                stopped = True
+                break
+            self.out.evals += 1
+            cand = s.with_configs(members, config)
+            new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
+            if new is not None and new < best * (1 - 1e-12):
+                best, pick = new, cand
+        if pick is None:
+            return [], stopped
+        self.take(pick, best)
+        self.changed.append(name)
+        return list(members), stopped
+
+    def take(self, strategy: Strategy, cost_s: float) -> None:
+        """Move to ``strategy`` (priced whole at ``cost_s``): a new delta simulator where one
+        is affordable."""
+        graph, cluster, out = self.graph, self.cluster, self.out
+        sim = DeltaSimulator(graph, strategy, cluster, self.cost) if delta_affordable(graph, strategy, cluster) \
+            else None
+        self.sim, self.best, self.improved = sim, cost_s, True
+        self.partial = self.partial or sim is None
+        out.strategy, out.cost_s = (strategy if sim is None else sim.strategy), cost_s
+        out.improvements.append((out.evals, time.perf_counter() - self.t0, cost_s))
+        self.moves += 1
+
+
+def alike_classes(graph: OpGraph) -> dict[str, tuple[str, ...]]:
+    """Op name -> the ops alike to it, in graph order: the same :attr:`~engine.graph.Op.signature`
+    (kind, shapes, attributes) and parameter group, as the time steps of an unrolled RNN (which
+    share their weights); only ops with at least one such twin.
+
+    >>> from engine.formats import resolve_model
+    >>> alike_classes(resolve_model("rnnlm"))["output.t3.logits"][:2]
+    ('output.t0.logits', 'output.t1.logits')
+    """
+    groups: dict[tuple, list[str]] = {}
+    for op in graph.ops:
+        groups.setdefault((op.signature, op.param_group), []).append(op.name)
+    classes = [tuple(names) for names in groups.values() if len(names) > 1]
+    return {name: members for members in classes for name in members}
 
 
 def stage_spans(graph: OpGraph, strategy: Strategy) -> dict[str, int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 
 from .runs import check_runs, devices_of_entry
@@ -250,6 +250,12 @@ class Strategy:
         """A copy with ``op``'s config replaced (the strategy is immutable)."""
         configs = dict(self.configs)
         configs[op] = config
+        return replace(self, configs=configs, cost={})
+
+    def with_configs(self, ops: Iterable[str], config: Config) -> "Strategy":
+        """A copy with each of ``ops`` given ``config`` (one copy however many ops)."""
+        configs = dict(self.configs)
+        configs.update(dict.fromkeys(ops, config))
         return replace(self, configs=configs, cost={})
 
     def devices_used(self) -> set[int]:

@@ -1,0 +1,125 @@
+"""The polish's class moves (:mod:`engine.search.polish`): one config given to a class of alike
+ops at once (an unrolled RNN's time steps), each candidate priced whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.formats import resolve_model
+from engine.search.api import price
+from engine.search.baselines import data_parallel
+from engine.search.chains import candidate_configs
+from engine.search.polish import CLASS_TRIES, alike_classes, coordinate_descent, visit_order
+from engine.strategy import validate_strategy
+from toys import tiny, unrolled  # tests/toys.py
+
+
+def priced(g, s, c) -> float:
+    return price(g, s, c).cost_s
+
+
+class TestAlikeClasses:
+    def test_an_unrolled_rnns_steps_are_classes(self):
+        g = resolve_model("rnnlm")
+        classes = alike_classes(g)
+        logits = classes["output.t0.logits"]
+        assert logits == tuple(f"output.t{k}.logits" for k in range(40))
+        assert all(classes[name] is logits for name in logits)
+        assert classes["lstm.l0.t5"] != classes["lstm.l1.t5"]  # (each layer its own weights)
+        assert "input.embedding" not in classes  # (no twin)
+
+    def test_every_member_alike_and_every_op_in_at_most_one(self):
+        g = resolve_model("nmt")
+        classes = alike_classes(g)
+        for name, members in classes.items():
+            assert name in members and len(members) > 1
+            assert {(g[m].signature, g[m].param_group) for m in members} == {(g[name].signature, g[name].param_group)}
+        assert alike_classes(tiny()[0]) == {}
+
+
+class TestClassMove:
+    def test_the_first_visit_ends_at_the_best_of_the_op_and_its_class(self):
+        """From data parallelism, the first op's visit (its candidates that span every device,
+        then the class move) ends at the best of: its own best pick, and its :data:`CLASS_TRIES`
+        best picks given to all four steps, each priced whole (brute force here). On this model
+        the class wins, with a config that is not the op's own best."""
+        g, c = unrolled()
+        s = data_parallel(g, c)
+        base = priced(g, s, c)
+        first = visit_order(g)[0]
+        members = alike_classes(g)[first]
+        wide = [x for x in candidate_configs(g[first], c.num_devices)
+                if len(x.devices) == c.num_devices and x != s[first]]
+        alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
+        tried = [x for cost, _, x in alone if cost < base][:CLASS_TRIES]
+        whole = {x: priced(g, s.with_configs(members, x), c) for x in tried}
+        best = min(whole, key=whole.get)
+        assert whole[best] < alone[0][0] and best != alone[0][2]
+        r = coordinate_descent(g, c, s, max_evals=len(wide) + len(tried), global_moves=False)
+        assert r.evals == len(wide) + len(tried)
+        assert r.cost_s == pytest.approx(whole[best], rel=1e-12) == priced(g, r.strategy, c)
+        assert all(r.strategy[m] == best for m in members)
+        assert all(r.strategy[op.name] == s[op.name] for op in g.ops if op.name not in members)
+
+    @pytest.mark.parametrize("tries", [0, 1, 2])
+    def test_a_budget_that_ends_among_the_class_tries_keeps_the_best_so_far(self, tries):
+        """Stopped after ``tries`` class candidates: the best of them when it beats the op's own
+        pick, else that pick (the op's candidates all priced)."""
+        g, c = unrolled()
+        s = data_parallel(g, c)
+        base = priced(g, s, c)
+        first = visit_order(g)[0]
+        members = alike_classes(g)[first]
+        wide = [x for x in candidate_configs(g[first], c.num_devices)
+                if len(x.devices) == c.num_devices and x != s[first]]
+        alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
+        tried = [x for cost, _, x in alone if cost < base][:tries]
+        whole = [priced(g, s.with_configs(members, x), c) for x in tried]
+        r = coordinate_descent(g, c, s, max_evals=len(wide) + tries, global_moves=False)
+        assert not r.finished and r.evals == len(wide) + tries
+        assert r.cost_s == pytest.approx(min([alone[0][0], *whole]), rel=1e-12) == priced(g, r.strategy, c)
+
+    def test_the_descent_from_it_is_exact_and_a_local_optimum_of_single_ops(self):
+        g, c = unrolled()
+        s = data_parallel(g, c)
+        r = coordinate_descent(g, c, s)
+        assert r.finished and validate_strategy(r.strategy, g, c) == []
+        assert r.cost_s == pytest.approx(priced(g, r.strategy, c), rel=1e-12)
+        assert r.cost_s < priced(g, s, c)
+        for op in g.ops:
+            for config in candidate_configs(op, c.num_devices):
+                if config != r.strategy[op.name]:
+                    assert priced(g, r.strategy.with_config(op.name, config), c) >= r.cost_s * (1 - 1e-9)
+
+    def test_a_class_move_is_never_taken_when_no_config_helps_the_op_alone(self, monkeypatch):
+        """Only configs that make the op alone faster are tried for its class: with the start a
+        local optimum of single ops, the descent prices no class candidate."""
+        import engine.search.polish as M
+
+        g, c = unrolled()
+        r = coordinate_descent(g, c, data_parallel(g, c))
+        priced_whole = []
+        monkeypatch.setattr(M, "whole_cost", lambda *a, **k: priced_whole.append(a) or None)
+        again = coordinate_descent(g, c, r.strategy, global_moves=False)
+        assert again.finished and again.cost_s == r.cost_s and priced_whole == []
+
+    def test_a_class_on_two_pipeline_stages_moves_on_one(self):
+        """With a pipeline, only the members on the op's own stage get its config (stages own
+        disjoint devices): steps 0-1 on GPUs 0-1, steps 2-3 on GPUs 2-3. From steps 0-1 split
+        over their input features, data parallelism helps step 0 alone and both more."""
+        from engine.strategy import Config, PipelineSettings, Strategy
+
+        g, c = unrolled()
+        stage = {op.name: int(op.name[-1]) // 2 for op in g.ops}
+        configs = {op.name: Config({"sample": 2}, (2 * stage[op.name], 2 * stage[op.name] + 1)) for op in g.ops}
+        configs.update(dict.fromkeys(("step.t0", "step.t1"), Config({"in_feature": 2}, (0, 1))))  # (a poor start)
+        s = Strategy(configs, PipelineSettings(stages=2, microbatches=2), stage)
+        assert validate_strategy(s, g, c) == []
+        first = visit_order(g)[0]
+        wide = [x for x in candidate_configs(g[first], c.num_devices, 2) if len(x.devices) >= 2]
+        r = coordinate_descent(g, c, s, max_evals=len(wide) + CLASS_TRIES, global_moves=False)
+        assert validate_strategy(r.strategy, g, c) == []
+        assert r.strategy["step.t0"] == r.strategy["step.t1"] == Config({"sample": 2}, (0, 1))
+        assert r.strategy["step.t2"] == s["step.t2"] and r.strategy["step.t3"] == s["step.t3"]
+        assert r.cost_s == pytest.approx(priced(g, r.strategy, c), rel=1e-12)
+        assert r.cost_s < priced(g, s, c)
