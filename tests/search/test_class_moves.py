@@ -9,7 +9,7 @@ from engine.formats import resolve_model
 from engine.search.api import price
 from engine.search.baselines import data_parallel
 from engine.search.chains import candidate_configs
-from engine.search.polish import CLASS_TRIES, alike_classes, coordinate_descent, visit_order
+from engine.search.polish import CLASS_TRIES, alike_classes, coordinate_descent, distinct_first, visit_order
 from engine.strategy import validate_strategy
 from toys import tiny, unrolled  # tests/toys.py
 
@@ -35,6 +35,37 @@ class TestAlikeClasses:
             assert name in members and len(members) > 1
             assert {(g[m].signature, g[m].param_group) for m in members} == {(g[name].signature, g[name].param_group)}
         assert alike_classes(tiny()[0]) == {}
+
+
+class TestDistinctFirst:
+    def test_a_round_visits_one_op_of_each_class_before_any_twin(self, monkeypatch):
+        """On the toy (4 classes of 4: inputs, labels, steps, losses), the descent's first four
+        visits are one op of each class, the heaviest (the steps) first."""
+        import engine.search.polish as M
+
+        visits = []
+        real = M.candidate_configs
+
+        def candidates(op, *a, **k):
+            visits.append(op.name)
+            return real(op, *a, **k)
+
+        monkeypatch.setattr(M, "candidate_configs", candidates)
+        g, c = unrolled()
+        classes = alike_classes(g)
+        coordinate_descent(g, c, data_parallel(g, c), global_moves=False, max_evals=200)
+        assert visits[0] == "step.t0" and len({classes[name] for name in visits[:4]}) == 4
+
+    def test_the_order_is_a_permutation_that_keeps_relative_order(self):
+        g = resolve_model("rnntc")
+        order = visit_order(g)
+        classes = alike_classes(g)
+        out = distinct_first(order, classes)
+        assert sorted(out) == sorted(order)
+        firsts = [name for name in out if name not in classes or classes[name][0] == name]
+        assert out[:len(firsts)] == [name for name in order if name in firsts]
+        assert out.index("classifier") < len(firsts) == out.index("lstm.l0.t2")  # (t0 has no twin, t1 is first)
+        assert distinct_first(order, {}) == order
 
 
 class TestClassMove:
