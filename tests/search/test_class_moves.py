@@ -18,6 +18,21 @@ def priced(g, s, c) -> float:
     return price(g, s, c).cost_s
 
 
+def first_visit(tries: int):
+    """The toy's first visit from data parallelism, by brute force: the first op's class, its
+    candidates spanning every device, each priced alone ((time, order, config), fastest first),
+    and the ``tries`` fastest of those that beat the start: what a class move tries."""
+    g, c = unrolled()
+    s = data_parallel(g, c)
+    base = priced(g, s, c)
+    first = visit_order(g)[0]
+    wide = [x for x in candidate_configs(g[first], c.num_devices)
+            if len(x.devices) == c.num_devices and x != s[first]]
+    alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
+    tried = [x for cost, _, x in alone if cost < base][:tries]
+    return g, c, s, alike_classes(g)[first], wide, alone, tried
+
+
 class TestAlikeClasses:
     def test_an_unrolled_rnns_steps_are_classes(self):
         g = resolve_model("rnnlm")
@@ -74,15 +89,7 @@ class TestClassMove:
         then the class move) ends at the best of: its own best pick, and its :data:`CLASS_TRIES`
         best picks given to all four steps, each priced whole (brute force here). On this model
         the class wins, with a config that is not the op's own best."""
-        g, c = unrolled()
-        s = data_parallel(g, c)
-        base = priced(g, s, c)
-        first = visit_order(g)[0]
-        members = alike_classes(g)[first]
-        wide = [x for x in candidate_configs(g[first], c.num_devices)
-                if len(x.devices) == c.num_devices and x != s[first]]
-        alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
-        tried = [x for cost, _, x in alone if cost < base][:CLASS_TRIES]
+        g, c, s, members, wide, alone, tried = first_visit(CLASS_TRIES)
         whole = {x: priced(g, s.with_configs(members, x), c) for x in tried}
         best = min(whole, key=whole.get)
         assert whole[best] < alone[0][0] and best != alone[0][2]
@@ -96,15 +103,7 @@ class TestClassMove:
     def test_a_budget_that_ends_among_the_class_tries_keeps_the_best_so_far(self, tries):
         """Stopped after ``tries`` class candidates: the best of them when it beats the op's own
         pick, else that pick (the op's candidates all priced)."""
-        g, c = unrolled()
-        s = data_parallel(g, c)
-        base = priced(g, s, c)
-        first = visit_order(g)[0]
-        members = alike_classes(g)[first]
-        wide = [x for x in candidate_configs(g[first], c.num_devices)
-                if len(x.devices) == c.num_devices and x != s[first]]
-        alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
-        tried = [x for cost, _, x in alone if cost < base][:tries]
+        g, c, s, members, wide, alone, tried = first_visit(tries)
         whole = [priced(g, s.with_configs(members, x), c) for x in tried]
         r = coordinate_descent(g, c, s, max_evals=len(wide) + tries, global_moves=False)
         assert not r.finished and r.evals == len(wide) + tries
