@@ -24,11 +24,16 @@ from .api import MCMCOptions, Price, price
 from .baselines import data_parallel, expert
 from .moves import Space
 
-__all__ = ["Chain", "candidate_configs", "random_config", "starting_points", "propose_op", "metropolis", "judge",
-           "took", "price_of_sim", "delta_affordable", "move_setup", "DELTA_MAX_TASKS", "FINAL_POLISH_SHARE"]
+__all__ = ["Chain", "candidate_configs", "degree_combos", "CANDIDATE_COMBOS", "random_config", "starting_points",
+           "propose_op", "metropolis", "judge", "took", "price_of_sim", "delta_affordable", "move_setup",
+           "DELTA_MAX_TASKS", "FINAL_POLISH_SHARE"]
 
 #: share of a time budget MCMC keeps for its final polish (the chains stop at the rest)
 FINAL_POLISH_SHARE = 0.15
+#: most degree combinations an op's candidate configs use (:func:`degree_combos`): every one of
+#: an op of up to 3 split dims on 64 GPUs (84); a 4-dim op's (210 there) about as many
+#: candidate configs as the 64 smallest products gave (652 against 628)
+CANDIDATE_COMBOS = 96
 
 
 def _dims(op: Op) -> list:
@@ -37,27 +42,51 @@ def _dims(op: Op) -> list:
     return [d for d in op.dims if not d.is_replica]
 
 
-def candidate_configs(op: Op, n_devices: int, microbatches: int = 1, max_degrees: int = 64) -> list[Config]:
+def candidate_configs(op: Op, n_devices: int, microbatches: int = 1,
+                      max_degrees: int = CANDIDATE_COMBOS) -> list[Config]:
     """Every config a search considers for ``op``: degrees that divide their dims (at most
-    ``max_degrees`` combinations, smallest products first) placed on aligned blocks of
-    consecutive devices (as FlexFlow's SOAP space is usually sampled)."""
+    ``max_degrees`` combinations: :func:`degree_combos`) placed on aligned blocks of
+    consecutive devices (as FlexFlow's SOAP space is usually sampled), smallest products first."""
     dims = _dims(op)
     options = []
     for d in dims:
         options.append(degree_choices(d, n_devices, microbatches) or [1])
-    combos = []
-    for ks in iproduct(*options):
-        parts = math.prod(ks)
-        if parts <= n_devices and n_devices % parts == 0:
-            combos.append(ks)
-    combos.sort(key=lambda ks: (math.prod(ks), ks))
     out = []
-    for ks in combos[:max_degrees]:
+    for ks in degree_combos(options, n_devices, max_degrees):
         parts = math.prod(ks)
         degrees = {d.name: k for d, k in zip(dims, ks) if k > 1}
         for start in range(0, n_devices, parts):
             out.append(Config(degrees, tuple(range(start, start + parts))))
     return out
+
+
+def degree_combos(options: list[list[int]], n_devices: int, limit: int) -> list[tuple[int, ...]]:
+    """The degree combinations (one of ``options[i]`` per dim) whose product divides
+    ``n_devices``, in the order (product, degrees); at most ``limit`` of them.
+
+    Past ``limit``, every product keeps an equal share of the places (a product with fewer
+    combinations gives its spare places to the others), and within a product the combinations
+    that split fewer dims come first, the earlier dims split more (the sample dim: data
+    parallelism). Keeping the smallest products alone left a 4-dim op on 64 GPUs no
+    combination of product above 16: no search move could put a convolution back on all 64
+    GPUs, data parallel (issue 43)."""
+    levels: dict[int, list[tuple[int, ...]]] = {}
+    for ks in iproduct(*options):
+        parts = math.prod(ks)
+        if parts <= n_devices and n_devices % parts == 0:
+            levels.setdefault(parts, []).append(ks)
+    if sum(len(v) for v in levels.values()) > limit:
+        quota = dict.fromkeys(levels, 0)
+        left = limit
+        while left > 0:  # (one place to each product that still has combinations, in turn)
+            for parts in sorted(levels):
+                if left and quota[parts] < len(levels[parts]):
+                    quota[parts] += 1
+                    left -= 1
+        for parts, combos in levels.items():
+            combos.sort(key=lambda ks: (sum(k > 1 for k in ks), [-k for k in ks]))
+            del combos[quota[parts]:]
+    return sorted((ks for combos in levels.values() for ks in combos), key=lambda ks: (math.prod(ks), ks))
 
 
 def random_config(op: Op, n_devices: int, rng: random.Random, microbatches: int = 1) -> Config:

@@ -64,10 +64,13 @@ def needed_keys(graph: OpGraph, strategies: Iterable[Strategy], cluster: Cluster
     return list(seen)
 
 
-def all_config_keys(graph: OpGraph, cluster: Cluster, max_degrees: int = 64) -> list[Key]:
+def all_config_keys(graph: OpGraph, cluster: Cluster, max_degrees: int | None = None) -> list[Key]:
     """Every key the SOAP search space may need: each op under each candidate config's degrees
-    (:func:`engine.search.chains.candidate_configs`) on each device type."""
-    from ..search.chains import candidate_configs
+    (:func:`engine.search.chains.candidate_configs`, ``max_degrees`` combinations an op: by
+    default the searches' own number) on each device type."""
+    from ..search.chains import CANDIDATE_COMBOS, candidate_configs
+
+    max_degrees = CANDIDATE_COMBOS if max_degrees is None else max_degrees
 
     types = sorted({d.type for d in cluster.devices})
     seen: dict[Key, None] = {}
