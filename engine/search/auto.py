@@ -391,7 +391,8 @@ class _Auto:
         slices = None if left is None else PolishSlices(t, left, self.found[start_name][1].cost_s, POLISH_SHARE,
                                                         POLISH_MAX_SHARE)
         # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
-        until = None if slices is None else lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round)
+        until = None if slices is None else \
+            lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round, r.pending_s)
 
         def tick(r: PolishResult) -> bool:
             if r.cost_s < self.best_cost:

@@ -40,10 +40,8 @@ the op's own pick. One config for forty time steps is not reachable by single-op
 step alone gains little or loses (a step split apart from its neighbours redistributes its
 tensors), all of them together gain much. On RNNLM / ``dgx-a100-40gb:8`` a 15 s ``auto`` went
 from 9.06 to 7.24 ms with them (the best known, MCMC at 150 s, was 8.28). The class's best
-config need not be among its op's best alone, nor among :func:`~engine.search.chains.candidate_configs`
-(the 64 smallest degree products keep 9 of the 25 ways to split a logits op over all 64 GPUs):
-from 7.24 ms, ``in_feature 8 x sample 8`` (not a candidate) makes one logits op 5% slower and
-all forty 5.32 ms. Priced by hand, not reached by a search (issue 43). A round visits every
+config need not be among its op's best alone: from 7.24 ms, ``in_feature 8 x sample 8`` makes
+one logits op 5% slower and all forty 5.32 ms (priced by hand; issue 43). A round visits every
 op that is first of its class or has no twin before the twins (:func:`distinct_first`): an
 unrolled RNN's steps otherwise fill the round's first hundred and more visits.
 
@@ -65,6 +63,7 @@ from ..strategy import Strategy
 from .api import whole_cost
 from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
+from .visits import alike_classes, distinct_first, stage_spans, visit_order
 
 __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
            "CLASS_TRIES", "alike_classes", "distinct_first",
@@ -98,7 +97,9 @@ class PolishResult:
     begun; ``finished``: a whole round improved nothing (a local optimum), False when the budget,
     the deadline or the callback stopped it first; ``improvements``: (evals so far, seconds since
     the start, cost_s) at each improvement; ``round_share``: the share of the current round's ops
-    visited so far (0 during its global pass)."""
+    visited so far (0 during its global pass); ``pending_s``: the fastest time the op visit under
+    way has priced that beats ``cost_s`` and is not taken yet (its own best pick, or a config for
+    its class), inf when none."""
 
     strategy: Strategy
     cost_s: float
@@ -107,6 +108,7 @@ class PolishResult:
     finished: bool = False
     improvements: list[tuple[int, float, float]] = field(default_factory=list)
     round_share: float = 0.0
+    pending_s: float = math.inf
 
     @property
     def first_round(self) -> float | None:
@@ -143,33 +145,24 @@ class PolishSlices:
         self.cap = start + max(share, max_share) * left_s
         self.mark = cost_s  # the best when the current slice began
 
-    def go_on(self, now: float, cost_s: float, first_round: float | None = None) -> bool:
+    def go_on(self, now: float, cost_s: float, first_round: float | None = None,
+              pending_s: float = math.inf) -> bool:
         """Whether the polish goes on at ``now`` with its best at ``cost_s``; ``first_round``:
-        the share of the first round's ops visited so far (None: past the first round)."""
+        the share of the first round's ops visited so far (None: past the first round);
+        ``pending_s``: a faster time the op visit under way has priced and not taken yet
+        (:attr:`PolishResult.pending_s`), counted as the slice's improvement (on RNNLM /
+        ``dgx-a100-40gb:8`` the first slice ended inside the first op's visit, before its class
+        move, 12.08 -> 7.34 ms in 4.9 s: auto kept 10.56 ms)."""
         if now < self.end:
             return True
         if first_round is not None and 0 < first_round < 1 and \
                 self.start + (now - self.start) / first_round <= self.cap:
             return True  # (the first round, at its pace, ends under the cap)
-        if cost_s < self.mark * (1 - 1e-12) and self.end < self.cap:
-            self.mark, self.end = cost_s, min(max(self.end, now) + self.slice_s, self.cap)
+        best = min(cost_s, pending_s)
+        if best < self.mark * (1 - 1e-12) and self.end < self.cap:
+            self.mark, self.end = best, min(max(self.end, now) + self.slice_s, self.cap)
             return now < self.end
         return False
-
-
-def visit_order(graph: OpGraph) -> list[str]:
-    """The ops with parameters, most parameters first, then every other op in graph order (ties
-    keep graph order).
-
-    >>> from engine.graph import GraphBuilder
-    >>> b = GraphBuilder("t"); x = b.input("x", [4, 8])
-    >>> y = b.add("linear", "small", [x], out_features=2); z = b.add("linear", "big", [y], out_features=64)
-    >>> visit_order(b.build())
-    ['big', 'small', 'x']
-    """
-    index = {op.name: i for i, op in enumerate(graph.ops)}
-    weighted = sorted((op for op in graph.ops if op.param_count), key=lambda op: (-op.param_count, index[op.name]))
-    return [op.name for op in weighted] + [op.name for op in graph.ops if not op.param_count]
 
 
 def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None, *,
@@ -319,6 +312,7 @@ class _Descent:
             m = max(1, sim.strategy.pipeline.microbatches)
             current = sim.strategy[name]
             pick, pick_cost, alone = None, self.best, []
+            out.pending_s = math.inf
             for config in candidate_configs(self.graph[name], n, m):
                 if (wide and len(config.devices) < spans.get(name, n)) or config == current or sim.check(name, config):
                     continue
@@ -332,8 +326,10 @@ class _Descent:
                     alone.append((new, len(alone), config))
                 if new < pick_cost * (1 - 1e-12) and self.fits(sim):
                     pick, pick_cost = config, new
+                    out.pending_s = new
                 sim.revert()
             moved, stopped = self.class_move(name, alone, pick_cost, tried)
+            out.pending_s = math.inf
             if stopped:  # (a class moved: its best is kept; else the op's own pick so far)
                 _finish(out, sim, name, None if moved else pick, pick_cost, self.best, self.t0)
                 return False
@@ -381,6 +377,7 @@ class _Descent:
             new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
             if new is not None and new < best * (1 - 1e-12):
                 best, pick = new, cand
+                self.out.pending_s = new
         if pick is None:
             return [], stopped
         self.take(pick, best)
@@ -398,62 +395,6 @@ class _Descent:
         out.strategy, out.cost_s = (strategy if sim is None else sim.strategy), cost_s
         out.improvements.append((out.evals, time.perf_counter() - self.t0, cost_s))
         self.moves += 1
-
-
-def alike_classes(graph: OpGraph) -> dict[str, tuple[str, ...]]:
-    """Op name -> the ops alike to it, in graph order: the same :attr:`~engine.graph.Op.signature`
-    (kind, shapes, attributes) and parameter group, as the time steps of an unrolled RNN (which
-    share their weights); only ops with at least one such twin.
-
-    >>> from engine.formats import resolve_model
-    >>> alike_classes(resolve_model("rnnlm"))["output.t3.logits"][:2]
-    ('output.t0.logits', 'output.t1.logits')
-    """
-    groups: dict[tuple, list[str]] = {}
-    for op in graph.ops:
-        groups.setdefault((op.signature, op.param_group), []).append(op.name)
-    classes = [tuple(names) for names in groups.values() if len(names) > 1]
-    return {name: members for members in classes for name in members}
-
-
-def distinct_first(order: list[str], classes: dict[str, tuple[str, ...]]) -> list[str]:
-    """``order`` with each class of alike ops (:func:`alike_classes`) kept at its first member
-    and its other members moved after every op that is first of its class or has no twin (in
-    ``order``'s order both times): a round reaches every distinct op before the twins. RNNTC's
-    156 LSTM steps fall in 4 classes; its classifier and input split, visited 161st and 164th
-    in :func:`visit_order`, gave the descent from auto's 4.45 ms plan 4.31 -> 4.15 ms at 34-40 s
-    of a first round (issue 43).
-
-    >>> distinct_first(["a1", "b", "a2", "c", "a3"], {"a1": ("a1", "a2", "a3"), "a2": ("a1", "a2", "a3"),
-    ...                                              "a3": ("a1", "a2", "a3")})
-    ['a1', 'b', 'c', 'a2', 'a3']
-    """
-    seen: set[tuple[str, ...]] = set()
-    first, rest = [], []
-    for name in order:
-        members = classes.get(name)
-        if members is not None and members in seen:
-            rest.append(name)
-        else:
-            first.append(name)
-            if members is not None:
-                seen.add(members)
-    return first + rest
-
-
-def stage_spans(graph: OpGraph, strategy: Strategy) -> dict[str, int]:
-    """Op name -> how many GPUs its pipeline stage uses (the union of its stage's ops'
-    devices); empty without a pipeline. The descent's first rounds try the candidates that span
-    an op's whole stage: with a pipeline none spans the cluster, and those rounds tried nothing
-    (ResNet-101 / k80-16x4, 4 stages of 16 GPUs, issue 43)."""
-    p = max(1, strategy.pipeline.stages)
-    if p == 1:
-        return {}
-    used: dict[int, set[int]] = {}
-    stage = {op.name: strategy.stage_of.get(op.name, 0) % p for op in graph.ops}
-    for op in graph.ops:
-        used.setdefault(stage[op.name], set()).update(strategy[op.name].devices)
-    return {name: len(used[st]) for name, st in stage.items()}
 
 
 #: the order the global pass tries ZeRO stages in: ZeRO-2 first, as fast as ZeRO-1 or faster

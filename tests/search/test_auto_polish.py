@@ -271,6 +271,16 @@ class TestPolishSlices:
         assert c.go_on(5.1, 0.8) and c.end == 6.0  # a slice from its end, up to the cap
         assert not c.go_on(6.0, 0.7)
 
+    def test_an_improvement_the_visit_under_way_priced_counts(self):
+        """A faster time the op visit under way priced but has not taken yet (its own pick, a
+        config for its class) earns the next slice as a taken one would; the next slice is then
+        judged against it."""
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert c.go_on(2.0, 1.0, pending_s=0.7) and c.end == 4.0
+        assert not c.go_on(4.0, 0.7, pending_s=0.7)  # (taken meanwhile: nothing faster since)
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert not c.go_on(2.0, 1.0, pending_s=1.0)
+
     def test_no_extension_when_the_most_is_the_first_share(self):
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.5, max_share=0.25)
         assert c.cap == 4.0 and c.go_on(3.9, 0.5) and not c.go_on(4.0, 0.1)

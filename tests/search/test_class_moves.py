@@ -153,3 +153,32 @@ class TestClassMove:
         assert r.strategy["step.t2"] == s["step.t2"] and r.strategy["step.t3"] == s["step.t3"]
         assert r.cost_s == pytest.approx(priced(g, r.strategy, c), rel=1e-12)
         assert r.cost_s < priced(g, s, c)
+
+
+class TestPending:
+    @staticmethod
+    def descent(g, c):
+        seen = []
+
+        def until(r):
+            seen.append((r.evals, r.cost_s, r.pending_s))
+            return True
+        r = coordinate_descent(g, c, data_parallel(g, c), max_evals=400, until=until)
+        assert r.improvements, "the toy improves from data parallelism"
+        assert all(p == float("inf") or p < cost for _, cost, p in seen)
+        at, _, first = r.improvements[0]
+        before = [p for e, cost, p in seen if e < at and p < cost]
+        after = [p for e, cost, p in seen if e == at]
+        assert after and after[0] == float("inf")
+        return before, first
+
+    def test_what_a_visit_priced_is_pending_until_it_is_taken(self):
+        """While an op is visited, ``pending_s`` is the fastest time it priced that beats the
+        current cost (inf when none); the visit ends by taking it: the cost it moves to is the
+        last pending time seen (no class here), and pending is inf again."""
+        before, first = self.descent(*tiny())
+        assert before and before[-1] == first
+
+    def test_a_class_move_takes_what_beats_the_pending_pick(self):
+        before, first = self.descent(*unrolled())
+        assert before and min(before) >= first

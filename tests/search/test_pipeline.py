@@ -155,3 +155,25 @@ class TestZeroVariants:
         assert r.iterations == len(priced) == 4
         assert r.best_cost_s == min(priced)
         assert r.best.zero_stage == 2  # (here the 4-stage plan with ZeRO-2 wins)
+
+
+class TestTimeBudget:
+    """With a time budget the planner answers once a plan that fits is priced, pricing no plan
+    that would end past it (issue 43: auto's seed share stopped it empty-handed)."""
+
+    def test_a_spent_budget_stops_after_the_first_plan_that_fits(self):
+        from engine.search import Budget
+        from engine.search.api import price
+
+        g, c = resolve_model("resnet101"), preset("p100-4x4")
+        r = ALGORITHMS["pipeline"].run(g, c, Budget(seconds=1e-6))
+        first = next(v for p in plan_pipeline(g, c) for v in p.variants()
+                     if price(g, build_plan(g, c, v), c).feasible)
+        assert r.iterations >= 1 and r.best_cost_s == price(g, build_plan(g, c, first), c).cost_s
+        assert r.baselines == {} and any("data-parallel baseline was not priced" in n for n in r.notes)
+
+    def test_without_a_budget_every_top_plan_and_the_baseline_are_priced(self):
+        g, c = resolve_model("resnet101"), preset("p100-4x4")
+        r = ALGORITHMS["pipeline"].run(g, c, None, options=PipelineOptions(simulate_top=2))
+        assert r.iterations == sum(len(p.variants()) for p in plan_pipeline(g, c)[:2])
+        assert "data-parallel" in r.baselines
