@@ -24,14 +24,16 @@ makes that many proposals, reproducibly.
 Allocation (issue 28), the rule: the budget counts from the call (baselines, their pricing and
 the forked seeds included). Layered models get the Megatron layouts of
 :func:`moe_seed_layouts` priced first (dense ones too), within the seeds' share. Seeds run
-quickest first, each in the slice :func:`seed_slice` gives it, and none is started with less
+quickest first, each in the slice :func:`~engine.search.seed_runs.seed_slice` gives it, and none is started with less
 time than one pricing took. A seed that ends without beating the best priced before it stops
 its family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
 takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it; where
 no delta simulator is affordable, its global pass alone, when two pricings fit in what is left), and
-further slices while each makes the best faster, up to :data:`POLISH_MAX_SHARE`, its first round
-uncut where at its pace it ends by then (:class:`~engine.search.polish.PolishSlices`). MCMC is not started when
+further slices while each makes the best faster (a faster time the op visit under way priced and
+has not taken yet counts), up to :data:`POLISH_MAX_SHARE`, its first round uncut where at its pace
+it ends by then (:class:`~engine.search.polish.PolishSlices`). A seed with a time budget answers
+within it (the pipeline planner prices no plan past it once one fits). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
 would not fit in what is left; once running it is stopped at the first progress row from
 which one more move would end past :data:`HARD_SHARE` times the budget. Whatever happens
@@ -95,25 +97,6 @@ POLISH_SHARE = 0.25
 #: gets the rest. On RNNTC / p100-4x4 (issue 28) the descent from FlexFlow's expert strategy finds
 #: faster strategies 9-12 s in, where a quarter stopped it at 30.0 ms and MCMC found nothing more
 POLISH_MAX_SHARE = 0.75
-
-
-def seed_slice(name: str, left_s: float, later: list[str]) -> float:
-    """The seconds seed ``name`` may run, of ``left_s`` left in the seeds' share of a time
-    budget, with the seeds in ``later`` still to run: half when others follow, the last seed
-    all that is left. The pipeline planner gets half (it was a third: on ResNet-101 / p100-4x4
-    it takes 1.5-2.9 s and finds 50.5 ms against the best baseline's 56.8 ms, and a third of a
-    15 s budget's seed share, 2.2 s, stopped it in one run of three). The differentiable search
-    gets half when PaSE follows (it reaches
-    PaSE's answer in a fraction of PaSE's time: both build the same problem; NMT on 64 K80s,
-    13.6 s against 111 s), so that, when it pays nothing, PaSE is skipped and half the seeds'
-    time goes to MCMC.
-
-    >>> seed_slice("differentiable", 10.0, ["pase"]), seed_slice("pase", 4.0, [])
-    (5.0, 4.0)
-    """
-    if not later:
-        return left_s
-    return left_s / 2
 
 
 def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
@@ -294,7 +277,7 @@ class _Auto:
 
     def searches(self) -> None:
         """The seed searches that apply, quickest first, each in its slice of the seeds' share
-        (:func:`seed_slice`); a seed that beats nothing priced before it stops its family."""
+        (:func:`~engine.search.seed_runs.seed_slice`); a seed that beats nothing priced before it stops its family."""
         graph, opts, notes = self.graph, self.opts, self.notes
         # what was priced before them, the bar they are measured against
         self.found_before_searches = {n: (not p.feasible, p.time_s) for n, (_, p) in self.found.items()}
@@ -322,7 +305,7 @@ class _Auto:
                 continue
             share = None
             if self.seed_end is not None:
-                share = seed_slice(name, self.seed_end - time.perf_counter(), seeds[i + 1:])
+                share = seed_runs.seed_slice(name, self.seed_end - time.perf_counter(), seeds[i + 1:])
                 # (a seed prices what it finds as auto does: not started with less than one pricing took)
                 if share < max(1.0, self.slowest_price):
                     notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of "
@@ -375,9 +358,25 @@ class _Auto:
         that many candidates. Where a delta simulator of it is not affordable, the descent's
         global pass alone runs (ZeRO, the microbatches, recomputation... each priced whole):
         NMT / k80-16x4's expert strategy (3.95 M tasks) goes from 100.98 to 98.85 ms with
-        ZeRO-2, the best known there (issue 43)."""
+        ZeRO-2, the best known there (issue 43).
+
+        With a time budget, when the descent from the best made nothing faster, the next best
+        start that fits gets what is left on the same rule. On NMT / dgx-a100-40gb:8 the expert
+        strategy (25.56 ms) prices in 2.4 s and its descent priced 2 candidates in 3.8 s; from
+        data parallelism (41.35 ms, 0.5 s) the descent reaches 17.89 ms in 9 s (issue 43)."""
+        first = _best(self.found)
+        pr = self._polish_from(*first)
+        if pr is None or self.budget.seconds is None or pr.improvements:
+            return
+        rest = {n: v for n, v in self.found.items()
+                if n != first[0] and n != "polish" and v[1].feasible and v[0] is not first[1]}
+        if rest:
+            self._polish_from(*_best(rest))
+
+    def _polish_from(self, start_name: str, start: Strategy) -> PolishResult | None:
+        """One descent of :meth:`polish` from ``start`` (None when it did not run or stopped
+        without an answer)."""
         graph, cluster, budget = self.graph, self.cluster, self.budget
-        start_name, start = _best(self.found)
         left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - self.t0)
         took = self.price_s.get(id(start), self.slowest_price)
         # (a delta simulator costs about two pricings to set up; without one each global candidate
@@ -385,7 +384,7 @@ class _Auto:
         room = left is None or (POLISH_SHARE * left > 2 * took if delta_affordable(graph, start, cluster)
                                 else left > 2 * took)
         if self.cancelled or not self.opts.refine or not self.found[start_name][1].feasible or not room:
-            return
+            return None
         self.stage = "polish"
         t = time.perf_counter()
         slices = None if left is None else PolishSlices(t, left, self.found[start_name][1].cost_s, POLISH_SHARE,
@@ -404,12 +403,14 @@ class _Auto:
                                     deadline=None if slices is None else slices.cap, tick=tick, until=until)
         except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
             self.notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
-            return
-        self.consider("polish", pr.strategy, Price(pr.cost_s, True))
+            return None
+        if "polish" not in self.found or pr.cost_s < self.found["polish"][1].cost_s:
+            self.consider("polish", pr.strategy, Price(pr.cost_s, True))
         self.proposals += pr.evals
-        self.notes.append(f"polish (coordinate descent) from {start_name}: {_ms(self.found['polish'][1])}, "
+        self.notes.append(f"polish (coordinate descent) from {start_name}: {_ms(Price(pr.cost_s, True))}, "
                           f"{pr.evals} candidates in {pr.rounds} rounds in {time.perf_counter() - t:.1f} s"
                           + (" (a local optimum)" if pr.finished else ""))
+        return pr
 
     def mcmc(self, initial: Strategy | None) -> None:
         """MCMC from the best feasible seed or baseline (it also starts from data parallel and

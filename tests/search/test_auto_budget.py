@@ -15,7 +15,8 @@ from engine.errors import TooLargeError
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS, AutoOptions, Budget
 from engine.search.api import Progress, price
-from engine.search.auto import HARD_SHARE, seed_slice
+from engine.search.auto import HARD_SHARE
+from engine.search.seed_runs import seed_slice
 from engine.search.seed_layouts import moe_seed_layouts
 from engine.search.baselines import data_parallel, expert
 

@@ -330,3 +330,27 @@ class TestRoundsAtScale:
         # a wide round now tries each op's candidates over its stage's 4 GPUs (before: none)
         r = coordinate_descent(g, c, s, max_evals=40, global_moves=False)
         assert r.evals == 40 and r.rounds == 1  # (before: the first round tried nothing, the 40 came in the second)
+
+
+class TestSecondStart:
+    """With a time budget, a descent from the best start that made nothing faster is followed
+    by one from the next best start that fits (issue 43: NMT / dgx-a100-40gb:8)."""
+
+    @staticmethod
+    def polish_notes(r) -> list[str]:
+        return [n for n in r.notes if n.startswith("polish (coordinate descent) from")]
+
+    def test_a_start_at_a_local_optimum_passes_to_the_next(self):
+        g, c = tiny()
+        r = ALGORITHMS["auto"].run(g, c, Budget(seconds=4), seed=0)
+        notes = self.polish_notes(r)
+        assert len(notes) == 2 and "(a local optimum)" in notes[0]
+        first, second = (n.split(" from ")[1].split(":")[0] for n in notes)
+        assert first != second
+        # the answer is no slower than either start's price
+        assert r.best_cost_s <= min(priced(g, data_parallel(g, c), c), priced(g, expert(g, c), c))
+
+    def test_a_number_budget_keeps_one_descent(self):
+        g, c = tiny()
+        r = ALGORITHMS["auto"].run(g, c, Budget(iterations=300), seed=0)
+        assert len(self.polish_notes(r)) == 1
