@@ -62,6 +62,7 @@ from .api import (CONSTRAINTS, AutoOptions, Budget, LayoutOptions, MCMCOptions, 
                   SearchResult, price, stamp)
 from .baselines import data_parallel, expert
 from .chains import delta_affordable
+from .keys import strategy_key
 from .polish import PolishResult, PolishSlices, coordinate_descent
 from .processes import check_backend
 from .registry import ALGORITHMS
@@ -368,8 +369,9 @@ class _Auto:
         pr = self._polish_from(*first)
         if pr is None or self.budget.seconds is None or pr.improvements:
             return
+        key = strategy_key(first[1])  # (a seed may return a baseline's strategy: not a second start)
         rest = {n: v for n, v in self.found.items()
-                if n != first[0] and n != "polish" and v[1].feasible and v[0] is not first[1]}
+                if n not in (first[0], "polish") and v[1].feasible and strategy_key(v[0]) != key}
         if rest:
             self._polish_from(*_best(rest))
 
