@@ -204,6 +204,8 @@ def long_descents(cases: list[tuple[str, str]], budget: Budget, plans: Path | No
 
     if plans is None:
         raise SystemExit("--descent-only needs --plans FOLDER")
+    if budget.seconds is None:
+        raise SystemExit(f"--descent-only needs a time budget (--budget 15s), not {budget.iterations} proposals")
     long = 10 * budget.seconds
     print(f"# {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}; coordinate descent, {long:.0f} s from each start")
     print("| model | cluster | from | descent ms | candidates | best known ms (by) |")

@@ -1,6 +1,7 @@
-"""How ``auto`` runs a seed search (:mod:`engine.search.auto`): bounded in a forked child
-process stopped at its share of a time budget (PaSE's set-up and dynamic program cannot be
-stopped midway), or every seed at once as a backend's tasks with a number budget.
+"""How ``auto`` runs a seed search (:mod:`engine.search.auto`): the share of a time budget
+each seed gets (:func:`seed_slice`), bounded in a forked child process stopped at that share
+(PaSE's set-up and dynamic program cannot be stopped midway), or every seed at once as a
+backend's tasks with a number budget.
 """
 
 from __future__ import annotations
