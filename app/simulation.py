@@ -290,6 +290,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     it has (the roofline prices the rest). ``sized``: :func:`check_size` with the cluster
     passed for this content already (:func:`size_checked_key`)."""
     from engine.sim.report import simulate_strategy
+    from engine.sim.unfold import unfold
     from engine.taskgraph import tasks_within
 
     cancel = build.cancel if build is not None else None
@@ -297,13 +298,21 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     if not sized:
         check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
+    timeline = None
     try:  # the engine's one entry point, symmetric only: without an exact symmetry the delta simulator builds it
         r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
-                              account_memory=False)
+                              account_memory=False, steady=True)
+        # a long pipeline: its first microbatches simulated, the rest unfolded from their repeat,
+        # every task drawn as the full simulation would (engine.sim.unfold; else the full run)
+        timeline = r.timeline if r.steady is None else unfold(r.timeline)
+        if timeline is None:
+            r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
+                                  account_memory=False)
+            timeline = r.timeline
     except TooLargeError:
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:
-        return Workspace(graph, cluster, None, version, static=(strategy, r.timeline), profile=profile)
+        return Workspace(graph, cluster, None, version, static=(strategy, timeline), profile=profile)
     n = tasks_within(graph, strategy, APP_MAX_TASKS, cluster)
     if n > APP_MAX_TASKS:
         raise _too_large(n, "this strategy has no exact symmetry: its simulation")

@@ -229,12 +229,19 @@ def train_estimate(rate: dict | None, text: Any) -> str:
 
 
 def _symmetry_note(tl) -> str:
-    """' (8 of 64 GPUs simulated: the rest mirror them)' under symmetry, else ''."""
+    """' (8 of 64 GPUs simulated; the rest mirror them)' under symmetry, else ''; with how many
+    microbatches were simulated when the timeline was unfolded from a steady short run."""
     image = tl.tasks.info.get("device_image")
     if image is None:
         return ""
     reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
-    return f" ({reps} of {used} GPUs simulated; the rest mirror them)" if reps < used else ""
+    out = [f"{reps} of {used} GPUs simulated; the rest mirror them"] if reps < used else []
+    st = tl.tasks.info.get("unfolded")
+    if st is not None:  # (engine.sim.unfold: every task drawn, the steady part from its repeat)
+        every = "a microbatch" if st.period == 1 else f"every {st.period} microbatches"
+        out.append(f"{st.simulated} of {st.microbatches} microbatches simulated, the rest unfolded from their "
+                   f"repeat: {st.period_s * 1e3:,.3f} ms {every}")
+    return f" ({'; '.join(out)})" if out else ""
 
 
 def _bubble_note(bubble: dict | None) -> str:

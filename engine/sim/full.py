@@ -309,6 +309,9 @@ def run_schedule(tg: TaskGraph, policy: str = "fifo", cancel: Any = None) -> tup
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
+    if tg.info.get("unfolded") is not None:
+        raise ValueError("this task graph was unfolded from a steady short run (engine.sim.unfold): a drawing "
+                         "without dependency edges, not a graph to simulate; simulate the strategy instead")
     check_cancel(cancel)
     has_chain = tg.chain_next >= 0  # a chained hop waits for its previous hop:
     npred = tg.npred + np.bincount(tg.chain_next[has_chain], minlength=tg.num_tasks)

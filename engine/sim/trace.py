@@ -101,29 +101,11 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
                        "ts": float(ts[t]), "dur": float(dur[t]),
                        "args": {"bytes": float(tg.size_bytes[t]), "ranks": int(ptr[j + 1] - ptr[j])}}
     # flows: producer compute task -> first hop ... last hop -> consumer compute task
-    pred_ptr, pred_idx = tg.pred_lists()
-    first = np.nonzero((tg.kind == XFER) & (tg.npred > 0))[0]
-    flow_id = 0
-    for t in first:
-        p = pred_idx[pred_ptr[t]:pred_ptr[t + 1]]
-        if p.size == 0 or tg.kind[p[0]] not in (FWD, BWD):
-            continue
-        last = t
-        while tg.chain_next[last] >= 0:
-            last = tg.chain_next[last]
-        succ = tg.succ_idx[tg.succ_ptr[last]:tg.succ_ptr[last + 1]]
-        if succ.size == 0:
-            continue
-        src, dst = int(p[0]), int(succ[0])
-        flow_id += 1
-        yield {"ph": "s", "id": flow_id, "name": "transfer", "cat": "flow", "pid": int(tg.device[src]),
-               "tid": COMPUTE_TID, "ts": float(_us(end[src]))}
-        if tg.kind[dst] in (FWD, BWD):
-            yield {"ph": "f", "bp": "e", "id": flow_id, "name": "transfer", "cat": "flow",
-                   "pid": int(tg.device[dst]), "tid": COMPUTE_TID, "ts": float(_us(start[dst]))}
-        else:
-            yield {"ph": "f", "bp": "e", "id": flow_id, "name": "transfer", "cat": "flow", "pid": LINKS_PID,
-                   "tid": int(tg.link[last]), "ts": float(_us(end[last]))}
+    for flow_id, (src_dev, from_s, to_pid, to_tid, to_s) in enumerate(_flows(timeline), 1):
+        yield {"ph": "s", "id": flow_id, "name": "transfer", "cat": "flow", "pid": src_dev,
+               "tid": COMPUTE_TID, "ts": float(_us(from_s))}
+        yield {"ph": "f", "bp": "e", "id": flow_id, "name": "transfer", "cat": "flow", "pid": to_pid, "tid": to_tid,
+               "ts": float(_us(to_s))}
     if memory is not None:
         for d, (times, level) in enumerate(memory.curves):
             if times.size > MAX_COUNTER_POINTS:
@@ -133,6 +115,50 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
                    "args": {"GB": round(float(memory.static_bytes[d]) / 1e9, 6)}}
             for t_s, b in zip(_us(times), level):
                 yield {"ph": "C", "name": "memory", "pid": d, "ts": float(t_s), "args": {"GB": round(float(b) / 1e9, 6)}}
+
+
+def _flows(timeline: Timeline) -> Iterator[tuple[int, float, int, int, float]]:
+    """Each transfer's flow: (producer's device, when the producer ends, the consumer's pid and
+    tid, when the consumer starts; seconds): from the producing compute task to the consuming
+    one, or to the last hop's link when the consumer is not a compute task. Read from the task
+    graph's edges; a timeline unfolded from a steady short run (:mod:`engine.sim.unfold`),
+    whose tasks have none, gives its short run's flows, each moved where the unfolding put its
+    first hop."""
+    tg = timeline.tasks
+    from_short = tg.info.get("unfolded_from")
+    if from_short is None:
+        for t, p, d, last in _graph_flows(tg):
+            yield _flow(timeline, p, d, last, 0.0)
+        return
+    short, src, moved_s = from_short
+    flows = {t: (p, d, last) for t, p, d, last in _graph_flows(short.tasks)}
+    firsts = np.fromiter(flows, np.int64, len(flows))
+    for f in np.flatnonzero(np.isin(src, firsts)).tolist():
+        yield _flow(short, *flows[int(src[f])], float(moved_s[f]))
+
+
+def _flow(tl: Timeline, p: int, d: int, last: int, moved_s: float) -> tuple[int, float, int, int, float]:
+    tg = tl.tasks
+    if tg.kind[d] in (FWD, BWD):
+        return int(tg.device[p]), tl.end_s[p] + moved_s, int(tg.device[d]), COMPUTE_TID, tl.start_s[d] + moved_s
+    return int(tg.device[p]), tl.end_s[p] + moved_s, LINKS_PID, int(tg.link[last]), tl.end_s[last] + moved_s
+
+
+def _graph_flows(tg) -> Iterator[tuple[int, int, int, int]]:
+    """(first hop, producer compute task, consumer task, last hop) of every transfer whose first
+    hop follows a forward or backward task and whose last hop has a successor."""
+    pred_ptr, pred_idx = tg.pred_lists()
+    for t in np.nonzero((tg.kind == XFER) & (tg.npred > 0))[0].tolist():
+        p = pred_idx[pred_ptr[t]:pred_ptr[t + 1]]
+        if p.size == 0 or tg.kind[p[0]] not in (FWD, BWD):
+            continue
+        last = t
+        while tg.chain_next[last] >= 0:
+            last = int(tg.chain_next[last])
+        succ = tg.succ_idx[tg.succ_ptr[last]:tg.succ_ptr[last + 1]]
+        if succ.size == 0:
+            continue
+        yield t, int(p[0]), int(succ[0]), last
 
 
 def write_chrome_trace(path: str | os.PathLike, graph: OpGraph, cluster: Cluster, timeline: Timeline,

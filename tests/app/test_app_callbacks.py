@@ -802,7 +802,8 @@ def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
                                                    "recompute": "full"})
     assert msg.startswith("Layout (megatron): tp 8, pp 16, dp 8"), msg
     out = EXP.render_explore(s)
-    assert out["sum-tasks"].endswith("(16 of 1024 GPUs simulated; the rest mirror them)")
+    assert out["sum-tasks"] == ("1,067,379 (16 of 1024 GPUs simulated; the rest mirror them; 51 of 192 "
+                                "microbatches simulated, the rest unfolded from their repeat: 127.394 ms a microbatch)")
     assert "tokens/s, MFU" in out["sum-throughput"]
     ticks = list(go.Figure(out["gantt"]).layout.yaxis.ticktext)
     assert len(ticks) <= 2 * 16 + 64 and ticks[0].endswith("(x64 alike)")
