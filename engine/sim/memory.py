@@ -242,7 +242,22 @@ def memory_report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline
                   cancel: Any = None) -> MemoryReport:
     """Memory of every device over ``timeline`` (which must come from the same strategy).
     ``cancel`` (:func:`engine.errors.check_cancel`) is asked between its steps
-    (:class:`~engine.errors.Cancelled` when set)."""
+    (:class:`~engine.errors.Cancelled` when set).
+
+    A timeline unfolded from a steady short run (:mod:`engine.sim.unfold`) is reported from
+    that run: its peaks are the iteration's (:mod:`engine.sim.steady`: after the warm-up a
+    stage holds the same microbatches' activations in every period), and its curves, which
+    only a trace reads, are made over the unfolded timeline when first read."""
+    from_short = timeline.tasks.info.get("unfolded_from")
+    if from_short is None:
+        return _report(graph, strategy, cluster, timeline, cancel)
+    out = _report(graph, strategy, cluster, from_short[0], cancel)
+    out.curves = _CurvesLater(lambda: _report(graph, strategy, cluster, timeline).curves)
+    return out
+
+
+def _report(graph: OpGraph, strategy: Strategy, cluster: Cluster, timeline: Timeline,
+            cancel: Any = None) -> MemoryReport:
     check_cancel(cancel)
     D = cluster.num_devices
     tg = timeline.tasks
@@ -333,6 +348,24 @@ class _Curves(Sequence):
             return self._curves[d]
         times, level = self._curves[i]
         return times, self.static_memory[d] + (level - self.static_memory[i])
+
+
+class _CurvesLater(Sequence):
+    """Curves made when first read (``make``: what makes them)."""
+
+    def __init__(self, make) -> None:
+        self._make, self._curves = make, None
+
+    def _all(self) -> Sequence:
+        if self._curves is None:
+            self._curves = self._make()
+        return self._curves
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __getitem__(self, d):
+        return self._all()[d]
 
 
 def saved_activation_bytes(graph: OpGraph, strategy: Strategy) -> np.ndarray:

@@ -17,6 +17,7 @@ from engine.models import build_sample
 from engine.sim.report import format_summary, simulate_strategy
 from engine.layout.build import fsdp
 from engine.sim.full import simulate
+from engine.sim.trace import trace_events
 from engine.taskgraph import BWD, FWD, build_task_graph
 
 from toys import drawn_megatron  # tests/toys.py
@@ -243,20 +244,30 @@ def test_the_report_says_what_was_simulated():
     assert block["period_s"] == r.steady.period_s and block["microbatches_checked"] == r.steady.checked
 
 
-def test_soapbox_simulate_extrapolates_unless_a_trace_is_written(tmp_path, capsys):
+def test_soapbox_simulate_extrapolates_and_draws_the_trace_unfolded(tmp_path, capsys):
+    """``soapbox simulate --trace``: the steady state extrapolated as without a trace, and the
+    trace holding every microbatch's tasks (unfolded from the short run: engine.sim.unfold)."""
     args = ["simulate", "--model", "gpt2", "--batch", "256", "--cluster", "dgx-a100-80gb:2", "--strategy", "megatron",
             "--tp", "2", "--pp", "4", "--micro-batch", "1"]
     assert main([*args, "--json"]) == 0
     short = json.loads(capsys.readouterr().out)
     assert short["steady_state"]["simulated_microbatches"] < short["microbatches"] == 128
     assert main([*args, "--json", "--trace", str(tmp_path / "t.json")]) == 0
-    full = json.loads(capsys.readouterr().out)
-    assert "steady_state" not in full
-    assert short["num_tasks"] == full["num_tasks"]
-    assert short["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=REL, abs=0)
-    # the trace holds every microbatch's tasks
+    traced = json.loads(capsys.readouterr().out)
+    assert traced == short
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
-    assert {e["args"]["microbatch"] for e in events if "microbatch" in e.get("args", {})} >= set(range(128))
+    assert {e["args"]["microbatch"] for e in events if "microbatch" in e.get("args", {})} == set(range(128))
+    g, c = gpt2(), preset("dgx-a100-80gb:2")
+    full = simulate_strategy(g, build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1)), c, check=False)
+    expected = list(trace_events(g, c, full.timeline, full.memory))  # (the trace of every microbatch simulated)
+    assert len(events) == len(expected)
+    for cat in ("fwd", "bwd", "transfer", "collective", "flow"):
+        assert sum(e.get("cat") == cat for e in events) == sum(e.get("cat") == cat for e in expected) > 0, cat
+    def last_end(evs):
+        return max(e["ts"] + e.get("dur", 0.0) for e in evs if e.get("ph") == "X")
+
+    assert last_end(events) == pytest.approx(last_end(expected), abs=2e-3)  # (µs, as the trace rounds them)
+    assert last_end(events) == pytest.approx(full.iteration_time_s * 1e6, abs=2e-3)
 
 
 def test_simulating_the_short_run_matches_its_own_timeline():

@@ -62,8 +62,14 @@ def assert_unfolds_to_the_full_run(g, s, c) -> None:
     for col in COLUMNS:
         np.testing.assert_array_equal(getattr(u.tasks, col)[cu], getattr(f.tasks, col)[cf], err_msg=col)
     assert same_collectives(u, f, tol)
-    mu, mf = memory_report(g, s, c, u), memory_report(g, s, c, f)
+    mu, mf = memory_report(g, s, c, u), memory_report(g, s, c, f)  # (u's: from the short run; curves later)
     np.testing.assert_allclose(mu.peak_bytes, mf.peak_bytes, rtol=REL, atol=0)
+    np.testing.assert_allclose(mu.allocated_peak_bytes, mf.allocated_peak_bytes, rtol=REL, atol=0)
+    assert len(mu.curves) == len(mf.curves) == c.num_devices
+    for d in (0, c.num_devices // 2, c.num_devices - 1):
+        (ta, ba), (tb, bb) = mu.curves[d], mf.curves[d]
+        np.testing.assert_allclose(ta, tb, rtol=0, atol=tol)
+        np.testing.assert_allclose(ba, bb, rtol=1e-12, atol=0)
 
 
 def collectives(tl) -> list[tuple]:
