@@ -290,6 +290,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     it has (the roofline prices the rest). ``sized``: :func:`check_size` with the cluster
     passed for this content already (:func:`size_checked_key`)."""
     from engine.sim.report import simulate_strategy
+    from engine.sim.steady import short_runs, why_not_extrapolated
     from engine.sim.unfold import unfold
     from engine.taskgraph import tasks_within
 
@@ -309,6 +310,13 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
             r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
                                   account_memory=False)
             timeline = r.timeline
+            timeline.extra["every_microbatch"] = "no cut inside its repeat passed the checks"
+        elif r.steady is None and strategy.pipeline.microbatches > 1:  # (the page says why, where it is worth it)
+            why = why_not_extrapolated(graph, strategy)
+            if why is None and short_runs(graph, strategy):
+                why = "its short run was checked and does not repeat"
+            if why is not None:
+                timeline.extra["every_microbatch"] = why
     except TooLargeError:
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:

@@ -230,13 +230,18 @@ def train_estimate(rate: dict | None, text: Any) -> str:
 
 def _symmetry_note(tl) -> str:
     """' (8 of 64 GPUs simulated; the rest mirror them)' under symmetry, else ''; with how many
-    microbatches were simulated when the timeline was unfolded from a steady short run."""
+    microbatches were simulated when the timeline was unfolded from a steady short run
+    (:mod:`engine.sim.unfold`), or why every one was where a short run was not used
+    (``timeline.extra["every_microbatch"]``, :func:`engine.sim.steady.why_not_extrapolated`)."""
     image = tl.tasks.info.get("device_image")
     if image is None:
         return ""
     reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
     out = [f"{reps} of {used} GPUs simulated; the rest mirror them"] if reps < used else []
     st = tl.tasks.info.get("unfolded")
+    why = tl.extra.get("every_microbatch")
+    if why is not None:
+        out.append(f"all {tl.tasks.info.get('microbatches', 0)} microbatches simulated: {why}")
     if st is not None:  # (engine.sim.unfold: every task drawn, the steady part from its repeat)
         every = "a microbatch" if st.period == 1 else f"every {st.period} microbatches"
         out.append(f"{st.simulated} of {st.microbatches} microbatches simulated, the rest unfolded from their "

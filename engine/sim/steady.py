@@ -44,6 +44,7 @@ from ..strategy import Strategy
 from ..taskgraph import BARRIER, BWD, FWD, UPDATE, TaskGraph, build_task_graph
 
 __all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "short_runs", "steady_periods", "short_run",
+           "why_not_extrapolated",
            "simulate_steady", "repeating", "TOLERANCE",
            "EXTRA_PERIODS"]
 
@@ -129,6 +130,20 @@ def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
         if n is not None:
             runs.append((n, q))
     return runs
+
+
+def why_not_extrapolated(graph: OpGraph, strategy: Strategy) -> str | None:
+    """Why :func:`short_runs` tries no short run for ``strategy`` where its pipeline has
+    microbatches to spare, in words; None where it tries one, or where the microbatches are too
+    few for a short run to save anything (nothing worth saying)."""
+    pipe = strategy.pipeline
+    if any(op.attrs.get("num_experts") for op in graph.ops):
+        return "a mixture-of-experts model: its all-to-alls' overlap is measured over the whole timeline"
+    if strategy.zero_stage >= 3:
+        return "ZeRO-3: each microbatch's parameter gathers wait for nothing and never repeat"
+    if pipe.stages > 1 and pipe.schedule == "gpipe":
+        return "GPipe: every forward runs before the first backward, so no period repeats"
+    return None
 
 
 def steady_periods(p: int, v: int, schedule: str) -> tuple[int, ...]:

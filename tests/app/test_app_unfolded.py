@@ -74,3 +74,18 @@ def test_op_details_and_memory_drawn_from_it_are_the_full_runs(llama_pp2):
         assert a == b
     np.testing.assert_allclose(ws.memory.peak_bytes, memory_report(ws.graph, ws.strategy, ws.cluster, full).peak_bytes,
                                rtol=1e-9, atol=0)
+
+
+def test_where_nothing_is_unfolded_the_page_says_why():
+    """A layout the steady state does not apply to (GPipe) is simulated at every microbatch,
+    and the summary's task count says so and why."""
+    s = ST.new_state("gpt2", "dgx-a100-80gb:1", sid=ST.new_sid())
+    s, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "micro_batch": 1,
+                                                   "schedule": "gpipe"})
+    assert msg.startswith("Layout"), msg
+    ws = workspace(s)
+    assert "unfolded" not in ws.timeline.tasks.info
+    m = ws.strategy.pipeline.microbatches
+    assert m > 1
+    assert f"all {m} microbatches simulated: GPipe: every forward runs before the first backward" in \
+        EXP.render_explore(s)["sum-tasks"]

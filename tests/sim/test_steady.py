@@ -193,6 +193,8 @@ def test_not_extrapolated_where_it_does_not_apply(why, model, make):
     g, c = gpt2(model), preset("dgx-a100-80gb:2")
     s = make(g, c)
     assert steady.microbatches_to_simulate(g, s) is None
+    said = steady.why_not_extrapolated(g, s)  # (few microbatches: nothing worth saying)
+    assert (said is None) if why == "few microbatches" else said.startswith("GPipe: every forward runs")
     r = simulate_strategy(g, s, c, check=False, steady=True)
     assert r.steady is None and r.num_tasks == r.tasks.num_tasks
     assert r.iteration_time_s == simulate_strategy(g, s, c, check=False).iteration_time_s
@@ -202,6 +204,7 @@ def test_a_mixture_of_experts_model_is_simulated_in_full():
     g = build_sample("mixtral-8x7b", batch=256, seq_len=256)
     s = build_layout(g, preset("dgx-h100:2"), Layout(tp=2, pp=2, micro_batch=1, sequence_parallel=True))
     assert s.pipeline.microbatches >= 32 and steady.microbatches_to_simulate(g, s) is None
+    assert steady.why_not_extrapolated(g, s).startswith("a mixture-of-experts model")
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -217,6 +220,7 @@ def test_fsdp_gathers_running_ahead_do_not_repeat_and_are_not_tried(pp):
     run = steady._repeat(simulate(tg).start_s, rows, 1, 1e-9)
     assert run is None or run[1] < pp + 1
     assert steady.microbatches_to_simulate(g, s) is None
+    assert steady.why_not_extrapolated(g, s).startswith("ZeRO-3: each microbatch's parameter gathers")
     r = simulate_strategy(g, s, c, check=False, steady=True)
     assert r.steady is None and r.tasks.mb.max() == s.pipeline.microbatches - 1
 
