@@ -45,13 +45,16 @@ simulated).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import cached_property
+
 import numpy as np
 
 from ..taskgraph import TaskGraph
 from .full import Timeline
 from .steady import TOLERANCE, SteadyState, SteadyTimeline
 
-__all__ = ["unfold", "CUT_TRIES"]
+__all__ = ["unfold", "UnfoldedTimeline", "CUT_TRIES"]
 
 #: cuts tried, from the middle of the microbatches found to repeat outwards
 CUT_TRIES = 6
@@ -78,19 +81,17 @@ def unfold(tl: SteadyTimeline) -> Timeline | None:
     return None
 
 
-def _cuts(tg: TaskGraph, start: np.ndarray, st: SteadyState, tol: float) -> list[float]:
+def _cuts(tg: TaskGraph, start: np.ndarray, st: SteadyState, tol: float) -> Iterator[float]:
     """Times to try as the cut, one per microbatch around the middle of those found to repeat
     (from ``st.first``, ``st.checked`` of them), the middle first: the middle of the widest gap
     between task starts in the period before the microbatch's first start (a cut, and so the
     windows' bounds a period apart, far from any start: float rounding cannot move a task
-    across)."""
+    across). Made one at a time (the first passes, as a rule)."""
     mid = st.first + st.checked // 2
     js = [mid]
     for d in range(1, CUT_TRIES):
         js += [mid + d, mid - d]
-    js = [j for j in js if st.first <= j < st.first + st.checked][:CUT_TRIES]
-    out = []
-    for j in js:
+    for j in [j for j in js if st.first <= j < st.first + st.checked][:CUT_TRIES]:
         c = float(start[tg.mb == j].min())
         s = np.unique(start[(start >= c - st.period_s) & (start <= c)])
         if s.size < 2:
@@ -98,8 +99,7 @@ def _cuts(tg: TaskGraph, start: np.ndarray, st: SteadyState, tol: float) -> list
         gaps = np.diff(s)
         i = int(np.argmax(gaps))
         if gaps[i] > 1e3 * tol:
-            out.append(float(s[i] + gaps[i] / 2))
-    return out
+            yield float(s[i] + gaps[i] / 2)
 
 
 def _window(start: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -162,6 +162,20 @@ def _checked(tl: Timeline, cut: float, shift: float, q: int, tol: float) -> tupl
     return w, float(np.median(d))
 
 
+class UnfoldedTimeline(Timeline):
+    """A :class:`Timeline` unfolded from a short run: its critical chain and critical path set
+    from the short run's, its earliest starts made from the short run's when first read
+    (``short_est``: the short run's earliest starts, each task's short-run task, periods moved,
+    the earliest starts' period); what reads edges finds none (see the module)."""
+
+    short_est: tuple = ()
+
+    @cached_property
+    def earliest_starts_s(self) -> np.ndarray:  # type: ignore[override]
+        est, src, k, period = self.short_est
+        return est[src] + k * period
+
+
 def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.ndarray,
               est_shift: float) -> Timeline:
     """The whole iteration's timeline: see the module. ``w``: the pattern's tasks (short-run
@@ -199,12 +213,12 @@ def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.
         out.info["coll_devices"] = _coll_devices(coll, at, copies, np.searchsorted(w, coll[2]), w, more)
     order = _order(tl.order, start, cut, w, at, copies)
     extra = {key: v for key, v in tl.extra.items() if key != "ready_s"}  # (what the delta simulator reads)
-    timeline = Timeline(out, start[src] + moved, tl.end_s[src] + moved, order, np.full(N, -1, np.int64), extra)
-    est = tl.earliest_starts_s[src] + k * est_shift
+    timeline = UnfoldedTimeline(out, start[src] + moved, tl.end_s[src] + moved, order, np.full(N, -1, np.int64), extra)
     chain = tl.critical_tasks
     cs = start[chain]
     in_w = chain[(cs >= cut - shift) & (cs < cut)]
-    timeline.__dict__["earliest_starts_s"] = est  # (cached_property: set, not computed: no edges here)
+    timeline.short_est = (tl.earliest_starts_s, src, k, est_shift)
+    timeline.__dict__["critical_path_s"] = float(tl.critical_path_s)  # (the short run's, extrapolated: the same)
     timeline.__dict__["critical_tasks"] = np.concatenate([
         at[chain[cs < cut]], copies[:, np.searchsorted(w, in_w)].reshape(-1), at[chain[cs >= cut]]])
     return timeline
