@@ -157,13 +157,29 @@ def test_a_pipeline_whose_inputs_cycle_repeats_every_p_microbatches(pp):
     s = build_layout(g, c, Layout(tp=8, pp=pp, micro_batch=1))
     assert steady.short_runs(g, s) == [(2 * pp + pp + steady.EXTRA_PERIODS, 1),
                                        (2 * pp + (pp + steady.EXTRA_PERIODS) * pp, pp)]
-    n1 = steady.short_runs(g, s)[0][0]
-    tg = build_task_graph(g, s, c, CostModel(), microbatches=n1)
-    assert steady.repeating(tg, simulate(tg), n1, pp, 1) is None  # (the labels' starts: every p)
+    n = steady.short_runs(g, s)[1][0]  # (one run, the longest a period tried needs, checked for each in turn)
+    assert steady.microbatches_to_simulate(g, s) == (n, 1)
+    tg = build_task_graph(g, s, c, CostModel(), microbatches=n)
+    assert steady.repeating(tg, simulate(tg), n, pp, 1) is None  # (the labels' starts: every p)
     short = simulate_strategy(g, s, c, check=False, steady=True)
     full = simulate_strategy(g, s, c, check=False)
-    assert short.steady is not None and short.steady.period == pp
+    assert short.steady is not None and short.steady.period == pp and short.steady.simulated == n
     assert_same_totals(short, full)
+
+
+def test_one_short_run_serves_every_period_tried(monkeypatch):
+    """Where a period of 1 holds and p would be tried next, the one run built (the longer one
+    p needs) is checked for 1 first: one build, the same totals as the full simulation."""
+    g, c = gpt2(), preset("dgx-a100-80gb:2")
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
+    runs = steady.short_runs(g, s)
+    assert [q for _, q in runs] == [1, 4]
+    built = []
+    real = steady.build_task_graph
+    monkeypatch.setattr(steady, "build_task_graph", lambda *a, **k: built.append(k["microbatches"]) or real(*a, **k))
+    short = simulate_strategy(g, s, c, check=False, steady=True)
+    assert built == [runs[1][0]] and short.steady.period == 1 and short.steady.simulated == runs[1][0]
+    assert_same_totals(short, simulate_strategy(g, s, c, check=False))
 
 
 def test_gpt3_on_1024_gpus_repeats_from_the_microbatch_after_the_warm_up():
