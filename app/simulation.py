@@ -289,9 +289,7 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     loops poll and where it says what it is doing. ``profile``: a measured table pricing the ops
     it has (the roofline prices the rest). ``sized``: :func:`check_size` with the cluster
     passed for this content already (:func:`size_checked_key`)."""
-    from engine.sim.report import simulate_strategy
-    from engine.sim.steady import short_runs, why_not_extrapolated
-    from engine.sim.unfold import unfold
+    from engine.sim.unfold import simulate_drawn
     from engine.taskgraph import tasks_within
 
     cancel = build.cancel if build is not None else None
@@ -299,24 +297,10 @@ def _full_workspace(graph: OpGraph, cluster: Cluster, strategy: Strategy, versio
     if not sized:
         check_size(graph, strategy, "this strategy's simulation", cluster)  # (with its symmetry, if any)
     phase("simulating one GPU per set of identical ones")
-    timeline = None
-    try:  # the engine's one entry point, symmetric only: without an exact symmetry the delta simulator builds it
-        r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
-                              account_memory=False, steady=True)
-        # a long pipeline: its first microbatches simulated, the rest unfolded from their repeat,
-        # every task drawn as the full simulation would (engine.sim.unfold; else the full run)
-        timeline = r.timeline if r.steady is None else unfold(r.timeline)
-        if timeline is None:
-            r = simulate_strategy(graph, strategy, cluster, cost, check=False, symmetry="only", cancel=cancel,
-                                  account_memory=False)
-            timeline = r.timeline
-            timeline.extra["every_microbatch"] = "no cut inside its repeat passed the checks"
-        elif r.steady is None and strategy.pipeline.microbatches > 1:  # (the page says why, where it is worth it)
-            why = why_not_extrapolated(graph, strategy)
-            if why is None and short_runs(graph, strategy):
-                why = "its short run was checked and does not repeat"
-            if why is not None:
-                timeline.extra["every_microbatch"] = why
+    try:  # the engine's one entry point, symmetric only: without an exact symmetry the delta simulator builds it;
+        # a long pipeline's first microbatches simulated, every task drawn from their repeat (engine.sim.unfold)
+        r, timeline = simulate_drawn(graph, strategy, cluster, cost, symmetry="only", cancel=cancel,
+                                     account_memory=False)
     except TooLargeError:
         r = None
     if r is not None and r.tasks.info.get("device_image") is not None:

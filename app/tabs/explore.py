@@ -229,24 +229,38 @@ def train_estimate(rate: dict | None, text: Any) -> str:
 
 
 def _symmetry_note(tl) -> str:
-    """' (8 of 64 GPUs simulated; the rest mirror them)' under symmetry, else ''; with how many
-    microbatches were simulated when the timeline was unfolded from a steady short run
-    (:mod:`engine.sim.unfold`), or why every one was where a short run was not used
-    (``timeline.extra["every_microbatch"]``, :func:`engine.sim.steady.why_not_extrapolated`)."""
+    """What the task count stands for, kept to a line: ' (8 of 64 GPUs simulated; the rest
+    mirror them)' under symmetry; with the microbatches simulated when the timeline was
+    unfolded from a steady short run (:mod:`engine.sim.unfold`): ' (16 of 1024 GPUs, 51 of 192
+    microbatches simulated; the rest mirror or repeat them)'; else ''."""
     image = tl.tasks.info.get("device_image")
-    if image is None:
-        return ""
-    reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
-    out = [f"{reps} of {used} GPUs simulated; the rest mirror them"] if reps < used else []
+    reps, used = (int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))) if image is not None \
+        else (0, 0)
     st = tl.tasks.info.get("unfolded")
+    parts = [f"{reps} of {used} GPUs"] if reps < used else []
+    if st is not None:
+        parts.append(f"{st.simulated} of {st.microbatches} microbatches")
+    if not parts:
+        return ""
+    rest = "mirror or repeat them" if len(parts) == 2 else "repeat them" if st is not None else "mirror them"
+    return f" ({', '.join(parts)} simulated; the rest {rest})"
+
+
+def _microbatch_note(tl) -> str:
+    """The summary's sentence on the microbatches: how many were simulated and how the rest
+    were drawn (a timeline unfolded from a steady short run), or why every one was simulated
+    (``timeline.extra["every_microbatch"]``, :func:`engine.sim.steady.why_not_extrapolated`);
+    '' otherwise."""
+    st = tl.tasks.info.get("unfolded")
+    if st is not None:
+        every = "the one before" if st.period == 1 else f"the one {st.period} before"
+        return (f" Of the {st.microbatches} microbatches, the first {st.simulated} were simulated: from microbatch "
+                f"{st.first} on each repeats {every}, {st.period_s * 1e3:,.3f} ms later, and the rest are drawn from "
+                "that repeat, task for task as simulating them all would.")
     why = tl.extra.get("every_microbatch")
     if why is not None:
-        out.append(f"all {tl.tasks.info.get('microbatches', 0)} microbatches simulated: {why}")
-    if st is not None:  # (engine.sim.unfold: every task drawn, the steady part from its repeat)
-        every = "a microbatch" if st.period == 1 else f"every {st.period} microbatches"
-        out.append(f"{st.simulated} of {st.microbatches} microbatches simulated, the rest unfolded from their "
-                   f"repeat: {st.period_s * 1e3:,.3f} ms {every}")
-    return f" ({'; '.join(out)})" if out else ""
+        return f" All {tl.tasks.info.get('microbatches', 0)} microbatches were simulated ({why})."
+    return ""
 
 
 def _bubble_note(bubble: dict | None) -> str:
@@ -315,7 +329,7 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
         "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
         "rate": {"per_s": summ.get("tokens_per_s") or summ.get("throughput_samples_per_s"), "gpus": len(used),
                  "cluster_gpus": c.num_devices, "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
-        "why": why_text(summ, dp_comm, tl, mem) + _bubble_note(gd.get("bubble")) + idle_note + (
+        "why": why_text(summ, dp_comm, tl, mem) + _bubble_note(gd.get("bubble")) + _microbatch_note(tl) + idle_note + (
             "" if dp_fits is not False else " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": (build_block_stack_figure if view.get("stack") else build_op_graph_figure)(
             view, colour_of, legend, hover, sel_nodes),

@@ -215,24 +215,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..sim.memory import memory_report
     from ..sim.trace import write_chrome_trace
     from ..sim.report import format_summary, simulate_strategy
-    from ..sim.unfold import unfold
+    from ..sim.unfold import simulate_drawn
 
     g, c = model_and_cluster(args)
     s = _strategy(args, g, c)
     cost = CostModel(profile=load_profile(args.profile)) if args.profile else CostModel()
     # (a baseline and a loaded file are checked; a long pipeline's steady state is extrapolated:
     # engine.sim.steady, and a trace drawn from it, every task unfolded: engine.sim.unfold)
-    result = simulate_strategy(g, s, c, cost, check=False, steady=True)
+    result, timeline = simulate_drawn(g, s, c, cost) if args.trace else \
+        (simulate_strategy(g, s, c, cost, check=False, steady=True), None)
     cover = None
     if args.profile:
         from ..studies.profiling import coverage
 
         cover = coverage(g, s, c, cost)
     if args.trace:
-        timeline = result.timeline if result.steady is None else unfold(result.timeline)
-        if timeline is None:  # (no cut inside the repeat passed the checks: every microbatch simulated)
-            result = simulate_strategy(g, s, c, cost, check=False)
-            timeline = result.timeline
         memory = result.memory if timeline is result.timeline else memory_report(g, s, c, timeline)
         n = write_chrome_trace(args.trace, g, c, timeline, memory)
         if not args.json:

@@ -47,14 +47,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..graph import OpGraph
+from ..strategy import Strategy
 from ..taskgraph import TaskGraph
 from .full import Timeline
-from .steady import TOLERANCE, SteadyState, SteadyTimeline
+from .report import SimulationResult, simulate_strategy
+from .steady import TOLERANCE, SteadyState, SteadyTimeline, short_runs, why_not_extrapolated
 
-__all__ = ["unfold", "UnfoldedTimeline", "CUT_TRIES"]
+__all__ = ["unfold", "simulate_drawn", "UnfoldedTimeline", "CUT_TRIES"]
 
 #: cuts tried, from the middle of the microbatches found to repeat outwards
 CUT_TRIES = 6
@@ -79,6 +85,34 @@ def unfold(tl: SteadyTimeline) -> Timeline | None:
         if found is not None:
             return _unfolded(tl, st, cut, more, *found)
     return None
+
+
+def simulate_drawn(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None = None, *,
+                   symmetry: str = "auto", cancel: Any = None,
+                   account_memory: bool = True) -> tuple[SimulationResult, Timeline]:
+    """(the result, the timeline to draw every task from): ``strategy`` simulated as
+    :func:`engine.sim.report.simulate_strategy` with ``steady=True`` does (the totals; not
+    validated again: the caller has), and the whole iteration's timeline, its short run unfolded
+    (:func:`unfold`) where the steady state was extrapolated. Where it was not, the result's own
+    timeline, whose ``extra["every_microbatch"]`` says why every microbatch was simulated where
+    there were several and a reason is worth a line (:func:`engine.sim.steady.why_not_extrapolated`;
+    a short run that did not repeat; no cut that passed the checks, when the result is then the
+    full simulation's). ``symmetry``, ``cancel``, ``account_memory``: :func:`simulate_strategy`'s."""
+    kw = dict(check=False, symmetry=symmetry, cancel=cancel, account_memory=account_memory)
+    r = simulate_strategy(graph, strategy, cluster, cost, steady=True, **kw)
+    if r.steady is not None:
+        drawn = unfold(r.timeline)
+        if drawn is not None:
+            return r, drawn
+        r = simulate_strategy(graph, strategy, cluster, cost, **kw)
+        r.timeline.extra["every_microbatch"] = "no cut inside its repeat passed the checks"
+    elif strategy.pipeline.microbatches > 1:
+        why = why_not_extrapolated(graph, strategy)
+        if why is None and short_runs(graph, strategy):
+            why = "its short run was checked and does not repeat"
+        if why is not None:
+            r.timeline.extra["every_microbatch"] = why
+    return r, r.timeline
 
 
 def _cuts(tg: TaskGraph, start: np.ndarray, st: SteadyState, tol: float) -> Iterator[float]:

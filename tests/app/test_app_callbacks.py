@@ -802,8 +802,10 @@ def test_gpt3_on_1024_gpus_draws_representatives_and_a_small_timeline():
                                                    "recompute": "full"})
     assert msg.startswith("Layout (megatron): tp 8, pp 16, dp 8"), msg
     out = EXP.render_explore(s)
-    assert out["sum-tasks"] == ("1,067,379 (16 of 1024 GPUs simulated; the rest mirror them; 51 of 192 "
-                                "microbatches simulated, the rest unfolded from their repeat: 127.394 ms a microbatch)")
+    assert out["sum-tasks"] == ("1,067,379 (16 of 1024 GPUs, 51 of 192 microbatches simulated; the rest mirror or "
+                                "repeat them)")
+    assert ("Of the 192 microbatches, the first 51 were simulated: from microbatch 16 on each repeats the one before, "
+            "127.394 ms later, and the rest are drawn from that repeat") in out["why"]
     assert "tokens/s, MFU" in out["sum-throughput"]
     ticks = list(go.Figure(out["gantt"]).layout.yaxis.ticktext)
     assert len(ticks) <= 2 * 16 + 64 and ticks[0].endswith("(x64 alike)")

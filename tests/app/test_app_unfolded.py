@@ -36,7 +36,9 @@ def test_the_workspace_of_a_long_pipeline_is_unfolded_from_its_steady_state(llam
     assert ws.timeline.tasks.num_tasks == full.tasks.num_tasks
     assert ws.timeline.makespan_s == pytest.approx(full.makespan_s, rel=1e-9, abs=0)
     out = EXP.render_explore(s)
-    assert f"{st.simulated} of 256 microbatches simulated" in out["sum-tasks"]
+    assert out["sum-tasks"].endswith(f"(2 of 64 GPUs, {st.simulated} of 256 microbatches simulated; the rest mirror or "
+                                     "repeat them)")
+    assert f"Of the 256 microbatches, the first {st.simulated} were simulated" in out["why"]
     assert out["sum-time"] == EXP.format_seconds(full.makespan_s)
 
 
@@ -78,7 +80,7 @@ def test_op_details_and_memory_drawn_from_it_are_the_full_runs(llama_pp2):
 
 def test_where_nothing_is_unfolded_the_page_says_why():
     """A layout the steady state does not apply to (GPipe) is simulated at every microbatch,
-    and the summary's task count says so and why."""
+    and the summary says so and why."""
     s = ST.new_state("gpt2", "dgx-a100-80gb:1", sid=ST.new_sid())
     s, msg = EV.on_event("layout-apply", s, layout={"kind": "megatron", "tp": 2, "pp": 4, "micro_batch": 1,
                                                    "schedule": "gpipe"})
@@ -87,5 +89,6 @@ def test_where_nothing_is_unfolded_the_page_says_why():
     assert "unfolded" not in ws.timeline.tasks.info
     m = ws.strategy.pipeline.microbatches
     assert m > 1
-    assert f"all {m} microbatches simulated: GPipe: every forward runs before the first backward" in \
-        EXP.render_explore(s)["sum-tasks"]
+    out = EXP.render_explore(s)
+    assert f"All {m} microbatches were simulated (GPipe: every forward runs before the first backward" in out["why"]
+    assert "microbatches" not in out["sum-tasks"]

@@ -177,3 +177,22 @@ def test_the_trace_of_the_unfolded_timeline_is_the_full_runs_flows_included():
     for x, y in zip(a, b):
         assert x[:4] == y[:4]
         assert abs(x[4] - y[4]) <= 2e-3 and abs(x[5] - y[5]) <= 2e-3  # (µs, rounded to 1e-3 by the trace)
+
+
+def test_simulate_drawn_falls_back_to_every_microbatch_and_says_why(monkeypatch):
+    """Where no cut passes, the whole iteration is simulated (the result and the timeline are
+    that run's) and the timeline says why; where the steady state is not tried (GPipe), why."""
+    from engine.sim import unfold as U
+
+    g, c = model("gpt2", 256), preset("dgx-a100-80gb:2")
+    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
+    r, tl = U.simulate_drawn(g, s, c)
+    assert r.steady is not None and tl.tasks.info["unfolded"] == r.steady and "every_microbatch" not in tl.extra
+    monkeypatch.setattr(U, "_pairs", lambda *a, **k: None)
+    r2, tl2 = U.simulate_drawn(g, s, c)
+    assert r2.steady is None and tl2 is r2.timeline and tl2.tasks.num_tasks == tl.tasks.num_tasks
+    assert tl2.extra["every_microbatch"] == "no cut inside its repeat passed the checks"
+    assert r2.iteration_time_s == pytest.approx(r.iteration_time_s, rel=REL)
+    gp = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1, schedule="gpipe"))
+    _, tl3 = U.simulate_drawn(g, gp, c)
+    assert tl3.extra["every_microbatch"].startswith("GPipe: every forward runs before the first backward")
