@@ -14,9 +14,7 @@ from the start, does not repeat, and is not tried). GPT-3 175B on
 1,024 A100s (tp 8, pp 16, m = 192) repeats from microbatch 16 on, 158.207 ms a microbatch.
 
 :func:`simulate_steady` gives tasks to the first ``microbatches_to_simulate`` microbatches only
-(each still 1/m of the batch, :attr:`engine.taskgraph.context.BuildContext.split`; where the
-periods' runs are close in length, one build of the longest checked for each period in turn),
-simulates
+(each still 1/m of the batch, :attr:`engine.taskgraph.context.BuildContext.split`), simulates
 them, checks that the run repeats (every task's start, end and dependency-only earliest start,
 for more than p microbatches in a row, to 1e-9 of the iteration) and extrapolates what is a sum or a time
 over the iteration: the iteration time, each GPU's busy time, the bytes sent, the critical
@@ -107,10 +105,10 @@ class SteadyTimeline(Timeline):
 
 
 def microbatches_to_simulate(graph: OpGraph, strategy: Strategy) -> tuple[int, int] | None:
-    """(microbatches :func:`simulate_steady` simulates first, the period it checks first), or
-    None where the steady state is not extrapolated (see :func:`_planned`)."""
-    runs = _planned(short_runs(graph, strategy))
-    return (runs[0][0], runs[0][1][0]) if runs else None
+    """(microbatches to simulate, microbatches a period) for ``strategy``'s first try (see
+    :func:`short_runs`), or None where the steady state is not extrapolated."""
+    runs = short_runs(graph, strategy)
+    return runs[0] if runs else None
 
 
 def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
@@ -251,30 +249,14 @@ def simulate_steady(graph: OpGraph, strategy: Strategy, cluster: Cluster, cost: 
     ``symmetry``, ``max_tasks``, ``cancel``: as :func:`engine.taskgraph.build_task_graph`'s."""
     pipe = strategy.pipeline
     m, p, v = pipe.microbatches, max(1, pipe.stages), max(1, pipe.virtual_stages)
-    runs = _planned(short_runs(graph, strategy))
-    for n, periods in runs:
+    for n, q in short_runs(graph, strategy):
         tg = build_task_graph(graph, strategy, cluster, cost, symmetry=symmetry, max_tasks=max_tasks, cancel=cancel,
                               microbatches=n)
         tl = simulate(tg, cancel=cancel)
-        for q in periods:
-            found = repeating(tg, tl, n, p, q) if (m - n) % q == 0 else None
-            if found is not None:
-                return _extrapolated(tg, tl, found, n, q, m, v)
+        found = repeating(tg, tl, n, p, q)
+        if found is not None:
+            return _extrapolated(tg, tl, found, n, q, m, v)
     return None
-
-
-def _planned(runs: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
-    """The builds to make for ``runs`` (:func:`short_runs`), each with the periods its run is
-    checked for, in order. Where the longest run is at most twice the first, one build of it
-    serves every period: a build costs about the same whatever its microbatches (LLaMA-2 7B,
-    tp 8 pp 2 on 64 A100s: 0.09-0.15 s for 9 or 14, simulated in 2-4 ms) and a period of 1 that
-    does not hold (a pipeline whose inputs cycle) no longer costs a second one, while a period
-    of 1 that holds pays at most the first run's simulation again. Past that each run is its
-    own build (pp 4: 36 microbatches against 15; the co-design sweep's Llama-3 70B points ran
-    ~25% slower simulating the longer run, where a period of 1 holds)."""
-    if len(runs) > 1 and max(n for n, _ in runs) <= 2 * runs[0][0]:
-        return [(max(n for n, _ in runs), [q for _, q in runs])]
-    return [(n, [q]) for n, q in runs]
 
 
 def _extrapolated(tg: TaskGraph, tl: Timeline, found: tuple, n: int, q: int, m: int,

@@ -157,37 +157,13 @@ def test_a_pipeline_whose_inputs_cycle_repeats_every_p_microbatches(pp):
     s = build_layout(g, c, Layout(tp=8, pp=pp, micro_batch=1))
     assert steady.short_runs(g, s) == [(2 * pp + pp + steady.EXTRA_PERIODS, 1),
                                        (2 * pp + (pp + steady.EXTRA_PERIODS) * pp, pp)]
-    # (pp 2: one run, the longest a period tried needs, checked for each in turn; pp 4: a run each)
-    n = steady.short_runs(g, s)[1][0] if pp == 2 else steady.short_runs(g, s)[0][0]
-    assert steady.microbatches_to_simulate(g, s) == (n, 1)
-    tg = build_task_graph(g, s, c, CostModel(), microbatches=n)
-    assert steady.repeating(tg, simulate(tg), n, pp, 1) is None  # (the labels' starts: every p)
+    n1 = steady.short_runs(g, s)[0][0]
+    tg = build_task_graph(g, s, c, CostModel(), microbatches=n1)
+    assert steady.repeating(tg, simulate(tg), n1, pp, 1) is None  # (the labels' starts: every p)
     short = simulate_strategy(g, s, c, check=False, steady=True)
     full = simulate_strategy(g, s, c, check=False)
     assert short.steady is not None and short.steady.period == pp
-    assert short.steady.simulated == steady.short_runs(g, s)[1][0]
     assert_same_totals(short, full)
-
-
-def test_one_short_run_serves_every_period_tried_where_the_runs_are_close(monkeypatch):
-    """LLaMA-2 7B, tp 8 pp 2: the runs for a period of 1 and of 2 are 9 and 14 microbatches; one
-    build of 14 is checked for 1, then 2 (its labels cycle every 2). GPT-2, pp 4: 15 and 36, a
-    build each, and the first holds. Either way the totals are the full simulation's."""
-    real = steady.build_task_graph
-    built = []
-    monkeypatch.setattr(steady, "build_task_graph", lambda *a, **k: built.append(k["microbatches"]) or real(*a, **k))
-    g, c = build_sample("llama2-7b"), preset("dgx-a100-80gb:8")
-    s = build_layout(g, c, Layout(tp=8, pp=2, micro_batch=1))
-    assert steady.short_runs(g, s) == [(9, 1), (14, 2)]
-    short = simulate_strategy(g, s, c, check=False, steady=True)
-    assert built == [14] and short.steady.period == 2 and short.steady.simulated == 14
-    built.clear()
-    g, c = gpt2(), preset("dgx-a100-80gb:2")
-    s = build_layout(g, c, Layout(tp=2, pp=4, micro_batch=1))
-    assert steady.short_runs(g, s) == [(15, 1), (36, 4)]
-    short = simulate_strategy(g, s, c, check=False, steady=True)
-    assert built == [15] and short.steady.period == 1 and short.steady.simulated == 15
-    assert_same_totals(short, simulate_strategy(g, s, c, check=False))
 
 
 def test_gpt3_on_1024_gpus_repeats_from_the_microbatch_after_the_warm_up():
