@@ -234,10 +234,11 @@ def _symmetry_note(tl) -> str:
     unfolded from a steady short run (:mod:`engine.sim.unfold`): ' (16 of 1024 GPUs, 51 of 192
     microbatches simulated; the rest mirror or repeat them)'; else ''."""
     image = tl.tasks.info.get("device_image")
-    reps, used = (int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))) if image is not None \
-        else (0, 0)
+    parts = []
+    if image is not None:
+        reps, used = int(np.sum(image == np.arange(image.size))), int(np.sum(image >= 0))
+        parts = [f"{reps} of {used} GPUs"] if reps < used else []
     st = tl.tasks.info.get("unfolded")
-    parts = [f"{reps} of {used} GPUs"] if reps < used else []
     if st is not None:
         parts.append(f"{st.simulated} of {st.microbatches} microbatches")
     if not parts:
@@ -329,8 +330,8 @@ def draw_explore(state: dict, collapse: bool, metric: str, gantt: dict | None = 
         "sum-tasks": format_count(summ["tasks"]) + _symmetry_note(tl),
         "rate": {"per_s": summ.get("tokens_per_s") or summ.get("throughput_samples_per_s"), "gpus": len(used),
                  "cluster_gpus": c.num_devices, "unit": "tokens" if summ.get("tokens_per_s") else "samples"},
-        "why": why_text(summ, dp_comm, tl, mem) + _bubble_note(gd.get("bubble")) + _microbatch_note(tl) + idle_note + (
-            "" if dp_fits is not False else " Data parallel does not fit in memory here: no speedup over it is given."),
+        "why": why_text(summ, dp_comm, tl, mem) + _bubble_note(gd.get("bubble")) + _microbatch_note(tl) + idle_note
+        + ("" if dp_fits is not False else " Data parallel does not fit in memory here: no speedup over it is given."),
         "op-graph": (build_block_stack_figure if view.get("stack") else build_op_graph_figure)(
             view, colour_of, legend, hover, sel_nodes),
         "op-panel": editor.op_panel(g, s, tl, selected, op_cost_mark(ws, selected[0]) if selected else None),

@@ -120,9 +120,7 @@ def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
     would simulate. The periods are :func:`steady_periods`'."""
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
-    if any(op.attrs.get("num_experts") for op in graph.ops):
-        return []
-    if strategy.zero_stage >= 3:  # every microbatch's parameter gathers wait for nothing: no repeat
+    if why_not_extrapolated(graph, strategy) is not None:  # (MoE, ZeRO-3, GPipe: in words there)
         return []
     runs = []
     for q in steady_periods(p, v, pipe.schedule):
@@ -133,9 +131,10 @@ def short_runs(graph: OpGraph, strategy: Strategy) -> list[tuple[int, int]]:
 
 
 def why_not_extrapolated(graph: OpGraph, strategy: Strategy) -> str | None:
-    """Why :func:`short_runs` tries no short run for ``strategy`` where its pipeline has
-    microbatches to spare, in words; None where it tries one, or where the microbatches are too
-    few for a short run to save anything (nothing worth saying)."""
+    """Why :func:`short_runs` tries no short run for ``strategy`` whatever its microbatches, in
+    words (what it reads to say none: a mixture-of-experts model, ZeRO-3, GPipe over several
+    stages); None where it tries one, or where only the microbatches are too few for a short
+    run to save anything (nothing worth saying)."""
     pipe = strategy.pipeline
     if any(op.attrs.get("num_experts") for op in graph.ops):
         return "a mixture-of-experts model: its all-to-alls' overlap is measured over the whole timeline"

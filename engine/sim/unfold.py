@@ -136,6 +136,11 @@ def _cuts(tg: TaskGraph, start: np.ndarray, st: SteadyState, tol: float) -> Iter
             yield float(s[i] + gaps[i] / 2)
 
 
+def _moved(mb: np.ndarray, by: np.ndarray | int) -> np.ndarray:
+    """Microbatch ids ``by`` microbatches on (-1, a per-iteration task's, stays)."""
+    return np.where(mb >= 0, mb + by, mb).astype(mb.dtype)
+
+
 def _window(start: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.flatnonzero((start >= lo) & (start < hi))
 
@@ -154,15 +159,13 @@ def _pairs(tl: Timeline, a: np.ndarray, b: np.ndarray, shift: float, q: int, tol
     tg = tl.tasks
     if a.size != b.size or a.size == 0:
         return None
-    mb_a = np.where(tg.mb[a] >= 0, tg.mb[a] + q, tg.mb[a])
-    oa = _key_order(tg, a, mb_a, tl.start_s[a] + shift)
+    oa = _key_order(tg, a, _moved(tg.mb[a], q), tl.start_s[a] + shift)
     ob = _key_order(tg, b, tg.mb[b], tl.start_s[b])
     for c in _COLS + ("dur_s",):
         col = getattr(tg, c)
         if not np.array_equal(col[oa], col[ob]):
             return None
-    mb_oa = np.where(tg.mb[oa] >= 0, tg.mb[oa] + q, tg.mb[oa])
-    if not np.array_equal(mb_oa, tg.mb[ob]):
+    if not np.array_equal(_moved(tg.mb[oa], q), tg.mb[ob]):
         return None
     for t in (tl.start_s, tl.end_s):
         if np.max(np.abs(t[oa] + shift - t[ob])) > tol:
@@ -228,8 +231,7 @@ def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.
     at[pre] = np.arange(pre.size)
     at[post] = pre.size + more * w.size + np.arange(post.size)
     copies = pre.size + np.arange(more)[:, None] * w.size + np.arange(w.size)[None, :]  # [copy, W task]
-    mb = tg.mb[src]
-    mb = np.where(mb >= 0, mb + k * q, mb).astype(tg.mb.dtype)
+    mb = _moved(tg.mb[src], k * q)
     N = src.size
     out = TaskGraph(
         kind=tg.kind[src], op=tg.op[src], part=tg.part[src], mb=mb, device=tg.device[src], dur_s=tg.dur_s[src],
