@@ -36,7 +36,7 @@ from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
-from .steady import repeating, short_run, steady_periods
+from .steady import repeating, runs_to_try
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
@@ -272,12 +272,14 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
     to repeat (:func:`engine.sim.steady.repeating`, the rule :mod:`engine.sim.steady` applies to
     the full simulation), else every microbatch."""
     D, L = cluster.num_devices, len(cluster.links)
-    for q in steady_periods(p, v, ref.schedule):
-        n = short_run(p, q, m)
-        if n is None or n < ref.microbatches:
+    built = 0
+    for n, q in runs_to_try(p, v, ref.schedule, m):
+        if n < ref.microbatches:
             continue
-        short = unroll(ref, p, n, D, L)
-        tl = simulate(short)
+        if n != built:  # (a run checked for two periods is composed once)
+            built = n
+            short = unroll(ref, p, n, D, L)
+            tl = simulate(short)
         found = repeating(short, tl, n, p, q)
         if found is not None:
             return tl.makespan_s + (m - n) // q * found[2], short.num_tasks

@@ -148,21 +148,29 @@ def test_random_megatron_layouts_extrapolate_to_the_full_totals(tp, pp, vpp, mb,
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-def test_a_pipeline_whose_inputs_cycle_repeats_every_p_microbatches(pp):
-    """LLaMA-2 7B, tp 8 on 64 A100s: every task repeats each microbatch but the labels input
-    (no duration: it starts where its GPU's queue lets it, a place that cycles through the p
-    microbatches in flight). The period p is tried after 1 fails, and its extrapolation
-    equals the full simulation in every total."""
+def test_a_pipeline_that_repeats_every_p_microbatches(pp, monkeypatch):
+    """LLaMA-2 7B, tp 8 on 64 A100s: its schedule repeats every p microbatches, not every one
+    (at pp 2 a microbatch's tasks run 90.215 ms after the one before, then 91.257 ms, in turn).
+    The period p is tried after 1 fails, and its extrapolation equals the full simulation in
+    every total. At pp 2 the first run, 3 microbatches longer, checks both periods: one build."""
     g, c = build_sample("llama2-7b"), preset("dgx-a100-80gb:8")
     s = build_layout(g, c, Layout(tp=8, pp=pp, micro_batch=1))
-    assert steady.short_runs(g, s) == [(2 * pp + pp + steady.EXTRA_PERIODS, 1),
-                                       (2 * pp + (pp + steady.EXTRA_PERIODS) * pp, pp)]
-    n1 = steady.short_runs(g, s)[0][0]
+    n1, n2 = 2 * pp + pp + steady.EXTRA_PERIODS, 2 * pp + (pp + steady.EXTRA_PERIODS) * pp
+    if pp == 2:  # (12 microbatches: 4 periods of 2 after the warm-up, before the cool-down)
+        assert steady.short_runs(g, s) == [(n1 + 3, 1), (n1 + 3, pp), (n2, pp)]
+        n1 += 3
+    else:  # (4 + 2 periods of 4 need 32 microbatches, not a few more than 15)
+        assert steady.short_runs(g, s) == [(n1, 1), (n2, pp)]
     tg = build_task_graph(g, s, c, CostModel(), microbatches=n1)
-    assert steady.repeating(tg, simulate(tg), n1, pp, 1) is None  # (the labels' starts: every p)
+    assert steady.repeating(tg, simulate(tg), n1, pp, 1) is None
+    built = []
+    real = steady.build_task_graph
+    monkeypatch.setattr(steady, "build_task_graph", lambda *a, **k: built.append(k["microbatches"]) or real(*a, **k))
     short = simulate_strategy(g, s, c, check=False, steady=True)
+    assert built == ([n1] if pp == 2 else [n1, n2])
     full = simulate_strategy(g, s, c, check=False)
     assert short.steady is not None and short.steady.period == pp
+    assert short.steady.simulated == built[-1]
     assert_same_totals(short, full)
 
 
