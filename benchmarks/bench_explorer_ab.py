@@ -52,7 +52,8 @@ def main() -> None:
             for tree, into in ((base, before), (ROOT, after)) if r % 2 == 0 else ((ROOT, after), (base, before)):
                 for case, s in _run(tree, args.repeat).items():
                     into.setdefault(case, []).append(s)
-            print(f"round {r + 1}: load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"round {r + 1}: load {os.getloadavg()[0]:.2f}; "
+                  + "; ".join(f"{c[:12]}… {before[c][-1]:.2f} -> {after[c][-1]:.2f} s" for c in after), flush=True)
         for case in after:
             b, a = statistics.median(before[case]), statistics.median(after[case])
             print(f"{case}: before median {b:.2f} s (max {max(before[case]):.2f}), after median {a:.2f} s "
