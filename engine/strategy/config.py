@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import math
 
@@ -115,8 +115,10 @@ class Config:
     def degree(self, dim: str) -> int:
         return self.degrees.get(dim, 1)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"degrees": dict(self.degrees), "devices": list(self.devices)}
+    def to_dict(self, devices: Callable[[tuple[int, ...]], Any] = list) -> dict[str, Any]:
+        """The config as ``soapbox.strategy/1`` writes it; ``devices`` writes the device tuple
+        (a list by default; the explorer's state writes runs such as ``"0-7,16-23"``)."""
+        return {"degrees": dict(self.degrees), "devices": devices(self.devices)}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and dict(self.degrees) == dict(other.degrees) \

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 
 from .runs import check_runs, devices_of_entry
@@ -266,10 +266,12 @@ class Strategy:
             seen.setdefault(id(c.devices), c.devices)
         return {d for devs in seen.values() for d in devs}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, devices: Callable[[tuple[int, ...]], Any] = list) -> dict[str, Any]:
+        """The strategy as ``soapbox.strategy/1`` writes it; ``devices`` writes each config's
+        device tuple (:meth:`Config.to_dict`)."""
         ops = {}
         for name, c in self.configs.items():
-            entry = c.to_dict()
+            entry = c.to_dict(devices)
             if self.stage_of:
                 entry["stage"] = self.stage_of.get(name, 0)
             ops[name] = entry

@@ -94,7 +94,7 @@ LAYOUTS = [
     ("zero1-param-gather", "gpt2", 256, "dgx-a100-80gb:2",
      Layout(tp=1, pp=2, micro_batch=1, zero_stage=1, overlap_grad_reduce=True, overlap_param_gather=True)),
     ("cp2-pp4", "gpt2", 256, "dgx-a100-80gb:2", Layout(tp=2, cp=2, pp=4, micro_batch=1, sequence_parallel=True)),
-    ("labels-cycle-every-p", "llama2-7b", None, "dgx-a100-80gb:8", Layout(tp=8, pp=2, micro_batch=1)),
+    ("repeats-every-p-one-run", "llama2-7b", None, "dgx-a100-80gb:8", Layout(tp=8, pp=2, micro_batch=1)),
     ("interleaved-mb2-overlap-period-4", "gpt2", 512, "dgx-a100-80gb:2",
      Layout(tp=2, pp=4, vpp=2, micro_batch=2, overlap_grad_reduce=True)),
     ("offload-activations", "gpt2", 256, "dgx-a100-80gb:2", Layout(tp=2, pp=1, micro_batch=1, offload_activations=2)),
