@@ -229,7 +229,8 @@ def strategy_dict(strategy: Strategy) -> dict:
     runs: dict[int, tuple[tuple[int, ...], str]] = {}  # id of a device tuple -> (it, its runs)
 
     def text(devices: tuple[int, ...]) -> str:
-        hit = runs.get(id(devices))  # (by identity: a layout's ops share their tuples; hashing 64 ints each is not free)
+        # (by identity: a layout's ops share their tuples, and hashing 64 ints each is not free)
+        hit = runs.get(id(devices))
         if hit is None or hit[0] is not devices:
             hit = runs[id(devices)] = (devices, device_runs(devices))
         return hit[1]

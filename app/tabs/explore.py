@@ -114,7 +114,8 @@ def _colours(graph, strategy, layout) -> tuple[dict[str, str], dict[str, str], d
         if len(ms) == 1:
             op = graph[ms[0]]
             hover[node] = (f"{op.name} ({op.kind})<br>out {' x '.join(map(str, op.out_tensors[0].shape))}"
-                           f"<br>{op.fwd_flops / 1e9:.3g} GFLOP fwd · {op.param_count:,} params<br>{labels[op.name]} GPU(s)"
+                           f"<br>{op.fwd_flops / 1e9:.3g} GFLOP fwd · {op.param_count:,} params"
+                           f"<br>{labels[op.name]} GPU(s)"
                            + (f"<br>{moe_text(op, strategy[op.name])}" if op.kind in ("router", "experts") else ""))
         else:
             hover[node] = f"{node}: {len(ms)} ops<br>{lab}"

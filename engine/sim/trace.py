@@ -114,7 +114,8 @@ def trace_events(graph: OpGraph, cluster: Cluster, timeline: Timeline,
             yield {"ph": "C", "name": "memory", "pid": d, "ts": 0.0,
                    "args": {"GB": round(float(memory.static_bytes[d]) / 1e9, 6)}}
             for t_s, b in zip(_us(times), level):
-                yield {"ph": "C", "name": "memory", "pid": d, "ts": float(t_s), "args": {"GB": round(float(b) / 1e9, 6)}}
+                yield {"ph": "C", "name": "memory", "pid": d, "ts": float(t_s),
+                       "args": {"GB": round(float(b) / 1e9, 6)}}
 
 
 def _flows(timeline: Timeline) -> Iterator[tuple[int, float, int, int, float]]:
