@@ -216,12 +216,15 @@ class UnfoldedTimeline(Timeline):
 def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.ndarray,
               est_shift: float) -> Timeline:
     """The whole iteration's timeline: see the module. ``w``: the pattern's tasks (short-run
-    ids, increasing); ``est_shift``: the earliest starts' period."""
+    ids, increasing); ``est_shift``: the earliest starts' period. What is moved on (microbatch
+    ids, times) is made part by part, the tasks before the cut, W's copies and the rest
+    (:func:`_by_part`), each value as ``x + k x step`` would make it."""
     tg = tl.tasks
     n = tg.num_tasks
     start = tl.start_s
     pre = np.flatnonzero(start < cut)
     post = np.flatnonzero(start >= cut)
+    parts = (pre, w, post, more)
     src = np.concatenate([pre, np.tile(w, more), post])  # [task] its short-run task
     k = np.concatenate([np.zeros(pre.size, np.int64), np.repeat(np.arange(1, more + 1), w.size),
                         np.full(post.size, more, np.int64)])  # [task] periods it is moved on
@@ -231,7 +234,7 @@ def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.
     at[pre] = np.arange(pre.size)
     at[post] = pre.size + more * w.size + np.arange(post.size)
     copies = pre.size + np.arange(more)[:, None] * w.size + np.arange(w.size)[None, :]  # [copy, W task]
-    mb = _moved(tg.mb[src], k * q)
+    mb = _by_part(tg.mb, parts, q, ids=True)
     N = src.size
     out = TaskGraph(
         kind=tg.kind[src], op=tg.op[src], part=tg.part[src], mb=mb, device=tg.device[src], dur_s=tg.dur_s[src],
@@ -242,14 +245,16 @@ def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.
         n_devices=tg.n_devices, n_links=tg.n_links, comm_bytes=float(tl.comm_bytes))
     out.info = {key: v for key, v in tg.info.items()
                 if key in ("symmetry", "cross_replica_transfers", "device_image", "ops")}
-    moved = k * shift
+    moved = np.concatenate([np.zeros(pre.size), np.repeat(np.arange(1, more + 1) * shift, w.size),
+                            np.full(post.size, more * shift)])  # [task] seconds moved on (k x shift)
     out.info.update(microbatches=st.microbatches, unfolded=st, unfolded_from=(tl, src, moved))
     coll = tg.info.get("coll_devices")
     if coll is not None:
         out.info["coll_devices"] = _coll_devices(coll, at, copies, np.searchsorted(w, coll[2]), w, more)
     order = _order(tl.order, start, cut, w, at, copies)
     extra = {key: v for key, v in tl.extra.items() if key != "ready_s"}  # (what the delta simulator reads)
-    timeline = UnfoldedTimeline(out, start[src] + moved, tl.end_s[src] + moved, order, np.full(N, -1, np.int64), extra)
+    timeline = UnfoldedTimeline(out, _by_part(start, parts, shift), _by_part(tl.end_s, parts, shift), order,
+                                np.full(N, -1, np.int64), extra)
     chain = tl.critical_tasks
     cs = start[chain]
     in_w = chain[(cs >= cut - shift) & (cs < cut)]
@@ -258,6 +263,24 @@ def _unfolded(tl: SteadyTimeline, st: SteadyState, cut: float, more: int, w: np.
     timeline.__dict__["critical_tasks"] = np.concatenate([
         at[chain[cs < cut]], copies[:, np.searchsorted(w, in_w)].reshape(-1), at[chain[cs >= cut]]])
     return timeline
+
+
+def _by_part(col: np.ndarray, parts: tuple, step: float | int, ids: bool = False) -> np.ndarray:
+    """``col``'s values of the unfolded tasks, moved on by k x ``step`` (k: the periods each is
+    moved on): the tasks before the cut as they are, W's j-th copy by j x ``step``, the rest by
+    ``more`` x ``step``. ``ids``: microbatch ids, of which -1 (a per-iteration task's) stays.
+    Made on W's and the rest's values, not on a [task] array of k (a 1.1 M-task timeline
+    made three of them)."""
+    pre, w, post, more = parts
+    cw, cp = col[w], col[post]
+    steps = (np.arange(1, more + 1) * step)[:, None]  # (j x step, as k x step makes it)
+    if ids:
+        copies = np.where(cw >= 0, cw[None, :] + steps, cw[None, :])
+        cp = np.where(cp >= 0, cp + more * step, cp)
+    else:
+        copies = cw[None, :] + steps
+        cp = cp + more * step
+    return np.concatenate([col[pre], copies.reshape(-1), cp]).astype(col.dtype, copy=False)
 
 
 def _rows(ptr: np.ndarray, idx: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -272,14 +295,17 @@ def _rows(ptr: np.ndarray, idx: np.ndarray, src: np.ndarray) -> tuple[np.ndarray
 def _coll_devices(coll: tuple, at: np.ndarray, copies: np.ndarray, in_w: np.ndarray, w: np.ndarray,
                   more: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The collectives' devices (``tasks.info["coll_devices"]``: CSR ptr, devices, task ids) of
-    the unfolded tasks: each collective's own place, then W's collectives' copies."""
+    the unfolded tasks: each collective's own place (its devices as they are), then W's
+    collectives' copies (their devices tiled ``more`` times)."""
     ptr, idx, tasks = coll
     in_w = np.minimum(in_w, max(w.size - 1, 0))
     is_w = (w.size > 0) & (w[in_w] == tasks) if tasks.size else np.zeros(0, bool)
-    rows = np.concatenate([np.arange(tasks.size), np.tile(np.flatnonzero(is_w), more)])
+    w_ptr, w_idx = _rows(ptr, idx, np.flatnonzero(is_w))
+    steps = (np.arange(more) * w_ptr[-1])[:, None]
+    own_ptr, own_idx = ptr - ptr[0], idx[ptr[0]:ptr[-1]]  # (every row in order: a slice)
+    new_ptr = np.concatenate([own_ptr, own_ptr[-1] + (w_ptr[1:][None, :] + steps).reshape(-1)])
     ids = np.concatenate([at[tasks], copies[:, in_w[is_w]].reshape(-1)])
-    new_ptr, new_idx = _rows(ptr, idx, rows)
-    return new_ptr, new_idx, ids
+    return new_ptr, np.concatenate([own_idx, np.tile(w_idx, more)]), ids
 
 
 def _order(order: np.ndarray, start: np.ndarray, cut: float, w: np.ndarray, at: np.ndarray,
@@ -287,6 +313,8 @@ def _order(order: np.ndarray, start: np.ndarray, cut: float, w: np.ndarray, at: 
     """A dispatch order of the unfolded tasks: the short run's before the cut, each copy of W
     in the short run's order of W, then the short run's from the cut."""
     s = start[order]
-    w_in_order = order[np.isin(order, w)]
+    in_w = np.zeros(start.size, bool)
+    in_w[w] = True
+    w_in_order = order[in_w[order]]
     pos = np.searchsorted(w, w_in_order)
     return np.concatenate([at[order[s < cut]], copies[:, pos].reshape(-1), at[order[s >= cut]]])
