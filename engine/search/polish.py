@@ -35,9 +35,10 @@ what MCMC reaches in 150 s (issue 28); in graph order, without the wide rounds, 
 **Class moves.** Where an op has alike twins (:func:`alike_classes`: the same kind, shapes,
 attributes and parameter group, as the time steps of an unrolled RNN), the configs that made it
 alone fastest are also tried for its whole class (the members on its pipeline stage), each priced
-whole (:data:`CLASS_TRIES` of them, once a round per class), and the best is taken when it beats
-the op's own pick. One config for forty time steps is not reachable by single-op moves: each
-step alone gains little or loses (a step split apart from its neighbours redistributes its
+whole (:func:`class_tries`: the fastest alone of each batch degree, then the fastest of the
+rest; once a round per class), and the best is taken when it beats the op's own pick. One
+config for forty time steps is not reachable by single-op moves: each step alone gains little
+or loses (a step split apart from its neighbours redistributes its
 tensors), all of them together gain much. On RNNLM / ``dgx-a100-40gb:8`` a 15 s ``auto`` went
 from 9.06 to 7.24 ms with them (the best known, MCMC at 150 s, was 8.28). The class's best
 config need not be among its op's best alone: from 7.24 ms, ``in_feature 8 x sample 8`` makes
@@ -66,7 +67,7 @@ from .moves import Space
 from .visits import alike_classes, distinct_first, stage_spans, visit_order
 
 __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
-           "CLASS_TRIES", "alike_classes", "distinct_first",
+           "CLASS_TRIES", "class_tries", "alike_classes", "distinct_first",
            "stage_spans", "ZERO_ORDER"]
 
 #: the global move kinds (:mod:`engine.search.moves`) each round tries before the single-op
@@ -86,6 +87,30 @@ POLISH_KINDS = ("split", "schedule", "zero", "microbatches", "recompute")
 #: in_feature 8 x sample 2) was 5th for ``output.t20.logits`` alone (8.87 ms), the second best
 #: (7.62 ms) 4th; the first three, each the best alone, are worse for the class (issue 43)
 CLASS_TRIES = 6
+
+
+def class_tries(alone: list) -> list:
+    """The configs a class move prices for the whole class, from ``alone`` ((time, order,
+    config) of its op's configs faster alone than the current strategy): the fastest alone of
+    each degree of the batch dim (``sample``), in the order of their times alone, then the
+    fastest of the rest, :data:`CLASS_TRIES` in all or one per batch degree if more.
+
+    Why by batch degree: alone, an op's configs differ little and favour what suits its
+    neighbours, the rest of its class; moved together, how the class splits the batch decides
+    what it exchanges with the ops around it. RNNLM / dgx-a100-40gb:8 from data parallelism
+    (12.079 ms), ``output.t20.logits``: the six fastest alone (11.877-11.880 ms) split no batch
+    or split it by 2; for the whole class of 40 they give 10.56 ms at best. The fastest alone
+    of batch degree 8 (``feature 8 x sample 8``, 11.897 ms, 44th alone) gives 4.862 ms (the best
+    known before, a 150 s descent, 5.914 ms; of all 461 configs priced for the class the best
+    is 4.639 ms). Measured in issue 43."""
+    ranked = sorted(alone, key=lambda a: a[:2])
+    firsts: dict[int, tuple] = {}
+    for a in ranked:
+        firsts.setdefault(a[2].degree("sample"), a)
+    picks = list(firsts.values())
+    chosen = {id(a) for a in picks}
+    picks += [a for a in ranked if id(a) not in chosen][:max(0, CLASS_TRIES - len(picks))]
+    return [a[2] for a in picks]
 
 
 @dataclass
@@ -368,7 +393,7 @@ class _Descent:
             return [], False
         tried.add(members)
         best, pick, stopped = pick_cost, None, False
-        for _, _, config in sorted(alone, key=lambda a: a[:2])[:CLASS_TRIES]:
+        for config in class_tries(alone):
             if self.stop():
                 stopped = True
                 break

@@ -9,8 +9,9 @@ from engine.formats import resolve_model
 from engine.search.api import price
 from engine.search.baselines import data_parallel
 from engine.search.chains import candidate_configs
-from engine.search.polish import CLASS_TRIES, alike_classes, coordinate_descent, distinct_first, visit_order
-from engine.strategy import validate_strategy
+from engine.search.polish import (CLASS_TRIES, alike_classes, class_tries, coordinate_descent, distinct_first,
+                                  visit_order)
+from engine.strategy import Config, validate_strategy
 from toys import tiny, unrolled  # tests/toys.py
 
 
@@ -21,7 +22,8 @@ def priced(g, s, c) -> float:
 def first_visit(tries: int):
     """The toy's first visit from data parallelism, by brute force: the first op's class, its
     candidates spanning every device, each priced alone ((time, order, config), fastest first),
-    and the ``tries`` fastest of those that beat the start: what a class move tries."""
+    and the first ``tries`` of those that beat the start in :func:`class_tries`' order: what a
+    class move tries."""
     g, c = unrolled()
     s = data_parallel(g, c)
     base = priced(g, s, c)
@@ -29,7 +31,7 @@ def first_visit(tries: int):
     wide = [x for x in candidate_configs(g[first], c.num_devices)
             if len(x.devices) == c.num_devices and x != s[first]]
     alone = sorted((priced(g, s.with_config(first, x), c), i, x) for i, x in enumerate(wide))
-    tried = [x for cost, _, x in alone if cost < base][:tries]
+    tried = class_tries([a for a in alone if a[0] < base])[:tries]
     return g, c, s, alike_classes(g)[first], wide, alone, tried
 
 
@@ -81,6 +83,24 @@ class TestDistinctFirst:
         assert out[:len(firsts)] == [name for name in order if name in firsts]
         assert out.index("classifier") < len(firsts) == out.index("lstm.l0.t2")  # (t0 has no twin, t1 is first)
         assert distinct_first(order, {}) == order
+
+
+class TestClassTries:
+    def test_the_fastest_of_each_batch_degree_first_then_the_fastest_of_the_rest(self):
+        """Pinned by hand: the best alone of each batch (``sample``) degree, in the order of their
+        times alone, then the fastest others up to :data:`CLASS_TRIES` in all."""
+        cfg = {k: Config(d, tuple(range(8))) for k, d in {
+            "f8": {"feature": 8}, "f4s2": {"feature": 4, "sample": 2}, "f2s4": {"feature": 2, "sample": 4},
+            "f4i2": {"feature": 4, "in_feature": 2}, "s8": {"sample": 8}, "i8": {"in_feature": 8},
+            "f2i2s2": {"feature": 2, "in_feature": 2, "sample": 2}, "i2s4": {"in_feature": 2, "sample": 4}}.items()}
+        alone = [(1.0, 0, cfg["f8"]), (1.1, 1, cfg["f4i2"]), (1.2, 2, cfg["i8"]), (1.3, 3, cfg["f4s2"]),
+                 (1.4, 4, cfg["f2i2s2"]), (1.5, 5, cfg["f2s4"]), (1.6, 6, cfg["i2s4"]), (1.7, 7, cfg["s8"])]
+        want = ["f8", "f4s2", "f2s4", "s8", "f4i2", "i8"]  # (degrees 1, 2, 4, 8; then the two fastest left)
+        assert class_tries(alone[::-1]) == [cfg[k] for k in want]
+        assert CLASS_TRIES == 6 and class_tries([]) == []
+        many = [(float(i), i, Config({"sample": 2 ** i} if i else {"feature": 8}, tuple(range(2 ** max(i, 3)))))
+                for i in range(8)]  # (eight batch degrees: one each, more than CLASS_TRIES)
+        assert class_tries(many) == [c for _, _, c in many]
 
 
 class TestClassMove:
