@@ -44,10 +44,7 @@ from ..strategy import Strategy
 from ..taskgraph import BARRIER, BWD, FWD, UPDATE, TaskGraph, build_task_graph
 
 __all__ = ["SteadyState", "SteadyTimeline", "microbatches_to_simulate", "short_runs", "runs_to_try", "steady_periods",
-           "short_run",
-           "why_not_extrapolated",
-           "simulate_steady", "repeating", "TOLERANCE",
-           "EXTRA_PERIODS"]
+           "short_run", "why_not_extrapolated", "simulate_steady", "repeating", "TOLERANCE", "EXTRA_PERIODS"]
 
 #: what a repeat may differ by, as a share of the simulated iteration's time (float rounding)
 TOLERANCE = 1e-9

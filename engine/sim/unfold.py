@@ -275,11 +275,9 @@ def _by_part(col: np.ndarray, parts: tuple, step: float | int, ids: bool = False
     cw, cp = col[w], col[post]
     steps = (np.arange(1, more + 1) * step)[:, None]  # (j x step, as k x step makes it)
     if ids:
-        copies = np.where(cw >= 0, cw[None, :] + steps, cw[None, :])
-        cp = np.where(cp >= 0, cp + more * step, cp)
+        copies, cp = _moved(cw[None, :], steps), _moved(cp, more * step)
     else:
-        copies = cw[None, :] + steps
-        cp = cp + more * step
+        copies, cp = cw[None, :] + steps, cp + more * step
     return np.concatenate([col[pre], copies.reshape(-1), cp]).astype(col.dtype, copy=False)
 
 
