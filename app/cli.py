@@ -42,6 +42,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "searches and uploads; default: the connection's own address)")
     p.add_argument("--idle-evict", type=_seconds, default=None, metavar="SECONDS",
                    help="drop a session's cached simulation after this long without a request (default 600)")
+    p.add_argument("--recycle-mb", type=_megabytes, default=None, metavar="MB",
+                   help="once idle, start again in place when holding this much memory over its start, to give "
+                        "back what a burst of visitors left (default 40; 0: never; Linux)")
+    p.add_argument("--recycle-idle", type=_seconds, default=None, metavar="SECONDS",
+                   help="seconds without a request before it may start again (default 30)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode on Flask's development server "
                                                         "(reloads on code changes)")
 
@@ -56,7 +61,18 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _megabytes(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
+    if not 0 <= v <= 1e6:
+        raise argparse.ArgumentTypeError(f"{text} must be between 0 and 1000000 MB")
+    return v
+
+
 _served = False  # whether this process ran the server (which exits the normal way)
+_own_process = False  # whether the command owns its process (the console entry): only then may it exec itself
 
 
 def waitress_options(threads: int = 8) -> dict:
@@ -126,6 +142,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
     from .clients import trust_proxy
+    from .datadir import adopt_lock
+    from .recycle import handed_over
+
+    handed = handed_over()  # (this image replaced one that started again in place: app.recycle)
+    if handed is not None:
+        adopt_lock(handed["lock"])
 
     trust_proxy(args.trusted_proxy)
     _log_to_stderr()
@@ -139,11 +161,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot use the store in {args.data_dir or '(the default data directory)'}: {e}") from None
     info = app.soapbox_info  # (a store set aside or found emptied was said on stderr: app.store.open_checked)
     warm_up()
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"soapbox explorer: http://{shown}:{args.port}/  (Ctrl+C to stop)", flush=True)
-    print(f"data: {info['data_dir']}; searches run {info['workers']} at a time"
-          + (f"; {info['interrupted']} search(es) interrupted by the last stop" if info["interrupted"] else ""),
-          flush=True)
+    if handed is None:
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        print(f"soapbox explorer: http://{shown}:{args.port}/  (Ctrl+C to stop)", flush=True)
+        print(f"data: {info['data_dir']}; searches run {info['workers']} at a time"
+              + (f"; {info['interrupted']} search(es) interrupted by the last stop" if info["interrupted"] else ""),
+              flush=True)
     if args.debug:
         app.run(host=args.host, port=args.port, debug=True)
         return 0
@@ -154,9 +177,45 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig()  # (waitress's own warnings, as waitress.serve sets them up)
     share = CLIENT_CONNECTIONS if args.client_connections is None else args.client_connections
     server = make_server(app.server, args.host, args.port, client_connections=share,
-                         **waitress_options(args.threads))
+                         sockets=handed["listen"] if handed else None, **waitress_options(args.threads))
+    _recycle_when_idle(server.edge_servers, args, handed)
     server.run()
     return 0
+
+
+def _recycle_when_idle(servers: list, args: argparse.Namespace, handed: dict | None) -> None:
+    """Let the idle server start again in place when it holds much more memory than now
+    (:mod:`app.recycle`); said on stderr when it has just done so."""
+    from . import jobs, store
+    from .recycle import GROWTH_MB, IDLE_S, Recycler, rss_kb
+    from .sessions import current
+
+    now = rss_kb()
+    if handed is not None:
+        print(f"soapbox: note: started again in place (time {handed['restarts']}): {handed['held_mb']:.0f} MB "
+              f"resident before, {(now or 0) / 1024:.0f} MB now", file=sys.stderr, flush=True)
+    growth = GROWTH_MB if args.recycle_mb is None else args.recycle_mb
+    if not _own_process or not growth or now is None:
+        return
+
+    def busy() -> str | None:
+        why = current().busy()
+        if why:
+            return why
+        try:
+            db = store.current()
+            return "a search or plan is queued or running" if db.running_searches() or db.queued_count() else None
+        except Exception as e:  # (a store that cannot be read now: not the moment)
+            return f"the store cannot be read ({e})"
+
+    def prepare() -> list[int]:
+        jobs.pool().shutdown()  # (its workers are this image's children: not left behind)
+        return store.current().lock_descriptors()
+
+    rec = Recycler(growth, IDLE_S if args.recycle_idle is None else args.recycle_idle, now, busy, prepare,
+                   lambda: current().last_request_s, handed["restarts"] if handed else 0)
+    for s in servers:
+        s.after_maintenance = lambda _s: rec.check(servers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,6 +229,8 @@ def run() -> None:
     files removed in ``finally``), so after flushing stdout and stderr the process ends
     without tearing down its modules and arrays: 0.15 s of a 0.7 s ``soapbox simulate``
     of Inception-v3 (numba's and llvmlite's finalisers). ``serve`` exits normally."""
+    global _own_process
+    _own_process = True
     rc = main(sys.argv[1:])
     if _served:  # (its worker pool and database close in their own handlers)
         sys.exit(rc)

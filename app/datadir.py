@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-__all__ = ["DataDirInUse", "FolderLock", "default_data_dir", "private_dir", "private_file", "lock_folder", "inspect_store", "set_aside",
-           "LOCK_NAME", "EVIDENCE"]
+__all__ = ["DataDirInUse", "FolderLock", "adopt_lock", "default_data_dir", "private_dir", "private_file",
+           "lock_folder", "inspect_store", "set_aside", "LOCK_NAME", "EVIDENCE"]
 
 #: the lock's file name in the data directory
 LOCK_NAME = "soapbox.lock"
@@ -103,6 +103,11 @@ class FolderLock:
     def __init__(self, folder_fd: int, file: IO[str]) -> None:
         self.folder_fd, self.file = folder_fd, file
 
+    def descriptors(self) -> list[int]:
+        """Its two descriptors (folder, file), for a server starting again in place
+        (:mod:`app.recycle`) to keep across the exec and :func:`adopt_lock`."""
+        return [self.folder_fd, self.file.fileno()] if self.file is not None and self.folder_fd >= 0 else []
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
@@ -110,6 +115,40 @@ class FolderLock:
         if self.folder_fd >= 0:
             os.close(self.folder_fd)
             self.folder_fd = -1
+
+
+_handed: list[int] = []  # a lock's descriptors kept across this process's exec (adopt_lock)
+
+
+def adopt_lock(descriptors: list[int]) -> None:
+    """The next :func:`lock_folder` takes these descriptors ([folder, file], held by this
+    process's image before an exec: :mod:`app.recycle`) instead of opening the folder again,
+    when they are that folder's: a second open of the lock file could not take its ``flock``."""
+    _handed[:] = descriptors
+
+
+def _adopted(folder: Path) -> FolderLock | None:
+    """The handed-over lock when it is ``folder``'s and still held; else its descriptors closed."""
+    import fcntl
+
+    dfd, ffd = _handed
+    _handed.clear()
+    try:
+        a, b = os.fstat(dfd), os.stat(folder)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (the same open file: already ours)
+            fcntl.flock(ffd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.set_inheritable(dfd, False)
+            os.set_inheritable(ffd, False)
+            return FolderLock(dfd, open(ffd, "r+", encoding="ascii", errors="replace"))
+    except OSError:
+        pass
+    for fd in (dfd, ffd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return None
 
 
 def lock_folder(folder: Path) -> FolderLock | None:
@@ -127,6 +166,10 @@ def lock_folder(folder: Path) -> FolderLock | None:
         import fcntl
     except ImportError:  # pragma: no cover - not on Linux / macOS
         return None
+    if _handed:
+        kept = _adopted(folder)
+        if kept is not None:
+            return kept
     path = folder / LOCK_NAME
     dfd = os.open(folder, os.O_RDONLY)
     f = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+", encoding="ascii", errors="replace")

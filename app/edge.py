@@ -121,6 +121,9 @@ class EdgeServer(TcpWSGIServer):
         #: address -> its open connections (kept as they open and close: an accept looks at its
         #: own address's, not at every connection's: 1,100 of them, thousands of accepts a second)
         self.by_client: dict[str, set] = {}
+        #: called with the server after each round of deadlines, from its own loop (nothing is
+        #: accepted meanwhile): :meth:`app.recycle.Recycler.check` where the server may start again
+        self.after_maintenance: Any = None
         super().__init__(*a, **kw)
 
     def readable(self) -> bool:  # (waitress's stops accepting at the limit: here, room is made)
@@ -137,6 +140,8 @@ class EdgeServer(TcpWSGIServer):
             if why:
                 ch.will_close = True
                 self.closed[why] += 1
+        if self.after_maintenance is not None:
+            self.after_maintenance(self)
 
     def handle_accept(self) -> None:
         n = len(self.active_channels)
@@ -166,15 +171,32 @@ class EdgeServer(TcpWSGIServer):
         return True
 
 
-def make_server(app: Any, host: str, port: int, client_connections: int = CLIENT_CONNECTIONS, **opts: Any) -> Any:
+def make_server(app: Any, host: str, port: int, client_connections: int = CLIENT_CONNECTIONS,
+                sockets: list[int] | None = None, **opts: Any) -> Any:
     """What ``waitress.create_server`` makes for ``host:port``, through :class:`EdgeServer`:
-    one server per address ``host`` resolves to (``server.run()`` serves them all)."""
-    adj = Adjustments(host=host, port=port, **opts)
+    one server per address ``host`` resolves to (``server.run()`` serves them all). With
+    ``sockets`` (descriptors of TCP sockets already listening: a server started again in place,
+    :mod:`app.recycle`), those instead of ``host:port``. Either way ``.edge_servers`` lists the
+    :class:`EdgeServer` of each socket."""
+    import socket
+
+    if sockets:
+        socks = [socket.socket(fileno=fd) for fd in sockets]
+        for sk in socks:
+            sk.set_inheritable(False)
+        adj = Adjustments(sockets=socks, **opts)
+        made = [(sk, (sk.family, sk.type, sk.proto, sk.getsockname())) for sk in socks]
+    else:
+        adj = Adjustments(host=host, port=port, **opts)
+        made = [(None, info) for info in adj.listen]
     dispatcher = ThreadedTaskDispatcher()
     dispatcher.set_thread_count(adj.threads)
     smap: dict = {}
-    servers = [EdgeServer(app, smap, True, None, dispatcher=dispatcher, adj=adj, sockinfo=info,
-                          client_connections=client_connections) for info in adj.listen]
+    servers = [EdgeServer(app, smap, True, sk, dispatcher=dispatcher, adj=adj, sockinfo=info, bind_socket=sk is None,
+                          client_connections=client_connections) for sk, info in made]
     if len(servers) == 1:
+        servers[0].edge_servers = servers
         return servers[0]
-    return MultiSocketServer(smap, adj, [(s.effective_host, s.effective_port) for s in servers], dispatcher)
+    multi = MultiSocketServer(smap, adj, [(s.effective_host, s.effective_port) for s in servers], dispatcher)
+    multi.edge_servers = servers
+    return multi

@@ -227,6 +227,19 @@ class Sessions:
         self._stop(b)
         return True
 
+    def busy(self) -> str | None:
+        """What an open session still holds or awaits (a simulation kept for its next edit, a
+        build queued or running, a smallest-cluster scan), in words; None when nothing: then
+        only caches of what is cheap to make again are held (:mod:`app.recycle`)."""
+        with self.lock:
+            if self.workspaces:
+                return f"{len(self.workspaces)} open session(s) hold a simulation"
+            if self._inside or any(not b.future.done() for b in self.builds.values() if b.future is not None):
+                return "a simulation is building"
+            if any(not f.done for f in self.fit_scans.values()):
+                return "a smallest-cluster scan is running"
+        return None
+
     def running(self) -> int:
         """How many builds are inside their work now (a cancelled one counts until it has
         stopped)."""

@@ -24,13 +24,11 @@ searches dropped after :data:`KEEP_DAYS` days; the pages they free go back to th
 cannot write (the disk full, read-only) :class:`StoreUnavailable` (both ``ValueError`` subclasses whose
 message a page can show: :mod:`app.storefaults`).
 
-The data directory is the server's alone:
+The data directory is the server's alone (its helpers: :mod:`app.datadir`):
 
-* **one server**: a store opened as a server opens it (:func:`open_checked`, ``configure(...,
-  checked=True)``) holds an exclusive lock (``flock``) on the folder and on ``soapbox.lock`` in it
-  until the process exits (deleting the file does not free the folder); a second server on the same folder is refused (:class:`DataDirInUse`)
-  rather than marking the first one's searches interrupted. The lock dies with its process,
-  so a crash leaves nothing stale.
+* **one server**: a store opened as a server opens it (:func:`open_checked`) holds ``flock`` on
+  the folder and on its ``soapbox.lock`` for the process's life, a start again in place included
+  (:mod:`app.recycle`): a second server is refused (:class:`DataDirInUse`); a crash leaves no lock.
 * **its owner's only**: the folder is made (or tightened to) mode 0700, the database and its
   ``-wal`` / ``-shm`` files 0600 (SQLite gives those the database file's mode); a shared folder
   (``/tmp``, mode 1777) is refused, not tightened, and a link is never followed to tighten.
@@ -39,8 +37,6 @@ The data directory is the server's alone:
   ``soapbox.sqlite3.damaged-<time>`` and a fresh store made, and an emptied one (0 bytes, or its
   tables gone while the folder shows earlier use) is reported: :attr:`Store.notices` says so
   in words the server prints.
-
-(:mod:`app.datadir` holds the folder's helpers.)
 """
 
 from __future__ import annotations
@@ -156,6 +152,10 @@ class Store:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+    def lock_descriptors(self) -> list[int]:
+        """The descriptors of the folder's lock this store holds, else [] (:mod:`app.recycle`)."""
+        return self._folder_lock.descriptors() if self._folder_lock is not None else []
 
     def release(self) -> None:
         """Close this thread's connection and let go of the data directory (when this store

@@ -37,5 +37,6 @@ def warm_up() -> None:
         render_explore(s, True, "utilization")
         render_editor(s)
     sessions = current()
-    sessions.forget(edited["sid"])
+    for sid in (state["sid"], edited["sid"]):  # (sessions no visitor has: an idle server holds no simulation)
+        sessions.forget(sid)
     sessions.trim(0.0)

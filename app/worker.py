@@ -1,10 +1,12 @@
 """A search worker: a separate process that runs one queued search and exits.
 
 Started by :class:`app.jobs.SearchPool` as ``python -m app.worker DB PARENT_PID`` (a fresh
-interpreter: no state copied from the threaded server). It claims the oldest queued
-search in the store, resolves the model and cluster the search names (samples, presets or the
-session's own uploads: never a path), runs the engine's search, streams progress rows and the
-best strategy so far into the store, and records the result. One search per process: when it
+interpreter: no state copied from the threaded server). Once a search is queued it warms up
+(:func:`warm_up`: a search's budget counts from its claim, so its proposals should not pay for
+loading the engine), then claims the first search in the store's fair order, resolves the
+model and cluster the search names (samples, presets or the session's own uploads: never a
+path), runs the engine's search, streams progress rows and the best strategy so far into the
+store, and records the result. One search per process: when it
 exits, the memory the search used goes back to the system, and the pool starts a fresh worker.
 
 The worker never outlives the server: on Linux it asks the kernel to kill it when its parent
@@ -23,7 +25,7 @@ import time
 from dataclasses import fields
 from typing import Any
 
-__all__ = ["main", "run_search", "FLUSH_S"]
+__all__ = ["main", "run_search", "warm_up", "FLUSH_S"]
 
 #: progress rows are written to the store at most this often (and the stop flag read)
 FLUSH_S = 0.25
@@ -123,6 +125,24 @@ def run_search(store, row: dict, parent_pid: int | None = None, clock=time.monot
         return "failed"
 
 
+def warm_up() -> None:
+    """Spend before a claim what a search's first proposals would otherwise spend: the engine's
+    imports, its kernels loaded from numba's cache and its per-process tables, by a
+    20-proposal MCMC on AlexNet / p100-4x4 (about 1.4 s on the development machine). Measured
+    there: a fresh worker's 3 s MCMC on Inception-v3 / p100-4x4 makes 83 proposals cold and
+    131-142 after this. A failure here is no search's: it is logged and the worker goes on."""
+    try:
+        from engine.cluster import preset
+        from engine.models import build_sample
+        from engine.search import ALGORITHMS, Budget
+
+        ALGORITHMS["mcmc"].run(build_sample("alexnet", batch=64), preset("p100-4x4"), Budget(iterations=20), seed=0)
+    except Exception:  # pragma: no cover - a broken install shows in the search itself
+        import logging
+
+        logging.getLogger("soapbox.worker").exception("search worker: warm-up failed")
+
+
 def main(db_path: str, parent_pid: int, poll_s: float = 0.1) -> None:
     """Worker process entry point: wait for a queued search, run it, exit."""
     from engine.search.processes import die_with_parent
@@ -136,9 +156,16 @@ def main(db_path: str, parent_pid: int, poll_s: float = 0.1) -> None:
     from .store import configure
 
     store = configure(db_path)
+    warm = False
     while True:
         if os.getppid() != parent_pid:
             return
+        if not warm:  # (once a search waits, not before: an idle worker stays small, ~36 MB, not ~180)
+            if not store.queued_count():
+                time.sleep(poll_s)
+                continue
+            warm_up()  # (before the claim: a search's budget counts from its claim)
+            warm = True
         row = store.claim_next(os.getpid())
         if row is None:
             time.sleep(poll_s)

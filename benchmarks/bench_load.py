@@ -265,6 +265,8 @@ def main() -> int:
                     help="run the sessions this many times, one set after another (memory after each: a leak grows "
                          "with every round, a one-time cost does not)")
     ap.add_argument("--json", help="write the figures here as JSON too")
+    ap.add_argument("--serve-args", default="", metavar="ARGS",
+                    help="more options for soapbox serve, e.g. '--recycle-mb 0' (never start again in place)")
     args = ap.parse_args()
     args.think = tuple(args.think)
 
@@ -273,14 +275,16 @@ def main() -> int:
         port = s.getsockname()[1]
     data = tempfile.mkdtemp(prefix="soapbox-load-")
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--data-dir", data,
-                               "--threads", str(args.threads)],
+                               "--threads", str(args.threads)] + args.serve_args.split(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         while "soapbox explorer:" not in (line := server.stdout.readline()):
             if not line and server.poll() is not None:
                 raise SystemExit("soapbox serve did not start")
-        threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()  # drain its log
+        notes: list[str] = []  # its log's notes (a start again in place: app.recycle)
+        threading.Thread(target=lambda: [notes.append(f"{time.strftime('%H:%M:%S')} {ln.strip()}")
+                                         for ln in server.stdout if "note:" in ln], daemon=True).start()
         base = f"http://127.0.0.1:{port}/"
         for _ in range(300):
             with socket.socket() as s:
@@ -304,9 +308,12 @@ def main() -> int:
                 peak = {k: max(peak[k], snap[k]) for k in peak if k in snap}
                 time.sleep(1.0)
             ended = snapshot(server.pid)
-            time.sleep(args.settle)
+            t_end, trace = time.monotonic(), []  # (s after the end, resident MB) every 5 s while it settles
+            while (left := t_end + args.settle - time.monotonic()) > 0:
+                time.sleep(min(5.0, left))
+                trace.append((round(time.monotonic() - t_end), round(snapshot(server.pid)["rss_mb"], 1)))
             settled = snapshot(server.pid)
-            rounds.append({"at_end": ended, "settled": settled})
+            rounds.append({"at_end": ended, "settled": settled, "settling_rss_mb": trace})
             print(f"round {r + 1}: at end {ended}, settled {settled}", flush=True)
     finally:
         server.terminate()
@@ -354,6 +361,7 @@ def main() -> int:
         "server_cores_busy": (ended["cpu_s"] - before["cpu_s"]) / max(1e-9, args.duration + args.ramp),
         "load_generator_cores_busy": (ended["load_cpu_s"] - before["load_cpu_s"]) / max(1e-9, args.duration + args.ramp),
         "rounds": args.rounds, "settled_rss_mb_per_round": [x["settled"]["rss_mb"] for x in rounds],
+        "settling_rss_mb": [x["settling_rss_mb"] for x in rounds], "server_notes": notes,
         "errors": errors[:10],
         "error_count": len(errors),
     }

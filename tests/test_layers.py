@@ -233,15 +233,18 @@ APP = ENGINE.parent / "app"
 #: (``state``), its simulation (``simulation``), what a user does (``actions``, ``profiles``, ``uploads``,
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
-APP_LAYERS = ["cache", "clients", "edge", "fmt", "panel", "learn", "datadir", "fairqueue", "storefaults", "storeschema", "store", "sessions", "sources", "state", "simulation", "gantt",
+APP_LAYERS = ["cache", "clients", "edge", "recycle", "fmt", "panel", "learn", "datadir", "fairqueue", "storefaults", "storeschema", "store", "sessions", "sources", "state", "simulation", "gantt",
               "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
               "jobs", "planjob", "worker", "tabs", "events", "layout", "warmup", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search
 #: workers (services the process opens once; every cache and build lives in Sessions), and the
-#: reverse proxies ``soapbox serve --trusted-proxy`` names (set once, at start)
+#: reverse proxies ``soapbox serve --trusted-proxy`` names (set once, at start), whether the
+#: command owns its process (set once, by the console entry) and the data directory's lock
+#: handed over by the image before this one (:mod:`app.recycle`; set once, at start, taken once)
 HANDLES = {("sessions", "_current"), ("sessions", "_current_lock"), ("store", "_current"), ("store", "_current_lock"),
-           ("jobs", "_pool"), ("jobs", "_pool_lock"), ("cli", "_served"), ("clients", "_trusted")}
+           ("jobs", "_pool"), ("jobs", "_pool_lock"), ("cli", "_served"), ("clients", "_trusted"),
+           ("cli", "_own_process"), ("datadir", "_handed")}
 
 
 def app_modules():

@@ -50,12 +50,12 @@ def _get(port: int, path: str = "/", timeout: float = WAIT_S) -> tuple[int, byte
 class Served:
     """``soapbox serve`` in a subprocess on 127.0.0.1; its output collected by a thread."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra: list[str] | tuple[str, ...] = ()) -> None:
         self.port, self.data_dir = _free_port(), data_dir
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir),
-             "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+             "--workers", "1", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
             env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
