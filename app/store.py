@@ -57,8 +57,8 @@ from .fairqueue import fair_order
 from .storefaults import StoreFull, StoreUnavailable, guarded, storage_problem
 from .storeschema import (CLIENT_SEARCHES, CLIENT_UPLOADS, DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES,
                           MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
-                          MAX_STORED_UPLOADS, MIGRATED, PLAN_JOB, SCHEMA, SEARCHES_PER_SESSION, STATUSES, TABLES,
-                          UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
+                          MAX_STORED_UPLOADS, MIGRATED, PLAN_JOB, SCHEMA, LATE_SCHEMA, SEARCH_SUMMARY,
+                          SEARCHES_PER_SESSION, STATUSES, TABLES, UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
 
 __all__ = ["Store", "StoreFull", "StoreUnavailable", "storage_problem", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
            "digest_of", "PLAN_JOB", "KEEP_DAYS", "MAX_KEPT_SEARCHES", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
@@ -100,6 +100,7 @@ class Store:
                         tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
                         if name == "size_bytes":
                             tx.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
+        db.executescript(LATE_SCHEMA)
         for suffix in ("-wal", "-shm"):  # (SQLite makes them with the database's mode; older ones: tightened)
             private_file(self.path.with_name(self.path.name + suffix))
 
@@ -362,9 +363,9 @@ class Store:
     def latest_search(self, sid: str, plans: bool = False) -> dict | None:
         """The session's most recent search (``plans``: its most recent GPU comparison,
         :mod:`app.planjob`, a job of the same queue and workers)."""
-        row = self._conn().execute(
-            f"SELECT * FROM searches WHERE sid = ? AND algorithm {'=' if plans else '!='} ? ORDER BY id DESC LIMIT 1",
-            (sid, PLAN_JOB)).fetchone()
+        row = self._conn().execute(  # (not its starting strategy: its worker's alone)
+            f"SELECT {SEARCH_SUMMARY} FROM searches WHERE sid = ? AND algorithm {'=' if plans else '!='} ? "
+            "ORDER BY id DESC LIMIT 1", (sid, PLAN_JOB)).fetchone()
         return None if row is None else self._row(row)
 
     def running_searches(self) -> list[dict]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "TABLES", "MIGRATED", "columns"]
+__all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "LATE_SCHEMA", "SEARCH_SUMMARY", "TABLES",
+           "MIGRATED", "columns"]
 
 #: searches kept per session (oldest finished ones dropped first)
 SEARCHES_PER_SESSION = 5
@@ -66,6 +67,16 @@ CREATE INDEX IF NOT EXISTS searches_status ON searches (status, id);
 CREATE TABLE IF NOT EXISTS progress (
     search_id INTEGER NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (search_id, seq));
 """
+#: made once the columns :data:`MIGRATED` adds are there: the fair queue's per-client counts and
+#: last starts (:mod:`app.fairqueue`) read an index, not every row past its starting strategy
+LATE_SCHEMA = """
+CREATE INDEX IF NOT EXISTS searches_client ON searches (client, status, started_at);
+CREATE INDEX IF NOT EXISTS searches_queue ON searches (status, client);
+"""
+#: a search's columns but its starting strategy (its worker's alone: a page's poll never reads
+#: the tens of kB to MBs of JSON)
+SEARCH_SUMMARY = ("id, sid, algorithm, budget, budget_s, seed, refs, status, stop_requested, created_at, started_at, "
+                  "finished_at, worker_pid, best_cost_s, best, result, error, client")
 TABLES = ("uploads", "searches", "progress")
 #: columns a store made before may lack (added when it is opened: :class:`app.store.Store`)
 MIGRATED = {"uploads": {"size_bytes": "INTEGER NOT NULL DEFAULT 0", "client": "TEXT NOT NULL DEFAULT ''"},

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import stat
+from itertools import accumulate
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -162,18 +163,44 @@ def _line_col(raw: bytes, pos: int) -> str:
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [{ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}.get(b, 0) for b in range(256)]
+#: texts up to this size are checked by :func:`_deepest` (bytes methods and C iterators: the
+#: interpreter's lock held throughout); larger ones by the array scan
+_SMALL_TEXT = 1 << 20
+
+
+def _deepest(raw: bytes) -> int:
+    """The largest running sum of +1 per opening and -1 per closing bracket outside strings
+    in ``raw`` (escapes blanked), as :func:`too_deep_at`'s array scan counts it: the pieces between
+    quotes dropped in turn (an unclosed string's to the end), everything but brackets dropped,
+    the sum's maximum taken.
+
+    Why not the array scan for a request's body: each of its NumPy calls lets go of the
+    interpreter's lock, and under load a request thread then waits for it again, up to the
+    switch interval (5 ms) each time. Under 20 sessions editing and searching, the server's
+    threads were found in the depth check in 11.5% of py-spy's samples (docs/benchmarks,
+    2026-11-30, issue 45); one check of a 25 kB body takes 0.1 ms alone."""
+    outside = b"".join(raw.split(b'"')[::2])  # (every other piece between quotes; an unclosed string's last)
+    return max(accumulate(map(_STEP.__getitem__, outside.translate(None, _NOT_BRACKET))), default=0)
+
+
 def too_deep_at(raw: bytes, limit: int = MAX_JSON_DEPTH) -> int | None:
     """Offset of the first ``[`` or ``{`` nested deeper than ``limit`` in JSON text, or None.
 
     Runs at array speed (~1 ms per MB): escapes are blanked (``\\"`` no longer counts as a
     quote), a bracket is outside every string when an even number of quotes precede it, and
     the depth is the running sum of +1 per opening and -1 per closing bracket. Text that is
-    not valid JSON gets some answer; the parser reports its syntax.
+    not valid JSON gets some answer; the parser reports its syntax. Up to
+    :data:`_SMALL_TEXT` bytes, :func:`_deepest` decides first (the array scan then runs only
+    to find where a text too deep is).
     """
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return None
     if b"\\" in raw:
         raw = _ESCAPE.sub(b"__", raw)
+    if len(raw) <= _SMALL_TEXT and _deepest(raw) <= limit:
+        return None
     a = np.frombuffer(raw, np.uint8)
     quotes = 0  # quotes before the chunk
     depth = 0  # depth at the start of the chunk

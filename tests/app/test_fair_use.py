@@ -108,3 +108,33 @@ class TestUploads:
         assert st.upload_usage()[0] == 12
         kinds = [r[0] for r in st._conn().execute("SELECT client FROM uploads")]
         assert kinds.count("C") == 4 and kinds.count("A") + kinds.count("B") == 8
+
+
+class TestWhatAPollReads:
+    def test_a_page_reads_its_search_without_the_strategy_it_started_from(self, tmp_path):
+        st = Store(tmp_path / "s.sqlite3")
+        state = ST.new_state()
+        sid = st.create_search("page", "mcmc", "3s", 3.0, 0, {"model": "m"}, state["strategy"], client="A")
+        row = st.latest_search("page")
+        assert row["id"] == sid and row["status"] == "queued" and row["refs"] == {"model": "m"}
+        assert "initial" not in row  # (a page's poll: its worker's part is not read)
+        assert st.claim_next(1234)["initial"] == state["strategy"]  # the worker gets it
+
+    def test_a_store_made_before_the_client_column_gets_its_indexes(self, tmp_path):
+        import sqlite3
+
+        path = tmp_path / "old.sqlite3"
+        old = sqlite3.connect(path)  # the searches table as it was before clients were counted
+        old.executescript(
+            "CREATE TABLE searches (id INTEGER PRIMARY KEY AUTOINCREMENT, sid TEXT NOT NULL, algorithm TEXT NOT NULL,"
+            " budget TEXT NOT NULL, budget_s REAL, seed INTEGER NOT NULL, refs TEXT NOT NULL, initial TEXT,"
+            " status TEXT NOT NULL, stop_requested INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL,"
+            " started_at REAL, finished_at REAL, worker_pid INTEGER, best_cost_s REAL, best TEXT, result TEXT,"
+            " error TEXT);")
+        old.close()
+        st = Store(path)
+        names = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"searches_client", "searches_queue"} <= names
+        a = st.create_search("p1", "mcmc", "3s", 3.0, 0, {}, None, client="A")
+        b = st.create_search("p2", "mcmc", "3s", 3.0, 0, {}, None, client="B")
+        assert st.queue_position(a) == 1 and st.queue_position(b) == 2

@@ -239,6 +239,31 @@ class TestNesting:
         assert formats.too_deep_at(deep) == len(raw) - 1 + len(b', "deep": ') + MAX_JSON_DEPTH - 1
 
 
+_JSON_VALUES = st.recursive(
+    st.none() | st.integers(-5, 5) | st.text(alphabet='[]{}"\\ab,:', max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=40)
+
+
+@given(_JSON_VALUES, st.integers(0, 6))
+@settings(max_examples=400, deadline=None)
+def test_the_depth_check_of_a_small_text_agrees_with_a_parser_s_view(value, limit):
+    """Small texts (a request's body) are decided by bytes methods that keep the interpreter's
+    lock, then the array scan says where: both as a character-by-character scan, on JSON
+    whose strings hold brackets, quotes and backslashes, at every small limit."""
+    text = json.dumps(value)
+    assert formats.too_deep_at(text.encode(), limit) == _first_too_deep(text, limit)
+
+
+@given(st.binary(max_size=200) | st.text(alphabet='[]{}"\\ ', max_size=200).map(str.encode), st.integers(0, 6))
+@settings(max_examples=300, deadline=None)
+def test_the_depth_check_answers_any_bytes(raw, limit):
+    """Not JSON: some answer (an offset inside the text or None), never an exception."""
+    at = formats.too_deep_at(raw, limit)
+    assert at is None or (0 <= at < len(raw) and raw[at:at + 1] in (b"[", b"{"))
+
+
 def _first_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
     """Offset of the first bracket nested deeper than ``limit``, scanning as a JSON parser
     reads: one character at a time, brackets inside strings (escapes honoured) not counted.
