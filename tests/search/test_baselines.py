@@ -61,6 +61,7 @@ class TestDataParallel:
         assert (s.model_name, s.model_fingerprint) == ("alexnet", g.fingerprint)
         assert (s.cluster_name, s.cluster_devices) == ("p100-4x4", 16)
         assert validate_strategy(s, g, c) == []
+        assert len({id(s[op.name].devices) for op in g.ops}) == 1  # one tuple shared (the check reads it once)
 
     def test_batch_not_divisible_by_devices_uses_the_largest_divisor(self):
         # batch 64 on 48 GPUs: 48 does not divide 64; the largest divisor of 64 <= 48 is 32.
