@@ -16,12 +16,12 @@ session's state (:mod:`app.state`), the store holds searches and uploads, the re
 own image (``os.execv`` of the same command line), so it keeps its process id (a supervisor,
 the lock file's holder and ``kill`` still name it) and keeps open, across the exec, exactly
 two things: the listening socket(s), so that a visitor who connects meanwhile waits in the
-socket's backlog and is answered by the new image once it has warmed up (about 3 s here),
+socket's backlog and is answered by the new image once it has warmed up (3-5 s here),
 and the data directory's lock (:class:`app.datadir.FolderLock`), so that no second server can
 take the folder in between.
 
 When. Every one of :meth:`Recycler.why_not`'s conditions: resident memory more than
-``growth_mb`` over what it was after warm-up; no request for ``idle_s`` seconds and none being
+``growth_mb`` over the least it held since warm-up; no request for ``idle_s`` seconds and none being
 read, answered or written out; no simulation building, no smallest-cluster scan, no search
 or plan queued or running. Open tabs that make no request lose their cached simulation (built
 again on their next edit, as after ``--idle-evict``). Linux only (the resident size is read
