@@ -22,9 +22,9 @@ take the folder in between.
 
 When. Every one of :meth:`Recycler.why_not`'s conditions: resident memory more than
 ``growth_mb`` over the least it held since warm-up; no request for ``idle_s`` seconds and none being
-read, answered or written out; no simulation building, no smallest-cluster scan, no search
-or plan queued or running. Open tabs that make no request lose their cached simulation (built
-again on their next edit, as after ``--idle-evict``). Linux only (the resident size is read
+read, answered or written out; no tab holding a simulation (a tab's is dropped when it closes,
+or after ``--idle-evict`` without a request: a tab left open keeps it, and the server waits),
+none building, no smallest-cluster scan, no search or plan queued or running. Linux only (the resident size is read
 from ``/proc``); ``soapbox serve --recycle-mb 0`` never does it.
 """
 
