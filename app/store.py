@@ -24,11 +24,14 @@ searches dropped after :data:`KEEP_DAYS` days; the pages they free go back to th
 cannot write (the disk full, read-only) :class:`StoreUnavailable` (both ``ValueError`` subclasses whose
 message a page can show: :mod:`app.storefaults`).
 
-The data directory is the server's alone (its helpers: :mod:`app.datadir`):
+The data directory is the server's alone:
 
-* **one server**: a store opened as a server opens it (:func:`open_checked`) holds ``flock`` on
-  the folder and on its ``soapbox.lock`` for the process's life, a start again in place included
-  (:mod:`app.recycle`): a second server is refused (:class:`DataDirInUse`); a crash leaves no lock.
+* **one server**: a store opened as a server opens it (:func:`open_checked`, ``configure(...,
+  checked=True)``) holds an exclusive lock (``flock``) on the folder and on ``soapbox.lock`` in it
+  until the process exits (deleting the file does not free the folder); a second server on the same folder is refused (:class:`DataDirInUse`)
+  rather than marking the first one's searches interrupted. The lock dies with its process,
+  so a crash leaves nothing stale. A server that starts again in place (:mod:`app.recycle`)
+  keeps it across the exec.
 * **its owner's only**: the folder is made (or tightened to) mode 0700, the database and its
   ``-wal`` / ``-shm`` files 0600 (SQLite gives those the database file's mode); a shared folder
   (``/tmp``, mode 1777) is refused, not tightened, and a link is never followed to tighten.
@@ -37,6 +40,8 @@ The data directory is the server's alone (its helpers: :mod:`app.datadir`):
   ``soapbox.sqlite3.damaged-<time>`` and a fresh store made, and an emptied one (0 bytes, or its
   tables gone while the folder shows earlier use) is reported: :attr:`Store.notices` says so
   in words the server prints.
+
+(:mod:`app.datadir` holds the folder's helpers.)
 """
 
 from __future__ import annotations
@@ -57,8 +62,8 @@ from .fairqueue import fair_order
 from .storefaults import StoreFull, StoreUnavailable, guarded, storage_problem
 from .storeschema import (CLIENT_SEARCHES, CLIENT_UPLOADS, DB_NAME, FINAL, KEEP_DAYS, MAX_KEPT_SEARCHES,
                           MAX_PROGRESS_ROWS, MAX_QUEUED_SEARCHES, MAX_STORED_UPLOAD_BYTES,
-                          MAX_STORED_UPLOADS, MIGRATED, PLAN_JOB, SCHEMA, LATE_SCHEMA, SEARCH_SUMMARY,
-                          SEARCHES_PER_SESSION, STATUSES, TABLES, UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns)
+                          MAX_STORED_UPLOADS, PLAN_JOB, SEARCH_SUMMARY, SEARCHES_PER_SESSION, STATUSES, TABLES,
+                          UPLOAD_IN_USE_S, UPLOADS_PER_SESSION, columns, make_tables)
 
 __all__ = ["Store", "StoreFull", "StoreUnavailable", "storage_problem", "DataDirInUse", "configure", "current", "open_checked", "default_data_dir",
            "digest_of", "PLAN_JOB", "KEEP_DAYS", "MAX_KEPT_SEARCHES", "SEARCHES_PER_SESSION", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES",
@@ -88,19 +93,7 @@ class Store:
         private_dir(self.path.parent)
         private_file(self.path, create=True)
         self._local = threading.local()
-        db = self._conn()
-        if not db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
-            db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # (set before the first table: deleted rows free pages)
-        db.executescript(SCHEMA)
-        for table, added in MIGRATED.items():  # (a store made before: its new columns)
-            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-            for name, definition in added.items():
-                if name not in have:
-                    with self._tx() as tx:
-                        tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
-                        if name == "size_bytes":
-                            tx.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
-        db.executescript(LATE_SCHEMA)
+        make_tables(self._conn(), self._tx)  # (a store made before gets its new columns and indexes)
         for suffix in ("-wal", "-shm"):  # (SQLite makes them with the database's mode; older ones: tightened)
             private_file(self.path.with_name(self.path.name + suffix))
 
@@ -155,7 +148,8 @@ class Store:
             self._local.conn = None
 
     def lock_descriptors(self) -> list[int]:
-        """The descriptors of the folder's lock this store holds, else [] (:mod:`app.recycle`)."""
+        """The data directory's lock's descriptors when this store holds it, else [] (what a
+        server starting again in place keeps across its exec: :mod:`app.recycle`)."""
         return self._folder_lock.descriptors() if self._folder_lock is not None else []
 
     def release(self) -> None:
@@ -363,7 +357,7 @@ class Store:
     def latest_search(self, sid: str, plans: bool = False) -> dict | None:
         """The session's most recent search (``plans``: its most recent GPU comparison,
         :mod:`app.planjob`, a job of the same queue and workers)."""
-        row = self._conn().execute(  # (not its starting strategy: its worker's alone)
+        row = self._conn().execute(  # (not its starting strategy, which is its worker's alone: tens of kB)
             f"SELECT {SEARCH_SUMMARY} FROM searches WHERE sid = ? AND algorithm {'=' if plans else '!='} ? "
             "ORDER BY id DESC LIMIT 1", (sid, PLAN_JOB)).fetchone()
         return None if row is None else self._row(row)

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Callable, ContextManager
 
 __all__ = ["SEARCHES_PER_SESSION", "MAX_KEPT_SEARCHES", "CLIENT_SEARCHES", "CLIENT_UPLOADS", "UPLOADS_PER_SESSION", "MAX_QUEUED_SEARCHES", "MAX_STORED_UPLOADS", "MAX_STORED_UPLOAD_BYTES", "UPLOAD_IN_USE_S", "KEEP_DAYS", "DB_NAME", "MAX_PROGRESS_ROWS", "PLAN_JOB", "STATUSES", "FINAL", "SCHEMA", "LATE_SCHEMA", "SEARCH_SUMMARY", "TABLES",
-           "MIGRATED", "columns"]
+           "MIGRATED", "columns", "make_tables"]
 
 #: searches kept per session (oldest finished ones dropped first)
 SEARCHES_PER_SESSION = 5
@@ -81,6 +82,24 @@ TABLES = ("uploads", "searches", "progress")
 #: columns a store made before may lack (added when it is opened: :class:`app.store.Store`)
 MIGRATED = {"uploads": {"size_bytes": "INTEGER NOT NULL DEFAULT 0", "client": "TEXT NOT NULL DEFAULT ''"},
             "searches": {"client": "TEXT NOT NULL DEFAULT ''"}}
+
+
+def make_tables(db: sqlite3.Connection, tx: Callable[[], ContextManager[sqlite3.Connection]]) -> None:
+    """Give ``db`` this shape: :data:`SCHEMA`'s tables (a new file gets incremental auto-vacuum
+    first: deleted rows then free pages), the columns :data:`MIGRATED` lists where a store made
+    before lacks them (each added in a write transaction of ``tx``), then :data:`LATE_SCHEMA`."""
+    if not db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # (set before the first table)
+    db.executescript(SCHEMA)
+    for table, added in MIGRATED.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        for name, definition in added.items():
+            if name not in have:
+                with tx() as t:
+                    t.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+                    if name == "size_bytes":
+                        t.execute("UPDATE uploads SET size_bytes = LENGTH(CAST(data AS BLOB))")
+    db.executescript(LATE_SCHEMA)
 
 
 def columns() -> dict[str, set[str]]:
