@@ -130,7 +130,7 @@ class Session(threading.Thread):
         """The callbacks the page fires for a new state (Explore, editor, Compare), in parallel."""
         v = {"state.data": state, "collapse.value": ["on"], "topo-metric.value": "utilization"}
         deps = [d for d in client.deps if d["inputs"] and d["inputs"][0]["id"] == "state"]
-        for f in [pool.submit(_call_dep, client, d, v) for d in deps]:
+        for f in [pool.submit(call_dependency, client, d, v) for d in deps]:
             f.result()
 
     def run(self) -> None:
@@ -198,8 +198,9 @@ class Session(threading.Thread):
         pool.shutdown()
 
 
-def _call_dep(client: DashClient, d: dict, values: dict) -> dict:
-    # like DashClient.call, for a given dependency (several share the first input "state")
+def call_dependency(client: DashClient, d: dict, values: dict) -> dict:
+    """Like :meth:`DashClient.call`, for a given dependency ``d`` (several share the first input
+    "state"); the response's size in bytes."""
     out = d["output"]
     parts = [p.rsplit(".", 1) for p in out.strip(".").split("...")]
     outputs = [{"id": i, "property": p} for i, p in parts]

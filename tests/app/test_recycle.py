@@ -25,7 +25,7 @@ from app import datadir, recycle
 from app.recycle import Recycler, handed_over
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_load import DashClient  # noqa: E402  (the page's requests, without a browser)
+from bench_load import DashClient, call_dependency  # noqa: E402  (the page's requests, without a browser)
 from test_server_limits import WAIT_S, Served  # noqa: E402
 
 
@@ -149,14 +149,7 @@ def _views(client: DashClient, state: dict) -> None:
     values = {"state.data": state, "collapse.value": ["on"], "topo-metric.value": "utilization"}
     for d in client.deps:
         if d["inputs"] and d["inputs"][0]["id"] == "state" and d.get("clientside_function") is None:
-            out = d["output"]
-            parts = [p.rsplit(".", 1) for p in out.strip(".").split("...")]
-            outputs = [{"id": i, "property": p} for i, p in parts]
-            entries = [[{"id": s["id"], "property": s["property"], "value": values.get(f"{s['id']}.{s['property']}")}
-                        for s in d.get(k, [])] for k in ("inputs", "state")]
-            body = {"output": out, "outputs": outputs if out.startswith("..") else outputs[0], "inputs": entries[0],
-                    "state": entries[1], "changedPropIds": ["state.data"]}
-            client.post("_dash-update-component", json.dumps(body).encode())
+            call_dependency(client, d, values)
 
 
 def _open_page(port: int, query: str = "") -> tuple[DashClient, dict]:
