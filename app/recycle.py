@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from typing import Any, Callable
@@ -62,15 +63,18 @@ def rss_kb() -> int | None:
 def handed_over() -> dict[str, Any] | None:
     """What the image before this one handed over (and removed from the environment, so that
     workers do not see it): ``{"listen": [fd], "lock": [folder fd, file fd], "restarts": n,
-    "held_mb": MB}``; None on a first start or when it does not read as that."""
+    "held_mb": MB}``; None on a first start or when it does not read as that (descriptors that
+    are not open, or listening ones that are not sockets: the server then starts afresh)."""
     raw = os.environ.pop(ENV, None)
     if raw is None:
         return None
     try:
         got = json.loads(raw)
         ok = (isinstance(got, dict) and all(isinstance(fd, int) and fd > 2 for fd in got["listen"] + got["lock"])
-              and got["listen"] and len(got["lock"]) in (0, 2))
-    except (ValueError, KeyError, TypeError):
+              and got["listen"] and len(got["lock"]) in (0, 2)
+              and all(stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in got["listen"])  # (open, and sockets)
+              and all(os.fstat(fd) for fd in got["lock"]))
+    except (ValueError, KeyError, TypeError, OSError):
         ok = False
     return got if ok else None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -88,16 +89,30 @@ def test_no_resident_size_no_start_again(monkeypatch):
 
 
 @pytest.mark.parametrize("raw, ok", [
-    ('{"listen": [5], "lock": [6, 7], "restarts": 1, "held_mb": 350.0}', True),
-    ('{"listen": [5], "lock": [], "restarts": 2, "held_mb": 350.0}', True),
-    ('{"listen": [], "lock": [6, 7]}', False),  # nothing to listen on
-    ('{"listen": [1], "lock": [6, 7]}', False),  # a standard stream is never handed over
-    ('{"listen": [5], "lock": [6]}', False),
-    ('{"listen": ["5"], "lock": [6, 7]}', False),
+    ('{"listen": [S], "lock": [F, G], "restarts": 1, "held_mb": 350.0}', True),
+    ('{"listen": [S], "lock": [], "restarts": 2, "held_mb": 350.0}', True),
+    ('{"listen": [], "lock": [F, G]}', False),  # nothing to listen on
+    ('{"listen": [1], "lock": [F, G]}', False),  # a standard stream is never handed over
+    ('{"listen": [S], "lock": [F]}', False),
+    ('{"listen": ["S"], "lock": [F, G]}', False),
+    ('{"listen": [F], "lock": [F, G], "restarts": 1, "held_mb": 1.0}', False),  # a file is not a socket
+    ('{"listen": [S], "lock": [F, 999999], "restarts": 1, "held_mb": 1.0}', False),  # not open
     ('[5, 6, 7]', False),
     ("not json", False),
 ])
-def test_what_was_handed_over_is_read_once_and_checked(monkeypatch, raw, ok):
+def test_what_was_handed_over_is_read_once_and_checked(monkeypatch, tmp_path, raw, ok):
+    sock = socket.socket()
+    files = [open(tmp_path / name, "w") for name in ("f", "g")]
+    raw = raw.replace("S", str(sock.fileno())).replace("F", str(files[0].fileno())).replace("G", str(files[1].fileno()))
+    try:
+        _check_handed_over(monkeypatch, raw, ok)
+    finally:
+        sock.close()
+        for f in files:
+            f.close()
+
+
+def _check_handed_over(monkeypatch, raw: str, ok: bool) -> None:
     monkeypatch.setenv(recycle.ENV, raw)
     got = handed_over()
     assert (got == json.loads(raw)) if ok else got is None
