@@ -84,6 +84,9 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     register(app)
     server = app.server
     server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    from .guard import StrictJSONProvider
+
+    server.json = StrictJSONProvider(server)  # (NaN and Infinity in a request: 400, not JSON)
 
     @server.before_request
     def _refuse_deep_json():
@@ -95,9 +98,15 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
             if too_deep_at(raw, MAX_REQUEST_DEPTH) is not None:
                 abort(400, description=f"request nested deeper than {MAX_REQUEST_DEPTH} levels")
             if request.path.endswith("/_dash-update-component"):
-                from .guard import callback_envelope_problem
+                from .guard import NOT_JSON, callback_envelope_problem
 
-                problem = callback_envelope_problem(raw)
+                # (parsed by the request itself and cached there: Dash's own read takes the same
+                # object, where the guard's json.loads had parsed each body a second time)
+                try:
+                    body = request.get_json(silent=True)
+                except RecursionError:
+                    body = None
+                problem = callback_envelope_problem(NOT_JSON if body is None and raw.strip() != b"null" else body)
                 if problem:
                     abort(400, description=f"malformed callback request: {problem}")
 

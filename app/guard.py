@@ -8,7 +8,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["callback_envelope_problem"]
+from flask.json.provider import DefaultJSONProvider
+
+__all__ = ["callback_envelope_problem", "NOT_JSON", "StrictJSONProvider"]
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class StrictJSONProvider(DefaultJSONProvider):
+    """Flask's JSON, reading request bodies as JSON defines it: ``NaN``, ``Infinity`` and
+    ``-Infinity``, which Python's parser takes, are refused (a browser's ``JSON.stringify``
+    never writes them). A state from a request then holds no value ``json.dumps`` with
+    ``allow_nan=False`` would refuse, which :func:`app.state.check_state` relies on to check
+    the same content once."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        kwargs.setdefault("parse_constant", _refuse_constant)
+        return super().loads(s, **kwargs)
 
 
 def _slot_problem(slot: Any, where: str) -> str | None:
@@ -28,12 +46,21 @@ def _slot_problem(slot: Any, where: str) -> str | None:
     return None
 
 
-def callback_envelope_problem(raw: bytes) -> str | None:
+#: what :func:`callback_envelope_problem` is given for a body that did not parse as JSON
+NOT_JSON = object()
+
+
+def callback_envelope_problem(body: Any) -> str | None:
     """What is wrong with a ``/_dash-update-component`` body's envelope (None when Dash can
-    read it): the JSON, ``output``, ``outputs``, ``inputs``, ``state`` and ``changedPropIds``."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
+    read it): the JSON, ``output``, ``outputs``, ``inputs``, ``state`` and ``changedPropIds``.
+    ``body`` is the body parsed (the request's own cached parse, which Dash then reads: one
+    parse a request, not two), or :data:`NOT_JSON`; bytes are parsed here."""
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = json.loads(body, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            body = NOT_JSON
+    if body is NOT_JSON:
         return "the request is not JSON"
     if not isinstance(body, dict):
         return "the request is not a JSON object"

@@ -64,6 +64,10 @@ def make_layout() -> html.Div:
         # the session's state lives in the tab's sessionStorage: it survives a reload and a
         # server restart, and each tab is its own session
         dcc.Store(id="state", storage_type="session"),
+        # the state's session id, copied there in the browser (app.tabs.search): what the search
+        # poll and stop send instead of the whole state; kept beside it, so a reload during a
+        # search polls it from the first interval
+        dcc.Store(id="sid", storage_type="session"),
         dcc.Store(id="upload-ok", storage_type="memory"),
         dcc.Store(id="gantt-window", storage_type="memory"),
         html.Div(id="img-dummy", style={"display": "none"}),

@@ -104,7 +104,7 @@ class Sessions:
         self.uploads = IdleCache(16)  #: "kind:digest" -> parsed OpGraph or Cluster
         self.parsed = IdleCache(64)  #: strategy content digest -> Strategy
         #: content keys whose strategy an action has already checked (the render that follows
-        #: does not check and size it again)
+        #: does not check and size it again), and states that passed ``check_state``
         self.checked = IdleCache(256)
         self.baselines = IdleCache(256)  #: (model fingerprint, cluster digest, kind) -> (s, bytes, fits)
         self.drawn = IdleCache(12)  #: render key -> the Explore views (the default page pinned)

@@ -19,6 +19,7 @@ from dataclasses import fields
 from functools import lru_cache
 from typing import Any, Mapping
 
+import orjson
 from engine.errors import Problem, ValidationError
 from engine.formats import load_strategy
 from engine.layout import option_of
@@ -27,14 +28,13 @@ from engine.search.baselines import BASELINES, make_baseline
 from engine.strategy import Config, Strategy
 from engine.strategy.runs import device_runs
 
-from . import store
 from .panel import SWITCHES
 from .sessions import current
 from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_APP_DEVICES, MAX_APP_OPS, cluster_of,
                       graph_of, preset_cluster)
 
 __all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "blank_state", "check_state", "check_page_strategy",
-           "page_strategy", "remember_strategy", "content_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
+           "page_strategy", "remember_strategy", "content_key", "memo_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
            "switch_notes"]
 
 #: undo (and redo) steps kept in a session's state
@@ -96,7 +96,20 @@ def _state_validator():
 def check_state(state: Any) -> None:
     """Raise :class:`ValidationError` naming the first thing wrong with a session state that
     came from the browser (its shape only; the strategy is checked against the model and
-    cluster when it is simulated)."""
+    cluster when it is simulated).
+
+    The same content is checked once: an edit's five views each send the new state, and the
+    check (0.7 ms on a 25 kB state) was ~7% of a loaded server's time. Content that passed is
+    remembered by :func:`memo_key`, which writes NaN as null: a request's JSON cannot hold NaN
+    (:class:`app.guard.StrictJSONProvider`), so only a state made in process could pass as a
+    twin that passed."""
+    try:
+        key = "state:" + memo_key(state)
+    except (TypeError, ValueError, RecursionError):  # (not JSON-able: the check below says so)
+        key = None
+    passed = current().checked
+    if key is not None and passed.get(key):
+        return
     try:
         json.dumps(state, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as e:
@@ -109,6 +122,8 @@ def check_state(state: Any) -> None:
     if not issued(state["sid"]):
         raise ValidationError([Problem("sid", "this session was not started by this server (reload the page)")],
                               "the page's state")
+    if key is not None:
+        passed.put(key, True)
 
 
 def _signature(nonce: str) -> str:
@@ -187,7 +202,7 @@ def check_page_strategy(data: Any, source: str = "the page's strategy") -> None:
 def page_strategy(state: dict) -> Strategy:
     """The state's strategy, schema-checked (the state comes from the browser); parsed once per
     content (an edit's callbacks all ask for the same one)."""
-    key = store.digest_of(state["strategy"])
+    key = memo_key(state["strategy"])
     cache = current().parsed
     hit = cache.get(key)
     if hit is not None:
@@ -205,7 +220,21 @@ def remember_strategy(state: dict, strategy: Strategy) -> None:
     """Keep ``strategy`` as what :func:`page_strategy` parses ``state``'s strategy into (an edit
     made the Strategy before its page form: the views of the edit need not parse it again,
     ~30 ms of an Inception-v3 edit's 90)."""
-    current().parsed.put(store.digest_of(state["strategy"]), strategy)
+    current().parsed.put(memo_key(state["strategy"]), strategy)
+
+
+def memo_key(data: Any) -> str:
+    """A digest of a JSON-able value for the server's caches (SHA-256 of its JSON with sorted
+    keys, 32 hex digits; never stored): orjson's, ~12x faster than ``json.dumps`` on a 25 kB
+    state (0.06 against 0.77 ms), which every request of a page computes a few times. What orjson
+    cannot write (an integer past 64 bits, a key that is not text) is written by ``json.dumps``
+    under another prefix. A value must have passed :func:`check_state` first (orjson writes NaN
+    as null)."""
+    try:
+        text = b"o" + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # (orjson.JSONEncodeError is a TypeError)
+        text = b"j" + json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(text).hexdigest()[:32]
 
 
 def content_key(state: dict) -> str:
@@ -213,8 +242,7 @@ def content_key(state: dict) -> str:
     (and, for anything the session uploaded, the session: an upload is drawn for its owner only)."""
     profile = state.get("profile")
     owner = state["sid"] if "upload" in state["model"] or "upload" in state["cluster"] or profile else ""
-    parts = [state["model"], state["cluster"], state["strategy"], owner] + ([profile] if profile else [])
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return memo_key([state["model"], state["cluster"], state["strategy"], owner] + ([profile] if profile else []))
 
 
 def config_dict(config: Config) -> dict:

@@ -10,7 +10,8 @@ same ``/_dash-update-component`` requests, built from the server's ``/_dash-depe
   then the Explore, editor and Compare views of the new state, in parallel; a think time of
   ``--think`` seconds (uniform) between edits;
 * **search**: every session starts one ``--budget`` MCMC search right after its first render
-  and polls it every 0.5 s (the page's interval) while it keeps editing.
+  and polls it every 0.5 s (the page's interval, sending the session id as the page does) while
+  it keeps editing.
 
 Each session runs for ``--duration`` seconds, then closes its tab (``/_soapbox/bye``). Reported:
 p50/p95 of page render and of edit -> figures; each search's run time (claimed -> finished,
@@ -129,7 +130,9 @@ class Session(threading.Thread):
     def views(self, client: DashClient, pool: ThreadPoolExecutor, state: dict) -> None:
         """The callbacks the page fires for a new state (Explore, editor, Compare), in parallel."""
         v = {"state.data": state, "collapse.value": ["on"], "topo-metric.value": "utilization"}
-        deps = [d for d in client.deps if d["inputs"] and d["inputs"][0]["id"] == "state"]
+        # (the server's callbacks; one run in the browser, copying the session id, is not sent)
+        deps = [d for d in client.deps if d["inputs"] and d["inputs"][0]["id"] == "state"
+                and not d.get("clientside_function")]
         for f in [pool.submit(call_dependency, client, d, v) for d in deps]:
             f.result()
 
@@ -164,7 +167,7 @@ class Session(threading.Thread):
         while time.monotonic() < end:
             now = time.monotonic()
             if polling and now >= next_poll:
-                out = client.call("search-poll", {"search-poll.n_intervals": 1, "state.data": state},
+                out = client.call("search-poll", {"search-poll.n_intervals": 1, "sid.data": state["sid"]},
                                   ["search-poll.n_intervals"])
                 polling = not out["search-poll"]["disabled"]
                 next_poll = now + 0.5
@@ -190,7 +193,7 @@ class Session(threading.Thread):
                 next_edit = time.monotonic() + self.rng.uniform(*self.args.think)
             time.sleep(max(0.0, min(next_poll if polling else end, next_edit, end) - time.monotonic()))
         while polling and time.monotonic() < end + 600:  # let its search finish before the tab closes
-            out = client.call("search-poll", {"search-poll.n_intervals": 1, "state.data": state},
+            out = client.call("search-poll", {"search-poll.n_intervals": 1, "sid.data": state["sid"]},
                               ["search-poll.n_intervals"])
             polling = not out["search-poll"]["disabled"]
             time.sleep(0.5)

@@ -19,12 +19,11 @@ from engine.layout.record import option_of
 
 from ..actions import module_reasons, moe_overlap_reason
 from ..fitscan import layout_of
-from ..store import digest_of
 from ..fmt import format_seconds
 from ..panel import (CHOICES, DEGREES, EXPERT_DEGREES, FLAGS, LAYOUT_FORM, OFFLOADS, OVERLAPS, SWITCHES, component_id,
                      placeholder)
 from ..sources import cluster_of, graph_of
-from ..state import check_state, page_strategy
+from ..state import check_state, memo_key, page_strategy
 from ..components import first_line
 from ..views import op_details
 
@@ -349,7 +348,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         nothing = [no_update] * (len(LAYOUT_FORM) + 2)
         try:
             check_state(state)
-            key = digest_of(state["strategy"])
+            key = memo_key(state["strategy"])
             if key == seen:
                 return nothing
             v = panel_values(state)

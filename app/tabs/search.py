@@ -1,5 +1,10 @@
 """The Search tab: a search of the session runs in a worker process (:mod:`app.jobs`), its cost
-trace drawn as it goes; its best can be adopted (:mod:`app.events`)."""
+trace drawn as it goes; its best can be adopted (:mod:`app.events`).
+
+The poll (every 0.5 s while a search is queued or runs) and the stop button send the session's
+id alone (the ``sid`` store, copied from the state in the browser), not the page's state: with
+20 sessions searching, polls were most of the server's requests, and each parsed, checked and
+hashed a 25 kB state to read one id."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from .. import jobs
 from ..components import GRAPH_CONFIG, first_line, image_buttons, learn
 from ..figures import build_trace_figure, empty_figure
 from ..sources import cluster_of, graph_of, refs
-from ..state import check_state
+from ..state import check_state, issued
 
 __all__ = ["layout", "register", "search_start", "search_options", "search_poll", "search_poll_changed", "search_stop",
            "MAX_TRACE_POINTS"]
@@ -134,25 +139,22 @@ def _trace_title(job: jobs.JobView) -> str:
     return f"{job.algorithm}, budget {job.budget}, seed {job.seed}"
 
 
-def _session_job(state: Any) -> jobs.JobView | None:
-    """The latest search of the session ``state`` names (None for none, or a bad state)."""
-    try:
-        check_state(state)
-        return jobs.get(state["sid"])
-    except ValueError:
-        return None
+def _session_job(sid: Any) -> jobs.JobView | None:
+    """The latest search of the session ``sid`` (None for none, or an id this server did not
+    issue)."""
+    return jobs.get(sid) if issued(sid) else None
 
 
-def search_poll(state: dict) -> tuple[Any, str, bool]:
+def search_poll(sid: Any) -> tuple[Any, str, bool]:
     """(trace figure, status, poll disabled) for the session's search."""
-    fig, status, disabled, _ = search_poll_changed(state, None)
+    fig, status, disabled, _ = search_poll_changed(sid, None)
     return fig, status, disabled
 
 
-def search_poll_changed(state: dict, seen: dict | None) -> tuple[Any, Any, bool, dict]:
+def search_poll_changed(sid: Any, seen: dict | None) -> tuple[Any, Any, bool, dict]:
     """:func:`search_poll` for the page's interval: the trace figure and status only when the
     search changed since the page last drew it (``seen``: its id, rows and status then)."""
-    job = _session_job(state)
+    job = _session_job(sid)
     if job is None:
         return empty_figure("Start a search to see its cost trace here."), "", True, {}
     now = {"id": job.id, "rows": len(job.rows), "status": job.status, "best": job.best_cost_s}
@@ -163,12 +165,10 @@ def search_poll_changed(state: dict, seen: dict | None) -> tuple[Any, Any, bool,
     return build_trace_figure(rows, _trace_title(job)), job.message(), not job.running, now
 
 
-def search_stop(state: dict) -> str:
-    try:
-        check_state(state)
-    except ValueError:
+def search_stop(sid: Any) -> str:
+    if not issued(sid):
         return "No search is running."
-    return "Stopping: the search returns its best so far..." if jobs.stop(state["sid"]) else "No search is running."
+    return "Stopping: the search returns its best so far..." if jobs.stop(sid) else "No search is running."
 
 
 def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser tests
@@ -183,12 +183,16 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
 
     @app.callback(Output("search-trace", "figure"), Output("search-status", "children", allow_duplicate=True),
                   Output("search-poll", "disabled", allow_duplicate=True), Output("search-seen", "data"),
-                  Input("search-poll", "n_intervals"), State("state", "data"), State("search-seen", "data"),
+                  Input("search-poll", "n_intervals"), State("sid", "data"), State("search-seen", "data"),
                   prevent_initial_call="initial_duplicate")
-    def _poll(_n, state, seen):
-        return search_poll_changed(state, seen)
+    def _poll(_n, sid, seen):
+        return search_poll_changed(sid, seen)
 
     @app.callback(Output("search-status", "children", allow_duplicate=True), Input("search-stop", "n_clicks"),
-                  State("state", "data"), prevent_initial_call=True)
-    def _stop(_n, state):
-        return search_stop(state)
+                  State("sid", "data"), prevent_initial_call=True)
+    def _stop(_n, sid):
+        return search_stop(sid)
+
+    # (in the browser: the poll and stop read the id from here, not the whole state)
+    app.clientside_callback("function(s) { return (s && typeof s.sid === 'string') ? s.sid : null; }",
+                            Output("sid", "data"), Input("state", "data"))

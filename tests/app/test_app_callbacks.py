@@ -53,7 +53,7 @@ def data_url(raw: bytes) -> str:
 def poll_until_done(state: dict, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while True:
-        fig, status, disabled = SRCH.search_poll(state)
+        fig, status, disabled = SRCH.search_poll(state["sid"])
         if disabled:
             return go.Figure(fig), status
         assert time.monotonic() < deadline, f"search still running after {timeout} s: {status}"
@@ -393,7 +393,7 @@ class TestSearch:
         assert list(best.x) == [r["iteration"] for r in job.rows]
         assert list(best.y) == pytest.approx([r["best_cost_s"] * 1e3 for r in job.rows])
         assert fig.layout.title.text == "mcmc, budget 30 proposals, seed 0"
-        assert SRCH.search_stop(alex) == "No search is running."
+        assert SRCH.search_stop(alex["sid"]) == "No search is running."
         # its trace, dropped from memory once nobody polls it, is read from the store again
         time.sleep(0.01)
         assert SES.current().trim(0.0) >= 1 and job.id not in SES.current().progress
@@ -424,12 +424,12 @@ class TestSearch:
         assert disabled is True and status == ("Search not started: a search is already running in this session; "
                                                "stop it first")
         other = ST.new_state("alexnet")
-        assert SRCH.search_poll(other)[2] is True  # another session sees no search
+        assert SRCH.search_poll(other["sid"])[2] is True  # another session sees no search
         deadline = time.monotonic() + 60
         while not jobs.get(alex["sid"]).rows:  # running, with progress
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert SRCH.search_stop(alex) == "Stopping: the search returns its best so far..."
+        assert SRCH.search_stop(alex["sid"]) == "Stopping: the search returns its best so far..."
         _, status = poll_until_done(alex)
         assert status.startswith("mcmc stopped: best ")
         assert jobs.get(alex["sid"]).result["cancelled"] is True
@@ -441,10 +441,10 @@ class TestSearch:
         status, disabled = SRCH.search_start(alex, "mcmc", "30", 0)
         assert not disabled and "queued" in status and "server runs" in status
         assert jobs.get(alex["sid"]).queue_position >= 1
-        assert SRCH.search_stop(alex).startswith("Stopping")
+        assert SRCH.search_stop(alex["sid"]).startswith("Stopping")
         assert jobs.get(alex["sid"]).status == "stopped"
         for s in sessions:
-            SRCH.search_stop(s)
+            SRCH.search_stop(s["sid"])
         for s in sessions:
             poll_until_done(s)
 
@@ -485,17 +485,28 @@ class TestSearch:
         assert jobs.get(alex["sid"]) is None
 
     def test_poll_without_search(self, alex):
-        fig, status, disabled = SRCH.search_poll(alex)
+        fig, status, disabled = SRCH.search_poll(alex["sid"])
         assert disabled is True and status == ""
         fig = go.Figure(fig)
         assert fig.layout.annotations[0].text.startswith("Start a search")
-        assert SRCH.search_stop(alex) == "No search is running."
+        assert SRCH.search_stop(alex["sid"]) == "No search is running."
 
     def test_a_crafted_state_cannot_start_or_read_a_search(self, alex):
         bad = dict(alex, model={"name": "/etc/hostname"})
         status, disabled = SRCH.search_start(bad, "mcmc", "30", 0)
         assert disabled and "unknown sample model '/etc/hostname'" in status
-        assert SRCH.search_poll({"sid": "../../x"})[2] is True
+        assert SRCH.search_poll("../../x")[2] is True
+
+    def test_a_search_is_read_and_stopped_by_its_session_s_id_alone(self, alex):
+        """The poll and the stop button send the session id (the page's ``sid`` store), not the
+        state: an id this server issued reads its own search, any other reads nothing."""
+        status, disabled = SRCH.search_start(alex, "mcmc", "30", 0)
+        assert not disabled, status
+        assert SRCH.search_poll(alex["sid"])[1]  # (a status line: queued or running)
+        forged = alex["sid"][:16] + "0" * 16
+        for bad in (forged, None, 7, ["x"], {"sid": alex["sid"]}, alex["sid"] + " "):
+            assert SRCH.search_poll(bad)[2] is True and SRCH.search_stop(bad) == "No search is running."
+        assert SRCH.search_stop(alex["sid"]).startswith("Stopping")
 
 
 class TestExport:

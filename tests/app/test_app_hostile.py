@@ -145,6 +145,20 @@ class TestCraftedStates:
         ST.check_state(new)
         assert new["model"] == {"name": SRC.DEFAULT_MODEL}
 
+    def test_the_same_content_is_checked_once_and_a_bad_one_every_time(self, alex, monkeypatch):
+        calls = []
+        real = json.dumps
+        monkeypatch.setattr(json, "dumps", lambda x, **kw: (calls.append(1) if kw.get("allow_nan") is False else None,
+                                                            real(x, **kw))[1])
+        fresh = {**alex, "version": alex["version"] + 12_345}
+        ST.check_state(fresh)
+        ST.check_state(json.loads(json.dumps(fresh)))  # (another object, the same content)
+        assert len(calls) == 1
+        for bad in ({**fresh, "selected": [1, 2]}, {**fresh, "version": float("nan")}, {**fresh, "x": {1, 2}}):
+            for _ in range(2):
+                with pytest.raises(ValueError, match="the page's state"):
+                    ST.check_state(bad)
+
     def test_a_strategy_that_does_not_fit_the_model_is_refused_by_name(self, alex):
         bad = json.loads(json.dumps(alex))
         bad["strategy"]["ops"]["fc6"]["devices"] = [99]
@@ -276,6 +290,31 @@ class TestServer:
         r = client.post("/_dash-update-component", data=b"[" * 100_000 + b"]" * 100_000,
                         content_type="application/json")
         assert r.status_code == 400 and b"nested deeper" in r.data
+
+    @pytest.mark.parametrize("body, says", [(b"{not json", b"not JSON"), (b"null", b"not a JSON object"),
+                                            (b"[1, 2]", b"not a JSON object"),
+                                            (b'{"output": 3}', b"is not text")])
+    def test_a_malformed_envelope_is_refused_with_what(self, client, body, says):
+        r = client.post("/_dash-update-component", data=body, content_type="application/json")
+        assert r.status_code == 400 and says in r.data
+
+    @pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+    def test_nan_in_a_request_is_not_json(self, client, token):
+        body = b'{"output": "x.children", "outputs": {"id": "x", "property": "children"}, "inputs": [{"id": "s", ' \
+               b'"property": "data", "value": {"v": ' + token + b'}}], "changedPropIds": []}'
+        r = client.post("/_dash-update-component", data=body, content_type="application/json")
+        assert r.status_code == 400 and b"not JSON" in r.data
+
+    def test_a_callback_body_is_parsed_once(self, client, monkeypatch):
+        """The envelope check reads the request's own parse, which Dash then takes (one
+        json.loads of a 25 kB state a request, not two)."""
+        body = json.dumps({"output": "nowhere.children", "outputs": {"id": "nowhere", "property": "children"},
+                           "inputs": [{"id": "state", "property": "data", "value": {"x": list(range(50))}}],
+                           "changedPropIds": []}).encode()
+        real, seen = json.loads, []
+        monkeypatch.setattr(json, "loads", lambda s, **kw: (seen.append(s), real(s, **kw))[1])
+        client.post("/_dash-update-component", data=body, content_type="application/json")
+        assert sum(1 for s in seen if s == body) == 1
 
     def test_bye_drops_the_session_s_simulation(self, client, alex):
         SIM.workspace(alex)

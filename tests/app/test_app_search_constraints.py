@@ -18,7 +18,7 @@ from app.state import new_state
 def poll_until_done(state: dict, timeout: float = 300.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
-        _, status, disabled = SRCH.search_poll(state)
+        _, status, disabled = SRCH.search_poll(state["sid"])
         if disabled:
             return status
         assert time.monotonic() < deadline, f"search still running after {timeout} s: {status}"

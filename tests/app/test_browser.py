@@ -196,6 +196,23 @@ class TestExplorer:
         expect(page.locator("#sum-speedup")).not_to_have_text("–")
         assert float(page.inner_text("#sum-speedup").rstrip("x")) >= 1.0
 
+    def test_a_reload_during_a_search_keeps_polling_it(self, page: Page, app_url: str):
+        """The poll sends the session id from its own store (kept in the tab's sessionStorage
+        beside the state): after a reload it still reads the running search, and stops it."""
+        open_app(page, app_url)
+        page.locator("#tabs").get_by_text("Search", exact=True).click()
+        page.fill("#search-budget", "1000000")
+        page.click("#search-start")
+        running = re.compile(r"auto: ([\d,]+) proposals in")
+        expect(page.locator("#search-status")).to_contain_text(running)
+        sid = page.evaluate("() => JSON.parse(sessionStorage.getItem('sid'))")
+        assert sid == page.evaluate("() => JSON.parse(sessionStorage.getItem('state')).sid")
+        page.reload()
+        page.locator("#tabs").get_by_text("Search", exact=True).click()
+        expect(page.locator("#search-status")).to_contain_text(running)
+        page.click("#search-stop")
+        expect(page.locator("#search-status")).to_contain_text("stopped", timeout=120_000)
+
     def test_export_then_import_gives_the_same_cost(self, page: Page, app_url: str, tmp_path):
         open_app(page, app_url)
         before = summary(page)

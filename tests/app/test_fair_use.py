@@ -66,7 +66,7 @@ class TestTheQueue:
         # behind at most the first client's first search (its fair share), not its sixteen
         assert jobs.get(me["sid"]).status == "running" or jobs.get(me["sid"]).queue_position <= 2, status
         for s in them + [me]:
-            SRCH.search_stop(s)
+            SRCH.search_stop(s["sid"])
 
 
 def test_two_clients_searches_run_interleaved(tmp_path):
