@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from engine.errors import SoapboxError
 from engine.formats import load_strategy
 
-from ..components import GRAPH_CONFIG, first_line, image_buttons
+from ..components import GRAPH_CONFIG, first_line, image_buttons, wire
 from ..figures import build_compare_figure, empty_figure
 from ..fmt import format_bytes, format_rate, format_seconds
 from ..gantt import gantt_data, stage_of_devices
@@ -177,6 +177,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
         try:
             check_state(state)
             names, value = compare_shown(state, shown, had)
-            return (*render_compare(state, value), [{"label": f" {n}", "value": n} for n in names], value)
+            return (*(wire(x) for x in render_compare(state, value)), [{"label": f" {n}", "value": n} for n in names],
+                    value)
         except (ValueError, SoapboxError, KeyError, TypeError) as e:
             return html.P(f"Cannot compare: {first_line(e)}"), "", no_update, no_update, no_update

@@ -24,7 +24,7 @@ from ..panel import (CHOICES, DEGREES, EXPERT_DEGREES, FLAGS, LAYOUT_FORM, OFFLO
                      placeholder)
 from ..sources import cluster_of, graph_of
 from ..state import check_state, memo_key, page_strategy
-from ..components import first_line
+from ..components import first_line, wire
 from ..views import op_details
 
 __all__ = ["layout_panel", "editor_panel", "render_editor", "op_panel", "panel_values", "overlap_choices", "register",
@@ -335,7 +335,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     def _editor(state):
         try:
             check_state(state)
-            return render_editor(state)
+            return [wire(x) for x in render_editor(state)]
         except (ValueError, SoapboxError):
             return no_update, no_update, no_update
 

@@ -16,7 +16,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from engine.errors import Cancelled, SoapboxError
 
-from ..components import GRAPH_CONFIG, card, first_line, image_buttons, learn
+from ..components import GRAPH_CONFIG, card, first_line, image_buttons, learn, wire
 from ..figures import (CONFIG_PALETTE, build_block_stack_figure, build_memory_figure, build_op_graph_figure,
                        build_topology_figure)
 from ..fitscan import fit_start, fit_status
@@ -374,7 +374,7 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
             return [no_update] * why + [f"Cannot draw this state: {first_line(e)}"] + \
                 [no_update] * (len(EXPLORE_IDS) - why - 1) + idle
         app.server.logger.debug("explore rendered in %.1f ms", (time.perf_counter() - t) * 1e3)
-        return [out[i] for i in EXPLORE_IDS] + idle
+        return [wire(out[i]) for i in EXPLORE_IDS] + idle
 
     @app.callback(Output("fit-result", "children"), Output("fit-poll", "disabled"),
                   Input("fit-find", "n_clicks"), Input("fit-poll", "n_intervals"), Input("state", "data"),

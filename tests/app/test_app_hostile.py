@@ -298,7 +298,7 @@ class TestServer:
         r = client.post("/_dash-update-component", data=body, content_type="application/json")
         assert r.status_code == 400 and says in r.data
 
-    @pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+    @pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b'"\\ud800"'])
     def test_nan_in_a_request_is_not_json(self, client, token):
         body = b'{"output": "x.children", "outputs": {"id": "x", "property": "children"}, "inputs": [{"id": "s", ' \
                b'"property": "data", "value": {"v": ' + token + b'}}], "changedPropIds": []}'
@@ -311,8 +311,21 @@ class TestServer:
         body = json.dumps({"output": "nowhere.children", "outputs": {"id": "nowhere", "property": "children"},
                            "inputs": [{"id": "state", "property": "data", "value": {"x": list(range(50))}}],
                            "changedPropIds": []}).encode()
-        real, seen = json.loads, []
-        monkeypatch.setattr(json, "loads", lambda s, **kw: (seen.append(s), real(s, **kw))[1])
+        seen, inside = [], []
+        provider = client.application.json  # (the request's parse) and Python's (any other)
+
+        def counted(real):
+            def loads(s, **kw):
+                if not inside:  # (a parse, not a parser calling another)
+                    seen.append(s)
+                inside.append(1)
+                try:
+                    return real(s, **kw)
+                finally:
+                    inside.pop()
+            return loads
+        for owner in (json, provider):
+            monkeypatch.setattr(owner, "loads", counted(owner.loads))
         client.post("/_dash-update-component", data=body, content_type="application/json")
         assert sum(1 for s in seen if s == body) == 1
 
