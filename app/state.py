@@ -33,9 +33,9 @@ from .sessions import current
 from .sources import (DEFAULT_CLUSTER, DEFAULT_MODEL, MAX_APP_DEVICE_IDS, MAX_APP_DEVICES, MAX_APP_OPS, cluster_of,
                       graph_of, preset_cluster)
 
-__all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "blank_state", "check_state", "check_page_strategy",
-           "page_strategy", "remember_strategy", "content_key", "memo_key", "strategy_dict", "config_dict", "bump", "same_settings", "new_sid", "issued",
-           "switch_notes"]
+__all__ = ["STATE_SCHEMA", "MAX_HISTORY", "MAX_COMPARED", "new_state", "blank_state", "check_state",
+           "check_page_strategy", "page_strategy", "remember_strategy", "content_key", "memo_key", "strategy_dict",
+           "config_dict", "bump", "same_settings", "new_sid", "issued", "switch_notes"]
 
 #: undo (and redo) steps kept in a session's state
 MAX_HISTORY = 100

@@ -5,6 +5,8 @@
    then the views drawn from scratch in a fresh session (its simulation included, no cache),
    for LLaMA-2 7B on 64 A100s (Megatron tp 8 x pp 2, micro-batch 1) and GPT-3 175B on 1,024
    A100s (tp 8 x pp 16, micro-batch 1, full recomputation).
+1b. Writing that response with its outputs as the callback returns them (``app.components.wire``)
+   against with its components as made (``--only write``), alternating in one process.
 2. The timeline regrouped (rows per stage) and zoomed (a tenth of the iteration) on those plans.
 3. A slow strategy (FlexFlow's expert strategy for LLaMA-2 7B on 64 GPUs, ~9 M tasks): time to
    the page's first answer (it goes on off the request path) and until its views are drawn.
@@ -15,7 +17,7 @@
 Baseline in the same process, interleaved with each round: the default page (Inception-v3 on
 FlexFlow's 16 P100s, data parallel) drawn from scratch; ratios are against its median.
 
-Usage: python benchmarks/bench_explorer.py [--repeat 5] [--only layout|timeline|slow|cancel|search]
+Usage: python benchmarks/bench_explorer.py [--repeat 5] [--only layout|write|timeline|slow|cancel|search]
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _draw(state: dict) -> tuple[float, int]:
     values = [out[i] for i in EXP.EXPLORE_IDS]
     if wire is not None:
         values = [wire(v) for v in values]
-    size = len(to_json_plotly({"multi": True, "response": {i: {"children": v} for i, v in zip(EXP.EXPLORE_IDS, values)}}))
+    size = len(_response(values))
     return time.perf_counter() - t, size
 
 
@@ -96,6 +98,37 @@ def bench_layout(repeat: int) -> None:
         print(f"layout panel -> figures, {name}: median {m:.2f} s (min {min(times):.2f}, max {max(times):.2f}), "
               f"{sizes[0] / 1e3:,.0f} KB of response; default page from scratch {fl:.2f} s; ratio {m / fl:.1f}x",
               flush=True)
+
+
+def _response(values: list) -> str:
+    """The Explore callback's response as Dash writes it (Plotly's JSON writer over the whole)."""
+    return to_json_plotly({"multi": True, "response": {i: {"children": v} for i, v in zip(EXP.EXPLORE_IDS, values)}})
+
+
+def bench_write(repeat: int) -> None:
+    """Writing the Explore response: the outputs as the callback returns them
+    (``app.components.wire``) against as they are made (components among them: Plotly's writer
+    then walks the whole response in Python), alternating in one process; the same bytes."""
+    if wire is None:
+        print("write: this tree has no app.components.wire")
+        return
+    for name, (model, cluster, form) in CASES.items():
+        s, f = _layout_state(model, cluster, form)
+        new, _ = EV.on_event("layout-apply", s, layout=f)
+        out = EXP.draw_explore(new, True, "utilization", {})
+        made = [out[i] for i in EXP.EXPLORE_IDS]
+        wired = [wire(v) for v in made]
+        assert _response(made) == _response(wired)
+        fast, slow = [], []
+        for _ in range(5 * repeat):
+            for values, into in ((wired, fast), (made, slow)):
+                t = time.perf_counter()
+                _response(values)
+                into.append(time.perf_counter() - t)
+        SES.current().forget(new["sid"])
+        f_ms, s_ms = statistics.median(fast) * 1e3, statistics.median(slow) * 1e3
+        print(f"write the Explore response, {name}: {f_ms:.1f} ms as returned (wire), {s_ms:.1f} ms with its "
+              f"components as made ({f_ms / s_ms:.2f}x); {len(_response(wired)) / 1e3:,.0f} kB", flush=True)
 
 
 def bench_timeline(repeat: int) -> None:
@@ -186,12 +219,13 @@ def bench_search(repeat: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", choices=["layout", "timeline", "slow", "cancel", "search"])
+    ap.add_argument("--only", choices=["layout", "write", "timeline", "slow", "cancel", "search"])
     args = ap.parse_args()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     WU.warm_up()
-    for name, fn in (("layout", bench_layout), ("timeline", bench_timeline), ("slow", bench_slow),
+    for name, fn in (("layout", bench_layout), ("write", bench_write), ("timeline", bench_timeline),
+                     ("slow", bench_slow),
                      ("cancel", bench_cancel), ("search", bench_search)):
         if args.only in (None, name):
             fn(args.repeat)
