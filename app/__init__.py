@@ -107,6 +107,9 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
                 except RecursionError:
                     body = None
                 problem = callback_envelope_problem(NOT_JSON if body is None and raw.strip() != b"null" else body)
+                # (one Dash does not know, or runs in the browser, raised KeyError inside Dash: a 500)
+                if not problem and "callback" not in app.callback_map.get(body["output"], {}):
+                    problem = f"no callback on the server writes {body['output'][:80]!r}"
                 if problem:
                     abort(400, description=f"malformed callback request: {problem}")
 

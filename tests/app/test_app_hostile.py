@@ -305,10 +305,18 @@ class TestServer:
         r = client.post("/_dash-update-component", data=body, content_type="application/json")
         assert r.status_code == 400 and b"not JSON" in r.data
 
+    @pytest.mark.parametrize("output", ["nowhere.children", "sid.data"])  # (sid.data: a callback run in the browser)
+    def test_a_request_for_no_server_callback_is_refused_by_name(self, client, output):
+        i, p = output.split(".")
+        body = {"output": output, "outputs": {"id": i, "property": p},
+                "inputs": [{"id": "state", "property": "data", "value": None}], "changedPropIds": []}
+        r = client.post("/_dash-update-component", data=json.dumps(body), content_type="application/json")
+        assert r.status_code == 400 and b"no callback on the server writes" in r.data and output.encode() in r.data
+
     def test_a_callback_body_is_parsed_once(self, client, monkeypatch):
         """The envelope check reads the request's own parse, which Dash then takes (one
         json.loads of a 25 kB state a request, not two)."""
-        body = json.dumps({"output": "nowhere.children", "outputs": {"id": "nowhere", "property": "children"},
+        body = json.dumps({"output": "sum-time.children", "outputs": {"id": "sum-time", "property": "children"},
                            "inputs": [{"id": "state", "property": "data", "value": {"x": list(range(50))}}],
                            "changedPropIds": []}).encode()
         seen, inside = [], []
