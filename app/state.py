@@ -227,9 +227,10 @@ def memo_key(data: Any) -> str:
     """A digest of a JSON-able value for the server's caches (SHA-256 of its JSON with sorted
     keys, 32 hex digits; never stored): orjson's, ~12x faster than ``json.dumps`` on a 25 kB
     state (0.06 against 0.77 ms), which every request of a page computes a few times. What orjson
-    cannot write (an integer past 64 bits, a key that is not text) is written by ``json.dumps``
-    under another prefix. A value must have passed :func:`check_state` first (orjson writes NaN
-    as null)."""
+    cannot write (an integer past 64 bits, a key that is not text, a lone surrogate) is written
+    by ``json.dumps`` under another prefix. orjson writes NaN as null, so a value with NaN where
+    another has null gets that one's key: a request's JSON cannot hold NaN
+    (:class:`app.guard.StrictJSONProvider`)."""
     try:
         text = b"o" + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # (orjson.JSONEncodeError is a TypeError)
