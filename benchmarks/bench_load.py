@@ -14,8 +14,8 @@ same ``/_dash-update-component`` requests, built from the server's ``/_dash-depe
   it keeps editing.
 
 Each session runs for ``--duration`` seconds, then closes its tab (``/_soapbox/bye``). Reported:
-p50/p95 of page render and of edit -> figures; each search's run time (claimed -> finished,
-from the store) against its budget, and its time in the queue; the server's resident memory
+p50/p95 of page render and of edit -> figures (and its p95 in each minute of the run); each
+search's run time (claimed -> finished, from the store) against its budget, and its time in the queue; the server's resident memory
 and threads, and its worker processes, after warm-up, at the end of the load, and
 ``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
 sessions and a fixed duration; the server is stopped at the end.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -116,12 +117,22 @@ def _edits(seed: int, n: int):
     return out
 
 
+def _by_minute(sessions: list, duration: float) -> list[list[float]]:
+    """Every session's edit -> figures times, by the minute of the run each ended in."""
+    out: list[list[float]] = [[] for _ in range(max(1, math.ceil(duration / 60)))]
+    for s in sessions:
+        for dt, at in zip(s.edit_s, s.edit_at):
+            out[min(len(out) - 1, int(at // 60))].append(dt)
+    return out
+
+
 class Session(threading.Thread):
     def __init__(self, base: str, k: int, args, start_at: float) -> None:
         super().__init__(name=f"session-{k}", daemon=True)
         self.base, self.k, self.args, self.start_at = base, k, args, start_at
         self.render_s: float | None = None
         self.edit_s: list[float] = []
+        self.edit_at: list[float] = []  # (when each edit ended, seconds after the sessions started)
         self.errors: list[str] = []
         self.sid: str | None = None
         self.rng = random.Random(k)
@@ -190,6 +201,7 @@ class Session(threading.Thread):
                 state = new
                 self.views(client, pool, state)
                 self.edit_s.append(time.perf_counter() - t)
+                self.edit_at.append(time.monotonic() - self.start_at)
                 next_edit = time.monotonic() + self.rng.uniform(*self.args.think)
             time.sleep(max(0.0, min(next_poll if polling else end, next_edit, end) - time.monotonic()))
         while polling and time.monotonic() < end + 600:  # let its search finish before the tab closes
@@ -352,6 +364,8 @@ def main() -> int:
         "page_render_s": {"p50": pct(renders, 50), "p95": pct(renders, 95), "n": len(renders)},
         "edit_to_figures_s": {"p50": pct(edits, 50), "p95": pct(edits, 95), "max": max(edits, default=float("nan")),
                               "n": len(edits)},
+        # (per minute of the run: does the tail grow as the server's caches and heap do?)
+        "edit_p95_by_minute_s": [pct(w, 95) for w in _by_minute(sessions, args.duration)],
         "searches": {"n": len(rows), "statuses": {st: sum(1 for r in rows if r[0] == st) for st in {r[0] for r in rows}},
                      "run_s_median": statistics.median(run) if run else None, "run_s_max": max(run, default=None),
                      "within_budget_plus_20pct": within, "queue_wait_s_max": max(wait, default=None),
