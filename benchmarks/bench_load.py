@@ -15,9 +15,9 @@ same ``/_dash-update-component`` requests, built from the server's ``/_dash-depe
 
 Each session runs for ``--duration`` seconds, then closes its tab (``/_soapbox/bye``). Reported:
 p50/p95 of page render and of edit -> figures (and its p95 in each minute of the run); each
-search's run time (claimed -> finished, from the store) against its budget, and its time in the queue; the server's resident memory
-and threads, and its worker processes, after warm-up, at the end of the load, and
-``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
+search's run time (claimed -> finished, from the store) against its budget, and its time in the
+queue; the server's resident memory and threads, and its worker processes, after warm-up, at the
+end of the load, and ``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
 sessions and a fixed duration; the server is stopped at the end.
 
 Usage: python benchmarks/bench_load.py [--sessions 20] [--duration 60] [--budget 3s] [--think 2 4] [--rounds 1]
