@@ -60,6 +60,7 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
     """
     from dash import Dash
     from flask import abort, request
+    from werkzeug.exceptions import BadRequest
 
     from .sessions import current
 
@@ -103,10 +104,10 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
                 # (parsed by the request itself and cached there: Dash's own read takes the same
                 # object, where the guard's json.loads had parsed each body a second time)
                 try:
-                    body = request.get_json(silent=True)
-                except RecursionError:
-                    body = None
-                problem = callback_envelope_problem(NOT_JSON if body is None and raw.strip() != b"null" else body)
+                    body = request.get_json()
+                except (BadRequest, RecursionError):  # (not JSON: werkzeug's answer to a failed parse)
+                    body = NOT_JSON
+                problem = callback_envelope_problem(body)
                 # (one Dash does not know, or runs in the browser, raised KeyError inside Dash: a 500)
                 if not problem and "callback" not in app.callback_map.get(body["output"], {}):
                     problem = f"no callback on the server writes {body['output'][:80]!r}"

@@ -5,7 +5,6 @@ with a 500; the values in the slots are each callback's own to check."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
@@ -58,12 +57,7 @@ def callback_envelope_problem(body: Any) -> str | None:
     """What is wrong with a ``/_dash-update-component`` body's envelope (None when Dash can
     read it): the JSON, ``output``, ``outputs``, ``inputs``, ``state`` and ``changedPropIds``.
     ``body`` is the body parsed (the request's own cached parse, which Dash then reads: one
-    parse a request, not two), or :data:`NOT_JSON`; bytes are parsed here."""
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            body = json.loads(body, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError):
-            body = NOT_JSON
+    parse a request, not two), or :data:`NOT_JSON`."""
     if body is NOT_JSON:
         return "the request is not JSON"
     if not isinstance(body, dict):
