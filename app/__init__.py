@@ -99,15 +99,15 @@ def create_app(data_dir: str | os.PathLike | None = None, workers: int | None = 
             if too_deep_at(raw, MAX_REQUEST_DEPTH) is not None:
                 abort(400, description=f"request nested deeper than {MAX_REQUEST_DEPTH} levels")
             if request.path.endswith("/_dash-update-component"):
-                from .guard import NOT_JSON, callback_envelope_problem
+                from .guard import callback_envelope_problem, not_json
 
                 # (parsed by the request itself and cached there: Dash's own read takes the same
                 # object, where the guard's json.loads had parsed each body a second time)
                 try:
                     body = request.get_json()
-                except (BadRequest, RecursionError):  # (not JSON: werkzeug's answer to a failed parse)
-                    body = NOT_JSON
-                problem = callback_envelope_problem(body)
+                    problem = callback_envelope_problem(body)
+                except (BadRequest, RecursionError):  # (werkzeug's answer to a failed parse)
+                    body, problem = None, not_json(raw)
                 # (one Dash does not know, or runs in the browser, raised KeyError inside Dash: a 500)
                 if not problem and "callback" not in app.callback_map.get(body["output"], {}):
                     problem = f"no callback on the server writes {body['output'][:80]!r}"

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from flask.json.provider import DefaultJSONProvider
 
-__all__ = ["callback_envelope_problem", "NOT_JSON", "StrictJSONProvider"]
+__all__ = ["callback_envelope_problem", "not_json", "StrictJSONProvider"]
 
 
 def _refuse_constant(name: str) -> Any:
@@ -49,17 +49,21 @@ def _slot_problem(slot: Any, where: str) -> str | None:
     return None
 
 
-#: what :func:`callback_envelope_problem` is given for a body that did not parse as JSON
-NOT_JSON = object()
+def not_json(raw: bytes) -> str:
+    """Why ``raw`` is not a JSON request body, and where (orjson's message: what it met, its
+    line and column); called only once a parse failed."""
+    try:
+        orjson.loads(raw)
+    except ValueError as e:
+        return f"the request is not JSON ({str(e)[:200]})"
+    return "the request is not JSON"
 
 
 def callback_envelope_problem(body: Any) -> str | None:
     """What is wrong with a ``/_dash-update-component`` body's envelope (None when Dash can
     read it): the JSON, ``output``, ``outputs``, ``inputs``, ``state`` and ``changedPropIds``.
     ``body`` is the body parsed (the request's own cached parse, which Dash then reads: one
-    parse a request, not two), or :data:`NOT_JSON`."""
-    if body is NOT_JSON:
-        return "the request is not JSON"
+    parse a request, not two; :func:`not_json` says why one did not parse)."""
     if not isinstance(body, dict):
         return "the request is not a JSON object"
     if not isinstance(body.get("output"), str):
