@@ -138,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     import sqlite3
 
     from . import IDLE_EVICT_S, create_app, limit_malloc_arenas
-    from .warmup import warm_up
+    from .warmup import settle_heap, warm_up
 
     limit_malloc_arenas(2)  # before the janitor, the pool's manager and the request threads
     from .clients import trust_proxy
@@ -161,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot use the store in {args.data_dir or '(the default data directory)'}: {e}") from None
     info = app.soapbox_info  # (a store set aside or found emptied was said on stderr: app.store.open_checked)
     warm_up()
+    settle_heap()
     if handed is None:
         shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         print(f"soapbox explorer: http://{shown}:{args.port}/  (Ctrl+C to stop)", flush=True)

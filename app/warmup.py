@@ -16,7 +16,7 @@ from .tabs.compare import render_compare
 from .tabs.editor import render_editor
 from .tabs.explore import pin_default, render_explore
 
-__all__ = ["warm_up"]
+__all__ = ["settle_heap", "warm_up"]
 
 #: how long warm-up waits for each of its builds (s): on the background pool, as a visitor's are
 WAIT_S = 600.0
@@ -40,3 +40,19 @@ def warm_up() -> None:
     for sid in (state["sid"], edited["sid"]):  # (sessions no visitor has: an idle server holds no simulation)
         sessions.forget(sid)
     sessions.trim(0.0)
+
+
+def settle_heap() -> None:
+    """Collect what start-up left and move every object that survived into the collector's
+    permanent generation (``gc.freeze``; Python docs, "gc — Garbage Collector interface": "freeze
+    all the objects tracked by gc ... ignore them for all future collections"). The imports
+    (Dash, Plotly, numba, the engine) and warm-up leave ~260,000 tracked objects that live as
+    long as the server; each full collection under load walked them all while every request
+    thread waited on the interpreter lock. Measured with ``benchmarks/bench_load.py`` (20
+    sessions, 2 minutes, collections timed by ``gc.callbacks``): full collections 5.3 s in all,
+    the longest 0.43 s, before; 3.9 s, the longest 0.21 s, after (BENCHMARKS.md). Called once,
+    by ``soapbox serve`` after :func:`warm_up`; objects made later are collected as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

@@ -37,7 +37,7 @@ from ..taskgraph import TaskGraph, TaskGraphBuilder
 __all__ = ["DeltaSimulator", "resume"]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, end_old, dur_old,
                   dur_new):  # pragma: no cover
     """``t_c``: the earliest moment a change can act (see the module docstring), in one pass
@@ -79,7 +79,7 @@ def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, en
     return t_c
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _restore(old_order, ready_old, start_old, end_old, rp_old, old_to_new, t_c, succ_ptr, succ_idx, chain_next,
              chain_lag, npred, res_ptr, res_idx, n_res):  # pragma: no cover
     """The event loop's state after the kept prefix (the old tasks that became ready strictly
@@ -148,7 +148,7 @@ def _task_map(old_segs, new_segs, n_old: int) -> np.ndarray:
     return _map_tasks(o_slot, o_start, o_n, o_serial, n_slot, n_start, n_serial, n_old)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _map_tasks(o_slot, o_start, o_n, o_serial, n_slot, n_start, n_serial, n_old):  # pragma: no cover
     """:func:`_task_map` in one compiled pass."""
     size = 1

@@ -83,7 +83,7 @@ def _pop(hk, hi, n):
     return key, idx, n
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag, n_res, rank):  # pragma: no cover
     """List scheduling. ``rank`` empty: FIFO by ready time (FlexFlow's Algorithm 1); else
     tasks are dispatched in ``rank`` order (a fixed topological priority)."""
@@ -94,7 +94,7 @@ def _run(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_next, chain_lag
                  last, last_task, res_pred, order, 0, initial)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def loop_state(npred, n_res, n):  # pragma: no cover
     """The event loop's arrays before any dispatch (allocated here, not by NumPy: NumPy asks
     for transparent huge pages on large arrays, which made a 9 M-task loop 5-30% slower on a
@@ -110,7 +110,7 @@ def loop_state(npred, n_res, n):  # pragma: no cover
     return start, end, ready, left, last, last_task, res_pred, order
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
           last_task, res_pred, order, done, initial):  # pragma: no cover
     """The event loop from a given state: ``done`` tasks already dispatched (``order[:done]``),
@@ -122,7 +122,7 @@ def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag,
     return start, end, order[:done], res_pred, ready
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def ready_heap(rank, ready, initial, n):  # pragma: no cover
     """The heap of the ready tasks ``initial`` (keys, task ids, size), room for ``n``."""
     static = rank.shape[0] == n

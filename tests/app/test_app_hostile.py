@@ -383,6 +383,23 @@ class TestWhatTheServerKeeps:
         assert all(presets.get(name) is c for name, c in before.items())
         assert len(presets) == len(before)
 
+    def test_settle_heap_freezes_what_start_up_left_and_later_cycles_are_still_collected(self):
+        import subprocess
+
+        code = ("import gc, weakref\n"
+                "import app.warmup as WU\n"
+                "WU.settle_heap()\n"
+                "frozen = gc.get_freeze_count()\n"
+                "class Node: pass\n"
+                "a, b = Node(), Node(); a.b, b.a = b, a; probe = weakref.ref(a); del a, b\n"
+                "gc.collect()\n"
+                "print(frozen, probe() is None)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(WU.__file__))))
+        frozen, collected = out.stdout.split()
+        assert int(frozen) > 50_000, out  # the app's imports: Dash, Plotly, the engine
+        assert collected == "True"  # a cycle made after the freeze is collected as before
+
     def test_workers_import_the_app_the_server_runs(self, monkeypatch):
         from app import jobs
 
