@@ -224,6 +224,7 @@ def main() -> None:
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     WU.warm_up()
+    getattr(WU, "settle_heap", lambda: None)()  # (as `soapbox serve` starts, where the tree has it)
     for name, fn in (("layout", bench_layout), ("write", bench_write), ("timeline", bench_timeline),
                      ("slow", bench_slow),
                      ("cancel", bench_cancel), ("search", bench_search)):
