@@ -20,7 +20,13 @@ queue; the server's resident memory and threads, and its worker processes, after
 end of the load, and ``--settle`` seconds after the sessions ended. Bounded: loopback only, a fixed number of
 sessions and a fixed duration; the server is stopped at the end.
 
+``--gc-log``: the server's, its search workers' and this process's full garbage collections
+while the sessions ran (``benchmarks/gcprobe``: each holds its process's interpreter lock).
+This process freezes its own start-up heap before the sessions (``gc.freeze``): it stands in for
+browsers on other machines, and its collections would add to the latencies it measures.
+
 Usage: python benchmarks/bench_load.py [--sessions 20] [--duration 60] [--budget 3s] [--think 2 4] [--rounds 1]
+    [--gc-log]
 """
 
 from __future__ import annotations
@@ -233,6 +239,25 @@ def call_dependency(client: DashClient, d: dict, values: dict) -> dict:
 # --------------------------------------------------------------------------- the server
 
 
+def gc_summary(folder: str, t0: float, t1: float) -> dict[str, dict]:
+    """Full collections that ended between Unix times ``t0`` and ``t1``, from the logs of
+    ``benchmarks/gcprobe``, by role (the command line each log starts with): their number, total
+    and longest wall seconds."""
+    out: dict[str, dict] = {}
+    for path in sorted(Path(folder).glob("gc.*.tsv")):
+        lines = path.read_text().splitlines()
+        cmd = lines[0] if lines else ""
+        role = "server" if " serve " in cmd else "search worker" if "app.worker" in cmd or "worker.py" in cmd else \
+            "load generator" if "bench_load" in cmd else "other"
+        times = [float(ln.split("\t")[1]) for ln in lines[1:] if ln and t0 <= float(ln.split("\t")[0]) <= t1]
+        r = out.setdefault(role, {"processes": 0, "n": 0, "total_s": 0.0, "max_s": 0.0})
+        r["processes"] += 1
+        r["n"] += len(times)
+        r["total_s"] = round(r["total_s"] + sum(times), 3)
+        r["max_s"] = round(max([r["max_s"]] + times), 3)
+    return out
+
+
 def _proc_status(pid: int) -> dict[str, int]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -282,6 +307,9 @@ def main() -> int:
                     help="run the sessions this many times, one set after another (memory after each: a leak grows "
                          "with every round, a one-time cost does not)")
     ap.add_argument("--json", help="write the figures here as JSON too")
+    ap.add_argument("--gc-log", action="store_true",
+                    help="time every full garbage collection of the server, its search workers and this process "
+                         "(benchmarks/gcprobe) and report them")
     ap.add_argument("--serve-args", default="", metavar="ARGS",
                     help="more options for soapbox serve, e.g. '--recycle-mb 0' (never start again in place)")
     args = ap.parse_args()
@@ -291,10 +319,15 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = tempfile.mkdtemp(prefix="soapbox-load-")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    gc_dir = tempfile.mkdtemp(prefix="soapbox-gc-") if args.gc_log else None
+    if gc_dir:  # (the server and its workers load benchmarks/gcprobe/sitecustomize.py, which logs there)
+        env.update(SOAPBOX_GC_LOG=gc_dir, PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "benchmarks" / "gcprobe")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--data-dir", data,
                                "--threads", str(args.threads)] + args.serve_args.split(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                              env=env)
     try:
         while "soapbox explorer:" not in (line := server.stdout.readline()):
             if not line and server.poll() is not None:
@@ -316,7 +349,12 @@ def main() -> int:
         # walked its imports for up to 0.3 s with a request in flight, are not the server's latency)
         gc.collect()
         gc.freeze()
+        if gc_dir:  # (this process's full collections too, from here on)
+            import runpy
+            os.environ["SOAPBOX_GC_LOG"] = gc_dir
+            runpy.run_path(str(ROOT / "benchmarks" / "gcprobe" / "sitecustomize.py"))
         peak, sessions, rounds = dict(before), [], []
+        t_sessions = time.time()
         for r in range(args.rounds):
             t0 = time.monotonic() + 0.5
             batch = [Session(base, 1000 * r + k, args, t0 + args.ramp * k / max(1, args.sessions))
@@ -329,6 +367,7 @@ def main() -> int:
                 peak = {k: max(peak[k], snap[k]) for k in peak if k in snap}
                 time.sleep(1.0)
             ended = snapshot(server.pid)
+            t_ended = time.time()
             t_end, trace = time.monotonic(), []  # (s after the end, resident MB) every 5 s while it settles
             while (left := t_end + args.settle - time.monotonic()) > 0:
                 time.sleep(min(5.0, left))
@@ -388,6 +427,8 @@ def main() -> int:
         "errors": errors[:10],
         "error_count": len(errors),
     }
+    if gc_dir:  # (while the sessions ran, by process: the server, its search workers, this load generator)
+        res["full_collections"] = gc_summary(gc_dir, t_sessions, t_ended)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
