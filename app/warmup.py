@@ -47,10 +47,11 @@ def settle_heap() -> None:
     permanent generation (``gc.freeze``; Python docs, "gc — Garbage Collector interface": "freeze
     all the objects tracked by gc ... ignore them for all future collections"). The imports
     (Dash, Plotly, numba, the engine) and warm-up leave ~260,000 tracked objects that live as
-    long as the server; each full collection under load walked them all while every request
-    thread waited on the interpreter lock. Measured with ``benchmarks/bench_load.py`` (20
-    sessions, 2 minutes, collections timed by ``gc.callbacks``): full collections 5.3 s in all,
-    the longest 0.43 s, before; 3.9 s, the longest 0.21 s, after (BENCHMARKS.md). Called once,
+    long as the server, and a full collection holds the interpreter lock while it walks them.
+    Measured (``benchmarks/bench_load_ab.py --same-client --gc-log``, 20 sessions, 5 minutes,
+    two pairs): the longest full collection 0.34 / 0.36 s before, 0.14 / 0.19 s after; they come
+    about three times as often, so their total is not less (9.1 / 9.3 s before, 10.2 / 11.1 s
+    after); edit -> figures p95 the same within the runs' spread (BENCHMARKS.md). Called once,
     by ``soapbox serve`` after :func:`warm_up`; objects made later are collected as before."""
     import gc
 
