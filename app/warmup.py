@@ -52,7 +52,10 @@ def settle_heap() -> None:
     two pairs): the longest full collection 0.34 / 0.36 s before, 0.14 / 0.19 s after; they come
     about three times as often, so their total is not less (9.1 / 9.3 s before, 10.2 / 11.1 s
     after); edit -> figures p95 the same within the runs' spread (BENCHMARKS.md). Called once,
-    by ``soapbox serve`` after :func:`warm_up`; objects made later are collected as before."""
+    by ``soapbox serve`` after :func:`warm_up`; objects made later are collected as before. A
+    frozen object is never collected: what start-up keeps (the pinned default page, the presets,
+    the modules) stays for the server's life anyway, and warm-up's own sessions are forgotten and
+    collected before the freeze."""
     import gc
 
     gc.collect()
