@@ -38,6 +38,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import socket
 import sqlite3
 import statistics
@@ -427,8 +428,10 @@ def main() -> int:
         "errors": errors[:10],
         "error_count": len(errors),
     }
-    if gc_dir:  # (while the sessions ran, by process: the server, its search workers, this load generator)
+    if gc_dir:  # (by process: the server, its search workers, this load generator; from the first round's
+        # start to the last one's end, the settling between rounds included)
         res["full_collections"] = gc_summary(gc_dir, t_sessions, t_ended)
+        shutil.rmtree(gc_dir, ignore_errors=True)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -131,5 +131,6 @@ def test_event_loops_release_the_interpreter_lock():
     op = next(o for o in g.ops if o.kind == "linear")
     cfg = sim.strategy.configs[op.name]
     tl = sim.change(op.name, Config.single(next(iter(cfg.devices))))
+    assert "reused_tasks" in tl.extra  # (the delta's own path: rebuilt in place and resumed)
     full_tl = simulate(TaskGraphBuilder(g, sim.strategy, c, CostModel()).build())
     assert tl.makespan_s == full_tl.makespan_s
