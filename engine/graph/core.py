@@ -131,7 +131,7 @@ class Op:
     def _dims_by_name(self) -> dict[str, ParallelDim]:
         return {d.name: d for d in self.dims}
 
-    @property
+    @cached_property
     def dim_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dims)
 

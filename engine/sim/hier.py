@@ -4,9 +4,9 @@ reference run, composed.
 A Megatron-shaped layout's pipeline repeats: its middle stages run the same ops on other
 devices, its microbatches the same units in the same order. :func:`predict_layout` simulates,
 task by task as :func:`engine.sim.report.simulate_strategy` would, a *reference*: the same
-layout on the first, one to two middle and the last stage only (the model's layers cut to
-theirs, :func:`reference_graph`; the cluster to their nodes) and on the first few
-microbatches, each still 1/m of the batch. Each unit of the reference becomes a max-plus block
+layout on the first stage, a middle stage for each place a stage takes in a node, and the
+last stage only (the model's layers cut to theirs, :func:`reference_graph`; the cluster to
+their nodes) and on the first few microbatches, each still 1/m of the batch. Each unit of the reference becomes a max-plus block
 (:mod:`engine.sim.units`) and the whole iteration is laid out from them and simulated
 (:mod:`engine.sim.unroll`): the same iteration time as the full simulation (to float
 rounding; tests/sim/test_hier.py compares the two on generated layouts). Memory: each stage's
@@ -45,8 +45,10 @@ from .unroll import Reference, UnrollProblem, unroll
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "REFERENCE_STAGES"]
 
-#: most stages a reference keeps (the first, two middle ones, the last)
-REFERENCE_STAGES = 4
+#: fewest stages a reference keeps (the first, a middle one, the last): a pipeline of more is
+#: composed from it. Four (two middle stages) until 2026-11-30: on 1,220 generated layouts
+#: three composed as many, every one as exact (``docs/benchmarks``, issue 43's tenth round)
+REFERENCE_STAGES = 3
 #: most schedule units composed one by one (each a handful of tasks): past it, a pipeline whose
 #: composed run does not repeat is left to the full simulation
 MAX_UNITS = 1_000_000
@@ -109,7 +111,16 @@ def reference_graph(graph: OpGraph, keep: int) -> OpGraph:
 
 
 def _layers_alike(graph: OpGraph, blocks: list[str]) -> str | None:
-    """Why the layer blocks are not alike op for op (kind, shapes, attributes), or None."""
+    """Why the layer blocks are not alike op for op (kind, shapes, attributes), or None.
+    Found once per graph (a graph's ops do not change; a sweep asks for every point)."""
+    memo = graph.__dict__.setdefault("_hier_layers_alike", {})
+    key = tuple(blocks)
+    if key not in memo:
+        memo[key] = _layers_differ(graph, blocks)
+    return memo[key]
+
+
+def _layers_differ(graph: OpGraph, blocks: list[str]) -> str | None:
     sig: dict[str, list] = {b: [] for b in blocks}
     for op in graph.ops:
         if op.block in sig:
@@ -139,15 +150,21 @@ def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
     return hit
 
 
+def _reference_microbatches(pr: int, v: int, m: int) -> int:
+    """Microbatches the reference simulates."""
+    return min(m, 2 * pr if v > 1 else max(pr + 2, 4))
+
+
 def _reference_stages(p: int, v: int, m: int, stage_gpus: int, gpus_per_node: int) -> int:
     """Stages the reference keeps: the whole pipeline when it is short; else the first, a
-    middle stage for each place a stage can take in a node, at least one more, and the last,
-    in the same place in its node as the whole run's last (and, interleaved, dividing the
-    microbatches)."""
+    middle stage for each place a stage can take in a node (one more where a node holds
+    several stages: :mod:`engine.sim.unroll` moves a reference stage by whole nodes), and the
+    last, in the same place in its node as the whole run's last (and, interleaved, dividing
+    the microbatches)."""
     if stage_gpus % gpus_per_node and gpus_per_node % stage_gpus:
         return p  # (stages that straddle nodes unevenly: no stage stands for another)
     period = max(1, gpus_per_node // stage_gpus)
-    tries = list(range(max(REFERENCE_STAGES, period + 2), p)) + ([3] if period == 1 and p > 3 else [])
+    tries = range(max(REFERENCE_STAGES, period + 2), p)
     for pr in tries:
         if (p - pr) % period == 0 and (v == 1 or m % pr == 0):
             return pr
@@ -240,7 +257,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
     s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
     m = s_ref.pipeline.microbatches
-    mr = min(m, 2 * pr if v > 1 else max(pr + 2, 4))
+    mr = _reference_microbatches(pr, v, m)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     tl = simulate(tg)
     if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)

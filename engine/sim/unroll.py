@@ -1,7 +1,7 @@
 """A whole pipeline's iteration composed from a short reference run (issue 43).
 
-The reference simulates the same layout with fewer stages (the first, one or two middle ones,
-the last) and the first few microbatches, each still 1/m of the batch
+The reference simulates the same layout with fewer stages (the first, a middle one for each place
+a stage takes in a node, the last) and the first few microbatches, each still 1/m of the batch
 (:attr:`engine.taskgraph.context.BuildContext.split`). Its units are read as max-plus blocks
 (:mod:`engine.sim.units`); this module lays out the full iteration's explicit tasks (each
 stage's barrier chain in its schedule order, every point-to-point transfer, each stage's

@@ -143,3 +143,20 @@ def test_refusals_name_their_reason():
         predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, zero_stage=3)))
     with pytest.raises(HierProblem, match="layer split"):
         predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, layers_per_stage=(3, 5))))
+
+
+@pytest.mark.parametrize("tp, pp, vpp, batch, stages", [
+    (8, 6, 1, 16, 3),  # a stage a node: the first, one middle stage, the last
+    (8, 4, 1, 16, 3),  # four stages: composed from three (a reference held four before)
+])
+def test_reference_keeps_few_stages(tp, pp, vpp, batch, stages):
+    """The reference keeps the fewest stages that stand for the whole pipeline, and what it
+    composes still equals the full simulation."""
+    g = gpt(GPTConfig(pp * vpp, 256, 8, 128, 1024, batch, name="t"), source="test")
+    cl = preset(f"dgx-a100-80gb:{tp * pp // 8}")
+    lay = resolved(Layout.from_options(dict(tp=tp, pp=pp, vpp=vpp, micro_batch=1)), g, cl)
+    h = predict_layout(g, cl, lay)
+    full = simulate_strategy(g, build_layout(g, cl, lay), cl, check=False)
+    assert h.reference_stages == stages and h.composed_tasks > 0
+    assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
