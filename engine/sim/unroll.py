@@ -20,7 +20,7 @@ over several middle stages; a name with no counterpart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,13 +59,6 @@ class Reference:
     layers_per_chunk: int = 0
     ref_layers: int = 0
     layers: int = 0
-    #: what :meth:`_Unroll._name` reads off the reference (the same for every unrolling of it:
-    #: the composed prediction unrolls one reference at least twice), once checked
-    named: dict | None = field(default=None, repr=False, compare=False)
-
-
-#: the attributes :meth:`_Unroll._name` sets (kept on the reference: :attr:`Reference.named`)
-_NAMED = ("bar_unit", "hop_of", "chain_first", "cons", "inputs", "slot_of", "is_p2p", "is_it", "group", "direction_of")
 
 
 def unroll(ref: Reference, stages: int, microbatches: int, n_devices: int, n_links: int) -> TaskGraph:
@@ -311,12 +304,8 @@ class _Unroll:
     # -- the whole iteration -----------------------------------------------------------------
     def run(self) -> TaskGraph:
         ref, p, v, m, pr, mr = self.ref, self.p, self.v, self.m, self.pr, self.mr
-        if ref.named is None:
-            self._name()
-            self._check_classes()
-            ref.named = {k: getattr(self, k) for k in _NAMED}
-        else:
-            vars(self).update(ref.named)
+        self._name()
+        self._check_classes()
         self._iteration_tasks()
         C = p * v
         c = np.repeat(np.arange(C), m * 2)
