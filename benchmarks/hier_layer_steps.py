@@ -1,0 +1,111 @@
+"""How a composed prediction's unit blocks grow with the layers a stage holds (issue 43: the
+groundwork for a reference with fewer layers than the run).
+
+``engine.sim.hier`` reads each schedule unit of its reference run (one stage's forward or
+backward of one microbatch) as a max-plus block: ``coef[e, x]``, the seconds from entry ``e``
+to exit ``x`` (``engine.sim.units``). This script builds the same layout's reference with
+k = 1, 2, 3, 4 layers a stage (the model cut to ``pp x vpp x k`` layers,
+``engine.sim.hier.reference_graph``), reads its units, and says for each unit whether every
+coefficient grows by the same step from one k to the next (``coef(k) = a + k x step``: the
+layers of a unit then act as one block repeated) and by how much, and how many exits a unit
+gains per layer (the per-layer gradient collectives a last backward feeds).
+
+    PYTHONPATH=. python benchmarks/hier_layer_steps.py --model gpt3-175b --cluster dgx-a100-80gb:128 \\
+        --layout tp=8,pp=16,dp=8,micro_batch=1,recompute=full [--layout-flag sequence_parallel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from engine.cluster import preset
+from engine.formats import resolve_model
+from engine.layout import Layout, resolved
+from engine.layout.build import build_unchecked
+from engine.sim import hier as H
+from engine.sim.full import simulate
+from engine.sim.units import classify, read_units
+from engine.taskgraph import build_task_graph
+
+KS = (1, 2, 3, 4)
+
+
+def _value(v: str):
+    if v in ("true", "false"):
+        return v == "true"
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+def units_at(graph, cluster, lay0: Layout, k: int) -> tuple[dict, int]:
+    """(units by template, reference tasks) of the layout's reference with ``k`` layers a stage."""
+    probe = resolved(lay0, graph, cluster)
+    g = H.reference_graph(graph, probe.pp * probe.vpp * k)
+    lay = resolved(lay0, g, cluster)
+    p, v = lay.pp, lay.vpp
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    G = cluster.gpus_per_node
+    m = g.batch_size // (lay.dp * lay.micro_batch)
+    pr = H._reference_stages(p, v, m, stage_gpus, G)
+    g_ref = H.reference_graph(g, pr * v * k)
+    c_ref = cluster if pr == p else H._reference_cluster(cluster, -(-pr * stage_gpus // G))
+    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr))
+    mr = H._reference_microbatches(pr, v, m)
+    tg = build_task_graph(g_ref, s_ref, c_ref, None, microbatches=mr)
+    tl = simulate(tg)
+    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
+    return read_units(tg, tl.order, classify(tg, chunk_of, mr), tl.end_s), tg.num_tasks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt3-175b")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--cluster", default="dgx-a100-80gb:128")
+    ap.add_argument("--layout", default="tp=8,pp=16,dp=8,micro_batch=1,recompute=full",
+                    help="Layout options, NAME=VALUE comma-separated")
+    ap.add_argument("--layout-flag", action="append", default=[], help="a Layout flag set true (repeatable)")
+    a = ap.parse_args(argv)
+    opts = {k: _value(v) for k, v in (kv.split("=") for kv in a.layout.split(",") if kv)}
+    opts.update({f: True for f in a.layout_flag})
+    graph = resolve_model(a.model, batch=a.batch) if a.batch else resolve_model(a.model)
+    cluster = preset(a.cluster)
+    lay0 = Layout.from_options(opts)
+    print(f"# {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}; {a.model} on {a.cluster}, {opts}")
+    got = {}
+    for k in KS:
+        got[k], n = units_at(graph, cluster, lay0, k)
+        print(f"k = {k} layers a stage: reference of {n:,} tasks, {len(got[k])} units")
+    same = grow = other = 0
+    steps: set = set()
+    for t in sorted(got[KS[0]]):
+        cs = [got[k][t].coef for k in KS if t in got[k]]
+        if len(cs) != len(KS):
+            other += 1
+            continue
+        if any(c.shape != cs[0].shape for c in cs):  # entries and exits added per layer
+            grow += 1
+            print(f"unit {t}: entries {[c.shape[0] for c in cs]}, exits {[c.shape[1] for c in cs]} for k = {KS}")
+            continue
+        fin = np.isfinite(cs[0])
+        with np.errstate(invalid="ignore"):
+            ds = [cs[i + 1][fin] - cs[i][fin] for i in range(len(cs) - 1)]
+        if all(np.allclose(d, ds[0], rtol=0, atol=1e-12) for d in ds[1:]):
+            same += 1
+            steps.update(np.round(ds[0] * 1e3, 6).tolist())
+        else:
+            print(f"unit {t}: not one step from k to k + 1: {[np.round(d * 1e3, 6).tolist()[:4] for d in ds]}")
+    print(f"{same} units grow by one step a layer from k = 1 (steps, ms: {sorted(steps)}); {grow} gain entries "
+          f"and exits with each layer (per-layer gradient collectives); {other} missing at some k")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

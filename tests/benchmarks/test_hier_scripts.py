@@ -1,0 +1,53 @@
+"""The composed prediction's benchmark scripts (issue 43): hier_equality counts what it compares,
+bench_reference_stages gives the same answer under both rules, and hier_layer_steps reads unit
+blocks that grow by one step a layer (what a reference of fewer layers would rely on)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_hier_equality_counts_every_layout(monkeypatch):
+    monkeypatch.chdir(ROOT)  # (the generator is read from the tree it runs in)
+    import hier_equality
+
+    r = hier_equality.run(0, 6)
+    assert r["built"] == 6 and r["exact"] + r["refused"] == 6 and r["exact"] >= 2
+    assert r["differ"] == [] and sum(r["reference"].values()) == r["exact"]
+
+
+def test_reference_stage_rules_agree(capsys):
+    import bench_reference_stages
+
+    assert bench_reference_stages.main(["--only", "8", "--rounds", "1"]) == 0  # (1T on 512 GPUs)
+    out = capsys.readouterr().out
+    assert "4 x 6" in out and "3 x 5" in out and "| yes |" in out
+
+
+def test_unit_blocks_grow_by_one_step_a_layer():
+    from engine.cluster import preset
+    from engine.formats import resolve_model
+    from engine.layout import Layout
+    from hier_layer_steps import units_at
+
+    g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:3")
+    lay = Layout.from_options(dict(tp=4, pp=3, dp=2, micro_batch=1))
+    u = [units_at(g, c, lay, k)[0] for k in (1, 2, 3)]
+    assert u[0].keys() == u[1].keys() == u[2].keys()
+    alike = 0
+    for t in u[0]:
+        a, b, d = (x[t].coef for x in u)
+        if a.shape != b.shape or b.shape != d.shape:
+            continue  # (a last backward: each layer's gradient collectives are its entries and exits)
+        fin = np.isfinite(a)
+        assert np.array_equal(fin, np.isfinite(d))
+        assert np.allclose(b[fin] - a[fin], d[fin] - b[fin], rtol=0, atol=1e-12)
+        assert np.all(b[fin] > a[fin])
+        alike += 1
+    assert alike >= len(u[0]) - 3
