@@ -11,7 +11,7 @@ layers of a unit then act as one block repeated) and by how much, and how many e
 gains per layer (the per-layer gradient collectives a last backward feeds).
 
     PYTHONPATH=. python benchmarks/hier_layer_steps.py --model gpt3-175b --cluster dgx-a100-80gb:128 \\
-        --layout tp=8,pp=16,dp=8,micro_batch=1,recompute=full [--layout-flag sequence_parallel]
+        --layout tp=8,pp=16,dp=8,micro_batch=1,recompute=full [--layout-flag sequence_parallel] [--check-at 6]
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", default="tp=8,pp=16,dp=8,micro_batch=1,recompute=full",
                     help="Layout options, NAME=VALUE comma-separated")
     ap.add_argument("--layout-flag", action="append", default=[], help="a Layout flag set true (repeatable)")
+    ap.add_argument("--check-at", type=int, metavar="K",
+                    help="also build the reference with K layers a stage and compare each unit that grows by one "
+                         "step with its block extrapolated from k = 1 (coef(1) + (K - 1) x step)")
     a = ap.parse_args(argv)
     opts = {k: _value(v) for k, v in (kv.split("=") for kv in a.layout.split(",") if kv)}
     opts.update({f: True for f in a.layout_flag})
@@ -104,7 +107,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unit {t}: not one step from k to k + 1: {[np.round(d * 1e3, 6).tolist()[:4] for d in ds]}")
     print(f"{same} units grow by one step a layer from k = 1 (steps, ms: {sorted(steps)}); {grow} gain entries "
           f"and exits with each layer (per-layer gradient collectives); {other} missing at some k")
+    if a.check_at:
+        return check_at(graph, cluster, lay0, a.check_at, got)
     return 0
+
+
+def check_at(graph, cluster, lay0: Layout, k: int, got: dict) -> int:
+    """Each unit of the reference with ``k`` layers a stage against its block extrapolated from
+    k = 1 and 2; 1 when one differs by more than 1e-12 s."""
+    t0 = time.process_time()
+    far, n = units_at(graph, cluster, lay0, k)
+    built = time.process_time() - t0
+    worst, compared, bad = 0.0, 0, 0
+    for t, u in far.items():
+        a, b = got[1].get(t), got[2].get(t)
+        if a is None or b is None or a.coef.shape != u.coef.shape or b.coef.shape != u.coef.shape:
+            continue
+        fin = np.isfinite(a.coef)
+        if not np.array_equal(fin, np.isfinite(u.coef)):
+            bad += 1
+            continue
+        with np.errstate(invalid="ignore"):
+            want = a.coef[fin] + (k - 1) * (b.coef[fin] - a.coef[fin])
+        err = float(np.abs(u.coef[fin] - want).max()) if fin.any() else 0.0
+        worst = max(worst, err)
+        compared += 1
+        bad += err > 1e-12
+    print(f"k = {k}: reference of {n:,} tasks built and read in {built:.2f} s CPU; {compared} units compared with "
+          f"their extrapolation from k = 1, 2: {bad} differ (worst {worst:.3g} s)")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

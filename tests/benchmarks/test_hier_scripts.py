@@ -34,7 +34,7 @@ def test_unit_blocks_grow_by_one_step_a_layer():
     from engine.cluster import preset
     from engine.formats import resolve_model
     from engine.layout import Layout
-    from hier_layer_steps import units_at
+    from hier_layer_steps import check_at, units_at
 
     g, c = resolve_model("gpt2"), preset("dgx-a100-80gb:3")
     lay = Layout.from_options(dict(tp=4, pp=3, dp=2, micro_batch=1))
@@ -51,3 +51,4 @@ def test_unit_blocks_grow_by_one_step_a_layer():
         assert np.all(b[fin] > a[fin])
         alike += 1
     assert alike >= len(u[0]) - 3
+    assert check_at(g, c, lay, 4, {1: u[0], 2: u[1]}) == 0  # (four layers a stage: the block extrapolated)
