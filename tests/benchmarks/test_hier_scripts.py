@@ -52,3 +52,25 @@ def test_unit_blocks_grow_by_one_step_a_layer():
         alike += 1
     assert alike >= len(u[0]) - 3
     assert check_at(g, c, lay, 4, {1: u[0], 2: u[1]}) == 0  # (four layers a stage: the block extrapolated)
+
+
+def test_layer_block_predicts_the_first_stages_forwards():
+    """hier_layer_block: a forward unit of the first stage, for a stage of 4 layers, from the
+    layer block read between two cuts of a 3-layer reference (equal to its own 4-layer read)."""
+    from engine.cluster import preset
+    from engine.formats import resolve_model
+    from engine.layout import Layout
+    from hier_layer_block import predict, reference
+
+    g, c = resolve_model("gpt2", batch=24), preset("dgx-a100-80gb:3")
+    lay = Layout.from_options(dict(tp=4, pp=3, dp=2, micro_batch=1))
+    r3, r4 = reference(g, c, lay, 3), reference(g, c, lay, 4)
+    exact = 0
+    for u in (0, 2, 4):  # (the first stage's forwards of its first microbatches)
+        got = predict(r3, u, 4)
+        assert not isinstance(got, str), got
+        real = r4["units"][u].coef
+        fin = np.isfinite(real)
+        assert np.array_equal(fin, np.isfinite(got[0]))
+        exact += bool(np.abs(got[0][fin] - real[fin]).max() <= 1e-12)
+    assert exact == 3
