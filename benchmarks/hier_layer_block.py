@@ -20,40 +20,16 @@ prediction with the block read off a reference of K layers a stage.
 """
 import json
 import sys
-from dataclasses import replace
 import numpy as np
 from engine.formats import resolve_model
 from engine.cluster import preset
-from engine.layout import Layout, resolved
-from engine.layout.build import build_unchecked
+from engine.layout import Layout
 from engine.graph.blocks import layer_blocks
-from engine.sim import hier as H
 from engine.sim import units as U
-from engine.sim.full import simulate
-from engine.taskgraph import BARRIER, BWD, build_task_graph
+from engine.taskgraph import BARRIER
+from hier_layer_steps import reference  # (the reference run and its units, read as that script reads them)
 
 NEG = -np.inf
-
-
-def reference(graph, cluster, lay0, k):
-    probe = resolved(lay0, graph, cluster)
-    g = H.reference_graph(graph, probe.pp * probe.vpp * k)
-    lay = resolved(lay0, g, cluster)
-    p, v = lay.pp, lay.vpp
-    sg = lay.tp * lay.cp * lay.dp
-    G = cluster.gpus_per_node
-    m = g.batch_size // (lay.dp * lay.micro_batch)
-    pr = H._reference_stages(p, v, m, sg, G)
-    g_ref = H.reference_graph(g, pr * v * k)
-    c_ref = cluster if pr == p else H._reference_cluster(cluster, -(-pr * sg // G))
-    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr))
-    mr = H._reference_microbatches(pr, v, m)
-    tg = build_task_graph(g_ref, s_ref, c_ref, None, microbatches=mr)
-    tl = simulate(tg)
-    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
-    unit = U.classify(tg, chunk_of, mr)
-    units = U.read_units(tg, tl.order, unit, tl.end_s)
-    return dict(g=g_ref, tg=tg, tl=tl, unit=unit, units=units, k=k)
 
 
 def edges_in(tg, order):

@@ -19,18 +19,13 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from dataclasses import replace
 
 import numpy as np
 
 from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.layout import Layout, resolved
-from engine.layout.build import build_unchecked
 from engine.sim import hier as H
-from engine.sim.full import simulate
-from engine.sim.units import classify, read_units
-from engine.taskgraph import build_task_graph
 
 KS = (1, 2, 3, 4)
 
@@ -46,22 +41,19 @@ def _value(v: str):
 
 def units_at(graph, cluster, lay0: Layout, k: int) -> tuple[dict, int]:
     """(units by template, reference tasks) of the layout's reference with ``k`` layers a stage."""
+    r = reference(graph, cluster, lay0, k)
+    return r["units"], r["tg"].num_tasks
+
+
+def reference(graph, cluster, lay0: Layout, k: int) -> dict:
+    """The layout's reference run with ``k`` layers a stage (``engine.sim.hier.reference_run``
+    on the model cut to ``pp x vpp x k`` layers) and its units: ``g`` (its graph), ``tg``,
+    ``tl``, ``unit`` (each task's unit), ``units`` (their blocks), ``k``."""
     probe = resolved(lay0, graph, cluster)
     g = H.reference_graph(graph, probe.pp * probe.vpp * k)
-    lay = resolved(lay0, g, cluster)
-    p, v = lay.pp, lay.vpp
-    stage_gpus = lay.tp * lay.cp * lay.dp
-    G = cluster.gpus_per_node
-    m = g.batch_size // (lay.dp * lay.micro_batch)
-    pr = H._reference_stages(p, v, m, stage_gpus, G)
-    g_ref = H.reference_graph(g, pr * v * k)
-    c_ref = cluster if pr == p else H._reference_cluster(cluster, -(-pr * stage_gpus // G))
-    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr))
-    mr = H._reference_microbatches(pr, v, m)
-    tg = build_task_graph(g_ref, s_ref, c_ref, None, microbatches=mr)
-    tl = simulate(tg)
-    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
-    return read_units(tg, tl.order, classify(tg, chunk_of, mr), tl.end_s), tg.num_tasks
+    _, mr, g_ref, _, s_ref, tg, tl = H.reference_run(g, cluster, resolved(lay0, g, cluster), k)
+    _, unit, units = H.reference_units(g_ref, s_ref, tg, tl, mr)
+    return dict(g=g_ref, tg=tg, tl=tl, unit=unit, units=units, k=k)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ devices, its microbatches the same units in the same order. :func:`predict_layou
 task by task as :func:`engine.sim.report.simulate_strategy` would, a *reference*: the same
 layout on the first stage, a middle stage for each place a stage takes in a node, and the
 last stage only (the model's layers cut to theirs, :func:`reference_graph`; the cluster to
-their nodes) and on the first few microbatches, each still 1/m of the batch. Each unit of the reference becomes a max-plus block
-(:mod:`engine.sim.units`) and the whole iteration is laid out from them and simulated
+their nodes) and on the first few microbatches, each still 1/m of the batch. Each unit of the
+reference becomes a max-plus block (:mod:`engine.sim.units`) and the whole iteration is laid out from them and simulated
 (:mod:`engine.sim.unroll`): the same iteration time as the full simulation (to float
 rounding; tests/sim/test_hier.py compares the two on generated layouts). Memory: each stage's
 static parts are its reference stage's, and its activation peak follows its schedule order,
@@ -43,7 +43,8 @@ from .units import UnitProblem, classify, read_units
 from .composed import Geometry, stage_order, stage_type
 from .unroll import Reference, UnrollProblem, unroll
 
-__all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "REFERENCE_STAGES"]
+__all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_run", "reference_units",
+           "REFERENCE_STAGES"]
 
 #: fewest stages a reference keeps (the first, a middle one, the last): a pipeline of more is
 #: composed from it. Four (two middle stages) until 2026-11-30: on 1,220 generated layouts
@@ -151,7 +152,8 @@ def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
 
 
 def _reference_microbatches(pr: int, v: int, m: int) -> int:
-    """Microbatches the reference simulates."""
+    """Microbatches a reference of ``pr`` stages simulates (of the run's ``m``): two rounds of
+    ``pr`` interleaved, else ``pr + 2`` (at least 4)."""
     return min(m, 2 * pr if v > 1 else max(pr + 2, 4))
 
 
@@ -232,6 +234,32 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     return _layers_alike(graph, blocks)
 
 
+def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, k: int, cost: CostModel | None = None) -> tuple:
+    """The reference of ``lay`` (resolved) with ``k`` layers a model chunk, simulated task by
+    task: (its stages, its microbatches, its graph, cluster and strategy, task graph, timeline).
+    ``graph`` holds ``lay.pp x lay.vpp x k`` layers (a model cut shorter, as
+    ``benchmarks/hier_layer_steps.py`` does, stands for a stage of fewer layers)."""
+    p, v = lay.pp, lay.vpp
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    G = cluster.gpus_per_node
+    pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
+    g_ref = reference_graph(graph, pr * v * k)
+    c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
+    s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
+    mr = _reference_microbatches(pr, v, s_ref.pipeline.microbatches)
+    tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
+    return pr, mr, g_ref, c_ref, s_ref, tg, simulate(tg)
+
+
+def reference_units(g_ref: OpGraph, s_ref: Any, tg: Any, tl: Any, mr: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """([op] model chunk, [task] unit (:func:`engine.sim.units.classify`), the units' blocks
+    (:func:`engine.sim.units.read_units`)) of a reference run; raises
+    :class:`~engine.sim.units.UnitProblem` where the reading does not apply."""
+    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
+    unit = classify(tg, chunk_of, mr)
+    return chunk_of, unit, read_units(tg, tl.order, unit, tl.end_s)
+
+
 def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostModel | None = None) -> HierResult:
     """The iteration time and memory of ``layout`` as the full simulation gives them, from a
     reference run (module docstring).
@@ -252,20 +280,12 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     k = len(blocks) // (p * v)
     stage_gpus = lay.tp * lay.cp * lay.dp
     G = cluster.gpus_per_node
-    pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
-    g_ref = reference_graph(graph, pr * v * k)
-    c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
-    s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
+    pr, mr, g_ref, c_ref, s_ref, tg, tl = reference_run(graph, cluster, lay, k, cost)
     m = s_ref.pipeline.microbatches
-    mr = _reference_microbatches(pr, v, m)
-    tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
-    tl = simulate(tg)
     if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)
         return HierResult(tl.makespan_s, memory_report(g_ref, s_ref, c_ref, tl), pr, mr, tg.num_tasks, 0)
-    chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
     try:
-        unit = classify(tg, chunk_of, mr)
-        units = read_units(tg, tl.order, unit, tl.end_s)
+        chunk_of, unit, units = reference_units(g_ref, s_ref, tg, tl, mr)
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
                         Geometry(G, links_per_node, stage_gpus, _link_stages(c_ref, stage_gpus)),
