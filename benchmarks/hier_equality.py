@@ -12,7 +12,11 @@ by more than 1e-9 (the test's bar), the refusals by reason, and the reference si
 Run in another tree (``cd OTHER && PYTHONPATH=. python /path/to/this/script``) it measures that
 tree's rule on the same layouts: the generator is read from the tree it runs in.
 
-    PYTHONPATH=. python benchmarks/hier_equality.py [--start 5000] [--layouts 500] [--json F]
+    PYTHONPATH=. python benchmarks/hier_equality.py [--start 5000] [--layouts 500] [--json F] [--uneven]
+
+``--uneven`` takes ``tests/sim/test_hier_uneven.py``'s generator instead (pipelines of 4-16
+stages whose layers do not split evenly, or a layout's own ``layers_per_stage``; case ``i``
+from ``random.Random(5000 + i)``, the test takes the first 48).
 """
 
 from __future__ import annotations
@@ -31,9 +35,15 @@ sys.path.insert(0, os.path.join(os.getcwd(), "tests", "sim"))
 
 import test_hier as T  # noqa: E402  (the generator of the tree this runs in)
 
+try:  # (uneven splits: a tree from before they were composed has no such generator)
+    import test_hier_uneven as TU  # noqa: E402
+except ImportError:
+    TU = None
 
-def run(start: int, layouts: int) -> dict:
-    """Counts over the first ``layouts`` buildable generated layouts from case ``start``."""
+
+def run(start: int, layouts: int, gen=T) -> dict:
+    """Counts over the first ``layouts`` buildable generated layouts from case ``start`` of
+    the generator module ``gen`` (its ``_compare``)."""
     import engine.sim.hier as H
 
     stages: collections.Counter = collections.Counter()
@@ -44,12 +54,12 @@ def run(start: int, layouts: int) -> dict:
         stages[f"{r.reference_stages} stages x {r.reference_microbatches} microbatches"] += 1
         return r
 
-    T.predict_layout = spy
+    T.predict_layout = spy  # (test_hier.compare_case calls it for both generators)
     out = {"exact": 0, "refused": 0, "differ": [], "reasons": collections.Counter(), "built": 0}
     t0 = time.perf_counter()
     i = start
     while out["built"] < layouts and i < start + 4 * layouts:
-        status, detail = T._compare(i)
+        status, detail = gen._compare(i)
         if status != "invalid":
             out["built"] += 1
             if status == "refused":
@@ -73,9 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0, help="first generated case (the test's: 0)")
     ap.add_argument("--layouts", type=int, default=T.LAYOUTS, help="buildable layouts to compare")
     ap.add_argument("--json", help="write the counts here")
+    ap.add_argument("--uneven", action="store_true",
+                    help="tests/sim/test_hier_uneven.py's generator (stages of different layer counts)")
     a = ap.parse_args(argv)
+    gen = T
+    if a.uneven:
+        if TU is None:
+            print("this tree has no tests/sim/test_hier_uneven.py")
+            return 1
+        gen = TU
     print(f"# {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}, tree {Path.cwd()}; cases from {a.start}")
-    r = run(a.start, a.layouts)
+    r = run(a.start, a.layouts, gen)
     print(f"{r['built']} layouts: {r['exact']} composed, {len(r['differ'])} of them differ from the full simulation "
           f"by more than 1e-9; {r['refused']} refused; {r['seconds']} s")
     print("references:", r["reference"])

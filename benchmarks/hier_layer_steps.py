@@ -51,7 +51,7 @@ def reference(graph, cluster, lay0: Layout, k: int) -> dict:
     ``tl``, ``unit`` (each task's unit), ``units`` (their blocks), ``k``."""
     probe = resolved(lay0, graph, cluster)
     g = H.reference_graph(graph, probe.pp * probe.vpp * k)
-    _, mr, g_ref, _, s_ref, tg, tl = H.reference_run(g, cluster, resolved(lay0, g, cluster), k)
+    _, mr, g_ref, _, s_ref, tg, tl = H.reference_run(g, cluster, resolved(lay0, g, cluster))
     _, unit, units = H.reference_units(g_ref, s_ref, tg, tl, mr)
     return dict(g=g_ref, tg=tg, tl=tl, unit=unit, units=units, k=k)
 

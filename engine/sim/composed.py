@@ -1,6 +1,7 @@
 """The pieces a composed iteration is made of (issue 43): where a stage's devices and links
 lie (:class:`Geometry`), each stage's schedule order, which reference stage and microbatch
-stand for a real one, and :class:`GraphBuilder`, which collects the composed graph's tasks
+stand for a real one (:class:`StagePlan`), the reference run as the unrolling reads it
+(:class:`Reference`), and :class:`GraphBuilder`, which collects the composed graph's tasks
 and numbers them as the full build would (ties in ready time go by task number)."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..taskgraph import BWD, FWD, TaskGraph, schedule_order
+from .units import Unit
 
-__all__ = ["Geometry", "GraphBuilder", "LAST", "stage_order", "ranks", "stage_type", "mb_type"]
+__all__ = ["Geometry", "GraphBuilder", "LAST", "Reference", "StagePlan", "even_plan", "uneven_plan", "stage_order",
+           "ranks", "stage_type", "mb_type"]
 
 #: the tie-break group of tasks that hold nothing (after every task that holds something)
 LAST = 1 << 40
@@ -41,6 +44,35 @@ class Geometry:
         d = (np.asarray(b) - np.asarray(a)) * self.stage_gpus
         return d, d // self.gpus_per_node * self.links_per_node
 
+
+@dataclass
+class Reference:
+    """A simulated reference run and its units: ``stages`` (p'), ``chunks`` (v per stage),
+    ``microbatches`` (m' simulated), ``schedule``; ``unit`` the classification of its tasks,
+    ``units`` their blocks (:func:`engine.sim.units.read_units`)."""
+
+    tg: TaskGraph
+    unit: np.ndarray
+    units: dict[int, Unit]
+    stages: int
+    chunks: int
+    microbatches: int
+    schedule: str
+    geometry: Geometry
+    #: numbering of the reference's ops in the whole model: [op] the reference chunk, [op]
+    #: 0 before the layers, 1 in a layer, 2 after; ops a layer; [chunk] the first layer of each
+    #: reference and each real chunk; the layer counts of the reference and of the whole model
+    op_chunk: np.ndarray | None = None
+    op_place: np.ndarray | None = None
+    ops_per_layer: int = 0
+    first_layer_ref: np.ndarray | None = None
+    first_layer: np.ndarray | None = None
+    ref_layers: int = 0
+    layers: int = 0
+    #: [real stage] the reference stage standing for it; [reference stage] the one standing for
+    #: the same real stages (:class:`StagePlan`)
+    stage_rep: np.ndarray | None = None
+    ref_class: np.ndarray | None = None
 
 
 def stage_order(schedule: str, p: int, v: int, m: int, s: int) -> np.ndarray:
@@ -73,6 +105,75 @@ def stage_type(s: np.ndarray | int, p: int, p_ref: int, period: int = 1) -> np.n
     if p == p_ref:
         return s
     return np.where(s == 0, 0, np.where(s == p - 1, p_ref - 1, 1 + (s - 1) % period))
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Which real stages a reference keeps and what each stands for: ``stages`` [reference
+    stage] the real stage it is (the first, middle ones, the last); ``rep`` [real stage] the
+    reference stage standing for it (one with as many layers, in the same place in its node);
+    ``counts`` [real model chunk] layers."""
+
+    stages: tuple[int, ...]
+    rep: np.ndarray
+    counts: tuple[int, ...]
+
+    @property
+    def ref_counts(self) -> tuple[int, ...]:
+        """[reference model chunk] layers (chunk ``lc * stages + stage``, as the real ones)."""
+        p = len(self.rep)
+        v = len(self.counts) // p
+        return tuple(self.counts[lc * p + s] for lc in range(v) for s in self.stages)
+
+    @property
+    def ref_class(self) -> np.ndarray:
+        """[reference stage] the reference stage that stands for the same real stages (its own
+        number for a representative; a middle stage kept only to place the last in its node
+        is another's class)."""
+        return self.rep[np.asarray(self.stages, np.int64)]
+
+
+def even_plan(p: int, pr: int, period: int, counts: tuple[int, ...]) -> StagePlan:
+    """The plan of a pipeline whose middle stages all hold as many layers: the first stage,
+    ``pr - 2`` middle ones (real stages 1 to pr - 2), the last; a middle stage stands for those
+    in the same place in their node (:func:`stage_type`)."""
+    stages = tuple(range(p)) if pr >= p else (*range(pr - 1), p - 1)
+    return StagePlan(stages, np.asarray(stage_type(np.arange(p), p, min(pr, p), period), np.int64), counts)
+
+
+def uneven_plan(counts: tuple[int, ...], period: int) -> StagePlan | None:
+    """The plan of a pipeline (one model chunk a stage) whose stages hold different numbers of
+    layers (:func:`engine.layout.placement.balanced_layers`, or the layout's own split): the
+    middle stages fall into runs of equal counts; the reference keeps the first stage, from
+    each run one stage for each place in a node its stages take (a run shorter than a node's
+    stages whole), and the last, each in the same place in its node as the real stage it is
+    (:mod:`engine.sim.unroll` moves a stage by whole nodes; one or more further stages of the
+    last run put the last stage in its place). None when a run is too short for that."""
+    p, q = len(counts), period
+    runs, s = [], 1
+    while s < p - 1:
+        e = s
+        while e + 1 < p - 1 and counts[e + 1] == counts[s]:
+            e += 1
+        runs.append((s, e))
+        s = e + 1
+    stages = [0]
+    rep = np.zeros(p, np.int64)
+    for r, (a, b) in enumerate(runs):
+        base = len(stages)
+        s0 = a + (base - a) % q  # (the first stage of the run in the reference's next place)
+        end = min(b, s0 + q - 1)
+        if end - s0 + 1 < q and not (s0 == a and end == b):
+            return None  # (the run's stages take places its kept stages do not)
+        if r == len(runs) - 1:
+            end += (p - 1 - (base + end - s0 + 1)) % q
+            if end > b:
+                return None
+        stages.extend(range(s0, end + 1))
+        rep[a:b + 1] = base + (np.arange(a, b + 1) - s0) % q
+    stages.append(p - 1)
+    rep[p - 1] = len(stages) - 1
+    return StagePlan(tuple(stages), rep, tuple(counts))
 
 
 def mb_type(j: np.ndarray | int, m: int, m_ref: int) -> np.ndarray:

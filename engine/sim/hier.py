@@ -14,11 +14,16 @@ static parts are its reference stage's, and its activation peak follows its sche
 one microbatch's saved activations per forward unit, freed by its backward
 (:func:`engine.sim.memory.memory_report`'s rule, checked on the reference).
 
+Stages that hold different numbers of layers (an uneven split,
+:func:`engine.layout.placement.balanced_layers`, or the layout's own ``layers_per_stage``) are
+composed from a reference that keeps a middle stage of each run of equal counts for each place
+in a node (:func:`engine.sim.composed.uneven_plan`; one model chunk a stage).
+
 Where the reading would not be exact it says why (:class:`HierProblem`) and the caller runs
-the full simulation: a layout with its own layer split or stage placement, layers that are
-not alike, stages that share a node while the reference has fewer stages, several pods,
-activation offload, a unit whose inputs a transfer or a per-iteration task holds in a way its
-position class does not share, and so on.
+the full simulation: a layout with its own stage placement, layers that are not alike, an
+uneven split with interleaving, stages that share a node while the reference has fewer
+stages, several pods, activation offload, a unit whose inputs a transfer or a per-iteration
+task holds in a way its position class does not share, and so on.
 """
 
 from __future__ import annotations
@@ -34,17 +39,18 @@ from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
+from ..layout.placement import balanced_layers
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
 from .steady import repeating, runs_to_try
 from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
-from .composed import Geometry, stage_order, stage_type
-from .unroll import Reference, UnrollProblem, unroll
+from .composed import Geometry, Reference, StagePlan, even_plan, stage_order, uneven_plan
+from .unroll import UnrollProblem, unroll
 
-__all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_run", "reference_units",
-           "REFERENCE_STAGES"]
+__all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_plan", "reference_run",
+           "reference_units", "REFERENCE_STAGES"]
 
 #: fewest stages a reference keeps (the first, a middle one, the last): a pipeline of more is
 #: composed from it. Four (two middle stages) until 2026-11-30: on 1,220 generated layouts
@@ -217,8 +223,8 @@ def _link_stages(cluster: Cluster, stage_gpus: int) -> np.ndarray:
 
 def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     """Why ``lay`` (resolved) is not read hierarchically here, or None."""
-    if lay.layers_per_stage is not None or lay.stage_mesh is not None:
-        return "the layout sets its own layer split or stage placement"
+    if lay.stage_mesh is not None:
+        return "the layout sets its own stage placement"
     if len(cluster.node_specs) != 1:
         return "the cluster's nodes are not all alike"
     if cluster.pod_gpus and cluster.num_devices > cluster.pod_gpus:
@@ -229,24 +235,55 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
         return "model chunks without pipeline stages"
     blocks = layer_blocks(graph)
     chunks = lay.pp * lay.vpp
-    if not blocks or len(blocks) % chunks:
-        return f"{len(blocks)} layers do not split evenly into {chunks} model chunks"
+    if len(blocks) < chunks:
+        return f"{len(blocks)} layers cannot fill {chunks} model chunks"
+    if lay.vpp > 1 and len(blocks) % chunks:
+        return f"{len(blocks)} layers do not split evenly into {chunks} interleaved model chunks"
     return _layers_alike(graph, blocks)
 
 
-def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, k: int, cost: CostModel | None = None) -> tuple:
-    """The reference of ``lay`` (resolved) with ``k`` layers a model chunk, simulated task by
-    task: (its stages, its microbatches, its graph, cluster and strategy, task graph, timeline).
-    ``graph`` holds ``lay.pp x lay.vpp x k`` layers (a model cut shorter, as
-    ``benchmarks/hier_layer_steps.py`` does, stands for a stage of fewer layers)."""
+def _chunk_layers(graph: OpGraph, lay: Layout) -> tuple[int, ...]:
+    """[model chunk] layers, as the layout's build splits them (:func:`engine.layout.build.build_layout`)."""
+    if lay.layers_per_stage is not None and lay.vpp == 1:
+        return tuple(lay.layers_per_stage)
+    return tuple(balanced_layers(len(layer_blocks(graph)), lay.pp * lay.vpp))
+
+
+def reference_plan(graph: OpGraph, cluster: Cluster, lay: Layout) -> StagePlan:
+    """Which stages the reference of ``lay`` (resolved) keeps and what each stands for: where
+    the middle stages hold as many layers, :func:`_reference_stages`; where they do not (one
+    model chunk a stage), one of each run of equal counts for each place in a node
+    (:func:`engine.sim.composed.uneven_plan`); the whole pipeline where that would not be
+    shorter."""
     p, v = lay.pp, lay.vpp
+    stage_gpus, G = lay.tp * lay.cp * lay.dp, cluster.gpus_per_node
+    counts = _chunk_layers(graph, lay)
+    period = max(1, G // stage_gpus)
+    middle = counts[1:p - 1] if v == 1 else counts
+    if len(set(middle)) <= 1 and (v > 1 or len(set(counts)) == 1):
+        pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
+        return even_plan(p, pr, period, counts)
+    plan = None if stage_gpus % G and G % stage_gpus else uneven_plan(counts, period)
+    return plan if plan is not None and len(plan.stages) < p else even_plan(p, p, 1, counts)
+
+
+def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan | None = None,
+                  cost: CostModel | None = None) -> tuple:
+    """The reference of ``lay`` (resolved) that ``plan`` (default :func:`reference_plan`)
+    describes, simulated task by task: (its stages, its microbatches, its graph, cluster and
+    strategy, task graph, timeline). A model cut shorter (as ``benchmarks/hier_layer_steps.py``
+    does) stands for stages of fewer layers."""
+    plan = plan if plan is not None else reference_plan(graph, cluster, lay)
+    p, pr = lay.pp, len(plan.stages)
     stage_gpus = lay.tp * lay.cp * lay.dp
-    G = cluster.gpus_per_node
-    pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
-    g_ref = reference_graph(graph, pr * v * k)
-    c_ref = cluster if pr == p else _reference_cluster(cluster, -(-pr * stage_gpus // G))
-    s_ref = (build_unchecked if pr != p else build_layout)(g_ref, c_ref, replace(lay, pp=pr))
-    mr = _reference_microbatches(pr, v, s_ref.pipeline.microbatches)
+    if pr == p:
+        g_ref, c_ref, s_ref = graph, cluster, build_layout(graph, cluster, lay)
+    else:
+        g_ref = reference_graph(graph, sum(plan.ref_counts))
+        c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node))
+        split = None if len(set(plan.counts)) == 1 else plan.ref_counts
+        s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
+    mr = _reference_microbatches(pr, lay.vpp, s_ref.pipeline.microbatches)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     return pr, mr, g_ref, c_ref, s_ref, tg, simulate(tg)
 
@@ -277,10 +314,10 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         raise HierProblem(why)
     p, v = lay.pp, lay.vpp
     blocks = layer_blocks(graph)
-    k = len(blocks) // (p * v)
     stage_gpus = lay.tp * lay.cp * lay.dp
     G = cluster.gpus_per_node
-    pr, mr, g_ref, c_ref, s_ref, tg, tl = reference_run(graph, cluster, lay, k, cost)
+    plan = reference_plan(graph, cluster, lay)
+    pr, mr, g_ref, c_ref, s_ref, tg, tl = reference_run(graph, cluster, lay, plan, cost)
     m = s_ref.pipeline.microbatches
     if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)
         return HierResult(tl.makespan_s, memory_report(g_ref, s_ref, c_ref, tl), pr, mr, tg.num_tasks, 0)
@@ -289,7 +326,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
                         Geometry(G, links_per_node, stage_gpus, _link_stages(c_ref, stage_gpus)),
-                        **_numbering(g_ref, chunk_of, k, len(blocks)))
+                        **_numbering(g_ref, chunk_of, plan, len(blocks)))
         # the reference composed from its own blocks must give the reference's own time: what the
         # reading cannot see (a task whose place in a queue its block moves) shows here
         own = simulate(unroll(ref, pr, mr, c_ref.num_devices, len(c_ref.links))).makespan_s
@@ -367,15 +404,14 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
     D = cluster.num_devices
     real = np.arange(D)
     s_real = np.minimum(real // stage_gpus, p - 1)
-    q = ref.geometry.period
-    d_ref = stage_type(s_real, p, pr, q) * stage_gpus + real % stage_gpus
+    d_ref = ref.stage_rep[s_real] * stage_gpus + real % stage_gpus
     rep_local = image[d_ref] % stage_gpus
     peaks: dict[tuple[int, int], float] = {}
     act = np.zeros(D)
     for i in range(D):
         key = (int(s_real[i]), int(rep_local[i]))
         if key not in peaks:
-            st_ref = int(stage_type(key[0], p, pr, q))
+            st_ref = int(ref.stage_rep[key[0]])
             peaks[key] = _walk(order(key[0], p, m), amounts(st_ref, st_ref * stage_gpus + key[1]))
         act[i] = peaks[key]
     used = real < p * stage_gpus
@@ -397,12 +433,17 @@ def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarra
                         nvme_bytes=take(rep.nvme_bytes))
 
 
-def _numbering(g_ref: OpGraph, chunk_of: np.ndarray, k: int, layers: int) -> dict[str, Any]:
+def _numbering(g_ref: OpGraph, chunk_of: np.ndarray, plan: StagePlan, layers: int) -> dict[str, Any]:
     """How the reference's ops sit in the whole model (:class:`engine.sim.unroll.Reference`)."""
     blocks = layer_blocks(g_ref)
     inside = np.array([op.block in set(blocks) for op in g_ref.ops])
     first = int(np.argmax(inside)) if inside.any() else len(g_ref.ops)
     place = np.where(inside, 1, np.where(np.arange(len(g_ref.ops)) < first, 0, 2))
     per = int(inside.sum()) // max(1, len(blocks))
-    return dict(op_chunk=chunk_of, op_place=place, ops_per_layer=per, layers_per_chunk=k, ref_layers=len(blocks),
-                layers=layers)
+
+    def starts(counts: tuple[int, ...]) -> np.ndarray:
+        return np.cumsum((0, *counts))[:-1].astype(np.int64)
+
+    return dict(op_chunk=chunk_of, op_place=place, ops_per_layer=per, first_layer_ref=starts(plan.ref_counts),
+                first_layer=starts(plan.counts), ref_layers=len(blocks), layers=layers, stage_rep=plan.rep,
+                ref_class=plan.ref_class)

@@ -20,45 +20,17 @@ over several middle stages; a name with no counterpart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..taskgraph import BARRIER, BWD, FWD, TaskGraph
 from ..taskgraph.regions import within
-from .composed import Geometry, GraphBuilder, mb_type, ranks, stage_type
-from .units import Unit
+from .composed import GraphBuilder, Reference, mb_type, ranks
 
-__all__ = ["UnrollProblem", "Reference", "unroll"]
+__all__ = ["UnrollProblem", "unroll"]
 
 
 class UnrollProblem(Exception):
     """The reference run cannot be unrolled to the whole pipeline (the message says why)."""
-
-
-@dataclass
-class Reference:
-    """A simulated reference run and its units: ``stages`` (p'), ``chunks`` (v per stage),
-    ``microbatches`` (m' simulated), ``schedule``; ``unit`` the classification of its tasks,
-    ``units`` their blocks (:func:`engine.sim.units.read_units`)."""
-
-    tg: TaskGraph
-    unit: np.ndarray
-    units: dict[int, Unit]
-    stages: int
-    chunks: int
-    microbatches: int
-    schedule: str
-    geometry: Geometry
-    #: numbering of the reference's ops in the whole model: [op] the reference chunk, [op]
-    #: 0 before the layers, 1 in a layer, 2 after; ops a layer, layers a chunk, and the layer
-    #: counts of the reference and of the whole model
-    op_chunk: np.ndarray | None = None
-    op_place: np.ndarray | None = None
-    ops_per_layer: int = 0
-    layers_per_chunk: int = 0
-    ref_layers: int = 0
-    layers: int = 0
 
 
 def unroll(ref: Reference, stages: int, microbatches: int, n_devices: int, n_links: int) -> TaskGraph:
@@ -85,8 +57,13 @@ class _Unroll:
         g = self.geo = ref.geometry
         self.stage_gpus, self.q = g.stage_gpus, g.period
         rt = ref.tg
-        if p != self.pr and (rt.n_links % g.links_per_node or (self.p - self.pr) * g.stage_gpus % g.gpus_per_node
-                             or self.pr < self.q + 2 or (g.stage_gpus % g.gpus_per_node and g.gpus_per_node % g.stage_gpus)):
+        # [real stage] the reference stage standing for it; [reference stage] its position class
+        self.rep, self.cls = (np.arange(p), np.arange(p)) if p == self.pr else (ref.stage_rep, ref.ref_class)
+        if self.rep is None or self.cls is None or self.rep.size != p or self.cls.size != self.pr:
+            raise UnrollProblem("the reference's stage plan is not this run's")
+        off_node = ((np.arange(p) - self.rep) * g.stage_gpus % g.gpus_per_node).any()  # (a move not by whole nodes)
+        if p != self.pr and (rt.n_links % g.links_per_node or off_node or self.pr < self.q + 2
+                             or (g.stage_gpus % g.gpus_per_node and g.gpus_per_node % g.stage_gpus)):
             raise UnrollProblem("the reference's stages do not sit in their nodes as the whole run's do")
 
     # -- the reference's explicit tasks, named -----------------------------------------------
@@ -210,7 +187,8 @@ class _Unroll:
         real = o.copy()
         if ref.op_place is not None:
             place = np.where(o >= 0, ref.op_place[np.maximum(o, 0)], 0)
-            lay = o + (c_real - ref.op_chunk[np.maximum(o, 0)]) * ref.layers_per_chunk * ref.ops_per_layer
+            shift = ref.first_layer[c_real] - ref.first_layer_ref[ref.op_chunk[np.maximum(o, 0)]]
+            lay = o + shift * ref.ops_per_layer
             real = np.where(place == 1, lay, np.where(place == 2, o + (ref.layers - ref.ref_layers) * ref.ops_per_layer, o))
             real = np.where(o >= 0, real, o)
         key[:, 1] = self.direction_of[key[:, 0]] * real
@@ -239,18 +217,23 @@ class _Unroll:
         other = np.zeros(ts.size, bool)  # touches a stage other than the first and the last
         np.logical_or.at(other, owner, (qs != 0) & (qs != pr - 1))
         other |= (ds >= 0) & (ds != 0) & (ds != pr - 1)
-        # family: 0 one copy (the end stages'); t in 1..period a copy per middle stage that
-        # reference stage t stands for; -2 skipped (another middle stage of the reference)
+        # family: 0 one copy (the end stages'); t a copy per middle stage that reference stage t
+        # stands for; -2 skipped (middle stages of the reference that stand for none)
         fam = np.full(ts.size, -1)
         shared = np.zeros(ts.size, bool)
         np.logical_or.at(shared, owner, qs < 0)
         if p == pr:
             fam[:] = 0
         else:
+            is_rep = np.zeros(pr + 1, bool)  # (index pr: no stage)
+            is_rep[np.unique(self.rep[1:p - 1])] = True
+            touch = is_rep[np.where(ds >= 0, ds, pr)]
+            np.logical_or.at(touch, owner, is_rep[np.where(qs >= 0, qs, pr)])
             fam[~other & (hi >= 0)] = 0
-            single = other & (lo == hi)
-            fam[single & (lo >= 1) & (lo <= self.q)] = lo[single & (lo >= 1) & (lo <= self.q)]
-            fam[other & (lo > self.q) & (hi <= pr - 2)] = -2
+            one_mid = other & (lo == hi) & (lo >= 1) & (lo <= pr - 2)
+            one_mid &= is_rep[np.minimum(lo, pr)]
+            fam[one_mid] = lo[one_mid]
+            fam[other & ~touch & (lo >= 1) & (hi <= pr - 2)] = -2
             fam[shared] = -1
         if (fam == -1).any():
             raise UnrollProblem("a per-iteration task spans stages of the reference that the whole run does not repeat")
@@ -260,8 +243,8 @@ class _Unroll:
         self.it_one = dict(zip(one.tolist(), self._copies(one, frm, frm).tolist()))
         self.it_mid: dict[int, np.ndarray] = {}  # reference id -> [real stage] its copy there (-1: none)
         middles = np.arange(1, p - 1)
-        kinds = stage_type(middles, p, pr, self.q)
-        for t_ref in range(1, self.q + 1):
+        kinds = self.rep[middles]
+        for t_ref in np.unique(kinds).tolist():
             mid = ts[fam == t_ref]
             stages = middles[kinds == t_ref]
             if not (mid.size and stages.size):
@@ -312,7 +295,7 @@ class _Unroll:
         j = np.tile(np.repeat(np.arange(m), 2), C)
         ph = np.tile(np.array([FWD, BWD]), C * m)
         s, lc = c % p, c // p
-        tmpl = ((lc * pr + stage_type(s, p, pr, self.q)) * mr + mb_type(j, m, mr)) * 2 + ph
+        tmpl = ((lc * pr + self.rep[s]) * mr + mb_type(j, m, mr)) * 2 + ph
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain
         U = 2 * v * m
@@ -485,7 +468,7 @@ class _Unroll:
         for t, u in self.ref.units.items():
             c, j, ph = (int(a) for a in self._decode(t, mr))
             st = c % pr
-            key = (0 if st == 0 else -1 if st == pr - 1 else 1 + (st - 1) % self.q, c // pr, ph,
+            key = (0 if st == 0 else -1 if st == pr - 1 else int(self.cls[st]), c // pr, ph,
                    0 if j == 0 else 2 if j == mr - 1 else 1)
             sig = (tuple(self._role(int(e), t) for e in u.entries), tuple(self._role(int(x), t) for x in u.exits))
             got = seen.get(key)

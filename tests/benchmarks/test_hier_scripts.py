@@ -74,3 +74,24 @@ def test_layer_block_predicts_the_first_stages_forwards():
         assert np.array_equal(fin, np.isfinite(got[0]))
         exact += bool(np.abs(got[0][fin] - real[fin]).max() <= 1e-12)
     assert exact == 3
+
+
+def test_hier_equality_reads_the_uneven_generator(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    import hier_equality
+
+    r = hier_equality.run(0, 3, hier_equality.TU)
+    assert r["built"] == 3 and r["exact"] + r["refused"] == 3 and r["differ"] == []
+
+
+def test_bench_uneven_compares_both_ways():
+    """bench_uneven's measurement of one point (GPT-2's 12 layers on 8 stages of 8 GPUs: 1, 1, 1,
+    2, 2, 2, 2, 1): composed from four stages, the same answer as the full simulation."""
+    import bench_uneven
+
+    pt = {"cluster": "dgx-a100-80gb:8", "tp": 4, "pp": 8, "cp": 1, "mb": 1, "recompute": "selective", "zero": 1,
+          "sp": True}
+    r = bench_uneven.measure("gpt2", pt, composed_first=True, batch=64)
+    assert "refused" not in r, r.get("refused")
+    assert r["how"].startswith("composed from a reference of 4 stages")
+    assert r["time_err"] <= 1e-9 and r["memory_err"] <= 1e-9 and r["full_s"] > 0 and r["composed_s"] > 0

@@ -67,8 +67,14 @@ def _case(i: int):
 
 
 def _compare(i: int):
-    """(status, detail) of case i: 'invalid', 'refused' (why), or 'exact' (with the errors)."""
-    case = _case(i)
+    """(status, detail) of case i: 'invalid', 'refused' (why), or 'exact' (the errors)."""
+    return compare_case(_case(i))
+
+
+def compare_case(case, keep=None):
+    """(status, detail) of a generated (graph, cluster, layout options): 'invalid' (None, not
+    buildable, or ``keep(graph, cluster, resolved layout)`` false), 'refused' (why), or 'exact'
+    (time and memory errors as shares, the options, the composed result, the resolved layout)."""
     if case is None:
         return "invalid", None
     g, cl, opts = case
@@ -76,6 +82,8 @@ def _compare(i: int):
         lay = resolved(Layout.from_options(opts), g, cl)
         s = build_layout(g, cl, lay)
     except ValueError:
+        return "invalid", None
+    if keep is not None and not keep(g, cl, lay):
         return "invalid", None
     full = simulate_strategy(g, s, cl, check=False)
     try:
@@ -85,18 +93,23 @@ def _compare(i: int):
         return "refused", str(e)
     t_err = abs(h.iteration_time_s - full.iteration_time_s) / full.iteration_time_s
     m_err = float(np.abs(h.memory.peak_bytes - full.memory.peak_bytes).max() / full.memory.peak_bytes.max())
-    return "exact", (t_err, m_err, opts)
+    return "exact", (t_err, m_err, opts, h, lay)
 
 
-@pytest.fixture(scope="module")
-def outcomes():
+def collect(compare, layouts: int, tries: int) -> list:
+    """``compare(i)`` of cases 0, 1, ... until ``layouts`` are not 'invalid' (or ``tries`` cases)."""
     out, i = [], 0
-    while len(out) < LAYOUTS and i < 4 * LAYOUTS:
-        got = _compare(i)
+    while len(out) < layouts and i < tries:
+        got = compare(i)
         if got[0] != "invalid":
             out.append(got)
         i += 1
     return out
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return collect(_compare, LAYOUTS, 4 * LAYOUTS)
 
 
 def test_composed_equals_full_simulation(outcomes):
@@ -141,8 +154,8 @@ def test_refusals_name_their_reason():
     cl = preset("dgx-a100-80gb:2")
     with pytest.raises(HierProblem, match="ZeRO-3"):
         predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, zero_stage=3)))
-    with pytest.raises(HierProblem, match="layer split"):
-        predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, layers_per_stage=(3, 5))))
+    with pytest.raises(HierProblem, match="stage placement"):
+        predict_layout(g, cl, Layout.from_options(dict(tp=8, pp=2, stage_mesh=(1, 0))))
 
 
 @pytest.mark.parametrize("tp, pp, vpp, batch, stages", [
