@@ -7,8 +7,9 @@ a stage takes in a node, the last) and the first few microbatches, each still 1/
 stage's barrier chain in its schedule order, every point-to-point transfer, each stage's
 gradient collectives and optimizer steps) by copying the reference's, moved to the stage's
 devices and links, and puts in each unit's block, taken from the reference unit in the same
-position (first, middle or last microbatch; first, middle or last stage; the same model chunk
-and phase). The event loop of :mod:`engine.sim.full` then simulates it: links are still FIFO
+position class (first, middle or last microbatch; first, middle or last stage; the same model
+chunk and phase; where the reference's middle microbatches differ, also the phases of the
+units before and after it in its stage's schedule: :mod:`engine.sim.positions`). The event loop of :mod:`engine.sim.full` then simulates it: links are still FIFO
 queues, so the transfers and collectives meet as they do in the full simulation.
 
 Every entry and exit of a block is named relative to its unit (the barrier before or after a
@@ -24,7 +25,8 @@ import numpy as np
 
 from ..taskgraph import BARRIER, BWD, FWD, TaskGraph
 from ..taskgraph.regions import within
-from .composed import GraphBuilder, Reference, mb_type, ranks
+from .composed import GraphBuilder, Reference, ranks
+from .positions import PositionProblem, Positions
 
 __all__ = ["UnrollProblem", "unroll"]
 
@@ -39,8 +41,9 @@ def unroll(ref: Reference, stages: int, microbatches: int, n_devices: int, n_lin
     return _Unroll(ref, stages, microbatches, n_devices, n_links).run()
 
 
-class _Unroll:
-    """One unrolling: the reference's explicit tasks named, then laid out for the whole."""
+class _Unroll(Positions):
+    """One unrolling: the reference's explicit tasks named, then laid out for the whole (each
+    unit from the reference unit in its position class: :mod:`engine.sim.positions`)."""
 
     def __init__(self, ref: Reference, p: int, m: int, n_devices: int, n_links: int) -> None:
         self.ref, self.p, self.m, self.D, self.NL = ref, p, m, n_devices, n_links
@@ -286,16 +289,19 @@ class _Unroll:
 
     # -- the whole iteration -----------------------------------------------------------------
     def run(self) -> TaskGraph:
-        ref, p, v, m, pr, mr = self.ref, self.p, self.v, self.m, self.pr, self.mr
+        ref, p, v, m = self.ref, self.p, self.v, self.m
         self._name()
-        self._check_classes()
-        self._iteration_tasks()
         C = p * v
         c = np.repeat(np.arange(C), m * 2)
         j = np.tile(np.repeat(np.arange(m), 2), C)
         ph = np.tile(np.array([FWD, BWD]), C * m)
         s, lc = c % p, c // p
-        tmpl = ((lc * pr + self.rep[s]) * mr + mb_type(j, m, mr)) * 2 + ph
+        try:
+            self._check_classes()
+            tmpl = self._templates(c, j, ph)
+        except PositionProblem as e:
+            raise UnrollProblem(str(e)) from None
+        self._iteration_tasks()
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain
         U = 2 * v * m
@@ -387,6 +393,8 @@ class _Unroll:
             return self.bar_base[s] + r
         if self.is_p2p[y]:
             cx, jx, phx = self._decode(self.cons[int(self.chain_first[y])], self.mr)
+            if self.fine:
+                return self._by_step(y, self._step(int(ct), int(jt), int(pht), int(cx), int(jx), int(phx)), rows)
             if jx != jt:
                 raise UnrollProblem("a unit meets another microbatch's transfer")
             dc = int(cx - ct)
@@ -403,6 +411,29 @@ class _Unroll:
         if self.is_it[y]:
             return self._it(int(y), s)
         raise UnrollProblem("a unit names a task the unrolling does not know")
+
+    def _by_step(self, y: int, step: tuple, rows: np.ndarray) -> np.ndarray:
+        """Real copies of transfer hop ``y`` for ``rows``, named (fine classes) by the unit of
+        each row's stage it goes into or comes out of, ``step`` units away in the schedule."""
+        if step[0] == "far":
+            raise UnrollProblem("a unit meets a transfer of other stages' units")
+        kind, d, ph_u = step
+        s = self.s[rows]
+        rank, orders = ranks(self.ref.schedule, self.p, self.v, self.m)
+        r = rank[s, self.lc[rows], self.j[rows], self.ph[rows]] + d
+        if ((r < 0) | (r >= orders.shape[1])).any():
+            raise UnrollProblem("a unit meets the transfer of a unit its stage's schedule does not have")
+        u = orders[s, r]  # [row] (local chunk, microbatch, phase) of the unit it goes into or comes out of
+        if (u[:, 2] != ph_u).any():
+            raise UnrollProblem("a unit meets the transfer of a unit in another phase than its template's")
+        cons = u[:, 0] * self.p + s + (0 if kind == "in" else 1 if ph_u == FWD else -1)
+        arr = self.p2p.get((int(self.slot_of[y]), int(self.hop_of[y])))
+        if arr is None or ((cons < 0) | (cons >= self.p * self.v)).any():
+            raise UnrollProblem("a transfer with no counterpart in the whole schedule")
+        out = arr[self._index(cons, u[:, 1], np.full(rows.size, ph_u))]
+        if (out < 0).any():
+            raise UnrollProblem("a transfer with no counterpart in the whole schedule")
+        return out
 
     def _blocks(self, t: int, rows: np.ndarray) -> None:
         """Each unit of ``rows`` (template ``t``) as its block: one delay task per (finite
@@ -438,45 +469,3 @@ class _Unroll:
             target[joined] = joins[join_of[fin_x[joined]]]
             self.b.edges(joins, outs[multi])
         self.b.edges(delays, target)
-
-    # -- the reference's units agree within each position class ------------------------------
-    def _role(self, y: int, t: int) -> tuple:
-        """What reference task ``y`` is to template unit ``t``, in relative terms."""
-        if y < 0:
-            return ("start",)
-        ct, jt, pht = self._decode(t, self.mr)
-        if self.bar_unit[y] >= 0:
-            cx, jx, phx = self._decode(int(self.bar_unit[y]), self.mr)
-            st, lt = ct % self.pr, ct // self.pr
-            rx = self.rank_r[cx % self.pr, cx // self.pr, jx, phx] - 1
-            own, fwd = self.rank_r[st, lt, jt, pht], self.rank_r[st, lt, jt, FWD]
-            which = "in" if rx == own - 1 else "out" if rx == own else "fwd-in" if rx == fwd - 1 else f"other{rx - own}"
-            return ("barrier", which, int(cx % self.pr == st))
-        if self.is_p2p[y]:
-            cx, jx, phx = self._decode(self.cons[int(self.chain_first[y])], self.mr)
-            return ("transfer", int(cx - ct), int(jx - jt), int(phx), int(self.slot_of[y]), int(self.hop_of[y]))
-        rt = self.ref.tg
-        return ("iteration", int(rt.kind[y]), round(float(rt.dur_s[y]), 15), int(rt.res_ptr[y + 1] - rt.res_ptr[y]))
-
-    def _check_classes(self) -> None:
-        """Every reference unit in one position class (first, middle or last microbatch; first,
-        middle or last stage; chunk; phase) has the same block, entry for entry: else a middle
-        unit of the whole run would meet what its template never met (e.g. gradient
-        collectives of an interleaved schedule's earlier chunk under a later unit)."""
-        seen: dict[tuple, tuple] = {}
-        pr, mr = self.pr, self.mr
-        for t, u in self.ref.units.items():
-            c, j, ph = (int(a) for a in self._decode(t, mr))
-            st = c % pr
-            key = (0 if st == 0 else -1 if st == pr - 1 else int(self.cls[st]), c // pr, ph,
-                   0 if j == 0 else 2 if j == mr - 1 else 1)
-            sig = (tuple(self._role(int(e), t) for e in u.entries), tuple(self._role(int(x), t) for x in u.exits))
-            got = seen.get(key)
-            if got is None:
-                seen[key] = (sig, u.coef)
-                continue
-            if got[0] != sig or got[1].shape != u.coef.shape or not np.allclose(
-                    got[1], u.coef, rtol=1e-12, atol=1e-15, equal_nan=False):
-                raise UnrollProblem("units of one position class differ in the reference (stage "
-                                    f"{'first' if key[0] == 0 else 'last' if key[0] < 0 else 'middle'}, chunk {key[1]}, "
-                                    f"{'forward backward'.split()[ph]}, microbatch {j})")

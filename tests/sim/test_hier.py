@@ -173,3 +173,23 @@ def test_reference_keeps_few_stages(tp, pp, vpp, batch, stages):
     assert h.reference_stages == stages and h.composed_tasks > 0
     assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
+
+
+def test_fine_position_classes_compose_what_coarse_ones_refuse(monkeypatch):
+    """Generated case 308 (tp 2, pp 4 on one H100 node, micro-batch 2, 12 microbatches): the
+    first stage's backward waits, on the links it shares, for the transfer out of the forward
+    before it (the microbatch p - 1 later), which its last backwards, after a backward, do not:
+    the coarse classes (every middle microbatch alike) refuse it; the fine ones (the phases of
+    the units before and after, transfers named by schedule steps: engine.sim.positions)
+    compose it exactly."""
+    import engine.sim.positions as P
+
+    g, cl, opts = _case(308)
+    lay = resolved(Layout.from_options(opts), g, cl)
+    h = predict_layout(g, cl, lay)
+    full = simulate_strategy(g, build_layout(g, cl, lay), cl, check=False)
+    assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
+    monkeypatch.setattr(P, "RULES", (False,))
+    with pytest.raises(HierProblem, match="position class"):
+        predict_layout(g, cl, lay)
