@@ -47,6 +47,7 @@ from .memory import MemoryReport, memory_report, saved_activation_bytes
 from .memory_static import FRAGMENTATION_FRACTION, host_capacity
 from .units import UnitProblem, classify, read_units
 from .composed import Geometry, Reference, StagePlan, even_plan, stage_order, uneven_plan
+from .positions import NoCounterpart
 from .unroll import UnrollProblem, unroll
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_plan", "reference_run",
@@ -163,16 +164,16 @@ def _reference_microbatches(pr: int, v: int, m: int) -> int:
     return min(m, 2 * pr if v > 1 else max(pr + 2, 4))
 
 
-def _reference_stages(p: int, v: int, m: int, stage_gpus: int, gpus_per_node: int) -> int:
+def _reference_stages(p: int, v: int, m: int, stage_gpus: int, gpus_per_node: int, least: int = 0) -> int:
     """Stages the reference keeps: the whole pipeline when it is short; else the first, a
     middle stage for each place a stage can take in a node (one more where a node holds
     several stages: :mod:`engine.sim.unroll` moves a reference stage by whole nodes), and the
     last, in the same place in its node as the whole run's last (and, interleaved, dividing
-    the microbatches)."""
+    the microbatches); ``least`` stages at the least."""
     if stage_gpus % gpus_per_node and gpus_per_node % stage_gpus:
         return p  # (stages that straddle nodes unevenly: no stage stands for another)
     period = max(1, gpus_per_node // stage_gpus)
-    tries = range(max(REFERENCE_STAGES, period + 2), p)
+    tries = range(max(REFERENCE_STAGES, period + 2, least), p)
     for pr in tries:
         if (p - pr) % period == 0 and (v == 1 or m % pr == 0):
             return pr
@@ -312,11 +313,41 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
     why = _problem(graph, cluster, lay)
     if why:
         raise HierProblem(why)
+    plan = reference_plan(graph, cluster, lay)
+    try:
+        return _composed(graph, cluster, lay, plan, cost)
+    except _Longer:  # (the fine position classes need more of a stage's warm-up: one more try)
+        longer = _longer_plan(graph, cluster, lay, plan)
+        if longer is None:
+            raise HierProblem("a unit's place in its stage's schedule has no counterpart in the reference") from None
+        try:
+            return _composed(graph, cluster, lay, longer, cost)
+        except _Longer as e:
+            raise HierProblem(str(e)) from None
+
+
+class _Longer(HierProblem):
+    """A unit's position class is not among the reference's (:class:`engine.sim.positions.NoCounterpart`)."""
+
+
+def _longer_plan(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan) -> StagePlan | None:
+    """The plan of the next reference that keeps two stages more (the whole pipeline at most),
+    for a pipeline whose middle stages hold as many layers; None otherwise."""
+    p, pr = lay.pp, len(plan.stages)
+    if len(set(plan.counts)) > 1 or pr >= p:
+        return None
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    m = graph.batch_size // (lay.dp * lay.micro_batch)
+    more = _reference_stages(p, lay.vpp, m, stage_gpus, cluster.gpus_per_node, least=pr + 2)
+    return even_plan(p, more, max(1, cluster.gpus_per_node // stage_gpus), plan.counts)
+
+
+def _composed(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan, cost: CostModel | None) -> HierResult:
+    """:func:`predict_layout` from the reference ``plan`` describes."""
     p, v = lay.pp, lay.vpp
     blocks = layer_blocks(graph)
     stage_gpus = lay.tp * lay.cp * lay.dp
     G = cluster.gpus_per_node
-    plan = reference_plan(graph, cluster, lay)
     pr, mr, g_ref, c_ref, s_ref, tg, tl = reference_run(graph, cluster, lay, plan, cost)
     m = s_ref.pipeline.microbatches
     if pr == p and mr == m:  # (the reference is the whole run: its simulation is the answer)
@@ -335,7 +366,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
                               f"{tl.makespan_s * 1e3:.6f} ms (a queue its blocks do not keep in order)")
         iteration, composed = _compose(ref, p, v, m, cluster)
     except (UnitProblem, UnrollProblem) as e:
-        raise HierProblem(str(e)) from None
+        raise (_Longer if isinstance(e.__cause__, NoCounterpart) else HierProblem)(str(e)) from None
     mem = _memory(g_ref, s_ref, c_ref, tl, unit, ref, cluster, p, m, stage_gpus)
     return HierResult(iteration, mem, pr, mr, tg.num_tasks, composed)
 

@@ -14,7 +14,8 @@ reference bears out:
   into, as a step in that stage's schedule (a backward that waits, on the links it shares,
   for the forward transfer of the microbatch p - 1 later meets "the transfer out of the unit
   before me", which is that transfer in every pipeline). A unit whose class the reference
-  does not hold cannot be composed.
+  does not hold is not composed from it (:class:`NoCounterpart`): :func:`engine.sim.hier.predict_layout`
+  then tries a reference of two more stages, whose middle stages hold more of a warm-up.
 
 Either way every reference unit in one class must have the same block, entry for entry
 (:meth:`Positions._check_classes`): else a unit of the whole run would meet what its template
@@ -29,7 +30,7 @@ import numpy as np
 from ..taskgraph import FWD
 from .composed import mb_type, ranks
 
-__all__ = ["Positions", "PositionProblem", "RULES"]
+__all__ = ["Positions", "PositionProblem", "NoCounterpart", "RULES"]
 
 #: the rules tried, in order: coarse (False), then fine (True)
 RULES = (False, True)
@@ -37,6 +38,11 @@ RULES = (False, True)
 
 class PositionProblem(Exception):
     """No position-class rule the reference bears out (the message says where it fails)."""
+
+
+class NoCounterpart(PositionProblem):
+    """A unit's position class (fine rule) is not among the reference's: a reference of more
+    stages holds more of a stage's warm-up (:func:`engine.sim.hier.predict_layout` tries one)."""
 
 
 class Positions:
@@ -104,7 +110,7 @@ class Positions:
         uniq, inv = np.unique(keys, return_inverse=True)
         got = np.array([self.template_of.get(int(k), -1) for k in uniq], np.int64)[inv]
         if (got < 0).any():
-            raise PositionProblem("a unit's place in its stage's schedule has no counterpart in the reference")
+            raise NoCounterpart("a unit's place in its stage's schedule has no counterpart in the reference")
         return got
 
     def _role(self, y: int, t: int) -> tuple:

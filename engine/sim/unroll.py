@@ -300,7 +300,7 @@ class _Unroll(Positions):
             self._check_classes()
             tmpl = self._templates(c, j, ph)
         except PositionProblem as e:
-            raise UnrollProblem(str(e)) from None
+            raise UnrollProblem(str(e)) from e
         self._iteration_tasks()
         self.c, self.j, self.ph, self.s, self.lc, self.tmpl = c, j, ph, s, lc, tmpl
         # each stage's barrier chain

@@ -193,3 +193,22 @@ def test_fine_position_classes_compose_what_coarse_ones_refuse(monkeypatch):
     monkeypatch.setattr(P, "RULES", (False,))
     with pytest.raises(HierProblem, match="position class"):
         predict_layout(g, cl, lay)
+
+
+def test_a_longer_reference_where_a_stage_s_warm_up_has_no_counterpart(monkeypatch):
+    """Generated case 45 (tp 1, cp 2, dp 2, pp 12, two stages a node, 4 microbatches): the
+    first reference (4 stages) has no middle stage whose warm-up holds a forward after a
+    forward, which the whole run's middle stages do (all 4 forwards before the first
+    backward); a reference of 6 stages has, and composes it exactly."""
+    import engine.sim.hier as H
+
+    g, cl, opts = _case(45)
+    lay = resolved(Layout.from_options(opts), g, cl)
+    h = predict_layout(g, cl, lay)
+    full = simulate_strategy(g, build_layout(g, cl, lay), cl, check=False)
+    assert h.reference_stages == 6 < lay.pp
+    assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
+    monkeypatch.setattr(H, "_longer_plan", lambda *a: None)
+    with pytest.raises(HierProblem, match="no counterpart"):
+        predict_layout(g, cl, lay)
