@@ -12,7 +12,7 @@ from ..moe import expert_split
 from ..ops import REDUCTION, REPLICA_DIM
 from ..strategy import Config, partition_coords
 
-__all__ = ["balanced_layers", "layer_chunks", "tp_plan", "mesh_config", "expert_config"]
+__all__ = ["balanced_layers", "check_layer_counts", "layer_chunks", "tp_plan", "mesh_config", "expert_config"]
 
 
 def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:
@@ -43,6 +43,14 @@ def balanced_layers(n_layers: int, n_chunks: int) -> list[int]:
     return counts
 
 
+def check_layer_counts(counts: Sequence[int], n_chunks: int, n_layers: int) -> None:
+    """ValueError unless ``counts`` (a layout's ``layers_per_stage``) are ``n_chunks`` counts of
+    at least one layer adding up to the model's ``n_layers``."""
+    if len(counts) != n_chunks or sum(counts) != n_layers or min(counts, default=0) < 1:
+        raise ValueError(f"layers per stage {list(counts)} must be {n_chunks} counts >= 1 adding up to "
+                         f"the {n_layers} layers")
+
+
 def layer_chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = None) -> dict[str, int]:
     """Model chunk of every op: layer blocks split by :func:`balanced_layers` (or ``counts``
     layers per chunk);
@@ -55,9 +63,7 @@ def layer_chunks(graph: OpGraph, n_chunks: int, counts: Sequence[int] | None = N
     if not layers:
         raise ValueError(f"model {graph.name!r} has no numbered layer blocks to split into pipeline stages")
     if counts is not None:
-        if len(counts) != n_chunks or sum(counts) != len(layers) or min(counts) < 1:
-            raise ValueError(f"layers per stage {list(counts)} must be {n_chunks} counts >= 1 adding up to "
-                             f"the {len(layers)} layers")
+        check_layer_counts(counts, n_chunks, len(layers))
         owner = [k for k, c in enumerate(counts) for _ in range(c)]
         layer_chunk = {b: owner[i] for i, b in enumerate(layers)}
     else:

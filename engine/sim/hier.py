@@ -39,7 +39,7 @@ from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
-from ..layout.placement import balanced_layers
+from ..layout.placement import balanced_layers, check_layer_counts
 from ..taskgraph import FWD, build_task_graph
 from .full import simulate
 from .steady import repeating, runs_to_try
@@ -244,10 +244,13 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
 
 
 def _chunk_layers(graph: OpGraph, lay: Layout) -> tuple[int, ...]:
-    """[model chunk] layers, as the layout's build splits them (:func:`engine.layout.build.build_layout`)."""
+    """[model chunk] layers, as the layout's build splits them (:func:`engine.layout.build.build_layout`;
+    a ``layers_per_stage`` that does not fit the model raises its ValueError)."""
+    n = len(layer_blocks(graph))
     if lay.layers_per_stage is not None and lay.vpp == 1:
+        check_layer_counts(lay.layers_per_stage, lay.pp, n)
         return tuple(lay.layers_per_stage)
-    return tuple(balanced_layers(len(layer_blocks(graph)), lay.pp * lay.vpp))
+    return tuple(balanced_layers(n, lay.pp * lay.vpp))
 
 
 def reference_plan(graph: OpGraph, cluster: Cluster, lay: Layout) -> StagePlan:
@@ -310,6 +313,7 @@ def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostM
         When the prediction would not be exact; the message says why.
     """
     lay = resolved(layout, graph, cluster)
+    _chunk_layers(graph, lay)  # (a layers_per_stage that does not fit: the build's ValueError, first)
     why = _problem(graph, cluster, lay)
     if why:
         raise HierProblem(why)

@@ -155,3 +155,21 @@ def test_own_split_of_two_stages():
     full = simulate_strategy(g, build_layout(g, cl, lay), cl, check=False)
     assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
+
+
+@pytest.mark.parametrize("split", [(3, 3, 3, 3), (2, 2, 2), (0, 4, 4, 0), ()])
+def test_a_split_that_does_not_fit_is_the_builds_error(split):
+    """A ``layers_per_stage`` of the wrong length, sum or a stage of no layers: the ValueError the
+    build gives (naming the counts, the stages and the layers), before any refusal, whatever
+    else the layout sets (ZeRO-3 is refused after)."""
+    from engine.layout.build import build_layout
+
+    g = gpt(GPTConfig(8, 256, 8, 128, 1024, 16, name="t"), source="test")
+    cl = preset("dgx-a100-80gb:4")
+    for zero in (0, 3):
+        lay = Layout.from_options(dict(tp=8, pp=4, layers_per_stage=split, zero_stage=zero))
+        with pytest.raises(ValueError, match=r"must be 4 counts >= 1 adding up to the 8 layers") as got:
+            predict_layout(g, cl, lay)
+        with pytest.raises(ValueError) as built:
+            build_layout(g, cl, lay)
+        assert str(got.value) == str(built.value)
