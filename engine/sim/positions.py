@@ -7,7 +7,8 @@ reference bears out:
 * **coarse**: the first, a middle or the last microbatch; the first, a middle (by its place in
   a node and its layer count: :class:`engine.sim.composed.StagePlan`) or the last stage; the
   chunk; the phase. Every middle microbatch is composed from the reference's second.
-* **fine**, where the coarse classes do not hold alike blocks: the coarse class less the
+* **fine**, where the coarse classes do not hold alike blocks or a block names another
+  microbatch's transfer (the coarse rule names transfers by microbatch): the coarse class less the
   middle microbatches, plus the phases of the units just before and after it in its stage's
   schedule (a forward in the warm-up follows a forward; in the steady state, a backward).
   A transfer a block names is then named by the unit of its own stage it comes from or goes
@@ -85,6 +86,9 @@ class Positions:
                 u = self.ref.units[t]
                 sig = (tuple(self._role(int(e), t) for e in u.entries), tuple(self._role(int(x), t) for x in u.exits))
                 got = seen.setdefault(key, (sig, u.coef, t))
+                if not fine and any(r[0] == "transfer" and r[2] for r in sig[0] + sig[1]):
+                    bad = (t, j)  # (another microbatch's transfer: the coarse rule names it by microbatch)
+                    break
                 if got[0] != sig or got[1].shape != u.coef.shape or not np.allclose(
                         got[1], u.coef, rtol=1e-12, atol=1e-15, equal_nan=False):
                     bad = (t, j)

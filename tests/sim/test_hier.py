@@ -212,3 +212,16 @@ def test_a_longer_reference_where_a_stage_s_warm_up_has_no_counterpart(monkeypat
     monkeypatch.setattr(H, "_longer_plan", lambda *a: None)
     with pytest.raises(HierProblem, match="no counterpart"):
         predict_layout(g, cl, lay)
+
+
+def test_another_microbatch_s_transfer_is_named_by_schedule_steps():
+    """Generated case 235 (tp 8, cp 2, dp 2, pp 8, micro-batch 2): its blocks wait for the
+    transfers of the next and previous microbatches, which the coarse classes name by
+    microbatch and cannot resolve; the fine ones name them by schedule steps: composed exactly."""
+    g, cl, opts = _case(235)
+    lay = resolved(Layout.from_options(opts), g, cl)
+    h = predict_layout(g, cl, lay)
+    full = simulate_strategy(g, build_layout(g, cl, lay), cl, check=False)
+    assert h.composed_tasks > 0
+    assert h.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert np.allclose(h.memory.peak_bytes, full.memory.peak_bytes, rtol=1e-9)
