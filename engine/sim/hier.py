@@ -361,7 +361,7 @@ def _composed(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan, co
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
                         Geometry(G, links_per_node, stage_gpus, _link_stages(c_ref, stage_gpus)),
-                        **_numbering(g_ref, chunk_of, plan, len(blocks)))
+                        **_numbering(g_ref, chunk_of, plan, len(blocks)), fine_classes=len(set(plan.counts)) == 1)
         # the reference composed from its own blocks must give the reference's own time: what the
         # reading cannot see (a task whose place in a queue its block moves) shows here
         own = simulate(unroll(ref, pr, mr, c_ref.num_devices, len(c_ref.links))).makespan_s

@@ -77,7 +77,7 @@ class Positions:
         """Choose the coarse rule, else the fine one (see the module); raise
         :class:`PositionProblem` when neither holds."""
         first: tuple = ()
-        for fine in RULES:
+        for fine in (RULES if self.ref.fine_classes else (False,)):
             self.fine = fine
             ts, keys, js = self._ref_keys()
             seen: dict[int, tuple] = {}
