@@ -263,8 +263,7 @@ def reference_plan(graph: OpGraph, cluster: Cluster, lay: Layout) -> StagePlan:
     stage_gpus, G = lay.tp * lay.cp * lay.dp, cluster.gpus_per_node
     counts = _chunk_layers(graph, lay)
     period = max(1, G // stage_gpus)
-    middle = counts[1:p - 1] if v == 1 else counts
-    if len(set(middle)) <= 1 and (v > 1 or len(set(counts)) == 1):
+    if v > 1 or len(set(counts)) == 1:  # (an uneven split with interleaving: refused by _problem)
         pr = _reference_stages(p, v, graph.batch_size // (lay.dp * lay.micro_batch), stage_gpus, G)
         return even_plan(p, pr, period, counts)
     plan = None if stage_gpus % G and G % stage_gpus else uneven_plan(counts, period)

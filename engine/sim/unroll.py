@@ -9,8 +9,9 @@ gradient collectives and optimizer steps) by copying the reference's, moved to t
 devices and links, and puts in each unit's block, taken from the reference unit in the same
 position class (first, middle or last microbatch; first, middle or last stage; the same model
 chunk and phase; where the reference's middle microbatches differ, also the phases of the
-units before and after it in its stage's schedule: :mod:`engine.sim.positions`). The event loop of :mod:`engine.sim.full` then simulates it: links are still FIFO
-queues, so the transfers and collectives meet as they do in the full simulation.
+units before and after it in its stage's schedule: :mod:`engine.sim.positions`). The event
+loop of :mod:`engine.sim.full` then simulates it: links are still FIFO queues, so the
+transfers and collectives meet as they do in the full simulation.
 
 Every entry and exit of a block is named relative to its unit (the barrier before or after a
 unit, the transfer into a unit, a per-iteration task of the unit's stage, the iteration's
