@@ -28,10 +28,11 @@ quickest first, each in the slice :func:`~engine.search.seed_runs.seed_slice` gi
 time than one pricing took. A seed that ends without beating the best priced before it stops
 its family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
-takes :data:`POLISH_SHARE` of what is left (its set-up, twice one pricing, must fit in it; where
-no delta simulator is affordable, its global pass alone, when two pricings fit in what is left), and
-further slices while each makes the best faster (a faster time the op visit under way priced and
-has not taken yet counts), up to :data:`POLISH_MAX_SHARE`, its first round uncut where at its pace
+(:mod:`engine.search.auto_polish`) takes a share of what is left (its set-up, twice one pricing,
+must fit in it; where no delta simulator is affordable, its global pass alone, when two
+pricings fit in what is left), and further slices while each makes the best faster (a faster
+time the op visit under way priced and has not taken yet counts), up to a larger share (all
+that is left where MCMC's set-up would not fit in the rest), its first round uncut where at its pace
 it ends by then (:class:`~engine.search.polish.PolishSlices`). A seed with a time budget answers
 within it (the pipeline planner prices no plan past it once one fits). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
@@ -62,8 +63,7 @@ from .api import (CONSTRAINTS, AutoOptions, Budget, LayoutOptions, MCMCOptions, 
                   SearchResult, price, stamp)
 from .baselines import data_parallel, expert
 from .chains import delta_affordable
-from .keys import strategy_key
-from .polish import PolishResult, PolishSlices, coordinate_descent
+from .auto_polish import best_start, ms_text, polish
 from .processes import check_backend
 from .registry import ALGORITHMS
 from .seed_layouts import moe_seed_layouts
@@ -85,20 +85,6 @@ HARD_SHARE = 1.0
 #: seeds that solve the same problem: when one ends without beating what was priced before
 #: it, the later ones of its family are not run (PaSE solves the differentiable search's problem)
 SEED_FAMILY = {"pipeline": "pipeline", "differentiable": "pase", "pase": "pase"}
-
-#: with a time budget, the share of what is left after the seeds that the polish (greedy
-#: coordinate descent, :mod:`engine.search.polish`) takes first; it stops earlier at a
-#: local optimum. Measured at 15 s (issue 28): AlexNet reaches MCMC's 150 s answer within 1 s of
-#: polish on p100-4x4; on NMT a polished candidate costs ~0.1 s and with half MCMC fell 0.5%
-#: behind (72.04 ms against 71.66), with a quarter it reaches 71.66 again
-POLISH_SHARE = 0.25
-
-#: with a time budget, the most of what is left after the seeds that the polish takes while each
-#: further slice as long as its first share makes the best faster (:class:`PolishSlices`); MCMC
-#: gets the rest. On RNNTC / p100-4x4 (issue 28) the descent from FlexFlow's expert strategy finds
-#: faster strategies 9-12 s in, where a quarter stopped it at 30.0 ms and MCMC found nothing more
-POLISH_MAX_SHARE = 0.75
-
 
 def auto(graph: OpGraph, cluster: Cluster, budget: Budget | None = None, *, seed: int = 0,
          progress: ProgressFn | None = None, initial: Strategy | None = None, cost: CostModel | None = None,
@@ -235,7 +221,7 @@ class _Auto:
                 notes.append(f"baseline fsdp cannot run here: {e}")
             else:
                 self.consider("fsdp", s, p)
-                notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {_ms(p)}")
+                notes.append(f"fsdp (ZeRO-3, full recomputation, micro-batch 1): {ms_text(p)}")
         if initial is not None:
             try:
                 self.consider("initial", initial, self.timed_price(initial))
@@ -349,70 +335,12 @@ class _Auto:
         p = Price(time_s, feasible)
         self.consider(name, best_s, p)
         self.proposals += iterations
-        notes.append(f"{name}: {_ms(p)} in {time.perf_counter() - t:.1f} s")
+        notes.append(f"{name}: {ms_text(p)} in {time.perf_counter() - t:.1f} s")
         return True
 
     def polish(self) -> None:
-        """Greedy coordinate descent over single-op configs (:mod:`engine.search.polish`) from
-        the best priced so far, where it fits; with a time budget it takes POLISH_SHARE of what
-        is left and more slices while they pay (:class:`PolishSlices`), with a number budget
-        that many candidates. Where a delta simulator of it is not affordable, the descent's
-        global pass alone runs (ZeRO, the microbatches, recomputation... each priced whole):
-        NMT / k80-16x4's expert strategy (3.95 M tasks) goes from 100.98 to 98.85 ms with
-        ZeRO-2, the best known there (issue 43).
-
-        With a time budget, when the descent from the best made nothing faster, the next best
-        start that fits gets what is left on the same rule. On NMT / dgx-a100-40gb:8 the expert
-        strategy (25.56 ms) prices in 2.4 s and its descent priced 2 candidates in 3.8 s; from
-        data parallelism (41.35 ms, 0.5 s) the descent reaches 17.89 ms in 9 s (issue 43)."""
-        first = _best(self.found)
-        pr = self._polish_from(*first)
-        if pr is None or self.budget.seconds is None or pr.improvements:
-            return
-        key = strategy_key(first[1])  # (a seed may return a baseline's strategy: not a second start)
-        rest = {n: v for n, v in self.found.items()
-                if n not in (first[0], "polish") and v[1].feasible and strategy_key(v[0]) != key}
-        if rest:
-            self._polish_from(*_best(rest))
-
-    def _polish_from(self, start_name: str, start: Strategy) -> PolishResult | None:
-        """One descent of :meth:`polish` from ``start`` (None when it did not run or stopped
-        without an answer)."""
-        graph, cluster, budget = self.graph, self.cluster, self.budget
-        left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - self.t0)
-        took = self.price_s.get(id(start), self.slowest_price)
-        # (a delta simulator costs about two pricings to set up; without one each global candidate
-        # is one pricing: room for one, and for MCMC's set-up after it)
-        room = left is None or (POLISH_SHARE * left > 2 * took if delta_affordable(graph, start, cluster)
-                                else left > 2 * took)
-        if self.cancelled or not self.opts.refine or not self.found[start_name][1].feasible or not room:
-            return None
-        self.stage = "polish"
-        t = time.perf_counter()
-        slices = None if left is None else PolishSlices(t, left, self.found[start_name][1].cost_s, POLISH_SHARE,
-                                                        POLISH_MAX_SHARE)
-        # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
-        until = None if slices is None else \
-            lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round, r.pending_s)
-
-        def tick(r: PolishResult) -> bool:
-            if r.cost_s < self.best_cost:
-                self.consider("polish", r.strategy, Price(r.cost_s, True))
-            return self.report(Progress(r.evals, 0.0, self.best_cost, self.best_cost, 0.0))
-
-        try:
-            pr = coordinate_descent(graph, cluster, start, self.cost_model, max_evals=budget.iterations,
-                                    deadline=None if slices is None else slices.cap, tick=tick, until=until)
-        except (TooLargeError, ValueError, MemoryError) as e:  # (what was priced before it is kept)
-            self.notes.append(f"polish: stopped without an answer: {str(e)[:200]}")
-            return None
-        if "polish" not in self.found or pr.cost_s < self.found["polish"][1].cost_s:
-            self.consider("polish", pr.strategy, Price(pr.cost_s, True))
-        self.proposals += pr.evals
-        self.notes.append(f"polish (coordinate descent) from {start_name}: {_ms(Price(pr.cost_s, True))}, "
-                          f"{pr.evals} candidates in {pr.rounds} rounds in {time.perf_counter() - t:.1f} s"
-                          + (" (a local optimum)" if pr.finished else ""))
-        return pr
+        """The polish stage (:func:`engine.search.auto_polish.polish`)."""
+        polish(self)
 
     def mcmc(self, initial: Strategy | None) -> None:
         """MCMC from the best feasible seed or baseline (it also starts from data parallel and
@@ -421,7 +349,7 @@ class _Auto:
         as its start (the pricing times measured above, the slowest for one not priced here;
         none for one priced here that MCMC prices whole, which price()'s memo answers)."""
         graph, cluster, budget, opts = self.graph, self.cluster, self.budget, self.opts
-        start_name, start = _best(self.found)
+        start_name, start = best_start(self.found)
         mcmc_budget = budget
         if budget.seconds is not None:
             mcmc_budget = Budget(iterations=budget.iterations,
@@ -429,9 +357,7 @@ class _Auto:
         seeded = start if start_name not in ("data-parallel", "expert") else initial  # (MCMC starts from those)
         starts = [self.found[n][0] for n in ("data-parallel", "expert") if n in self.found] + \
             [seeded] * (seeded is not None)
-        spent = [0.0 if id(x) in self.price_s and not delta_affordable(graph, x, cluster)
-                 else self.price_s.get(id(x), self.slowest_price) for x in starts]
-        setup_s = sum(spent) + max((self.price_s.get(id(x), self.slowest_price) for x in starts), default=0.0)
+        setup_s = self.mcmc_setup_s(starts)
         left = None if budget.seconds is None else budget.seconds - (time.perf_counter() - self.t0)
         if not self.cancelled and opts.refine and left is not None and left < setup_s:
             self.notes.append(f"mcmc: not run ({left:.1f} s left of the budget; its set-up and a move take about "
@@ -452,22 +378,31 @@ class _Auto:
         self.consider("mcmc", r.best, p)
         self.proposals += r.iterations
         self.cancelled = self.cancelled or (r.cancelled and not self.overran)
-        self.notes.append(f"mcmc from {start_name if seeded is start else 'the baselines'}: {_ms(p)}, "
+        self.notes.append(f"mcmc from {start_name if seeded is start else 'the baselines'}: {ms_text(p)}, "
                           f"{r.iterations} proposals in {time.perf_counter() - t:.1f} s")
+
+    def mcmc_setup_s(self, starts: list[Strategy]) -> float:
+        """About how long MCMC takes from ``starts`` to its first move: each start priced, but
+        none priced here that it prices whole (price()'s memo answers), and one move as long
+        as the slowest start's pricing."""
+        graph, cluster, took = self.graph, self.cluster, self.price_s
+        spent = [0.0 if id(x) in took and not delta_affordable(graph, x, cluster)
+                 else took.get(id(x), self.slowest_price) for x in starts]
+        return sum(spent) + max((took.get(id(x), self.slowest_price) for x in starts), default=0.0)
 
     def result(self) -> SearchResult:
         """The best strategy priced, never slower than a feasible baseline or seed; notes on
         what each algorithm found."""
         found, notes = self.found, self.notes
-        best_name, best = _best(found)
+        best_name, best = best_start(found)
         bp = found[best_name][1]
         contributions = {name: (p.time_s if p.feasible else None) for name, (_, p) in found.items()}
         if self.overran:
             notes.append(f"mcmc: stopped before {HARD_SHARE:g} times the budget")
         before = self.found_before_searches
         first = min(before, key=before.__getitem__, default=best_name)
-        notes.append(f"best: {best_name}, {_ms(bp)}" + ("" if bp.feasible else " (nothing found fits in memory)")
-                     + (f"; the best priced before the searches: {first}, {_ms(found[first][1])}"
+        notes.append(f"best: {best_name}, {ms_text(bp)}" + ("" if bp.feasible else " (nothing found fits in memory)")
+                     + (f"; the best priced before the searches: {first}, {ms_text(found[first][1])}"
                         if first != best_name else ""))
         found_by = {"algorithm": "auto", "source": best_name, "seed": self.seed, "budget": str(self.budget),
                     "contributions": contributions}
@@ -481,17 +416,7 @@ class _Auto:
                             notes=notes)
 
 
-def _best(found: dict[str, tuple[Strategy, Price]]) -> tuple[str, Strategy]:
-    """The fastest that fits; when none fits, the fastest (the least bad)."""
-    name = min(found, key=lambda n: (not found[n][1].feasible, found[n][1].time_s))
-    return name, found[name][0]
-
-
 def _seed_name(lay: Layout) -> str:
     """``megatron tp 2 x pp 8 x cp 1 x dp the rest, ep 64, micro-batch 1, vpp 4``."""
     return (f"megatron {lay.describe()}" + (f", vpp {lay.vpp}" if lay.vpp > 1 else "")
             + (f", recompute {lay.recompute}" if lay.recompute != "none" else "") + (", fp8" if lay.fp8 else ""))
-
-
-def _ms(p: Price) -> str:
-    return f"{p.time_s * 1e3:.1f} ms" + ("" if p.feasible else " (does not fit)")

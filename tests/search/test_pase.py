@@ -161,3 +161,31 @@ class TestDifferentiable:
         exact = solve(build_problem(g, c)).cost_s
         assert r.best.found_by["model_cost_s"] <= exact * 1.05
         assert r.trace and r.trace[-1].best_cost_s == r.best_cost_s
+
+    def test_a_time_budget_bounds_the_descent_and_its_polish(self, monkeypatch):
+        """On a clock that reads a quarter second later at every look (no wall-clock
+        dependence): with 10 s the descent stops at its share and ends cold (the temperature
+        annealed by the time's progress), and the polish ends by the 10 s; without, the steps
+        decide."""
+        import types
+
+        import engine.search.differentiable as D
+
+        g, c = resolve_model("alexnet"), preset("p100-4x4")
+        problem = build_problem(g, c)
+        taus = []
+        real = D.relaxed_cost
+
+        def spy(problem, probs, *a):
+            taus.append(max(float(p.max()) for p in probs))
+            return real(problem, probs, *a)
+
+        monkeypatch.setattr(D, "relaxed_cost", spy)
+        clock = itertools.count(0.0, 0.25)
+        monkeypatch.setattr(D, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+        r = D.optimise(problem, steps=400, seed=0, seconds=10.0)
+        assert 2 <= r.steps < 400 and r.seconds <= 10.0 + 0.5
+        assert taus[-1] > 0.9  # (cold: each op's distribution nearly one config, as at the 400th step)
+        untimed = D.optimise(problem, steps=400, seed=0)
+        assert untimed.steps == 400
+
