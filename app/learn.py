@@ -115,10 +115,12 @@ Five searches, one protocol (a budget, a seed, progress, a best strategy that fi
 
 * **auto** (the default) runs the fast searches that apply as seeds, prices them with the
   baselines, polishes the best by coordinate descent (a few whole-strategy settings, then each
-  op's configs in turn, the heaviest ops first, keeping the best; an op with alike twins, such
-  as an unrolled RNN's time steps, also tries its best configs on the whole class at once; when
-  that finds nothing faster, the next best start is polished too) and starts MCMC from it; it
-  is never slower than a baseline or seed that fits.
+  op's configs in turn, those with the most parameters for their compute first (embeddings, then
+  fully connected and recurrent layers, then convolutions), keeping the best; an op with alike
+  twins, such as an unrolled RNN's time steps, also tries its best configs on the whole class at
+  once; when that finds nothing faster, the next best start is polished too; a start it can only
+  change by whole settings, its graph too large to re-simulate op by op, comes after one it can
+  change op by op) and starts MCMC from it; it is never slower than a baseline or seed that fits.
 * **mcmc**: FlexFlow's search. It proposes a change (one op's config, or a whole layout:
   recomputation, ZeRO, microbatches, the layer split between stages), re-simulates only what a
   one-op change touches (delta simulation), and accepts it with probability

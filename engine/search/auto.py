@@ -8,8 +8,9 @@ the baselines with the one memory-checked :func:`~engine.search.api.price`, star
 the best feasible of them, and returns the best strategy it has seen: never slower than a
 feasible baseline or seed it knows of. Its notes say which algorithm contributed what.
 Between the seeds and MCMC, the best so far is polished by greedy coordinate descent over
-single-op configs (:mod:`engine.search.polish`, heaviest ops first): on AlexNet it reaches in
-about a second what MCMC alone reaches in 150 s (issue 28).
+single-op configs (:mod:`engine.search.polish`, the ops with the most parameters for their
+compute first): on AlexNet it reaches in about a second what MCMC alone reaches in 150 s
+(issue 28).
 
 With ``AutoOptions.backend`` (serial, pool or ray), MCMC's chains run as that backend's tasks
 (:mod:`engine.search.parallel_chains`) and, with a number budget, the seeds run at once as its tasks.

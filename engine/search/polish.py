@@ -19,18 +19,20 @@ ResNet-101 / k80-16x4 the repeated pass and the wide round that tried nothing to
 whole slice: from the planner's plan it now reaches 57.10 ms, where MCMC with 150 s reached
 57.13; issue 43).
 
-Ops are visited heaviest first (:func:`visit_order`): the ops with the most parameters, then the
-rest in graph order; from the second round on, the ops the round before changed come first, since
+Ops are visited by their parameters for their compute (:func:`visit_order`): lookups first, then
+by powers of two of parameters per flop, most parameters first within one, then the rest in graph
+order; from the second round on, the ops the round before changed come first, since
 each was chosen before the changes after it in that round (on RNNTC / ``p100-4x4``, from FlexFlow's
 expert strategy, round 1 changes ``lstm.l0.t8`` at its 169th candidate and ends at 29.78 ms;
 taking that change back gives 29.09 ms, at the 705th candidate instead of the 861st in graph
 order). Whether an op's weights are worth replicating (data parallelism) or splitting
 (model parallelism) turns on its parameter count against its compute; Krizhevsky's "one weird
 trick" (arXiv:1404.5997, §2: convolutional layers hold 90-95% of the computation and 5% of the
-parameters, fully connected layers the reverse) makes that choice per layer. Visiting the
-fully connected layers first lets a short budget reach that decision, and the ops around them
-then follow. On AlexNet / ``p100-4x4`` the descent from PaSE's answer (14.68 ms) reaches 12.85 ms,
-what MCMC reaches in 150 s (issue 28); in graph order, without the wide rounds, it took 2,788.
+parameters, fully connected layers the reverse) makes that choice per layer by that ratio.
+Visiting the fully connected layers (and the embeddings) first lets a short budget reach that
+decision, and the ops around them then follow. On AlexNet / ``p100-4x4`` the descent from
+PaSE's answer (14.68 ms) reaches 12.85 ms, what MCMC reaches in 150 s (issue 28); in graph
+order, without the wide rounds, it took 2,788.
 
 **Class moves.** Where an op has alike twins (:func:`alike_classes`: the same kind, shapes,
 attributes and parameter group, as the time steps of an unrolled RNN), the configs that made it

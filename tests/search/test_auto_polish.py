@@ -23,7 +23,7 @@ def priced(g, s, c) -> float:
 
 
 class TestVisitOrder:
-    def test_heaviest_first_then_graph_order(self):
+    def test_most_parameters_first_then_graph_order(self):
         g, _ = tiny()
         # fc1: 64 x 256 weights, fc2: 256 x 64 (a tie: graph order), then the ops without weights
         assert visit_order(g) == ["fc1", "fc2", "x", "act", "labels", "loss"]
