@@ -85,10 +85,12 @@ def polish_from(a: Any, start_name: str, start: Strategy) -> PolishResult | None
     a.stage = "polish"
     t = time.perf_counter()
     # (where MCMC's set-up from the baselines alone would not fit in what the polish leaves it, no
-    # time is kept for it: the slices may run to the end of the budget while they pay)
+    # time is kept for it: the slices may run to the end of the budget, and go on once the descent
+    # has made its start faster at all)
     baselines = [a.found[n][0] for n in ("data-parallel", "expert") if n in a.found]
     most = POLISH_MAX_SHARE if left is None or (1 - POLISH_MAX_SHARE) * left >= a.mcmc_setup_s(baselines) else 1.0
-    slices = None if left is None else PolishSlices(t, left, a.found[start_name][1].cost_s, POLISH_SHARE, most)
+    slices = None if left is None else PolishSlices(t, left, a.found[start_name][1].cost_s, POLISH_SHARE, most,
+                                                    keep_going=most == 1.0)
     # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
     until = None if slices is None else \
         lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round, r.pending_s)
