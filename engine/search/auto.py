@@ -294,10 +294,12 @@ class _Auto:
             share = None
             if self.seed_end is not None:
                 share = seed_runs.seed_slice(name, self.seed_end - time.perf_counter(), seeds[i + 1:])
-                # (a seed prices what it finds as auto does: not started with less than one pricing took)
-                if share < max(1.0, self.slowest_price):
+                # (a seed prices what it finds as auto does: not started with less than it needs, in pricings)
+                k = seed_runs.SEED_PRICINGS.get(name, 1)
+                if share < max(1.0, k * self.slowest_price):
                     notes.append(f"{name}: not run as a seed ({share:.1f} s left for it in the seeds' share of "
-                                 f"the budget; pricing one strategy took up to {self.slowest_price:.1f} s)")
+                                 f"the budget; pricing one strategy took up to {self.slowest_price:.1f} s"
+                                 + (f", and it needs {k} times that)" if k > 1 else ")"))
                     continue
             before = self.best_cost
             if self._seed(name, share, ran) and not self.best_cost < before:

@@ -16,7 +16,15 @@ from .api import AutoOptions
 from .processes import Backend, die_with_parent
 from .registry import ALGORITHMS
 
-__all__ = ["bounded", "seeds_on_backend", "seed_task", "seed_slice"]
+__all__ = ["bounded", "seeds_on_backend", "seed_task", "seed_slice", "SEED_PRICINGS"]
+
+
+#: how many of auto's slowest pricings a seed's slice must hold for it to be started (one
+#: otherwise): the differentiable search builds PaSE's problem, descends, then prices its plan,
+#: so its slice holds its set-up and descent and one pricing. On NMT / k80-16x4 (pricing 2.0 s,
+#: a slice of 2.4-2.7 s) it was stopped at its share in every run, and its time lost to the
+#: polish (issue 43)
+SEED_PRICINGS = {"differentiable": 2}
 
 
 def seed_slice(name: str, left_s: float, later: list[str]) -> float:

@@ -224,3 +224,16 @@ def test_a_seed_process_that_dies_is_reported_not_waited_for():
     assert out == "its process ended without an answer (exit code 3)"
     assert _bounded(dying, g, c, Budget(seconds=30), 0, None, 30.0, lambda: False) in (
         "cancelled", "its process ended without an answer (exit code 3)")
+
+
+def test_a_seed_is_not_started_in_a_slice_shorter_than_the_pricings_it_needs(monkeypatch):
+    """The differentiable search prices its plan at the end: its slice must hold that many of
+    auto's slowest pricings (``seed_runs.SEED_PRICINGS``); here a need no slice can meet."""
+    from engine.search import seed_runs
+
+    monkeypatch.setitem(seed_runs.SEED_PRICINGS, "differentiable", 10 ** 6)
+    g, c = resolve_model("alexnet"), preset("p100-4x4")
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=4), seed=0)
+    note = next(n for n in r.notes if n.startswith("differentiable:"))
+    assert note.startswith("differentiable: not run as a seed") and "it needs 1000000 times that" in note
+    assert r.best_cost_s <= min(r.baselines.values())
