@@ -55,8 +55,10 @@ def polish(a: Any) -> None:
     rest = {n: v for n, v in a.found.items()
             if n not in (first[0], "polish") and v[1].feasible and strategy_key(v[0]) != key}
     graph, cluster = a.graph, a.cluster
-    editable = {n: v for n, v in rest.items() if delta_affordable(graph, v[0], cluster)}
-    if editable and not delta_affordable(graph, first[1], cluster):
+    # (each start's task count estimated only where the best's descent could not edit op by op)
+    editable = {} if delta_affordable(graph, first[1], cluster) else \
+        {n: v for n, v in rest.items() if delta_affordable(graph, v[0], cluster)}
+    if editable:
         # (from the best, the descent's global pass alone could run: first from the best it can edit op by op)
         pr = polish_from(a, *best_start(editable))
         if pr is not None and pr.cost_s < a.found[first[0]][1].cost_s:

@@ -1,7 +1,7 @@
 """Which ops the coordinate descent (:mod:`engine.search.polish`) visits and in which order:
-the most parameters for their compute first (:func:`visit_order`), one op of each class of alike ops before the twins
-(:func:`alike_classes`, :func:`distinct_first`), and how many GPUs each op's pipeline stage
-spans (:func:`stage_spans`, the first rounds' candidates)."""
+the most parameters for their compute first (:func:`visit_order`), one op of each class of
+alike ops before the twins (:func:`alike_classes`, :func:`distinct_first`), and how many GPUs
+each op's pipeline stage spans (:func:`stage_spans`, the first rounds' candidates)."""
 
 from __future__ import annotations
 
