@@ -282,15 +282,11 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..studies.sweep import (layout_points, pareto, parse_clusters, parse_grid, points, run_sweep, write_report,
-        write_rows)
+    from ..studies.sweep import pareto, run_sweep, sweep_points, write_report, write_rows
 
     if args.batch_per_gpu is not None:
         raise ValueError("--batch-per-gpu does not apply to a sweep over cluster sizes; give --batch")
-    if args.grid == ["auto"]:  # every valid layout of the model on each cluster (engine.layout.valid_layouts)
-        pts = layout_points(args.model, parse_clusters(args.clusters), batch=args.batch)
-    else:
-        pts = points(parse_grid(args.grid), parse_clusters(args.clusters))
+    pts = sweep_points(args.model, args.grid, args.clusters, args.network or (), batch=args.batch)
     tty = sys.stderr.isatty()
     t0 = time.perf_counter()
 

@@ -164,7 +164,8 @@ def add_sweep(sub) -> None:
     """``soapbox sweep``: layouts x cluster sizes."""
     p = sub.add_parser("sweep", help="simulate every combination of layouts x cluster sizes (process pool or Ray)",
                        description="Simulate every combination of a grid of Megatron-shaped layouts on each "
-                                   "cluster; infeasible points are kept with the reason. Results as CSV, JSON or "
+                                   "cluster (and, with --network, each network); infeasible points are kept with the "
+                                   "reason. Results as CSV, JSON or "
                                    "Parquet, and an HTML report with the Pareto front (time vs GPUs vs memory).")
     p.add_argument("--model", required=True, help="sample model name or model file")
     add_batch_options(p)
@@ -173,6 +174,10 @@ def add_sweep(sub) -> None:
                         "every valid layout of the model on each cluster")
     p.add_argument("--clusters", required=True, metavar="PRESET:N1,N2",
                    help="clusters, e.g. dgx-a100-80gb:4,8,16 (several groups separated by spaces in quotes)")
+    p.add_argument("--network", nargs="+", metavar="KEY=V1,V2",
+                   help="each point on each network: nics (NICs a node), nic_gbps (a NIC's Gb/s), pod (GPUs a "
+                        "full-bisection pod), oversub (oversubscription between pods), e.g. nics=4,8 pod=256 "
+                        "oversub=1,2")
     p.add_argument("--backend", choices=["pool", "serial", "ray"], default="pool",
                    help="a local process pool (default), one process, or Ray (--address for a cluster; local "
                         "mode without)")

@@ -20,9 +20,10 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import first_line
+from .network import network_points, parse_network, point_network
 
-__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "evaluate", "run_sweep", "model_graph", "pareto",
-           "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate", "run_sweep",
+           "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
@@ -30,7 +31,8 @@ GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batc
 
 #: the columns of a result row, in order
 COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
-           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp", "predicted_by")
+           "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp", "predicted_by",
+           "nics", "nic_gbps", "pod_gpus", "oversub")
 
 #: the most points one sweep runs
 MAX_POINTS = 100_000
@@ -130,8 +132,19 @@ def layout_points(model: Any, clusters: Sequence[str], batch: int | None = None,
     return out
 
 
+def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequence[str] = (),
+                 batch: int | None = None) -> list[dict[str, Any]]:
+    """The points of ``soapbox sweep``: the ``--grid`` items (``["auto"]``: every valid layout,
+    :func:`layout_points`) on each cluster of ``--clusters``, each on every network of
+    ``--network`` (:func:`engine.studies.network.parse_network`; none: the clusters' own)."""
+    names = parse_clusters(clusters)
+    net = parse_network(network)  # (checked before the layouts are enumerated)
+    pts = layout_points(model, names, batch=batch) if list(grid) == ["auto"] else points(parse_grid(grid), names)
+    return network_points(pts, net, MAX_POINTS)
+
+
 _MODELS: dict[tuple, Any] = {}
-_CLUSTERS: dict[str, Any] = {}
+_CLUSTERS: dict[tuple, Any] = {}
 
 
 def model_graph(model: Any, batch: int | None = None) -> Any:
@@ -154,6 +167,7 @@ def model_graph(model: Any, batch: int | None = None) -> Any:
 def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
     """One point's row (never raises for a layout that cannot be built or does not fit);
     ``model`` as :func:`model_graph` takes it."""
+    from ..cluster.network import network_of, with_network
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
     from ..layout.build import build_layout
@@ -162,15 +176,26 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
 
     g = model_graph(model, batch)
     name = point["cluster"]
-    if name not in _CLUSTERS:
-        _CLUSTERS[name] = resolve_cluster(name, allow_path=True)
-    c = _CLUSTERS[name]
+    net = point_network(point)
+    key = (name, tuple(sorted(net.items())))
+    if key not in _CLUSTERS:
+        base = resolve_cluster(name, allow_path=True)
+        try:  # (a network the nodes cannot have, e.g. more NICs than GPUs: the row says why)
+            _CLUSTERS[key] = (base, with_network(base, **net) if net else base)
+        except ValueError as e:
+            _CLUSTERS[key] = (base, e)
+    base, c = _CLUSTERS[key]
     opts = {GRID_KEYS[k]: v for k, v in point.items() if k in GRID_KEYS}
     row: dict[str, Any] = {k: None for k in COLUMNS}
-    row.update(cluster=name, gpus=c.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
+    row.update(cluster=name, gpus=base.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
                vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
                recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False,
-               ep=opts.get("ep", 1), etp=opts.get("etp", 1))
+               ep=opts.get("ep", 1), etp=opts.get("etp", 1), **network_of(base if isinstance(c, ValueError) else c))
+    if isinstance(c, ValueError):
+        row.update({k: v for k, v in dict(nics=net.get("nics"), nic_gbps=net.get("nic_gbps"),
+                                          pod_gpus=net.get("pod_gpus"), oversub=net.get("oversubscription")).items()
+                    if v is not None}, why=first_line(c)[:300])
+        return row
     try:
         lay = resolved(Layout.from_options(opts), g, c)
         try:  # the full simulation's figures, composed from a reference run (engine.sim.hier),
@@ -372,15 +397,21 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: floa
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from ..cluster.network import network_label
     from ..formats.writing import atomic_writer
 
     ok = [r for r in rows if r["feasible"]]
     front = pareto(rows)
+    varied = [k for k in ("nics", "nic_gbps", "pod_gpus", "oversub") if len({r.get(k) for r in rows}) > 1]
+
+    def net(r):  # (the network, where the sweep varies it)
+        text = network_label({k: r.get(k) for k in varied})
+        return f" ({text})" if text else ""
 
     def label(r):
         ep, etp = r.get("ep") or 1, r.get("etp") or 1
         moe = f" ep {ep} etp {etp}" if ep * etp > 1 else ""
-        return (f"{r['cluster']}: tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} "
+        return (f"{r['cluster']}{net(r)}: tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} "
                 f"{r['recompute']} z{r['zero']}")
 
     fig = make_subplots(rows=2, cols=2, subplot_titles=[
@@ -392,8 +423,8 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: floa
                              mode="lines+markers", text=[label(r) for r in front], name="Pareto front"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[r["iteration_time_s"] for r in ok], y=[r["peak_memory_bytes"] / 1e9 for r in ok],
                              mode="markers", text=[label(r) for r in ok], name="memory", showlegend=False), row=1, col=2)
-    for kind in sorted({gpu_type(r["cluster"]) for r in ok}):
-        mine = [r for r in ok if gpu_type(r["cluster"]) == kind and r.get("throughput_per_s")]
+    for kind in sorted({gpu_type(r["cluster"]) + net(r) for r in ok}):
+        mine = [r for r in ok if gpu_type(r["cluster"]) + net(r) == kind and r.get("throughput_per_s")]
         fig.add_trace(go.Scatter(x=[r["gpus"] for r in mine], y=[r["throughput_per_s"] / r["gpus"] for r in mine],
                                  mode="markers", text=[label(r) for r in mine], name=kind), row=2, col=1)
     if tokens:
