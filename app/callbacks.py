@@ -26,10 +26,14 @@ def _shown(value, showing):
 
 
 def _options(old, new: dict, key: str, make):
-    """The header's list of models (or clusters), sent only when an upload comes or goes
-    (sending it at every event reset a dropdown the user was changing)."""
-    was = isinstance(old, dict) and isinstance(old.get(key), dict) and "upload" in old[key]
-    now = "upload" in new[key]
+    """The header's list of models (or clusters), sent only when an upload (or a preset with
+    another network, which the list does not hold) comes or goes (sending it at every event
+    reset a dropdown the user was changing)."""
+    def extra(ref) -> bool:
+        return isinstance(ref, dict) and ("upload" in ref or key == "cluster" and "+" in str(ref.get("name", "")))
+
+    was = isinstance(old, dict) and extra(old.get(key))
+    now = extra(new[key])
     if not was and not now:
         return no_update
     return make(new[key]["name"] if now else None)

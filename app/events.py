@@ -193,8 +193,8 @@ def _open_plan(state: dict, plan: Any) -> tuple[dict, str]:
     if not isinstance(plan, dict) or not isinstance(plan.get("cluster"), str) or \
             not isinstance(plan.get("options"), dict):
         return state, ""
-    cluster = plan["cluster"][:60]
-    family, _, nodes = cluster.partition(":")
+    cluster = plan["cluster"][:200]
+    family, _, nodes = cluster.partition("+")[0].partition(":")
     if family not in GPU_TYPES or not (nodes.isascii() and nodes.isdigit() and len(nodes) <= 4):
         return state, f"Cannot open {cluster!r}: not a cluster a comparison prices."
     if plan.get("model") != state["model"]:

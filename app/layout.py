@@ -17,8 +17,10 @@ __all__ = ["make_layout", "cluster_options", "model_options"]
 
 def cluster_options(extra: str | None = None) -> list[dict[str, str]]:
     """Presets; sized ones (``dgx-a100-80gb:N``) offered from 1 node to the explorer's 1,024
-    GPUs; ``extra``: an uploaded cluster's name, listed first."""
-    out = [{"label": f"{extra} (uploaded)", "value": extra}] if extra else []
+    GPUs; ``extra``: an uploaded cluster's name, or a preset with another network
+    (``dgx-h100:8+nics=4``, opened from the Which GPUs tab), listed first."""
+    note = "another network" if extra and "+" in extra else "uploaded"
+    out = [{"label": f"{extra} ({note})", "value": extra}] if extra else []
     for name, (_, takes_count, doc) in PRESETS.items():
         sizes = family_sizes(f"{name}:1") if takes_count else [name]
         out += [{"label": s, "value": s, "title": doc} for s in sizes]

@@ -44,11 +44,13 @@ def _per_node(family: str) -> int:
     return preset(f"{family}:1").gpus_per_node
 
 
-def plan_clusters(families: Any, gpus_text: Any) -> tuple[list[str], list[str]]:
+def plan_clusters(families: Any, gpus_text: Any, network_text: Any = "") -> tuple[list[str], list[str]]:
     """(the presets to price, a note per size a GPU type does not come in) for the GPU types
     ``families`` (names of :data:`GPU_TYPES`) at the GPU counts typed in ``gpus_text``
-    (``"64, 256"``): a type sold in nodes of k GPUs makes N GPUs when k divides N. ValueError
-    for what cannot be read or priced here, naming it."""
+    (``"64, 256"``): a type sold in nodes of k GPUs makes N GPUs when k divides N; each on
+    every network of ``network_text`` (``"nics=4,8 nic_gbps=400"``, as ``soapbox sweep
+    --network`` takes it: :func:`engine.studies.network.parse_network`; empty: the presets'
+    own). ValueError for what cannot be read or priced here, naming it."""
     fams = [str(f) for f in (families if isinstance(families, (list, tuple)) else [])][:32]
     unknown = [f for f in fams if f not in GPU_TYPES]
     if unknown:
@@ -72,12 +74,30 @@ def plan_clusters(families: Any, gpus_text: Any) -> tuple[list[str], list[str]]:
                 notes.append(f"{f} comes in nodes of {k} GPUs: not {n:,}")
             else:
                 out.append(f"{f}:{n // k}")
+    if not out:
+        raise ValueError("none of these GPU types comes in these sizes: " + "; ".join(notes))
+    out = _on_networks(out, network_text)
     if len(out) > MAX_PLAN_CLUSTERS:
         raise ValueError(f"{len(out)} clusters: the page compares at most {MAX_PLAN_CLUSTERS} at once "
                          "(soapbox plan takes more)")
-    if not out:
-        raise ValueError("none of these GPU types comes in these sizes: " + "; ".join(notes))
+    for name in out:  # (a network these nodes cannot have, e.g. more NICs than GPUs: said now)
+        if "+" in name:
+            preset(name)
     return out, notes
+
+
+def _on_networks(names: list[str], text: Any) -> list[str]:
+    """``names`` on each network ``text`` asks for (none: as they are)."""
+    from engine.studies.network import network_points, parse_network
+
+    items = str(text or "")[:300].split()
+    if not items:
+        return names
+    try:
+        net = parse_network(items)
+    except ValueError as e:
+        raise ValueError(str(e).replace("--network", "network")) from None
+    return [p["cluster"] for p in network_points([{"cluster": n} for n in names], net)]
 
 
 def parse_price_text(text: Any) -> dict[str, float]:
@@ -96,14 +116,15 @@ def parse_price_text(text: Any) -> dict[str, float]:
     return prices
 
 
-def start_plan(state: dict, families: Any, gpus_text: Any, tokens: float, price_text: Any) -> str:
-    """Queue a comparison of the state's model on the GPU types and sizes asked; the message to
-    show (what was queued, or why not)."""
+def start_plan(state: dict, families: Any, gpus_text: Any, tokens: float, price_text: Any,
+               network_text: Any = "") -> str:
+    """Queue a comparison of the state's model on the GPU types, sizes (and networks) asked;
+    the message to show (what was queued, or why not)."""
     from engine.sim.report import tokens_per_sample
 
     from .jobs import pool
 
-    clusters, notes = plan_clusters(families, gpus_text)
+    clusters, notes = plan_clusters(families, gpus_text, network_text)
     prices = parse_price_text(price_text)
     g = graph_of(state)
     if not tokens_per_sample(g):

@@ -88,6 +88,15 @@ def preset_cluster(name: str) -> Cluster:
     hit = cache.get(str(name))
     if hit is not None:
         return hit
+    # (a preset with another network, ``dgx-h100:8+nics=4``: engine.cluster.network; the size
+    # checked on the preset before anything is built)
+    head, plus, _ = str(name)[:201].partition("+")
+    if plus:
+        if len(str(name)) > 200:
+            raise ValueError(f"cluster {str(name)[:80]!r}...: a name of at most 200 characters")
+        preset_cluster(head)
+        cache.put(str(name), preset(str(name)))
+        return cache.get(str(name))
     m = _PRESET_NAME.match(str(name))
     if not m or m.group("base") not in PRESETS:
         raise ValueError(f"unknown cluster {str(name)[:80]!r}; presets: {', '.join(preset_names())}")
@@ -177,14 +186,16 @@ def refs(state: dict) -> dict:
 
 def family_sizes(cluster_name: str) -> list[str]:
     """The preset clusters of ``cluster_name``'s family, smallest first, from one node up to
-    the explorer's 1,024 GPUs (``dgx-a100-80gb:8`` -> ``dgx-a100-80gb:1`` ... ``:128``); empty
-    for a preset without a node count or an uploaded cluster."""
-    family, _, count = str(cluster_name).partition(":")
+    the explorer's 1,024 GPUs (``dgx-a100-80gb:8`` -> ``dgx-a100-80gb:1`` ... ``:128``; a
+    network after a ``+`` kept on each); empty for a preset without a node count or an
+    uploaded cluster."""
+    head, plus, net = str(cluster_name).partition("+")
+    family, _, count = head.partition(":")
     entry = PRESETS.get(family)
     if not count or entry is None or not entry[1]:
         return []
     per_node = preset_cluster(f"{family}:1").gpus_per_node  # (a sized preset's N is its node count)
-    return [f"{family}:{n}" for n in FAMILY_NODES if n * per_node <= MAX_APP_DEVICES]
+    return [f"{family}:{n}{plus}{net}" for n in FAMILY_NODES if n * per_node <= MAX_APP_DEVICES]
 
 
 def cheap_size_problem(kind: str, data: dict) -> str | None:

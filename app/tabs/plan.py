@@ -45,6 +45,9 @@ def layout() -> html.Div:
             html.Label("price per GPU-hour by type (none assumed): dgx-h100=2.49, dgx-b200=4.9",
                        htmlFor="plan-prices"),
             dcc.Input(id="plan-prices", type="text", value="", placeholder="dgx-h100=2.49, dgx-b200=4.9"),
+            html.Label("network, each value a cluster of its own (empty: each type's own): nics=4,8 nic_gbps=400 "
+                       "pod=256 oversub=2", htmlFor="plan-network"),
+            dcc.Input(id="plan-network", type="text", value="", placeholder="nics=4,8 nic_gbps=400"),
             html.Div([html.Button("Compare GPUs", id="plan-start", n_clicks=0, className="primary"),
                       html.Button("Stop", id="plan-stop", n_clicks=0)], className="buttons"),
             html.P(id="plan-status", className="status", role="status"),
@@ -78,12 +81,12 @@ def model_line(state: Any) -> str:
             f"{g.precision}. Change it in the header.")
 
 
-def plan_start(state: Any, types: Any, gpus: Any, tokens: Any, prices: Any) -> tuple[str, bool]:
+def plan_start(state: Any, types: Any, gpus: Any, tokens: Any, prices: Any, network: Any = "") -> tuple[str, bool]:
     """(the status line, poll disabled) after asking for a comparison."""
     try:
         check_state(state)
         n = parse_count(tokens)
-        return planjob.start_plan(state, types, gpus, n, prices), False
+        return planjob.start_plan(state, types, gpus, n, prices, network), False
     except (ValueError, SoapboxError) as e:
         return f"Not started: {first_line(e)}", True
 
@@ -178,9 +181,9 @@ def register(app: Dash) -> None:  # pragma: no cover - exercised by the browser 
     @app.callback(Output("plan-status", "children"), Output("plan-poll", "disabled"),
                   Input("plan-start", "n_clicks"), State("state", "data"), State("plan-types", "value"),
                   State("plan-gpus", "value"), State("plan-tokens", "value"), State("plan-prices", "value"),
-                  prevent_initial_call=True)
-    def _start(_n, state, types, gpus, tokens, prices):
-        return plan_start(state, types, gpus, tokens, prices)
+                  State("plan-network", "value"), prevent_initial_call=True)
+    def _start(_n, state, types, gpus, tokens, prices, network):
+        return plan_start(state, types, gpus, tokens, prices, network)
 
     @app.callback(Output("plan-status", "children", allow_duplicate=True), Input("plan-stop", "n_clicks"),
                   State("state", "data"), prevent_initial_call=True)

@@ -69,6 +69,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
         gpus = r.get("gpus", r.get("gpus_per_node"))
         unit = "GPUs per node" if "gpus_per_node" in r else "GPUs"
         print(f"{r['name']:<16} {gpus:>3} {unit:<14} {r['description']}")
+    print("another network after a preset's name: +nics=N +nic_gbps=G +pod=GPUS +oversub=R (dgx-h100:16+nics=4)")
     return 0
 
 

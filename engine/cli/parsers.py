@@ -37,7 +37,8 @@ def add_clusters(sub) -> None:
 def add_cluster(sub) -> None:
     """``soapbox cluster``: a preset as a cluster file."""
     p = sub.add_parser("cluster", help="write a preset as an editable cluster file")
-    p.add_argument("name", help="preset name, e.g. dgx-a100-80gb:2 or hetero-demo")
+    p.add_argument("name", help="preset name, e.g. dgx-a100-80gb:2 or hetero-demo (dgx-a100-80gb:2+nics=4: another "
+                                "network)")
     p.add_argument("-o", "--output", required=True, help="cluster file to write")
 
 
@@ -173,7 +174,8 @@ def add_sweep(sub) -> None:
                    help="values per key: tp, pp, cp, vpp, mb (micro-batch), zero, recompute, sp (0/1); or auto: "
                         "every valid layout of the model on each cluster")
     p.add_argument("--clusters", required=True, metavar="PRESET:N1,N2",
-                   help="clusters, e.g. dgx-a100-80gb:4,8,16 (several groups separated by spaces in quotes)")
+                   help="clusters, e.g. dgx-a100-80gb:4,8,16 (several groups separated by spaces in quotes; "
+                        "dgx-h100:8,16+nics=4: on another network)")
     p.add_argument("--network", nargs="+", metavar="KEY=V1,V2",
                    help="each point on each network: nics (NICs a node), nic_gbps (a NIC's Gb/s), pod (GPUs a "
                         "full-bisection pod), oversub (oversubscription between pods), e.g. nics=4,8 pod=256 "

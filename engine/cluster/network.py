@@ -7,6 +7,15 @@ more: each NIC's uplink and downlink into the fabric's switch (``nics`` of them 
 full-bisection pods, which slows the collectives whose members sit in several pods
 (:meth:`Cluster.collective_group <engine.cluster.topology.Cluster.collective_group>`; a
 point-to-point transfer between pods is not slowed: the fabric model has no spine links).
+
+A preset's name takes the change after it, ``+KEY=VALUE`` each (:func:`variant_name`), so a
+variant is named wherever a preset is (``soapbox simulate --cluster dgx-h100:16+nics=4``, a
+strategy file, a sweep's rows):
+
+>>> from engine.cluster import preset
+>>> c = preset("dgx-a100-80gb:2+nics=2+nic_gbps=400")
+>>> c.name, network_of(c)
+('dgx-a100-80gb:2+nics=2+nic_gbps=400', {'nics': 2, 'nic_gbps': 400.0, 'pod_gpus': 0, 'oversub': 1.0})
 """
 
 from __future__ import annotations
@@ -17,17 +26,28 @@ from typing import Any
 
 from .topology import Cluster
 
-__all__ = ["with_network", "network_of", "network_label"]
+__all__ = ["NETWORK_KEYS", "with_network", "network_of", "network_label", "parse_variant", "variant_name",
+           "network_kwargs", "check_network_value"]
 
+#: the network keys a variant sets: the keyword of :func:`with_network`, the type of a value,
+#: its range and what it is
+NETWORK_KEYS = {
+    "nics": ("nics", int, 1, 1024, "NICs a node"),
+    "nic_gbps": ("nic_gbps", float, 1e-3, 1e7, "each NIC's rate, Gb/s per direction"),
+    "pod": ("pod_gpus", int, 0, 10**6, "GPUs a full-bisection pod (0: the whole fabric is one pod)"),
+    "oversub": ("oversubscription", float, 1.0, 1000.0, "oversubscription between pods (2: 1:2)"),
+}
 #: bits in a byte: a NIC's rate is sold in Gb/s, links carry bytes per second
 _BITS = 8
 
 
 def with_network(cluster: Cluster, *, nics: int | None = None, nic_gbps: float | None = None,
-                 pod_gpus: int | None = None, oversubscription: float | None = None) -> Cluster:
+                 pod_gpus: int | None = None, oversubscription: float | None = None,
+                 name: str | None = None) -> Cluster:
     """``cluster`` with every node's NIC count (``nics``) and NIC rate (``nic_gbps``, Gb/s per
     direction) and the fabric's pods (``pod_gpus`` GPUs each, 0: one pod) and their
-    ``oversubscription`` as given; None keeps the cluster's own. The cluster's checks apply:
+    ``oversubscription`` as given; None keeps the cluster's own. Named ``name`` (default: the
+    cluster's, with the changes, :func:`variant_name`). The cluster's checks apply:
     :class:`~engine.errors.ValidationError` (a ``ValueError``) names what does not hold (more
     NICs than a node has GPUs, pods that split a node, ...)."""
     specs = []
@@ -40,9 +60,9 @@ def with_network(cluster: Cluster, *, nics: int | None = None, nic_gbps: float |
         specs.append(replace(s, **changes) if changes else s)
     pods = cluster.pod_gpus if pod_gpus is None else pod_gpus
     over = cluster.oversubscription if oversubscription is None else oversubscription
-    asked = network_label(dict(nics=nics, nic_gbps=nic_gbps, pod_gpus=pod_gpus, oversub=oversubscription))
-    name = f"{cluster.name} ({asked})" if asked else cluster.name
-    return Cluster(name, specs, cluster.device_types, cluster.description, pod_gpus=pods, oversubscription=over)
+    asked = {"nics": nics, "nic_gbps": nic_gbps, "pod": pod_gpus, "oversub": oversubscription}
+    return Cluster(name or variant_name(cluster.name, asked), specs, cluster.device_types, cluster.description,
+                   pod_gpus=pods, oversubscription=over)
 
 
 def network_of(cluster: Cluster) -> dict[str, Any]:
@@ -76,5 +96,53 @@ def network_label(net: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def check_network_value(key: str, text: str, where: str) -> int | float:
+    """``text`` read as a value of network key ``key`` (:data:`NETWORK_KEYS`); a ``ValueError``
+    that names ``where``, the key, the text and the range."""
+    if key not in NETWORK_KEYS:
+        raise ValueError(f"{where}: {key[:30]!r} is not a network key ({', '.join(NETWORK_KEYS)})")
+    _, kind, lo, hi, what = NETWORK_KEYS[key]
+    v = str(text).strip()
+    try:
+        x = kind(v) if len(v) <= 30 else None
+    except ValueError:
+        x = None
+    if x is None or not math.isfinite(x) or not lo <= x <= hi:
+        raise ValueError(f"{where}: {key}={v[:30]!r}: {what} must be {'a whole number' if kind is int else 'a number'} "
+                         f"from {lo:g} to {hi:g}")
+    return x
+
+
+def parse_variant(suffix: str, where: str) -> dict[str, Any]:
+    """``"nics=4+oversub=2+pod=256"`` (a preset name's part after its first ``+``) -> {key of
+    :data:`NETWORK_KEYS`: value}; a ``ValueError`` naming ``where`` and the part."""
+    out: dict[str, Any] = {}
+    for part in suffix.split("+"):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"{where}: {part[:30]!r} is not KEY=VALUE (keys: {', '.join(NETWORK_KEYS)})")
+        key = key.strip()
+        x = check_network_value(key, value, where)
+        if key in out:
+            raise ValueError(f"{where}: {key} given twice")
+        out[key] = x
+    if out.get("oversub", 1) != 1 and not out.get("pod"):
+        raise ValueError(f"{where}: oversub needs pod=GPUS (the size of a full-bisection pod); without pods nothing "
+                         "is between them")
+    return out
+
+
+def network_kwargs(net: dict[str, Any]) -> dict[str, Any]:
+    """{key of :data:`NETWORK_KEYS`: value} -> the keywords of :func:`with_network`."""
+    return {NETWORK_KEYS[k][0]: v for k, v in net.items() if v is not None}
+
+
+def variant_name(base: str, net: dict[str, Any]) -> str:
+    """``base`` with the network values of ``net`` (keys of :data:`NETWORK_KEYS`; None: not
+    set) after it, in the keys' order: ``variant_name("dgx-h100:16", {"nics": 4})`` is
+    ``"dgx-h100:16+nics=4"``."""
+    return base + "".join(f"+{k}={_num(net[k])}" for k in NETWORK_KEYS if net.get(k) is not None)
+
+
 def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and math.isfinite(x) else f"{x:g}"
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"

@@ -229,16 +229,25 @@ def preset_names() -> list[str]:
 
 
 def preset(name: str) -> Cluster:
-    """Build a preset cluster by name, e.g. ``"p100-4x4"`` or ``"dgx-a100-80gb:16"``.
+    """Build a preset cluster by name, e.g. ``"p100-4x4"`` or ``"dgx-a100-80gb:16"``; with
+    another network after a ``+`` (``"dgx-h100:16+nics=4+pod=64+oversub=2"``:
+    :mod:`engine.cluster.network`).
 
     Raises
     ------
     ValueError
-        For an unknown preset, a missing or zero node count, or a size over
-        :data:`MAX_DEVICES`.
+        For an unknown preset, a missing or zero node count, a size over
+        :data:`MAX_DEVICES`, or a network the name cannot have (what and where).
     """
     if not isinstance(name, str):
         raise ValueError(f"a cluster name must be a string, got {type(name).__name__}")
+    head, plus, suffix = name.partition("+")
+    if plus:
+        from .network import network_kwargs, parse_variant, variant_name, with_network
+        if len(name) > 300:
+            raise ValueError(f"cluster {printable(name, 100)!r}...: a name of at most 300 characters")
+        net = parse_variant(suffix, f"cluster {printable(name, 100)!r}")
+        return with_network(preset(head), name=variant_name(head.strip(), net), **network_kwargs(net))
     m = _PRESET_RE.match(name.strip()) if len(name) <= 100 else None
     base = m.group("base") if m else name
     if not m or base not in PRESETS:

@@ -1,11 +1,11 @@
 """The network axis of a co-design sweep (``soapbox sweep --network``, issue 43): every point
 of the sweep on each network asked (NICs a node, their rate, a fabric of oversubscribed pods),
-the clusters made by :func:`engine.cluster.network.with_network`.
+each a preset named with its network (:mod:`engine.cluster.network`: ``dgx-h100:64+nics=4``).
 
 >>> net = parse_network(["nics=4,8", "oversub=1,2", "pod=256"])
->>> [p for p in network_points([{"cluster": "dgx-h100:64", "tp": 8}], net)][:2]
-[{'cluster': 'dgx-h100:64', 'tp': 8, 'nics': 4, 'oversub': 1.0, 'pod': 256}, \
-{'cluster': 'dgx-h100:64', 'tp': 8, 'nics': 4, 'oversub': 2.0, 'pod': 256}]
+>>> [p["cluster"] for p in network_points([{"cluster": "dgx-h100:64", "tp": 8}], net)]
+['dgx-h100:64+nics=4+pod=256+oversub=1', 'dgx-h100:64+nics=4+pod=256+oversub=2', \
+'dgx-h100:64+nics=8+pod=256+oversub=1', 'dgx-h100:64+nics=8+pod=256+oversub=2']
 """
 
 from __future__ import annotations
@@ -14,24 +14,18 @@ import itertools
 import math
 from typing import Any, Sequence
 
-__all__ = ["NETWORK_KEYS", "parse_network", "network_points", "point_network"]
+from ..cluster.network import NETWORK_KEYS, check_network_value, parse_variant, variant_name
 
-#: ``--network`` keys: what each sets (a keyword of :func:`engine.cluster.network.with_network`),
-#: the type of its values and their range
-NETWORK_KEYS = {
-    "nics": ("nics", int, 1, 1024, "NICs a node"),
-    "nic_gbps": ("nic_gbps", float, 1e-3, 1e7, "each NIC's rate, Gb/s per direction"),
-    "pod": ("pod_gpus", int, 0, 10**6, "GPUs a full-bisection pod (0: the whole fabric is one pod)"),
-    "oversub": ("oversubscription", float, 1.0, 1000.0, "oversubscription between pods (2: 1:2)"),
-}
+__all__ = ["MAX_VARIANTS", "parse_network", "network_points"]
+
 #: most network variants one sweep takes
 MAX_VARIANTS = 256
 
 
 def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
     """``["nics=4,8", "oversub=1,2", "pod=256"]`` -> {key: values} (each value checked against
-    its range; a ``ValueError`` names the key and the value). ``oversub`` above 1 needs
-    ``pod``: without pods nothing is between them."""
+    its range, :data:`engine.cluster.network.NETWORK_KEYS`; a ``ValueError`` names the key and
+    the value). ``oversub`` above 1 needs ``pod``: without pods nothing is between them."""
     out: dict[str, list[Any]] = {}
     for item in items:
         key, sep, vals = str(item).partition("=")
@@ -40,19 +34,7 @@ def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
             raise ValueError(f"--network {str(item)[:60]!r}: write KEY=V1,V2 with KEY one of {', '.join(NETWORK_KEYS)}")
         if key in out:
             raise ValueError(f"--network {key}: given twice")
-        _, kind, lo, hi, what = NETWORK_KEYS[key]
-        values = []
-        for v in vals.split(","):
-            v = v.strip()
-            try:
-                x = kind(v) if len(v) <= 30 else None
-            except ValueError:
-                x = None
-            if x is None or not math.isfinite(x) or not lo <= x <= hi:
-                kind_text = "a whole number" if kind is int else "a number"
-                raise ValueError(f"--network {key}={v[:30]!r}: {what} must be {kind_text} from {lo:g} to {hi:g}")
-            values.append(x)
-        out[key] = list(dict.fromkeys(values))
+        out[key] = list(dict.fromkeys(check_network_value(key, v, "--network") for v in vals.split(",")))
     if any(o != 1 for o in out.get("oversub", ())) and not any(out.get("pod", ())):
         raise ValueError("--network oversub: give pod=GPUS too (the size of a full-bisection pod); without pods "
                          "nothing is between them")
@@ -64,18 +46,21 @@ def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
 
 def network_points(pts: list[dict[str, Any]], network: dict[str, list[Any]],
                    max_points: int = 100_000) -> list[dict[str, Any]]:
-    """Every point on every network of ``network`` (:func:`parse_network`), points outermost,
-    then the networks' keys in their order; the points themselves when it is empty."""
+    """Every point on every network of ``network`` (:func:`parse_network`): its cluster named
+    with the network (a value its name already sets is replaced), points outermost, then the
+    networks in the keys' order; the points themselves when ``network`` is empty."""
     if not network:
         return pts
     keys = list(network)
     combos = list(itertools.product(*(network[k] for k in keys)))
     if len(pts) * len(combos) > max_points:
         raise ValueError(f"{len(pts) * len(combos):,} points, more than the {max_points:,} a sweep runs")
-    return [{**p, **dict(zip(keys, c))} for p in pts for c in combos]
-
-
-def point_network(point: dict[str, Any]) -> dict[str, Any]:
-    """The keywords of :func:`engine.cluster.network.with_network` a point sets (empty: the
-    cluster's own network)."""
-    return {NETWORK_KEYS[k][0]: point[k] for k in NETWORK_KEYS if point.get(k) is not None}
+    names: dict[str, tuple[str, dict[str, Any]]] = {}
+    out = []
+    for p in pts:
+        if p["cluster"] not in names:
+            head, plus, suffix = str(p["cluster"]).partition("+")
+            names[p["cluster"]] = (head, parse_variant(suffix, f"cluster {head!r}") if plus else {})
+        head, own = names[p["cluster"]]
+        out += [{**p, "cluster": variant_name(head, {**own, **dict(zip(keys, c))})} for c in combos]
+    return out

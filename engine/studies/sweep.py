@@ -20,7 +20,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import first_line
-from .network import network_points, parse_network, point_network
+from .network import network_points, parse_network
 
 __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate", "run_sweep",
            "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
@@ -77,17 +77,19 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
 
 def parse_clusters(text: str) -> list[str]:
     """``"dgx-a100-80gb:4,8,16"`` -> the three presets; ``"p100-4x4"`` -> itself; several
-    groups separated by spaces or semicolons."""
+    groups separated by spaces or semicolons; a network after a ``+`` applies to each size
+    (``"dgx-h100:8,16+nics=4"``: :mod:`engine.cluster.network`)."""
     out: list[str] = []
     for group in str(text).replace(";", " ").split():
+        group, plus, net = group.partition("+")
         base, sep, sizes = group.partition(":")
         if not sep:
-            out.append(base)
+            out.append(base + plus + net)
             continue
         for n in sizes.split(","):
             if not (n.strip().isascii() and n.strip().isdigit() and len(n.strip()) <= 9):
                 raise ValueError(f"--clusters {group[:60]!r}: sizes must be whole numbers (dgx-a100-80gb:4,8,16)")
-            out.append(f"{base}:{int(n)}")
+            out.append(f"{base}:{int(n)}{plus}{net}")
     if not out:
         raise ValueError("--clusters: no cluster given")
     return list(dict.fromkeys(out))
@@ -137,14 +139,21 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
     """The points of ``soapbox sweep``: the ``--grid`` items (``["auto"]``: every valid layout,
     :func:`layout_points`) on each cluster of ``--clusters``, each on every network of
     ``--network`` (:func:`engine.studies.network.parse_network`; none: the clusters' own)."""
+    from ..formats import resolve_cluster
+
     names = parse_clusters(clusters)
     net = parse_network(network)  # (checked before the layouts are enumerated)
+    for name in dict.fromkeys(n.partition("+")[0] for n in names):
+        try:  # (a name that is no preset nor file: said now, once)
+            resolve_cluster(name, allow_path=True)
+        except ValueError as e:
+            raise ValueError(f"--clusters {name[:60]!r}: {first_line(e)}") from None
     pts = layout_points(model, names, batch=batch) if list(grid) == ["auto"] else points(parse_grid(grid), names)
     return network_points(pts, net, MAX_POINTS)
 
 
 _MODELS: dict[tuple, Any] = {}
-_CLUSTERS: dict[tuple, Any] = {}
+_CLUSTERS: dict[str, Any] = {}
 
 
 def model_graph(model: Any, batch: int | None = None) -> Any:
@@ -167,7 +176,7 @@ def model_graph(model: Any, batch: int | None = None) -> Any:
 def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
     """One point's row (never raises for a layout that cannot be built or does not fit);
     ``model`` as :func:`model_graph` takes it."""
-    from ..cluster.network import network_of, with_network
+    from ..cluster.network import network_of
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
     from ..layout.build import build_layout
@@ -176,26 +185,24 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
 
     g = model_graph(model, batch)
     name = point["cluster"]
-    net = point_network(point)
-    key = (name, tuple(sorted(net.items())))
-    if key not in _CLUSTERS:
-        base = resolve_cluster(name, allow_path=True)
-        try:  # (a network the nodes cannot have, e.g. more NICs than GPUs: the row says why)
-            _CLUSTERS[key] = (base, with_network(base, **net) if net else base)
+    if name not in _CLUSTERS:
+        try:  # (a network the nodes cannot have, e.g. more NICs than GPUs: the rows say why)
+            _CLUSTERS[name] = resolve_cluster(name, allow_path=True)
         except ValueError as e:
-            _CLUSTERS[key] = (base, e)
-    base, c = _CLUSTERS[key]
+            if "+" not in name:
+                raise
+            _CLUSTERS[name] = (e, resolve_cluster(name.partition("+")[0], allow_path=True).num_devices)
+    c = _CLUSTERS[name]
     opts = {GRID_KEYS[k]: v for k, v in point.items() if k in GRID_KEYS}
     row: dict[str, Any] = {k: None for k in COLUMNS}
-    row.update(cluster=name, gpus=base.num_devices, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
+    row.update(cluster=name, tp=opts.get("tp", 1), pp=opts.get("pp", 1), cp=opts.get("cp", 1),
                vpp=opts.get("vpp", 1), mb=opts.get("micro_batch"), zero=opts.get("zero_stage", 0),
                recompute=opts.get("recompute", "none"), sp=bool(opts.get("sequence_parallel", False)), feasible=False,
-               ep=opts.get("ep", 1), etp=opts.get("etp", 1), **network_of(base if isinstance(c, ValueError) else c))
-    if isinstance(c, ValueError):
-        row.update({k: v for k, v in dict(nics=net.get("nics"), nic_gbps=net.get("nic_gbps"),
-                                          pod_gpus=net.get("pod_gpus"), oversub=net.get("oversubscription")).items()
-                    if v is not None}, why=first_line(c)[:300])
+               ep=opts.get("ep", 1), etp=opts.get("etp", 1))
+    if isinstance(c, tuple):
+        row.update(why=first_line(c[0])[:300], gpus=c[1])
         return row
+    row.update(gpus=c.num_devices, **network_of(c))
     try:
         lay = resolved(Layout.from_options(opts), g, c)
         try:  # the full simulation's figures, composed from a reference run (engine.sim.hier),
@@ -370,8 +377,9 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def gpu_type(cluster: str) -> str:
-    """The GPU type a sweep row's cluster name stands for (its preset, before the node count)."""
-    return str(cluster).partition(":")[0]
+    """The GPU type a sweep row's cluster name stands for (its preset, before the node count
+    and any network after a ``+``)."""
+    return str(cluster).partition("+")[0].partition(":")[0]
 
 
 def training_front(rows: Iterable[dict[str, Any]], tokens: float) -> list[dict[str, Any]]:

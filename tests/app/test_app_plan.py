@@ -44,6 +44,19 @@ class TestClusters:
             planjob.plan_clusters(types, gpus)
         assert str(e.value).startswith(what), str(e.value)
 
+    def test_each_cluster_on_each_network_asked(self):
+        """Issue 43: the co-design axis in the page: NICs, their rate, oversubscribed pods."""
+        out, _ = planjob.plan_clusters(["dgx-h100"], "64", "nics=4,8 nic_gbps=400")
+        assert out == ["dgx-h100:8+nics=4+nic_gbps=400", "dgx-h100:8+nics=8+nic_gbps=400"]
+        assert planjob.plan_clusters(["dgx-h100"], "64", "  ")[0] == ["dgx-h100:8"]
+        for text, what in (("nics=16", "at most one NIC per GPU"), ("wires=2", "network 'wires=2': write KEY=V1,V2"),
+                           ("oversub=2", "network oversub: give pod=GPUS"), ("nics=0", "network: nics='0'"),
+                           ("nics=1,2,3 nic_gbps=1,2,3", "9 clusters: the page compares at most 8"),
+                           ("pod=12 oversub=2", "pods of 12 GPUs split a node")):
+            with pytest.raises(ValueError) as e:
+                planjob.plan_clusters(["dgx-h100"], "64", text)
+            assert what in str(e.value), str(e.value)
+
     def test_prices(self):
         assert planjob.parse_price_text("dgx-h100=2.49, dgx-b200=4.9") == {"dgx-h100": 2.49, "dgx-b200": 4.9}
         assert planjob.parse_price_text("") == {}
@@ -151,6 +164,32 @@ class TestOpen:
 
         plan = next(p for p in view["result"]["plans"] if p["cluster"] == "dgx-b200:2")
         assert SIM.workspace(new).timeline.makespan_s == pytest.approx(plan["iteration_time_s"], rel=1e-6)
+
+    def test_a_row_on_another_network_opens_on_that_network(self, gpt2, tmp_path):
+        """A comparison on 1 NIC of 100 Gb/s a node: its row opens the page on that cluster,
+        named with its network (the header's list then offers it), and the page's simulation
+        is the comparison's figure."""
+        from app import events as EV
+        from app import simulation as SIM
+        from app.layout import cluster_options
+
+        name = "dgx-h100:2+nics=1+nic_gbps=100"
+        st = store.Store(tmp_path / "db.sqlite3")
+        job = _queue(st, gpt2, [name])
+        assert worker.run_search(st, st.claim_next(0)) == "finished", st.search(job)["error"]
+        view = {"result": st.search(job)["result"], "model": sources.refs(gpt2)["model"]}
+        row = PLAN.plan_rows_data(view)[0]
+        new, msg = EV.on_event("plan-open", gpt2, plan=row)
+        assert msg.startswith(f"Opened the comparison's best layout on {name}."), msg
+        assert new["cluster"]["name"] == name
+        c = sources.cluster_of(new)
+        assert c.name == name and {lk.bw_bytes_per_s for lk in c.links if lk.kind == "network"} == {100e9 / 8}
+        plan = view["result"]["plans"][0]
+        assert SIM.workspace(new).timeline.makespan_s == pytest.approx(plan["iteration_time_s"], rel=1e-6)
+        assert cluster_options(name)[0] == {"label": f"{name} (another network)", "value": name}
+        assert sources.family_sizes(name)[:2] == ["dgx-h100:1+nics=1+nic_gbps=100", "dgx-h100:2+nics=1+nic_gbps=100"]
+        with pytest.raises(ValueError, match="more than the explorer simulates"):
+            sources.preset_cluster("dgx-h100:1024+nics=1")
 
     def test_a_row_for_another_model_or_a_crafted_one_is_refused(self, gpt2):
         from app import events as EV

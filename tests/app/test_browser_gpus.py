@@ -14,7 +14,8 @@ from test_browser import open_app, pick, settled
 pytestmark = pytest.mark.browser
 
 
-def test_which_gpus_for_the_pages_model(page: Page, app_url: str):
+def _on_the_tab(page: Page, app_url: str) -> list[str]:
+    """The page on GPT-2, on the Which GPUs tab; the page's script errors, as they come."""
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     open_app(page, app_url)
@@ -22,6 +23,11 @@ def test_which_gpus_for_the_pages_model(page: Page, app_url: str):
     expect(page.locator("#message")).to_contain_text("Model: gpt2")
     settled(page)
     page.locator("#tabs").get_by_text("Which GPUs", exact=True).click()
+    return errors
+
+
+def test_which_gpus_for_the_pages_model(page: Page, app_url: str):
+    errors = _on_the_tab(page, app_url)
     expect(page.locator("#plan-model")).to_contain_text("The page's model: gpt2")
     # what it cannot price: named, nothing queued
     page.fill("#plan-gpus", "8, x")
@@ -53,4 +59,34 @@ def test_which_gpus_for_the_pages_model(page: Page, app_url: str):
     expect(page.locator("#pick-cluster")).to_contain_text("dgx-b200:1")
     expect(page.locator("#sum-time")).to_contain_text("ms")
     assert f"tp {layout.split('tp ')[1].split(',')[0]}" in page.inner_text("#message")
+    assert not errors, errors
+
+
+def test_which_gpus_on_other_networks(page: Page, app_url: str):
+    """Issue 43's network axis in the page: sixteen H100s on one NIC of 100 Gb/s a node and on
+    their own eight NICs of 400 Gb/s, a row each named with its network; a network the nodes
+    cannot have is refused with the reason; the slow network's row opens in Explore on it."""
+    errors = _on_the_tab(page, app_url)
+    for other in ("dgx-h200", "dgx-b200"):  # (only the H100s)
+        page.locator("#plan-types").get_by_text(other, exact=False).click()
+    page.fill("#plan-gpus", "16")
+    page.fill("#plan-tokens", "10B")
+    page.fill("#plan-network", "nics=16")
+    page.click("#plan-start")
+    expect(page.locator("#plan-status")).to_contain_text("Not started:")
+    expect(page.locator("#plan-status")).to_contain_text("at most one NIC per GPU")
+    page.fill("#plan-network", "nics=1,8 nic_gbps=100,400")
+    page.click("#plan-start")
+    expect(page.locator("#plan-status")).to_contain_text("layouts priced in", timeout=900_000)
+    rows = page.locator("table.plan-table tbody tr")
+    expect(rows).to_have_count(4)
+    names = [rows.nth(i).locator("td").nth(0).inner_text() for i in range(4)]
+    assert sorted(names) == sorted(f"dgx-h100:2+nics={n}+nic_gbps={b}" for n in (1, 8) for b in (100, 400))
+    speed = {n: float(rows.nth(i).locator("td").nth(3).inner_text().replace(",", "")) for i, n in enumerate(names)}
+    assert speed["dgx-h100:2+nics=8+nic_gbps=400"] >= speed["dgx-h100:2+nics=1+nic_gbps=100"]
+    slow = names.index("dgx-h100:2+nics=1+nic_gbps=100")
+    rows.nth(slow).get_by_role("button", name="Open").click()
+    expect(page.locator("#message")).to_contain_text("Opened the comparison's best layout on dgx-h100:2+nics=1+nic_gbps=100")
+    expect(page.locator("#pick-cluster")).to_contain_text("dgx-h100:2+nics=1+nic_gbps=100 (another network)")
+    expect(page.locator("#sum-time")).to_contain_text("ms")
     assert not errors, errors

@@ -91,7 +91,8 @@ class TestListings:
         rc, out, _ = run(capsys, "clusters")
         assert rc == 0
         assert out.splitlines()[0].split()[:3] == ["p100-4x4", "16", "GPUs"]
-        assert len(out.splitlines()) == len(preset_names())
+        assert len(out.splitlines()) == len(preset_names()) + 1
+        assert out.splitlines()[-1].startswith("another network after a preset's name: +nics=N")
 
     def test_clusters_json(self, capsys):
         rc, out, _ = run(capsys, "clusters", "--json")

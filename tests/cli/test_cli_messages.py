@@ -186,6 +186,8 @@ RAW = re.compile(r"Traceback|invalid literal|could not convert|base 10|object ha
 FLAGS = {
     "--grid": (["sweep", "--model", "gpt2", "--grid={}", "--clusters", "p100-4x4", "-o", "x.csv"], "--grid"),
     "--clusters": (["sweep", "--model", "gpt2", "--grid", "tp=1", "--clusters={}", "-o", "x.csv"], "--clusters"),
+    "--network": (["sweep", "--model", "gpt2", "--grid", "tp=1", "--clusters", "p100-4x4", "--network={}", "-o",
+                   "x.csv"], "--network"),
     "--fail": (["whatif", "--model", "alexnet", "--cluster", "p100-4x4", "--fail={}"], "--fail"),
     "--slow": (["whatif", "--model", "alexnet", "--cluster", "p100-4x4", "--slow={}"], "--slow"),
     "--mtbf-hours": (["whatif", "--model", "alexnet", "--cluster", "p100-4x4", "--fail", "gpu:0", "--mtbf-hours={}"],

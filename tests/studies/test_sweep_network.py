@@ -9,7 +9,7 @@ import pytest
 
 from engine.cli import main
 from engine.cluster import preset
-from engine.cluster.network import network_label, network_of, with_network
+from engine.cluster.network import network_label, network_of, parse_variant, with_network
 from engine.errors import ValidationError
 from engine.studies.network import network_points, parse_network
 from engine.studies.sweep import parse_clusters, parse_grid, points, run_sweep, sweep_points
@@ -28,13 +28,29 @@ def test_parse_network_checks_every_value():
 
 
 def test_points_on_every_network_points_outermost():
-    pts = [{"cluster": "a:1", "tp": 1}, {"cluster": "a:1", "tp": 2}]
+    pts = [{"cluster": "a:1", "tp": 1}, {"cluster": "a:1+nic_gbps=100+nics=2", "tp": 2}]
     out = network_points(pts, {"nics": [1, 8], "oversub": [1.0]})
-    assert out == [{"cluster": "a:1", "tp": 1, "nics": 1, "oversub": 1.0}, {"cluster": "a:1", "tp": 1, "nics": 8, "oversub": 1.0},
-                   {"cluster": "a:1", "tp": 2, "nics": 1, "oversub": 1.0}, {"cluster": "a:1", "tp": 2, "nics": 8, "oversub": 1.0}]
+    assert out == [{"cluster": "a:1+nics=1+oversub=1", "tp": 1}, {"cluster": "a:1+nics=8+oversub=1", "tp": 1},
+                   {"cluster": "a:1+nics=1+nic_gbps=100+oversub=1", "tp": 2},  # (the name's own nics replaced)
+                   {"cluster": "a:1+nics=8+nic_gbps=100+oversub=1", "tp": 2}]
     assert network_points(pts, {}) is pts
     with pytest.raises(ValueError, match="more than the 3"):
         network_points(pts, {"nics": [1, 2]}, max_points=3)
+    assert parse_clusters("dgx-h100:8,16+nics=4 p100-4x4+nic_gbps=25") == \
+        ["dgx-h100:8+nics=4", "dgx-h100:16+nics=4", "p100-4x4+nic_gbps=25"]
+
+
+def test_a_preset_named_with_its_network():
+    c = preset("dgx-h100:16+oversub=2+pod=64")
+    assert c.name == "dgx-h100:16+pod=64+oversub=2" and (c.pod_gpus, c.oversubscription) == (64, 2.0)
+    assert parse_variant("nics=4+nic_gbps=12.5", "x") == {"nics": 4, "nic_gbps": 12.5}
+    for bad, says in (("dgx-h100:16+nics", "not KEY=VALUE"), ("dgx-h100:16+wires=2", "not a network key"),
+                      ("dgx-h100:16+nics=0", "NICs a node must be a whole number from 1"),
+                      ("dgx-h100:16+nics=1+nics=2", "given twice"), ("dgx-h100:16+oversub=2", "needs pod=GPUS"),
+                      ("dgx-h100:16+nics=16", "at most one NIC per GPU"), ("nope:2+nics=1", "unknown cluster 'nope:2'"),
+                      ("dgx-h100:16+nic_gbps=inf", "Gb/s")):
+        with pytest.raises(ValueError, match=says):
+            preset(bad)
 
 
 def test_with_network_sets_the_nics_and_their_rate():
@@ -48,7 +64,7 @@ def test_with_network_sets_the_nics_and_their_rate():
     assert c.num_devices == base.num_devices and c.gpus_per_node == base.gpus_per_node
     assert network_of(c) == {"nics": 2, "nic_gbps": 400.0, "pod_gpus": 0, "oversub": 1.0}
     assert network_of(base) == {"nics": 8, "nic_gbps": 200.0, "pod_gpus": 0, "oversub": 1.0}
-    assert c.name == "dgx-a100-80gb:2 (2 NICs, 400 Gb/s)" and with_network(base).name == base.name
+    assert c.name == "dgx-a100-80gb:2+nics=2+nic_gbps=400" and with_network(base).name == base.name
     assert network_label({"nics": 1, "nic_gbps": 12.5, "pod_gpus": 0, "oversub": 1.0}) == "1 NIC, 12.5 Gb/s"
     with pytest.raises(ValidationError, match="nics.count.*at most one NIC per GPU"):
         with_network(base, nics=16)
@@ -73,14 +89,17 @@ def test_rows_on_each_network():
     with its point's layout, the other rows still priced."""
     pts = sweep_points("gpt2", ["tp=2"], "dgx-a100-80gb:2", ["nics=1,8,16", "nic_gbps=100,400"], batch=32)
     rows = run_sweep("gpt2", pts, backend="serial", batch=32)
-    assert [(r["nics"], r["nic_gbps"]) for r in rows] == [(1, 100.0), (1, 400.0), (8, 100.0), (8, 400.0),
-                                                          (16, 100.0), (16, 400.0)]  # (keys in their order)
+    assert [(r["nics"], r["nic_gbps"]) for r in rows[:4]] == [(1, 100.0), (1, 400.0), (8, 100.0), (8, 400.0)]
+    assert [r["cluster"] for r in rows[4:]] == ["dgx-a100-80gb:2+nics=16+nic_gbps=100",
+                                                "dgx-a100-80gb:2+nics=16+nic_gbps=400"]
     t = {(r["nics"], r["nic_gbps"]): r["iteration_time_s"] for r in rows}
     assert t[(1, 100.0)] > t[(1, 400.0)] > t[(8, 400.0)] and t[(1, 100.0)] > t[(8, 100.0)] > t[(8, 400.0)]
     for r in rows[4:]:
         assert r["feasible"] is False and r["iteration_time_s"] is None and r["tp"] == 2 and r["gpus"] == 16
         assert "at most one NIC per GPU" in r["why"]
-    assert all(r["pod_gpus"] == 0 and r["oversub"] == 1.0 for r in rows)
+    assert all(r["pod_gpus"] == 0 and r["oversub"] == 1.0 for r in rows[:4])
+    with pytest.raises(ValueError, match="--clusters .nope:2.: unknown cluster"):  # (no preset: said at once)
+        sweep_points("gpt2", ["tp=2"], "nope:2", ["nics=1"], batch=32)
 
 
 def test_rows_on_other_networks_equal_the_full_simulation():
@@ -118,6 +137,7 @@ def test_cli_network_axis(tmp_path, capsys):
                  "--network", "nics=1,8", "--backend", "serial", "-o", str(out), "--report", str(rep)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert [r["nics"] for r in rows] == ["1", "8"] and all(r["nic_gbps"] == "200.0" for r in rows)
+    assert [r["cluster"] for r in rows] == ["dgx-a100-80gb:2+nics=1", "dgx-a100-80gb:2+nics=8"]
     html = rep.read_text()
     assert "dgx-a100-80gb (1 NIC)" in html and "dgx-a100-80gb (8 NICs)" in html
     assert "2 layouts" in capsys.readouterr().out
