@@ -22,12 +22,13 @@ in a node (:func:`engine.sim.composed.uneven_plan`; one model chunk a stage).
 Where the reading would not be exact it says why (:class:`HierProblem`) and the caller runs
 the full simulation: a layout with its own stage placement, layers that are not alike, an
 uneven split with interleaving, stages that share a node while the reference has fewer
-stages, several pods, activation offload, a unit whose inputs a transfer or a per-iteration
+stages, a stage split by pods, activation offload, a unit whose inputs a transfer or a per-iteration
 task holds in a way its position class does not share, and so on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,18 +145,32 @@ def _layers_differ(graph: OpGraph, blocks: list[str]) -> str | None:
 _CLUSTERS: dict[tuple, Cluster] = {}
 
 
-def _reference_cluster(cluster: Cluster, nodes: int) -> Cluster:
-    """The first ``nodes`` nodes of a cluster of identical nodes (made once per cluster shape)."""
+def _reference_cluster(cluster: Cluster, nodes: int, pod_gpus: int = 0) -> Cluster:
+    """The first ``nodes`` nodes of a cluster of identical nodes, in pods of ``pod_gpus`` (0:
+    one; :func:`_reference_pods`) under the cluster's oversubscription (made once per shape)."""
     spec = cluster.node_specs[0]
-    key = (spec, nodes, cluster.pod_gpus, cluster.oversubscription, id(cluster.device_types))
+    key = (spec, nodes, pod_gpus, cluster.oversubscription, id(cluster.device_types))
     hit = _CLUSTERS.get(key)
     if hit is None:
         if len(_CLUSTERS) > 64:
             _CLUSTERS.clear()
         hit = _CLUSTERS[key] = Cluster(f"{cluster.name} (reference: {nodes} nodes)", [replace(spec, repeat=nodes)],
-                                       cluster.device_types, cluster.description, pod_gpus=cluster.pod_gpus,
+                                       cluster.device_types, cluster.description, pod_gpus=pod_gpus,
                                        oversubscription=cluster.oversubscription)
     return hit
+
+
+def _reference_pods(cluster: Cluster, p: int, stage_gpus: int) -> int:
+    """The pods of a shorter reference (0: one) under which every collective costs what its
+    counterpart does in the whole run. Every stage lies in one pod (:func:`_problem`), so a
+    stage's collectives never cross pods; the one between stages, the first and last stages'
+    tied embeddings, crosses them in the whole run when its p stages do not fit in one pod: the
+    reference's pods then hold one stage or one node each, so its first and last stages (three
+    stages, or a node and two stages, apart) sit in different pods too. (A transfer between
+    stages is not slowed by pods: :meth:`engine.cluster.Cluster.collective_group` alone reads them.)"""
+    if not cluster.pod_gpus or cluster.oversubscription == 1.0 or p * stage_gpus <= cluster.pod_gpus:
+        return 0
+    return math.lcm(stage_gpus, cluster.gpus_per_node)
 
 
 def _reference_microbatches(pr: int, v: int, m: int) -> int:
@@ -228,8 +243,9 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
         return "the layout sets its own stage placement"
     if len(cluster.node_specs) != 1:
         return "the cluster's nodes are not all alike"
-    if cluster.pod_gpus and cluster.num_devices > cluster.pod_gpus:
-        return "the cluster spans several pods"
+    if cluster.pod_gpus and cluster.num_devices > cluster.pod_gpus and cluster.pod_gpus % (lay.tp * lay.cp * lay.dp):
+        return (f"a stage of {lay.tp * lay.cp * lay.dp:,} GPUs does not fit the fabric's pods of {cluster.pod_gpus:,} "
+                "GPUs (a collective within a stage would cross pods in one stage and not in another)")
     if lay.zero_stage >= 3:
         return "ZeRO-3: each microbatch's parameter gathers wait for nothing and queue on the links from the start"
     if lay.vpp > 1 and lay.pp == 1:
@@ -283,7 +299,8 @@ def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan
         g_ref, c_ref, s_ref = graph, cluster, build_layout(graph, cluster, lay)
     else:
         g_ref = reference_graph(graph, sum(plan.ref_counts))
-        c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node))
+        c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
+                                   _reference_pods(cluster, p, stage_gpus))
         split = None if len(set(plan.counts)) == 1 else plan.ref_counts
         s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
     mr = _reference_microbatches(pr, lay.vpp, s_ref.pipeline.microbatches)

@@ -58,7 +58,8 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
     of its dims; (2) one device type and one node spec; (3) no link shared between devices,
     which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
-    NIC per GPU (DGX presets), the fabric being non-blocking. Transfers that cross replicas are
+    NIC per GPU (DGX presets), the fabric being non-blocking; (4) on a fabric of oversubscribed
+    pods, every replica in its representative's pods. Transfers that cross replicas are
     checked when the task graph is built (they make the reduction inexact, and the builder
     then simulates everything, or a subset of the axes: ``axes`` keeps only those).
     """
@@ -101,11 +102,33 @@ def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetr
     spec = cluster.node_specs[0]
     if spec.repeat > 1 and spec.nics < spec.gpus:
         return None
-    if getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
-            and cluster.num_devices > cluster.pod_gpus:
-        return None  # groups inside a pod and across pods are not equivalent
     sym = _common_axes(graph, strategy, axes, factors=True)
-    return sym if sym is not None else _common_axes(graph, strategy, axes, factors=False)
+    sym = sym if sym is not None else _common_axes(graph, strategy, axes, factors=False)
+    pods = getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
+        and cluster.num_devices > cluster.pod_gpus
+    # (a group inside a pod and one across pods are not equivalent: every replica's devices
+    # must sit in its representative's pods)
+    return None if sym is None or pods and not _within_pods(graph, strategy, cluster.pod_gpus, sym) else sym
+
+
+def _within_pods(graph: OpGraph, strategy: Strategy, pod_gpus: int, sym: Symmetry) -> bool:
+    """Whether every op's devices along the symmetry's dims lie in one pod of ``pod_gpus``:
+    then a replica's collective groups span the pods its representative's do, and cost the
+    same (:meth:`engine.cluster.Cluster.collective_group` is all that reads pods)."""
+    seen: set[tuple] = set()
+    for op in graph.ops:
+        cfg = strategy.configs[op.name]
+        dims = sym.dims.get(op.name) or ()
+        key = (id(cfg), tuple(dims))
+        if not dims or key in seen:
+            continue
+        seen.add(key)
+        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
+        grid = np.asarray(cfg.devices, np.int64).reshape([cfg.degree(n) for n in names]) // pod_gpus
+        for n in set(dims) & set(names):
+            if np.any(np.diff(grid, axis=names.index(n))):
+                return False
+    return True
 
 
 def _factors(strides: dict[str, tuple[int, int]]) -> dict[str, list[tuple[tuple[int, int], tuple[int, int]]]]:

@@ -40,6 +40,9 @@ SYMMETRIC = [
     ("inception-dp-microbatch", "inception_v3", "dgx-a100-80gb:2",
      lambda g, c: data_parallel(g, c, micro_batch=2), 3),
     ("gpt2-fsdp-zero3", "gpt2", "dgx-a100-80gb:1", lambda g, c: fsdp(g, c, Layout(zero_stage=3)), 3),
+    # (issue 43: oversubscribed pods of two nodes, a stage a node: replicas stay in their pods)
+    ("gpt2-pp4-pods", "gpt2", "dgx-a100-80gb:4+pod=16+oversub=4",
+     lambda g, c: build_layout(g, c, Layout(tp=1, pp=4, micro_batch=1)), 3),
 ]
 IDS = [case[0] for case in SYMMETRIC]
 
@@ -146,6 +149,7 @@ class TestDeviceImage:
 @pytest.mark.parametrize("cluster_name, why", [
     ("p100-4x4", "4 GPUs share one NIC: replicas contend for it"),
     ("hetero-demo", "three node kinds with different GPUs"),
+    ("dgx-a100-80gb:2+pod=8+oversub=4", "replicas in two pods: their groups cross pods where the representative's do not"),
 ])
 def test_no_symmetry_on_shared_or_heterogeneous_hardware(cluster_name, why):
     g = model("alexnet")
