@@ -57,8 +57,9 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
 
     Exactness needs (1) axes (degree, stride) shared by every op, each matched by exactly one
     of its dims; (2) one device type and one node spec; (3) no link shared between devices,
-    which holds inside a node (per-GPU switch or mesh links) and across nodes only with one
-    NIC per GPU (DGX presets), the fabric being non-blocking; (4) on a fabric of oversubscribed
+    which holds inside a node (per-GPU switch or mesh links) and across nodes with one NIC per
+    GPU (DGX presets), the fabric being non-blocking, or, where GPUs share NICs, along axes that
+    move whole groups of a NIC's GPUs; (4) on a fabric of oversubscribed
     pods, every replica in its representative's pods. Transfers that cross replicas are
     checked when the task graph is built (they make the reduction inexact, and the builder
     then simulates everything, or a subset of the axes: ``axes`` keeps only those).
@@ -100,10 +101,15 @@ def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetr
     if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
         return None
     spec = cluster.node_specs[0]
-    if spec.repeat > 1 and spec.nics < spec.gpus:
-        return None
     sym = _common_axes(graph, strategy, axes, factors=True)
     sym = sym if sym is not None else _common_axes(graph, strategy, axes, factors=False)
+    if sym is not None and spec.repeat > 1 and spec.nics < spec.gpus:
+        # a node's GPUs share NICs (GPU g of G on NIC g * nics // G): a replica on its
+        # representative's NIC would contend for it, one on another NIC's GPUs meets the same
+        # contention there; only the axes that move whole groups of a NIC's GPUs are kept
+        group = spec.gpus // spec.nics if spec.gpus % spec.nics == 0 else spec.gpus
+        whole = tuple(a for a in sym.axes if a[1] % group == 0)
+        sym = _common_axes(graph, strategy, whole, factors=False) if whole else None
     pods = getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
         and cluster.num_devices > cluster.pod_gpus
     # (a group inside a pod and one across pods are not equivalent: every replica's devices

@@ -336,3 +336,31 @@ class TestFoundOnce:
         a, b = find_symmetry(g, tp4, c), find_symmetry(g, dp, c)
         assert a == S._find(g, tp4, c, None) and b == S._find(g, dp, c, None)
         assert a != b
+
+
+@pytest.mark.parametrize("cluster_name, layout, axes", [
+    ("dgx-a100-80gb:4+nics=2", dict(tp=8, pp=2), ((2, 8),)),  # (tp in a node: its axis dropped, dp moves nodes)
+    ("dgx-a100-80gb:4+nics=1", dict(tp=8, pp=1), ((4, 8),)),
+    ("dgx-a100-80gb:4+nics=4+pod=16+oversub=4", dict(tp=8, pp=2), ((2, 8),)),
+    ("dgx-a100-80gb:2+nics=2", dict(tp=4, pp=1), ((4, 4),)),  # (dp moves a NIC's four GPUs to the other NIC's)
+    ("dgx-a100-80gb:2+nics=1", dict(tp=4, pp=1), None),  # (dp moves half a node: both halves on one NIC)
+    ("dgx-a100-80gb:4+nics=2", dict(tp=2, pp=2), None),  # (dp moves 2 GPUs: replicas on one NIC)
+])
+def test_shared_nics_keep_the_axes_that_move_whole_nodes(cluster_name, layout, axes):
+    """Issue 43's network axis: where a node's GPUs share NICs, a replica on another NIC's GPUs
+    meets the same contention there as its representative does on its own, so the axes that
+    move whole groups of a NIC's GPUs stay exact (the simulation equals the one without
+    symmetry, to the bit)."""
+    from engine.models.transformer import GPTConfig, gpt
+
+    g = gpt(GPTConfig(4, 512, 8, 256, 4096, 16, name="t"), source="test")
+    c = preset(cluster_name)
+    s = build_layout(g, c, Layout(micro_batch=1, **layout))
+    sym = find_symmetry(g, s, c)
+    assert (sym.axes if sym is not None else None) == axes
+    auto, off = build_task_graph(g, s, c, symmetry="auto"), build_task_graph(g, s, c, symmetry="off")
+    tl_auto, tl_off = simulate(auto), simulate(off)
+    assert tl_auto.makespan_s == tl_off.makespan_s
+    np.testing.assert_array_equal(memory_report(g, s, c, tl_auto).peak_bytes, memory_report(g, s, c, tl_off).peak_bytes)
+    if axes:
+        assert auto.num_tasks < off.num_tasks
