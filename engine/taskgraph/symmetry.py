@@ -110,11 +110,38 @@ def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetr
         group = spec.gpus // spec.nics if spec.gpus % spec.nics == 0 else spec.gpus
         whole = tuple(a for a in sym.axes if a[1] % group == 0)
         sym = _common_axes(graph, strategy, whole, factors=False) if whole else None
+        if sym is not None and not _nics_apart(graph, strategy, sym, group):
+            return None
     pods = getattr(cluster, "pod_gpus", 0) and getattr(cluster, "oversubscription", 1.0) > 1.0 \
         and cluster.num_devices > cluster.pod_gpus
     # (a group inside a pod and one across pods are not equivalent: every replica's devices
     # must sit in its representative's pods)
     return None if sym is None or pods and not _within_pods(graph, strategy, cluster.pod_gpus, sym) else sym
+
+
+def _nics_apart(graph: OpGraph, strategy: Strategy, sym: Symmetry, group: int) -> bool:
+    """Whether the replicas use NICs apart: the NICs (device // ``group``, the GPUs a NIC
+    serves) of the representatives' devices, moved by each replica's translation, meet none of
+    another replica's (with strides that are multiples of ``group``, a translation moves a
+    NIC's GPUs onto another NIC's)."""
+    reps: set[int] = set()
+    seen: set[tuple] = set()
+    for op in graph.ops:
+        cfg = strategy.configs[op.name]
+        dims = tuple(sym.dims.get(op.name) or ())
+        if (id(cfg), dims) in seen:
+            continue
+        seen.add((id(cfg), dims))
+        names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
+        grid = np.asarray(cfg.devices, np.int64).reshape([cfg.degree(n) for n in names] or [-1])
+        at = tuple(0 if n in dims else slice(None) for n in names)
+        reps.update(np.asarray(grid[at] if names else grid).ravel().tolist())
+    shifts = np.zeros(1, np.int64)
+    for k, st in sym.axes:
+        shifts = (shifts[:, None] + np.arange(k, dtype=np.int64)[None, :] * st).ravel()
+    nics = np.unique(np.fromiter(reps, np.int64, len(reps)) // group)
+    moved = (nics[None, :] + shifts[:, None] // group).ravel()
+    return np.unique(moved).size == moved.size
 
 
 def _within_pods(graph: OpGraph, strategy: Strategy, pod_gpus: int, sym: Symmetry) -> bool:

@@ -364,3 +364,28 @@ def test_shared_nics_keep_the_axes_that_move_whole_nodes(cluster_name, layout, a
     np.testing.assert_array_equal(memory_report(g, s, c, tl_auto).peak_bytes, memory_report(g, s, c, tl_off).peak_bytes)
     if axes:
         assert auto.num_tasks < off.num_tasks
+
+
+def test_replicas_that_would_share_a_nic_keep_no_symmetry(monkeypatch):
+    """Placed by hand so that a tensor-parallel pair straddles two NICs' GPUs (data-parallel
+    replica j, tp rank r on GPU 2j + 3r; 2 GPUs a NIC): the data-parallel axis moves whole NIC
+    groups, yet replica 1's GPU 2 shares a NIC with the representative's GPU 3. No symmetry is
+    kept; forcing it would lose that contention (the reduced run differs from the full one)."""
+    from engine.models.transformer import GPTConfig, gpt
+    from engine.strategy import Strategy
+    from engine.taskgraph import symmetry as SYM
+
+    g = gpt(GPTConfig(2, 512, 8, 256, 4096, 16, name="t"), source="test")
+    made = build_layout(g, preset("dgx-a100-80gb:2"), Layout(tp=2, micro_batch=1))
+    moved = Strategy({n: Config(dict(cfg.degrees), [d + 2 * (d % 2) for d in cfg.devices])
+                      for n, cfg in made.configs.items()})
+    c = preset("dgx-a100-80gb:3+nics=4")
+    assert find_symmetry(g, moved, c) is None
+    off = simulate(build_task_graph(g, moved, c, symmetry="off")).makespan_s
+    assert simulate(build_task_graph(g, moved, c, symmetry="auto")).makespan_s == off
+    SYM.forget_found()
+    monkeypatch.setattr(SYM, "_nics_apart", lambda *a: True)
+    forced = find_symmetry(g, moved, c)
+    assert forced is not None and forced.axes == ((8, 2),)
+    assert simulate(build_task_graph(g, moved, c, symmetry="auto")).makespan_s != off
+    SYM.forget_found()
