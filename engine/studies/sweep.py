@@ -412,14 +412,14 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: floa
     front = pareto(rows)
     varied = [k for k in ("nics", "nic_gbps", "pod_gpus", "oversub") if len({r.get(k) for r in rows}) > 1]
 
-    def net(r):  # (the network, where the sweep varies it)
+    def net(r):  # (the network, where the sweep varies it: a preset's name holds it, a cluster file's may not)
         text = network_label({k: r.get(k) for k in varied})
         return f" ({text})" if text else ""
 
     def label(r):
         ep, etp = r.get("ep") or 1, r.get("etp") or 1
         moe = f" ep {ep} etp {etp}" if ep * etp > 1 else ""
-        return (f"{r['cluster']}{net(r)}: tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} "
+        return (f"{r['cluster']}: tp {r['tp']} pp {r['pp']} cp {r['cp']} dp {r['dp']}{moe} mb {r['mb']} "
                 f"{r['recompute']} z{r['zero']}")
 
     fig = make_subplots(rows=2, cols=2, subplot_titles=[
