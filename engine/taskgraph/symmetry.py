@@ -59,8 +59,8 @@ def find_symmetry(graph: OpGraph, strategy: Strategy, cluster: Cluster,
     of its dims; (2) one device type and one node spec; (3) no link shared between devices,
     which holds inside a node (per-GPU switch or mesh links) and across nodes with one NIC per
     GPU (DGX presets), the fabric being non-blocking, or, where GPUs share NICs, along axes that
-    move whole groups of a NIC's GPUs; (4) on a fabric of oversubscribed
-    pods, every replica in its representative's pods. Transfers that cross replicas are
+    move whole groups of a NIC's GPUs onto NICs no other replica uses; (4) on a fabric of
+    oversubscribed pods, every replica in its representative's pods. Transfers that cross replicas are
     checked when the task graph is built (they make the reduction inexact, and the builder
     then simulates everything, or a subset of the axes: ``axes`` keeps only those).
     """
