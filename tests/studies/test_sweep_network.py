@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.cli import main
 from engine.cluster import preset
@@ -144,3 +146,17 @@ def test_cli_network_axis(tmp_path, capsys):
     assert main(["sweep", "--model", "gpt2", "--grid", "tp=2", "--clusters", "dgx-a100-80gb:2",
                  "--network", "oversub=2", "-o", str(out)]) == 2
     assert "give pod=GPUS" in capsys.readouterr().err
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(suffix=st.text(alphabet="nicspodvergbu_=+.,-0123456789e ", max_size=40))
+def test_any_network_text_is_a_cluster_or_a_message(suffix):
+    """Fuzzed text after a preset's ``+``: a cluster named as asked, or a ValueError that says
+    what (never another exception)."""
+    try:
+        c = preset("dgx-h100:2+" + suffix)
+    except ValueError as e:
+        assert str(e)
+    else:
+        assert c.name.startswith("dgx-h100:2+") and c.num_devices == 16
+        assert preset(c.name).name == c.name  # (the canonical name reads back the same)
