@@ -25,6 +25,14 @@ def _shown(value, showing):
     return no_update if value == showing or value is None else value
 
 
+def network_text(ref: dict) -> str | None:
+    """What the header's network field shows for a cluster reference: a preset's network
+    after its ``+`` (``nics=4 nic_gbps=400``), empty for its own; None for an upload."""
+    if not isinstance(ref, dict) or "upload" in ref:
+        return None
+    return str(ref.get("name", "")).partition("+")[2].replace("+", " ")
+
+
 def _options(old, new: dict, key: str, make):
     """The header's list of models (or clusters), sent only when an upload (or a preset with
     another network, which the list does not hold) comes or goes (sending it at every event
@@ -45,6 +53,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Output("pick-cluster", "value"), Output("pick-baseline", "value"), Output("edit-ops", "value"),
         Output("pick-batch", "value"), Output("pick-seq", "value"), Output("pick-precision", "value"),
         Output("pick-model", "options"), Output("pick-cluster", "options"), Output("gantt-rows", "value"),
+        Output("pick-network", "value"),
         Input("url", "search"), Input("pick-model", "value"), Input("pick-cluster", "value"),
         Input("pick-baseline", "value"), Input("upload-ok", "data"), Input("edit-apply", "n_clicks"),
         Input("undo", "n_clicks"), Input("redo", "n_clicks"), Input("op-graph", "clickData"),
@@ -53,6 +62,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         Input({"type": "tour", "step": ALL}, "n_clicks"), Input("sim-cancel", "n_clicks"),
         Input("pick-seq", "value"), Input("pick-precision", "value"),
         Input("expert-apply", "n_clicks"), Input("expert-balanced", "n_clicks"), Input("profile-detach", "n_clicks"),
+        Input("pick-network", "value"),
         Input({"type": "plan-open", "row": ALL}, "n_clicks"), State("plan-rows", "data"),
         State("expert-source", "value"), State("expert-skew", "value"), State("expert-hist", "data"),
         State({"type": "deg", "dim": ALL}, "value"),
@@ -60,7 +70,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         State("collapse", "value"), State("state", "data"),
         *[State(component_id(name), "value") for name in LAYOUT_FORM])
     def _reduce(query, model, cluster, baseline, uploaded, _a, _u, _r, click, ops, _ad, _ca, _cc, batch, _la, _tour,
-                _sc, seq, precision, _xa, _xb, _pd, _po, plan_rows, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
+                _sc, seq, precision, _xa, _xb, _pd, network, _po, plan_rows, x_source, x_skew, x_hist, deg_values, deg_ids, devices, compare_name,
                 collapse, state, *form):
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         step = None
@@ -88,7 +98,7 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
         new, msg = on_event(trigger, state, query=query, model=model, cluster=cluster, baseline=baseline,
                             upload=uploaded.get("contents"), filename=uploaded.get("filename"), ops=ops,
                             degrees=degrees, devices=devices, click=click, compare_name=compare_name, batch=batch,
-                            step=step, size=seq if trigger == "pick-seq" else precision,
+                            step=step, size=seq if trigger == "pick-seq" else precision, network=network,
                             layout=dict(zip(LAYOUT_FORM, form)),
                             whatif={"source": x_source, "skew": x_skew, "histogram": x_hist}, plan=plan)
         # a refused or empty action leaves the state as it was: not sent again, so the editor
@@ -101,7 +111,8 @@ def _register_reducer(app: Dash) -> None:  # pragma: no cover - exercised by the
                 no_update if trigger == "pick-precision" else new["model"].get("precision", "default"),
                 _options(state, new, "model", model_options), _options(state, new, "cluster", cluster_options),
                 # a guided step's timeline rows, with its state (the views read both together)
-                ("stage" if step == "pipeline" else "auto") if trigger == "tour" and new is not state else no_update)
+                ("stage" if step == "pipeline" else "auto") if trigger == "tour" and new is not state else no_update,
+                no_update if new is state else _shown(network_text(new["cluster"]), network))
 
     app.clientside_callback(
         f"""

@@ -23,7 +23,7 @@ from .actions import (add_to_compare, adopt_strategy, apply_edit, apply_layout, 
 from .components import first_line
 from .fitscan import layout_of
 from .fmt import format_seconds
-from .sources import MODEL_SIZES, cluster_of, graph_of, hf_upload
+from .sources import MODEL_SIZES, cluster_of, graph_of, hf_upload, preset_cluster
 from .state import blank_state, check_state, new_state, page_strategy, strategy_dict
 from .profiles import detach_profile
 from .tabs.experts import apply_whatif
@@ -37,9 +37,10 @@ __all__ = ["on_event", "TRIGGERS"]
 TRIGGERS = ("url", "pick-model", "pick-cluster", "pick-baseline", "pick-batch", "pick-seq", "pick-precision",
             "upload", "edit-apply", "undo", "redo", "op-graph", "edit-ops", "search-adopt", "compare-add",
             "compare-clear", "layout-apply", "tour", "sim-cancel", "expert-apply", "expert-balanced",
-            "profile-detach", "plan-open")
+            "profile-detach", "plan-open", "pick-network")
 #: triggers that replace the model or cluster (a running search is then stopped)
-_REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour", "plan-open")
+_REPLACING = ("pick-model", "pick-cluster", "pick-batch", "pick-seq", "pick-precision", "upload", "tour", "plan-open",
+              "pick-network")
 #: the layout options a GPU comparison's row opens with (:func:`engine.studies.plan.best_per_cluster`)
 _PLAN_FORM = ("tp", "pp", "cp", "ep", "etp", "micro_batch", "recompute", "zero_stage")
 
@@ -95,7 +96,7 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
            baseline: Any = None, upload: Any = None, filename: Any = None, ops: Any = None,
            degrees: Any = None, devices: Any = None, click: Any = None, compare_name: Any = None,
            batch: Any = None, layout: Any = None, step: Any = None, size: Any = None,
-           whatif: Any = None, plan: Any = None) -> tuple[dict, str]:
+           whatif: Any = None, plan: Any = None, network: Any = None) -> tuple[dict, str]:
     model, cluster, baseline = _text(model), _text(cluster), _text(baseline)
     ops = [o for o in ops if isinstance(o, str)] if isinstance(ops, list) else []
     if trigger == "pick-model" and model and model != state["model"].get("name"):
@@ -129,6 +130,8 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
         new, under = _fresh(state, cluster=cluster)
         plain = under == f", under {new['baseline']}"  # (the same starting strategy: nothing to say)
         return new, f"Cluster: {cluster}{'' if plain else under}."
+    if trigger == "pick-network":
+        return _set_network(state, network)
     if trigger == "pick-baseline" and baseline and baseline != state.get("baseline"):
         return select_baseline(state, baseline)
     if trigger == "upload" and upload is not None:
@@ -181,6 +184,32 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
     if trigger == "plan-open":
         return _open_plan(state, plan)
     return state, ""
+
+
+def _set_network(state: dict, text: Any) -> tuple[dict, str]:
+    """The page's preset on the network typed in the header (``nics=4 nic_gbps=400``, as a
+    preset's name takes it after a ``+``: :mod:`engine.cluster.network`; empty: the preset's
+    own); refused, with the reason, for an uploaded cluster or a network its nodes cannot have."""
+    from engine.cluster.network import parse_variant, variant_name
+
+    if not isinstance(text, str) and text is not None:
+        return state, ""
+    if "upload" in state["cluster"]:
+        return state, ("Network refused: the page's cluster is an uploaded file; change its NICs and fabric in the "
+                       "file (nics, fabric.pod_gpus, fabric.oversubscription) and upload it again.")
+    items = (text or "")[:200].split()
+    head = str(state["cluster"].get("name", "")).partition("+")[0]
+    try:
+        name = variant_name(head, parse_variant("+".join(items), "network")) if items else head
+        if name != state["cluster"].get("name"):
+            preset_cluster(name)  # (a network the nodes cannot have: said here, the page kept)
+    except ValueError as e:
+        return state, f"Network refused: {first_line(e)[:300]}"
+    if name == state["cluster"].get("name"):
+        return state, ""
+    new, under = _fresh(state, cluster=name)
+    plain = under == f", under {new['baseline']}"  # (the same starting strategy: nothing to say)
+    return new, f"Cluster: {name}{'' if plain else under}."
 
 
 def _open_plan(state: dict, plan: Any) -> tuple[dict, str]:

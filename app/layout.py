@@ -52,6 +52,11 @@ def _pickers() -> html.Div:
                  className="pick pick-precision"),
         html.Div([html.Label("cluster"), dcc.Dropdown(id="pick-cluster", options=cluster_options(), value=None,
                                                        clearable=False)], className="pick"),
+        html.Div([html.Label("network", htmlFor="pick-network",
+                             title="the preset's network changed (Enter): nics=4 nic_gbps=400 pod=256 oversub=2; "
+                                   "empty: the preset's own"),
+                  dcc.Input(id="pick-network", type="text", debounce=True, placeholder="its own", value="",
+                            className="network-input")], className="pick pick-network"),
         html.Div([html.Label("start from"), dcc.Dropdown(id="pick-baseline", options=list(BASELINES),
                                                           value=None, clearable=False)], className="pick"),
         dcc.Upload(id="upload", children=html.Div(["Drop or ", html.A("choose"),

@@ -200,3 +200,33 @@ class TestOpen:
         same, msg = EV.on_event("plan-open", gpt2, plan=dict(row, cluster="../../etc:1"))
         assert same is gpt2 and msg.startswith("Cannot open '../../etc:1'")
         assert EV.on_event("plan-open", gpt2, plan="x")[0] is gpt2
+
+
+class TestNetworkField:
+    """Issue 43: the header's network field puts the page's preset on another network."""
+
+    def test_a_typed_network_changes_the_cluster_and_keeps_the_layout(self, gpt2):
+        from app import events as EV
+        from app.callbacks import network_text
+
+        two = ST.new_state("gpt2", "dgx-h100:2", "megatron", batch=16)
+        new, msg = EV.on_event("pick-network", two, network="  nic_gbps=100   nics=1 ")
+        assert new["cluster"]["name"] == "dgx-h100:2+nics=1+nic_gbps=100", msg
+        assert msg.startswith("Cluster: dgx-h100:2+nics=1+nic_gbps=100")
+        assert network_text(new["cluster"]) == "nics=1 nic_gbps=100"
+        assert {lk.bw_bytes_per_s for lk in sources.cluster_of(new).links if lk.kind == "network"} == {100e9 / 8}
+        back, msg = EV.on_event("pick-network", new, network="")
+        assert back["cluster"]["name"] == "dgx-h100:2" and network_text(back["cluster"]) == ""
+        same, msg = EV.on_event("pick-network", new, network="nics=1 nic_gbps=100")
+        assert same is new and msg == ""
+
+    @pytest.mark.parametrize("text, why", [
+        ("nics=16", "at most one NIC per GPU"), ("nics", "not KEY=VALUE"), ("wires=2", "not a network key"),
+        ("oversub=2", "needs pod=GPUS"), ("nics=1e9", "whole number"), ("nics=4 nics=8", "given twice"),
+    ])
+    def test_a_network_the_nodes_cannot_have_is_refused_and_the_page_kept(self, gpt2, text, why):
+        from app import events as EV
+
+        same, msg = EV.on_event("pick-network", gpt2, network=text)
+        assert same is gpt2 and msg.startswith("Network refused: ") and why in msg, msg
+        assert EV.on_event("pick-network", gpt2, network=["x"])[0] is gpt2  # (a crafted value)

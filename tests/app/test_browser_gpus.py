@@ -90,3 +90,39 @@ def test_which_gpus_on_other_networks(page: Page, app_url: str):
     expect(page.locator("#pick-cluster")).to_contain_text("dgx-h100:2+nics=1+nic_gbps=100 (another network)")
     expect(page.locator("#sum-time")).to_contain_text("ms")
     assert not errors, errors
+
+
+def test_the_headers_network_field(page: Page, app_url: str):
+    """Issue 43: the page's preset on another network, typed in the header: one NIC of 100 Gb/s
+    a node on two H100 nodes makes GPT-2's data parallelism slower; a network the nodes cannot
+    have is refused and the page and the text kept; empty goes back to the preset's own."""
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    open_app(page, app_url)
+    pick(page, "pick-model", "gpt2")
+    expect(page.locator("#message")).to_contain_text("Model: gpt2")
+    pick(page, "pick-cluster", "dgx-h100:2")
+    expect(page.locator("#message")).to_contain_text("Cluster: dgx-h100:2")
+    settled(page)
+    page.fill("#pick-batch", "32")  # (two sequences a GPU: data parallelism over both nodes)
+    page.press("#pick-batch", "Enter")
+    expect(page.locator("#message")).to_contain_text("(2 per GPU)")
+    settled(page)
+    before = page.inner_text("#sum-time")
+    page.fill("#pick-network", "nics=1 nic_gbps=100")
+    page.press("#pick-network", "Enter")
+    expect(page.locator("#message")).to_contain_text("Cluster: dgx-h100:2+nics=1+nic_gbps=100")
+    expect(page.locator("#pick-cluster")).to_contain_text("dgx-h100:2+nics=1+nic_gbps=100 (another network)")
+    expect(page.locator("#sum-time")).not_to_have_text(before, timeout=120_000)
+    page.screenshot(path="/tmp/soapbox-network-field.png")
+    page.fill("#pick-network", "nics=16")
+    page.press("#pick-network", "Enter")
+    expect(page.locator("#message")).to_contain_text("Network refused:")
+    expect(page.locator("#message")).to_contain_text("at most one NIC per GPU")
+    expect(page.locator("#pick-network")).to_have_value("nics=16")
+    expect(page.locator("#pick-cluster")).to_contain_text("dgx-h100:2+nics=1+nic_gbps=100")
+    page.fill("#pick-network", "")
+    page.press("#pick-network", "Enter")
+    expect(page.locator("#message")).to_contain_text("Cluster: dgx-h100:2.")
+    expect(page.locator("#sum-time")).to_have_text(before, timeout=120_000)
+    assert not errors, errors
