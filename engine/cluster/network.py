@@ -27,7 +27,7 @@ from typing import Any
 from .topology import Cluster
 
 __all__ = ["NETWORK_KEYS", "with_network", "network_of", "network_label", "parse_variant", "variant_name",
-           "network_kwargs", "check_network_value"]
+           "network_kwargs", "check_network_value", "check_pods"]
 
 #: the network keys a variant sets: the keyword of :func:`with_network`, the type of a value,
 #: its range and what it is
@@ -126,10 +126,16 @@ def parse_variant(suffix: str, where: str) -> dict[str, Any]:
         if key in out:
             raise ValueError(f"{where}: {key} given twice")
         out[key] = x
-    if out.get("oversub", 1) != 1 and not out.get("pod"):
+    check_pods([out.get("oversub", 1.0)], [out.get("pod", 0)], where)
+    return out
+
+
+def check_pods(oversubs: Any, pods: Any, where: str) -> None:
+    """A ``ValueError`` naming ``where`` when an oversubscription above 1 is asked with no pods
+    (none of ``pods`` above 0): without pods nothing is between them."""
+    if any(o != 1 for o in oversubs) and not any(pods):
         raise ValueError(f"{where}: oversub needs pod=GPUS (the size of a full-bisection pod); without pods nothing "
                          "is between them")
-    return out
 
 
 def network_kwargs(net: dict[str, Any]) -> dict[str, Any]:

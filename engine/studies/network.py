@@ -14,7 +14,7 @@ import itertools
 import math
 from typing import Any, Sequence
 
-from ..cluster.network import NETWORK_KEYS, check_network_value, parse_variant, variant_name
+from ..cluster.network import NETWORK_KEYS, check_network_value, check_pods, parse_variant, variant_name
 
 __all__ = ["MAX_VARIANTS", "parse_network", "network_points"]
 
@@ -35,9 +35,7 @@ def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
         if key in out:
             raise ValueError(f"--network {key}: given twice")
         out[key] = list(dict.fromkeys(check_network_value(key, v, "--network") for v in vals.split(",")))
-    if any(o != 1 for o in out.get("oversub", ())) and not any(out.get("pod", ())):
-        raise ValueError("--network oversub: give pod=GPUS too (the size of a full-bisection pod); without pods "
-                         "nothing is between them")
+    check_pods(out.get("oversub", ()), out.get("pod", ()), "--network")
     n = math.prod(len(v) for v in out.values())
     if n > MAX_VARIANTS:
         raise ValueError(f"--network: {n:,} networks, more than the {MAX_VARIANTS} a sweep takes")

@@ -23,7 +23,7 @@ def test_parse_network_checks_every_value():
     assert parse_network([]) == {}
     for bad, says in ((["nics"], "KEY=V1,V2"), (["wires=2"], "KEY=V1,V2"), (["nics=0"], "NICs a node"),
                       (["nics=2.5"], "whole number"), (["nic_gbps=nan"], "Gb/s"), (["nic_gbps=-1"], "Gb/s"),
-                      (["oversub=0.5", "pod=8"], "oversubscription"), (["oversub=2"], "give pod=GPUS"),
+                      (["oversub=0.5", "pod=8"], "oversubscription"), (["oversub=2"], "oversub needs pod=GPUS"),
                       (["nics=1", "nics=2"], "given twice"), (["nics=" + ",".join(map(str, range(1, 300)))], "256")):
         with pytest.raises(ValueError, match=says):
             parse_network(bad)
@@ -145,7 +145,7 @@ def test_cli_network_axis(tmp_path, capsys):
     assert "2 layouts" in capsys.readouterr().out
     assert main(["sweep", "--model", "gpt2", "--grid", "tp=2", "--clusters", "dgx-a100-80gb:2",
                  "--network", "oversub=2", "-o", str(out)]) == 2
-    assert "give pod=GPUS" in capsys.readouterr().err
+    assert "--network: oversub needs pod=GPUS" in capsys.readouterr().err
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
