@@ -101,13 +101,22 @@ def _find(graph: OpGraph, strategy: Strategy, cluster: Cluster, axes) -> Symmetr
     if len(cluster.node_specs) != 1 or len(cluster.device_types) < 1:
         return None
     spec = cluster.node_specs[0]
+    shared = spec.repeat > 1 and spec.nics < spec.gpus
+    group = (spec.gpus // spec.nics if spec.gpus % spec.nics == 0 else spec.gpus) if shared else 1
+    if shared and graph.ops:
+        # (every kept axis runs along a dim of every op, the first one's included: where none of
+        # its strides moves whole groups of a NIC's GPUs, nothing can be kept; a search on one
+        # NIC a node asks this at every pricing)
+        first = graph.ops[0]
+        strides = _with_nested(first, dim_strides(first, strategy.configs[first.name]))
+        if not any(st % group == 0 for _, st in strides.values()):
+            return None
     sym = _common_axes(graph, strategy, axes, factors=True)
     sym = sym if sym is not None else _common_axes(graph, strategy, axes, factors=False)
-    if sym is not None and spec.repeat > 1 and spec.nics < spec.gpus:
+    if sym is not None and shared:
         # a node's GPUs share NICs (GPU g of G on NIC g * nics // G): a replica on its
         # representative's NIC would contend for it, one on another NIC's GPUs meets the same
         # contention there; only the axes that move whole groups of a NIC's GPUs are kept
-        group = spec.gpus // spec.nics if spec.gpus % spec.nics == 0 else spec.gpus
         whole = tuple(a for a in sym.axes if a[1] % group == 0)
         sym = _common_axes(graph, strategy, whole, factors=False) if whole else None
         if sym is not None and not _nics_apart(graph, strategy, sym, group):
