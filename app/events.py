@@ -192,12 +192,16 @@ def _set_network(state: dict, text: Any) -> tuple[dict, str]:
     own); refused, with the reason, for an uploaded cluster or a network its nodes cannot have."""
     from engine.cluster.network import parse_variant, variant_name
 
+    from .planjob import NETWORK_TEXT_MAX
+
     if not isinstance(text, str) and text is not None:
         return state, ""
     if "upload" in state["cluster"]:
         return state, ("Network refused: the page's cluster is an uploaded file; change its NICs and fabric in the "
                        "file (nics, fabric.pod_gpus, fabric.oversubscription) and upload it again.")
-    items = (text or "")[:200].split()
+    if len(text or "") > NETWORK_TEXT_MAX:  # (cut short, "nic_gbps=4000" could read as 40)
+        return state, f"Network refused: at most {NETWORK_TEXT_MAX} characters (nics=4 nic_gbps=400 pod=256 oversub=2)."
+    items = (text or "").split()
     head = str(state["cluster"].get("name", "")).partition("+")[0]
     try:
         name = variant_name(head, parse_variant("+".join(items), "network")) if items else head

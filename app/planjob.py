@@ -35,6 +35,9 @@ __all__ = ["GPU_TYPES", "PLAN_BUDGET_S", "MAX_PLAN_CLUSTERS", "plan_clusters", "
 PLAN_BUDGET_S = 300.0
 #: the most clusters (GPU types x sizes) one comparison prices
 MAX_PLAN_CLUSTERS = 8
+#: the longest network text the page takes (the header's field, the Which GPUs tab's line):
+#: longer is refused, not cut (cut, ``nic_gbps=4000`` could read as 40)
+NETWORK_TEXT_MAX = 300
 #: the GPU types offered: the presets sold as whole nodes (a size is a node count), by name
 GPU_TYPES = tuple(name for name, entry in PRESETS.items() if entry[1])
 _FLUSH_S = 0.5
@@ -90,7 +93,9 @@ def _on_networks(names: list[str], text: Any) -> list[str]:
     """``names`` on each network ``text`` asks for (none: as they are)."""
     from engine.studies.network import network_points, parse_network
 
-    items = str(text or "")[:300].split()
+    if len(str(text or "")) > NETWORK_TEXT_MAX:  # (cut short, "nic_gbps=4000" could read as 40)
+        raise ValueError(f"network: at most {NETWORK_TEXT_MAX} characters")
+    items = str(text or "").split()
     if not items:
         return names
     try:

@@ -33,7 +33,7 @@ __all__ = ["NETWORK_KEYS", "with_network", "network_of", "network_label", "parse
 #: its range and what it is
 NETWORK_KEYS = {
     "nics": ("nics", int, 1, 1024, "NICs a node"),
-    "nic_gbps": ("nic_gbps", float, 1e-3, 1e7, "each NIC's rate, Gb/s per direction"),
+    "nic_gbps": ("nic_gbps", float, 8e-3, 1e7, "each NIC's rate, Gb/s per direction (a link takes at least 1 MB/s)"),
     "pod": ("pod_gpus", int, 0, 10**6, "GPUs a full-bisection pod (0: the whole fabric is one pod)"),
     "oversub": ("oversubscription", float, 1.0, 1000.0, "oversubscription between pods (2: 1:2)"),
 }
@@ -59,8 +59,10 @@ def with_network(cluster: Cluster, *, nics: int | None = None, nic_gbps: float |
             changes["nic_bw_bytes_per_s"] = float(nic_gbps) * 1e9 / _BITS
         specs.append(replace(s, **changes) if changes else s)
     pods = cluster.pod_gpus if pod_gpus is None else pod_gpus
-    over = cluster.oversubscription if oversubscription is None else oversubscription
+    # (no pods: nothing between them; the preset's own oversubscription goes with its pods)
+    over = (1.0 if not pods else cluster.oversubscription) if oversubscription is None else oversubscription
     asked = {"nics": nics, "nic_gbps": nic_gbps, "pod": pod_gpus, "oversub": oversubscription}
+    check_pods([over], [pods], f"cluster {variant_name(cluster.name, asked)!r}")
     return Cluster(name or variant_name(cluster.name, asked), specs, cluster.device_types, cluster.description,
                    pod_gpus=pods, oversubscription=over)
 
@@ -126,13 +128,13 @@ def parse_variant(suffix: str, where: str) -> dict[str, Any]:
         if key in out:
             raise ValueError(f"{where}: {key} given twice")
         out[key] = x
-    check_pods([out.get("oversub", 1.0)], [out.get("pod", 0)], where)
-    return out
+    return out  # (oversub without pods: refused with the cluster, whose own pods count: with_network)
 
 
 def check_pods(oversubs: Any, pods: Any, where: str) -> None:
     """A ``ValueError`` naming ``where`` when an oversubscription above 1 is asked with no pods
-    (none of ``pods`` above 0): without pods nothing is between them."""
+    (none of ``pods`` above 0: the values asked, or the cluster's own): without pods nothing is
+    between them."""
     if any(o != 1 for o in oversubs) and not any(pods):
         raise ValueError(f"{where}: oversub needs pod=GPUS (the size of a full-bisection pod); without pods nothing "
                          "is between them")
@@ -151,4 +153,16 @@ def variant_name(base: str, net: dict[str, Any]) -> str:
 
 
 def _num(x: float) -> str:
-    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
+    """``x`` as a name writes it: a whole number without a point, else the shortest digits that
+    read back as the same float, never in exponent form (a ``+`` would end the value:
+    ``1e+06``), so a variant's name rebuilds the same cluster.
+
+    >>> [_num(400.0), _num(123.4567), _num(1000000.5), _num(0.008), _num(1.0000001)]
+    ['400', '123.4567', '1000000.5', '0.008', '1.0000001']
+    """
+    if math.isfinite(x) and float(x).is_integer():
+        return str(int(x))
+    text = repr(float(x))
+    if "e" in text or "E" in text:  # (outside the keys' ranges; written out all the same)
+        text = f"{x:.20f}".rstrip("0").rstrip(".")
+    return text

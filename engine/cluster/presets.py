@@ -247,7 +247,8 @@ def preset(name: str) -> Cluster:
         if len(name) > 300:
             raise ValueError(f"cluster {printable(name, 100)!r}...: a name of at most 300 characters")
         net = parse_variant(suffix, f"cluster {printable(name, 100)!r}")
-        return with_network(preset(head), name=variant_name(head.strip(), net), **network_kwargs(net))
+        base = preset(head)  # (named as the preset writes itself: "dgx-h100:02" is "dgx-h100:2")
+        return with_network(base, name=variant_name(base.name, net), **network_kwargs(net))
     m = _PRESET_RE.match(name.strip()) if len(name) <= 100 else None
     base = m.group("base") if m else name
     if not m or base not in PRESETS:

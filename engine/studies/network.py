@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from ..cluster.network import NETWORK_KEYS, check_network_value, check_pods, parse_variant, variant_name
 
-__all__ = ["MAX_VARIANTS", "parse_network", "network_points"]
+__all__ = ["MAX_VARIANTS", "parse_network", "check_sweep_pods", "network_points"]
 
 #: most network variants one sweep takes
 MAX_VARIANTS = 256
@@ -25,7 +25,8 @@ MAX_VARIANTS = 256
 def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
     """``["nics=4,8", "oversub=1,2", "pod=256"]`` -> {key: values} (each value checked against
     its range, :data:`engine.cluster.network.NETWORK_KEYS`; a ``ValueError`` names the key and
-    the value). ``oversub`` above 1 needs ``pod``: without pods nothing is between them."""
+    the value). ``oversub`` above 1 needs pods, ``pod`` or the cluster's own:
+    :func:`check_sweep_pods`."""
     out: dict[str, list[Any]] = {}
     for item in items:
         key, sep, vals = str(item).partition("=")
@@ -35,11 +36,19 @@ def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
         if key in out:
             raise ValueError(f"--network {key}: given twice")
         out[key] = list(dict.fromkeys(check_network_value(key, v, "--network") for v in vals.split(",")))
-    check_pods(out.get("oversub", ()), out.get("pod", ()), "--network")
     n = math.prod(len(v) for v in out.values())
     if n > MAX_VARIANTS:
         raise ValueError(f"--network: {n:,} networks, more than the {MAX_VARIANTS} a sweep takes")
     return out
+
+
+def check_sweep_pods(network: dict[str, list[Any]], clusters: Sequence[Any]) -> None:
+    """A ``ValueError`` naming ``--network`` when it asks for an oversubscription above 1 with
+    no pods: no ``pod`` value and none of ``clusters`` (the sweep's clusters, built) has pods of
+    its own (Grand Teton's 3,072-GPU pods take ``oversub=2`` as they are). Where some have pods,
+    the others' rows say why instead."""
+    if not any(network.get("pod", ())) and not any(getattr(c, "pod_gpus", 0) for c in clusters):
+        check_pods(network.get("oversub", ()), (), "--network")
 
 
 def network_points(pts: list[dict[str, Any]], network: dict[str, list[Any]],

@@ -20,7 +20,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import first_line
-from .network import network_points, parse_network
+from .network import check_sweep_pods, network_points, parse_network
 
 __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate", "run_sweep",
            "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
@@ -143,13 +143,35 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
 
     names = parse_clusters(clusters)
     net = parse_network(network)  # (checked before the layouts are enumerated)
-    for name in dict.fromkeys(n.partition("+")[0] for n in names):
+    built = []
+    for name in dict.fromkeys(_base_name(n) for n in names):
         try:  # (a name that is no preset nor file: said now, once)
-            resolve_cluster(name, allow_path=True)
+            built.append(resolve_cluster(name, allow_path=True))
         except ValueError as e:
             raise ValueError(f"--clusters {name[:60]!r}: {first_line(e)}") from None
+        if net and not _is_preset(name):
+            raise ValueError(f"--network: {name[:60]!r} is a cluster file, whose own network it keeps (nics, "
+                             "fabric.pod_gpus, fabric.oversubscription in the file); --network applies to presets")
+    check_sweep_pods(net, built)
     pts = layout_points(model, names, batch=batch) if list(grid) == ["auto"] else points(parse_grid(grid), names)
     return network_points(pts, net, MAX_POINTS)
+
+
+def _base_name(name: str) -> str:
+    """A ``--clusters`` name without the network after its ``+`` (a cluster file whose path
+    holds a ``+`` is itself)."""
+    head, plus, _ = name.partition("+")
+    return name if plus and os.path.isfile(name) else head
+
+
+def _is_preset(name: str) -> bool:
+    from ..cluster import preset
+
+    try:
+        preset(name)
+    except ValueError:
+        return False
+    return True
 
 
 _MODELS: dict[tuple, Any] = {}

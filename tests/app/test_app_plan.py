@@ -50,7 +50,8 @@ class TestClusters:
         assert out == ["dgx-h100:8+nics=4+nic_gbps=400", "dgx-h100:8+nics=8+nic_gbps=400"]
         assert planjob.plan_clusters(["dgx-h100"], "64", "  ")[0] == ["dgx-h100:8"]
         for text, what in (("nics=16", "at most one NIC per GPU"), ("wires=2", "network 'wires=2': write KEY=V1,V2"),
-                           ("oversub=2", "network: oversub needs pod=GPUS"), ("nics=0", "network: nics='0'"),
+                           ("oversub=2", "cluster 'dgx-h100:8+oversub=2': oversub needs pod=GPUS"),
+                           ("nics=0", "network: nics='0'"), ("nics=4" + " " * 300, "at most 300 characters"),
                            ("nics=1,2,3 nic_gbps=1,2,3", "9 clusters: the page compares at most 8"),
                            ("pod=12 oversub=2", "pods of 12 GPUs split a node")):
             with pytest.raises(ValueError) as e:

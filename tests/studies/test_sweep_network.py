@@ -23,7 +23,7 @@ def test_parse_network_checks_every_value():
     assert parse_network([]) == {}
     for bad, says in ((["nics"], "KEY=V1,V2"), (["wires=2"], "KEY=V1,V2"), (["nics=0"], "NICs a node"),
                       (["nics=2.5"], "whole number"), (["nic_gbps=nan"], "Gb/s"), (["nic_gbps=-1"], "Gb/s"),
-                      (["oversub=0.5", "pod=8"], "oversubscription"), (["oversub=2"], "oversub needs pod=GPUS"),
+                      (["oversub=0.5", "pod=8"], "oversubscription"),
                       (["nics=1", "nics=2"], "given twice"), (["nics=" + ",".join(map(str, range(1, 300)))], "256")):
         with pytest.raises(ValueError, match=says):
             parse_network(bad)
@@ -160,3 +160,43 @@ def test_any_network_text_is_a_cluster_or_a_message(suffix):
     else:
         assert c.name.startswith("dgx-h100:2+") and c.num_devices == 16
         assert preset(c.name).name == c.name  # (the canonical name reads back the same)
+
+
+def test_oversub_needs_pods_the_asked_or_the_clusters_own():
+    """Issue 43's review: ``oversub`` without ``pod`` was refused even where the preset has pods
+    (Grand Teton: 3,072 GPUs at 1:7); now it is refused only where no cluster of the sweep has
+    pods, and a preset's own oversubscription goes with its pods (``pod=0``: none)."""
+    assert [p["cluster"] for p in sweep_points("gpt2", ["tp=4"], "grand-teton:512", ["oversub=1,2"])] == \
+        ["grand-teton:512+oversub=1", "grand-teton:512+oversub=2"]
+    assert preset("grand-teton:2+oversub=2").oversubscription == 2.0
+    assert preset("grand-teton:2+pod=0").oversubscription == 1.0
+    for bad in ("dgx-h100:2+oversub=2", "grand-teton:2+pod=0+oversub=2"):
+        with pytest.raises(ValueError, match=r"oversub needs pod=GPUS"):
+            preset(bad)
+    with pytest.raises(ValueError, match=r"^--network: oversub needs pod=GPUS"):
+        sweep_points("gpt2", ["tp=4"], "dgx-h100:2", ["oversub=2"])
+
+
+@pytest.mark.parametrize("value", ["123.4567", "1000000.5", "0.125", "9999999.75"])
+def test_a_variants_name_builds_the_same_network(value):
+    """Issue 43's review: a rate written with six digits (``%g``) renamed 123.4567 Gb/s 123.457
+    and 1000000.5 ``1e+06``, whose ``+`` then ended the value. The name now holds the exact
+    value and builds the same cluster again; the base is named as the preset names itself."""
+    c = preset(f"dgx-h100:2+nic_gbps={value}")
+    assert c.name == f"dgx-h100:2+nic_gbps={value}"
+    rate = float(value) * 1e9 / 8
+    assert preset(c.name).node_specs[0].nic_bw_bytes_per_s == c.node_specs[0].nic_bw_bytes_per_s == rate
+    assert preset("dgx-h100:02+nics=4").name == "dgx-h100:2+nics=4"
+
+
+def test_cluster_files_in_a_sweep(tmp_path):
+    """Issue 43's review: a cluster file whose path holds a ``+`` was split there and refused;
+    ``--network`` on a cluster file named variants no one could build (every row infeasible).
+    The file is taken whole, and a network on it is refused up front."""
+    import json
+
+    path = tmp_path / "a+b.json"
+    path.write_text(json.dumps(preset("dgx-h100:2").to_dict()))
+    assert [p["cluster"] for p in sweep_points("gpt2", ["tp=4"], str(path))] == [str(path)]
+    with pytest.raises(ValueError, match=r"^--network: .* is a cluster file"):
+        sweep_points("gpt2", ["tp=4"], str(path), ["nics=4"])
