@@ -199,7 +199,8 @@ def _within_pods(graph: OpGraph, strategy: Strategy, pod_gpus: int, sym: Symmetr
         seen.add(key)
         names = [d.name for d in op.dims if cfg.degree(d.name) > 1]
         grid = np.asarray(cfg.devices, np.int64).reshape([cfg.degree(n) for n in names]) // pod_gpus
-        for n in set(dims) & set(names):
+        # (a mixture-of-experts op's ``outer+inner`` axis runs along both its dims: _with_nested)
+        for n in {part for d in dims for part in d.split("+")} & set(names):
             if np.any(np.diff(grid, axis=names.index(n))):
                 return False
     return True
