@@ -10,6 +10,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.cluster import preset
 from engine.formats import resolve_model
@@ -445,3 +447,49 @@ def test_shifted_placements_reduce_only_where_exact(cluster, small, tp, pp, shif
     assert a.tasks.num_tasks < b.tasks.num_tasks
     assert a.iteration_time_s == b.iteration_time_s
     assert max(a.memory.peak_bytes) == max(b.memory.peak_bytes)
+
+
+_PLACED = {}  # (small cluster, tp, pp) -> (graph, strategy laid out there): built once a process
+_KEPT: list[str] = []  # the property's examples that kept a symmetry (the next test reads it)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(cluster=st.sampled_from(["dgx-h100:3", "h100-pcie:3", "dgx-h100:3+nics=2", "v100-dgx2:2",
+                                "dgx-h100:4+pod=16+oversub=2", "rtx4090:3"]),
+       small=st.sampled_from(["dgx-h100:1", "dgx-h100:2"]), tp=st.sampled_from([1, 2, 4]),
+       pp=st.sampled_from([1, 2]), nodes=st.integers(0, 2), part=st.sampled_from([0, 0, 0, 0, 0, 1, 2, 4, 6]))
+def test_symmetry_is_exact_wherever_kept(cluster, small, tp, pp, nodes, part):
+    """Property: whatever a placement's shift along the cluster (part of a node, whole nodes,
+    onto NICs shared or pods), a symmetry kept gives the full run's time and peak memory to the
+    bit (issue 43's review found 47 of 164 such runs off before ``_nodes_alike``)."""
+    from dataclasses import replace
+
+    from engine.models import build_sample
+    from engine.sim.report import simulate_strategy
+
+    key = (small, tp, pp)
+    if key not in _PLACED:
+        g = build_sample("gpt2", batch=16)
+        _PLACED[key] = (g, build_layout(g, preset(small), Layout(tp=tp, pp=pp, micro_batch=1)))
+    g, made = _PLACED[key]
+    c = preset(cluster)
+    # (moved by whole nodes and part of one, within the cluster)
+    shift = (nodes * c.gpus_per_node + part) % (c.num_devices - max(max(cfg.devices) for cfg in made.configs.values()))
+    moved = replace(made, configs={n: Config(dict(cfg.degrees), [d + shift for d in cfg.devices])
+                                   for n, cfg in made.configs.items()})
+    if find_symmetry(g, moved, c) is None:
+        return
+    _KEPT.append(cluster)
+    a = simulate_strategy(g, moved, c, check=False)
+    b = simulate_strategy(g, moved, c, check=False, symmetry="off")
+    assert a.iteration_time_s == b.iteration_time_s
+    assert max(a.memory.peak_bytes) == max(b.memory.peak_bytes)
+
+
+def test_the_property_above_kept_symmetries():
+    """The property is not vacuous: some of its examples keep a symmetry (16 of 60 on
+    2026-12-01, on four of its six clusters; derandomized, its examples are fixed for one
+    hypothesis version)."""
+    if not _KEPT:
+        test_symmetry_is_exact_wherever_kept()
+    assert len(_KEPT) >= 5, _KEPT
