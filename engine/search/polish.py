@@ -66,6 +66,7 @@ from ..strategy import Strategy
 from .api import whole_cost
 from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
+from .class_moves import CLASS_TRIES, aligned_candidate, class_tries
 from .visits import alike_classes, distinct_first, stage_spans, visit_order
 
 __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
@@ -82,38 +83,6 @@ __all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish",
 #: 34.59 ms), and when the microbatches came first a 15 s auto ran out of polish time before it.
 #: The kinds with up to 64 neighbours each (``block``, ``layout``) are left to MCMC.
 POLISH_KINDS = ("split", "schedule", "zero", "microbatches", "recompute")
-
-#: a class move (:meth:`_Descent.class_move`) prices for the whole class the configs that made its
-#: op alone fastest, this many of them. RNNLM / dgx-a100-40gb:8 from auto's 9.06 ms plan, the 40
-#: ``output.tN.logits`` ops: the best of the 40 tried for the class (7.34 ms, feature 4 x
-#: in_feature 8 x sample 2) was 5th for ``output.t20.logits`` alone (8.87 ms), the second best
-#: (7.62 ms) 4th; the first three, each the best alone, are worse for the class (issue 43)
-CLASS_TRIES = 6
-
-
-def class_tries(alone: list) -> list:
-    """The configs a class move prices for the whole class, from ``alone`` ((time, order,
-    config) of its op's configs faster alone than the current strategy): the fastest alone of
-    each degree of the batch dim (``sample``), in the order of their times alone, then the
-    fastest of the rest, :data:`CLASS_TRIES` in all or one per batch degree if more.
-
-    Why by batch degree: alone, an op's configs differ little and favour what suits its
-    neighbours, the rest of its class; moved together, how the class splits the batch decides
-    what it exchanges with the ops around it. RNNLM / dgx-a100-40gb:8 from data parallelism
-    (12.079 ms), ``output.t20.logits``: the six fastest alone (11.877-11.880 ms) split no batch
-    or split it by 2; for the whole class of 40 they give 10.56 ms at best. The fastest alone
-    of batch degree 8 (``feature 8 x sample 8``, 11.897 ms, 44th alone) gives 4.862 ms (the best
-    known before, a 150 s descent, 5.914 ms; of all 461 configs priced for the class the best
-    is 4.639 ms). Measured in issue 43."""
-    ranked = sorted(alone, key=lambda a: a[:2])
-    firsts: dict[int, tuple] = {}
-    for a in ranked:
-        firsts.setdefault(a[2].degree("sample"), a)
-    picks = list(firsts.values())
-    chosen = {id(a) for a in picks}
-    picks += [a for a in ranked if id(a) not in chosen][:max(0, CLASS_TRIES - len(picks))]
-    return [a[2] for a in picks]
-
 
 @dataclass
 class PolishResult:
@@ -403,22 +372,23 @@ class _Descent:
     def class_move(self, name: str, alone: list, pick_cost: float, tried: set) -> tuple[list[str], bool]:
         """Give ``name``'s alike ops (:func:`alike_classes`, on its pipeline stage) one config
         together: the :data:`CLASS_TRIES` configs that made ``name`` alone fastest (``alone``:
-        (time, order, config) of those faster than the current strategy), each priced whole for
+        (time, order, config) of those faster than the current strategy), and each member split
+        as its input's producer splits it (:func:`aligned_candidate`), each priced whole for
         the class; the best is taken when it beats ``pick_cost`` (the op's own best pick). Once
         a round per class (``tried``: the classes tried so far). The ops moved (empty when none
         was) and whether the budget stopped it (the best class priced before then is taken)."""
         s = self.out.strategy
         members = self.class_of(name)
-        if len(members) < 2 or not alone or members in tried:
+        if len(members) < 2 or members in tried:
             return [], False
         tried.add(members)
         best, pick, stopped = pick_cost, None, False
-        for config in class_tries(alone):
+        aligned = aligned_candidate(self.graph, members, s)  # (each member as its input's producer splits it)
+        for cand in [s.with_configs(members, config) for config in class_tries(alone)] + aligned:
             if self.stop():
                 stopped = True
                 break
             self.out.evals += 1
-            cand = s.with_configs(members, config)
             new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
             if new is not None and new < best * (1 - 1e-12):
                 best, pick = new, cand

@@ -141,17 +141,27 @@ class TestClassMove:
                 if config != r.strategy[op.name]:
                     assert priced(g, r.strategy.with_config(op.name, config), c) >= r.cost_s * (1 - 1e-9)
 
-    def test_a_class_move_is_never_taken_when_no_config_helps_the_op_alone(self, monkeypatch):
-        """Only configs that make the op alone faster are tried for its class: with the start a
-        local optimum of single ops, the descent prices no class candidate."""
+    def test_where_no_config_helps_the_op_alone_only_the_aligned_class_is_priced(self, monkeypatch):
+        """Of the configs for one op, only those that make it alone faster are tried for its
+        class; besides them, each member split as its input's producer splits it
+        (:func:`engine.search.class_moves.aligned_candidate`), where that is not the class's
+        config already. From the descent's own answer (a local optimum of both), each round (the
+        wide one, then the one over every candidate) prices at most that one candidate per class
+        and moves nothing."""
         import engine.search.polish as M
+        from engine.search.class_moves import aligned_candidate
 
         g, c = unrolled()
         r = coordinate_descent(g, c, data_parallel(g, c))
+        classes = {m for m in alike_classes(g).values()}
+        assert r.finished and len(classes) >= 2
         priced_whole = []
-        monkeypatch.setattr(M, "whole_cost", lambda *a, **k: priced_whole.append(a) or None)
+        monkeypatch.setattr(M, "whole_cost", lambda *a, **k: priced_whole.append(a[1]) or None)
         again = coordinate_descent(g, c, r.strategy, global_moves=False)
-        assert again.finished and again.cost_s == r.cost_s and priced_whole == []
+        assert again.finished and again.cost_s == r.cost_s
+        aligned = [cand for m in classes for cand in aligned_candidate(g, m, r.strategy)]
+        assert 0 < len(priced_whole) <= again.rounds * len(aligned) and len(aligned) <= len(classes)
+        assert all(any(p.configs == a.configs for a in aligned) for p in priced_whole)
 
     def test_a_class_on_two_pipeline_stages_moves_on_one(self):
         """With a pipeline, only the members on the op's own stage get its config (stages own
