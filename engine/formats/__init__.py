@@ -64,6 +64,7 @@ __all__ = [
     "load_checked",
     "resolve_model",
     "resolve_cluster",
+    "is_cluster_path",
     "dumps",
     "save_json",
     "atomic_writer",
@@ -179,13 +180,19 @@ def resolve_model(spec: str, *, allow_path: bool = False, batch: int | None = No
     raise ValueError(f"unknown model {printable(spec)!r}: not a sample model ({samples})")
 
 
+def is_cluster_path(spec: str) -> bool:
+    """Whether :func:`resolve_cluster` with ``allow_path`` reads ``spec`` as a cluster file's
+    path (one that exists, or any name ending ``.json``) rather than a preset's name."""
+    return os.path.exists(spec) or spec.endswith(".json")
+
+
 def resolve_cluster(spec: str, *, allow_path: bool = False) -> Cluster:
     """A preset by name (``p100-4x4``, ``dgx-a100-80gb:16``); with ``allow_path``, also a
     cluster file's path (see :func:`resolve_model` for when to allow paths)."""
     if not isinstance(spec, str):
         raise ValueError(f"a cluster name must be a string, got {type(spec).__name__}")
     if allow_path:
-        if os.path.exists(spec) or spec.endswith(".json"):
+        if is_cluster_path(spec):
             return load_cluster(spec)
         try:
             return preset(spec)

@@ -139,7 +139,7 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
     """The points of ``soapbox sweep``: the ``--grid`` items (``["auto"]``: every valid layout,
     :func:`layout_points`) on each cluster of ``--clusters``, each on every network of
     ``--network`` (:func:`engine.studies.network.parse_network`; none: the clusters' own)."""
-    from ..formats import resolve_cluster
+    from ..formats import is_cluster_path, resolve_cluster
 
     names = parse_clusters(clusters)
     net = parse_network(network)  # (checked before the layouts are enumerated)
@@ -149,7 +149,7 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
             built.append(resolve_cluster(name, allow_path=True))
         except ValueError as e:
             raise ValueError(f"--clusters {name[:60]!r}: {first_line(e)}") from None
-        if net and not _is_preset(name):
+        if net and is_cluster_path(name):
             raise ValueError(f"--network: {name[:60]!r} is a cluster file, whose own network it keeps (nics, "
                              "fabric.pod_gpus, fabric.oversubscription in the file); --network applies to presets")
     check_sweep_pods(net, built)
@@ -160,18 +160,9 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
 def _base_name(name: str) -> str:
     """A ``--clusters`` name without the network after its ``+`` (a cluster file whose path
     holds a ``+`` is itself)."""
-    head, plus, _ = name.partition("+")
-    return name if plus and os.path.isfile(name) else head
+    from ..formats import is_cluster_path
 
-
-def _is_preset(name: str) -> bool:
-    from ..cluster import preset
-
-    try:
-        preset(name)
-    except ValueError:
-        return False
-    return True
+    return name if is_cluster_path(name) else name.partition("+")[0]
 
 
 _MODELS: dict[tuple, Any] = {}
