@@ -3,7 +3,12 @@
 tree and this one alternating per case, and prints the best simulated iteration time (ms), the
 process's seconds and, for ``auto``, its polish's and MCMC's notes.
 
-Usage: python benchmarks/bench_search_ab.py --base /path/to/other/checkout [--algo mcmc|auto]
+``--algo descent-expert`` (or ``descent-dp``) runs auto's polish alone, greedy coordinate descent
+(``engine.search.polish.coordinate_descent``) from FlexFlow's expert strategy (or data
+parallelism), with a number budget: the candidates it prices, the same answer in both trees
+where the change is exact, so the seconds compare the same work.
+
+Usage: python benchmarks/bench_search_ab.py --base /path/to/other/checkout [--algo mcmc|auto|descent-expert]
        [--budget 15s] [--seed 0] [--cases alexnet/p100-4x4,nmt/p100-4x4]
 """
 
@@ -30,6 +35,13 @@ algo, case, budget, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4
 model, cluster = case.split("/")
 g, c = resolve_model(model), preset(cluster)
 t = time.perf_counter()
+if algo.startswith("descent-"):
+    from engine.search.baselines import data_parallel, expert
+    from engine.search.polish import coordinate_descent
+    start = (expert if algo == "descent-expert" else data_parallel)(g, c)
+    r = coordinate_descent(g, c, start, max_evals=Budget.parse(budget).iterations)
+    print(json.dumps({"ms": r.cost_s * 1e3, "s": time.perf_counter() - t, "notes": [f"{r.evals} candidates"]}))
+    sys.exit()
 r = ALGORITHMS[algo].run(g, c, Budget.parse(budget), seed=seed)
 notes = [n for n in r.notes if n.startswith(("polish", "mcmc from"))]
 print(json.dumps({"ms": r.best_cost_s * 1e3, "s": time.perf_counter() - t, "notes": notes}))

@@ -97,6 +97,19 @@ def assert_same_timeline(a, b) -> None:
     assert np.array_equal(a.extra["ready_s"], b.extra["ready_s"])
 
 
+def random_moves(sim, rng, steps):
+    """Up to ``steps`` random single-op moves valid for ``sim`` (a delta simulator): (op, config)
+    pairs, each drawn from ``sim``'s strategy as it is when drawn (the caller makes or undoes it)."""
+    from engine.search.chains import random_config
+
+    names = [op.name for op in sim.graph.ops]
+    for _ in range(steps):
+        name = rng.choice(names)
+        config = random_config(sim.graph[name], sim.cluster.num_devices, rng)
+        if not sim.check(name, config):
+            yield name, config
+
+
 def drawn_megatron(g, c, tp, pp, vpp, mb, sp, zero, recompute, overlap):
     """The Megatron layout a hypothesis test drew (one the builder refuses is not drawn)."""
     from hypothesis import assume

@@ -223,7 +223,9 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
     strategy is affordable (:func:`engine.search.chains.delta_affordable`); elsewhere only the
     global pass runs, each candidate priced whole, and ``finished`` is never claimed. A
     candidate's time is compared first and its memory checked only when the time would keep
-    it (the same choices as pricing every candidate with its memory check, fewer checks).
+    it (the same choices as pricing every candidate with its memory check, fewer checks), and
+    its simulation stops once it is known to end no faster than the best
+    (:meth:`~engine.sim.delta.DeltaSimulator.trial`: the same choices, less of each run).
     """
     d = _Descent(graph, cluster, strategy, cost or CostModel(), sim, max_evals, deadline, tick, until, check_memory)
     space = Space(graph, cluster) if global_moves else None
@@ -334,8 +336,9 @@ class _Descent:
                     _finish(out, sim, name, pick, pick_cost, self.best, self.t0)
                     return False
                 out.evals += 1
-                sim.change(name, config)
-                new = sim.timeline.makespan_s  # (memory checked only for a time that would be kept)
+                # (priced against the best: a candidate no faster is stopped as soon as it is known to be;
+                # memory checked only for a time that would be kept)
+                new = sim.trial(name, config, self.best * (1 - 1e-12))
                 if new < self.best * (1 - 1e-12):
                     alone.append((new, len(alone), config))
                 if new < pick_cost * (1 - 1e-12) and self.fits(sim):

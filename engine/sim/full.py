@@ -118,7 +118,7 @@ def event_loop(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag,
     n = dur.shape[0]
     hk, hi, h = ready_heap(rank, ready, initial, n)
     done, h = dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left,
-                       last, last_task, res_pred, order, done, hk, hi, h, n + 1)
+                       last, last_task, res_pred, order, done, hk, hi, h, n + 1, np.zeros(0), np.inf)
     return start, end, order[:done], res_pred, ready
 
 
@@ -136,13 +136,20 @@ def ready_heap(rank, ready, initial, n):  # pragma: no cover
 
 @nb.njit(cache=True, nogil=True)
 def dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready, left, last,
-             last_task, res_pred, order, done, hk, hi, h, stop_at):  # pragma: no cover
+             last_task, res_pred, order, done, hk, hi, h, stop_at, rem, bound):  # pragma: no cover
     """Dispatch tasks from the heap (``hk``, ``hi``, ``h`` entries) until it is empty or
     ``stop_at`` tasks are dispatched in all; returns (tasks dispatched, heap size). Called
     once for a whole run, or in chunks with a cancel check between them (the interpreter
-    lock is released meanwhile, so another thread can set the cancel)."""
+    lock is released meanwhile, so another thread can set the cancel).
+
+    With ``rem`` (per resource, the seconds of work its tasks not yet dispatched hold; empty:
+    no bound), it also stops after the first task from which the run's end is known to be at
+    least ``bound``: that task's end, or a resource it held free at ``last`` with ``rem`` still
+    to run (a resource runs one task at a time, so the run cannot end before). The state is then
+    left as it stands, and a later call goes on from it to the same run."""
     n = dur.shape[0]
     static = rank.shape[0] == n
+    bounded = rem.shape[0] > 0
     while h > 0 and done < stop_at:
         r, t, h = _pop(hk, hi, h)
         s = ready[t]
@@ -177,6 +184,15 @@ def dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, r
             left[v] -= 1
             if left[v] == 0:
                 h = _push(hk, hi, h, rank[v] if static else ready[v], v)
+        if bounded:
+            lb = e
+            for k in range(res_ptr[t], res_ptr[t + 1]):
+                q = res_idx[k]
+                rem[q] -= dur[t]
+                if e + rem[q] > lb:
+                    lb = e + rem[q]
+            if lb >= bound:
+                break
     return done, h
 
 
@@ -348,7 +364,7 @@ def _run_cancellable(dur, res_ptr, res_idx, succ_ptr, succ_idx, npred, chain_nex
     while h > 0:
         check_cancel(cancel)
         done, h = dispatch(dur, res_ptr, res_idx, succ_ptr, succ_idx, chain_next, chain_lag, rank, start, end, ready,
-                           left, last, last_task, res_pred, order, done, hk, hi, h, done + chunk)
+                           left, last, last_task, res_pred, order, done, hk, hi, h, done + chunk, np.zeros(0), np.inf)
     return start, end, order[:done], res_pred, ready
 
 

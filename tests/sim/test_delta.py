@@ -21,6 +21,7 @@ from engine.sim.full import simulate
 from engine.strategy import Config
 from engine.taskgraph import TaskGraphBuilder
 from engine.layout import Layout, build_layout
+from toys import random_moves  # tests/toys.py
 
 
 ARRAYS = ("kind", "op", "part", "mb", "device", "dur_s", "size_bytes", "res_ptr", "res_idx", "succ_ptr", "succ_idx",
@@ -43,12 +44,7 @@ def test_delta_equals_full_simulation(model, cluster_name, seed, steps):
     g, c = MODELS[model], preset(cluster_name)
     sim = DeltaSimulator(g, data_parallel(g, c), c)
     rng = random.Random(seed)
-    names = [op.name for op in g.ops]
-    for _ in range(steps):
-        name = rng.choice(names)
-        config = random_config(g[name], c.num_devices, rng)
-        if sim.check(name, config):
-            continue
+    for name, config in random_moves(sim, rng, steps):
         sim.change(name, config)
         if rng.random() < 0.25:
             sim.revert()
