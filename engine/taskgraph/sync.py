@@ -160,7 +160,7 @@ class SyncBuilder:
         zero = ctx.strategy.zero_stage
         device_params = np.zeros(ctx.n_devices)  # parameters each device's optimizer updates
         pbytes = DTYPE_BYTES[ctx.graph.precision]
-        # region -> [devices, (op, parts), elements, tensors counted]; a shared tensor its ops
+        # region -> [devices, (op, parts), elements, tensors counted(, holders)]; a shared tensor its ops
         # cut differently is cut into pieces first
         ops = ctx.graph.ops
         mixed = not zero and len({param_split(ops[oi], ctx.strategy.configs[ops[oi].name]) for oi in members}) > 1
@@ -192,22 +192,31 @@ class SyncBuilder:
         # (devices, elements, {op: its elements}) of each ZeRO-3 gather group
         gathers: list[tuple[list[int], float, dict[int, float]]] = []
         k = ctx.strategy.shard_group if zero >= 2 else 0
-        for devs, parts, elems, _ in regions.values():
-            if not any(t.rep[oi][ks].any() for oi, ks in parts):
-                continue  # mirrored by a representative region
+        # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made (unless
+        # they accumulate unsharded: FSDP's no_sync, once on the last microbatch); otherwise
+        # gradients accumulate locally and are synchronised once.
+        each = zero >= 3 and not ctx.strategy.accumulate_unsharded
+        rows = np.arange(m) if each else np.array([m - 1])
+        mbs = rows if each else np.array([-1])
+        kind = "reduce_scatter" if zero >= 2 else "all_reduce"
+        if mixed:  # [holder] (every partition of every member, in members' order) its backward, device, mirror flag
+            h_bwd = np.concatenate([t.bwd[oi][rows] for oi in members], axis=1)
+            h_dev = np.concatenate([t.devs[oi] for oi in members])
+            h_rep = np.concatenate([t.rep[oi] for oi in members])
+        for devs, parts, elems, _, *holders in regions.values():
+            if holders:  # (a shared tensor's piece: its holders, ascending)
+                if not h_rep[holders[0]].any():
+                    continue  # mirrored by a representative region
+                preds, pdevs = h_bwd[:, holders[0]], h_dev[holders[0]]
+            else:
+                if not any(t.rep[oi][ks].any() for oi, ks in parts):
+                    continue
+                preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
+                pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
             udevs = np.unique(np.concatenate(devs)).tolist()
             per_op = {} if zero < 3 or ctx.strategy.gather_unit != "op" else {  # (only per-op gathers read it)
                 oi: ctx.graph.ops[oi].partition_param_elements(ctx.strategy.configs[ctx.graph.ops[oi].name].degrees)
                 for oi, _ in parts}
-            kind = "reduce_scatter" if zero >= 2 else "all_reduce"
-            # ZeRO-3 (FSDP) reduce-scatters every microbatch's gradients as they are made
-            # (unless they accumulate unsharded: FSDP's no_sync, once on the last microbatch);
-            # otherwise gradients accumulate locally and are synchronised once.
-            each = zero >= 3 and not ctx.strategy.accumulate_unsharded
-            rows = np.arange(m) if each else np.array([m - 1])
-            mbs = rows if each else np.array([-1])
-            preds = np.concatenate([t.bwd[oi][rows][:, ks] for oi, ks in parts], axis=1)
-            pdevs = np.concatenate([t.devs[oi][ks] for oi, ks in parts])
             for tail in self.plan.stage_tail(unit):
                 if tail not in t.bwd:
                     continue
@@ -264,7 +273,9 @@ class SyncBuilder:
         the copies would drift. The tensor is cut at every boundary of every op's regions;
         each piece is reduced over every device holding it, with the contributions of every
         partition holding it, and pieces held by the same devices are reduced together (one
-        collective, as a framework buckets them). Entries as ``build``'s ``regions``."""
+        collective, as a framework buckets them). Entries as ``build``'s ``regions``, the ops
+        holding a piece with no partition list, and the piece's holders (indices into every
+        member's partitions, in members' order) after them."""
         ctx, t = self.ctx, self.tables
         op_of = np.concatenate([np.full(t.devs[oi].size, oi, np.int64) for oi in members])  # [holder] op
         part_of = np.concatenate([np.arange(t.devs[oi].size) for oi in members])  # [holder] its partition
@@ -284,8 +295,8 @@ class SyncBuilder:
         out = {}
         for key, (devs, holders, elems) in groups.items():
             hs = np.unique(np.concatenate(holders))  # (ascending: by op in members' order, then partition)
-            runs = np.split(hs, np.flatnonzero(np.diff(op_of[hs])) + 1)
-            out[("shared", key)] = [[devs], [(int(op_of[r[0]]), part_of[r]) for r in runs], elems, set()]
+            ops = op_of[hs[np.r_[True, op_of[hs[1:]] != op_of[hs[:-1]]]]]  # (each holding op once)
+            out[("shared", key)] = [[devs], [(int(oi), None) for oi in ops], elems, set(), hs]
         return out
 
     def _boxes(self, oi: int, i: int) -> tuple[np.ndarray, np.ndarray]:

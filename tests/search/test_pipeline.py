@@ -177,3 +177,43 @@ class TestTimeBudget:
         r = ALGORITHMS["pipeline"].run(g, c, None, options=PipelineOptions(simulate_top=2))
         assert r.iterations == sum(len(p.variants()) for p in plan_pipeline(g, c)[:2])
         assert "data-parallel" in r.baselines
+
+
+def _fresh_layer_times(graph, cluster, args):
+    from engine.costs import CostModel
+    from engine.search.pipeline import _Model
+
+    return _Model(graph, cluster, CostModel()).layer_times(*args)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "moe"])
+def test_layer_times_shared_across_layouts_equal_fresh_ones(case):
+    """The planner's layer times are made once for every layout that splits the batch the same
+    way (dp x microbatches, with experts dp and microbatches apart) and once for both
+    recomputations, from each repeated op's times made once: every ask equals, bit for bit,
+    what a planner that never saw another layout computes."""
+    from engine.costs import CostModel
+    from engine.models.moe import MoEConfig, moe_gpt
+    from engine.search.pipeline import _Model
+
+    if case == "moe":
+        graph = moe_gpt(MoEConfig(layers=4, hidden=256, heads=8, seq_len=512, vocab=1000, batch=16, experts=8,
+                                  top_k=2, expert_ffn=512))
+    else:
+        graph = resolve_model("gpt2", batch=16)
+    cluster = preset("dgx-h100:2")
+    dtype = cluster.device_type(0)
+    shared = _Model(graph, cluster, CostModel())
+    asks = []
+    for tp, dp, m, recompute, ep in [(1, 16, 1, "none", 1), (1, 8, 2, "none", 1), (1, 4, 4, "full", 1),
+                                     (2, 8, 2, "full", 1), (2, 4, 4, "none", 1), (2, 2, 8, "full", 1),
+                                     (1, 8, 2, "full", 2), (1, 16, 1, "none", 4), (2, 4, 2, "none", 2)]:
+        if ep > 1 and case != "moe":
+            continue
+        ep_group = tuple(range(0, ep * tp, tp)) if ep > 1 else ()
+        asks.append((tp, dp, m, dtype, tuple(range(tp)), recompute, ep, ep_group))
+    for args in asks + asks[::-1]:
+        assert np.array_equal(shared.layer_times(*args), _fresh_layer_times(graph, cluster, args)), args
+    # (layouts of one batch split share: 16 x 1 and 8 x 2 are one micro-batch of one sample)
+    if case == "gpt2":
+        assert np.array_equal(shared.layer_times(*asks[0]), shared.layer_times(1, 8, 2, dtype, (0,), "none"))
