@@ -373,7 +373,7 @@ class TestWhatTheServerKeeps:
         WU.warm_up()
         # a visitor's edit: built on the background pool (the cancellable loop), then a delta
         # change (before, both were compiled in the middle of the first visitors' requests)
-        for kernel in (full.loop_state, full.ready_heap, full.dispatch, delta.event_loop):
+        for kernel in (full.loop_state, full.ready_heap, full.dispatch, delta._restore, delta._first_change):
             assert kernel.signatures, kernel
         # the page's cluster menu reads every family's one-node preset: all are kept, so a
         # page load makes none again (with 16 kept of 21, each load made them all)
