@@ -273,12 +273,10 @@ class SyncBuilder:
         the copies would drift. The tensor is cut at every boundary of every op's regions;
         each piece is reduced over every device holding it, with the contributions of every
         partition holding it, and pieces held by the same devices are reduced together (one
-        collective, as a framework buckets them). Entries as ``build``'s ``regions``, the ops
-        holding a piece with no partition list, and the piece's holders (indices into every
-        member's partitions, in members' order) after them."""
+        collective, as a framework buckets them). Entries as ``build``'s ``regions``, with no
+        (op, partitions) list (no ZeRO here, so none of ZeRO-3's per-op gathers reads one) and the
+        piece's holders after them: indices into every member's partitions, in members' order."""
         ctx, t = self.ctx, self.tables
-        op_of = np.concatenate([np.full(t.devs[oi].size, oi, np.int64) for oi in members])  # [holder] op
-        part_of = np.concatenate([np.arange(t.devs[oi].size) for oi in members])  # [holder] its partition
         dev_of = np.concatenate([t.devs[oi] for oi in members])  # [holder] its device
         groups: dict[bytes, list] = {}  # [device] holds it -> [devices, [holders], elements]
         for i in range(len(ctx.graph.ops[members[0]].params)):
@@ -295,8 +293,7 @@ class SyncBuilder:
         out = {}
         for key, (devs, holders, elems) in groups.items():
             hs = np.unique(np.concatenate(holders))  # (ascending: by op in members' order, then partition)
-            ops = op_of[hs[np.r_[True, op_of[hs[1:]] != op_of[hs[:-1]]]]]  # (each holding op once)
-            out[("shared", key)] = [[devs], [(int(oi), None) for oi in ops], elems, set(), hs]
+            out[("shared", key)] = [[devs], [], elems, set(), hs]
         return out
 
     def _boxes(self, oi: int, i: int) -> tuple[np.ndarray, np.ndarray]:
