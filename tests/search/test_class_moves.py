@@ -185,6 +185,34 @@ class TestClassMove:
         assert r.cost_s < priced(g, s, c)
 
 
+class TestAlignedPass:
+    def test_a_round_begins_with_each_class_aligned_to_its_producers_in_graph_order(self):
+        """From data parallelism with the four steps on two of the four devices (the losses
+        then gather their logits from them), the descent's first candidates are the classes aligned to their
+        inputs' producers (:func:`engine.search.class_moves.aligned_candidate`), in graph order,
+        each priced whole against the strategy as the ones before left it and taken when faster:
+        the same strategy and time as that rule applied by brute force here."""
+        from engine.search.class_moves import aligned_candidate
+
+        g, c = unrolled()
+        steps = alike_classes(g)["step.t0"]
+        s = data_parallel(g, c).with_configs(steps, Config({"sample": 2}, (0, 1)))
+        current, best, evals, seen = s, priced(g, s, c), 0, []
+        for op in g.ops:
+            members = alike_classes(g).get(op.name)
+            if members is None or members in seen:
+                continue
+            seen.append(members)
+            for cand in aligned_candidate(g, members, current):
+                evals += 1
+                if priced(g, cand, c) < best:
+                    current, best = cand, priced(g, cand, c)
+        assert evals == 2 and best < priced(g, s, c)  # (the steps' class is not taken, the losses' is)
+        r = coordinate_descent(g, c, s, max_evals=evals, global_moves=False)
+        assert r.evals == evals and r.strategy.configs == current.configs
+        assert r.cost_s == pytest.approx(best, rel=1e-12)
+
+
 class TestPending:
     @staticmethod
     def descent(g, c):
