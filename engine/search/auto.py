@@ -25,9 +25,12 @@ makes that many proposals, reproducibly.
 Allocation (issue 28), the rule: the budget counts from the call (baselines, their pricing and
 the forked seeds included). Layered models get the Megatron layouts of
 :func:`moe_seed_layouts` priced first (dense ones too), within the seeds' share. Seeds run
-quickest first, each in the slice :func:`~engine.search.seed_runs.seed_slice` gives it, and none is started with less
-time than one pricing took. A seed that ends without beating the best priced before it stops
-its family (the differentiable search and PaSE solve the same problem): the later ones are
+in the order pipeline planner, PaSE, differentiable search, each in the slice
+:func:`~engine.search.seed_runs.seed_slice` gives it, and none is started with less time than
+one pricing took; PaSE and the differentiable search together take at most
+:data:`PASE_FAMILY_SHARE` of a time budget (PaSE refuses a slice its own estimate says it
+would not finish in). A seed that ends without beating the best priced before it stops its
+family (the differentiable search and PaSE solve the same problem): the later ones are
 skipped and the polish and MCMC, which start when the seeds end, get their time. The polish
 (:mod:`engine.search.auto_polish`) takes a share of what is left (its set-up, twice one pricing,
 must fit in it; where no delta simulator is affordable, its global pass alone, when two
@@ -82,6 +85,14 @@ PASE_MAX_OPS = 600
 #: (as long as the last) would end past HARD_SHARE x B after auto started (set-up included);
 #: what it found by then is kept
 HARD_SHARE = 1.0
+
+#: with a time budget, the most of it the PaSE family's seeds (PaSE, then the differentiable
+#: search) take together. At 15 s on FlexFlow's six models on p100-4x4, k80-16x4 and
+#: dgx-a100-40gb:8 (issue 43) they paid in one case of 18 (RNNLM / p100-4x4: PaSE's 23.7 ms
+#: against the expert strategy's 27.3, in 0.6-1.4 s) and took 2.5-4.2 s of each budget, mostly
+#: to return a baseline (their own plans are slower there); run without them, auto reached
+#: within 1% of the best known in about half the time on nine cases and ended faster on three
+PASE_FAMILY_SHARE = 0.1
 
 #: seeds that solve the same problem: when one ends without beating what was priced before
 #: it, the later ones of its family are not run (PaSE solves the differentiable search's problem)
@@ -264,15 +275,19 @@ class _Auto:
                                                       "unticked)" if fp8 else ")"))
 
     def searches(self) -> None:
-        """The seed searches that apply, quickest first, each in its slice of the seeds' share
-        (:func:`~engine.search.seed_runs.seed_slice`); a seed that beats nothing priced before it stops its family."""
+        """The seed searches that apply (the pipeline planner, PaSE, the differentiable search),
+        each in its slice of the seeds' share (:func:`~engine.search.seed_runs.seed_slice`; PaSE's
+        family within :data:`PASE_FAMILY_SHARE`); a seed that beats nothing priced before it stops
+        its family."""
         graph, opts, notes = self.graph, self.opts, self.notes
         # what was priced before them, the bar they are measured against
         self.found_before_searches = {n: (not p.feasible, p.time_s) for n, (_, p) in self.found.items()}
         seeds: list[str] = []
         if opts.seeds:
             small = len(graph.ops) <= PASE_MAX_OPS
-            for name in ("pipeline", "differentiable", "pase"):  # the quickest first
+            # (PaSE before the differentiable search, which solves its problem: PaSE's time is known
+            # before it starts, its own estimate, and it refuses a slice that would not hold it)
+            for name in ("pipeline", "pase", "differentiable"):
                 if name in ("pase", "differentiable") and not small:
                     notes.append(f"{name}: not run as a seed ({len(graph.ops)} ops, more than {PASE_MAX_OPS})")
                 elif name == "pipeline" and not self.layered:
@@ -284,6 +299,7 @@ class _Auto:
         ran = seed_runs.seeds_on_backend(seeds, graph, self.cluster, self.seed, self.cost_model, opts) \
             if opts.backend is not None and self.budget.seconds is None and seeds and not self.cancelled else {}
         unpaid: set[str] = set()  # the seed families whose last seed beat nothing priced before it
+        family_end: float | None = None  # (with a time budget: when the PaSE family's share ends)
         for i, name in enumerate(seeds):
             if self.cancelled:
                 break
@@ -294,6 +310,10 @@ class _Auto:
             share = None
             if self.seed_end is not None:
                 share = seed_runs.seed_slice(name, self.seed_end - time.perf_counter(), seeds[i + 1:])
+                if SEED_FAMILY[name] == "pase":  # (the family's seeds together: PASE_FAMILY_SHARE of the budget)
+                    if family_end is None:
+                        family_end = time.perf_counter() + PASE_FAMILY_SHARE * self.budget.seconds
+                    share = min(share, family_end - time.perf_counter())
                 # (a seed prices what it finds as auto does: not started with less than it needs, in pricings)
                 k = seed_runs.SEED_PRICINGS.get(name, 1)
                 if share < max(1.0, k * self.slowest_price):

@@ -32,11 +32,10 @@ def seed_slice(name: str, left_s: float, later: list[str]) -> float:
     budget, with the seeds in ``later`` still to run: half when others follow, the last seed
     all that is left. The pipeline planner gets half (it was a third: on ResNet-101 / p100-4x4
     it takes 1.5-2.9 s and finds 50.5 ms against the best baseline's 56.8 ms, and a third of a
-    15 s budget's seed share, 2.2 s, stopped it in one run of three). The differentiable search
-    gets half when PaSE follows (it reaches
-    PaSE's answer in a fraction of PaSE's time: both build the same problem; NMT on 64 K80s,
-    13.6 s against 111 s), so that, when it pays nothing, PaSE is skipped and half the seeds'
-    time goes to MCMC.
+    15 s budget's seed share, 2.2 s, stopped it in one run of three). PaSE gets half when the
+    differentiable search follows, so that, when it pays nothing, the differentiable search
+    (which solves its problem) is skipped and the time goes to the polish and MCMC; auto caps
+    the two together at :data:`engine.search.auto.PASE_FAMILY_SHARE` of the budget.
 
     >>> seed_slice("differentiable", 10.0, ["pase"]), seed_slice("pase", 4.0, [])
     (5.0, 4.0)

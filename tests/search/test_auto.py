@@ -146,12 +146,15 @@ def test_a_time_budget_holds_with_seeds_in_child_processes(monkeypatch):
 
 def test_the_seeds_get_their_shares_of_a_time_budget_on_a_fake_clock(monkeypatch):
     """auto's wiring of the seeds into their child processes, on a clock that moves only as
-    the test says (every reading 5 ms later, and a seed takes its whole share), so at any speed
-    of the machine: each seed goes through ``seed_runs.bounded`` with half of what is left of the seeds'
-    share and the last with all of it, no seed starts past that share, and MCMC runs after."""
+    the test says (every reading 5 ms later; PaSE takes 1 s, the differentiable search its whole
+    share), so at any speed of the machine: each seed goes through ``seed_runs.bounded``, PaSE
+    first, the two together within :data:`~engine.search.auto.PASE_FAMILY_SHARE` of the budget
+    (PaSE its whole window, as another seed follows and half the seeds' share is more; the
+    differentiable search what PaSE left of it), and MCMC runs after."""
     import time
 
     import engine.search.seed_runs as A
+    from engine.search.auto import PASE_FAMILY_SHARE
 
     clock = [1000.0]
 
@@ -163,22 +166,23 @@ def test_the_seeds_get_their_shares_of_a_time_budget_on_a_fake_clock(monkeypatch
 
     def bounded(algorithm, graph, cluster, budget, seed, cost, seconds, tick):
         calls.append((algorithm.name, seconds, budget.seconds, clock[0]))
-        clock[0] += seconds  # (it ran its whole share, and was stopped there)
+        clock[0] += 1.0 if algorithm.name == "pase" else seconds  # (then stopped at its share)
         return f"stopped at its share of the budget ({seconds:.1f} s)"
 
     monkeypatch.setattr(time, "perf_counter", now)
     monkeypatch.setattr(A, "bounded", bounded)
     g, c = resolve_model("alexnet"), preset("p100-4x4")
-    start = clock[0]
-    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=6))
-    share = AutoOptions().seed_share * 6
+    budget_s = 60.0
+    r = ALGORITHMS["auto"].run(g, c, Budget(seconds=budget_s))
+    window = PASE_FAMILY_SHARE * budget_s
+    assert window < AutoOptions().seed_share * budget_s / 2  # (so the family's window decides)
     names = [n for n, *_ in calls]
-    assert names == ["differentiable", "pase"], r.notes  # (AlexNet has no repeated layers to stage)
+    assert names == ["pase", "differentiable"], r.notes  # (AlexNet has no repeated layers to stage)
     (_, first, b1, t1), (_, second, b2, t2) = calls
     assert (b1, b2) == (first, second)
-    assert first == pytest.approx((start + share - t1) / 2, abs=0.02)  # half, another seed following
-    assert second == pytest.approx(start + share - t2, abs=0.02)  # the last: all that is left
-    assert 0 < second <= first and first + second <= share
+    assert first == pytest.approx(window, abs=0.02)
+    assert second == pytest.approx(window - (t2 - t1), abs=0.02) and t2 - t1 >= 1.0
+    assert 0 < second < first and t2 + second <= t1 + window + 0.02
     for name, _, _, _ in calls:
         assert f"{name}: stopped at its share of the budget" in "\n".join(r.notes)
     assert sum(n.startswith("mcmc from ") for n in r.notes) == 1, r.notes

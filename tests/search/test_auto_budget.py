@@ -48,34 +48,34 @@ def test_seed_slices():
 
 
 def test_a_seed_that_beats_nothing_skips_its_family(monkeypatch, alexnet):
-    """The differentiable search returns something slower than the baselines: PaSE (its
-    problem, solved exactly) is not run and MCMC runs at once."""
+    """PaSE returns something slower than the baselines: the differentiable search (which
+    solves PaSE's problem, approximately) is not run and MCMC runs at once."""
     g, c, best = alexnet
     calls = []
     slow = _fake(lambda graph, cluster, budget, **kw: _result(data_parallel(graph, cluster), 10 * best), calls,
-                 "differentiable")
-    monkeypatch.setitem(ALGORITHMS, "differentiable", slow)
-    monkeypatch.setitem(ALGORITHMS, "pase", _fake(lambda *a, **k: pytest.fail("pase ran"), calls, "pase"))
+                 "pase")
+    monkeypatch.setitem(ALGORITHMS, "pase", slow)
+    monkeypatch.setitem(ALGORITHMS, "differentiable", _fake(lambda *a, **k: pytest.fail("differentiable ran"),
+                                                            calls, "differentiable"))
     r = ALGORITHMS["auto"].run(g, c, Budget(iterations=20), seed=1)
-    assert calls == ["differentiable"]
+    assert calls == ["pase"]
     text = "\n".join(r.notes)
-    assert "pase: not run as a seed (the pase seed before it beat nothing" in text and "mcmc from " in text
-    assert r.best_cost_s <= best and r.best.found_by["source"] != "differentiable"
+    assert "differentiable: not run as a seed (the pase seed before it beat nothing" in text and "mcmc from " in text
+    assert r.best_cost_s <= best and r.best.found_by["source"] != "pase"
 
 
 def test_a_seed_that_pays_lets_the_next_run(monkeypatch, alexnet):
     g, c, best = alexnet
     calls = []
-    fast = _fake(lambda graph, cluster, budget, **kw: _result(expert(graph, cluster), best / 2), calls,
-                 "differentiable")
-    monkeypatch.setitem(ALGORITHMS, "differentiable", fast)
-    monkeypatch.setitem(ALGORITHMS, "pase", _fake(lambda graph, cluster, budget, **kw: _result(
-        data_parallel(graph, cluster), best), calls, "pase"))
+    fast = _fake(lambda graph, cluster, budget, **kw: _result(expert(graph, cluster), best / 2), calls, "pase")
+    monkeypatch.setitem(ALGORITHMS, "pase", fast)
+    monkeypatch.setitem(ALGORITHMS, "differentiable", _fake(lambda graph, cluster, budget, **kw: _result(
+        data_parallel(graph, cluster), best), calls, "differentiable"))
     r = ALGORITHMS["auto"].run(g, c, Budget(iterations=20), options=AutoOptions(refine=False))
-    assert calls == ["differentiable", "pase"]
+    assert calls == ["pase", "differentiable"]
     # never slower than its best seed; the notes say where the answer came from
-    assert r.best_cost_s == best / 2 and r.best.found_by["source"] == "differentiable"
-    assert any(n.startswith("best: differentiable, ") and "the best priced before the searches: " in n
+    assert r.best_cost_s == best / 2 and r.best.found_by["source"] == "pase"
+    assert any(n.startswith("best: pase, ") and "the best priced before the searches: " in n
                for n in r.notes), r.notes
 
 
