@@ -66,6 +66,10 @@ class Twins:
         self._lut: np.ndarray | None = None
         self._op_map: np.ndarray | None = None
         self._set: tuple[list[int], list[int]] = ([], [])  # (slots, ops) the current renaming set
+        # the op tables a copy writes (their dicts, fetched once) and what :meth:`_tables_renamed` gathered
+        self._handle_tables = [(name, getattr(tables, name)) for name in _HANDLE_TABLES]
+        self._plain_tables = [getattr(tables, name) for name in _PLAIN_TABLES]
+        self._tables_held: dict[int, tuple] = {}
 
     # -- classes -------------------------------------------------------------------------
     def op_classes(self) -> list[int]:
@@ -116,31 +120,61 @@ class Twins:
         if src is None:
             return False
         so = src[0][1]
+        t = self.tables
         try:
             lut, op_map = self._renaming(self.store.segments[src[0]], seg, src[1], [so], [])
-            t = self.tables
-            renamed, done = {}, {}  # (a table shared by two names, fwd and fwd_ready, renamed once)
-            for name in _HANDLE_TABLES:
-                tab = getattr(t, name).get(so)
-                if tab is not None:
-                    if id(tab) not in done:
-                        done[id(tab)] = _rename_table(tab, lut)
-                    renamed[name] = done[id(tab)]
+            renamed = self._tables_renamed(so, lut)
             self._copy(self.store.segments[src[0]], seg, lut, op_map)
         except _Foreign:
             return False
         finally:
             self._put_back()
-        for name in _HANDLE_TABLES:
-            table = getattr(t, name)
-            if name in renamed:
-                table[oi] = renamed[name]
+        for name, table in self._handle_tables:
+            new = renamed.get(name)
+            if new is not None:
+                table[oi] = new
             else:
                 table.pop(oi, None)
-        for name in _PLAIN_TABLES:
-            getattr(t, name)[oi] = getattr(t, name)[so]
+        for table in self._plain_tables:
+            table[oi] = table[so]
         mirror(t.devs[oi], t.devs[oi][t.image[oi]])
         return True
+
+    def _tables_renamed(self, so: int, lut: np.ndarray) -> dict[str, np.ndarray]:
+        """Op ``so``'s handle tables (:data:`_HANDLE_TABLES`) renamed by ``lut`` in one pass: a
+        table two names share is renamed once, and a view of one column
+        (:func:`.compute.spread`) stays one (its column renamed and spread again). What is
+        gathered from ``so``'s tables is kept for the copies after (a source's tables are final
+        once made)."""
+        tabs = tuple(table.get(so) for _, table in self._handle_tables)
+        held = self._tables_held.get(so)
+        if held is None or any(a is not b for a, b in zip(held[0], tabs)):
+            distinct: list[tuple[np.ndarray, bool]] = []
+            at: dict[int, int] = {}
+            where = []
+            for tab in tabs:
+                if tab is None:
+                    where.append(-1)
+                    continue
+                k = at.get(id(tab))
+                if k is None:
+                    k = at[id(tab)] = len(distinct)
+                    distinct.append((tab, tab.ndim == 2 and tab.shape[1] > 1 and tab.strides[1] == 0))
+                where.append(k)
+            parts = [np.ascontiguousarray(tab[:, :1] if view else tab).reshape(-1) for tab, view in distinct]
+            joined = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+            held = self._tables_held[so] = (tabs, distinct, where, joined, [p.size for p in parts])
+        _, distinct, where, joined, sizes = held
+        if joined is None:
+            return {}
+        out = _rename(joined, lut)
+        made, start = [], 0
+        for (tab, view), n in zip(distinct, sizes):
+            piece = out[start:start + n]
+            start += n
+            made.append(spread(piece.reshape(tab.shape[0], 1), np.empty(tab.shape[1])) if view
+                        else piece.reshape(tab.shape))
+        return {name: made[k] for (name, _), k in zip(self._handle_tables, where) if k >= 0}
 
     def tensor(self, seg: Segment, p: int, o: int) -> bool:
         """Make tensor ``(p, o)``'s transfer segment as a copy of a twin's (False: build it)."""
@@ -225,12 +259,13 @@ class Twins:
     def _put_back(self) -> None:
         """Undo what the last :meth:`_renaming` set in its tables."""
         slots, ops = self._set
-        if slots:
-            self._lut[slots] = -1
-            slots.clear()
-        if ops:
-            self._op_map[ops] = -1
-            ops.clear()
+        lut, op_map = self._lut, self._op_map
+        for s_ in slots:  # (a few entries: scalar stores beat a fancy index's set-up)
+            lut[s_] = -1
+        slots.clear()
+        for o in ops:
+            op_map[o] = -1
+        ops.clear()
 
     def _copy(self, src: Segment, seg: Segment, lut: np.ndarray, op_map: np.ndarray) -> None:
         """``seg`` made from ``src``'s entries, handles and ops renamed (nothing is written to
@@ -271,14 +306,6 @@ class Twins:
         seg.cross_replica = src.cross_replica
         seg.device_params = None if src.device_params is None else src.device_params.copy()
         self.copied += 1
-
-
-def _rename_table(tab: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """An op table ([mb, part] handles) renamed; a view of one column (:func:`.compute.spread`)
-    stays one: its column is renamed and spread again."""
-    if tab.ndim == 2 and tab.shape[1] > 1 and tab.strides[1] == 0:
-        return spread(_rename(np.ascontiguousarray(tab[:, :1]), lut), np.empty(tab.shape[1]))
-    return _rename(tab, lut)
 
 
 def _rename(h: np.ndarray, lut: np.ndarray) -> np.ndarray:
