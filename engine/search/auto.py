@@ -37,7 +37,7 @@ must fit in it; where no delta simulator is affordable, its global pass alone, w
 pricings fit in what is left), and further slices while each makes the best faster (a faster
 time the op visit under way priced and has not taken yet counts), up to a larger share (all
 that is left where MCMC's set-up would not fit in the rest), its first round uncut where at its pace
-it ends by then (:class:`~engine.search.polish.PolishSlices`). A seed with a time budget answers
+it ends by then (:class:`~engine.search.auto_polish.PolishSlices`). A seed with a time budget answers
 within it (the pipeline planner prices no plan past it once one fits). MCMC is not started when
 its set-up (pricing its starting points, as long as auto's pricing of them took) and one move
 would not fit in what is left; once running it is stopped at the first progress row from

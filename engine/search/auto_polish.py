@@ -1,10 +1,11 @@
 """``auto``'s polish stage (:mod:`engine.search.auto`): greedy coordinate descent over single-op
 configs (:mod:`engine.search.polish`) from the best start priced so far, its time allocated by
-:class:`~engine.search.polish.PolishSlices`, and which start comes first. The stage reads and
+:class:`PolishSlices`, and which start comes first. The stage reads and
 fills auto's state (its ``found``, notes, budget and pricing times)."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -13,9 +14,9 @@ from ..strategy import Strategy
 from .api import Price, Progress
 from .chains import delta_affordable
 from .keys import strategy_key
-from .polish import PolishResult, PolishSlices, coordinate_descent
+from .polish import PolishResult, coordinate_descent
 
-__all__ = ["polish", "polish_from", "best_start", "ms_text", "POLISH_SHARE", "POLISH_MAX_SHARE"]
+__all__ = ["polish", "polish_from", "best_start", "ms_text", "PolishSlices", "POLISH_SHARE", "POLISH_MAX_SHARE"]
 
 #: with a time budget, the share of what is left after the seeds that the polish (greedy
 #: coordinate descent, :mod:`engine.search.polish`) takes first; it stops earlier at a
@@ -29,6 +30,11 @@ POLISH_SHARE = 0.25
 #: gets the rest. On RNNTC / p100-4x4 (issue 28) the descent from FlexFlow's expert strategy finds
 #: faster strategies 9-12 s in, where a quarter stopped it at 30.0 ms and MCMC found nothing more
 POLISH_MAX_SHARE = 0.75
+
+
+#: with a time budget, the fewest candidates a polish slice prices before it is judged (while
+#: under the cap): a slice of slow candidates otherwise ended after a few dozen
+MIN_SLICE_EVALS = 50
 
 
 def polish(a: Any) -> None:
@@ -95,7 +101,7 @@ def polish_from(a: Any, start_name: str, start: Strategy) -> PolishResult | None
                                                     keep_going=most == 1.0)
     # (asked before every candidate: a slice that made nothing faster ends the polish, MCMC gets the rest)
     until = None if slices is None else \
-        lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round, r.pending_s)
+        lambda r: slices.go_on(time.perf_counter(), r.cost_s, r.first_round, r.pending_s, r.evals)
 
     def tick(r: PolishResult) -> bool:
         if r.cost_s < a.best_cost:
@@ -126,3 +132,81 @@ def best_start(found: dict[str, tuple[Strategy, Price]]) -> tuple[str, Strategy]
 def ms_text(p: Price) -> str:
     """``12.3 ms``, with ``(does not fit)`` when over memory."""
     return f"{p.time_s * 1e3:.1f} ms" + ("" if p.feasible else " (does not fit)")
+
+
+class PolishSlices:
+    """The polish's time under a time budget, allocated by measured improvement: a first slice of
+    ``share`` x ``left_s`` from ``start``, then further slices of that length while the slice
+    before made the best strictly faster, never past ``max_share`` x ``left_s``. The first round
+    is not judged before it has visited every op, when at its pace it ends under that cap: an op
+    not yet visited has not been tried at all (on RNNTC / ``p100-4x4``, from FlexFlow's expert
+    strategy, the round's last two ops take 30.0 to 29.8 ms, at 6.9 s of its 7.4 s). Nor is a
+    slice that has priced fewer than :data:`MIN_SLICE_EVALS` candidates (``evals``, counted
+    from the slice's start; under the cap): where a candidate costs 0.1 s (NMT and RNNLM on 16
+    and 64 GPUs) a slice of 2-3 s held 20-30 of them, and the polish gave MCMC the rest of the
+    budget, where MCMC found nothing (issue 43).
+
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.go_on(3.0, 10.0, evals=20), c.go_on(3.5, 10.0, evals=MIN_SLICE_EVALS)  # judged at 50 candidates
+    (True, False)
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.slice_s, c.cap
+    (3.0, 9.0)
+    >>> c.go_on(2.9, 9.0), c.go_on(3.0, 9.0), c.end     # improved in the first slice: a second
+    (True, True, 6.0)
+    >>> c.go_on(6.2, 9.0)                                 # nothing better in the second: stop
+    False
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.go_on(3.0, 10.0, first_round=0.5)               # round 1 half done: it would end at 6 s
+    True
+    >>> c.go_on(3.0, 10.0, first_round=0.25)              # ... at 12 s, past the cap: judged
+    False
+
+    ``keep_going`` (where nothing after the polish would use the time): a slice that made
+    nothing faster is followed by another, up to the cap, once the descent has made its start
+    faster at all; one that never has still ends at its first slice (the next start gets the
+    time). On NMT / ``dgx-a100-40gb:8`` the descent from data parallelism spent a slice on the
+    embeddings' candidates (0.4 s each, after the output layer's class move) and stopped at
+    15.4 ms with 2.9 s of the budget left and MCMC's set-up 5.3 s (issue 43).
+
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=1.0, keep_going=True)
+    >>> c.go_on(3.0, 10.0)                                # nothing faster yet: ends
+    False
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=1.0, keep_going=True)
+    >>> c.go_on(3.0, 9.0), c.go_on(6.0, 9.0), c.go_on(9.0, 9.0), c.end  # faster once: on to the cap
+    (True, True, True, 12.0)
+    """
+
+    def __init__(self, start: float, left_s: float, cost_s: float, share: float, max_share: float,
+                 keep_going: bool = False) -> None:
+        self.start = start
+        self.slice_s = share * left_s
+        self.end = start + self.slice_s
+        self.cap = start + max(share, max_share) * left_s
+        self.mark = cost_s  # the best when the current slice began
+        self.first = cost_s  # the start's
+        self.keep_going = keep_going
+        self.evals_mark = 0
+
+    def go_on(self, now: float, cost_s: float, first_round: float | None = None,
+              pending_s: float = math.inf, evals: int | None = None) -> bool:
+        """Whether the polish goes on at ``now`` with its best at ``cost_s``; ``first_round``:
+        the share of the first round's ops visited so far (None: past the first round);
+        ``pending_s``: a faster time the op visit under way has priced and not taken yet
+        (:attr:`PolishResult.pending_s`), counted as the slice's improvement (on RNNLM /
+        ``dgx-a100-40gb:8`` the first slice ended inside the first op's visit, before its class
+        move, 12.08 -> 7.34 ms in 4.9 s: auto kept 10.56 ms)."""
+        if now < self.end:
+            return True
+        if first_round is not None and 0 < first_round < 1 and \
+                self.start + (now - self.start) / first_round <= self.cap:
+            return True  # (the first round, at its pace, ends under the cap)
+        if evals is not None and evals - self.evals_mark < MIN_SLICE_EVALS and now < self.cap:
+            return True  # (too few candidates priced in this slice to judge it)
+        best = min(cost_s, pending_s)
+        paid = best < self.mark * (1 - 1e-12) or (self.keep_going and best < self.first * (1 - 1e-12))
+        if paid and self.end < self.cap:
+            self.mark, self.end = best, min(max(self.end, now) + self.slice_s, self.cap)
+            self.evals_mark = self.evals_mark if evals is None else evals
+            return now < self.end
+        return False

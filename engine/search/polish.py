@@ -79,7 +79,7 @@ from .moves import Space
 from .class_moves import CLASS_TRIES, aligned_candidate, class_tries
 from .visits import alike_classes, distinct_first, stage_spans, visit_order
 
-__all__ = ["PolishResult", "PolishSlices", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
+__all__ = ["PolishResult", "coordinate_descent", "local_polish", "visit_order", "POLISH_KINDS",
            "CLASS_TRIES", "class_tries", "alike_classes", "distinct_first",
            "stage_spans", "ZERO_ORDER"]
 
@@ -122,73 +122,6 @@ class PolishResult:
         return self.round_share if self.rounds == 1 else None
 
 
-class PolishSlices:
-    """The polish's time under a time budget, allocated by measured improvement: a first slice of
-    ``share`` x ``left_s`` from ``start``, then further slices of that length while the slice
-    before made the best strictly faster, never past ``max_share`` x ``left_s``. The first round
-    is not judged before it has visited every op, when at its pace it ends under that cap: an op
-    not yet visited has not been tried at all (on RNNTC / ``p100-4x4``, from FlexFlow's expert
-    strategy, the round's last two ops take 30.0 to 29.8 ms, at 6.9 s of its 7.4 s).
-
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.slice_s, c.cap
-    (3.0, 9.0)
-    >>> c.go_on(2.9, 9.0), c.go_on(3.0, 9.0), c.end     # improved in the first slice: a second
-    (True, True, 6.0)
-    >>> c.go_on(6.2, 9.0)                                 # nothing better in the second: stop
-    False
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.go_on(3.0, 10.0, first_round=0.5)               # round 1 half done: it would end at 6 s
-    True
-    >>> c.go_on(3.0, 10.0, first_round=0.25)              # ... at 12 s, past the cap: judged
-    False
-
-    ``keep_going`` (where nothing after the polish would use the time): a slice that made
-    nothing faster is followed by another, up to the cap, once the descent has made its start
-    faster at all; one that never has still ends at its first slice (the next start gets the
-    time). On NMT / ``dgx-a100-40gb:8`` the descent from data parallelism spent a slice on the
-    embeddings' candidates (0.4 s each, after the output layer's class move) and stopped at
-    15.4 ms with 2.9 s of the budget left and MCMC's set-up 5.3 s (issue 43).
-
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=1.0, keep_going=True)
-    >>> c.go_on(3.0, 10.0)                                # nothing faster yet: ends
-    False
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=1.0, keep_going=True)
-    >>> c.go_on(3.0, 9.0), c.go_on(6.0, 9.0), c.go_on(9.0, 9.0), c.end  # faster once: on to the cap
-    (True, True, True, 12.0)
-    """
-
-    def __init__(self, start: float, left_s: float, cost_s: float, share: float, max_share: float,
-                 keep_going: bool = False) -> None:
-        self.start = start
-        self.slice_s = share * left_s
-        self.end = start + self.slice_s
-        self.cap = start + max(share, max_share) * left_s
-        self.mark = cost_s  # the best when the current slice began
-        self.first = cost_s  # the start's
-        self.keep_going = keep_going
-
-    def go_on(self, now: float, cost_s: float, first_round: float | None = None,
-              pending_s: float = math.inf) -> bool:
-        """Whether the polish goes on at ``now`` with its best at ``cost_s``; ``first_round``:
-        the share of the first round's ops visited so far (None: past the first round);
-        ``pending_s``: a faster time the op visit under way has priced and not taken yet
-        (:attr:`PolishResult.pending_s`), counted as the slice's improvement (on RNNLM /
-        ``dgx-a100-40gb:8`` the first slice ended inside the first op's visit, before its class
-        move, 12.08 -> 7.34 ms in 4.9 s: auto kept 10.56 ms)."""
-        if now < self.end:
-            return True
-        if first_round is not None and 0 < first_round < 1 and \
-                self.start + (now - self.start) / first_round <= self.cap:
-            return True  # (the first round, at its pace, ends under the cap)
-        best = min(cost_s, pending_s)
-        paid = best < self.mark * (1 - 1e-12) or (self.keep_going and best < self.first * (1 - 1e-12))
-        if paid and self.end < self.cap:
-            self.mark, self.end = best, min(max(self.end, now) + self.slice_s, self.cap)
-            return now < self.end
-        return False
-
-
 def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel | None = None, *,
                        max_evals: int | None = None, deadline: float | None = None,
                        sim: DeltaSimulator | None = None, tick: Callable[[PolishResult], bool] | None = None,
@@ -210,7 +143,8 @@ def coordinate_descent(graph: OpGraph, cluster: Cluster, strategy: Strategy, cos
         current); returning False stops.
     until : callable, optional
         Asked before every candidate with the result so far; returning False stops (a time
-        allocation that must end where it says, as auto's :class:`PolishSlices`: every 10
+        allocation that must end where it says, as auto's
+        :class:`~engine.search.auto_polish.PolishSlices`: every 10
         candidates was up to 1.6 s past a slice's end on NMT / ``p100-4x4``).
     global_moves : bool
         Begin each round with the global pass.

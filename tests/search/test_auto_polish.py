@@ -9,7 +9,7 @@ from engine.cluster import preset
 from engine.formats import resolve_model
 from engine.search import ALGORITHMS, Budget
 from engine.search.api import price
-from engine.search.polish import PolishSlices
+from engine.search.auto_polish import PolishSlices
 from engine.search.baselines import data_parallel, expert
 from engine.search.chains import candidate_configs
 from engine.search.moves import Space
@@ -258,6 +258,19 @@ class TestPolishSlices:
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
         assert all(c.go_on(t, 1.0) for t in (0.0, 1.0, 1.99))
         assert not c.go_on(2.0, 1.0)
+
+    def test_a_slice_is_judged_once_it_has_priced_enough_candidates_or_at_the_cap(self):
+        from engine.search.auto_polish import MIN_SLICE_EVALS
+
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert c.go_on(2.0, 1.0, evals=MIN_SLICE_EVALS - 1)  # (past its end, too few to judge)
+        assert not c.go_on(2.1, 1.0, evals=MIN_SLICE_EVALS)
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert c.go_on(2.0, 0.9, evals=60) and c.end == 4.0  # (paid: the next slice counts from 60)
+        assert c.go_on(4.0, 0.9, evals=60 + MIN_SLICE_EVALS - 1)
+        assert not c.go_on(4.1, 0.9, evals=60 + MIN_SLICE_EVALS)
+        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
+        assert not c.go_on(6.0, 1.0, evals=1)  # (at the cap: judged, whatever it priced)
 
     def test_the_mark_moves_to_each_slices_start(self):
         """A second slice must beat the best at its own start, not only the first slice's."""
