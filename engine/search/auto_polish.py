@@ -142,13 +142,21 @@ class PolishSlices:
     not yet visited has not been tried at all (on RNNTC / ``p100-4x4``, from FlexFlow's expert
     strategy, the round's last two ops take 30.0 to 29.8 ms, at 6.9 s of its 7.4 s). Nor is a
     slice that has priced fewer than :data:`MIN_SLICE_EVALS` candidates (``evals``, counted
-    from the slice's start; under the cap): where a candidate costs 0.1 s (NMT and RNNLM on 16
-    and 64 GPUs) a slice of 2-3 s held 20-30 of them, and the polish gave MCMC the rest of the
-    budget, where MCMC found nothing (issue 43).
+    from the slice's start; under the cap), once the descent has made its start faster: where a
+    candidate costs 0.1 s (NMT and RNNLM on 16 and 64 GPUs) a slice of 2-3 s held 20-30 of them,
+    and the polish gave MCMC the rest of the budget, where MCMC found nothing (issue 43). A
+    start never made faster is judged at its slice's end as before (the next start, or MCMC,
+    gets the time: on NMT / ``dgx-a100-40gb:8`` the expert strategy's descent, whole pricings
+    only, then gives way to the one from data parallelism).
 
     >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.go_on(3.0, 10.0, evals=20), c.go_on(3.5, 10.0, evals=MIN_SLICE_EVALS)  # judged at 50 candidates
+    >>> c.go_on(3.0, 9.0, evals=60), c.end               # faster in the first slice: a second, from 60
+    (True, 6.0)
+    >>> c.go_on(6.0, 9.0, evals=80), c.go_on(6.5, 9.0, evals=110)  # judged at its 50th candidate
     (True, False)
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.go_on(3.0, 10.0, evals=20)                      # never faster: judged, few candidates or not
+    False
     >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
     >>> c.slice_s, c.cap
     (3.0, 9.0)
@@ -201,9 +209,10 @@ class PolishSlices:
         if first_round is not None and 0 < first_round < 1 and \
                 self.start + (now - self.start) / first_round <= self.cap:
             return True  # (the first round, at its pace, ends under the cap)
-        if evals is not None and evals - self.evals_mark < MIN_SLICE_EVALS and now < self.cap:
-            return True  # (too few candidates priced in this slice to judge it)
         best = min(cost_s, pending_s)
+        if evals is not None and evals - self.evals_mark < MIN_SLICE_EVALS and now < self.cap and \
+                best < self.first * (1 - 1e-12):
+            return True  # (too few candidates priced in this slice to judge it; a start never made faster is judged)
         paid = best < self.mark * (1 - 1e-12) or (self.keep_going and best < self.first * (1 - 1e-12))
         if paid and self.end < self.cap:
             self.mark, self.end = best, min(max(self.end, now) + self.slice_s, self.cap)

@@ -263,14 +263,19 @@ class TestPolishSlices:
         from engine.search.auto_polish import MIN_SLICE_EVALS
 
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
-        assert c.go_on(2.0, 1.0, evals=MIN_SLICE_EVALS - 1)  # (past its end, too few to judge)
-        assert not c.go_on(2.1, 1.0, evals=MIN_SLICE_EVALS)
-        c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
         assert c.go_on(2.0, 0.9, evals=60) and c.end == 4.0  # (paid: the next slice counts from 60)
-        assert c.go_on(4.0, 0.9, evals=60 + MIN_SLICE_EVALS - 1)
+        assert c.go_on(4.0, 0.9, evals=60 + MIN_SLICE_EVALS - 1)  # (past its end, too few to judge)
         assert not c.go_on(4.1, 0.9, evals=60 + MIN_SLICE_EVALS)
         c = PolishSlices(start=0.0, left_s=8.0, cost_s=1.0, share=0.25, max_share=0.75)
-        assert not c.go_on(6.0, 1.0, evals=1)  # (at the cap: judged, whatever it priced)
+        assert c.go_on(2.0, 0.9, evals=60) and c.go_on(4.0, 0.9, evals=61)
+        assert not c.go_on(6.0, 0.9, evals=62)  # (at the cap: judged, whatever it priced)
+
+    def test_a_start_never_made_faster_is_judged_at_its_slices_end_however_few_it_priced(self):
+        """The next start (or MCMC) gets the time: with ``keep_going`` too (the review of issue
+        43's sixteenth round: such a start otherwise ran to the end of the budget)."""
+        for keep_going, most in ((False, 0.75), (True, 1.0)):
+            c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=most, keep_going=keep_going)
+            assert c.go_on(2.9, 10.0, evals=3) and not c.go_on(3.0, 10.0, evals=5)
 
     def test_the_mark_moves_to_each_slices_start(self):
         """A second slice must beat the best at its own start, not only the first slice's."""
