@@ -150,14 +150,6 @@ class PolishSlices:
     only, then gives way to the one from data parallelism).
 
     >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.go_on(3.0, 9.0, evals=60), c.end               # faster in the first slice: a second, from 60
-    (True, 6.0)
-    >>> c.go_on(6.0, 9.0, evals=80), c.go_on(6.5, 9.0, evals=110)  # judged at its 50th candidate
-    (True, False)
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
-    >>> c.go_on(3.0, 10.0, evals=20)                      # never faster: judged, few candidates or not
-    False
-    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
     >>> c.slice_s, c.cap
     (3.0, 9.0)
     >>> c.go_on(2.9, 9.0), c.go_on(3.0, 9.0), c.end     # improved in the first slice: a second
@@ -168,6 +160,14 @@ class PolishSlices:
     >>> c.go_on(3.0, 10.0, first_round=0.5)               # round 1 half done: it would end at 6 s
     True
     >>> c.go_on(3.0, 10.0, first_round=0.25)              # ... at 12 s, past the cap: judged
+    False
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.go_on(3.0, 9.0, evals=60), c.end               # faster in the first slice: a second, from 60
+    (True, 6.0)
+    >>> c.go_on(6.0, 9.0, evals=80), c.go_on(6.5, 9.0, evals=110)  # judged at its 50th candidate
+    (True, False)
+    >>> c = PolishSlices(start=0.0, left_s=12.0, cost_s=10.0, share=0.25, max_share=0.75)
+    >>> c.go_on(3.0, 10.0, evals=20)                      # never faster: judged, few candidates or not
     False
 
     ``keep_going`` (where nothing after the polish would use the time): a slice that made
