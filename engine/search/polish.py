@@ -70,6 +70,7 @@ from typing import Callable
 
 from ..cluster import Cluster
 from ..costs import CostModel
+from ..errors import ValidationError
 from ..sim.delta import DeltaSimulator
 from ..graph import OpGraph
 from ..strategy import Strategy
@@ -254,11 +255,44 @@ class _Descent:
                 return False
             self.aligned_seen[members] = (key, self.moves)
             self.out.evals += 1
-            new = whole_cost(self.graph, cand[0], self.cluster, self.cost, self.check_memory, self.deadline)
-            if new is not None and new < self.best * (1 - 1e-12):
+            new = self.priced(cand[0], self.best)
+            if new is not None:
                 self.take(cand[0], new)
                 self.changed.append(name)
         return True
+
+    def priced(self, cand: Strategy, below_s: float) -> float | None:
+        """``cand``'s cost when it is under ``below_s`` (and fits, with the memory check), else
+        None: by the delta simulator where ``cand`` differs from its strategy in op configs
+        alone (:meth:`~engine.sim.delta.DeltaSimulator.trial_configs`: the ops' segments
+        rebuilt, the run resumed and stopped at the bound; the change reverted), else priced
+        whole. On RNNLM / k80-16x4 a class of forty time steps priced whole took 0.47 s."""
+        bound = below_s * (1 - 1e-12)
+        configs = self.delta_configs(cand)
+        if configs == {}:
+            return None  # (its strategy: not faster than itself)
+        if configs is None:
+            new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
+            return new if new is not None and new < bound else None
+        sim = self.sim
+        try:
+            new = sim.trial_configs(configs, bound)
+        except ValidationError:
+            return None
+        ok = new < bound and self.fits(sim)
+        sim.revert()
+        return new if ok else None
+
+    def delta_configs(self, cand: Strategy) -> dict | None:
+        """The op configs that take the delta simulator to ``cand``, or None where there is no
+        simulator, ``cand`` differs in more than op configs, or its full task graph would be
+        larger than a delta simulator may hold (:func:`delta_affordable`: it is then priced
+        whole, symmetry-reduced, and the descent goes on from it without one)."""
+        sim = self.sim
+        configs = None if sim is None else sim.configs_to(cand)
+        if configs and not delta_affordable(self.graph, cand, self.cluster):
+            return None
+        return configs
 
     def aligned(self, members: tuple[str, ...]) -> tuple[list[Strategy], tuple | None]:
         """The current strategy with ``members`` aligned to their producers (a list of none or
@@ -370,8 +404,8 @@ class _Descent:
                 stopped = True
                 break
             self.out.evals += 1
-            new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
-            if new is not None and new < best * (1 - 1e-12):
+            new = self.priced(cand, best)
+            if new is not None:
                 best, pick = new, cand
                 self.out.pending_s = new
         if pick is None:
@@ -381,11 +415,17 @@ class _Descent:
         return list(members), stopped
 
     def take(self, strategy: Strategy, cost_s: float) -> None:
-        """Move to ``strategy`` (priced whole at ``cost_s``): a new delta simulator where one
-        is affordable."""
+        """Move to ``strategy`` (priced at ``cost_s``): the delta simulator's ops changed where
+        it differs in op configs alone, else a new delta simulator where one is affordable."""
         graph, cluster, out = self.graph, self.cluster, self.out
-        sim = DeltaSimulator(graph, strategy, cluster, self.cost) if delta_affordable(graph, strategy, cluster) \
-            else None
+        sim = self.sim
+        configs = self.delta_configs(strategy)
+        if configs:
+            sim.change_configs(configs)
+            sim.commit()
+        else:
+            sim = DeltaSimulator(graph, strategy, cluster, self.cost) if delta_affordable(graph, strategy, cluster) \
+                else None
         self.sim, self.best, self.improved = sim, cost_s, True
         self.partial = self.partial or sim is None
         out.strategy, out.cost_s = (strategy if sim is None else sim.strategy), cost_s

@@ -30,8 +30,8 @@ latest old end of those predecessors (a lower bound of its new ready time).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 import numba as nb
 import numpy as np
@@ -378,7 +378,7 @@ class DeltaSimulator:
         ValidationError
             When the config is not valid for the op (nothing changes then).
         """
-        self._change(op, config, math.inf)
+        self._change({op: config}, math.inf)
         return self.timeline
 
     def trial(self, op: str, config: Config, below_s: float) -> float:
@@ -387,25 +387,52 @@ class DeltaSimulator:
         ``below_s`` or later (:func:`resume`; a search that keeps only a faster strategy needs no
         more). The change is made as by :meth:`change` (:meth:`revert` or :meth:`commit` it);
         :attr:`timeline`, when asked, is the whole run's."""
-        self._change(op, config, below_s)
+        return self.trial_configs({op: config}, below_s)
+
+    def change_configs(self, configs: Mapping[str, Config]) -> Timeline:
+        """:meth:`change` of several ops at once (``configs``: op -> its new config), one
+        rebuild of the segments that read any of them and one resumed simulation: a search's
+        class move (the forty time steps of an RNN layer given one config) is one edit, not
+        forty. :meth:`revert` undoes all of it."""
+        self._change(configs, math.inf)
+        return self.timeline
+
+    def trial_configs(self, configs: Mapping[str, Config], below_s: float) -> float:
+        """:meth:`trial` of several ops at once (:meth:`change_configs`)."""
+        self._change(configs, below_s)
         if isinstance(self._timeline, Paused):
             return math.inf
         t = self._timeline.makespan_s
         return t if t < below_s else math.inf
 
-    def _change(self, op: str, config: Config, below_s: float) -> None:
-        problems = self.check(op, config)
-        if problems:
-            raise ValidationError(problems, f"config for {op}")
-        new_strategy = self.strategy.with_config(op, config)
+    def configs_to(self, strategy: Strategy) -> dict[str, Config] | None:
+        """The op configs that take :attr:`strategy` to ``strategy`` (what
+        :meth:`change_configs` needs), or None where ``strategy`` differs in more than op
+        configs (its pipeline, stages, ZeRO, recomputation...: a new build)."""
+        cur = self.strategy
+        if replace(strategy, configs=cur.configs, cost={}) != replace(cur, cost={}):
+            return None
+        theirs = strategy.configs
+        return {name: c for name, c in theirs.items() if c != cur.configs[name]}
+
+    def _change(self, configs: Mapping[str, Config], below_s: float) -> None:
+        if not configs:
+            raise ValueError("no op config to change")
+        for op, config in configs.items():
+            problems = self.check(op, config)
+            if problems:
+                raise ValidationError(problems, f"config for {op}")
+        ops = list(configs)
+        new_strategy = self.strategy.with_config(ops[0], configs[ops[0]]) if len(ops) == 1 else \
+            replace(self.strategy, configs={**self.strategy.configs, **configs}, cost={})
         if new_strategy.sequence_parallel:  # reductions then depend on consumers: a new builder
             undo = _Undo(self._builder, None, self.tasks, self.timeline)
             self._builder = TaskGraphBuilder(self.graph, new_strategy, self.cluster, self.cost)
             self.tasks = self._builder.build()
             self._timeline = simulate(self.tasks)
-        else:  # the op's segments rebuilt in place, the schedule resumed from the unchanged prefix
-            undo = _Undo(self._builder, self._builder.snapshot(op), self.tasks, self.timeline)
-            self.tasks = self._builder.rebuild(new_strategy, op)
+        else:  # the ops' segments rebuilt in place, the schedule resumed from the unchanged prefix
+            undo = _Undo(self._builder, self._builder.snapshot(ops), self.tasks, self.timeline)
+            self.tasks = self._builder.rebuild(new_strategy, ops)
             self._timeline = resume(undo.tasks, undo.timeline, self.tasks, below_s)
         self._undo = undo
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -114,11 +114,12 @@ class TaskGraphBuilder:
         self.copied = twins.copied if twins is not None else 0
         return self._assemble(cancel)
 
-    def rebuild(self, strategy: Strategy, op: str) -> TaskGraph:
-        """Change ``op``'s config to ``strategy``'s and rebuild only the segments that read
-        it (its compute, the tensors it makes or reads, its parameter unit and the units that
-        prefetch after it). The result is identical, array for array, to a full build of
-        ``strategy`` (segments keep their slots, so the task order is the same).
+    def rebuild(self, strategy: Strategy, ops: str | Sequence[str]) -> TaskGraph:
+        """Change ``ops``' configs (an op's name, or several) to ``strategy``'s and rebuild only
+        the segments that read them (their compute, the tensors they make or read, their
+        parameter units and the units that prefetch after them), each once. The result is
+        identical, array for array, to a full build of ``strategy`` (segments keep their
+        slots, so the task order is the same).
 
         A compute or tensor segment a rebuild made before for the same configs of every op it
         reads is put back instead of made again (:meth:`_reuse`): a segment is a function of
@@ -127,13 +128,14 @@ class TaskGraphBuilder:
         neighbours mostly unchanged: half of the segments of a 30 s coordinate descent on
         RNNTC / p100-4x4 were remade alike. Parameter units' segments are always made (they
         read which devices hold representatives, which every op's config moves)."""
-        oi = self.ctx.graph.index[op]
+        ois = self._indices(ops)
         self.ctx.strategy = strategy
-        affected = self.store.reading(oi)
-        if not self._reuse(("op", oi)):
-            self._build_op(oi)
-            self._keep(("op", oi))
-        self.tables.count_rep_devices(oi)
+        affected = self._reading(ois)
+        for oi in ois:
+            if not self._reuse(("op", oi)):
+                self._build_op(oi)
+                self._keep(("op", oi))
+            self.tables.count_rep_devices(oi)
         for key in affected:
             if key[0] == "tensor" and not self._reuse(key):
                 self.dataflow.build(self.store.begin(key, self.store.refs[key]), key[1], key[2])
@@ -144,6 +146,18 @@ class TaskGraphBuilder:
             elif key[0] == "offload":
                 self.offload.build(self.store.begin(key, self.offload.refs))
         return self._assemble()
+
+    def _indices(self, ops: str | Sequence[str]) -> list[int]:
+        index = self.ctx.graph.index
+        return [index[ops]] if isinstance(ops, str) else sorted({index[o] for o in ops})
+
+    def _reading(self, ois: list[int]) -> list[tuple]:
+        """Keys of the segments that read any of ops ``ois``, each once, in slot (build) order."""
+        st = self.store
+        if len(ois) == 1:
+            return st.reading(ois[0])
+        keys = set().union(*(st.readers.get(oi, ()) for oi in ois))
+        return sorted(keys, key=st.slot_of.__getitem__)
 
     def _made_key(self, key: tuple) -> tuple:
         ops, configs = self.ctx.graph.ops, self.ctx.strategy.configs
@@ -172,17 +186,19 @@ class TaskGraphBuilder:
         self._made[self._made_key(key)] = (seg, self.tables.rows(key[1]) if key[0] == "op" else None)
         self._made_tasks += seg.n
 
-    def snapshot(self, op: str) -> dict[str, Any]:
-        """What :meth:`rebuild` of ``op`` replaces, so that :meth:`restore` can undo it."""
-        oi = self.ctx.graph.index[op]
+    def snapshot(self, ops: str | Sequence[str]) -> dict[str, Any]:
+        """What :meth:`rebuild` of ``ops`` replaces, so that :meth:`restore` can undo it."""
+        ois = self._indices(ops)
         st = self.store
-        return {"oi": oi, "segments": {k: (st.segments[k], st.refs[k]) for k in st.reading(oi)},
-                "tables": self.tables.snapshot(oi), "strategy": self.ctx.strategy, "previous": st.previous}
+        return {"ois": ois, "segments": {k: (st.segments[k], st.refs[k]) for k in self._reading(ois)},
+                "tables": [self.tables.snapshot(oi) for oi in ois], "strategy": self.ctx.strategy,
+                "previous": st.previous}
 
     def restore(self, snap: dict[str, Any]) -> None:
         for k, (seg, refs) in snap["segments"].items():
             self.store.put(k, seg, refs)
-        self.tables.restore(snap["oi"], snap["tables"])
+        for oi, saved in zip(snap["ois"], snap["tables"]):  # (each op's counts moved back: any order)
+            self.tables.restore(oi, saved)
         self.ctx.strategy = snap["strategy"]
         self.store.previous = snap["previous"]
 

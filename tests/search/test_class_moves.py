@@ -155,13 +155,14 @@ class TestClassMove:
         r = coordinate_descent(g, c, data_parallel(g, c))
         classes = {m for m in alike_classes(g).values()}
         assert r.finished and len(classes) >= 2
-        priced_whole = []
-        monkeypatch.setattr(M, "whole_cost", lambda *a, **k: priced_whole.append(a[1]) or None)
+        priced_classes = []  # (whole or by the delta simulator: every class candidate goes through priced())
+        real = M._Descent.priced
+        monkeypatch.setattr(M._Descent, "priced", lambda d, cand, below: priced_classes.append(cand) or real(d, cand, below))
         again = coordinate_descent(g, c, r.strategy, global_moves=False)
         assert again.finished and again.cost_s == r.cost_s
         aligned = [cand for m in classes for cand in aligned_candidate(g, m, r.strategy)]
-        assert 0 < len(priced_whole) <= again.rounds * len(aligned) and len(aligned) <= len(classes)
-        assert all(any(p.configs == a.configs for a in aligned) for p in priced_whole)
+        assert 0 < len(priced_classes) <= again.rounds * len(aligned) and len(aligned) <= len(classes)
+        assert all(any(p.configs == a.configs for a in aligned) for p in priced_classes)
 
     def test_a_class_on_two_pipeline_stages_moves_on_one(self):
         """With a pipeline, only the members on the op's own stage get its config (stages own

@@ -4,6 +4,7 @@ to a full build and simulation, through chains of changes, reverts and commits."
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -102,6 +103,95 @@ class TestChainsOfChanges:
             assert_same_graph(sim.tasks, tg)
             assert_same_timeline(sim.timeline, tl)
         assert (sim.tasks.coll >= 0).any() and (sim.tasks.chain_next >= 0).any()
+
+
+class TestSeveralOpsAtOnce:
+    """:meth:`DeltaSimulator.change_configs`: several ops changed in one edit (a search's class
+    move), each segment that reads any of them rebuilt once, the run resumed once."""
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(sorted(MODELS)), st.integers(0, 10**6), st.integers(2, 6),
+           st.lists(st.sampled_from(["commit", "revert"]), min_size=2, max_size=4))
+    def test_every_step_equals_a_full_build_and_simulation(self, model, seed, k, steps):
+        """Random sets of ops (neighbours in the graph among them: a tensor read by two changed
+        ops is rebuilt once) each given a random config in one edit, kept or reverted: every
+        array equals a full build and simulation of the strategy at that step."""
+        g, c = MODELS[model], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        rng = random.Random(seed)
+        for step in steps:
+            before_tasks, before_tl = sim.tasks, sim.timeline
+            at = rng.randrange(len(g.ops) - k)
+            names = [op.name for op in g.ops[at:at + k]]
+            configs = {}
+            for name in names:
+                config = random_config(g[name], c.num_devices, rng)
+                if config != sim.strategy[name] and not sim.check(name, config):
+                    configs[name] = config
+            if not configs:
+                continue
+            sim.change_configs(configs)
+            assert all(sim.strategy[n] == x for n, x in configs.items())
+            if step == "revert":
+                sim.revert()
+                assert sim.tasks is before_tasks and sim.timeline is before_tl
+                tg, tl = full(g, sim.strategy, c)
+            else:
+                sim.commit()
+                tg, tl = full(g, sim.strategy, c)
+            assert_same_graph(sim.tasks, tg)
+            assert_same_timeline(sim.timeline, tl)
+
+    def test_a_class_move_and_its_trial_against_a_bound(self):
+        """RNNTC's forty time steps of one LSTM layer split by their output features in one edit:
+        the full build's arrays and time; priced against a bound under that time it is inf
+        (stopped), over it the exact time; reverted, the first arrays."""
+        from engine.strategy import Config
+
+        g, c = MODELS["rnntc"], preset("p100-4x4")
+        sim = DeltaSimulator(g, data_parallel(g, c), c)
+        first_tasks, first_tl = sim.tasks, sim.timeline
+        steps = [op.name for op in g.ops if op.name.startswith("lstm.l1.")]
+        assert len(steps) == 40
+        configs = dict.fromkeys(steps, Config({"feature": 4}, (0, 1, 2, 3)))
+        assert all(not sim.check(n, x) for n, x in configs.items())
+        tg, tl = full(g, data_parallel(g, c).with_configs(steps, configs[steps[0]]), c)
+        t = tl.makespan_s
+        assert t != first_tl.makespan_s
+        assert sim.trial_configs(configs, t * 0.999) == math.inf
+        sim.revert()
+        assert sim.trial_configs(configs, t * 1.001) == t
+        assert_same_graph(sim.tasks, tg)
+        assert_same_timeline(sim.timeline, tl)
+        sim.revert()
+        assert sim.tasks is first_tasks and sim.timeline is first_tl
+        sim.change_configs(configs)
+        sim.commit()
+        assert_same_graph(sim.tasks, tg)
+        assert_same_timeline(sim.timeline, tl)
+
+    def test_configs_to_reads_the_op_configs_apart(self):
+        """The op configs that take the simulator's strategy to another (none for itself), None
+        where the other differs in more than op configs (a new build); an invalid config is
+        refused with the op named and nothing changed."""
+        from dataclasses import replace as dc_replace
+
+        from engine.errors import ValidationError
+        from engine.strategy import Config
+
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        s = data_parallel(g, c)
+        sim = DeltaSimulator(g, s, c)
+        assert sim.configs_to(s) == {}
+        other = s.with_configs(["fc6", "fc7"], Config({"feature": 4}, (0, 1, 2, 3)))
+        assert sim.configs_to(other) == {"fc6": other["fc6"], "fc7": other["fc7"]}
+        assert sim.configs_to(dc_replace(other, zero_stage=2)) is None
+        tasks = sim.tasks
+        with pytest.raises(ValidationError, match="fc7"):
+            sim.change_configs({"fc6": other["fc6"], "fc7": Config({"feature": 4}, (0, 1, 2, 99))})
+        assert sim.tasks is tasks and sim.strategy is s
+        with pytest.raises(ValueError):
+            sim.change_configs({})
 
 
 class TestResume:

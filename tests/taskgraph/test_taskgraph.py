@@ -242,6 +242,27 @@ class TestBuilder:
         for name in ("kind", "op", "device", "dur_s", "succ_ptr", "succ_idx", "res_idx", "chain_next"):
             assert np.array_equal(getattr(first, name), getattr(again, name)), name
 
+    def test_several_ops_rebuilt_then_restored_give_the_first_graph_back(self):
+        """Three neighbouring ops (a tensor between two of them) rebuilt in one call: the full
+        build's arrays; restored, then rebuilt with the first configs: the first graph."""
+        g, c = resolve_model("inception_v3"), preset("p100-4x4")
+        s = data_parallel(g, c)
+        b = TaskGraphBuilder(g, s, c, CostModel())
+        first = b.build()
+        at = len(g.ops) // 2
+        ops = [op.name for op in g.ops[at:at + 3]]
+        moved_s = replace(s, configs={**s.configs, **dict.fromkeys(ops, Config({}, (5,)))})
+        snap = b.snapshot(ops)
+        moved = b.rebuild(moved_s, ops)
+        whole = TaskGraphBuilder(g, moved_s, c, CostModel()).build()
+        for name in ("kind", "op", "device", "dur_s", "succ_ptr", "succ_idx", "res_idx", "chain_next"):
+            assert np.array_equal(getattr(moved, name), getattr(whole, name)), name
+        b.restore(snap)
+        assert b.strategy is s
+        again = b.rebuild(s, ops)
+        for name in ("kind", "op", "device", "dur_s", "succ_ptr", "succ_idx", "res_idx", "chain_next"):
+            assert np.array_equal(getattr(first, name), getattr(again, name)), name
+
     def test_symmetry_simulates_one_replica(self):
         g, c = resolve_model("alexnet"), preset("dgx-a100-80gb:2")
         s = data_parallel(g, c)
