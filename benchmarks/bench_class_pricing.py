@@ -12,7 +12,8 @@ For each case: from the start strategy, every class's aligned candidate
 (``engine.search.class_moves.aligned_candidate``) and each class given each of the first
 ``--configs`` candidate configs of its first member; each candidate priced whole and by the
 delta simulator (with the bound at infinity: the whole run, and at the start's time: what the
-polish asks), ``--rounds`` times, medians reported.
+polish asks), ``--rounds`` times, medians reported (the pricing memo emptied before each whole
+pricing: a candidate priced the round before would be answered from it).
 
     PYTHONPATH=. python benchmarks/bench_class_pricing.py [--rounds 3] [--configs 3]
 """
@@ -28,6 +29,7 @@ import time
 
 from engine.cluster import preset
 from engine.formats import resolve_model
+from engine.search import api
 from engine.search.api import whole_cost
 from engine.search.baselines import data_parallel, expert
 from engine.search.chains import candidate_configs
@@ -72,6 +74,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for cand in cands:
                 configs = sim.configs_to(cand)
+                api._PRICED.clear()  # (priced anew each round: the memo would answer from the round before)
                 t = time.perf_counter()
                 w = whole_cost(g, cand, c, None, False)
                 whole.append(time.perf_counter() - t)

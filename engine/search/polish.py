@@ -36,9 +36,9 @@ order, without the wide rounds, it took 2,788.
 
 **Class moves.** Where an op has alike twins (:func:`alike_classes`: the same kind, shapes,
 attributes and parameter group, as the time steps of an unrolled RNN), the configs that made it
-alone fastest are also tried for its whole class (the members on its pipeline stage), each priced
-whole (:func:`class_tries`: the fastest alone of each batch degree, then the fastest of the
-rest; once a round per class), and the best is taken when it beats the op's own pick. One
+alone fastest are also tried for its whole class (the members on its pipeline stage)
+(:func:`class_tries`: the fastest alone of each batch degree, then the fastest of the rest;
+once a round per class), and the best is taken when it beats the op's own pick. One
 config for forty time steps is not reachable by single-op moves: each step alone gains little
 or loses (a step split apart from its neighbours redistributes its
 tensors), all of them together gain much. On RNNLM / ``dgx-a100-40gb:8`` a 15 s ``auto`` went
@@ -51,12 +51,19 @@ unrolled RNN's steps otherwise fill the round's first hundred and more visits.
 **The aligned pass.** Each round begins with every class given together the configs that read
 each member's input as its producer splits it (:func:`aligned_candidate`: Megatron-LM's
 vocabulary-parallel loss under logits split by the vocabulary), class by class in graph order,
-each priced whole and taken when faster, so one class's move is followed by its consumers' in
+each priced and taken when faster, so one class's move is followed by its consumers' in
 the same pass; a class is priced again only when those configs changed. Before it, such a move
 came only when the descent visited the class (its 100th-160th candidate on NMT); NMT /
 ``p100-4x4`` from FlexFlow's expert strategy, 20 s descent: 49.19 ms at 11.6 s before, 40.74 ms
 at 4.2 s with the pass (issue 43). It also moves classes where no delta simulator is
 affordable, where the op visits never run.
+
+**A class candidate is one edit** of the delta simulator where one is affordable
+(:meth:`_Descent.priced`, :meth:`~engine.sim.delta.DeltaSimulator.trial_configs`: the segments
+that read any member rebuilt once, the run resumed and stopped at the bound), else priced whole;
+a class move taken is committed to the simulator, not a new one built. A candidate costs 2.4x
+(RNNLM / ``k80-16x4``) to 24x (ResNet-101 / ``dgx-a100-40gb:8``) less than priced whole, the
+same time to 1e-9 (``benchmarks/bench_class_pricing.py``, issue 43).
 
 Deterministic: no random draws, so a number budget gives the same answer every time.
 """
@@ -240,8 +247,9 @@ class _Descent:
     def aligned_pass(self) -> bool:
         """Each class of alike ops (on its pipeline stage), in graph order, given together the
         configs that read each member's input as its producer splits it
-        (:func:`aligned_candidate`), priced whole and taken when faster; a class is priced again
-        only when those configs changed (a producer moved). False when the budget stopped it."""
+        (:func:`aligned_candidate`), priced (:meth:`priced`) and taken when faster; a class is
+        priced again only when those configs changed (a producer moved). False when the budget
+        stopped it."""
         seen: set[tuple[str, ...]] = set()
         for name in (op.name for op in self.graph.ops if len(self.classes.get(op.name, ())) > 1):
             members = self.class_of(name)
@@ -386,8 +394,8 @@ class _Descent:
         """Give ``name``'s alike ops (:func:`alike_classes`, on its pipeline stage) one config
         together: the :data:`CLASS_TRIES` configs that made ``name`` alone fastest (``alone``:
         (time, order, config) of those faster than the current strategy), and each member split
-        as its input's producer splits it (:func:`aligned_candidate`), each priced whole for
-        the class; the best is taken when it beats ``pick_cost`` (the op's own best pick). Once
+        as its input's producer splits it (:func:`aligned_candidate`), each priced for the class
+        (:meth:`priced`); the best is taken when it beats ``pick_cost`` (the op's own best pick). Once
         a round per class (``tried``: the classes tried so far). The ops moved (empty when none
         was) and whether the budget stopped it (the best class priced before then is taken)."""
         s = self.out.strategy

@@ -157,7 +157,8 @@ class TestClassMove:
         assert r.finished and len(classes) >= 2
         priced_classes = []  # (whole or by the delta simulator: every class candidate goes through priced())
         real = M._Descent.priced
-        monkeypatch.setattr(M._Descent, "priced", lambda d, cand, below: priced_classes.append(cand) or real(d, cand, below))
+        monkeypatch.setattr(M._Descent, "priced",
+                            lambda d, cand, below: priced_classes.append(cand) or real(d, cand, below))
         again = coordinate_descent(g, c, r.strategy, global_moves=False)
         assert again.finished and again.cost_s == r.cost_s
         aligned = [cand for m in classes for cand in aligned_candidate(g, m, r.strategy)]
