@@ -44,6 +44,19 @@ def random_move(sim: DeltaSimulator, rng: random.Random) -> tuple[str, object]:
             return name, config
 
 
+def keep_or_revert(sim: DeltaSimulator, step: str, before: tuple) -> None:
+    """Commit or revert (``step``) the change just made (``before``: the task graph and
+    timeline before it), then check every array against a full build and simulation."""
+    if step == "revert":
+        sim.revert()
+        assert sim.tasks is before[0] and sim.timeline is before[1]
+    else:
+        sim.commit()
+    tg, tl = full(sim.graph, sim.strategy, sim.cluster)
+    assert_same_graph(sim.tasks, tg)
+    assert_same_timeline(sim.timeline, tl)
+
+
 class TestChainsOfChanges:
     @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.sampled_from(sorted(MODELS)), st.sampled_from(["p100-4x4", "dgx-a100-80gb:1"]),
@@ -56,16 +69,9 @@ class TestChainsOfChanges:
         sim = DeltaSimulator(g, data_parallel(g, c), c)
         rng = random.Random(seed)
         for step in steps:
-            before_tasks, before_tl = sim.tasks, sim.timeline
+            before = sim.tasks, sim.timeline
             sim.change(*random_move(sim, rng))
-            if step == "revert":
-                sim.revert()
-                assert sim.tasks is before_tasks and sim.timeline is before_tl
-            else:
-                sim.commit()
-            tg, tl = full(g, sim.strategy, c)
-            assert_same_graph(sim.tasks, tg)
-            assert_same_timeline(sim.timeline, tl)
+            keep_or_revert(sim, step, before)
 
     def test_changes_undone_by_changes_give_the_first_arrays_back(self):
         """Five committed changes, then five changes back to the old configs (new segments
@@ -120,7 +126,7 @@ class TestSeveralOpsAtOnce:
         sim = DeltaSimulator(g, data_parallel(g, c), c)
         rng = random.Random(seed)
         for step in steps:
-            before_tasks, before_tl = sim.tasks, sim.timeline
+            before = sim.tasks, sim.timeline
             at = rng.randrange(len(g.ops) - k)
             names = [op.name for op in g.ops[at:at + k]]
             configs = {}
@@ -132,15 +138,7 @@ class TestSeveralOpsAtOnce:
                 continue
             sim.change_configs(configs)
             assert all(sim.strategy[n] == x for n, x in configs.items())
-            if step == "revert":
-                sim.revert()
-                assert sim.tasks is before_tasks and sim.timeline is before_tl
-                tg, tl = full(g, sim.strategy, c)
-            else:
-                sim.commit()
-                tg, tl = full(g, sim.strategy, c)
-            assert_same_graph(sim.tasks, tg)
-            assert_same_timeline(sim.timeline, tl)
+            keep_or_revert(sim, step, before)
 
     def test_a_class_move_and_its_trial_against_a_bound(self):
         """RNNTC's forty time steps of one LSTM layer split by their output features in one edit:
