@@ -78,15 +78,16 @@ class SegmentStore:
                 seg.edges(ids[:-1], ids[1:])
         return ids
 
-    def live(self, rep_devices: set[int]) -> "Live":
-        """The segments of the graph in slot order (barriers only of devices in use), their
+    def live(self, bar_devices: set[int]) -> "Live":
+        """The segments of the graph in slot order (barriers only of ``bar_devices``: where an op
+        that meets them runs now; a chain an earlier config made stays out), their
         serials, slots and per-segment totals (:class:`Live`). Kept from the last call: after
         a rebuild only the replaced segments are looked up again (the returned record and its
         arrays are new, never modified)."""
         if len(self._keys) != len(self.segments):
             self._keys = sorted(self.segments, key=self.slot_of.__getitem__)
             self._live = None
-        used = frozenset(rep_devices)
+        used = frozenset(bar_devices)
         if self._live is None or self._live[0] != used:
             keys = [k for k in self._keys if k[0] != "barriers" or k[1] in used]
             segs = [self.segments[k] for k in keys]
@@ -304,7 +305,7 @@ def assemble(store: SegmentStore, ctx: BuildContext, tables: OpTables, emit: Emi
     (``cancel``, :func:`engine.errors.check_cancel`, asked between these steps)."""
     check_cancel(cancel)
     D = ctx.n_devices
-    live = store.live(tables.rep_devices)
+    live = store.live(tables.bar_devices)
     segs, serials, slots = live.segs, live.serials, live.slots
     asm = store.splice(segs, serials, cancel)
     check_cancel(cancel)

@@ -95,7 +95,7 @@ class TaskGraphBuilder:
             seg = self.store.begin(("op", oi), (oi,))
             if twins is None or not twins.compute(seg, oi, self.emit.mirror):
                 self._build_op(oi, seg)
-        self.tables.count_all_rep_devices()
+        self.tables.count_all_rep_devices(lambda oi: self.schedule.meets_barriers(oi, self.tables))
         for (p, o), users in self.ctx.users.items():
             check_cancel(cancel)
             seg = self.store.begin(("tensor", p, o), {p, *(c for c, _ in users)})
@@ -135,7 +135,7 @@ class TaskGraphBuilder:
             if not self._reuse(("op", oi)):
                 self._build_op(oi)
                 self._keep(("op", oi))
-            self.tables.count_rep_devices(oi)
+            self.tables.count_rep_devices(oi, barriers=self.schedule.meets_barriers(oi, self.tables))
         for key in affected:
             if key[0] == "tensor" and not self._reuse(key):
                 self.dataflow.build(self.store.begin(key, self.store.refs[key]), key[1], key[2])

@@ -88,6 +88,15 @@ class SchedulePlan:
             for r, (lc, k, ph) in enumerate(order):
                 self.rank[stage, lc, k, ph] = r
 
+    def meets_barriers(self, oi: int, tables: OpTables) -> bool:
+        """Whether :meth:`edges` links op ``oi``'s tasks to its devices' barriers (it then
+        asks for each device's barrier chain)."""
+        if not self.units:
+            return False
+        return any(oi in table and (not (self.has_prod[oi] if phase == FWD else self.has_cons[oi])
+                                    or not (self.has_cons[oi] if phase == FWD else self.has_bwd_prod[oi]))
+                   for phase, table in ((FWD, tables.fwd), (BWD, tables.bwd)))
+
     def edges(self, seg: Segment, oi: int, tables: OpTables, barriers_of: Callable[[int], np.ndarray]) -> None:
         """Edges between op ``oi``'s source/sink tasks and its devices' barriers
         (``barriers_of(device)``: the device's ``units - 1`` barrier handles)."""

@@ -192,6 +192,26 @@ class TestSeveralOpsAtOnce:
             sim.change_configs({})
 
 
+class TestBarrierChains:
+    def test_a_chain_an_earlier_config_made_stays_out(self):
+        """Two microbatches (gradient accumulation): moving the labels (a source of the
+        schedule's units) to GPU 12 makes GPU 12's barrier chain; after a revert, ``conv2``
+        (producer and consumer in its chunk: it meets no barrier) moved there alone must not
+        bring the chain back: a full build has none there (found by a review, issue 43)."""
+        from engine.strategy import Config, PipelineSettings, Strategy
+
+        g, c = MODELS["alexnet"], preset("p100-4x4")
+        base = Strategy({op.name: Config({"sample": 8}, tuple(range(8))) if "sample" in op.dim_names
+                         else Config({}, (0,)) for op in g.ops}, pipeline=PipelineSettings(microbatches=2))
+        sim = DeltaSimulator(g, base, c)
+        sim.change("labels", Config({}, (12,)))
+        keep_or_revert(sim, "revert", (sim._undo.tasks, sim._undo.timeline))
+        sim.change("conv2", Config({}, (12,)))
+        keep_or_revert(sim, "commit", (None, None))
+        sim.change("labels", Config({}, (12,)))  # (a source there again: the chain is back, as in a full build)
+        keep_or_revert(sim, "commit", (None, None))
+
+
 class TestResume:
     def test_nothing_shared_is_a_full_simulation(self):
         """A graph from another builder shares no segment: nothing is reused, and the result
