@@ -410,9 +410,11 @@ class DeltaSimulator:
         :meth:`change_configs` needs), or None where ``strategy`` differs in more than op
         configs (its pipeline, stages, ZeRO, recomputation...: a new build)."""
         cur = self.strategy
+        theirs = strategy.configs
+        if theirs.keys() != cur.configs.keys():
+            return None  # (another op set: not this graph's strategy to edit)
         if replace(strategy, configs=cur.configs, cost={}) != replace(cur, cost={}):
             return None
-        theirs = strategy.configs
         return {name: c for name, c in theirs.items() if c != cur.configs[name]}
 
     def _change(self, configs: Mapping[str, Config], below_s: float) -> None:

@@ -184,6 +184,9 @@ class TestSeveralOpsAtOnce:
         other = s.with_configs(["fc6", "fc7"], Config({"feature": 4}, (0, 1, 2, 3)))
         assert sim.configs_to(other) == {"fc6": other["fc6"], "fc7": other["fc7"]}
         assert sim.configs_to(dc_replace(other, zero_stage=2)) is None
+        fewer = {n: x for n, x in other.configs.items() if n != "fc8"}
+        assert sim.configs_to(dc_replace(other, configs=fewer)) is None  # (an op missing: not an edit)
+        assert sim.configs_to(dc_replace(other, configs={**other.configs, "fc9": other["fc8"]})) is None
         tasks = sim.tasks
         with pytest.raises(ValidationError, match="fc7"):
             sim.change_configs({"fc6": other["fc6"], "fc7": Config({"feature": 4}, (0, 1, 2, 99))})
