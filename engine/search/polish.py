@@ -77,10 +77,9 @@ from typing import Callable
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..errors import ValidationError
 from ..sim.delta import DeltaSimulator
 from ..graph import OpGraph
-from ..strategy import Strategy
+from ..strategy import Strategy, validate_strategy
 from .api import whole_cost
 from .chains import candidate_configs, delta_affordable, price_of_sim
 from .moves import Space
@@ -282,10 +281,12 @@ class _Descent:
         if configs is None:
             new = whole_cost(self.graph, cand, self.cluster, self.cost, self.check_memory, self.deadline)
             return new if new is not None and new < bound else None
+        if validate_strategy(cand, self.graph, self.cluster):  # (the strategy-wide checks whole pricing makes)
+            return None
         sim = self.sim
         try:
             new = sim.trial_configs(configs, bound)
-        except ValidationError:
+        except ValueError:  # (a ValidationError: a config its op refuses; nothing changed)
             return None
         ok = new < bound and self.fits(sim)
         sim.revert()

@@ -420,6 +420,10 @@ class DeltaSimulator:
     def _change(self, configs: Mapping[str, Config], below_s: float) -> None:
         if not configs:
             raise ValueError("no op config to change")
+        if len(configs) > 1 and self.strategy.pipeline.stages > 1 and \
+                len({self.strategy.stage_of.get(op) for op in configs}) > 1:
+            raise ValueError("ops of several pipeline stages in one edit: each is checked against the other "
+                             "stages' devices as they are; change one stage's ops at a time")
         for op, config in configs.items():
             problems = self.check(op, config)
             if problems:

@@ -165,6 +165,28 @@ class TestClassMove:
         assert 0 < len(priced_classes) <= again.rounds * len(aligned) and len(aligned) <= len(classes)
         assert all(any(p.configs == a.configs for a in aligned) for p in priced_classes)
 
+    def test_a_class_candidate_the_strategy_wide_checks_refuse_is_not_priced(self):
+        """Hybrid sharding (ZeRO-2 in groups of 4): forty logits ops each split over 2 GPUs break
+        the rule that the group divides every op's batch split; each op alone passes its own
+        check. Priced whole the candidate was refused; priced by the delta simulator it is too
+        (a review found it priced before the strategy-wide checks were asked)."""
+        import math
+        from dataclasses import replace
+
+        import engine.search.polish as M
+        from engine.cluster import preset
+        from engine.costs import CostModel
+
+        g, c = resolve_model("rnnlm"), preset("dgx-a100-40gb:8")
+        s = replace(data_parallel(g, c), zero_stage=2, shard_group=4)
+        assert validate_strategy(s, g, c) == []
+        cls = [op.name for op in g.ops if op.name.startswith("output.") and op.name.endswith(".logits")]
+        cand = s.with_configs(cls, Config({"sample": 2}, (0, 1)))
+        assert len(cls) == 40 and validate_strategy(cand, g, c)
+        d = M._Descent(g, c, s, CostModel(), None, None, None, None, None, True)
+        assert d.sim is not None and all(d.sim.check(n, cand[n]) == [] for n in cls)  # (each op alone passes)
+        assert d.priced(cand, math.inf) is None
+
     def test_a_class_on_two_pipeline_stages_moves_on_one(self):
         """With a pipeline, only the members on the op's own stage get its config (stages own
         disjoint devices): steps 0-1 on GPUs 0-1, steps 2-3 on GPUs 2-3. From steps 0-1 split

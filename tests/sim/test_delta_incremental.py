@@ -194,6 +194,28 @@ class TestSeveralOpsAtOnce:
         with pytest.raises(ValueError):
             sim.change_configs({})
 
+    def test_ops_of_several_pipeline_stages_are_refused_in_one_edit(self):
+        """Each op of an edit is checked against the other stages' devices as they are, so an
+        edit over two stages is refused (a review found one that moved both stages onto GPU 1
+        accepted), with nothing changed; one stage's ops at a time are edited."""
+        from engine.strategy import Config
+
+        g, c = resolve_model("gpt2"), preset("p100-4x4")
+        sim = DeltaSimulator(g, build_layout(g, c, Layout(pp=2)), c)
+        s = sim.strategy
+        by_stage = {}
+        for op in g.ops:
+            by_stage.setdefault(s.stage_of.get(op.name), []).append(op.name)
+        a, b = by_stage[0][-1], by_stage[1][-1]
+        tasks = sim.tasks
+        with pytest.raises(ValueError, match="several pipeline stages"):
+            sim.change_configs({a: Config({}, (1,)), b: Config({}, (1,))})
+        assert sim.tasks is tasks and sim.strategy is s
+        own = [n for n in by_stage[1] if n != b][-1]
+        moved = {own: Config({}, (s[b].devices[0],)), b: Config({}, (s[b].devices[0],))}
+        sim.change_configs(moved)
+        keep_or_revert(sim, "commit", (None, None))
+
 
 class TestBarrierChains:
     def test_a_chain_an_earlier_config_made_stays_out(self):
