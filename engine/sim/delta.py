@@ -59,14 +59,17 @@ def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, en
         if old_to_new[t] >= 0:
             new_to_old[old_to_new[t]] = t
     t_c = np.inf
+    lost = np.zeros(n_new, np.bool_)  # kept tasks that lost a predecessor
     for u in range(n_old):
         if old_to_new[u] < 0:  # removed, and kept tasks it preceded
             if ready_old[u] < t_c:
                 t_c = ready_old[u]
             for k in range(o_ptr[u], o_ptr[u + 1]):
                 v = o_idx[k]
-                if old_to_new[v] >= 0 and ready_old[v] < t_c:
-                    t_c = ready_old[v]
+                if old_to_new[v] >= 0:
+                    lost[old_to_new[v]] = True
+                    if ready_old[v] < t_c:
+                        t_c = ready_old[v]
         elif dur_new[old_to_new[u]] != dur_old[u] and ready_old[u] < t_c:  # kept, duration changed
             t_c = ready_old[u]
     has_fresh_pred = np.zeros(n_new, np.bool_)
@@ -83,9 +86,9 @@ def _first_change(o_ptr, o_idx, n_ptr, n_idx, n_chain, old_to_new, ready_old, en
                 bound[v] = end_old[new_to_old[u]]
         if fresh and n_chain[u] >= 0:
             has_fresh_pred[n_chain[u]] = True
-    for v in range(n_new):  # new tasks whose predecessors are all kept
-        if new_to_old[v] < 0 and not has_fresh_pred[v] and bound[v] < t_c:
-            t_c = bound[v]
+    for v in range(n_new):  # new tasks, and kept ones that lost a predecessor, whose predecessors are all kept
+        if (new_to_old[v] < 0 or lost[v]) and not has_fresh_pred[v] and bound[v] < t_c:
+            t_c = bound[v]  # (a lower bound of its new ready time: it may be ready earlier than before)
     return t_c
 
 

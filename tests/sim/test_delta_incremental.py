@@ -237,6 +237,26 @@ class TestBarrierChains:
         keep_or_revert(sim, "commit", (None, None))
 
 
+class TestResumeFromTheFirstChange:
+    def test_a_kept_task_that_lost_its_feeders_is_ready_earlier(self):
+        """RNNLM, FlexFlow's expert strategy with 2 microbatches, the 40 loss ops moved to GPU
+        15: a kept task whose only predecessors moved away is ready at 0, before its old ready
+        time; the resumed run must dispatch it where the full simulation does (a review found
+        it 484th instead of first: ``order`` alone differed, issue 43)."""
+        from dataclasses import replace as dc_replace
+
+        from engine.search.baselines import expert
+        from engine.strategy import Config, PipelineSettings
+
+        g, c = resolve_model("rnnlm"), preset("p100-4x4")
+        s = dc_replace(expert(g, c), pipeline=PipelineSettings(microbatches=2))
+        sim = DeltaSimulator(g, s, c)
+        losses = [op.name for op in g.ops if op.name.endswith(".loss")]
+        assert len(losses) == 40
+        sim.change_configs(dict.fromkeys(losses, Config({}, (15,))))
+        keep_or_revert(sim, "commit", (None, None))
+
+
 class TestResume:
     def test_nothing_shared_is_a_full_simulation(self):
         """A graph from another builder shares no segment: nothing is reused, and the result
