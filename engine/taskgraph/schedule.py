@@ -93,9 +93,15 @@ class SchedulePlan:
         asks for each device's barrier chain)."""
         if not self.units:
             return False
-        return any(oi in table and (not (self.has_prod[oi] if phase == FWD else self.has_cons[oi])
-                                    or not (self.has_cons[oi] if phase == FWD else self.has_bwd_prod[oi]))
+        return any(oi in table and any(self._roles(oi, phase))
                    for phase, table in ((FWD, tables.fwd), (BWD, tables.bwd)))
+
+    def _roles(self, oi: int, phase: int) -> tuple[bool, bool]:
+        """(source, sink): whether op ``oi``'s tasks of ``phase`` wait for the barrier before
+        their unit (no producer in the chunk) and feed the one after it (no consumer)."""
+        if phase == FWD:
+            return not self.has_prod[oi], not self.has_cons[oi]
+        return not self.has_cons[oi], not self.has_bwd_prod[oi]
 
     def edges(self, seg: Segment, oi: int, tables: OpTables, barriers_of: Callable[[int], np.ndarray]) -> None:
         """Edges between op ``oi``'s source/sink tasks and its devices' barriers
@@ -110,8 +116,7 @@ class SchedulePlan:
         for phase, table in ((FWD, tables.fwd), (BWD, tables.bwd)):
             if oi not in table:
                 continue
-            is_src = not (self.has_prod[oi] if phase == FWD else self.has_cons[oi])
-            is_snk = not (self.has_cons[oi] if phase == FWD else self.has_bwd_prod[oi])
+            is_src, is_snk = self._roles(oi, phase)
             if not (is_src or is_snk):
                 continue
             r = self.rank[stage, local, :, phase]  # [mb]
