@@ -432,8 +432,7 @@ class DeltaSimulator:
             if problems:
                 raise ValidationError(problems, f"config for {op}")
         ops = list(configs)
-        new_strategy = self.strategy.with_config(ops[0], configs[ops[0]]) if len(ops) == 1 else \
-            replace(self.strategy, configs={**self.strategy.configs, **configs}, cost={})
+        new_strategy = replace(self.strategy, configs={**self.strategy.configs, **configs}, cost={})
         if new_strategy.sequence_parallel:  # reductions then depend on consumers: a new builder
             undo = _Undo(self._builder, None, self.tasks, self.timeline)
             self._builder = TaskGraphBuilder(self.graph, new_strategy, self.cluster, self.cost)
