@@ -46,7 +46,8 @@ from 9.06 to 7.24 ms with them (the best known, MCMC at 150 s, was 8.28). The cl
 config need not be among its op's best alone: from 7.24 ms, ``in_feature 8 x sample 8`` makes
 one logits op 5% slower and all forty 5.32 ms (priced by hand; issue 43). A round visits every
 op that is first of its class or has no twin before the twins (:func:`distinct_first`): an
-unrolled RNN's steps otherwise fill the round's first hundred and more visits.
+unrolled RNN's steps otherwise fill the round's first hundred and more visits. The twins
+come last first (the steps nearest the output: RNNTC / A100's decisive step, 108th).
 
 **The aligned pass.** Each round begins with every class given together the configs that read
 each member's input as its producer splits it (:func:`aligned_candidate`: Megatron-LM's

@@ -72,14 +72,23 @@ def alike_classes(graph: OpGraph) -> dict[str, tuple[str, ...]]:
 def distinct_first(order: list[str], classes: dict[str, tuple[str, ...]]) -> list[str]:
     """``order`` with each class of alike ops (:func:`alike_classes`) kept at its first member
     and its other members moved after every op that is first of its class or has no twin (in
-    ``order``'s order both times): a round reaches every distinct op before the twins. RNNTC's
-    156 LSTM steps fall in 4 classes; its classifier and input split, visited 161st and 164th
-    in :func:`visit_order`, gave the descent from auto's 4.45 ms plan 4.31 -> 4.15 ms at 34-40 s
-    of a first round (issue 43).
+    ``order``'s order), the twins last in ``order`` first: a round reaches every distinct op
+    before the twins. RNNTC's 156 LSTM steps fall in 4 classes; its classifier and input split,
+    visited 161st and 164th in :func:`visit_order`, gave the descent from auto's 4.45 ms plan
+    4.31 -> 4.15 ms at 34-40 s of a first round (issue 43).
+
+    The twins come last first because the time steps of an unrolled recurrence nearest its
+    output are where a single step's move pays; measured, not derived (issue 43, eighteenth
+    round; 15 s descents, the twins in ``order``'s order against reversed): RNNTC /
+    dgx-a100-40gb:8 from FlexFlow's expert strategy 4.278 -> 3.866 ms (``lstm.l2.t39`` split by
+    its features, 108th candidate, where the graph order reached that cost at the 1,054th,
+    46.6 s in), RNNTC / p100-4x4 26.645 -> 25.481 ms from either start; RNNLM within
+    0.5% either way, NMT, ResNet-101 and Inception-v3 the same plans (Inception-v3 / p100-4x4
+    lands on 29.29 or 29.40 ms in either order, by timing).
 
     >>> distinct_first(["a1", "b", "a2", "c", "a3"], {"a1": ("a1", "a2", "a3"), "a2": ("a1", "a2", "a3"),
     ...                                              "a3": ("a1", "a2", "a3")})
-    ['a1', 'b', 'c', 'a2', 'a3']
+    ['a1', 'b', 'c', 'a3', 'a2']
     """
     seen: set[tuple[str, ...]] = set()
     first, rest = [], []
@@ -91,7 +100,7 @@ def distinct_first(order: list[str], classes: dict[str, tuple[str, ...]]) -> lis
             first.append(name)
             if members is not None:
                 seen.add(members)
-    return first + rest
+    return first + rest[::-1]
 
 
 def stage_spans(graph: OpGraph, strategy: Strategy) -> dict[str, int]:

@@ -81,7 +81,10 @@ class TestDistinctFirst:
         assert sorted(out) == sorted(order)
         firsts = [name for name in out if name not in classes or classes[name][0] == name]
         assert out[:len(firsts)] == [name for name in order if name in firsts]
-        assert out.index("classifier") < len(firsts) == out.index("lstm.l0.t2")  # (t0 has no twin, t1 is first)
+        assert out.index("classifier") < len(firsts) == out.index("lstm.l3.t39")  # (t0 has no twin, t1 is first)
+        # the twins last in the order first (an unrolled recurrence's steps nearest its output)
+        assert out[len(firsts):] == [name for name in order if name not in firsts][::-1]
+        assert out[-1] == "lstm.l0.t2"
         assert distinct_first(order, {}) == order
 
 
