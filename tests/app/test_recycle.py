@@ -186,7 +186,12 @@ def _wait_for(srv: Served, text: str, limit_s: float) -> bool:
 
 
 def _listening_sockets(pid: int) -> int:
-    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:  # (closed by the server since it was listed: it holds nothing now)
+            continue
     listening = set()
     with open("/proc/net/tcp", encoding="ascii") as f:
         for line in list(f)[1:]:
