@@ -18,11 +18,13 @@ from engine.sim.full import Timeline
 from engine.strategy import Strategy
 from engine.strategy.runs import device_runs
 from engine.sim.idle import device_gaps
+from engine.sim.lanes import Lanes, lanes
 from engine.taskgraph import BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, UPDATE, XFER
 
 from .fmt import format_bytes, format_seconds
 
-__all__ = ["gantt_data", "merge_bars", "gap_before", "by_row_then_start", "PHASE_NAMES", "A2A_LABEL", "a2a_roles", "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
+__all__ = ["gantt_data", "merge_bars", "gap_before", "PHASE_NAMES", "A2A_LABEL", "a2a_roles",
+           "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
            "MAX_GPU_ROWS"]
 
 MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
@@ -58,28 +60,6 @@ def merge_bars(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float,
         return idx, start.copy(), end.copy(), np.ones(start.size, np.int64)
     idx = np.flatnonzero((gap if gap is not None else gap_before(row, start, end)) > eps)
     return idx, np.minimum.reduceat(start, idx), np.maximum.reduceat(end, idx), np.diff(np.append(idx, start.size))
-
-
-def by_row_then_start(tasks: np.ndarray, row: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``tasks`` (one bar each, on row ``row[task]``) ordered by row, then start, ties by task
-    id: (tasks, their rows). Given in the event loop's dispatch order, a stable sort by row is
-    enough where each row's starts then rise strictly, as on a GPU's or a link's row (a
-    resource held by one task at a time, served first come, first served): a sort by a small
-    integer instead of a lexicographic one (~50 ms of a 1.1 M-task plan's timeline). Else the
-    lexicographic sort."""
-    r = row[tasks]
-    if tasks.size > 1:
-        o = np.argsort(r.astype(np.int16) if r.max() < 2 ** 15 else r, kind="stable")
-        t, r = tasks[o], r[o]
-        s = start[t]
-        same = r[1:] == r[:-1]
-        if np.all(s[1:][same] > s[:-1][same]):
-            return t, r
-        tasks = np.sort(tasks)
-        r = row[tasks]
-        o = np.lexsort((start[tasks], r))
-        tasks, r = tasks[o], r[o]
-    return tasks, r
 
 
 #: the bubble's gaps drawn: those longer than this share of the span
@@ -254,14 +234,14 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
     link_row[links_used] = 2 * shown.size + np.arange(links_used.size)
     labels += link_names
-    row, comp, drawn, ct, cr = _task_rows(timeline, dev_row, link_row, t0, t1)
-    in_view = int(np.count_nonzero(drawn)) + ct.size
-    per_kind = _pairs_by_kind(timeline, row, drawn, ct, cr)
+    lay = lanes(timeline, dev_row, link_row, t0, t1)
+    in_view = lay.in_view
+    per_kind = _pairs_by_kind(timeline, lay)
     eps = _merge_width(per_kind, in_view, max_bars, t0, t1)
     bars = _merged_bars(timeline, names, per_kind, eps)
     bubble = _bubble(timeline, dev_row, pipeline, t0, t1) if pipeline and pipeline[0] > 1 else None
     # (last: the critical chain may still be computed in the background, app.simulation.paths_in_background)
-    over = _overlays(graph, timeline, names, row, comp, ct, cr, selected, eps, max_bars, t0, t1)
+    over = _overlays(graph, timeline, names, lay, selected, eps, max_bars, t0, t1)
     return {"labels": labels, "bars": bars, "overlays": over, "makespan_s": makespan, "window": [t0, t1],
             "bubble": bubble,
             "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,
@@ -269,58 +249,22 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
 
 
-def _task_rows(timeline: Timeline, dev_row: np.ndarray, link_row: np.ndarray, t0: float,
-               t1: float) -> tuple[np.ndarray, ...]:
-    """[task] the row of each task that is not a collective (-1: none), [task] whether it is a
-    compute task or an optimizer step that takes time, [task] whether it is drawn (on a row, in
-    the window ``t0``..``t1``, not empty), and the collectives' (task, row) pairs in the window."""
-    tg = timeline.tasks
-    start, end = timeline.start_s, timeline.end_s
-    kind = tg.kind
-    # a row per task (collectives: see below)
-    row = np.full(tg.num_tasks, -1, np.int64)
-    comp = (kind == FWD) | (kind == BWD) | ((kind == UPDATE) & (tg.dur_s > 0))
-    row[comp] = dev_row[tg.device[comp]]
-    hop = kind == XFER
-    row[hop] = link_row[tg.link[hop]]
-    # collectives: a bar on the collectives row of every device that takes part, so the
-    # bars below are of (task, row) pairs: each other task once, a collective per device
-    visible = (end >= t0) & (start <= t1) & (end > start)  # [task] in the window, not empty
-    drawn = (row >= 0) & visible
-    ct, cr = np.zeros(0, np.int64), np.zeros(0, np.int64)  # the collectives' pairs
-    coll_devs = tg.info.get("coll_devices")
-    if coll_devs is not None:
-        ptr, idx, tasks = coll_devs
-        if tasks.size:
-            ct = np.repeat(tasks, np.diff(ptr))
-            cr = dev_row[idx]
-            ok = (cr >= 0) & visible[ct]
-            ct, cr = ct[ok], cr[ok] + 1
-    return row, comp, drawn, ct, cr
-
-
-def _pairs_by_kind(timeline: Timeline, row: np.ndarray, drawn: np.ndarray, ct: np.ndarray,
-                   cr: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _pairs_by_kind(timeline: Timeline, lay: Lanes) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per kind (:data:`PHASE_NAMES`, the all-to-alls apart as :data:`A2A_LABEL`) its drawn
     (task, row) pairs ordered by row, then start, with each pair's :func:`gap_before`."""
     tg = timeline.tasks
     start, end = timeline.start_s, timeline.end_s
-    kind = tg.kind
     per_kind = {}  # kind -> its (task, row) pairs ordered by row, then start (sorted once)
-    order = timeline.order if timeline.order.size == tg.num_tasks else np.arange(tg.num_tasks)
-    in_order = order[drawn[order]]  # (the drawn tasks in dispatch order)
-    kind_in_order = kind[in_order]
+    ct, cr = lay.coll
     a2a = tg.coll[ct] == _A2A
     for k, label in list(PHASE_NAMES.items()) + [(COLL, A2A_LABEL)]:
-        if k == COLL:
+        if k == COLL:  # (a part of pairs ordered by row, then start, is so ordered)
             sel = a2a if label == A2A_LABEL else ~a2a
             t, r = ct[sel], cr[sel]
-            o = np.lexsort((start[t], r))
-            t, r = t[o], r[o]
-        else:
-            t, r = by_row_then_start(in_order[kind_in_order == k], row, start)
-        if t.size:
-            per_kind[label] = (t, r, gap_before(r, start[t], end[t]))
+            if t.size:
+                per_kind[label] = (t, r, gap_before(r, start[t], end[t]))
+        elif k in lay.by_kind:
+            per_kind[label] = lay.by_kind[k]
     return per_kind
 
 
@@ -358,8 +302,8 @@ def _merged_bars(timeline: Timeline, names: list[str], per_kind: dict[str, tuple
     return bars
 
 
-def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], row: np.ndarray, comp: np.ndarray,
-              ct: np.ndarray, cr: np.ndarray, selected: list[str] | None, eps: float, max_bars: int,
+def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], lay: Lanes,
+              selected: list[str] | None, eps: float, max_bars: int,
               t0: float, t1: float) -> dict[str, dict[str, Any]]:
     """The overlays: the critical chain's tasks (a collective's on its first device's row) and
     the selected ops' compute tasks, those in the window, merged as the bars are (gap ``eps``)
@@ -368,13 +312,17 @@ def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], row: np.ndar
     start, end = timeline.start_s, timeline.end_s
     overlays = {}
     crit = timeline.critical_tasks
-    first_row = np.full(tg.num_tasks, -1, np.int64)
-    first_row[ct[::-1]] = cr[::-1]  # a collective's first device's row
-    row = np.where(row >= 0, row, first_row)
+    row = lay.row
+    if lay.coll_first.size:  # (a collective's on its first device's row)
+        tasks = tg.info["coll_devices"][2]
+        shown = (lay.coll_first >= 0) & (row[tasks] < 0)
+        row = row.copy()
+        row[tasks[shown]] = lay.coll_first[shown]
     crit = crit[(row[crit] >= 0) & (end[crit] > start[crit])]
     overlays["critical path"] = crit
     if selected:
         want = np.array([graph.index[n] for n in selected if n in graph.index], np.int64)
+        comp = (tg.kind == FWD) | (tg.kind == BWD) | ((tg.kind == UPDATE) & (tg.dur_s > 0))
         sel = np.flatnonzero(np.isin(tg.op, want) & (row >= 0) & comp)
         overlays["selected"] = sel[:2 * max_bars]
     over = {}
