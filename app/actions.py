@@ -157,7 +157,12 @@ def _step(state: dict, back: bool) -> tuple[dict, str]:
     if not state[src]:
         return state, f"Nothing to {src}."
     entries = state[src][-1]
-    new = _with_configs(state, entries, key)
+    try:
+        new = _with_configs(state, entries, key)
+    except ValueError as e:  # (a history that does not fit this strategy: dropped, or every undo stays stuck on it)
+        new = dict(state)
+        new[src], new[dst] = [], []
+        return bump(new), f"Cannot {src} ({e}): the edit history was cleared."
     new[src] = state[src][:-1]
     new[dst] = (state[dst] + [entries])[-MAX_HISTORY:]
     what = entries[0]["op"] if len(entries) == 1 else f"{len(entries)} ops"
@@ -265,7 +270,9 @@ def apply_layout(state: dict, kind: str, form: dict[str, Any]) -> tuple[dict, st
     with the builder's reason (nothing changes then). An empty field takes the builder's
     default; 0 or a fraction is refused."""
     try:
-        opts = layout_options(kind, form if isinstance(form, dict) else {})
+        if not isinstance(form, dict):  # (read as empty, the default layout would replace the user's)
+            raise ValueError(f"the layout form must be fields and values, got {type(form).__name__}")
+        opts = layout_options(kind, form)
         why = _model_problem(graph_of(state), opts)
         if why:
             raise ValueError(why)

@@ -123,7 +123,9 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
     if trigger == "expert-apply":
         return apply_whatif(state, whatif)
     if trigger == "layout-apply":
-        form = dict(layout) if isinstance(layout, dict) else {}
+        if not isinstance(layout, dict):  # (a crafted request: read as empty, the default would replace the user's)
+            return state, f"Layout refused: the layout form must be fields and values, got {type(layout).__name__}."
+        form = dict(layout)
         return apply_layout(state, str(form.pop("kind", "megatron"))[:30], form)
     if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
                                                    or "upload" in state["cluster"]):

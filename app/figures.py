@@ -153,9 +153,21 @@ def gantt_notes(data: dict[str, Any]) -> str:
     if data["merged"]:
         notes.append(f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each")
     if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0) > 0:
-        how = f"one GPU drawn per {data['rows']}" if data.get("rows") in ("stage", "node") else \
-            "identical GPUs drawn once" if data.get("rows") == "gpu" else ""
-        notes.append(f"{data['gpu_rows']:,} GPU rows for {data['gpus_in_plan']:,} GPUs ({how})")
+        how = []  # (why there are fewer rows than GPUs: each reason that holds, and only those)
+        if data.get("rows") in ("stage", "node"):
+            how.append(f"one GPU drawn per {data['rows']}")
+        elif data.get("rows") == "gpu" and data.get("gpus_mirrored", 0) > 0:
+            how.append("identical GPUs drawn once")
+        if data.get("rows_filtered"):
+            how.append(f"{data['rows_filtered']:,} row{'s' if data['rows_filtered'] > 1 else ''} hidden by the filter")
+        if data.get("rows_cut"):
+            how.append(f"the first {data['gpu_rows']:,} rows drawn, {data['rows_cut']:,} more left out: filter or "
+                       "group the rows to see them")
+        notes.append(f"{data['gpu_rows']:,} GPU rows for {data['gpus_in_plan']:,} GPUs" +
+                     (f" ({'; '.join(how)})" if how else ""))
+    if data.get("links_filtered"):
+        k = data["links_filtered"]
+        notes.append(f"{k:,} link row{'s' if k > 1 else ''} hidden by the filter (name a link, e.g. nic, to keep it)")
     if data.get("links_hidden"):
         notes.append(f"{data['links_hidden']:,} link rows hidden (tick 'link rows' to show them)")
     bubble = data.get("bubble")

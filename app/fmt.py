@@ -82,15 +82,25 @@ _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15
 
 def parse_count(text: Any) -> float:
     """A count typed as ``1T``, ``300B``, ``2e12`` or ``1,000,000``; ValueError saying how to
-    write one, or that it is not above 0 and below 1e18.
+    write one (a comma that does not separate groups of three digits, as in ``1,5T``, is
+    refused, not read as a separator), or that it is not above 0 and below 1e18.
 
     >>> parse_count("1T"), parse_count("300b"), parse_count("2e12")
     (1000000000000.0, 300000000000.0, 2000000000000.0)
     """
-    raw = str(text or "")[:40].strip().lower().replace(",", "").replace("_", "")
+    full = str(text or "")
+    raw = full[:40].strip().lower().replace("_", "")
+    # commas only between groups of three digits (1,000,000): a decimal comma ("1,5T") read as a
+    # separator was ten times the count meant
+    if len(full) > 40:
+        raise ValueError(f"'{full[:20]}...': a count is at most 40 characters (1T, 300B, 2e12)")
+    if ("," in raw and not re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:e\d+)?\s*[kmbgtp]?", raw)):
+        raise ValueError(f"'{full[:20]}': give a count like 1T, 300B, 2e12 or 1,000,000 (a decimal point, "
+                         "not a comma)")
+    raw = raw.replace(",", "")
     m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbgtp]?)", raw)
     if not m:
-        raise ValueError(f"'{str(text)[:20]}': give a count like 1T, 300B or 2e12")
+        raise ValueError(f"'{full[:20]}': give a count like 1T, 300B or 2e12")
     n = float(m.group(1)) * _SUFFIX[m.group(2)]
     if not 0 < n < 1e18:
         raise ValueError("give a count above 0 and below 1e18")

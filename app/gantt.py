@@ -113,9 +113,10 @@ def parse_row_filter(text: str) -> list[tuple[str, Any]]:
 
 
 def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: str,
-              stage_of_device: np.ndarray | None, row_filter: str) -> tuple[np.ndarray, list[str], str]:
-    """The GPUs whose rows the timeline draws, in order, each with its label, and the grouping
-    used. ``gpu``: every simulated GPU (a symmetric simulation's mirrored GPUs counted on the row
+              stage_of_device: np.ndarray | None, row_filter: str) -> tuple[np.ndarray, list[str], str, int, int]:
+    """The GPUs whose rows the timeline draws, in order, each with its label, the grouping
+    used, the rows there are before the filter and after it (before :data:`MAX_GPU_ROWS` cuts
+    them). ``gpu``: every simulated GPU (a symmetric simulation's mirrored GPUs counted on the row
     they mirror); ``stage`` / ``node``: one row per pipeline stage or node, drawing its first GPU,
     labelled with how many GPUs it stands for and how far their busy times spread."""
     tg = timeline.tasks
@@ -161,7 +162,7 @@ def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: 
             if wanted(label, np.flatnonzero(image == d), int(d)):
                 reps.append(int(d))
                 labels.append(label)
-        return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+        return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows, int(dev_used.size), len(reps)
     key = stage_of_device if rows == "stage" else node
     groups: dict[int, list[int]] = {}  # representative GPU -> the groups its row stands for
     members: dict[int, list[np.ndarray]] = {}
@@ -187,7 +188,7 @@ def _row_plan(timeline: Timeline, cluster: Cluster, dev_used: np.ndarray, rows: 
         if wanted(label, devs, grps):
             reps.append(rep)
             labels.append(label)
-    return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows
+    return np.array(reps[:MAX_GPU_ROWS], np.int64), labels[:MAX_GPU_ROWS], rows, len(groups), len(reps)
 
 
 def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tuple[float, float] | None = None,
@@ -212,7 +213,8 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     names = [op.name for op in graph.ops]
     kind = tg.kind
     dev_used = np.flatnonzero(np.bincount(tg.device[(kind == FWD) | (kind == BWD)], minlength=tg.n_devices))
-    shown, gpu_labels, grouping = _row_plan(timeline, cluster, dev_used, rows, stage_of_device, row_filter)
+    shown, gpu_labels, grouping, candidates, kept = _row_plan(timeline, cluster, dev_used, rows, stage_of_device,
+                                                              row_filter)
     image = tg.info.get("device_image")
     gpus_in_plan = int(np.count_nonzero(image >= 0)) if image is not None else int(dev_used.size)
     dev_row = np.full(tg.n_devices, -1, np.int64)
@@ -225,11 +227,13 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     links_used = links_all if show_links else links_all[:0]
     link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
     filt = parse_row_filter(row_filter)
+    links_filtered = 0
     if filt:  # a filter keeps the link rows its text names ("nic", "gpu3:"), hidden ones too
         if any(k == "text" for k, _ in filt):
             links_used = links_all
             link_names = [f"{cluster.links[int(lk)].src} → {cluster.links[int(lk)].dst}" for lk in links_used]
         keep = [i for i, nm in enumerate(link_names) if any(k == "text" and v in nm.lower() for k, v in filt)]
+        links_filtered = links_used.size - len(keep)
         links_used, link_names = links_used[keep], [link_names[i] for i in keep]
     link_row = np.full(max(tg.n_links, 1), -1, np.int64)
     link_row[links_used] = 2 * shown.size + np.arange(links_used.size)
@@ -246,7 +250,11 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
             "bubble": bubble,
             "merged": eps >= 0, "tasks_in_view": in_view, "rows": grouping,
             "gpu_rows": int(shown.size), "gpus_in_plan": gpus_in_plan,
-            "link_rows": int(links_used.size), "links_hidden": int(links_all.size - links_used.size)}
+            # rows the filter hid and rows past MAX_GPU_ROWS; GPUs a simulated one mirrors (symmetry)
+            "rows_filtered": candidates - kept, "rows_cut": kept - int(shown.size),
+            "gpus_mirrored": gpus_in_plan - int(dev_used.size),
+            "link_rows": int(links_used.size), "links_filtered": int(links_filtered),
+            "links_hidden": int(links_all.size - links_used.size - links_filtered)}
 
 
 def _pairs_by_kind(timeline: Timeline, lay: Lanes) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -66,6 +66,8 @@ def placeholder(name: str) -> str:
 
 
 def _whole(v: Any) -> int | None:
+    if isinstance(v, bool):  # (a crafted true is not tp 1)
+        return None
     try:
         f = float(v)
         return int(f) if f == int(f) and 0 <= f <= 1 << 20 else None
@@ -105,12 +107,15 @@ def layout_options(kind: str, form: dict[str, Any]) -> dict[str, Any]:
                                  f"{0 if name == 'zero_stage' else 1}")
             opts[name] = n
         elif value_kind(name) == "names":
-            if isinstance(v, (list, tuple)):
-                opts[name] = [str(m)[:40] for m in v[:2 * len(option_of(name).choices)]]
+            if not isinstance(v, (list, tuple)):  # (a crafted form: dropped, it would simulate another layout)
+                raise ValueError(f"{option_of(name).label}: a list of names, got {str(v)[:40]!r}")
+            opts[name] = [str(m)[:40] for m in v[:2 * len(option_of(name).choices)]]
         else:
             opts[name] = str(v)[:40]
     flags = form.get("flags") or []
-    ticked = {str(f)[:40] for f in flags} if isinstance(flags, (list, tuple)) else set()
+    if not isinstance(flags, (list, tuple)):  # (a crafted form: a flag dropped would simulate another layout)
+        raise ValueError(f"flags: a list of the ticked flags, got {str(flags)[:40]!r}")
+    ticked = {str(f)[:40] for f in flags}
     unknown = sorted(ticked - set(FLAGS))
     if unknown:  # (a crafted form or an old script: a flag silently dropped would simulate another layout)
         raise ValueError(f"flags: {unknown[0]!r} is not one of {', '.join(FLAGS)}")

@@ -38,6 +38,9 @@ MAX_PLAN_CLUSTERS = 8
 #: the longest network text the page takes (the header's field, the Which GPUs tab's line):
 #: longer is refused, not cut (cut, ``nic_gbps=4000`` could read as 40)
 NETWORK_TEXT_MAX = 300
+#: the same for the GPU counts and the prices typed there
+GPUS_TEXT_MAX = 200
+PRICE_TEXT_MAX = 400
 #: the GPU types offered: the presets sold as whole nodes (a size is a node count), by name
 GPU_TYPES = tuple(name for name, entry in PRESETS.items() if entry[1])
 _FLUSH_S = 0.5
@@ -61,7 +64,9 @@ def plan_clusters(families: Any, gpus_text: Any, network_text: Any = "") -> tupl
     if not fams:
         raise ValueError("pick at least one GPU type")
     sizes: list[int] = []
-    for part in re.split(r"[,\s;]+", str(gpus_text or "")[:200].strip()):
+    if len(str(gpus_text or "")) > GPUS_TEXT_MAX:  # (cut short, " " * 198 + "160" read as 16)
+        raise ValueError(f"GPUs: at most {GPUS_TEXT_MAX} characters")
+    for part in re.split(r"[,\s;]+", str(gpus_text or "").strip()):
         if not part:
             continue
         if not (part.isascii() and part.isdigit() and len(part) <= 7) or not 0 < int(part) <= MAX_APP_DEVICES:
@@ -110,7 +115,9 @@ def parse_price_text(text: Any) -> dict[str, float]:
     (:func:`engine.studies.plan.parse_prices`); ValueError naming the part it cannot read."""
     from engine.studies.plan import parse_prices
 
-    items = [p for p in re.split(r"[,\s;]+", str(text or "")[:400].strip()) if p]
+    if len(str(text or "")) > PRICE_TEXT_MAX:  # (cut short, "4.99" could read as 4)
+        raise ValueError(f"prices: at most {PRICE_TEXT_MAX} characters")
+    items = [p for p in re.split(r"[,\s;]+", str(text or "").strip()) if p]
     try:
         prices = parse_prices(items)
     except ValueError as e:

@@ -283,11 +283,19 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..studies.sweep import pareto, run_sweep, sweep_points, write_report, write_rows
+    from ..studies.sweep import check_output, pareto, run_sweep, sweep_points, write_report, write_rows
 
-    if args.batch_per_gpu is not None:
-        raise ValueError("--batch-per-gpu does not apply to a sweep over cluster sizes; give --batch")
-    pts = sweep_points(args.model, args.grid, args.clusters, args.network or (), batch=args.batch)
+    if args.address and args.backend != "ray":
+        raise ValueError(f"--address is a Ray cluster's: give --backend ray with it (not {args.backend})")
+    check_output(args.output, (".csv", ".json", ".parquet"), "-o")  # (before the sweep: a typo loses no work)
+    if args.report:
+        check_output(args.report, (".html", ".htm"), "--report")
+    model, batch = args.model, args.batch
+    if args.seq_len is not None or args.model_precision is not None:  # (the model made once, as simulate makes it)
+        model = resolve_model(args.model, allow_path=True, batch=args.batch, seq_len=args.seq_len,
+                              precision=args.model_precision)
+        batch = None
+    pts = sweep_points(model, args.grid, args.clusters, args.network or (), batch=batch)
     tty = sys.stderr.isatty()
     t0 = time.perf_counter()
 
@@ -295,14 +303,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if tty:
             print(f"\r  {done:,}/{total:,} layouts", end="", file=sys.stderr, flush=True)
 
-    rows = run_sweep(args.model, pts, backend=args.backend, workers=args.workers, batch_points=args.batch_points,
-                     address=args.address, batch=args.batch, progress=progress)
+    rows = run_sweep(model, pts, backend=args.backend, workers=args.workers, batch_points=args.batch_points,
+                     address=args.address, batch=batch, progress=progress)
     if tty:
         print(file=sys.stderr)
     seconds = time.perf_counter() - t0
     write_rows(rows, args.output)
     if args.report:
-        write_report(rows, args.report, f"{args.model} sweep", tokens=args.tokens)
+        from ..sim.report import tokens_per_s
+        from ..studies.sweep import model_graph
+
+        unit = "tokens" if tokens_per_s(model_graph(model, batch), 1.0) is not None else "samples"
+        write_report(rows, args.report, f"{args.model} sweep", tokens=args.tokens, unit=unit)
     ok = sum(1 for r in rows if r["feasible"])
     composed = sum(1 for r in rows if r.get("predicted_by") == "composed")
     print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit; {composed:,} composed from reference runs, "

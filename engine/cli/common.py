@@ -120,13 +120,15 @@ def _default(name: str) -> Any:
     return getattr(Layout(), name)
 
 
-def add_batch_options(p: argparse.ArgumentParser) -> None:
-    """``--batch`` / ``--batch-per-gpu`` for a sample model."""
+def add_batch_options(p: argparse.ArgumentParser, per_gpu: bool = True) -> None:
+    """``--batch`` / ``--batch-per-gpu`` (``per_gpu``: where one cluster sets the GPUs) for a
+    sample model, and its sequence length and precision."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--batch", type=positive_int, help="a sample model's global batch, in samples")
-    g.add_argument("--batch-per-gpu", type=positive_int, metavar="N",
-                   help="a sample model's batch per GPU: global batch = N x the cluster's GPUs (FlexFlow's weak "
-                        "scaling: 64)")
+    if per_gpu:
+        g.add_argument("--batch-per-gpu", type=positive_int, metavar="N",
+                       help="a sample model's batch per GPU: global batch = N x the cluster's GPUs (FlexFlow's weak "
+                            "scaling: 64)")
     p.add_argument("--seq-len", type=positive_int, metavar="TOKENS",
                    help="a sample language model's sequence length, when not its default")
     p.add_argument("--model-precision", choices=["fp32", "tf32", "fp16", "bf16"],

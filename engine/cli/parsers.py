@@ -169,7 +169,7 @@ def add_sweep(sub) -> None:
                                    "reason. Results as CSV, JSON or "
                                    "Parquet, and an HTML report with the Pareto front (time vs GPUs vs memory).")
     p.add_argument("--model", required=True, help="sample model name or model file")
-    add_batch_options(p)
+    add_batch_options(p, per_gpu=False)  # (one batch for every cluster size: a sweep compares them at it)
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2",
                    help="values per key: tp, pp, cp, vpp, mb (micro-batch), zero, recompute, sp (0/1); or auto: "
                         "every valid layout of the model on each cluster")
@@ -184,12 +184,14 @@ def add_sweep(sub) -> None:
                    help="a local process pool (default), one process, or Ray (--address for a cluster; local "
                         "mode without)")
     p.add_argument("--address", help="Ray cluster address (ray://host:10001, or auto)")
-    p.add_argument("--workers", type=positive_int, help="processes (pool) or local CPUs (Ray); default: all cores")
+    p.add_argument("--workers", type=positive_int,
+                   help="processes (pool) or local CPUs (Ray); default: all cores; at most one a task and 8 a core")
     p.add_argument("--batch-points", type=positive_int, help="points a task (default: about 4 tasks a worker)")
-    p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet")
-    p.add_argument("--report", help="HTML report to write (Plotly)")
+    p.add_argument("-o", "--output", required=True, help="results: .csv, .json or .parquet (checked before the sweep)")
+    p.add_argument("--report", help="HTML report to write (Plotly; .html)")
     p.add_argument("--tokens", type=number_in(1.0, 1e18), default=1e12,
-                   help="tokens of the training run the report prices in days and GPU-hours (default 1e12)")
+                   help="tokens of the training run the report prices in days and GPU-hours (default 1e12; samples "
+                        "for a model that is not a language model)")
 
 
 def add_whatif(sub) -> None:

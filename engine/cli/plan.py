@@ -38,8 +38,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..studies.plan import best_per_cluster, parse_prices, plan_rows, plan_table, write_plan_figure
-    from ..studies.sweep import parse_clusters, write_rows
+    from ..studies.sweep import check_output, parse_clusters, write_rows
 
+    if args.output:  # (before the layouts are predicted: a typo loses no work)
+        check_output(args.output, (".csv", ".json", ".parquet"), "-o")
+    if args.figure:
+        check_output(args.figure, (".html", ".htm"), "--figure")
     prices = parse_prices(args.price)
     clusters = parse_clusters(args.clusters)
     t0 = time.perf_counter()

@@ -309,6 +309,10 @@ class Layout:
         if self.offload_activations and self.recompute != "none":
             raise ValueError(f"offload_activations {self.offload_activations}: Megatron-Core offloads activations "
                              f"only without recomputation, got recompute {self.recompute}")
+        if _is_int(self.vpp) and _is_int(self.pp) and self.vpp > 1 and self.pp == 1:
+            # (Megatron-LM refuses it: its interleaved schedule runs several chunks on each of pp > 1 stages)
+            raise ValueError(f"vpp {self.vpp}: model chunks per stage need pipeline parallelism (pp > 1: the "
+                             f"interleaved schedule runs them on each stage), got pp 1")
         if self.moe_comm_overlap:  # Megatron-Core's TransformerConfig.__post_init__ (core_v0.19.0)
             if self.pp > 1 and self.vpp == 1:
                 raise ValueError(f"moe_comm_overlap: Megatron-Core overlaps the MoE all-to-alls with pipeline "

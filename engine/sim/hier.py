@@ -20,10 +20,11 @@ composed from a reference that keeps a middle stage of each run of equal counts 
 in a node (:func:`engine.sim.composed.uneven_plan`; one model chunk a stage).
 
 Where the reading would not be exact it says why (:class:`HierProblem`) and the caller runs
-the full simulation: a layout with its own stage placement, layers that are not alike, an
-uneven split with interleaving, stages that share a node while the reference has fewer
-stages, a stage split by pods, activation offload, a unit whose inputs a transfer or a per-iteration
-task holds in a way its position class does not share, and so on.
+the full simulation: a layout with its own stage placement, layers not alike, an uneven split
+with interleaving, stages that share a node while the reference has fewer, a stage split by
+pods, activation offload, a unit whose inputs a transfer or a per-iteration task holds in a way
+its position class does not share, and so on. The layout's settings are checked as
+:func:`engine.layout.build.build_layout` checks them (:func:`engine.strategy.checks.settings_problems`).
 """
 
 from __future__ import annotations
@@ -36,18 +37,20 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..costs import CostModel
+from ..errors import ValidationError
 from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
 from ..layout.placement import balanced_layers, check_layer_counts
-from ..taskgraph import FWD, build_task_graph
+from ..strategy.checks import settings_problems
+from ..taskgraph import build_task_graph
 from .full import simulate
 from .steady import repeating, runs_to_try
-from .memory import MemoryReport, memory_report, saved_activation_bytes
-from .memory_static import FRAGMENTATION_FRACTION, host_capacity
+from .memory import MemoryReport, memory_report
+from .composed_memory import ActivationRuleProblem, composed_memory
 from .units import UnitProblem, classify, read_units
-from .composed import Geometry, Reference, StagePlan, even_plan, stage_order, uneven_plan
+from .composed import Geometry, Reference, StagePlan, even_plan, uneven_plan
 from .positions import NoCounterpart
 from .unroll import UnrollProblem, unroll
 
@@ -303,6 +306,9 @@ def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan
                                    _reference_pods(cluster, p, stage_gpus))
         split = None if len(set(plan.counts)) == 1 else plan.ref_counts
         s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
+        problems = settings_problems(s_ref, g_ref, c_ref)  # (the layout's settings, as build_layout checks them)
+        if problems:
+            raise ValidationError(problems, "the layout")
     mr = _reference_microbatches(pr, lay.vpp, s_ref.pipeline.microbatches)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     return pr, mr, g_ref, c_ref, s_ref, tg, simulate(tg)
@@ -387,7 +393,10 @@ def _composed(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan, co
         iteration, composed = _compose(ref, p, v, m, cluster)
     except (UnitProblem, UnrollProblem) as e:
         raise (_Longer if isinstance(e.__cause__, NoCounterpart) else HierProblem)(str(e)) from None
-    mem = _memory(g_ref, s_ref, c_ref, tl, unit, ref, cluster, p, m, stage_gpus)
+    try:
+        mem = composed_memory(g_ref, s_ref, c_ref, tl, unit, ref, cluster, p, m, stage_gpus)
+    except ActivationRuleProblem as e:
+        raise HierProblem(str(e)) from None
     return HierResult(iteration, mem, pr, mr, tg.num_tasks, composed)
 
 
@@ -413,75 +422,6 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
                           "are composed one by one)")
     whole = unroll(ref, p, m, D, L)
     return simulate(whole).makespan_s, whole.num_tasks
-
-
-def _walk(order: np.ndarray, amount: np.ndarray) -> float:
-    """Activation peak (bytes) of a stage running its units in ``order`` ([unit, 3]: local
-    chunk, microbatch, phase): a forward unit adds its chunk's saved bytes (``amount[chunk]``)
-    as it runs, its backward frees them."""
-    step = np.where(order[:, 2] == FWD, amount[order[:, 0]], -amount[order[:, 0]])
-    return float(max(0.0, np.cumsum(step).max())) if step.size else 0.0
-
-
-def _memory(g_ref: OpGraph, s_ref: Any, c_ref: Cluster, tl: Any, unit: np.ndarray, ref: Reference,
-            cluster: Cluster, p: int, m: int, stage_gpus: int) -> MemoryReport:
-    """The whole run's memory report from the reference's (see the module docstring)."""
-    rep = memory_report(g_ref, s_ref, c_ref, tl)
-    tg = ref.tg
-    pr, v, mr = ref.stages, ref.chunks, ref.microbatches
-    saved = saved_activation_bytes(g_ref, s_ref)
-    f = np.nonzero((tg.kind == FWD) & (unit >= 0) & (tg.mb == 0))[0]
-    # saved bytes of a forward unit per (reference chunk, device): alike for every microbatch
-    amt: dict[tuple[int, int], float] = {}
-    for c, d, b in zip(((unit[f] // 2) // mr).tolist(), tg.device[f].tolist(), saved[tg.op[f]].tolist()):
-        amt[(c, d)] = amt.get((c, d), 0.0) + b
-    devs = sorted({d for _, d in amt})
-    image = tg.info.get("device_image")
-    image = np.arange(c_ref.num_devices) if image is None else image
-
-    def order(st: int, pp: int, mm: int) -> np.ndarray:
-        return stage_order(s_ref.pipeline.schedule, pp, v, mm, st)
-
-    def amounts(st_ref: int, d: int) -> np.ndarray:
-        return np.array([amt.get((lc * pr + st_ref, d), 0.0) for lc in range(v)])
-
-    for d in devs:  # the rule must give the reference's own activation peaks
-        st = d // stage_gpus
-        want = float(rep.activations_peak_bytes[d])
-        got = _walk(order(st, pr, mr), amounts(st, d))
-        if abs(got - want) > 1e-9 * max(1.0, want):
-            raise HierProblem(f"the reference's activation peak on GPU {d} does not follow its schedule "
-                              f"({got:,.0f} against {want:,.0f} bytes)")
-    D = cluster.num_devices
-    real = np.arange(D)
-    s_real = np.minimum(real // stage_gpus, p - 1)
-    d_ref = ref.stage_rep[s_real] * stage_gpus + real % stage_gpus
-    rep_local = image[d_ref] % stage_gpus
-    peaks: dict[tuple[int, int], float] = {}
-    act = np.zeros(D)
-    for i in range(D):
-        key = (int(s_real[i]), int(rep_local[i]))
-        if key not in peaks:
-            st_ref = int(ref.stage_rep[key[0]])
-            peaks[key] = _walk(order(key[0], p, m), amounts(st_ref, st_ref * stage_gpus + key[1]))
-        act[i] = peaks[key]
-    used = real < p * stage_gpus
-
-    def take(a: np.ndarray) -> np.ndarray:
-        return np.where(used, np.asarray(a, float)[d_ref], 0.0)
-
-    weights, grads, optim, comm = (take(a) for a in (rep.weights_bytes, rep.grads_bytes, rep.optimizer_bytes,
-                                                     rep.comm_buffer_bytes))
-    gathered, logits, context = take(rep.gathered_bytes), take(rep.logits_bytes), take(rep.context_bytes)
-    act = np.where(used, act, 0.0)
-    allocated = weights + grads + optim + comm + act + gathered + logits
-    frag = FRAGMENTATION_FRACTION * allocated
-    capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], dtype=np.float64)
-    return MemoryReport(weights, grads, optim, comm, act, allocated + frag + context, capacity, [],
-                        gathered_bytes=gathered, logits_bytes=logits, fragmentation_bytes=frag,
-                        context_bytes=context, allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + frag,
-                        host_bytes=take(rep.host_bytes), host_capacity_bytes=host_capacity(cluster),
-                        nvme_bytes=take(rep.nvme_bytes))
 
 
 def _numbering(g_ref: OpGraph, chunk_of: np.ndarray, plan: StagePlan, layers: int) -> dict[str, Any]:

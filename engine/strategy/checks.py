@@ -18,7 +18,7 @@ from .config import check_config
 from .core import FP8_LIBRARIES, GATHER_UNITS, KERNELS, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, OFFLOAD_DEVICES, OPTIMIZER_STATES, RECOMPUTE, \
     RECOMPUTE_MODULES, SCHEDULES, Strategy
 
-__all__ = ["validate_strategy", "check_strategy"]
+__all__ = ["validate_strategy", "check_strategy", "settings_problems"]
 
 
 def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
@@ -31,6 +31,16 @@ def validate_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> l
     if strategy.pipeline.stages > 1:
         problems += _check_stages(strategy, graph)
     return problems
+
+
+def settings_problems(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> list[Problem]:
+    """The reasons :func:`validate_strategy` gives for ``strategy``'s settings (recomputation,
+    ZeRO, the switches, precision, hybrid sharding, the routing what-if), without its ops'
+    configs, its stages' layers or its pipeline's sizes: what a composed prediction
+    (:mod:`engine.sim.hier`), which builds only a shortened reference of the layout, checks of
+    the layout itself."""
+    return (_settings(strategy, graph) + _expert_loads(strategy, graph) + _shard_group(strategy, graph)
+            + _switches(strategy) + _precision(strategy, graph, cluster))
 
 
 def check_strategy(strategy: Strategy, graph: OpGraph, cluster: Cluster, source: str | None = None) -> Strategy:

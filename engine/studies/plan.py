@@ -33,9 +33,13 @@ PLAN_COLUMNS = ("cluster", "gpu_type", "gpus", "layout", "iteration_time_s", "to
                 "layout_options")
 
 
+#: the highest price per GPU-hour taken (a run's cost must stay a finite number)
+MAX_PRICE = 1e6
+
+
 def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
     """``["dgx-h100=2.49", "dgx-b200=4.9"]`` -> {GPU type (a preset's name before ``:``): price
-    per GPU-hour}; a price must be a finite number >= 0.
+    per GPU-hour}; a price must be a number from 0 to :data:`MAX_PRICE`.
 
     >>> parse_prices(["dgx-h100=2.49", "gb200-nvl72:18=6"])
     {'dgx-h100': 2.49, 'gb200-nvl72': 6.0}
@@ -47,8 +51,9 @@ def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
             price = float(value)
         except ValueError:
             price = float("nan")
-        if not sep or not name.strip() or not (price >= 0 and price != float("inf")):
-            raise ValueError(f"--price {str(item)[:60]!r}: expected GPU_TYPE=PRICE per GPU-hour, e.g. dgx-h100=2.49")
+        if not sep or not name.strip() or not 0 <= price <= MAX_PRICE:
+            raise ValueError(f"--price {str(item)[:60]!r}: expected GPU_TYPE=PRICE per GPU-hour from 0 to "
+                             f"{MAX_PRICE:,.0f}, e.g. dgx-h100=2.49")
         out[gpu_type(name.strip())] = price
     return out
 

@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable, Sequence
 from ..errors import first_line
 from .network import check_sweep_pods, network_points, parse_network
 
-__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate", "run_sweep",
-           "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report", "write_rows"]
+__all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate",
+           "run_sweep", "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report",
+           "write_rows", "check_output", "MAX_POINTS", "MAX_CLUSTERS"]
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
@@ -36,6 +37,11 @@ COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "reco
 
 #: the most points one sweep runs
 MAX_POINTS = 100_000
+#: the most clusters (sizes x presets x networks given in ``--clusters``) one sweep compares:
+#: each is built to check it before the sweep runs (2,048 sizes took minutes and 18 GB)
+MAX_CLUSTERS = 64
+#: the most worker processes a sweep starts per core (more only queue for the cores)
+WORKERS_PER_CORE = 8
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -45,6 +51,8 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
     {'tp': [1, 2], 'sp': [False, True]}
     """
     grid: dict[str, list[Any]] = {}
+    if "auto" in [str(i).strip() for i in items]:
+        raise ValueError("--grid auto stands alone (every valid layout of the model); or give KEY=V1,V2 items")
     for item in items:
         key, sep, values = str(item).partition("=")
         key = key.strip()
@@ -92,16 +100,19 @@ def parse_clusters(text: str) -> list[str]:
             out.append(f"{base}:{int(n)}{plus}{net}")
     if not out:
         raise ValueError("--clusters: no cluster given")
-    return list(dict.fromkeys(out))
+    out = list(dict.fromkeys(out))
+    if len(out) > MAX_CLUSTERS:
+        raise ValueError(f"--clusters: {len(out):,} clusters, more than the {MAX_CLUSTERS} a sweep compares")
+    return out
 
 
 def points(grid: dict[str, list[Any]], clusters: Sequence[str]) -> list[dict[str, Any]]:
     """Every combination, clusters outermost, in a fixed order."""
     keys = sorted(grid)
-    combos = list(itertools.product(*(grid[k] for k in keys)))
-    n = len(combos) * len(clusters)
+    n = math.prod(len(grid[k]) for k in keys) * len(clusters)  # (counted before any is made)
     if n > MAX_POINTS:
         raise ValueError(f"{n:,} points, more than the {MAX_POINTS:,} a sweep runs")
+    combos = list(itertools.product(*(grid[k] for k in keys)))
     return [{"cluster": c, **dict(zip(keys, combo))} for c in clusters for combo in combos]
 
 
@@ -141,20 +152,36 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
     ``--network`` (:func:`engine.studies.network.parse_network`; none: the clusters' own)."""
     from ..formats import is_cluster_path, resolve_cluster
 
+    from ..cluster.network import parse_variant
+
     names = parse_clusters(clusters)
     net = parse_network(network)  # (checked before the layouts are enumerated)
-    built = []
+    pods = []  # (what check_sweep_pods reads of each cluster: its pods; the clusters are not kept)
     for name in dict.fromkeys(_base_name(n) for n in names):
         try:  # (a name that is no preset nor file: said now, once)
-            built.append(resolve_cluster(name, allow_path=True))
+            pods.append(_Pods(resolve_cluster(name, allow_path=True).pod_gpus))
         except ValueError as e:
             raise ValueError(f"--clusters {name[:60]!r}: {first_line(e)}") from None
         if net and is_cluster_path(name):
             raise ValueError(f"--network: {name[:60]!r} is a cluster file, whose own network it keeps (nics, "
                              "fabric.pod_gpus, fabric.oversubscription in the file); --network applies to presets")
-    check_sweep_pods(net, built)
+    for name in names:  # (a network after a "+" that cannot be read: said now, as --network's would be)
+        head, plus, suffix = name.partition("+")
+        if plus and not is_cluster_path(name):
+            try:
+                parse_variant(suffix, f"cluster {head!r}")
+            except ValueError as e:
+                raise ValueError(f"--clusters {name[:80]!r}: {first_line(e)}") from None
+    check_sweep_pods(net, pods)
     pts = layout_points(model, names, batch=batch) if list(grid) == ["auto"] else points(parse_grid(grid), names)
     return network_points(pts, net, MAX_POINTS)
+
+
+class _Pods:
+    """A cluster's pods, as :func:`engine.studies.network.check_sweep_pods` reads them."""
+
+    def __init__(self, pod_gpus: int) -> None:
+        self.pod_gpus = pod_gpus
 
 
 def _base_name(name: str) -> str:
@@ -221,7 +248,8 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
         try:  # the full simulation's figures, composed from a reference run (engine.sim.hier),
             # where the reference is smaller than the whole: more stages than it keeps
             if lay.pp <= REFERENCE_STAGES:
-                raise HierProblem(f"{lay.pp} stages: the reference would hold them all")
+                raise HierProblem(f"{lay.pp} stage{'s' if lay.pp > 1 else ''}: the reference would hold "
+                                  f"{'them all' if lay.pp > 1 else 'it'}")
             r = predict_layout(g, c, lay)
             row["predicted_by"] = "composed"
         except HierProblem as e:  # (not a layout it reads exactly: the full simulation says it)
@@ -328,9 +356,11 @@ def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", w
 
     backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
     n = len(pts)
-    workers = max(1, workers or os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    workers = max(1, min(workers or cores, WORKERS_PER_CORE * cores))
     size = batch_points or max(1, min(64, math.ceil(n / (4 * workers))))
     chunks = [pts[i:i + size] for i in range(0, n, size)]
+    workers = max(1, min(workers, len(chunks)))  # (a process a task at most: a pool starts them all at once)
     done = 0
 
     def tick(k: int, rows: list[dict[str, Any]]) -> None:
@@ -381,12 +411,65 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
             import pyarrow.parquet as pq
         except ImportError:
             raise ValueError("writing Parquet needs pyarrow (pip install pyarrow); or write .csv / .json") from None
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        _write_binary(path, lambda f: pq.write_table(pa.Table.from_pylist(rows), f))
         return
     else:
         raise ValueError(f"{path}: write .csv, .json or .parquet")
     with atomic_writer(path, make_parents=True) as f:
         f.write(text)
+
+
+def check_output(path: str, extensions: Sequence[str], flag: str) -> None:
+    """A ``ValueError`` naming ``flag`` when ``path`` cannot be written as one of
+    ``extensions`` (a name ending otherwise, a folder, a folder on the way that is a file or
+    cannot be written, Parquet without pyarrow): checked before a sweep, so that a typo loses
+    no work."""
+    from pathlib import Path
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in extensions:
+        raise ValueError(f"{flag} {path[:200]!r}: write {', '.join(extensions[:-1])} or {extensions[-1]}"
+                         if len(extensions) > 1 else f"{flag} {path[:200]!r}: write {extensions[0]}")
+    if ext == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError(f"{flag}: writing Parquet needs pyarrow (pip install pyarrow); or write .csv / .json") \
+                from None
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path[:200]!r} is a folder; give a file name")
+    folder = next((a for a in p.parents if a.exists()), Path("."))
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path[:200]!r}: {str(folder)[:200]!r} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path[:200]!r}: cannot write in {str(folder)[:200]!r}")
+
+
+def _write_binary(path: str, write: Callable[[Any], None]) -> None:
+    """``write(file)`` to a temporary file beside ``path`` (its folders made), renamed over it
+    when done; removed on any error (as :func:`engine.formats.writing.atomic_writer` does for text)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..errors import OutputError
+
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.{os.getpid()}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise OutputError(str(path), e.strerror or str(e)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def gpu_type(cluster: str) -> str:
@@ -410,11 +493,14 @@ def training_front(rows: Iterable[dict[str, Any]], tokens: float) -> list[dict[s
     return sorted(front, key=lambda r: r["days"])
 
 
-def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: float | None = None) -> None:
+def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: float | None = None,
+                 unit: str = "tokens") -> None:
     """An HTML page: iteration time against GPUs per layout (feasible points; the Pareto front
     over time, GPUs and memory drawn as a line), peak memory against time, tokens per second
     per GPU against GPUs by GPU type, and (``tokens``: a training run of that many tokens) the
-    days it takes against the GPU-hours it costs, with that trade-off's Pareto front."""
+    days it takes against the GPU-hours it costs, with that trade-off's Pareto front. ``unit``:
+    what the rows' throughput counts, ``tokens`` or ``samples`` (a model that is not a language
+    model: its rows count samples, and so do the page's labels and ``tokens``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -436,8 +522,8 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: floa
                 f"{r['recompute']} z{r['zero']}")
 
     fig = make_subplots(rows=2, cols=2, subplot_titles=[
-        "iteration time (s) by GPUs", "peak memory (GB) by time (s)", "tokens/s per GPU by GPUs",
-        f"days against GPU-hours for {tokens:.3g} tokens" if tokens else "days against GPU-hours (give tokens)"])
+        "iteration time (s) by GPUs", "peak memory (GB) by time (s)", f"{unit}/s per GPU by GPUs",
+        f"days against GPU-hours for {tokens:.3g} {unit}" if tokens else f"days against GPU-hours (give {unit})"])
     fig.add_trace(go.Scatter(x=[r["gpus"] for r in ok], y=[r["iteration_time_s"] for r in ok], mode="markers",
                              text=[label(r) for r in ok], name="feasible layouts"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[r["gpus"] for r in front], y=[r["iteration_time_s"] for r in front],
@@ -462,7 +548,7 @@ def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: floa
     fig.update_xaxes(type="log", title_text="GPUs", row=1, col=1)
     fig.update_yaxes(type="log", title_text="s", row=1, col=1)
     fig.update_xaxes(type="log", title_text="GPUs", row=2, col=1)
-    fig.update_yaxes(title_text="tokens/s per GPU", row=2, col=1)
+    fig.update_yaxes(title_text=f"{unit}/s per GPU", row=2, col=1)
     fig.update_layout(title=f"{title}: {len(ok)} of {len(rows)} layouts fit; {len(front)} on the Pareto front",
                       height=900)
     html = fig.to_html(include_plotlyjs="cdn", full_html=True)

@@ -82,15 +82,16 @@ class TestOptions:
             _ = Layout(dp=4).microbatches
 
 
-layouts = st.builds(
-    Layout, tp=st.sampled_from([1, 2, 4, 8]), pp=st.integers(1, 16), cp=st.sampled_from([1, 2, 4]),
+layouts = st.fixed_dictionaries(dict(
+    tp=st.sampled_from([1, 2, 4, 8]), pp=st.integers(1, 16), cp=st.sampled_from([1, 2, 4]),
     dp=st.none() | st.integers(1, 512), vpp=st.integers(1, 4), micro_batch=st.none() | st.integers(1, 64),
     global_batch=st.none() | st.integers(1, 4096), schedule=st.none() | st.sampled_from(SCHEDULES),
     recompute=st.sampled_from(["none", "selective", "full"]), sequence_parallel=st.booleans(),
     tp_comm_overlap=st.booleans(), zero_stage=st.integers(0, 3), shard_group=st.integers(0, 16),
     gather_unit=st.sampled_from(["block", "op"]), fp8=st.booleans(),
     layers_per_stage=st.none() | st.lists(st.integers(1, 20), min_size=1, max_size=8).map(tuple),
-    stage_mesh=st.none() | st.permutations(range(4)).map(tuple))
+    stage_mesh=st.none() | st.permutations(range(4)).map(tuple))).filter(
+        lambda kw: kw["pp"] > 1 or kw["vpp"] == 1).map(lambda kw: Layout(**kw))  # (model chunks need stages)
 
 
 @settings(max_examples=200, deadline=None)
@@ -281,3 +282,11 @@ def test_cli_sweep_grid_auto_runs_every_valid_layout(tmp_path, capsys):
     assert [(r["tp"], r["pp"], r["cp"], r["dp"], r["mb"]) for r in rows] == \
         [(x.tp, x.pp, x.cp, x.dp, x.micro_batch) for x in want]
     assert all(r["feasible"] or r["why"].startswith("does not fit in memory") for r in rows)  # every one builds
+
+
+def test_model_chunks_need_pipeline_stages():
+    """vpp > 1 with pp 1 is refused (it was taken as one stage under the interleaved schedule,
+    and exported to Megatron-LM, which refuses it)."""
+    with pytest.raises(ValueError, match=r"vpp 2: model chunks per stage need pipeline parallelism"):
+        Layout(pp=1, vpp=2)
+    assert Layout(pp=2, vpp=2).vpp == 2

@@ -281,3 +281,21 @@ def test_pods_composed_where_a_stage_lies_in_one():
     assert full.iteration_time_s > simulate_strategy(g, build_layout(g, base, lay), base, check=False).iteration_time_s
     with pytest.raises(HierProblem, match="a stage of 16 GPUs does not fit the fabric's pods of 8 GPUs"):
         predict_layout(g, preset("dgx-a100-80gb:6+pod=8+oversub=4"), Layout.from_options(dict(tp=2, pp=3)))
+
+
+@pytest.mark.parametrize("options", [dict(tp_comm_overlap=True), dict(fp8_params=True),
+                                     dict(optimizer_state="bf16-moments")])
+def test_a_layout_the_build_refuses_is_refused(options):
+    """Settings the full build refuses (tp-comm overlap without sp, fp8 parameters without fp8,
+    half-precision optimizer state for an fp32 model) are refused by the composed prediction too,
+    with the same reason, although it builds only the shortened reference (they were composed)."""
+    from engine.errors import ValidationError
+    from engine.models import build_sample
+
+    g, c = build_sample("gpt2", batch=32), preset("dgx-a100-80gb:6")
+    lay = Layout.from_options({"pp": 6, "tp": 4, **options})
+    with pytest.raises(ValidationError) as full:
+        build_layout(g, c, resolved(lay, g, c))
+    with pytest.raises(ValidationError) as composed:
+        predict_layout(g, c, lay)
+    assert [p.message for p in composed.value.problems] == [p.message for p in full.value.problems]

@@ -153,3 +153,97 @@ def test_report_prices_a_training_run(tmp_path, serial_rows):
     write_report(serial_rows, str(out), "gpt2", tokens=1e9)
     html = out.read_text()
     assert "days against GPU-hours for 1e+09 tokens" in html and "per GPU by GPUs" in html  # (JSON escapes the slash)
+
+
+# ---------------------------------------------------------------- bad input, caught before the work
+# (found by fuzzing the command line, 2026-12-01: each ran the whole sweep, or forked or built
+# without bound, before saying no)
+
+
+def test_output_paths_are_checked_before_the_sweep(tmp_path, monkeypatch, capsys):
+    """A wrong extension, a folder, or a report that is not HTML: refused before any point runs."""
+    import engine.studies.sweep as SW
+
+    ran = []
+    monkeypatch.setattr(SW, "run_sweep", lambda *a, **k: ran.append(1) or [])
+    (tmp_path / "a.csv").mkdir()
+    args = ["sweep", "--model", "gpt2", "--batch", "32", "--grid", "tp=1", "--clusters", "dgx-a100-80gb:1",
+            "--backend", "serial"]
+    for out, report, says in ((tmp_path / "late.txt", None, "write .csv, .json or .parquet"),
+                              (tmp_path / "a.csv", None, "is a folder"),
+                              (tmp_path / "ok.csv", tmp_path / "r.txt", "write .html or .htm")):
+        assert main(args + ["-o", str(out)] + (["--report", str(report)] if report else [])) == 2
+        assert says in capsys.readouterr().err
+    assert not ran
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        (tmp_path / "f").write_text("x")
+        SW.check_output(str(tmp_path / "f" / "x.csv"), (".csv",), "-o")
+
+
+def test_parquet_into_new_folders(tmp_path):
+    pytest.importorskip("pyarrow")
+    from engine.studies.sweep import write_rows
+
+    out = tmp_path / "new" / "deep" / "r.parquet"
+    write_rows([{"cluster": "a", "gpus": 8}], str(out))
+    assert out.stat().st_size > 0 and not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_grid_is_counted_before_it_is_made():
+    """Three keys of 400 values on one cluster: 64 M points, refused without making them."""
+    many = ",".join(str(i) for i in range(1, 401))
+    with pytest.raises(ValueError, match="64,000,000 points"):
+        points(parse_grid([f"tp={many}", f"pp={many}", f"cp={many}"]), ["dgx-a100-80gb:1"])
+    with pytest.raises(ValueError, match="stands alone"):
+        parse_grid(["auto", "tp=1"])
+
+
+def test_clusters_are_capped_and_their_networks_read_first():
+    from engine.studies.sweep import MAX_CLUSTERS, sweep_points
+
+    with pytest.raises(ValueError, match=f"more than the {MAX_CLUSTERS}"):
+        parse_clusters("dgx-h100:" + ",".join(str(i) for i in range(1, MAX_CLUSTERS + 2)))
+    for bad, says in (("dgx-h100:1+nics=abc", "NICs a node"), ("dgx-h100:1+foo=3", "not a network key"),
+                      ("dgx-h100:1+", "not KEY=VALUE")):
+        with pytest.raises(ValueError, match=says):
+            sweep_points("gpt2", ["tp=1"], bad, batch=32)
+
+
+def test_workers_at_most_one_a_task(monkeypatch):
+    """--workers 3000 on one point starts one process (a pool starts all it is given at once)."""
+    import engine.search.processes as P
+
+    seen = []
+
+    class Spy(P.Backend):
+        def __init__(self, name, context=None, workers=None, address=None, **kw):
+            seen.append(workers)
+            super().__init__("serial", context=context, workers=workers, address=address, **kw)
+
+    monkeypatch.setattr(P, "Backend", Spy)
+    rows = run_sweep("gpt2", PTS[:1], backend="pool", workers=3000, batch=32)
+    assert len(rows) == 1 and seen == [1]
+
+
+def test_sequence_length_and_precision_reach_the_rows(tmp_path):
+    """--seq-len and --model-precision make the model as `soapbox simulate` does (they were
+    dropped: every row was the default model's)."""
+    def time_of(*extra):
+        out = tmp_path / "r.csv"
+        assert main(["sweep", "--model", "gpt2", "--batch", "32", "--grid", "tp=1", "--clusters", "dgx-h100:1",
+                     "--backend", "serial", "-o", str(out), *extra]) == 0
+        return float(next(csv.DictReader(out.open()))["iteration_time_s"])
+
+    default, short, half = time_of(), time_of("--seq-len", "512"), time_of("--model-precision", "bf16")
+    assert short < default and half < default
+    with pytest.raises(SystemExit):  # (argparse: a sweep compares cluster sizes at one batch)
+        main(["sweep", "--model", "gpt2", "--grid", "tp=1", "--clusters", "dgx-h100:1", "--batch-per-gpu", "4",
+              "-o", str(tmp_path / "x.csv")])
+
+
+def test_a_report_of_samples_says_samples(tmp_path):
+    rep = tmp_path / "r.html"
+    assert main(["sweep", "--model", "alexnet", "--grid", "tp=1", "--clusters", "dgx-h100:1", "--backend", "serial",
+                 "-o", str(tmp_path / "r.csv"), "--report", str(rep)]) == 0
+    html = rep.read_text()
+    assert "samples\\u002fs per GPU" in html and "tokens\\u002fs" not in html
