@@ -5,7 +5,12 @@
 * :mod:`engine.sim.delta`: FlexFlow's Algorithm 2, one op's config changed and only what it
   touches simulated again (identical to a full simulation, task for task);
 * :mod:`engine.sim.steady`: a long pipeline's steady state, simulated once and extrapolated;
-* :mod:`engine.sim.idle`: when each GPU idles;
+  :mod:`engine.sim.unfold`: every task of the iteration drawn from it;
+* :mod:`engine.sim.hier`: a layout's prediction composed from a short reference run
+  (:mod:`engine.sim.composed`, :mod:`engine.sim.units`, :mod:`engine.sim.unroll`; its memory:
+  :mod:`engine.sim.composed_memory`);
+* :mod:`engine.sim.idle`: when each GPU idles; :mod:`engine.sim.lanes`: the tasks on a Gantt chart's
+  lanes (a row per GPU or link), read in one pass;
 * :mod:`engine.sim.memory` (with :mod:`engine.sim.memory_static`): per-device memory as PyTorch
   would report it;
 * :mod:`engine.sim.report` (with :mod:`engine.sim.report_moe`): the one simulation entry point,
