@@ -229,9 +229,11 @@ def _open_plan(state: dict, plan: Any) -> tuple[dict, str]:
             not isinstance(plan.get("options"), dict):
         return state, ""
     cluster = plan["cluster"][:200]
-    family, _, nodes = cluster.partition("+")[0].partition(":")
-    if family not in GPU_TYPES or not (nodes.isascii() and nodes.isdigit() and len(nodes) <= 4):
+    head, plus, net = cluster.partition("+")
+    family, _, nodes = head.partition(":")
+    if family not in GPU_TYPES or not (nodes.isascii() and nodes.isdigit() and len(nodes) <= 4) or int(nodes) < 1:
         return state, f"Cannot open {cluster!r}: not a cluster a comparison prices."
+    cluster = f"{family}:{int(nodes)}{plus}{net}"  # (the name a comparison gives it: dgx-h100:0002 is dgx-h100:2)
     if plan.get("model") != state["model"]:
         return state, ("That comparison priced another model (or other sizes) than the page shows now: compare "
                        "again to open its layouts.")

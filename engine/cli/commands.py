@@ -283,7 +283,8 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..studies.sweep import check_output, pareto, run_sweep, sweep_points, write_report, write_rows
+    from ..studies.sweep import (ModelRef, check_output, model_graph, pareto, run_sweep, sweep_points, write_report,
+                                 write_rows)
 
     if args.address and args.backend != "ray":
         raise ValueError(f"--address is a Ray cluster's: give --backend ray with it (not {args.backend})")
@@ -291,10 +292,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.report:
         check_output(args.report, (".html", ".htm"), "--report")
     model, batch = args.model, args.batch
-    if args.seq_len is not None or args.model_precision is not None:  # (the model made once, as simulate makes it)
-        model = resolve_model(args.model, allow_path=True, batch=args.batch, seq_len=args.seq_len,
-                              precision=args.model_precision)
-        batch = None
+    if args.seq_len is not None or args.model_precision is not None:  # (made as simulate makes it, per worker)
+        model = ModelRef(args.model, args.seq_len, args.model_precision)
+        model_graph(model, batch)  # (a length or precision the model cannot take: said before the sweep)
     pts = sweep_points(model, args.grid, args.clusters, args.network or (), batch=batch)
     tty = sys.stderr.isatty()
     t0 = time.perf_counter()
@@ -311,7 +311,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_rows(rows, args.output)
     if args.report:
         from ..sim.report import tokens_per_s
-        from ..studies.sweep import model_graph
 
         unit = "tokens" if tokens_per_s(model_graph(model, batch), 1.0) is not None else "samples"
         write_report(rows, args.report, f"{args.model} sweep", tokens=args.tokens, unit=unit)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import first_line
@@ -24,7 +25,7 @@ from .network import check_sweep_pods, network_points, parse_network
 
 __all__ = ["GRID_KEYS", "parse_grid", "parse_clusters", "points", "layout_points", "sweep_points", "evaluate",
            "run_sweep", "model_graph", "pareto", "COLUMNS", "smallest_fit", "training_front", "gpu_type", "write_report",
-           "write_rows", "check_output", "MAX_POINTS", "MAX_CLUSTERS"]
+           "write_rows", "check_output", "MAX_POINTS", "MAX_CLUSTERS", "ModelRef"]
 
 #: grid keys and the :class:`engine.layout.Layout` field each sets
 GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch", "zero": "zero_stage",
@@ -196,10 +197,22 @@ _MODELS: dict[tuple, Any] = {}
 _CLUSTERS: dict[str, Any] = {}
 
 
+@dataclass(frozen=True)
+class ModelRef:
+    """A sample model or model file by name with its sequence length and precision (None: its
+    own), as ``soapbox simulate --seq-len --model-precision`` makes it: what a sweep sends its
+    workers (a graph does not pickle; each worker makes the model once)."""
+
+    name: str
+    seq_len: int | None = None
+    precision: str | None = None
+
+
 def model_graph(model: Any, batch: int | None = None) -> Any:
     """The model a sweep prices: ``model`` itself when it is a graph (an imported or edited
     model, at its own batch: ``batch`` must then be None), else the sample model or model file
-    it names, at ``batch`` (kept per process: each point of a sweep reads it)."""
+    it names (a name, or a :class:`ModelRef`), at ``batch`` (kept per process: each point of a
+    sweep reads it)."""
     from ..formats import resolve_model
     from ..graph import OpGraph
 
@@ -209,7 +222,9 @@ def model_graph(model: Any, batch: int | None = None) -> Any:
         return model
     key = (model, batch)
     if key not in _MODELS:
-        _MODELS[key] = resolve_model(model, allow_path=True, batch=batch)
+        ref = model if isinstance(model, ModelRef) else ModelRef(str(model))
+        _MODELS[key] = resolve_model(ref.name, allow_path=True, batch=batch, seq_len=ref.seq_len,
+                                     precision=ref.precision)
     return _MODELS[key]
 
 

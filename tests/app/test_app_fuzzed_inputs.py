@@ -72,3 +72,13 @@ def test_the_timeline_says_why_rows_are_missing():
                 rows_filtered=0, rows_cut=128, links_filtered=0, links_hidden=0, bubble=None)
     note = gantt_notes(base)
     assert "the first 128 rows drawn, 128 more left out" in note and "identical" not in note
+
+
+def test_a_comparison_row_opens_under_the_clusters_own_name():
+    """"dgx-h100:0002" opened the page on a cluster named so, not dgx-h100:2."""
+    s = ST.new_state("gpt2", "dgx-h100:1", batch=16)
+    row = {"cluster": "dgx-h100:0002", "options": {"tp": 1, "pp": 1}, "model": s["model"]}
+    new, msg = EV.on_event("plan-open", s, plan=row)
+    assert new["cluster"]["name"] == "dgx-h100:2" and "dgx-h100:2" in msg
+    new, msg = EV.on_event("plan-open", s, plan=dict(row, cluster="dgx-h100:0"))
+    assert new is s and "not a cluster a comparison prices" in msg

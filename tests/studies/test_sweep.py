@@ -236,6 +236,12 @@ def test_sequence_length_and_precision_reach_the_rows(tmp_path):
 
     default, short, half = time_of(), time_of("--seq-len", "512"), time_of("--model-precision", "bf16")
     assert short < default and half < default
+    # (the workers get the model by name, as pickled: a graph does not pickle)
+    from engine.studies.sweep import ModelRef
+
+    ref = ModelRef("gpt2", seq_len=512)
+    assert run_sweep(ref, PTS[:2], backend="pool", workers=2, batch=32) == \
+        run_sweep(ref, PTS[:2], backend="serial", batch=32)
     with pytest.raises(SystemExit):  # (argparse: a sweep compares cluster sizes at one batch)
         main(["sweep", "--model", "gpt2", "--grid", "tp=1", "--clusters", "dgx-h100:1", "--batch-per-gpu", "4",
               "-o", str(tmp_path / "x.csv")])
