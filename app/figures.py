@@ -96,6 +96,8 @@ def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
     if not (math.isfinite(t0_s) and math.isfinite(t1_s)):
         return {}
     span = max(t1_s - t0_s, 1e-12)
+    if not math.isfinite(span):  # (a crafted range past float's: its step overflowed)
+        return {}
     raw = span / target
 
     def nice(x: float, unit: float = 1.0) -> float:  # the 1-2-5 step at or above x, in units
@@ -115,7 +117,10 @@ def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
     unit, scale = next(((u, k) for u, k, lo in (("h", 3600, 7200), ("min", 60, 120), ("s", 1, 1), ("ms", 1e-3, 1e-3),
                                                   ("µs", 1e-6, 1e-6)) if top >= lo), ("ns", 1e-9))
     decimals = max(0, -math.floor(math.log10(step / scale) + 1e-9))
-    return dict(tickvals=[v * 1e3 for v in vals], ticktext=[f"{v / scale:,.{decimals}f} {unit}" for v in vals])
+    text = [f"{v / scale:,.{decimals}f} {unit}" for v in vals]
+    if len(set(text)) < len(text) or top > 1e12:  # (a window too narrow for its offset's digits: Plotly's own ticks)
+        return {}
+    return dict(tickvals=[v * 1e3 for v in vals], ticktext=text)
 
 
 def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[str, Any]]:

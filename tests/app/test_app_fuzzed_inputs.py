@@ -82,3 +82,15 @@ def test_a_comparison_row_opens_under_the_clusters_own_name():
     assert new["cluster"]["name"] == "dgx-h100:2" and "dgx-h100:2" in msg
     new, msg = EV.on_event("plan-open", s, plan=dict(row, cluster="dgx-h100:0"))
     assert new is s and "not a cluster a comparison prices" in msg
+
+
+def test_time_ticks_never_repeat_a_label():
+    """A window too narrow for its offset's digits (a zoom far past any iteration) gave the same
+    label at every tick; huge ranges, 300-digit labels: Plotly's own ticks then."""
+    from app.figures import time_ticks
+
+    assert time_ticks(1e10, 1e10 + 1e-6) == {} and time_ticks(1e13, 1e13 + 10) == {}
+    assert time_ticks(-1.7e308, 1.7e308) == {}  # (its step overflowed: an OverflowError)
+    text = time_ticks(1e4, 1e4 + 1e-3)["ticktext"]
+    assert len(set(text)) == len(text) > 1
+    assert time_ticks(12.1, 12.4)["ticktext"][:3] == ["12.10 s", "12.15 s", "12.20 s"]
