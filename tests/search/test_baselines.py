@@ -512,7 +512,7 @@ class TestFsdp:
 
     def test_a_setting_fsdp_does_not_take_is_refused(self):
         with pytest.raises(ValueError) as info:
-            fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3, vpp=2))
+            fsdp(graph("gpt2"), cluster("dgx-a100-80gb:1"), Layout(zero_stage=3, pp=2, vpp=2))
         assert str(info.value).startswith("fsdp does not take vpp; it takes tp, pp, cp")
 
 
