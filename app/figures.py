@@ -118,9 +118,8 @@ def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
                                                   ("µs", 1e-6, 1e-6)) if top >= lo), ("ns", 1e-9))
     decimals = max(0, -math.floor(math.log10(step / scale) + 1e-9))
     text = [f"{v / scale:,.{decimals}f} {unit}" for v in vals]
-    if len(set(text)) < len(text) or top > 1e12:  # (a window too narrow for its offset's digits: Plotly's own ticks)
-        return {}
-    return dict(tickvals=[v * 1e3 for v in vals], ticktext=text)
+    # (a window too narrow for its offset's digits: Plotly's own ticks)
+    return {} if len(set(text)) < len(text) or top > 1e12 else dict(tickvals=[v * 1e3 for v in vals], ticktext=text)
 
 
 def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[str, Any]]:
@@ -158,11 +157,8 @@ def gantt_notes(data: dict[str, Any]) -> str:
     if data["merged"]:
         notes.append(f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each")
     if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0) > 0:
-        how = []  # (why there are fewer rows than GPUs: each reason that holds, and only those)
-        if data.get("rows") in ("stage", "node"):
-            how.append(f"one GPU drawn per {data['rows']}")
-        elif data.get("rows") == "gpu" and data.get("gpus_mirrored", 0) > 0:
-            how.append("identical GPUs drawn once")
+        how = [f"one GPU drawn per {data['rows']}"] if data.get("rows") in ("stage", "node") else \
+            ["identical GPUs drawn once"] if data.get("rows") == "gpu" and data.get("gpus_mirrored", 0) > 0 else []
         if data.get("rows_filtered"):
             how.append(f"{data['rows_filtered']:,} row{'s' if data['rows_filtered'] > 1 else ''} hidden by the filter")
         if data.get("rows_cut"):

@@ -16,7 +16,7 @@ Usage::
     python benchmarks/codesign_sweep.py --report-only --out DIR   # redraw from DIR/rows-*.json
 
 Writes ``DIR/rows-<model>.json`` (``soapbox.sweep/1``) and ``DIR/codesign-<model>.html`` (the
-Pareto figures: ``engine.studies.sweep.write_report``), and prints the time, the rate, and the
+Pareto figures: ``engine.studies.sweep_files.write_report``), and prints the time, the rate, and the
 days / GPU-hours front for ``--tokens``.
 """
 
@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.studies.sweep import layout_points, parse_clusters, run_sweep, write_rows
+from engine.studies.sweep import layout_points, parse_clusters, run_sweep
+from engine.studies.sweep_files import write_rows
 
 SIZES = "16,32,64,128"
 GPUS = ("dgx-a100-80gb", "dgx-h100", "dgx-b200")
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         print(f"all: {n:,} predictions in {dt:.1f} s ({n / dt:.2f}/s, {n / dt / args.workers:.2f}/s per core); "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-    from engine.studies.sweep import training_front, write_report
+    from engine.studies.sweep import training_front
+    from engine.studies.sweep_files import write_report
     for k in models:
         rows = json.loads((out / f"rows-{k}.json").read_text())["rows"]
         write_report(rows, str(out / f"codesign-{k}.html"), f"{k}: {len(rows):,} layouts x clusters", tokens=args.tokens)

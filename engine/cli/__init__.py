@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ROOT_CAUSE_PATHS, SUMMARY_PROBLEMS, SoapboxError, ValidationError, printable, problems_summary
 from .commands import (cmd_baseline, cmd_export, cmd_import, cmd_profile, cmd_cluster, cmd_clusters, cmd_experts,
-    cmd_model, cmd_models, cmd_schema, cmd_simulate, cmd_sweep, cmd_whatif, cmd_validate)
+    cmd_model, cmd_models, cmd_schema, cmd_simulate, cmd_whatif, cmd_validate)
 from .common import (EPILOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, add_strategy_options, int_in,
                      strategy_options)
 from .init_sweep import add_init_sweep_parser, cmd_init_sweep
@@ -54,6 +54,7 @@ from .parsers import (add_baseline, add_cluster, add_clusters, add_experts, add_
                       add_models, add_profile, add_schema, add_search, add_simulate, add_sweep, add_validate,
                       add_whatif)
 from .search import cmd_search, compare_searches
+from .sweep import cmd_sweep
 
 __all__ = ["main", "int_in", "build_parser", "add_strategy_options", "strategy_options", "compare_searches"]
 

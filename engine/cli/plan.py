@@ -38,7 +38,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..studies.plan import best_per_cluster, parse_prices, plan_rows, plan_table, write_plan_figure
-    from ..studies.sweep import check_output, parse_clusters, write_rows
+    from ..studies.sweep import parse_clusters
+    from ..studies.sweep_files import check_output, write_rows
 
     if args.output:  # (before the layouts are predicted: a typo loses no work)
         check_output(args.output, (".csv", ".json", ".parquet"), "-o")

@@ -147,7 +147,7 @@ def test_training_front_by_hand():
 
 
 def test_report_prices_a_training_run(tmp_path, serial_rows):
-    from engine.studies.sweep import write_report
+    from engine.studies.sweep_files import write_report
 
     out = tmp_path / "r.html"
     write_report(serial_rows, str(out), "gpt2", tokens=1e9)
@@ -163,6 +163,7 @@ def test_report_prices_a_training_run(tmp_path, serial_rows):
 def test_output_paths_are_checked_before_the_sweep(tmp_path, monkeypatch, capsys):
     """A wrong extension, a folder, or a report that is not HTML: refused before any point runs."""
     import engine.studies.sweep as SW
+    import engine.studies.sweep_files as SF
 
     ran = []
     monkeypatch.setattr(SW, "run_sweep", lambda *a, **k: ran.append(1) or [])
@@ -177,12 +178,12 @@ def test_output_paths_are_checked_before_the_sweep(tmp_path, monkeypatch, capsys
     assert not ran
     with pytest.raises(ValueError, match="is a file, not a folder"):
         (tmp_path / "f").write_text("x")
-        SW.check_output(str(tmp_path / "f" / "x.csv"), (".csv",), "-o")
+        SF.check_output(str(tmp_path / "f" / "x.csv"), (".csv",), "-o")
 
 
 def test_parquet_into_new_folders(tmp_path):
     pytest.importorskip("pyarrow")
-    from engine.studies.sweep import write_rows
+    from engine.studies.sweep_files import write_rows
 
     out = tmp_path / "new" / "deep" / "r.parquet"
     write_rows([{"cluster": "a", "gpus": 8}], str(out))
