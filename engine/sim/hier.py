@@ -20,11 +20,12 @@ composed from a reference that keeps a middle stage of each run of equal counts 
 in a node (:func:`engine.sim.composed.uneven_plan`; one model chunk a stage).
 
 Where the reading would not be exact it says why (:class:`HierProblem`) and the caller runs
-the full simulation: a layout with its own stage placement, layers not alike, an uneven split
-with interleaving, stages that share a node while the reference has fewer, a stage split by
-pods, activation offload, a unit whose inputs a transfer or a per-iteration task holds in a way
-its position class does not share, and so on. The layout's settings are checked as
-:func:`engine.layout.build.build_layout` checks them (:func:`engine.strategy.checks.settings_problems`).
+the full simulation: a layout with its own stage placement, layers that are not alike, an
+uneven split with interleaving, stages that share a node while the reference has fewer
+stages, a stage split by pods, activation offload, a unit whose inputs a transfer or a per-iteration
+task holds in a way its position class does not share, and so on. The layout's settings are
+checked as :func:`engine.layout.build.build_layout` checks them
+(:func:`engine.strategy.checks.settings_problems`).
 """
 
 from __future__ import annotations

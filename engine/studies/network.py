@@ -42,12 +42,12 @@ def parse_network(items: Sequence[str]) -> dict[str, list[Any]]:
     return out
 
 
-def check_sweep_pods(network: dict[str, list[Any]], clusters: Sequence[Any]) -> None:
+def check_sweep_pods(network: dict[str, list[Any]], pod_sizes: Sequence[int]) -> None:
     """A ``ValueError`` naming ``--network`` when it asks for an oversubscription above 1 with
-    no pods: no ``pod`` value and none of ``clusters`` (the sweep's clusters, built) has pods of
-    its own (Grand Teton's 3,072-GPU pods take ``oversub=2`` as they are). Where some have pods,
-    the others' rows say why instead."""
-    if not any(network.get("pod", ())) and not any(getattr(c, "pod_gpus", 0) for c in clusters):
+    no pods: no ``pod`` value and none of the sweep's clusters has pods of its own (``pod_sizes``:
+    each cluster's ``pod_gpus``; Grand Teton's 3,072-GPU pods take ``oversub=2`` as they are).
+    Where some have pods, the others' rows say why instead."""
+    if not any(network.get("pod", ())) and not any(pod_sizes):
         check_pods(network.get("oversub", ()), (), "--network")
 
 

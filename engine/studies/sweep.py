@@ -157,10 +157,10 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
 
     names = parse_clusters(clusters)
     net = parse_network(network)  # (checked before the layouts are enumerated)
-    pods = []  # (what check_sweep_pods reads of each cluster: its pods; the clusters are not kept)
+    pods = []  # (each cluster's pod size, all check_sweep_pods reads: the clusters are not kept)
     for name in dict.fromkeys(_base_name(n) for n in names):
         try:  # (a name that is no preset nor file: said now, once)
-            pods.append(_Pods(resolve_cluster(name, allow_path=True).pod_gpus))
+            pods.append(resolve_cluster(name, allow_path=True).pod_gpus)
         except ValueError as e:
             raise ValueError(f"--clusters {name[:60]!r}: {first_line(e)}") from None
         if net and is_cluster_path(name):
@@ -176,13 +176,6 @@ def sweep_points(model: Any, grid: Sequence[str], clusters: str, network: Sequen
     check_sweep_pods(net, pods)
     pts = layout_points(model, names, batch=batch) if list(grid) == ["auto"] else points(parse_grid(grid), names)
     return network_points(pts, net, MAX_POINTS)
-
-
-class _Pods:
-    """A cluster's pods, as :func:`engine.studies.network.check_sweep_pods` reads them."""
-
-    def __init__(self, pod_gpus: int) -> None:
-        self.pod_gpus = pod_gpus
 
 
 def _base_name(name: str) -> str:
