@@ -77,8 +77,10 @@ def _reason(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, make_parents: bool = False) -> Iterator[TextIO]:
-    """A text file to write ``path`` through: a temporary file beside it, named
+def atomic_writer(path: str | os.PathLike, make_parents: bool = False,
+                  binary: bool = False) -> Iterator[TextIO]:
+    """A text file (``binary``: a binary one) to write ``path`` through: a temporary file beside
+    it, named
     ``.NAME.PID.RANDOM.tmp`` (unique, never an existing file), renamed over ``path`` once the
     block ends without an exception, removed on any exception (``KeyboardInterrupt``
     included). Temporary files of ``path`` left by dead processes are removed first.
@@ -110,7 +112,7 @@ def atomic_writer(path: str | os.PathLike, make_parents: bool = False) -> Iterat
     except OSError as exc:
         raise OutputError(src, _reason(exc)) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
             yield f
         umask = os.umask(0)
         os.umask(umask)

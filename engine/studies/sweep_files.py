@@ -5,7 +5,7 @@ sweep runs so that a typo loses no work. The rows: :mod:`engine.studies.sweep`."
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .sweep import COLUMNS, gpu_type, pareto, training_front
 
@@ -35,7 +35,8 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
             import pyarrow.parquet as pq
         except ImportError:
             raise ValueError("writing Parquet needs pyarrow (pip install pyarrow); or write .csv / .json") from None
-        _write_binary(path, lambda f: pq.write_table(pa.Table.from_pylist(rows), f))
+        with atomic_writer(path, make_parents=True, binary=True) as f:
+            pq.write_table(pa.Table.from_pylist(rows), f)
         return
     else:
         raise ValueError(f"{path}: write .csv, .json or .parquet")
@@ -68,32 +69,6 @@ def check_output(path: str, extensions: Sequence[str], flag: str) -> None:
         raise ValueError(f"{flag} {path[:200]!r}: {str(folder)[:200]!r} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path[:200]!r}: cannot write in {str(folder)[:200]!r}")
-
-
-def _write_binary(path: str, write: Callable[[Any], None]) -> None:
-    """``write(file)`` to a temporary file beside ``path`` (its folders made), renamed over it
-    when done; removed on any error (as :func:`engine.formats.writing.atomic_writer` does for text)."""
-    import tempfile
-    from pathlib import Path
-
-    from ..errors import OutputError
-
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.{os.getpid()}.", suffix=".tmp", dir=p.parent)
-    except OSError as e:
-        raise OutputError(str(path), e.strerror or str(e)) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def write_report(rows: list[dict[str, Any]], path: str, title: str, tokens: float | None = None,
