@@ -122,11 +122,10 @@ def _apply(trigger: str, state: dict, *, query: Any = "", model: Any = None, clu
         return set_expert_loads(state, None, "balanced")
     if trigger == "expert-apply":
         return apply_whatif(state, whatif)
-    if trigger == "layout-apply":
-        if not isinstance(layout, dict):  # (a crafted request: read as empty, the default would replace the user's)
-            return state, f"Layout refused: the layout form must be fields and values, got {type(layout).__name__}."
-        form = dict(layout)
-        return apply_layout(state, str(form.pop("kind", "megatron"))[:30], form)
+    if trigger == "layout-apply":  # (a form that is not a dict: apply_layout refuses it)
+        form = dict(layout) if isinstance(layout, dict) else layout
+        kind = str(form.pop("kind", "megatron"))[:30] if isinstance(form, dict) else "megatron"
+        return apply_layout(state, kind, form)
     if trigger == "pick-cluster" and cluster and (cluster != state["cluster"].get("name")
                                                    or "upload" in state["cluster"]):
         new, under = _fresh(state, cluster=cluster)

@@ -80,8 +80,7 @@ def _reason(exc: OSError) -> str:
 def atomic_writer(path: str | os.PathLike, make_parents: bool = False,
                   binary: bool = False) -> Iterator[TextIO]:
     """A text file (``binary``: a binary one) to write ``path`` through: a temporary file beside
-    it, named
-    ``.NAME.PID.RANDOM.tmp`` (unique, never an existing file), renamed over ``path`` once the
+    it, named ``.NAME.PID.RANDOM.tmp`` (unique, never an existing file), renamed over ``path`` once the
     block ends without an exception, removed on any exception (``KeyboardInterrupt``
     included). Temporary files of ``path`` left by dead processes are removed first.
 
