@@ -15,23 +15,22 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from plotly.subplots import make_subplots
 
-from .fmt import format_bytes, format_seconds
+from .fmt import format_bytes
 from .gantt import A2A_LABEL
 
 __all__ = [
     "KIND_COLOURS",
-    "build_gantt_figure",
-    "gantt_notes",
     "build_op_graph_figure",
     "build_block_stack_figure",
     "build_topology_figure",
     "build_memory_figure",
     "build_trace_figure",
-    "build_compare_figure",
     "build_expert_figure",
     "empty_figure",
+    "figure_dict",
+    "to_ms",
+    "MARGIN",
 ]
 
 #: task kind -> colour (colour-blind safe, Okabe-Ito)
@@ -45,7 +44,7 @@ CONFIG_PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E
 MEMORY_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer": "#009E73", "comm buffers": "#999999",
                   "activations (peak)": "#E69F00", "gathered parameters": "#CC79A7", "logits (fp32)": "#D55E00",
                   "allocator fragmentation": "#BBBBBB", "CUDA context and NCCL": "#555555"}
-_MARGIN = dict(l=10, r=10, t=30, b=30)
+MARGIN = dict(l=10, r=10, t=30, b=30)
 
 
 @lru_cache(maxsize=1)
@@ -57,19 +56,19 @@ def _template() -> dict[str, Any]:
     return pio.templates[pio.templates.default].to_plotly_json()
 
 
-def _figure(data: list[dict[str, Any]], **layout: Any) -> dict[str, Any]:
+def figure_dict(data: list[dict[str, Any]], **layout: Any) -> dict[str, Any]:
     """A figure as Plotly's JSON form: ``{"data": traces, "layout": layout}`` with Plotly's
     default template (layout entries given as None are left out)."""
     return {"data": data, "layout": {"template": _template(), **{k: v for k, v in layout.items() if v is not None}}}
 
 
 def empty_figure(message: str = "") -> dict[str, Any]:
-    return _figure([], xaxis={"visible": False}, yaxis={"visible": False}, margin=_MARGIN, height=200,
+    return figure_dict([], xaxis={"visible": False}, yaxis={"visible": False}, margin=MARGIN, height=200,
                    annotations=[dict(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)]
                    if message else [])
 
 
-def _ms(x: np.ndarray) -> np.ndarray:
+def to_ms(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64) * 1e3
 
 
@@ -78,127 +77,6 @@ BUBBLE_COLOUR = "rgba(150,150,150,0.35)"
 STACK_ROW_PX = 24
 #: pixels per timeline row: tick labels at 10 px never overlap at this pitch
 ROW_PX = 18
-
-
-def time_ticks(t0_s: float, t1_s: float, target: int = 8) -> dict[str, Any]:
-    """Axis ticks for a time axis drawn in milliseconds, labelled in the unit
-    :func:`format_seconds` would use (``"250 ms"``, ``"1.5 s"``, ``"2 min"``): about ``target``
-    ticks at 1-2-5 steps over the window, so a 30 s iteration reads "10 s, 20 s" rather than
-    "10k, 20k" (ms).
-
-    >>> time_ticks(0.0, 30.7)["ticktext"]
-    ['0 s', '5 s', '10 s', '15 s', '20 s', '25 s', '30 s']
-    >>> time_ticks(12.1, 12.4)["ticktext"][:3]
-    ['12.10 s', '12.15 s', '12.20 s']
-    >>> time_ticks(0.0, 72_000.0)["ticktext"][:3]
-    ['0 h', '5 h', '10 h']
-    """
-    if not (math.isfinite(t0_s) and math.isfinite(t1_s)):
-        return {}
-    span = max(t1_s - t0_s, 1e-12)
-    if not math.isfinite(span):  # (a crafted range past float's: its step overflowed)
-        return {}
-    raw = span / target
-
-    def nice(x: float, unit: float = 1.0) -> float:  # the 1-2-5 step at or above x, in units
-        mag = 10 ** math.floor(math.log10(x / unit))
-        return unit * next(m * mag for m in (1, 2, 5, 10) if m * mag * unit >= x * (1 - 1e-12))
-
-    step = nice(raw)
-    if raw >= 2 * 3600:  # whole hours past two hours
-        step = nice(raw, 3600.0)
-    elif step >= 60:  # whole minutes past a minute
-        step = next(m * 60 for m in (1, 2, 5, 10, 15, 30, 60, 120) if m * 60 >= raw)
-    first = math.ceil(t0_s / step - 1e-9)
-    vals = [(first + i) * step for i in range(int((t1_s - first * step) / step + 1e-9) + 1)]
-    # one unit for the whole axis (format_seconds' rule, by the window's end), as many decimals
-    # as the step needs in it: a zoom to 12.10-12.40 s reads 12.15 s, not 12.2 s twice
-    top = max(abs(t0_s), abs(t1_s))
-    unit, scale = next(((u, k) for u, k, lo in (("h", 3600, 7200), ("min", 60, 120), ("s", 1, 1), ("ms", 1e-3, 1e-3),
-                                                  ("µs", 1e-6, 1e-6)) if top >= lo), ("ns", 1e-9))
-    decimals = max(0, -math.floor(math.log10(step / scale) + 1e-9))
-    text = [f"{v / scale:,.{decimals}f} {unit}" for v in vals]
-    # (a window too narrow for its offset's digits: Plotly's own ticks)
-    return {} if len(set(text)) < len(text) or top > 1e12 else dict(tickvals=[v * 1e3 for v in vals], ticktext=text)
-
-
-def _gantt_traces(data: dict[str, Any], showlegend: bool = True) -> list[dict[str, Any]]:
-    traces = []
-    bubble = data.get("bubble")
-    if bubble is not None and len(bubble["start"]):
-        traces.append(dict(
-            type="bar", name="pipeline bubble (idle)", orientation="h", base=_ms(bubble["start"]),
-            x=_ms(np.asarray(bubble["end"]) - np.asarray(bubble["start"])), y=np.asarray(bubble["row"], np.float64),
-            width=0.8, marker=dict(color=BUBBLE_COLOUR, pattern=dict(shape="/", fgcolor="#888", size=6),
-                                   line=dict(width=0)),
-            hovertemplate="idle %{x:.3g} ms (pipeline bubble or a wait)<extra></extra>", showlegend=showlegend))
-    for label, b in data["bars"].items():
-        traces.append(dict(
-            type="bar", name=label, orientation="h", base=_ms(b["start"]), x=_ms(b["end"] - b["start"]),
-            y=np.asarray(b["row"], np.float64), width=0.8, marker=dict(color=KIND_COLOURS[label], line=dict(width=0)),
-            hovertext=b["text"], hoverinfo="text", legendgroup=label, showlegend=showlegend))
-    for label, o in data["overlays"].items():
-        if len(o["start"]) == 0:
-            continue
-        colour = CRITICAL_COLOUR if label == "critical path" else SELECTED_COLOUR
-        traces.append(dict(
-            type="bar", name=label, orientation="h", base=_ms(o["start"]), x=_ms(o["end"] - o["start"]),
-            y=np.asarray(o["row"], np.float64), width=0.95,
-            marker=dict(color="rgba(0,0,0,0)", line=dict(color=colour, width=2)), hovertext=o["text"],
-            hoverinfo="text", showlegend=showlegend))
-    return traces
-
-
-def gantt_notes(data: dict[str, Any]) -> str:
-    """What the timeline leaves out or sums up, as one line under it: merged bars, GPUs drawn
-    once per group, hidden link rows, and the pipeline bubble's measured share against the
-    schedule's formula."""
-    notes = []
-    if data["merged"]:
-        notes.append(f"{data['tasks_in_view']:,} tasks in view: neighbours merged; zoom in for each")
-    if data.get("gpus_in_plan", 0) > data.get("gpu_rows", 0) > 0:
-        how = [f"one GPU drawn per {data['rows']}"] if data.get("rows") in ("stage", "node") else \
-            ["identical GPUs drawn once"] if data.get("rows") == "gpu" and data.get("gpus_mirrored", 0) > 0 else []
-        if data.get("rows_filtered"):
-            how.append(f"{data['rows_filtered']:,} row{'s' if data['rows_filtered'] > 1 else ''} hidden by the filter")
-        if data.get("rows_cut"):
-            how.append(f"the first {data['gpu_rows']:,} rows drawn, {data['rows_cut']:,} more left out: filter or "
-                       "group the rows to see them")
-        notes.append(f"{data['gpu_rows']:,} GPU rows for {data['gpus_in_plan']:,} GPUs" +
-                     (f" ({'; '.join(how)})" if how else ""))
-    if data.get("links_filtered"):
-        k = data["links_filtered"]
-        notes.append(f"{k:,} link row{'s' if k > 1 else ''} hidden by the filter (name a link, e.g. nic, to keep it)")
-    if data.get("links_hidden"):
-        notes.append(f"{data['links_hidden']:,} link rows hidden (tick 'link rows' to show them)")
-    bubble = data.get("bubble")
-    if bubble is not None:
-        p, m, v = bubble["stages"], bubble["microbatches"], bubble["virtual"]
-        vm = f"{v}×{m}" if v > 1 else f"{m}"
-        pct = (lambda x: f"{x:.1%}" if x < 0.1 else f"{x:.0%}")
-        notes.append(f"idle before the last backward (hatched grey): {pct(bubble['measured'])} of the time; of it, "
-                     f"the schedule's bubble (p−1)/({'v·' if v > 1 else ''}m+p−1) = {p - 1}/({vm}+{p - 1}) = "
-                     f"{pct(bubble['formula'])}, and {pct(bubble.get('beyond', 0.0))} more from stage imbalance "
-                     f"(the busiest GPU computes {bubble.get('busy_spread', 0.0):.0%} longer than the least busy) "
-                     "and waits for transfers")
-    return " · ".join(notes)
-
-
-def build_gantt_figure(data: dict[str, Any], title: str = "") -> dict[str, Any]:
-    """Horizontal bars per task (or merged tasks) on numeric rows labelled by GPU (or group)
-    and link; x in milliseconds. The critical chain is outlined in red, the selected ops in
-    yellow, the pipeline bubble hatched grey. Rows keep a fixed pitch (:data:`ROW_PX`), so
-    tick labels never overlap; the page scrolls a tall timeline."""
-    n = len(data["labels"])
-    t0, t1 = data["window"]
-    return _figure(
-        _gantt_traces(data),
-        barmode="overlay", title=dict(text=title) if title else None, height=max(260, ROW_PX * n + 100),
-        margin={**_MARGIN, "t": 40}, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
-        xaxis=dict(title=dict(text="time"), range=[t0 * 1e3, t1 * 1e3], **time_ticks(t0, t1)),
-        yaxis=dict(tickvals=list(range(n)), ticktext=list(data["labels"]), autorange="reversed", fixedrange=True,
-                   tickfont=dict(size=10)),
-        uirevision="gantt")
 
 
 def _edge_trace(ex: list, ey: list) -> dict[str, Any]:
@@ -242,7 +120,7 @@ def build_op_graph_figure(layout: dict[str, Any], colour_of: dict[str, str], leg
             type="scatter", x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers", name="selected",
             marker=dict(color="rgba(0,0,0,0)", size=size + 8, line=dict(color=SELECTED_COLOUR, width=3)),
             customdata=[nodes[i] for i in idx], hoverinfo="skip"))
-    return _figure(data, height=420, margin=_MARGIN, clickmode="event+select", dragmode="pan",
+    return figure_dict(data, height=420, margin=MARGIN, clickmode="event+select", dragmode="pan",
                    xaxis=dict(visible=False), yaxis=dict(visible=False),
                    legend=dict(title=dict(text="config (split)"), orientation="h", y=-0.05), uirevision="opgraph")
 
@@ -298,7 +176,7 @@ def build_block_stack_figure(stack: dict[str, Any], colour_of: dict[str, str], l
                         line=dict(color=SELECTED_COLOUR, width=3)),
             customdata=[nodes[i] for i in idx], hoverinfo="skip", unselected=dict(marker=dict(opacity=1.0))))
     low = min(ys, default=0.0)
-    return _figure(data, height=max(260, int(STACK_ROW_PX * (1.4 - low)) + 90), margin={**_MARGIN, "t": 10},
+    return figure_dict(data, height=max(260, int(STACK_ROW_PX * (1.4 - low)) + 90), margin={**MARGIN, "t": 10},
                    clickmode="event+select", dragmode="pan",
                    xaxis=dict(visible=False, range=[-0.7, 9.0], fixedrange=True),
                    yaxis=dict(visible=False, range=[low - 0.7, 0.7], fixedrange=True),
@@ -347,7 +225,7 @@ def build_topology_figure(data: dict[str, Any]) -> dict[str, Any]:
                     line=dict(color="#222", width=1)),
         customdata=[g["id"] for g in data["gpus"]],
         hovertext=[f"{g['name']} ({g['type']}) · {unit} {g['value']:.0%}" for g in data["gpus"]], hoverinfo="text"))
-    return _figure(traces, height=300, margin=_MARGIN, xaxis=dict(visible=False), yaxis=dict(visible=False),
+    return figure_dict(traces, height=300, margin=MARGIN, xaxis=dict(visible=False), yaxis=dict(visible=False),
                    legend=dict(orientation="h", y=-0.1))
 
 
@@ -384,8 +262,8 @@ def build_memory_figure(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("hidden"):
         title += f" · the {n} fullest of {n + data['hidden']} groups shown"
     height = max(300, ROW_PX * n + 170)
-    margin = {**_MARGIN, "t": 40, "b": 100}  # (the legend's two lines below the axis title)
-    return _figure(traces, barmode="stack", height=height, margin=margin,
+    margin = {**MARGIN, "t": 40, "b": 100}  # (the legend's two lines below the axis title)
+    return figure_dict(traces, barmode="stack", height=height, margin=margin,
                    xaxis=dict(title=dict(text="GB", standoff=4)),
                    yaxis=dict(autorange="reversed", tickfont=dict(size=10), fixedrange=True, type="category"),
                    title=dict(text=title, x=0),
@@ -400,41 +278,18 @@ def build_trace_figure(rows: list[dict[str, float]], title: str = "") -> dict[st
     def ms(v: float | None) -> float | None:  # None (no strategy that fits yet): a gap in the line
         return None if v is None or not math.isfinite(v) else v * 1e3
 
-    return _figure(
+    return figure_dict(
         [dict(type="scatter", x=it, y=[ms(r["current_cost_s"]) for r in rows], mode="lines", name="current",
               line=dict(color="#999")),
          dict(type="scatter", x=it, y=[ms(r["best_cost_s"]) for r in rows], mode="lines", name="best",
               line=dict(color=CRITICAL_COLOUR, width=2))],
-        height=320, margin={**_MARGIN, "t": 60},
+        height=320, margin={**MARGIN, "t": 60},
         # whole proposals or steps only (a 4-step planner's axis showed 1.5 and 2.5)
         xaxis=dict(title=dict(text="proposals"), tickformat="d", dtick=max(1, math.ceil(max(it, default=1) / 8))),
         yaxis=dict(title=dict(text="iteration time (ms)")),
         title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top") if title else None,
         # the legend at the right of the title's line, never under it
         legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom"))
-
-
-def build_compare_figure(items: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Timelines of several strategies stacked on one shared time axis (ms), each with its rows
-    grouped as :func:`app.views.gantt_data` made them, at the timeline's row pitch."""
-    if not items:
-        return empty_figure("Keep two or more strategies to compare them.")
-    fig = make_subplots(rows=len(items), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[f"{name} · {format_seconds(d['makespan_s'])}" for name, d in items],
-                        row_heights=[max(1, len(d["labels"])) for _, d in items])
-    for r, (_, d) in enumerate(items, start=1):
-        for tr in _gantt_traces({**d, "overlays": {}}, showlegend=(r == 1)):
-            fig.add_trace(tr, row=r, col=1)
-        n = len(d["labels"])
-        fig.update_yaxes(tickvals=list(range(n)), ticktext=d["labels"], autorange="reversed", row=r, col=1,
-                         tickfont=dict(size=9), fixedrange=True)
-    rows = sum(len(d["labels"]) for _, d in items)
-    fig.update_layout(barmode="overlay", height=120 + ROW_PX * rows + 60 * len(items), margin=_MARGIN,
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    fig.update_xaxes(title_text="time", row=len(items), col=1)
-    # every timeline its own time labels (in a scrolled view the bottom axis is out of sight)
-    fig.update_xaxes(showticklabels=True, **time_ticks(0.0, max(d["makespan_s"] for _, d in items)))
-    return fig.to_dict()
 
 
 #: the expert view's colours: an expert's (or rank's) own tokens and work, the busiest rank's,
@@ -456,7 +311,7 @@ def build_expert_figure(table: dict[str, Any]) -> dict[str, Any]:
     per = int(table["experts_per_rank"])
     hot = (e // per) == busiest
     tok = np.asarray(table["expert_tokens"], np.float64) / 1e3
-    own = _ms(table["rank_own_s"])
+    own = to_ms(table["rank_own_s"])
     gated = float(np.max(own)) if own.size else 0.0
     wait = gated - own
     bal_tok = float(table["balanced_expert_tokens"]) / 1e3
@@ -485,8 +340,8 @@ def build_expert_figure(table: dict[str, Any]) -> dict[str, Any]:
               dict(text=f"experts' time per EP rank (ep {table['ep']})", x=0.78, xref="paper", y=1.0, yref="paper",
                    yanchor="bottom", xanchor="center", showarrow=False, font=dict(size=12))]
     height = 360
-    margin = {**_MARGIN, "l": 60, "t": 40, "b": 110}
-    return _figure(traces, barmode="stack", height=height, margin=margin, annotations=titles,
+    margin = {**MARGIN, "l": 60, "t": 40, "b": 110}
+    return figure_dict(traces, barmode="stack", height=height, margin=margin, annotations=titles,
                    xaxis=dict(domain=[0.0, 0.44], title=dict(text="expert", standoff=4), range=[-0.5, e.size - 0.5],
                               zeroline=False, dtick=1 if e.size <= 16 else None),
                    yaxis=dict(title=dict(text="thousands of tokens"), rangemode="tozero"),

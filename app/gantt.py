@@ -2,7 +2,7 @@
 pipeline stage or per node, link rows, the row filter, and the pipeline's idle time told
 apart into the schedule's bubble and the stages' imbalance.
 
-:func:`app.figures.build_gantt_figure` draws what :func:`gantt_data` returns.
+:func:`app.gantt_figure.build_gantt_figure` draws what :func:`gantt_data` returns.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ APP = ENGINE.parent / "app"
 #: ``links``, ``fitscan``), each tab's layout and callbacks (``tabs``), the one reducer
 #: (``events``), and the wiring (``callbacks``, ``layout``, the package's ``create_app``).
 APP_LAYERS = ["cache", "clients", "edge", "recycle", "fmt", "panel", "learn", "datadir", "fairqueue", "storefaults", "storeschema", "store", "sessions", "sources", "state", "simulation", "gantt",
-              "views", "figures", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
+              "views", "figures", "gantt_figure", "learn_figures", "components", "actions", "profiles", "uploads", "links", "fitscan",
               "jobs", "planjob", "worker", "tabs", "events", "layout", "warmup", "callbacks", "guard", "", "cli"]
 #: module-level names that hold mutable state outside :class:`app.sessions.Sessions`, and why:
 #: the process's one handle to the server's Sessions, to its SQLite store and to its search

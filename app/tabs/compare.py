@@ -12,7 +12,8 @@ from engine.errors import SoapboxError
 from engine.formats import load_strategy
 
 from ..components import GRAPH_CONFIG, first_line, image_buttons, wire
-from ..figures import build_compare_figure, empty_figure
+from ..figures import empty_figure
+from ..gantt_figure import build_compare_figure
 from ..fmt import format_bytes, format_rate, format_seconds
 from ..gantt import gantt_data, stage_of_devices
 from ..sessions import current

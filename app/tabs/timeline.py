@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from engine.errors import SoapboxError
 
 from ..components import GRAPH_CONFIG, first_line, image_buttons, learn
-from ..figures import build_gantt_figure, gantt_notes
+from ..gantt_figure import build_gantt_figure, gantt_notes
 from ..gantt import gantt_data, stage_of_devices
 from ..simulation import workspace_shown
 from ..state import check_state

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from app import figures as _figures
+from app import gantt_figure as _gantt_figures
 from app import gantt as G
 from app import views as V
 from app.fmt import format_bytes, format_count, format_rate, format_seconds
@@ -35,8 +36,11 @@ class _Validating:
     loaded into ``go.Figure``, which validates it in full: a mistyped or unknown property
     fails the test."""
 
+    def __init__(self, module) -> None:
+        self._module = module
+
     def __getattr__(self, name):
-        f = getattr(_figures, name)
+        f = getattr(self._module, name)
         if not (callable(f) and name.endswith("_figure")):
             return f
 
@@ -50,7 +54,8 @@ class _Validating:
         return validated
 
 
-F = _Validating()
+F = _Validating(_figures)
+GF = _Validating(_gantt_figures)  # (the timeline's figures)
 
 KIND = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
 NO_MERGE = 10**9
@@ -238,7 +243,7 @@ class TestGanttData:
         ms = dp.timeline.makespan_s
         d = G.gantt_data(g, c, dp.timeline, window=(2 * ms, 3 * ms))
         assert d["bars"] == {} and d["tasks_in_view"] == 0 and d["merged"] is False
-        assert F.build_gantt_figure(d).layout.xaxis.range == (2 * ms * 1e3, 3 * ms * 1e3)
+        assert GF.build_gantt_figure(d).layout.xaxis.range == (2 * ms * 1e3, 3 * ms * 1e3)
 
     def test_critical_path_overlay(self, alexnet, dp):
         g, c = alexnet
@@ -270,7 +275,7 @@ class TestGanttFigure:
     def test_traces_by_kind_in_milliseconds(self, alexnet, dp):
         g, c = alexnet
         d = G.gantt_data(g, c, dp.timeline, selected=["fc6"])
-        fig = F.build_gantt_figure(d, title="t")
+        fig = GF.build_gantt_figure(d, title="t")
         assert [tr.name for tr in fig.data] == ["forward", "backward", "optimizer", "collective", "critical path",
                                                 "selected"]
         for tr in fig.data[:4]:
@@ -296,14 +301,14 @@ class TestGanttFigure:
     def test_merged_view_says_so(self, alexnet, ex):
         g, c = alexnet
         d = G.gantt_data(g, c, ex.timeline, links=True, max_bars=300)
-        fig = F.build_gantt_figure(d)
-        assert F.gantt_notes(d).startswith(f"{d['tasks_in_view']:,} tasks in view: neighbours merged")
+        fig = GF.build_gantt_figure(d)
+        assert GF.gantt_notes(d).startswith(f"{d['tasks_in_view']:,} tasks in view: neighbours merged")
         assert {tr.name for tr in fig.data} == {"forward", "backward", "optimizer", "transfer", "collective",
                                                 "critical path"}
 
     def test_figure_serialises(self, alexnet, dp):
         g, c = alexnet
-        fig = F.build_gantt_figure(G.gantt_data(g, c, dp.timeline))
+        fig = GF.build_gantt_figure(G.gantt_data(g, c, dp.timeline))
         assert '"critical path"' in fig.to_json()
 
 
@@ -492,7 +497,7 @@ class TestTraceAndCompare:
         g, c = alexnet
         a = G.gantt_data(g, c, dp.timeline)
         b = G.gantt_data(g, c, ex.timeline, links=True)
-        fig = F.build_compare_figure([("dp", a), ("expert", b)])
+        fig = GF.build_compare_figure([("dp", a), ("expert", b)])
         assert {tr.yaxis for tr in fig.data} == {"y", "y2"}
         assert [tr.name for tr in fig.data if tr.yaxis == "y"] == list(a["bars"])
         assert [tr.name for tr in fig.data if tr.yaxis == "y2"] == list(b["bars"])
@@ -508,7 +513,7 @@ class TestTraceAndCompare:
         assert not any(tr.name == "critical path" for tr in fig.data)
 
     def test_compare_none(self):
-        fig = F.build_compare_figure([])
+        fig = GF.build_compare_figure([])
         assert fig.layout.annotations[0].text.startswith("Keep two or more")
 
     def test_empty_figure(self):
@@ -636,9 +641,9 @@ class TestTimelineRowsAndBubble:
         # the measured idle share holds the bubble and any wait for a transfer or a collective
         assert b["formula"] - 0.05 <= b["measured"] <= b["formula"] + 0.3, b
         assert len(b["start"]) > 0 and (np.asarray(b["end"]) > np.asarray(b["start"])).all()
-        fig = F.build_gantt_figure(d)
+        fig = GF.build_gantt_figure(d)
         assert "pipeline bubble (idle)" in [tr["name"] for tr in fig["data"]]
-        assert "idle before the last backward (hatched grey)" in F.gantt_notes(d)
+        assert "idle before the last backward (hatched grey)" in GF.gantt_notes(d)
         go.Figure(fig)  # valid Plotly
         # no pipeline: no bubble
         assert G.gantt_data(ws.graph, ws.cluster, ws.timeline)["bubble"] is None
@@ -764,8 +769,8 @@ def test_memory_groups_past_the_cap_stay_in_device_order():
 
 
 def test_time_ticks_past_sixteen_hours_and_not_finite():
-    assert F.time_ticks(0.0, 72_000.0)["ticktext"][1] == "5 h"
-    assert F.time_ticks(0.0, float("inf")) == {}
+    assert GF.time_ticks(0.0, 72_000.0)["ticktext"][1] == "5 h"
+    assert GF.time_ticks(0.0, float("inf")) == {}
 
 
 @settings(max_examples=80, deadline=None)

@@ -9,7 +9,7 @@ from app import events as EV
 from app import planjob
 from app import simulation as SIM
 from app import state as ST
-from app.figures import gantt_notes
+from app.gantt_figure import gantt_notes
 from app.fmt import parse_count
 from app.tabs import timeline as TL
 
@@ -87,7 +87,7 @@ def test_a_comparison_row_opens_under_the_clusters_own_name():
 def test_time_ticks_never_repeat_a_label():
     """A window too narrow for its offset's digits (a zoom far past any iteration) gave the same
     label at every tick; huge ranges, 300-digit labels: Plotly's own ticks then."""
-    from app.figures import time_ticks
+    from app.gantt_figure import time_ticks
 
     assert time_ticks(1e10, 1e10 + 1e-6) == {} and time_ticks(1e13, 1e13 + 10) == {}
     assert time_ticks(-1.7e308, 1.7e308) == {}  # (its step overflowed: an OverflowError)

@@ -18,7 +18,8 @@ from app import actions as ACT
 from app import panel as PNL
 from app import events as EV
 from app import state as ST
-from app.figures import KIND_COLOURS, build_expert_figure, build_gantt_figure, build_memory_figure
+from app.figures import KIND_COLOURS, build_expert_figure, build_memory_figure
+from app.gantt_figure import build_gantt_figure
 from app.gantt import A2A_LABEL, gantt_data
 from app.learn import TOPICS
 from app.simulation import workspace
