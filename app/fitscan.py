@@ -127,6 +127,8 @@ def fit_status(state: dict) -> tuple[str, bool] | None:
             found = r
         elif r["peak_memory_bytes"] is not None:
             tried.append(f"{name} ({r['gpus']:,} GPUs): {r['peak_memory_bytes'] / 1e9:,.1f} GB, over")
+        elif r.get("memory_floor_bytes") is not None:  # (sure not to fit: not simulated)
+            tried.append(f"{name} ({r['gpus']:,} GPUs): at least {r['memory_floor_bytes'] / 1e9:,.1f} GB, over")
         else:
             tried.append(f"{name}: {r['why']}")
     head = f"Smallest cluster for {scan.layout}: "
@@ -136,7 +138,8 @@ def fit_status(state: dict) -> tuple[str, bool] | None:
                 f"{found['capacity_bytes'] / 1e9:,.1f} GB, {found['iteration_time_s']:.3g} s per iteration.")
     elif scan.error:
         text = f"stopped: {scan.error}."
-    elif scan.done and scan.rows and all(r["peak_memory_bytes"] is None for r in scan.rows):
+    elif scan.done and scan.rows and all(r["peak_memory_bytes"] is None and r.get("memory_floor_bytes") is None
+                                         for r in scan.rows):
         text = f"it cannot be built on any size of this family up to {top} ({scan.rows[-1]['why']})."
     elif scan.done:
         text = (f"none of this family's sizes up to {top} fits (try recomputation, ZeRO, more pipeline stages "

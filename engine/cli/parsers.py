@@ -192,6 +192,10 @@ def add_sweep(sub) -> None:
     p.add_argument("--tokens", type=number_in(1.0, 1e18), default=1e12,
                    help="tokens of the training run the report prices in days and GPU-hours (default 1e12; samples "
                         "for a model that is not a language model)")
+    p.add_argument("--time-all", action="store_true",
+                   help="simulate the layouts whose memory floor (weights, gradients, optimizer state and the "
+                        "activations held before the first backward) is already over a GPU's capacity too, for "
+                        "their time; by default they are rows that do not fit, without a time")
 
 
 def add_whatif(sub) -> None:

@@ -32,7 +32,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"\r  {done:,}/{total:,} layouts", end="", file=sys.stderr, flush=True)
 
     rows = run_sweep(model, pts, backend=args.backend, workers=args.workers, batch_points=args.batch_points,
-                     address=args.address, batch=batch, progress=progress)
+                     address=args.address, batch=batch, progress=progress, time_all=args.time_all)
     if tty:
         print(file=sys.stderr)
     seconds = time.perf_counter() - t0
@@ -44,8 +44,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         write_report(rows, args.report, f"{args.model} sweep", tokens=args.tokens, unit=unit)
     ok = sum(1 for r in rows if r["feasible"])
     composed = sum(1 for r in rows if r.get("predicted_by") == "composed")
+    floored = sum(1 for r in rows if r.get("memory_floor_bytes") is not None)
     print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit; {composed:,} composed from reference runs, "
-          f"engine.sim.hier) in {seconds:.1f} s ({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); "
+          f"engine.sim.hier; {floored:,} sure not to fit by their memory floor, not simulated) in {seconds:.1f} s ({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); "
           f"Pareto front: {len(pareto(rows))}"
           + (f"; report {args.report}" if args.report else ""))
     return 0

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..graph import Op, OpGraph
 from ..graph.blocks import layer_blocks
 from ..moe import expert_split
 from ..ops import REDUCTION, REPLICA_DIM
-from ..strategy import Config, partition_coords
+from ..strategy import Config, partition_coords, partition_grid
 
 __all__ = ["balanced_layers", "check_layer_counts", "layer_chunks", "tp_plan", "mesh_config", "expert_config"]
 
@@ -196,13 +198,16 @@ def mesh_config(op: Op, dim: str | None, deg: int, dp: int, cp: int, tp: int, de
     if ctx:
         degrees["length"] = cp * (deg if dim == "length" else 1)
 
-    def index(c: dict[str, int]) -> int:
-        if ctx and dim == "length":  # length coordinate = cp_rank * tp + tp_rank
-            return c.get("sample", 0) * cp * tp + c["length"]
-        return c.get("sample", 0) * cp * tp + (c.get("length", 0) * tp if ctx else 0) + (c.get(dim, 0) if dim else 0)
-
-    probe = Config(degrees, ())
-    return Config(degrees, tuple(devices[index(c)] for c in partition_coords(op, probe)))
+    # each partition's coordinates (partition_grid's rows, in partition order), one column a dim
+    names, grid = partition_grid(op, Config(degrees, ()))
+    at = {n: grid[:, i].astype(np.int64) for i, n in enumerate(names)}
+    none = np.zeros(grid.shape[0], np.int64)
+    index = at.get("sample", none) * (cp * tp)
+    if ctx and dim == "length":  # length coordinate = cp_rank * tp + tp_rank
+        index = index + at["length"]
+    else:
+        index = index + (at.get("length", none) * tp if ctx else 0) + (at.get(dim, none) if dim else 0)
+    return Config(degrees, tuple(np.asarray(devices, np.int64)[index].tolist()))
 
 
 def expert_config(op: Op, dp: int, cp: int, tp: int, ep: int, etp: int, devices: Sequence[int]) -> Config:

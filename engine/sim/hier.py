@@ -49,6 +49,7 @@ from ..taskgraph import build_task_graph
 from .full import simulate
 from .steady import repeating, runs_to_try
 from .memory import MemoryReport, memory_report
+from .memory_floor import MemoryFloor, memory_floor
 from .composed_memory import ActivationRuleProblem, composed_memory
 from .units import UnitProblem, classify, read_units
 from .composed import Geometry, Reference, StagePlan, even_plan, uneven_plan
@@ -56,7 +57,7 @@ from .positions import NoCounterpart
 from .unroll import UnrollProblem, unroll
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_plan", "reference_run",
-           "reference_units", "REFERENCE_STAGES"]
+           "reference_units", "reference_floor", "REFERENCE_STAGES"]
 
 #: fewest stages a reference keeps (the first, a middle one, the last): a pipeline of more is
 #: composed from it. Four (two middle stages) until 2026-11-30: on 1,220 generated layouts
@@ -297,22 +298,59 @@ def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan
     strategy, task graph, timeline). A model cut shorter (as ``benchmarks/hier_layer_steps.py``
     does) stands for stages of fewer layers."""
     plan = plan if plan is not None else reference_plan(graph, cluster, lay)
-    p, pr = lay.pp, len(plan.stages)
-    stage_gpus = lay.tp * lay.cp * lay.dp
-    if pr == p:
-        g_ref, c_ref, s_ref = graph, cluster, build_layout(graph, cluster, lay)
-    else:
-        g_ref = reference_graph(graph, sum(plan.ref_counts))
-        c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
-                                   _reference_pods(cluster, p, stage_gpus))
-        split = None if len(set(plan.counts)) == 1 else plan.ref_counts
-        s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
-        problems = settings_problems(s_ref, g_ref, c_ref)  # (the layout's settings, as build_layout checks them)
-        if problems:
-            raise ValidationError(problems, "the layout")
+    pr = len(plan.stages)
+    g_ref, c_ref, s_ref = _reference_strategy(graph, cluster, lay, plan)
     mr = _reference_microbatches(pr, lay.vpp, s_ref.pipeline.microbatches)
     tg = build_task_graph(g_ref, s_ref, c_ref, cost, microbatches=mr)
     return pr, mr, g_ref, c_ref, s_ref, tg, simulate(tg)
+
+
+def _reference_strategy(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan) -> tuple:
+    """(graph, cluster, strategy) of the reference ``plan`` describes (the layout's own where it
+    keeps every stage); the layout's settings checked as :func:`build_layout` checks them."""
+    p, pr = lay.pp, len(plan.stages)
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    if pr == p:
+        return graph, cluster, build_layout(graph, cluster, lay)
+    g_ref = reference_graph(graph, sum(plan.ref_counts))
+    c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
+                               _reference_pods(cluster, p, stage_gpus))
+    split = None if len(set(plan.counts)) == 1 else plan.ref_counts
+    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
+    problems = settings_problems(s_ref, g_ref, c_ref)  # (the layout's settings, as build_layout checks them)
+    if problems:
+        raise ValidationError(problems, "the layout")
+    return g_ref, c_ref, s_ref
+
+
+def reference_floor(graph: OpGraph, cluster: Cluster, layout: Layout) -> MemoryFloor | None:
+    """The floor under ``layout``'s memory (:func:`engine.sim.memory_floor.memory_floor`) read
+    off its reference's strategy, none of it built or simulated: each reference stage's GPUs
+    hold what the real stages it stands for hold (the composed prediction's own reading,
+    :func:`engine.sim.composed_memory.composed_memory`), and their activations are counted in
+    the schedule of the earliest of those stages, which runs the most forwards before its first
+    backward; ``gpus`` names the real GPUs. None where the composed prediction does not read the
+    layout (:func:`predict_layout`'s refusals before its reference run).
+
+    Raises
+    ------
+    ValueError
+        When the layout cannot be built on the cluster (as :func:`engine.layout.build.build_layout`).
+    """
+    lay = resolved(layout, graph, cluster)
+    _chunk_layers(graph, lay)
+    if _problem(graph, cluster, lay):
+        return None
+    plan = reference_plan(graph, cluster, lay)
+    g_ref, c_ref, s_ref = _reference_strategy(graph, cluster, lay, plan)
+    stage_gpus = lay.tp * lay.cp * lay.dp
+    real = []
+    for i, stage in enumerate(plan.stages):
+        real.append(min([stage] + [int(s) for s in np.nonzero(plan.rep == i)[0]]))
+    gpus = np.arange(c_ref.num_devices)
+    kept = len(plan.stages) * stage_gpus
+    gpus[:kept] = np.repeat(np.asarray(real, np.int64), stage_gpus) * stage_gpus + gpus[:kept] % stage_gpus
+    return replace(memory_floor(g_ref, s_ref, c_ref, [(lay.pp, s) for s in real]), gpus=gpus)
 
 
 def reference_units(g_ref: OpGraph, s_ref: Any, tg: Any, tl: Any, mr: int) -> tuple[np.ndarray, np.ndarray, dict]:

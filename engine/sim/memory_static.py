@@ -18,7 +18,7 @@ from ..strategy import Strategy, partition_grid, zero_shares
 from ..taskgraph.regions import param_keys, param_regions, param_split, pieces, within
 from ..taskgraph.sync import sync_unit
 
-__all__ = ["StaticMemory", "static_memory", "logits_bytes", "host_capacity", "graph_cache", "param_partitions",
+__all__ = ["StaticMemory", "static_memory", "state_memory", "logits_bytes", "host_capacity", "graph_cache", "param_partitions",
            "optimizer_bytes_per_param", "state_bytes_per_param", "FRAGMENTATION_FRACTION", "CUDA_CONTEXT_BYTES",
            "CUBLAS_WORKSPACE_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "HOST_MEMORY_BYTES_PER_GPU",
            "OFFLOAD_STATE_BYTES_PER_PARAM"]
@@ -120,8 +120,7 @@ class StaticMemory:
 def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> StaticMemory:
     """Every part of a device's memory but the activations, in bytes per device."""
     D = cluster.num_devices
-    params, sharded, gemm_params, unit_max = _held_params(graph, strategy, D)
-    weights, grads, optim, gathered, host, nvme = _state(graph, strategy, D, params, sharded, gemm_params, unit_max)
+    weights, grads, optim, gathered, host, nvme = state_memory(graph, strategy, D)
     comm, communicators = _communication(graph, strategy, D, tg)
     configs = strategy.configs
     image = tg.info.get("device_image")
@@ -135,6 +134,14 @@ def static_memory(graph: OpGraph, strategy: Strategy, cluster: Cluster, tg) -> S
     context = np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
                        0.0)
     return StaticMemory(weights, grads, optim, comm, gathered, logits, context, host, nvme)
+
+
+def state_memory(graph: OpGraph, strategy: Strategy, D: int) -> tuple[np.ndarray, ...]:
+    """[device] bytes of weights, gradients, optimizer state and ZeRO-3's gathered units, and
+    what ZeRO-Offload / ZeRO-Infinity keep on the host and on NVMe, for ``D`` devices: what a
+    strategy's configs alone decide (no task graph)."""
+    params, sharded, gemm_params, unit_max = _held_params(graph, strategy, D)
+    return _state(graph, strategy, D, params, sharded, gemm_params, unit_max)
 
 
 def _held_params(graph: OpGraph, strategy: Strategy, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

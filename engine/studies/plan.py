@@ -103,8 +103,8 @@ def _variants(pts: list[dict[str, Any]], recompute: str) -> list[dict[str, Any]]
 
 def _retry_full(row: dict[str, Any]) -> bool:
     """Whether a selective-recomputation row is priced again with full recomputation: it was
-    built and simulated, and did not fit."""
-    return not row["feasible"] and bool(row.get("iteration_time_s"))
+    built, and did not fit (simulated, or sure not to by its memory floor)."""
+    return not row["feasible"] and (bool(row.get("iteration_time_s")) or row.get("memory_floor_bytes") is not None)
 
 
 def plan_rows(model: Any, clusters: Sequence[str], *, batch: int | None = None, backend: str = "pool",

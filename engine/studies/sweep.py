@@ -34,7 +34,7 @@ GRID_KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "mb": "micro_batc
 #: the columns of a result row, in order
 COLUMNS = ("cluster", "gpus", "tp", "pp", "cp", "dp", "vpp", "mb", "zero", "recompute", "sp", "feasible",
            "iteration_time_s", "throughput_per_s", "peak_memory_bytes", "why", "ep", "etp", "predicted_by",
-           "nics", "nic_gbps", "pod_gpus", "oversub")
+           "nics", "nic_gbps", "pod_gpus", "oversub", "memory_floor_bytes")
 
 #: the most points one sweep runs
 MAX_POINTS = 100_000
@@ -221,14 +221,26 @@ def model_graph(model: Any, batch: int | None = None) -> Any:
     return _MODELS[key]
 
 
-def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dict[str, Any]:
+def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_all: bool = False) -> dict[str, Any]:
     """One point's row (never raises for a layout that cannot be built or does not fit);
-    ``model`` as :func:`model_graph` takes it."""
+    ``model`` as :func:`model_graph` takes it.
+
+    Before a point is predicted (composed, or simulated in full), the floor under its memory is
+    read (:func:`engine.sim.memory_floor.memory_floor`: weights, gradients, optimizer state and
+    the activations held before the first backward, from the configs alone; off the composed
+    prediction's reference strategy where it applies, :func:`engine.sim.hier.reference_floor`).
+    Where it already passes some GPU's capacity the prediction would find that the point does not
+    fit: the row says so without a time (``predicted_by`` "memory floor (not simulated)",
+    ``memory_floor_bytes``: the fullest GPU's floor). ``time_all``: predict it anyway, for its
+    time. ``benchmarks/bench_memory_floor.py`` measures how many of the co-design sweep's points
+    it settles and checks them against the prediction; ``tests/sim/test_memory_floor.py`` that
+    the floor is under the simulated memory."""
     from ..cluster.network import network_of
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
     from ..layout.build import build_layout
-    from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout
+    from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout, reference_floor
+    from ..sim.memory_floor import memory_floor
     from ..sim.report import simulate_strategy, tokens_per_s
 
     g = model_graph(model, batch)
@@ -251,6 +263,7 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
         row.update(why=first_line(c[0])[:300], gpus=c[1])
         return row
     row.update(gpus=c.num_devices, **network_of(c))
+    floor = None  # (the floor under its memory, where it was read: engine.sim.memory_floor)
     try:
         lay = resolved(Layout.from_options(opts), g, c)
         try:  # the full simulation's figures, composed from a reference run (engine.sim.hier),
@@ -258,10 +271,17 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
             if lay.pp <= REFERENCE_STAGES:
                 raise HierProblem(f"{lay.pp} stage{'s' if lay.pp > 1 else ''}: the reference would hold "
                                   f"{'them all' if lay.pp > 1 else 'it'}")
+            floor = None if time_all else reference_floor(g, c, lay)  # (off the reference's strategy: cheap)
+            if floor is not None and not floor.fits:
+                return _not_simulated(row, lay, floor)
             r = predict_layout(g, c, lay)
             row["predicted_by"] = "composed"
         except HierProblem as e:  # (not a layout it reads exactly: the full simulation says it)
             s = build_layout(g, c, lay)
+            if floor is None and not time_all:  # (where the reference's was read, it is this one: it fits)
+                floor = memory_floor(g, s, c)
+                if not floor.fits:
+                    return _not_simulated(row, lay, floor)
             r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
             row["predicted_by"] = f"simulated ({str(e)[:120]})"
     except ValueError as e:
@@ -277,6 +297,14 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None) -> dic
     row["feasible"] = bool(r.memory.feasible)
     if not r.memory.feasible:
         row["why"] = _over_why(r.memory)
+    return row
+
+
+def _not_simulated(row: dict[str, Any], lay: Any, floor: Any) -> dict[str, Any]:
+    """``row`` of a layout sure not to fit by its memory floor: why, and the fullest GPU's floor;
+    no time (not simulated)."""
+    row.update(dp=lay.dp, mb=lay.micro_batch, why=floor.why(), predicted_by="memory floor (not simulated)",
+               memory_floor_bytes=float(floor.required_bytes.max()))
     return row
 
 
@@ -298,14 +326,18 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     Each row: ``cluster`` (name), ``gpus``, ``feasible``, ``peak_memory_bytes``,
     ``capacity_bytes`` (of the fullest GPU), ``iteration_time_s``, ``why`` (a layout that
     cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
-    GPU and bytes over capacity). Simulated with the engine's symmetry reduction where it is
-    exact, a long pipeline's steady state extrapolated (:mod:`engine.sim.steady`); ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
+    GPU and bytes over capacity), ``memory_floor_bytes`` (set where the floor under the
+    memory, :func:`engine.sim.memory_floor.memory_floor`, passed some GPU's capacity: that
+    size is sure not to fit and is not simulated; the fullest GPU's floor). Simulated with the
+    engine's symmetry reduction where it is exact, a long pipeline's steady state extrapolated
+    (:mod:`engine.sim.steady`); ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
     ends the scan early (asked before each cluster and, as the simulation's ``cancel``, during
     each build and simulation: a cluster stopped mid-way has no row), ``progress`` gets each
     row as it comes.
     """
     from ..errors import Cancelled, SoapboxError
     from ..layout import Layout, layout_problem
+    from ..sim.memory_floor import memory_floor
     from ..sim.report import simulate_strategy
     from ..search.baselines import make_baseline
 
@@ -322,12 +354,20 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
         if stop is not None and stop():
             break
         row: dict[str, Any] = {"cluster": c.name, "gpus": c.num_devices, "feasible": False,
-                               "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None}
+                               "peak_memory_bytes": None, "capacity_bytes": None, "iteration_time_s": None, "why": None,
+                               "memory_floor_bytes": None}
         try:
             why = layout_problem(graph, c, layout) if layout is not None else None
             if why:
                 raise ValueError(why)
             s = make_baseline(kind, graph, c, **options)
+            floor = memory_floor(graph, s, c)
+            if not floor.fits:  # (sure not to fit: the simulation would say so; the next size is tried)
+                row.update(why=floor.why(), memory_floor_bytes=float(floor.required_bytes.max()))
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
+                continue
             # (max_tasks with symmetry too: a plan of 10^5 microbatches is large however alike;
             # ``stop`` also ends a running build or simulation)
             r = simulate_strategy(graph, s, c, check=False, max_tasks=max_tasks, cancel=stop, steady=True)
@@ -350,16 +390,17 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     return rows
 
 
-def _batch(context: tuple[str, int | None], pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    model, batch = context
-    return [evaluate(model, p, batch) for p in pts]
+def _batch(context: tuple, pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    model, batch, time_all = context
+    return [evaluate(model, p, batch, time_all) for p in pts]
 
 
 def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", workers: int | None = None,
               batch_points: int | None = None, address: str | None = None, batch: int | None = None,
-              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+              progress: Callable[[int, int], None] | None = None, time_all: bool = False) -> list[dict[str, Any]]:
     """Every point's row, in the points' order, on ``backend`` ("serial", "pool" or "ray":
-    :class:`engine.search.processes.Backend`); ``model`` as :func:`model_graph` takes it."""
+    :class:`engine.search.processes.Backend`); ``model`` as :func:`model_graph` takes it;
+    ``time_all``: :func:`evaluate`'s (points sure not to fit simulated too)."""
     from ..search.processes import Backend, check_backend
 
     backend = check_backend(backend)  # (an unknown name: one line naming the valid ones)
@@ -377,7 +418,7 @@ def run_sweep(model: Any, pts: list[dict[str, Any]], *, backend: str = "pool", w
         if progress is not None:
             progress(done, n)
 
-    with Backend(backend, context=(model, batch), workers=workers, address=address) as b:
+    with Backend(backend, context=(model, batch, bool(time_all)), workers=workers, address=address) as b:
         out = b.map(_batch, chunks, done=tick)
     return [row for rows in out for row in (rows or [])]
 

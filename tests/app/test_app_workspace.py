@@ -668,6 +668,25 @@ class TestSmallestCluster:
         # another state: no scan shown for it
         assert FIT.fit_status(ACT.select_baseline(s, "fsdp")[0]) is None
 
+    def test_sizes_sure_not_to_fit_are_said_without_a_simulation(self):
+        """GPT-3 175B with tp 8 and no pipeline or ZeRO: every GPU holds an eighth of the model's
+        weights, gradients and Adam state, over 80 GB at every size; each size is refused by its
+        memory floor (engine.sim.memory_floor), not simulated, and the page says so."""
+        import time as _time
+
+        s = ST.new_state("gpt3-175b", "dgx-a100-80gb:8")
+        s, msg = ACT.apply_layout(s, "megatron", {"tp": 8, "pp": 1, "micro_batch": 1})
+        assert msg.startswith("Layout (megatron)"), msg
+        FIT.fit_start(s)
+        t = _time.monotonic()
+        while not (st := FIT.fit_status(s))[1]:
+            assert _time.monotonic() - t < 600, "the scan never ended"  # (a hang guard, not a speed limit)
+            _time.sleep(0.1)
+        text = st[0]
+        assert "none of this family's sizes up to 1,024 GPUs fits" in text, text
+        assert "Tried: dgx-a100-80gb:1 (8 GPUs): at least " in text and "GB, over" in text, text
+        SES.current().forget(s["sid"])
+
     def test_refusals_name_what_to_do(self, alex):
         assert FIT.fit_start(alex).startswith("p100-4x4 has no sizes to try")
         s = ST.new_state("alexnet", "dgx-a100-80gb:2")

@@ -60,8 +60,19 @@ def test_plan_rows_fall_back_to_full_recomputation_only_where_selective_does_not
     assert rows and all(r["zero"] == 1 and r["sp"] == (r["tp"] > 1) for r in rows)
     selective = [r for r in rows if r["recompute"] == "selective"]
     full = [r for r in rows if r["recompute"] == "full"]
-    over = [r for r in selective if not r["feasible"] and r["iteration_time_s"]]
+    over = [r for r in selective if not r["feasible"] and (r["iteration_time_s"] or r["memory_floor_bytes"])]
     assert len(full) == len(over)
+
+
+def test_a_layout_sure_not_to_fit_with_selective_recomputation_is_tried_with_full():
+    """A row its memory floor refused (not simulated) was built and does not fit: the plan tries
+    it again with full recomputation, as it does a simulated one."""
+    from engine.studies.plan import _retry_full
+
+    assert _retry_full({"feasible": False, "iteration_time_s": None, "memory_floor_bytes": 9e10})
+    assert _retry_full({"feasible": False, "iteration_time_s": 1.5, "memory_floor_bytes": None})
+    assert not _retry_full({"feasible": False, "iteration_time_s": None, "memory_floor_bytes": None})  # (not built)
+    assert not _retry_full({"feasible": True, "iteration_time_s": 1.5, "memory_floor_bytes": None})
 
 
 def test_the_cli_prints_the_table_and_json(capsys, tmp_path):

@@ -69,6 +69,24 @@ def test_cli_writes_csv_json_and_report(tmp_path, capsys):
     assert row["feasible"] is False and "does not divide the 8 devices" in row["why"]
 
 
+def test_a_point_sure_not_to_fit_is_not_simulated_unless_asked():
+    """GPT-3 175B on one DGX A100 node, tp 8 pp 1 (a pipeline the composed prediction does not
+    take): its weights, gradients and Adam state alone are over 80 GiB a GPU. The row says so,
+    with the floor, and no time; with ``time_all`` it is simulated, and does not fit either,
+    with more memory than the floor under it."""
+    from engine.studies.sweep import evaluate
+
+    pt = {"cluster": "dgx-a100-80gb:1", "tp": 8, "pp": 1, "mb": 1}
+    row = evaluate("gpt3-175b", pt, 8)
+    assert row["feasible"] is False and row["iteration_time_s"] is None and row["peak_memory_bytes"] is None
+    assert row["predicted_by"] == "memory floor (not simulated)" and row["dp"] == 1
+    assert row["why"].startswith("does not fit in memory: GPU ") and "needs at least" in row["why"]
+    timed = evaluate("gpt3-175b", pt, 8, time_all=True)
+    assert timed["feasible"] is False and timed["iteration_time_s"] > 0 and timed["memory_floor_bytes"] is None
+    assert timed["peak_memory_bytes"] >= row["memory_floor_bytes"]
+    assert run_sweep("gpt3-175b", [pt], backend="serial", batch=8, time_all=True) == [timed]
+
+
 class TestSmallestFit:
     """The smallest cluster on which a layout fits (issue 16: what comparable tools show)."""
 
@@ -87,7 +105,9 @@ class TestSmallestFit:
 
     def test_fsdp_memory_halves_as_the_data_parallel_degree_doubles(self):
         """ZeRO-3 shards weights, gradients and optimizer state over dp, and each GPU holds
-        batch/dp samples' activations: with nothing else on a GPU, doubling the GPUs halves it."""
+        batch/dp samples' activations: with nothing else on a GPU, doubling the GPUs halves it.
+        Each size is sure not to fit by its memory floor (engine.sim.memory_floor), so none is
+        simulated: the floor halves."""
         from engine.cluster import preset
         from engine.formats import resolve_model
         from engine.studies.sweep import smallest_fit
@@ -97,7 +117,8 @@ class TestSmallestFit:
         rows = smallest_fit(g, "fsdp", {"recompute": "none"}, [preset(f"dgx-a100-80gb:{n}") for n in (1, 2, 4)],
                             progress=seen.append)
         assert seen == rows and len(rows) == 3 and not any(r["feasible"] for r in rows)
-        p = [r["peak_memory_bytes"] for r in rows]
+        assert all(r["peak_memory_bytes"] is None and r["iteration_time_s"] is None for r in rows)
+        p = [r["memory_floor_bytes"] for r in rows]
         assert p[1] / p[0] == pytest.approx(0.5, rel=0.01) and p[2] / p[1] == pytest.approx(0.5, rel=0.01)
         assert all(r["why"].startswith("does not fit in memory: GPU ") for r in rows)
         # stop() ends the scan before the next size

@@ -1,0 +1,150 @@
+"""A floor under a strategy's memory, from its configs and its pipeline schedule alone: no task
+graph, no simulation (issue 43: a co-design sweep skips simulating layouts that cannot fit).
+
+:func:`engine.sim.memory.memory_report` decides out of memory on ``required_bytes`` = the
+allocated peak + the CUDA context, per device, where the allocated peak adds the weights,
+gradients, optimizer state and communication buffers, the activations' peak over the timeline,
+ZeRO-3's gathered units and the loss's fp32 logits. Every part is at least zero, so any of them
+summed is a floor under it. :func:`memory_floor` sums, with the report's own functions:
+
+* the weights, gradients and optimizer state, ZeRO-3's gathered units and the logits buffer
+  (:func:`engine.sim.memory_static.state_memory`, :func:`~engine.sim.memory_static.logits_bytes`:
+  the report's static parts but the communication buffers, which need the task graph's
+  collectives);
+* the CUDA context and cuBLAS workspace of every GPU the strategy uses (its NCCL buffers, which
+  grow with the communicators it joins, left out);
+* the activations the device holds when its first backward unit begins. Every device runs its
+  stage's schedule units in order, held to it by a barrier between consecutive units that waits
+  for the unit's sinks (:class:`engine.taskgraph.schedule.SchedulePlan`), so every forward unit
+  before the stage's first backward (:func:`engine.taskgraph.schedule.schedule_order`: 1F1B's
+  ``p - stage`` on stage ``stage``, every microbatch under GPipe) has ended before any backward
+  task starts; the report allocates an op partition's saved activations
+  (:func:`engine.strategy.activations.saved_bytes`) when its forward task ends and frees them
+  when its backward task ends, so none of them is freed yet. The floor counts one forward task
+  per op partition per unit (recomputed forwards allocate more; left out). With activation
+  offload the saved activations leave the GPU before then: no activation term.
+
+So ``floor <= required_bytes`` on every device, whatever the timeline
+(``tests/sim/test_memory_floor.py`` checks it against the report on generated layouts), and a
+device whose floor passes its capacity does not fit, as the simulation would find. Host memory:
+the offloaded optimizer state and parameters (``state_memory``'s host part) against the host memory
+each GPU has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..graph import OpGraph
+from ..strategy import Strategy
+from ..strategy.activations import offloaded_layers, saved_bytes
+from ..taskgraph.schedule import schedule_order
+from ..taskgraph.tasks import BWD
+from .memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, graph_cache, host_capacity, logits_bytes,
+                            state_memory)
+
+__all__ = ["MemoryFloor", "memory_floor"]
+
+
+@dataclass
+class MemoryFloor:
+    """Per device [device] bytes under :attr:`engine.sim.memory.MemoryReport.required_bytes`
+    (``required_bytes``: the sum of the parts) and its capacity; the host's part and capacity."""
+
+    weights_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    gathered_bytes: np.ndarray
+    logits_bytes: np.ndarray
+    context_bytes: np.ndarray
+    capacity_bytes: np.ndarray
+    host_bytes: np.ndarray
+    host_capacity_bytes: np.ndarray
+    #: [device] the GPU of the whole run each stands for (a composed prediction's reference,
+    #: :func:`engine.sim.hier.reference_floor`); None: itself
+    gpus: np.ndarray | None = None
+
+    @property
+    def required_bytes(self) -> np.ndarray:
+        """[device] bytes at least that must fit (added in the report's order)."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.gathered_bytes + self.logits_bytes + self.context_bytes)
+
+    @property
+    def fits(self) -> bool:
+        """False when some device (or its host) is sure not to fit; True says only that the
+        floor does (the simulation decides)."""
+        return bool(np.all(self.required_bytes <= self.capacity_bytes)
+                    and np.all(self.host_bytes <= self.host_capacity_bytes))
+
+    def why(self) -> str:
+        """Why it does not fit, in words, the worst device named ('' when the floor fits)."""
+        over = self.required_bytes - self.capacity_bytes
+        d = int(np.argmax(over))
+        gpu = d if self.gpus is None else int(self.gpus[d])
+        if over[d] > 0:
+            return (f"does not fit in memory: GPU {gpu} needs at least {self.required_bytes[d] / 2**30:.2f} GiB (weights, "
+                    f"gradients, optimizer state {(self.weights_bytes + self.grads_bytes + self.optimizer_bytes)[d] / 2**30:.2f} "
+                    f"GiB; activations held before its first backward {self.activations_bytes[d] / 2**30:.2f} GiB), "
+                    f"{over[d] / 2**30:.2f} GiB over its {self.capacity_bytes[d] / 2**30:.2f} GiB")
+        host = self.host_bytes - self.host_capacity_bytes
+        d = int(np.argmax(host))
+        gpu = d if self.gpus is None else int(self.gpus[d])
+        if host[d] > 0:
+            return (f"does not fit in host memory: GPU {gpu}'s offloaded state needs at least "
+                    f"{self.host_bytes[d] / 2**30:.2f} GiB, {host[d] / 2**30:.2f} GiB over the {self.host_capacity_bytes[d] / 2**30:.2f} "
+                    "GiB of host memory it has")
+        return ""
+
+
+def memory_floor(graph: OpGraph, strategy: Strategy, cluster: Cluster,
+                 real_stages: Sequence[tuple[int, int]] | None = None) -> MemoryFloor:
+    """The floor under ``strategy``'s memory on ``cluster`` (the module docstring says why it is
+    one), in bytes per device. ``real_stages``: [pipeline stage of ``strategy``] (stages, stage)
+    of the pipeline whose schedule that stage's activations follow, for a reference that stands
+    for a longer pipeline (:func:`engine.sim.hier.reference_floor`); default its own."""
+    D = cluster.num_devices
+    weights, grads, optim, gathered, host, _ = state_memory(graph, strategy, D)
+    used = np.zeros(D, bool)
+    for devices in {id(cfg.devices): cfg.devices for cfg in strategy.configs.values()}.values():
+        used[np.asarray(devices, np.int64)] = True  # (ops of alike layers share their devices' tuple: once each)
+    capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], np.float64)
+    return MemoryFloor(weights, grads, optim, _activations(graph, strategy, D, real_stages), gathered,
+                       logits_bytes(graph, strategy, D), np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES, 0.0),
+                       capacity, host, host_capacity(cluster))
+
+
+def _activations(graph: OpGraph, strategy: Strategy, D: int,
+                 real_stages: Sequence[tuple[int, int]] | None) -> np.ndarray:
+    """[device] saved activations of the forward units its stage runs before its first
+    backward (in the schedule of ``real_stages``' stage, :func:`memory_floor`), one forward task
+    per op partition per unit; zeros with activation offload."""
+    out = np.zeros(D)
+    if offloaded_layers(graph, strategy):
+        return out
+    pipe = strategy.pipeline
+    p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
+    saved = saved_bytes(graph, strategy, m, graph_cache(graph))
+    per_chunk = np.zeros((p * v, D))  # one microbatch's saved bytes on each device, by model chunk
+    by_devices: dict[tuple[int, int], list] = {}  # (chunk, id of a devices tuple) -> [bytes, devices]
+    for i, op in enumerate(graph.ops):
+        if saved[i] > 0:
+            cfg = strategy.configs[op.name]
+            chunk = strategy.stage_of.get(op.name, 0) if p * v > 1 else 0
+            hit = by_devices.setdefault((chunk, id(cfg.devices)), [0.0, cfg.devices])
+            hit[0] += saved[i]
+    for (chunk, _), (amount, devices) in by_devices.items():
+        np.add.at(per_chunk[chunk], np.asarray(devices, np.int64), amount)
+    for stage in range(p):
+        real_p, real_stage = real_stages[stage] if real_stages is not None else (p, stage)
+        order = schedule_order(pipe.schedule, real_p, v, m, real_stage)
+        first = next((k for k, unit in enumerate(order) if unit[2] == BWD), len(order))
+        units = np.bincount(np.array([unit[0] for unit in order[:first]], np.int64), minlength=v)
+        for local in range(v):
+            out += units[local] * per_chunk[local * p + stage]
+    return out
