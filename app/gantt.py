@@ -7,6 +7,8 @@ apart into the schedule's bubble and the stages' imbalance.
 
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Any
 
@@ -210,6 +212,9 @@ def gantt_data(graph: OpGraph, cluster: Cluster, timeline: Timeline, window: tup
     tg = timeline.tasks
     makespan = timeline.makespan_s
     t0, t1 = window if window else (0.0, makespan)
+    if not (math.isfinite(t0) and math.isfinite(t1) and t1 >= t0):  # (the page's reader refuses these first)
+        raise ValueError(f"the timeline's window must be two finite times in seconds, the start not after the end; "
+                         f"got {t0!r}, {t1!r}")
     names = [op.name for op in graph.ops]
     kind = tg.kind
     dev_used = np.flatnonzero(np.bincount(tg.device[(kind == FWD) | (kind == BWD)], minlength=tg.n_devices))

@@ -12,7 +12,8 @@
 * :mod:`engine.sim.idle`: when each GPU idles; :mod:`engine.sim.lanes`: the tasks on a Gantt chart's
   lanes (a row per GPU or link), read in one pass;
 * :mod:`engine.sim.memory` (with :mod:`engine.sim.memory_static`): per-device memory as PyTorch
-  would report it;
+  would report it; :mod:`engine.sim.memory_floor`: a floor under it from the configs and the
+  schedule alone (a layout sure not to fit, said without a simulation);
 * :mod:`engine.sim.report` (with :mod:`engine.sim.report_moe`): the one simulation entry point,
   :func:`~engine.sim.report.simulate_strategy`, and everything ``soapbox simulate`` prints;
 * :mod:`engine.sim.trace`: a Chrome trace of the iteration.

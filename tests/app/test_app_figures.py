@@ -245,6 +245,14 @@ class TestGanttData:
         assert d["bars"] == {} and d["tasks_in_view"] == 0 and d["merged"] is False
         assert GF.build_gantt_figure(d).layout.xaxis.range == (2 * ms * 1e3, 3 * ms * 1e3)
 
+    @pytest.mark.parametrize("window", [(float("nan"), 1e-3), (0.0, float("inf")), (2e-3, 1e-3)])
+    def test_a_window_that_is_not_a_range_is_refused(self, alexnet, dp, window):
+        """A NaN or infinite bound, or a start after the end: said, where it drew nothing (the
+        page's own reader refuses these before; a caller of gantt_data gets the same answer)."""
+        g, c = alexnet
+        with pytest.raises(ValueError, match="window must be two finite times"):
+            G.gantt_data(g, c, dp.timeline, window=window)
+
     def test_critical_path_overlay(self, alexnet, dp):
         g, c = alexnet
         tl = dp.timeline
