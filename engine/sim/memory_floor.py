@@ -15,14 +15,21 @@ summed is a floor under it. :func:`memory_floor` sums, with the report's own fun
   grow with the communicators it joins, left out);
 * the activations the device holds when its first backward unit begins. Every device runs its
   stage's schedule units in order, held to it by a barrier between consecutive units that waits
-  for the unit's sinks (:class:`engine.taskgraph.schedule.SchedulePlan`), so every forward unit
-  before the stage's first backward (:func:`engine.taskgraph.schedule.schedule_order`: 1F1B's
-  ``p - stage`` on stage ``stage``, every microbatch under GPipe) has ended before any backward
-  task starts; the report allocates an op partition's saved activations
+  for the unit's sink tasks on that device (ops with no consumer in their model chunk;
+  :class:`engine.taskgraph.schedule.SchedulePlan`), so every forward unit before the stage's
+  first backward (:func:`engine.taskgraph.schedule.schedule_order`: 1F1B's ``p - stage`` on
+  stage ``stage``, every microbatch under GPipe; with one stage forward and backward alternate,
+  one unit) has ended before any backward task starts, for the ops that feed the sinks; the
+  report allocates an op partition's saved activations
   (:func:`engine.strategy.activations.saved_bytes`) when its forward task ends and frees them
-  when its backward task ends, so none of them is freed yet. The floor counts one forward task
-  per op partition per unit (recomputed forwards allocate more; left out). With activation
-  offload the saved activations leave the GPU before then: no activation term.
+  when its backward task ends, so none of them is freed yet. Counted: one forward task per op
+  partition per unit (recomputed forwards allocate more; left out), for the ops the argument
+  covers (:func:`_held_ops`: every sink of the op's chunk on every GPU of the chunk, and the
+  op feeding each of them; Megatron-shaped layouts, whose stages end in one op on all their
+  GPUs, are covered whole). None with activation offload (the saved activations leave the GPU
+  before then), and none with one stage and one microbatch: no barrier orders anything then,
+  and a model with several losses (FlexFlow's NMT, 40) starts its first loss's backward while
+  later steps still run forward (a review found the floor 4x over the peak there).
 
 So ``floor <= required_bytes`` on every device, whatever the timeline
 (``tests/sim/test_memory_floor.py`` checks it against the report on generated layouts), and a
@@ -43,7 +50,7 @@ from ..graph import OpGraph
 from ..strategy import Strategy
 from ..strategy.activations import offloaded_layers, saved_bytes
 from ..taskgraph.schedule import schedule_order
-from ..taskgraph.tasks import BWD
+from ..taskgraph.tasks import BWD, FWD
 from .memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, graph_cache, host_capacity, logits_bytes,
                             state_memory)
 
@@ -82,23 +89,31 @@ class MemoryFloor:
         return bool(np.all(self.required_bytes <= self.capacity_bytes)
                     and np.all(self.host_bytes <= self.host_capacity_bytes))
 
+    def worst(self) -> tuple[int, float]:
+        """(device, its floor in bytes) of the device furthest over its capacity (the fullest
+        against its own capacity; the one :meth:`why` names)."""
+        d = int(np.argmax(self.required_bytes - self.capacity_bytes))
+        return d, float(self.required_bytes[d])
+
     def why(self) -> str:
-        """Why it does not fit, in words, the worst device named ('' when the floor fits)."""
-        over = self.required_bytes - self.capacity_bytes
-        d = int(np.argmax(over))
+        """Why it does not fit, in words, the worst device named, in GB as the sweep's other
+        rows say it ('' when the floor fits)."""
+        d, need = self.worst()
+        over = need - self.capacity_bytes[d]
         gpu = d if self.gpus is None else int(self.gpus[d])
-        if over[d] > 0:
-            return (f"does not fit in memory: GPU {gpu} needs at least {self.required_bytes[d] / 2**30:.2f} GiB (weights, "
-                    f"gradients, optimizer state {(self.weights_bytes + self.grads_bytes + self.optimizer_bytes)[d] / 2**30:.2f} "
-                    f"GiB; activations held before its first backward {self.activations_bytes[d] / 2**30:.2f} GiB), "
-                    f"{over[d] / 2**30:.2f} GiB over its {self.capacity_bytes[d] / 2**30:.2f} GiB")
+        if over > 0:
+            state = (self.weights_bytes + self.grads_bytes + self.optimizer_bytes)[d]
+            return (f"does not fit in memory: GPU {gpu} needs at least {need / 1e9:.2f} GB (weights, gradients, "
+                    f"optimizer state {state / 1e9:.2f} GB; activations held before its first backward "
+                    f"{self.activations_bytes[d] / 1e9:.2f} GB), {over / 1e9:.2f} GB over its "
+                    f"{self.capacity_bytes[d] / 1e9:.2f} GB")
         host = self.host_bytes - self.host_capacity_bytes
         d = int(np.argmax(host))
         gpu = d if self.gpus is None else int(self.gpus[d])
         if host[d] > 0:
             return (f"does not fit in host memory: GPU {gpu}'s offloaded state needs at least "
-                    f"{self.host_bytes[d] / 2**30:.2f} GiB, {host[d] / 2**30:.2f} GiB over the {self.host_capacity_bytes[d] / 2**30:.2f} "
-                    "GiB of host memory it has")
+                    f"{self.host_bytes[d] / 1e9:.2f} GB, {host[d] / 1e9:.2f} GB over the "
+                    f"{self.host_capacity_bytes[d] / 1e9:.2f} GB of host memory it has")
         return ""
 
 
@@ -115,7 +130,8 @@ def memory_floor(graph: OpGraph, strategy: Strategy, cluster: Cluster,
         used[np.asarray(devices, np.int64)] = True  # (ops of alike layers share their devices' tuple: once each)
     capacity = np.array([cluster.device_type(d).memory_bytes for d in range(D)], np.float64)
     return MemoryFloor(weights, grads, optim, _activations(graph, strategy, D, real_stages), gathered,
-                       logits_bytes(graph, strategy, D), np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES, 0.0),
+                       logits_bytes(graph, strategy, D),
+                       np.where(used, CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES, 0.0),
                        capacity, host, host_capacity(cluster))
 
 
@@ -123,28 +139,68 @@ def _activations(graph: OpGraph, strategy: Strategy, D: int,
                  real_stages: Sequence[tuple[int, int]] | None) -> np.ndarray:
     """[device] saved activations of the forward units its stage runs before its first
     backward (in the schedule of ``real_stages``' stage, :func:`memory_floor`), one forward task
-    per op partition per unit; zeros with activation offload."""
+    per op partition per unit, for the ops :func:`_held_ops` finds held; zeros with activation
+    offload, and with one stage and one microbatch (no barriers order the units then)."""
     out = np.zeros(D)
     if offloaded_layers(graph, strategy):
         return out
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
+    if p == 1 and m == 1:
+        return out
+    chunk_of = np.array([strategy.stage_of.get(op.name, 0) if p * v > 1 else 0 for op in graph.ops], np.int64)
+    held = _held_ops(graph, strategy, chunk_of)
     saved = saved_bytes(graph, strategy, m, graph_cache(graph))
     per_chunk = np.zeros((p * v, D))  # one microbatch's saved bytes on each device, by model chunk
     by_devices: dict[tuple[int, int], list] = {}  # (chunk, id of a devices tuple) -> [bytes, devices]
     for i, op in enumerate(graph.ops):
-        if saved[i] > 0:
+        if saved[i] > 0 and held[i]:
             cfg = strategy.configs[op.name]
-            chunk = strategy.stage_of.get(op.name, 0) if p * v > 1 else 0
-            hit = by_devices.setdefault((chunk, id(cfg.devices)), [0.0, cfg.devices])
+            hit = by_devices.setdefault((int(chunk_of[i]), id(cfg.devices)), [0.0, cfg.devices])
             hit[0] += saved[i]
     for (chunk, _), (amount, devices) in by_devices.items():
         np.add.at(per_chunk[chunk], np.asarray(devices, np.int64), amount)
     for stage in range(p):
         real_p, real_stage = real_stages[stage] if real_stages is not None else (p, stage)
-        order = schedule_order(pipe.schedule, real_p, v, m, real_stage)
+        # (one stage: forward and backward alternate whatever the schedule, as SchedulePlan orders them)
+        order = schedule_order(pipe.schedule, real_p, v, m, real_stage) if real_p > 1 else [(0, 0, FWD), (0, 0, BWD)]
         first = next((k for k, unit in enumerate(order) if unit[2] == BWD), len(order))
         units = np.bincount(np.array([unit[0] for unit in order[:first]], np.int64), minlength=v)
         for local in range(v):
             out += units[local] * per_chunk[local * p + stage]
     return out
+
+
+def _held_ops(graph: OpGraph, strategy: Strategy, chunk_of: np.ndarray) -> np.ndarray:
+    """[op] whether the barrier argument covers op's forward tasks: the barrier after a unit on
+    a device waits for the unit's sink tasks on that device (ops with no consumer in their model
+    chunk), so an op is counted when every sink of its chunk runs on every device of the chunk
+    and the op feeds every one of them (or is one). Megatron-shaped layouts meet this (each
+    stage's last op, or its loss, on all its GPUs); a model with several losses on different
+    GPUs (FlexFlow's NMT, 40 of them) keeps only what every loss reads, or nothing."""
+    n = len(graph.ops)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    has_cons = np.zeros(n, bool)
+    for (a, _, b, _) in graph.edges:
+        if chunk_of[a] == chunk_of[b]:
+            preds[b].append(a)
+            has_cons[a] = True
+    held = np.zeros(n, bool)
+    for chunk in np.unique(chunk_of):
+        members = np.flatnonzero(chunk_of == chunk)
+        devices = set().union(*(strategy.configs[graph.ops[i].name].devices for i in members))
+        sinks = [int(i) for i in members if not has_cons[i]]
+        if not sinks or any(set(strategy.configs[graph.ops[i].name].devices) != devices for i in sinks):
+            continue
+        reached = np.zeros(n, np.int64)  # sinks each op feeds (or is)
+        for sink in sinks:
+            seen = {sink}
+            todo = [sink]
+            while todo:
+                for a in preds[todo.pop()]:
+                    if a not in seen:
+                        seen.add(a)
+                        todo.append(a)
+            reached[list(seen)] += 1
+        held[members] = reached[members] == len(sinks)
+    return held

@@ -231,10 +231,10 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
     prediction's reference strategy where it applies, :func:`engine.sim.hier.reference_floor`).
     Where it already passes some GPU's capacity the prediction would find that the point does not
     fit: the row says so without a time (``predicted_by`` "memory floor (not simulated)",
-    ``memory_floor_bytes``: the fullest GPU's floor). ``time_all``: predict it anyway, for its
-    time. ``benchmarks/bench_memory_floor.py`` measures how many of the co-design sweep's points
-    it settles and checks them against the prediction; ``tests/sim/test_memory_floor.py`` that
-    the floor is under the simulated memory."""
+    ``memory_floor_bytes``: the floor of the GPU furthest over its capacity, the one ``why``
+    names). ``time_all``: predict it anyway, for its time. ``benchmarks/bench_memory_floor.py``
+    measures how many of the co-design sweep's points it settles and checks them against the
+    prediction; ``tests/sim/test_memory_floor.py`` that the floor is under the simulated memory."""
     from ..cluster.network import network_of
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
@@ -301,10 +301,10 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
 
 
 def _not_simulated(row: dict[str, Any], lay: Any, floor: Any) -> dict[str, Any]:
-    """``row`` of a layout sure not to fit by its memory floor: why, and the fullest GPU's floor;
-    no time (not simulated)."""
+    """``row`` of a layout sure not to fit by its memory floor: why, and the floor of the GPU it
+    names; no time (not simulated)."""
     row.update(dp=lay.dp, mb=lay.micro_batch, why=floor.why(), predicted_by="memory floor (not simulated)",
-               memory_floor_bytes=float(floor.required_bytes.max()))
+               memory_floor_bytes=floor.worst()[1])
     return row
 
 
@@ -328,9 +328,10 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
     cannot be built there, e.g. a data-parallel degree that does not divide the batch, or the
     GPU and bytes over capacity), ``memory_floor_bytes`` (set where the floor under the
     memory, :func:`engine.sim.memory_floor.memory_floor`, passed some GPU's capacity: that
-    size is sure not to fit and is not simulated; the fullest GPU's floor). Simulated with the
-    engine's symmetry reduction where it is exact, a long pipeline's steady state extrapolated
-    (:mod:`engine.sim.steady`); ``max_tasks`` refuses a full build past it (that row's ``why`` says so); ``stop``
+    size is sure not to fit and is not simulated; the floor of the GPU furthest over its
+    capacity). Simulated with the engine's symmetry reduction where it is exact, a long
+    pipeline's steady state extrapolated (:mod:`engine.sim.steady`); ``max_tasks`` refuses a
+    full build past it (that row's ``why`` says so); ``stop``
     ends the scan early (asked before each cluster and, as the simulation's ``cancel``, during
     each build and simulation: a cluster stopped mid-way has no row), ``progress`` gets each
     row as it comes.
@@ -363,7 +364,7 @@ def smallest_fit(graph: Any, kind: str, options: dict[str, Any], clusters: Seque
             s = make_baseline(kind, graph, c, **options)
             floor = memory_floor(graph, s, c)
             if not floor.fits:  # (sure not to fit: the simulation would say so; the next size is tried)
-                row.update(why=floor.why(), memory_floor_bytes=float(floor.required_bytes.max()))
+                row.update(why=floor.why(), memory_floor_bytes=floor.worst()[1])
                 rows.append(row)
                 if progress is not None:
                     progress(row)
