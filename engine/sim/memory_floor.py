@@ -26,10 +26,12 @@ summed is a floor under it. :func:`memory_floor` sums, with the report's own fun
   partition per unit (recomputed forwards allocate more; left out), for the ops the argument
   covers (:func:`_held_ops`: every sink of the op's chunk on every GPU of the chunk, and the
   op feeding each of them; Megatron-shaped layouts, whose stages end in one op on all their
-  GPUs, are covered whole). None with activation offload (the saved activations leave the GPU
-  before then), and none with one stage and one microbatch: no barrier orders anything then,
-  and a model with several losses (FlexFlow's NMT, 40) starts its first loss's backward while
-  later steps still run forward (a review found the floor 4x over the peak there).
+  GPUs, are covered whole). With one stage and one microbatch no barrier orders anything: every
+  backward task still descends from some sink's forward, which a covered op feeds, so the
+  covered ops are held by data alone; a model with several losses (FlexFlow's NMT, 40) keeps
+  only what every loss reads (counting every step, a review found the floor 4x over the peak
+  there: the first loss's backward runs while later steps still run forward). None with
+  activation offload (the saved activations leave the GPU before then).
 
 So ``floor <= required_bytes`` on every device, whatever the timeline
 (``tests/sim/test_memory_floor.py`` checks it against the report on generated layouts), and a
@@ -140,14 +142,14 @@ def _activations(graph: OpGraph, strategy: Strategy, D: int,
     """[device] saved activations of the forward units its stage runs before its first
     backward (in the schedule of ``real_stages``' stage, :func:`memory_floor`), one forward task
     per op partition per unit, for the ops :func:`_held_ops` finds held; zeros with activation
-    offload, and with one stage and one microbatch (no barriers order the units then)."""
+    offload. With one stage and one microbatch no barrier orders anything, and the held ops are
+    held by data alone: every backward task descends from some sink's (a loss's) forward, and a
+    held op feeds every sink."""
     out = np.zeros(D)
     if offloaded_layers(graph, strategy):
         return out
     pipe = strategy.pipeline
     p, v, m = max(1, pipe.stages), max(1, pipe.virtual_stages), max(1, pipe.microbatches)
-    if p == 1 and m == 1:
-        return out
     chunk_of = np.array([strategy.stage_of.get(op.name, 0) if p * v > 1 else 0 for op in graph.ops], np.int64)
     held = _held_ops(graph, strategy, chunk_of)
     saved = saved_bytes(graph, strategy, m, graph_cache(graph))
