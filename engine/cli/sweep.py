@@ -46,7 +46,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     composed = sum(1 for r in rows if r.get("predicted_by") == "composed")
     floored = sum(1 for r in rows if r.get("memory_floor_bytes") is not None)
     print(f"wrote {args.output}: {len(rows):,} layouts ({ok:,} fit; {composed:,} composed from reference runs, "
-          f"engine.sim.hier; {floored:,} sure not to fit by their memory floor, not simulated) in {seconds:.1f} s ({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); "
+          f"engine.sim.hier; {floored:,} sure not to fit by their memory floor, not simulated) in {seconds:.1f} s "
+          f"({len(rows) / seconds:.1f} layouts/s, backend {args.backend}); "
           f"Pareto front: {len(pareto(rows))}"
           + (f"; report {args.report}" if args.report else ""))
     return 0

@@ -18,9 +18,9 @@ from ..strategy import Strategy, partition_grid, zero_shares
 from ..taskgraph.regions import param_keys, param_regions, param_split, pieces, within
 from ..taskgraph.sync import sync_unit
 
-__all__ = ["StaticMemory", "static_memory", "state_memory", "logits_bytes", "host_capacity", "graph_cache", "param_partitions",
-           "optimizer_bytes_per_param", "state_bytes_per_param", "FRAGMENTATION_FRACTION", "CUDA_CONTEXT_BYTES",
-           "CUBLAS_WORKSPACE_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "HOST_MEMORY_BYTES_PER_GPU",
+__all__ = ["StaticMemory", "static_memory", "state_memory", "logits_bytes", "host_capacity", "graph_cache",
+           "param_partitions", "optimizer_bytes_per_param", "state_bytes_per_param", "FRAGMENTATION_FRACTION",
+           "CUDA_CONTEXT_BYTES", "CUBLAS_WORKSPACE_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "HOST_MEMORY_BYTES_PER_GPU",
            "OFFLOAD_STATE_BYTES_PER_PARAM"]
 
 #: The caching allocator's fragmentation, as a fraction of the allocated peak added to reach
