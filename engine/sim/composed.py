@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..taskgraph import BWD, FWD, TaskGraph, schedule_order
+from ..taskgraph import TaskGraph, unit_order
 from .units import Unit
 
 __all__ = ["Geometry", "GraphBuilder", "LAST", "Reference", "StagePlan", "even_plan", "uneven_plan", "stage_order",
@@ -82,7 +82,7 @@ class Reference:
 
 def stage_order(schedule: str, p: int, v: int, m: int, s: int) -> np.ndarray:
     """[unit, 3] (local chunk, microbatch, phase) of stage ``s``'s units in schedule order
-    (:func:`engine.taskgraph.schedule_order`; one stage: forward and backward alternating)."""
+    (:func:`engine.taskgraph.unit_order`; one stage: forward and backward alternating)."""
     return ranks(schedule, p, v, m)[1][s]
 
 
@@ -93,7 +93,7 @@ def ranks(schedule: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray
     rank = np.full((p, v, m, 2), -1, np.int64)
     orders = np.zeros((p, 2 * v * m, 3), np.int64)
     for s in range(p):
-        order = schedule_order(schedule, p, v, m, s) if p > 1 else [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
+        order = unit_order(schedule, p, v, m, s)
         arr = np.asarray(order, np.int64).reshape(-1, 3)
         orders[s] = arr
         rank[s, arr[:, 0], arr[:, 1], arr[:, 2]] = np.arange(arr.shape[0])

@@ -17,7 +17,7 @@ summed is a floor under it. :func:`memory_floor` sums, with the report's own fun
   stage's schedule units in order, held to it by a barrier between consecutive units that waits
   for the unit's sink tasks on that device (ops with no consumer in their model chunk;
   :class:`engine.taskgraph.schedule.SchedulePlan`), so every forward unit before the stage's
-  first backward (:func:`engine.taskgraph.schedule.schedule_order`: 1F1B's ``p - stage`` on
+  first backward (:func:`engine.taskgraph.schedule.unit_order`: 1F1B's ``p - stage`` on
   stage ``stage``, every microbatch under GPipe; with one stage forward and backward alternate,
   one unit) has ended before any backward task starts, for the ops that feed the sinks; the
   report allocates an op partition's saved activations
@@ -51,8 +51,8 @@ from ..cluster import Cluster
 from ..graph import OpGraph
 from ..strategy import Strategy
 from ..strategy.activations import offloaded_layers, saved_bytes
-from ..taskgraph.schedule import schedule_order
-from ..taskgraph.tasks import BWD, FWD
+from ..taskgraph.schedule import unit_order
+from ..taskgraph.tasks import BWD
 from .memory_static import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, graph_cache, host_capacity, logits_bytes,
                             state_memory)
 
@@ -164,8 +164,7 @@ def _activations(graph: OpGraph, strategy: Strategy, D: int,
         np.add.at(per_chunk[chunk], np.asarray(devices, np.int64), amount)
     for stage in range(p):
         real_p, real_stage = real_stages[stage] if real_stages is not None else (p, stage)
-        # (one stage: forward and backward alternate whatever the schedule, as SchedulePlan orders them)
-        order = schedule_order(pipe.schedule, real_p, v, m, real_stage) if real_p > 1 else [(0, 0, FWD), (0, 0, BWD)]
+        order = unit_order(pipe.schedule, real_p, v, m, real_stage)  # (the task graph's: one stage alternates)
         first = next((k for k, unit in enumerate(order) if unit[2] == BWD), len(order))
         units = np.bincount(np.array([unit[0] for unit in order[:first]], np.int64), minlength=v)
         for local in range(v):

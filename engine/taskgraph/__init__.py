@@ -37,7 +37,7 @@ from __future__ import annotations
 from .builder import TaskGraphBuilder, build_task_graph
 from .estimate import estimate_symmetric_tasks, estimate_tasks, symmetric_task_bound
 from .estimate import count_text, quick_task_bound, tasks_within
-from .schedule import schedule_order
+from .schedule import schedule_order, unit_order
 from .symmetry import Symmetry, find_symmetry, forget_found
 from .tasks import BARRIER, BWD, COLL, COLL_INDEX, COLL_NAMES, FWD, KIND_NAMES, OFFLOAD, UPDATE, XFER, TaskGraph
 
@@ -55,6 +55,7 @@ __all__ = [
     "tasks_within",
     "count_text",
     "schedule_order",
+    "unit_order",
     "FWD",
     "BWD",
     "XFER",

@@ -11,7 +11,7 @@ from .context import BuildContext, OpTables
 from .segments import Segment
 from .tasks import BWD, FWD
 
-__all__ = ["schedule_order", "SchedulePlan"]
+__all__ = ["schedule_order", "unit_order", "SchedulePlan"]
 
 
 def schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
@@ -52,6 +52,17 @@ def schedule_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tu
     return out
 
 
+def unit_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
+    """The order a task graph runs ``stage``'s (model chunk, microbatch, phase) units in: the
+    schedule's (:func:`schedule_order`) over several stages; with one stage, each microbatch's
+    forward then its backward, whatever the schedule (nothing downstream to keep busy).
+
+    >>> unit_order("gpipe", 1, 1, 2, 0)
+    [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    """
+    return schedule_order(schedule, p, v, m, stage) if p > 1 else [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
+
+
 class SchedulePlan:
     """Where each (model chunk, microbatch, phase) unit falls in its stage's schedule.
 
@@ -83,9 +94,7 @@ class SchedulePlan:
         self.units = 2 * m * v
         self.rank = np.full((p, v, m, 2), -1, np.int64)  # [stage, chunk, mb, phase] position in the order
         for stage in range(p):
-            order = schedule_order(pipe.schedule, p, v, m, stage) if p > 1 else \
-                [(0, k, ph) for k in range(m) for ph in (FWD, BWD)]
-            for r, (lc, k, ph) in enumerate(order):
+            for r, (lc, k, ph) in enumerate(unit_order(pipe.schedule, p, v, m, stage)):
                 self.rank[stage, lc, k, ph] = r
 
     def meets_barriers(self, oi: int, tables: OpTables) -> bool:
