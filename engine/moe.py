@@ -99,9 +99,10 @@ def active_parameters(graph) -> int:
     return int(round(total))
 
 
-def expert_counts(graph) -> set[int]:
-    """The expert counts of a graph's mixture-of-experts layers (empty for a dense model)."""
-    return {op.attrs["num_experts"] for op in graph.ops if op.kind == "experts"}
+def expert_counts(graph) -> frozenset[int]:
+    """The expert counts of a graph's mixture-of-experts layers (empty for a dense model; read
+    once per graph: :attr:`engine.graph.OpGraph.expert_counts`)."""
+    return graph.expert_counts
 
 
 def expert_split(tp: int, cp: int, dp: int, ep: int, etp: int) -> tuple[int, int]:

@@ -80,6 +80,15 @@ def as_integral(value: Any) -> Any:
     return value
 
 
+#: one partition's shapes, by what they depend on (:meth:`Op._shapes_key`) and degrees: shared
+#: by the identical layers of a deep model (GPT-3's 96), and kept across models and strategies
+_PARTITIONS: dict[tuple, tuple] = {}
+#: the number of each distinct :meth:`Op._shapes_key` (never emptied: one entry per distinct op shape)
+_SHAPES: dict[tuple, int] = {}
+#: the most entries :data:`_PARTITIONS` keeps (emptied past it: a long search meets many degrees)
+PARTITIONS_KEPT = 200_000
+
+
 @dataclass(frozen=True, eq=False)
 class Op:
     """One operator with everything the simulator needs to know about it.
@@ -188,23 +197,33 @@ class Op:
         """Shapes of one partition's inputs, outputs and parameters under ``degrees``.
 
         Every degree must divide its dim's size (checked by strategy validation; here a
-        ``ValueError`` is raised). Computed once per op and degrees (an op never changes;
-        a search asks for the same few configs of an op over and over: delta simulation of
-        one RNN op's change read its parameter unit's 40 ops' shapes each time).
+        ``ValueError`` is raised). Computed once per shapes and degrees, for every op with
+        those shapes (an op never changes; a search asks for the same few configs of an op
+        over and over: delta simulation of one RNN op's change read its parameter unit's 40
+        ops' shapes each time; a sweep's points ask the same of every layer).
         """
         ins, outs, params, _ = self._partition(degrees)
         return list(ins), list(outs), list(params)
 
     @cached_property
-    def _partitions(self) -> dict[tuple[int, ...], tuple]:
-        return {}
+    def _shapes_key(self) -> int:
+        """What one partition's shapes depend on (the tensors' and parameters' shapes and the
+        dims), as a number: ops of identical layers share it, and so share
+        :data:`_PARTITIONS`' entries."""
+        key = (tuple(t.shape for t in self.in_tensors), tuple(t.shape for t in self.out_tensors),
+               tuple(p.shape for p in self.params), self.dims)
+        return _SHAPES.setdefault(key, len(_SHAPES))
 
     def _partition(self, degrees: Mapping[str, int]) -> tuple:
-        """(inputs, outputs, parameters, parameter elements) of one partition, kept per degrees."""
-        key = tuple(int(degrees.get(d.name, 1)) for d in self.dims)
-        hit = self._partitions.get(key)
+        """(inputs, outputs, parameters, parameter elements) of one partition, kept per shapes
+        and degrees for every op (:data:`_PARTITIONS`)."""
+        key = (self._shapes_key, *(int(degrees.get(d.name, 1)) for d in self.dims))
+        hit = _PARTITIONS.get(key)
         if hit is None:
-            hit = self._partitions[key] = self._partition_shapes(key)
+            hit = self._partition_shapes(key[1:])
+            if len(_PARTITIONS) >= PARTITIONS_KEPT:
+                _PARTITIONS.clear()
+            _PARTITIONS[key] = hit
         return hit
 
     def _partition_shapes(self, key: tuple[int, ...]) -> tuple:
@@ -323,6 +342,29 @@ class OpGraph:
             if op.kind == "input":
                 return op.out_tensors[0].shape[0]
         raise ValueError(f"model {self.name!r} has no input op")
+
+    def dim_sizes(self, dim: str) -> tuple[tuple[int, str], ...]:
+        """(size, the first op that has it) of each distinct size of dim ``dim`` among the ops,
+        in the order the ops first have it (what a layout's rules read: the heads a tensor-
+        parallel degree must divide, the sequence lengths a context-parallel one must). Read
+        once per graph and dim."""
+        got = self._dim_sizes.get(dim)
+        if got is None:
+            first: dict[int, str] = {}
+            for op in self.ops:
+                if dim in op.dim_names:
+                    first.setdefault(op.dim(dim).size, op.name)
+            got = self._dim_sizes[dim] = tuple(first.items())
+        return got
+
+    @cached_property
+    def _dim_sizes(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        return {}
+
+    @cached_property
+    def expert_counts(self) -> frozenset[int]:
+        """The expert counts of the graph's mixture-of-experts layers (empty for a dense model)."""
+        return frozenset(op.attrs["num_experts"] for op in self.ops if op.kind == "experts")
 
     # -- edges --------------------------------------------------------------------------------
     @cached_property

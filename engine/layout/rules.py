@@ -32,9 +32,9 @@ def tp_problem(graph: OpGraph, cluster: Cluster | None, tp: int) -> str | None:
         return (f"tp {tp} does not divide the {cluster.gpus_per_node} GPUs per node of {cluster.name}: a "
                 "tensor-parallel group would span nodes")
     if tp > 1:
-        for op in graph.ops:
-            if "head" in op.dim_names and op.dim("head").size % tp:
-                return (f"tp {tp} does not divide the {op.dim('head').size} heads of {op.name!r} (Megatron-LM needs "
+        for size, name in graph.dim_sizes("head"):  # (each distinct size once, with the first op that has it)
+            if size % tp:
+                return (f"tp {tp} does not divide the {size} heads of {name!r} (Megatron-LM needs "
                         "query and key/value heads to be multiples of tp)")
     return None
 
@@ -66,7 +66,7 @@ def layout_problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     if pp * lay.vpp > n_layers > 0:
         return f"{n_layers} layers cannot fill {pp * lay.vpp} pipeline chunks (pp x vpp)"
     if cp > 1:
-        seqs = {op.dim("length").size for op in graph.ops if "length" in op.dim_names}
+        seqs = {size for size, _ in graph.dim_sizes("length")}
         if not seqs:
             return f"cp {cp}: the model has no sequence (length) dimension to split"
         need = cp * (tp if lay.sequence_parallel else 1)

@@ -7,7 +7,8 @@
 * :mod:`engine.sim.steady`: a long pipeline's steady state, simulated once and extrapolated;
   :mod:`engine.sim.unfold`: every task of the iteration drawn from it;
 * :mod:`engine.sim.hier`: a layout's prediction composed from a short reference run
-  (:mod:`engine.sim.composed`, :mod:`engine.sim.units`, :mod:`engine.sim.unroll`; its memory:
+  (:mod:`engine.sim.composed`, :mod:`engine.sim.units`, :mod:`engine.sim.unroll`; the
+  reference's graph, cluster and links: :mod:`engine.sim.reference`; its memory:
   :mod:`engine.sim.composed_memory`);
 * :mod:`engine.sim.idle`: when each GPU idles; :mod:`engine.sim.lanes`: the tasks on a Gantt chart's
   lanes (a row per GPU or link), read in one pass;

@@ -15,7 +15,7 @@ from ..taskgraph import TaskGraph, unit_order
 from .units import Unit
 
 __all__ = ["Geometry", "GraphBuilder", "LAST", "Reference", "StagePlan", "even_plan", "uneven_plan", "stage_order",
-           "ranks", "stage_type", "mb_type"]
+           "order_problem", "ranks", "stage_type", "mb_type"]
 
 #: the tie-break group of tasks that hold nothing (after every task that holds something)
 LAST = 1 << 40
@@ -204,6 +204,8 @@ class GraphBuilder:
         self.chain: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (task, next, lag)
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
+        self.new: np.ndarray | None = None  # [task as made] its number in the last graph made
+        self.n_held = 0  # tasks of the last graph made that are not a block's delays or joins
 
     def add(self, dur: np.ndarray, kind: int | np.ndarray, key: np.ndarray | None = None,
             mb: int | np.ndarray = -1) -> np.ndarray:
@@ -232,8 +234,9 @@ class GraphBuilder:
         n = self.n
         keys = np.concatenate(self.keys) if self.keys else np.zeros((0, 5), np.int64)
         held = np.nonzero(keys[:, 0] != LAST)[0]  # (only what holds something is ordered: the rest keeps its order)
+        self.n_held = held.size  # (the tasks numbered from here on are delays and joins)
         perm = np.concatenate([held[np.lexsort(keys[held].T[::-1])], np.nonzero(keys[:, 0] == LAST)[0]])
-        new = np.empty(n, np.int64)
+        new = self.new = np.empty(n, np.int64)  # [task as made] its number in the graph
         new[perm] = np.arange(n)
         dur = (np.concatenate(self.dur) if self.dur else np.zeros(0))[perm]
         kind = (np.concatenate(self.kind) if self.kind else np.zeros(0, np.int8))[perm]
@@ -262,3 +265,51 @@ class GraphBuilder:
                          chain_lag_s=lag, n_devices=n_devices, n_links=n_links)
 
 
+def order_problem(tg: TaskGraph, start_s: np.ndarray, end_s: np.ndarray) -> str | None:
+    """Where the composed run ``tg`` (simulated: ``start_s``, ``end_s``) would not be the full
+    simulation's: a resource a unit's task shares with an explicit task (a pipeline transfer's
+    hop on a NIC link the unit's context-parallel collectives use) whose queue order is not the
+    reference's, which the unit's block froze (:attr:`engine.sim.units.Unit.ready`); None when
+    every order holds.
+
+    The event loop queues a resource's holders by ready time (:mod:`engine.sim.full`): the end
+    of their data predecessors, a chained hop's release. Each unit task's ready time follows
+    from its unit's entries' ends in the composed run (the block's own paths, given that every
+    order holds); each explicit task's from its explicit predecessors and the units' exits into
+    it by data alone (:attr:`engine.sim.units.Unit.data`: a block's delay also carries the waits
+    for a resource, which a queue does not read). When every order the blocks assume holds with
+    room to spare, the composed run is the full simulation (by induction over the dispatch
+    order). A reversal, which a whole pipeline meets where the reference does not (the gap
+    between a transfer and a collective on a NIC drifting a little each microbatch), is refused;
+    so is a tie, unless the two were ready at once in the reference too
+    (:attr:`engine.sim.units.Unit.tied`: both became ready at the end of one task, and the event
+    loop orders them by the same task numbers)."""
+    got = tg.info.get("orders")
+    if not got:
+        return None
+    orders, feeds, new, n_held = got
+    n = tg.num_tasks
+    ready = np.zeros(n)
+    src = np.repeat(np.arange(n), np.diff(tg.succ_ptr))
+    plain = src < n_held
+    np.maximum.at(ready, tg.succ_idx[plain], end_s[src[plain]])
+    has = tg.chain_next >= 0
+    np.maximum.at(ready, tg.chain_next[has], start_s[has] + tg.chain_lag_s[has])
+    for ents, outs, data in feeds:
+        e_end = np.where(ents >= 0, end_s[new[np.maximum(ents, 0)]], 0.0)  # [entry, unit]
+        to = outs >= 0
+        np.maximum.at(ready, new[outs[to]], np.max(e_end[:, None, :] + data[:, :, None], axis=0)[to])
+    tol = 1e-12 * max(1.0, float(end_s.max()) if end_s.size else 1.0)
+    worst = np.inf
+    for ents, coef, other, first, tied in orders:
+        e_end = np.where(ents >= 0, end_s[new[np.maximum(ents, 0)]], 0.0)  # [entry, unit]
+        mine = np.max(e_end[None, :, :] + coef[:, :, None], axis=1)  # [order, unit] the unit's task ready
+        theirs = ready[new[other]]
+        margin = np.where(first[:, None], mine - theirs, theirs - mine)  # (> 0: the reference's order)
+        # (ready at once where they were in the reference too: the same task numbers order them)
+        margin = np.where(tied[:, None] & (np.abs(margin) <= tol), np.inf, margin)
+        worst = min(worst, float(margin.min()))
+    if worst > tol:
+        return None
+    return (f"a unit's task and a transfer or collective it shares a link with queue in another order than in the "
+            f"reference ({worst * 1e3:+.6f} ms): the whole pipeline's timing drifts where the reference's does not")

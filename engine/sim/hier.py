@@ -23,14 +23,16 @@ Where the reading would not be exact it says why (:class:`HierProblem`) and the 
 the full simulation: a layout with its own stage placement, layers that are not alike, an
 uneven split with interleaving, stages that share a node while the reference has fewer
 stages, a stage split by pods, activation offload, a unit whose inputs a transfer or a per-iteration
-task holds in a way its position class does not share, and so on. The layout's settings are
+task holds in a way its position class does not share, a queue order on a link that the whole
+pipeline reverses (:func:`engine.sim.composed.order_problem`: context parallelism's collectives
+and a pipeline transfer on one NIC, their gap drifting each microbatch), and so on. The layout's settings are
 checked as :func:`engine.layout.build.build_layout` checks them
 (:func:`engine.strategy.checks.settings_problems`).
 """
 
 from __future__ import annotations
 
-import math
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,9 +54,10 @@ from .memory import MemoryReport, memory_report
 from .memory_floor import MemoryFloor, memory_floor
 from .composed_memory import ActivationRuleProblem, composed_memory
 from .units import UnitProblem, classify, read_units
-from .composed import Geometry, Reference, StagePlan, even_plan, uneven_plan
+from .composed import Geometry, Reference, StagePlan, even_plan, order_problem, uneven_plan
 from .positions import NoCounterpart
 from .unroll import UnrollProblem, unroll
+from .reference import HierProblem, layers_alike, link_stages, reference_cluster, reference_graph, reference_pods
 
 __all__ = ["HierProblem", "HierResult", "predict_layout", "reference_graph", "reference_plan", "reference_run",
            "reference_units", "reference_floor", "REFERENCE_STAGES"]
@@ -69,10 +72,6 @@ MAX_UNITS = 1_000_000
 #: how far (a share of its iteration) the reference composed from its own blocks may be from
 #: its simulation: float rounding only
 SELF_CHECK = 1e-12
-
-
-class HierProblem(Exception):
-    """The layout is not one the hierarchical prediction reads exactly (the message says why)."""
 
 
 @dataclass
@@ -93,89 +92,6 @@ class HierResult:
             return f"simulated whole ({self.reference_tasks:,} tasks): the reference is the whole run"
         return (f"composed from a reference of {self.reference_stages} stages x {self.reference_microbatches} "
                 f"microbatches ({self.reference_tasks:,} tasks simulated; {self.composed_tasks:,} in the composed run)")
-
-
-def reference_graph(graph: OpGraph, keep: int) -> OpGraph:
-    """``graph`` with only its first ``keep`` layer blocks: the ops after the layers read the
-    last kept layer where they read the last layer (the layers are alike: checked by the
-    caller)."""
-    blocks = layer_blocks(graph)
-    n = len(blocks)
-    if keep >= n:
-        return graph
-    index = {b: i for i, b in enumerate(blocks)}
-    drop = set(blocks[keep:])
-    rename: dict[str, str] = {}
-    for op in graph.ops:
-        if op.block in drop:
-            i = index[op.block]
-            if i >= n - 1:  # the last layer's ops stand for the last kept layer's
-                rename[op.name] = blocks[keep - 1] + op.name[len(op.block):]
-    ops, kept = [], set()
-    for op in graph.ops:
-        if op.block in drop:
-            continue
-        if any(r.op in rename for r in op.inputs):
-            op = replace(op, inputs=tuple(replace(r, op=rename.get(r.op, r.op)) for r in op.inputs))
-        if any(r.op not in kept for r in op.inputs):
-            raise HierProblem(f"op {op.name} reads a layer the reference drops")
-        ops.append(op)
-        kept.add(op.name)
-    return OpGraph(graph.name, graph.precision, ops, graph.description, graph.source)
-
-
-def _layers_alike(graph: OpGraph, blocks: list[str]) -> str | None:
-    """Why the layer blocks are not alike op for op (kind, shapes, attributes), or None.
-    Found once per graph (a graph's ops do not change; a sweep asks for every point)."""
-    memo = graph.__dict__.setdefault("_hier_layers_alike", {})
-    key = tuple(blocks)
-    if key not in memo:
-        memo[key] = _layers_differ(graph, blocks)
-    return memo[key]
-
-
-def _layers_differ(graph: OpGraph, blocks: list[str]) -> str | None:
-    sig: dict[str, list] = {b: [] for b in blocks}
-    for op in graph.ops:
-        if op.block in sig:
-            sig[op.block].append((op.name[len(op.block):], op.signature, op.param_group is None))
-    first = sig[blocks[0]]
-    for b in blocks[1:]:
-        if sig[b] != first:
-            return f"layer {b} differs from {blocks[0]}"
-    return None
-
-
-#: reference clusters made, by (cluster, nodes): a sweep asks for the same few again and again
-_CLUSTERS: dict[tuple, Cluster] = {}
-
-
-def _reference_cluster(cluster: Cluster, nodes: int, pod_gpus: int = 0) -> Cluster:
-    """The first ``nodes`` nodes of a cluster of identical nodes, in pods of ``pod_gpus`` (0:
-    one; :func:`_reference_pods`) under the cluster's oversubscription (made once per shape)."""
-    spec = cluster.node_specs[0]
-    key = (spec, nodes, pod_gpus, cluster.oversubscription, id(cluster.device_types))
-    hit = _CLUSTERS.get(key)
-    if hit is None:
-        if len(_CLUSTERS) > 64:
-            _CLUSTERS.clear()
-        hit = _CLUSTERS[key] = Cluster(f"{cluster.name} (reference: {nodes} nodes)", [replace(spec, repeat=nodes)],
-                                       cluster.device_types, cluster.description, pod_gpus=pod_gpus,
-                                       oversubscription=cluster.oversubscription)
-    return hit
-
-
-def _reference_pods(cluster: Cluster, p: int, stage_gpus: int) -> int:
-    """The pods of a shorter reference (0: one) under which every collective costs what its
-    counterpart does in the whole run. Every stage lies in one pod (:func:`_problem`), so a
-    stage's collectives never cross pods; the one between stages, the first and last stages'
-    tied embeddings, crosses them in the whole run when its p stages do not fit in one pod: the
-    reference's pods then hold one stage or one node each, so its first and last stages (three
-    stages, or a node and two stages, apart) sit in different pods too. (A transfer between
-    stages is not slowed by pods: :meth:`engine.cluster.Cluster.collective_group` alone reads them.)"""
-    if not cluster.pod_gpus or cluster.oversubscription == 1.0 or p * stage_gpus <= cluster.pod_gpus:
-        return 0
-    return math.lcm(stage_gpus, cluster.gpus_per_node)
 
 
 def _reference_microbatches(pr: int, v: int, m: int) -> int:
@@ -200,48 +116,6 @@ def _reference_stages(p: int, v: int, m: int, stage_gpus: int, gpus_per_node: in
     return p
 
 
-#: which stage uses each link, by reference cluster and stage size
-_LINK_STAGES: dict[tuple, np.ndarray] = {}
-
-
-def _link_stages(cluster: Cluster, stage_gpus: int) -> np.ndarray:
-    """[link] the stage (``stage_gpus`` GPUs a stage, in device order) whose GPUs alone use a
-    link, -1 where several stages' do (a NIC shared across stages, a mesh link between them)."""
-    key = (id(cluster), cluster.num_devices, stage_gpus)
-    hit = _LINK_STAGES.get(key)
-    if hit is not None:
-        return hit
-    out = np.full(len(cluster.links), -2, np.int64)  # -2: not seen yet
-
-    def mark(link: int, stage: int) -> None:
-        out[link] = stage if out[link] in (-2, stage) else -1
-
-    G = cluster.gpus_per_node
-    D = cluster.num_devices
-    for d in range(D):
-        st = d // stage_gpus
-        node = d // G
-        for e in range(node * G, min(D, node * G + G)):
-            if e == d:
-                continue
-            for path, mine in ((cluster.path(d, e), 0), (cluster.path(e, d), -1)):
-                mark(path[mine], st)
-                if len(path) == 1:  # (a mesh link between two GPUs: both use it)
-                    mark(path[0], e // stage_gpus)
-        if cluster.num_nodes > 1:
-            far = (d + G) % D
-            out_path, in_path = cluster.path(d, far), cluster.path(far, d)
-            for link in out_path[:len(out_path) // 2]:
-                mark(link, st)
-            for link in in_path[len(in_path) // 2:]:
-                mark(link, st)
-    out[out == -2] = -1
-    if len(_LINK_STAGES) > 64:
-        _LINK_STAGES.clear()
-    _LINK_STAGES[key] = out
-    return out
-
-
 def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
     """Why ``lay`` (resolved) is not read hierarchically here, or None."""
     if lay.stage_mesh is not None:
@@ -261,7 +135,7 @@ def _problem(graph: OpGraph, cluster: Cluster, lay: Layout) -> str | None:
         return f"{len(blocks)} layers cannot fill {chunks} model chunks"
     if lay.vpp > 1 and len(blocks) % chunks:
         return f"{len(blocks)} layers do not split evenly into {chunks} interleaved model chunks"
-    return _layers_alike(graph, blocks)
+    return layers_alike(graph, blocks)
 
 
 def _chunk_layers(graph: OpGraph, lay: Layout) -> tuple[int, ...]:
@@ -307,14 +181,34 @@ def reference_run(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan
 
 def _reference_strategy(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan) -> tuple:
     """(graph, cluster, strategy) of the reference ``plan`` describes (the layout's own where it
-    keeps every stage); the layout's settings checked as :func:`build_layout` checks them."""
+    keeps every stage); the layout's settings checked as :func:`build_layout` checks them. The
+    last one made is kept: a sweep reads a point's memory floor off it
+    (:func:`reference_floor`), then predicts the point from the same reference."""
+    key = (lay, len(plan.stages), plan.counts, plan.ref_counts)
+    with _LAST_LOCK:
+        last = _LAST_REFERENCE[0] if _LAST_REFERENCE else None
+    if last is not None and last[0] is graph and last[1] is cluster and last[2] == key:
+        return last[3]
+    made = _made_reference(graph, cluster, lay, plan)
+    with _LAST_LOCK:
+        _LAST_REFERENCE[:] = [(graph, cluster, key, made)]
+    return made
+
+
+#: [(graph, cluster, key, what :func:`_reference_strategy` returned)]: the last one made
+_LAST_REFERENCE: list[tuple] = []
+_LAST_LOCK = threading.Lock()
+
+
+def _made_reference(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan) -> tuple:
+    """:func:`_reference_strategy`'s reference, made."""
     p, pr = lay.pp, len(plan.stages)
     stage_gpus = lay.tp * lay.cp * lay.dp
     if pr == p:
         return graph, cluster, build_layout(graph, cluster, lay)
     g_ref = reference_graph(graph, sum(plan.ref_counts))
-    c_ref = _reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
-                               _reference_pods(cluster, p, stage_gpus))
+    c_ref = reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
+                               reference_pods(cluster, p, stage_gpus))
     split = None if len(set(plan.counts)) == 1 else plan.ref_counts
     s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
     problems = settings_problems(s_ref, g_ref, c_ref)  # (the layout's settings, as build_layout checks them)
@@ -359,7 +253,7 @@ def reference_units(g_ref: OpGraph, s_ref: Any, tg: Any, tl: Any, mr: int) -> tu
     :class:`~engine.sim.units.UnitProblem` where the reading does not apply."""
     chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
     unit = classify(tg, chunk_of, mr)
-    return chunk_of, unit, read_units(tg, tl.order, unit, tl.end_s)
+    return chunk_of, unit, read_units(tg, tl.order, unit, tl.end_s, tl.start_s)
 
 
 def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostModel | None = None) -> HierResult:
@@ -421,7 +315,7 @@ def _composed(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePlan, co
         chunk_of, unit, units = reference_units(g_ref, s_ref, tg, tl, mr)
         links_per_node = len(c_ref.links) // max(1, c_ref.num_nodes)
         ref = Reference(tg, unit, units, pr, v, mr, s_ref.pipeline.schedule,
-                        Geometry(G, links_per_node, stage_gpus, _link_stages(c_ref, stage_gpus)),
+                        Geometry(G, links_per_node, stage_gpus, link_stages(c_ref, stage_gpus)),
                         **_numbering(g_ref, chunk_of, plan, len(blocks)), fine_classes=len(set(plan.counts)) == 1)
         # the reference composed from its own blocks must give the reference's own time: what the
         # reading cannot see (a task whose place in a queue its block moves) shows here
@@ -452,7 +346,7 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
         if n != built:  # (a run checked for two periods is composed once)
             built = n
             short = unroll(ref, p, n, D, L)
-            tl = simulate(short)
+            tl = _checked(short, simulate(short))
         found = repeating(short, tl, n, p, q)
         if found is not None:
             return tl.makespan_s + (m - n) // q * found[2], short.num_tasks
@@ -460,7 +354,16 @@ def _compose(ref: Reference, p: int, v: int, m: int, cluster: Cluster) -> tuple[
         raise HierProblem(f"{2 * p * v * m:,} schedule units that do not reach a steady state (at most {MAX_UNITS:,} "
                           "are composed one by one)")
     whole = unroll(ref, p, m, D, L)
-    return simulate(whole).makespan_s, whole.num_tasks
+    return _checked(whole, simulate(whole)).makespan_s, whole.num_tasks
+
+
+def _checked(tg: Any, tl: Any) -> Any:
+    """``tl``, the simulation of composed run ``tg``, where every queue order its blocks assume
+    holds in it (:func:`engine.sim.composed.order_problem`); else :class:`HierProblem`."""
+    why = order_problem(tg, tl.start_s, tl.end_s)
+    if why:
+        raise HierProblem(why)
+    return tl
 
 
 def _numbering(g_ref: OpGraph, chunk_of: np.ndarray, plan: StagePlan, layers: int) -> dict[str, Any]:

@@ -161,8 +161,9 @@ def _held_params(graph: OpGraph, strategy: Strategy, D: int) -> tuple[np.ndarray
     meta, n_units = meta
     # (a sequence-parallel op's length split is partly tensor-parallel: not sharded over)
     shares = zero_shares(graph, strategy) if zero >= 1 else {}
-    # each op's arrays, kept for its config object (a search changes one op a proposal: the
-    # others are looked up, not made again; group and unit ids follow the ops' fixed order)
+    # each op's arrays, kept for its config (a search changes one op a proposal: the others are
+    # looked up, not made again; a sweep's next layout has equal configs on many ops; group and
+    # unit ids follow the ops' fixed order)
     per_op = cache.setdefault("static_per_op", {})
     configs = strategy.configs
     hits = []
@@ -170,7 +171,7 @@ def _held_params(graph: OpGraph, strategy: Strategy, D: int) -> tuple[np.ndarray
         cfg = configs[name]
         share = shares.get(name, 1) if shares else 1
         hit = per_op.get(name)
-        if hit is None or hit[0] is not cfg or hit[1] != (D, gid, uid, share):
+        if hit is None or (hit[0] is not cfg and hit[0] != cfg) or hit[1] != (D, gid, uid, share):
             regions, devices, elems, _ = param_partitions(cache, op, cfg)
             n = devices.size
             # ZeRO's group for this parameter: the partitions equal on every dim but the data

@@ -29,15 +29,21 @@ when it also waits, by data, for a later unit (:func:`_implied_frees`). Exits ar
 tasks that wait for a unit's task (by data, chain or resource).
 
 What the reading assumes (that the order in which a unit's tasks take each resource does not
-depend on when its inputs arrive) is checked where it matters, by composing the reference
-from its own blocks and comparing with its simulation (:mod:`engine.sim.hier`); what it does
-not read at all (activation offload's copies, a collective of a microbatch that waits for no
-task of its chunk: ZeRO-3's gathers) raises :class:`UnitProblem`.
+depend on when its inputs arrive) is checked twice: by composing the reference from its own
+blocks and comparing with its simulation (:mod:`engine.sim.hier`), and, for a resource a unit's
+task shares with an explicit one (a pipeline transfer's hop on a NIC link that a stage's
+context-parallel collectives use too), on the whole composed run: each such queue order is
+recorded with the unit's task's ready time as a function of the unit's entries
+(:attr:`Unit.ready`) and :func:`engine.sim.composed.order_problem` checks it holds there (in a
+long pipeline the gap between the two can drift a microbatch at a time until their order flips,
+where a short reference never sees it). What it does not read at all (activation offload's
+copies, a collective of a microbatch that waits for no task of its chunk: ZeRO-3's gathers)
+raises :class:`UnitProblem`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
@@ -62,6 +68,21 @@ class Unit:
     entries: np.ndarray  # [e] explicit task ids (-1: the iteration's start)
     exits: np.ndarray  # [x] explicit task ids
     coef: np.ndarray  # [e, x] seconds
+    #: the queue orders the block assumes on a resource its tasks share with explicit ones (a
+    #: pipeline transfer's hop on a NIC link the unit's context-parallel collectives use too):
+    #: for order ``c``, ``ready[c, e]`` seconds from entry ``e``'s end to the unit's task being
+    #: ready (its data and chain predecessors done); ``other[c]`` the explicit task, an index
+    #: into ``entries`` where it took the resource first (``first[c]``), into ``exits`` where
+    #: the unit's task did. :func:`engine.sim.unroll.order_problem` checks them on a composed run.
+    ready: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    other: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    #: [order] the two were ready at the same time in the reference: ordered by task number
+    tied: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    #: ``coef`` by data and chain paths alone, where some exit waits by resource (what an exit's
+    #: readiness is in the event loop's queues: a resource it waits for is not in it); empty
+    #: where it is ``coef``
+    data: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 def classify(tg: TaskGraph, chunk_of_op: np.ndarray, microbatches: int) -> np.ndarray:
@@ -179,11 +200,13 @@ def _slot(ent, u, node):  # pragma: no cover
 
 @nb.njit(cache=True)
 def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res_prev, reach, n_units,
-             K):  # pragma: no cover
+             K, watch, ready):  # pragma: no cover
     """Longest paths (s) from each unit's entries to the start of each of its tasks, over data,
     chain and resource-order edges, tasks in dispatch ``order``. Returns (L [task, K], ent
     [unit, K]: the entry node of each slot, -2 unused; slot K - 1 is the iteration's start,
-    overflow: whether a table filled up).
+    overflow: whether a table filled up). For a task with ``watch[t]`` >= 0, row ``watch[t]``
+    of ``ready`` gets the same paths to when it is ready: before its resources' earlier
+    holders are waited for.
 
     An entry is an explicit task, or an entry of an earlier unit whose task ``a`` this unit
     waits for (data or resource) when ``a`` does not lead to its unit's barrier exit: the
@@ -217,6 +240,12 @@ def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res
             any_pred = True
             if unit[c] == u:
                 _relax(L, t, c, lag[c])
+        if not any_pred:
+            if L[t, K - 1] < 0.0:  # (the iteration's start: the last entry)
+                L[t, K - 1] = 0.0
+        if watch[t] >= 0:
+            for j in range(K):
+                ready[watch[t], j] = L[t, j]
         for k in range(res_ptr[t], res_ptr[t + 1]):
             r = res_prev[k]
             if r < 0:
@@ -231,9 +260,6 @@ def _longest(order, unit, dur, lag, pred_ptr, pred_idx, chain_prev, res_ptr, res
                     L[t, j] = 0.0
             elif not reach[r]:
                 overflow |= _through(L, ent, t, u, r, unit[r], dur[r])
-        if not any_pred:
-            if L[t, K - 1] < 0.0:  # (the iteration's start: the last entry)
-                L[t, K - 1] = 0.0
     return L, ent, overflow
 
 
@@ -273,9 +299,11 @@ def _res_prev_kernel(order, res_ptr, res_idx, n_res):  # pragma: no cover
     return out
 
 
-def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.ndarray) -> dict[int, Unit]:
-    """Every unit's max-plus block from a reference run (its dispatch ``order`` and task ends
-    ``end_s``) and the classification :func:`classify` gave (``unit``)."""
+def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.ndarray,
+               start_s: np.ndarray | None = None) -> dict[int, Unit]:
+    """Every unit's max-plus block from a reference run (its dispatch ``order``, task ends
+    ``end_s`` and starts ``start_s``: a chained hop's release; default ``end_s`` less the
+    durations) and the classification :func:`classify` gave (``unit``)."""
     n = tg.num_tasks
     pred_ptr, pred_idx = tg.pred_lists()
     res_prev = _res_prev(tg, order)
@@ -288,9 +316,22 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
     reach = _reach(order, unit, is_barrier, tg.succ_ptr, tg.succ_idx, tg.chain_next, res_next_ptr, res_next)
     _check_implied(tg, unit, reach, pred_ptr, pred_idx, res_prev, holder, end_s)
     n_units = int(unit.max()) + 1 if unit.size else 0
+    # queue orders between a unit's task and an explicit one on a resource both hold: the explicit
+    # one first (it is then an entry), or the unit's task first (an exit, unless implied: below)
+    k = np.nonzero(res_prev >= 0)[0]
+    k = k[(unit[holder[k]] >= 0) & (unit[res_prev[k]] < 0)]
+    first_t, first_y = holder[k], res_prev[k]
+    r = (res_prev >= 0)
+    r[r] = (unit[res_prev[r]] >= 0) & (unit[holder[r]] < 0)
+    r &= ~_implied_frees(tg, unit, reach, res_prev, holder, r, end_s, pred_ptr, pred_idx)
+    watched = np.unique(np.concatenate([first_t, res_prev[r]]))
+    tied = _ties(tg, end_s, end_s - tg.dur_s if start_s is None else start_s)
+    watch = np.full(n, -1, np.int64)
+    watch[watched] = np.arange(watched.size)
     for K in ENTRY_TABLES:
+        ready = np.full((watched.size, K), NEG)
         L, ent, overflow = _longest(order, unit, tg.dur_s, tg.chain_lag_s, pred_ptr, pred_idx, chain_prev, tg.res_ptr,
-                                    res_prev, reach, n_units, K)
+                                    res_prev, reach, n_units, K, watch, ready)
         if not overflow:
             break
     else:
@@ -304,11 +345,10 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
     if (unit[tg.chain_next[c]] >= 0).any():
         raise UnitProblem("a transfer chain runs from one unit into another")
     ex_t.append(c); ex_y.append(tg.chain_next[c]); ex_w.append(tg.chain_lag_s[c])
-    r = (res_prev >= 0)
-    r[r] = (unit[res_prev[r]] >= 0) & (unit[holder[r]] < 0)
-    r &= ~_implied_frees(tg, unit, reach, res_prev, holder, r, end_s, pred_ptr, pred_idx)
     ex_t.append(res_prev[r]); ex_y.append(holder[r]); ex_w.append(tg.dur_s[res_prev[r]])
     t_all, y_all, w_all = (np.concatenate(a) for a in (ex_t, ex_y, ex_w))
+    by_res = np.zeros(t_all.size, bool)  # (an exit by resource alone: not what the explicit task's readiness reads)
+    by_res[t_all.size - int(r.sum()):] = True
     units: dict[int, Unit] = {}
     ex_u = unit[t_all]
     ex_order = np.lexsort((y_all, ex_u))
@@ -317,11 +357,62 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
         sel = ex_order[ex_b[u]:ex_b[u + 1]]
         ys = np.unique(y_all[sel])
         coef = np.full((K, ys.size), NEG)
-        np.maximum.at(coef.T, np.searchsorted(ys, y_all[sel]), L[t_all[sel]] + w_all[sel][:, None])
+        col = np.searchsorted(ys, y_all[sel])
+        np.maximum.at(coef.T, col, L[t_all[sel]] + w_all[sel][:, None])
         slots = np.r_[np.nonzero(ent[u, :K - 1] != -2)[0], K - 1]
         entries = np.r_[ent[u, slots[:-1]], -1]
-        units[int(u)] = Unit(entries, ys, coef[slots])
+        orders = _orders(u, unit, watch, ready[:, slots], entries, ys, (first_t, first_y), (res_prev[r], holder[r]),
+                         tied)
+        data = np.zeros((0, 0))
+        if by_res[sel].any():  # (the exits' readiness by data and chain alone, where it differs)
+            data = np.full((K, ys.size), NEG)
+            d = ~by_res[sel]
+            np.maximum.at(data.T, col[d], L[t_all[sel][d]] + w_all[sel][d][:, None])
+            data = data[slots]
+        units[int(u)] = Unit(entries, ys, coef[slots], orders[0], orders[1], orders[2], orders[3], data)
     return units
+
+
+def _ties(tg: TaskGraph, end_s: np.ndarray, start_s: np.ndarray):
+    """A function of two task arrays: whether each pair became ready at the same time in the
+    reference run (the event loop then ordered them by task number)."""
+    n = tg.num_tasks
+    ready = np.zeros(n)
+    np.maximum.at(ready, tg.succ_idx, end_s[np.repeat(np.arange(n), np.diff(tg.succ_ptr))])
+    has = tg.chain_next >= 0
+    np.maximum.at(ready, tg.chain_next[has], start_s[has] + tg.chain_lag_s[has])
+    tol = TIE_SHARE * max(1.0, float(end_s.max()) if n else 1.0)
+    return lambda a, b: np.abs(ready[a] - ready[b]) <= tol
+
+
+#: ready times this share of the iteration (or of a second, the larger) apart are equal
+#: (float rounding of the same sums): the event loop orders them by task number
+TIE_SHARE = 1e-12
+
+
+def _orders(u: int, unit: np.ndarray, watch: np.ndarray, ready: np.ndarray, entries: np.ndarray, exits: np.ndarray,
+            first: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray, np.ndarray], tied
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Unit ``u``'s queue orders (:class:`Unit`'s ``ready``, ``other``, ``first``, ``tied``):
+    ``first`` (its task, the explicit task that held the resource before it), ``after`` (its
+    task, the explicit task that took the resource after it), each pair once; ``tied``
+    (:func:`_ties`) says which pairs were ready at once."""
+    rows, other, is_first, ties = [], [], [], []
+    for (t, y), went_first, names in ((first, True, entries), (after, False, exits)):
+        mine = unit[t] == u
+        if not mine.any():
+            continue
+        for a, b in np.unique(np.stack([t[mine], y[mine]], axis=1), axis=0).tolist():
+            k = np.nonzero(names == b)[0]
+            if not k.size:
+                raise UnitProblem("a queue order names a task that is neither an entry nor an exit of its unit")
+            rows.append(ready[watch[a]])
+            other.append(int(k[0]))
+            is_first.append(went_first)
+            ties.append(bool(tied(np.array([a]), np.array([b]))[0]))
+    if not rows:
+        return np.zeros((0, ready.shape[1])), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)
+    return np.array(rows), np.array(other, np.int64), np.array(is_first, bool), np.array(ties, bool)
 
 
 def _bar_in(tg: TaskGraph, unit: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray,

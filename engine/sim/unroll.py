@@ -322,9 +322,15 @@ class _Unroll(Positions):
         self.p2p: dict[tuple[int, int], np.ndarray] = {}
         for t in groups:
             self._transfers(int(t), np.nonzero(tmpl == t)[0])
+        self.orders: list[tuple] = []
+        self.feeds: list[tuple] = []
+        self.with_orders = any(ref.units[int(t)].other.size for t in groups)
         for t in groups:
             self._blocks(int(t), np.nonzero(tmpl == t)[0])
-        return self.b.graph(self.D, self.NL)
+        tg = self.b.graph(self.D, self.NL)
+        # (composed.order_problem reads them)
+        tg.info["orders"] = (self.orders, self.feeds, self.b.new, self.b.n_held) if self.orders else None
+        return tg
 
     def _index(self, c: np.ndarray, j: np.ndarray, ph: np.ndarray) -> np.ndarray:
         """Position of real units (chunk, mb, phase) in the unit arrays."""
@@ -457,6 +463,25 @@ class _Unroll(Positions):
         outs = np.full((u.coef.shape[1], R), -1, np.int64)
         for x in used_x.tolist():
             outs[x] = self._resolve(int(u.exits[x]), t, rows)
+        if u.other.size:  # (the queue orders its block assumes: checked on the composed run, order_problem)
+            for e in np.nonzero(np.isfinite(u.ready).any(axis=0))[0].tolist():
+                if ents[e, 0] < 0 and u.entries[e] >= 0:
+                    ents[e] = self._resolve(int(u.entries[e]), t, rows)
+            for c in range(u.other.size):
+                k = int(u.other[c])
+                if u.first[c] and ents[k, 0] < 0 and u.entries[k] >= 0:
+                    ents[k] = self._resolve(int(u.entries[k]), t, rows)
+                elif not u.first[c] and outs[k, 0] < 0:
+                    outs[k] = self._resolve(int(u.exits[k]), t, rows)
+            other = np.empty((u.other.size, R), np.int64)  # [order, unit] its explicit task
+            other[u.first] = ents[u.other[u.first]]
+            other[~u.first] = outs[u.other[~u.first]]
+            self.orders.append((ents.copy(), u.ready, other, u.first, u.tied))
+        if self.with_orders:  # (each exit's readiness by data alone, for the explicit tasks' side of the orders)
+            data = u.data if u.data.size else u.coef
+            xs = np.nonzero(np.isfinite(data).any(axis=0))[0]
+            if xs.size:
+                self.feeds.append((ents.copy(), outs[xs], data[:, xs]))
         per_exit = np.bincount(fin_x, minlength=u.coef.shape[1])
         delays = self.b.add(np.repeat(u.coef[fin_e, fin_x], R), BARRIER, mb=np.tile(mb, fin_e.size)).reshape(-1, R)
         self.b.edges(ents[fin_e], delays)

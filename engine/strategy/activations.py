@@ -49,14 +49,14 @@ def saved_bytes(graph: OpGraph, strategy: Strategy, m: int, cache: dict) -> np.n
     configs = strategy.configs
     sp = strategy.sequence_parallel
     flags = (m, strategy.fp8, recompute, sp, mods, fused)
-    # each op's entries (the once-only key, the tensor, bytes), kept for its config object: a
-    # search changes one op a proposal, the others are looked up
+    # each op's entries (the once-only key, the tensor, bytes), kept for its config: a search
+    # changes one op a proposal, the others are looked up (a sweep's next layout: equal configs)
     per_op = cache.setdefault(("saved_per_op", flags), {})
     kept_tensors: set[tuple] = set()  # (tensor, partition shape, devices) kept by an earlier reader
     for i, op, inputs in saving:
         cfg = configs[op.name]
         entries = per_op.get(op.name)
-        if entries is None or entries[0] is not cfg:
+        if entries is None or (entries[0] is not cfg and entries[0] != cfg):
             made = _op_saved(graph, op, cfg, inputs, strategy, m, cache)
             entries = per_op[op.name] = (cfg, [(((ref.op, ref.index), shape, cfg.devices), ref, nbytes)
                                                for ref, shape, nbytes in made])
@@ -109,13 +109,15 @@ def _op_saved(graph: OpGraph, op, cfg, inputs, strategy: Strategy, m: int, cache
     ``cfg``, before the once-only rule of :func:`saved_bytes` (cached by degrees)."""
     recompute = strategy.recompute
     mods = strategy.recompute_modules if recompute == "selective" else ()
-    ck = ("saved", op.name, tuple(cfg.degrees.items()), m, strategy.fp8, recompute, strategy.sequence_parallel, mods,
-          inputs)
+    degrees = dict(cfg.degrees)
+    if m > 1 and "sample" in op.dim_names:  # (one microbatch's share of a partition's samples)
+        degrees["sample"] = degrees.get("sample", 1) * m
+    # (keyed by what a microbatch's partition is, not by m and the degrees apart: a sweep's
+    # points of one micro-batch size share the entries whatever their data parallelism)
+    ck = ("saved", op.name, tuple(degrees.items()), strategy.fp8, getattr(strategy, "fp8_library", "te"), recompute,
+          strategy.sequence_parallel, mods, inputs)
     hit = cache.get(ck)
     if hit is None:
-        degrees = dict(cfg.degrees)
-        if m > 1 and "sample" in op.dim_names:
-            degrees["sample"] = degrees.get("sample", 1) * m
         ins, outs, _ = op.partition_shapes(degrees)
         kind = op_kind(op.kind)
         per = kind.bwd_saved_bytes_per_element

@@ -238,10 +238,12 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
     from ..cluster.network import network_of
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
-    from ..layout.build import build_layout
+    from ..errors import ValidationError
+    from ..layout.build import build_layout, build_unchecked
     from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout, reference_floor
     from ..sim.memory_floor import memory_floor
     from ..sim.report import simulate_strategy, tokens_per_s
+    from ..strategy.checks import settings_problems
 
     g = model_graph(model, batch)
     name = point["cluster"]
@@ -277,11 +279,17 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
             r = predict_layout(g, c, lay)
             row["predicted_by"] = "composed"
         except HierProblem as e:  # (not a layout it reads exactly: the full simulation says it)
-            s = build_layout(g, c, lay)
             if floor is None and not time_all:  # (where the reference's was read, it is this one: it fits)
-                floor = memory_floor(g, s, c)
+                # (off the strategy unchecked, its settings checked as the reference's are: the whole
+                # check, ~70 ms on GPT-3, is made below, for a point that is simulated)
+                u = build_unchecked(g, c, lay)
+                problems = settings_problems(u, g, c)
+                if problems:
+                    raise ValidationError(problems, "the layout")
+                floor = memory_floor(g, u, c)
                 if not floor.fits:
                     return _not_simulated(row, lay, floor)
+            s = build_layout(g, c, lay)
             r = simulate_strategy(g, s, c, check=False, steady=True)  # (a row reads totals: engine.sim.steady)
             row["predicted_by"] = f"simulated ({str(e)[:120]})"
     except ValueError as e:
