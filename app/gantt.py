@@ -49,6 +49,17 @@ def gap_before(row: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     return g
 
 
+def _by_row_then_start(row: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The order that sorts tasks by row, then start, then their given order
+    (``np.lexsort((start, row))``). A critical chain comes in time order, so a stable sort of
+    the rows alone gives it, in a fraction of the time (radix on 16-bit rows: 1.3 against 5.7 ms
+    for 212,000 tasks); any other order is lexsorted."""
+    if start.size < 2 or not (start[1:] >= start[:-1]).all():
+        return np.lexsort((start, row))
+    small = row.size and 0 <= row.min() and row.max() < (1 << 15)
+    return np.argsort(row.astype(np.int16) if small else row, kind="stable")
+
+
 def merge_bars(row: np.ndarray, start: np.ndarray, end: np.ndarray, eps: float,
                gap: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Bars of tasks (sorted by row, then start) merged where the gap to the previous task on
@@ -344,8 +355,7 @@ def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], lay: Lanes,
         if eps >= 0 and t.size > max_bars // 4:
             # merged as the bars are (an LLM plan's critical chain runs to 10^5 tasks: drawn one
             # by one it made a 22 MB figure the browser took minutes to draw)
-            o = np.lexsort((start[t], row[t]))
-            t = t[o]
+            t = t[_by_row_then_start(row[t], start[t])]
             first, b_start, b_end, count = merge_bars(row[t], start[t], end[t], eps)
             over[name] = {"start": b_start, "end": b_end, "row": row[t][first],
                           "text": _task_texts(tg, names, t[first], count, b_start, b_end)}
@@ -434,6 +444,21 @@ def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, sta
     kind, op, part, mb = (tg.kind[tasks].tolist(), tg.op[tasks].tolist(), tg.part[tasks].tolist(),
                           tg.mb[tasks].tolist())
     size, coll = tg.size_bytes[tasks].tolist(), tg.coll[tasks].tolist()
+    secs: dict[float, str] = {}  # (a pipeline's repeated tasks: the same few durations and sizes, formatted once)
+    sizes: dict[float, str] = {}
+
+    def sec(x: float) -> str:
+        got = secs.get(x)
+        if got is None:
+            got = secs[x] = format_seconds(x)
+        return got
+
+    def nbytes(x: float) -> str:
+        got = sizes.get(x)
+        if got is None:
+            got = sizes[x] = format_bytes(x)
+        return got
+
     out = []
     for i, (c, s, e) in enumerate(zip(np.asarray(counts).tolist(), np.asarray(starts, np.float64).tolist(),
                                       np.asarray(ends, np.float64).tolist())):
@@ -442,13 +467,13 @@ def _task_texts(tg, names: list[str], tasks: np.ndarray, counts: np.ndarray, sta
             out.append(f"{c} {PHASE_NAMES[k]} tasks · {format_seconds(s)} – {format_seconds(e)} (zoom in for each)")
             continue
         name = names[op[i]] if op[i] >= 0 else ""
-        dur = format_seconds(e - s)
+        dur = sec(e - s)
         if k == FWD or k == BWD:
             out.append(f"{name} {PHASE_NAMES[k]} · part {part[i]} · microbatch {mb[i]} · {dur}")
         elif k == XFER:
-            out.append(f"{name} transfer · {format_bytes(size[i])} · microbatch {mb[i]} · {dur}")
+            out.append(f"{name} transfer · {nbytes(size[i])} · microbatch {mb[i]} · {dur}")
         elif k == COLL:
-            out.append(f"{name} {COLL_NAMES[coll[i]]} · {format_bytes(size[i])} · {dur}")
+            out.append(f"{name} {COLL_NAMES[coll[i]]} · {nbytes(size[i])} · {dur}")
         else:
             out.append(f"optimizer step · {dur}")
     return out

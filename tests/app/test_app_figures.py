@@ -797,3 +797,17 @@ def test_merge_bar_count_read_from_the_gaps(seed, n, rows):
     for eps in (-1.0, 0.0, 0.6, 1.6):
         first = G.merge_bars(r, start[t], end[t], eps)[0]
         assert first.size == (n if eps < 0 else int(np.count_nonzero(gap > eps)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 60), st.integers(1, 40_000), st.booleans())
+def test_overlay_order_is_by_row_then_start(seed, n, rows, in_time_order):
+    """The overlays' order (:func:`app.gantt._by_row_then_start`: a stable sort of the rows where
+    the tasks come in time order, as a critical chain does) is ``np.lexsort((start, row))``'s,
+    ties in row and start kept in their given order, whatever the rows' range."""
+    rng = np.random.default_rng(seed)
+    row = rng.integers(0, rows, n)
+    start = rng.integers(0, 5, n).astype(float)
+    if in_time_order:
+        start = np.sort(start)
+    assert np.array_equal(G._by_row_then_start(row, start), np.lexsort((start, row)))
