@@ -73,7 +73,7 @@ class Unit:
     #: for order ``c``, ``ready[c, e]`` seconds from entry ``e``'s end to the unit's task being
     #: ready (its data and chain predecessors done); ``other[c]`` the explicit task, an index
     #: into ``entries`` where it took the resource first (``first[c]``), into ``exits`` where
-    #: the unit's task did. :func:`engine.sim.unroll.order_problem` checks them on a composed run.
+    #: the unit's task did. :func:`engine.sim.composed.order_problem` checks them on a composed run.
     ready: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     other: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     first: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
