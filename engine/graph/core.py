@@ -83,8 +83,9 @@ def as_integral(value: Any) -> Any:
 #: one partition's shapes, by what they depend on (:meth:`Op._shapes_key`) and degrees: shared
 #: by the identical layers of a deep model (GPT-3's 96), and kept across models and strategies
 _PARTITIONS: dict[tuple, tuple] = {}
-#: the number of each distinct :meth:`Op._shapes_key` (never emptied: one entry per distinct op shape)
-_SHAPES: dict[tuple, int] = {}
+#: the token of each distinct :meth:`Op._shapes_key`, emptied past :data:`SHAPES_KEPT` entries
+_SHAPES: dict[tuple, object] = {}
+SHAPES_KEPT = 100_000
 #: the most entries :data:`_PARTITIONS` keeps (emptied past it: a long search meets many degrees)
 PARTITIONS_KEPT = 200_000
 
@@ -206,13 +207,19 @@ class Op:
         return list(ins), list(outs), list(params)
 
     @cached_property
-    def _shapes_key(self) -> int:
+    def _shapes_key(self) -> object:
         """What one partition's shapes depend on (the tensors' and parameters' shapes and the
-        dims), as a number: ops of identical layers share it, and so share
-        :data:`_PARTITIONS`' entries."""
+        dims), as a token compared by identity: ops of identical layers share it, and so share
+        :data:`_PARTITIONS`' entries. (A token, not a number: when :data:`_SHAPES` is emptied,
+        ops made after get new tokens and never meet an old op's entries.)"""
         key = (tuple(t.shape for t in self.in_tensors), tuple(t.shape for t in self.out_tensors),
                tuple(p.shape for p in self.params), self.dims)
-        return _SHAPES.setdefault(key, len(_SHAPES))
+        token = _SHAPES.get(key)
+        if token is None:
+            if len(_SHAPES) >= SHAPES_KEPT:
+                _SHAPES.clear()
+            token = _SHAPES[key] = object()
+        return token
 
     def _partition(self, degrees: Mapping[str, int]) -> tuple:
         """(inputs, outputs, parameters, parameter elements) of one partition, kept per shapes

@@ -107,3 +107,18 @@ def test_the_tensor_parallel_plan_is_kept_and_a_copy_handed_out():
         assert tp_plan(g, tp, sp, lp) == _tp_plan(g, tp, sp, lp)
     with pytest.raises(ValueError, match="does not divide the 8 heads"):
         tp_plan(g, 16, False)
+
+
+def test_shape_tokens_emptied_never_mix_two_shapes(monkeypatch):
+    """Past :data:`engine.graph.core.SHAPES_KEPT` the tokens are emptied: an op made after gets a new
+    token and its own entries, never an earlier op's of other shapes."""
+    monkeypatch.setattr(core, "SHAPES_KEPT", 1)
+    monkeypatch.setattr(core, "_SHAPES", {})
+    a = _gpt()["layers.0.attn.q"]
+    b = _gpt(heads=4, layers=2)["layers.0.mlp.fc1"]
+    c = _gpt()["layers.0.attn.q"]
+    assert a._shapes_key is not b._shapes_key and a._shapes_key is not c._shapes_key
+    for op in (a, b, c):
+        for degrees in ({}, {"feature": 2}, {"sample": 2}):
+            key = tuple(int(degrees.get(d.name, 1)) for d in op.dims)
+            assert op._partition(degrees) == op._partition_shapes(key)
