@@ -95,3 +95,17 @@ def test_bench_uneven_compares_both_ways():
     assert "refused" not in r, r.get("refused")
     assert r["how"].startswith("composed from a reference of 4 stages")
     assert r["time_err"] <= 1e-9 and r["memory_err"] <= 1e-9 and r["full_s"] > 0 and r["composed_s"] > 0
+
+
+def test_the_cp_grid_is_the_surveyed_one():
+    """hier_cp_grid's layouts: cp 2 or 4 on 512 and 1,024 GPUs, every GPU used, at least pp
+    microbatches, Megatron-LM's settings; 217 of them (as its docstring says)."""
+    import hier_cp_grid
+
+    grid = hier_cp_grid.layouts()
+    assert len(grid) == 217
+    for cl, o in grid:
+        gpus = int(cl.split(":")[1]) * 8
+        assert o["cp"] in (2, 4) and o["tp"] * o["cp"] * o["pp"] * o["dp"] == gpus
+        assert 1536 // (o["dp"] * o["micro_batch"]) >= o["pp"] and 1536 % (o["dp"] * o["micro_batch"]) == 0
+        assert (o["zero_stage"], o["recompute"], o["sequence_parallel"]) == (1, "selective", True)
