@@ -125,7 +125,7 @@ def reference_cluster(cluster: Cluster, nodes: int, pod_gpus: int = 0) -> Cluste
 
 def reference_pods(cluster: Cluster, p: int, stage_gpus: int) -> int:
     """The pods of a shorter reference (0: one) under which every collective costs what its
-    counterpart does in the whole run. Every stage lies in one pod (:func:`_problem`), so a
+    counterpart does in the whole run. Every stage lies in one pod (``engine.sim.hier._problem``), so a
     stage's collectives never cross pods; the one between stages, the first and last stages'
     tied embeddings, crosses them in the whole run when its p stages do not fit in one pod: the
     reference's pods then hold one stage or one node each, so its first and last stages (three
