@@ -126,7 +126,8 @@ def predict(ref3, u, K):
     n_units = int(unit.max()) + 1
     for K_ in U.ENTRY_TABLES:
         L, ent, overflow = U._longest(tl.order, unit, tg.dur_s, tg.chain_lag_s, pred_ptr, pred_idx, chain_prev,
-                                      tg.res_ptr, res_prev, reach, n_units, K_)
+                                      tg.res_ptr, res_prev, reach, n_units, K_,
+                                      np.full(tg.num_tasks, -1, np.int64), np.zeros((0, K_)))  # (no ready rows)
         if not overflow:
             break
     slots = np.r_[np.nonzero(ent[u, :K_ - 1] != -2)[0], K_ - 1]
