@@ -27,7 +27,7 @@ from .fmt import format_bytes, format_seconds
 
 __all__ = ["gantt_data", "merge_bars", "gap_before", "PHASE_NAMES", "A2A_LABEL", "a2a_roles",
            "stage_of_devices", "parse_row_filter", "ROW_GROUPS", "MAX_BARS", "AUTO_LINK_ROWS",
-           "MAX_GPU_ROWS"]
+           "MAX_GPU_ROWS", "by_row_then_start"]
 
 MAX_BARS = int(__import__("os").environ.get("SOAPBOX_MAX_BARS", 3000))
 PHASE_NAMES = {FWD: "forward", BWD: "backward", UPDATE: "optimizer", XFER: "transfer", COLL: "collective"}
@@ -49,7 +49,7 @@ def gap_before(row: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     return g
 
 
-def _by_row_then_start(row: np.ndarray, start: np.ndarray) -> np.ndarray:
+def by_row_then_start(row: np.ndarray, start: np.ndarray) -> np.ndarray:
     """The order that sorts tasks by row, then start, then their given order
     (``np.lexsort((start, row))``). A critical chain comes in time order, so a stable sort of
     the rows alone gives it, in a fraction of the time (radix on 16-bit rows: 1.3 against 5.7 ms
@@ -355,7 +355,7 @@ def _overlays(graph: OpGraph, timeline: Timeline, names: list[str], lay: Lanes,
         if eps >= 0 and t.size > max_bars // 4:
             # merged as the bars are (an LLM plan's critical chain runs to 10^5 tasks: drawn one
             # by one it made a 22 MB figure the browser took minutes to draw)
-            t = t[_by_row_then_start(row[t], start[t])]
+            t = t[by_row_then_start(row[t], start[t])]
             first, b_start, b_end, count = merge_bars(row[t], start[t], end[t], eps)
             over[name] = {"start": b_start, "end": b_end, "row": row[t][first],
                           "text": _task_texts(tg, names, t[first], count, b_start, b_end)}

@@ -801,8 +801,8 @@ def test_merge_bar_count_read_from_the_gaps(seed, n, rows):
 
 @settings(max_examples=120, deadline=None)
 @given(st.integers(0, 10**6), st.integers(0, 60), st.integers(1, 40_000), st.booleans())
-def test_overlay_order_is_by_row_then_start(seed, n, rows, in_time_order):
-    """The overlays' order (:func:`app.gantt._by_row_then_start`: a stable sort of the rows where
+def test_overlay_order_isby_row_then_start(seed, n, rows, in_time_order):
+    """The overlays' order (:func:`app.gantt.by_row_then_start`: a stable sort of the rows where
     the tasks come in time order, as a critical chain does) is ``np.lexsort((start, row))``'s,
     ties in row and start kept in their given order, whatever the rows' range."""
     rng = np.random.default_rng(seed)
@@ -810,4 +810,4 @@ def test_overlay_order_is_by_row_then_start(seed, n, rows, in_time_order):
     start = rng.integers(0, 5, n).astype(float)
     if in_time_order:
         start = np.sort(start)
-    assert np.array_equal(G._by_row_then_start(row, start), np.lexsort((start, row)))
+    assert np.array_equal(G.by_row_then_start(row, start), np.lexsort((start, row)))
