@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..taskgraph import TaskGraph, unit_order
-from .units import Unit
+from .units import TIE_SHARE, Unit
 
 __all__ = ["Geometry", "GraphBuilder", "LAST", "Reference", "StagePlan", "even_plan", "uneven_plan", "stage_order",
            "order_problem", "ranks", "stage_type", "mb_type"]
@@ -295,15 +295,17 @@ def order_problem(tg: TaskGraph, start_s: np.ndarray, end_s: np.ndarray) -> str 
     np.maximum.at(ready, tg.succ_idx[plain], end_s[src[plain]])
     has = tg.chain_next >= 0
     np.maximum.at(ready, tg.chain_next[has], start_s[has] + tg.chain_lag_s[has])
+    def entry_ends(ents: np.ndarray) -> np.ndarray:  # [entry, unit] (the iteration's start: 0)
+        return np.where(ents >= 0, end_s[new[np.maximum(ents, 0)]], 0.0)
+
     for ents, outs, data in feeds:
-        e_end = np.where(ents >= 0, end_s[new[np.maximum(ents, 0)]], 0.0)  # [entry, unit]
+        e_end = entry_ends(ents)
         to = outs >= 0
         np.maximum.at(ready, new[outs[to]], np.max(e_end[:, None, :] + data[:, :, None], axis=0)[to])
-    tol = 1e-12 * max(1.0, float(end_s.max()) if end_s.size else 1.0)
+    tol = TIE_SHARE * max(1.0, float(end_s.max()) if end_s.size else 1.0)
     worst = np.inf
     for ents, coef, other, first, tied in orders:
-        e_end = np.where(ents >= 0, end_s[new[np.maximum(ents, 0)]], 0.0)  # [entry, unit]
-        mine = np.max(e_end[None, :, :] + coef[:, :, None], axis=1)  # [order, unit] the unit's task ready
+        mine = np.max(entry_ends(ents)[None, :, :] + coef[:, :, None], axis=1)  # [order, unit] the unit's task ready
         theirs = ready[new[other]]
         margin = np.where(first[:, None], mine - theirs, theirs - mine)  # (> 0: the reference's order)
         # (ready at once where they were in the reference too: the same task numbers order them)

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..taskgraph import BARRIER, BWD, COLL, FWD, OFFLOAD, XFER, TaskGraph
 
-__all__ = ["UnitProblem", "Unit", "read_units", "classify", "ENTRY_TABLES"]
+__all__ = ["UnitProblem", "Unit", "read_units", "classify", "ENTRY_TABLES", "TIE_SHARE"]
 
 NEG = -np.inf
 
@@ -300,10 +300,10 @@ def _res_prev_kernel(order, res_ptr, res_idx, n_res):  # pragma: no cover
 
 
 def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.ndarray,
-               start_s: np.ndarray | None = None) -> dict[int, Unit]:
+               ready_s: np.ndarray) -> dict[int, Unit]:
     """Every unit's max-plus block from a reference run (its dispatch ``order``, task ends
-    ``end_s`` and starts ``start_s``: a chained hop's release; default ``end_s`` less the
-    durations) and the classification :func:`classify` gave (``unit``)."""
+    ``end_s`` and ready times ``ready_s``, the event loop's own:
+    ``Timeline.extra["ready_s"]``) and the classification :func:`classify` gave (``unit``)."""
     n = tg.num_tasks
     pred_ptr, pred_idx = tg.pred_lists()
     res_prev = _res_prev(tg, order)
@@ -325,7 +325,6 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
     r[r] = (unit[res_prev[r]] >= 0) & (unit[holder[r]] < 0)
     r &= ~_implied_frees(tg, unit, reach, res_prev, holder, r, end_s, pred_ptr, pred_idx)
     watched = np.unique(np.concatenate([first_t, res_prev[r]]))
-    tied = _ties(tg, end_s, end_s - tg.dur_s if start_s is None else start_s)
     watch = np.full(n, -1, np.int64)
     watch[watched] = np.arange(watched.size)
     for K in ENTRY_TABLES:
@@ -362,27 +361,15 @@ def read_units(tg: TaskGraph, order: np.ndarray, unit: np.ndarray, end_s: np.nda
         slots = np.r_[np.nonzero(ent[u, :K - 1] != -2)[0], K - 1]
         entries = np.r_[ent[u, slots[:-1]], -1]
         orders = _orders(u, unit, watch, ready[:, slots], entries, ys, (first_t, first_y), (res_prev[r], holder[r]),
-                         tied)
+                         ready_s, TIE_SHARE * max(1.0, float(end_s.max()) if n else 1.0))
         data = np.zeros((0, 0))
         if by_res[sel].any():  # (the exits' readiness by data and chain alone, where it differs)
             data = np.full((K, ys.size), NEG)
             d = ~by_res[sel]
             np.maximum.at(data.T, col[d], L[t_all[sel][d]] + w_all[sel][d][:, None])
             data = data[slots]
-        units[int(u)] = Unit(entries, ys, coef[slots], orders[0], orders[1], orders[2], orders[3], data)
+        units[int(u)] = Unit(entries, ys, coef[slots], *orders, data)
     return units
-
-
-def _ties(tg: TaskGraph, end_s: np.ndarray, start_s: np.ndarray):
-    """A function of two task arrays: whether each pair became ready at the same time in the
-    reference run (the event loop then ordered them by task number)."""
-    n = tg.num_tasks
-    ready = np.zeros(n)
-    np.maximum.at(ready, tg.succ_idx, end_s[np.repeat(np.arange(n), np.diff(tg.succ_ptr))])
-    has = tg.chain_next >= 0
-    np.maximum.at(ready, tg.chain_next[has], start_s[has] + tg.chain_lag_s[has])
-    tol = TIE_SHARE * max(1.0, float(end_s.max()) if n else 1.0)
-    return lambda a, b: np.abs(ready[a] - ready[b]) <= tol
 
 
 #: ready times this share of the iteration (or of a second, the larger) apart are equal
@@ -391,12 +378,12 @@ TIE_SHARE = 1e-12
 
 
 def _orders(u: int, unit: np.ndarray, watch: np.ndarray, ready: np.ndarray, entries: np.ndarray, exits: np.ndarray,
-            first: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray, np.ndarray], tied
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            first: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray, np.ndarray], ready_s: np.ndarray,
+            tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Unit ``u``'s queue orders (:class:`Unit`'s ``ready``, ``other``, ``first``, ``tied``):
     ``first`` (its task, the explicit task that held the resource before it), ``after`` (its
-    task, the explicit task that took the resource after it), each pair once; ``tied``
-    (:func:`_ties`) says which pairs were ready at once."""
+    task, the explicit task that took the resource after it), each pair once; a pair is tied
+    where the reference run's ready times (``ready_s``) are within ``tol`` of each other."""
     rows, other, is_first, ties = [], [], [], []
     for (t, y), went_first, names in ((first, True, entries), (after, False, exits)):
         mine = unit[t] == u
@@ -409,7 +396,7 @@ def _orders(u: int, unit: np.ndarray, watch: np.ndarray, ready: np.ndarray, entr
             rows.append(ready[watch[a]])
             other.append(int(k[0]))
             is_first.append(went_first)
-            ties.append(bool(tied(np.array([a]), np.array([b]))[0]))
+            ties.append(abs(ready_s[a] - ready_s[b]) <= tol)
     if not rows:
         return np.zeros((0, ready.shape[1])), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)
     return np.array(rows), np.array(other, np.int64), np.array(is_first, bool), np.array(ties, bool)
