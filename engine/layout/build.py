@@ -13,9 +13,11 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from ..cluster import Cluster
+from ..errors import ValidationError
 from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..strategy import Config, PipelineSettings, Strategy, check_strategy
+from ..strategy.checks import settings_problems
 from .placement import balanced_layers, expert_config, layer_chunks, mesh_config, tp_plan
 from .record import SWITCHES, Layout, options_for
 from ..strategy.config import microbatch_count
@@ -87,12 +89,21 @@ def build_layout(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
     return _build(graph, cluster, layout, True)
 
 
-def build_unchecked(graph: OpGraph, cluster: Cluster, layout: Layout) -> Strategy:
+def build_unchecked(graph: OpGraph, cluster: Cluster, layout: Layout, check_settings: bool = False) -> Strategy:
     """:func:`build_layout` without :func:`engine.strategy.check_strategy`: for a caller that
     builds a layout it has already resolved and built on the whole model again on a part of
-    it (:mod:`engine.sim.hier`'s reference run), where the check would only cost time; not
-    stamped with the model's fingerprint either (``model_fingerprint`` empty), so not one to save."""
-    return _build(graph, cluster, layout, False)
+    it (:mod:`engine.sim.hier`'s reference run), or reads only its memory floor before deciding
+    to simulate it (a sweep), where the whole check would only cost time; not stamped with the
+    model's fingerprint either (``model_fingerprint`` empty), so not one to save.
+    ``check_settings``: the layout's settings checked as :func:`build_layout` checks them
+    (:func:`engine.strategy.checks.settings_problems`; :class:`~engine.errors.ValidationError`),
+    not its ops' configs."""
+    s = _build(graph, cluster, layout, False)
+    if check_settings:
+        problems = settings_problems(s, graph, cluster)
+        if problems:
+            raise ValidationError(problems, "the layout")
+    return s
 
 
 def _build(graph: OpGraph, cluster: Cluster, layout: Layout, check: bool) -> Strategy:

@@ -40,13 +40,11 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..costs import CostModel
-from ..errors import ValidationError
 from ..graph import OpGraph
 from ..graph.blocks import layer_blocks
 from ..layout import Layout, resolved
 from ..layout.build import build_layout, build_unchecked
 from ..layout.placement import balanced_layers, check_layer_counts
-from ..strategy.checks import settings_problems
 from ..taskgraph import build_task_graph
 from .full import simulate
 from .steady import repeating, runs_to_try
@@ -210,10 +208,7 @@ def _made_reference(graph: OpGraph, cluster: Cluster, lay: Layout, plan: StagePl
     c_ref = reference_cluster(cluster, -(-pr * stage_gpus // cluster.gpus_per_node),
                                reference_pods(cluster, p, stage_gpus))
     split = None if len(set(plan.counts)) == 1 else plan.ref_counts
-    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split))
-    problems = settings_problems(s_ref, g_ref, c_ref)  # (the layout's settings, as build_layout checks them)
-    if problems:
-        raise ValidationError(problems, "the layout")
+    s_ref = build_unchecked(g_ref, c_ref, replace(lay, pp=pr, layers_per_stage=split), check_settings=True)
     return g_ref, c_ref, s_ref
 
 
@@ -253,7 +248,7 @@ def reference_units(g_ref: OpGraph, s_ref: Any, tg: Any, tl: Any, mr: int) -> tu
     :class:`~engine.sim.units.UnitProblem` where the reading does not apply."""
     chunk_of = np.array([s_ref.stage_of.get(op.name, 0) for op in g_ref.ops], np.int64)
     unit = classify(tg, chunk_of, mr)
-    return chunk_of, unit, read_units(tg, tl.order, unit, tl.end_s, tl.start_s)
+    return chunk_of, unit, read_units(tg, tl.order, unit, tl.end_s, tl.extra["ready_s"])
 
 
 def predict_layout(graph: OpGraph, cluster: Cluster, layout: Layout, cost: CostModel | None = None) -> HierResult:

@@ -238,12 +238,10 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
     from ..cluster.network import network_of
     from ..formats import resolve_cluster
     from ..layout import Layout, resolved
-    from ..errors import ValidationError
     from ..layout.build import build_layout, build_unchecked
     from ..sim.hier import REFERENCE_STAGES, HierProblem, predict_layout, reference_floor
     from ..sim.memory_floor import memory_floor
     from ..sim.report import simulate_strategy, tokens_per_s
-    from ..strategy.checks import settings_problems
 
     g = model_graph(model, batch)
     name = point["cluster"]
@@ -282,11 +280,7 @@ def evaluate(model: Any, point: dict[str, Any], batch: int | None = None, time_a
             if floor is None and not time_all:  # (where the reference's was read, it is this one: it fits)
                 # (off the strategy unchecked, its settings checked as the reference's are: the whole
                 # check, ~70 ms on GPT-3, is made below, for a point that is simulated)
-                u = build_unchecked(g, c, lay)
-                problems = settings_problems(u, g, c)
-                if problems:
-                    raise ValidationError(problems, "the layout")
-                floor = memory_floor(g, u, c)
+                floor = memory_floor(g, build_unchecked(g, c, lay, check_settings=True), c)
                 if not floor.fits:
                     return _not_simulated(row, lay, floor)
             s = build_layout(g, c, lay)
